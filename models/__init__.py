@@ -1,0 +1,1 @@
+"""mPLUG-Owl3 in plain PyTorch (no torch.distributed in here)."""

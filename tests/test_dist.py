@@ -1,0 +1,40 @@
+"""The ring P2P helper and the gloo rank spawner."""
+
+import pytest
+import torch
+
+from lvx_app.dist import RingComm, get_rank, get_world_size
+from lvx_app.dist.testing import RankFailed, run_ranks
+
+
+def _ring_pass(rank: int, world: int, n: int):
+    comm = RingComm()
+    x = torch.full((n,), float(rank))
+    seen = [rank]
+    for _ in range(world - 1):
+        nxt = comm.send_recv(x)
+        comm.commit()
+        comm.wait()
+        x = nxt
+        seen.append(int(x[0]))
+    return seen, comm.bytes_sent, get_rank(), get_world_size()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ring_visits_every_rank_and_counts_bytes(world):
+    out = run_ranks(_ring_pass, world, 5)
+    for rank, (seen, sent, r, w) in enumerate(out):
+        assert (r, w) == (rank, world)
+        assert seen == [(rank - k) % world for k in range(world)]
+        assert sent == (world - 1) * 5 * 4
+
+
+def _boom(rank: int, world: int):
+    if rank == 1:
+        raise ValueError("rank one exploded")
+    return rank
+
+
+def test_failure_on_a_rank_is_reported():
+    with pytest.raises(RankFailed, match="rank one exploded"):
+        run_ranks(_boom, 2)

@@ -1,0 +1,1 @@
+"""Gradio browser chat on the lvx engine."""
