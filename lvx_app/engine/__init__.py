@@ -1,0 +1,12 @@
+"""The engine: one video session held by a worker group, driven by a frontend.
+
+Frontends (terminal chat, Gradio, Video-MME eval) talk to an `Engine`:
+- `GroupDriver` runs on rank 0 and broadcasts each command to the other ranks;
+  with world size 1 it is the whole in-process engine.
+- `RemoteEngine` runs in the `lvx` process and forwards to rank 0 of a torchrun
+  group over a local socket, so Ctrl-C in the terminal never reaches the group.
+"""
+
+from lvx_app.engine.api import AnswerStats, Engine, EngineError, GenerationParams, VideoSummary
+
+__all__ = ["AnswerStats", "Engine", "EngineError", "GenerationParams", "VideoSummary"]

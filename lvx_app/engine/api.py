@@ -1,0 +1,82 @@
+"""What every engine offers a frontend, and the small records it returns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class EngineError(RuntimeError):
+    """A failure the user can act on; its message is shown as is."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Greedy by default so answers are reproducible."""
+
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class VideoSummary:
+    path: str
+    frames: int
+    fps: float
+    duration_s: float
+    visual_tokens: int
+    from_cache: bool
+    seconds: float
+    timestamps: list[float] = field(default_factory=list)
+    memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AnswerStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    interrupted: bool = False
+    truncated: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        decode_s = self.total_s - self.ttft_s
+        return (self.new_tokens - 1) / decode_s if self.new_tokens > 1 and decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"tokens_per_s": self.tokens_per_s}
+
+
+class Engine(Protocol):
+    """The interface frontends use; the same for one process and for a torchrun group."""
+
+    last_answer: AnswerStats | None
+
+    def load_video(
+        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
+    ) -> VideoSummary: ...
+
+    def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
+        """Stream the answer as text pieces; `last_answer` holds its stats afterwards."""
+        ...
+
+    def interrupt(self) -> None:
+        """Stop the answer being generated (safe to call from a signal handler or another thread)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the conversation, keep the video."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

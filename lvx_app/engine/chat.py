@@ -1,0 +1,165 @@
+"""The terminal chat: load a video, then answer questions with streamed tokens.
+
+Works with any `Engine` (in-process or a torchrun group). Ctrl-C during an
+answer stops that answer only; the video and the conversation stay.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Iterator, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
+
+HELP = """commands:
+  /help    this list
+  /reset   forget the conversation, keep the video
+  /stats   memory per rank, cached tokens, timings
+  /quit    leave (Ctrl-D works too)
+Ctrl-C stops the answer being written."""
+
+
+class RateColumn(ProgressColumn):
+    """Frames per second of the current stage."""
+
+    def render(self, task) -> Text:  # type: ignore[override]
+        return Text(f"{task.speed:6.1f} fr/s" if task.speed else "", style="progress.data.speed")
+
+
+def load_with_progress(engine: Engine, console: Console, path: str, fps: float, max_frames: int | None) -> VideoSummary:
+    """Load a video showing one progress bar per stage (decode, encode, ...)."""
+    columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        return engine.load_video(path, fps, max_frames, progress=on_progress)
+
+
+def describe_video(summary: VideoSummary) -> str:
+    source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
+    return (
+        f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
+        f"{summary.visual_tokens:,} visual tokens, loaded {source}"
+    )
+
+
+def describe_answer(engine: Engine) -> str:
+    s = engine.last_answer
+    if s is None:
+        return ""
+    flags = " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
+    return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"
+
+
+@contextmanager
+def _interrupts_go_to(engine: Engine) -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, lambda *_: engine.interrupt())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stream_answer(engine: Engine, console: Console, question: str, params: GenerationParams) -> str:
+    pieces: list[str] = []
+    with _interrupts_go_to(engine):
+        for piece in engine.ask(question, params):
+            pieces.append(piece)
+            console.out(piece, end="", highlight=False)
+            console.file.flush()
+    console.out("")
+    console.print(f"[dim]{describe_answer(engine)}[/dim]")
+    return "".join(pieces)
+
+
+def print_stats(engine: Engine, console: Console) -> None:
+    from rich.table import Table
+
+    stats = engine.stats()
+    table = Table(title="session")
+    ranks = stats.get("ranks", [])
+    if ranks:
+        for key in ranks[0]:
+            table.add_column(key)
+        for row in ranks:
+            table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+    for key, value in stats.items():
+        if key != "ranks":
+            console.print(f"{key}: {value}")
+
+
+def read_line(console: Console, stdin: TextIO) -> str | None:
+    """One line from the user; None at end of input."""
+    if stdin.isatty():
+        try:
+            return console.input("[bold cyan]you ›[/] ")
+        except EOFError:
+            return None
+    line = stdin.readline()
+    if not line:
+        return None
+    console.print(f"you › {line.rstrip()}", highlight=False)
+    return line.rstrip("\n")
+
+
+def run_chat(
+    engine: Engine,
+    *,
+    video: str | None,
+    fps: float,
+    max_frames: int | None = None,
+    params: GenerationParams = GenerationParams(),
+    console: Console | None = None,
+    stdin: TextIO | None = None,
+) -> int:
+    """The REPL. Returns a process exit code."""
+    console = console or Console(highlight=False)
+    stdin = stdin or sys.stdin
+    if video:
+        try:
+            summary = load_with_progress(engine, console, video, fps, max_frames)
+        except EngineError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        console.print(f"[green]video:[/green] {describe_video(summary)}")
+    console.print("[dim]Ask about the video. /help lists commands.[/dim]")
+    while True:
+        try:
+            line = read_line(console, stdin)
+        except KeyboardInterrupt:
+            console.print("\n[dim](use /quit or Ctrl-D to leave)[/dim]")
+            continue
+        if line is None or line.strip() in ("/quit", "/exit"):
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            if line == "/help":
+                console.print(HELP)
+            elif line == "/reset":
+                engine.reset()
+                console.print("[dim]conversation cleared; the video stays loaded[/dim]")
+            elif line == "/stats":
+                print_stats(engine, console)
+            elif line.startswith("/"):
+                console.print(f"unknown command {line.split()[0]}; /help lists them")
+            else:
+                console.out("lvx › ", end="", highlight=False)
+                stream_answer(engine, console, line, params)
+        except EngineError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            if "rank" in str(exc) and "failed" in str(exc):
+                return 1

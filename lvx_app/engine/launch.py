@@ -1,0 +1,187 @@
+"""Start a local torchrun worker group and drive it from this process.
+
+`torch.distributed.run` starts and watches the ranks; we only add the
+socket to rank 0, a log file for everything the ranks print, and a
+readable reason when the group dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any, Iterator
+
+from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.link import answer_stats
+
+LINK_ENV = "LVX_LINK"
+LINK_KEY_ENV = "LVX_LINK_KEY"
+RUN_DIR_ENV = "LVX_RUN_DIR"
+
+
+def error_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"error-rank{rank}.txt"
+
+
+def describe_failure(run_dir: Path, returncode: int | None) -> str:
+    """Name the rank that failed and why, from the ranks' error files or torchrun's summary."""
+    for path in sorted(run_dir.glob("error-rank*.txt")):
+        rank = path.stem.removeprefix("error-rank")
+        return f"rank {rank} failed: {path.read_text().strip().splitlines()[-1]}"
+    log = run_dir / "group.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    rank = re.search(r"rank\s*:\s*(\d+)", text)
+    cause = re.search(r"traceback\s*:\s*(.+)", text) or re.search(r"exitcode\s*:\s*(-?\d+)", text)
+    if rank and cause:
+        return f"rank {rank.group(1)} failed: {cause.group(1).strip()}"
+    return f"the worker group exited (code {returncode}); see {log}"
+
+
+class RemoteEngine:
+    """An `Engine` whose ranks run under torchrun; this process keeps the terminal."""
+
+    def __init__(
+        self,
+        worker_config: dict[str, Any],
+        nproc: int,
+        *,
+        cuda: bool,
+        start_timeout_s: float = 600.0,
+        on_wait: Any = None,
+    ) -> None:
+        self.last_answer: AnswerStats | None = None
+        self.run_dir = Path(tempfile.mkdtemp(prefix="lvx-run-"))
+        key = secrets.token_bytes(16)
+        self._listener = Listener(("127.0.0.1", 0), authkey=key)
+        host, port = self._listener.address
+        env = dict(os.environ)
+        env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
+        if not cuda:
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
+            "-m", "lvx_app.engine.worker", "--config", json.dumps(worker_config),
+        ]  # fmt: skip
+        self._log = open(self.run_dir / "group.log", "wb")
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.conn = self._accept(start_timeout_s, on_wait)
+        kind, value = self._recv()
+        if kind != "ready":
+            raise EngineError(f"unexpected first message from rank 0: {kind}")
+        self.info: dict[str, Any] = value
+
+    def _accept(self, timeout_s: float, on_wait: Any) -> Connection:
+        box: list[Connection] = []
+        thread = threading.Thread(target=lambda: box.append(self._listener.accept()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            thread.join(0.2)
+            if on_wait is not None:
+                on_wait()
+            if self.proc.poll() is not None:
+                raise EngineError(describe_failure(self.run_dir, self.proc.returncode))
+            if time.monotonic() > deadline:
+                self._kill()
+                raise EngineError(f"the worker group did not start within {timeout_s:.0f}s; see {self.run_dir}/group.log")
+        return box[0]
+
+    def _recv(self) -> tuple[str, Any]:
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill()
+            raise EngineError(describe_failure(self.run_dir, self.proc.returncode)) from None
+
+    def _request(self, op: str, **kwargs: Any) -> Any:
+        self.conn.send((op, kwargs))
+        while True:
+            kind, value = self._recv()
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise EngineError(value)
+            raise EngineError(f"unexpected message {kind!r} from rank 0")
+
+    def load_video(
+        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
+    ) -> VideoSummary:
+        self.conn.send(("load_video", {"path": path, "fps": fps, "max_frames": max_frames}))
+        while True:
+            kind, value = self._recv()
+            if kind == "progress":
+                if progress is not None:
+                    progress(*value)
+            elif kind == "done":
+                return VideoSummary(**value)
+            elif kind == "error":
+                raise EngineError(value)
+
+    def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
+        self.conn.send(("ask", {"question": question, "params": params}))
+        finished = False
+        try:
+            while True:
+                kind, value = self._recv()
+                if kind == "piece":
+                    yield value
+                elif kind == "done":
+                    self.last_answer = answer_stats(value)
+                    finished = True
+                    return
+                elif kind == "error":
+                    finished = True
+                    raise EngineError(value)
+        finally:
+            if not finished:  # the caller stopped reading: stop the group, drain to the end of the turn
+                self.interrupt()
+                while True:
+                    kind, value = self._recv()
+                    if kind == "done":
+                        self.last_answer = answer_stats(value)
+                        break
+                    if kind == "error":
+                        break
+
+    def interrupt(self) -> None:
+        self.conn.send(("interrupt", {}))
+
+    def reset(self) -> None:
+        self._request("reset")
+
+    def stats(self) -> dict[str, Any]:
+        return self._request("stats")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._request("shutdown")
+                self.proc.wait(timeout=30)
+            except (EngineError, OSError, subprocess.TimeoutExpired):
+                self._kill()
+        self.conn.close()
+        self._listener.close()
+        self._log.close()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()

@@ -1,0 +1,74 @@
+"""The worker entry point every rank runs: `python -m lvx_app.engine.worker`.
+
+Local groups are started by `lvx chat/serve/eval --gpus N`; multi-node groups
+use the same module under `torchrun --nnodes ... --rdzv-endpoint ...` with
+`--frontend chat VIDEO`, so rank 0 runs the terminal chat itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from multiprocessing.connection import Client
+
+from lvx_app.dist.group import destroy_distributed, init_distributed
+from lvx_app.engine.control import ControlChannel
+from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file
+from lvx_app.engine.link import serve_link
+
+
+def run_worker(config: dict, frontend: str = "link", video: str | None = None) -> None:
+    from lvx_app.engine.session import Session, SessionConfig
+
+    cfg = SessionConfig(**config)
+    info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
+    channel = ControlChannel()
+    session = Session(cfg, info)
+    if info.rank != 0:
+        worker_loop(session, channel)
+        return
+    driver = GroupDriver(session, channel)
+    if frontend == "link":
+        host, port = os.environ[LINK_ENV].rsplit(":", 1)
+        conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[LINK_KEY_ENV]))
+        conn.send(("ready", session.describe()))
+        serve_link(driver, conn)
+    else:
+        from lvx_app.engine.chat import run_chat
+
+        try:
+            run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames)
+        finally:
+            driver.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="SessionConfig as JSON")
+    parser.add_argument("--frontend", choices=["link", "chat"], default="link")
+    parser.add_argument("video", nargs="?")
+    args = parser.parse_args(argv)
+    try:
+        run_worker(json.loads(args.config), args.frontend, args.video)
+    except BaseException as exc:  # noqa: BLE001 - record why this rank died, for the launcher
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        rank = os.environ.get("RANK", "0")
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if run_dir:
+            detail = traceback.format_exc()
+            error_file(run_dir, int(rank)).write_text(f"{detail}\n{type(exc).__name__}: {exc}\n")
+        print(f"lvx worker rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    finally:
+        destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

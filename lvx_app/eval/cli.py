@@ -1,0 +1,240 @@
+"""`lvx eval …`: Video-MME runs, shard merging and reports. Thin commands over importable functions."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import typer
+from rich.console import Console
+
+import lvx_app
+from lvx_app.eval.dataset import DatasetError, load_dataset, parse_durations, parse_shard, select_questions
+from lvx_app.eval.extract import SCORING_MODES
+from lvx_app.eval.prompt import PROMPT_VERSION
+from lvx_app.eval.report import report_file
+from lvx_app.eval.results import ResultsError, ResultsWriter, RunManifest, merge_results
+from lvx_app.eval.runner import EvalSession, RunStats, run_eval
+
+DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
+SessionFactory = Callable[[], EvalSession]
+
+eval_app = typer.Typer(
+    name="eval",
+    help="Batch evaluation on Video-MME: run (resumable, shardable), merge shard files, report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine (lvx_app.engine) is not part of this build."""
+
+
+@dataclass
+class VideoMMERun:
+    out: Path
+    stats: RunStats
+    summary: dict[str, Any]
+    missing_videos: list[str]
+
+
+def default_out(model: str, fps: float, max_frames: int | None, subtitles: bool, shard: str | None) -> Path:
+    """``runs/videomme_<model>_fps<f>[_max<n>][_subs][_shard<i>of<k>].jsonl``: other settings, other file."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model.rstrip("/")).name) or "model"
+    parts = [f"videomme_{name}_fps{fps:g}"]
+    if max_frames:
+        parts.append(f"max{max_frames}")
+    if subtitles:
+        parts.append("subs")
+    if shard:
+        i, k = shard.split("/")
+        parts.append(f"shard{i}of{k}")
+    return Path("runs") / ("_".join(parts) + ".jsonl")
+
+
+def run_videomme(
+    *,
+    data: Path | str,
+    session_factory: SessionFactory,
+    out: Path | str | None = None,
+    questions_file: Path | str | None = None,
+    model: str = DEFAULT_MODEL,
+    revision: str | None = None,
+    fps: float = 1.0,
+    max_frames: int | None = None,
+    subtitles: bool = False,
+    limit: int | None = None,
+    durations: str | Sequence[str] | None = None,
+    shard: str | None = None,
+    scoring: str = "official",
+    max_new_tokens: int = 16,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> VideoMMERun:
+    """Run (or resume) Video-MME and report it. ``session_factory`` is called once, only if some selected
+    question is still unanswered; a session with a ``close()`` gets it called at the end. A session may
+    also offer ``describe() -> dict`` (resolved revision, dtype, ranks…), kept in the header.
+
+    Raises DatasetError / ResultsError with a message for the user; KeyboardInterrupt passes through
+    after everything answered so far is on disk.
+    """
+    console = console or Console()
+    if scoring not in SCORING_MODES:
+        raise DatasetError(f"--scoring must be one of {', '.join(SCORING_MODES)}, got {scoring!r}.")
+    if fps <= 0 or (max_frames is not None and max_frames < 1) or max_new_tokens < 1:
+        raise DatasetError("--fps must be > 0, --max-frames >= 1 and --max-new-tokens >= 1.")
+    dur = parse_durations(durations)
+    shard_ik = parse_shard(shard)
+    ds = load_dataset(data, questions_file)
+    selected = select_questions(ds.questions, dur, limit, shard_ik)
+    missing = sorted({q.videoID for q in selected if ds.video_path(q) is None})
+    if missing:
+        n_q = sum(ds.video_path(q) is None for q in selected)
+        shown = ", ".join(missing[:8]) + (" …" if len(missing) > 8 else "")
+        console.print(
+            f"[yellow]{len(missing)} video(s) missing, {n_q} question(s) skipped: {shown} "
+            f"(looked in {ds.root}/data/ and video/ for <videoID>.mp4|.MP4|.mkv); continuing with the rest."
+        )
+    out_path = Path(out) if out else default_out(model, fps, max_frames, subtitles, shard)
+    manifest = RunManifest(
+        model=model,
+        revision=revision,
+        fps=fps,
+        max_frames=max_frames,
+        subtitles=subtitles,
+        prompt_version=PROMPT_VERSION,
+        scoring=scoring,
+        max_new_tokens=max_new_tokens,
+        dataset_file=str(ds.question_file),
+        dataset_sha256=ds.sha256,
+        lvx_version=lvx_app.__version__,
+        durations=list(dur) if dur else None,
+        limit=limit,
+        shard=shard,
+    )
+    stats = RunStats()
+    with ResultsWriter(out_path, manifest) as writer:
+        done = sum(q.question_id in writer.done for q in selected)
+        todo = [q for q in selected if q.question_id not in writer.done and ds.video_path(q) is not None]
+        console.print(
+            f"Video-MME: {len(selected)} question(s) selected, {done} already in {out_path}, {len(todo)} to answer."
+        )
+        if todo:
+            session = session_factory()
+            describe = getattr(session, "describe", None)
+            if callable(describe):
+                manifest.engine = dict(describe())
+            try:
+                stats = run_eval(
+                    ds, selected, session, writer,
+                    fps=fps, max_frames=max_frames, subtitles=subtitles,
+                    max_new_tokens=max_new_tokens, scoring=scoring,
+                    console=console, show_progress=show_progress,
+                )  # fmt: skip
+            except KeyboardInterrupt:
+                console.print(f"[yellow]interrupted: every answer so far is in {out_path}; rerun the same command to resume.")
+                raise
+            finally:
+                close = getattr(session, "close", None)
+                if callable(close):
+                    close()
+    extra = {"missing_videos": missing, "failed_videos": stats.failed_videos}
+    summary = report_file(out_path, scoring, {q.question_id for q in selected}, console, extra)
+    return VideoMMERun(out_path, stats, summary, missing)
+
+
+def engine_session_factory(model: str, revision: str | None, gpus: int | None, ranks: int | None) -> SessionFactory:
+    """A factory for the engine's eval session: ``lvx_app.engine.make_eval_session(model=…, revision=…,
+    gpus=…, ranks=…)``. The import happens now (cheap check); the engine starts only when it is called."""
+    try:
+        engine = importlib.import_module("lvx_app.engine")
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == "lvx_app.engine" or e.name.startswith("lvx_app.engine.")):
+            raise EngineUnavailable("the model engine (lvx_app.engine) is not available in this build") from None
+        raise
+    make = getattr(engine, "make_eval_session", None)
+    if not callable(make):
+        raise EngineUnavailable("this build's lvx_app.engine has no make_eval_session(); it cannot run evaluations")
+    return lambda: make(model=model, revision=revision, gpus=gpus, ranks=ranks)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@eval_app.command()
+def videomme(
+    data: Path = typer.Option(..., "--data", help="Folder with videomme/test-*.parquet, data/<videoID>.mp4, subtitle/."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Checkpoint folder or Hugging Face id."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Checkpoint revision to pin (recorded)."),
+    fps: float = typer.Option(1.0, "--fps", help="Frames sampled per second of video."),
+    max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Cap on frames per video (thinned uniformly)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs (one rank each); 0 = CPU. Default: 1 if a GPU is visible."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks with --gpus 0."),
+    subtitles: bool = typer.Option(False, "--subtitles/--no-subtitles", help="Official w/-subs setting: lines at the sampled frames."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first K selected questions."),
+    durations: Optional[str] = typer.Option(None, "--durations", help="Comma list of short,medium,long."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="i/k: this machine's share (0-based), split by video."),
+    scoring: str = typer.Option("official", "--scoring", help="official (unparsed dropped) or strict (unparsed = wrong)."),
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Answer length cap; the letter is the reply."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (resumed if it exists). Default under runs/."),
+    questions: Optional[Path] = typer.Option(None, "--questions", help="Question file, if not under --data/videomme/."),
+) -> None:
+    """Answer Video-MME with the model, resumably; report accuracy by duration, domain, sub-category, task."""
+    try:
+        factory = engine_session_factory(model, revision, gpus, ranks)
+    except EngineUnavailable as e:
+        raise _fail(f"{e}; `lvx eval merge` and `lvx eval report` still work.", code=2) from None
+    engine_error = getattr(sys.modules.get("lvx_app.engine"), "EngineError", None)
+    user_errors = (DatasetError, ResultsError) + ((engine_error,) if isinstance(engine_error, type) else ())
+    try:
+        run_videomme(
+            data=data, session_factory=factory, out=out, questions_file=questions, model=model,
+            revision=revision, fps=fps, max_frames=max_frames, subtitles=subtitles, limit=limit,
+            durations=durations, shard=shard, scoring=scoring, max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+    except user_errors as e:  # errors the user can act on: one sentence, no traceback
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@eval_app.command()
+def merge(
+    out: Path = typer.Argument(..., help="New merged results file."),
+    inputs: list[Path] = typer.Argument(..., help="Shard results files."),
+    keep_first: bool = typer.Option(False, "--keep-first", help="On a question answered twice keep the first file's answer."),
+    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+) -> None:
+    """Combine shard JSONL files (same settings, no question twice) and report the whole."""
+    if scoring not in SCORING_MODES:
+        raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
+    try:
+        merged = merge_results(inputs, out, keep_first=keep_first)
+    except ResultsError as e:
+        raise _fail(str(e)) from None
+    Console().print(f"merged {merged.records} answers from {len(inputs)} file(s) into {merged.out}")
+    report_file(merged.out, scoring)
+
+
+@eval_app.command()
+def report(
+    results: Path = typer.Argument(..., help="Results JSONL."),
+    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+) -> None:
+    """Re-score a results file (either scoring mode) and rewrite its summary, plot and official JSON."""
+    if scoring not in SCORING_MODES:
+        raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
+    if not results.is_file():
+        raise _fail(f"{results} does not exist.")
+    try:
+        report_file(results, scoring)
+    except ResultsError as e:
+        raise _fail(str(e)) from None

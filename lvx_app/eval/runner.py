@@ -1,0 +1,250 @@
+"""The evaluation loop: each video is loaded once and all of its pending questions are answered against it.
+
+The loop talks to the engine only through :class:`EvalSession`, so it runs the same against the real
+torchrun worker group, an in-process engine, or a test double. Every answer is written (flushed, fsynced)
+before the next question is asked: Ctrl-C or an exception loses nothing already answered, and a rerun
+skips it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from lvx_app.eval.dataset import Dataset, Question
+from lvx_app.eval.extract import extract
+from lvx_app.eval.prompt import build_prompt
+from lvx_app.eval.results import ResultsWriter
+from lvx_app.eval.subtitles import load_srt, select_lines
+
+
+@dataclass
+class VideoInfo:
+    """What :meth:`EvalSession.load_video` reports about the video it made resident."""
+
+    timestamps: list[float]
+    """Seconds of each sampled frame, in order, as decoded (real pts, not ``i / fps``). The subtitle lines
+    given to the model are chosen from these, per the official protocol."""
+    duration_s: float | None = None
+    """Length of the video in seconds, if known."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything worth keeping with the answers, JSON-serialisable (visual tokens, decode/encode seconds, ranks)."""
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.timestamps)
+
+
+@runtime_checkable
+class EvalSession(Protocol):
+    """One model held ready for many videos; the only thing the eval loop needs from the engine.
+
+    The loop calls, per video: ``load_video`` once, ``ask`` once per question, then ``reset``. It also calls
+    ``reset`` before giving up on a video whose load failed. It never calls ``ask`` without a loaded video.
+
+    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.cli.run_videomme` at the
+    end), ``describe() -> dict`` (kept in the results header), and an ``answer_info`` attribute (a dict
+    about the last ``ask``: tokens, time to first token, truncated…) kept in each answer record.
+    """
+
+    def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
+        """Decode ``path`` at ``fps`` frames per second (at most ``max_frames``, thinned uniformly over the
+        whole video when there are more; None = no cap), encode the frames and keep the visual tokens
+        resident for the following ``ask`` calls. Raise an exception if the file cannot be used."""
+        ...
+
+    def ask(self, prompt: str, max_new_tokens: int) -> str:
+        """Answer one standalone user turn about the loaded video and return the generated text.
+
+        ``prompt`` is the whole user text (question, options, maybe subtitle lines); the engine puts the
+        video where the model's chat template wants it. Greedy decoding, at most ``max_new_tokens`` tokens.
+        No chat history is carried from one ``ask`` to the next: every question is answered as if first.
+        """
+        ...
+
+    def reset(self) -> None:
+        """Drop the loaded video (visual tokens, caches) so the next ``load_video`` starts clean."""
+        ...
+
+
+@dataclass
+class RunStats:
+    answered: int = 0
+    already_done: int = 0
+    missing_video: int = 0  # questions skipped because their video file is missing
+    failed_videos: dict[str, str] = field(default_factory=dict)  # videoID -> error, questions not answered
+    seconds: float = 0.0
+
+
+def group_by_video(questions: Sequence[Question]) -> dict[str, list[Question]]:
+    """Questions grouped by ``videoID``, videos in first-appearance order, questions in file order."""
+    groups: dict[str, list[Question]] = {}
+    for q in questions:
+        groups.setdefault(q.videoID, []).append(q)
+    return groups
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )
+
+
+def run_eval(
+    dataset: Dataset,
+    questions: Sequence[Question],
+    session: EvalSession,
+    writer: ResultsWriter,
+    *,
+    fps: float,
+    max_frames: int | None,
+    subtitles: bool,
+    max_new_tokens: int,
+    scoring: str,
+    console: Console | None = None,
+    show_progress: bool = True,
+    max_consecutive_failures: int = 3,
+) -> RunStats:
+    """Answer every question of ``questions`` not already in ``writer``'s file.
+
+    A video that fails to load is reported in one line and skipped (its questions stay unanswered, so a
+    rerun retries them); ``max_consecutive_failures`` failed loads in a row abort the run with the last
+    error, since the engine itself is then likely broken. Exceptions from ``ask`` propagate at once.
+    """
+    console = console or Console()
+    stats = RunStats()
+    start = time.perf_counter()
+    pending: list[Question] = []
+    for q in questions:
+        if q.question_id in writer.done:
+            stats.already_done += 1
+        elif dataset.video_path(q) is None:
+            stats.missing_video += 1
+        else:
+            pending.append(q)
+    groups = group_by_video(pending)
+    failures_in_a_row = 0
+    with _progress(console, show_progress) as progress:
+        q_task = progress.add_task("questions", total=len(pending))
+        v_task = progress.add_task("videos", total=len(groups))
+        for video_key, qs in groups.items():
+            path = dataset.video_paths[video_key]
+            t0 = time.perf_counter()
+            try:
+                info = session.load_video(str(path), fps, max_frames)
+            except Exception as e:  # noqa: BLE001 - one bad file must not end a 2,700-question run
+                session.reset()
+                stats.failed_videos[video_key] = f"{type(e).__name__}: {e}"
+                failures_in_a_row += 1
+                console.print(f"[yellow]video {video_key} ({path}) failed to load: {type(e).__name__}: {e}; "
+                              f"its {len(qs)} question(s) are skipped, a rerun retries them.")  # fmt: skip
+                if failures_in_a_row >= max_consecutive_failures:
+                    raise
+                progress.advance(q_task, len(qs))
+                progress.advance(v_task)
+                continue
+            failures_in_a_row = 0
+            load_s = time.perf_counter() - t0
+            lines: list[str] = []
+            if subtitles:
+                lines = select_lines(load_srt(dataset.subtitle_path(qs[0])), info.timestamps)
+            for q in qs:
+                prompt = build_prompt(q.question, q.options, lines)
+                t1 = time.perf_counter()
+                response = session.ask(prompt, max_new_tokens)
+                ask_s = time.perf_counter() - t1
+                pred = extract(response, scoring)
+                record = answer_record(q, prompt, response, pred, scoring, info, len(lines), load_s, ask_s)
+                if getattr(session, "answer_info", None):
+                    record["answer_info"] = dict(session.answer_info)  # type: ignore[attr-defined]
+                writer.write(record)
+                stats.answered += 1
+                progress.advance(q_task)
+            session.reset()
+            progress.advance(v_task)
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def answer_record(
+    q: Question,
+    prompt: str,
+    response: str,
+    pred: str,
+    scoring: str,
+    info: VideoInfo,
+    subtitle_lines: int,
+    video_load_s: float,
+    ask_s: float,
+) -> dict[str, Any]:
+    """The JSONL record of one answered question (the writer adds ``"type": "answer"``)."""
+    return {
+        "question_id": q.question_id,
+        "video_id": q.video_id,
+        "videoID": q.videoID,
+        "duration": q.duration,
+        "domain": q.domain,
+        "sub_category": q.sub_category,
+        "task_type": q.task_type,
+        "question": q.question,
+        "options": list(q.options),
+        "answer": q.answer,
+        "response": response,
+        "pred": pred,
+        "correct": pred == q.answer,
+        "scoring": scoring,
+        "prompt": prompt,
+        "subtitle_lines": subtitle_lines,
+        "frames": info.n_frames,
+        "video_s": info.duration_s,
+        "video_load_s": round(video_load_s, 4),
+        "ask_s": round(ask_s, 4),
+        "engine": info.extra,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+class EngineEvalSession:
+    """:class:`EvalSession` over a chat engine (``lvx_app.engine``'s ``Engine``): ``load_video(path, fps,
+    max_frames)`` returning a summary with ``timestamps`` and ``duration_s``, ``ask(text, params)``
+    streaming text pieces, ``reset()`` forgetting the conversation but keeping the video, ``close()``,
+    and optionally ``last_answer`` (stats with ``to_dict()``).
+
+    Each question is asked on a fresh conversation (the engine is reset before every ``ask``), greedily.
+    ``make_params(max_new_tokens)`` builds the engine's generation parameters.
+    """
+
+    def __init__(self, engine: Any, make_params: Callable[[int], Any]):
+        self.engine = engine
+        self.make_params = make_params
+        self.answer_info: dict[str, Any] | None = None
+
+    def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
+        summary = self.engine.load_video(path, fps, max_frames)
+        self.engine.reset()
+        extra = {k: v for k, v in vars(summary).items() if k not in ("path", "timestamps", "duration_s")}
+        return VideoInfo(timestamps=list(summary.timestamps), duration_s=summary.duration_s, extra=extra)
+
+    def ask(self, prompt: str, max_new_tokens: int) -> str:
+        self.engine.reset()
+        text = "".join(self.engine.ask(prompt, self.make_params(max_new_tokens)))
+        stats = getattr(self.engine, "last_answer", None)
+        self.answer_info = stats.to_dict() if hasattr(stats, "to_dict") else None
+        return text
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def close(self) -> None:
+        self.engine.close()
