@@ -1,0 +1,48 @@
+"""Decoding against sharded visual K/V: one local attention and one collective, no ring.
+
+Every rank passes the SAME query (the one or few new text tokens) and its own
+K/V shard (may be empty). Each rank computes the partial (out, lse) against
+its shard, one all_gather of the packed [out | lse] (float32) brings all n
+partials to every rank, and the exact log-sum-exp merge combines them in
+rank order, so every rank gets a bit-identical result (Tree-Attention style,
+one collective instead of three all-reduces). Forward only (runs under
+no_grad): decoding never needs gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from lvx_app.attention.kernels import attn_fwd
+from lvx_app.attention.merge import merge_many
+from lvx_app.dist import get_world_size
+
+
+@torch.no_grad()
+def decode_xattn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    scale: float | None = None,
+    q_vis: torch.Tensor | None = None,
+    k_frame: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank."""
+    out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
+    n = get_world_size(group)
+    if n == 1:
+        return out, lse
+    b, sq, hq, d = q.shape
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    packed = torch.cat([out.to(ct).flatten(), lse.to(ct).flatten()])
+    gathered = [torch.empty_like(packed) for _ in range(n)]
+    dist.all_gather(gathered, packed, group=group)
+    allp = torch.stack(gathered)  # (n, B*Sq*Hq*D + B*Hq*Sq)
+    n1 = b * sq * hq * d
+    outs = allp[:, :n1].reshape(n, b, sq, hq, d)
+    lses = allp[:, n1:].reshape(n, b, hq, sq)
+    o, l_ = merge_many(outs, lses)
+    return o.to(q.dtype), l_

@@ -1,0 +1,93 @@
+"""Process-group helpers: torchrun env or an in-process world of one.
+
+Everything above this module asks `get_rank(group)` / `get_world_size(group)`
+and works unchanged whether torch.distributed is initialised or not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the worker group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None when running in-process with world size 1
+
+
+def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
+    """True when a process group exists and has more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def get_rank(group: dist.ProcessGroup | None = None) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group)
+    return 0
+
+
+def get_world_size(group: dist.ProcessGroup | None = None) -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    if is_distributed(group):
+        dist.barrier(group)
+
+
+def _pick_device(local_rank: int, want_cuda: bool | None) -> torch.device:
+    use_cuda = torch.cuda.is_available() if want_cuda is None else want_cuda
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA was requested but no GPU is visible; run with --gpus 0 for CPU ranks.")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(
+    *, cuda: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None
+) -> DistInfo:
+    """Join the group torchrun described in the environment, or run as a world of one.
+
+    NCCL on CUDA, gloo on CPU. The timeout bounds how long a collective waits
+    for a dead or hung peer before the group is torn down with an error.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _pick_device(local_rank, cuda)
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+        return DistInfo(0, 1, 0, device, None)
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        kwargs = {}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            rank=rank,
+            world_size=world_size,
+            **kwargs,
+        )
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,350 @@
+"""Block kernels (attn_fwd / attn_bwd / attention) and the log-sum-exp merge vs the float64 reference."""
+
+import math
+
+import pytest
+import torch
+from attn_reference import reference_attention
+
+from lvx_app.attention import kernels
+from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, available_backends
+from lvx_app.attention.merge import merge, merge_, merge_many
+
+NEG_INF = float("-inf")
+CPU_BACKENDS = ["cpu", "math"]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.float32, device="cpu", seed=0, frames=4, media=False):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, s, h, d, generator=g) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    q_vis = k_frame = None
+    if media:
+        k_frame = torch.sort(torch.randint(0, frames, (b, sk), generator=g), 1).values
+        q_vis = torch.randint(0, frames + 1, (b, sq), generator=g)  # 0 -> the row sees nothing
+        q_vis[:, :1] = 0
+        q_vis, k_frame = q_vis.to(device), k_frame.to(device)
+    return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), q_vis, k_frame
+
+
+def _reference(q, k, v, **kw):
+    qq, kk, vv = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
+    kw = {n: (x.cpu() if torch.is_tensor(x) else x) for n, x in kw.items()}
+    out, lse = reference_attention(qq, kk, vv, **kw)
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    u = torch.randn(lse.shape, generator=g, dtype=torch.float64)
+    fin = torch.isfinite(lse)
+    ((out * w).sum() + (torch.where(fin, lse, 0) * u).sum()).backward()
+    return out, lse, w, u * fin, (qq.grad, kk.grad, vv.grad)
+
+
+def _close(name, got, want, tol):
+    got = got.detach().cpu().double()
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert not torch.isnan(got).any(), f"{name} has NaN"
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = max(1.0, want.abs().max().item() if want.numel() else 1.0)
+    assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol:g} x {scale:.3g}"
+
+
+def _check_lse(lse, ref_lse, tol):
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), fin), "rows that see nothing must have lse = -inf, others finite"
+    assert (lse.cpu()[~fin] == NEG_INF).all()
+    _close("lse", torch.where(fin, lse.cpu().double(), 0), torch.where(fin, ref_lse.detach(), 0), tol)
+
+
+SHAPES = [  # b, sq, sk, hq, hkv, d
+    (2, 5, 7, 8, 2, 16),
+    (1, 9, 4, 4, 4, 8),
+    (2, 6, 6, 8, 2, 16),
+    (1, 1, 13, 8, 2, 8),
+    (2, 5, 0, 8, 2, 8),  # empty K/V shard
+    (2, 0, 5, 8, 2, 8),  # no queries
+]
+
+
+def _run_case(shape, dtype, backend, causal, media, device="cpu", scale=None):
+    q, k, v, q_vis, k_frame = _inputs(*shape, dtype=dtype, device=device, media=media)
+    kw = dict(scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame)
+    ro, rl, w, u, (gq, gk, gv) = _reference(q, k, v, **kw)
+    out, lse = attn_fwd(q, k, v, backend=backend, **kw)
+    tol = TOL[dtype]
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    _close("out", out, ro, tol)
+    _check_lse(lse, rl, 1e-5 if dtype == torch.float32 else tol)
+    dq, dk, dv = attn_bwd(
+        w.to(device, dtype), q, k, v, out, lse, dlse=u.to(device, torch.float32), backend=backend, **kw
+    )
+    assert dq.dtype == dtype and dk.shape == k.shape and dv.shape == v.shape
+    _close("dq", dq, gq, tol)
+    _close("dk", dk, gk, tol)
+    _close("dv", dv, gv, tol)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("media", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fwd_bwd_fp32_matches_reference(backend, causal, media, shape):
+    _run_case(shape, torch.float32, backend, causal, media)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("causal,media", [(False, False), (True, True), (False, True)])
+def test_fwd_bwd_bf16_matches_reference(backend, causal, media):
+    _run_case((2, 7, 11, 8, 2, 16), torch.bfloat16, backend, causal, media, scale=0.3)
+
+
+def test_float64_is_exact():
+    q, k, v, q_vis, k_frame = _inputs(2, 6, 9, 8, 2, 8, dtype=torch.float64, media=True)
+    ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    assert lse.dtype == torch.float64
+    _close("out", out, ro, 1e-12)
+    _check_lse(lse, rl, 1e-12)
+    for got, want in zip(attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads):
+        _close("grad", got, want, 1e-12)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
+    """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible range."""
+    monkeypatch.setattr(kernels, "Q_TILE", 4)
+    calls = []
+    real = kernels._FWD[backend]
+
+    def spy(q, k, v, scale, mask, causal):
+        calls.append((q.shape[1], k.shape[1], mask is not None))
+        return real(q, k, v, scale, mask, causal)
+
+    monkeypatch.setitem(kernels._FWD, backend, spy)
+    b, sq, sk, fr = 1, 16, 24, 6
+    q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
+    k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
+    q_vis = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]])  # first tile sees nothing
+    ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    _close("out", out, ro, 1e-5)
+    _check_lse(lse, rl, 1e-5)
+    # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys 0..7;
+    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask.
+    assert calls == [(3, 4, False), (4, 8, False), (4, 24, True)], calls
+    for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
+                                  backend=backend), grads):
+        _close("grad", got, want, 1e-5)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_empty_and_fully_hidden_blocks(backend, monkeypatch):
+    """Sk == 0 (which would SIGFPE the CPU op) and blocks nobody sees never call a kernel."""
+
+    def boom(*a, **k):
+        raise AssertionError("kernel called on an empty or fully hidden block")
+
+    monkeypatch.setitem(kernels._FWD, backend, boom)
+    q, k, v, _, _ = _inputs(2, 5, 0, 8, 2, 8)
+    out, lse = attn_fwd(q, k, v, backend=backend)
+    assert torch.equal(out, torch.zeros_like(q)) and (lse == NEG_INF).all()
+    dq, dk, dv = attn_bwd(torch.ones_like(q), q, k, v, out, lse, dlse=torch.ones_like(lse), backend=backend)
+    assert torch.equal(dq, torch.zeros_like(q)) and dk.shape == k.shape
+
+    q, k, v, _, _ = _inputs(2, 0, 7, 8, 2, 8)
+    out, lse = attn_fwd(q, k, v, backend=backend)
+    assert out.shape == q.shape and lse.shape == (2, 8, 0)
+
+    q, k, v, _, _ = _inputs(2, 5, 7, 8, 2, 8)
+    q_vis = torch.full((2, 5), 3)
+    k_frame = torch.full((2, 7), 3)  # every key is frame 3, queries see frames < 3
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    assert torch.equal(out, torch.zeros_like(q)) and (lse == NEG_INF).all()
+    grads = attn_bwd(torch.ones_like(q), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def test_causal_is_bottom_right_aligned():
+    q, k, v, _, _ = _inputs(1, 3, 5, 2, 2, 8)
+    out, lse = attn_fwd(q, k, v, causal=True)
+    # the last query sees every key; the first sees keys 0..2
+    full_last, _ = attn_fwd(q[:, 2:], k, v)
+    first, _ = attn_fwd(q[:, :1], k[:, :3], v[:, :3])
+    torch.testing.assert_close(out[:, 2:], full_last)
+    torch.testing.assert_close(out[:, :1], first)
+    # more queries than keys: the first Sq - Sk queries see nothing
+    out, lse = attn_fwd(q[:, :3], k[:, :1], v[:, :1], causal=True)
+    assert (lse[..., :2] == NEG_INF).all() and torch.isfinite(lse[..., 2]).all()
+
+
+def test_backends_agree():
+    q, k, v, q_vis, k_frame = _inputs(2, 9, 12, 8, 2, 16, media=True)
+    res = {be: attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, causal=True, backend=be) for be in CPU_BACKENDS}
+    (o1, l1), (o2, l2) = res.values()
+    torch.testing.assert_close(o1, o2, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-5)
+    g = [attn_bwd(torch.ones_like(q), q, k, v, o1, l1, q_vis=q_vis, k_frame=k_frame, causal=True,
+                  dlse=torch.ones_like(l1), backend=be) for be in CPU_BACKENDS]
+    for a, b in zip(*g):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_available_backends_and_errors(monkeypatch):
+    assert available_backends("cpu") == ["cpu", "math"]
+    q, k, v, _, _ = _inputs(1, 2, 3, 4, 2, 8)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attn_fwd(q, k, v, backend="nope")
+    with pytest.raises(ValueError, match="multiple"):
+        attn_fwd(q, k[:, :, :1].expand(1, 3, 3, 8), v[:, :, :1].expand(1, 3, 3, 8))
+    with pytest.raises(ValueError, match="go together"):
+        attn_fwd(q, k, v, q_vis=torch.ones(1, 2, dtype=torch.long))
+    monkeypatch.setenv("LVX_ATTN_BACKEND", "math")
+    assert kernels._choose(None, q, False, 8) == "math"
+
+
+@pytest.mark.parametrize("use_lse", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_autograd_through_out_and_lse(use_lse, dtype):
+    q, k, v, q_vis, k_frame = _inputs(2, 7, 10, 8, 2, 16, dtype=dtype, media=True)
+    ro, rl, w, u, (gq, gk, gv) = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = attention(qq, kk, vv, q_vis=q_vis, k_frame=k_frame)
+    loss = (out.float() * w.float()).sum()
+    if use_lse:
+        loss = loss + (torch.where(torch.isfinite(lse), lse, 0) * u.float()).sum()
+    loss.backward()
+    tol = TOL[dtype]
+    _close("out", out, ro, tol)
+    if use_lse:
+        _close("dq", qq.grad, gq, tol)
+        _close("dk", kk.grad, gk, tol)
+        _close("dv", vv.grad, gv, tol)
+    else:  # out-only reference gradient
+        ro2, _, _, _, _ = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+        q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        o2, _ = reference_attention(q2, k2, v2, q_vis=q_vis, k_frame=k_frame)
+        (o2 * w).sum().backward()
+        _close("dq", qq.grad, q2.grad, tol)
+        _close("dv", vv.grad, v2.grad, tol)
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def _partials(b=2, s=5, h=3, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, 12, h, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, 12, h, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def test_merge_equals_full_attention_in_any_order():
+    q, k, v = _partials()
+    full_o, full_l = reference_attention(q, k, v)
+    parts = [reference_attention(q, k[:, a:b_], v[:, a:b_]) for a, b_ in ((0, 3), (3, 4), (4, 12))]
+    o, l_ = merge(*parts[0], *parts[1])
+    o, l_ = merge(o, l_, *parts[2])
+    torch.testing.assert_close(o, full_o)
+    torch.testing.assert_close(l_, full_l)
+    o2, l2 = merge(*parts[2], *merge(*parts[1], *parts[0]))
+    torch.testing.assert_close(o2, full_o)
+    torch.testing.assert_close(l2, full_l)
+    om, lm = merge_many(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    torch.testing.assert_close(om, full_o)
+    torch.testing.assert_close(lm, full_l)
+    acc_o, acc_l = parts[0][0].clone(), parts[0][1].clone()
+    merge_(acc_o, acc_l, *parts[1])
+    merge_(acc_o, acc_l, *parts[2])
+    torch.testing.assert_close(acc_o, full_o)
+    torch.testing.assert_close(acc_l, full_l)
+
+
+def test_merge_float32_outputs_and_large_lse():
+    o = torch.randn(1, 2, 1, 3, dtype=torch.bfloat16)
+    l_ = torch.tensor([[[1e4, -1e4]]])
+    out, lse = merge(o, l_, o, l_)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    torch.testing.assert_close(lse, l_ + math.log(2))
+    torch.testing.assert_close(out, o.float())
+
+
+def test_merge_with_empty_sides_is_nan_free_in_forward_and_backward():
+    b, s, h, d = 1, 3, 2, 4
+    oa = torch.randn(b, s, h, d, requires_grad=True)
+    ob = torch.randn(b, s, h, d, requires_grad=True)
+    # row 0: a empty; row 1: both empty; row 2: b empty
+    la = torch.tensor([[[NEG_INF, NEG_INF, 0.5]] * h]).requires_grad_()
+    lb = torch.tensor([[[0.3, NEG_INF, NEG_INF]] * h]).requires_grad_()
+    out, lse = merge(oa, la, ob, lb)
+    assert torch.equal(out[:, 0], ob[:, 0].detach()) and torch.equal(out[:, 2], oa[:, 2].detach())
+    assert (out[:, 1] == 0).all() and (lse[..., 1] == NEG_INF).all()
+    torch.testing.assert_close(lse[..., 0], lb[..., 0].detach())
+    (out.sum() + torch.where(torch.isfinite(lse), lse, 0).sum()).backward()
+    for t in (oa, ob, la, lb):
+        assert not torch.isnan(t.grad).any()
+    assert (oa.grad[:, :2] == 0).all() and (la.grad[..., :2] == 0).all()
+    # merge_many: all empty
+    om, lm = merge_many(torch.zeros(3, b, s, h, d), torch.full((3, b, h, s), NEG_INF))
+    assert (om == 0).all() and (lm == NEG_INF).all()
+
+
+def test_merge_gradients_match_reference():
+    q, k, v = _partials(seed=3)
+    kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
+    o, l_ = merge(*reference_attention(q, kk[:, :5], vv[:, :5]), *reference_attention(q, kk[:, 5:], vv[:, 5:]))
+    (o.sum() + l_.sum()).backward()
+    k2, v2 = k.clone().requires_grad_(), v.clone().requires_grad_()
+    fo, fl = reference_attention(q, k2, v2)
+    (fo.sum() + fl.sum()).backward()
+    torch.testing.assert_close(kk.grad, k2.grad)
+    torch.testing.assert_close(vv.grad, v2.grad)
+
+
+# --------------------------------------------------------------------------- CUDA (skipped without a GPU)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn", "flash_attn", "math"])
+@pytest.mark.parametrize("media", [False, True])
+def test_cuda_backends_match_reference(backend, media):
+    if backend not in available_backends("cuda"):
+        pytest.skip(f"{backend} not available")
+    dtype = torch.bfloat16
+    if media and backend in ("flash", "flash_attn"):
+        media = False  # these take no mask; masked calls fall back to efficient
+    for causal in (False, True):
+        _run_case((2, 37, 100, 8, 2, 64), dtype, backend, causal, media, device="cuda")
+    _run_case((2, 33, 0, 8, 2, 64), dtype, backend, False, False, device="cuda")  # empty shard
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_fp32_efficient():
+    _run_case((1, 5, 70, 4, 2, 32), torch.float32, "efficient", False, True, device="cuda")
+
+
+def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch):
+    """flash / flash_attn / cudnn calls are written from signatures; a rejecting call falls back exactly."""
+    monkeypatch.setattr(kernels, "_broken", set())
+
+    def reject(*a, **k):
+        raise RuntimeError("unexpected argument")
+
+    monkeypatch.setitem(kernels._FWD, "flash", reject)
+    monkeypatch.setitem(kernels._BWD, "flash", reject)
+    q, k, v, _, _ = _inputs(1, 4, 6, 4, 2, 8)
+    want_o, want_l = kernels._math_fwd(q, k, v, 0.5, None, False)
+    with pytest.warns(UserWarning, match="failed"):
+        o, l_ = kernels._kernel_fwd("flash", q, k, v, 0.5, None, False)
+    torch.testing.assert_close(o, want_o)
+    torch.testing.assert_close(l_, want_l)
+    with pytest.warns(UserWarning, match="failed"):
+        grads = kernels._kernel_bwd("flash", torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
+    want = kernels._math_bwd(torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
+    assert ("fwd", "flash") in kernels._broken and ("bwd", "flash") in kernels._broken

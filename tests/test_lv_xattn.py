@@ -1,0 +1,168 @@
+"""LV-XAttn on 1..4 gloo ranks vs the single-process float64 reference, forward and backward.
+
+All cases of one world size run in ONE spawned group (start-up dominates).
+Each rank holds an uneven slice of the queries and of the K/V (one rank with
+no queries, one with no keys), GQA 8/2, media masks with rows that see
+nothing, and a loss through both out and lse. The bytes each rank sends are
+checked exactly against the Q/O/lse(/dO/dQ) sizes: K/V never travel.
+"""
+
+import pytest
+import torch
+from attn_reference import reference_attention
+
+from lvx_app.attention import kernels, lv_xattn, lv_xattn_with_lse
+from lvx_app.attention.lv_xattn import last_stats
+from lvx_app.dist.testing import run_ranks
+
+B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _cuts(total, world, zero=None):
+    """Uneven contiguous split; rank `zero` gets nothing (when world > 1)."""
+    w = [i + 1 for i in range(world)]
+    if zero is not None and world > 1:
+        w[zero] = 0
+    return [round(total * sum(w[:i]) / sum(w)) for i in range(world + 1)]
+
+
+CASES = [
+    # name, dtype, media, with_lse, q zero rank, k zero rank, unsorted frames, tile, scale
+    ("gqa_fp32", torch.float32, False, True, 0, -1, False, None, None),
+    ("media_fp32", torch.float32, True, True, -1, 0, False, None, 0.37),
+    ("media_tiles_unsorted", torch.float32, True, True, 1, 1, True, 2, None),
+    ("media_bf16", torch.bfloat16, True, True, 0, -1, False, None, None),
+    ("out_only", torch.float32, True, False, -1, 0, False, None, None),
+]
+
+
+def _case_data(seed, dtype, media, unsorted):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, SQ, HQ, D, generator=g).to(dtype)
+    k = torch.randn(B, SK, HKV, D, generator=g).to(dtype)
+    v = torch.randn(B, SK, HKV, D, generator=g).to(dtype)
+    w = torch.randn(B, SQ, HQ, D, generator=g, dtype=torch.float64)
+    u = torch.randn(B, HQ, SQ, generator=g, dtype=torch.float64)
+    q_vis = k_frame = None
+    if media:
+        k_frame = torch.randint(0, 5, (B, SK), generator=g)
+        if not unsorted:
+            k_frame = torch.sort(k_frame, 1).values
+        q_vis = torch.randint(0, 6, (B, SQ), generator=g)
+        q_vis[:, 3] = 0  # rows that see nothing
+        q_vis[0, 7] = 0
+    return q, k, v, w, u, q_vis, k_frame
+
+
+def _lv_cases(rank, world):
+    results = []
+    for i, (name, dtype, media, with_lse, qz, kz, unsorted, tile, scale) in enumerate(CASES):
+        kernels.Q_TILE = tile or 256
+        q, k, v, w, u, q_vis, k_frame = _case_data(i, dtype, media, unsorted)
+        qc = _cuts(SQ, world, None if qz < 0 else qz % world)
+        kc = _cuts(SK, world, None if kz < 0 else kz % world)
+        qs, ks = slice(qc[rank], qc[rank + 1]), slice(kc[rank], kc[rank + 1])
+
+        # reference on the full problem (float64, autograd)
+        rq, rk, rv = (t.double().requires_grad_() for t in (q, k, v))
+        ro, rl = reference_attention(rq, rk, rv, scale=scale, q_vis=q_vis, k_frame=k_frame)
+        fin = torch.isfinite(rl)
+        loss = (ro * w).sum()
+        if with_lse:
+            loss = loss + (torch.where(fin, rl, 0) * u).sum()
+        loss.backward()
+
+        lq, lk, lv = (t[:, sl].clone().requires_grad_() for t, sl in ((q, qs), (k, ks), (v, ks)))
+        kw = dict(scale=scale)
+        if media:
+            kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks])
+        if with_lse:
+            out, lse = lv_xattn_with_lse(lq, lk, lv, **kw)
+            lfin = torch.isfinite(lse)
+            mine = (out.double() * w[:, qs]).sum() + (torch.where(lfin, lse, 0).double() * u[:, :, qs]).sum()
+        else:  # this case also passes the block sizes (no all_gather of sizes)
+            out = lv_xattn(lq, lk, lv, q_sizes=[qc[i + 1] - qc[i] for i in range(world)], **kw)
+            lse, lfin = None, None
+            mine = (out.double() * w[:, qs]).sum()
+        fwd_bytes = last_stats["fwd_bytes"]
+        mine.backward()
+        bwd_bytes = last_stats["bwd_bytes"]
+
+        def err(a, b):
+            assert not torch.isnan(a).any()
+            return (a.detach().double() - b).abs().max().item() if a.numel() else 0.0
+
+        errs = {
+            "out": err(out, ro[:, qs].detach()),
+            "dq": err(lq.grad, rq.grad[:, qs]),
+            "dk": err(lk.grad, rk.grad[:, ks]),
+            "dv": err(lv.grad, rv.grad[:, ks]),
+        }
+        if with_lse:
+            errs["lse_mask"] = float(not torch.equal(lfin, fin[:, :, qs]))
+            errs["lse"] = err(torch.where(lfin, lse, 0), torch.where(fin, rl, 0)[:, :, qs].detach())
+        results.append(
+            dict(name=name, errs=errs, tol=TOL[dtype], qc=qc, fwd=fwd_bytes, bwd=bwd_bytes,
+                 esz=torch.empty((), dtype=dtype).element_size(), media=media, nl=2 if with_lse else 1,
+                 out_dtype=out.dtype, lse_dtype=None if lse is None else lse.dtype)
+        )
+
+    # the same queries against a 10x larger K/V shard send exactly the same bytes
+    q, k, v, _, _, _, _ = _case_data(0, torch.float32, False, False)
+    qc = _cuts(SQ, world)
+    lq = q[:, qc[rank]:qc[rank + 1]].clone().requires_grad_()
+    small = []
+    for reps in (1, 10):
+        kk = k.repeat(1, reps, 1, 1).requires_grad_()
+        lv_xattn(lq, kk, v.repeat(1, reps, 1, 1)).sum().backward()
+        small.append((last_stats["fwd_bytes"], last_stats["bwd_bytes"]))
+    return results, small
+
+
+def _expected_bytes(rank, world, sizes, esz, media, nl):
+    """What LV-XAttn must send from `rank`: Q(+q_vis) n-1 times, (O,lse) n times; backward
+    (Q,dO,O)+(lse[,dlse])(+q_vis) n-1 times and dQ n times. No term depends on K/V."""
+    if world == 1:
+        return 0, 0
+    held = [sizes[(rank - t) % world] for t in range(world)]  # block held in round t
+    fwd = sum(held[:-1]) * B * (HQ * D * esz + 4 * media) + sum(held) * B * HQ * (D + 1) * 4
+    bwd = sum(held[:-1]) * B * (3 * HQ * D * esz + nl * HQ * 4 + 4 * media) + sum(held) * B * HQ * D * 4
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_lv_xattn_matches_reference_and_moves_only_queries(world):
+    per_rank = run_ranks(_lv_cases, world)
+    for rank, (results, small) in enumerate(per_rank):
+        for res in results:
+            where = f"world {world} rank {rank} case {res['name']}"
+            for name, e in res["errs"].items():
+                assert e <= res["tol"] * (1 if name != "lse_mask" else 0), f"{where}: {name} error {e:.3g}"
+            assert res["out_dtype"] == (torch.bfloat16 if "bf16" in res["name"] else torch.float32)
+            sizes = [res["qc"][i + 1] - res["qc"][i] for i in range(world)]
+            want = _expected_bytes(rank, world, sizes, res["esz"], res["media"], res["nl"])
+            assert (res["fwd"], res["bwd"]) == want, f"{where}: bytes sent {(res['fwd'], res['bwd'])} != {want}"
+        assert small[0] == small[1], f"rank {rank}: bytes depend on the K/V size: {small}"
+
+
+def test_world_of_one_without_process_group_equals_attention():
+    torch.manual_seed(0)
+    q, k, v, _, _, q_vis, k_frame = _case_data(3, torch.float32, True, False)
+    a = [t.clone().requires_grad_() for t in (q, k, v)]
+    b = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = lv_xattn_with_lse(*a, q_vis=q_vis, k_frame=k_frame)
+    ref_o, ref_l = kernels.attention(*b, q_vis=q_vis, k_frame=k_frame)
+    torch.testing.assert_close(out, ref_o)
+    torch.testing.assert_close(lse, ref_l)
+    w = torch.randn_like(out)
+    (out * w).sum().backward()
+    (ref_o * w).sum().backward()
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_wrong_q_sizes_are_rejected():
+    q, k, v, *_ = _case_data(0, torch.float32, False, False)
+    with pytest.raises(ValueError, match="q_sizes"):
+        lv_xattn(q, k, v, q_sizes=[SQ + 1])
