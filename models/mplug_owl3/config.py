@@ -1,0 +1,211 @@
+"""Configuration of mPLUG-Owl3, parsed from the checkpoint's own `config.json`.
+
+The json is the official HF layout (reference mplug_owl3.md §4): Qwen2 keys at the top level, `hyper_layers`
+(1-based layer numbers) and a nested `vision_config` (SigLIP). It does not say which architecture generation the
+weights are, nor which projector they use; the loader reads that from the safetensors keys and passes it in:
+
+- `generation`: "g1" (separate cross-attention + sigmoid gate; 7B-240728, 241014) or "g2" (one fused softmax;
+  7B-241101).
+- `projector`: "linear" (`vision2text_model.{weight,bias}`) or "mlp" (`vision2text_model.{0,2}.*`).
+
+Unknown json keys are kept in `extra` so `to_dict()` writes them back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+Generation = Literal["g1", "g2"]
+Projector = Literal["linear", "mlp"]
+
+# The trained context of every released checkpoint; positions beyond it work (RoPE is computed on the fly) but
+# the model never saw them, so the model warns once.
+TRAINED_POSITIONS = 32768
+
+
+def _split(cls, d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    names = {f.name for f in fields(cls)} - {"extra"}
+    return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
+
+
+@dataclass
+class SiglipVisionConfig:
+    """The `vision_config` block (SigLIP-so400m-patch14). Missing keys take the HF SigLIP defaults."""
+
+    hidden_size: int = 1152
+    image_size: int = 384
+    intermediate_size: int = 4304
+    model_type: str = "siglip_vision_model"
+    num_attention_heads: int = 16
+    num_hidden_layers: int = 27
+    patch_size: int = 14
+    num_channels: int = 3
+    layer_norm_eps: float = 1e-6
+    hidden_act: str = "gelu_pytorch_tanh"
+    attention_dropout: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # keys the official config.json writes (the others are HF defaults and only written when not default)
+    _JSON_KEYS = ("hidden_size", "image_size", "intermediate_size", "model_type", "num_attention_heads",
+                  "num_hidden_layers", "patch_size")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def grid(self) -> int:
+        """Patches per side: 27 for both 384 and 378 (stride-14 conv without padding drops the remainder)."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """Visual tokens per image (729 for the released checkpoints)."""
+        return self.grid**2
+
+    @property
+    def num_used_layers(self) -> int:
+        """Encoder layers actually run: the output is `hidden_states[-2]`, after all but the last layer."""
+        return self.num_hidden_layers - 1
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SiglipVisionConfig":
+        known, extra = _split(cls, d)
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        default = SiglipVisionConfig()
+        out = {k: getattr(self, k) for k in self._JSON_KEYS}
+        for f in fields(self):
+            if f.name not in out and f.name != "extra" and getattr(self, f.name) != getattr(default, f.name):
+                out[f.name] = getattr(self, f.name)
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class Owl3Config:
+    """mPLUG-Owl3 (HyperQwen2 language model + SigLIP tower + projector).
+
+    `hyper_layers` is 1-based exactly as in config.json; use `hyper_layer_indices` for 0-based layer indices.
+    """
+
+    vocab_size: int = 151851
+    hidden_size: int = 3584
+    intermediate_size: int = 18944
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 28
+    num_key_value_heads: int = 4
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = TRAINED_POSITIONS
+    tie_word_embeddings: bool = False
+    hyper_layers: list[int] = field(default_factory=lambda: [7, 15, 23, 26])
+    bos_token_id: int = 151643
+    eos_token_id: int = 151645
+    torch_dtype: str = "bfloat16"
+    vision: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
+    # not in config.json: filled by the loader from the checkpoint keys (reference §0 "Loader rule")
+    generation: Generation = "g2"
+    projector: Projector = "mlp"
+    # every other json key (architectures, auto_map, sliding_window, ...), written back by to_dict()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.generation not in ("g1", "g2"):
+            raise ValueError(f"generation must be 'g1' or 'g2', not {self.generation!r}")
+        if self.projector not in ("linear", "mlp"):
+            raise ValueError(f"projector must be 'linear' or 'mlp', not {self.projector!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        bad = [l for l in self.hyper_layers if not 1 <= l <= self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"hyper_layers {bad} out of range 1..{self.num_hidden_layers} (they are 1-based)")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen2 uses 'silu')")
+
+    # ---- derived -------------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def hyper_layer_indices(self) -> list[int]:
+        """0-based indices of the hyper layers (layer i is one iff i+1 is in `hyper_layers`)."""
+        return sorted(l - 1 for l in self.hyper_layers)
+
+    def is_hyper(self, layer_idx: int) -> bool:
+        return (layer_idx + 1) in self.hyper_layers
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.vision.num_patches
+
+    # ---- json ----------------------------------------------------------------------------------------------
+    _TOP_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "hidden_act", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+                 "tie_word_embeddings", "hyper_layers", "bos_token_id", "eos_token_id", "torch_dtype")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, generation: Generation | None = None,
+                  projector: Projector | None = None) -> "Owl3Config":
+        """Parse an official config.json dict. `generation`/`projector` come from the checkpoint keys; when not
+        given they default to the G2 pair ("g2", "mlp")."""
+        d = dict(d)
+        vision = SiglipVisionConfig.from_dict(d.pop("vision_config", None) or {})
+        known = {k: d.pop(k) for k in cls._TOP_KEYS if k in d}
+        if "hyper_layers" in known:
+            known["hyper_layers"] = [int(x) for x in known["hyper_layers"]]
+        if isinstance(known.get("eos_token_id"), list):  # some configs list several; keep the json as is
+            d["eos_token_id"] = known.pop("eos_token_id")
+        kw: dict[str, Any] = {}
+        if generation is not None:
+            kw["generation"] = generation
+        if projector is not None:
+            kw["projector"] = projector
+        return cls(**known, vision=vision, extra=d, **kw)
+
+    @classmethod
+    def from_json(cls, path: str | Path, **kw: Any) -> "Owl3Config":
+        return cls.from_dict(json.loads(Path(path).read_text()), **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The official config.json layout (no `generation`/`projector`: those live in the weights)."""
+        out: dict[str, Any] = {
+            "architectures": ["mPLUGOwl3Model"],
+            "auto_map": {
+                "AutoConfig": "configuration_mplugowl3.mPLUGOwl3Config",
+                "AutoModel": "modeling_mplugowl3.mPLUGOwl3Model",
+                "AutoModelForCausalLM": "modeling_mplugowl3.mPLUGOwl3Model",
+            },
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "max_window_layers": self.num_hidden_layers,
+            "model_type": "mplugowl3",
+            "sliding_window": self.max_position_embeddings,
+            "transformers_version": "4.41.2",
+            "use_cache": True,
+            "use_sliding_window": False,
+        }
+        out.update({k: getattr(self, k) for k in self._TOP_KEYS})
+        out["hyper_layers"] = list(self.hyper_layers)
+        out.update(self.extra)
+        out["vision_config"] = self.vision.to_dict()
+        # official order: architectures, auto_map, the rest alphabetically, then hyper_layers, vision_config
+        rank = {"architectures": -2, "auto_map": -1, "hyper_layers": 1, "vision_config": 2}
+        return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], 0), kv[0])))
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

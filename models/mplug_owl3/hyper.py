@@ -1,0 +1,144 @@
+"""Hyper attention: the Qwen2 layers that also attend to the visual tokens (reference mplug_owl3.md §2).
+
+Visual tokens never enter the text sequence. A hyper layer l uses the same RoPE'd query as its self-attention and
+attends to visual keys/values made from the projector output E (N frames x P=729 tokens x H):
+
+    kv_l = v_kv_proj_l(RMSNorm(E; input_layernorm_l.weight)),  split head-major (kv_head, {K, V}, d)
+    K_l gets MI-RoPE: every token of frame j is rotated at the same position p_j; V is not rotated.
+
+Per generation:
+  - G2 (7B-241101): p_j = start_j; token t sees frame j iff t >= start_j. The output is ONE softmax over
+    [visual keys; text keys], computed here exactly as text attention (out, lse) merged with visual attention
+    (out, lse) by log-sum-exp.
+  - G1 (240728, 241014): p_j = start_j + 1; token t sees frame j iff start_j < t. Text self-attention C_sa and
+    visual cross-attention C_ca are mixed per channel before o_proj: (1 - sigmoid(gate)) * C_sa + sigmoid(gate)
+    * C_ca, only on rows that see at least one frame.
+start_j is the token index where frame j's `<|image|>` placeholder begins (`media_starts`). Visible frames always
+form a prefix 0..q_vis-1, so a query carries one integer q_vis and a visual key its frame index k_frame; the
+attention kernels mask with `k_frame < q_vis`. A decode token comes after every placeholder, so it sees all frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from .config import Owl3Config
+from .layers import apply_rope, rms_norm, rope_cos_sin
+from .qwen2 import Qwen2Attention, StepContext
+
+
+def frame_rope_positions(media_starts: torch.Tensor, generation: str) -> torch.Tensor:
+    """MI-RoPE position of each frame's keys: G2 start_j, G1 start_j + 1."""
+    return media_starts if generation == "g2" else media_starts + 1
+
+
+def visible_frames(token_positions: torch.Tensor, media_starts: torch.Tensor, generation: str) -> torch.Tensor:
+    """q_vis per token (same shape as token_positions, int64): how many frames (a prefix) the token sees.
+
+    G2: #{j : t >= start_j};  G1: #{j : start_j < t}.  `media_starts` must be sorted ascending (placeholder order).
+    """
+    starts = media_starts.to(token_positions.device, torch.int64).contiguous()
+    flat = token_positions.reshape(-1).to(torch.int64).contiguous()
+    q_vis = torch.searchsorted(starts, flat, right=(generation == "g2"))
+    return q_vis.view(token_positions.shape)
+
+
+def split_kv(kv: torch.Tensor, num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """v_kv_proj output (..., 2*n_kv*hd) -> k, v (..., n_kv, hd), head-major layout (kv_head, {K, V}, d).
+
+    Columns h*2hd .. h*2hd+hd-1 are K of kv head h, the next hd columns its V (never "first half K").
+    """
+    kv = kv.unflatten(-1, (num_kv_heads, 2, head_dim))
+    return kv[..., 0, :], kv[..., 1, :]
+
+
+def visual_kv(e: torch.Tensor, norm_weight: torch.Tensor, eps: float, v_kv_proj: nn.Linear,
+              frame_positions: torch.Tensor, num_kv_heads: int, head_dim: int, theta: float):
+    """Visual K/V of one hyper layer from E (N, P, H): each (1, N*P, n_kv, hd), K MI-RoPE'd (fp32) at its frame's
+    position. Frames are flattened frame-major, patch-minor."""
+    n, p, _ = e.shape
+    k, v = split_kv(v_kv_proj(rms_norm(e, norm_weight, eps)), num_kv_heads, head_dim)  # (N, P, n_kv, hd)
+    cos, sin = rope_cos_sin(frame_positions.to(e.device).view(n, 1).expand(n, p), head_dim, theta, e.dtype)
+    k = apply_rope(k, cos, sin, fp32=True)
+    return k.reshape(1, n * p, num_kv_heads, head_dim), v.reshape(1, n * p, num_kv_heads, head_dim)
+
+
+class LazyVisualKV(Mapping):
+    """layer -> (k, v) computed on every access by `fn(layer)` (recompute from one copy of E, nothing cached)."""
+
+    def __init__(self, fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], layers: list[int]):
+        self.fn, self.layers = fn, list(layers)
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in self.layers:
+            raise KeyError(layer)
+        return self.fn(layer)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+@dataclass
+class VisualInputs:
+    """The visual side of a request, as one process (rank) holds it.
+
+    kv:           hyper layer index (0-based) -> (k, v), each (1, S_kv, n_kv, hd) for this rank's frames; any
+                  Mapping works (a dict of precomputed K/V, or a lazy mapping that recomputes them from E).
+    k_frame:      (1, S_kv) int64, global frame index of each local visual key.
+    media_starts: (N_total,) int64, placeholder start token index of EVERY frame of the request (all ranks'),
+                  sorted; it defines which frames each token sees.
+    """
+
+    kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
+    k_frame: torch.Tensor
+    media_starts: torch.Tensor
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.media_starts.numel())
+
+
+@dataclass
+class VisualStep:
+    """VisualInputs bound to one forward's tokens: adds q_vis (B, L) int64."""
+
+    kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
+    k_frame: torch.Tensor
+    q_vis: torch.Tensor
+
+
+class HyperAttention(Qwen2Attention):
+    """Qwen2 self-attention plus visual cross-attention (`v_kv_proj`, and `gate` for G1)."""
+
+    def __init__(self, config: Owl3Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.generation = config.generation
+        self.v_kv_proj = nn.Linear(config.hidden_size, 2 * self.num_kv_heads * self.head_dim)
+        if config.generation == "g1":
+            self.gate = nn.Parameter(torch.zeros(config.hidden_size))
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        q, k, v = self.project(x, ctx)
+        out, lse = ctx.hooks.text(q, k, v, causal=True)
+        vis: VisualStep | None = ctx.visual
+        if vis is not None:
+            k_vis, v_vis = vis.kv[self.layer_idx]
+            out_v, lse_v = ctx.hooks.visual(q, k_vis, v_vis, q_vis=vis.q_vis, k_frame=vis.k_frame)
+            if self.generation == "g2":  # one softmax over [visual; text] == LSE merge of the two parts
+                from lvx_app.attention.merge import merge
+
+                out, _ = merge(out, lse, out_v, lse_v)
+            else:  # gate mix before o_proj, only where at least one frame is visible
+                ct = torch.promote_types(out.dtype, torch.float32)
+                g = torch.sigmoid(self.gate.to(ct)).view(self.num_heads, self.head_dim)
+                out = out.to(ct)
+                mixed = (1 - g) * out + g * out_v.to(ct)
+                out = torch.where((vis.q_vis > 0)[..., None, None], mixed, out)
+        return self.o_proj(out.reshape(*x.shape[:2], -1).to(x.dtype))

@@ -1,0 +1,181 @@
+"""mPLUG-Owl3: vision tower + projector + Qwen2 with hyper layers, and streaming generation.
+
+`Owl3Model(config).state_dict()` has exactly the official checkpoint keys (reference mplug_owl3.md §3) minus the
+vision keys the model never uses (last encoder layer, post_layernorm, head) and minus `language_model.lm_head.weight`
+when embeddings are tied.
+
+Typical single-process use:
+
+    model = Owl3Model(cfg)                      # + load weights
+    E = model.encode_images(pixel_values)       # (N, 729, H), once per video
+    visual = model.prepare_visual(E, media_starts)
+    for tok in model.generate(input_ids, visual=visual):
+        ...
+
+Distributed use (the engine): each rank encodes its own contiguous slice of frames, calls
+`prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets `model.hooks.visual` to a
+distributed cross-attention with the same signature; text queries may stay replicated on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from .config import Owl3Config
+from .hyper import HyperAttention, LazyVisualKV, VisualInputs, VisualStep, frame_rope_positions, visible_frames, visual_kv
+from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
+from .vision import SiglipVisionTower, build_projector
+
+
+class Owl3Model(nn.Module):
+    def __init__(self, config: Owl3Config, hooks: Optional[AttentionHooks] = None):
+        super().__init__()
+        self.config = config
+        self.vision_model = SiglipVisionTower(config.vision)
+        self.vision2text_model = build_projector(config)
+        self.language_model = Qwen2LM(
+            config, lambda i: HyperAttention(config, i) if config.is_hyper(i) else Qwen2Attention(config, i))
+        self.hooks = hooks or AttentionHooks()
+
+    # ---- visual side --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_images(self, pixel_values: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
+        """pixel_values (N, 3, S, S) (normalised to [-1, 1]) -> E (N, 729, H) in the model's dtype.
+
+        Runs the SigLIP tower (output after all but its last layer) and the projector, `batch_size` images at a
+        time to bound activation memory. No autograd (training the projector would call
+        `vision2text_model(vision_model(px))` directly)."""
+        p = self.vision_model.embeddings.patch_embedding.weight
+        outs = [self.vision2text_model(self.vision_model(chunk.to(p.device, p.dtype)))
+                for chunk in pixel_values.split(batch_size)]
+        if not outs:
+            return p.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
+        return torch.cat(outs)
+
+    def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: torch.Tensor):
+        """K/V of hyper layer `layer_idx` (0-based) for the frames in e_local (N, 729, H): each
+        (1, N*729, n_kv, hd); K carries MI-RoPE at `frame_positions` (N,) (see `frame_rope_positions`).
+
+        A pure function of (weights, E): cache it per layer, or recompute it from one copy of E."""
+        if not self.config.is_hyper(layer_idx):
+            raise ValueError(f"layer {layer_idx} is not a hyper layer "
+                             f"(hyper layers: {self.config.hyper_layer_indices})")
+        layer = self.language_model.model.layers[layer_idx]
+        cfg = self.config
+        return visual_kv(e_local, layer.input_layernorm.weight, cfg.rms_norm_eps, layer.self_attn.v_kv_proj,
+                         frame_positions, cfg.num_key_value_heads, cfg.head_dim, cfg.rope_theta)
+
+    def frame_rope_positions(self, media_starts: torch.Tensor) -> torch.Tensor:
+        """MI-RoPE position per frame for this checkpoint's generation (G2 start_j, G1 start_j + 1)."""
+        return frame_rope_positions(media_starts, self.config.generation)
+
+    def visible_frames(self, token_positions: torch.Tensor, media_starts: torch.Tensor) -> torch.Tensor:
+        """q_vis per token for this checkpoint's generation (G2 #{t >= start_j}, G1 #{start_j < t})."""
+        return visible_frames(token_positions, media_starts, self.config.generation)
+
+    def prepare_visual(self, e_local: torch.Tensor, media_starts: torch.Tensor,
+                       frame_ids: Optional[torch.Tensor] = None, *, precompute: bool = True) -> VisualInputs:
+        """The visual inputs of a request for the frames this process holds.
+
+        e_local (N_local, 729, H): this process's frames; media_starts (N_total,): placeholder start of every
+        frame of the request; frame_ids (N_local,): global indices of the local frames (default 0..N_local-1,
+        i.e. the process holds all frames).
+        precompute=True (inference): every hyper layer's K/V is computed now, without autograd, and reused by every
+        forward and every decoded token. precompute=False (finetuning with recompute): only E is kept and each
+        forward recomputes a layer's K/V when that layer runs (differentiable w.r.t. E and v_kv_proj)."""
+        n, p, _ = e_local.shape
+        dev = e_local.device
+        media_starts = torch.as_tensor(media_starts, dtype=torch.int64).to(dev)
+        if frame_ids is None:
+            frame_ids = torch.arange(n, device=dev)
+        frame_ids = torch.as_tensor(frame_ids, dtype=torch.int64).to(dev)
+        if frame_ids.numel() != n:
+            raise ValueError(f"{n} local frames but {frame_ids.numel()} frame ids")
+        positions = self.frame_rope_positions(media_starts)[frame_ids]
+        layers = self.config.hyper_layer_indices
+        if precompute:
+            with torch.no_grad():
+                kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
+        else:
+            kv = LazyVisualKV(lambda l: self.visual_kv(l, e_local, positions), layers)
+        return VisualInputs(kv=kv, k_frame=frame_ids.repeat_interleave(p).view(1, n * p), media_starts=media_starts)
+
+    # ---- language side ------------------------------------------------------------------------------------
+    def new_cache(self) -> TextKVCache:
+        return TextKVCache(self.config.num_hidden_layers)
+
+    def forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                cache: Optional[TextKVCache] = None, visual: Optional[VisualInputs] = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Text forward -> logits (B, L, V) float in the model dtype ((B, 1, V) with last_only).
+
+        input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L); cache: the
+        text KV cache to extend (None = no cache, the tokens are the whole sequence); visual: frames to attend
+        to in the hyper layers (B must be 1), None = text only."""
+        lm = self.language_model
+        positions = lm.resolve_positions(input_ids, positions, cache)
+        step = None
+        if visual is not None and visual.num_frames > 0:
+            if input_ids.shape[0] != 1:
+                raise ValueError("visual inputs need batch size 1 (one request per forward)")
+            step = VisualStep(kv=visual.kv, k_frame=visual.k_frame,
+                              q_vis=self.visible_frames(positions, visual.media_starts))
+        return lm(input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, *, visual: Optional[VisualInputs] = None,
+                 cache: Optional[TextKVCache] = None, max_new_tokens: int = 512,
+                 eos_token_ids: Optional[Iterable[int]] = None, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, repetition_penalty: float = 1.0,
+                 generator: Optional[torch.Generator] = None) -> Iterator[int]:
+        """Stream new token ids one at a time (greedy unless temperature > 0).
+
+        input_ids (1, L) is prefilled on top of `cache` (pass the same cache again for the next turn; the
+        default is a fresh one). Visual K/V come precomputed in `visual` and are never recomputed per token.
+        Stops after an eos token (which is yielded) or max_new_tokens. Afterwards the cache holds every token
+        fed so far, i.e. the prompt and all yielded tokens except the last one.
+        """
+        if input_ids.shape[0] != 1:
+            raise ValueError("generate() takes one sequence (input_ids of shape (1, L))")
+        cache = cache if cache is not None else self.new_cache()
+        eos = set(eos_token_ids) if eos_token_ids is not None else {self.config.eos_token_id}
+        seen = input_ids[0].clone() if repetition_penalty != 1.0 else None
+        logits = self(input_ids, cache=cache, visual=visual, last_only=True)
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits[0, -1], temperature=temperature, top_p=top_p, top_k=top_k,
+                              repetition_penalty=repetition_penalty, seen=seen, generator=generator)
+            tok = int(nxt)
+            yield tok
+            if tok in eos or i == max_new_tokens - 1:
+                return
+            if seen is not None:
+                seen = torch.cat([seen, nxt.view(1)])
+            logits = self(nxt.view(1, 1), cache=cache, visual=visual, last_only=True)
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                repetition_penalty: float = 1.0, seen: Optional[torch.Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """One token id (0-d int64 tensor) from logits (V,): greedy at temperature 0, else temperature / top-k /
+    top-p sampling. repetition_penalty (HF rule) divides positive and multiplies negative logits of `seen` ids."""
+    logits = logits.float()
+    if repetition_penalty != 1.0 and seen is not None and seen.numel():
+        ids = seen.to(logits.device).unique()
+        picked = logits[ids]
+        logits = logits.clone()
+        logits[ids] = torch.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
+    if temperature <= 0:
+        return logits.argmax()
+    logits = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[0]

@@ -1,0 +1,105 @@
+"""Qwen2 byte-level BPE tokenizer of mPLUG-Owl3, read from the checkpoint's `tokenizer.json` with `tokenizers`.
+
+No transformers needed. Specials (reference mplug_owl3.md §5.1): `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` are
+added tokens (single ids). `<|image|>`, `<|video|>` and the cut / video-frame markers are plain text: BPE splits them
+into a few ordinary tokens, and nothing here assumes how many.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ENDOFTEXT = "<|endoftext|>"
+
+
+class Owl3Tokenizer:
+    """Thin wrapper: `encode(text) -> ids` exactly as the official `tokenizer(text).input_ids` (Qwen2 adds no BOS)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tk = tokenizer
+        missing = [t for t in (ENDOFTEXT, IM_START, IM_END) if tokenizer.token_to_id(t) is None]
+        if missing:
+            raise ValueError(f"tokenizer has no {missing[0]} token: not a Qwen2 / mPLUG-Owl3 tokenizer.json")
+        self.endoftext_id = tokenizer.token_to_id(ENDOFTEXT)
+        self.im_start_id = tokenizer.token_to_id(IM_START)
+        self.im_end_id = tokenizer.token_to_id(IM_END)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Owl3Tokenizer":
+        return cls(Tokenizer.from_file(str(path)))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "Owl3Tokenizer":
+        return cls.from_file(Path(directory) / "tokenizer.json")
+
+    def __len__(self) -> int:
+        """Number of token ids the tokenizer can produce (BPE vocab + added tokens)."""
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def stop_ids(self) -> tuple[int, int]:
+        """Generation stops at either (the official generate passes both as eos_token_id)."""
+        return (self.im_end_id, self.endoftext_id)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self.tk.get_added_tokens_decoder().items() if t.special)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=False).ids if text else []
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tk.token_to_id(token)
+
+    def decode_answer(self, ids: Iterable[int]) -> str:
+        """The official answer decoding: drop id 0 (pad), drop one trailing terminator, decode, strip."""
+        ids = [int(i) for i in ids if int(i) != 0]
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        return self.decode(ids).strip()
+
+    def stream(self, skip_special_tokens: bool = True) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+
+
+class StreamDecoder:
+    """Incremental detokenisation for streaming: `push(id)` returns the text that became final.
+
+    Byte-level BPE tokens can end in the middle of a UTF-8 character; decoding such a prefix gives U+FFFD. We hold
+    text back while the decoded tail ends in U+FFFD, and only re-decode a short window of recent tokens (the
+    prefix/read offsets scheme), so a long answer costs O(1) per token.
+    """
+
+    def __init__(self, tokenizer: Owl3Tokenizer, skip_special_tokens: bool = True):
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix = 0  # window start: text of ids[prefix:read] has already been emitted
+        self.read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=self.skip)
+
+    def push(self, token_ids: int | Iterable[int]) -> str:
+        self.ids.extend([int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids])
+        done = self._decode(self.ids[self.prefix : self.read])
+        full = self._decode(self.ids[self.prefix :])
+        if len(full) > len(done) and not full.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return full[len(done) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end decodes as U+FFFD)."""
+        done = self._decode(self.ids[self.prefix : self.read])
+        full = self._decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return full[len(done) :]

@@ -1,0 +1,99 @@
+"""SigLIP vision tower (so400m-patch14) and the projector into the language model's width.
+
+Only the part mPLUG-Owl3 uses is built: embeddings and the first `num_hidden_layers - 1` encoder layers, because
+the model reads `hidden_states[-2]` (the residual stream after 26 of 27 layers). The last layer, `post_layernorm`
+and the pooling head are never run, so they are not parameters here (the loader skips their keys).
+Parameter names match HF's `SiglipVisionTransformer` under `vision_model.`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Owl3Config, SiglipVisionConfig
+
+
+class SiglipEmbeddings(nn.Module):
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
+        self.position_embedding = nn.Embedding(cfg.num_patches, cfg.hidden_size)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels right/bottom)
+        x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
+        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major
+        return x + self.position_embedding.weight
+
+
+class SiglipAttention(nn.Module):
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        c = cfg.hidden_size
+        self.heads = cfg.num_attention_heads
+        self.q_proj, self.k_proj = nn.Linear(c, c), nn.Linear(c, c)
+        self.v_proj, self.out_proj = nn.Linear(c, c), nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, p, c = x.shape
+        q, k, v = (proj(x).view(n, p, self.heads, -1).transpose(1, 2) for proj in (self.q_proj, self.k_proj,
+                                                                                   self.v_proj))
+        o = F.scaled_dot_product_attention(q, k, v)  # scale head_dim^-0.5, no mask
+        return self.out_proj(o.transpose(1, 2).reshape(n, p, c))
+
+
+class SiglipMLP(nn.Module):
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        if cfg.hidden_act != "gelu_pytorch_tanh":
+            raise ValueError(f"vision hidden_act {cfg.hidden_act!r} is not supported (SigLIP uses gelu_pytorch_tanh)")
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class SiglipEncoderLayer(nn.Module):
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.self_attn = SiglipAttention(cfg)
+        self.layer_norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = SiglipMLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class SiglipEncoder(nn.Module):
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(SiglipEncoderLayer(cfg) for _ in range(cfg.num_used_layers))
+
+
+class SiglipVisionTower(nn.Module):
+    """pixel_values (N, 3, S, S) -> features (N, P, 1152): the residual stream after all but the last layer."""
+
+    def __init__(self, cfg: SiglipVisionConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = SiglipEmbeddings(cfg)
+        self.encoder = SiglipEncoder(cfg)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.embeddings(pixel_values)
+        for layer in self.encoder.layers:
+            x = layer(x)
+        return x
+
+
+def build_projector(config: Owl3Config) -> nn.Module:
+    """`vision2text_model`: Linear(1152, H) (G1 checkpoints) or Linear-GELU(erf)-Linear (7B-241101)."""
+    c, h = config.vision.hidden_size, config.hidden_size
+    if config.projector == "linear":
+        return nn.Linear(c, h)
+    return nn.Sequential(nn.Linear(c, h), nn.GELU(), nn.Linear(h, h))

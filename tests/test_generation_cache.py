@@ -1,0 +1,120 @@
+"""Generation with the text KV cache: equal to recomputing the whole sequence, prefill in pieces equal to one
+prefill (absolute positions: the official top-left mask gets this wrong), the >32768 warning, sampling."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_hyper_attention import P, tiny_config, tiny_model
+
+from models.mplug_owl3.modeling import sample_next
+
+
+def _setup(generation: str, n_frames: int = 3):
+    cfg = tiny_config(generation)
+    model = tiny_model(cfg)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=g)
+    starts = torch.tensor([2, 6, 11][:n_frames])
+    E = torch.randn(n_frames, P, cfg.hidden_size, generator=g, dtype=torch.float64)
+    return model, ids, model.prepare_visual(E, starts)
+
+
+@pytest.mark.parametrize("generation", ["g1", "g2"])
+def test_cached_greedy_generation_equals_full_recompute(generation):
+    model, ids, visual = _setup(generation)
+    got = list(model.generate(ids, visual=visual, max_new_tokens=5, eos_token_ids=[]))
+    seq, want = ids, []
+    for _ in range(5):  # no cache: the whole sequence every step
+        nxt = int(model(seq, visual=visual)[0, -1].argmax())
+        want.append(nxt)
+        seq = torch.cat([seq, torch.tensor([[nxt]])], 1)
+    assert got == want and len(got) == 5
+    # the visual K/V are precomputed once: generate never calls visual_kv again
+    calls = []
+    orig = model.visual_kv
+    model.visual_kv = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    list(model.generate(ids, visual=visual, max_new_tokens=3, eos_token_ids=[]))
+    assert calls == []
+
+
+@pytest.mark.parametrize("generation", ["g1", "g2"])
+@pytest.mark.parametrize("split", [[5], [1, 7, 12], [6, 7]])
+def test_prefill_in_chunks_on_a_cache_equals_one_prefill(generation, split):
+    """A second prefill continues at absolute positions: its text mask is bottom-right causal and its tokens see
+    the frames their positions allow (split points fall before, at and after placeholders)."""
+    model, ids, visual = _setup(generation)
+    want = model(ids, visual=visual)
+    cache = model.new_cache()
+    bounds = [0, *split, ids.shape[1]]
+    parts = [model(ids[:, a:b], cache=cache, visual=visual) for a, b in zip(bounds, bounds[1:])]
+    assert cache.length == ids.shape[1]
+    torch.testing.assert_close(torch.cat(parts, 1), want, rtol=1e-10, atol=1e-10)
+
+
+def test_multi_turn_reuses_the_cache():
+    """Turn 2 prefilled on top of turn 1's cache (prompt + answer) equals one forward of everything."""
+    model, ids, visual = _setup("g2")
+    cache = model.new_cache()
+    ans = list(model.generate(ids[:, :12], visual=visual, cache=cache, max_new_tokens=4, eos_token_ids=[]))
+    assert cache.length == 12 + 3  # the last yielded token is not fed yet
+    turn2 = torch.tensor([[ans[-1], 5, 6, 7]])
+    last = list(model.generate(turn2, visual=visual, cache=cache, max_new_tokens=1, eos_token_ids=[]))
+    full = torch.cat([ids[:, :12], torch.tensor([ans[:-1]]), turn2], 1)
+    assert last == [int(model(full, visual=visual)[0, -1].argmax())]
+
+
+def test_eos_stops_and_is_yielded():
+    model, ids, visual = _setup("g2")
+    first = list(model.generate(ids, visual=visual, max_new_tokens=3, eos_token_ids=[]))
+    assert list(model.generate(ids, visual=visual, max_new_tokens=10, eos_token_ids=[first[1]])) == first[:2]
+
+
+def test_text_cache_grows_without_losing_tokens():
+    model, ids, _ = _setup("g2")
+    long = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache()
+    steps = [model(long[:, i : i + 1], cache=cache) for i in range(70)]  # several buffer doublings
+    torch.testing.assert_close(torch.cat(steps, 1), model(long), rtol=1e-10, atol=1e-10)
+    cache.truncate(40)
+    again = model(long[:, 40:50], cache=cache)
+    torch.testing.assert_close(again, model(long[:, :50])[:, 40:], rtol=1e-10, atol=1e-10)
+    # a forward that dies half-way (only some layers appended) does not corrupt the cache
+    ok = model.hooks.text
+    model.hooks.text = None  # layer 0 appends its K/V to the cache, then calling the hook fails
+    with pytest.raises(TypeError):
+        model(long[:, 50:60], cache=cache)
+    model.hooks.text = ok
+    assert cache.length == 50
+    torch.testing.assert_close(model(long[:, 50:60], cache=cache), model(long[:, :60])[:, 50:], rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_positions_beyond_training_warn_once():
+    model, ids, _ = _setup("g2")
+    pos = torch.arange(32760, 32760 + 16)[None]
+    with pytest.warns(UserWarning, match="32768"):
+        model(ids, positions=pos)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(ids, positions=pos)  # only once
+        model(ids[:, :3])
+
+
+def test_sampling():
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
+    assert int(sample_next(logits)) == 1
+    g = torch.Generator().manual_seed(0)
+    # top_p small keeps only the best token; top_k=2 never picks 0 or 3
+    assert {int(sample_next(logits, temperature=1.0, top_p=0.1, generator=g)) for _ in range(20)} == {1}
+    assert {int(sample_next(logits, temperature=1.0, top_k=2, generator=g)) for _ in range(50)} == {1, 2}
+    # repetition penalty turns the greedy choice away from a seen token
+    assert int(sample_next(logits, repetition_penalty=1.5, seen=torch.tensor([1]))) == 2
+    model, ids, visual = _setup("g1")
+    a = list(model.generate(ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, eos_token_ids=[],
+                            generator=torch.Generator().manual_seed(5)))
+    b = list(model.generate(ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, eos_token_ids=[],
+                            generator=torch.Generator().manual_seed(5)))
+    assert a == b and len(a) == 4

@@ -1,0 +1,64 @@
+"""The model with its frames split over gloo ranks (LV-XAttn for the visual attention) gives the same logits and
+the same greedy tokens as one process.
+
+Each rank holds a contiguous slice of the frames (an empty slice included) and only their visual K/V; the text
+queries are replicated on every rank and passed whole to `lv_xattn_with_lse` (prefill) or `decode_xattn`
+(one-token steps). The model itself never imports torch.distributed: only its `hooks.visual` is swapped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_hyper_attention import P, tiny_config, tiny_model
+
+from lvx_app.dist.testing import run_ranks
+
+
+def _inputs(generation: str, n_frames: int):
+    cfg = tiny_config(generation)
+    model = tiny_model(cfg)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, cfg.vocab_size, (1, 22), generator=g)
+    starts = torch.arange(n_frames) * 4 + 2  # placeholders at 2, 6, 10, ...
+    E = torch.randn(n_frames, P, cfg.hidden_size, generator=g, dtype=torch.float64)
+    return model, ids, starts, E
+
+
+def _distributed_visual(q, k, v, *, q_vis, k_frame):
+    from lvx_app.attention import decode_xattn, lv_xattn_with_lse
+
+    fn = decode_xattn if q.shape[1] == 1 else lv_xattn_with_lse  # the functions plug in as they are
+    return fn(q, k, v, q_vis=q_vis, k_frame=k_frame)
+
+
+def _run(rank: int, world: int, n_frames: int):
+    out = {}
+    for generation in ("g1", "g2"):
+        model, ids, starts, E = _inputs(generation, n_frames)
+        mine = torch.tensor_split(torch.arange(n_frames), world)[rank]  # contiguous, possibly empty
+        model.hooks.visual = _distributed_visual
+        visual = model.prepare_visual(E[mine], starts, frame_ids=mine)
+        with torch.no_grad():
+            logits = model(ids, visual=visual)
+            tokens = list(model.generate(ids, visual=visual, max_new_tokens=4, eos_token_ids=[]))
+        # numpy, not a tensor: torch sends tensors through a queue as shared-memory handles that die with the rank
+        out[generation] = (mine.numel(), logits.numpy(), tokens)
+    return out
+
+
+@pytest.mark.parametrize("world,n_frames", [(2, 4), (3, 4), (3, 2)])
+def test_frames_split_over_ranks_match_one_process(world, n_frames):
+    results = run_ranks(_run, world, n_frames)
+    for generation in ("g1", "g2"):
+        model, ids, starts, E = _inputs(generation, n_frames)
+        visual = model.prepare_visual(E, starts)
+        with torch.no_grad():
+            want = model(ids, visual=visual)
+            want_tokens = list(model.generate(ids, visual=visual, max_new_tokens=4, eos_token_ids=[]))
+        assert sum(r[generation][0] for r in results) == n_frames
+        for rank, r in enumerate(results):
+            n, logits, tokens = r[generation]
+            torch.testing.assert_close(torch.from_numpy(logits), want, rtol=1e-10, atol=1e-10,
+                                       msg=lambda m: f"{generation} rank {rank}: {m}")
+            assert tokens == want_tokens, f"{generation} rank {rank}"

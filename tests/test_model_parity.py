@@ -1,0 +1,126 @@
+"""Our Qwen2 decoder and SigLIP tower equal the `transformers` implementations on tiny random configs with the same
+weights, and `Owl3Model.state_dict()` has exactly the official checkpoint key names (reference §3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from models.mplug_owl3.modeling import Owl3Model
+from models.mplug_owl3.qwen2 import AttentionHooks, Qwen2LM
+from models.mplug_owl3.vision import SiglipVisionTower
+
+transformers = pytest.importorskip("transformers")
+
+
+def _randomize(module: torch.nn.Module, seed: int) -> None:
+    """Random weights with norm scales near 1 (so no layer is an identity or a no-op)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            r = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+            p.copy_(1 + 0.3 * r if "norm" in name and name.endswith("weight") else r * (0.15 if p.dim() > 1 else 0.3))
+
+
+# transformers computes RoPE angles and the softmax in float32 whatever the model dtype, so parity is checked in
+# float32 (the model's own float64 exactness is tested against the naive reference in test_hyper_attention.py).
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_qwen2_matches_transformers(tied):
+    dtype = torch.float32
+    hf_cfg = transformers.Qwen2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+        attn_implementation="eager")
+    hf = transformers.Qwen2ForCausalLM(hf_cfg).to(dtype).eval()
+    _randomize(hf, 0)
+    cfg = Owl3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, hyper_layers=[], tie_word_embeddings=tied)
+    ours = Qwen2LM(cfg).to(dtype).eval()
+    sd = hf.state_dict()
+    if tied:
+        assert "lm_head.weight" not in ours.state_dict()
+        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    ours.load_state_dict(sd, strict=True)
+
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        hooks = AttentionHooks()
+        got = ours(ids, ours.resolve_positions(ids, None, None), hooks=hooks)
+        torch.testing.assert_close(got, want, **TOL)
+        # the same through a text KV cache: prefill 7, then 4 single tokens
+        from models.mplug_owl3.qwen2 import TextKVCache
+
+        cache = TextKVCache(cfg.num_hidden_layers)
+        parts = [ids[:, :7]] + [ids[:, i : i + 1] for i in range(7, 11)]
+        steps = [ours(p, ours.resolve_positions(p, None, cache), hooks=hooks, cache=cache) for p in parts]
+        torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
+
+
+def test_siglip_tower_matches_transformers_hidden_states_minus_2():
+    # 44 px / patch 14 -> 3x3 grid, 2 px dropped at right/bottom (like 384 with patch 14)
+    hf_cfg = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                             num_attention_heads=2, image_size=44, patch_size=14,
+                                             attn_implementation="eager")
+    hf = transformers.SiglipVisionModel(hf_cfg).eval()
+    _randomize(hf, 2)
+    ours = SiglipVisionTower(SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                                num_attention_heads=2, image_size=44, patch_size=14))
+    sd = {k.removeprefix("vision_model."): v for k, v in hf.state_dict().items()}
+    unused = ("encoder.layers.2.", "post_layernorm.", "head.")
+    ours.load_state_dict({k: v for k, v in sd.items() if not k.startswith(unused)}, strict=True)
+    px = torch.rand(3, 3, 44, 44) * 2 - 1
+    with torch.no_grad():
+        want = hf(pixel_values=px, output_hidden_states=True).hidden_states[-2]
+        got = ours(px)
+    assert got.shape == (3, 9, 32)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def _official_keys(cfg: Owl3Config) -> set[str]:
+    """Reference §3, written out independently of the model code (unused vision keys excluded)."""
+    keys = {"vision_model.embeddings.patch_embedding.weight", "vision_model.embeddings.patch_embedding.bias",
+            "vision_model.embeddings.position_embedding.weight",
+            "language_model.model.embed_tokens.weight", "language_model.model.norm.weight"}
+    for k in range(cfg.vision.num_hidden_layers - 1):
+        p = f"vision_model.encoder.layers.{k}."
+        for m in ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                  "self_attn.out_proj", "mlp.fc1", "mlp.fc2"):
+            keys |= {p + m + ".weight", p + m + ".bias"}
+    if cfg.projector == "linear":
+        keys |= {"vision2text_model.weight", "vision2text_model.bias"}
+    else:
+        keys |= {f"vision2text_model.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
+    for l in range(cfg.num_hidden_layers):
+        p = f"language_model.model.layers.{l}."
+        keys |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight", p + "self_attn.o_proj.weight"}
+        keys |= {p + f"self_attn.{m}_proj.{w}" for m in "qkv" for w in ("weight", "bias")}
+        keys |= {p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}
+        if l + 1 in cfg.hyper_layers:
+            keys |= {p + "self_attn.v_kv_proj.weight", p + "self_attn.v_kv_proj.bias"}
+            if cfg.generation == "g1":
+                keys.add(p + "self_attn.gate")
+    if not cfg.tie_word_embeddings:
+        keys.add("language_model.lm_head.weight")
+    return keys
+
+
+@pytest.mark.parametrize("generation,projector,tied", [("g1", "linear", True), ("g2", "mlp", False),
+                                                       ("g1", "linear", False)])
+def test_state_dict_has_the_official_keys(generation, projector, tied):
+    cfg = Owl3Config(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=5, num_attention_heads=4,
+                     num_key_value_heads=2, hyper_layers=[1, 4], tie_word_embeddings=tied,
+                     vision=SiglipVisionConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=3,
+                                               num_attention_heads=2, image_size=28),
+                     generation=generation, projector=projector)
+    sd = Owl3Model(cfg).state_dict()
+    assert set(sd) == _official_keys(cfg)
+    h, nkv, hd = 32, 2, 8
+    assert sd["language_model.model.layers.3.self_attn.v_kv_proj.weight"].shape == (2 * nkv * hd, h)
+    assert sd["vision_model.embeddings.position_embedding.weight"].shape == (4, 16)
+    if generation == "g1":
+        assert sd["language_model.model.layers.0.self_attn.gate"].shape == (h,)
