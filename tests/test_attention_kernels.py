@@ -123,7 +123,7 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
         return real(q, k, v, scale, mask, causal)
 
     monkeypatch.setitem(kernels._FWD, backend, spy)
-    b, sq, sk, fr = 1, 16, 24, 6
+    b, sq, sk = 1, 16, 24
     q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
     q_vis = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]])  # first tile sees nothing

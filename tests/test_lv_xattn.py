@@ -12,7 +12,6 @@ import torch
 from attn_reference import reference_attention
 
 from lvx_app.attention import kernels, lv_xattn, lv_xattn_with_lse
-from lvx_app.attention.lv_xattn import last_stats
 from lvx_app.dist.testing import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
@@ -74,7 +73,8 @@ def _lv_cases(rank, world):
         loss.backward()
 
         lq, lk, lv = (t[:, sl].clone().requires_grad_() for t, sl in ((q, qs), (k, ks), (v, ks)))
-        kw = dict(scale=scale)
+        stats: dict = {}
+        kw = dict(scale=scale, stats=stats)
         if media:
             kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks])
         if with_lse:
@@ -85,9 +85,9 @@ def _lv_cases(rank, world):
             out = lv_xattn(lq, lk, lv, q_sizes=[qc[i + 1] - qc[i] for i in range(world)], **kw)
             lse, lfin = None, None
             mine = (out.double() * w[:, qs]).sum()
-        fwd_bytes = last_stats["fwd_bytes"]
+        fwd_bytes = stats["fwd_bytes"]
         mine.backward()
-        bwd_bytes = last_stats["bwd_bytes"]
+        bwd_bytes = stats["bwd_bytes"]
 
         def err(a, b):
             assert not torch.isnan(a).any()
@@ -115,8 +115,9 @@ def _lv_cases(rank, world):
     small = []
     for reps in (1, 10):
         kk = k.repeat(1, reps, 1, 1).requires_grad_()
-        lv_xattn(lq, kk, v.repeat(1, reps, 1, 1)).sum().backward()
-        small.append((last_stats["fwd_bytes"], last_stats["bwd_bytes"]))
+        stats = {}
+        lv_xattn(lq, kk, v.repeat(1, reps, 1, 1), stats=stats).sum().backward()
+        small.append((stats["fwd_bytes"], stats["bwd_bytes"]))
     return results, small
 
 

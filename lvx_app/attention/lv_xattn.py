@@ -20,7 +20,7 @@ n-1 Q transfers and n (O, lse) transfers per rank, no K/V transfer. Bytes
 sent by rank r, with S_j the length of block j held in round t:
   forward  sum_{t<n-1} S_j*B*(Hq*D*esize + 4*[mask]) + sum_t S_j*B*Hq*(D+1)*4
   backward sum_{t<n-1} S_j*B*(3*Hq*D*esize + n_l*Hq*4 + 4*[mask]) + sum_t S_j*B*Hq*D*4
-(n_l = 2 with lse, 1 for `lv_xattn`); `last_stats` holds the last call's counts.
+(n_l = 2 with lse, 1 for `lv_xattn`); pass `stats={}` to get them added up as fwd_bytes / bwd_bytes.
 Empty blocks are never sent (one-sided P2P instead of padding).
 
 backward: the same ring with (Q_j, dO_j, O_j) [one packed q-dtype message],
@@ -42,6 +42,7 @@ import torch.distributed as dist
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, augment_kv, check_inputs
 from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.dist import RingComm, get_world_size
+from lvx_app.dist.collectives import count_bytes, exchange_sizes
 
 
 class _Ring(RingComm):
@@ -82,21 +83,13 @@ def _query_sizes(q: torch.Tensor, group, n: int, rank: int, known=None) -> list[
         if len(known) != n or known[rank] != q.shape[1]:
             raise ValueError(f"q_sizes {known} must list {n} block lengths with q_sizes[{rank}] == {q.shape[1]}")
         return known
-    if n == 1:
-        return [q.shape[1]]
-    mine = torch.tensor([q.shape[1]], dtype=torch.int64, device=q.device)
-    allsz = [torch.empty_like(mine) for _ in range(n)]
-    dist.all_gather(allsz, mine, group=group)
-    return [int(x) for x in allsz]
+    (sizes,) = exchange_sizes(q.shape[1], group=group, device=q.device)
+    return sizes
 
 
 def _split_ol(buf: torch.Tensor, b: int, s: int, h: int, d: int):
     n1 = b * s * h * d
     return buf[:n1].view(b, s, h, d), buf[n1:].view(b, h, s)
-
-
-# stats of the last call on this process, for tests and benchmarks: {"fwd_bytes": .., "bwd_bytes": ..}
-last_stats: dict[str, int] = {}
 
 
 def _forward(q, k, v, scale, q_vis, k_frame, group, q_sizes):
@@ -211,9 +204,10 @@ def _backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_
 
 class _LVXAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes):
+    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats):
         out, lse, sizes, sent = _forward(q, k, v, scale, q_vis, k_frame, group, q_sizes)
-        last_stats["fwd_bytes"] = sent
+        count_bytes(stats, "fwd_bytes", sent)
+        ctx.stats = stats
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (scale, q_vis, k_frame, group, with_lse, sizes)
         ctx.set_materialize_grads(False)
@@ -226,8 +220,8 @@ class _LVXAttn(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, sent = _backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes)
-        last_stats["bwd_bytes"] = sent
-        return dq, dk, dv, None, None, None, None, None, None
+        count_bytes(ctx.stats, "bwd_bytes", sent)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def lv_xattn_with_lse(
@@ -240,6 +234,7 @@ def lv_xattn_with_lse(
     q_vis: torch.Tensor | None = None,
     k_frame: torch.Tensor | None = None,
     q_sizes: list[int] | None = None,
+    stats: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) float32).
 
@@ -249,11 +244,12 @@ def lv_xattn_with_lse(
     defaults to 1/sqrt(D) and must match on all ranks, as must B, Hq, D and
     the dtype. `q_sizes`: every rank's query-block length in group-rank order,
     if the caller knows it (skips the one all_gather of sizes per call).
+    `stats`: a dict to which the bytes this rank sends are added (fwd_bytes, bwd_bytes).
     Differentiable through both outputs (the backward always carries dlse
     around the ring, zeros where the loss does not use lse).
     """
     check_inputs(q, k, v, q_vis, k_frame)
-    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, True, q_sizes)
+    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, True, q_sizes, stats)
 
 
 def lv_xattn(
@@ -266,7 +262,8 @@ def lv_xattn(
     q_vis: torch.Tensor | None = None,
     k_frame: torch.Tensor | None = None,
     q_sizes: list[int] | None = None,
+    stats: dict | None = None,
 ) -> torch.Tensor:
     """LV-XAttn, output only (the backward ring carries no dlse); see `lv_xattn_with_lse`."""
     check_inputs(q, k, v, q_vis, k_frame)
-    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, False, q_sizes)[0]
+    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, False, q_sizes, stats)[0]

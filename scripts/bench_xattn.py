@@ -1,0 +1,442 @@
+#!/usr/bin/env python
+"""Distributed cross-attention side by side: LV-XAttn vs Ring vs Ulysses vs all-gather.
+
+CPU (default): N gloo ranks on this machine at Video-MME proportions scaled
+down (729 visual tokens per frame, S_KV/S_Q ≈ 145, GQA 7:1, the mPLUG-Owl3
+media mask), timing forward and forward+backward of every path plus a
+no-communication run of LV-XAttn's per-rank kernel work. Prints a table and
+writes JSON.
+
+    python scripts/bench_xattn.py                      # 4 ranks
+    python scripts/bench_xattn.py --ranks 2 --out runs/bench_2.json
+
+CUDA (`--device cuda`): one process times the per-rank block kernel of every
+available backend at real per-rank shapes (mPLUG-Owl3-7B: 28 query heads,
+4 KV heads, d=128; an hour of video at 1 fps over 8 GPUs) in TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lvx_app.attention.allgather import allgather_xattn  # noqa: E402
+from lvx_app.attention.kernels import _can_run, attn_bwd, attn_fwd, available_backends  # noqa: E402
+from lvx_app.attention.lv_xattn import lv_xattn  # noqa: E402
+from lvx_app.attention.merge import merge_  # noqa: E402
+from lvx_app.attention.ring import ring_xattn  # noqa: E402
+from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn  # noqa: E402
+from lvx_app.dist.testing import run_ranks  # noqa: E402
+
+TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------ problem
+
+
+def shapes(frames: int, keys_per_frame: int, ratio: float) -> tuple[int, int]:
+    """(S_q, S_kv) of the whole problem."""
+    s_kv = frames * keys_per_frame
+    return max(1, round(s_kv / ratio)), s_kv
+
+
+def media_mask(s_q: int, s_kv: int, frames: int, keys_per_frame: int):
+    """mPLUG-Owl3 (G1) mask: frame j's placeholder starts at token 5j; token t sees frame j iff 5j < t."""
+    t = torch.arange(s_q)
+    q_vis = torch.div(t + TOKENS_PER_PLACEHOLDER - 1, TOKENS_PER_PLACEHOLDER, rounding_mode="floor").clamp(max=frames)
+    k_frame = torch.arange(s_kv) // keys_per_frame
+    return q_vis.unsqueeze(0).to(torch.int32), k_frame.unsqueeze(0).to(torch.int32)
+
+
+def _slices(total: int, world: int) -> list[slice]:
+    """Contiguous shards, `torch.tensor_split` sizes."""
+    bounds = [0]
+    for part in torch.arange(total).tensor_split(world):
+        bounds.append(bounds[-1] + len(part))
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+# ------------------------------------------------------------------ the no-communication run
+
+
+def nocomm(q_blocks, k, v, qv_blocks, k_frame, rank, world, dout_blocks=None):
+    """LV-XAttn's per-rank kernel work without any P2P: round t computes block (rank - t) against the local shard.
+
+    Every query block is already local (the benchmark made them all), so the
+    same attn_fwd / merge / attn_bwd calls run, just with nothing travelling.
+    """
+    acc = {}
+    for t in range(world):
+        j = (rank - t) % world
+        qj = q_blocks[j]
+        o, lse = attn_fwd(qj, k, v, q_vis=qv_blocks[j], k_frame=k_frame)
+        if j not in acc:
+            acc[j] = (o.float(), lse)
+        else:
+            merge_(*acc[j], o, lse)
+    if dout_blocks is None:
+        return acc
+    dk = torch.zeros(k.shape, dtype=torch.float32)
+    dv = torch.zeros(v.shape, dtype=torch.float32)
+    for t in range(world):
+        j = (rank - t) % world
+        out, lse = acc[j]
+        _, gk, gv = attn_bwd(
+            dout_blocks[j], q_blocks[j], k, v, out.to(k.dtype), lse, q_vis=qv_blocks[j], k_frame=k_frame
+        )
+        dk += gk
+        dv += gv
+    return dk, dv
+
+
+# ------------------------------------------------------------------ one rank
+
+
+def _timed_rounds(cases: dict, warmup: int, iters: int) -> dict:
+    """Per-iteration wall time of every case, the slowest rank's; all ranks start each after a barrier.
+
+    Interleaved: every iteration runs every case once, so load that comes and
+    goes on a shared machine hits all of them alike.
+    """
+    times: dict = {name: [] for name in cases}
+    for it in range(warmup + iters):
+        for name, fn in cases.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if it >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    names = list(cases)
+    t = torch.tensor([times[n] for n in names], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {n: row for n, row in zip(names, t.tolist())}
+
+
+def _bench_rank(rank: int, world: int, cfg: dict) -> dict:
+    torch.manual_seed(0)  # the same full query side on every rank
+    dtype = DTYPES[cfg["dtype"]]
+    s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
+    b, hq, hkv, d = cfg["batch"], cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"]
+    q_full = torch.randn(b, s_q, hq, d).to(dtype)
+    dout_full = torch.randn(b, s_q, hq, d).to(dtype)
+    q_vis, k_frame_full = media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"])
+    q_vis, k_frame_full = q_vis.expand(b, -1), k_frame_full.expand(b, -1)
+    if not cfg["mask"]:
+        q_vis = k_frame_full = None
+    qs, ks = _slices(s_q, world), _slices(s_kv, world)
+    g = torch.Generator().manual_seed(1000 + rank)  # each rank makes only its own K/V shard
+    k = torch.randn(b, ks[rank].stop - ks[rank].start, hkv, d, generator=g).to(dtype)
+    v = torch.randn(k.shape, generator=g).to(dtype)
+    kf = None if k_frame_full is None else k_frame_full[:, ks[rank]].contiguous()
+    q_blocks = [q_full[:, s].contiguous() for s in qs]
+    qv_blocks = [None if q_vis is None else q_vis[:, s].contiguous() for s in qs]
+    dout_blocks = [dout_full[:, s].contiguous() for s in qs]
+    q, qv, dout = q_blocks[rank], qv_blocks[rank], dout_blocks[rank]
+
+    paths = {
+        "lv_xattn": lambda q_, k_, v_, stats: lv_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
+        "ring_xattn": lambda q_, k_, v_, stats: ring_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
+        "ulysses_xattn": lambda q_, k_, v_, stats: ulysses_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
+        "allgather_xattn": lambda q_, k_, v_, stats: allgather_xattn(
+            q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats
+        ),
+    }
+    results: dict[str, dict] = {}
+    skipped = ulysses_supported(hq, hkv, world)
+    if skipped is not None:
+        results["ulysses_xattn"] = {"skipped": skipped}
+        del paths["ulysses_xattn"]
+
+    def fwd(fn, stats):
+        with torch.no_grad():
+            return fn(q, k, v, stats)
+
+    def fwd_bwd(fn, stats, leaves):
+        for t in leaves:
+            t.grad = None
+        fn(*leaves, stats).backward(dout)
+
+    # Bytes and agreement, from one untimed call of each path.
+    reference_out = None
+    for name, fn in paths.items():
+        stats: dict = {}
+        out = fwd(fn, stats).float()
+        row = {"fwd_bytes": stats.get("fwd_bytes", 0)}
+        stats = {}
+        fwd_bwd(fn, stats, [t.detach().clone().requires_grad_() for t in (q, k, v)])
+        row["bwd_bytes"] = stats.get("bwd_bytes", 0)
+        reference_out = out if reference_out is None else reference_out
+        err = torch.tensor([(out - reference_out).abs().max().item() if out.numel() else 0.0])
+        dist.all_reduce(err, op=dist.ReduceOp.MAX)
+        row["max_abs_diff_vs_lv"] = float(err)
+        results[name] = row
+    results["no-comm"] = {"fwd_bytes": 0, "bwd_bytes": 0}
+
+    cases = {}
+    for name, fn in paths.items():
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        cases[(name, "fwd_s")] = lambda fn=fn: fwd(fn, {})
+        cases[(name, "fwd_bwd_s")] = lambda fn=fn, leaves=leaves: fwd_bwd(fn, {}, leaves)
+    cases[("no-comm", "fwd_s")] = lambda: nocomm(q_blocks, k, v, qv_blocks, kf, rank, world)
+    cases[("no-comm", "fwd_bwd_s")] = lambda: nocomm(q_blocks, k, v, qv_blocks, kf, rank, world, dout_blocks)
+    for (name, phase), row in _timed_rounds(cases, cfg["warmup"], cfg["iters"]).items():
+        results[name][phase] = row
+    order = ["lv_xattn", "ring_xattn", "ulysses_xattn", "allgather_xattn", "no-comm"]
+    results = {name: results[name] for name in order}
+    return {"rank": rank, "s_q": s_q, "s_kv": s_kv, "results": results, "loadavg": os.getloadavg()}
+
+
+# ------------------------------------------------------------------ CPU report
+
+
+def _summarise(per_rank: list[dict]) -> dict:
+    """Times are already the slowest rank's per iteration; bytes: the most any rank sent."""
+    summary = {}
+    for name, row in per_rank[0]["results"].items():
+        if "skipped" in row:
+            summary[name] = dict(row)
+            continue
+        summary[name] = {
+            "fwd_ms": 1e3 * statistics.median(row["fwd_s"]),
+            "fwd_bwd_ms": 1e3 * statistics.median(row["fwd_bwd_s"]),
+            "fwd_ms_all": [1e3 * x for x in row["fwd_s"]],
+            "fwd_bwd_ms_all": [1e3 * x for x in row["fwd_bwd_s"]],
+            "fwd_bytes_per_rank": max(r["results"][name]["fwd_bytes"] for r in per_rank),
+            "fwd_bwd_bytes_per_rank": max(
+                r["results"][name]["fwd_bytes"] + r["results"][name]["bwd_bytes"] for r in per_rank
+            ),
+            "max_abs_diff_vs_lv": row.get("max_abs_diff_vs_lv"),
+        }
+    ring, free = summary.get("ring_xattn", {}), summary["no-comm"]
+    for row in summary.values():
+        if "fwd_ms" not in row:
+            continue
+        for key in ("fwd_ms", "fwd_bwd_ms"):
+            phase = key[:-3]
+            if ring.get(key):
+                row[f"speedup_vs_ring_{phase}"] = ring[key] / row[key]
+            row[f"overhead_vs_nocomm_{phase}"] = row[key] / free[key] - 1
+    return summary
+
+
+def _print_table(summary: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in (
+        "method",
+        "fwd ms",
+        "fwd+bwd ms",
+        "MB sent/rank fwd",
+        "MB sent/rank fwd+bwd",
+        "speedup vs ring fwd",
+        "speedup vs ring fwd+bwd",
+        "overhead vs no-comm fwd",
+        "overhead vs no-comm fwd+bwd",
+        "max |Δout| vs LV",
+    ):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for name, row in summary.items():
+        if "skipped" in row:
+            table.add_row(name, f"skipped: {row['skipped']}", *[""] * 8)
+            continue
+        diff = row.get("max_abs_diff_vs_lv")
+        table.add_row(
+            name,
+            f"{row['fwd_ms']:.1f}",
+            f"{row['fwd_bwd_ms']:.1f}",
+            f"{row['fwd_bytes_per_rank'] / 1e6:.2f}",
+            f"{row['fwd_bwd_bytes_per_rank'] / 1e6:.2f}",
+            f"{row['speedup_vs_ring_fwd']:.2f}x" if "speedup_vs_ring_fwd" in row else "",
+            f"{row['speedup_vs_ring_fwd_bwd']:.2f}x" if "speedup_vs_ring_fwd_bwd" in row else "",
+            f"{100 * row['overhead_vs_nocomm_fwd']:+.0f}%",
+            f"{100 * row['overhead_vs_nocomm_fwd_bwd']:+.0f}%",
+            "" if diff is None else f"{diff:.1e}",
+        )
+    Console(width=200).print(table)
+
+
+def markdown_table(summary: dict) -> str:
+    """The CPU summary as a Markdown table (for docs/benchmarks.md)."""
+    head = (
+        "| method | fwd ms | fwd+bwd ms | MB sent/rank fwd | MB sent/rank fwd+bwd "
+        "| speedup vs ring fwd / fwd+bwd | overhead vs no-comm fwd / fwd+bwd |"
+    )
+    lines = [head, "|" + "---|" * 7]
+    for name, row in summary.items():
+        if "skipped" in row:
+            lines.append(f"| {name} | skipped: {row['skipped']} | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {row['fwd_ms']:.0f} | {row['fwd_bwd_ms']:.0f} | {row['fwd_bytes_per_rank'] / 1e6:.2f} "
+            f"| {row['fwd_bwd_bytes_per_rank'] / 1e6:.2f} "
+            f"| {row.get('speedup_vs_ring_fwd', float('nan')):.2f}x / {row.get('speedup_vs_ring_fwd_bwd', float('nan')):.2f}x "
+            f"| {100 * row['overhead_vs_nocomm_fwd']:+.0f}% / {100 * row['overhead_vs_nocomm_fwd_bwd']:+.0f}% |"
+        )
+    return "\n".join(lines)
+
+
+def _machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def run_cpu(args) -> dict:
+    cfg = {
+        "ranks": args.ranks,
+        "frames": args.frames,
+        "keys_per_frame": args.keys_per_frame,
+        "ratio": args.ratio,
+        "batch": args.batch,
+        "q_heads": args.q_heads,
+        "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "dtype": args.dtype,
+        "mask": not args.no_mask,
+        "warmup": args.warmup,
+        "iters": args.iters,
+    }
+    s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
+    print(
+        f"{args.ranks} gloo ranks (1 thread each, {os.cpu_count()} CPUs); S_q={s_q}, S_kv={s_kv} "
+        f"({cfg['frames']} frames × {cfg['keys_per_frame']}), heads {cfg['q_heads']}/{cfg['kv_heads']}, "
+        f"d={cfg['head_dim']}, {cfg['dtype']}, media mask {'on' if cfg['mask'] else 'off'}; "
+        f"median of {cfg['iters']} after {cfg['warmup']} warm-up"
+    )
+    t0, load_before = time.perf_counter(), os.getloadavg()
+    per_rank = run_ranks(_bench_rank, args.ranks, cfg, timeout_s=3600)
+    summary = _summarise(per_rank)
+    _print_table(summary, f"Cross-attention, {args.ranks} CPU ranks")
+    if args.markdown:
+        print(markdown_table(summary))
+    print(f"total wall time {time.perf_counter() - t0:.0f} s")
+    load = {"before": load_before, "after": per_rank[0]["loadavg"]}  # 1/5/15-minute load averages
+    print(f"load average before {load_before[0]:.1f}, after {load['after'][0]:.1f} (other work on this machine)")
+    return {"config": cfg, "s_q": s_q, "s_kv": s_kv, "machine": _machine(), "loadavg": load, "results": summary}
+
+
+# ------------------------------------------------------------------ CUDA kernels
+
+
+def bench_kernels(device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int, warmup: int):
+    """Time attn_fwd / attn_bwd of every backend that can run one unmasked (fully visible) block."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, s_q, hq, d, device=dev, dtype=dtype, generator=g)
+    k = torch.randn(1, s_kv, hkv, d, device=dev, dtype=dtype, generator=g)
+    v = torch.randn(1, s_kv, hkv, d, device=dev, dtype=dtype, generator=g)
+    dout = torch.randn_like(q)
+    flops_fwd = 4 * s_q * s_kv * hq * d
+    rows = {}
+    for backend in available_backends(dev):
+        if backend == "math" or not _can_run(backend, q, False, d):
+            rows[backend] = {"skipped": "materialises the score matrix" if backend == "math" else "cannot run"}
+            continue
+        out, lse = attn_fwd(q, k, v, backend=backend)
+        fwd = _device_time(lambda: attn_fwd(q, k, v, backend=backend), dev, iters, warmup)
+        bwd = _device_time(lambda: attn_bwd(dout, q, k, v, out, lse, backend=backend), dev, iters, warmup)
+        rows[backend] = {
+            "fwd_ms": 1e3 * fwd,
+            "bwd_ms": 1e3 * bwd,
+            "fwd_tflops": flops_fwd / fwd / 1e12,
+            "bwd_tflops": 2.5 * flops_fwd / bwd / 1e12,  # flash-attn's convention: bwd = 2.5 x fwd FLOPs
+        }
+    return rows
+
+
+def _device_time(fn, dev: torch.device, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(dev)
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_cuda(args) -> dict:
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA GPU; run without --device for the CPU rank benchmark")
+    s_q, s_kv = shapes(args.cuda_frames, args.keys_per_frame, args.ratio)
+    s_q, s_kv = -(-s_q // args.cuda_gpus), -(-s_kv // args.cuda_gpus)
+    dtype = DTYPES[args.dtype if args.dtype != "float32" else "bfloat16"]
+    print(
+        f"{torch.cuda.get_device_name()}: one block per rank of {args.cuda_gpus}: S_q={s_q}, S_kv={s_kv}, "
+        f"heads 28/4, d=128, {dtype}, no mask (a fully visible block)"
+    )
+    rows = bench_kernels("cuda", s_q, s_kv, 28, 4, 128, dtype, args.iters, args.warmup)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Per-rank block kernel")
+    for col in ("backend", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s"):
+        table.add_column(col, justify="left" if col == "backend" else "right")
+    for name, row in rows.items():
+        if "skipped" in row:
+            table.add_row(name, f"skipped: {row['skipped']}", "", "", "")
+        else:
+            table.add_row(
+                name, f"{row['fwd_ms']:.2f}", f"{row['fwd_tflops']:.0f}", f"{row['bwd_ms']:.2f}", f"{row['bwd_tflops']:.0f}"
+            )
+    Console(width=200).print(table)
+    machine = _machine() | {"gpu": torch.cuda.get_device_name()}
+    return {"s_q_block": s_q, "s_kv_shard": s_kv, "dtype": str(dtype), "machine": machine, "results": rows}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: gloo ranks; cuda: kernel TFLOP/s")
+    p.add_argument("--ranks", type=int, default=4, help="CPU gloo ranks (default 4)")
+    p.add_argument("--frames", type=int, default=48, help="video frames in total (CPU run)")
+    p.add_argument("--keys-per-frame", type=int, default=729, help="visual tokens per frame (SigLIP: 729)")
+    p.add_argument("--ratio", type=float, default=145.0, help="S_KV / S_Q (Video-MME with mPLUG-Owl3: ~145)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--q-heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--no-mask", action="store_true", help="attend every query to every frame")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--cuda-frames", type=int, default=3600, help="--device cuda: frames (an hour at 1 fps)")
+    p.add_argument("--cuda-gpus", type=int, default=8, help="--device cuda: ranks the problem is split over")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = p.parse_args(argv)
+    report = run_cuda(args) if args.device == "cuda" else run_cpu(args)
+    report["command"] = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
