@@ -10,3 +10,10 @@ Frontends (terminal chat, Gradio, Video-MME eval) talk to an `Engine`:
 from lvx_app.engine.api import AnswerStats, Engine, EngineError, GenerationParams, VideoSummary
 
 __all__ = ["AnswerStats", "Engine", "EngineError", "GenerationParams", "VideoSummary"]
+
+
+def make_eval_session(**kwargs):
+    """`lvx eval videomme`'s session factory (imported lazily: starting an engine is heavy)."""
+    from lvx_app.engine.eval_session import make_eval_session as make
+
+    return make(**kwargs)

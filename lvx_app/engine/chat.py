@@ -6,6 +6,7 @@ answer stops that answer only; the video and the conversation stay.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from contextlib import contextmanager
@@ -16,6 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the terminal."""
+    return _CONTROL.sub("", text)
+
 
 HELP = """commands:
   /help    this list
@@ -76,7 +85,7 @@ def stream_answer(engine: Engine, console: Console, question: str, params: Gener
     with _interrupts_go_to(engine):
         for piece in engine.ask(question, params):
             pieces.append(piece)
-            console.out(piece, end="", highlight=False)
+            console.out(printable(piece), end="", highlight=False)
             console.file.flush()
     console.out("")
     console.print(f"[dim]{describe_answer(engine)}[/dim]")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,18 +34,36 @@ def error_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / f"error-rank{rank}.txt"
 
 
-def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed and why, from the ranks' error files or torchrun's summary."""
-    for path in sorted(run_dir.glob("error-rank*.txt")):
-        rank = path.stem.removeprefix("error-rank")
-        return f"rank {rank} failed: {path.read_text().strip().splitlines()[-1]}"
-    log = run_dir / "group.log"
+def pid_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"pid-rank{rank}.txt"
+
+
+def _root_cause(log: Path) -> tuple[str, str] | None:
+    """(rank, cause) of torchrun's "Root Cause (first observed failure)" summary, if it printed one."""
     text = log.read_text(errors="replace") if log.exists() else ""
+    if "Root Cause" not in text:
+        return None
+    text = text[text.index("Root Cause") :]
     rank = re.search(r"rank\s*:\s*(\d+)", text)
     cause = re.search(r"traceback\s*:\s*(.+)", text) or re.search(r"exitcode\s*:\s*(-?\d+)", text)
-    if rank and cause:
-        return f"rank {rank.group(1)} failed: {cause.group(1).strip()}"
-    return f"the worker group exited (code {returncode}); see {log}"
+    return (rank.group(1), cause.group(1).strip()) if rank and cause else None
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "no message"
+
+
+def describe_failure(run_dir: Path, returncode: int | None) -> str:
+    """Name the rank that failed first and why: torchrun's root cause, then that rank's own error file."""
+    root = _root_cause(run_dir / "group.log")
+    if root is not None:
+        rank, cause = root
+        own = error_file(run_dir, int(rank))
+        return f"rank {rank} failed: {_last_line(own) if own.exists() else cause}"
+    for path in sorted(run_dir.glob("error-rank*.txt")):
+        return f"rank {path.stem.removeprefix('error-rank')} failed: {_last_line(path)}"
+    return f"the worker group exited (code {returncode}); see {run_dir / 'group.log'}"
 
 
 class RemoteEngine:
@@ -109,8 +128,18 @@ class RemoteEngine:
                 self._kill()
             raise EngineError(describe_failure(self.run_dir, self.proc.returncode)) from None
 
+    def _send(self, op: str, kwargs: dict[str, Any]) -> None:
+        try:
+            self.conn.send((op, kwargs))
+        except OSError:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill()
+            raise EngineError(describe_failure(self.run_dir, self.proc.returncode)) from None
+
     def _request(self, op: str, **kwargs: Any) -> Any:
-        self.conn.send((op, kwargs))
+        self._send(op, kwargs)
         while True:
             kind, value = self._recv()
             if kind == "done":
@@ -122,7 +151,7 @@ class RemoteEngine:
     def load_video(
         self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
     ) -> VideoSummary:
-        self.conn.send(("load_video", {"path": path, "fps": fps, "max_frames": max_frames}))
+        self._send("load_video", {"path": path, "fps": fps, "max_frames": max_frames})
         while True:
             kind, value = self._recv()
             if kind == "progress":
@@ -134,7 +163,7 @@ class RemoteEngine:
                 raise EngineError(value)
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
-        self.conn.send(("ask", {"question": question, "params": params}))
+        self._send("ask", {"question": question, "params": params})
         finished = False
         try:
             while True:
@@ -160,7 +189,10 @@ class RemoteEngine:
                         break
 
     def interrupt(self) -> None:
-        self.conn.send(("interrupt", {}))
+        try:
+            self.conn.send(("interrupt", {}))
+        except OSError:
+            pass  # the group is gone; the next receive reports why
 
     def reset(self) -> None:
         self._request("reset")
@@ -178,6 +210,8 @@ class RemoteEngine:
         self.conn.close()
         self._listener.close()
         self._log.close()
+        if self.proc.returncode == 0:
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
 
     def _kill(self) -> None:
         try:

@@ -17,7 +17,7 @@ from multiprocessing.connection import Client
 from lvx_app.dist.group import destroy_distributed, init_distributed
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
-from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file
+from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file, pid_file
 from lvx_app.engine.link import serve_link
 
 
@@ -25,6 +25,8 @@ def run_worker(config: dict, frontend: str = "link", video: str | None = None) -
     from lvx_app.engine.session import Session, SessionConfig
 
     cfg = SessionConfig(**config)
+    if os.environ.get(RUN_DIR_ENV):
+        pid_file(os.environ[RUN_DIR_ENV], int(os.environ.get("RANK", "0"))).write_text(str(os.getpid()))
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
     channel = ControlChannel()
     session = Session(cfg, info)

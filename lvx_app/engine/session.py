@@ -1,0 +1,330 @@
+"""One video and one conversation, held by every rank of the group (SPMD).
+
+Every rank loads the language model, encodes only its own frames, keeps their
+visual K/V (or recomputes them from one copy of E), and holds a contiguous
+slice of the prompt's text K/V. A turn is a sharded prefill through LV-XAttn
+rings, then token-by-token decoding where every rank runs the same one-token
+step and rank 0's sampled token is broadcast.
+
+The prompt up to the last frame placeholder is prefilled when the video is
+loaded, so a question only prefills its own few tokens.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from lvx_app.dist.group import DistInfo
+from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+
+DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
+
+
+@dataclass
+class SessionConfig:
+    """Everything a rank needs to build its session; travels to torchrun workers as JSON."""
+
+    model: str = DEFAULT_MODEL
+    revision: str | None = None
+    dtype: str = "auto"  # auto = bfloat16 on GPU, float32 on CPU
+    cuda: bool = False
+    kv_mode: str = "auto"  # cache | recompute | auto (cache when it fits)
+    fps: float = 1.0
+    max_frames: int | None = None
+    timeout_s: float = 300.0
+    cache: bool = True
+    cache_dir: str | None = None
+    decode_workers: int | None = None
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise EngineError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def split_evenly(n: int, world: int, rank: int) -> tuple[int, int]:
+    """[start, end) of rank's contiguous share of n items; earlier ranks get the extra ones."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _memory(device: torch.device) -> dict[str, str]:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return {
+            "allocated": f"{torch.cuda.memory_allocated(device) / 2**30:.2f} GiB",
+            "peak": f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB",
+            "free": f"{free / 2**30:.1f} of {total / 2**30:.0f} GiB",
+        }
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak RSS": f"{peak_kib / 2**20:.2f} GiB"}
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Session:
+    """This rank's share of the engine. Every method is called on every rank in the same order."""
+
+    def __init__(self, config: SessionConfig, info: DistInfo) -> None:
+        from models.mplug_owl3.loader import CheckpointError, load_model
+
+        self.config, self.info = config, info
+        self.device = info.device
+        self.dtype = _dtype(config.dtype, self.device)
+        try:
+            loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
+        except CheckpointError as exc:
+            raise EngineError(str(exc)) from None
+        self.model, self.processor = loaded.model, loaded.processor
+        self.model.eval()
+        self.sharded = info.world_size > 1
+        if self.sharded:
+            from lvx_app.engine.hooks import ShardedAttention
+
+            self.attn = ShardedAttention(None, info.rank)
+            self.model.hooks.text = self.attn.text
+            self.model.hooks.visual = self.attn.visual
+        self.video: VideoSummary | None = None
+        self.kv_mode: str | None = None
+        self.visual = None
+        self.features: torch.Tensor | None = None
+        self.cache = None
+        self.last_answer: AnswerStats | None = None
+        self.answers: list[dict[str, Any]] = []
+
+    # ---- description and stats ------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        cfg = self.model.config
+        return {
+            "model": self.config.model,
+            "generation": cfg.generation,
+            "world size": self.info.world_size,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def local_stats(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"rank": self.info.rank, "device": str(self.device)}
+        if self.features is not None:
+            row["frames"] = int(self.features.shape[0])
+            row["visual E"] = f"{_nbytes([self.features]) / 2**20:.1f} MiB"
+        if self.visual is not None and self.kv_mode == "cache":
+            row["visual K/V"] = f"{_nbytes(t for kv in self.visual.kv.values() for t in kv) / 2**20:.1f} MiB"
+        if self.cache is not None:
+            row["text tokens"] = self.cache.length
+        row.update(_memory(self.device))
+        return row
+
+    def summarize_stats(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.describe(), "ranks": per_rank}
+        if self.video is not None:
+            out["video"] = f"{self.video.path}: {self.video.frames} frames, {self.video.visual_tokens:,} visual tokens"
+            out["prompt tokens"] = self.position
+            out["kv mode"] = self.kv_mode
+        if self.answers:
+            last = self.answers[-1]
+            out["last answer"] = f"TTFT {last['ttft_s']:.2f} s, {last['tokens_per_s']:.1f} tok/s"
+        return out
+
+    # ---- video --------------------------------------------------------------------------------------------
+    def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_images(pixel_values)
+
+    def load_video(self, path: str, fps: float, max_frames: int | None, progress: ProgressFn | None) -> VideoSummary:
+        from lvx_app.video import VideoError
+        from lvx_app.video.ingest import ingest
+
+        t0 = time.perf_counter()
+
+        def report(p) -> None:
+            if progress is not None:
+                progress("frames", p.done, p.total)
+
+        try:
+            shard = ingest(
+                path, self._encode, fps=fps, max_frames=max_frames, image_size=self.processor.image_size,
+                device=self.device, dtype=self.dtype, model_id=self.config.model,
+                model_revision=self.config.revision or "", cache=self.config.cache, cache_dir=self.config.cache_dir,
+                decode_workers=self.config.decode_workers, progress=report if progress is not None else False,
+            )  # fmt: skip
+        except VideoError as exc:
+            raise EngineError(str(exc)) from None
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(self._oom_message("encoding frames")) from exc
+        self.features = shard.features  # kept in recompute mode: the one copy K/V are made from
+        plan = shard.plan
+        n_frames = len(plan)
+        prompt = self.processor.build_chat_prompt(
+            [{"role": "user", "content": "<|video|>\n"}], videos=[n_frames], add_generation_prompt=False
+        )
+        starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
+        self.prefix_len = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
+        self.kv_mode = self._kv_mode(n_frames)
+        with torch.no_grad():
+            self.visual = self.model.prepare_visual(
+                shard.features, starts, shard.positions, precompute=self.kv_mode == "cache"
+            )
+        if self.kv_mode == "cache":
+            self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
+        self._reset_text()
+        self.prefix_ids = prompt.input_ids[: self.prefix_len]
+        self._prefill(self.prefix_ids)
+        self.local_prefix_len = self.cache.length
+        self.video = VideoSummary(
+            path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),
+            visual_tokens=n_frames * self.model.config.vision.num_patches, from_cache=shard.from_cache,
+            seconds=time.perf_counter() - t0, timestamps=[float(t) for t in plan.timestamps],
+        )  # fmt: skip
+        return self.video
+
+    def _kv_mode(self, n_frames: int) -> str:
+        mode = self.config.kv_mode
+        if mode in ("cache", "recompute"):
+            return mode
+        if mode != "auto":
+            raise EngineError(f"unknown kv mode {mode!r}; use cache, recompute or auto")
+        if self.device.type != "cuda":
+            return "cache"
+        cfg = self.model.config
+        local = -(-n_frames // self.info.world_size)
+        kv_bytes = local * cfg.vision.num_patches * 2 * cfg.num_key_value_heads * cfg.head_dim
+        kv_bytes *= len(cfg.hyper_layer_indices) * torch.finfo(self.dtype).bits // 8
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return "cache" if kv_bytes < 0.5 * free else "recompute"
+
+    def _oom_message(self, stage: str) -> str:
+        return (
+            f"rank {self.info.rank} ran out of GPU memory while {stage} ({_memory(self.device)}); "
+            "use more GPUs (--gpus), a lower --fps or --max-frames, or --recompute-kv"
+        )
+
+    # ---- text ---------------------------------------------------------------------------------------------
+    def _reset_text(self) -> None:
+        self.cache = self.model.new_cache()
+        self.position = 0  # global number of tokens fed so far
+        self.pending: list[int] = []  # tokens to feed before the next user turn
+        if self.sharded:
+            self.attn.truncate(0)
+
+    def reset(self) -> None:
+        """Forget the conversation; keep the video and its prefilled prefix."""
+        if self.video is None:
+            self._reset_text()
+            return
+        self.cache.truncate(self.local_prefix_len)
+        if self.sharded:
+            self.attn.truncate(self.local_prefix_len)
+        self.position = self.prefix_len
+        self.pending = []
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, *, decoding: bool) -> torch.Tensor:
+        if self.sharded:
+            self.attn.begin(positions, decoding=decoding)
+        with torch.no_grad():
+            return self.model(
+                ids.view(1, -1).to(self.device), positions.view(1, -1).to(self.device),
+                cache=self.cache, visual=self.visual, last_only=True,
+            )  # fmt: skip
+
+    def _prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+        """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
+        n = int(ids.numel())
+        world, rank = self.info.world_size, self.info.rank
+        start, end = split_evenly(n, world, rank)
+        owner = max(r for r in range(world) if split_evenly(n, world, r)[1] > split_evenly(n, world, r)[0]) if n else 0
+        positions = torch.arange(self.position + start, self.position + end)
+        try:
+            logits = self._forward(ids[start:end], positions, decoding=False)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(self._oom_message("reading the prompt")) from exc
+        self.position += n
+        return (logits[0, -1] if end > start else None), owner
+
+    def _turn_ids(self, question: str) -> torch.Tensor:
+        if self.video is None:
+            raise EngineError("no video is loaded; load one first")
+        if not question.strip():
+            raise EngineError("the question is empty")
+        if self.position == self.prefix_len:  # first turn after load or reset
+            full = self.processor.build_chat_prompt(
+                [{"role": "user", "content": "<|video|>\n" + question}], videos=[self.video.frames]
+            ).input_ids
+            if not torch.equal(full[: self.prefix_len], self.prefix_ids):
+                raise RuntimeError("the prompt prefix changed between load and ask (tokenizer chunking)")
+            return full[self.prefix_len :]
+        follow = self.processor.build_followup(question, offset=self.position + len(self.pending)).input_ids
+        return torch.cat([torch.tensor(self.pending, dtype=torch.int64), follow])
+
+    def ask(self, question: str, params: GenerationParams, should_stop: Callable[[], bool]) -> Iterator[str]:
+        """Answer one turn; yields text pieces on rank 0 (other ranks yield nothing)."""
+        from models.mplug_owl3.modeling import sample_next
+
+        ids = self._turn_ids(question)
+        t0 = time.perf_counter()
+        stats = AnswerStats(prompt_tokens=self.position + int(ids.numel()))
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+        stops = set(self.processor.stop_ids)
+        decoder = self.processor.stream()
+        logits, owner = self._prefill(ids)
+        self.pending = []
+        token = None
+        for i in range(params.max_new_tokens):
+            if logits is not None:
+                token = int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
+                                        generator=generator))  # fmt: skip
+            stop = should_stop() if self.info.rank == 0 else False
+            token, stop = self._agree(token, stop, src=owner if i == 0 else 0)
+            if i == 0:
+                stats.ttft_s = time.perf_counter() - t0
+            if stop:
+                stats.interrupted = True
+                break
+            stats.new_tokens += 1
+            if token in stops:
+                break
+            piece = decoder.push(token)
+            if piece and self.info.rank == 0:
+                yield piece
+            if i == params.max_new_tokens - 1:
+                stats.truncated = True
+                self.pending = [token]  # sampled but not yet fed
+                break
+            logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), decoding=True)[0, -1]
+            self.position += 1
+        else:
+            stats.truncated = params.max_new_tokens > 0
+        tail = decoder.flush()
+        if tail and self.info.rank == 0:
+            yield tail
+        self.pending.append(self.processor.stop_ids[0])  # close the assistant turn with <|im_end|>
+        stats.total_s = time.perf_counter() - t0
+        self.last_answer = stats
+        self.answers.append(stats.to_dict())
+
+    def _agree(self, token: int | None, stop: bool, src: int) -> tuple[int, bool]:
+        """Every rank takes rank `src`'s token and rank 0's stop flag."""
+        if not self.sharded:
+            return int(token), stop
+        box = torch.tensor([token if token is not None else -1, int(stop)], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            box = box.to(self.device)
+        if src == 0:
+            dist.broadcast(box, src=0)
+            return int(box[0]), bool(box[1])
+        tok, flag = box.clone(), box.clone()
+        dist.broadcast(tok, src=src)
+        dist.broadcast(flag, src=0)
+        return int(tok[0]), bool(flag[1])

@@ -1,0 +1,53 @@
+"""Video ingestion: decord sampling at a chosen fps, sharded decode and encode, the visual-feature cache.
+
+    from lvx_app.video import ingest, VisualShard, VideoError, format_timestamp
+
+    shard = ingest("movie.mp4", encode_fn, fps=1, model_id=..., model_revision=...)
+
+decord itself is imported only inside decode worker processes (see decode.py), never here.
+"""
+
+from lvx_app.video.cache import CacheKey, FeatureCache, default_cache_dir, file_identity
+from lvx_app.video.decode import DecodePool, check_video_path
+from lvx_app.video.encode import ShardEncoder
+from lvx_app.video.errors import (
+    BadFpsError,
+    CorruptVideoError,
+    DecodeTimeoutError,
+    NotAVideoError,
+    PlanTooLargeError,
+    RemoteRankError,
+    VideoError,
+    VideoNotFoundError,
+    VideoWarning,
+)
+from lvx_app.video.ingest import IngestProgress, RichProgress, VisualShard, ingest
+from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp, shard_bounds
+
+__all__ = [
+    "BadFpsError",
+    "CacheKey",
+    "CorruptVideoError",
+    "DecodePool",
+    "DecodeTimeoutError",
+    "FeatureCache",
+    "IngestProgress",
+    "NotAVideoError",
+    "PlanShard",
+    "PlanTooLargeError",
+    "RemoteRankError",
+    "RichProgress",
+    "SamplingPlan",
+    "ShardEncoder",
+    "VideoError",
+    "VideoNotFoundError",
+    "VideoWarning",
+    "VisualShard",
+    "build_plan",
+    "check_video_path",
+    "default_cache_dir",
+    "file_identity",
+    "format_timestamp",
+    "ingest",
+    "shard_bounds",
+]

@@ -1,0 +1,289 @@
+"""The visual-feature cache: a second `lvx chat` on the same video skips decoding and encoding.
+
+Layout: `<cache dir>/features/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank. An entry id is a
+hash of everything that changes the features except the rank: the file's identity (size, mtime and its first and
+last MiB), fps, max-frames, the model id and revision, image size, dtype, the number of shards and the plan
+version. Each file holds the tensors `features`, `frame_indices`, `timestamps` and, in the safetensors header, a
+JSON manifest (key, video path, the whole sampling plan, shapes, the byte count and CRC-32 of the tensor data).
+
+Writes are atomic: the file is written under a temporary name in the same folder, fsynced and renamed, so a
+reader sees a complete file or none. A file that fails any check on load (header, key, shapes, byte count,
+checksum) is reported, deleted and rebuilt, never used.
+
+The cache folder is `$LVX_CACHE_DIR` when set, else `~/.cache/lvx`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
+
+CACHE_ENV = "LVX_CACHE_DIR"
+CACHE_VERSION = 1
+_BLOCK = 1 << 20
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """`$LVX_CACHE_DIR` if set, else `~/.cache/lvx`."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lvx"
+
+
+def file_identity(path: str | os.PathLike) -> str:
+    """A content-ish identity of a file that is cheap for hour-long videos: size, mtime, first and last MiB."""
+    st = os.stat(path)
+    h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_BLOCK))
+        if st.st_size > _BLOCK:
+            f.seek(max(_BLOCK, st.st_size - _BLOCK))
+            h.update(f.read(_BLOCK))
+    return h.hexdigest()[:32]
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Everything that determines one rank's features."""
+
+    file_id: str
+    fps: float
+    max_frames: int | None
+    model_id: str
+    model_revision: str
+    dtype: str
+    world_size: int
+    rank: int
+    image_size: int | None = None
+    over_max: str = "thin"
+    plan_version: int = PLAN_VERSION
+
+    @classmethod
+    def make(cls, video: str | os.PathLike, *, fps: float, max_frames: int | None, model_id: str,
+             model_revision: str = "", dtype: torch.dtype | str, world_size: int, rank: int,
+             image_size: int | None = None, over_max: str = "thin") -> "CacheKey":
+        return cls(file_identity(video), float(fps), None if max_frames is None else int(max_frames), str(model_id),
+                   str(model_revision or ""), _dtype_name(dtype), int(world_size), int(rank), image_size, over_max)
+
+    def entry_id(self) -> str:
+        d = asdict(self)
+        d.pop("rank")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:20]
+
+    def shard_name(self) -> str:
+        return f"shard-{self.rank:05d}-of-{self.world_size:05d}"
+
+
+@dataclass
+class CachedShard:
+    features: torch.Tensor
+    frame_indices: torch.Tensor
+    timestamps: torch.Tensor
+    plan: SamplingPlan
+    frame_offset: int
+    path: Path
+
+
+@dataclass
+class EntryInfo:
+    """One cache entry (a video at some settings), as `lvx cache ls` shows it."""
+
+    entry_id: str
+    path: Path
+    video: str
+    fps: float
+    max_frames: int | None
+    model: str
+    dtype: str
+    world_size: int
+    shards: int  # complete shard files present
+    frames: int
+    bytes: int
+    modified: float
+    file_id: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+def _tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
+    t = t.detach().contiguous().cpu()
+    if t.numel() == 0:
+        return crc
+    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
+
+
+def _read_header(path: Path) -> dict:
+    """The manifest stored in a shard file's safetensors header (raises CorruptEntry)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            names = set(f.keys())
+    except Exception as exc:  # noqa: BLE001 - any unreadable header is corruption
+        raise CorruptEntry(f"unreadable header ({str(exc)[:120]})") from None
+    if "lvx_manifest" not in meta:
+        raise CorruptEntry("no manifest in header")
+    try:
+        manifest = json.loads(meta["lvx_manifest"])
+    except json.JSONDecodeError as exc:
+        raise CorruptEntry(f"bad manifest ({exc})") from None
+    if not {"features", "frame_indices", "timestamps"} <= names:
+        raise CorruptEntry(f"missing tensors (has {sorted(names)})")
+    return manifest
+
+
+class FeatureCache:
+    """Visual features on disk, one safetensors file per (video, settings, rank)."""
+
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root).expanduser() if root else default_cache_dir()
+        self.features_dir = self.root / "features"
+
+    def shard_path(self, key: CacheKey) -> Path:
+        return self.features_dir / key.entry_id() / f"{key.shard_name()}.safetensors"
+
+    # ------------------------------------------------------------------------------------------- read
+    def load(self, key: CacheKey, device: torch.device | str = "cpu") -> CachedShard | None:
+        """The cached shard for `key`, or None on a miss. A corrupt file is deleted and reported (returns None)."""
+        path = self.shard_path(key)
+        if not path.is_file():
+            return None
+        try:
+            return self._load(path, key, device)
+        except CorruptEntry as exc:
+            log.warning("visual-feature cache file %s is corrupt (%s); deleting it and recomputing", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+
+    def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
+        from safetensors.torch import load_file
+
+        manifest = _read_header(path)
+        if manifest.get("version") != CACHE_VERSION:
+            raise CorruptEntry(f"cache version {manifest.get('version')} != {CACHE_VERSION}")
+        if manifest.get("key") != asdict(key):
+            raise CorruptEntry("key in the manifest does not match")
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except Exception as exc:  # noqa: BLE001
+            raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+        feats, idx, ts = tensors["features"], tensors["frame_indices"], tensors["timestamps"]
+        info = manifest["features"]
+        if list(feats.shape) != info["shape"] or _dtype_name(feats.dtype) != info["dtype"]:
+            raise CorruptEntry(f"features {tuple(feats.shape)} {feats.dtype} do not match the manifest")
+        if len(idx) != feats.shape[0] or len(ts) != feats.shape[0]:
+            raise CorruptEntry("frame count mismatch")
+        nbytes = sum(t.numel() * t.element_size() for t in (feats, idx, ts))
+        if nbytes != manifest["bytes"]:
+            raise CorruptEntry(f"{nbytes} bytes of tensors, manifest says {manifest['bytes']}")
+        crc = _tensor_crc(ts, _tensor_crc(idx, _tensor_crc(feats)))
+        if crc != manifest["crc32"]:
+            raise CorruptEntry("checksum mismatch")
+        os.utime(path)  # "last used", for `lvx cache ls`
+        return CachedShard(feats.to(device), idx, ts, SamplingPlan.from_dict(manifest["plan"]),
+                           int(manifest["frame_offset"]), path)
+
+    # ------------------------------------------------------------------------------------------- write
+    def save(self, key: CacheKey, features: torch.Tensor, frame_indices: Any, timestamps: Any, *,
+             plan: SamplingPlan, frame_offset: int, video: str | os.PathLike) -> Path:
+        """Write one shard atomically (temp file + fsync + rename). Returns the final path."""
+        from safetensors.torch import save_file
+
+        feats = features.detach().contiguous().cpu()
+        idx = torch.as_tensor(frame_indices, dtype=torch.int64).contiguous()
+        ts = torch.as_tensor(timestamps, dtype=torch.float64).contiguous()
+        manifest = {
+            "version": CACHE_VERSION,
+            "key": asdict(key),
+            "video": str(video),
+            "frame_offset": int(frame_offset),
+            "features": {"shape": list(feats.shape), "dtype": _dtype_name(feats.dtype)},
+            "bytes": sum(t.numel() * t.element_size() for t in (feats, idx, ts)),
+            "crc32": _tensor_crc(ts, _tensor_crc(idx, _tensor_crc(feats))),
+            "plan": plan.to_dict(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        final = self.shard_path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            save_file({"features": feats, "frame_indices": idx, "timestamps": ts}, str(tmp),
+                      metadata={"lvx_manifest": json.dumps(manifest)})
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return final
+
+    # ------------------------------------------------------------------------------------------- manage
+    def entries(self) -> list[EntryInfo]:
+        out: list[EntryInfo] = []
+        if not self.features_dir.is_dir():
+            return out
+        for d in sorted(self.features_dir.iterdir()):
+            if not d.is_dir():
+                continue
+            files = sorted(d.glob("shard-*.safetensors"))
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            info = EntryInfo(d.name, d, "?", 0.0, None, "?", "?", 0, 0, 0, size,
+                             max([f.stat().st_mtime for f in d.iterdir() if f.is_file()] or [d.stat().st_mtime]))
+            for f in files:
+                try:
+                    m = _read_header(f)
+                except CorruptEntry as exc:
+                    info.problems.append(f"{f.name}: {exc}")
+                    continue
+                k = m["key"]
+                info.video, info.fps, info.max_frames = m["video"], k["fps"], k["max_frames"]
+                info.model = k["model_id"] + (f"@{k['model_revision']}" if k["model_revision"] else "")
+                info.dtype, info.world_size, info.file_id = k["dtype"], k["world_size"], k["file_id"]
+                info.frames = len(m["plan"]["indices"])
+                info.shards += 1
+            out.append(info)
+        return out
+
+    def remove(self, target: str) -> list[str]:
+        """Delete entries whose id starts with `target`, or that were made from the video at path `target`."""
+        removed: list[str] = []
+        tpath = Path(target).expanduser()
+        fid = file_identity(tpath) if tpath.is_file() else None
+        resolved = str(tpath.resolve()) if tpath.exists() or tpath.is_absolute() else None
+        for e in self.entries():
+            if (e.entry_id.startswith(target) and len(target) >= 4) or (fid and e.file_id == fid) \
+                    or (resolved and e.video == resolved):
+                shutil.rmtree(e.path, ignore_errors=True)
+                removed.append(e.entry_id)
+        return removed
+
+    def clear(self) -> int:
+        """Delete every entry (and stray temporary files). Returns how many entries were removed."""
+        n = len([d for d in self.features_dir.iterdir() if d.is_dir()]) if self.features_dir.is_dir() else 0
+        shutil.rmtree(self.features_dir, ignore_errors=True)
+        return n
+
+    def size_bytes(self) -> int:
+        if not self.features_dir.is_dir():
+            return 0
+        return sum(f.stat().st_size for f in self.features_dir.rglob("*") if f.is_file())

@@ -1,0 +1,98 @@
+"""`lvx cache ls | rm | clear`: look at and prune the visual-feature cache."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+cache_app = typer.Typer(
+    name="cache",
+    help="The visual-feature cache (encoded videos, so a second chat on a video starts at once).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DirOption = typer.Option(None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx).")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _cache(dir: Optional[Path]):
+    from lvx_app.video.cache import FeatureCache
+
+    return FeatureCache(dir)
+
+
+@cache_app.command("ls")
+def ls(dir: Optional[Path] = DirOption) -> None:
+    """List cached videos: settings, shards present, frames and size."""
+    cache = _cache(dir)
+    entries = cache.entries()
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
+        console = Console(width=200)
+    if not entries:
+        console.print(f"The cache at {cache.root} is empty.")
+        return
+    table = Table(title=f"lvx cache: {cache.root}")
+    for col in ("id", "video", "fps", "max", "model", "dtype", "shards", "frames", "size", "last used"):
+        table.add_column(col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left")
+    total = 0
+    for e in entries:
+        total += e.bytes
+        shards = f"{e.shards}/{e.world_size}" if e.world_size else "0/?"
+        if e.problems:
+            shards += " [red](damaged)[/red]"
+        table.add_row(
+            e.entry_id[:12], Path(e.video).name if e.video != "?" else "?", f"{e.fps:g}",
+            "-" if e.max_frames is None else str(e.max_frames), e.model, e.dtype, shards, str(e.frames),
+            _human(e.bytes), _dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+    console.print(f"{len(entries)} entries, {_human(total)}. Remove with `lvx cache rm ID|VIDEO` or `lvx cache clear`.")
+
+
+@cache_app.command("rm")
+def rm(
+    targets: List[str] = typer.Argument(..., help="Entry ids (or their first 4+ characters) or video paths."),
+    dir: Optional[Path] = DirOption,
+) -> None:
+    """Remove the entries of some videos (by path) or some entry ids."""
+    cache = _cache(dir)
+    console = Console()
+    missing = []
+    for target in targets:
+        removed = cache.remove(target)
+        if removed:
+            console.print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}.")
+        else:
+            missing.append(target)
+    if missing:
+        console.print(f"[red]Nothing cached matches {', '.join(missing)}[/red]; see `lvx cache ls` for the ids.")
+        raise typer.Exit(1)
+
+
+@cache_app.command("clear")
+def clear(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    dir: Optional[Path] = DirOption,
+) -> None:
+    """Remove every cached video."""
+    cache = _cache(dir)
+    size = cache.size_bytes()
+    if not yes and not typer.confirm(f"Delete all cached features in {cache.root} ({_human(size)})?"):
+        raise typer.Exit(1)
+    n = cache.clear()
+    Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")

@@ -1,0 +1,453 @@
+"""Decode sampled frames with decord in worker processes: chunked, with a per-chunk timeout and a hard kill.
+
+Why processes, and why a forkserver:
+- decord's `get_batch` can hang forever at 100 % CPU on some H.264 files and then ignores SIGTERM
+  (dmlc/decord#375, #269), and its memory grows with the request size. Only a separate process can be
+  stopped: the parent waits on a pipe with a deadline and SIGKILLs a worker that misses it.
+- decord (FFmpeg) is never imported into the engine process. That process has CUDA, NCCL and OpenMP threads,
+  and `fork()` from a multi-threaded process copies locks held by other threads (deadlocks) while CUDA state
+  cannot be forked at all. Workers therefore come from a *forkserver*: a small single-threaded server started
+  once per engine process (with numpy, torch and decord preloaded) that forks clean workers in ~10 ms.
+  `spawn` would also be safe but re-imports torch in every worker (~1 s each).
+- A segfault in FFmpeg kills one worker, not the rank: it is reported like any other decode failure.
+
+The rank's frames are split into chunks of at most `chunk_frames`; worker w of W decodes a contiguous run of
+chunks in increasing frame order (one `VideoReader` per worker, never seeking backwards). At most `prefetch`
+chunks per worker are in flight, so memory stays bounded however long the video is. Each chunk is resized in the
+worker with the processor's own bicubic (`models.mplug_owl3.image_transform.resize_uint8`, the uint8 kernel
+that matches PIL) and comes back as uint8 (n, 3, S, S); `normalize` runs later on the encoder's device.
+
+A chunk that fails or times out is retried once in a fresh worker with per-frame access (`vr[i]`, which works
+on the files where `get_batch` hangs); if that fails too, a `DecodeTimeoutError` / `CorruptVideoError` names
+the file, the time range and the frames.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing as mp
+import os
+import re
+import signal
+import time
+import weakref
+from collections import deque
+from multiprocessing.connection import wait as wait_any
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from lvx_app.video.errors import (
+    CorruptVideoError,
+    DecodeTimeoutError,
+    NotAVideoError,
+    VideoError,
+    VideoNotFoundError,
+    error_class,
+)
+from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp, shard_bounds
+
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_CHUNK_FRAMES = 32
+_PRELOAD = ["numpy", "torch", "decord", "lvx_app.video.decode", "models.mplug_owl3.image_transform"]
+
+# --------------------------------------------------------------------------------------------- input checks
+
+_VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".flv", ".ts", ".mts", ".m2ts", ".mpg", ".mpeg",
+               ".wmv", ".asf", ".3gp", ".ogv", ".h264", ".264", ".hevc", ".gif"}
+
+
+def sniff_container(path: str | os.PathLike) -> str | None:
+    """A container name from the file's first bytes, or None when it looks like no video format we know."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if len(head) >= 8 and head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"):
+        return "mp4/mov"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "matroska/webm"
+    if head.startswith(b"RIFF") and head[8:11] == b"AVI":
+        return "avi"
+    if head.startswith(b"FLV"):
+        return "flv"
+    if head.startswith(b"OggS"):
+        return "ogg"
+    if head.startswith(b"\x30\x26\xb2\x75"):
+        return "asf/wmv"
+    if head.startswith(b"\x00\x00\x01\xba"):
+        return "mpeg-ps"
+    if len(head) > 188 and head[0] == 0x47 and head[188] == 0x47:
+        return "mpeg-ts"
+    if head.startswith((b"\x00\x00\x00\x01", b"\x00\x00\x01")):
+        return "h264/hevc elementary stream"
+    if head.startswith(b"GIF8"):
+        return "gif"
+    return None
+
+
+def check_video_path(path: str | os.PathLike) -> Path:
+    """Resolve `path` and raise the right VideoError for a missing, empty or obviously non-video file."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        hint = f" (relative to {Path.cwd()})" if not p.is_absolute() else ""
+        raise VideoNotFoundError(f"Video not found: {p}{hint}; check the path.")
+    if p.is_dir():
+        raise VideoNotFoundError(f"{p} is a directory; pass a video file, e.g. {p}/movie.mp4.")
+    if not os.access(p, os.R_OK):
+        raise VideoNotFoundError(f"{p} is not readable; check its permissions (chmod +r).")
+    if p.stat().st_size == 0:
+        raise CorruptVideoError(f"{p} is empty (0 bytes); re-download or re-export the video.")
+    if sniff_container(p) is None and p.suffix.lower() not in _VIDEO_EXTS:
+        raise NotAVideoError(f"{p} is not a video file (unknown format); pass an .mp4, .mkv, .webm, .mov or .avi file.")
+    return p.resolve()
+
+
+def clean_message(text: str, limit: int = 160) -> str:
+    """decord/FFmpeg errors without their '[12:00:00] /src/file.cc:218: ' prefixes, on one short line."""
+    text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", str(text))
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("Stack trace")]
+    line = lines[0] if lines else "unknown error"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _open_error(path: str, detail: str) -> VideoError:
+    detail = clean_message(detail)
+    if sniff_container(path) is None:
+        return NotAVideoError(f"{path} is not a video decord can read ({detail}); pass an .mp4, .mkv, .webm, .mov or .avi file.")
+    return CorruptVideoError(
+        f"{path} cannot be opened as a video ({detail}); it may be truncated or damaged: re-download it or "
+        f"repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
+    )
+
+
+def describe_range(path: str, timestamps: Sequence[float], indices: Sequence[int]) -> str:
+    """'movie.mp4 at 12:34-13:05 (frames 22620-23550)' for error messages."""
+    if not indices:
+        return str(path)
+    return (f"{path} at {format_timestamp(timestamps[0])}-{format_timestamp(timestamps[-1])} "
+            f"(frames {indices[0]}-{indices[-1]})")
+
+
+# --------------------------------------------------------------------------------------------- worker side
+
+
+class _Worker:
+    """State of one decode worker process: one open VideoReader at a time."""
+
+    def __init__(self, threads: int, image_size: int | None, fault: dict | None) -> None:
+        import decord
+
+        try:
+            decord.logging.set_level(decord.logging.QUIET)
+        except Exception:  # noqa: BLE001 - logging control is best effort
+            pass
+        self.decord = decord
+        self.threads = threads
+        self.image_size = image_size
+        self.fault = fault or {}
+        self.path: str | None = None
+        self.vr = None
+        if image_size is not None:
+            import torch
+
+            torch.set_num_threads(max(1, threads))
+
+    def reader(self, path: str):
+        if self.path != path:
+            self.vr = None
+            try:
+                self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
+            except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
+                raise _open_error(path, str(exc)) from None
+            self.path = path
+        return self.vr
+
+    def plan(self, path: str, fps: float, max_frames: int | None, over_max: str) -> dict:
+        vr = self.reader(path)
+        n, vfps = len(vr), float(vr.get_avg_fps())
+
+        def stamps(idx: list[int]) -> list[float]:
+            if not idx:
+                return []
+            ts = np.asarray(vr.get_frame_timestamp(idx), dtype=np.float64)[:, 0]
+            if not np.all(np.isfinite(ts)) or np.any(np.diff(ts) < 0):
+                return [i / vfps for i in idx]  # no usable pts: nominal times
+            return [round(t, 6) for t in ts.tolist()]
+
+        plan = build_plan(n, vfps, fps, max_frames, path=path, timestamps_fn=stamps, over_max=over_max, warn=False)
+        try:  # make sure the first and last planned frames decode (catches truncated files early)
+            first = vr[plan.indices[0]].shape
+            vr[plan.indices[-1]]
+            vr.seek(0)
+        except Exception as exc:  # noqa: BLE001
+            raise CorruptVideoError(
+                f"{path} opens but its frames do not decode ({clean_message(str(exc))}); "
+                f"re-download it or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
+            ) from None
+        return {"plan": plan.to_dict(), "height": int(first[0]), "width": int(first[1])}
+
+    def decode(self, path: str, indices: list[int], mode: str) -> np.ndarray:
+        if self.fault.get(f"hang_{mode}") in indices:  # test hook: behave like decord#375
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(3600)
+        if self.fault.get(f"fail_{mode}") in indices:
+            raise RuntimeError("injected decode failure")
+        vr = self.reader(path)
+        if mode == "batch":
+            frames = vr.get_batch(indices).asnumpy()
+        else:  # frame by frame: slower, but works where get_batch hangs, and names the frame that fails
+            out = []
+            for i in indices:
+                try:
+                    out.append(vr[i].asnumpy())
+                except Exception as exc:  # noqa: BLE001
+                    raise RuntimeError(f"frame {i}: {clean_message(str(exc))}") from None
+            frames = np.stack(out)
+        if self.image_size is None:
+            return np.ascontiguousarray(frames)
+        from models.mplug_owl3.image_transform import resize_uint8
+
+        return resize_uint8(frames, self.image_size).numpy()
+
+
+def _worker_main(conn, threads: int, image_size: int | None, fault: dict | None) -> None:
+    """Serve (req_id, op, kwargs) requests until the parent closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us
+    worker = _Worker(threads, image_size, fault)
+    while True:
+        try:
+            req_id, op, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            result = getattr(worker, op)(**kwargs)
+            conn.send((req_id, True, result))
+        except VideoError as exc:
+            conn.send((req_id, False, (type(exc).__name__, str(exc))))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which names the time range
+            conn.send((req_id, False, ("", clean_message(str(exc)) or type(exc).__name__)))
+
+
+# --------------------------------------------------------------------------------------------- parent side
+
+_POOLS: "weakref.WeakSet[DecodePool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close()
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def default_workers(local_world_size: int | None = None) -> int:
+    """Decode processes per rank: the CPU cores shared by the ranks on this node, at most 8."""
+    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores // max(1, local)))
+
+
+class _Proc:
+    def __init__(self, ctx, threads: int, image_size: int | None, fault: dict | None) -> None:
+        parent, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, threads, image_size, fault),
+                                daemon=not mp.current_process().daemon, name="lvx-decode")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.outstanding: deque = deque()  # (req_id, chunk_id, mode)
+        self.deadline: float | None = None
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()  # SIGKILL: decord may ignore SIGTERM
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class DecodePool:
+    """A few decode worker processes for one rank. Use as a context manager, or call `close()`.
+
+    `image_size` = S makes workers return uint8 (n, 3, S, S) resized with the processor's bicubic;
+    None returns the decoded frames as they are, uint8 (n, H, W, 3).
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        threads: int | None = None,
+        image_size: int | None = None,
+        _fault: dict | None = None,
+    ) -> None:
+        self.num_workers = max(1, int(workers or default_workers()))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.threads = int(threads) if threads else max(1, min(4, cores // self.num_workers))
+        self.image_size = image_size
+        self._fault = _fault
+        self._ctx = _context()
+        self._procs: list[_Proc | None] = [None] * self.num_workers
+        self._ids = itertools.count()
+        self.closed = False
+        _POOLS.add(self)
+
+    # -- lifecycle
+    def _proc(self, w: int) -> _Proc:
+        if self.closed:
+            raise RuntimeError("DecodePool is closed")
+        p = self._procs[w]
+        if p is None or not p.proc.is_alive():
+            if p is not None:
+                p.kill()
+            p = self._procs[w] = _Proc(self._ctx, self.threads, self.image_size, self._fault)
+        return p
+
+    def _restart(self, w: int) -> _Proc:
+        p = self._procs[w]
+        if p is not None:
+            p.kill()
+        self._procs[w] = None
+        return self._proc(w)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for p in self._procs:
+            if p is not None:
+                p.kill()
+        self._procs = [None] * self.num_workers
+
+    def __enter__(self) -> "DecodePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def pids(self) -> list[int]:
+        return [p.proc.pid for p in self._procs if p is not None and p.proc.is_alive()]
+
+    # -- one request, synchronously (probe/plan)
+    def _call(self, w: int, op: str, timeout_s: float, what: str, **kwargs) -> Any:
+        p = self._proc(w)
+        req = next(self._ids)
+        p.conn.send((req, op, kwargs))
+        if not p.conn.poll(timeout_s):
+            self._restart(w)
+            raise DecodeTimeoutError(f"{what} did not answer within {timeout_s:g} s and was killed; "
+                                     f"re-encode the file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout.")
+        try:
+            rid, ok, payload = p.conn.recv()
+        except (EOFError, OSError):
+            code = p.proc.exitcode
+            self._restart(w)
+            raise CorruptVideoError(f"{what}: the decoder process crashed (exit code {code}); the file is probably "
+                                    f"damaged: repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.") from None
+        if not ok:
+            name, msg = payload
+            raise error_class(name)(msg) if name else CorruptVideoError(f"{what}: {msg}")
+        return payload
+
+    def plan(self, path: str | os.PathLike, fps: float, max_frames: int | None = None, *,
+             over_max: str = "thin", timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[SamplingPlan, tuple[int, int]]:
+        """Open the video in a worker and build its sampling plan; returns (plan, (height, width))."""
+        out = self._call(0, "plan", timeout_s, f"Opening {path}", path=str(path), fps=fps,
+                         max_frames=max_frames, over_max=over_max)
+        return SamplingPlan.from_dict(out["plan"]), (out["height"], out["width"])
+
+    # -- the stream of chunks
+    def decode(
+        self,
+        path: str | os.PathLike,
+        chunks: Sequence[tuple[int, Sequence[int]]],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        prefetch: int = 2,
+        time_of: Callable[[int], float] | None = None,
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (offset, frames) for every (offset, frame indices) chunk, in completion order.
+
+        `time_of(offset)` gives the timestamp of a chunk position for error messages (default index / 1).
+        Frames are uint8 (n, 3, S, S) with `image_size`, else (n, H, W, 3).
+        """
+        path = str(path)
+        chunks = [(int(o), [int(i) for i in idx]) for o, idx in chunks]
+        if not chunks:
+            return
+        n_workers = min(self.num_workers, len(chunks))
+        todo: list[deque] = []
+        for w in range(n_workers):
+            lo, hi = shard_bounds(len(chunks), n_workers, w)
+            todo.append(deque((c, "batch") for c in range(lo, hi)))
+        procs = {w: self._proc(w) for w in range(n_workers)}
+        remaining = len(chunks)
+
+        def fail(w: int, cid: int, mode: str, reason: str, timed_out: bool) -> None:
+            """Chunk `cid` failed on worker w: restart it and retry per frame once, else raise."""
+            p = procs[w]
+            requeue = [(c, m) for _, c, m in p.outstanding if c != cid]
+            procs[w] = self._restart(w)
+            offset, idx = chunks[cid]
+            if mode == "batch":
+                todo[w].extendleft(reversed([(cid, "frames")] + requeue))
+                return
+            stamps = [time_of(offset), time_of(offset + len(idx) - 1)] if time_of else [float("nan")] * 2
+            where = describe_range(path, stamps, idx) if time_of else f"{path} (frames {idx[0]}-{idx[-1]})"
+            if timed_out:
+                raise DecodeTimeoutError(
+                    f"Decoding {where} hung for {timeout_s:g} s (also frame by frame) and was killed; re-encode the "
+                    f"file (ffmpeg -i IN -c:v libx264 OUT.mp4), or raise --decode-timeout if the machine is just slow.")
+            raise CorruptVideoError(f"Decoding {where} failed ({reason}); the file is damaged there: re-download it "
+                                    f"or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.")
+
+        try:
+            while remaining:
+                now = time.monotonic()
+                for w, p in procs.items():  # keep every worker busy with up to `prefetch` requests
+                    while todo[w] and len(p.outstanding) < prefetch:
+                        cid, mode = todo[w].popleft()
+                        req = next(self._ids)
+                        p.conn.send((req, "decode", {"path": path, "indices": chunks[cid][1], "mode": mode}))
+                        if not p.outstanding:
+                            p.deadline = now + timeout_s
+                        p.outstanding.append((req, cid, mode))
+                busy = [p for p in procs.values() if p.outstanding]
+                wait_s = max(0.0, min(p.deadline for p in busy) - now)
+                ready = set(wait_any([p.conn for p in busy], timeout=wait_s))
+                for w, p in list(procs.items()):
+                    if not p.outstanding:
+                        continue
+                    req, cid, mode = p.outstanding[0]
+                    if p.conn in ready:
+                        try:
+                            rid, ok, payload = p.conn.recv()
+                        except (EOFError, OSError):
+                            fail(w, cid, mode, f"the decoder process died with exit code {p.proc.exitcode}", False)
+                            continue
+                        if rid != req:
+                            raise RuntimeError(f"decode worker answered request {rid}, expected {req}")
+                        if not ok:
+                            fail(w, cid, mode, payload[1], False)
+                            continue
+                        p.outstanding.popleft()
+                        p.deadline = time.monotonic() + timeout_s
+                        remaining -= 1
+                        paused = time.monotonic()
+                        yield chunks[cid][0], payload
+                        pause = time.monotonic() - paused  # the consumer's time does not count against workers
+                        for q in procs.values():
+                            if q.deadline is not None:
+                                q.deadline += pause
+                    elif time.monotonic() >= p.deadline:
+                        fail(w, cid, mode, "timed out", True)
+        finally:  # abandoned early (consumer stopped, error): drop workers that still owe answers
+            for w, p in procs.items():
+                if p.outstanding and not self.closed:
+                    self._restart(w)

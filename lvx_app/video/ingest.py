@@ -1,0 +1,304 @@
+"""`ingest()`: the one call that turns a video file into this rank's resident visual features.
+
+    shard = ingest("movie.mp4", encode_fn, fps=1, model_id="mPLUG/mPLUG-Owl3-7B-241101")
+    shard.features        # (n_local, T, H) on the rank's device: E_local, the rank's K/V source
+    shard.plan            # the whole video's plan (every rank's frames and timestamps)
+
+Every rank of the group calls it with the same arguments. Each rank:
+1. checks the inputs (one-line `VideoError`s), looks up its shard in the cache;
+2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its contiguous run;
+3. decodes its chunks in worker processes and streams them through `encode_fn` into E_local;
+4. writes its shard to the cache.
+With several ranks, one small all-reduce per step keeps the ranks in step: it carries the progress counts shown
+on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same message instead of
+leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from lvx_app.dist import get_rank, get_world_size
+from lvx_app.video.cache import CacheKey, FeatureCache
+from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
+from lvx_app.video.encode import EncodeFn, ShardEncoder, default_dtype, feature_shape
+from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
+from lvx_app.video.plan import SamplingPlan, check_fps, check_memory, format_timestamp
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VisualShard:
+    """One rank's visual features and where its frames sit in the video."""
+
+    features: torch.Tensor  # (n_local, T, H) on the rank's device
+    frame_indices: torch.Tensor  # (n_local,) int64: the video's frame numbers (decord indices)
+    timestamps: torch.Tensor  # (n_local,) float64: seconds from the start of the video
+    rank: int
+    world_size: int
+    from_cache: bool
+    plan: SamplingPlan  # the whole plan: all ranks' frames, in order
+    frame_offset: int  # plan position of this rank's first frame (its global frame number)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """Plan positions (global frame numbers 0..len(plan)-1) of the local frames."""
+        return torch.arange(self.frame_offset, self.frame_offset + self.num_frames)
+
+    def labels(self) -> list[str]:
+        """"12:34"-style timestamps of the local frames."""
+        return [format_timestamp(t) for t in self.timestamps.tolist()]
+
+
+@dataclass(frozen=True)
+class IngestProgress:
+    """Counts for all ranks together. `stage` is "open", "ingest" or "done"."""
+
+    stage: str
+    done: int  # frames decoded and encoded (or loaded from the cache)
+    total: int
+    elapsed_s: float
+    from_cache: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+ProgressFn = Callable[[IngestProgress], None]
+
+
+class RichProgress:
+    """A rich progress bar: frames decoded+encoded across all ranks, and the rate."""
+
+    def __init__(self, title: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=Console(stderr=True), transient=False,
+        )
+        self.title = title
+        self.task = None
+
+    def __call__(self, p: IngestProgress) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(self.title, total=p.total or None, rate="")
+        rate = "from cache" if p.from_cache else (f"{p.rate:,.0f} frames/s" if p.done else "")
+        self.progress.update(self.task, completed=p.done, total=p.total or None, rate=rate)
+        if p.stage == "done":
+            self.close()
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+
+def _reporter(progress: bool | ProgressFn | None, rank: int, title: str) -> ProgressFn | None:
+    if callable(progress):
+        return progress
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return RichProgress(title) if progress and rank == 0 else None
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def auto_memory_budget(device: torch.device) -> int | None:
+    """Free memory for features on `device`: free GPU memory minus 2 GiB, or 80 % of available RAM."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(0, free - (2 << 30))
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 0.8)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class _Sync:
+    """The per-step all-reduce: [frames done this step, error flag], summed over ranks."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self.on = get_world_size(group) > 1
+        backend = dist.get_backend(group) if self.on else None
+        self.device = default_device() if backend == "nccl" else torch.device("cpu")
+
+    def reduce(self, values: list[int], op=None) -> list[int]:
+        if not self.on:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=self.group)
+        return t.tolist()
+
+    def raise_all(self, err: BaseException | None) -> None:
+        """Every rank calls this after a collective showed an error flag: all raise the first rank's error."""
+        mine = None if err is None else (type(err).__name__, str(err), isinstance(err, VideoError))
+        if self.on:
+            every: list = [None] * get_world_size(self.group)
+            dist.all_gather_object(every, mine, group=self.group)
+        else:
+            every = [mine]
+        if err is not None:
+            raise err
+        rank, (name, msg, is_video) = next((r, e) for r, e in enumerate(every) if e is not None)
+        if is_video:
+            raise error_class(name)(msg)
+        raise RemoteRankError(f"rank {rank} failed while ingesting the video: {name}: {msg}")
+
+
+def ingest(
+    path: str | os.PathLike,
+    encode_fn: EncodeFn,
+    *,
+    fps: float = 1.0,
+    max_frames: int | None = None,
+    over_max: str = "thin",
+    image_size: int = 384,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    model_id: str = "unknown",
+    model_revision: str = "",
+    cache: bool | FeatureCache = True,
+    cache_dir: str | os.PathLike | None = None,
+    group: dist.ProcessGroup | None = None,
+    decode_workers: int | None = None,
+    decode_threads: int | None = None,
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    decode_timeout_s: float = DEFAULT_TIMEOUT_S,
+    encode_batch: int | None = None,
+    memory_budget_bytes: int | None | str = "auto",
+    progress: bool | ProgressFn | None = None,
+    pool: DecodePool | None = None,
+) -> VisualShard:
+    """Decode, encode (or load from the cache) this rank's frames of `path` sampled at `fps`.
+
+    encode_fn: pixel values (n, 3, image_size, image_size) on `device` in `dtype` -> features (n, T, H).
+    max_frames / over_max: cap the plan; "thin" samples max_frames frames uniformly, "error" refuses.
+    model_id / model_revision: name the encoder for the cache key (a different encoder never hits).
+    cache: True (default folder or `cache_dir`), False, or a FeatureCache.
+    memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM on CPU); None = no check.
+    progress: None = rich bar on rank 0 when stderr is a terminal, True/False, or a callable taking
+        IngestProgress (global counts; called on each rank that passes one).
+    pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed here.
+    Raises a VideoError subclass, on every rank, for anything the user can fix.
+    """
+    rank, world = get_rank(group), get_world_size(group)
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    t0 = time.monotonic()
+    sync = _Sync(group)
+    report = _reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else ""))
+    store = cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None)
+    own_pool = pool is None
+    err: BaseException | None = None
+    plan: SamplingPlan | None = None
+    cached = key = vpath = None
+    chunks: list = []
+    try:
+        try:
+            fps_v = check_fps(fps)
+            vpath = check_video_path(path)
+            if store is not None:
+                key = CacheKey.make(vpath, fps=fps_v, max_frames=max_frames, model_id=model_id,
+                                    model_revision=model_revision, dtype=dtype, world_size=world, rank=rank,
+                                    image_size=image_size, over_max=over_max)
+                cached = store.load(key, device=device)
+            if cached is not None:
+                plan = cached.plan
+            else:
+                if report:
+                    report(IngestProgress("open", 0, 0, time.monotonic() - t0))
+                if pool is None:
+                    pool = DecodePool(decode_workers, threads=decode_threads, image_size=image_size)
+                elif pool.image_size != image_size:
+                    raise ValueError(f"the DecodePool resizes to {pool.image_size}, ingest wants {image_size}")
+                plan, _ = pool.plan(vpath, fps_v, max_frames, over_max=over_max, timeout_s=decode_timeout_s)
+                budget = auto_memory_budget(device) if memory_budget_bytes == "auto" else memory_budget_bytes
+                if budget is not None:
+                    shape = feature_shape(encode_fn, image_size, device, dtype)
+                    per_frame = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+                    check_memory(len(plan), plan.fps, world, per_frame, int(budget))
+                chunks = plan.shard(rank, world).chunks(chunk_frames)
+            for note in plan.notes if rank == 0 else ():
+                warnings.warn(note, VideoWarning, stacklevel=2)
+        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks below, then re-raised
+            err = exc
+        n = len(plan) if plan is not None else 0
+        digest = plan.digest() if plan is not None else 0
+        agreed = sync.reduce([int(err is not None), len(chunks), n, digest, -n, -digest], dist.ReduceOp.MAX)
+        if agreed[0]:
+            sync.raise_all(err)
+        if agreed[2] != -agreed[4] or agreed[3] != -agreed[5]:
+            raise VideoError(f"the ranks planned different frames for {path}: every node must see the same file "
+                             f"(same size and content); copy it to each node or use a shared file system.")
+        assert plan is not None
+        shard = plan.shard(rank, world)
+        total = len(plan)
+        encoder = None if cached is not None else ShardEncoder(
+            encode_fn, len(shard), image_size=image_size, device=device, dtype=dtype, batch_size=encode_batch)
+        stream = iter(())
+        if chunks:
+            assert pool is not None
+            stream = pool.decode(vpath, chunks, timeout_s=decode_timeout_s,
+                                 time_of=lambda off: shard.timestamps[off])
+        done = 0
+        first = len(shard) if cached is not None else 0  # cache-hit ranks count their frames in step 0
+        for step in range(max(1, agreed[1])):
+            new = first if step == 0 else 0
+            if err is None and encoder is not None:
+                try:
+                    item = next(stream, None)
+                    if item is not None:
+                        new += encoder.add(*item)
+                except BaseException as exc:  # noqa: BLE001
+                    err = exc
+            new_all, failed = sync.reduce([new, int(err is not None)])
+            if failed:
+                sync.raise_all(err)
+            done += new_all
+            if report:
+                report(IngestProgress("ingest", done, total, time.monotonic() - t0, cached is not None))
+        if cached is not None:
+            features, idx, ts = cached.features, cached.frame_indices, cached.timestamps
+        else:
+            assert encoder is not None
+            features = encoder.result()
+            idx = torch.tensor(shard.indices, dtype=torch.int64)
+            ts = torch.tensor(shard.timestamps, dtype=torch.float64)
+            if store is not None and key is not None:
+                try:
+                    store.save(key, features, idx, ts, plan=plan, frame_offset=shard.start, video=vpath)
+                except OSError as exc:
+                    warnings.warn(f"could not write the visual-feature cache in {store.root} ({exc}); "
+                                  f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
+                                  VideoWarning, stacklevel=2)
+        if report:
+            report(IngestProgress("done", total, total, time.monotonic() - t0, cached is not None))
+        return VisualShard(features, idx, ts, rank, world, cached is not None, plan, shard.start)
+    finally:
+        if isinstance(report, RichProgress):
+            report.close()
+        if own_pool and pool is not None:
+            pool.close()

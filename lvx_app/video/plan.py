@@ -1,0 +1,247 @@
+"""The sampling plan: which frames of a video to use at a given fps, and which rank owns which of them.
+
+Frame indices come from *time*, never from a rounded step: sample k is taken at t_k = k / fps and maps to
+frame round(t_k * video_fps) (half up), clamped to the last frame. So 1 fps on a 29.97 fps video picks frames
+0, 30, 60, 90, 120, 150, 180, 210, 240, 270, 300 (t=10 s -> 299.7), ... and stays on time for hours, where
+the anchor's `step = round(avg_fps)` drifts by 3.6 s per hour; and fps below 0.5 works (step would be 0).
+
+With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helper does it (split the list into
+`max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
+
+The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank computes the same one.
+Rank r of n owns the contiguous run `shard_bounds(len(plan), n, r)`: sizes differ by at most one, the first
+`len % n` ranks get the extra frame, and a rank may own nothing when there are fewer frames than ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from lvx_app.video.errors import BadFpsError, PlanTooLargeError, VideoWarning
+
+PLAN_VERSION = 1  # bump when the index maths change: it is part of the cache key
+
+
+def format_timestamp(seconds: float) -> str:
+    """12.4 -> "0:12", 754 -> "12:34", 3723 -> "1:02:03" (whole seconds, rounded down)."""
+    s = max(0, int(math.floor(seconds + 1e-6)))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def check_fps(fps: float) -> float:
+    """Return fps as a float or raise BadFpsError for <= 0 / not a number."""
+    try:
+        value = float(fps)
+    except (TypeError, ValueError):
+        raise BadFpsError(f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s.") from None
+    if not math.isfinite(value) or value <= 0:
+        raise BadFpsError(f"--fps must be > 0 (got {fps}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s.")
+    return value
+
+
+def num_samples(num_frames: int, video_fps: float, fps: float) -> int:
+    """How many k >= 0 have k / fps < duration (= num_frames / video_fps); at least 1 for a non-empty video."""
+    if num_frames <= 0:
+        return 0
+    x = num_frames * fps / video_fps
+    return max(1, math.ceil(x - 1e-6))
+
+
+def time_indices(num_frames: int, video_fps: float, fps: float) -> list[int]:
+    """Frame indices for t_k = k / fps: round(k * video_fps / fps) half up, clamped, without repeats."""
+    last = num_frames - 1
+    out: list[int] = []
+    ratio = video_fps / fps
+    for k in range(num_samples(num_frames, video_fps, fps)):
+        i = min(last, int(math.floor(k * ratio + 0.5)))
+        if not out or i != out[-1]:
+            out.append(i)
+    return out
+
+
+def uniform_thin(items: Sequence[int], n: int) -> list[int]:
+    """mPLUG-Owl3's `uniform_sample`: n equal gaps over the list, the middle element of each."""
+    if n >= len(items):
+        return list(items)
+    gap = len(items) / n
+    return [items[int(i * gap + gap / 2)] for i in range(n)]
+
+
+def shard_bounds(total: int, world_size: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of rank's contiguous run when `total` items are split as evenly as possible."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    base, extra = divmod(total, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _suggest_fps(fps: float, fit: int, total: int) -> str:
+    """A round fps that keeps about `fit` of `total` frames."""
+    want = fps * fit / max(total, 1)
+    if want <= 0:
+        return "a lower value"
+    digits = max(0, 1 - int(math.floor(math.log10(want))))
+    value = math.floor(want * 10**digits) / 10**digits
+    return f"{value:g}" if value > 0 else f"{want:.2g}"
+
+
+@dataclass(frozen=True)
+class PlanShard:
+    """The part of a plan one rank owns: plan positions [start, stop), their frame indices and timestamps."""
+
+    rank: int
+    world_size: int
+    start: int
+    stop: int
+    indices: tuple[int, ...]
+    timestamps: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def chunks(self, size: int) -> list[tuple[int, list[int]]]:
+        """(local offset, frame indices) runs of at most `size` frames, in order."""
+        size = max(1, int(size))
+        return [(o, list(self.indices[o : o + size])) for o in range(0, len(self), size)]
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """Which frames of one video to use, with their timestamps (seconds from the start of the video)."""
+
+    path: str
+    num_video_frames: int
+    video_fps: float
+    requested_fps: float
+    fps: float  # the rate actually sampled at (requested, or clamped to the video's fps)
+    max_frames: int | None
+    indices: tuple[int, ...]
+    timestamps: tuple[float, ...]
+    thinned: bool = False  # True when max_frames thinned the plan uniformly
+    notes: tuple[str, ...] = field(default=())
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def duration_s(self) -> float:
+        return self.num_video_frames / self.video_fps if self.video_fps > 0 else 0.0
+
+    def shard(self, rank: int, world_size: int) -> PlanShard:
+        start, stop = shard_bounds(len(self), world_size, rank)
+        return PlanShard(rank, world_size, start, stop, self.indices[start:stop], self.timestamps[start:stop])
+
+    def shards(self, world_size: int) -> list[PlanShard]:
+        return [self.shard(r, world_size) for r in range(world_size)]
+
+    def digest(self) -> int:
+        """A 31-bit checksum of the indices, so ranks can check they planned the same thing."""
+        return zlib.crc32(",".join(map(str, self.indices)).encode()) & 0x7FFFFFFF
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["indices"] = list(self.indices)
+        d["timestamps"] = list(self.timestamps)
+        d["notes"] = list(self.notes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingPlan":
+        d = dict(d)
+        d["indices"] = tuple(int(i) for i in d["indices"])
+        d["timestamps"] = tuple(float(t) for t in d["timestamps"])
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+
+def build_plan(
+    num_frames: int,
+    video_fps: float,
+    fps: float,
+    max_frames: int | None = None,
+    *,
+    path: str = "",
+    timestamps_fn: Callable[[list[int]], Sequence[float]] | None = None,
+    over_max: str = "thin",
+    warn: bool = True,
+) -> SamplingPlan:
+    """The plan for a video of `num_frames` frames at `video_fps` (decord's `len(vr)` and `get_avg_fps()`).
+
+    `timestamps_fn(indices)` gives the real start time of each frame (decord's `get_frame_timestamp`); without
+    it a frame's time is index / video_fps. `over_max` is "thin" (uniform fallback) or "error".
+    """
+    requested = check_fps(fps)
+    name = path or "the video"
+    if num_frames <= 0 or not (video_fps > 0 and math.isfinite(video_fps)):
+        from lvx_app.video.errors import CorruptVideoError
+
+        what = "no frames" if num_frames <= 0 else f"no usable frame rate ({video_fps})"
+        raise CorruptVideoError(f"{name} has {what}; re-export it, e.g. ffmpeg -i IN -c:v libx264 -r 30 OUT.mp4")
+    if max_frames is not None and int(max_frames) < 1:
+        raise PlanTooLargeError(f"--max-frames must be at least 1 (got {max_frames}); leave it out for no limit.")
+    if over_max not in ("thin", "error"):
+        raise ValueError(f"over_max must be 'thin' or 'error', not {over_max!r}")
+    notes: list[str] = []
+    rate = requested
+    if rate > video_fps:
+        rate = float(video_fps)
+        notes.append(f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; using {video_fps:.4g} (every frame).")
+    indices = time_indices(num_frames, video_fps, rate)
+    thinned = False
+    if max_frames is not None and len(indices) > int(max_frames):
+        limit = int(max_frames)
+        if over_max == "error":
+            raise PlanTooLargeError(
+                f"{name} at {rate:g} fps gives {len(indices)} frames, more than --max-frames {limit}; "
+                f"use --fps {_suggest_fps(rate, limit, len(indices))} or raise --max-frames."
+            )
+        notes.append(
+            f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} frames uniformly "
+            f"(about {limit / (num_frames / video_fps):.3g} fps)."
+        )
+        indices = uniform_thin(indices, limit)
+        thinned = True
+    if timestamps_fn is not None:
+        stamps = tuple(float(t) for t in timestamps_fn(indices))
+    else:
+        stamps = tuple(i / video_fps for i in indices)
+    if warn:
+        for note in notes:
+            warnings.warn(note, VideoWarning, stacklevel=2)
+    return SamplingPlan(
+        path=str(path),
+        num_video_frames=int(num_frames),
+        video_fps=float(video_fps),
+        requested_fps=requested,
+        fps=rate,
+        max_frames=None if max_frames is None else int(max_frames),
+        indices=tuple(indices),
+        timestamps=stamps,
+        thinned=thinned,
+        notes=tuple(notes),
+    )
+
+
+def check_memory(plan_len: int, fps: float, world_size: int, bytes_per_frame: int, budget_bytes: int | None) -> None:
+    """Raise PlanTooLargeError when the biggest shard's features would not fit in `budget_bytes` (per rank)."""
+    if budget_bytes is None or plan_len == 0 or bytes_per_frame <= 0:
+        return
+    per_rank = -(-plan_len // world_size)
+    if per_rank * bytes_per_frame <= budget_bytes:
+        return
+    fit = max(0, int(budget_bytes // bytes_per_frame))
+    gib = 1024**3
+    gpus = -(-plan_len // fit) if fit else None
+    more = f" or --gpus {gpus}" if gpus else ""
+    raise PlanTooLargeError(
+        f"{plan_len} frames at {fps:g} fps need {per_rank * bytes_per_frame / gib:.1f} GiB of visual features per rank "
+        f"on {world_size} rank(s), but {budget_bytes / gib:.1f} GiB is free: {fit} frames fit per rank "
+        f"({fit * world_size} in all); use --fps {_suggest_fps(fps, fit * world_size, plan_len)}{more}."
+    )

@@ -1,0 +1,91 @@
+"""Synthetic videos whose frames show their own index, for `lvx demo`, benchmarks and tests.
+
+Each frame is a grid of `ROWS x COLS` blocks; block b (row-major) is white when bit b of the frame index is set,
+black otherwise, plus a faint moving gradient so the encoder sees motion. `read_index` decodes a frame back to its
+index, so tests can check exactly which frames were sampled. Written with PyAV (bundled FFmpeg); no downloads.
+"""
+
+from __future__ import annotations
+
+import fractions
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROWS, COLS = 3, 4  # 12 bits: indices up to 4095
+BITS = ROWS * COLS
+
+
+def frame_image(index: int, width: int, height: int, noise: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:
+    """uint8 (height, width, 3) frame showing `index` as binary blocks (plus optional texture noise)."""
+    ys = (np.arange(height) * ROWS) // height
+    xs = (np.arange(width) * COLS) // width
+    block = ys[:, None] * COLS + xs[None, :]
+    bits = (index >> block) & 1
+    base = np.where(bits == 1, 215.0, 40.0)
+    grad = 40.0 * (((np.arange(width)[None, :] + 3 * index) % width) / width)
+    img = base + grad
+    if noise:
+        rng = rng or np.random.default_rng(index)
+        img = img + rng.normal(0.0, noise, size=img.shape)
+    img = np.clip(img, 0, 255).astype(np.uint8)
+    return np.repeat(img[:, :, None], 3, axis=2)
+
+
+def read_index(frame) -> int:
+    """Decode the index from an RGB frame (H,W,3) uint8, or from pixel values (3,S,S) in [-1, 1]."""
+    a = np.asarray(frame.detach().cpu().float() if hasattr(frame, "detach") else frame, dtype=np.float64)
+    if a.ndim == 3 and a.shape[0] == 3 and a.shape[-1] != 3:  # (3,S,S) normalised pixel values
+        a = (a.transpose(1, 2, 0) * 0.5 + 0.5) * 255.0
+    grey = a.mean(axis=2)
+    h, w = grey.shape
+    index = 0
+    for b in range(BITS):
+        r, c = divmod(b, COLS)
+        y0, y1 = (r * h) // ROWS, ((r + 1) * h) // ROWS
+        x0, x1 = (c * w) // COLS, ((c + 1) * w) // COLS
+        cy, cx = (y1 - y0) // 4, (x1 - x0) // 4  # the central half of the block
+        if grey[y0 + cy : y1 - cy, x0 + cx : x1 - cx].mean() > 128:
+            index |= 1 << b
+    return index
+
+
+def make_video(
+    path: str | os.PathLike,
+    num_frames: int,
+    fps: float | fractions.Fraction = 30,
+    width: int = 64,
+    height: int = 64,
+    *,
+    codec: str = "libx264",
+    gop: int | None = None,
+    noise: float = 0.0,
+    crf: int | None = None,
+    start_index: int = 0,
+) -> Path:
+    """Write an H.264 (yuv420p) mp4 whose frame i shows index start_index + i. Returns the path."""
+    import av
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rate = fractions.Fraction(fps).limit_denominator(1001) if not isinstance(fps, fractions.Fraction) else fps
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(codec, rate=rate)
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        opts = {"preset": "ultrafast" if noise else "veryfast"}
+        if crf is not None:
+            opts["crf"] = str(crf)
+        if gop is not None:
+            s.codec_context.gop_size = gop
+            opts["keyint"] = str(gop)
+        if codec == "libx264":
+            s.options = opts
+        for i in range(num_frames):
+            img = frame_image(start_index + i, width, height, noise=noise, rng=rng if noise else None)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path

@@ -1,0 +1,165 @@
+"""The engine: sharded sessions answer exactly like one process running the model's own generate()."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lvx_app.dist.testing import run_ranks
+from lvx_app.engine.api import EngineError, GenerationParams
+from lvx_app.engine.chat import printable
+from lvx_app.engine.control import ControlChannel
+from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.engine.session import Session, SessionConfig
+
+QUESTIONS = ("what happens in the video?", "and after that?")
+PARAMS = GenerationParams(max_new_tokens=10)
+
+
+def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
+    return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
+
+
+def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str):
+    """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
+    from lvx_app.dist.group import init_distributed
+
+    session = Session(_config(checkpoint, cache_dir, kv_mode=kv_mode), init_distributed(cuda=False))
+    channel = ControlChannel()
+    if rank != 0:
+        worker_loop(session, channel)
+        return None
+    engine = GroupDriver(session, channel)
+    first = engine.load_video(video, 1.0)
+    answers = ["".join(engine.ask(q, PARAMS)) for q in QUESTIONS]
+    engine.reset()
+    answers.append("".join(engine.ask(QUESTIONS[0], PARAMS)))
+    again = engine.load_video(video, 1.0)
+    stats = engine.stats()
+    engine.close()
+    return answers, first.frames, first.from_cache, again.from_cache, [r["rank"] for r in stats["ranks"]]
+
+
+def _reference(checkpoint: str, video: str) -> list[str]:
+    """The model's own generate() over the whole conversation, re-prefilled from scratch each turn."""
+    from lvx_app.video import ingest
+    from models.mplug_owl3.loader import load_model
+
+    model, _, proc = load_model(checkpoint)
+    shard = ingest(video, model.encode_images, fps=1.0, image_size=proc.image_size, cache=False, progress=False,
+                   decode_workers=1)  # fmt: skip
+    n = shard.num_frames
+    prompt = proc.build_chat_prompt([{"role": "user", "content": "<|video|>\n" + QUESTIONS[0]}], videos=[n])
+    visual = model.prepare_visual(shard.features, torch.tensor(prompt.media_starts))
+    ids = prompt.input_ids
+    answers, out = [], []
+    for i, question in enumerate(QUESTIONS):
+        if i:
+            ids = torch.cat([ids, torch.tensor(out + [proc.stop_ids[0]])])
+            ids = torch.cat([ids, proc.build_followup(question, offset=len(ids)).input_ids])
+        out = list(model.generate(ids.view(1, -1), visual=visual, max_new_tokens=PARAMS.max_new_tokens))
+        if out[-1] in proc.stop_ids:
+            out = out[:-1]
+        answers.append(proc.decode(out))
+    return answers
+
+
+@pytest.mark.parametrize("generation", ["g1", "g2"])
+def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
+    checkpoint = tiny_checkpoints[generation]
+    expected = _reference(checkpoint, short_video)
+    for world, kv_mode in ((1, "cache"), (2, "cache"), (3, "recompute")):
+        answers, frames, cached_first, cached_again, ranks = run_ranks(
+            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}"), kv_mode
+        )[0]
+        assert frames == 10
+        assert answers[:2] == expected, (world, kv_mode)
+        assert answers[2] == expected[0], "reset must forget the conversation but keep the video"
+        assert (cached_first, cached_again) == (False, True)
+        assert ranks == list(range(world))
+
+
+def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_path):
+    from lvx_app.engine.factory import open_engine
+
+    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path)), 1, False)
+    with pytest.raises(EngineError, match="no video is loaded"):
+        list(engine.ask("hello?"))
+    with pytest.raises(EngineError, match="not found"):
+        engine.load_video(str(tmp_path / "missing.mp4"), 1.0)
+    engine.load_video(short_video, 1.0)
+    with pytest.raises(EngineError, match="empty"):
+        list(engine.ask("   "))
+    pieces = []
+    for piece in engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=50)):
+        pieces.append(piece)
+        engine.interrupt()
+    assert engine.last_answer.interrupted and engine.last_answer.new_tokens == len(pieces) >= 1
+    full = "".join(engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=5)))
+    assert full and not engine.last_answer.interrupted
+    engine.close()
+
+
+def _lvx(*args: str, stdin: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "lvx_app.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_lvx_chat_through_stdin_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
+    checkpoint = tiny_checkpoints["g2"]
+    expected = _reference(checkpoint, short_video)
+    stdin = "\n".join([*QUESTIONS, "/stats", "/quit"]) + "\n"
+    result = _lvx("chat", short_video, "--model", checkpoint, "--gpus", "0", "--ranks", "2",
+                  "--max-new-tokens", str(PARAMS.max_new_tokens), "--cache-dir", str(tmp_path), stdin=stdin)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "10 frames at 1 fps" in out
+    for answer in expected:
+        assert f"lvx › {printable(answer)}\n" in out, out
+    assert "TTFT" in out and "tok/s" in out
+    assert "world size: 2" in out or "world size" in out
+
+
+@pytest.mark.slow
+def test_lvx_chat_bad_video_is_one_line(tmp_path):
+    result = _lvx("chat", str(tmp_path / "nope.mp4"), "--gpus", "0")
+    assert result.returncode == 2
+    assert "error:" in result.stdout and "not found" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_lvx_demo_runs(tmp_path):
+    result = _lvx("demo", "--workdir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lvx demo timings (2 cpu rank(s))" in result.stdout
+    assert "decode + encode video" in result.stdout and "answer 2 (TTFT)" in result.stdout
+
+
+@pytest.mark.slow
+def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_video, tmp_path):
+    from lvx_app.engine.launch import RemoteEngine, pid_file
+
+    config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=30)
+    engine = RemoteEngine(config.__dict__, 2, cuda=False)
+    try:
+        engine.load_video(short_video, 1.0)
+        os.kill(int(pid_file(engine.run_dir, 1).read_text()), signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match=r"rank 1 failed"):
+            for _ in range(3):  # the first request may still be answered before torchrun notices
+                list(engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=50)))
+                time.sleep(1)
+        assert time.monotonic() - t0 < 60
+    finally:
+        engine.close()

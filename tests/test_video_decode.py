@@ -1,0 +1,143 @@
+"""Decoding in worker processes: the right frames come back, in parallel, and hangs/crashes are contained."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from lvx_app.video.decode import DecodePool, check_video_path, describe_range, sniff_container
+from lvx_app.video.errors import CorruptVideoError, DecodeTimeoutError, NotAVideoError, VideoNotFoundError
+from models.mplug_owl3.image_transform import normalize
+
+from videos import make_not_a_video, make_truncated, make_video, make_zero_length, read_index
+
+
+@pytest.fixture(scope="module")
+def vids(tmp_path_factory):
+    d = tmp_path_factory.mktemp("videos")
+    return {
+        "a": make_video(d / "a.mp4", 120, 30, 64, 64),  # 4 s at 30 fps
+        "ntsc": make_video(d / "ntsc.mp4", 150, Fraction(30000, 1001), 160, 96),  # 5 s at 29.97 fps
+        "dir": d,
+    }
+
+
+@pytest.fixture(scope="module")
+def raw_pool():
+    with DecodePool(2, threads=1) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def small_pool():
+    with DecodePool(2, threads=1, image_size=32) as pool:
+        yield pool
+
+
+def decode_all(pool, path, chunks, **kw):
+    got = dict(pool.decode(path, chunks, **kw))
+    return np.concatenate([got[o] for o in sorted(got)]) if got else np.zeros((0,))
+
+
+def test_plan_in_a_worker_uses_decords_fps_and_timestamps(raw_pool, vids):
+    plan, (h, w) = raw_pool.plan(vids["ntsc"], 1.0)
+    assert (h, w) == (96, 160)
+    assert plan.num_video_frames == 150 and plan.video_fps == pytest.approx(30000 / 1001)
+    assert plan.indices == (0, 30, 60, 90, 120, 149)  # t = 5 s is still inside the 5.005 s video
+    assert plan.timestamps == pytest.approx([i * 1001 / 30000 for i in plan.indices], abs=1e-4)
+
+
+@pytest.mark.parametrize("fps, chunk", [(1.0, 2), (3.0, 4), (30.0, 16), (0.3, 1)])
+def test_decoded_frames_are_the_planned_ones(raw_pool, vids, fps, chunk):
+    plan, _ = raw_pool.plan(vids["a"], fps)
+    frames = decode_all(raw_pool, vids["a"], plan.shard(0, 1).chunks(chunk))
+    assert frames.shape == (len(plan), 64, 64, 3) and frames.dtype == np.uint8
+    assert [read_index(f) for f in frames] == list(plan.indices)
+
+
+def test_resized_in_worker_matches_processor_transform(small_pool, raw_pool, vids):
+    from models.mplug_owl3.image_transform import to_pixel_values
+
+    plan, _ = small_pool.plan(vids["ntsc"], 2.0)
+    small = decode_all(small_pool, vids["ntsc"], plan.shard(0, 1).chunks(3))
+    assert small.shape == (len(plan), 3, 32, 32)
+    pv = normalize(torch.from_numpy(small))
+    assert [read_index(f) for f in pv] == list(plan.indices)
+    raw = decode_all(raw_pool, vids["ntsc"], plan.shard(0, 1).chunks(3))
+    assert torch.equal(pv, to_pixel_values(raw, 32))  # the same transform, not a second one
+
+
+def test_two_processes_decode_disjoint_parts(vids):
+    with DecodePool(2, threads=1) as pool:
+        plan, _ = pool.plan(vids["a"], 15.0)
+        shard = plan.shard(1, 2)  # the second rank's half only
+        frames = decode_all(pool, vids["a"], shard.chunks(5))
+        assert len(set(pool.pids())) == 2
+    assert [read_index(f) for f in frames] == list(shard.indices)
+    assert shard.indices[0] > 0
+
+
+def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
+    with DecodePool(1, threads=1, _fault={"hang_batch": 60}) as pool:
+        plan, _ = pool.plan(vids["a"], 10.0)
+        pid = pool.pids()[0]
+        frames = decode_all(pool, vids["a"], plan.shard(0, 1).chunks(6), timeout_s=1.0)
+        assert pool.pids()[0] != pid  # the hung worker was SIGKILLed (it ignores SIGTERM) and replaced
+    assert [read_index(f) for f in frames] == list(plan.indices)
+
+
+def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
+    with DecodePool(1, threads=1, _fault={"hang_batch": 60, "hang_frames": 60}) as pool:
+        plan, _ = pool.plan(vids["a"], 10.0)
+        shard = plan.shard(0, 1)
+        with pytest.raises(DecodeTimeoutError) as e:
+            decode_all(pool, vids["a"], shard.chunks(6), timeout_s=0.5, time_of=lambda o: shard.timestamps[o])
+    msg = str(e.value)
+    assert "a.mp4 at 0:01-0:02 (frames 54-69) hung for 0.5 s" in msg
+    assert "re-encode" in msg and "\n" not in msg
+
+
+def test_decode_error_names_file_and_time_range(vids):
+    with DecodePool(1, threads=1, _fault={"fail_batch": 90, "fail_frames": 90}) as pool:
+        plan, _ = pool.plan(vids["a"], 10.0)
+        shard = plan.shard(0, 1)
+        with pytest.raises(CorruptVideoError, match=r"a\.mp4 at 0:03-0:03 \(frames 90-105\) failed"):
+            decode_all(pool, vids["a"], shard.chunks(6), time_of=lambda o: shard.timestamps[o])
+
+
+def test_describe_range():
+    assert describe_range("m.mp4", [754.2, 3723.0], [1, 2]) == "m.mp4 at 12:34-1:02:03 (frames 1-2)"
+
+
+def test_bad_paths(vids, tmp_path):
+    with pytest.raises(VideoNotFoundError, match="Video not found"):
+        check_video_path(tmp_path / "nope.mp4")
+    with pytest.raises(VideoNotFoundError, match="is a directory"):
+        check_video_path(vids["dir"])
+    with pytest.raises(CorruptVideoError, match="empty"):
+        check_video_path(make_zero_length(tmp_path / "zero.mp4"))
+    with pytest.raises(NotAVideoError, match="not a video"):
+        check_video_path(make_not_a_video(tmp_path / "notes.txt"))
+    assert sniff_container(vids["a"]) == "mp4/mov"
+
+
+def test_unreadable_files_in_the_worker(raw_pool, vids, tmp_path):
+    fake = make_not_a_video(tmp_path / "fake.mp4")  # .mp4 name, text inside
+    assert check_video_path(fake) == fake.resolve()
+    with pytest.raises(NotAVideoError, match="fake.mp4 is not a video"):
+        raw_pool.plan(fake, 1.0)
+    cut = make_truncated(vids["ntsc"], tmp_path / "cut.mp4", 0.5)
+    with pytest.raises(CorruptVideoError, match="cut.mp4 cannot be opened.*truncated or damaged"):
+        raw_pool.plan(cut, 1.0)
+    plan, _ = raw_pool.plan(vids["a"], 1.0)  # the pool is still usable afterwards
+    assert len(plan) == 4
+
+
+def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):
+    plan, _ = raw_pool.plan(vids["a"], 10.0)
+    stream = raw_pool.decode(vids["a"], plan.shard(0, 1).chunks(4))
+    next(stream)
+    stream.close()  # the consumer gave up with requests still in flight
+    frames = decode_all(raw_pool, vids["a"], plan.shard(0, 1).chunks(4))
+    assert [read_index(f) for f in frames] == list(plan.indices)

@@ -1,0 +1,193 @@
+"""Synthetic test videos whose frames carry their own index, so tests can check which frames came back.
+
+Each frame is a grid of `ROWS x COLS` blocks; block b (row-major) is white when bit b of the frame index is set,
+black otherwise. A faint moving gradient is added so the encoder sees real motion, but never enough to flip a
+block (blocks are 0 +- 40 or 255 -+ 40). `read_index(frame)` decodes a frame (H,W,3) uint8 or a (3,S,S) tensor
+of normalised pixel values back to the index.
+
+Only PyAV (`av`, a test dependency with its own FFmpeg) is used; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import fractions
+import os
+from pathlib import Path
+
+import numpy as np
+
+ROWS, COLS = 3, 4  # 12 bits: indices up to 4095
+BITS = ROWS * COLS
+
+
+def frame_image(index: int, width: int, height: int, noise: float = 0.0, texture: np.ndarray | None = None) -> np.ndarray:
+    """uint8 (height, width, 3) frame showing `index` as binary blocks.
+
+    `noise` > 0 adds a fixed random texture (amplitude `noise` grey levels) panning 4 px per frame, so the
+    encoder has detail and motion to code, like real footage (a few Mbit/s at 720p), instead of flat blocks.
+    """
+    ys = (np.arange(height) * ROWS) // height
+    xs = (np.arange(width) * COLS) // width
+    block = ys[:, None] * COLS + xs[None, :]
+    bits = (index >> block) & 1
+    base = np.where(bits == 1, 215.0, 40.0)
+    grad = 40.0 * (((np.arange(width)[None, :] + 3 * index) % width) / width)
+    img = base + grad
+    if noise:
+        if texture is None:
+            texture = _texture(width, height)
+        img = img + noise * np.roll(texture, 4 * index, axis=1)
+    img = np.clip(img, 0, 255).astype(np.uint8)
+    return np.repeat(img[:, :, None], 3, axis=2)
+
+
+def read_index(frame) -> int:
+    """Decode the index from an RGB frame (H,W,3) uint8, or from pixel values (3,S,S) in [-1, 1]."""
+    a = np.asarray(frame.detach().cpu().float() if hasattr(frame, "detach") else frame, dtype=np.float64)
+    if a.ndim == 3 and a.shape[0] == 3 and a.shape[-1] != 3:  # (3,S,S) normalised pixel values
+        a = (a.transpose(1, 2, 0) * 0.5 + 0.5) * 255.0
+    grey = a.mean(axis=2)
+    h, w = grey.shape
+    index = 0
+    for b in range(BITS):
+        r, c = divmod(b, COLS)
+        y0, y1 = (r * h) // ROWS, ((r + 1) * h) // ROWS
+        x0, x1 = (c * w) // COLS, ((c + 1) * w) // COLS
+        cy, cx = (y1 - y0) // 4, (x1 - x0) // 4  # the central half of the block
+        if grey[y0 + cy : y1 - cy, x0 + cx : x1 - cx].mean() > 128:
+            index |= 1 << b
+    return index
+
+
+def _texture(width: int, height: int) -> np.ndarray:
+    """Smooth-ish random texture in [-1, 1]: noise at 1/4 resolution, upsampled."""
+    rng = np.random.default_rng(1234)
+    small = rng.uniform(-1, 1, size=((height + 3) // 4, (width + 3) // 4))
+    return np.kron(small, np.ones((4, 4)))[:height, :width]
+
+
+def make_video(
+    path: str | os.PathLike,
+    num_frames: int,
+    fps: float | fractions.Fraction = 30,
+    width: int = 64,
+    height: int = 64,
+    *,
+    codec: str = "libx264",
+    gop: int | None = None,
+    noise: float = 0.0,
+    crf: int | None = None,
+    start_index: int = 0,
+) -> Path:
+    """Write an H.264 (yuv420p) mp4 whose frame i shows index start_index + i. Returns the path."""
+    import av
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rate = fractions.Fraction(fps).limit_denominator(1001) if not isinstance(fps, fractions.Fraction) else fps
+    texture = _texture(width, height) if noise else None
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(codec, rate=rate)
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        opts = {"preset": "veryfast"}
+        if crf is not None:
+            opts["crf"] = str(crf)
+        if gop is not None:
+            s.codec_context.gop_size = gop
+            opts["keyint"] = str(gop)
+        if codec == "libx264":
+            s.options = opts
+        for i in range(num_frames):
+            img = frame_image(start_index + i, width, height, noise=noise, texture=texture)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path
+
+
+def concat_video(src: str | os.PathLike, dst: str | os.PathLike, times: int) -> Path:
+    """Stream-copy `src` `times` times back to back into `dst` (no re-encode): a long video in seconds.
+
+    The frames repeat, so indices are only unique within one copy; decoding cost is that of a real long video.
+    """
+    import av
+
+    dst = Path(dst)
+    with av.open(str(src)) as probe:
+        packets = [p for p in probe.demux(probe.streams.video[0]) if p.size]
+        vs = probe.streams.video[0]
+        tb = vs.time_base
+        span = max(int(p.pts) for p in packets) - min(int(p.pts) for p in packets)
+        step = span + int(round(1 / (vs.average_rate * tb)))  # one frame after the last one
+        first_dts = min(int(p.dts) for p in packets)
+        first_pts = min(int(p.pts) for p in packets)
+        with av.open(str(dst), "w") as out:
+            os_ = out.add_stream_from_template(vs)
+            for k in range(times):
+                for p in packets:
+                    q = av.Packet(bytes(p))
+                    q.pts = int(p.pts) - first_pts + k * step
+                    q.dts = int(p.dts) - first_pts + k * step
+                    q.is_keyframe = p.is_keyframe
+                    q.time_base = tb
+                    q.stream = os_
+                    out.mux(q)
+    _ = first_dts
+    return dst
+
+
+def make_not_a_video(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.write_text("this is a text file, not a video\n" * 50)
+    return path
+
+
+def make_zero_length(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.write_bytes(b"")
+    return path
+
+
+def make_truncated(src: str | os.PathLike, dst: str | os.PathLike, keep: float = 0.5) -> Path:
+    """Copy the first `keep` fraction of a video's bytes: a corrupt / partly downloaded file."""
+    data = Path(src).read_bytes()
+    dst = Path(dst)
+    dst.write_bytes(data[: int(len(data) * keep)])
+    return dst
+
+
+class IndexEncoder:
+    """A tiny deterministic stand-in for the vision tower + projector: (n, 3, S, S) -> (n, T, H).
+
+    Row 0 of each frame's features holds the mean pixel value of each index block (positive = white), so
+    `index_from_features` recovers which frame the features came from; rows 1.. are a fixed random linear map
+    of the same block means, so the features look like a real encoder's (dense, frame-dependent).
+    """
+
+    def __init__(self, tokens: int = 4, hidden: int = 16, seed: int = 0) -> None:
+        import torch
+
+        assert hidden >= BITS
+        g = torch.Generator().manual_seed(seed)
+        self.tokens, self.hidden = tokens, hidden
+        self.weight = torch.randn(BITS, (tokens - 1) * hidden, generator=g)
+
+    def __call__(self, pixel_values):
+        import torch
+        import torch.nn.functional as F
+
+        n = pixel_values.shape[0]
+        grey = pixel_values.float().mean(dim=1, keepdim=True)
+        blocks = F.adaptive_avg_pool2d(grey, (ROWS, COLS)).reshape(n, BITS)
+        row0 = torch.zeros(n, 1, self.hidden, device=pixel_values.device)
+        row0[:, 0, :BITS] = blocks
+        rest = (blocks @ self.weight.to(blocks.device)).reshape(n, self.tokens - 1, self.hidden)
+        return torch.cat([row0, rest], dim=1).to(pixel_values.dtype)
+
+
+def index_from_features(features) -> list[int]:
+    """Frame indices encoded by IndexEncoder features (n, T, H)."""
+    bits = (features[:, 0, :BITS].float() > 0).long().cpu()
+    weights = (1 << np.arange(BITS)).tolist()
+    return [int(sum(b * w for b, w in zip(row, weights))) for row in bits.tolist()]
