@@ -93,10 +93,16 @@ def demo(
 
 def _register_subcommands() -> None:
     from lvx_app.eval.cli import eval_app
+    from lvx_app.serve_cli import serve_command
+    from lvx_app.train.cli import finetune_command
     from lvx_app.video.cache_cli import cache_app
 
     app.add_typer(eval_app, name="eval", help="Batch evaluation (Video-MME).")
     app.add_typer(cache_app, name="cache", help="List or remove cached visual features.")
+    app.command("serve", help="Chat with a video in the browser (Gradio) on the same worker group.")(serve_command)
+    app.command("finetune", help="Finetune on video conversations with LV-XAttn (K/V recomputed in backward).")(
+        finetune_command
+    )
 
 
 _register_subcommands()

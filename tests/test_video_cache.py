@@ -177,3 +177,10 @@ def test_cli(tmp_path, video):
     assert len(cache.entries()) == 1
     out = run(cache_app, ["clear", "--yes", *d])
     assert out.exit_code == 0 and "Removed 1 entries" in out.output and cache.entries() == []
+    assert run(cache_app, ["rm", *d]).exit_code == 2
+    save_shard(cache, key_for(video, world_size=1), video)
+    assert "ok" in run(cache_app, ["ls", *d]).output
+    os.utime(video, ns=(0, 10**9))  # the video changed since: its entry can never be hit again
+    assert "video changed" in run(cache_app, ["ls", *d]).output
+    out = run(cache_app, ["rm", "--stale", *d])
+    assert "Removed 1 stale entry" in out.output and cache.entries() == []

@@ -5,12 +5,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from videos import make_not_a_video, make_truncated, make_video, make_zero_length, read_index
 
 from lvx_app.video.decode import DecodePool, check_video_path, describe_range, sniff_container
 from lvx_app.video.errors import CorruptVideoError, DecodeTimeoutError, NotAVideoError, VideoNotFoundError
 from models.mplug_owl3.image_transform import normalize
-
-from videos import make_not_a_video, make_truncated, make_video, make_zero_length, read_index
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from videos import IndexEncoder, index_from_features, make_not_a_video, make_truncated, make_video, make_zero_length
 
 from lvx_app.dist.testing import RankFailed, run_ranks
 from lvx_app.video import (
@@ -19,8 +20,6 @@ from lvx_app.video import (
     VideoWarning,
     ingest,
 )
-
-from videos import IndexEncoder, index_from_features, make_not_a_video, make_truncated, make_video, make_zero_length
 
 S = 32  # image size: tiny, the index blocks survive the resize
 
@@ -166,7 +165,8 @@ def test_max_frames_thins_or_refuses(vids, pool):
 
 def test_memory_budget_error_says_what_fits(vids, pool):
     per_frame = 4 * 16 * 4  # T * H * float32
-    with pytest.raises(PlanTooLargeError, match=r"41 frames at 4 fps .* 11 frames fit per rank \(11 in all\); use --fps 1 or --gpus 4"):
+    fits = r"41 frames at 4 fps .* 11 frames fit per rank \(11 in all\); use --fps 1 or --gpus 4"
+    with pytest.raises(PlanTooLargeError, match=fits):
         run(vids["ntsc"], pool, fps=4.0, memory_budget_bytes=11 * per_frame)
     assert run(vids["ntsc"], pool, fps=1.0, memory_budget_bytes=11 * per_frame).num_frames == 11
 

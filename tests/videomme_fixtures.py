@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import av
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lvx_app.eval.runner import VideoInfo
+from lvx_app.video.synthetic import make_video
 
 # (video_id, videoID, duration, domain, sub_category, file extension or None when the video is missing)
 VIDEOS = [
@@ -65,20 +65,8 @@ def write_parquet(rows: list[dict], path: Path) -> Path:
 
 
 def write_video(path: Path, seconds: float = 2.0, fps: int = 4, size: tuple[int, int] = (32, 24)) -> Path:
-    """A tiny clip whose frame i is a flat grey level; .mkv/.mp4/.MP4 all hold mpeg4."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = "matroska" if path.suffix.lower() == ".mkv" else "mp4"
-    with av.open(str(path), "w", format=fmt) as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
-        for i in range(int(seconds * fps)):
-            img = np.full((size[1], size[0], 3), (i * 16) % 256, dtype=np.uint8)
-            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    """A tiny index-carrying clip (mpeg4, so .mkv/.mp4/.MP4 all hold it)."""
+    return make_video(path, int(seconds * fps), fps, size[0], size[1], codec="mpeg4")
 
 
 @dataclass

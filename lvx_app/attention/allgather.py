@@ -20,6 +20,7 @@ import torch
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.dist.collectives import allgather_seq, count_bytes, exchange_sizes, reduce_scatter_seq
 
+
 class _AllGatherXAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, scale, q_vis, k_frame, stats):

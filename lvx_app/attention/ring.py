@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from lvx_app.dist.collectives import count_bytes, exchange_sizes
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.attention.merge import merge_
+from lvx_app.dist.collectives import count_bytes, exchange_sizes
 from lvx_app.dist.group import get_rank
 from lvx_app.dist.ring import RingComm
 
@@ -87,7 +87,7 @@ def _pass_kv_backward(
         grads = compute(src, block) if sizes[src] > 0 else None
         if step > 0:
             grad_comm.wait()
-            acc = incoming
+            acc = incoming  # noqa: F821 (set by the previous step)
         _add_grads(acc, grads)
         # Send this shard's accumulator on; after the last round it goes home.
         incoming = _rotate(grad_comm, acc, sizes[(src - 1) % world])

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lvx_app.dist.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
+from lvx_app.dist.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
 from lvx_app.dist.group import get_rank, get_world_size
 
 

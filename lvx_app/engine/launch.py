@@ -38,15 +38,28 @@ def pid_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / f"pid-rank{rank}.txt"
 
 
-def _root_cause(log: Path) -> tuple[str, str] | None:
-    """(rank, cause) of torchrun's "Root Cause (first observed failure)" summary, if it printed one."""
+_PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
+    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
+)
+
+
+def _failures(log: Path) -> list[tuple[str, int | None, str, bool]]:
+    """(rank, exitcode, cause, is_root) of every failure in torchrun's closing summary, root cause first."""
     text = log.read_text(errors="replace") if log.exists() else ""
     if "Root Cause" not in text:
-        return None
-    text = text[text.index("Root Cause") :]
-    rank = re.search(r"rank\s*:\s*(\d+)", text)
-    cause = re.search(r"traceback\s*:\s*(.+)", text) or re.search(r"exitcode\s*:\s*(-?\d+)", text)
-    return (rank.group(1), cause.group(1).strip()) if rank and cause else None
+        return []
+    summary = text[text.rfind("Failures:") if "Failures:" in text else text.index("Root Cause") :]
+    out = []
+    for block in re.split(r"\n\[\d+\]:", summary)[1:]:
+        rank = re.search(r"rank\s*:\s*(\d+)", block)
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
+        cause = re.search(r"traceback\s*:\s*(.+)", block)
+        if rank:
+            is_root = "Root Cause" in summary[: summary.index(block)]
+            text_cause = cause.group(1).strip() if cause else f"exit code {code.group(1) if code else '?'}"
+            out.append((rank.group(1), int(code.group(1)) if code else None, text_cause, is_root))
+    return sorted(out, key=lambda f: not f[3])
 
 
 def _last_line(path: Path) -> str:
@@ -55,12 +68,25 @@ def _last_line(path: Path) -> str:
 
 
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed first and why: torchrun's root cause, then that rank's own error file."""
-    root = _root_cause(run_dir / "group.log")
-    if root is not None:
-        rank, cause = root
+    """Name the rank that failed first and why.
+
+    torchrun's "first observed failure" is often a rank that merely lost its peer (a gloo "Connection reset by
+    peer") when the real cause was another rank killed by a signal (the OOM killer, a segfault): prefer that one.
+    """
+    failures = _failures(run_dir / "group.log")
+
+    def reason(rank: str, cause: str) -> str:
         own = error_file(run_dir, int(rank))
-        return f"rank {rank} failed: {_last_line(own) if own.exists() else cause}"
+        return _last_line(own) if own.exists() else cause
+
+    if failures:
+        chosen = failures[0]
+        if _PEER_LOST.search(reason(chosen[0], chosen[2])) or not error_file(run_dir, int(chosen[0])).exists():
+            # killed by a signal other than torchrun's own SIGTERM to the survivors
+            chosen = next((f for f in failures[1:] if f[1] is not None and f[1] < 0 and f[1] != -15), chosen)
+        rank, code, cause, _ = chosen
+        hint = " (killed: out of memory, a crash, or by hand)" if code is not None and code < 0 else ""
+        return f"rank {rank} failed: {reason(rank, cause)}{hint}"
     for path in sorted(run_dir.glob("error-rank*.txt")):
         return f"rank {path.stem.removeprefix('error-rank')} failed: {_last_line(path)}"
     return f"the worker group exited (code {returncode}); see {run_dir / 'group.log'}"

@@ -42,7 +42,6 @@ def run_chat_command(
 ) -> int:  # fmt: skip
     """`lvx chat`: returns the process exit code."""
     from lvx_app.engine.chat import run_chat
-
     from lvx_app.video import VideoError, check_video_path
 
     console = console or Console(highlight=False)

@@ -264,6 +264,24 @@ class FeatureCache:
             out.append(info)
         return out
 
+    def is_stale(self, entry: EntryInfo) -> str | None:
+        """Why an entry can never be hit again ("video missing" / "video changed"), or None."""
+        video = Path(entry.video)
+        if entry.video == "?":
+            return "damaged"
+        if not video.is_file():
+            return "video missing"
+        return None if file_identity(video) == entry.file_id else "video changed"
+
+    def remove_stale(self) -> list[str]:
+        """Delete entries whose video is gone or changed since they were made (they can never be hit)."""
+        removed = []
+        for e in self.entries():
+            if self.is_stale(e):
+                shutil.rmtree(e.path, ignore_errors=True)
+                removed.append(e.entry_id)
+        return removed
+
     def remove(self, target: str) -> list[str]:
         """Delete entries whose id starts with `target`, or that were made from the video at path `target`."""
         removed: list[str] = []

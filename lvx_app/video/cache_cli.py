@@ -47,7 +47,7 @@ def ls(dir: Optional[Path] = DirOption) -> None:
         console.print(f"The cache at {cache.root} is empty.")
         return
     table = Table(title=f"lvx cache: {cache.root}")
-    for col in ("id", "video", "fps", "max", "model", "dtype", "shards", "frames", "size", "last used"):
+    for col in ("id", "video", "fps", "max", "model", "dtype", "shards", "frames", "size", "last used", "status"):
         table.add_column(col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left")
     total = 0
     for e in entries:
@@ -59,21 +59,30 @@ def ls(dir: Optional[Path] = DirOption) -> None:
             e.entry_id[:12], Path(e.video).name if e.video != "?" else "?", f"{e.fps:g}",
             "-" if e.max_frames is None else str(e.max_frames), e.model, e.dtype, shards, str(e.frames),
             _human(e.bytes), _dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M"),
+            f"[yellow]{stale}[/yellow]" if (stale := cache.is_stale(e)) else "ok",
         )
     console.print(table)
-    console.print(f"{len(entries)} entries, {_human(total)}. Remove with `lvx cache rm ID|VIDEO` or `lvx cache clear`.")
+    console.print(f"{len(entries)} entries, {_human(total)}. Remove with `lvx cache rm ID|VIDEO`, "
+                  f"`lvx cache rm --stale` or `lvx cache clear`.")
 
 
 @cache_app.command("rm")
 def rm(
-    targets: List[str] = typer.Argument(..., help="Entry ids (or their first 4+ characters) or video paths."),
+    targets: List[str] = typer.Argument(None, help="Entry ids (or their first 4+ characters) or video paths."),
+    stale: bool = typer.Option(False, "--stale", help="Remove entries whose video is missing or has changed."),
     dir: Optional[Path] = DirOption,
 ) -> None:
     """Remove the entries of some videos (by path) or some entry ids."""
     cache = _cache(dir)
     console = Console()
+    if stale:
+        removed = cache.remove_stale()
+        console.print(f"Removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}.")
+    elif not targets:
+        console.print("[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or --stale.")
+        raise typer.Exit(2)
     missing = []
-    for target in targets:
+    for target in targets or []:
         removed = cache.remove(target)
         if removed:
             console.print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}.")

@@ -114,7 +114,8 @@ def clean_message(text: str, limit: int = 160) -> str:
 def _open_error(path: str, detail: str) -> VideoError:
     detail = clean_message(detail)
     if sniff_container(path) is None:
-        return NotAVideoError(f"{path} is not a video decord can read ({detail}); pass an .mp4, .mkv, .webm, .mov or .avi file.")
+        return NotAVideoError(f"{path} is not a video decord can read ({detail}); "
+                              f"pass an .mp4, .mkv, .webm, .mov or .avi file.")
     return CorruptVideoError(
         f"{path} cannot be opened as a video ({detail}); it may be truncated or damaged: re-download it or "
         f"repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
@@ -341,8 +342,8 @@ class DecodePool:
         p.conn.send((req, op, kwargs))
         if not p.conn.poll(timeout_s):
             self._restart(w)
-            raise DecodeTimeoutError(f"{what} did not answer within {timeout_s:g} s and was killed; "
-                                     f"re-encode the file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout.")
+            raise DecodeTimeoutError(f"{what} did not answer within {timeout_s:g} s and was killed; re-encode the "
+                                     f"file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout.")
         try:
             rid, ok, payload = p.conn.recv()
         except (EOFError, OSError):

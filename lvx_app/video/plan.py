@@ -39,7 +39,8 @@ def check_fps(fps: float) -> float:
     try:
         value = float(fps)
     except (TypeError, ValueError):
-        raise BadFpsError(f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s.") from None
+        raise BadFpsError(f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, "
+                          f"or --fps 0.2 for a frame every 5 s.") from None
     if not math.isfinite(value) or value <= 0:
         raise BadFpsError(f"--fps must be > 0 (got {fps}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s.")
     return value
@@ -192,7 +193,8 @@ def build_plan(
     rate = requested
     if rate > video_fps:
         rate = float(video_fps)
-        notes.append(f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; using {video_fps:.4g} (every frame).")
+        notes.append(f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
+                     f"using {video_fps:.4g} (every frame).")
     indices = time_indices(num_frames, video_fps, rate)
     thinned = False
     if max_frames is not None and len(indices) > int(max_frames):

@@ -35,7 +35,6 @@ from safetensors import safe_open
 from .config import Owl3Config
 from .processor import CUT_PROMPTS, DEFAULT_CUT_TEMPLATE, Owl3Processor
 
-
 log = logging.getLogger(__name__)
 
 

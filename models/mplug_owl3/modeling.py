@@ -25,7 +25,15 @@ import torch
 from torch import nn
 
 from .config import Owl3Config
-from .hyper import HyperAttention, LazyVisualKV, VisualInputs, VisualStep, frame_rope_positions, visible_frames, visual_kv
+from .hyper import (
+    HyperAttention,
+    LazyVisualKV,
+    VisualInputs,
+    VisualStep,
+    frame_rope_positions,
+    visible_frames,
+    visual_kv,
+)
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
 from .vision import SiglipVisionTower, build_projector
 

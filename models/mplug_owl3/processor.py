@@ -158,8 +158,13 @@ class Owl3Processor:
     def from_pretrained(cls, path_or_id: str | Path, generation: str | None = None, *,
                         cut_template: str | None = None) -> "Owl3Processor":
         """From a checkpoint directory (or hub id). Without `generation`, it is detected from the weight keys."""
-        from .loader import (CheckpointError, _safetensors_files, detect_architecture, detect_cut_template,
-                             resolve_checkpoint)
+        from .loader import (
+            CheckpointError,
+            _safetensors_files,
+            detect_architecture,
+            detect_cut_template,
+            resolve_checkpoint,
+        )
 
         d = resolve_checkpoint(path_or_id)
         if not (d / "config.json").exists():

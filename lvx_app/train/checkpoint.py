@@ -1,0 +1,119 @@
+"""Finetuning checkpoints: official-layout weights (loadable by `lvx chat --model OUT`) plus a resume state.
+
+OUT holds
+- `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into their base
+  weights; the vision keys the model never uses are copied from the source checkpoint, so OUT is a complete
+  official checkpoint, not a partial one;
+- every non-weight file of the source checkpoint (config.json, tokenizer files, generation config, processor
+  code), copied as they are;
+- `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged), optimizer,
+  scheduler, RNG states, the base model path and the loss history. Resuming loads the *base* model again and puts
+  these tensors back, so merged weights are never trained twice.
+Every file is written to a temporary name and `os.replace`d (atomic on one file system); train_state.pt goes last,
+so an interrupted save leaves a resumable directory whose state matches its step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+STATE_FILE = "train_state.pt"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _atomic(path: Path, write) -> None:
+    """Call write(tmp_path) then move it onto `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def official_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The model's weights under the official keys, LoRA merged (W + scale * B @ A), detached, on CPU, contiguous."""
+    from lvx_app.train.loop import LoRALinear
+
+    out: dict[str, torch.Tensor] = {}
+    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    for key, t in model.state_dict().items():
+        owner = next((n for n in lora if key.startswith(n + ".")), None)
+        if owner is not None:
+            rest = key[len(owner) + 1:]
+            if rest.startswith("lora_"):
+                continue
+            key = f"{owner}.{rest.removeprefix('base.')}"
+            if rest == "base.weight":
+                t = lora[owner].merged_weight()
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[key] = t.to("cpu").contiguous()
+    return out
+
+
+def _source_dtype(info: Any) -> torch.dtype:
+    from models.mplug_owl3.loader import load_tensors
+
+    key = next(k for k in info.used_keys if k.endswith("embed_tokens.weight"))
+    return load_tensors(info, [key])[key].dtype
+
+
+def save_checkpoint(out: str | Path, model: torch.nn.Module, base: str | Path, state: dict[str, Any],
+                    dtype: torch.dtype | None = None) -> Path:
+    """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype` of the saved
+    weights defaults to the base checkpoint's. Call on one rank only."""
+    from models.mplug_owl3.loader import inspect_checkpoint, load_tensors
+
+    out = Path(out)
+    info = inspect_checkpoint(base)
+    dtype = dtype or _source_dtype(info)
+    weights = official_state_dict(model, dtype)
+    extra = [k for k in info.ignored_keys if k not in weights and not k.endswith("lm_head.weight")]
+    weights.update({k: v.to(dtype).contiguous() for k, v in load_tensors(info, extra).items()})
+    out.mkdir(parents=True, exist_ok=True)
+    if out.resolve() != Path(info.path).resolve():
+        for f in Path(info.path).iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (
+                    "model.safetensors.index.json", STATE_FILE):
+                _atomic(out / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
+    for old in out.glob("model-*-of-*.safetensors"):
+        old.unlink()
+    (out / "model.safetensors.index.json").unlink(missing_ok=True)
+    _atomic(out / WEIGHTS_FILE, lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    _atomic(out / STATE_FILE, lambda tmp: torch.save(state, tmp))
+    return out
+
+
+def rng_state() -> dict[str, Any]:
+    s: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    if "cuda" in s and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def load_state(out: str | Path) -> dict[str, Any]:
+    """The resume state saved in OUT; a one-line error if there is none."""
+    f = Path(out) / STATE_FILE
+    if not f.exists():
+        raise FileNotFoundError(f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh")
+    return torch.load(f, map_location="cpu", weights_only=False)

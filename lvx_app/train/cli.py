@@ -1,0 +1,119 @@
+"""`lvx finetune`: a thin typer command over `lvx_app.train.loop` (register `finetune_command` on the app).
+
+One rank runs in this process; more run as a local torchrun group (`python -m torch.distributed.run` with the
+worker `python -m lvx_app.train.loop`, as the chat engine starts its group). Multi-node: run that same worker
+module under `torchrun --nnodes ... --rdzv-endpoint ...` with `--config` holding the TrainConfig JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from lvx_app.engine.session import DEFAULT_MODEL
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", err=True, fg="red")
+    raise typer.Exit(1)
+
+
+def finetune_command(
+    data: Path = typer.Option(..., "--data", help="JSONL file: one {video, conversations} or "
+                              "{video, question, answer} sample per line."),
+    video_dir: Optional[Path] = typer.Option(None, "--video-dir", help="Folder the samples' video names are "
+                                             "relative to (default: the data file's folder)."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="mPLUG-Owl3 checkpoint directory or hub id to start "
+                              "from."),
+    out: Path = typer.Option(..., "--out", help="Output checkpoint folder (official layout, loadable with "
+                             "lvx chat --model OUT) with the resume state and loss.png."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs, one rank each (default: 1 if a GPU is visible, "
+                                       "else 0 = CPU)."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when --gpus 0 (gloo); default 1."),
+    fps: float = typer.Option(1.0, "--fps", help="Frames sampled per second of video."),
+    max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Cap on frames per video (thinned "
+                                             "uniformly)."),
+    recompute: bool = typer.Option(True, "--recompute/--no-recompute", help="Recompute each hyper layer's visual "
+                                   "K/V in backward from one shared copy of the features (LV-XAttn), or save "
+                                   "them per layer."),
+    lora: Optional[int] = typer.Option(None, "--lora", help="Train LoRA adapters of this rank on the attention "
+                                       "projections (incl. v_kv_proj)."),
+    train: Optional[str] = typer.Option(None, "--train", help="Train 'hyper' (v_kv_proj + gates, the default) or "
+                                        "'all' (language model + projector; the vision tower stays frozen)."),
+    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate (AdamW, warm-up then cosine)."),
+    steps: int = typer.Option(100, "--steps", help="Optimizer steps (one sample each)."),
+    save_every: int = typer.Option(50, "--save-every", help="Also save every N steps, so a crash loses little (0: only at the end)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the state saved in --out."),
+    checkpoint_lm: bool = typer.Option(False, "--checkpoint-lm", help="Checkpoint the decoder layers at their "
+                                       "attention outputs (less activation memory, attention not re-run)."),
+    dtype: str = typer.Option("auto", "--dtype", help="Weights: auto (bfloat16 on GPU + float32 trainable "
+                              "copies, float32 on CPU), float32, bfloat16."),
+    seed: int = typer.Option(0, "--seed", help="Seed for LoRA init and the sample order."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default "
+                                             "~/.cache/lvx or $LVX_CACHE_DIR)."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for a hung peer."),
+) -> None:
+    """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
+    from lvx_app.engine.api import EngineError
+    from lvx_app.engine.factory import resolve_world
+    from lvx_app.train.data import DataError, load_jsonl
+    from lvx_app.train.loop import TrainConfig
+
+    if lora is not None and train is not None:
+        _fail("use either --lora R or --train hyper|all, not both")
+    mode = "lora" if lora is not None else (train or "hyper")
+    if mode not in ("lora", "hyper", "all"):
+        _fail(f"--train must be hyper or all, not {train!r} (or use --lora R)")
+    if steps < 1:
+        _fail("--steps must be at least 1")
+    try:
+        world, cuda = resolve_world(gpus, ranks)
+        load_jsonl(data, video_dir)  # check the data before starting ranks
+    except (EngineError, DataError) as exc:
+        _fail(str(exc))
+    if resume and not (out / "train_state.pt").exists():
+        _fail(f"no train_state.pt in {out} to resume from; run without --resume to start fresh")
+    cfg = TrainConfig(
+        data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
+        max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
+        save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
+        cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout,
+    )  # fmt: skip
+    code = run_finetune(cfg, world)
+    if code:
+        raise typer.Exit(code)
+    typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
+
+
+def run_finetune(cfg, world: int) -> int:
+    """Run `cfg` on `world` ranks: in this process for one, else a local torchrun group; returns an exit code."""
+    if world == 1:
+        from lvx_app.dist.group import destroy_distributed, init_distributed
+        from lvx_app.train.loop import run_training
+
+        try:
+            info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
+            run_training(cfg, info.device)
+        except (ValueError, FileNotFoundError) as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            return 1
+        finally:
+            destroy_distributed()
+        return 0
+    env = dict(os.environ)
+    if not cfg.cuda:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           "--monitor-interval=0.5", "-m", "lvx_app.train.loop", "--config", json.dumps(dataclasses.asdict(cfg))]
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode:
+        typer.secho(f"error: the finetuning group failed (exit {proc.returncode}); the failing rank's message is "
+                    "printed above", err=True, fg="red")
+    return proc.returncode

@@ -1,0 +1,500 @@
+"""The distributed finetuning step and loop; also the torchrun worker entry (`python -m lvx_app.train.loop`).
+
+Every rank works on the same sample (sequence parallelism, not data parallelism):
+- frames: each rank ingests its contiguous run of the video (`lvx_app.video.ingest`, cached features, since the
+  vision tower stays frozen) and keeps ONE copy E_local that every hyper layer reads;
+- text: the token sequence is cut into 2n zigzag chunks (rank r holds chunks r and 2n-1-r, as ring attention's
+  load balancing) and each rank runs the language model on its tokens at their true positions;
+- attention: `recompute.TrainAttention` (LV-XAttn rings for text and visual attention, K/V recomputed in backward);
+- loss: cross-entropy summed over the rank's assistant tokens, divided by the GLOBAL number of assistant tokens;
+  each rank's backward then yields its share of every replicated weight's gradient, and torch DDP all-reduces
+  them (its mean is undone by scaling the local loss by the world size).
+Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU with float32
+master copies of the trainable weights.
+
+Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj included; peft is
+not a dependency: `LoRALinear` below is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate of every
+hyper layer), `all` (language model + projector; the vision tower stays frozen so its features can be cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from lvx_app.dist import get_rank, get_world_size
+from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
+from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; JSON-serialisable so torchrun workers get it on the command line."""
+
+    data: str
+    model: str
+    out: str
+    video_dir: Optional[str] = None
+    fps: float = 1.0
+    max_frames: Optional[int] = None
+    recompute: bool = True
+    train: str = "hyper"  # "lora" | "hyper" | "all"
+    lora_rank: int = 16
+    lora_alpha: Optional[float] = None  # default 2 * rank
+    lr: float = 1e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: Optional[int] = None  # default 5 % of steps
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    steps: int = 100
+    save_every: int = 50  # also save every N steps (0: only at the end), so a crash loses little
+    checkpoint_lm: bool = False
+    resume: bool = False
+    seed: int = 0
+    dtype: str = "auto"  # weights: auto (bf16 on GPU, float32 on CPU), float32, bfloat16, float64
+    cuda: Optional[bool] = None
+    cache_dir: Optional[str] = None
+    decode_workers: Optional[int] = None
+    progress: Optional[bool] = None  # None: a live bar when stdout is a terminal, else one line per step
+    plot: bool = True
+    timeout_s: float = 600.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trainable sets
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class LoRALinear(nn.Module):
+    """y = base(x) + (alpha / r) * x A^T B^T, with A ~ kaiming-uniform and B = 0 (the adapter starts as a no-op)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        w = base.weight
+        dtype = torch.float64 if w.dtype == torch.float64 else torch.float32  # float32 master copies under bf16
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=w.device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> Optional[torch.Tensor]:
+        return self.base.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.lora_A, self.lora_B
+        if not torch.is_autocast_enabled(x.device.type):
+            a, b = a.to(x.dtype), b.to(x.dtype)
+        return self.base(x) + F.linear(F.linear(x, a), b) * self.scale
+
+    @torch.no_grad()
+    def merged_weight(self) -> torch.Tensor:
+        w = self.base.weight
+        return (w.float() + self.scale * (self.lora_B.float() @ self.lora_A.float())).to(w.dtype)
+
+
+def add_lora(model: nn.Module, rank: int, alpha: Optional[float] = None,
+             targets: tuple[str, ...] = LORA_TARGETS) -> list[str]:
+    """Wrap every `targets` Linear of the language model's attention in a `LoRALinear`; returns their names."""
+    if rank < 1:
+        raise ValueError("--lora must be a positive rank (e.g. --lora 16)")
+    alpha = float(alpha if alpha is not None else 2 * rank)
+    wrapped = []
+    for name, mod in list(model.language_model.named_modules()):
+        if not name.endswith("self_attn"):
+            continue
+        for t in targets:
+            lin = getattr(mod, t, None)
+            if isinstance(lin, nn.Linear):
+                setattr(mod, t, LoRALinear(lin, rank, alpha))
+                wrapped.append(f"language_model.{name}.{t}")
+    return wrapped
+
+
+def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, nn.Parameter]]:
+    """Freeze everything, then enable (and create, for LoRA) the chosen set; returns the trainable parameters."""
+    model.requires_grad_(False)
+    if cfg.train == "lora":
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha)
+        pick = lambda n: ".lora_" in n  # noqa: E731
+    elif cfg.train == "hyper":
+        pick = lambda n: ".self_attn.v_kv_proj." in n or n.endswith(".self_attn.gate")  # noqa: E731
+    elif cfg.train == "all":
+        pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
+    else:
+        raise ValueError(f"--train must be hyper or all (or use --lora R), not {cfg.train!r}")
+    params = [(n, p) for n, p in model.named_parameters() if pick(n)]
+    if not params:
+        raise ValueError(f"the {cfg.train} set selects no parameter in this model")
+    for _, p in params:
+        p.requires_grad_(True)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the trainer
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _weights_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+    except KeyError:
+        raise ValueError(f"--dtype must be auto, float32, bfloat16 or float64, not {cfg.dtype!r}") from None
+
+
+def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from 1 down to `min_ratio` at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated on this rank, or the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float  # mean cross-entropy over the sample's assistant tokens (all ranks)
+    tokens: int  # text tokens of the sample
+    frames: int
+    seconds: float
+    grad_norm: float
+    lr: float
+    peak_mem: list[int] = field(default_factory=list)  # bytes, per rank
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Trainer:
+    """Model, hooks, DDP wrapper, optimiser and schedule of one rank. Works in a single process (world of one) and
+    under torch.distributed (every rank builds one with the same config)."""
+
+    def __init__(self, cfg: TrainConfig, device: Optional[torch.device] = None,
+                 state: Optional[dict[str, Any]] = None):
+        from models.mplug_owl3.loader import load_model
+
+        self.cfg = cfg
+        self.rank, self.world = get_rank(), get_world_size()
+        self.device = device or torch.device("cpu")
+        dtype = _weights_dtype(cfg, self.device)
+        torch.manual_seed(cfg.seed)
+        model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
+        self.model = model
+        self.params = configure_trainable(model, cfg)
+        for _, p in self.params:  # float32 master weights under bf16 autocast
+            if p.dtype in (torch.bfloat16, torch.float16):
+                p.data = p.data.float()
+        if state is not None:
+            self._load_trainable(state["trainable"])
+        # attention rings get their own group so they never interleave with DDP's gradient all-reduces
+        self.group = dist.new_group(list(range(self.world))) if self.world > 1 else None
+        self.hooks = TrainAttention(model, group=self.group, recompute=cfg.recompute)
+        model.hooks = self.hooks
+        if cfg.checkpoint_lm:
+            checkpoint_lm_blocks(model)
+        self.ddp: nn.Module = model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+            DDP._set_params_and_buffers_to_ignore_for_model(model, frozen)
+            self.ddp = DDP(model)
+        trainable = [p for _, p in self.params]
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+                                           foreach=False if dtype == torch.float64 else None)
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, cfg.steps, warmup, cfg.min_lr_ratio))
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        if state is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.step = int(state["step"])
+            self.history = list(state.get("history", []))
+        self.autocast = self.device.type == "cuda" and dtype != torch.float64
+        self.projector_trains = any(n.startswith("vision2text_model.") for n, _ in self.params)
+        self._videos: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+    # ---- state --------------------------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().cpu().clone() for n, p in self.params}
+
+    def _load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
+        have = dict(self.params)
+        if set(tensors) != set(have):
+            raise ValueError("the resume state was saved with a different trainable set (--lora/--train); resume "
+                             "with the same options")
+        with torch.no_grad():
+            for n, t in tensors.items():
+                have[n].copy_(t)
+
+    def state(self) -> dict[str, Any]:
+        from lvx_app.train.checkpoint import rng_state
+
+        return {"step": self.step, "trainable": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "history": self.history,
+                "base_model": self.cfg.model, "config": asdict(self.cfg)}
+
+    # ---- data ---------------------------------------------------------------------------------------------
+    def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if self.projector_trains:  # SigLIP features only; the projector runs in the step, with grad
+            p = self.model.vision_model.embeddings.patch_embedding.weight
+            return self.model.vision_model(pixel_values.to(p.device, p.dtype))
+        return self.model.encode_images(pixel_values)
+
+    def video_features(self, path: str | Path) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(this rank's features, their global frame ids, total frames), through ingest and its disk cache."""
+        from lvx_app.video.ingest import ingest
+
+        key = str(path)
+        if key not in self._videos:
+            p = self.model.vision_model.embeddings.patch_embedding.weight
+            shard = ingest(path, self._encode, fps=self.cfg.fps, max_frames=self.cfg.max_frames,
+                           image_size=self.processor.image_size, device=self.device, dtype=p.dtype,
+                           model_id=f"{self.cfg.model}#{'siglip' if self.projector_trains else 'projector'}",
+                           cache=True, cache_dir=self.cfg.cache_dir, decode_workers=self.cfg.decode_workers,
+                           progress=False)
+            if len(self._videos) >= 4:
+                self._videos.pop(next(iter(self._videos)))
+            self._videos[key] = (shard.features, shard.positions.to(self.device), len(shard.plan))
+        return self._videos[key]
+
+    # ---- one step -----------------------------------------------------------------------------------------
+    def forward(self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Forward of one sample on this rank: (this rank's summed CE over its assistant tokens, global targets).
+
+        tok: the whole sample (every rank has it); features: this rank's frames (N_local, 729, H) (SigLIP
+        features when the projector trains); frame_ids: their global indices."""
+        from lvx_app.attention.ring import zigzag_indices
+
+        n_targets = tok.num_targets
+        if n_targets == 0:
+            raise ValueError("a sample without assistant tokens (after truncation) has nothing to learn")
+        positions = zigzag_indices(tok.input_ids.numel(), self.rank, self.world)
+        ids = tok.input_ids[positions].to(self.device).view(1, -1)
+        labels = tok.labels[positions].to(self.device)
+        pos = positions.to(self.device).view(1, -1)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            e = self.model.vision2text_model(features) if self.projector_trains else features
+            self.hooks.begin(pos)
+            visual = self.hooks.visual_inputs(e, tok.media_starts, frame_ids)
+            logits = self.ddp(ids, pos, visual=visual)
+        ce = F.cross_entropy(logits[0].to(torch.promote_types(logits.dtype, torch.float32)), labels,
+                             ignore_index=IGNORE, reduction="sum")
+        return ce, n_targets
+
+    def backward(self, ce: torch.Tensor, n_targets: int) -> None:
+        """Backward of the rank's loss share; DDP's mean over ranks is undone by the world-size factor."""
+        (ce * (self.world / n_targets)).backward()
+
+    def forward_backward(self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor) -> tuple[float, int]:
+        """`forward` then `backward`; returns (this rank's summed CE, global number of targets)."""
+        ce, n = self.forward(tok, features, frame_ids)
+        self.backward(ce, n)
+        return float(ce.detach()), n
+
+    def optimizer_step(self) -> float:
+        params = [p for _, p in self.params]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return float(norm)
+
+    def train_step(self, sample: Sample) -> StepStats:
+        t0 = time.perf_counter()
+        feats, frame_ids, n_frames = self.video_features(sample.video)
+        tok = tokenize(self.processor, sample.messages, n_frames)
+        ce, n = self.forward_backward(tok, feats, frame_ids)
+        lr = self.scheduler.get_last_lr()[0]
+        norm = self.optimizer_step()
+        total = self._all_sum(ce)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        mem = self._all_gather(peak_memory_bytes(self.device))
+        st = StepStats(self.step, total / n, tok.input_ids.numel(), n_frames, dt, norm, lr, mem)
+        self.history.append({"step": st.step, "loss": st.loss, "seconds": dt, "tokens": st.tokens, "lr": lr,
+                             "grad_norm": norm, "peak_mem": mem})
+        return st
+
+    def _all_sum(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t)
+        return float(t)
+
+    def _all_gather(self, x: int) -> list[int]:
+        if self.world == 1:
+            return [x]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, x)
+        return [int(v) for v in out]
+
+    # ---- saving -------------------------------------------------------------------------------------------
+    def save(self) -> None:
+        from lvx_app.train.checkpoint import save_checkpoint
+
+        if self.rank == 0:
+            save_checkpoint(self.cfg.out, self.model, self.cfg.model, self.state())
+        if self.world > 1:
+            dist.barrier()
+
+
+def sample_order(n: int, step: int, seed: int) -> int:
+    """Index of the sample for `step`: a fresh permutation per epoch, a pure function of (step, seed), so a resumed
+    run sees exactly the samples the uninterrupted one would."""
+    epoch, i = divmod(step, n)
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return int(torch.randperm(n, generator=g)[i])
+
+
+def _fmt_mem(mem: list[int]) -> str:
+    return "/".join(f"{m / 2**30:.1f}" for m in mem) + " GiB"
+
+
+class _Reporter:
+    """Rank 0's progress: a live rich bar on a terminal, else one plain line per step."""
+
+    def __init__(self, total: int, start: int, live: Optional[bool]):
+        from rich.console import Console
+
+        self.console = Console(stderr=False)
+        self.live = self.console.is_terminal if live is None else live
+        self.bar = None
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]finetune"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
+            self.bar.start()
+            self.task = self.bar.add_task("finetune", total=total, completed=start, info="")
+
+    def __call__(self, st: StepStats) -> None:
+        info = (f"loss {st.loss:.4f}  {st.tokens_per_s:,.0f} tok/s  {st.frames} frames  "
+                f"peak mem/rank {_fmt_mem(st.peak_mem)}")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=st.step, info=info)
+        else:
+            self.console.print(f"step {st.step}: {info}  lr {st.lr:.2e}  |g| {st.grad_norm:.3f}", highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
+    """Loss per step as a PNG (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="." if len(history) < 50 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (CE per assistant token)")
+    ax.set_title("lvx finetune")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def run_training(cfg: TrainConfig, device: Optional[torch.device] = None,
+                 on_step: Optional[Callable[[StepStats], None]] = None) -> Trainer:
+    """Train `cfg.steps` steps (from the saved step with `cfg.resume`), save OUT, plot the losses on rank 0."""
+    from lvx_app.train.checkpoint import load_state, set_rng_state
+
+    samples = load_jsonl(cfg.data, cfg.video_dir)
+    state = load_state(cfg.out) if cfg.resume else None
+    if state is not None and state.get("base_model") != cfg.model:
+        raise ValueError(f"{cfg.out} was trained from {state.get('base_model')}, not {cfg.model}; pass that --model "
+                         f"to resume")
+    trainer = Trainer(cfg, device, state)
+    if state is not None:
+        set_rng_state(state["rng"])
+    report = _Reporter(cfg.steps, trainer.step, cfg.progress) if trainer.rank == 0 else None
+    try:
+        while trainer.step < cfg.steps:
+            st = trainer.train_step(samples[sample_order(len(samples), trainer.step, cfg.seed)])
+            if report is not None:
+                report(st)
+            if cfg.save_every and trainer.step % cfg.save_every == 0 and trainer.step < cfg.steps:
+                trainer.save()
+            if on_step is not None:
+                on_step(st)
+    finally:
+        if report is not None:
+            report.close()
+    trainer.save()
+    if trainer.rank == 0 and cfg.plot and trainer.history:
+        plot_losses(trainer.history, Path(cfg.out) / "loss.png")
+    return trainer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torchrun worker
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def worker_main(argv: Optional[list[str]] = None) -> int:
+    """`python -m lvx_app.train.loop --config JSON`: one rank of `lvx finetune` (under torchrun, or alone)."""
+    from lvx_app.dist.group import destroy_distributed, init_distributed
+
+    parser = argparse.ArgumentParser(description=worker_main.__doc__)
+    parser.add_argument("--config", required=True, help="TrainConfig as JSON")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(**json.loads(args.config))
+    try:
+        info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
+        run_training(cfg, info.device)
+    except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        print(f"lvx finetune rank {os.environ.get('RANK', '0')}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    finally:
+        destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

@@ -1,0 +1,191 @@
+"""Time-to-first-token and decode speed of a chat turn on a long video.
+
+Two measurements, both printed as a rich table and written as JSON:
+
+* `engine` (default, CPU): the real `lvx` engine — tiny random-weight checkpoint, a synthetic video, world
+  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode tok/s).
+* `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights, random visual
+  features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder tokens per frame), the same
+  model code the engine runs on one rank: visual K/V preparation, prefill of the video prompt, TTFT of a question
+  prefilled on top of that cache, and decode tokens/s. `--shape small` runs the same path at small shapes so it
+  can be exercised on a CPU.
+
+    python scripts/bench_chat.py --out runs/bench_chat_cpu.json
+    python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out runs/bench_chat_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lvx_app.engine.api import GenerationParams  # noqa: E402
+
+QUESTION = "What happens in the video, and when does the scene change?"
+
+
+def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path) -> list[dict]:
+    from lvx_app.engine.factory import open_engine
+    from lvx_app.engine.session import SessionConfig
+    from lvx_app.video.synthetic import make_video
+    from models.mplug_owl3.tiny import write_tiny_checkpoint
+
+    checkpoint = write_tiny_checkpoint(workdir / "tiny-g2", "g2")
+    video = workdir / f"video_{minutes:g}min.mp4"
+    if not video.exists():
+        make_video(video, num_frames=int(minutes * 60 * 2), fps=2, width=96, height=64)
+    rows = []
+    for n in ranks:
+        config = SessionConfig(model=str(checkpoint), cache=False)
+        t0 = time.perf_counter()
+        engine = open_engine(config, n, False)
+        start_s = time.perf_counter() - t0
+        try:
+            summary = engine.load_video(str(video), fps)
+            "".join(engine.ask("warm-up?", GenerationParams(max_new_tokens=4)))
+            engine.reset()
+            answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
+            stats = engine.last_answer
+        finally:
+            engine.close()
+        rows.append({
+            "ranks": n, "frames": summary.frames, "visual_tokens": summary.visual_tokens, "start_s": start_s,
+            "ingest_s": summary.seconds, "prompt_tokens": stats.prompt_tokens, "ttft_s": stats.ttft_s,
+            "new_tokens": stats.new_tokens, "tokens_per_s": stats.tokens_per_s, "answer_chars": len(answer),
+        })  # fmt: skip
+    return rows
+
+
+def _config(shape: str):
+    from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+
+    if shape == "7b":
+        return Owl3Config()  # the defaults are mPLUG-Owl3-7B-241101's config
+    return Owl3Config(
+        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
+        num_key_value_heads=2, hyper_layers=[2, 4, 6, 8],
+        vision=SiglipVisionConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2),
+    )  # fmt: skip
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str) -> list[dict]:
+    from models.mplug_owl3.modeling import Owl3Model
+
+    cfg = _config(shape)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device("meta"):
+        model = Owl3Model(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+    model.eval()
+    tokens_per_frame, header = cfg.vision.num_patches, 18
+    rows = []
+    for m in minutes:
+        frames = int(m * 60 * fps)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        starts = header + 5 * torch.arange(frames)
+        prefix_len = int(starts[-1]) + 5
+        ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
+        features = torch.randn(frames, tokens_per_frame, cfg.hidden_size, device=device, dtype=dtype)
+        _sync(device)
+        t0 = time.perf_counter()
+        visual = model.prepare_visual(features, starts)
+        del features
+        _sync(device)
+        kv_s = time.perf_counter() - t0
+        cache = model.new_cache()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model(ids[:, :prefix_len], cache=cache, visual=visual, last_only=True)
+        _sync(device)
+        prefix_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            logits = model(ids[:, prefix_len:], cache=cache, visual=visual, last_only=True)
+            token = logits[0, -1].argmax().view(1, 1)
+        _sync(device)
+        ttft_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                token = model(token, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+        _sync(device)
+        decode_s = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        rows.append({
+            "minutes": m, "frames": frames, "visual_tokens": frames * tokens_per_frame, "prompt_tokens": prefix_len + 24,
+            "visual_kv_s": kv_s, "video_prompt_prefill_s": prefix_s, "ttft_s": ttft_s,
+            "tokens_per_s": new_tokens / decode_s, "peak_gib": peak,
+        })  # fmt: skip
+        del visual, cache
+    return rows
+
+
+def _table(title: str, rows: list[dict]) -> Table:
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["engine", "model"], default="engine")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="engine mode: CPU world sizes")
+    parser.add_argument("--minutes", type=float, nargs="+", default=None,
+                        help="video length(s); engine default 10, model default 10 30 60")  # fmt: skip
+    parser.add_argument("--fps", type=float, default=1.0)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    console = Console(width=200)
+    meta = {
+        "command": " ".join(sys.argv), "python": platform.python_version(), "torch": torch.__version__,
+        "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }  # fmt: skip
+    if args.mode == "engine":
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-chat-"))
+        minutes = (args.minutes or [10.0])[0]
+        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir)
+        title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
+    else:
+        device = torch.device(args.device)
+        shape = args.shape or ("7b" if device.type == "cuda" else "small")
+        rows = bench_model(args.minutes or [10.0, 30.0, 60.0], args.fps, args.new_tokens, device, shape)
+        title = f"mPLUG-Owl3 {shape} shapes, random weights, one {device.type} rank"
+    console.print(_table(title, rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "title": title, "rows": rows}, indent=2))
+        console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

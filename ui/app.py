@@ -1,0 +1,330 @@
+"""The browser chat: a Gradio Blocks app around any `Engine` (in-process or a torchrun group).
+
+There is one engine and one video per server, so every event that touches the
+engine (load, chat, reset, stats) shares one Gradio concurrency slot and one
+lock: requests reach rank 0 one at a time, in order, and a second user waits
+in Gradio's queue with a visible position. Stop does not wait in that queue:
+it only raises a flag that the streaming answer checks between tokens.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
+from lvx_app.engine.chat import describe_answer, describe_video, printable
+
+log = logging.getLogger("lvx.ui")
+
+GPU = "gpu"  # the concurrency id every engine event shares
+SEEK_PREFIX = "#lvx-seek-"
+_TIMESTAMP = re.compile(r"(?<![\d:.])(?:(\d{1,2}):)?(\d{1,3}):([0-5]\d)(?![\d:])")
+
+# Clicking an answer's timestamp link seeks the player instead of navigating (installed once per page).
+SEEK_JS = """
+() => {
+  if (window.__lvxSeek) return;
+  window.__lvxSeek = true;
+  document.addEventListener("click", (ev) => {
+    const a = ev.target && ev.target.closest ? ev.target.closest("a") : null;
+    if (!a) return;
+    const m = (a.getAttribute("href") || "").match(/#lvx-seek-(\\d+(?:\\.\\d+)?)$/);
+    if (!m) return;
+    ev.preventDefault();
+    ev.stopPropagation();
+    const v = document.querySelector("#lvx-video video");
+    if (v) { v.currentTime = parseFloat(m[1]); }
+  }, true);
+}
+"""
+
+
+def link_timestamps(text: str, duration_s: float | None) -> str:
+    """Turn times like 12:34 or 1:02:03 into markdown links that seek the player (only times inside the video)."""
+
+    def replace(m: re.Match) -> str:
+        hours, minutes, seconds = int(m.group(1) or 0), int(m.group(2)), int(m.group(3))
+        if m.group(1) is not None and minutes >= 60:
+            return m.group(0)
+        at = hours * 3600 + minutes * 60 + seconds
+        if duration_s is None or at > duration_s + 1:
+            return m.group(0)
+        return f"[{m.group(0)}]({SEEK_PREFIX}{at})"
+
+    return _TIMESTAMP.sub(replace, text)
+
+
+def message_text(content: Any) -> str:
+    """The text of a chat message as Gradio hands it back (a string, or a list of typed parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return str(content.get("text", ""))
+    if isinstance(content, (list, tuple)):
+        return "".join(message_text(part) for part in content)
+    return ""
+
+
+def memory_table(stats: dict[str, Any]) -> str:
+    """Per-rank rows of `engine.stats()` as a markdown table."""
+    rows = stats.get("ranks") or []
+    if not rows:
+        return ""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(row.get(k, "")) for k in keys) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def answer_footer(engine: Engine) -> str:
+    """TTFT, tokens/s and flags of the last answer, worded for the page rather than the command line."""
+    return describe_answer(engine).replace("hit --max-new-tokens", "hit the max new tokens limit")
+
+
+def _error(exc: BaseException) -> str:
+    """One readable line; engine errors are already phrased for the user."""
+    if isinstance(exc, EngineError):
+        return str(exc)
+    log.exception("request failed")
+    return f"{type(exc).__name__}: {exc} (details in the server log)"
+
+
+class ChatApp:
+    """The handlers behind the page; holds the engine, its lock and who owns the conversation."""
+
+    def __init__(
+        self, engine: Engine, *, allow_paths: Sequence[str] | None, max_upload_mb: float, params: GenerationParams
+    ) -> None:
+        self.engine = engine
+        self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
+        self.max_upload_mb = max_upload_mb
+        self.params = params
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.video: VideoSummary | None = None
+        self.owner: str | None = None  # browser session whose conversation the engine holds
+
+    # ---- video ----------------------------------------------------------------------------------------------
+    def _resolve(self, upload: str | None, server_path: str | None) -> tuple[str, bool]:
+        """(path to load, whether it came from the server side); raises EngineError with what to do."""
+        server_path = (server_path or "").strip()
+        if server_path:
+            if not self.allow_paths:
+                raise EngineError("server paths are off; upload the video, or restart with --allow-paths DIR")
+            path = Path(server_path).expanduser().resolve()
+            if not any(path.is_relative_to(root) for root in self.allow_paths):
+                allowed = ", ".join(str(p) for p in self.allow_paths)
+                raise EngineError(f"{server_path} is outside the allowed folders ({allowed})")
+            if not path.is_file():
+                raise EngineError(f"video not found: {server_path}")
+            return str(path), True
+        if upload and any(Path(upload).resolve().is_relative_to(root) for root in self.allow_paths):
+            return str(Path(upload).resolve()), True  # a server-side video the player shows in place
+        if not upload:
+            raise EngineError("upload a video first" + (" or type a path on the server" if self.allow_paths else ""))
+        size_mb = os.path.getsize(upload) / 2**20
+        if size_mb > self.max_upload_mb:
+            limit = f"{self.max_upload_mb:g} MB"
+            raise EngineError(f"the upload is {size_mb:.0f} MB, over the {limit} limit (--max-upload-mb)")
+        return upload, False
+
+    def status(self, note: str = "") -> str:
+        parts = [note] if note else []
+        if self.video is not None:
+            parts.append(f"**{Path(self.video.path).name}**: {describe_video(self.video)}")
+        else:
+            parts.append("No video loaded yet.")
+        return "\n\n".join(parts)
+
+    def load(self, upload, server_path, fps, max_frames, owner, progress=gr.Progress()):
+        """Decode and encode the video on every rank, with live progress; clears the conversation."""
+        owner = owner or uuid.uuid4().hex
+        try:
+            path, from_server = self._resolve(upload, server_path)
+            fps = float(fps or 0)
+            if fps <= 0:
+                raise EngineError("fps must be above 0")
+            cap = int(max_frames or 0)
+            if cap < 0:
+                raise EngineError("max frames must be 0 (no cap) or a positive number")
+            cap = cap or None
+        except EngineError as exc:
+            return self.status(f"⚠️ error: {exc}"), gr.skip(), gr.skip(), owner
+        report = _progress_reporter(progress)
+        with self.lock:
+            try:
+                progress(0.0, desc="starting")
+                summary = self.engine.load_video(path, fps, cap, progress=report)
+                stats = self.engine.stats()
+            except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
+                # The engine keeps the previous video when loading fails before replacing it.
+                return self.status(f"⚠️ error: {_error(exc)}"), gr.skip(), gr.skip(), owner
+            self.video = summary
+            self.owner = owner
+        note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
+        body = self.status() + "\n\n" + note + "\n\n" + memory_table(stats)
+        player = path if from_server else gr.skip()
+        return body, [], player, owner
+
+    # ---- chat -----------------------------------------------------------------------------------------------
+    def chat(self, message: str, history: list, max_new_tokens, owner) -> Iterator[tuple]:
+        """Stream one answer into the chat; a new browser session starts a new conversation on the engine."""
+        owner = owner or uuid.uuid4().hex
+        message = (message or "").strip()
+        if not message:
+            yield history, "", owner
+            return
+        history = list(history or [])
+        history.append({"role": "user", "content": link_timestamps(message, self._duration())})
+        # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc, which strips
+        # the answer's leading space and dedents code blocks.
+        part = {"type": "text", "text": ""}
+        answer = {"role": "assistant", "content": [part]}
+        history.append(answer)
+        yield history, "", owner
+        limit = max(1, int(max_new_tokens or self.params.max_new_tokens))
+        params = GenerationParams(max_new_tokens=limit, temperature=self.params.temperature, top_p=self.params.top_p,
+                                  seed=self.params.seed)  # fmt: skip
+        with self.lock:
+            self.stop.clear()
+            pieces = None
+            try:
+                if self.owner != owner or len(history) == 2:
+                    self.engine.reset()  # this browser session has not seen the engine's current conversation
+                    self.owner = owner
+                duration = self._duration()
+                text = ""
+                pieces = self.engine.ask(message, params)
+                for piece in pieces:
+                    text += printable(piece)
+                    part["text"] = link_timestamps(text, duration)
+                    yield history, "", owner
+                    if self.stop.is_set():
+                        self.engine.interrupt()  # from this thread: one request on the link at a time
+                part["text"] = link_timestamps(text, duration) + "\n\n" + f"*{answer_footer(self.engine)}*"
+            except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
+                part["text"] = f"⚠️ error: {_error(exc)}"
+            finally:
+                if pieces is not None:
+                    pieces.close()  # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
+        yield history, "", owner
+
+    def _duration(self) -> float | None:
+        return self.video.duration_s if self.video is not None else None
+
+    def request_stop(self) -> None:
+        self.stop.set()
+
+    def reset(self, owner):
+        owner = owner or uuid.uuid4().hex
+        with self.lock:
+            try:
+                self.engine.reset()
+                self.owner = owner
+            except Exception as exc:  # noqa: BLE001
+                return gr.skip(), self.status(f"⚠️ error: {_error(exc)}"), owner
+        return [], self.status("Conversation cleared; the video stays loaded."), owner
+
+    def stats(self) -> str:
+        with self.lock:
+            try:
+                stats = self.engine.stats()
+            except Exception as exc:  # noqa: BLE001
+                return f"⚠️ error: {_error(exc)}"
+        lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
+        return "\n".join(lines) + "\n\n" + memory_table(stats)
+
+
+def _progress_reporter(progress: gr.Progress):
+    """An engine progress callback that drives `progress` from whatever thread the engine calls it on."""
+    context = contextvars.copy_context()  # Gradio finds the event through context variables
+    guard = threading.Lock()
+    started: dict[str, tuple[float, int]] = {}
+
+    def report(stage: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        t0, d0 = started.setdefault(stage, (now, done))
+        rate = (done - d0) / (now - t0) if now > t0 and done > d0 else 0.0
+        eta = f", about {(total - done) / rate:.0f} s left" if rate > 0 and total else ""
+        if not total:
+            desc = f"{stage}: opening the video"
+        else:
+            desc = f"{stage}: {done}/{total}" + (f" at {rate:.1f} fr/s{eta}" if rate else "")
+        with guard:
+            context.run(progress, (done, total or None), desc=desc, unit="frames")
+
+    return report
+
+
+def build_app(
+    engine: Engine,
+    *,
+    allow_paths: Sequence[str] | None = None,
+    max_upload_mb: float = 4096,
+    default_fps: float = 1.0,
+    default_max_frames: int | None = None,
+    params: GenerationParams = GenerationParams(),
+    title: str = "lvx: chat with a long video",
+) -> gr.Blocks:
+    """The page: video and load controls on the left, the chat on the right. Launch options ride along
+    in `demo.lvx_launch` (upload limit, folders the player may read)."""
+    if allow_paths:
+        gr.set_static_paths(list(allow_paths))  # the player reads those videos in place instead of copying them
+    ui = ChatApp(engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params)
+    with gr.Blocks(title="lvx") as demo:
+        owner = gr.State(None)
+        gr.Markdown(f"## {title}")
+        with gr.Row():
+            with gr.Column(scale=2):
+                video = gr.Video(label="Video", sources=["upload"], format=None, elem_id="lvx-video")
+                server_path = gr.Textbox(
+                    label="…or a path on the server", visible=bool(allow_paths), elem_id="lvx-path",
+                    placeholder=", ".join(str(p) for p in ui.allow_paths) + "/movie.mp4",
+                )  # fmt: skip
+                with gr.Row():
+                    fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
+                    max_frames = gr.Number(default_max_frames or 0, label="max frames (0 = no cap)", precision=0,
+                                           elem_id="lvx-max-frames")  # fmt: skip
+                load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
+                status = gr.Markdown(ui.status(), elem_id="lvx-status")
+            with gr.Column(scale=3):
+                chatbot = gr.Chatbot(label="Chat", height=480, elem_id="lvx-chat", feedback_options=None,
+                                     buttons=["copy"])  # fmt: skip
+                message = gr.Textbox(label="Question", placeholder="Ask about the video, then Enter",
+                                     elem_id="lvx-question")  # fmt: skip
+                with gr.Row():
+                    send_btn = gr.Button("Send", variant="primary", elem_id="lvx-send")
+                    stop_btn = gr.Button("Stop", elem_id="lvx-stop")
+                    reset_btn = gr.Button("Reset", elem_id="lvx-reset")
+                    stats_btn = gr.Button("Stats", elem_id="lvx-stats-btn")
+                with gr.Accordion("Generation", open=False):
+                    max_new = gr.Number(params.max_new_tokens, label="max new tokens", precision=0)
+                stats_box = gr.Markdown("", elem_id="lvx-stats")
+        engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
+        load_btn.click(ui.load, [video, server_path, fps, max_frames, owner], [status, chatbot, video, owner],
+                       api_name="load", **engine_event)  # fmt: skip
+        chat_io = dict(fn=ui.chat, inputs=[message, chatbot, max_new, owner], outputs=[chatbot, message, owner],
+                       show_progress="minimal", **engine_event)  # fmt: skip
+        message.submit(api_name="chat", **chat_io)
+        send_btn.click(api_name=False, **chat_io)
+        stop_btn.click(ui.request_stop, None, None, api_name="stop", queue=False, concurrency_limit=None)
+        reset_btn.click(ui.reset, [owner], [chatbot, status, owner], api_name="reset", **engine_event)
+        chatbot.clear(ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event)  # its trash icon
+        stats_btn.click(ui.stats, None, [stats_box], api_name="stats", **engine_event)
+        demo.load(None, js=SEEK_JS)
+    demo.lvx_launch = {  # type: ignore[attr-defined]
+        "max_file_size": f"{max_upload_mb:g}mb",
+        "allowed_paths": [str(p) for p in ui.allow_paths],
+    }
+    return demo
