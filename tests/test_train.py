@@ -226,3 +226,5 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     bad = subprocess.run([sys.executable, "-c", script, *args[:-2], "--train", "all"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "use either --lora R or --train" in bad.stderr
+    again = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "already holds a finetuning run; pass --resume" in again.stderr

@@ -63,6 +63,7 @@ def finetune_command(
     """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
     from lvx_app.engine.api import EngineError
     from lvx_app.engine.factory import resolve_world
+    from lvx_app.train.checkpoint import STATE_FILE
     from lvx_app.train.data import DataError, load_jsonl
     from lvx_app.train.loop import TrainConfig
 
@@ -78,8 +79,10 @@ def finetune_command(
         load_jsonl(data, video_dir)  # check the data before starting ranks
     except (EngineError, DataError) as exc:
         _fail(str(exc))
-    if resume and not (out / "train_state.pt").exists():
-        _fail(f"no train_state.pt in {out} to resume from; run without --resume to start fresh")
+    if resume and not (out / STATE_FILE).exists():
+        _fail(f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh")
+    if not resume and (out / STATE_FILE).exists():
+        _fail(f"{out} already holds a finetuning run; pass --resume to continue it, or choose another --out")
     cfg = TrainConfig(
         data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
         max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
@@ -97,13 +100,19 @@ def run_finetune(cfg, world: int) -> int:
     if world == 1:
         from lvx_app.dist.group import destroy_distributed, init_distributed
         from lvx_app.train.loop import run_training
+        from lvx_app.video.errors import VideoError
+        from models.mplug_owl3.loader import CheckpointError
 
         try:
             info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
             run_training(cfg, info.device)
-        except (ValueError, FileNotFoundError) as exc:
+        except (ValueError, FileNotFoundError, VideoError, CheckpointError) as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             return 1
+        except KeyboardInterrupt:
+            typer.secho(f"interrupted: the last checkpoint in {cfg.out} (every --save-every steps) is kept; "
+                        "rerun with --resume to continue from it", err=True, fg="yellow")
+            return 130
         finally:
             destroy_distributed()
         return 0
@@ -112,7 +121,17 @@ def run_finetune(cfg, world: int) -> int:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "--monitor-interval=0.5", "-m", "lvx_app.train.loop", "--config", json.dumps(dataclasses.asdict(cfg))]
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        proc.wait()
+    except KeyboardInterrupt:  # the group got the same Ctrl-C; let torchrun stop its ranks
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        typer.secho(f"interrupted: the last checkpoint in {cfg.out} (every --save-every steps) is kept; "
+                    "rerun with --resume to continue from it", err=True, fg="yellow")
+        return 130
     if proc.returncode:
         typer.secho(f"error: the finetuning group failed (exit {proc.returncode}); the failing rank's message is "
                     "printed above", err=True, fg="red")
