@@ -4,6 +4,8 @@ ingest of a long video into SigLIP-so400m-shaped features on a GPU.
     python scripts/bench_ingest.py                      # CPU: 10-minute 720p video, decode with 1, 2, 4 processes
     python scripts/bench_ingest.py --device cuda        # GPU: 1-hour 1080p video at 1 fps through a random so400m
 
+Both print a table; `--out FILE.json` also writes the rows, the settings and the machine as JSON.
+
 The test video is generated once (PyAV, libx264 veryfast, 30 fps, GOP 250, a panning random texture under the
 frame-index blocks: ~2 Mbit/s at 720p) into --video-dir: a 60 s segment is encoded and stream-copied back to back
 to the requested length, so generation takes a minute or two but decoding costs what a real video of that length
@@ -17,6 +19,7 @@ processor wants.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -106,6 +109,21 @@ def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dic
                 sampled_fps=n / dt, video_fps=len(vr) / dt, checked=0, wrong=0)
 
 
+def write_json(args, result: dict) -> None:
+    """Write the settings, the machine and the measured rows to --out (if given)."""
+    if not args.out:
+        return
+    import torch
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    machine = dict(cores=len(os.sched_getaffinity(0)), cpu=platform.processor() or platform.machine(),
+                   python=platform.python_version(), torch=torch.__version__, load_avg_end=os.getloadavg()[0])
+    out.write_text(json.dumps(dict(settings=settings, machine=machine, **result), indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def cpu_main(args) -> None:
     path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
     from lvx_app.video.decode import DecodePool
@@ -113,6 +131,7 @@ def cpu_main(args) -> None:
     with DecodePool(1) as warm:  # start the forkserver once (imports torch + decord), outside the timings
         warm.plan(path, args.fps)
     cores = len(os.sched_getaffinity(0))
+    load_start = os.getloadavg()[0]
     rows = [bench_decord_inline(path, args.fps, args.chunk, min(4, cores))] if args.baseline else []
     rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]
     print(f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of {args.chunk}, resize to "
@@ -126,6 +145,7 @@ def cpu_main(args) -> None:
         print(f"| {r['workers']} | {r['threads']} | {r['frames']} | {r['start_s']:.2f} | {r['decode_s']:.1f} | "
               f"{r['sampled_fps']:.1f} | {r['video_fps']:,.0f} | {r['cpu_s']:.1f} | "
               f"{r['video_fps'] * r['decode_s'] / r['cpu_s']:,.0f} | {check} |")
+    write_json(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
 
 
 def cuda_main(args) -> None:
@@ -161,6 +181,7 @@ def cuda_main(args) -> None:
         torch.cuda.synchronize()
     enc_fps = 5 * args.encode_batch / (time.perf_counter() - t)
     print(f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]", flush=True)
+    rows = []
     for workers in args.workers:
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -171,8 +192,13 @@ def cuda_main(args) -> None:
         print(f"| {workers} decode processes | {shard.num_frames} frames | features {tuple(shard.features.shape)} "
               f"{shard.features.dtype} | ingest {dt:.1f} s | {shard.num_frames / dt:.1f} frames/s | "
               f"peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |", flush=True)
+        rows.append(dict(decode_workers=workers, frames=shard.num_frames, features_shape=list(shard.features.shape),
+                         ingest_s=dt, frames_per_s=shard.num_frames / dt,
+                         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30))
         del shard
         torch.cuda.empty_cache()
+    write_json(args, dict(video=str(path), device=torch.cuda.get_device_name(), source=source,
+                          encoder_frames_per_s=enc_fps, rows=rows))
 
 
 def main() -> None:
@@ -188,6 +214,7 @@ def main() -> None:
     ap.add_argument("--encode-batch", type=int, default=32)
     ap.add_argument("--baseline", action="store_true", help="also time plain in-process decord (CPU mode)")
     ap.add_argument("--video-dir", default=os.environ.get("LVX_BENCH_VIDEOS", "/tmp/lvx-bench-videos"))
+    ap.add_argument("--out", default=None, help="also write the results as JSON here")
     args = ap.parse_args()
     gpu = args.device == "cuda"
     args.minutes = args.minutes or (60 if gpu else 10)
