@@ -38,3 +38,22 @@ def _boom(rank: int, world: int):
 def test_failure_on_a_rank_is_reported():
     with pytest.raises(RankFailed, match="rank one exploded"):
         run_ranks(_boom, 2)
+
+
+def test_run_rank_names_the_failed_rank_and_records_the_trace(monkeypatch, capsys):
+    from lvx_app.dist.group import run_rank
+
+    monkeypatch.setenv("RANK", "3")
+    recorded = []
+
+    def fail():
+        raise ValueError("shard 3 is empty")
+
+    assert run_rank(fail, "lvx worker", recorded.append) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == "lvx worker rank 3: ValueError: shard 3 is empty"
+    assert "Traceback" in err
+    assert recorded and recorded[0].rstrip().endswith("ValueError: shard 3 is empty") and "in fail" in recorded[0]
+    assert run_rank(lambda: None, "lvx worker", recorded.append) == 0 and len(recorded) == 1
+    with pytest.raises(SystemExit):
+        run_rank(lambda: (_ for _ in ()).throw(SystemExit(0)), "lvx worker")

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
+import traceback
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -91,3 +94,25 @@ def init_distributed(
 def destroy_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def run_rank(work: Callable[[], None], label: str, record: Optional[Callable[[str], None]] = None) -> int:
+    """Run one rank's `work` as a process entry point and return its exit code.
+
+    A failure prints one readable line naming the rank (`label rank R: Error: message`) before the trace, so the
+    launcher and the user see which rank died and why; `record` also gets the trace (the engine writes it to a file
+    its launcher reads). The process group is torn down either way. A clean `SystemExit` passes through.
+    """
+    try:
+        work()
+    except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        if record is not None:
+            record(f"{traceback.format_exc()}\n{type(exc).__name__}: {exc}\n")
+        print(f"{label} rank {os.environ.get('RANK', '0')}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        traceback.print_exc()
+        return 1
+    finally:
+        destroy_distributed()
+    return 0

@@ -11,10 +11,9 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from multiprocessing.connection import Client
 
-from lvx_app.dist.group import destroy_distributed, init_distributed
+from lvx_app.dist.group import init_distributed, run_rank
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file, pid_file
@@ -54,22 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend", choices=["link", "chat"], default="link")
     parser.add_argument("video", nargs="?")
     args = parser.parse_args(argv)
-    try:
-        run_worker(json.loads(args.config), args.frontend, args.video)
-    except BaseException as exc:  # noqa: BLE001 - record why this rank died, for the launcher
-        if isinstance(exc, SystemExit) and not exc.code:
-            raise
-        rank = os.environ.get("RANK", "0")
-        run_dir = os.environ.get(RUN_DIR_ENV)
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    rank = int(os.environ.get("RANK", "0"))
+
+    def record(detail: str) -> None:
         if run_dir:
-            detail = traceback.format_exc()
-            error_file(run_dir, int(rank)).write_text(f"{detail}\n{type(exc).__name__}: {exc}\n")
-        print(f"lvx worker rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        traceback.print_exc()
-        return 1
-    finally:
-        destroy_distributed()
-    return 0
+            error_file(run_dir, rank).write_text(detail)
+
+    return run_rank(lambda: run_worker(json.loads(args.config), args.frontend, args.video), "lvx worker", record)
 
 
 if __name__ == "__main__":

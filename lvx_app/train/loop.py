@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import sys
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -476,24 +474,18 @@ def run_training(cfg: TrainConfig, device: Optional[torch.device] = None,
 
 def worker_main(argv: Optional[list[str]] = None) -> int:
     """`python -m lvx_app.train.loop --config JSON`: one rank of `lvx finetune` (under torchrun, or alone)."""
-    from lvx_app.dist.group import destroy_distributed, init_distributed
+    from lvx_app.dist.group import init_distributed, run_rank
 
     parser = argparse.ArgumentParser(description=worker_main.__doc__)
     parser.add_argument("--config", required=True, help="TrainConfig as JSON")
     args = parser.parse_args(argv)
     cfg = TrainConfig(**json.loads(args.config))
-    try:
+
+    def work() -> None:
         info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
         run_training(cfg, info.device)
-    except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
-        if isinstance(exc, SystemExit) and not exc.code:
-            raise
-        print(f"lvx finetune rank {os.environ.get('RANK', '0')}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        traceback.print_exc()
-        return 1
-    finally:
-        destroy_distributed()
-    return 0
+
+    return run_rank(work, "lvx finetune")
 
 
 if __name__ == "__main__":
