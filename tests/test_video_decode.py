@@ -140,3 +140,19 @@ def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):
     stream.close()  # the consumer gave up with requests still in flight
     frames = decode_all(raw_pool, vids["a"], plan.shard(0, 1).chunks(4))
     assert [read_index(f) for f in frames] == list(plan.indices)
+
+
+def test_decord_native_open_errors_do_not_reach_the_terminal(tmp_path):
+    """decord's C++ logger prints '[hh:mm:ss] .../video_reader.cc:83: ERROR opening' even at QUIET; the user
+    should see only our one-line error."""
+    import subprocess
+    import sys
+
+    fake = make_not_a_video(tmp_path / "fake.mp4")
+    script = ("import sys\nfrom lvx_app.video.decode import DecodePool\nfrom lvx_app.video.errors import VideoError\n"
+              "with DecodePool(1) as pool:\n    try:\n        pool.plan(sys.argv[1], 1.0)\n"
+              "    except VideoError as exc:\n        print(exc)\n")
+    res = subprocess.run([sys.executable, "-c", script, str(fake)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "fake.mp4 is not a video decord can read" in res.stdout
+    assert ".cc:" not in res.stderr and "ERROR opening" not in res.stderr, res.stderr

@@ -25,11 +25,13 @@ the file, the time range and the frames.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
 import re
 import signal
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -133,6 +135,24 @@ def describe_range(path: str, timestamps: Sequence[float], indices: Sequence[int
 # --------------------------------------------------------------------------------------------- worker side
 
 
+@contextlib.contextmanager
+def _native_stderr_dropped() -> Iterator[None]:
+    """Drop what native code writes to fd 2 meanwhile (decord's C++ logger ignores QUIET for open errors).
+
+    Used only in decode worker processes around opening a file, so the user sees our one-line error instead of
+    decord's '[12:00:00] /github/workspace/src/video/video_reader.cc:83: ERROR opening ...' above it; the exception
+    decord raises carries the same text.
+    """
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
@@ -157,10 +177,14 @@ class _Worker:
     def reader(self, path: str):
         if self.path != path:
             self.vr = None
-            try:
-                self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
-            except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
-                raise _open_error(path, str(exc)) from None
+            with _native_stderr_dropped():
+                try:
+                    self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
+                    error = None
+                except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
+                    error = str(exc)
+            if error is not None:
+                raise _open_error(path, error)
             self.path = path
         return self.vr
 
