@@ -37,6 +37,9 @@ CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (defaul
 @app.callback()
 def main() -> None:
     """lvx: long-video question answering."""
+    from lvx_app.warning_lines import install
+
+    install()
 
 
 @app.command()

@@ -9,3 +9,26 @@ def test_info_lists_versions():
     result = CliRunner().invoke(app, ["info"])
     assert result.exit_code == 0, result.output
     assert "torch" in result.output and "lvx" in result.output
+
+
+def test_lvx_warnings_are_one_line_and_others_keep_their_format(capsys):
+    import warnings
+    from pathlib import Path
+
+    import lvx_app
+    from lvx_app.warning_lines import install
+
+    ours = str(Path(lvx_app.__file__).parent / "video" / "plan.py")
+    theirs = str(Path(warnings.__file__))
+    saved = warnings.showwarning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            install()  # after catch_warnings, which restores showwarning on the way out
+            warnings.warn_explicit("--fps 100 is above the video's own 10 fps", UserWarning, ours, 219)
+            warnings.warn_explicit("something deprecated", UserWarning, theirs, 7)
+    finally:
+        warnings.showwarning = saved
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "warning: --fps 100 is above the video's own 10 fps"
+    assert err[1].startswith(f"{theirs}:7: UserWarning: something deprecated")

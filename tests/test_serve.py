@@ -154,6 +154,12 @@ def test_load_ask_twice_reset(server, short_video, expected):
     again, _, _ = c.predict(None, in_place, 1.0, 0, api_name="/load")
     assert "from cache" not in first and "from cache" in again, (first, again)
 
+    # Warnings raised on the ranks (here: fps above the video's own) reach the page, not only the server's stderr.
+    clamped, _, _ = c.predict(None, in_place, 50.0, 0, api_name="/load")
+    assert "⚠️ --fps 50 is above the video's own 10 fps; using 10" in clamped and "100 frames" in clamped, clamped
+    back, _, _ = c.predict(None, in_place, 1.0, 0, api_name="/load")
+    assert "⚠️" not in back and "10 frames" in back, back
+
 
 @pytest.mark.slow
 def test_failures_are_readable_and_the_server_keeps_serving(server, expected):

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import gradio as gr
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
 from lvx_app.engine.chat import describe_answer, describe_video, printable
+from lvx_app.warning_lines import is_lvx_source
 
 log = logging.getLogger("lvx.ui")
 
@@ -162,10 +164,11 @@ class ChatApp:
         except EngineError as exc:
             return self.status(f"⚠️ error: {exc}"), gr.skip(), gr.skip(), owner
         report = _progress_reporter(progress)
+        notes: list[str] = []
         with self.lock:
             try:
                 progress(0.0, desc="starting")
-                summary = self.engine.load_video(path, fps, cap, progress=report)
+                summary = _with_warnings(lambda: self.engine.load_video(path, fps, cap, progress=report), notes)
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
                 # The engine keeps the previous video when loading fails before replacing it.
@@ -173,7 +176,7 @@ class ChatApp:
             self.video = summary
             self.owner = owner
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
-        body = self.status() + "\n\n" + note + "\n\n" + memory_table(stats)
+        body = "\n\n".join(filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)]))
         player = path if from_server else gr.skip()
         return body, [], player, owner
 
@@ -206,13 +209,15 @@ class ChatApp:
                 duration = self._duration()
                 text = ""
                 pieces = self.engine.ask(message, params)
-                for piece in pieces:
+                notes: list[str] = []
+                while (piece := _with_warnings(lambda: next(pieces, None), notes)) is not None:
                     text += printable(piece)
                     part["text"] = link_timestamps(text, duration)
                     yield history, "", owner
                     if self.stop.is_set():
                         self.engine.interrupt()  # from this thread: one request on the link at a time
-                part["text"] = link_timestamps(text, duration) + "\n\n" + f"*{answer_footer(self.engine)}*"
+                footer = f"*{answer_footer(self.engine)}*"
+                part["text"] = "\n\n".join(filter(None, [link_timestamps(text, duration), footer, _warning_lines(notes)]))
             except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
                 part["text"] = f"⚠️ error: {_error(exc)}"
             finally:
@@ -244,6 +249,29 @@ class ChatApp:
                 return f"⚠️ error: {_error(exc)}"
         lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
         return "\n".join(lines) + "\n\n" + memory_table(stats)
+
+
+def _with_warnings(call: Any, notes: list[str]) -> Any:
+    """Run `call()`, adding the messages of lvx's warnings meanwhile (an fps clamped to the video's own, a prompt
+    beyond the trained length) to `notes`, so the page shows them instead of only the server's stderr.
+
+    Recording is process-wide, so warnings from other threads (Gradio, pandas) are caught too: those are passed on
+    to the usual display, not shown on the page.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    for w in caught:
+        if is_lvx_source(w.filename):
+            if str(w.message) not in notes:
+                notes.append(str(w.message))
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+    return result
+
+
+def _warning_lines(notes: list[str]) -> str:
+    return "\n\n".join(f"⚠️ {note}" for note in notes)
 
 
 def _progress_reporter(progress: gr.Progress):

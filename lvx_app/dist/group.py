@@ -103,6 +103,9 @@ def run_rank(work: Callable[[], None], label: str, record: Optional[Callable[[st
     launcher and the user see which rank died and why; `record` also gets the trace (the engine writes it to a file
     its launcher reads). The process group is torn down either way. A clean `SystemExit` passes through.
     """
+    from lvx_app.warning_lines import install
+
+    install()
     try:
         work()
     except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it

@@ -7,9 +7,9 @@ Frontends (terminal chat, Gradio, Video-MME eval) talk to an `Engine`:
   group over a local socket, so Ctrl-C in the terminal never reaches the group.
 """
 
-from lvx_app.engine.api import AnswerStats, Engine, EngineError, GenerationParams, VideoSummary
+from lvx_app.engine.api import AnswerStats, Engine, EngineError, EngineWarning, GenerationParams, VideoSummary
 
-__all__ = ["AnswerStats", "Engine", "EngineError", "GenerationParams", "VideoSummary"]
+__all__ = ["AnswerStats", "Engine", "EngineError", "EngineWarning", "GenerationParams", "VideoSummary"]
 
 
 def make_eval_session(**kwargs):

@@ -12,6 +12,11 @@ class EngineError(RuntimeError):
     """A failure the user can act on; its message is shown as is."""
 
 
+class EngineWarning(UserWarning):
+    """A warning raised on rank 0 of a worker group (an fps clamped, a prompt beyond the trained length), re-raised
+    in the frontend process so the user sees it: the ranks' own output goes to the group log."""
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     """Greedy by default so answers are reproducible."""

@@ -18,11 +18,12 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Iterator
 
-from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.api import AnswerStats, EngineError, EngineWarning, GenerationParams, ProgressFn, VideoSummary
 from lvx_app.engine.link import answer_stats
 
 LINK_ENV = "LVX_LINK"
@@ -145,8 +146,13 @@ class RemoteEngine:
         return box[0]
 
     def _recv(self) -> tuple[str, Any]:
+        """The next message from rank 0; warnings it relays are re-raised here on the way (as EngineWarning)."""
         try:
-            return self.conn.recv()
+            while True:
+                kind, value = self.conn.recv()
+                if kind != "warning":
+                    return kind, value
+                warnings.warn(value, EngineWarning)  # shown as one line by lvx_app.warning_lines
         except (EOFError, OSError):
             try:
                 self.proc.wait(timeout=30)

@@ -7,6 +7,7 @@ pieces and polls for an interrupt between tokens.
 
 from __future__ import annotations
 
+import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -15,8 +16,23 @@ from lvx_app.engine.api import AnswerStats, EngineError
 REQUESTS = ("load_video", "ask", "interrupt", "reset", "stats", "shutdown")
 
 
+def relay_warnings(conn: Connection) -> None:
+    """Rank 0: send every warning to the frontend too (this process's output only reaches the group log)."""
+    keep_in_log = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        keep_in_log(message, category, filename, lineno, file, line)
+        try:
+            conn.send(("warning", str(message)))
+        except OSError:
+            pass  # the frontend is gone; the request loop notices
+
+    warnings.showwarning = show
+
+
 def serve_link(driver: Any, conn: Connection) -> None:
     """Rank 0: answer the frontend's requests until it says shutdown or goes away."""
+    relay_warnings(conn)
     while True:
         try:
             op, kwargs = conn.recv()
