@@ -7,7 +7,20 @@ from typing import Optional
 
 import typer
 
-from lvx_app.engine.session import DEFAULT_MODEL
+from lvx_app.cli_options import (
+    CACHE_DIR,
+    DECODE_TIMEOUT,
+    DTYPE,
+    FPS,
+    GPUS,
+    KV,
+    MAX_FRAMES,
+    MODEL,
+    NO_CACHE,
+    RANKS,
+    REVISION,
+    TIMEOUT,
+)
 
 app = typer.Typer(
     name="lvx",
@@ -16,23 +29,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-MODEL = typer.Option(DEFAULT_MODEL, "--model", help="Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.")
-REVISION = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit).")
-FPS = typer.Option(1.0, "--fps", help="Frames sampled per second of video.")
-MAX_FRAMES = typer.Option(None, "--max-frames", help="Cap on frames; more are thinned uniformly.")
-GPUS = typer.Option(None, "--gpus", help="GPUs to use, one rank each (default: 1 if a GPU is visible, else 0 = CPU).")
-RANKS = typer.Option(None, "--ranks", help="CPU ranks when --gpus 0 (gloo); default 1.")
-DTYPE = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16.")
-KV = typer.Option(
-    None, "--kv-cache/--recompute-kv",
-    help="Keep each hyper layer's visual K/V resident, or recompute them from one copy of the features "
-    "per turn (less memory). Default: cache when it fits.",
-)  # fmt: skip
-TIMEOUT = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops.")
-NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
-CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
-
 
 @app.callback()
 def main() -> None:
@@ -65,6 +61,7 @@ def chat(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
     timeout: float = TIMEOUT,
+    decode_timeout: float = DECODE_TIMEOUT,
     no_cache: bool = NO_CACHE,
     cache_dir: Optional[Path] = CACHE_DIR,
 ) -> None:
@@ -76,7 +73,7 @@ def chat(
     code = run_chat_command(
         video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
         dtype=dtype, kv_cache=kv_cache, params=params, timeout=timeout, use_cache=not no_cache,
-        cache_dir=str(cache_dir) if cache_dir else None,
+        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout,
     )  # fmt: skip
     raise typer.Exit(code)
 

@@ -1,8 +1,6 @@
 """`lvx serve`, as a typer-ready function; the CLI registers it with `app.command("serve")(serve_command)`.
 
-The options repeat `lvx chat`'s wording; they are declared here rather than
-imported from `lvx_app.cli` so that importing this module never imports the
-CLI that imports it.
+The options it shares with `lvx chat` come from `lvx_app.cli_options`.
 """
 
 from __future__ import annotations
@@ -12,18 +10,14 @@ from typing import List, Optional
 
 import typer
 
-from lvx_app.engine.session import DEFAULT_MODEL
+from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, DTYPE, GPUS, KV, MODEL, NO_CACHE, RANKS, REVISION, TIMEOUT
 
 
 def serve_command(
-    gpus: Optional[int] = typer.Option(
-        None, "--gpus", help="GPUs to use, one rank each (default: 1 if a GPU is visible, else 0 = CPU)."
-    ),
-    ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when --gpus 0 (gloo); default 1."),
-    model: str = typer.Option(
-        DEFAULT_MODEL, "--model", help="Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id."
-    ),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    gpus: Optional[int] = GPUS,
+    ranks: Optional[int] = RANKS,
+    model: str = MODEL,
+    revision: Optional[str] = REVISION,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; other machines can connect only if you "
                              "change it (then use --auth)."),  # fmt: skip
     port: int = typer.Option(7860, "--port", help="Port to serve on."),
@@ -44,34 +38,30 @@ def serve_command(
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Default longest answer, in tokens."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16."
-    ),
-    kv_cache: Optional[bool] = typer.Option(
-        None, "--kv-cache/--recompute-kv",
-        help="Keep each hyper layer's visual K/V resident, or recompute them from one copy of the features "
-        "per turn (less memory). Default: cache when it fits.",
-    ),  # fmt: skip
-    timeout: float = typer.Option(
-        300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops."
-    ),
+    dtype: str = DTYPE,
+    kv_cache: Optional[bool] = KV,
+    timeout: float = TIMEOUT,
+    decode_timeout: float = DECODE_TIMEOUT,
     queue_size: int = typer.Option(
         8, "--queue-size", help="Requests that may wait for the model; more are turned away."
     ),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache."),
-    cache_dir: Optional[Path] = typer.Option(
-        None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR)."
-    ),
+    no_cache: bool = NO_CACHE,
+    cache_dir: Optional[Path] = CACHE_DIR,
 ) -> None:
     """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`."""
-    from lvx_app.engine.api import GenerationParams
+    from lvx_app.engine.api import EngineError, GenerationParams
     from lvx_app.engine.runner import session_config
     from ui.serve import run_serve
 
-    config = session_config(
-        model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
-        timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
-    )  # fmt: skip
+    try:
+        config = session_config(
+            model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
+            timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
+            decode_timeout=decode_timeout,
+        )  # fmt: skip
+    except EngineError as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        raise typer.Exit(2) from None
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_serve(
         config=config, gpus=gpus, ranks=ranks, host=host, port=port,

@@ -139,6 +139,18 @@ def test_lvx_chat_bad_video_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_lvx_chat_decode_timeout_reaches_the_decoder(tiny_checkpoints, short_video, tmp_path):
+    """--decode-timeout is what the decode workers wait for; a value too small for any video fails in one line."""
+    result = _lvx("chat", short_video, "--model", tiny_checkpoints["g2"], "--gpus", "0", "--decode-timeout", "0.001",
+                  "--no-cache", stdin="/quit\n")  # fmt: skip
+    assert result.returncode != 0, result.stdout
+    assert "did not answer within 0.001 s" in result.stdout and "raise --decode-timeout" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    bad = _lvx("chat", short_video, "--decode-timeout", "0")
+    assert bad.returncode == 2 and "--decode-timeout must be a number of seconds above 0" in bad.stdout
+
+
+@pytest.mark.slow
 def test_lvx_demo_runs(tmp_path):
     result = _lvx("demo", "--workdir", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr

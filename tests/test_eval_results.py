@@ -231,7 +231,7 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
             "--model", "tiny", "--durations", "short", "--scoring", "strict"]  # fmt: skip
     result = CliRunner().invoke(eval_app, args)
     assert result.exit_code == 0, result.output
-    assert made == [{"model": "tiny", "revision": None, "gpus": 0, "ranks": 2}]
+    assert made == [{"model": "tiny", "revision": None, "gpus": 0, "ranks": 2, "timeout": 300.0, "decode_timeout": 120.0}]
     assert len(read_results(out).records) == 6 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, [*args, "--fps", "3"])
     assert result.exit_code == 1 and "different settings" in result.output and "Traceback" not in result.output

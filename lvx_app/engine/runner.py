@@ -9,7 +9,7 @@ from rich.console import Console
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams
 from lvx_app.engine.factory import open_engine, resolve_world
-from lvx_app.engine.session import SessionConfig
+from lvx_app.engine.session import DEFAULT_DECODE_TIMEOUT_S, SessionConfig
 
 
 @contextmanager
@@ -27,12 +27,15 @@ def engine_for(config: SessionConfig, gpus: int | None, ranks: int | None, conso
 
 def session_config(
     *, model: str, revision: str | None, fps: float, max_frames: int | None, dtype: str, kv_cache: bool | None,
-    timeout: float, use_cache: bool, cache_dir: str | None,
+    timeout: float, use_cache: bool, cache_dir: str | None, decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
 ) -> SessionConfig:  # fmt: skip
     kv_mode = "auto" if kv_cache is None else ("cache" if kv_cache else "recompute")
+    for name, value in (("--timeout", timeout), ("--decode-timeout", decode_timeout)):
+        if not value > 0:
+            raise EngineError(f"{name} must be a number of seconds above 0 (got {value:g})")
     return SessionConfig(
         model=model, revision=revision, dtype=dtype, kv_mode=kv_mode, fps=fps, max_frames=max_frames,
-        timeout_s=timeout, cache=use_cache, cache_dir=cache_dir,
+        timeout_s=timeout, cache=use_cache, cache_dir=cache_dir, decode_timeout_s=decode_timeout,
     )  # fmt: skip
 
 
@@ -45,10 +48,10 @@ def run_chat_command(
     from lvx_app.video import VideoError, check_video_path
 
     console = console or Console(highlight=False)
-    config = session_config(**config_args)
     try:
+        config = session_config(**config_args)
         check_video_path(video)  # fail before spending minutes loading a model
-    except VideoError as exc:
+    except (EngineError, VideoError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     try:

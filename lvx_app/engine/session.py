@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from lvx_app.dist.group import DistInfo
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.video.decode import DEFAULT_TIMEOUT_S as DEFAULT_DECODE_TIMEOUT_S
 
 DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 
@@ -41,6 +42,7 @@ class SessionConfig:
     cache: bool = True
     cache_dir: str | None = None
     decode_workers: int | None = None
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -158,7 +160,8 @@ class Session:
                 path, self._encode, fps=fps, max_frames=max_frames, image_size=self.processor.image_size,
                 device=self.device, dtype=self.dtype, model_id=self.config.model,
                 model_revision=self.config.revision or "", cache=self.config.cache, cache_dir=self.config.cache_dir,
-                decode_workers=self.config.decode_workers, progress=report if progress is not None else False,
+                decode_workers=self.config.decode_workers, decode_timeout_s=self.config.decode_timeout_s,
+                progress=report if progress is not None else False,
             )  # fmt: skip
         except VideoError as exc:
             raise EngineError(str(exc)) from None

@@ -149,9 +149,12 @@ def run_videomme(
     return VideoMMERun(out_path, stats, summary, missing)
 
 
-def engine_session_factory(model: str, revision: str | None, gpus: int | None, ranks: int | None) -> SessionFactory:
+def engine_session_factory(
+    model: str, revision: str | None, gpus: int | None, ranks: int | None, **engine_options: Any
+) -> SessionFactory:
     """A factory for the engine's eval session: ``lvx_app.engine.make_eval_session(model=…, revision=…,
-    gpus=…, ranks=…)``. The import happens now (cheap check); the engine starts only when it is called."""
+    gpus=…, ranks=…, **engine_options)`` (options such as timeouts and the cache folder). The import happens now
+    (cheap check); the engine starts only when it is called."""
     try:
         engine = importlib.import_module("lvx_app.engine")
     except ModuleNotFoundError as e:
@@ -161,7 +164,7 @@ def engine_session_factory(model: str, revision: str | None, gpus: int | None, r
     make = getattr(engine, "make_eval_session", None)
     if not callable(make):
         raise EngineUnavailable("this build's lvx_app.engine has no make_eval_session(); it cannot run evaluations")
-    return lambda: make(model=model, revision=revision, gpus=gpus, ranks=ranks)
+    return lambda: make(model=model, revision=revision, gpus=gpus, ranks=ranks, **engine_options)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -186,10 +189,17 @@ def videomme(
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Answer length cap; the letter is the reply."),
     out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (resumed if it exists). Default under runs/."),
     questions: Optional[Path] = typer.Option(None, "--questions", help="Question file, if not under --data/videomme/."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops."),
+    decode_timeout: float = typer.Option(120.0, "--decode-timeout",
+                                         help="Seconds a chunk of frames may take to decode before it is killed."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx)."),
 ) -> None:
     """Answer Video-MME with the model, resumably; report accuracy by duration, domain, sub-category, task."""
     try:
-        factory = engine_session_factory(model, revision, gpus, ranks)
+        options = {"timeout": timeout, "decode_timeout": decode_timeout}
+        if cache_dir is not None:
+            options["cache_dir"] = str(cache_dir)
+        factory = engine_session_factory(model, revision, gpus, ranks, **options)
     except EngineUnavailable as e:
         raise _fail(f"{e}; `lvx eval merge` and `lvx eval report` still work.", code=2) from None
     engine_error = getattr(sys.modules.get("lvx_app.engine"), "EngineError", None)

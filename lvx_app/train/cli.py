@@ -59,6 +59,8 @@ def finetune_command(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default "
                                              "~/.cache/lvx or $LVX_CACHE_DIR)."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for a hung peer."),
+    decode_timeout: float = typer.Option(120.0, "--decode-timeout", help="Seconds a chunk of frames may take to "
+                                         "decode before it is killed and retried frame by frame."),
 ) -> None:
     """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
     from lvx_app.engine.api import EngineError
@@ -74,6 +76,9 @@ def finetune_command(
         _fail(f"--train must be hyper or all, not {train!r} (or use --lora R)")
     if steps < 1:
         _fail("--steps must be at least 1")
+    for name, value in (("--timeout", timeout), ("--decode-timeout", decode_timeout)):
+        if not value > 0:
+            _fail(f"{name} must be a number of seconds above 0 (got {value:g})")
     try:
         world, cuda = resolve_world(gpus, ranks)
         load_jsonl(data, video_dir)  # check the data before starting ranks
@@ -87,7 +92,7 @@ def finetune_command(
         data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
         max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
         save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
-        cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout,
+        cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout, decode_timeout_s=decode_timeout,
     )  # fmt: skip
     code = run_finetune(cfg, world)
     if code:

@@ -72,6 +72,7 @@ class TrainConfig:
     progress: Optional[bool] = None  # None: a live bar when stdout is a terminal, else one line per step
     plot: bool = True
     timeout_s: float = 600.0
+    decode_timeout_s: float = 120.0  # a chunk of frames that takes longer to decode is killed and retried
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,6 +285,7 @@ class Trainer:
                            image_size=self.processor.image_size, device=self.device, dtype=p.dtype,
                            model_id=f"{self.cfg.model}#{'siglip' if self.projector_trains else 'projector'}",
                            cache=True, cache_dir=self.cfg.cache_dir, decode_workers=self.cfg.decode_workers,
+                           decode_timeout_s=self.cfg.decode_timeout_s,
                            progress=False)
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))
