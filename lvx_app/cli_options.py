@@ -1,4 +1,4 @@
-"""Options shared by the commands that start the model (`lvx chat`, `lvx serve`), declared once.
+"""Options shared by the commands that start the model (`lvx chat`, `lvx serve`, `lvx finetune`), declared once.
 
 A module of its own so `lvx_app.serve_cli` can use them without importing the CLI that registers it.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from lvx_app.engine.session import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
 
 MODEL = typer.Option(DEFAULT_MODEL, "--model", help="Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.")
 REVISION = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit).")
@@ -29,3 +29,10 @@ DECODE_TIMEOUT = typer.Option(
 )  # fmt: skip
 NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
+
+
+def check_seconds(options: dict[str, float]) -> None:
+    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""
+    for name, value in options.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be a number of seconds above 0 (got {value:g})")

@@ -57,3 +57,36 @@ def test_run_rank_names_the_failed_rank_and_records_the_trace(monkeypatch, capsy
     assert run_rank(lambda: None, "lvx worker", recorded.append) == 0 and len(recorded) == 1
     with pytest.raises(SystemExit):
         run_rank(lambda: (_ for _ in ()).throw(SystemExit(0)), "lvx worker")
+
+
+def test_run_rank_reports_user_errors_in_one_line(monkeypatch, capsys):
+    from lvx_app.dist.group import run_rank
+
+    monkeypatch.setenv("RANK", "1")
+    recorded = []
+
+    def bad_video():
+        raise FileNotFoundError("Video not found: clip.mp4; check the path.")
+
+    assert run_rank(bad_video, "lvx finetune", recorded.append, user_errors=(FileNotFoundError,)) == 1
+    err = capsys.readouterr().err
+    assert err == "lvx finetune rank 1: FileNotFoundError: Video not found: clip.mp4; check the path.\n"
+    assert "Traceback" in recorded[0], "the trace is still recorded for the launcher"
+
+
+def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text("import os, signal, time\n"
+                      "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "time.sleep(20)\n")  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", "--nproc-per-node=2",
+                          "--monitor-interval=0.2", str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "rank 1 was killed by SIGKILL" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
+    ok = subprocess.run([sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", "--nproc-per-node=2",
+                         "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr

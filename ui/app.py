@@ -9,6 +9,7 @@ it only raises a flag that the streaming answer checks between tokens.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -168,7 +169,8 @@ class ChatApp:
         with self.lock:
             try:
                 progress(0.0, desc="starting")
-                summary = _with_warnings(lambda: self.engine.load_video(path, fps, cap, progress=report), notes)
+                with _warnings_into(notes):
+                    summary = self.engine.load_video(path, fps, cap, progress=report)
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
                 # The engine keeps the previous video when loading fails before replacing it.
@@ -210,12 +212,13 @@ class ChatApp:
                 text = ""
                 pieces = self.engine.ask(message, params)
                 notes: list[str] = []
-                while (piece := _with_warnings(lambda: next(pieces, None), notes)) is not None:
-                    text += printable(piece)
-                    part["text"] = link_timestamps(text, duration)
-                    yield history, "", owner
-                    if self.stop.is_set():
-                        self.engine.interrupt()  # from this thread: one request on the link at a time
+                with _warnings_into(notes):
+                    for piece in pieces:
+                        text += printable(piece)
+                        part["text"] = link_timestamps(text, duration)
+                        yield history, "", owner
+                        if self.stop.is_set():
+                            self.engine.interrupt()  # from this thread: one request on the link at a time
                 footer = f"*{answer_footer(self.engine)}*"
                 part["text"] = "\n\n".join(filter(None, [link_timestamps(text, duration), footer, _warning_lines(notes)]))
             except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
@@ -251,23 +254,23 @@ class ChatApp:
         return "\n".join(lines) + "\n\n" + memory_table(stats)
 
 
-def _with_warnings(call: Any, notes: list[str]) -> Any:
-    """Run `call()`, adding the messages of lvx's warnings meanwhile (an fps clamped to the video's own, a prompt
-    beyond the trained length) to `notes`, so the page shows them instead of only the server's stderr.
+@contextlib.contextmanager
+def _warnings_into(notes: list[str]) -> Iterator[None]:
+    """Add the messages of lvx's warnings raised meanwhile (an fps clamped to the video's own, a prompt beyond the
+    trained length) to `notes` when the block ends, so the page shows them instead of only the server's stderr.
 
-    Recording is process-wide, so warnings from other threads (Gradio, pandas) are caught too: those are passed on
-    to the usual display, not shown on the page.
+    One recording per request (not per streamed token). Recording is process-wide, so warnings from other threads
+    (Gradio, pandas) are caught too: those are passed on to the usual display, not shown on the page.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = call()
+        yield
     for w in caught:
         if is_lvx_source(w.filename):
             if str(w.message) not in notes:
                 notes.append(str(w.message))
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
-    return result
 
 
 def _warning_lines(notes: list[str]) -> str:

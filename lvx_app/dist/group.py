@@ -96,25 +96,33 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def run_rank(work: Callable[[], None], label: str, record: Optional[Callable[[str], None]] = None) -> int:
+def run_rank(
+    work: Callable[[], None], label: str, record: Optional[Callable[[str], None]] = None,
+    user_errors: tuple[type[BaseException], ...] = (),
+) -> int:  # fmt: skip
     """Run one rank's `work` as a process entry point and return its exit code.
 
     A failure prints one readable line naming the rank (`label rank R: Error: message`) before the trace, so the
-    launcher and the user see which rank died and why; `record` also gets the trace (the engine writes it to a file
-    its launcher reads). The process group is torn down either way. A clean `SystemExit` passes through.
+    launcher and the user see which rank died and why; for `user_errors` (a bad video, a bad checkpoint: the
+    message says what to do) that line is all. `record` also gets the trace (the engine writes it to a file its
+    launcher reads). Ctrl-C exits quietly with 130. The process group is torn down either way. A clean
+    `SystemExit` passes through.
     """
     from lvx_app.warning_lines import install
 
     install()
     try:
         work()
+    except KeyboardInterrupt:  # Ctrl-C reached the rank too: the launcher says what was kept
+        return 130
     except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
         if isinstance(exc, SystemExit) and not exc.code:
             raise
         if record is not None:
             record(f"{traceback.format_exc()}\n{type(exc).__name__}: {exc}\n")
         print(f"{label} rank {os.environ.get('RANK', '0')}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        traceback.print_exc()
+        if not isinstance(exc, user_errors):
+            traceback.print_exc()
         return 1
     finally:
         destroy_distributed()

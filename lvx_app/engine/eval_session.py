@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.session import DEFAULT_DECODE_TIMEOUT_S
 
 
 def make_eval_session(

@@ -7,9 +7,11 @@ from typing import Iterator
 
 from rich.console import Console
 
+from lvx_app.cli_options import check_seconds
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.engine.api import Engine, EngineError, GenerationParams
 from lvx_app.engine.factory import open_engine, resolve_world
-from lvx_app.engine.session import DEFAULT_DECODE_TIMEOUT_S, SessionConfig
+from lvx_app.engine.session import SessionConfig
 
 
 @contextmanager
@@ -30,9 +32,10 @@ def session_config(
     timeout: float, use_cache: bool, cache_dir: str | None, decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
 ) -> SessionConfig:  # fmt: skip
     kv_mode = "auto" if kv_cache is None else ("cache" if kv_cache else "recompute")
-    for name, value in (("--timeout", timeout), ("--decode-timeout", decode_timeout)):
-        if not value > 0:
-            raise EngineError(f"{name} must be a number of seconds above 0 (got {value:g})")
+    try:
+        check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
     return SessionConfig(
         model=model, revision=revision, dtype=dtype, kv_mode=kv_mode, fps=fps, max_frames=max_frames,
         timeout_s=timeout, cache=use_cache, cache_dir=cache_dir, decode_timeout_s=decode_timeout,

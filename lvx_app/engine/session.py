@@ -20,11 +20,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
 from lvx_app.dist.group import DistInfo
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
-from lvx_app.video.decode import DEFAULT_TIMEOUT_S as DEFAULT_DECODE_TIMEOUT_S
-
-DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 
 
 @dataclass

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 import lvx_app
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
 from lvx_app.eval.dataset import DatasetError, load_dataset, parse_durations, parse_shard, select_questions
 from lvx_app.eval.extract import SCORING_MODES
 from lvx_app.eval.prompt import PROMPT_VERSION
@@ -20,7 +21,6 @@ from lvx_app.eval.report import report_file
 from lvx_app.eval.results import ResultsError, ResultsWriter, RunManifest, merge_results
 from lvx_app.eval.runner import EvalSession, RunStats, run_eval
 
-DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 SessionFactory = Callable[[], EvalSession]
 
 eval_app = typer.Typer(
@@ -190,7 +190,7 @@ def videomme(
     out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (resumed if it exists). Default under runs/."),
     questions: Optional[Path] = typer.Option(None, "--questions", help="Question file, if not under --data/videomme/."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops."),
-    decode_timeout: float = typer.Option(120.0, "--decode-timeout",
+    decode_timeout: float = typer.Option(DEFAULT_DECODE_TIMEOUT_S, "--decode-timeout",
                                          help="Seconds a chunk of frames may take to decode before it is killed."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx)."),
 ) -> None:

@@ -1,7 +1,7 @@
 """`lvx finetune`: a thin typer command over `lvx_app.train.loop` (register `finetune_command` on the app).
 
-One rank runs in this process; more run as a local torchrun group (`python -m torch.distributed.run` with the
-worker `python -m lvx_app.train.loop`, as the chat engine starts its group). Multi-node: run that same worker
+One rank runs in this process; more run as a local torchrun group (`python -m lvx_app.dist.torchrun`, torch's
+launcher minus its failure traceback, with the worker `python -m lvx_app.train.worker`). Multi-node: run that same worker
 module under `torchrun --nnodes ... --rdzv-endpoint ...` with `--config` holding the TrainConfig JSON.
 """
 
@@ -17,7 +17,8 @@ from typing import Optional
 
 import typer
 
-from lvx_app.engine.session import DEFAULT_MODEL
+from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, check_seconds
+from lvx_app.defaults import DEFAULT_MODEL
 
 
 def _fail(msg: str) -> None:
@@ -56,11 +57,9 @@ def finetune_command(
     dtype: str = typer.Option("auto", "--dtype", help="Weights: auto (bfloat16 on GPU + float32 trainable "
                               "copies, float32 on CPU), float32, bfloat16."),
     seed: int = typer.Option(0, "--seed", help="Seed for LoRA init and the sample order."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default "
-                                             "~/.cache/lvx or $LVX_CACHE_DIR)."),
+    cache_dir: Optional[Path] = CACHE_DIR,
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for a hung peer."),
-    decode_timeout: float = typer.Option(120.0, "--decode-timeout", help="Seconds a chunk of frames may take to "
-                                         "decode before it is killed and retried frame by frame."),
+    decode_timeout: float = DECODE_TIMEOUT,
 ) -> None:
     """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
     from lvx_app.engine.api import EngineError
@@ -76,9 +75,10 @@ def finetune_command(
         _fail(f"--train must be hyper or all, not {train!r} (or use --lora R)")
     if steps < 1:
         _fail("--steps must be at least 1")
-    for name, value in (("--timeout", timeout), ("--decode-timeout", decode_timeout)):
-        if not value > 0:
-            _fail(f"{name} must be a number of seconds above 0 (got {value:g})")
+    try:
+        check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         world, cuda = resolve_world(gpus, ranks)
         load_jsonl(data, video_dir)  # check the data before starting ranks
@@ -100,32 +100,35 @@ def finetune_command(
     typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
 
 
+def _interrupted(out: str) -> int:
+    typer.secho(f"interrupted: the last checkpoint in {out} (every --save-every steps) is kept; "
+                "rerun with --resume to continue from it", err=True, fg="yellow")
+    return 130
+
+
 def run_finetune(cfg, world: int) -> int:
     """Run `cfg` on `world` ranks: in this process for one, else a local torchrun group; returns an exit code."""
     if world == 1:
         from lvx_app.dist.group import destroy_distributed, init_distributed
         from lvx_app.train.loop import run_training
-        from lvx_app.video.errors import VideoError
-        from models.mplug_owl3.loader import CheckpointError
+        from lvx_app.train.worker import user_errors
 
         try:
             info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
             run_training(cfg, info.device)
-        except (ValueError, FileNotFoundError, VideoError, CheckpointError) as exc:
+        except user_errors() as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
             return 1
         except KeyboardInterrupt:
-            typer.secho(f"interrupted: the last checkpoint in {cfg.out} (every --save-every steps) is kept; "
-                        "rerun with --resume to continue from it", err=True, fg="yellow")
-            return 130
+            return _interrupted(cfg.out)
         finally:
             destroy_distributed()
         return 0
     env = dict(os.environ)
     if not cfg.cuda:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "--monitor-interval=0.5", "-m", "lvx_app.train.loop", "--config", json.dumps(dataclasses.asdict(cfg))]
+    cmd = [sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", f"--nproc-per-node={world}",
+           "--monitor-interval=0.5", "-m", "lvx_app.train.worker", "--config", json.dumps(dataclasses.asdict(cfg))]
     proc = subprocess.Popen(cmd, env=env)
     try:
         proc.wait()
@@ -134,9 +137,9 @@ def run_finetune(cfg, world: int) -> int:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        typer.secho(f"interrupted: the last checkpoint in {cfg.out} (every --save-every steps) is kept; "
-                    "rerun with --resume to continue from it", err=True, fg="yellow")
-        return 130
+        return _interrupted(cfg.out)
+    if proc.returncode == 130:  # the ranks or torchrun were stopped by Ctrl-C / SIGTERM
+        return _interrupted(cfg.out)
     if proc.returncode:
         typer.secho(f"error: the finetuning group failed (exit {proc.returncode}); the failing rank's message is "
                     "printed above", err=True, fg="red")

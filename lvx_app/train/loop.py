@@ -1,4 +1,4 @@
-"""The distributed finetuning step and loop; also the torchrun worker entry (`python -m lvx_app.train.loop`).
+"""The distributed finetuning step and loop (each rank runs it through `lvx_app.train.worker`).
 
 Every rank works on the same sample (sequence parallelism, not data parallelism):
 - frames: each rank ingests its contiguous run of the video (`lvx_app.video.ingest`, cached features, since the
@@ -19,11 +19,8 @@ hyper layer), `all` (language model + projector; the vision tower stays frozen s
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.dist import get_rank, get_world_size
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
@@ -72,7 +70,7 @@ class TrainConfig:
     progress: Optional[bool] = None  # None: a live bar when stdout is a terminal, else one line per step
     plot: bool = True
     timeout_s: float = 600.0
-    decode_timeout_s: float = 120.0  # a chunk of frames that takes longer to decode is killed and retried
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a chunk of frames that takes longer to decode is killed and retried
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -467,28 +465,3 @@ def run_training(cfg: TrainConfig, device: Optional[torch.device] = None,
     if trainer.rank == 0 and cfg.plot and trainer.history:
         plot_losses(trainer.history, Path(cfg.out) / "loss.png")
     return trainer
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# torchrun worker
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def worker_main(argv: Optional[list[str]] = None) -> int:
-    """`python -m lvx_app.train.loop --config JSON`: one rank of `lvx finetune` (under torchrun, or alone)."""
-    from lvx_app.dist.group import init_distributed, run_rank
-
-    parser = argparse.ArgumentParser(description=worker_main.__doc__)
-    parser.add_argument("--config", required=True, help="TrainConfig as JSON")
-    args = parser.parse_args(argv)
-    cfg = TrainConfig(**json.loads(args.config))
-
-    def work() -> None:
-        info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
-        run_training(cfg, info.device)
-
-    return run_rank(work, "lvx finetune")
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.video.errors import (
     CorruptVideoError,
     DecodeTimeoutError,
@@ -51,7 +52,7 @@ from lvx_app.video.errors import (
 )
 from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp, shard_bounds
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32
 _PRELOAD = ["numpy", "torch", "decord", "lvx_app.video.decode", "models.mplug_owl3.image_transform"]
 
@@ -177,14 +178,11 @@ class _Worker:
     def reader(self, path: str):
         if self.path != path:
             self.vr = None
-            with _native_stderr_dropped():
-                try:
+            try:
+                with _native_stderr_dropped():
                     self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
-                    error = None
-                except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
-                    error = str(exc)
-            if error is not None:
-                raise _open_error(path, error)
+            except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
+                raise _open_error(path, str(exc)) from None
             self.path = path
         return self.vr
 

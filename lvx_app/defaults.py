@@ -1,0 +1,11 @@
+"""Defaults shared by the commands and the library, in a module that imports nothing.
+
+`lvx eval` keeps its CLI free of torch and the engine (so `lvx eval merge/report` work without them), yet its
+defaults must match `lvx chat`'s: both read them from here.
+"""
+
+DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
+
+# Seconds one chunk of frames may take to decode before its worker process is killed and the chunk retried frame
+# by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).
+DEFAULT_DECODE_TIMEOUT_S = 120.0
