@@ -37,7 +37,7 @@ from lvx_app.attention.lv_xattn import lv_xattn  # noqa: E402
 from lvx_app.attention.merge import merge_  # noqa: E402
 from lvx_app.attention.ring import ring_xattn  # noqa: E402
 from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn  # noqa: E402
-from lvx_app.dist.testing import run_ranks  # noqa: E402
+from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -14,7 +14,7 @@ from attn_reference import reference_attention
 from lvx_app.attention.allgather import allgather_xattn
 from lvx_app.attention.ring import ring_xattn
 from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 
 PATHS = {"ring": ring_xattn, "ulysses": ulysses_xattn, "allgather": allgather_xattn}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

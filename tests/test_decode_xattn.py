@@ -5,7 +5,7 @@ import torch
 from attn_reference import reference_attention
 
 from lvx_app.attention import decode_xattn
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 
 B, SK, HQ, HKV, D = 2, 19, 8, 2, 8
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 from lvx_app.engine.api import EngineError, GenerationParams
 from lvx_app.engine.chat import printable
 from lvx_app.engine.control import ControlChannel
@@ -28,7 +28,7 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
 
 def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str):
     """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
-    from lvx_app.dist.group import init_distributed
+    from lvx_app.parallel.group import init_distributed
 
     session = Session(_config(checkpoint, cache_dir, kv_mode=kv_mode), init_distributed(cuda=False))
     channel = ControlChannel()

@@ -12,7 +12,7 @@ import torch
 from attn_reference import reference_attention
 
 from lvx_app.attention import kernels, lv_xattn, lv_xattn_with_lse
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_hyper_attention import P, tiny_config, tiny_model
 
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 
 
 def _inputs(generation: str, n_frames: int):

@@ -13,7 +13,7 @@ from lvx_app.attention.ring import (
     zigzag_shard,
     zigzag_unshard,
 )
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lvx_app.dist.testing import run_ranks
+from lvx_app.parallel.testing import run_ranks
 from lvx_app.train.data import IGNORE, DataError, load_jsonl, tokenize
 from lvx_app.train.loop import TrainConfig, Trainer, run_training
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from videos import IndexEncoder, index_from_features, make_not_a_video, make_truncated, make_video, make_zero_length
 
-from lvx_app.dist.testing import RankFailed, run_ranks
+from lvx_app.parallel.testing import RankFailed, run_ranks
 from lvx_app.video import (
     BadFpsError,
     CorruptVideoError,

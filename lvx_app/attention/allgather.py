@@ -9,7 +9,7 @@ to every rank, so it is the worst case for long video; it is here for honest
 comparison.
 
 Shards may be uneven or empty; their lengths are exchanged once per call
-(lvx_app.dist.collectives), and padded to the longest for the transfer (the
+(lvx_app.parallel.collectives), and padded to the longest for the transfer (the
 bytes counted include that padding).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.dist.collectives import allgather_seq, count_bytes, exchange_sizes, reduce_scatter_seq
+from lvx_app.parallel.collectives import allgather_seq, count_bytes, exchange_sizes, reduce_scatter_seq
 
 
 class _AllGatherXAttn(torch.autograd.Function):

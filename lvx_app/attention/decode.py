@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from lvx_app.attention.kernels import attn_fwd
 from lvx_app.attention.merge import merge_many
-from lvx_app.dist import get_world_size
+from lvx_app.parallel import get_world_size
 
 
 @torch.no_grad()

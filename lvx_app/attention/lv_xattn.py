@@ -41,8 +41,8 @@ import torch.distributed as dist
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, augment_kv, check_inputs
 from lvx_app.attention.merge import acc_dtype, merge_
-from lvx_app.dist import RingComm, get_world_size
-from lvx_app.dist.collectives import count_bytes, exchange_sizes
+from lvx_app.parallel import RingComm, get_world_size
+from lvx_app.parallel.collectives import count_bytes, exchange_sizes
 
 
 class _Ring(RingComm):

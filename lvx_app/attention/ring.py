@@ -31,9 +31,9 @@ import torch
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.attention.merge import merge_
-from lvx_app.dist.collectives import count_bytes, exchange_sizes
-from lvx_app.dist.group import get_rank
-from lvx_app.dist.ring import RingComm
+from lvx_app.parallel.collectives import count_bytes, exchange_sizes
+from lvx_app.parallel.group import get_rank
+from lvx_app.parallel.ring import RingComm
 
 Block = list  # the travelling tensors of one shard: [k, v] or [k, v, k_frame]
 

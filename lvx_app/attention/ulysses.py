@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.dist.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
-from lvx_app.dist.group import get_rank, get_world_size
+from lvx_app.parallel.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
+from lvx_app.parallel.group import get_rank, get_world_size
 
 
 def ulysses_supported(q_heads: int, kv_heads: int, world: int) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lvx_app.dist.group import get_rank, get_world_size, is_distributed
+from lvx_app.parallel.group import get_rank, get_world_size, is_distributed
 
 
 class ControlChannel:

@@ -37,7 +37,7 @@ def open_engine(config: Any, nproc: int, cuda: bool, on_wait: Any = None) -> Eng
         from lvx_app.engine.launch import RemoteEngine
 
         return RemoteEngine(asdict(config), nproc, cuda=cuda, on_wait=on_wait)
-    from lvx_app.dist.group import init_distributed
+    from lvx_app.parallel.group import init_distributed
     from lvx_app.engine.control import ControlChannel
     from lvx_app.engine.driver import GroupDriver
     from lvx_app.engine.session import Session

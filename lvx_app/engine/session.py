@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
-from lvx_app.dist.group import DistInfo
+from lvx_app.parallel.group import DistInfo
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 from multiprocessing.connection import Client
 
-from lvx_app.dist.group import init_distributed, run_rank
+from lvx_app.parallel.group import init_distributed, run_rank
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file, pid_file

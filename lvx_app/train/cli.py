@@ -1,6 +1,6 @@
 """`lvx finetune`: a thin typer command over `lvx_app.train.loop` (register `finetune_command` on the app).
 
-One rank runs in this process; more run as a local torchrun group (`python -m lvx_app.dist.torchrun`, torch's
+One rank runs in this process; more run as a local torchrun group (`python -m lvx_app.parallel.torchrun`, torch's
 launcher minus its failure traceback, with the worker `python -m lvx_app.train.worker`). Multi-node: run that same worker
 module under `torchrun --nnodes ... --rdzv-endpoint ...` with `--config` holding the TrainConfig JSON.
 """
@@ -109,7 +109,7 @@ def _interrupted(out: str) -> int:
 def run_finetune(cfg, world: int) -> int:
     """Run `cfg` on `world` ranks: in this process for one, else a local torchrun group; returns an exit code."""
     if world == 1:
-        from lvx_app.dist.group import destroy_distributed, init_distributed
+        from lvx_app.parallel.group import destroy_distributed, init_distributed
         from lvx_app.train.loop import run_training
         from lvx_app.train.worker import user_errors
 
@@ -127,7 +127,7 @@ def run_finetune(cfg, world: int) -> int:
     env = dict(os.environ)
     if not cfg.cuda:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    cmd = [sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", f"--nproc-per-node={world}",
+    cmd = [sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", f"--nproc-per-node={world}",
            "--monitor-interval=0.5", "-m", "lvx_app.train.worker", "--config", json.dumps(dataclasses.asdict(cfg))]
     proc = subprocess.Popen(cmd, env=env)
     try:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
-from lvx_app.dist import get_rank, get_world_size
+from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 

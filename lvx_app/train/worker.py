@@ -22,7 +22,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank of the finetuning group described by --config (a TrainConfig as JSON)."""
-    from lvx_app.dist.group import init_distributed, run_rank
+    from lvx_app.parallel.group import init_distributed, run_rank
     from lvx_app.train.loop import TrainConfig, run_training
 
     parser = argparse.ArgumentParser(description=__doc__)

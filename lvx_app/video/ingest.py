@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from lvx_app.dist import get_rank, get_world_size
+from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.video.cache import CacheKey, FeatureCache
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, default_dtype, feature_shape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lvx_app.dist.group import get_world_size
+from lvx_app.parallel.group import get_world_size
 
 # torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

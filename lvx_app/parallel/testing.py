@@ -43,7 +43,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
     import torch
 
     torch.set_num_threads(1)
-    from lvx_app.dist.group import destroy_distributed, init_distributed
+    from lvx_app.parallel.group import destroy_distributed, init_distributed
 
     try:
         init_distributed(cuda=False, timeout_s=120)

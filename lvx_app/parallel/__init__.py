@@ -1,6 +1,6 @@
 """Process-group set-up, the ring P2P helper and the test-rank spawner."""
 
-from lvx_app.dist.group import (
+from lvx_app.parallel.group import (
     DistInfo,
     barrier,
     destroy_distributed,
@@ -8,7 +8,7 @@ from lvx_app.dist.group import (
     get_world_size,
     init_distributed,
 )
-from lvx_app.dist.ring import RingComm
+from lvx_app.parallel.ring import RingComm
 
 __all__ = [
     "DistInfo",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lvx_app.dist.group import get_rank, get_world_size
+from lvx_app.parallel.group import get_rank, get_world_size
 
 
 class RingComm:

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lvx_app.dist import RingComm, get_rank, get_world_size
-from lvx_app.dist.testing import RankFailed, run_ranks
+from lvx_app.parallel import RingComm, get_rank, get_world_size
+from lvx_app.parallel.testing import RankFailed, run_ranks
 
 
 def _ring_pass(rank: int, world: int, n: int):
@@ -41,7 +41,7 @@ def test_failure_on_a_rank_is_reported():
 
 
 def test_run_rank_names_the_failed_rank_and_records_the_trace(monkeypatch, capsys):
-    from lvx_app.dist.group import run_rank
+    from lvx_app.parallel.group import run_rank
 
     monkeypatch.setenv("RANK", "3")
     recorded = []
@@ -60,7 +60,7 @@ def test_run_rank_names_the_failed_rank_and_records_the_trace(monkeypatch, capsy
 
 
 def test_run_rank_reports_user_errors_in_one_line(monkeypatch, capsys):
-    from lvx_app.dist.group import run_rank
+    from lvx_app.parallel.group import run_rank
 
     monkeypatch.setenv("RANK", "1")
     recorded = []
@@ -82,11 +82,11 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     script.write_text("import os, signal, time\n"
                       "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
                       "time.sleep(20)\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", "--nproc-per-node=2",
+    res = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                           "--monitor-interval=0.2", str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr
     assert "rank 1 was killed by SIGKILL" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
-    ok = subprocess.run([sys.executable, "-m", "lvx_app.dist.torchrun", "--standalone", "--nproc-per-node=2",
+    ok = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                          "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr

@@ -1,7 +1,7 @@
-"""`python -m lvx_app.dist.torchrun ARGS`: torch's torchrun (same arguments) that ends a failed group quietly.
+"""`python -m lvx_app.parallel.torchrun ARGS`: torch's torchrun (same arguments) that ends a failed group quietly.
 
 torchrun ends a failed group with a Python traceback (ChildFailedError), a summary block and error log lines.
-Ranks run through `lvx_app.dist.group.run_rank` already print one readable line saying why they failed, so that
+Ranks run through `lvx_app.parallel.group.run_rank` already print one readable line saying why they failed, so that
 noise only buries the cause. This runs the same launcher, `torch.distributed.run.run`, and prints a line only
 for a rank that could not say why: one killed by a signal (the out-of-memory killer, most often).
 Exit codes: 0 when every rank succeeded, 1 when one failed, 130 when stopped by Ctrl-C or SIGTERM.
