@@ -1,0 +1,152 @@
+"""The shape of the tree (docs/architecture.md): imports go one way, no file cycles, no unexplained long function.
+
+The layers are listed once, here and in docs/architecture.md; a module may import its own layer or lower ones.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("lvx_app", "models", "ui")
+MAX_LINES = 60
+WHY_LONG = "# long:"  # a function over MAX_LINES says why within its first lines, e.g. "# long: the option list"
+
+# (layer, module prefixes), top first; the first matching prefix wins, so list the specific ones before their package.
+LAYERS = [
+    (5, ["ui", "lvx_app.cli", "lvx_app.serve_cli", "lvx_app.cli_options", "lvx_app.frontends", "lvx_app.demo",
+         "lvx_app.info", "lvx_app.eval.cli", "lvx_app.train.cli", "lvx_app.video.cache_cli"]),
+    (4, ["lvx_app.engine", "lvx_app.eval", "lvx_app.train"]),
+    (3, ["lvx_app.video"]),
+    (2, ["models"]),
+    (1, ["lvx_app.attention", "lvx_app.parallel"]),
+    (0, ["lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines"]),
+]  # fmt: skip
+
+
+def layer_of(module: str) -> int:
+    if module == "lvx_app":
+        return 0  # the package root holds only the version
+    for layer, prefixes in LAYERS:
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return layer
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """Our modules that `module` imports anywhere in its file (function-level imports count)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            stem = ".".join(x for x in (base, node.module or "") if x)
+            names = [stem] + [f"{stem}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+GRAPH = {m: _imported(m, p) for m, p in MODULES.items()}
+
+
+def _is_package_init(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_never_go_up_a_layer():
+    upward = [
+        f"{m} (layer {layer_of(m)}) imports {d} (layer {layer_of(d)})"
+        for m, deps in GRAPH.items()
+        for d in deps
+        if layer_of(d) > layer_of(m)
+    ]
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_file_import_cycles():
+    # a package __init__ re-exports its children; it is not a file the children depend on
+    graph = {m: {d for d in deps if not _is_package_init(d)} for m, deps in GRAPH.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(trail[trail.index(nxt):] + [node, nxt]) if nxt in trail else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def _long_functions() -> list[str]:
+    out = []
+    for module, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                head = lines[node.lineno - 1 : node.body[0].lineno + 1]
+                if length > MAX_LINES and not any(WHY_LONG in line for line in head):
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_function_over_60_lines_without_a_reason():
+    assert not _long_functions(), "\n".join(_long_functions())
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import lvx_app.attention.merge as m", {"lvx_app.attention.merge"}),
+        ("from .config import Owl3Config", {"models.mplug_owl3.config"}),
+        ("def f():\n    from lvx_app.engine.api import EngineError", {"lvx_app.engine.api"}),
+    ],
+)
+def test_import_reader_resolves_absolute_relative_and_function_level_imports(tmp_path, source, expected):
+    path = tmp_path / "x.py"
+    path.write_text(source)
+    assert _imported("models.mplug_owl3.x", path) == expected
+
+
+def test_specific_prefixes_win_over_their_package():
+    assert layer_of("lvx_app.video.cache_cli") == 5 and layer_of("lvx_app.video.ingest") == 3
+    assert layer_of("lvx_app.engine.session") == 4 and layer_of("lvx_app.defaults") == 0
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("lvx_app.new_module")
