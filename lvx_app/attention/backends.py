@@ -218,97 +218,56 @@ def _cuda_bias(mask, q):
     return _additive(mask, q.dtype, align=16).expand(b, q.shape[2], sq, sk)
 
 
-def _efficient_fwd(q, k, v, scale, mask, causal):
+def _heads_first(q, k, v):
+    """(q, k, v) in the (B, H, S, D) layout the aten SDPA ops take, K/V heads repeated to Hq; and the group size."""
     g = q.shape[2] // k.shape[2]
+    return q.transpose(1, 2), _repeat_kv(k, g).transpose(1, 2), _repeat_kv(v, g).transpose(1, 2), g
+
+
+def _efficient_fwd(q, k, v, scale, mask, causal):
+    qt, kt, vt, _ = _heads_first(q, k, v)
     o, lse, _seed, _off = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        _cuda_bias(mask, q),
-        True,
-        0.0,
-        causal,
-        scale=scale,
+        qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, scale=scale
     )
     return o.transpose(1, 2), lse[..., : q.shape[1]].float()
 
 
 def _efficient_bwd(dout, q, k, v, out, lse, scale, mask, causal):
-    g = q.shape[2] // k.shape[2]
+    qt, kt, vt, g = _heads_first(q, k, v)
     sq = q.shape[1]
     lse_p = F.pad(lse.float(), (0, -(-sq // 32) * 32 - sq)).contiguous()
     dummy = torch.zeros((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _db = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        dout.transpose(1, 2),
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        _cuda_bias(mask, q),
-        out.transpose(1, 2),
-        lse_p,
-        dummy,
-        dummy,
-        0.0,
-        [True, True, True, False],
-        causal,
-        scale=scale,
+        dout.transpose(1, 2), qt, kt, vt, _cuda_bias(mask, q), out.transpose(1, 2), lse_p, dummy, dummy, 0.0,
+        [True, True, True, False], causal, scale=scale,
     )
     return dq.transpose(1, 2), _sum_groups(dk.transpose(1, 2), g), _sum_groups(dv.transpose(1, 2), g)
 
 
 def _flash_fwd(q, k, v, scale, mask, causal):
     assert mask is None
-    g = q.shape[2] // k.shape[2]
-    res = torch.ops.aten._scaled_dot_product_flash_attention(
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        0.0,
-        causal,
-        False,
-        scale=scale,
-    )
+    qt, kt, vt, _ = _heads_first(q, k, v)
+    res = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal, False, scale=scale)
     return res[0].transpose(1, 2), res[1].float()
 
 
 def _flash_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     assert mask is None
-    g = q.shape[2] // k.shape[2]
+    qt, kt, vt, g = _heads_first(q, k, v)
     # dropout is 0, so the philox state is never read; pass placeholders of the forward's kind.
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
     unused = torch.empty(0, dtype=torch.uint64, device=q.device)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        dout.transpose(1, 2),
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        out.transpose(1, 2),
-        lse.float().contiguous(),
-        None,
-        None,
-        q.shape[1],
-        k.shape[1],
-        0.0,
-        causal,
-        rng,
-        unused,
-        scale=scale,
+        dout.transpose(1, 2), qt, kt, vt, out.transpose(1, 2), lse.float().contiguous(), None, None, q.shape[1],
+        k.shape[1], 0.0, causal, rng, unused, scale=scale,
     )
     return dq.transpose(1, 2), _sum_groups(dk.transpose(1, 2), g), _sum_groups(dv.transpose(1, 2), g)
 
 
 def _cudnn_fwd(q, k, v, scale, mask, causal):
-    g = q.shape[2] // k.shape[2]
+    qt, kt, vt, _ = _heads_first(q, k, v)
     res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(1, 2),
-        _repeat_kv(k, g).transpose(1, 2),
-        _repeat_kv(v, g).transpose(1, 2),
-        _cuda_bias(mask, q),
-        True,
-        0.0,
-        causal,
-        False,
-        scale=scale,
+        qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, False, scale=scale
     )
     b, sq, h, _ = q.shape
     return res[0].transpose(1, 2), res[1].float().reshape(b, h, sq)
