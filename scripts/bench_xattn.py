@@ -31,12 +31,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lvx_app.attention.allgather import allgather_xattn  # noqa: E402
-from lvx_app.attention.kernels import _can_run, attn_bwd, attn_fwd, available_backends  # noqa: E402
-from lvx_app.attention.lv_xattn import lv_xattn  # noqa: E402
-from lvx_app.attention.merge import merge_  # noqa: E402
-from lvx_app.attention.ring import ring_xattn  # noqa: E402
-from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn  # noqa: E402
+from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
+from lvx_app.attention.backends import can_run  # noqa: E402
+from lvx_app.attention.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
@@ -347,7 +344,7 @@ def bench_kernels(device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, d
     flops_fwd = 4 * s_q * s_kv * hq * d
     rows = {}
     for backend in available_backends(dev):
-        if backend == "math" or not _can_run(backend, q, False, d):
+        if backend == "math" or not can_run(backend, q, False, d):
             rows[backend] = {"skipped": "materialises the score matrix" if backend == "math" else "cannot run"}
             continue
         out, lse = attn_fwd(q, k, v, backend=backend)

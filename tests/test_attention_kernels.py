@@ -6,8 +6,9 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import kernels
-from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, available_backends
+from lvx_app.attention import backends, masks
+from lvx_app.attention.backends import available_backends
+from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd
 from lvx_app.attention.merge import merge, merge_, merge_many
 
 NEG_INF = float("-inf")
@@ -114,15 +115,15 @@ def test_float64_is_exact():
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
     """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible range."""
-    monkeypatch.setattr(kernels, "Q_TILE", 4)
+    monkeypatch.setattr(masks, "Q_TILE", 4)
     calls = []
-    real = kernels._FWD[backend]
+    real = backends._FWD[backend]
 
     def spy(q, k, v, scale, mask, causal):
         calls.append((q.shape[1], k.shape[1], mask is not None))
         return real(q, k, v, scale, mask, causal)
 
-    monkeypatch.setitem(kernels._FWD, backend, spy)
+    monkeypatch.setitem(backends._FWD, backend, spy)
     b, sq, sk = 1, 16, 24
     q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
@@ -146,7 +147,7 @@ def test_empty_and_fully_hidden_blocks(backend, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("kernel called on an empty or fully hidden block")
 
-    monkeypatch.setitem(kernels._FWD, backend, boom)
+    monkeypatch.setitem(backends._FWD, backend, boom)
     q, k, v, _, _ = _inputs(2, 5, 0, 8, 2, 8)
     out, lse = attn_fwd(q, k, v, backend=backend)
     assert torch.equal(out, torch.zeros_like(q)) and (lse == NEG_INF).all()
@@ -201,7 +202,7 @@ def test_available_backends_and_errors(monkeypatch):
     with pytest.raises(ValueError, match="go together"):
         attn_fwd(q, k, v, q_vis=torch.ones(1, 2, dtype=torch.long))
     monkeypatch.setenv("LVX_ATTN_BACKEND", "math")
-    assert kernels._choose(None, q, False, 8) == "math"
+    assert backends.choose_backend(None, q, False, 8) == "math"
 
 
 @pytest.mark.parametrize("use_lse", [True, False])
@@ -329,22 +330,22 @@ def test_cuda_fp32_efficient():
 
 def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch):
     """flash / flash_attn / cudnn calls are written from signatures; a rejecting call falls back exactly."""
-    monkeypatch.setattr(kernels, "_broken", set())
+    monkeypatch.setattr(backends, "_broken", set())
 
     def reject(*a, **k):
         raise RuntimeError("unexpected argument")
 
-    monkeypatch.setitem(kernels._FWD, "flash", reject)
-    monkeypatch.setitem(kernels._BWD, "flash", reject)
+    monkeypatch.setitem(backends._FWD, "flash", reject)
+    monkeypatch.setitem(backends._BWD, "flash", reject)
     q, k, v, _, _ = _inputs(1, 4, 6, 4, 2, 8)
-    want_o, want_l = kernels._math_fwd(q, k, v, 0.5, None, False)
+    want_o, want_l = backends._math_fwd(q, k, v, 0.5, None, False)
     with pytest.warns(UserWarning, match="failed"):
-        o, l_ = kernels._kernel_fwd("flash", q, k, v, 0.5, None, False)
+        o, l_ = backends.kernel_fwd("flash", q, k, v, 0.5, None, False)
     torch.testing.assert_close(o, want_o)
     torch.testing.assert_close(l_, want_l)
     with pytest.warns(UserWarning, match="failed"):
-        grads = kernels._kernel_bwd("flash", torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
-    want = kernels._math_bwd(torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
+        grads = backends.kernel_bwd("flash", torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
+    want = backends._math_bwd(torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b)
-    assert ("fwd", "flash") in kernels._broken and ("bwd", "flash") in kernels._broken
+    assert ("fwd", "flash") in backends._broken and ("bwd", "flash") in backends._broken

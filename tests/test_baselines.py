@@ -11,9 +11,7 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention.allgather import allgather_xattn
-from lvx_app.attention.ring import ring_xattn
-from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn
+from lvx_app.attention.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn
 from lvx_app.parallel.testing import run_ranks
 
 PATHS = {"ring": ring_xattn, "ulysses": ulysses_xattn, "allgather": allgather_xattn}

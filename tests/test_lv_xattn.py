@@ -11,7 +11,7 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import kernels, lv_xattn, lv_xattn_with_lse
+from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse, masks
 from lvx_app.parallel.testing import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
@@ -57,7 +57,7 @@ def _case_data(seed, dtype, media, unsorted):
 def _lv_cases(rank, world):
     results = []
     for i, (name, dtype, media, with_lse, qz, kz, unsorted, tile, scale) in enumerate(CASES):
-        kernels.Q_TILE = tile or 256
+        masks.Q_TILE = tile or 256
         q, k, v, w, u, q_vis, k_frame = _case_data(i, dtype, media, unsorted)
         qc = _cuts(SQ, world, None if qz < 0 else qz % world)
         kc = _cuts(SK, world, None if kz < 0 else kz % world)
@@ -153,7 +153,7 @@ def test_world_of_one_without_process_group_equals_attention():
     a = [t.clone().requires_grad_() for t in (q, k, v)]
     b = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse = lv_xattn_with_lse(*a, q_vis=q_vis, k_frame=k_frame)
-    ref_o, ref_l = kernels.attention(*b, q_vis=q_vis, k_frame=k_frame)
+    ref_o, ref_l = attention(*b, q_vis=q_vis, k_frame=k_frame)
     torch.testing.assert_close(out, ref_o)
     torch.testing.assert_close(lse, ref_l)
     w = torch.randn_like(out)

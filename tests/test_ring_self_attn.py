@@ -6,13 +6,8 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention.ring import (
-    ring_self_attn,
-    zigzag_chunk_sizes,
-    zigzag_indices,
-    zigzag_shard,
-    zigzag_unshard,
-)
+from lvx_app.attention.baselines import ring_self_attn
+from lvx_app.attention.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
 from lvx_app.parallel.testing import run_ranks
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -104,7 +99,7 @@ def test_zigzag_rejects_a_wrong_layout():
 
 def _balance(rank: int, world: int):
     """Count query-key pairs each rank computes: zigzag keeps them equal."""
-    from lvx_app.attention import ring
+    from lvx_app.attention.baselines import ring
 
     done = []
     real = ring.attn_fwd

@@ -84,7 +84,7 @@ def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
     s_kv = N_FRAMES * tr.config.vision.num_patches
     saved = []
     calls = []
-    inner = rc._forward
+    inner = rc.lv_xattn_forward
 
     def counting(*a):
         calls.append(1)
@@ -95,13 +95,13 @@ def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
             saved.append(t.numel())
         return t
 
-    rc._forward = counting
+    rc.lv_xattn_forward = counting
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             ce, n = tr.forward(tok, e, torch.arange(N_FRAMES))
         tr.backward(ce, n)
     finally:
-        rc._forward = inner
+        rc.lv_xattn_forward = inner
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for _, p in tr.params)
     return sum(saved), len(calls)
 

@@ -1,30 +1,30 @@
-"""Distributed attention for lvx: block kernels returning (out, lse), the lse merge,
-LV-XAttn (pass-Q ring cross-attention), decode combine, and the baselines."""
+"""Attention as the product runs it: block kernels returning (out, lse), the lse merge, LV-XAttn
+(pass-Q ring cross-attention), the decode combine and the zigzag text layout.
 
-from lvx_app.attention.allgather import allgather_xattn
-from lvx_app.attention.decode import decode_xattn
-from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, available_backends
-from lvx_app.attention.lv_xattn import lv_xattn, lv_xattn_with_lse
+The baselines it is measured against live in `lvx_app.attention.baselines`."""
+
+from lvx_app.attention.backends import available_backends
+from lvx_app.attention.decode_xattn import decode_xattn
+from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, check_inputs
+from lvx_app.attention.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
+from lvx_app.attention.lv_xattn import lv_xattn, lv_xattn_backward, lv_xattn_forward, lv_xattn_with_lse
 from lvx_app.attention.merge import merge, merge_, merge_many
-from lvx_app.attention.ring import ring_self_attn, ring_xattn, zigzag_indices, zigzag_shard, zigzag_unshard
-from lvx_app.attention.ulysses import ulysses_supported, ulysses_xattn
 
 __all__ = [
-    "allgather_xattn",
     "attention",
     "attn_bwd",
     "attn_fwd",
     "available_backends",
+    "check_inputs",
     "decode_xattn",
     "lv_xattn",
+    "lv_xattn_backward",
+    "lv_xattn_forward",
     "lv_xattn_with_lse",
     "merge",
     "merge_",
     "merge_many",
-    "ring_self_attn",
-    "ring_xattn",
-    "ulysses_supported",
-    "ulysses_xattn",
+    "zigzag_chunk_sizes",
     "zigzag_indices",
     "zigzag_shard",
     "zigzag_unshard",

@@ -7,14 +7,16 @@ reused by the backward, or passed in as `q_sizes`). All ranks must agree on
 batch, query heads, head_dim, dtype, scale and whether a media mask is used.
 Query block j starts on rank j and walks the ring r -> r+1:
 
-forward, round t on rank r (it holds block j = r - t):
+forward, round t on rank r (it holds block j = r - t, `held_len` = S_j rows):
   1. post the P2P that passes Q_j (+ its q_vis row) on to r+1 and receives
-     Q_{j-1} for the next round (t < n-1);
-  2. compute the partial (o, lse) of Q_j against the local K/V (fully hidden
-     tiles and empty shards are skipped inside `attn_fwd`);
+     Q_{j-1} (`next_q`, `next_len` rows) for the next round (t < n-1);
+  2. compute the partial (o, lse) of Q_j against the local K/V (`partial_out`,
+     `partial_lse`; fully hidden tiles and empty shards are skipped inside
+     `attn_fwd`);
   3. wait for the running (O_j, lse_j) that rank r-1 merged last round, merge
      the partial into it (log-sum-exp, float32);
-  4. post the P2P that passes (O_j, lse_j) on (packed in one float32 buffer).
+  4. post the P2P that passes (O_j, lse_j) on (`running`: packed in one
+     float32 buffer).
 After n rounds every block has seen every shard and its (O, lse) is home:
 n-1 Q transfers and n (O, lse) transfers per rank, no K/V transfer. Bytes
 sent by rank r, with S_j the length of block j held in round t:
@@ -23,13 +25,15 @@ sent by rank r, with S_j the length of block j held in round t:
 (n_l = 2 with lse, 1 for `lv_xattn`); pass `stats={}` to get them added up as fwd_bytes / bwd_bytes.
 Empty blocks are never sent (one-sided P2P instead of padding).
 
-backward: the same ring with (Q_j, dO_j, O_j) [one packed q-dtype message],
-(lse_j[, dlse_j]) [one float32 message] and q_vis_j travelling, the dQ_j
-accumulator (float32) passed on after each round; dK, dV accumulate locally
-(float32) and are exact because every block backward uses the final (O, lse).
+backward: the same four steps, with (Q_j, dO_j, O_j) [one packed q-dtype
+message], (lse_j[, dlse_j]) [one float32 message] and q_vis_j travelling in
+step 1, the block backward in step 2, and the dQ_j accumulator (float32,
+`running_dq`) waited for in step 3 and passed on in step 4; dK, dV accumulate
+locally (float32) and are exact because every block backward uses the final
+(O, lse). `lv_xattn_forward` / `lv_xattn_backward` are the two rings without
+autograd, for callers that run their own backward (recompute in finetuning).
 
-On CUDA the P2P is posted on a side stream that first waits for the producer
-stream; `wait` makes the compute stream wait for it. (Untested without a GPU.)
+On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.)
 Float64 inputs keep O/lse in float64 (exact tests); otherwise they travel in
 float32 whatever the input dtype.
 """
@@ -38,45 +42,16 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from lvx_app.attention.kernels import attn_bwd, attn_fwd, augment_kv, check_inputs
+from lvx_app.attention.backends import augment_kv
+from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
 from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
 
 
-class _Ring(RingComm):
-    """RingComm that also does one-sided transfers (uneven or empty blocks) and a CUDA side stream."""
-
-    def __init__(self, group, device: torch.device) -> None:
-        super().__init__(group)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.world_size > 1 else None
-
-    def post(self, pairs) -> None:
-        """pairs: [(send tensor or None, recv buffer or None)]; queue all, then commit.
-
-        Empty tensors are skipped on both sides (both know every block's length)."""
-        for send, recv in pairs:
-            if send is not None and send.numel():
-                send = send.contiguous()
-                self._ops.append(dist.P2POp(dist.isend, send, self.send_to, self.group))
-                self.bytes_sent += send.numel() * send.element_size()
-            if recv is not None and recv.numel():
-                self._ops.append(dist.P2POp(dist.irecv, recv, self.recv_from, self.group))
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-            with torch.cuda.stream(self.stream):
-                self.commit()
-        else:
-            self.commit()
-
-    def wait(self) -> None:
-        super().wait()
-        if self.stream is not None:
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
-
-
-def _query_sizes(q: torch.Tensor, group, n: int, rank: int, known=None) -> list[int]:
+def _query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
     """Every rank's query-block length: `known` (checked) or one all_gather of one int."""
     if known is not None:
         known = [int(x) for x in known]
@@ -87,125 +62,138 @@ def _query_sizes(q: torch.Tensor, group, n: int, rank: int, known=None) -> list[
     return sizes
 
 
-def _split_ol(buf: torch.Tensor, b: int, s: int, h: int, d: int):
-    n1 = b * s * h * d
-    return buf[:n1].view(b, s, h, d), buf[n1:].view(b, h, s)
+def _out_lse_buffer(q: Tensor, rows: int) -> Tensor:
+    """One flat buffer for a block's running (O, lse) of `rows` query rows, so it travels as one message."""
+    b, _, hq, d = q.shape
+    return torch.empty(b * rows * hq * (d + 1), dtype=acc_dtype(q), device=q.device)
 
 
-def _forward(q, k, v, scale, q_vis, k_frame, group, q_sizes):
-    """Returns (out in q dtype, lse float32, per-rank query sizes, bytes sent by this rank)."""
+def _out_lse_views(buf: Tensor, q: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """The (O (B, rows, Hq, D), lse (B, Hq, rows)) views of an `_out_lse_buffer`."""
+    b, _, hq, d = q.shape
+    n_out = b * rows * hq * d
+    return buf[:n_out].view(b, rows, hq, d), buf[n_out:].view(b, hq, rows)
+
+
+def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis: Tensor | None, k_frame: Tensor | None,
+                     group: dist.ProcessGroup | None, q_sizes: list[int] | None) -> tuple[Tensor, Tensor, list[int], int]:
+    """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block length, bytes sent).
+
+    Inputs as `lv_xattn_with_lse` (checked by the caller); pass the returned sizes to `lv_xattn_backward`."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
-    qring, oring = _Ring(group, q.device), _Ring(group, q.device)
-    r = qring.rank
-    sizes = _query_sizes(q, group, n, r, q_sizes)
-    ct = acc_dtype(q)
-    media = q_vis is not None
-    qv = q_vis.to(torch.int32).contiguous() if media else None
-
-    def ol_buf(s):
-        return torch.empty(b * s * hq * (d + 1), dtype=ct, device=q.device)
-
-    cur_q, cur_qv, ol = q, qv, None  # ol: packed running (O, lse) of the held block
+    q_ring, out_ring = RingComm(group, q.device), RingComm(group, q.device)
+    rank = q_ring.rank
+    sizes = _query_sizes(q, group, n, rank, q_sizes)
+    held_q = q
+    held_q_vis = q_vis.to(torch.int32).contiguous() if q_vis is not None else None
+    running = None  # the held block's running (O, lse), one `_out_lse_buffer`
     for t in range(n):
-        j = (r - t) % n
-        sj, sp = sizes[j], sizes[(j - 1) % n]
+        held = (rank - t) % n
+        held_len, next_len = sizes[held], sizes[(held - 1) % n]
         if t < n - 1:  # 1. pass the held query block on, receive the next round's
-            nxt_q = q.new_empty(b, sp, hq, d)
-            nxt_qv = qv.new_empty(b, sp) if media else None
-            qring.post([(cur_q, nxt_q), (cur_qv, nxt_qv)])
-        if sj:  # 2. partial result against the local shard (overlaps the transfers)
-            o, l_ = attn_fwd(cur_q, k, v, scale=scale, q_vis=cur_qv, k_frame=k_frame)
-        if t > 0:  # 3. the running (O, lse) rank r-1 passed on last round
-            oring.wait()
-        if sj:
+            next_q = q.new_empty(b, next_len, hq, d)
+            next_q_vis = held_q_vis.new_empty(b, next_len) if held_q_vis is not None else None
+            q_ring.post([(held_q, next_q), (held_q_vis, next_q_vis)])
+        if held_len:  # 2. partial result against the local shard (overlaps the transfers)
+            partial_out, partial_lse = attn_fwd(held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame)
+        if t > 0:  # 3. the running (O, lse) rank r-1 passed on last round; merge the partial into it
+            out_ring.wait()
+        if held_len:
             if t == 0:
-                ol = ol_buf(sj)
-                O, L = _split_ol(ol, b, sj, hq, d)
-                O.copy_(o)
-                L.copy_(l_)
+                running = _out_lse_buffer(q, held_len)
+                out_view, lse_view = _out_lse_views(running, q, held_len)
+                out_view.copy_(partial_out)
+                lse_view.copy_(partial_lse)
             else:
-                merge_(*_split_ol(ol, b, sj, hq, d), o, l_)
+                merge_(*_out_lse_views(running, q, held_len), partial_out, partial_lse)
         if n == 1:
             break
-        nxt_ol = ol_buf(sp)  # 4. pass (O, lse) on; the last round's send brings every block home
-        oring.post([(ol, nxt_ol)])
+        next_running = _out_lse_buffer(q, next_len)  # 4. pass (O, lse) on; the last round's send brings every block home
+        out_ring.post([(running, next_running)])
         if t < n - 1:
-            qring.wait()
-            cur_q, cur_qv = nxt_q, nxt_qv
-        ol = nxt_ol
+            q_ring.wait()
+            held_q, held_q_vis = next_q, next_q_vis
+        running = next_running
     if n > 1:
-        oring.wait()
-    sent = qring.bytes_sent + oring.bytes_sent
+        out_ring.wait()
+    sent = q_ring.bytes_sent + out_ring.bytes_sent
     if sq == 0:
-        return q.new_zeros(b, 0, hq, d), torch.empty(b, hq, 0, dtype=ct, device=q.device), sizes, sent
-    O, L = _split_ol(ol, b, sq, hq, d)
-    return O.to(q.dtype), L, sizes, sent
+        return q.new_zeros(b, 0, hq, d), torch.empty(b, hq, 0, dtype=acc_dtype(q), device=q.device), sizes, sent
+    out, lse = _out_lse_views(running, q, sq)
+    return out.to(q.dtype), lse, sizes, sent
 
 
-def _backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes):
-    """Returns (dq, dk, dv, bytes sent). `with_lse`: carry dlse (zeros where None) on every rank."""
+def _backward_block(q: Tensor, dout: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None, q_vis: Tensor | None,
+                    with_lse: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """What of this rank's query block travels in backward: (Q, dO, O) stacked in q's dtype,
+    (lse[, dlse]) stacked in float32, q_vis as int32."""
+    b, sq, hq, _ = q.shape
+    qdo = torch.stack([q, dout.to(q.dtype), out.to(q.dtype)])
+    lses = torch.empty(2 if with_lse else 1, b, hq, sq, dtype=acc_dtype(q), device=q.device)
+    lses[0] = lse
+    if with_lse:
+        lses[1] = 0 if dlse is None else dlse
+    return qdo, lses, q_vis.to(torch.int32).contiguous() if q_vis is not None else None
+
+
+def lv_xattn_backward(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                      scale: float | None, q_vis: Tensor | None, k_frame: Tensor | None, group: dist.ProcessGroup | None,
+                      with_lse: bool, sizes: list[int]) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and the
+    sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on every rank."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
-    qring, gring = _Ring(group, q.device), _Ring(group, q.device)
-    r = qring.rank
-    ct = acc_dtype(q)
-    media = q_vis is not None
-    nl = 2 if with_lse else 1
+    q_ring, dq_ring = RingComm(group, q.device), RingComm(group, q.device)
+    rank = q_ring.rank
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
     # dlse rides through the aten backward ops as extra K/V columns: build them once, not per round
     kv_aug = augment_kv(k, v) if with_lse and k.shape[1] and k.dtype != torch.float64 else None
-
-    # the static part of a block: (Q, dO, O) in q's dtype, (lse[, dlse]) in float32, q_vis
-    cur_x = torch.stack([q, dout.to(q.dtype), out.to(q.dtype)])
-    cur_l = torch.empty(nl, b, hq, sq, dtype=ct, device=q.device)
-    cur_l[0] = lse
-    if with_lse:
-        cur_l[1] = 0 if dlse is None else dlse
-    cur_qv = q_vis.to(torch.int32).contiguous() if media else None
-    dq_acc = None
+    held_qdo, held_lses, held_q_vis = _backward_block(q, dout, out, lse, dlse, q_vis, with_lse)
+    running_dq = None  # the held block's dQ accumulator (float32)
     for t in range(n):
-        j = (r - t) % n
-        sj, sp = sizes[j], sizes[(j - 1) % n]
-        if t < n - 1:
-            nxt_x = q.new_empty(3, b, sp, hq, d)
-            nxt_l = cur_l.new_empty(nl, b, hq, sp)
-            nxt_qv = cur_qv.new_empty(b, sp) if media else None
-            qring.post([(cur_x, nxt_x), (cur_l, nxt_l), (cur_qv, nxt_qv)])
-        if sj:
-            gq, gk, gv = attn_bwd(
-                cur_x[1], cur_x[0], k, v, cur_x[2], cur_l[0], scale=scale, q_vis=cur_qv, k_frame=k_frame,
-                dlse=cur_l[1] if with_lse else None, kv_aug=kv_aug,
+        held = (rank - t) % n
+        held_len, next_len = sizes[held], sizes[(held - 1) % n]
+        if t < n - 1:  # 1. pass the held block on, receive the next round's
+            next_qdo = q.new_empty(3, b, next_len, hq, d)
+            next_lses = held_lses.new_empty(len(held_lses), b, hq, next_len)
+            next_q_vis = held_q_vis.new_empty(b, next_len) if held_q_vis is not None else None
+            q_ring.post([(held_qdo, next_qdo), (held_lses, next_lses), (held_q_vis, next_q_vis)])
+        if held_len:  # 2. this shard's share of dQ_j, and its dK, dV
+            held_q, held_dout, held_out = held_qdo
+            partial_dq, partial_dk, partial_dv = attn_bwd(
+                held_dout, held_q, k, v, held_out, held_lses[0], scale=scale, q_vis=held_q_vis, k_frame=k_frame,
+                dlse=held_lses[1] if with_lse else None, kv_aug=kv_aug,
             )
-            dk += gk
-            dv += gv
-        if t > 0:
-            gring.wait()
-        if sj:
+            dk += partial_dk
+            dv += partial_dv
+        if t > 0:  # 3. the dQ_j accumulator rank r-1 passed on last round; add this shard's share
+            dq_ring.wait()
+        if held_len:
             if t == 0:
-                dq_acc = gq.to(ct)
+                running_dq = partial_dq.to(acc_dtype(q))
             else:
-                dq_acc += gq
+                running_dq += partial_dq
         if n == 1:
             break
-        nxt_dq = torch.empty(b, sp, hq, d, dtype=ct, device=q.device)
-        gring.post([(dq_acc, nxt_dq)])
+        next_dq = torch.empty(b, next_len, hq, d, dtype=acc_dtype(q), device=q.device)  # 4. pass dQ_j on
+        dq_ring.post([(running_dq, next_dq)])
         if t < n - 1:
-            qring.wait()
-            cur_x, cur_l, cur_qv = nxt_x, nxt_l, nxt_qv
-        dq_acc = nxt_dq
+            q_ring.wait()
+            held_qdo, held_lses, held_q_vis = next_qdo, next_lses, next_q_vis
+        running_dq = next_dq
     if n > 1:
-        gring.wait()
-    sent = qring.bytes_sent + gring.bytes_sent
-    dq = torch.zeros_like(q) if dq_acc is None or sq == 0 else dq_acc.to(q.dtype)
+        dq_ring.wait()
+    sent = q_ring.bytes_sent + dq_ring.bytes_sent
+    dq = torch.zeros_like(q) if running_dq is None or sq == 0 else running_dq.to(q.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype), sent
 
 
 class _LVXAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats):
-        out, lse, sizes, sent = _forward(q, k, v, scale, q_vis, k_frame, group, q_sizes)
+        out, lse, sizes, sent = lv_xattn_forward(q, k, v, scale, q_vis, k_frame, group, q_sizes)
         count_bytes(stats, "fwd_bytes", sent)
         ctx.stats = stats
         ctx.save_for_backward(q, k, v, out, lse)
@@ -219,28 +207,24 @@ class _LVXAttn(torch.autograd.Function):
         scale, q_vis, k_frame, group, with_lse, sizes = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv, sent = _backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes)
+        dq, dk, dv, sent = lv_xattn_backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes)
         count_bytes(ctx.stats, "bwd_bytes", sent)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def lv_xattn_with_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    group: dist.ProcessGroup | None = None,
-    scale: float | None = None,
-    q_vis: torch.Tensor | None = None,
-    k_frame: torch.Tensor | None = None,
-    q_sizes: list[int] | None = None,
-    stats: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _lv_xattn(q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats) -> tuple[Tensor, Tensor]:
+    check_inputs(q, k, v, q_vis, k_frame)
+    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats)
+
+
+def lv_xattn_with_lse(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
+                      q_vis: Tensor | None = None, k_frame: Tensor | None = None, q_sizes: list[int] | None = None,
+                      stats: dict | None = None) -> tuple[Tensor, Tensor]:
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) float32).
 
     q: this rank's query block (B, Sq_r, Hq, D), any length incl. 0; k, v: this
     rank's K/V shard (B, Sk_r, Hkv, D), any length incl. 0, never sent. q_vis
-    (B, Sq_r) and k_frame (B, Sk_r): the media mask (see kernels). `scale`
+    (B, Sq_r) and k_frame (B, Sk_r): the media mask (see masks). `scale`
     defaults to 1/sqrt(D) and must match on all ranks, as must B, Hq, D and
     the dtype. `q_sizes`: every rank's query-block length in group-rank order,
     if the caller knows it (skips the one all_gather of sizes per call).
@@ -248,22 +232,11 @@ def lv_xattn_with_lse(
     Differentiable through both outputs (the backward always carries dlse
     around the ring, zeros where the loss does not use lse).
     """
-    check_inputs(q, k, v, q_vis, k_frame)
-    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, True, q_sizes, stats)
+    return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats)
 
 
-def lv_xattn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    group: dist.ProcessGroup | None = None,
-    scale: float | None = None,
-    q_vis: torch.Tensor | None = None,
-    k_frame: torch.Tensor | None = None,
-    q_sizes: list[int] | None = None,
-    stats: dict | None = None,
-) -> torch.Tensor:
+def lv_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
+             q_vis: Tensor | None = None, k_frame: Tensor | None = None, q_sizes: list[int] | None = None,
+             stats: dict | None = None) -> Tensor:
     """LV-XAttn, output only (the backward ring carries no dlse); see `lv_xattn_with_lse`."""
-    check_inputs(q, k, v, q_vis, k_frame)
-    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, False, q_sizes, stats)[0]
+    return _lv_xattn(q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats)[0]

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from lvx_app.attention.layout import zigzag_indices
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
@@ -296,8 +297,6 @@ class Trainer:
 
         tok: the whole sample (every rank has it); features: this rank's frames (N_local, 729, H) (SigLIP
         features when the projector trains); frame_ids: their global indices."""
-        from lvx_app.attention.ring import zigzag_indices
-
         n_targets = tok.num_targets
         if n_targets == 0:
             raise ValueError("a sample without assistant tokens (after truncation) has nothing to learn")

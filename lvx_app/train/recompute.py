@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lvx_app.attention.kernels import check_inputs
-from lvx_app.attention.lv_xattn import _backward, _forward
+from lvx_app.attention.lv_xattn import lv_xattn_backward, lv_xattn_forward
 
 # ---------------------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
@@ -71,7 +71,7 @@ def _attend(q: torch.Tensor, make_kv: Callable[[], tuple[torch.Tensor, torch.Ten
         return out, lse, sizes
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame)
-    out, lse, sizes, _sent = _forward(q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, None)
+    out, lse, sizes, _sent = lv_xattn_forward(q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, None)
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
     return out, lse, sizes
@@ -104,8 +104,8 @@ def _autocast(state: list[tuple[str, torch.dtype]]) -> Iterator[None]:
 def _ring_backward(dout, dlse, q, k, v, out, lse, spec: _Spec, sizes):
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, _sent = _backward(dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group,
-                                  True, sizes)
+    dq, dk, dv, _sent = lv_xattn_backward(dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame,
+                                          spec.group, True, sizes)
     return dq, dk, dv
 
 

@@ -26,6 +26,8 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import nn
 
+from lvx_app.attention import merge
+
 from .config import Owl3Config
 from .layers import apply_rope, rms_norm, rope_cos_sin
 from .qwen2 import Qwen2Attention, StepContext
@@ -132,8 +134,6 @@ class HyperAttention(Qwen2Attention):
             k_vis, v_vis = vis.kv[self.layer_idx]
             out_v, lse_v = ctx.hooks.visual(q, k_vis, v_vis, q_vis=vis.q_vis, k_frame=vis.k_frame)
             if self.generation == "g2":  # one softmax over [visual; text] == LSE merge of the two parts
-                from lvx_app.attention.merge import merge
-
                 out, _ = merge(out, lse, out_v, lse_v)
             else:  # gate mix before o_proj, only where at least one frame is visible
                 ct = torch.promote_types(out.dtype, torch.float32)

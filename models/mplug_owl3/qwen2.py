@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lvx_app.attention import attention
+
 from .config import TRAINED_POSITIONS, Owl3Config
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 
@@ -31,16 +33,12 @@ VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
     """Local text self-attention: lvx_app.attention.kernels.attention, causal bottom-right aligned."""
-    from lvx_app.attention.kernels import attention
-
     return attention(q, k, v, causal=causal)
 
 
 def default_visual_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor,
                         k_frame: torch.Tensor):
     """Local masked cross-attention to visual keys: query t sees key s iff k_frame[s] < q_vis[t]."""
-    from lvx_app.attention.kernels import attention
-
     return attention(q, k, v, q_vis=q_vis, k_frame=k_frame)
 
 

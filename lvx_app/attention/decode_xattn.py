@@ -13,30 +13,23 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from lvx_app.attention.kernels import attn_fwd
-from lvx_app.attention.merge import merge_many
+from lvx_app.attention.merge import acc_dtype, merge_many
 from lvx_app.parallel import get_world_size
 
 
 @torch.no_grad()
-def decode_xattn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    group: dist.ProcessGroup | None = None,
-    scale: float | None = None,
-    q_vis: torch.Tensor | None = None,
-    k_frame: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
+                 q_vis: Tensor | None = None, k_frame: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)
     if n == 1:
         return out, lse
     b, sq, hq, d = q.shape
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    ct = acc_dtype(q)
     packed = torch.cat([out.to(ct).flatten(), lse.to(ct).flatten()])
     gathered = [torch.empty_like(packed) for _ in range(n)]
     dist.all_gather(gathered, packed, group=group)
@@ -44,5 +37,5 @@ def decode_xattn(
     n1 = b * sq * hq * d
     outs = allp[:, :n1].reshape(n, b, sq, hq, d)
     lses = allp[:, n1:].reshape(n, b, hq, sq)
-    o, l_ = merge_many(outs, lses)
-    return o.to(q.dtype), l_
+    merged_out, merged_lse = merge_many(outs, lses)
+    return merged_out.to(q.dtype), merged_lse
