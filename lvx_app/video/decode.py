@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
+from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import (
     CorruptVideoError,
     DecodeTimeoutError,
@@ -50,7 +51,7 @@ from lvx_app.video.errors import (
     VideoNotFoundError,
     error_class,
 )
-from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp, shard_bounds
+from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32

@@ -28,10 +28,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.video.cache import CacheKey, FeatureCache
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
-from lvx_app.video.encode import EncodeFn, ShardEncoder, default_dtype, feature_shape
+from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
 from lvx_app.video.plan import SamplingPlan, check_fps, check_memory, format_timestamp
 
