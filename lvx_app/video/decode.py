@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.parallel.shards import shard_bounds
@@ -52,6 +53,7 @@ from lvx_app.video.errors import (
     error_class,
 )
 from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
+from models.mplug_owl3.image_transform import resize_uint8
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32
@@ -159,7 +161,7 @@ class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
     def __init__(self, threads: int, image_size: int | None, fault: dict | None) -> None:
-        import decord
+        import decord  # only ever in a worker process: never in the engine (see the module docstring)
 
         try:
             decord.logging.set_level(decord.logging.QUIET)
@@ -172,8 +174,6 @@ class _Worker:
         self.path: str | None = None
         self.vr = None
         if image_size is not None:
-            import torch
-
             torch.set_num_threads(max(1, threads))
 
     def reader(self, path: str):
@@ -231,8 +231,6 @@ class _Worker:
             frames = np.stack(out)
         if self.image_size is None:
             return np.ascontiguousarray(frames)
-        from models.mplug_owl3.image_transform import resize_uint8
-
         return resize_uint8(frames, self.image_size).numpy()
 
 

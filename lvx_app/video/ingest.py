@@ -28,6 +28,8 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
@@ -89,9 +91,6 @@ class RichProgress:
     """A rich progress bar: frames decoded+encoded across all ranks, and the rate."""
 
     def __init__(self, title: str) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=Console(stderr=True), transient=False,
