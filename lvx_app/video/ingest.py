@@ -9,9 +9,9 @@ Every rank of the group calls it with the same arguments. Each rank:
 2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its contiguous run;
 3. decodes its chunks in worker processes and streams them through `encode_fn` into E_local;
 4. writes its shard to the cache.
-With several ranks, one small all-reduce per step keeps the ranks in step: it carries the progress counts shown
-on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same message instead of
-leaving the others waiting in a collective.
+With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it carries the
+progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same
+message instead of leaving the others waiting in a collective. `_RankIngest` holds these steps; `ingest()` runs them.
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ class _Sync:
     def agreed(self, counts: list[int], op=None) -> Iterator[list[int]]:
         """Run the block on this rank, then all-reduce [failed, *counts] (sum, or `op`) so no rank is left waiting.
 
-        If the block failed on any rank, every rank raises that rank's error (`raise_all`); otherwise `counts` holds
-        the reduced values afterwards. The block fills `counts` in place and never changes its length, so the
-        collective matches on every rank even when the block stopped half-way.
+        If the block failed on any rank, every rank raises the first failing rank's error (`raise_all`; a failing
+        rank re-raises its own); otherwise `counts` holds the reduced values afterwards. The block fills `counts` in
+        place and never changes its length, so the collective matches on every rank even when it stopped half-way.
         """
         err: BaseException | None = None
         try:
