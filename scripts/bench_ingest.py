@@ -26,13 +26,20 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lvx_app.video import DecodePool, ingest  # noqa: E402
+from lvx_app.video.plan import time_indices  # noqa: E402
+from lvx_app.video.synthetic import concat_video, make_video, read_index  # noqa: E402
+from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
+from models.mplug_owl3.image_transform import normalize  # noqa: E402
+from models.mplug_owl3.vision import SiglipVisionTower, build_projector  # noqa: E402
+
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
-    from lvx_app.video.synthetic import concat_video, make_video
-
     video_dir.mkdir(parents=True, exist_ok=True)
     seg = video_dir / f"segment_{width}x{height}_60s.mp4"
     out = video_dir / f"long_{width}x{height}_{minutes:g}min.mp4"
@@ -63,9 +70,6 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: int) -> dict:
-    from lvx_app.video.decode import DecodePool
-    from lvx_app.video.synthetic import read_index
-
     t0 = time.perf_counter()
     with DecodePool(workers, image_size=image_size) as pool:
         plan, _ = pool.plan(path, fps)
@@ -76,10 +80,6 @@ def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: i
         for offset, frames in pool.decode(path, plan.shard(0, 1).chunks(chunk)):
             n += len(frames)
             if offset < 60 * fps:  # first copy of the segment: indices are unique there
-                import torch
-
-                from models.mplug_owl3.image_transform import normalize
-
                 for j, f in enumerate(normalize(torch.from_numpy(frames))):
                     checked += 1
                     wrong += read_index(f) != plan.indices[offset + j] % 1800
@@ -92,9 +92,7 @@ def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: i
 
 def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dict:
     """Baseline: decord get_batch in this process, same chunks, no resize, no worker process."""
-    import decord
-
-    from lvx_app.video.plan import time_indices
+    import decord  # only this baseline decodes in the benchmark's own process (lvx keeps decord in workers)
 
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -113,8 +111,6 @@ def write_json(args, result: dict) -> None:
     """Write the settings, the machine and the measured rows to --out (if given)."""
     if not args.out:
         return
-    import torch
-
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
@@ -126,8 +122,6 @@ def write_json(args, result: dict) -> None:
 
 def cpu_main(args) -> None:
     path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
-    from lvx_app.video.decode import DecodePool
-
     with DecodePool(1) as warm:  # start the forkserver once (imports torch + decord), outside the timings
         warm.plan(path, args.fps)
     cores = len(os.sched_getaffinity(0))
@@ -149,23 +143,12 @@ def cpu_main(args) -> None:
 
 
 def cuda_main(args) -> None:
-    import torch
-
-    from lvx_app.video import ingest
-
     path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
     dev = torch.device("cuda")
-    try:
-        from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
-        from models.mplug_owl3.vision import SiglipVisionTower, build_projector
-
-        cfg = Owl3Config()
-        tower = SiglipVisionTower(SiglipVisionConfig()).to(dev, torch.bfloat16).eval()
-        proj = build_projector(cfg).to(dev, torch.bfloat16).eval()
-        source = "models/mplug_owl3/vision.py (SigLIP so400m, 26 layers used) + 7B projector, random weights"
-    except ImportError as exc:
-        print(f"models/mplug_owl3/vision.py not usable ({exc}); skipping the GPU benchmark")
-        return
+    cfg = Owl3Config()
+    tower = SiglipVisionTower(SiglipVisionConfig()).to(dev, torch.bfloat16).eval()
+    proj = build_projector(cfg).to(dev, torch.bfloat16).eval()
+    source = "models/mplug_owl3/vision.py (SigLIP so400m, 26 layers used) + 7B projector, random weights"
 
     def encode_fn(pv):
         return proj(tower(pv))

@@ -8,13 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.mplug_owl3 import loader
-from models.mplug_owl3.loader import (
-    CheckpointError,
-    PartNotLoadedError,
-    detect_architecture,
-    inspect_checkpoint,
-    load_model,
-)
+from models.mplug_owl3.checkpoint import CheckpointError, detect_architecture
+from models.mplug_owl3.loader import PartNotLoadedError, inspect_checkpoint, load_model
 from models.mplug_owl3.tiny import write_tiny_checkpoint
 
 L1 = "language_model.model.layers.1.self_attn."  # a hyper layer of the tiny G2 checkpoint (hyper_layers [2, 4])

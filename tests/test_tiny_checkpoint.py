@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.mplug_owl3.loader import load_model, official_shapes
+from models.mplug_owl3.checkpoint import official_shapes
+from models.mplug_owl3.loader import load_model
 from models.mplug_owl3.tiny import MARKERS, SPECIALS, write_tiny_checkpoint
 
 # config.json of mPLUG/mPLUG-Owl3-7B-241101 (reference §4): the tiny one must have the same keys and nesting

@@ -122,9 +122,7 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
     got = cache.load(key)
     assert got is not None and torch.equal(got.features, good)  # the old entry is intact
 
-    import safetensors.torch as st
-
-    real = st.save_file
+    real = cache_mod.save_file
 
     def half_write(tensors, filename, metadata=None):
         real(tensors, filename, metadata=metadata)
@@ -132,7 +130,7 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
             f.truncate(os.path.getsize(filename) // 2)
         raise KeyboardInterrupt  # killed mid-write
 
-    monkeypatch.setattr(st, "save_file", half_write)
+    monkeypatch.setattr(cache_mod, "save_file", half_write)
     with pytest.raises(KeyboardInterrupt):
         save_shard(cache, key, video, seed=3)
     monkeypatch.undo()

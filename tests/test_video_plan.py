@@ -4,6 +4,7 @@ from fractions import Fraction
 
 import pytest
 
+from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
 from lvx_app.video.plan import (
     SamplingPlan,
@@ -11,7 +12,6 @@ from lvx_app.video.plan import (
     check_memory,
     format_timestamp,
     num_samples,
-    shard_bounds,
     time_indices,
 )
 

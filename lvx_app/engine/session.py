@@ -12,7 +12,6 @@ loaded, so a question only prefills its own few tokens.
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -21,7 +20,9 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
+from lvx_app.devices import memory_report, resolve_dtype
 from lvx_app.parallel.group import DistInfo
+from lvx_app.parallel.shards import shard_bounds
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
 
 
@@ -43,34 +44,6 @@ class SessionConfig:
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    except KeyError:
-        raise EngineError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16") from None
-
-
-def split_evenly(n: int, world: int, rank: int) -> tuple[int, int]:
-    """[start, end) of rank's contiguous share of n items; earlier ranks get the extra ones."""
-    base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
-def _memory(device: torch.device) -> dict[str, str]:
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return {
-            "allocated": f"{torch.cuda.memory_allocated(device) / 2**30:.2f} GiB",
-            "peak": f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB",
-            "free": f"{free / 2**30:.1f} of {total / 2**30:.0f} GiB",
-        }
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak RSS": f"{peak_kib / 2**20:.2f} GiB"}
-
-
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -83,7 +56,10 @@ class Session:
 
         self.config, self.info = config, info
         self.device = info.device
-        self.dtype = _dtype(config.dtype, self.device)
+        try:
+            self.dtype = resolve_dtype(config.dtype, self.device, ("float32", "bfloat16", "float16"))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
         try:
             loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
         except CheckpointError as exc:
@@ -125,7 +101,7 @@ class Session:
             row["visual K/V"] = f"{_nbytes(t for kv in self.visual.kv.values() for t in kv) / 2**20:.1f} MiB"
         if self.cache is not None:
             row["text tokens"] = self.cache.length
-        row.update(_memory(self.device))
+        row.update(memory_report(self.device))
         return row
 
     def summarize_stats(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -208,7 +184,7 @@ class Session:
 
     def _oom_message(self, stage: str) -> str:
         return (
-            f"rank {self.info.rank} ran out of GPU memory while {stage} ({_memory(self.device)}); "
+            f"rank {self.info.rank} ran out of GPU memory while {stage} ({memory_report(self.device)}); "
             "use more GPUs (--gpus), a lower --fps or --max-frames, or --recompute-kv"
         )
 
@@ -244,8 +220,8 @@ class Session:
         """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
         n = int(ids.numel())
         world, rank = self.info.world_size, self.info.rank
-        start, end = split_evenly(n, world, rank)
-        owner = max(r for r in range(world) if split_evenly(n, world, r)[1] > split_evenly(n, world, r)[0]) if n else 0
+        start, end = shard_bounds(n, world, rank)
+        owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
         positions = torch.arange(self.position + start, self.position + end)
         try:
             logits = self._forward(ids[start:end], positions, decoding=False)

@@ -25,6 +25,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from lvx_app.train.lora import LoRALinear
+from models.mplug_owl3.loader import CheckpointInfo, inspect_checkpoint, load_tensors
+
 STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -44,8 +47,6 @@ def _atomic(path: Path, write) -> None:
 
 def official_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The model's weights under the official keys, LoRA merged (W + scale * B @ A), detached, on CPU, contiguous."""
-    from lvx_app.train.loop import LoRALinear
-
     out: dict[str, torch.Tensor] = {}
     lora = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     for key, t in model.state_dict().items():
@@ -64,9 +65,7 @@ def official_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None
     return out
 
 
-def _source_dtype(info: Any) -> torch.dtype:
-    from models.mplug_owl3.loader import load_tensors
-
+def _source_dtype(info: CheckpointInfo) -> torch.dtype:
     key = next(k for k in info.used_keys if k.endswith("embed_tokens.weight"))
     return load_tensors(info, [key])[key].dtype
 
@@ -75,8 +74,6 @@ def save_checkpoint(out: str | Path, model: torch.nn.Module, base: str | Path, s
                     dtype: torch.dtype | None = None) -> Path:
     """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype` of the saved
     weights defaults to the base checkpoint's. Call on one rank only."""
-    from models.mplug_owl3.loader import inspect_checkpoint, load_tensors
-
     out = Path(out)
     info = inspect_checkpoint(base)
     dtype = dtype or _source_dtype(info)

@@ -13,14 +13,13 @@ Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf
 master copies of the trainable weights.
 
 Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj included; peft is
-not a dependency: `LoRALinear` below is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate of every
+not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate of every
 hyper layer), `all` (language model + projector; the vision tower stays frozen so its features can be cached).
 """
 
 from __future__ import annotations
 
 import math
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,16 +28,23 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lvx_app.attention.layout import zigzag_indices
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
+from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
+from lvx_app.train.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
+from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+from lvx_app.video.ingest import ingest
+from models.mplug_owl3.loader import load_model
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj")
-
+WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
 
 @dataclass
 class TrainConfig:
@@ -64,7 +70,7 @@ class TrainConfig:
     checkpoint_lm: bool = False
     resume: bool = False
     seed: int = 0
-    dtype: str = "auto"  # weights: auto (bf16 on GPU, float32 on CPU), float32, bfloat16, float64
+    dtype: str = "auto"  # weights: auto (bf16 on GPU, float32 on CPU) or one of WEIGHT_DTYPES
     cuda: Optional[bool] = None
     cache_dir: Optional[str] = None
     decode_workers: Optional[int] = None
@@ -77,57 +83,6 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # trainable sets
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class LoRALinear(nn.Module):
-    """y = base(x) + (alpha / r) * x A^T B^T, with A ~ kaiming-uniform and B = 0 (the adapter starts as a no-op)."""
-
-    def __init__(self, base: nn.Linear, rank: int, alpha: float):
-        super().__init__()
-        self.base = base
-        self.scale = alpha / rank
-        w = base.weight
-        dtype = torch.float64 if w.dtype == torch.float64 else torch.float32  # float32 master copies under bf16
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=dtype))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=w.device, dtype=dtype))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> Optional[torch.Tensor]:
-        return self.base.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.lora_A, self.lora_B
-        if not torch.is_autocast_enabled(x.device.type):
-            a, b = a.to(x.dtype), b.to(x.dtype)
-        return self.base(x) + F.linear(F.linear(x, a), b) * self.scale
-
-    @torch.no_grad()
-    def merged_weight(self) -> torch.Tensor:
-        w = self.base.weight
-        return (w.float() + self.scale * (self.lora_B.float() @ self.lora_A.float())).to(w.dtype)
-
-
-def add_lora(model: nn.Module, rank: int, alpha: Optional[float] = None,
-             targets: tuple[str, ...] = LORA_TARGETS) -> list[str]:
-    """Wrap every `targets` Linear of the language model's attention in a `LoRALinear`; returns their names."""
-    if rank < 1:
-        raise ValueError("--lora must be a positive rank (e.g. --lora 16)")
-    alpha = float(alpha if alpha is not None else 2 * rank)
-    wrapped = []
-    for name, mod in list(model.language_model.named_modules()):
-        if not name.endswith("self_attn"):
-            continue
-        for t in targets:
-            lin = getattr(mod, t, None)
-            if isinstance(lin, nn.Linear):
-                setattr(mod, t, LoRALinear(lin, rank, alpha))
-                wrapped.append(f"language_model.{name}.{t}")
-    return wrapped
 
 
 def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, nn.Parameter]]:
@@ -155,28 +110,12 @@ def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, n
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _weights_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
-    except KeyError:
-        raise ValueError(f"--dtype must be auto, float32, bfloat16 or float64, not {cfg.dtype!r}") from None
-
-
 def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
     """Linear warm-up over `warmup` steps, then cosine from 1 down to `min_ratio` at `total`."""
     if step < warmup:
         return (step + 1) / warmup
     t = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated on this rank, or the process's peak resident memory on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 @dataclass
@@ -201,12 +140,10 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, device: Optional[torch.device] = None,
                  state: Optional[dict[str, Any]] = None):
-        from models.mplug_owl3.loader import load_model
-
         self.cfg = cfg
         self.rank, self.world = get_rank(), get_world_size()
         self.device = device or torch.device("cpu")
-        dtype = _weights_dtype(cfg, self.device)
+        dtype = resolve_dtype(cfg.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
         model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
         self.model = model
@@ -224,8 +161,6 @@ class Trainer:
             checkpoint_lm_blocks(model)
         self.ddp: nn.Module = model
         if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
             DDP._set_params_and_buffers_to_ignore_for_model(model, frozen)
             self.ddp = DDP(model)
@@ -260,8 +195,6 @@ class Trainer:
                 have[n].copy_(t)
 
     def state(self) -> dict[str, Any]:
-        from lvx_app.train.checkpoint import rng_state
-
         return {"step": self.step, "trainable": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "history": self.history,
                 "base_model": self.cfg.model, "config": asdict(self.cfg)}
@@ -275,8 +208,6 @@ class Trainer:
 
     def video_features(self, path: str | Path) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(this rank's features, their global frame ids, total frames), through ingest and its disk cache."""
-        from lvx_app.video.ingest import ingest
-
         key = str(path)
         if key not in self._videos:
             p = self.model.vision_model.embeddings.patch_embedding.weight
@@ -365,8 +296,6 @@ class Trainer:
 
     # ---- saving -------------------------------------------------------------------------------------------
     def save(self) -> None:
-        from lvx_app.train.checkpoint import save_checkpoint
-
         if self.rank == 0:
             save_checkpoint(self.cfg.out, self.model, self.cfg.model, self.state())
         if self.world > 1:
@@ -389,14 +318,10 @@ class _Reporter:
     """Rank 0's progress: a live rich bar on a terminal, else one plain line per step."""
 
     def __init__(self, total: int, start: int, live: Optional[bool]):
-        from rich.console import Console
-
         self.console = Console(stderr=False)
         self.live = self.console.is_terminal if live is None else live
         self.bar = None
         if self.live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("[bold]finetune"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
             self.bar.start()
@@ -417,7 +342,8 @@ class _Reporter:
 
 def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
     """Loss per step as a PNG (matplotlib, Agg backend)."""
-    import matplotlib
+    import matplotlib  # imported here: only rank 0 plots, once, at the end
+
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -437,8 +363,6 @@ def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
 def run_training(cfg: TrainConfig, device: Optional[torch.device] = None,
                  on_step: Optional[Callable[[StepStats], None]] = None) -> Trainer:
     """Train `cfg.steps` steps (from the saved step with `cfg.resume`), save OUT, plot the losses on rank 0."""
-    from lvx_app.train.checkpoint import load_state, set_rng_state
-
     samples = load_jsonl(cfg.data, cfg.video_dir)
     state = load_state(cfg.out) if cfg.resume else None
     if state is not None and state.get("base_model") != cfg.model:

@@ -11,20 +11,19 @@ import json
 import sys
 from typing import Optional
 
+from lvx_app.parallel.group import init_distributed, run_rank
+from lvx_app.train.loop import TrainConfig, run_training
+from lvx_app.video.errors import VideoError
+from models.mplug_owl3.checkpoint import CheckpointError
+
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Failures whose message says what to do (bad data, video or checkpoint): one line, no traceback."""
-    from lvx_app.video.errors import VideoError
-    from models.mplug_owl3.loader import CheckpointError
-
     return (ValueError, FileNotFoundError, VideoError, CheckpointError)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank of the finetuning group described by --config (a TrainConfig as JSON)."""
-    from lvx_app.parallel.group import init_distributed, run_rank
-    from lvx_app.train.loop import TrainConfig, run_training
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="TrainConfig as JSON")
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ from lvx_app.video.errors import (
     VideoWarning,
 )
 from lvx_app.video.ingest import IngestProgress, RichProgress, VisualShard, ingest
-from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp, shard_bounds
+from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp
 
 __all__ = [
     "BadFpsError",
@@ -49,5 +49,4 @@ __all__ = [
     "file_identity",
     "format_timestamp",
     "ingest",
-    "shard_bounds",
 ]

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
 
@@ -134,8 +136,6 @@ def _tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
 
 def _read_header(path: Path) -> dict:
     """The manifest stored in a shard file's safetensors header (raises CorruptEntry)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -177,8 +177,6 @@ class FeatureCache:
             return None
 
     def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
-        from safetensors.torch import load_file
-
         manifest = _read_header(path)
         if manifest.get("version") != CACHE_VERSION:
             raise CorruptEntry(f"cache version {manifest.get('version')} != {CACHE_VERSION}")
@@ -208,8 +206,6 @@ class FeatureCache:
     def save(self, key: CacheKey, features: torch.Tensor, frame_indices: Any, timestamps: Any, *,
              plan: SamplingPlan, frame_offset: int, video: str | os.PathLike) -> Path:
         """Write one shard atomically (temp file + fsync + rename). Returns the final path."""
-        from safetensors.torch import save_file
-
         feats = features.detach().contiguous().cpu()
         idx = torch.as_tensor(frame_indices, dtype=torch.int64).contiguous()
         ts = torch.as_tensor(timestamps, dtype=torch.float64).contiguous()

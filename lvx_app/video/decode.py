@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
+from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import (
     CorruptVideoError,
     DecodeTimeoutError,
@@ -50,7 +52,8 @@ from lvx_app.video.errors import (
     VideoNotFoundError,
     error_class,
 )
-from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp, shard_bounds
+from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
+from models.mplug_owl3.image_transform import resize_uint8
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32
@@ -158,7 +161,7 @@ class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
     def __init__(self, threads: int, image_size: int | None, fault: dict | None) -> None:
-        import decord
+        import decord  # only ever in a worker process: never in the engine (see the module docstring)
 
         try:
             decord.logging.set_level(decord.logging.QUIET)
@@ -171,8 +174,6 @@ class _Worker:
         self.path: str | None = None
         self.vr = None
         if image_size is not None:
-            import torch
-
             torch.set_num_threads(max(1, threads))
 
     def reader(self, path: str):
@@ -230,8 +231,6 @@ class _Worker:
             frames = np.stack(out)
         if self.image_size is None:
             return np.ascontiguousarray(frames)
-        from models.mplug_owl3.image_transform import resize_uint8
-
         return resize_uint8(frames, self.image_size).numpy()
 
 
@@ -400,77 +399,100 @@ class DecodePool:
         `time_of(offset)` gives the timestamp of a chunk position for error messages (default index / 1).
         Frames are uint8 (n, 3, S, S) with `image_size`, else (n, H, W, 3).
         """
-        path = str(path)
         chunks = [(int(o), [int(i) for i in idx]) for o, idx in chunks]
         if not chunks:
             return
-        n_workers = min(self.num_workers, len(chunks))
-        todo: list[deque] = []
+        yield from _ChunkStream(self, str(path), chunks, timeout_s, prefetch, time_of)
+
+
+class _ChunkStream:
+    """One `DecodePool.decode` call: which worker owes which chunk, the deadlines, and the per-frame retries.
+
+    Worker w of W decodes the contiguous run `shard_bounds(len(chunks), W, w)` of chunks, with up to `prefetch`
+    requests in flight. A worker that misses its deadline, fails or dies is restarted; its chunk is retried once
+    frame by frame, then reported as a `DecodeTimeoutError` / `CorruptVideoError` naming the time range.
+    """
+
+    def __init__(self, pool: DecodePool, path: str, chunks: list[tuple[int, list[int]]], timeout_s: float,
+                 prefetch: int, time_of: Callable[[int], float] | None) -> None:
+        self.pool, self.path, self.chunks = pool, path, chunks
+        self.timeout_s, self.prefetch, self.time_of = timeout_s, prefetch, time_of
+        n_workers = min(pool.num_workers, len(chunks))
+        self.todo: list[deque] = []
         for w in range(n_workers):
             lo, hi = shard_bounds(len(chunks), n_workers, w)
-            todo.append(deque((c, "batch") for c in range(lo, hi)))
-        procs = {w: self._proc(w) for w in range(n_workers)}
-        remaining = len(chunks)
+            self.todo.append(deque((c, "batch") for c in range(lo, hi)))
+        self.procs = {w: pool._proc(w) for w in range(n_workers)}
+        self.remaining = len(chunks)
 
-        def fail(w: int, cid: int, mode: str, reason: str, timed_out: bool) -> None:
-            """Chunk `cid` failed on worker w: restart it and retry per frame once, else raise."""
-            p = procs[w]
-            requeue = [(c, m) for _, c, m in p.outstanding if c != cid]
-            procs[w] = self._restart(w)
-            offset, idx = chunks[cid]
-            if mode == "batch":
-                todo[w].extendleft(reversed([(cid, "frames")] + requeue))
-                return
-            stamps = [time_of(offset), time_of(offset + len(idx) - 1)] if time_of else [float("nan")] * 2
-            where = describe_range(path, stamps, idx) if time_of else f"{path} (frames {idx[0]}-{idx[-1]})"
-            if timed_out:
-                raise DecodeTimeoutError(
-                    f"Decoding {where} hung for {timeout_s:g} s (also frame by frame) and was killed; re-encode the "
-                    f"file (ffmpeg -i IN -c:v libx264 OUT.mp4), or raise --decode-timeout if the machine is just slow.")
-            raise CorruptVideoError(f"Decoding {where} failed ({reason}); the file is damaged there: re-download it "
-                                    f"or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.")
-
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         try:
-            while remaining:
+            while self.remaining:
                 now = time.monotonic()
-                for w, p in procs.items():  # keep every worker busy with up to `prefetch` requests
-                    while todo[w] and len(p.outstanding) < prefetch:
-                        cid, mode = todo[w].popleft()
-                        req = next(self._ids)
-                        p.conn.send((req, "decode", {"path": path, "indices": chunks[cid][1], "mode": mode}))
-                        if not p.outstanding:
-                            p.deadline = now + timeout_s
-                        p.outstanding.append((req, cid, mode))
-                busy = [p for p in procs.values() if p.outstanding]
+                self._send(now)
+                busy = [p for p in self.procs.values() if p.outstanding]
                 wait_s = max(0.0, min(p.deadline for p in busy) - now)
                 ready = set(wait_any([p.conn for p in busy], timeout=wait_s))
-                for w, p in list(procs.items()):
-                    if not p.outstanding:
-                        continue
-                    req, cid, mode = p.outstanding[0]
-                    if p.conn in ready:
-                        try:
-                            rid, ok, payload = p.conn.recv()
-                        except (EOFError, OSError):
-                            fail(w, cid, mode, f"the decoder process died with exit code {p.proc.exitcode}", False)
-                            continue
-                        if rid != req:
-                            raise RuntimeError(f"decode worker answered request {rid}, expected {req}")
-                        if not ok:
-                            fail(w, cid, mode, payload[1], False)
-                            continue
-                        p.outstanding.popleft()
-                        p.deadline = time.monotonic() + timeout_s
-                        remaining -= 1
-                        paused = time.monotonic()
-                        yield chunks[cid][0], payload
-                        pause = time.monotonic() - paused  # the consumer's time does not count against workers
-                        for q in procs.values():
-                            if q.deadline is not None:
-                                q.deadline += pause
-                    elif time.monotonic() >= p.deadline:
-                        fail(w, cid, mode, "timed out", True)
+                for w, p in list(self.procs.items()):
+                    if p.outstanding:
+                        yield from self._collect(w, p, ready)
         finally:  # abandoned early (consumer stopped, error): drop workers that still owe answers
-            for w, p in procs.items():
-                if p.outstanding and not self.closed:
-                    self._restart(w)
+            for w, p in self.procs.items():
+                if p.outstanding and not self.pool.closed:
+                    self.pool._restart(w)
+
+    def _send(self, now: float) -> None:
+        """Keep every worker busy with up to `prefetch` requests."""
+        for w, p in self.procs.items():
+            while self.todo[w] and len(p.outstanding) < self.prefetch:
+                cid, mode = self.todo[w].popleft()
+                req = next(self.pool._ids)
+                p.conn.send((req, "decode", {"path": self.path, "indices": self.chunks[cid][1], "mode": mode}))
+                if not p.outstanding:
+                    p.deadline = now + self.timeout_s
+                p.outstanding.append((req, cid, mode))
+
+    def _collect(self, w: int, p: _Proc, ready: set) -> Iterator[tuple[int, np.ndarray]]:
+        """Worker w's oldest request: yield its chunk when answered, retry or raise when it failed or is late."""
+        req, cid, mode = p.outstanding[0]
+        if p.conn in ready:
+            try:
+                rid, ok, payload = p.conn.recv()
+            except (EOFError, OSError):
+                self._fail(w, cid, mode, f"the decoder process died with exit code {p.proc.exitcode}", False)
+                return
+            if rid != req:
+                raise RuntimeError(f"decode worker answered request {rid}, expected {req}")
+            if not ok:
+                self._fail(w, cid, mode, payload[1], False)
+                return
+            p.outstanding.popleft()
+            p.deadline = time.monotonic() + self.timeout_s
+            self.remaining -= 1
+            paused = time.monotonic()
+            yield self.chunks[cid][0], payload
+            pause = time.monotonic() - paused  # the consumer's time does not count against workers
+            for q in self.procs.values():
+                if q.deadline is not None:
+                    q.deadline += pause
+        elif time.monotonic() >= p.deadline:
+            self._fail(w, cid, mode, "timed out", True)
+
+    def _fail(self, w: int, cid: int, mode: str, reason: str, timed_out: bool) -> None:
+        """Chunk `cid` failed on worker w: restart it and retry per frame once, else raise."""
+        p = self.procs[w]
+        requeue = [(c, m) for _, c, m in p.outstanding if c != cid]
+        self.procs[w] = self.pool._restart(w)
+        offset, idx = self.chunks[cid]
+        if mode == "batch":
+            self.todo[w].extendleft(reversed([(cid, "frames")] + requeue))
+            return
+        time_of, path = self.time_of, self.path
+        stamps = [time_of(offset), time_of(offset + len(idx) - 1)] if time_of else [float("nan")] * 2
+        where = describe_range(path, stamps, idx) if time_of else f"{path} (frames {idx[0]}-{idx[-1]})"
+        if timed_out:
+            raise DecodeTimeoutError(
+                f"Decoding {where} hung for {self.timeout_s:g} s (also frame by frame) and was killed; re-encode the "
+                f"file (ffmpeg -i IN -c:v libx264 OUT.mp4), or raise --decode-timeout if the machine is just slow.")
+        raise CorruptVideoError(f"Decoding {where} failed ({reason}); the file is damaged there: re-download it "
+                                f"or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.")

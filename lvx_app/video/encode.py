@@ -17,14 +17,10 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from lvx_app.devices import default_dtype
 from models.mplug_owl3.image_transform import normalize, to_pixel_values
 
 EncodeFn = Callable[[torch.Tensor], torch.Tensor]
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPU, float32 on CPU."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def feature_shape(encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:

@@ -9,29 +9,33 @@ Every rank of the group calls it with the same arguments. Each rank:
 2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its contiguous run;
 3. decodes its chunks in worker processes and streams them through `encode_fn` into E_local;
 4. writes its shard to the cache.
-With several ranks, one small all-reduce per step keeps the ranks in step: it carries the progress counts shown
-on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same message instead of
-leaving the others waiting in a collective.
+With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it carries the
+progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same
+message instead of leaving the others waiting in a collective. `_RankIngest` holds these steps; `ingest()` runs them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
-from lvx_app.video.cache import CacheKey, FeatureCache
+from lvx_app.video.cache import CachedShard, CacheKey, FeatureCache
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
-from lvx_app.video.encode import EncodeFn, ShardEncoder, default_dtype, feature_shape
+from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
 from lvx_app.video.plan import SamplingPlan, check_fps, check_memory, format_timestamp
 
@@ -87,9 +91,6 @@ class RichProgress:
     """A rich progress bar: frames decoded+encoded across all ranks, and the rate."""
 
     def __init__(self, title: str) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=Console(stderr=True), transient=False,
@@ -137,7 +138,7 @@ def auto_memory_budget(device: torch.device) -> int | None:
 
 
 class _Sync:
-    """The per-step all-reduce: [frames done this step, error flag], summed over ranks."""
+    """The ranks' per-step agreement: one small all-reduce of counts plus an error flag."""
 
     def __init__(self, group) -> None:
         self.group = group
@@ -166,6 +167,164 @@ class _Sync:
         if is_video:
             raise error_class(name)(msg)
         raise RemoteRankError(f"rank {rank} failed while ingesting the video: {name}: {msg}")
+
+    @contextlib.contextmanager
+    def agreed(self, counts: list[int], op=None) -> Iterator[list[int]]:
+        """Run the block on this rank, then all-reduce [failed, *counts] (sum, or `op`) so no rank is left waiting.
+
+        If the block failed on any rank, every rank raises the first failing rank's error (`raise_all`; a failing
+        rank re-raises its own); otherwise `counts` holds the reduced values afterwards. The block fills `counts` in
+        place and never changes its length, so the collective matches on every rank even when it stopped half-way.
+        """
+        err: BaseException | None = None
+        try:
+            yield counts
+        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks below, then re-raised
+            err = exc
+        reduced = self.reduce([int(err is not None), *counts], op)
+        if reduced[0]:
+            self.raise_all(err)
+        counts[:] = reduced[1:]
+
+
+@dataclass
+class _RankIngest:
+    """One rank's part of `ingest()` as named steps; every rank runs them in the same order (they meet in `_Sync`)."""
+
+    path: str | os.PathLike
+    encode_fn: EncodeFn
+    fps: float
+    max_frames: int | None
+    over_max: str
+    image_size: int
+    device: torch.device
+    dtype: torch.dtype
+    model_id: str
+    model_revision: str
+    store: FeatureCache | None
+    pool: DecodePool | None
+    decode_workers: int | None
+    decode_threads: int | None
+    chunk_frames: int
+    decode_timeout_s: float
+    encode_batch: int | None
+    memory_budget_bytes: int | None | str
+    report: ProgressFn | None
+    sync: _Sync
+    rank: int
+    world: int
+    t0: float
+    own_pool: bool = field(init=False)
+    vpath: Path | None = None
+    key: CacheKey | None = None
+    cached: CachedShard | None = None
+    plan: SamplingPlan | None = None
+    chunks: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.own_pool = self.pool is None
+
+    def _progress(self, stage: str, done: int, total: int) -> None:
+        if self.report:
+            self.report(IngestProgress(stage, done, total, time.monotonic() - self.t0, self.cached is not None))
+
+    # 1. check the inputs, look the shard up in the cache, plan on a miss
+    def look_up(self) -> None:
+        fps = check_fps(self.fps)
+        self.vpath = check_video_path(self.path)
+        if self.store is not None:
+            self.key = CacheKey.make(self.vpath, fps=fps, max_frames=self.max_frames, model_id=self.model_id,
+                                     model_revision=self.model_revision, dtype=self.dtype, world_size=self.world,
+                                     rank=self.rank, image_size=self.image_size, over_max=self.over_max)
+            self.cached = self.store.load(self.key, device=self.device)
+        if self.cached is not None:
+            self.plan = self.cached.plan
+        else:
+            self._plan(fps)
+
+    def _plan(self, fps: float) -> None:
+        self._progress("open", 0, 0)
+        if self.pool is None:
+            self.pool = DecodePool(self.decode_workers, threads=self.decode_threads, image_size=self.image_size)
+        elif self.pool.image_size != self.image_size:
+            raise ValueError(f"the DecodePool resizes to {self.pool.image_size}, ingest wants {self.image_size}")
+        plan, _ = self.pool.plan(self.vpath, fps, self.max_frames, over_max=self.over_max,
+                                 timeout_s=self.decode_timeout_s)
+        self.plan = plan
+        budget = auto_memory_budget(self.device) if self.memory_budget_bytes == "auto" else self.memory_budget_bytes
+        if budget is not None:
+            shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
+            per_frame = int(torch.Size(shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+            check_memory(len(plan), plan.fps, self.world, per_frame, int(budget))
+        self.chunks = plan.shard(self.rank, self.world).chunks(self.chunk_frames)
+
+    def plan_counts(self) -> list[int]:
+        """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) = min(x), so the ranks
+        see whether they all planned the same frames."""
+        n = len(self.plan) if self.plan is not None else 0
+        digest = self.plan.digest() if self.plan is not None else 0
+        return [len(self.chunks), n, digest, -n, -digest]
+
+    # 2. agree across ranks
+    def check_same_plan(self, agreed: list[int]) -> None:
+        if agreed[1] != -agreed[3] or agreed[2] != -agreed[4]:
+            raise VideoError(f"the ranks planned different frames for {self.path}: every node must see the same file "
+                             f"(same size and content); copy it to each node or use a shared file system.")
+
+    # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank has chunks
+    def decode_and_encode(self, steps: int) -> ShardEncoder | None:
+        assert self.plan is not None
+        shard = self.plan.shard(self.rank, self.world)
+        encoder = None if self.cached is not None else ShardEncoder(
+            self.encode_fn, len(shard), image_size=self.image_size, device=self.device, dtype=self.dtype,
+            batch_size=self.encode_batch)
+        stream = iter(())
+        if self.chunks:
+            assert self.pool is not None
+            stream = self.pool.decode(self.vpath, self.chunks, timeout_s=self.decode_timeout_s,
+                                      time_of=lambda off: shard.timestamps[off])
+        done = 0
+        first = len(shard) if self.cached is not None else 0  # cache-hit ranks count their frames in step 0
+        for step in range(max(1, steps)):
+            with self.sync.agreed([first if step == 0 else 0]) as new:
+                item = next(stream, None) if encoder is not None else None
+                if item is not None:
+                    new[0] += encoder.add(*item)
+            done += new[0]
+            self._progress("ingest", done, len(self.plan))
+        return encoder
+
+    # 4. keep the result (and save a freshly encoded shard in the cache)
+    def result(self, encoder: ShardEncoder | None) -> VisualShard:
+        plan = self.plan
+        assert plan is not None
+        shard = plan.shard(self.rank, self.world)
+        if self.cached is not None:
+            features, idx, ts = self.cached.features, self.cached.frame_indices, self.cached.timestamps
+        else:
+            assert encoder is not None
+            features = encoder.result()
+            idx = torch.tensor(shard.indices, dtype=torch.int64)
+            ts = torch.tensor(shard.timestamps, dtype=torch.float64)
+            self._save(features, idx, ts, shard.start)
+        self._progress("done", len(plan), len(plan))
+        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start)
+
+    def _save(self, features: torch.Tensor, idx: torch.Tensor, ts: torch.Tensor, offset: int) -> None:
+        if self.store is None or self.key is None:
+            return
+        try:
+            self.store.save(self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath)
+        except OSError as exc:
+            warnings.warn(f"could not write the visual-feature cache in {self.store.root} ({exc}); "
+                          f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
+                          VideoWarning, stacklevel=4)  # _save < result < ingest < caller
+
+    def close(self) -> None:
+        if isinstance(self.report, RichProgress):
+            self.report.close()
+        if self.own_pool and self.pool is not None:
+            self.pool.close()
 
 
 def ingest(
@@ -206,99 +365,23 @@ def ingest(
     """
     rank, world = get_rank(group), get_world_size(group)
     device = torch.device(device) if device is not None else default_device()
-    dtype = dtype or default_dtype(device)
-    t0 = time.monotonic()
-    sync = _Sync(group)
-    report = _reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else ""))
-    store = cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None)
-    own_pool = pool is None
-    err: BaseException | None = None
-    plan: SamplingPlan | None = None
-    cached = key = vpath = None
-    chunks: list = []
+    job = _RankIngest(
+        path=path, encode_fn=encode_fn, fps=fps, max_frames=max_frames, over_max=over_max, image_size=image_size,
+        device=device, dtype=dtype or default_dtype(device), model_id=model_id, model_revision=model_revision,
+        store=cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None), pool=pool,
+        decode_workers=decode_workers, decode_threads=decode_threads, chunk_frames=chunk_frames,
+        decode_timeout_s=decode_timeout_s, encode_batch=encode_batch, memory_budget_bytes=memory_budget_bytes,
+        report=_reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else "")),
+        sync=_Sync(group), rank=rank, world=world, t0=time.monotonic(),
+    )  # fmt: skip
     try:
-        try:
-            fps_v = check_fps(fps)
-            vpath = check_video_path(path)
-            if store is not None:
-                key = CacheKey.make(vpath, fps=fps_v, max_frames=max_frames, model_id=model_id,
-                                    model_revision=model_revision, dtype=dtype, world_size=world, rank=rank,
-                                    image_size=image_size, over_max=over_max)
-                cached = store.load(key, device=device)
-            if cached is not None:
-                plan = cached.plan
-            else:
-                if report:
-                    report(IngestProgress("open", 0, 0, time.monotonic() - t0))
-                if pool is None:
-                    pool = DecodePool(decode_workers, threads=decode_threads, image_size=image_size)
-                elif pool.image_size != image_size:
-                    raise ValueError(f"the DecodePool resizes to {pool.image_size}, ingest wants {image_size}")
-                plan, _ = pool.plan(vpath, fps_v, max_frames, over_max=over_max, timeout_s=decode_timeout_s)
-                budget = auto_memory_budget(device) if memory_budget_bytes == "auto" else memory_budget_bytes
-                if budget is not None:
-                    shape = feature_shape(encode_fn, image_size, device, dtype)
-                    per_frame = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-                    check_memory(len(plan), plan.fps, world, per_frame, int(budget))
-                chunks = plan.shard(rank, world).chunks(chunk_frames)
-            for note in plan.notes if rank == 0 else ():
+        with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
+            job.look_up()
+            for note in job.plan.notes if rank == 0 else ():
                 warnings.warn(note, VideoWarning, stacklevel=2)
-        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks below, then re-raised
-            err = exc
-        n = len(plan) if plan is not None else 0
-        digest = plan.digest() if plan is not None else 0
-        agreed = sync.reduce([int(err is not None), len(chunks), n, digest, -n, -digest], dist.ReduceOp.MAX)
-        if agreed[0]:
-            sync.raise_all(err)
-        if agreed[2] != -agreed[4] or agreed[3] != -agreed[5]:
-            raise VideoError(f"the ranks planned different frames for {path}: every node must see the same file "
-                             f"(same size and content); copy it to each node or use a shared file system.")
-        assert plan is not None
-        shard = plan.shard(rank, world)
-        total = len(plan)
-        encoder = None if cached is not None else ShardEncoder(
-            encode_fn, len(shard), image_size=image_size, device=device, dtype=dtype, batch_size=encode_batch)
-        stream = iter(())
-        if chunks:
-            assert pool is not None
-            stream = pool.decode(vpath, chunks, timeout_s=decode_timeout_s,
-                                 time_of=lambda off: shard.timestamps[off])
-        done = 0
-        first = len(shard) if cached is not None else 0  # cache-hit ranks count their frames in step 0
-        for step in range(max(1, agreed[1])):
-            new = first if step == 0 else 0
-            if err is None and encoder is not None:
-                try:
-                    item = next(stream, None)
-                    if item is not None:
-                        new += encoder.add(*item)
-                except BaseException as exc:  # noqa: BLE001
-                    err = exc
-            new_all, failed = sync.reduce([new, int(err is not None)])
-            if failed:
-                sync.raise_all(err)
-            done += new_all
-            if report:
-                report(IngestProgress("ingest", done, total, time.monotonic() - t0, cached is not None))
-        if cached is not None:
-            features, idx, ts = cached.features, cached.frame_indices, cached.timestamps
-        else:
-            assert encoder is not None
-            features = encoder.result()
-            idx = torch.tensor(shard.indices, dtype=torch.int64)
-            ts = torch.tensor(shard.timestamps, dtype=torch.float64)
-            if store is not None and key is not None:
-                try:
-                    store.save(key, features, idx, ts, plan=plan, frame_offset=shard.start, video=vpath)
-                except OSError as exc:
-                    warnings.warn(f"could not write the visual-feature cache in {store.root} ({exc}); "
-                                  f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
-                                  VideoWarning, stacklevel=2)
-        if report:
-            report(IngestProgress("done", total, total, time.monotonic() - t0, cached is not None))
-        return VisualShard(features, idx, ts, rank, world, cached is not None, plan, shard.start)
+            agreed[:] = job.plan_counts()
+        job.check_same_plan(agreed)
+        encoder = job.decode_and_encode(steps=agreed[0])
+        return job.result(encoder)
     finally:
-        if isinstance(report, RichProgress):
-            report.close()
-        if own_pool and pool is not None:
-            pool.close()
+        job.close()

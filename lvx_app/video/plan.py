@@ -9,8 +9,9 @@ With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helpe
 `max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
 
 The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank computes the same one.
-Rank r of n owns the contiguous run `shard_bounds(len(plan), n, r)`: sizes differ by at most one, the first
-`len % n` ranks get the extra frame, and a rank may own nothing when there are fewer frames than ranks.
+Rank r of n owns the contiguous run `shard_bounds(len(plan), n, r)` (lvx_app/parallel/shards.py): sizes differ by
+at most one, the first `len % n` ranks get the extra frame, and a rank may own nothing when there are fewer frames
+than ranks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from lvx_app.video.errors import BadFpsError, PlanTooLargeError, VideoWarning
+from lvx_app.parallel.shards import shard_bounds
+from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
 
 PLAN_VERSION = 1  # bump when the index maths change: it is part of the cache key
 
@@ -72,15 +74,6 @@ def uniform_thin(items: Sequence[int], n: int) -> list[int]:
         return list(items)
     gap = len(items) / n
     return [items[int(i * gap + gap / 2)] for i in range(n)]
-
-
-def shard_bounds(total: int, world_size: int, rank: int) -> tuple[int, int]:
-    """[start, stop) of rank's contiguous run when `total` items are split as evenly as possible."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of {world_size}")
-    base, extra = divmod(total, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
 
 
 def _suggest_fps(fps: float, fit: int, total: int) -> str:
@@ -162,6 +155,32 @@ class SamplingPlan:
         return cls(**d)
 
 
+def _check_settings(num_frames: int, video_fps: float, max_frames: int | None, over_max: str, name: str) -> None:
+    """One-line errors for a video without frames or frame rate and for unusable --max-frames / over_max."""
+    if num_frames <= 0 or not (video_fps > 0 and math.isfinite(video_fps)):
+        what = "no frames" if num_frames <= 0 else f"no usable frame rate ({video_fps})"
+        raise CorruptVideoError(f"{name} has {what}; re-export it, e.g. ffmpeg -i IN -c:v libx264 -r 30 OUT.mp4")
+    if max_frames is not None and int(max_frames) < 1:
+        raise PlanTooLargeError(f"--max-frames must be at least 1 (got {max_frames}); leave it out for no limit.")
+    if over_max not in ("thin", "error"):
+        raise ValueError(f"over_max must be 'thin' or 'error', not {over_max!r}")
+
+
+def _cap_frames(indices: list[int], limit: int, over_max: str, rate: float, duration_s: float, name: str,
+                notes: list[str]) -> list[int]:
+    """`indices` thinned uniformly to `limit` frames (noted in `notes`), or PlanTooLargeError with over_max="error"."""
+    if over_max == "error":
+        raise PlanTooLargeError(
+            f"{name} at {rate:g} fps gives {len(indices)} frames, more than --max-frames {limit}; "
+            f"use --fps {_suggest_fps(rate, limit, len(indices))} or raise --max-frames."
+        )
+    notes.append(
+        f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} frames uniformly "
+        f"(about {limit / duration_s:.3g} fps)."
+    )
+    return uniform_thin(indices, limit)
+
+
 def build_plan(
     num_frames: int,
     video_fps: float,
@@ -180,15 +199,7 @@ def build_plan(
     """
     requested = check_fps(fps)
     name = path or "the video"
-    if num_frames <= 0 or not (video_fps > 0 and math.isfinite(video_fps)):
-        from lvx_app.video.errors import CorruptVideoError
-
-        what = "no frames" if num_frames <= 0 else f"no usable frame rate ({video_fps})"
-        raise CorruptVideoError(f"{name} has {what}; re-export it, e.g. ffmpeg -i IN -c:v libx264 -r 30 OUT.mp4")
-    if max_frames is not None and int(max_frames) < 1:
-        raise PlanTooLargeError(f"--max-frames must be at least 1 (got {max_frames}); leave it out for no limit.")
-    if over_max not in ("thin", "error"):
-        raise ValueError(f"over_max must be 'thin' or 'error', not {over_max!r}")
+    _check_settings(num_frames, video_fps, max_frames, over_max, name)
     notes: list[str] = []
     rate = requested
     if rate > video_fps:
@@ -196,20 +207,9 @@ def build_plan(
         notes.append(f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
                      f"using {video_fps:.4g} (every frame).")
     indices = time_indices(num_frames, video_fps, rate)
-    thinned = False
-    if max_frames is not None and len(indices) > int(max_frames):
-        limit = int(max_frames)
-        if over_max == "error":
-            raise PlanTooLargeError(
-                f"{name} at {rate:g} fps gives {len(indices)} frames, more than --max-frames {limit}; "
-                f"use --fps {_suggest_fps(rate, limit, len(indices))} or raise --max-frames."
-            )
-        notes.append(
-            f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} frames uniformly "
-            f"(about {limit / (num_frames / video_fps):.3g} fps)."
-        )
-        indices = uniform_thin(indices, limit)
-        thinned = True
+    thinned = max_frames is not None and len(indices) > int(max_frames)
+    if thinned:
+        indices = _cap_frames(indices, int(max_frames), over_max, rate, num_frames / video_fps, name, notes)
     if timestamps_fn is not None:
         stamps = tuple(float(t) for t in timestamps_fn(indices))
     else:

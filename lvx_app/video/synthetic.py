@@ -82,7 +82,7 @@ def make_video(
     start_index: int = 0,
 ) -> Path:
     """Write an H.264 (yuv420p) mp4 whose frame i shows index start_index + i. Returns the path."""
-    import av
+    import av  # PyAV (its own FFmpeg build) is loaded only where a video is written
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def concat_video(src: str | os.PathLike, dst: str | os.PathLike, times: int) -> 
 
     The frames repeat, so indices are only unique within one copy; decoding cost is that of a real long video.
     """
-    import av
+    import av  # PyAV (its own FFmpeg build) is loaded only where a video is written
 
     dst = Path(dst)
     with av.open(str(src)) as probe:

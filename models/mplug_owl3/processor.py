@@ -10,7 +10,7 @@ Follows the official processors (reference mplug_owl3.md §5) for both generatio
   `<|start_video_frame|>` + `<|image|>`*N + `<|end_video_frame|>`. Frames go through `image_transform`.
 - Still images (§5.3): with `cut=True` the image is resized to the best `grid_squ_6` anchor (docowl ranking),
   split row-major into rows*cols crops, plus a global view last; the placeholder becomes the generation's cut prompt
-  (`v2_global` for G1, `v3_global` for G2; the loader reads the checkpoint's own choice when it can).
+  (`v2_global` for G1, `v3_global` for G2; `detect_cut_template` reads the checkpoint's own choice when it can).
 - `media_offset()` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without images); G2
   `[tensor(starts)]`.
 
@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .checkpoint import CheckpointError, detect_architecture, resolve_checkpoint, safetensors_files
 from .config import SiglipVisionConfig
 from .image_transform import _as_uint8_nhwc, normalize, resize_uint8, to_pixel_values
 from .tokenizer import ENDOFTEXT, IM_END, IM_START, Owl3Tokenizer, StreamDecoder
@@ -58,6 +59,22 @@ CUT_PROMPTS = {
 DEFAULT_CUT_TEMPLATE = {"g1": "v2_global", "g2": "v3_global"}  # the checkpoint's own image processor may override
 _MEDIA_SPLIT = re.compile(f"({re.escape(IMAGE)}|{re.escape(VIDEO)})")
 _IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE)})")
+
+
+def detect_cut_template(d: Path, generation: str) -> tuple[str, str]:
+    """(template, source). The checkpoint's own image processor says which cut prompt it was trained with."""
+    f = d / "image_processing_mplugowl3.py"
+    if f.exists():
+        text = f.read_text(errors="replace")
+        m = re.search(r"""["']cut_prompt["']\s*:\s*["'](\w+)["']""", text)
+        g = re.search(r"""["']add_global["']\s*:\s*(True|False)""", text)
+        if m:
+            name = m.group(1) + ("_global" if g and g.group(1) == "True" else "")
+            if name not in CUT_PROMPTS:
+                raise CheckpointError(f"{f.name} uses cut prompt {name!r}; only {', '.join(CUT_PROMPTS)} are "
+                                      f"implemented")
+            return name, f"{f.name}"
+    return DEFAULT_CUT_TEMPLATE[generation], f"default for {generation} (no cut_prompt found in the checkpoint)"
 
 
 def select_cut_grid(height: int, width: int, image_size: int,
@@ -158,20 +175,12 @@ class Owl3Processor:
     def from_pretrained(cls, path_or_id: str | Path, generation: str | None = None, *,
                         cut_template: str | None = None) -> "Owl3Processor":
         """From a checkpoint directory (or hub id). Without `generation`, it is detected from the weight keys."""
-        from .loader import (
-            CheckpointError,
-            _safetensors_files,
-            detect_architecture,
-            detect_cut_template,
-            resolve_checkpoint,
-        )
-
         d = resolve_checkpoint(path_or_id)
         if not (d / "config.json").exists():
             raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
         vision = SiglipVisionConfig.from_dict(json.loads((d / "config.json").read_text()).get("vision_config") or {})
         if generation is None:
-            generation = detect_architecture(_safetensors_files(d))[0]
+            generation = detect_architecture(safetensors_files(d))[0]
         if cut_template is None:
             cut_template = detect_cut_template(d, generation)[0]
         return cls(Owl3Tokenizer.from_pretrained(d), generation, vision.image_size, patch_size=vision.patch_size,

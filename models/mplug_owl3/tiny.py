@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from .checkpoint import official_shapes
 from .config import Owl3Config, SiglipVisionConfig
-from .loader import official_shapes
 
 # Qwen2's pre-tokenizer split (from its tokenizer.json).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
