@@ -1,13 +1,8 @@
 """Finetuning mPLUG-Owl3 on long videos through LV-XAttn, with visual K/V recomputed in backward.
 
-data.py (JSONL + chat template + assistant-only labels), recompute.py (training attention hooks, the recompute
-autograd Function, rematerialisation-aware layer checkpointing), loop.py (sharded step, DDP, optimiser, loop,
-torchrun worker), checkpoint.py (official-layout save + resume state), cli.py (`lvx finetune`).
+data.py (JSONL + chat template + assistant-only labels), lora.py (LoRA adapters and their merge), recompute.py
+(training attention hooks, the recompute autograd Function, rematerialisation-aware layer checkpointing), loop.py
+(sharded step, DDP, optimiser, loop), worker.py (the torchrun rank entry point), checkpoint.py (official-layout
+save + resume state), cli.py (`lvx finetune`). Import the modules themselves: this package root stays empty so
+`lvx --help` does not load torch for it.
 """
-
-from lvx_app.train.data import Sample, Tokenized, load_jsonl, tokenize
-from lvx_app.train.loop import TrainConfig, Trainer, run_training
-from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
-
-__all__ = ["Sample", "Tokenized", "TrainAttention", "TrainConfig", "Trainer", "checkpoint_lm_blocks",
-           "load_jsonl", "run_training", "tokenize"]
