@@ -15,20 +15,19 @@ from lvx_app.cli_options import (
     GPUS,
     KV,
     MAX_FRAMES,
+    MAX_NEW_TOKENS,
     MODEL,
     NO_CACHE,
     RANKS,
     REVISION,
+    TEMPERATURE,
     TIMEOUT,
+    TOP_P,
+    new_app,
 )
 
-app = typer.Typer(
-    name="lvx",
-    help="Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
+
 
 @app.callback()
 def main() -> None:
@@ -57,17 +56,18 @@ def chat(
     ranks: Optional[int] = RANKS,
     dtype: str = DTYPE,
     kv_cache: Optional[bool] = KV,
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Longest answer, in tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
     timeout: float = TIMEOUT,
     decode_timeout: float = DECODE_TIMEOUT,
     no_cache: bool = NO_CACHE,
     cache_dir: Optional[Path] = CACHE_DIR,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
+    # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
     from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.runner import run_chat_command
+    from lvx_app.frontends.terminal import run_chat_command
 
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_chat_command(

@@ -9,3 +9,9 @@ DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 # Seconds one chunk of frames may take to decode before its worker process is killed and the chunk retried frame
 # by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).
 DEFAULT_DECODE_TIMEOUT_S = 120.0
+
+# Seconds a rank waits for a dead or hung peer before the worker group stops (every collective's timeout).
+DEFAULT_TIMEOUT_S = 300.0
+
+# Longest answer, in tokens, unless a command or the page asks for another.
+DEFAULT_MAX_NEW_TOKENS = 512

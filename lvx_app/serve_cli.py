@@ -10,7 +10,21 @@ from typing import List, Optional
 
 import typer
 
-from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, DTYPE, GPUS, KV, MODEL, NO_CACHE, RANKS, REVISION, TIMEOUT
+from lvx_app.cli_options import (
+    CACHE_DIR,
+    DECODE_TIMEOUT,
+    DTYPE,
+    GPUS,
+    KV,
+    MAX_NEW_TOKENS,
+    MODEL,
+    NO_CACHE,
+    RANKS,
+    REVISION,
+    TEMPERATURE,
+    TIMEOUT,
+    TOP_P,
+)
 
 
 def serve_command(
@@ -35,9 +49,9 @@ def serve_command(
     max_frames: Optional[int] = typer.Option(
         None, "--max-frames", help="Default cap on frames (changeable in the page)."
     ),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Default longest answer, in tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
     dtype: str = DTYPE,
     kv_cache: Optional[bool] = KV,
     timeout: float = TIMEOUT,
@@ -49,8 +63,9 @@ def serve_command(
     cache_dir: Optional[Path] = CACHE_DIR,
 ) -> None:
     """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`."""
+    # imported here, not at the top: the CLI registers this command without loading torch or gradio
     from lvx_app.engine.api import EngineError, GenerationParams
-    from lvx_app.engine.runner import session_config
+    from lvx_app.engine.open import session_config
     from ui.serve import run_serve
 
     try:
