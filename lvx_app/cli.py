@@ -7,26 +7,9 @@ from typing import Optional
 
 import typer
 
-from lvx_app.cli_options import (
-    CACHE_DIR,
-    DECODE_TIMEOUT,
-    DTYPE,
-    FPS,
-    GPUS,
-    KV,
-    MAX_FRAMES,
-    MAX_NEW_TOKENS,
-    MODEL,
-    NO_CACHE,
-    RANKS,
-    REVISION,
-    TEMPERATURE,
-    TIMEOUT,
-    TOP_P,
-    new_app,
-)
+from lvx_app import cli_options as opt
 
-app = new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
+app = opt.new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
 
 
 @app.callback()
@@ -48,21 +31,21 @@ def info() -> None:
 @app.command()
 def chat(
     video: Path = typer.Argument(..., help="Video file to chat about."),
-    model: str = MODEL,
-    revision: Optional[str] = REVISION,
-    fps: float = FPS,
-    max_frames: Optional[int] = MAX_FRAMES,
-    gpus: Optional[int] = GPUS,
-    ranks: Optional[int] = RANKS,
-    dtype: str = DTYPE,
-    kv_cache: Optional[bool] = KV,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    temperature: float = TEMPERATURE,
-    top_p: float = TOP_P,
-    timeout: float = TIMEOUT,
-    decode_timeout: float = DECODE_TIMEOUT,
-    no_cache: bool = NO_CACHE,
-    cache_dir: Optional[Path] = CACHE_DIR,
+    model: str = opt.MODEL,
+    revision: Optional[str] = opt.REVISION,
+    fps: float = opt.FPS,
+    max_frames: Optional[int] = opt.MAX_FRAMES,
+    gpus: Optional[int] = opt.GPUS,
+    ranks: Optional[int] = opt.RANKS,
+    dtype: str = opt.DTYPE,
+    kv_cache: Optional[bool] = opt.KV,
+    max_new_tokens: int = opt.MAX_NEW_TOKENS,
+    temperature: float = opt.TEMPERATURE,
+    top_p: float = opt.TOP_P,
+    timeout: float = opt.TIMEOUT,
+    decode_timeout: float = opt.DECODE_TIMEOUT,
+    no_cache: bool = opt.NO_CACHE,
+    cache_dir: Optional[Path] = opt.CACHE_DIR,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
     # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
@@ -80,7 +63,7 @@ def chat(
 
 @app.command()
 def demo(
-    gpus: Optional[int] = GPUS,
+    gpus: Optional[int] = opt.GPUS,
     ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when there is no GPU (default 2)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to write the demo video and checkpoint."),
     generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g1 or g2."),

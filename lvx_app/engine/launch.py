@@ -162,21 +162,21 @@ class RemoteEngine:
                     return kind, value
                 warnings.warn(value, EngineWarning)  # shown as one line by lvx_app.warning_lines
         except (EOFError, OSError):
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._kill()
-            raise GroupFailed(describe_failure(self.run_dir, self.proc.returncode)) from None
+            raise self._group_failed() from None
 
     def _send(self, command: Command, **kwargs: Any) -> None:
         try:
             self.conn.send(command.message(**kwargs))
         except OSError:
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._kill()
-            raise GroupFailed(describe_failure(self.run_dir, self.proc.returncode)) from None
+            raise self._group_failed() from None
+
+    def _group_failed(self) -> GroupFailed:
+        """The link to rank 0 broke: let torchrun finish stopping the group (or kill it), then say which rank failed."""
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        return GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
 
     def _request(self, command: Command, **kwargs: Any) -> Any:
         self._send(command, **kwargs)
