@@ -7,28 +7,10 @@ from typing import Optional
 
 import typer
 
-from lvx_app.cli_options import (
-    CACHE_DIR,
-    DECODE_TIMEOUT,
-    DTYPE,
-    FPS,
-    GPUS,
-    KV,
-    MAX_FRAMES,
-    MODEL,
-    NO_CACHE,
-    RANKS,
-    REVISION,
-    TIMEOUT,
-)
+from lvx_app import cli_options as opt
 
-app = typer.Typer(
-    name="lvx",
-    help="Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = opt.new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
+
 
 @app.callback()
 def main() -> None:
@@ -49,25 +31,26 @@ def info() -> None:
 @app.command()
 def chat(
     video: Path = typer.Argument(..., help="Video file to chat about."),
-    model: str = MODEL,
-    revision: Optional[str] = REVISION,
-    fps: float = FPS,
-    max_frames: Optional[int] = MAX_FRAMES,
-    gpus: Optional[int] = GPUS,
-    ranks: Optional[int] = RANKS,
-    dtype: str = DTYPE,
-    kv_cache: Optional[bool] = KV,
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Longest answer, in tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
-    timeout: float = TIMEOUT,
-    decode_timeout: float = DECODE_TIMEOUT,
-    no_cache: bool = NO_CACHE,
-    cache_dir: Optional[Path] = CACHE_DIR,
+    model: str = opt.MODEL,
+    revision: Optional[str] = opt.REVISION,
+    fps: float = opt.FPS,
+    max_frames: Optional[int] = opt.MAX_FRAMES,
+    gpus: Optional[int] = opt.GPUS,
+    ranks: Optional[int] = opt.RANKS,
+    dtype: str = opt.DTYPE,
+    kv_cache: Optional[bool] = opt.KV,
+    max_new_tokens: int = opt.MAX_NEW_TOKENS,
+    temperature: float = opt.TEMPERATURE,
+    top_p: float = opt.TOP_P,
+    timeout: float = opt.TIMEOUT,
+    decode_timeout: float = opt.DECODE_TIMEOUT,
+    no_cache: bool = opt.NO_CACHE,
+    cache_dir: Optional[Path] = opt.CACHE_DIR,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
+    # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
     from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.runner import run_chat_command
+    from lvx_app.frontends.terminal import run_chat_command
 
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_chat_command(
@@ -80,7 +63,7 @@ def chat(
 
 @app.command()
 def demo(
-    gpus: Optional[int] = GPUS,
+    gpus: Optional[int] = opt.GPUS,
     ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when there is no GPU (default 2)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to write the demo video and checkpoint."),
     generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g1 or g2."),

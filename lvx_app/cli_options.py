@@ -1,13 +1,15 @@
-"""Options shared by the commands that start the model (`lvx chat`, `lvx serve`, `lvx finetune`), declared once.
+"""Options shared by the `lvx` commands (chat, serve, eval, finetune), declared once, and the one way to make a
+typer app.
 
-A module of its own so `lvx_app.serve_cli` can use them without importing the CLI that registers it.
+A leaf module (typer and `lvx_app.defaults` only), so `lvx_app.serve_cli`, `lvx_app.eval.cli` (which must not
+import torch) and `lvx_app.video.cache_cli` can use it without importing the CLI that registers them.
 """
 
 from __future__ import annotations
 
 import typer
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODEL, DEFAULT_TIMEOUT_S
 
 MODEL = typer.Option(DEFAULT_MODEL, "--model", help="Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.")
 REVISION = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit).")
@@ -21,7 +23,9 @@ KV = typer.Option(
     help="Keep each hyper layer's visual K/V resident, or recompute them from one copy of the features "
     "per turn (less memory). Default: cache when it fits.",
 )  # fmt: skip
-TIMEOUT = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops.")
+TIMEOUT = typer.Option(
+    DEFAULT_TIMEOUT_S, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops."
+)
 DECODE_TIMEOUT = typer.Option(
     DEFAULT_DECODE_TIMEOUT_S, "--decode-timeout",
     help="Seconds one chunk of frames may take to decode before its worker is killed and the chunk retried frame "
@@ -30,9 +34,13 @@ DECODE_TIMEOUT = typer.Option(
 NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
 
+# Generation (lvx chat; lvx serve's defaults for the page).
+MAX_NEW_TOKENS = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="Longest answer, in tokens.")
+TEMPERATURE = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible).")
+TOP_P = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0.")
 
-def check_seconds(options: dict[str, float]) -> None:
-    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""
-    for name, value in options.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be a number of seconds above 0 (got {value:g})")
+
+def new_app(name: str, help: str) -> typer.Typer:
+    """A typer app (or sub-app) as every lvx command group has it: help when called bare, no shell-completion
+    commands, plain Python tracebacks."""
+    return typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)

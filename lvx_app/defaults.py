@@ -1,4 +1,4 @@
-"""Defaults shared by the commands and the library, in a module that imports nothing.
+"""Defaults shared by the commands and the library, and the check of the timeouts, in a module that imports nothing.
 
 `lvx eval` keeps its CLI free of torch and the engine (so `lvx eval merge/report` work without them), yet its
 defaults must match `lvx chat`'s: both read them from here.
@@ -9,3 +9,16 @@ DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 # Seconds one chunk of frames may take to decode before its worker process is killed and the chunk retried frame
 # by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).
 DEFAULT_DECODE_TIMEOUT_S = 120.0
+
+# Seconds a rank waits for a dead or hung peer before the worker group stops (every collective's timeout).
+DEFAULT_TIMEOUT_S = 300.0
+
+# Longest answer, in tokens, unless a command or the page asks for another.
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+def check_seconds(options: dict[str, float]) -> None:
+    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""
+    for name, value in options.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be a number of seconds above 0 (got {value:g})")

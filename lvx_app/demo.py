@@ -10,21 +10,25 @@ that every stage runs and how long each takes.
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from lvx_app.engine.api import EngineError, GenerationParams
+from lvx_app.engine.describe import describe_answer, describe_video
+from lvx_app.engine.open import open_engine, session_config
+from lvx_app.frontends.terminal import load_with_progress
+from lvx_app.video.synthetic import make_video
+from models.mplug_owl3.tiny import write_tiny_checkpoint
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
 
 def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
     """The tiny checkpoint and the synthetic video (made once, reused on later runs)."""
-    from lvx_app.video.synthetic import make_video
-    from models.mplug_owl3.tiny import write_tiny_checkpoint
-
     checkpoint = workdir / f"tiny-{generation}"
     if not (checkpoint / "config.json").exists():
         write_tiny_checkpoint(checkpoint, generation)
@@ -37,11 +41,6 @@ def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
 def run_demo(
     *, gpus: int | None, ranks: int | None, workdir: Path | None, generation: str, console: Console | None = None
 ) -> int:
-    import torch
-
-    from lvx_app.engine.chat import describe_answer, describe_video, load_with_progress
-    from lvx_app.engine.runner import engine_for, session_config
-
     console = console or Console(highlight=False)
     if generation not in ("g1", "g2"):
         console.print("[red]error:[/red] --generation must be g1 or g2")
@@ -61,7 +60,7 @@ def run_demo(
     console.print("[yellow]The weights are random, so the answers are gibberish: this shows the pipeline runs.[/yellow]")
     try:
         t = time.perf_counter()
-        with engine_for(config, gpus, ranks, console) as engine:
+        with closing(open_engine(config, gpus, ranks, console)) as engine:
             timings["start ranks + load model"] = time.perf_counter() - t
             summary = load_with_progress(engine, console, str(video), 1.0, None)
             timings["decode + encode video"] = summary.seconds

@@ -10,14 +10,14 @@ from typing import List, Optional
 
 import typer
 
-from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, DTYPE, GPUS, KV, MODEL, NO_CACHE, RANKS, REVISION, TIMEOUT
+from lvx_app import cli_options as opt
 
 
 def serve_command(
-    gpus: Optional[int] = GPUS,
-    ranks: Optional[int] = RANKS,
-    model: str = MODEL,
-    revision: Optional[str] = REVISION,
+    gpus: Optional[int] = opt.GPUS,
+    ranks: Optional[int] = opt.RANKS,
+    model: str = opt.MODEL,
+    revision: Optional[str] = opt.REVISION,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; other machines can connect only if you "
                              "change it (then use --auth)."),  # fmt: skip
     port: int = typer.Option(7860, "--port", help="Port to serve on."),
@@ -35,22 +35,23 @@ def serve_command(
     max_frames: Optional[int] = typer.Option(
         None, "--max-frames", help="Default cap on frames (changeable in the page)."
     ),
-    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Default longest answer, in tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (reproducible)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperature > 0."),
-    dtype: str = DTYPE,
-    kv_cache: Optional[bool] = KV,
-    timeout: float = TIMEOUT,
-    decode_timeout: float = DECODE_TIMEOUT,
+    max_new_tokens: int = opt.MAX_NEW_TOKENS,
+    temperature: float = opt.TEMPERATURE,
+    top_p: float = opt.TOP_P,
+    dtype: str = opt.DTYPE,
+    kv_cache: Optional[bool] = opt.KV,
+    timeout: float = opt.TIMEOUT,
+    decode_timeout: float = opt.DECODE_TIMEOUT,
     queue_size: int = typer.Option(
         8, "--queue-size", help="Requests that may wait for the model; more are turned away."
     ),
-    no_cache: bool = NO_CACHE,
-    cache_dir: Optional[Path] = CACHE_DIR,
+    no_cache: bool = opt.NO_CACHE,
+    cache_dir: Optional[Path] = opt.CACHE_DIR,
 ) -> None:
     """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`."""
+    # imported here, not at the top: the CLI registers this command without loading torch or gradio
     from lvx_app.engine.api import EngineError, GenerationParams
-    from lvx_app.engine.runner import session_config
+    from lvx_app.engine.open import session_config
     from ui.serve import run_serve
 
     try:

@@ -37,7 +37,7 @@ QUESTION = "What happens in the video, and when does the scene change?"
 
 
 def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path) -> list[dict]:
-    from lvx_app.engine.factory import open_engine
+    from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
     from models.mplug_owl3.tiny import write_tiny_checkpoint
@@ -50,7 +50,7 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
     for n in ranks:
         config = SessionConfig(model=str(checkpoint), cache=False)
         t0 = time.perf_counter()
-        engine = open_engine(config, n, False)
+        engine = open_engine(config, gpus=0, ranks=n)
         start_s = time.perf_counter() - t0
         try:
             summary = engine.load_video(str(video), fps)

@@ -1,4 +1,4 @@
-"""The engine: sharded sessions answer exactly like one process running the model's own generate()."""
+"""The engine: sharded sessions answer exactly like one process running the token loop over the whole conversation."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import time
 
 import pytest
 import torch
+from test_generation_cache import generate
 
-from lvx_app.parallel.testing import run_ranks
-from lvx_app.engine.api import EngineError, GenerationParams
-from lvx_app.engine.chat import printable
+from lvx_app.engine.api import EngineError, GenerationParams, GroupFailed
 from lvx_app.engine.control import ControlChannel
+from lvx_app.engine.describe import printable
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.parallel.testing import run_ranks
 
 QUESTIONS = ("what happens in the video?", "and after that?")
 PARAMS = GenerationParams(max_new_tokens=10)
@@ -47,7 +48,8 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
 
 
 def _reference(checkpoint: str, video: str) -> list[str]:
-    """The model's own generate() over the whole conversation, re-prefilled from scratch each turn."""
+    """One process, one model, the token loop over the whole conversation, re-prefilled from scratch each turn
+    (stopping at the checkpoint's eos token)."""
     from lvx_app.video import ingest
     from models.mplug_owl3.loader import load_model
 
@@ -63,7 +65,8 @@ def _reference(checkpoint: str, video: str) -> list[str]:
         if i:
             ids = torch.cat([ids, torch.tensor(out + [proc.stop_ids[0]])])
             ids = torch.cat([ids, proc.build_followup(question, offset=len(ids)).input_ids])
-        out = list(model.generate(ids.view(1, -1), visual=visual, max_new_tokens=PARAMS.max_new_tokens))
+        out = generate(model, ids.view(1, -1), visual=visual, max_new_tokens=PARAMS.max_new_tokens,
+                       stop_ids=[model.config.eos_token_id])
         if out[-1] in proc.stop_ids:
             out = out[:-1]
         answers.append(proc.decode(out))
@@ -86,9 +89,11 @@ def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, 
 
 
 def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.engine.factory import open_engine
+    from lvx_app.engine.open import open_engine
 
-    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path)), 1, False)
+    config = _config(tiny_checkpoints["g2"], str(tmp_path), cuda=True)
+    engine = open_engine(config, gpus=0, ranks=1)
+    assert config.cuda and not engine.session.config.cuda, "the ranks get a copy; the caller's config stays as it was"
     with pytest.raises(EngineError, match="no video is loaded"):
         list(engine.ask("hello?"))
     with pytest.raises(EngineError, match="not found"):
@@ -168,7 +173,7 @@ def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_v
         engine.load_video(short_video, 1.0)
         os.kill(int(pid_file(engine.run_dir, 1).read_text()), signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(EngineError, match=r"rank 1 failed"):
+        with pytest.raises(GroupFailed, match=r"rank 1 failed"):
             for _ in range(3):  # the first request may still be answered before torchrun notices
                 list(engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=50)))
                 time.sleep(1)
@@ -177,7 +182,7 @@ def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_v
         engine.close()
 
 
-_TORCHRUN_SUMMARY = """lvx_app.engine.worker FAILED
+_TORCHRUN_SUMMARY = """lvx_app.frontends.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

@@ -215,17 +215,15 @@ def test_engine_that_cannot_load_anything_stops_the_run(mini, tmp_path):
 
 
 def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monkeypatch):
-    import types
+    import lvx_app.eval.cli
 
     made = []
 
-    def make_eval_session(**kwargs):
+    def open_engine_session(**kwargs):
         made.append(kwargs)
         return LookupSession(answers_for(mini.rows))
 
-    fake = types.ModuleType("lvx_app.engine")
-    fake.make_eval_session = make_eval_session
-    monkeypatch.setitem(sys.modules, "lvx_app.engine", fake)
+    monkeypatch.setattr(lvx_app.eval.cli, "open_engine_session", open_engine_session)
     out = tmp_path / "r.jsonl"
     args = ["videomme", "--data", str(mini.root), "--out", str(out), "--gpus", "0", "--ranks", "2",
             "--model", "tiny", "--durations", "short", "--scoring", "strict"]  # fmt: skip

@@ -1,5 +1,8 @@
 """Generation with the text KV cache: equal to recomputing the whole sequence, prefill in pieces equal to one
-prefill (absolute positions: the official top-left mask gets this wrong), the >32768 warning, sampling."""
+prefill (absolute positions: the official top-left mask gets this wrong), the >32768 warning, sampling.
+
+Generation runs the engine's own token loop (`lvx_app.engine.generation.token_loop`) over one model in one process.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,23 @@ import pytest
 import torch
 from test_hyper_attention import P, tiny_config, tiny_model
 
-from models.mplug_owl3.modeling import sample_next
+from lvx_app.engine.api import GenerationParams
+from lvx_app.engine.generation import LoopOutcome, sample_next, token_loop
+
+
+def generate(model, input_ids, *, visual=None, cache=None, max_new_tokens, stop_ids=(), temperature=0.0, top_p=1.0,
+             seed=0) -> list[int]:  # fmt: skip
+    """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh one), then
+    sample and feed one token at a time. The stop token is included; a truncated answer's last token is not fed."""
+    cache = cache if cache is not None else model.new_cache()
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+    def step(token: int) -> torch.Tensor:
+        return model(torch.tensor([[token]]), cache=cache, visual=visual, last_only=True)[0, -1]
+
+    with torch.no_grad():
+        logits = model(input_ids, cache=cache, visual=visual, last_only=True)[0, -1]
+        return list(token_loop(logits, step, params, set(stop_ids), LoopOutcome()))
 
 
 def _setup(generation: str, n_frames: int = 3):
@@ -25,18 +44,18 @@ def _setup(generation: str, n_frames: int = 3):
 @pytest.mark.parametrize("generation", ["g1", "g2"])
 def test_cached_greedy_generation_equals_full_recompute(generation):
     model, ids, visual = _setup(generation)
-    got = list(model.generate(ids, visual=visual, max_new_tokens=5, eos_token_ids=[]))
+    got = generate(model, ids, visual=visual, max_new_tokens=5)
     seq, want = ids, []
     for _ in range(5):  # no cache: the whole sequence every step
         nxt = int(model(seq, visual=visual)[0, -1].argmax())
         want.append(nxt)
         seq = torch.cat([seq, torch.tensor([[nxt]])], 1)
     assert got == want and len(got) == 5
-    # the visual K/V are precomputed once: generate never calls visual_kv again
+    # the visual K/V are precomputed once: generation never calls visual_kv again
     calls = []
     orig = model.visual_kv
     model.visual_kv = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    list(model.generate(ids, visual=visual, max_new_tokens=3, eos_token_ids=[]))
+    generate(model, ids, visual=visual, max_new_tokens=3)
     assert calls == []
 
 
@@ -58,18 +77,18 @@ def test_multi_turn_reuses_the_cache():
     """Turn 2 prefilled on top of turn 1's cache (prompt + answer) equals one forward of everything."""
     model, ids, visual = _setup("g2")
     cache = model.new_cache()
-    ans = list(model.generate(ids[:, :12], visual=visual, cache=cache, max_new_tokens=4, eos_token_ids=[]))
+    ans = generate(model, ids[:, :12], visual=visual, cache=cache, max_new_tokens=4)
     assert cache.length == 12 + 3  # the last yielded token is not fed yet
     turn2 = torch.tensor([[ans[-1], 5, 6, 7]])
-    last = list(model.generate(turn2, visual=visual, cache=cache, max_new_tokens=1, eos_token_ids=[]))
+    last = generate(model, turn2, visual=visual, cache=cache, max_new_tokens=1)
     full = torch.cat([ids[:, :12], torch.tensor([ans[:-1]]), turn2], 1)
     assert last == [int(model(full, visual=visual)[0, -1].argmax())]
 
 
 def test_eos_stops_and_is_yielded():
     model, ids, visual = _setup("g2")
-    first = list(model.generate(ids, visual=visual, max_new_tokens=3, eos_token_ids=[]))
-    assert list(model.generate(ids, visual=visual, max_new_tokens=10, eos_token_ids=[first[1]])) == first[:2]
+    first = generate(model, ids, visual=visual, max_new_tokens=3)
+    assert generate(model, ids, visual=visual, max_new_tokens=10, stop_ids=[first[1]]) == first[:2]
 
 
 def test_text_cache_grows_without_losing_tokens():
@@ -113,8 +132,6 @@ def test_sampling():
     # repetition penalty turns the greedy choice away from a seen token
     assert int(sample_next(logits, repetition_penalty=1.5, seen=torch.tensor([1]))) == 2
     model, ids, visual = _setup("g1")
-    a = list(model.generate(ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, eos_token_ids=[],
-                            generator=torch.Generator().manual_seed(5)))
-    b = list(model.generate(ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, eos_token_ids=[],
-                            generator=torch.Generator().manual_seed(5)))
+    a = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)
+    b = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)
     assert a == b and len(a) == 4

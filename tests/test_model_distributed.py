@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_generation_cache import generate
 from test_hyper_attention import P, tiny_config, tiny_model
 
 from lvx_app.parallel.testing import run_ranks
@@ -41,7 +42,7 @@ def _run(rank: int, world: int, n_frames: int):
         visual = model.prepare_visual(E[mine], starts, frame_ids=mine)
         with torch.no_grad():
             logits = model(ids, visual=visual)
-            tokens = list(model.generate(ids, visual=visual, max_new_tokens=4, eos_token_ids=[]))
+            tokens = generate(model, ids, visual=visual, max_new_tokens=4)
         # numpy, not a tensor: torch sends tensors through a queue as shared-memory handles that die with the rank
         out[generation] = (mine.numel(), logits.numpy(), tokens)
     return out
@@ -55,7 +56,7 @@ def test_frames_split_over_ranks_match_one_process(world, n_frames):
         visual = model.prepare_visual(E, starts)
         with torch.no_grad():
             want = model(ids, visual=visual)
-            want_tokens = list(model.generate(ids, visual=visual, max_new_tokens=4, eos_token_ids=[]))
+            want_tokens = generate(model, ids, visual=visual, max_new_tokens=4)
         assert sum(r[generation][0] for r in results) == n_frames
         for rank, r in enumerate(results):
             n, logits, tokens = r[generation]

@@ -21,7 +21,7 @@ import gradio_client
 import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 
-from lvx_app.engine.chat import printable
+from lvx_app.engine.describe import printable
 from ui.app import link_timestamps, message_text
 
 LVX = [sys.executable, "-m", "lvx_app.cli"]

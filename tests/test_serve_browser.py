@@ -13,7 +13,7 @@ import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import start_server, stop_server
 
-from lvx_app.engine.chat import printable
+from lvx_app.engine.describe import printable
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

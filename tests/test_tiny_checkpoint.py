@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from test_generation_cache import generate
 
 from models.mplug_owl3.checkpoint import official_shapes
 from models.mplug_owl3.loader import load_model
@@ -92,7 +93,7 @@ def test_forward_and_generate(ckpts, g):
     visual = model.prepare_visual(e, torch.tensor(pi.media_starts))
     logits = model(pi.input_ids[None], visual=visual)
     assert logits.shape == (1, len(pi.input_ids), cfg.vocab_size) and torch.isfinite(logits).all()
-    out = list(model.generate(pi.input_ids[None], visual=visual, max_new_tokens=5, eos_token_ids=proc.stop_ids))
+    out = generate(model, pi.input_ids[None], visual=visual, max_new_tokens=5, stop_ids=proc.stop_ids)
     assert 1 <= len(out) <= 5 and all(0 <= t < cfg.vocab_size for t in out)
     assert isinstance(proc.decode(out), str)
 

@@ -160,7 +160,7 @@ def _write_data(tmp_path, video: str):
 
 def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.factory import open_engine
+    from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.train.checkpoint import official_state_dict
     from models.mplug_owl3.loader import load_model
@@ -184,7 +184,7 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     assert not torch.equal(base[q], loaded[q])
 
     engine = open_engine(SessionConfig(model=str(tmp_path / "full"), cache_dir=str(tmp_path / "cache"),
-                                       decode_workers=1), 1, False)
+                                       decode_workers=1), gpus=0, ranks=1)
     try:
         engine.load_video(short_video, 1.0)
         answer = "".join(engine.ask("What is shown?", GenerationParams(max_new_tokens=6)))

@@ -25,7 +25,7 @@ from typing import Any
 import gradio as gr
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
-from lvx_app.engine.chat import describe_answer, describe_video, printable
+from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.warning_lines import is_lvx_source
 
 log = logging.getLogger("lvx.ui")
@@ -298,6 +298,23 @@ def _progress_reporter(progress: gr.Progress):
     return report
 
 
+def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | None) -> tuple:
+    """The left column: the player, where the video comes from, fps and frame cap, Load and the status line."""
+    with gr.Column(scale=2):
+        video = gr.Video(label="Video", sources=["upload"], format=None, elem_id="lvx-video")
+        server_path = gr.Textbox(
+            label="…or a path on the server", visible=bool(ui.allow_paths), elem_id="lvx-path",
+            placeholder=", ".join(str(p) for p in ui.allow_paths) + "/movie.mp4",
+        )  # fmt: skip
+        with gr.Row():
+            fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
+            max_frames = gr.Number(default_max_frames or 0, label="max frames (0 = no cap)", precision=0,
+                                   elem_id="lvx-max-frames")  # fmt: skip
+        load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
+        status = gr.Markdown(ui.status(), elem_id="lvx-status")
+    return video, server_path, fps, max_frames, load_btn, status
+
+
 def build_app(
     engine: Engine,
     *,
@@ -317,18 +334,7 @@ def build_app(
         owner = gr.State(None)
         gr.Markdown(f"## {title}")
         with gr.Row():
-            with gr.Column(scale=2):
-                video = gr.Video(label="Video", sources=["upload"], format=None, elem_id="lvx-video")
-                server_path = gr.Textbox(
-                    label="…or a path on the server", visible=bool(allow_paths), elem_id="lvx-path",
-                    placeholder=", ".join(str(p) for p in ui.allow_paths) + "/movie.mp4",
-                )  # fmt: skip
-                with gr.Row():
-                    fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
-                    max_frames = gr.Number(default_max_frames or 0, label="max frames (0 = no cap)", precision=0,
-                                           elem_id="lvx-max-frames")  # fmt: skip
-                load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
-                status = gr.Markdown(ui.status(), elem_id="lvx-status")
+            video, server_path, fps, max_frames, load_btn, status = _video_column(ui, default_fps, default_max_frames)
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Chat", height=480, elem_id="lvx-chat", feedback_options=None,
                                      buttons=["copy"])  # fmt: skip

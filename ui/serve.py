@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 from rich.console import Console
 
 from lvx_app.engine.api import EngineError, GenerationParams
+from lvx_app.engine.open import open_engine
 from lvx_app.engine.session import SessionConfig
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -59,8 +61,6 @@ def run_serve(
     console: Console | None = None,
 ) -> int:
     """Serve until Ctrl-C or SIGTERM; returns the process exit code."""
-    from lvx_app.engine.runner import engine_for
-
     console = console or Console(highlight=False)
     try:
         credentials = parse_auth(auth)
@@ -68,8 +68,8 @@ def run_serve(
         if max_upload_mb <= 0:
             raise EngineError("--max-upload-mb must be above 0")
         _stop_on_sigterm()
-        with engine_for(config, gpus, ranks, console) as engine:
-            from ui.app import build_app
+        with closing(open_engine(config, gpus, ranks, console)) as engine:
+            from ui.app import build_app  # gradio takes seconds to import: bad options fail before it
 
             demo = build_app(engine, allow_paths=folders, max_upload_mb=max_upload_mb, default_fps=config.fps,
                              default_max_frames=config.max_frames, params=params)  # fmt: skip

@@ -5,11 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
+from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
+
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 class EngineError(RuntimeError):
     """A failure the user can act on; its message is shown as is."""
+
+
+class GroupFailed(EngineError):
+    """The worker group died (a rank failed or the group exited): this engine cannot answer any more."""
 
 
 class EngineWarning(UserWarning):
@@ -21,7 +27,7 @@ class EngineWarning(UserWarning):
 class GenerationParams:
     """Greedy by default so answers are reproducible."""
 
-    max_new_tokens: int = 512
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

@@ -14,7 +14,16 @@ import time
 from typing import Any, Iterator
 
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.commands import ASK, COMMANDS, LOAD_VIDEO, RESET, SHUTDOWN, STATS, Command
 from lvx_app.engine.control import ControlChannel
+
+
+def run_share(session: Any, channel: ControlChannel, command: Command, kwargs: dict[str, Any], **local: Any) -> Any:
+    """This rank's share of `command`: the session method, then the gather every rank joins.
+
+    `local` holds what stays on this rank (rank 0's progress callback and stop flag)."""
+    result = getattr(session, command.method)(**kwargs, **local)
+    return channel.gather(result) if command.gathered else result
 
 
 class GroupDriver:
@@ -26,19 +35,19 @@ class GroupDriver:
         self.last_answer: AnswerStats | None = None
         self._stop = threading.Event()
 
-    def _command(self, op: str, **kwargs: Any) -> None:
-        self.channel.broadcast((op, kwargs))
+    def _run(self, command: Command, local: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Broadcast `command` to the other ranks, then run rank 0's share."""
+        self.channel.broadcast(command.message(**kwargs))
+        return run_share(self.session, self.channel, command, kwargs, **(local or {}))
 
     def load_video(
         self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
     ) -> VideoSummary:
-        self._command("load_video", path=path, fps=fps, max_frames=max_frames)
-        return self.session.load_video(path=path, fps=fps, max_frames=max_frames, progress=progress)
+        return self._run(LOAD_VIDEO, {"progress": progress}, path=path, fps=fps, max_frames=max_frames)
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
         self._stop.clear()
-        self._command("ask", question=question, params=params)
-        answer = self.session.ask(question=question, params=params, should_stop=self._stop.is_set)
+        answer = self._run(ASK, {"should_stop": self._stop.is_set}, question=question, params=params)
         t0 = time.perf_counter()
         try:
             yield from answer
@@ -57,35 +66,28 @@ class GroupDriver:
         self._stop.set()
 
     def reset(self) -> None:
-        self._command("reset")
-        self.session.reset()
+        self._run(RESET)
 
     def stats(self) -> dict[str, Any]:
-        self._command("stats")
-        per_rank = self.channel.gather(self.session.local_stats())
-        return self.session.summarize_stats(per_rank)
+        return self.session.summarize_stats(self._run(STATS))
 
     def close(self) -> None:
-        self._command("shutdown")
+        self.channel.broadcast(SHUTDOWN.message())
 
 
 def worker_loop(session: Any, channel: ControlChannel) -> None:
     """Ranks other than 0: execute rank 0's commands until told to shut down."""
     while True:
-        op, kwargs = channel.broadcast()
-        if op == "shutdown":
+        name, kwargs = channel.broadcast()
+        command = COMMANDS.get(name)
+        if command is None:
+            raise RuntimeError(f"unknown engine command {name!r}")
+        if command is SHUTDOWN:
             return
         try:
-            if op == "load_video":
-                session.load_video(**kwargs, progress=None)
-            elif op == "ask":
-                for _ in session.ask(**kwargs, should_stop=lambda: False):
+            result = run_share(session, channel, command, kwargs)
+            if command.reply == "pieces":
+                for _ in result:  # only rank 0 streams; the others run the same steps
                     pass
-            elif op == "reset":
-                session.reset()
-            elif op == "stats":
-                channel.gather(session.local_stats())
-            else:
-                raise RuntimeError(f"unknown engine command {op!r}")
         except EngineError:
             continue  # rank 0 raised the same error and reports it

@@ -23,12 +23,23 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Iterator
 
-from lvx_app.engine.api import AnswerStats, EngineError, EngineWarning, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.api import (
+    AnswerStats,
+    EngineError,
+    EngineWarning,
+    GenerationParams,
+    GroupFailed,
+    ProgressFn,
+    VideoSummary,
+)
+from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, RESET, SHUTDOWN, STATS, Command
 from lvx_app.engine.link import answer_stats
 
 LINK_ENV = "LVX_LINK"
 LINK_KEY_ENV = "LVX_LINK_KEY"
 RUN_DIR_ENV = "LVX_RUN_DIR"
+# The module every rank runs (the frontend layer owns it: rank 0 may run the terminal chat itself).
+WORKER_MODULE = "lvx_app.frontends.worker"
 
 
 def error_file(run_dir: str | Path, rank: int) -> Path:
@@ -103,7 +114,6 @@ class RemoteEngine:
         *,
         cuda: bool,
         start_timeout_s: float = 600.0,
-        on_wait: Any = None,
     ) -> None:
         self.last_answer: AnswerStats | None = None
         self.run_dir = Path(tempfile.mkdtemp(prefix="lvx-run-"))
@@ -117,29 +127,27 @@ class RemoteEngine:
         cmd = [
             sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
-            "-m", "lvx_app.engine.worker", "--config", json.dumps(worker_config),
+            "-m", WORKER_MODULE, "--config", json.dumps(worker_config),
         ]  # fmt: skip
         self._log = open(self.run_dir / "group.log", "wb")
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.conn = self._accept(start_timeout_s, on_wait)
+        self.conn = self._accept(start_timeout_s)
         kind, value = self._recv()
         if kind != "ready":
             raise EngineError(f"unexpected first message from rank 0: {kind}")
         self.info: dict[str, Any] = value
 
-    def _accept(self, timeout_s: float, on_wait: Any) -> Connection:
+    def _accept(self, timeout_s: float) -> Connection:
         box: list[Connection] = []
         thread = threading.Thread(target=lambda: box.append(self._listener.accept()), daemon=True)
         thread.start()
         deadline = time.monotonic() + timeout_s
         while thread.is_alive():
             thread.join(0.2)
-            if on_wait is not None:
-                on_wait()
             if self.proc.poll() is not None:
-                raise EngineError(describe_failure(self.run_dir, self.proc.returncode))
+                raise GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
             if time.monotonic() > deadline:
                 self._kill()
                 raise EngineError(f"the worker group did not start within {timeout_s:.0f}s; see {self.run_dir}/group.log")
@@ -154,24 +162,24 @@ class RemoteEngine:
                     return kind, value
                 warnings.warn(value, EngineWarning)  # shown as one line by lvx_app.warning_lines
         except (EOFError, OSError):
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._kill()
-            raise EngineError(describe_failure(self.run_dir, self.proc.returncode)) from None
+            raise self._group_failed() from None
 
-    def _send(self, op: str, kwargs: dict[str, Any]) -> None:
+    def _send(self, command: Command, **kwargs: Any) -> None:
         try:
-            self.conn.send((op, kwargs))
+            self.conn.send(command.message(**kwargs))
         except OSError:
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._kill()
-            raise EngineError(describe_failure(self.run_dir, self.proc.returncode)) from None
+            raise self._group_failed() from None
 
-    def _request(self, op: str, **kwargs: Any) -> Any:
-        self._send(op, kwargs)
+    def _group_failed(self) -> GroupFailed:
+        """The link to rank 0 broke: let torchrun finish stopping the group (or kill it), then say which rank failed."""
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        return GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
+
+    def _request(self, command: Command, **kwargs: Any) -> Any:
+        self._send(command, **kwargs)
         while True:
             kind, value = self._recv()
             if kind == "done":
@@ -183,7 +191,7 @@ class RemoteEngine:
     def load_video(
         self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
     ) -> VideoSummary:
-        self._send("load_video", {"path": path, "fps": fps, "max_frames": max_frames})
+        self._send(LOAD_VIDEO, path=path, fps=fps, max_frames=max_frames)
         while True:
             kind, value = self._recv()
             if kind == "progress":
@@ -195,7 +203,7 @@ class RemoteEngine:
                 raise EngineError(value)
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
-        self._send("ask", {"question": question, "params": params})
+        self._send(ASK, question=question, params=params)
         finished = False
         try:
             while True:
@@ -222,20 +230,20 @@ class RemoteEngine:
 
     def interrupt(self) -> None:
         try:
-            self.conn.send(("interrupt", {}))
+            self.conn.send((INTERRUPT, {}))
         except OSError:
             pass  # the group is gone; the next receive reports why
 
     def reset(self) -> None:
-        self._request("reset")
+        self._request(RESET)
 
     def stats(self) -> dict[str, Any]:
-        return self._request("stats")
+        return self._request(STATS)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self._request("shutdown")
+                self._request(SHUTDOWN)
                 self.proc.wait(timeout=30)
             except (EngineError, OSError, subprocess.TimeoutExpired):
                 self._kill()

@@ -12,8 +12,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from lvx_app.engine.api import AnswerStats, EngineError
-
-REQUESTS = ("load_video", "ask", "interrupt", "reset", "stats", "shutdown")
+from lvx_app.engine.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
 
 
 def relay_warnings(conn: Connection) -> None:
@@ -35,40 +34,41 @@ def serve_link(driver: Any, conn: Connection) -> None:
     relay_warnings(conn)
     while True:
         try:
-            op, kwargs = conn.recv()
+            name, kwargs = conn.recv()
         except (EOFError, OSError):
             driver.close()  # the frontend is gone: release the other ranks
             return
-        if op == "shutdown":
+        if name == SHUTDOWN.name:
             driver.close()
             conn.send(("done", None))
             return
-        if op == "interrupt":
+        if name == INTERRUPT:
             continue  # arrived after the answer had already finished
         try:
-            conn.send(("done", _run(driver, conn, op, kwargs)))
+            command = COMMANDS.get(name)
+            if command is None:
+                raise EngineError(f"unknown request {name!r}")
+            conn.send(("done", _run(driver, conn, command, kwargs)))
         except EngineError as exc:
             conn.send(("error", str(exc)))
 
 
-def _run(driver: Any, conn: Connection, op: str, kwargs: dict) -> Any:
-    if op == "load_video":
-        summary = driver.load_video(**kwargs, progress=lambda stage, done, total: conn.send(("progress", (stage, done, total))))
-        return summary.to_dict()
-    if op == "ask":
-        for piece in driver.ask(**kwargs):
+def _run(driver: Any, conn: Connection, command: Command, kwargs: dict) -> Any:
+    """Run `command` on the driver, streaming what it streams; returns its result as plain data."""
+    run = getattr(driver, command.name)
+    if command.reply == "progress":
+        result = run(**kwargs, progress=lambda stage, done, total: conn.send(("progress", (stage, done, total))))
+    elif command.reply == "pieces":
+        for piece in run(**kwargs):
             conn.send(("piece", piece))
             while conn.poll():
                 extra, _ = conn.recv()
-                if extra == "interrupt":
+                if extra == INTERRUPT:
                     driver.interrupt()
-        return driver.last_answer.to_dict() if driver.last_answer else None
-    if op == "reset":
-        driver.reset()
-        return None
-    if op == "stats":
-        return driver.stats()
-    raise EngineError(f"unknown request {op!r}")
+        result = driver.last_answer
+    else:
+        result = run(**kwargs)
+    return result.to_dict() if hasattr(result, "to_dict") else result
 
 
 def answer_stats(value: dict | None) -> AnswerStats | None:

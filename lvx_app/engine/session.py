@@ -19,11 +19,17 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL, DEFAULT_TIMEOUT_S
 from lvx_app.devices import memory_report, resolve_dtype
+from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
+from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
-from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.video.errors import VideoError
+from lvx_app.video.ingest import ingest
+from models.mplug_owl3.checkpoint import CheckpointError
+from models.mplug_owl3.loader import load_model
 
 
 @dataclass
@@ -37,7 +43,7 @@ class SessionConfig:
     kv_mode: str = "auto"  # cache | recompute | auto (cache when it fits)
     fps: float = 1.0
     max_frames: int | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     cache: bool = True
     cache_dir: str | None = None
     decode_workers: int | None = None
@@ -52,8 +58,6 @@ class Session:
     """This rank's share of the engine. Every method is called on every rank in the same order."""
 
     def __init__(self, config: SessionConfig, info: DistInfo) -> None:
-        from models.mplug_owl3.loader import CheckpointError, load_model
-
         self.config, self.info = config, info
         self.device = info.device
         try:
@@ -68,8 +72,6 @@ class Session:
         self.model.eval()
         self.sharded = info.world_size > 1
         if self.sharded:
-            from lvx_app.engine.hooks import ShardedAttention
-
             self.attn = ShardedAttention(None, info.rank)
             self.model.hooks.text = self.attn.text
             self.model.hooks.visual = self.attn.visual
@@ -119,10 +121,9 @@ class Session:
     def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model.encode_images(pixel_values)
 
-    def load_video(self, path: str, fps: float, max_frames: int | None, progress: ProgressFn | None) -> VideoSummary:
-        from lvx_app.video import VideoError
-        from lvx_app.video.ingest import ingest
-
+    def load_video(
+        self, path: str, fps: float, max_frames: int | None, progress: ProgressFn | None = None
+    ) -> VideoSummary:
         t0 = time.perf_counter()
 
         def report(p) -> None:
@@ -245,44 +246,28 @@ class Session:
         follow = self.processor.build_followup(question, offset=self.position + len(self.pending)).input_ids
         return torch.cat([torch.tensor(self.pending, dtype=torch.int64), follow])
 
-    def ask(self, question: str, params: GenerationParams, should_stop: Callable[[], bool]) -> Iterator[str]:
+    def ask(self, question: str, params: GenerationParams, should_stop: Callable[[], bool] = never_stop) -> Iterator[str]:
         """Answer one turn; yields text pieces on rank 0 (other ranks yield nothing)."""
-        from models.mplug_owl3.modeling import sample_next
-
         ids = self._turn_ids(question)
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=self.position + int(ids.numel()))
-        generator = torch.Generator(device="cpu").manual_seed(params.seed)
         stops = set(self.processor.stop_ids)
         decoder = self.processor.stream()
         logits, owner = self._prefill(ids)
         self.pending = []
-        token = None
-        for i in range(params.max_new_tokens):
-            if logits is not None:
-                token = int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
-                                        generator=generator))  # fmt: skip
-            stop = should_stop() if self.info.rank == 0 else False
-            token, stop = self._agree(token, stop, src=owner if i == 0 else 0)
-            if i == 0:
-                stats.ttft_s = time.perf_counter() - t0
-            if stop:
-                stats.interrupted = True
-                break
+        outcome = LoopOutcome()
+        tokens = token_loop(logits, self._feed_token, params, stops, outcome, agree=self._agree, first_src=owner,
+                            should_stop=should_stop if self.info.rank == 0 else never_stop)  # fmt: skip
+        for token in tokens:
             stats.new_tokens += 1
-            if token in stops:
-                break
-            piece = decoder.push(token)
+            piece = decoder.push(token) if token not in stops else ""
             if piece and self.info.rank == 0:
                 yield piece
-            if i == params.max_new_tokens - 1:
-                stats.truncated = True
-                self.pending = [token]  # sampled but not yet fed
-                break
-            logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), decoding=True)[0, -1]
-            self.position += 1
-        else:
-            stats.truncated = params.max_new_tokens > 0
+        if outcome.unfed is not None:
+            self.pending = [outcome.unfed]
+        if outcome.first_token_at is not None:
+            stats.ttft_s = outcome.first_token_at - t0
+        stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
         tail = decoder.flush()
         if tail and self.info.rank == 0:
             yield tail
@@ -290,6 +275,12 @@ class Session:
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
         self.answers.append(stats.to_dict())
+
+    def _feed_token(self, token: int) -> torch.Tensor:
+        """One decoding step on every rank: feed the agreed token, return the next logits (V,)."""
+        logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), decoding=True)[0, -1]
+        self.position += 1
+        return logits
 
     def _agree(self, token: int | None, stop: bool, src: int) -> tuple[int, bool]:
         """Every rank takes rank `src`'s token and rank 0's stop flag."""

@@ -13,23 +13,18 @@ import typer
 from rich.console import Console
 
 import lvx_app
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL
-from lvx_app.eval.dataset import DatasetError, load_dataset, parse_durations, parse_shard, select_questions
+from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, TIMEOUT, new_app
+from lvx_app.defaults import DEFAULT_MODEL
+from lvx_app.eval.dataset import Dataset, DatasetError, Question, load_dataset, parse_durations, parse_shard, select_questions
 from lvx_app.eval.extract import SCORING_MODES
 from lvx_app.eval.prompt import PROMPT_VERSION
 from lvx_app.eval.report import report_file
 from lvx_app.eval.results import ResultsError, ResultsWriter, RunManifest, merge_results
-from lvx_app.eval.runner import EvalSession, RunStats, run_eval
+from lvx_app.eval.runner import EvalSession, RunStats, open_engine_session, run_eval
 
 SessionFactory = Callable[[], EvalSession]
 
-eval_app = typer.Typer(
-    name="eval",
-    help="Batch evaluation on Video-MME: run (resumable, shardable), merge shard files, report.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+eval_app = new_app("eval", "Batch evaluation on Video-MME: run (resumable, shardable), merge shard files, report.")
 
 
 class EngineUnavailable(RuntimeError):
@@ -85,14 +80,35 @@ def run_videomme(
     after everything answered so far is on disk.
     """
     console = console or Console()
+    _check_settings(scoring, fps, max_frames, max_new_tokens)
+    dur = parse_durations(durations)
+    ds = load_dataset(data, questions_file)
+    selected = select_questions(ds.questions, dur, limit, parse_shard(shard))
+    missing = _report_missing_videos(ds, selected, console)
+    out_path = Path(out) if out else default_out(model, fps, max_frames, subtitles, shard)
+    manifest = RunManifest(
+        model=model, revision=revision, fps=fps, max_frames=max_frames, subtitles=subtitles,
+        prompt_version=PROMPT_VERSION, scoring=scoring, max_new_tokens=max_new_tokens,
+        dataset_file=str(ds.question_file), dataset_sha256=ds.sha256, lvx_version=lvx_app.__version__,
+        durations=list(dur) if dur else None, limit=limit, shard=shard,
+    )  # fmt: skip
+    settings = dict(fps=fps, max_frames=max_frames, subtitles=subtitles, max_new_tokens=max_new_tokens, scoring=scoring)
+    with ResultsWriter(out_path, manifest) as writer:
+        stats = _answer_pending(ds, selected, writer, session_factory, settings, console, show_progress)
+    extra = {"missing_videos": missing, "failed_videos": stats.failed_videos}
+    summary = report_file(out_path, scoring, {q.question_id for q in selected}, console, extra)
+    return VideoMMERun(out_path, stats, summary, missing)
+
+
+def _check_settings(scoring: str, fps: float, max_frames: int | None, max_new_tokens: int) -> None:
     if scoring not in SCORING_MODES:
         raise DatasetError(f"--scoring must be one of {', '.join(SCORING_MODES)}, got {scoring!r}.")
     if fps <= 0 or (max_frames is not None and max_frames < 1) or max_new_tokens < 1:
         raise DatasetError("--fps must be > 0, --max-frames >= 1 and --max-new-tokens >= 1.")
-    dur = parse_durations(durations)
-    shard_ik = parse_shard(shard)
-    ds = load_dataset(data, questions_file)
-    selected = select_questions(ds.questions, dur, limit, shard_ik)
+
+
+def _report_missing_videos(ds: Dataset, selected: Sequence[Question], console: Console) -> list[str]:
+    """The videoIDs of the selected questions whose video file is not there, said in one line."""
     missing = sorted({q.videoID for q in selected if ds.video_path(q) is None})
     if missing:
         n_q = sum(ds.video_path(q) is None for q in selected)
@@ -101,70 +117,47 @@ def run_videomme(
             f"[yellow]{len(missing)} video(s) missing, {n_q} question(s) skipped: {shown} "
             f"(looked in {ds.root}/data/ and video/ for <videoID>.mp4|.MP4|.mkv); continuing with the rest."
         )
-    out_path = Path(out) if out else default_out(model, fps, max_frames, subtitles, shard)
-    manifest = RunManifest(
-        model=model,
-        revision=revision,
-        fps=fps,
-        max_frames=max_frames,
-        subtitles=subtitles,
-        prompt_version=PROMPT_VERSION,
-        scoring=scoring,
-        max_new_tokens=max_new_tokens,
-        dataset_file=str(ds.question_file),
-        dataset_sha256=ds.sha256,
-        lvx_version=lvx_app.__version__,
-        durations=list(dur) if dur else None,
-        limit=limit,
-        shard=shard,
-    )
-    stats = RunStats()
-    with ResultsWriter(out_path, manifest) as writer:
-        done = sum(q.question_id in writer.done for q in selected)
-        todo = [q for q in selected if q.question_id not in writer.done and ds.video_path(q) is not None]
-        console.print(
-            f"Video-MME: {len(selected)} question(s) selected, {done} already in {out_path}, {len(todo)} to answer."
-        )
-        if todo:
-            session = session_factory()
-            describe = getattr(session, "describe", None)
-            if callable(describe):
-                manifest.engine = dict(describe())
-            try:
-                stats = run_eval(
-                    ds, selected, session, writer,
-                    fps=fps, max_frames=max_frames, subtitles=subtitles,
-                    max_new_tokens=max_new_tokens, scoring=scoring,
-                    console=console, show_progress=show_progress,
-                )  # fmt: skip
-            except KeyboardInterrupt:
-                console.print(f"[yellow]interrupted: every answer so far is in {out_path}; rerun the same command to resume.")
-                raise
-            finally:
-                close = getattr(session, "close", None)
-                if callable(close):
-                    close()
-    extra = {"missing_videos": missing, "failed_videos": stats.failed_videos}
-    summary = report_file(out_path, scoring, {q.question_id for q in selected}, console, extra)
-    return VideoMMERun(out_path, stats, summary, missing)
+    return missing
+
+
+def _answer_pending(
+    ds: Dataset, selected: Sequence[Question], writer: ResultsWriter, session_factory: SessionFactory,
+    settings: dict[str, Any], console: Console, show_progress: bool,
+) -> RunStats:  # fmt: skip
+    """Start the session only if some selected question is unanswered, answer those, and close it."""
+    done = sum(q.question_id in writer.done for q in selected)
+    todo = [q for q in selected if q.question_id not in writer.done and ds.video_path(q) is not None]
+    console.print(f"Video-MME: {len(selected)} question(s) selected, {done} already in {writer.path}, {len(todo)} to answer.")
+    if not todo:
+        return RunStats()
+    session = session_factory()
+    describe = getattr(session, "describe", None)
+    if callable(describe):
+        writer.manifest.engine = dict(describe())
+    try:
+        return run_eval(ds, selected, session, writer, **settings, console=console, show_progress=show_progress)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: every answer so far is in {writer.path}; rerun the same command to resume.")
+        raise
+    finally:
+        close = getattr(session, "close", None)
+        if callable(close):
+            close()
 
 
 def engine_session_factory(
     model: str, revision: str | None, gpus: int | None, ranks: int | None, **engine_options: Any
 ) -> SessionFactory:
-    """A factory for the engine's eval session: ``lvx_app.engine.make_eval_session(model=…, revision=…,
-    gpus=…, ranks=…, **engine_options)`` (options such as timeouts and the cache folder). The import happens now
-    (cheap check); the engine starts only when it is called."""
+    """A factory for the engine's eval session: ``lvx_app.eval.runner.open_engine_session(model=…, revision=…,
+    gpus=…, ranks=…, **engine_options)`` (options such as timeouts and the cache folder). Whether the engine is
+    part of this build is checked now (cheap); the engine starts only when the factory is called."""
     try:
-        engine = importlib.import_module("lvx_app.engine")
+        importlib.import_module("lvx_app.engine")
     except ModuleNotFoundError as e:
         if e.name and (e.name == "lvx_app.engine" or e.name.startswith("lvx_app.engine.")):
             raise EngineUnavailable("the model engine (lvx_app.engine) is not available in this build") from None
         raise
-    make = getattr(engine, "make_eval_session", None)
-    if not callable(make):
-        raise EngineUnavailable("this build's lvx_app.engine has no make_eval_session(); it cannot run evaluations")
-    return lambda: make(model=model, revision=revision, gpus=gpus, ranks=ranks, **engine_options)
+    return lambda: open_engine_session(model=model, revision=revision, gpus=gpus, ranks=ranks, **engine_options)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -189,10 +182,9 @@ def videomme(
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Answer length cap; the letter is the reply."),
     out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (resumed if it exists). Default under runs/."),
     questions: Optional[Path] = typer.Option(None, "--questions", help="Question file, if not under --data/videomme/."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a dead or hung peer before the group stops."),
-    decode_timeout: float = typer.Option(DEFAULT_DECODE_TIMEOUT_S, "--decode-timeout",
-                                         help="Seconds a chunk of frames may take to decode before it is killed."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx)."),
+    timeout: float = TIMEOUT,
+    decode_timeout: float = DECODE_TIMEOUT,
+    cache_dir: Optional[Path] = CACHE_DIR,
 ) -> None:
     """Answer Video-MME with the model, resumably; report accuracy by duration, domain, sub-category, task."""
     try:

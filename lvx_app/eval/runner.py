@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt
@@ -125,6 +126,40 @@ def run_eval(
     console = console or Console()
     stats = RunStats()
     start = time.perf_counter()
+    groups = group_by_video(_pending(dataset, questions, writer, stats))
+    failures_in_a_row = 0
+    with _progress(console, show_progress) as progress:
+        q_task = progress.add_task("questions", total=sum(len(qs) for qs in groups.values()))
+        v_task = progress.add_task("videos", total=len(groups))
+
+        def answered() -> None:
+            stats.answered += 1
+            progress.advance(q_task)
+
+        for video_key, qs in groups.items():
+            path = dataset.video_paths[video_key]
+            t0 = time.perf_counter()
+            try:
+                info = session.load_video(str(path), fps, max_frames)
+            except Exception as e:  # noqa: BLE001 - one bad file must not end a 2,700-question run
+                _skip_video(session, stats, console, video_key, path, len(qs), e)
+                failures_in_a_row += 1
+                if failures_in_a_row >= max_consecutive_failures:
+                    raise
+                progress.advance(q_task, len(qs))
+                progress.advance(v_task)
+                continue
+            failures_in_a_row = 0
+            _answer_video(dataset, qs, session, writer, info, time.perf_counter() - t0, answered,
+                          subtitles=subtitles, max_new_tokens=max_new_tokens, scoring=scoring)  # fmt: skip
+            session.reset()
+            progress.advance(v_task)
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def _pending(dataset: Dataset, questions: Sequence[Question], writer: ResultsWriter, stats: RunStats) -> list[Question]:
+    """The questions still to answer; those already in the results file or without a video are counted in `stats`."""
     pending: list[Question] = []
     for q in questions:
         if q.question_id in writer.done:
@@ -133,48 +168,37 @@ def run_eval(
             stats.missing_video += 1
         else:
             pending.append(q)
-    groups = group_by_video(pending)
-    failures_in_a_row = 0
-    with _progress(console, show_progress) as progress:
-        q_task = progress.add_task("questions", total=len(pending))
-        v_task = progress.add_task("videos", total=len(groups))
-        for video_key, qs in groups.items():
-            path = dataset.video_paths[video_key]
-            t0 = time.perf_counter()
-            try:
-                info = session.load_video(str(path), fps, max_frames)
-            except Exception as e:  # noqa: BLE001 - one bad file must not end a 2,700-question run
-                session.reset()
-                stats.failed_videos[video_key] = f"{type(e).__name__}: {e}"
-                failures_in_a_row += 1
-                console.print(f"[yellow]video {video_key} ({path}) failed to load: {type(e).__name__}: {e}; "
-                              f"its {len(qs)} question(s) are skipped, a rerun retries them.")  # fmt: skip
-                if failures_in_a_row >= max_consecutive_failures:
-                    raise
-                progress.advance(q_task, len(qs))
-                progress.advance(v_task)
-                continue
-            failures_in_a_row = 0
-            load_s = time.perf_counter() - t0
-            lines: list[str] = []
-            if subtitles:
-                lines = select_lines(load_srt(dataset.subtitle_path(qs[0])), info.timestamps)
-            for q in qs:
-                prompt = build_prompt(q.question, q.options, lines)
-                t1 = time.perf_counter()
-                response = session.ask(prompt, max_new_tokens)
-                ask_s = time.perf_counter() - t1
-                pred = extract(response, scoring)
-                record = answer_record(q, prompt, response, pred, scoring, info, len(lines), load_s, ask_s)
-                if getattr(session, "answer_info", None):
-                    record["answer_info"] = dict(session.answer_info)  # type: ignore[attr-defined]
-                writer.write(record)
-                stats.answered += 1
-                progress.advance(q_task)
-            session.reset()
-            progress.advance(v_task)
-    stats.seconds = time.perf_counter() - start
-    return stats
+    return pending
+
+
+def _skip_video(session: EvalSession, stats: RunStats, console: Console, video_key: str, path: Any, n_questions: int,
+                error: Exception) -> None:  # fmt: skip
+    """A video that failed to load: reset the session, record the error, say so in one line."""
+    session.reset()
+    stats.failed_videos[video_key] = f"{type(error).__name__}: {error}"
+    console.print(f"[yellow]video {video_key} ({path}) failed to load: {type(error).__name__}: {error}; "
+                  f"its {n_questions} question(s) are skipped, a rerun retries them.")  # fmt: skip
+
+
+def _answer_video(
+    dataset: Dataset, qs: Sequence[Question], session: EvalSession, writer: ResultsWriter, info: VideoInfo,
+    load_s: float, answered: Callable[[], None], *, subtitles: bool, max_new_tokens: int, scoring: str,
+) -> None:  # fmt: skip
+    """Ask every question of the loaded video and write each answer before asking the next."""
+    lines: list[str] = []
+    if subtitles:
+        lines = select_lines(load_srt(dataset.subtitle_path(qs[0])), info.timestamps)
+    for q in qs:
+        prompt = build_prompt(q.question, q.options, lines)
+        t1 = time.perf_counter()
+        response = session.ask(prompt, max_new_tokens)
+        ask_s = time.perf_counter() - t1
+        pred = extract(response, scoring)
+        record = answer_record(q, prompt, response, pred, scoring, info, len(lines), load_s, ask_s)
+        if getattr(session, "answer_info", None):
+            record["answer_info"] = dict(session.answer_info)  # type: ignore[attr-defined]
+        writer.write(record)
+        answered()
 
 
 def answer_record(
@@ -248,3 +272,20 @@ class EngineEvalSession:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def open_engine_session(
+    *, model: str, revision: str | None, gpus: int | None, ranks: int | None, timeout: float = DEFAULT_TIMEOUT_S,
+    decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S, cache_dir: str | None = None,
+) -> EngineEvalSession:  # fmt: skip
+    """Start the model on the requested ranks (the engine's one opener); each question is then answered on a
+    fresh conversation."""
+    # imported here, not at the top: `lvx eval merge/report` import this module and must run without torch
+    from lvx_app.engine.api import GenerationParams
+    from lvx_app.engine.open import open_engine, session_config
+
+    config = session_config(
+        model=model, revision=revision, fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=timeout,
+        use_cache=True, cache_dir=cache_dir, decode_timeout=decode_timeout,
+    )  # fmt: skip
+    return EngineEvalSession(open_engine(config, gpus, ranks), lambda n: GenerationParams(max_new_tokens=n))

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT_S = 300.0
+from lvx_app.defaults import DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True)

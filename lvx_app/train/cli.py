@@ -17,8 +17,8 @@ from typing import Optional
 
 import typer
 
-from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, check_seconds
-from lvx_app.defaults import DEFAULT_MODEL
+from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT
+from lvx_app.defaults import DEFAULT_MODEL, check_seconds
 
 
 def _fail(msg: str) -> None:
@@ -62,12 +62,25 @@ def finetune_command(
     decode_timeout: float = DECODE_TIMEOUT,
 ) -> None:
     """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
-    from lvx_app.engine.api import EngineError
-    from lvx_app.engine.factory import resolve_world
-    from lvx_app.train.checkpoint import STATE_FILE
-    from lvx_app.train.data import DataError, load_jsonl
+    # the signature is the command's option list; the work is in _checked_mode, _check_run and run_finetune
     from lvx_app.train.loop import TrainConfig
 
+    mode = _checked_mode(lora, train, steps, timeout, decode_timeout)
+    world, cuda = _check_run(gpus, ranks, data, video_dir, out, resume)
+    cfg = TrainConfig(
+        data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
+        max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
+        save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
+        cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout, decode_timeout_s=decode_timeout,
+    )  # fmt: skip
+    code = run_finetune(cfg, world)
+    if code:
+        raise typer.Exit(code)
+    typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
+
+
+def _checked_mode(lora: int | None, train: str | None, steps: int, timeout: float, decode_timeout: float) -> str:
+    """What to train ("lora", "hyper" or "all"), once the options that need no files are checked."""
     if lora is not None and train is not None:
         _fail("use either --lora R or --train hyper|all, not both")
     mode = "lora" if lora is not None else (train or "hyper")
@@ -79,6 +92,19 @@ def finetune_command(
         check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
     except ValueError as exc:
         _fail(str(exc))
+    return mode
+
+
+def _check_run(
+    gpus: int | None, ranks: int | None, data: Path, video_dir: Path | None, out: Path, resume: bool
+) -> tuple[int, bool]:
+    """(ranks, use CUDA), once the devices, the data and the output folder are checked: before any rank starts."""
+    # imported here, not at the top: the CLI registers this command without loading torch
+    from lvx_app.engine.api import EngineError
+    from lvx_app.engine.open import resolve_world
+    from lvx_app.train.checkpoint import STATE_FILE
+    from lvx_app.train.data import DataError, load_jsonl
+
     try:
         world, cuda = resolve_world(gpus, ranks)
         load_jsonl(data, video_dir)  # check the data before starting ranks
@@ -88,16 +114,7 @@ def finetune_command(
         _fail(f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh")
     if not resume and (out / STATE_FILE).exists():
         _fail(f"{out} already holds a finetuning run; pass --resume to continue it, or choose another --out")
-    cfg = TrainConfig(
-        data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
-        max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
-        save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
-        cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout, decode_timeout_s=decode_timeout,
-    )  # fmt: skip
-    code = run_finetune(cfg, world)
-    if code:
-        raise typer.Exit(code)
-    typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
+    return world, cuda
 
 
 def _interrupted(out: str) -> int:

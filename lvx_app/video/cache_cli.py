@@ -10,13 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-cache_app = typer.Typer(
-    name="cache",
-    help="The visual-feature cache (encoded videos, so a second chat on a video starts at once).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+from lvx_app.cli_options import new_app
+
+cache_app = new_app("cache", "The visual-feature cache (encoded videos, so a second chat on a video starts at once).")
 
 DirOption = typer.Option(None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx).")
 

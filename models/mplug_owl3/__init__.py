@@ -2,7 +2,7 @@
 
 from .config import TRAINED_POSITIONS, Owl3Config, SiglipVisionConfig
 from .hyper import LazyVisualKV, VisualInputs, frame_rope_positions, visible_frames
-from .modeling import Owl3Model, sample_next
+from .modeling import Owl3Model
 from .qwen2 import AttentionHooks, TextKVCache
 
 __all__ = [
@@ -15,6 +15,5 @@ __all__ = [
     "TextKVCache",
     "VisualInputs",
     "frame_rope_positions",
-    "sample_next",
     "visible_frames",
 ]

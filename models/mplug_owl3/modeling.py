@@ -1,4 +1,4 @@
-"""mPLUG-Owl3: vision tower + projector + Qwen2 with hyper layers, and streaming generation.
+"""mPLUG-Owl3: vision tower + projector + Qwen2 with hyper layers.
 
 `Owl3Model(config).state_dict()` has exactly the official checkpoint keys (reference mplug_owl3.md §3) minus the
 vision keys the model never uses (last encoder layer, post_layernorm, head) and minus `language_model.lm_head.weight`
@@ -9,8 +9,8 @@ Typical single-process use:
     model = Owl3Model(cfg)                      # + load weights
     E = model.encode_images(pixel_values)       # (N, 729, H), once per video
     visual = model.prepare_visual(E, media_starts)
-    for tok in model.generate(input_ids, visual=visual):
-        ...
+    cache = model.new_cache()
+    logits = model(input_ids, cache=cache, visual=visual, last_only=True)   # prefill; then one token per forward
 
 Distributed use (the engine): each rank encodes its own contiguous slice of frames, calls
 `prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets `model.hooks.visual` to a
@@ -19,7 +19,7 @@ distributed cross-attention with the same signature; text queries may stay repli
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -132,58 +132,3 @@ class Owl3Model(nn.Module):
             step = VisualStep(kv=visual.kv, k_frame=visual.k_frame,
                               q_vis=self.visible_frames(positions, visual.media_starts))
         return lm(input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only)
-
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, *, visual: Optional[VisualInputs] = None,
-                 cache: Optional[TextKVCache] = None, max_new_tokens: int = 512,
-                 eos_token_ids: Optional[Iterable[int]] = None, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, repetition_penalty: float = 1.0,
-                 generator: Optional[torch.Generator] = None) -> Iterator[int]:
-        """Stream new token ids one at a time (greedy unless temperature > 0).
-
-        input_ids (1, L) is prefilled on top of `cache` (pass the same cache again for the next turn; the
-        default is a fresh one). Visual K/V come precomputed in `visual` and are never recomputed per token.
-        Stops after an eos token (which is yielded) or max_new_tokens. Afterwards the cache holds every token
-        fed so far, i.e. the prompt and all yielded tokens except the last one.
-        """
-        if input_ids.shape[0] != 1:
-            raise ValueError("generate() takes one sequence (input_ids of shape (1, L))")
-        cache = cache if cache is not None else self.new_cache()
-        eos = set(eos_token_ids) if eos_token_ids is not None else {self.config.eos_token_id}
-        seen = input_ids[0].clone() if repetition_penalty != 1.0 else None
-        logits = self(input_ids, cache=cache, visual=visual, last_only=True)
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits[0, -1], temperature=temperature, top_p=top_p, top_k=top_k,
-                              repetition_penalty=repetition_penalty, seen=seen, generator=generator)
-            tok = int(nxt)
-            yield tok
-            if tok in eos or i == max_new_tokens - 1:
-                return
-            if seen is not None:
-                seen = torch.cat([seen, nxt.view(1)])
-            logits = self(nxt.view(1, 1), cache=cache, visual=visual, last_only=True)
-
-
-def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                repetition_penalty: float = 1.0, seen: Optional[torch.Tensor] = None,
-                generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """One token id (0-d int64 tensor) from logits (V,): greedy at temperature 0, else temperature / top-k /
-    top-p sampling. repetition_penalty (HF rule) divides positive and multiplies negative logits of `seen` ids."""
-    logits = logits.float()
-    if repetition_penalty != 1.0 and seen is not None and seen.numel():
-        ids = seen.to(logits.device).unique()
-        picked = logits[ids]
-        logits = logits.clone()
-        logits[ids] = torch.where(picked > 0, picked / repetition_penalty, picked * repetition_penalty)
-    if temperature <= 0:
-        return logits.argmax()
-    logits = logits / temperature
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[0]

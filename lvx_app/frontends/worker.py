@@ -1,4 +1,4 @@
-"""The worker entry point every rank runs: `python -m lvx_app.engine.worker`.
+"""The worker entry point every rank runs: `python -m lvx_app.frontends.worker`.
 
 Local groups are started by `lvx chat/serve/eval --gpus N`; multi-node groups
 use the same module under `torchrun --nnodes ... --rdzv-endpoint ...` with
@@ -13,16 +13,16 @@ import os
 import sys
 from multiprocessing.connection import Client
 
-from lvx_app.parallel.group import init_distributed, run_rank
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file, pid_file
 from lvx_app.engine.link import serve_link
+from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.frontends.terminal import run_chat
+from lvx_app.parallel.group import init_distributed, run_rank
 
 
 def run_worker(config: dict, frontend: str = "link", video: str | None = None) -> None:
-    from lvx_app.engine.session import Session, SessionConfig
-
     cfg = SessionConfig(**config)
     if os.environ.get(RUN_DIR_ENV):
         pid_file(os.environ[RUN_DIR_ENV], int(os.environ.get("RANK", "0"))).write_text(str(os.getpid()))
@@ -39,8 +39,6 @@ def run_worker(config: dict, frontend: str = "link", video: str | None = None) -
         conn.send(("ready", session.describe()))
         serve_link(driver, conn)
     else:
-        from lvx_app.engine.chat import run_chat
-
         try:
             run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames)
         finally:

@@ -1,4 +1,4 @@
-"""The terminal chat: load a video, then answer questions with streamed tokens.
+"""The terminal chat (`lvx chat`): load a video, then answer questions with streamed tokens.
 
 Works with any `Engine` (in-process or a torchrun group). Ctrl-C during an
 answer stops that answer only; the video and the conversation stay.
@@ -6,25 +6,20 @@ answer stops that answer only; the video and the conversation stay.
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
-from contextlib import contextmanager
-from typing import Iterator, TextIO
+from contextlib import closing, contextmanager
+from typing import Any, Iterator, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
 from rich.text import Text
 
-from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def printable(text: str) -> str:
-    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the terminal."""
-    return _CONTROL.sub("", text)
-
+from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
+from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.engine.open import open_engine, session_config
+from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
   /help    this list
@@ -55,22 +50,6 @@ def load_with_progress(engine: Engine, console: Console, path: str, fps: float, 
         return engine.load_video(path, fps, max_frames, progress=on_progress)
 
 
-def describe_video(summary: VideoSummary) -> str:
-    source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
-    return (
-        f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
-        f"{summary.visual_tokens:,} visual tokens, loaded {source}"
-    )
-
-
-def describe_answer(engine: Engine) -> str:
-    s = engine.last_answer
-    if s is None:
-        return ""
-    flags = " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
-    return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"
-
-
 @contextmanager
 def _interrupts_go_to(engine: Engine) -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, lambda *_: engine.interrupt())
@@ -93,8 +72,6 @@ def stream_answer(engine: Engine, console: Console, question: str, params: Gener
 
 
 def print_stats(engine: Engine, console: Console) -> None:
-    from rich.table import Table
-
     stats = engine.stats()
     table = Table(title="session")
     ranks = stats.get("ranks", [])
@@ -121,6 +98,22 @@ def read_line(console: Console, stdin: TextIO) -> str | None:
         return None
     console.print(f"you › {line.rstrip()}", highlight=False)
     return line.rstrip("\n")
+
+
+def _command(engine: Engine, console: Console, line: str, params: GenerationParams) -> None:
+    """Run one line the user typed: a /command or a question."""
+    if line == "/help":
+        console.print(HELP)
+    elif line == "/reset":
+        engine.reset()
+        console.print("[dim]conversation cleared; the video stays loaded[/dim]")
+    elif line == "/stats":
+        print_stats(engine, console)
+    elif line.startswith("/"):
+        console.print(f"unknown command {line.split()[0]}; /help lists them")
+    else:
+        console.out("lvx › ", end="", highlight=False)
+        stream_answer(engine, console, line, params)
 
 
 def run_chat(
@@ -156,19 +149,29 @@ def run_chat(
         if not line:
             continue
         try:
-            if line == "/help":
-                console.print(HELP)
-            elif line == "/reset":
-                engine.reset()
-                console.print("[dim]conversation cleared; the video stays loaded[/dim]")
-            elif line == "/stats":
-                print_stats(engine, console)
-            elif line.startswith("/"):
-                console.print(f"unknown command {line.split()[0]}; /help lists them")
-            else:
-                console.out("lvx › ", end="", highlight=False)
-                stream_answer(engine, console, line, params)
+            _command(engine, console, line, params)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
-            if "rank" in str(exc) and "failed" in str(exc):
+            if isinstance(exc, GroupFailed):
                 return 1
+
+
+def run_chat_command(
+    *, video: str, gpus: int | None, ranks: int | None, params: GenerationParams, console: Console | None = None,
+    **config_args: Any,
+) -> int:  # fmt: skip
+    """`lvx chat`: returns the process exit code."""
+    console = console or Console(highlight=False)
+    try:
+        config = session_config(**config_args)
+        check_video_path(video)  # fail before spending minutes loading a model
+    except (EngineError, VideoError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    try:
+        with closing(open_engine(config, gpus, ranks, console)) as engine:
+            return run_chat(engine, video=video, fps=config.fps, max_frames=config.max_frames, params=params,
+                            console=console)  # fmt: skip
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2

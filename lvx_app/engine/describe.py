@@ -1,0 +1,30 @@
+"""One-line descriptions of a loaded video and of the last answer, shared by the terminal chat and the browser."""
+
+from __future__ import annotations
+
+import re
+
+from lvx_app.engine.api import Engine, VideoSummary
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the terminal."""
+    return _CONTROL.sub("", text)
+
+
+def describe_video(summary: VideoSummary) -> str:
+    source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
+    return (
+        f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
+        f"{summary.visual_tokens:,} visual tokens, loaded {source}"
+    )
+
+
+def describe_answer(engine: Engine) -> str:
+    s = engine.last_answer
+    if s is None:
+        return ""
+    flags = " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
+    return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"
