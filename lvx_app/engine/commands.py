@@ -2,8 +2,9 @@
 
 The frontend sends them to rank 0 over the link (`launch.RemoteEngine` -> `link.serve_link`), rank 0's
 `GroupDriver` broadcasts them to the group and every other rank runs them in `driver.worker_loop`. All three
-dispatch through this table, so a new command is one entry here plus the `Session` method every rank runs
-(and the one-line `Engine` methods that send it).
+dispatch through this table, so a new command is one entry here plus the `Session` method every rank runs:
+both engines (`GroupDriver`, `RemoteEngine`) answer a plain-value command by its name (`engine.reset()`). Only
+commands that stream (load_video's progress, ask's pieces) or post-process (stats) have methods of their own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ STATS = Command("stats", "local_stats", gathered=True)
 SHUTDOWN = Command("shutdown", None)
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (LOAD_VIDEO, ASK, RESET, STATS, SHUTDOWN)}
+
+
+def value_command(name: str) -> Command:
+    """The table's command `name` if an engine may run it as a plain call (it neither streams nor ends the group);
+    AttributeError otherwise, so it serves an engine's `__getattr__`."""
+    command = COMMANDS.get(name)
+    if command is None or command.reply != "value" or command.method is None:
+        raise AttributeError(name)
+    return command
 
 # Not a command: a link message rank 0 looks for between the tokens of an answer (it never reaches the group).
 INTERRUPT = "interrupt"

@@ -14,7 +14,7 @@ import time
 from typing import Any, Iterator
 
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
-from lvx_app.engine.commands import ASK, COMMANDS, LOAD_VIDEO, RESET, SHUTDOWN, STATS, Command
+from lvx_app.engine.commands import ASK, COMMANDS, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.control import ControlChannel
 
 
@@ -65,14 +65,16 @@ class GroupDriver:
     def interrupt(self) -> None:
         self._stop.set()
 
-    def reset(self) -> None:
-        self._run(RESET)
-
     def stats(self) -> dict[str, Any]:
         return self.session.summarize_stats(self._run(STATS))
 
     def close(self) -> None:
         self.channel.broadcast(SHUTDOWN.message())
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other command of the table (`reset`, ...) as a method: broadcast it, run rank 0's share."""
+        command = value_command(name)
+        return lambda **kwargs: self._run(command, **kwargs)
 
 
 def worker_loop(session: Any, channel: ControlChannel) -> None:

@@ -32,7 +32,7 @@ from lvx_app.engine.api import (
     ProgressFn,
     VideoSummary,
 )
-from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, RESET, SHUTDOWN, STATS, Command
+from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
 
 LINK_ENV = "LVX_LINK"
@@ -234,9 +234,6 @@ class RemoteEngine:
         except OSError:
             pass  # the group is gone; the next receive reports why
 
-    def reset(self) -> None:
-        self._request(RESET)
-
     def stats(self) -> dict[str, Any]:
         return self._request(STATS)
 
@@ -252,6 +249,11 @@ class RemoteEngine:
         self._log.close()
         if self.proc.returncode == 0:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its reply."""
+        command = value_command(name)
+        return lambda **kwargs: self._request(command, **kwargs)
 
     def _kill(self) -> None:
         try:

@@ -1,0 +1,82 @@
+"""The command table is the only place a command is declared: a new entry plus one Session method reaches every
+rank through the driver, the worker loop and the frontend link, with no other code."""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing import Pipe
+
+import pytest
+
+from lvx_app.engine import commands
+from lvx_app.engine.control import ControlChannel
+from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.engine.launch import RemoteEngine
+from lvx_app.engine.link import serve_link
+from lvx_app.parallel.testing import run_ranks
+
+ECHO = commands.Command("echo", "shout", ("text",))
+
+
+class EchoSession:
+    """A session with just the new command's method; it remembers what every rank ran."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self.calls: list[str] = []
+
+    def shout(self, text: str) -> str:
+        self.calls.append(text)
+        return f"{text.upper()} from rank {self.rank}"
+
+
+@pytest.fixture
+def echo_command(monkeypatch):
+    monkeypatch.setitem(commands.COMMANDS, ECHO.name, ECHO)
+
+
+def test_a_new_entry_is_a_method_of_the_in_process_engine(echo_command):
+    session = EchoSession()
+    driver = GroupDriver(session, ControlChannel())
+    assert driver.echo(text="hi") == "HI from rank 0"
+    assert session.calls == ["hi"]
+    with pytest.raises(TypeError, match="takes \\['text'\\]"):
+        driver.echo(words="hi")
+
+
+def test_streaming_commands_and_unknown_names_are_not_plain_methods():
+    driver = GroupDriver(EchoSession(), ControlChannel())
+    for name in ("shutdown", "nonexistent"):
+        with pytest.raises(AttributeError):
+            getattr(driver, name)
+
+
+def _echo_on_ranks(rank: int, world: int) -> list[str]:
+    commands.COMMANDS[ECHO.name] = ECHO  # every rank has the same table, as with a real entry
+    session, channel = EchoSession(rank), ControlChannel()
+    if rank == 0:
+        driver = GroupDriver(session, channel)
+        assert driver.echo(text="a") == "A from rank 0"
+        driver.echo(text="b")
+        driver.close()
+    else:
+        worker_loop(session, channel)
+    return session.calls
+
+
+def test_every_rank_runs_a_new_entry_in_order():
+    assert run_ranks(_echo_on_ranks, 2) == [["a", "b"], ["a", "b"]]
+
+
+def test_a_new_entry_travels_over_the_frontend_link(echo_command):
+    frontend, rank0 = Pipe()
+    driver = GroupDriver(EchoSession(), ControlChannel())
+    link = threading.Thread(target=serve_link, args=(driver, rank0), daemon=True)
+    link.start()
+    remote = RemoteEngine.__new__(RemoteEngine)  # the frontend half only: no torchrun group behind this link
+    remote.conn = frontend
+    assert remote.echo(text="over the link") == "OVER THE LINK from rank 0"
+    frontend.send(commands.SHUTDOWN.message())
+    assert frontend.recv() == ("done", None)
+    link.join(5)
+    assert not link.is_alive()
