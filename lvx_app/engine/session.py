@@ -26,9 +26,11 @@ from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
+from lvx_app.video.cache import FeatureCache
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import ingest
-from models.mplug_owl3.checkpoint import CheckpointError
+from models.mplug_owl3.checkpoint import CheckpointError, resolve_checkpoint
+from models.mplug_owl3.fingerprint import encoder_fingerprint
 from models.mplug_owl3.loader import load_model
 
 
@@ -65,6 +67,7 @@ class Session:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         try:
+            self.model_key, self.encoder_id = self._encoder_identity()  # before loading: the weights we load are newer
             loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
         except CheckpointError as exc:
             raise EngineError(str(exc)) from None
@@ -82,6 +85,14 @@ class Session:
         self.cache = None
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
+
+    def _encoder_identity(self) -> tuple[str, str]:
+        """(resolved checkpoint path, weights fingerprint) for the feature-cache key; nothing to compute without a cache."""
+        if not self.config.cache:
+            return self.config.model, ""
+        path = str(resolve_checkpoint(self.config.model, self.config.revision).resolve())
+        memo = FeatureCache(self.config.cache_dir).root / "encoder-fingerprints.json"
+        return path, encoder_fingerprint(path, memo=memo)
 
     # ---- description and stats ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -133,8 +144,8 @@ class Session:
         try:
             shard = ingest(
                 path, self._encode, fps=fps, max_frames=max_frames, image_size=self.processor.image_size,
-                device=self.device, dtype=self.dtype, model_id=self.config.model,
-                model_revision=self.config.revision or "", cache=self.config.cache, cache_dir=self.config.cache_dir,
+                device=self.device, dtype=self.dtype, model_id=self.model_key, model_revision=self.config.revision or "",
+                encoder_id=self.encoder_id, cache=self.config.cache, cache_dir=self.config.cache_dir,
                 decode_workers=self.config.decode_workers, decode_timeout_s=self.config.decode_timeout_s,
                 progress=report if progress is not None else False,
             )  # fmt: skip
