@@ -232,7 +232,7 @@ class ChatApp:
         notes: list[str] = []
         with self.lock:
             try:
-                notes.append(self._heal())
+                notes.extend(filter(None, [self._heal()]))
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
                     summary = self.engine.load_video(path, fps, cap, progress=report)

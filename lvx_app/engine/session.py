@@ -27,11 +27,10 @@ from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
-from lvx_app.video.cache import FeatureCache
+from lvx_app.video.cache import encoder_identity
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import auto_memory_budget, ingest
-from models.mplug_owl3.checkpoint import CheckpointError, resolve_checkpoint
-from models.mplug_owl3.fingerprint import encoder_fingerprint
+from models.mplug_owl3.checkpoint import CheckpointError
 from models.mplug_owl3.loader import load_model
 
 
@@ -68,7 +67,8 @@ class Session:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         try:
-            self.model_key, self.encoder_id = self._encoder_identity()  # before loading: the weights we load are newer
+            self.model_key, self.encoder_id = (encoder_identity(config.model, config.revision, config.cache_dir)
+                                               if config.cache else (config.model, ""))
             loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
         except CheckpointError as exc:
             raise EngineError(str(exc)) from None
@@ -86,14 +86,6 @@ class Session:
         self.cache = None
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
-
-    def _encoder_identity(self) -> tuple[str, str]:
-        """(resolved checkpoint path, weights fingerprint) for the feature-cache key; nothing to compute without a cache."""
-        if not self.config.cache:
-            return self.config.model, ""
-        path = str(resolve_checkpoint(self.config.model, self.config.revision).resolve())
-        memo = FeatureCache(self.config.cache_dir).root / "encoder-fingerprints.json"
-        return path, encoder_fingerprint(path, memo=memo)
 
     # ---- description and stats ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

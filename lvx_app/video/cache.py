@@ -35,6 +35,8 @@ from safetensors.torch import load_file, save_file
 
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
+from models.mplug_owl3.checkpoint import resolve_checkpoint
+from models.mplug_owl3.fingerprint import encoder_fingerprint
 
 CACHE_ENV = "LVX_CACHE_DIR"
 CACHE_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
@@ -57,6 +59,15 @@ def file_identity(path: str | os.PathLike) -> str:
             f.seek(max(_BLOCK, st.st_size - _BLOCK))
             h.update(f.read(_BLOCK))
     return h.hexdigest()[:32]
+
+
+def encoder_identity(model: str, revision: str | None, cache_dir: str | os.PathLike | None) -> tuple[str, str]:
+    """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for `CacheKey`'s model_id and
+    encoder; compute it before loading the weights, so features are never filed under weights newer than the model's.
+    The fingerprints are remembered in the cache folder (raises CheckpointError for an unreadable checkpoint)."""
+    path = str(resolve_checkpoint(model, revision).resolve())
+    memo = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / "encoder-fingerprints.json"
+    return path, encoder_fingerprint(path, memo=memo)
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
