@@ -76,15 +76,14 @@ def _ceil_div(a: int, b: int) -> int:
 class ParamCounts:
     """Parameter counts by part, read from the meta-device model."""
 
-    vision_used: int  # the tower's layers that run (all but the last) plus embeddings
-    vision_total: int
+    vision: int  # the tower as built: embeddings and the layers that run (all but the checkpoint's last)
     projector: int
     language: int  # decoder layers, norms, embeddings, lm_head
     embedding: int  # embed_tokens (a lookup: no FLOPs)
 
     @property
     def total(self) -> int:
-        return self.vision_total + self.projector + self.language
+        return self.vision + self.projector + self.language
 
 
 def param_counts(config: Owl3Config) -> ParamCounts:
@@ -95,10 +94,8 @@ def param_counts(config: Owl3Config) -> ParamCounts:
     def count(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
 
-    vision = model.vision_model
-    unused = sum(count(layer) for layer in vision.encoder.layers[config.vision.num_used_layers :])
     return ParamCounts(
-        vision_used=count(vision) - unused, vision_total=count(vision), projector=count(model.vision2text_model),
+        vision=count(model.vision_model), projector=count(model.vision2text_model),
         language=count(model.language_model), embedding=model.language_model.model.embed_tokens.weight.numel(),
     )  # fmt: skip
 
@@ -211,7 +208,8 @@ def largest_minutes(config: Owl3Config, work: Workload, budget_bytes: float, cou
 
 
 def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts: ParamCounts | None = None) -> dict:
-    """Projected FLOPs, bytes and seconds per stage for `work` (work split evenly over the ranks)."""
+    """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split evenly over the ranks,
+    the weights are not: a decode step reads all of them on every rank). Communication is not counted."""
     cfg, b, n = config, work.dtype_bytes, work.ranks
     counts = counts or param_counts(cfg)
     v, t = cfg.vision, cfg.vision.num_patches
@@ -219,7 +217,7 @@ def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts
     kv_cols = 2 * cfg.num_key_value_heads * d
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
     lm_matmul = counts.language - counts.embedding  # every non-embedding parameter is one multiply-add per token
-    vision_frame = 2 * (counts.vision_used + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
+    vision_frame = 2 * (counts.vision + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
     make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper  # v_kv_proj over every visual token, all hyper layers
 
     def prefill(rows: int, before: int) -> tuple[float, float]:
@@ -231,20 +229,26 @@ def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts
     recompute = make_kv if work.kv_mode == "recompute" else 0
     p_mm, p_at = prefill(prompt, 0)
     q_mm, q_at = prefill(q, prompt)
-    decode_bytes = (lm_matmul * b + n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
+    # a decode step: every rank runs the same one-token step on its replicated weights and its share of the keys
+    decode_bytes = lm_matmul * b + (n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
+    repeated = 2 * s_kv * hq * d * b * 2 * n_hyper / n  # K/V written at 28 heads and read back, per call over all keys
+    prefill_bytes = 0.0
+    if work.gqa_repeat:
+        decode_bytes += repeated
+        prefill_bytes = repeated / 2 * _ceil_div(_ceil_div(prompt, n), Q_TILE)  # each tile repeats the keys it sees
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
     stages = {
-        "ingest (vision tower + projector)": (vision_frame * work.frames, 0.0, 0.0),
-        "visual K/V": (make_kv if work.kv_mode == "cache" else 0, 0.0, 0.0),
-        "video-prompt prefill": (p_mm + recompute, p_at, 0.0),
-        "question prefill (TTFT)": (q_mm + recompute, q_at, 0.0),
-        "decode step": (2 * lm_matmul + recompute, 4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)), decode_bytes),
+        "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0),
+        "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0),
+        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, prefill_bytes),
+        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, repeated if work.gqa_repeat else 0.0),
+        "decode step": (2 * lm_matmul + recompute / n, 4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n, decode_bytes),
     }
     out = {}
     for name, (mm, at, by) in stages.items():
-        seconds = mm / n / rates.matmul_flops + at / n / rates.attention_flops + by / rates.hbm_bytes
-        out[name] = {"matmul_tflop": mm / 1e12, "attention_tflop": at / 1e12, "gb_read": by / GB, "seconds": seconds}
+        seconds = mm / rates.matmul_flops + at / rates.attention_flops + by / rates.hbm_bytes
+        out[name] = {"matmul_tflop": mm / 1e12, "attention_tflop": at / 1e12, "hbm_gb": by / GB, "seconds": seconds}
     out["tokens/s"] = 1.0 / out["decode step"]["seconds"]
     return out
 

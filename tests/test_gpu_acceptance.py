@@ -1,0 +1,104 @@
+"""The acceptance command's report logic on CPU: items skipped with their reason, failures recorded without stopping,
+the JSON schema, measured-vs-projected rows, and the one-line exit on a machine without CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_acceptance", ROOT / "scripts" / "gpu_acceptance.py")
+acc = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_acceptance"] = acc
+_spec.loader.exec_module(acc)
+
+
+def _runner(outcomes: dict):
+    calls = []
+
+    def run(item, timeout_s):
+        calls.append((item.name, timeout_s))
+        return outcomes[item.name]
+
+    return run, calls
+
+
+def test_failures_are_recorded_and_the_rest_still_runs() -> None:
+    items = [
+        acc.Item("a", ["a"], 60),
+        acc.Item("b", ["b"], 60),
+        acc.Item("hang", ["h"], 60),
+        acc.Item("c", ["c"], 60),
+    ]
+    run, calls = _runner({"a": (0, "ok"), "b": (3, "Traceback...\nRuntimeError: CUDA error: bad\n"), "hang": (None, ""), "c": (0, "")})
+    results = acc.run_items(items, budget_s=3600, gpus=1, missing={}, runner=run)
+    assert [r.status for r in results] == ["passed", "failed", "failed", "passed"]
+    assert results[1].reason == "exit 3: RuntimeError: CUDA error: bad" and "Traceback" in results[1].tail
+    assert results[2].reason.startswith("timed out")
+    assert [c[0] for c in calls] == ["a", "b", "hang", "c"]
+
+
+def test_items_are_skipped_with_their_reason() -> None:
+    items = [
+        acc.Item("ingest", ["i"], 60, needs=("decord",)),
+        acc.Item("nccl", ["n"], 60, min_gpus=2),
+        acc.Item("runs", ["r"], 60),
+    ]
+    run, calls = _runner({"runs": (0, "")})
+    results = acc.run_items(items, 3600, gpus=1, missing={"decord": "pip install decord"}, runner=run)
+    assert [r.status for r in results] == ["skipped", "skipped", "passed"]
+    assert results[0].reason == "decord not installed (pip install decord)"
+    assert results[1].reason == "needs 2+ GPUs, 1 visible"
+    assert calls == [("runs", 60)]
+
+
+def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
+    items = [acc.Item("first", ["f"], 600), acc.Item("second", ["s"], 600)]
+    seen = []
+
+    def run(item, timeout_s):
+        seen.append(timeout_s)
+        return 0, ""
+
+    results = acc.run_items(items, budget_s=20, gpus=1, missing={}, runner=run)
+    assert seen == [] and [r.reason for r in results] == ["time budget spent (0 min)"] * 2
+    acc.run_items(items[:1], budget_s=100, gpus=1, missing={}, runner=run)
+    assert seen == [100]
+
+
+def test_report_json_schema_and_markdown(tmp_path: Path) -> None:
+    chat = tmp_path / "bench_chat.json"
+    chat.write_text(json.dumps({"rows": [{"minutes": 10.0, "ttft_s": 0.05, "tokens_per_s": 70.0, "peak_gib": 40.0}]}))
+    results = [acc.Result("a", "passed", "", 1.0, "x"), acc.Result("b", "failed", "exit 1: boom | bang", 2.0, "y", "boom")]
+    report = acc.Report(acc.SCHEMA, "2026-11-24T00:00:00+00:00", {"gpus": ["H100"]}, 2700, {"flash_attn": "pip ..."},
+                        results, acc.compare_chat(chat))  # fmt: skip
+    js, md = acc.write_report(report, tmp_path / "out")
+    data = json.loads(js.read_text())
+    assert set(data) == {"schema", "started", "machine", "budget_s", "missing", "results", "comparison"}
+    assert data["schema"] == 1
+    for r in data["results"]:
+        assert set(r) == {"name", "status", "reason", "seconds", "command", "tail"}
+        assert r["status"] in ("passed", "failed", "skipped")
+    row = data["comparison"][0]
+    assert row["TTFT s measured"] == 0.05 and row["TTFT s projected"] > 0 and row["peak GiB projected"] > 16
+    text = md.read_text()
+    assert "| b | failed | 2 | exit 1: boom / bang |" in text and "flash_attn" in text and "Measured vs projected" in text
+
+
+def test_default_items_cover_the_issue() -> None:
+    names = " ".join(i.name for i in acc.default_items(Path("/tmp/x"), gpus=1))
+    for word in ("cuda tests", "bench_xattn", "bench_chat", "bench_ingest", "bench_finetune", "nccl", "demo"):
+        assert word in names
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_one_line_and_exit_0(capsys, tmp_path: Path) -> None:
+    assert acc.main(["--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no CUDA device" in out[0]
+    assert not (tmp_path / "r").exists()
