@@ -99,6 +99,13 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
     return rows
 
 
+def _markdown(title: str, rows: list[dict]) -> str:
+    keys = list(rows[0])
+    cells = [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows]
+    lines = [f"**{title}**", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
+
+
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
     for key in rows[0]:
@@ -168,32 +175,36 @@ def main() -> None:
     parser.add_argument("--check-rss", action="store_true", help="compare the formula with measured peak RSS on CPU")
     parser.add_argument("--measure-rss", nargs=3, metavar=("FRAMES", "MODE", "ANSWER_TOKENS"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)")
     args = parser.parse_args()
     if args.measure_rss:
         frames, mode, answer = args.measure_rss
         print(json.dumps(measure_rss(int(frames), mode, int(answer))))
         return
     console = Console(width=220)
+
+    def show(title: str, rows: list[dict]) -> None:
+        print(_markdown(title, rows)) if args.markdown else console.print(_table(title, rows))
+
     cfg = Owl3Config()  # mPLUG-Owl3-7B-241101
     out = {"gpu_bytes": GPU_BYTES}
     if args.check_rss:
         out["rss_check"] = check_rss()
-        console.print(_table("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"]))
+        show("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
     else:
         out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
-        out["memory_gqa_packed"] = [
-            {**r, "peak GB": round(memory_plan(cfg, replace(Workload(minutes=r["minutes"], ranks=r["ranks"], kv_mode=r["kv mode"]),
-                                                            gqa_repeat=False)).peak / GB, 1)} for r in out["memory"]]  # fmt: skip
+        for r in out["memory"]:
+            work = Workload(minutes=r["minutes"], ranks=r["ranks"], kv_mode=r["kv mode"], gqa_repeat=False)
+            r["peak GB, GQA packed"] = round(memory_plan(cfg, work).peak / GB, 1)
         out["largest"] = largest_rows(cfg)
         out["stages_60min"] = stage_rows(cfg, 60)
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
-        console.print(_table("projected peak memory per rank, 7B bf16, 1 fps (CUDA adapters repeat K/V)", out["memory"]))
-        console.print(_table("projected peak with GQA-packed adapters", out["memory_gqa_packed"]))
-        console.print(_table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"]))
-        console.print(_table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"]))
-        console.print(_table("projected times, 60 min at 1 fps, H100", out["times_60min"]))
-        console.print(out["three_hours"])
+        show("projected memory per rank, 7B bf16, 1 fps (peak: CUDA adapters repeating K/V as now; last: GQA packed)", out["memory"])
+        show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
+        show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
+        show("projected times, 60 min at 1 fps, H100", out["times_60min"])
+        print(out["three_hours"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
