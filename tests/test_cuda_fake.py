@@ -57,7 +57,8 @@ def fake():
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "additive_mask"])
 def test_cudnn_forward_and_backward(fake, layout: str, masked: bool) -> None:
-    """cuDNN: `_cudnn_fwd` reshapes lse (B, H, Sq, 1) to (B, H, Sq); the backward op takes the forward's seeds."""
+    """cuDNN: `_cudnn_fwd` reshapes lse (B, H, Sq, 1) to (B, H, Sq). The adapters' cuDNN backward is `efficient`'s
+    today; cuDNN's own backward op is checked too, with the forward's seed/offset, for a backend table that uses it."""
     q, k, v = _qkv(layout)
     h, rows = LAYOUTS[layout]
     bias = _cuda(B, h, rows, SK) if masked else None
