@@ -72,11 +72,11 @@ def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
 
 
 def test_report_json_schema_and_markdown(tmp_path: Path) -> None:
-    chat = tmp_path / "bench_chat.json"
+    chat = tmp_path / "bench_chat_10min.json"
     chat.write_text(json.dumps({"rows": [{"minutes": 10.0, "ttft_s": 0.05, "tokens_per_s": 70.0, "peak_gib": 40.0}]}))
     results = [acc.Result("a", "passed", "", 1.0, "x"), acc.Result("b", "failed", "exit 1: boom | bang", 2.0, "y", "boom")]
     report = acc.Report(acc.SCHEMA, "2026-11-24T00:00:00+00:00", {"gpus": ["H100"]}, 2700, {"flash_attn": "pip ..."},
-                        results, acc.compare_chat(chat))  # fmt: skip
+                        results, acc.compare_chat(tmp_path))  # fmt: skip
     js, md = acc.write_report(report, tmp_path / "out")
     data = json.loads(js.read_text())
     assert set(data) == {"schema", "started", "machine", "budget_s", "missing", "results", "comparison"}
