@@ -92,6 +92,14 @@ def default_items(out: Path, gpus: int) -> list[Item]:
     ]  # fmt: skip
 
 
+def select(items: list[Item], only: str) -> None:
+    """`--only a,b`: mark every item whose name contains none of the words as skipped."""
+    words = [w.strip() for w in only.split(",") if w.strip()]
+    for item in items:
+        if words and not any(w in item.name for w in words):
+            item.skip = f"not selected (--only {only})"
+
+
 def missing_packages() -> dict[str, str]:
     """Optional packages that are not installed, with the command that installs each."""
     return {name: how for name, how in OPTIONAL.items() if importlib.util.find_spec(name) is None}
@@ -208,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     gpus, missing, budget = torch.cuda.device_count(), missing_packages(), int(args.budget_min * 60)
     items = default_items(args.out.resolve(), gpus)
-    words = [w.strip() for w in args.only.split(",") if w.strip()]
-    for item in items:
-        if words and not any(w in item.name for w in words):
-            item.skip = f"not selected (--only {args.only})"
+    select(items, args.only)
     print(f"gpu_acceptance: {len(items)} items on {gpus} GPU(s), time budget {budget / 60:.0f} min, report in {args.out}")
     for name, how in missing.items():
         print(f"  not installed: {name} ({how})")

@@ -57,6 +57,17 @@ def test_items_are_skipped_with_their_reason() -> None:
     assert calls == [("runs", 60)]
 
 
+def test_only_selects_items_by_name() -> None:
+    items = acc.default_items(Path("/tmp/x"), gpus=2)
+    acc.select(items, "demo, nccl")
+    chosen = [i.name for i in items if i.skip is None]
+    assert chosen == ["lvx demo (bf16 on GPU)", "nccl lv_xattn + decode_xattn"]
+    run, calls = _runner({name: (0, "") for name in chosen})
+    results = acc.run_items(items, 3600, gpus=2, missing={}, runner=run)
+    assert [c[0] for c in calls] == chosen
+    assert {r.reason for r in results if r.status == "skipped"} == {"not selected (--only demo, nccl)"}
+
+
 def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
     items = [acc.Item("first", ["f"], 600), acc.Item("second", ["s"], 600)]
     seen = []

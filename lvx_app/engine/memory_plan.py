@@ -16,6 +16,9 @@ stands allocates, named after where it is made:
   query heads (`_repeat_kv`), the CPU one does not;
 - vision tower: `encode_images` runs 16 images at a time.
 
+With several ranks every video-sized term is split evenly (frames, prompt rows, visible keys per ring round) and the
+weights are not; only the one-rank formula is checked against a measurement (`plan_gpu.py --check-rss`).
+
 Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) and bytes / HBM bandwidth for a
 decode step; communication and CPU video decoding are not in them.
 """
