@@ -9,7 +9,7 @@ the GPU default; 2 ranks when 2 GPUs are visible). `--only demo,nccl` runs the i
 words (for machines that limit one command's time; the others are listed as skipped). It writes `acceptance.json`
 and `acceptance.md` (per item: passed, failed with one line, or skipped with the reason) plus each benchmark's own
 JSON, and puts bench_chat's measured TTFT, tokens/s and peak memory beside `scripts/plan_gpu.py`'s projection. It
-installs nothing: missing packages (decord, flash-attn) are named in the report and the items that need them are
+installs nothing: missing packages (decord, PyAV, flash-attn) are named in the report and the items that need them are
 skipped. Without CUDA it says so in one line and exits 0.
 """
 
@@ -30,7 +30,9 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = 1
 CHAT_MINUTES = (10, 30, 60)
-OPTIONAL = {"decord": "pip install decord", "flash_attn": "pip install flash-attn --no-build-isolation"}
+OPTIONAL = {  # import name -> how to install it; lvx depends on the first two, but GPU images often lack them
+    "decord": "pip install decord", "av": "pip install av", "flash_attn": "pip install flash-attn --no-build-isolation",
+}  # fmt: skip
 
 
 @dataclass
@@ -76,9 +78,9 @@ def default_items(out: Path, gpus: int) -> list[Item]:
         Item("cuda tests", _py("-m", "pytest", "-q", "-m", "cuda", "tests/", "-p", "no:cacheprovider"), 600),
         Item("fake-tensor adapter tests", _py("-m", "pytest", "-q", "tests/test_cuda_fake.py", "-p", "no:cacheprovider"), 120),
         Item("lvx demo (bf16 on GPU)", _py("-m", "lvx_app.cli", "demo", "--gpus", str(min(gpus, 2)), "--workdir", str(out / "demo")),
-             600),
-        Item("nccl lv_xattn + decode_xattn", ["torchrun", f"--nproc-per-node={min(gpus, 8)}", "scripts/nccl_check.py"], 300,
-             min_gpus=2),
+             600, needs=("decord", "av")),
+        Item("nccl lv_xattn + decode_xattn",
+             _py("-m", "torch.distributed.run", f"--nproc-per-node={min(gpus, 8)}", "scripts/nccl_check.py"), 300, min_gpus=2),
         Item("bench_xattn --device cuda", _py("scripts/bench_xattn.py", "--device", "cuda", "--out", str(out / "bench_xattn.json")),
              600),
         *(Item(f"bench_chat --mode model {m} min",
@@ -86,7 +88,7 @@ def default_items(out: Path, gpus: int) -> list[Item]:
                    "--out", str(out / f"bench_chat_{m}min.json")), 600)
           for m in CHAT_MINUTES),  # one item each: the plan expects 60 min not to fit one 80 GB GPU
         Item("bench_ingest --device cuda", _py("scripts/bench_ingest.py", "--device", "cuda", "--out", str(out / "bench_ingest.json")),
-             900, needs=("decord",)),
+             900, needs=("decord", "av")),
         Item("bench_finetune --device cuda",
              _py("scripts/bench_finetune.py", "--device", "cuda", "--out", str(out / "bench_finetune.json")), 900),
     ]  # fmt: skip
