@@ -113,3 +113,18 @@ def test_without_cuda_one_line_and_exit_0(capsys, tmp_path: Path) -> None:
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no CUDA device" in out[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_real_commands_pass_fail_and_time_out() -> None:
+    py = sys.executable
+    items = [
+        acc.Item("ok", [py, "-c", "print('fine')"], 60),
+        acc.Item("bad", [py, "-c", "raise SystemExit('CUDA error: no kernel image is available')"], 60),
+        acc.Item("slow", [py, "-c", "import time; time.sleep(30)"], 2),
+        acc.Item("no such program", ["/nonexistent/lvx-tool"], 60),
+    ]
+    results = acc.run_items(items, 3600, gpus=1, missing={})
+    assert [r.status for r in results] == ["passed", "failed", "failed", "failed"]
+    assert results[1].reason == "exit 1: CUDA error: no kernel image is available"
+    assert results[2].reason.startswith("timed out after") and results[2].seconds < 20
+    assert results[3].reason.startswith("exit 1: [Errno 2]")
