@@ -39,7 +39,7 @@ from .checkpoint import (
     safetensors_files,
     tensor_shapes,
 )
-from .config import Owl3Config
+from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model
 from .processor import DEFAULT_CUT_TEMPLATE, Owl3Processor, detect_cut_template
 from .tokenizer import Owl3Tokenizer
@@ -204,6 +204,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype = torch.floa
         raise ValueError(f"parts must be a non-empty subset of {tuple(PARTS)}, got {tuple(parts)}")
     info = inspect_checkpoint(path_or_id, revision)
     cfg = info.config
+    log.info("%s: %s (%s)", info.path, cfg.form, FORM_NOTES[cfg.form])
     for note in info.notes:
         log.info("%s: %s", info.path, note)
     with torch.device("meta"):
