@@ -133,8 +133,9 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
     _close("out", out, ro, 1e-5)
     _check_lse(lse, rl, 1e-5)
     # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys 0..7;
-    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask.
-    assert calls == [(3, 4, False), (4, 8, False), (4, 24, True)], calls
+    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask. 8 query heads on 2 K/V heads:
+    # each token is 4 packed rows.
+    assert calls == [(3 * 4, 4, False), (4 * 4, 8, False), (4 * 4, 24, True)], calls
     for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
                                   backend=backend), grads):
         _close("grad", got, want, 1e-5)
