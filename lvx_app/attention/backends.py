@@ -221,6 +221,11 @@ def _cpu_fwd(q, k, v, scale, mask, causal):
 
 
 def _cpu_bwd(dout, q, k, v, out, lse, scale, mask, causal):
+    if q.dtype != torch.float32:
+        # the op's bf16/fp16 backward loses more than the tests allow once query groups are packed into
+        # rows (the 4-rank ring test crossed its bf16 tolerance): the CPU backward runs in float32
+        grads = _cpu_bwd(*(t.float() for t in (dout, q, k, v, out)), lse, scale, mask, causal)
+        return tuple(g.to(q.dtype) for g in grads)
     attn_mask = None if mask is None else _additive(mask, q.dtype)
     dq, dk, dv = KERNEL_OPS["cpu_bwd"](
         dout.transpose(1, 2),
@@ -297,10 +302,15 @@ def _cudnn_fwd(q, k, v, scale, mask, causal):
     return res[0].transpose(1, 2), res[1].float().reshape(b, h, sq)
 
 
+def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
+    """flash-attn needs only the last dim contiguous: a K/V slice of the resident shard goes in as a view."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _fa_fwd(q, k, v, scale, mask, causal):
     assert mask is None
     out, lse, _ = KERNEL_OPS["fa_fwd"](
-        q.contiguous(), k.contiguous(), v.contiguous(), 0.0, softmax_scale=scale, causal=causal, return_attn_probs=True
+        *(_last_dim_dense(t) for t in (q, k, v)), 0.0, softmax_scale=scale, causal=causal, return_attn_probs=True
     )
     return out, lse[..., : q.shape[1]].float()
 

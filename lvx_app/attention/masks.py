@@ -103,7 +103,8 @@ def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device
 
 
 def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, group: int, q_vis, k_frame, device) -> list[TilePlan]:
-    """Media mask and causal together: one dense visibility of the tile, trimmed to what is seen."""
+    """Media mask and causal together: one dense visibility of the tile, trimmed to what is seen and
+    split into the keys every row sees and the masked band."""
     pos = torch.arange(t0, t1, device=device) // group + coff
     full = (k_frame.unsqueeze(1) < q_vis[:, t0:t1].unsqueeze(2)) & (torch.arange(sk, device=device) <= pos.unsqueeze(1))
     rs = _span(full.any(2).any(0))
@@ -112,8 +113,13 @@ def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, group: int, q_vis, 
         return []
     (r0, r1), (k0, k1) = rs, cs
     vis = full[:, r0:r1, k0:k1]
-    dead = ~vis.any(2)
-    return [TilePlan(t0 + r0, t0 + r1, k0, k1, vis, False, dead if bool(dead.any()) else None)]
+    kb = _leading(vis.all(1).all(0))
+    parts = [TilePlan(t0 + r0, t0 + r1, k0, k0 + kb, None, False, None)] if kb else []
+    if k0 + kb < k1:
+        band = vis[:, :, kb:]
+        dead = ~band.any(2)
+        parts.append(TilePlan(t0 + r0, t0 + r1, k0 + kb, k1, band, False, dead if bool(dead.any()) else None))
+    return parts
 
 
 def _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device) -> list[TilePlan]:
