@@ -12,12 +12,29 @@ given call, e.g. flash with a mask, falls back to the automatic choice):
   needs the final out/lse, so this is exact).
 - "cpu": aten._scaled_dot_product_flash_attention_for_cpu and its backward op
   (float additive mask in the query dtype; causal only where top-left ==
-  bottom-right; never called with Sk == 0, which SIGFPE-kills the process).
-- "math": plain torch in float32 (float64 for float64 inputs); always works.
+  bottom-right; never called with Sk == 0, which SIGFPE-kills the process;
+  the backward of bf16/fp16 runs in float32).
+- "math": plain torch in float32 (float64 for float64 inputs); always works,
+  takes grouped-query heads natively (einsum over (Hkv, G), no K/V copy).
 Automatic choice: CUDA -> flash_attn/flash without mask, else efficient;
 CPU -> cpu; float64 -> math. The CUDA adapters other than "efficient" were
 written from the published signatures: one that rejects our arguments falls
 back (exactly) to "efficient" from then on, with one warning.
+
+GQA: `attn_fwd` / `attn_bwd` pack the query groups into rows (`gqa`), so the
+aten and flash-attn adapters get as many query heads as K/V heads and pass the
+caller's K/V slices as views; `_heads_first` refuses unpacked queries.
+
+Every aten / flash-attn kernel call goes through one table, `KERNEL_OPS`
+(op name -> function with the op's own signature). The CUDA-only functions and
+how each is tested without a GPU:
+- `_efficient_fwd`, `_efficient_bwd`, `_flash_fwd`, `_flash_bwd`, `_cudnn_fwd`,
+  `_fa_fwd`, `_fa_bwd`, `_cuda_bias`: run on CPU in tests/test_cuda_adapters_cpu.py
+  with the KERNEL_OPS entries replaced by float64 stand-ins that keep each op's
+  signature, layouts, lse padding and alignment checks (tests/cuda_standins.py);
+  the stand-ins record every call's shapes.
+- the KERNEL_OPS entries themselves (the real ops): the CUDA-marked tests in
+  tests/test_attention_kernels.py, on a GPU only.
 
 dlse (the gradient w.r.t. lse) on the aten backward ops: they compute
 D = rowsum(dO * O) themselves, so dlse enters by augmenting the head
