@@ -21,11 +21,14 @@ def main() -> None:
 
 
 @app.command()
-def info() -> None:
+def info(
+    model: Optional[str] = typer.Option(None, "--model", help="Also say what this checkpoint (directory or hub id) is: "
+                                        "its generation and G1 gate form, projector, sizes."),
+) -> None:
     """Versions, devices, attention backends and the cache location."""
     from lvx_app.info import print_info
 
-    print_info()
+    raise typer.Exit(print_info(model))
 
 
 @app.command()
@@ -66,7 +69,8 @@ def demo(
     gpus: Optional[int] = opt.GPUS,
     ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when there is no GPU (default 2)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to write the demo video and checkpoint."),
-    generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g1 or g2."),
+    generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 "
+                                   "(241014, constant gate) or g1-gateproj (7B-240728, input-dependent gate)."),
 ) -> None:
     """Run the whole pipeline on a synthetic video with a tiny random-weight model (no downloads)."""
     from lvx_app.demo import run_demo

@@ -73,7 +73,7 @@ def _reference(checkpoint: str, video: str) -> list[str]:
     return answers
 
 
-@pytest.mark.parametrize("generation", ["g1", "g2"])
+@pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
 def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
