@@ -26,7 +26,16 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lvx_app.engine.memory_plan import GB, Workload, largest_minutes, memory_plan, param_counts, plan_rows, time_plan  # noqa: E402
+from lvx_app.engine.memory_plan import (  # noqa: E402
+    GB,
+    Workload,
+    band_tiles,
+    largest_minutes,
+    memory_plan,
+    param_counts,
+    plan_rows,
+    time_plan,
+)
 from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
 
 GPU_BYTES = 78 * 2**30  # what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
@@ -56,7 +65,7 @@ def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
     torch.set_num_threads(1)
     cfg = small_config()
     model = Owl3Model(cfg).eval()
-    work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, device="cpu", answer_tokens=answer_tokens)
+    work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens)
     starts = 18 + 5 * torch.arange(frames)
     prefix = work.prompt_tokens
     ids = torch.randint(0, cfg.vocab_size, (1, prefix + work.question_tokens))
@@ -91,7 +100,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
         if proc.returncode:
             raise RuntimeError(f"the RSS measurement of {frames} frames ({mode}) failed with exit code {proc.returncode}")
         row = json.loads(out.strip().splitlines()[-1])
-        work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, device="cpu", answer_tokens=answer_tokens)
+        work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens)
         plan = memory_plan(cfg, work, counts)
         row["planned_bytes"] = max(v for k, v in plan.stages.items() if k != "encode") - plan.resident["weights"]
         row["error"] = row["planned_bytes"] / row["measured_bytes"] - 1
@@ -117,56 +126,52 @@ def _table(title: str, rows: list[dict]) -> Table:
 
 def largest_rows(cfg: Owl3Config) -> list[dict]:
     counts = param_counts(cfg)
-    rows = []
-    for repeat in (True, False):
-        for mode in ("cache", "recompute"):
-            work = Workload(minutes=1, kv_mode=mode, gqa_repeat=repeat)
-            m = largest_minutes(cfg, work, GPU_BYTES, counts)
-            rows.append({"CUDA adapters": "repeat K/V (now)" if repeat else "GQA packed", "kv mode": mode,
-                         "largest video min (1 fps, 1 GPU)": round(m, 1)})  # fmt: skip
-    return rows
+    return [{"kv mode": mode, "largest video min (1 fps, 1 GPU)": round(largest_minutes(cfg, Workload(minutes=1, kv_mode=mode),
+                                                                                         GPU_BYTES, counts), 1)}
+            for mode in ("cache", "recompute")]  # fmt: skip
 
 
 def time_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
     counts = param_counts(cfg)
     rows = []
-    for repeat in (True, False):
-        for n in (1, 8):
-            for mode in ("cache", "recompute"):
-                t = time_plan(cfg, Workload(minutes=minutes, ranks=n, kv_mode=mode, gqa_repeat=repeat), counts=counts)
-                ingest = t["ingest (vision tower + projector)"]["seconds"] + t["visual K/V"]["seconds"]
-                rows.append({
-                    "CUDA adapters": "repeat K/V (now)" if repeat else "GQA packed", "H100s": n, "kv mode": mode,
-                    "ingest s (GPU part)": round(ingest, 2), "video-prompt prefill s": round(t["video-prompt prefill"]["seconds"], 2),
-                    "TTFT s": round(t["question prefill (TTFT)"]["seconds"], 3),
-                    "decode step ms": round(1e3 * t["decode step"]["seconds"], 2), "tokens/s": round(t["tokens/s"], 1),
-                })  # fmt: skip
+    for n in (1, 8):
+        for mode in ("cache", "recompute"):
+            t = time_plan(cfg, Workload(minutes=minutes, ranks=n, kv_mode=mode), counts=counts)
+            ingest = t["ingest (vision tower + projector)"]["seconds"] + t["visual K/V"]["seconds"]
+            rows.append({
+                "H100s": n, "kv mode": mode, "ingest s (GPU part)": round(ingest, 2),
+                "video-prompt prefill s": round(t["video-prompt prefill"]["seconds"], 2),
+                "TTFT s": round(t["question prefill (TTFT)"]["seconds"], 3),
+                "decode step ms": round(1e3 * t["decode step"]["seconds"], 2), "tokens/s": round(t["tokens/s"], 1),
+            })  # fmt: skip
     return rows
 
 
 def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
-    t = time_plan(cfg, Workload(minutes=minutes, gqa_repeat=False))
-    return [{"stage (1 GPU, resident K/V, GQA packed)": k, **{kk: round(vv, 3) for kk, vv in v.items()}}
+    t = time_plan(cfg, Workload(minutes=minutes))
+    return [{"stage (1 GPU, resident K/V)": k, **{kk: round(vv, 3) for kk, vv in v.items()}}
             for k, v in t.items() if isinstance(v, dict)]
 
 
 def three_hours(cfg: Owl3Config) -> str:
     """Whether 3 h at 1 fps fits one GPU with --recompute-kv, and the recommendation (the plan's own numbers)."""
-    work = Workload(minutes=180, kv_mode="recompute", gqa_repeat=False)
+    work = Workload(minutes=180, kv_mode="recompute")
     plan = memory_plan(cfg, work)
+    tokens = work.frames * cfg.vision.num_patches
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
-    kv_layer = work.frames * cfg.vision.num_patches * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
-    masks = work.prompt_tokens * work.frames * cfg.vision.num_patches / 2 / GB  # one bool per (row, visible key)
+    norm = tokens * cfg.hidden_size * 8 / GB  # visual_kv's two float32 copies of E
+    kv_layer = tokens * 3 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
+    masks = sum(r * k for r, k in band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
         f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is {e:.1f} GB "
-        f"of bf16 features, and the planned peak is {plan.peak / GB:.0f} GB ({plan.peak_stage}: attn_fwd plans the bool masks "
-        f"of all media-mask tiles of the video prompt before running any, {masks:.0f} GB). Recommendation, in order: (1) plan and run "
-        f"mask tiles one at a time and compute visual_kv in frame chunks (its float32 RMSNorm of all of E is 8 bytes per "
-        f"element); (2) keep E in pinned CPU memory and stream it per hyper layer ({kv_layer:.1f} GB of K/V per layer "
-        f"remain on the GPU while it runs), or fp8 E ({e / 2:.1f} GB) and fp8 K/V; (3) otherwise fewer frames "
-        f"(--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is "
-        f"{memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} GB per rank."
+        f"of bf16 features, and the planned peak is {plan.peak / GB:.0f} GB ({plan.peak_stage}): every forward recomputes "
+        f"each hyper layer's K/V from all of E at once, with {norm:.0f} GB of float32 RMSNorm copies. Recommendation, in "
+        f"order: (1) make visual_kv work in frame chunks (the K/V it returns, {kv_layer:.1f} GB per layer, stay), and plan "
+        f"media-mask tiles one at a time (attn_fwd holds every tile's band mask at once, {masks:.0f} GB); (2) keep E in pinned "
+        f"CPU memory and stream it per hyper layer, or store E ({e / 2:.1f} GB) and K/V in fp8; (3) otherwise fewer frames "
+        f"(--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is {memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} "
+        "GB per rank."
     )
 
 
@@ -193,14 +198,11 @@ def main() -> None:
         show("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
     else:
         out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
-        for r in out["memory"]:
-            work = Workload(minutes=r["minutes"], ranks=r["ranks"], kv_mode=r["kv mode"], gqa_repeat=False)
-            r["peak GB, GQA packed"] = round(memory_plan(cfg, work).peak / GB, 1)
         out["largest"] = largest_rows(cfg)
         out["stages_60min"] = stage_rows(cfg, 60)
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
-        show("projected memory per rank, 7B bf16, 1 fps (peak: CUDA adapters repeating K/V as now; last: GQA packed)", out["memory"])
+        show("projected memory per rank, 7B bf16, 1 fps", out["memory"])
         show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
         show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
         show("projected times, 60 min at 1 fps, H100", out["times_60min"])

@@ -2,18 +2,21 @@
 
 PyTorch's FakeTensorMode lets a CPU-only build create CUDA-placed tensors with factory functions and pass them to
 the aten SDPA ops, whose meta functions return correctly shaped fake outputs. This checks, without a GPU, that the
-ops `lvx_app/attention/backends.py` calls still exist with the argument lists it passes, and that their outputs
-(out, lse, dq/dk/dv) have the shapes and dtypes the adapters slice and reshape.
+real ops `lvx_app/attention/backends.py` calls (through `KERNEL_OPS`) still exist with the argument lists it passes,
+and that their outputs (out, lse, dq/dk/dv) have the shapes and dtypes the adapters slice and reshape.
+`tests/test_cuda_adapters_cpu.py` runs the adapters themselves against stand-ins written to these conventions; this
+file checks the conventions against the ops' own shape rules.
 
 Shapes: mPLUG-Owl3-7B (28 query heads, 4 KV heads, d 128, bf16), one rank's block of an hour at 1 fps over 8 GPUs
-(2,263 query rows against a 328,050-key shard), both as the adapters pass them today (K/V repeated to 28 heads) and
-GQA-packed (4 heads, each carrying its 7 query heads as 7x rows), with and without an additive mask.
+(2,263 query tokens against a 328,050-key shard), GQA-packed as the adapters pass them (4 heads, each carrying its 7
+query heads as 7x rows) and with K/V repeated to 28 heads, with and without an additive mask.
 
 What this cannot check (run `python scripts/gpu_acceptance.py` on a GPU for those):
 - numerics: fake tensors have no values, so nothing here says the kernels compute attention correctly;
-- the adapters themselves: they transpose/slice/expand their inputs (`x.transpose`, `lse[..., :sq]`,
-  `_repeat_kv`, `_cuda_bias`'s `expand`), and views of fake CUDA tensors raise "PyTorch is not linked with support
-  for cuda devices" on a CPU build, so each op is called here on freshly made heads-first tensors instead;
+- the adapters themselves on fake CUDA tensors: they transpose/slice/expand their inputs (`_heads_first`,
+  `lse[..., :sq]`, `_cuda_bias`'s `expand`), and views of fake CUDA tensors raise "PyTorch is not linked with
+  support for cuda devices" on a CPU build, so each op is called here on freshly made heads-first tensors instead
+  (the adapters run on CPU against stand-ins in `tests/test_cuda_adapters_cpu.py`);
 - flash-attn (`flash_attn_func`, `_flash_attn_backward`): a separate CUDA package, not installable on CPU;
 - the stream overlap in `lvx_app/parallel/ring.py` and NCCL: `torch.cuda.Stream` needs a real device.
 """
@@ -30,7 +33,7 @@ SQ, SK = 2263, 328050  # one rank's share of 1 h at 1 fps over 8 GPUs: 18,104 / 
 DT = torch.bfloat16
 SCALE = D**-0.5
 
-# (heads, query rows): K/V repeated to every query head, or GQA-packed (7 query heads as 7x rows per KV head)
+# (heads, query rows): GQA-packed (7 query heads as 7x rows per KV head, what attn_fwd passes), or K/V repeated
 LAYOUTS = {"repeated": (HQ, SQ), "gqa_packed": (HKV, SQ * (HQ // HKV))}
 
 

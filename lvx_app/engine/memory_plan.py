@@ -11,9 +11,8 @@ stands allocates, named after where it is made:
 - its transient: `rms_norm` of all local frames at once in float32 (two float32 copies of E live), then the
   projection, then K's float32 rotation;
 - text K/V: `TextKVCache` grows by doubling, so after the first question it holds twice the video prompt;
-- prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, per media-mask
-  tile of `Q_TILE` rows, a bool mask plus an additive bias over the visible keys; CUDA adapters repeat K/V to the
-  query heads (`_repeat_kv`), the CPU one does not;
+- prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in each hyper
+  layer, `attn_fwd`'s packed query copy, float32 accumulators and the band masks of its media-mask tiles;
 - vision tower: `encode_images` runs 16 images at a time.
 
 With several ranks every video-sized term is split evenly (frames, prompt rows, visible keys per ring round) and the
@@ -56,8 +55,6 @@ class Workload:
     ranks: int = 1
     kv_mode: str = "cache"  # cache (resident visual K/V) | recompute (--recompute-kv: keep E, recompute K/V)
     dtype_bytes: int = 2  # bf16 on GPU, 4 for the CPU's float32
-    device: str = "cuda"  # cuda | cpu (the CPU kernel takes GQA K/V as they are)
-    gqa_repeat: bool = True  # the CUDA adapters repeat K/V to every query head (backends._heads_first) as of now
     question_tokens: int = 24
     answer_tokens: int = 256
     vision_batch: int = 16  # images per `encode_images` batch
@@ -131,18 +128,46 @@ def _visual_kv_transient(cfg: Owl3Config, tokens: int, b: int) -> int:
     return tokens * max(norm, project, rope)
 
 
-def _prefill_transient(cfg: Owl3Config, rows: int, keys: int, b: int, work: Workload, masked: bool) -> int:
-    """Peak extra bytes of one decoder layer over `rows` local queries and `keys` visible local visual keys.
+def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
+    """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
-    `attn_fwd` plans every media-mask tile before running any (`list(tile_plans(...))`), so the bool masks of all
-    partly visible tiles live together (a triangle: rows x keys / 2); the running tile adds its additive bias and
-    the negated mask (`_additive`), and the CUDA adapters repeat K/V to the query heads (`_heads_first`)."""
+    Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames some of its rows
+    see and others do not (capped by the `keys` this rank holds), its rows those that see at least one frame."""
+    p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
+
+    def q_vis(t: int) -> int:
+        return max(0, min(frames, (t - PROMPT_HEADER_TOKENS) // PLACEHOLDER_TOKENS + 1))
+
+    tiles = []
+    for t0 in range(0, rows, Q_TILE):
+        t1 = min(rows, t0 + Q_TILE)
+        seeing = t1 - max(t0, PROMPT_HEADER_TOKENS)  # the header's tokens see no frame
+        band = min(keys, (q_vis(t1 - 1) - q_vis(t0)) * p)
+        if seeing > 0 and band > 0:
+            tiles.append((seeing * cfg.num_kv_groups, band))
+    return tiles
+
+
+def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
+    """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local visual keys.
+
+    It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is split, merges the
+    parts into float32 accumulators. It plans every tile before running any (`list(tile_plans(...))`), so the bool
+    band masks of all partly visible tiles live together; the running band adds its additive bias and negated mask."""
+    q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
+    if not masked:
+        return 2 * q_bytes * b  # the packed copy and the output
+    tiles = band_tiles(cfg, rows, keys)
+    masks = sum(r * k for r, k in tiles)
+    running = max((r * k for r, k in tiles), default=0) * (1 + b)
+    return q_bytes * (b + 4) + masks + running
+
+
+def _layer_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
+    """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual attention."""
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-    layer = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)  # SwiGLU + residual stream
-    tile = min(rows, Q_TILE) * keys
-    masks = (rows * keys // 2 + tile + tile * (1 + b)) if masked else 0
-    repeat = 2 * keys * cfg.num_attention_heads * cfg.head_dim * b if work.gqa_repeat and work.device == "cuda" else 0
-    return max(layer, masks + repeat + rows * cfg.num_attention_heads * cfg.head_dim * 4)
+    mlp = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)  # SwiGLU + residual stream
+    return max(mlp, _attention_transient(cfg, rows, keys, b, masked))
 
 
 def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
@@ -183,12 +208,12 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     kept = sum(resident.values()) - resident["text K/V"]
     visible = work.frames * cfg.vision.num_patches // work.ranks  # the last rows see every frame of this rank's shard
     stages["video prefill"] = kept + text_kv(prompt) + max(
-        _prefill_transient(cfg, prompt, visible, b, work, masked=True) + kv_in_use, kv_make)
+        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make)
     growing = text_kv(2 * prompt + work.question_tokens) + text_kv(prompt) // cfg.num_hidden_layers  # one layer's copy
     stages["question"] = kept + growing + max(
-        _prefill_transient(cfg, work.question_tokens, visible, b, work, masked=False) + kv_in_use, kv_make)
+        _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use, kv_make)
     stages["decode"] = sum(resident.values()) + max(
-        _prefill_transient(cfg, 1, visible, b, work, masked=False) + kv_in_use, kv_make)
+        _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make)
     return MemoryPlan(resident=resident, stages=stages)
 
 
@@ -234,18 +259,13 @@ def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts
     q_mm, q_at = prefill(q, prompt)
     # a decode step: every rank runs the same one-token step on its replicated weights and its share of the keys
     decode_bytes = lm_matmul * b + (n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
-    repeated = 2 * s_kv * hq * d * b * 2 * n_hyper / n  # K/V written at 28 heads and read back, per call over all keys
-    prefill_bytes = 0.0
-    if work.gqa_repeat:
-        decode_bytes += repeated
-        prefill_bytes = repeated / 2 * _ceil_div(_ceil_div(prompt, n), Q_TILE)  # each tile repeats the keys it sees
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0),
-        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, prefill_bytes),
-        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, repeated if work.gqa_repeat else 0.0),
+        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, 0.0),
+        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, 0.0),
         "decode step": (2 * lm_matmul + recompute / n, 4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n, decode_bytes),
     }
     out = {}
