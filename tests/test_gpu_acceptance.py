@@ -128,3 +128,18 @@ def test_real_commands_pass_fail_and_time_out() -> None:
     assert results[1].reason == "exit 1: CUDA error: no kernel image is available"
     assert results[2].reason.startswith("timed out after") and results[2].seconds < 20
     assert results[3].reason.startswith("exit 1: [Errno 2]")
+
+
+def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
+    spec = importlib.util.spec_from_file_location("nccl_check", ROOT / "scripts" / "nccl_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.check(getattr(torch, dtype), rank, world, torch.device("cpu"))
+
+
+def test_the_nccl_check_passes_over_gloo() -> None:
+    """The acceptance's NCCL item, run over gloo on 2 CPU ranks: the same comparison with one process."""
+    from lvx_app.parallel.testing import run_ranks
+
+    for result in run_ranks(_nccl_check_rank, 2, "float32"):
+        assert result["ok"] and result["lv_xattn_max_err"] < 1e-5 and result["decode_xattn_max_err"] < 1e-5
