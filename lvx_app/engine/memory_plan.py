@@ -18,8 +18,8 @@ stands allocates, named after where it is made:
 With several ranks every video-sized term is split evenly (frames, prompt rows, visible keys per ring round) and the
 weights are not; only the one-rank formula is checked against a measurement (`plan_gpu.py --check-rss`).
 
-Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) and bytes / HBM bandwidth for a
-decode step; communication and CPU video decoding are not in them.
+Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM bandwidth,
+added without overlap; communication and CPU video decoding are not in them.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def largest_minutes(config: Owl3Config, work: Workload, budget_bytes: float, cou
 
 def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts: ParamCounts | None = None) -> dict:
     """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split evenly over the ranks,
-    the weights are not: a decode step reads all of them on every rank). Communication is not counted."""
+    the weights are not: every forward reads all of them on every rank). Matmul, attention and memory times add up
+    (no overlap assumed); communication is not counted."""
     cfg, b, n = config, work.dtype_bytes, work.ranks
     counts = counts or param_counts(cfg)
     v, t = cfg.vision, cfg.vision.num_patches
@@ -264,8 +265,8 @@ def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0),
-        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, 0.0),
-        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, 0.0),
+        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, lm_matmul * b),  # every forward reads the weights
+        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, lm_matmul * b),
         "decode step": (2 * lm_matmul + recompute / n, 4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n, decode_bytes),
     }
     out = {}
