@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     js, md = write_report(report, args.out)
     for r in report.results:
         print(f"  {r.status:7s} {r.name}" + (f": {r.reason}" if r.reason else ""))
+    for row in report.comparison:
+        print("  measured vs projected: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     print(f"wrote {js} and {md}: please send us {js.name}")
     return 0 if all(r.status != "failed" for r in report.results) else 1
 
