@@ -34,30 +34,18 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
+from lvx_app.parallel.failures import RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
+
+__all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
 
 LINK_ENV = "LVX_LINK"
 LINK_KEY_ENV = "LVX_LINK_KEY"
-RUN_DIR_ENV = "LVX_RUN_DIR"
 # The module every rank runs (the frontend layer owns it: rank 0 may run the terminal chat itself).
 WORKER_MODULE = "lvx_app.frontends.worker"
 
 
-def error_file(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / f"error-rank{rank}.txt"
-
-
-def pid_file(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / f"pid-rank{rank}.txt"
-
-
-_PEER_LOST = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
-    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
-)
-
-
-def _failures(log: Path) -> list[tuple[str, int | None, str, bool]]:
-    """(rank, exitcode, cause, is_root) of every failure in torchrun's closing summary, root cause first."""
+def _failures(log: Path) -> list[RankFailure]:
+    """Every failure in torchrun's closing summary, root cause first."""
     text = log.read_text(errors="replace") if log.exists() else ""
     if "Root Cause" not in text:
         return []
@@ -69,38 +57,19 @@ def _failures(log: Path) -> list[tuple[str, int | None, str, bool]]:
         cause = re.search(r"traceback\s*:\s*(.+)", block)
         if rank:
             is_root = "Root Cause" in summary[: summary.index(block)]
-            text_cause = cause.group(1).strip() if cause else f"exit code {code.group(1) if code else '?'}"
-            out.append((rank.group(1), int(code.group(1)) if code else None, text_cause, is_root))
-    return sorted(out, key=lambda f: not f[3])
-
-
-def _last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines()
-    return lines[-1] if lines else "no message"
+            failure = RankFailure(int(rank.group(1)), int(code.group(1)) if code else None,
+                                  cause.group(1).strip() if cause else "")  # fmt: skip
+            out.append((not is_root, failure))
+    return [f for _, f in sorted(out, key=lambda pair: pair[0])]
 
 
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed first and why.
-
-    torchrun's "first observed failure" is often a rank that merely lost its peer (a gloo "Connection reset by
-    peer") when the real cause was another rank killed by a signal (the OOM killer, a segfault): prefer that one.
-    """
-    failures = _failures(run_dir / "group.log")
-
-    def reason(rank: str, cause: str) -> str:
-        own = error_file(run_dir, int(rank))
-        return _last_line(own) if own.exists() else cause
-
-    if failures:
-        chosen = failures[0]
-        if _PEER_LOST.search(reason(chosen[0], chosen[2])) or not error_file(run_dir, int(chosen[0])).exists():
-            # killed by a signal other than torchrun's own SIGTERM to the survivors
-            chosen = next((f for f in failures[1:] if f[1] is not None and f[1] < 0 and f[1] != -15), chosen)
-        rank, code, cause, _ = chosen
-        hint = " (killed: out of memory, a crash, or by hand)" if code is not None and code < 0 else ""
-        return f"rank {rank} failed: {reason(rank, cause)}{hint}"
+    """Name the rank that failed first and why (see `lvx_app.parallel.failures`), from torchrun's summary."""
+    described = describe_failures(_failures(run_dir / "group.log"), run_dir)
+    if described:
+        return described
     for path in sorted(run_dir.glob("error-rank*.txt")):
-        return f"rank {path.stem.removeprefix('error-rank')} failed: {_last_line(path)}"
+        return describe_failures([RankFailure(int(path.stem.removeprefix("error-rank")), 1, "")], run_dir)
     return f"the worker group exited (code {returncode}); see {run_dir / 'group.log'}"
 
 
@@ -133,8 +102,14 @@ class RemoteEngine:
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.conn = self._accept(start_timeout_s)
-        kind, value = self._recv()
+        try:
+            self.conn = self._accept(start_timeout_s)
+            kind, value = self._recv()
+        except BaseException:  # Ctrl-C or a failed start: no rank outlives this call
+            self._kill()
+            self._listener.close()
+            self._log.close()
+            raise
         if kind != "ready":
             raise EngineError(f"unexpected first message from rank 0: {kind}")
         self.info: dict[str, Any] = value
