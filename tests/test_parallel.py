@@ -85,7 +85,7 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     res = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                           "--monitor-interval=0.2", str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr
-    assert "rank 1 was killed by SIGKILL" in res.stderr, res.stderr
+    assert "rank 1 failed: killed by SIGKILL" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
     ok = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                          "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)

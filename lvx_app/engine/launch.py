@@ -35,6 +35,7 @@ from lvx_app.engine.api import (
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
 from lvx_app.parallel.failures import RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV
 
 __all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
 
@@ -91,6 +92,7 @@ class RemoteEngine:
         host, port = self._listener.address
         env = dict(os.environ)
         env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
+        env.pop(LAUNCHER_PID_ENV, None)  # torchrun's agent, not this process, is the ranks' parent
         if not cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [

@@ -58,15 +58,21 @@ def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
         text = _last_line(own)
         return text, not PEER_LOST.search(text)
     if f.exitcode is not None and f.exitcode < 0:
-        cause = f.cause or f"killed by {_signal_name(f.exitcode)}"
-        return cause + KILLED_HINT, f.exitcode != -signal.SIGTERM  # torchrun stops the survivors with SIGTERM
+        why = f.cause + KILLED_HINT if f.cause else f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
+        return why, f.exitcode != -signal.SIGTERM  # torchrun stops the survivors with SIGTERM
     return f.cause or f"exit code {f.exitcode}", False
 
 
-def describe_failures(failures: list[RankFailure], run_dir: Path | None) -> str | None:
-    """'rank R failed: why' for the rank that failed first (the cause, not a peer that lost it); None if none."""
+def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[RankFailure, str] | None:
+    """The rank that failed first and why: the first whose failure is a cause, not a peer that lost it."""
     if not failures:
         return None
     reasons = [(f, *_reason(f, run_dir)) for f in failures]
-    rank, why, _ = next((r for r in reasons if r[2]), reasons[0])
-    return f"rank {rank.rank} failed: {why}"
+    failure, why, _ = next((r for r in reasons if r[2]), reasons[0])
+    return failure, why
+
+
+def describe_failures(failures: list[RankFailure], run_dir: Path | None) -> str | None:
+    """'rank R failed: why' for `first_failure`; None when there is no failure."""
+    chosen = first_failure(failures, run_dir)
+    return None if chosen is None else f"rank {chosen[0].rank} failed: {chosen[1]}"
