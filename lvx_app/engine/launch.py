@@ -1,15 +1,14 @@
 """Start a local torchrun worker group and drive it from this process.
 
-`torch.distributed.run` starts and watches the ranks; we only add the
-socket to rank 0, a log file for everything the ranks print, and a
-readable reason when the group dies.
+torch's torchrun (through `lvx_app.parallel.torchrun`, which dies with this process and names the rank that failed
+first) starts and watches the ranks; we only add the socket to rank 0, a log file for everything the ranks print,
+and that reason when the group dies.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -34,8 +33,8 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
-from lvx_app.parallel.failures import RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
-from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV
+from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
+from lvx_app.parallel.lifeline import mark_launcher
 
 __all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
 
@@ -45,33 +44,16 @@ LINK_KEY_ENV = "LVX_LINK_KEY"
 WORKER_MODULE = "lvx_app.frontends.worker"
 
 
-def _failures(log: Path) -> list[RankFailure]:
-    """Every failure in torchrun's closing summary, root cause first."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    if "Root Cause" not in text:
-        return []
-    summary = text[text.rfind("Failures:") if "Failures:" in text else text.index("Root Cause") :]
-    out = []
-    for block in re.split(r"\n\[\d+\]:", summary)[1:]:
-        rank = re.search(r"rank\s*:\s*(\d+)", block)
-        code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-        cause = re.search(r"traceback\s*:\s*(.+)", block)
-        if rank:
-            is_root = "Root Cause" in summary[: summary.index(block)]
-            failure = RankFailure(int(rank.group(1)), int(code.group(1)) if code else None,
-                                  cause.group(1).strip() if cause else "")  # fmt: skip
-            out.append((not is_root, failure))
-    return [f for _, f in sorted(out, key=lambda pair: pair[0])]
-
-
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed first and why (see `lvx_app.parallel.failures`), from torchrun's summary."""
-    described = describe_failures(_failures(run_dir / "group.log"), run_dir)
-    if described:
-        return described
+    """Name the rank that failed first and why: the line our launcher (`lvx_app.parallel.torchrun`) wrote to the log."""
+    log = run_dir / "group.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [line.removeprefix(FAILURE_PREFIX) for line in lines if line.startswith(FAILURE_PREFIX)]
+    if said:
+        return said[-1]
     for path in sorted(run_dir.glob("error-rank*.txt")):
-        return describe_failures([RankFailure(int(path.stem.removeprefix("error-rank")), 1, "")], run_dir)
-    return f"the worker group exited (code {returncode}); see {run_dir / 'group.log'}"
+        return describe_failures([RankFailure(int(path.stem.removeprefix("error-rank")), 1)], run_dir)
+    return f"the worker group exited (code {returncode}); see {log}"
 
 
 class RemoteEngine:
@@ -92,11 +74,11 @@ class RemoteEngine:
         host, port = self._listener.address
         env = dict(os.environ)
         env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
-        env.pop(LAUNCHER_PID_ENV, None)  # torchrun's agent, not this process, is the ranks' parent
+        mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
         if not cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", "lvx_app.parallel.torchrun",
             "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
             "-m", WORKER_MODULE, "--config", json.dumps(worker_config),
         ]  # fmt: skip
@@ -226,6 +208,11 @@ class RemoteEngine:
         self._log.close()
         if self.proc.returncode == 0:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
+
+    def abort(self) -> None:
+        """Stop the group now, with no goodbye to a rank 0 that may be busy for minutes (Ctrl-C while loading)."""
+        self._kill()
+        self.close()
 
     def __getattr__(self, name: str) -> Any:
         """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its reply."""

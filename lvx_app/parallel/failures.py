@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_DIR_ENV = "LVX_RUN_DIR"
+FAILURE_PREFIX = "error: "  # the launcher's line: FAILURE_PREFIX + describe_failures(...)
 
 PEER_LOST = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
     r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
 )
-KILLED_HINT = " (killed: out of memory, a crash, or by hand)"
 
 
 def error_file(run_dir: str | Path, rank: int) -> Path:
@@ -36,7 +36,6 @@ class RankFailure:
 
     rank: int
     exitcode: int | None  # negative: killed by that signal
-    cause: str  # the launcher's own note, used when the rank left no error file
 
 
 def _last_line(path: Path) -> str:
@@ -58,9 +57,9 @@ def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
         text = _last_line(own)
         return text, not PEER_LOST.search(text)
     if f.exitcode is not None and f.exitcode < 0:
-        why = f.cause + KILLED_HINT if f.cause else f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
+        why = f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
         return why, f.exitcode != -signal.SIGTERM  # torchrun stops the survivors with SIGTERM
-    return f.cause or f"exit code {f.exitcode}", False
+    return f"exit code {f.exitcode}", False
 
 
 def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[RankFailure, str] | None:

@@ -23,20 +23,20 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from lvx_app.parallel.failures import RUN_DIR_ENV, RankFailure, error_file, first_failure
+from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, error_file, first_failure
 from lvx_app.parallel.lifeline import die_with_parent, mark_launcher
 
 
 def failure_line(exc: ChildFailedError, run_dir: Path) -> str:
     """'error: rank R failed: why' for the rank that failed first, pointing at its trace when it left one."""
     observed = sorted(exc.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
-    chosen = first_failure([RankFailure(rank, failure.exitcode, "") for rank, failure in observed], run_dir)
+    chosen = first_failure([RankFailure(rank, failure.exitcode) for rank, failure in observed], run_dir)
     if chosen is None:
-        return "error: the worker group failed without naming a rank"
+        return f"{FAILURE_PREFIX}the worker group failed without naming a rank"
     failure, why = chosen
     own = error_file(run_dir, failure.rank)
     trace = f" (trace: {own})" if own.exists() and len(own.read_text(errors="replace").strip().splitlines()) > 1 else ""
-    return f"error: rank {failure.rank} failed: {why}{trace}"
+    return f"{FAILURE_PREFIX}rank {failure.rank} failed: {why}{trace}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
