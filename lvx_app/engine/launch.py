@@ -34,7 +34,7 @@ from lvx_app.engine.api import (
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
 from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
-from lvx_app.parallel.lifeline import mark_launcher
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
 
 __all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
 
@@ -74,7 +74,10 @@ class RemoteEngine:
         host, port = self._listener.address
         env = dict(os.environ)
         env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
-        mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
+        if threading.current_thread() is threading.main_thread():
+            mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
+        else:  # the kernel's parent-death signal follows the thread that started a child, not the process
+            env.pop(LAUNCHER_PID_ENV, None)
         if not cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [

@@ -3,7 +3,8 @@
 Without this, `kill -9` of `lvx finetune` leaves torchrun and its ranks training to the end as orphans, writing to
 the output folder under a second run's feet. On Linux the kernel's parent-death signal (prctl PR_SET_PDEATHSIG)
 kills us the moment our parent exits, whatever killed it; elsewhere this is a no-op. A launcher of ours puts its pid
-in `LAUNCHER_PID_ENV`, so a child that starts after its parent already died notices and exits too.
+in `LAUNCHER_PID_ENV`, so a child that starts after its parent already died notices and exits too. The signal
+follows the *thread* that started the child: a launcher marks itself only from a thread that lives as long as it.
 """
 
 from __future__ import annotations

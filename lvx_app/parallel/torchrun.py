@@ -5,7 +5,8 @@ the ranks that merely lost their peer print gloo tracebacks of their own. This r
 `torch.distributed.run.run`, with a run folder (`RUN_DIR_ENV`) where ranks started through
 `lvx_app.parallel.group.run_rank` write their pid and error instead of printing them, and prints one line naming
 the rank that failed first and why (`lvx_app.parallel.failures`, the same choice `lvx chat` makes).
-The launcher dies with its own parent, and its ranks with it (`lvx_app.parallel.lifeline`).
+The launcher dies with the launcher of ours that started it (when that one set `LAUNCHER_PID_ENV`), and its ranks
+die with it (`lvx_app.parallel.lifeline`).
 Exit codes: 0 when every rank succeeded, 1 when one failed, 130 when stopped by Ctrl-C or SIGTERM.
 """
 
@@ -24,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, error_file, first_failure
-from lvx_app.parallel.lifeline import die_with_parent, mark_launcher
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
 
 
 def failure_line(exc: ChildFailedError, run_dir: Path) -> str:
@@ -40,7 +41,8 @@ def failure_line(exc: ChildFailedError, run_dir: Path) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    die_with_parent()
+    if os.environ.get(LAUNCHER_PID_ENV):  # started by a launcher of ours that asked us to die with it
+        die_with_parent()
     args = get_args_parser().parse_args(argv)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     given = os.environ.get(RUN_DIR_ENV)
