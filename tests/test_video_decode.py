@@ -141,6 +141,15 @@ def test_audio_only_file_says_it_has_no_video_stream(raw_pool, tmp_path):
     assert "truncated" not in str(err.value) and "st_nb" not in str(err.value)
 
 
+def test_a_failed_open_does_not_break_the_file_opened_before(vids, tmp_path):
+    with DecodePool(1, threads=1) as pool:
+        pool.plan(vids["a"], 1.0)
+        with pytest.raises(NoVideoStreamError):
+            pool.plan(make_audio_only(tmp_path / "talk.m4a"), 1.0)
+        plan, _ = pool.plan(vids["a"], 1.0)  # the same worker opens a.mp4 again
+        assert len(plan) == 4
+
+
 def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):
     plan, _ = raw_pool.plan(vids["a"], 10.0)
     stream = raw_pool.decode(vids["a"], plan.shard(0, 1).chunks(4))

@@ -192,7 +192,7 @@ class _Worker:
 
     def reader(self, path: str):
         if self.path != path:
-            self.vr = None
+            self.vr, self.path = None, None  # a failed open must not leave the old path marked as open
             try:
                 with _native_stderr_dropped():
                     self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
