@@ -71,3 +71,27 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(tiny_checkpoints, s
                 pass
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpoints, short_video, tmp_path):
+    """The parent-death signal follows the thread that started the launcher: a server request thread must not
+    take the group with it when it ends."""
+    import threading
+    from dataclasses import asdict
+
+    from lvx_app.engine.launch import RemoteEngine
+    from lvx_app.engine.session import SessionConfig
+
+    box: list[RemoteEngine] = []
+    config = SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1)
+    thread = threading.Thread(target=lambda: box.append(RemoteEngine(asdict(config), 2, cuda=False)))
+    thread.start()
+    thread.join()
+    (engine,) = box
+    try:
+        time.sleep(1.0)  # a parent-death SIGKILL would have ended the launcher by now
+        assert engine.proc.poll() is None, "the group died with the thread that started it"
+        assert engine.load_video(short_video, 1.0).frames == 10
+    finally:
+        engine.close()
