@@ -51,10 +51,12 @@ def chat(
     cache_dir: Optional[Path] = opt.CACHE_DIR,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
-    # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
-    from lvx_app.engine.api import GenerationParams
-    from lvx_app.frontends.terminal import run_chat_command
-
+    try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere else before the chat starts
+        # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
+        from lvx_app.engine.api import GenerationParams
+        from lvx_app.frontends.terminal import run_chat_command
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_chat_command(
         video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
@@ -92,7 +94,10 @@ def _register_subcommands() -> None:
     )
 
 
-_register_subcommands()
+try:  # these import torch (a second or more): Ctrl-C meanwhile exits quietly, not with an import traceback
+    _register_subcommands()
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 if __name__ == "__main__":
     app()
