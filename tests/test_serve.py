@@ -253,13 +253,13 @@ def test_dead_rank_is_a_readable_error_and_the_page_keeps_answering(server):
     for _ in range(5):  # the first request may still be answered before torchrun notices
         history, _ = ask(c, QUESTIONS[0], [], 50)
         text = message_text(history[-1]["content"])
-        if text.startswith("⚠️ error:"):
+        if "rank 1 failed" in text:  # an error line, or the footer of an answer from the restarted workers
             break
         time.sleep(1)
     assert "rank 1 failed" in text and "Traceback" not in text, text
     assert time.monotonic() - t0 < 90
-    stats = c.predict(api_name="/stats")  # the server itself keeps answering, with the same reason
-    assert stats.startswith("⚠️ error:"), stats
+    stats = c.predict(api_name="/stats")  # the server keeps answering: the group was restarted (tests/test_serve_faults.py)
+    assert not stats.startswith("⚠️ error:") and "world size: 2" in stats, stats
 
 
 def test_timestamps_become_seek_links_only_inside_the_video():

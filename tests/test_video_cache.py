@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from lvx_app.video.cache import CacheKey, FeatureCache, default_cache_dir, file_identity
 from lvx_app.video.cache_cli import cache_app
+from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import build_plan
 
 
@@ -80,7 +81,7 @@ def corrupt_byte(path, where):
 
 
 @pytest.mark.parametrize("damage", ["data", "header", "truncate", "empty", "other_key"])
-def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, damage, caplog):
+def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, damage):
     cache = FeatureCache(tmp_path / "cache")
     key = key_for(video)
     save_shard(cache, key, video)
@@ -97,9 +98,9 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
         other = key_for(video, fps=2.0)
         save_shard(cache, other, video)
         os.replace(cache.shard_path(other), path)
-    with caplog.at_level("WARNING"):
+    with pytest.warns(VideoWarning, match="corrupt") as caught:
         assert cache.load(key) is None
-    assert "corrupt" in caplog.text and not path.exists()
+    assert len(caught) == 1 and not path.exists()
     save_shard(cache, key, video)  # rebuilt
     assert cache.load(key) is not None
 

@@ -5,6 +5,12 @@ engine (load, chat, reset, stats) shares one Gradio concurrency slot and one
 lock: requests reach rank 0 one at a time, in order, and a second user waits
 in Gradio's queue with a visible position. Stop does not wait in that queue:
 it only raises a flag that the streaming answer checks between tokens.
+
+Each browser session remembers the video it loaded. When another session has
+loaded a different one since, its next question first reloads its own video
+(from the feature cache, with progress), and every answer names its video. A
+dead worker group is restarted by the next request (`reopen`), which then
+reloads the asking session's video the same way.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from lvx_app.engine.api import Engine, EngineError, GenerationParams, VideoSummary
+from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.warning_lines import is_lvx_source
 
@@ -32,6 +39,7 @@ log = logging.getLogger("lvx.ui")
 
 GPU = "gpu"  # the concurrency id every engine event shares
 SEEK_PREFIX = "#lvx-seek-"
+MAX_SESSIONS = 256  # browser sessions whose video is remembered (the oldest is forgotten first)
 _TIMESTAMP = re.compile(r"(?<![\d:.])(?:(\d{1,2}):)?(\d{1,3}):([0-5]\d)(?![\d:])")
 
 # Clicking an answer's timestamp link seeks the player instead of navigating (installed once per page).
@@ -103,13 +111,21 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} (details in the server log)"
 
 
+VideoSpec = tuple[str, float, int | None]  # (path, fps, max frames) as a session loaded it
+
+
 class ChatApp:
     """The handlers behind the page; holds the engine, its lock and who owns the conversation."""
 
     def __init__(
-        self, engine: Engine, *, allow_paths: Sequence[str] | None, max_upload_mb: float, params: GenerationParams
-    ) -> None:
+        self, engine: Engine, *, allow_paths: Sequence[str] | None, max_upload_mb: float, params: GenerationParams,
+        reopen: Callable[[], Engine] | None = None,
+    ) -> None:  # fmt: skip
         self.engine = engine
+        self.reopen = reopen  # starts a fresh engine with the same options after the worker group died
+        self.failed: str | None = None  # why the group died; the next request restarts it
+        self.loaded: VideoSpec | None = None  # what the engine holds
+        self.videos: OrderedDict[str, VideoSpec] = OrderedDict()  # browser session -> the video it loaded
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
         self.max_upload_mb = max_upload_mb
         self.params = params
@@ -150,6 +166,54 @@ class ChatApp:
             parts.append("No video loaded yet.")
         return "\n\n".join(parts)
 
+    # ---- the engine's health and which video it holds --------------------------------------------------------
+    def _fail(self, exc: BaseException) -> str:
+        """The user's line for `exc`; a dead group is remembered so the next request restarts it."""
+        if isinstance(exc, GroupFailed):
+            self.failed, self.video, self.loaded = str(exc), None, None
+            return f"{exc}; the workers restart on the next request" if self.reopen else str(exc)
+        return _error(exc)
+
+    def _heal(self) -> str:
+        """Restart a worker group that died (or was found dead); returns a note for the page, "" if it was alive."""
+        dead = getattr(self.engine, "dead", lambda: None)()  # a torchrun group that exited since the last request
+        if dead and self.failed is None:
+            self._fail(GroupFailed(dead))
+        if self.failed is None:
+            return ""
+        if self.reopen is None:
+            raise GroupFailed(self.failed)
+        why = self.failed
+        with contextlib.suppress(Exception):
+            self.engine.close()
+        self.engine = self.reopen()  # an error here leaves `failed` set: the request after retries
+        self.failed = None
+        return f"the workers restarted after: {why}"
+
+    def _remember(self, owner: str, spec: VideoSpec) -> None:
+        self.videos[owner] = spec
+        self.videos.move_to_end(owner)
+        while len(self.videos) > MAX_SESSIONS:
+            self.videos.popitem(last=False)
+
+    def _ensure_video(self, owner: str, progress) -> str:
+        """Make the engine hold the video this session loaded (another session may have loaded its own since)."""
+        spec = self.videos.get(owner)
+        if spec is None or spec == self.loaded:
+            return ""
+        try:
+            summary = self.engine.load_video(*spec, progress=_progress_reporter(progress))
+        except GroupFailed:
+            raise
+        except EngineError as exc:
+            raise EngineError(f"your video {Path(spec[0]).name} could not be loaded again ({exc}); load it again")
+        self.video, self.loaded, self.owner = summary, spec, None
+        return f"reloaded {Path(spec[0]).name} for this session" + (" from the feature cache" if summary.from_cache else "")
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- video ----------------------------------------------------------------------------------------------
     def load(self, upload, server_path, fps, max_frames, owner, progress=gr.Progress()):
         """Decode and encode the video on every rank, with live progress; clears the conversation."""
         owner = owner or uuid.uuid4().hex
@@ -168,65 +232,76 @@ class ChatApp:
         notes: list[str] = []
         with self.lock:
             try:
+                notes.extend(filter(None, [self._heal()]))
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
                     summary = self.engine.load_video(path, fps, cap, progress=report)
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
                 # The engine keeps the previous video when loading fails before replacing it.
-                return self.status(f"⚠️ error: {_error(exc)}"), gr.skip(), gr.skip(), owner
-            self.video = summary
-            self.owner = owner
+                return self.status(f"⚠️ error: {self._fail(exc)}"), gr.skip(), gr.skip(), owner
+            self.video, self.loaded, self.owner = summary, (path, fps, cap), owner
+            self._remember(owner, self.loaded)
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         body = "\n\n".join(filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)]))
         player = path if from_server else gr.skip()
         return body, [], player, owner
 
     # ---- chat -----------------------------------------------------------------------------------------------
-    def chat(self, message: str, history: list, max_new_tokens, owner) -> Iterator[tuple]:
+    def chat(self, message: str, history: list, max_new_tokens, owner, progress=gr.Progress()) -> Iterator[tuple]:
         """Stream one answer into the chat; a new browser session starts a new conversation on the engine."""
         owner = owner or uuid.uuid4().hex
         message = (message or "").strip()
         if not message:
-            yield history, "", owner
+            yield history, "", owner, gr.skip()
             return
         history = list(history or [])
         history.append({"role": "user", "content": link_timestamps(message, self._duration())})
         # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc, which strips
         # the answer's leading space and dedents code blocks.
         part = {"type": "text", "text": ""}
-        answer = {"role": "assistant", "content": [part]}
-        history.append(answer)
-        yield history, "", owner
+        history.append({"role": "assistant", "content": [part]})
+        yield history, "", owner, gr.skip()
         limit = max(1, int(max_new_tokens or self.params.max_new_tokens))
         params = GenerationParams(max_new_tokens=limit, temperature=self.params.temperature, top_p=self.params.top_p,
                                   seed=self.params.seed)  # fmt: skip
         with self.lock:
             self.stop.clear()
-            pieces = None
-            try:
-                if self.owner != owner or len(history) == 2:
-                    self.engine.reset()  # this browser session has not seen the engine's current conversation
-                    self.owner = owner
-                duration = self._duration()
-                text = ""
-                pieces = self.engine.ask(message, params)
-                notes: list[str] = []
-                with _warnings_into(notes):
-                    for piece in pieces:
-                        text += printable(piece)
-                        part["text"] = link_timestamps(text, duration)
-                        yield history, "", owner
-                        if self.stop.is_set():
-                            self.engine.interrupt()  # from this thread: one request on the link at a time
-                footer = f"*{answer_footer(self.engine)}*"
-                part["text"] = "\n\n".join(filter(None, [link_timestamps(text, duration), footer, _warning_lines(notes)]))
-            except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
-                part["text"] = f"⚠️ error: {_error(exc)}"
-            finally:
-                if pieces is not None:
+            for _ in self._answer(message, params, part, owner, fresh=len(history) == 2, progress=progress):
+                yield history, "", owner, gr.skip()
+            status = self.status()
+        yield history, "", owner, status
+
+    def _answer(self, message: str, params: GenerationParams, part: dict, owner: str, *, fresh: bool, progress):
+        """Fill `part` with the answer (under the lock); yields after each piece. Errors become one line in it."""
+        pieces, text, notes = None, "", []
+        try:
+            notes = [n for n in (self._heal(), self._ensure_video(owner, progress)) if n]
+            if self.owner != owner or fresh:
+                self.engine.reset()  # this browser session has not seen the engine's current conversation
+                self.owner = owner
+            duration, about = self._duration(), self._about()
+            pieces = self.engine.ask(message, params)
+            warned: list[str] = []
+            with _warnings_into(warned):
+                for piece in pieces:
+                    text += printable(piece)
+                    part["text"] = link_timestamps(text, duration)
+                    yield
+                    if self.stop.is_set():
+                        self.engine.interrupt()  # from this thread: one request on the link at a time
+            footer = f"*{' · '.join([about, *notes, answer_footer(self.engine)])}*"
+            part["text"] = "\n\n".join(filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)]))
+        except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
+            line = f"⚠️ error: {self._fail(exc)}"  # a group that died mid-answer keeps the partial answer
+            part["text"] = "\n\n".join(filter(None, [link_timestamps(text, self._duration()), *notes, line]))
+        finally:
+            if pieces is not None:
+                with contextlib.suppress(Exception):  # a dead group has nothing left to drain
                     pieces.close()  # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
-        yield history, "", owner
+
+    def _about(self) -> str:
+        return f"about {Path(self.video.path).name}" if self.video is not None else ""
 
     def _duration(self) -> float | None:
         return self.video.duration_s if self.video is not None else None
@@ -238,20 +313,22 @@ class ChatApp:
         owner = owner or uuid.uuid4().hex
         with self.lock:
             try:
+                note = self._heal()
                 self.engine.reset()
                 self.owner = owner
             except Exception as exc:  # noqa: BLE001
-                return gr.skip(), self.status(f"⚠️ error: {_error(exc)}"), owner
-        return [], self.status("Conversation cleared; the video stays loaded."), owner
+                return gr.skip(), self.status(f"⚠️ error: {self._fail(exc)}"), owner
+        return [], self.status(note or "Conversation cleared; the video stays loaded."), owner
 
     def stats(self) -> str:
         with self.lock:
             try:
+                note = self._heal()
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001
-                return f"⚠️ error: {_error(exc)}"
+                return f"⚠️ error: {self._fail(exc)}"
         lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
-        return "\n".join(lines) + "\n\n" + memory_table(stats)
+        return "\n".join(filter(None, [note, *lines])) + "\n\n" + memory_table(stats)
 
 
 @contextlib.contextmanager
@@ -324,12 +401,14 @@ def build_app(
     default_max_frames: int | None = None,
     params: GenerationParams = GenerationParams(),
     title: str = "lvx: chat with a long video",
+    reopen: Callable[[], Engine] | None = None,
 ) -> gr.Blocks:
     """The page: video and load controls on the left, the chat on the right. Launch options ride along
-    in `demo.lvx_launch` (upload limit, folders the player may read)."""
+    in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes the engine the page
+    holds now (`reopen` may have replaced the one passed in)."""
     if allow_paths:
         gr.set_static_paths(list(allow_paths))  # the player reads those videos in place instead of copying them
-    ui = ChatApp(engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params)
+    ui = ChatApp(engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params, reopen=reopen)
     with gr.Blocks(title="lvx") as demo:
         owner = gr.State(None)
         gr.Markdown(f"## {title}")
@@ -351,7 +430,7 @@ def build_app(
         engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
         load_btn.click(ui.load, [video, server_path, fps, max_frames, owner], [status, chatbot, video, owner],
                        api_name="load", **engine_event)  # fmt: skip
-        chat_io = dict(fn=ui.chat, inputs=[message, chatbot, max_new, owner], outputs=[chatbot, message, owner],
+        chat_io = dict(fn=ui.chat, inputs=[message, chatbot, max_new, owner], outputs=[chatbot, message, owner, status],
                        show_progress="minimal", **engine_event)  # fmt: skip
         message.submit(api_name="chat", **chat_io)
         send_btn.click(api_name=False, **chat_io)
@@ -364,4 +443,5 @@ def build_app(
         "max_file_size": f"{max_upload_mb:g}mb",
         "allowed_paths": [str(p) for p in ui.allow_paths],
     }
+    demo.lvx_close = ui.close  # type: ignore[attr-defined]
     return demo

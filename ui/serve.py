@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from contextlib import closing
 from pathlib import Path
 
 from rich.console import Console
@@ -68,11 +67,15 @@ def run_serve(
         if max_upload_mb <= 0:
             raise EngineError("--max-upload-mb must be above 0")
         _stop_on_sigterm()
-        with closing(open_engine(config, gpus, ranks, console)) as engine:
+        engine = open_engine(config, gpus, ranks, console)
+        close = engine.close
+        try:
             from ui.app import build_app  # gradio takes seconds to import: bad options fail before it
 
             demo = build_app(engine, allow_paths=folders, max_upload_mb=max_upload_mb, default_fps=config.fps,
-                             default_max_frames=config.max_frames, params=params)  # fmt: skip
+                             default_max_frames=config.max_frames, params=params,
+                             reopen=lambda: open_engine(config, gpus, ranks))  # fmt: skip
+            close = demo.lvx_close  # the engine the page holds now: a dead group is replaced by a fresh one
             demo.queue(max_size=queue_size, default_concurrency_limit=1)
             if host not in LOOPBACK and credentials is None:
                 console.print(f"[yellow]warning:[/yellow] serving on {host} without --auth; anyone who can reach "
@@ -87,6 +90,8 @@ def run_serve(
                 demo.block_thread()
             finally:
                 demo.close()
+        finally:
+            close()
         return 0
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -199,6 +199,10 @@ class RemoteEngine:
     def stats(self) -> dict[str, Any]:
         return self._request(STATS)
 
+    def dead(self) -> str | None:
+        """Which rank failed, if torchrun has already ended the group (a rank died between requests); else None."""
+        return None if self.proc.poll() is None else describe_failure(self.run_dir, self.proc.returncode)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:

@@ -24,10 +24,12 @@ from lvx_app.devices import memory_report, resolve_dtype
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
 from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
+from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
+from lvx_app.video.cache import encoder_identity
 from lvx_app.video.errors import VideoError
-from lvx_app.video.ingest import ingest
+from lvx_app.video.ingest import auto_memory_budget, ingest
 from models.mplug_owl3.checkpoint import CheckpointError
 from models.mplug_owl3.loader import load_model
 
@@ -65,6 +67,8 @@ class Session:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         try:
+            self.model_key, self.encoder_id = (encoder_identity(config.model, config.revision, config.cache_dir)
+                                               if config.cache else (config.model, ""))
             loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
         except CheckpointError as exc:
             raise EngineError(str(exc)) from None
@@ -133,8 +137,8 @@ class Session:
         try:
             shard = ingest(
                 path, self._encode, fps=fps, max_frames=max_frames, image_size=self.processor.image_size,
-                device=self.device, dtype=self.dtype, model_id=self.config.model,
-                model_revision=self.config.revision or "", cache=self.config.cache, cache_dir=self.config.cache_dir,
+                device=self.device, dtype=self.dtype, model_id=self.model_key, model_revision=self.config.revision or "",
+                encoder_id=self.encoder_id, cache=self.config.cache, cache_dir=self.config.cache_dir,
                 decode_workers=self.config.decode_workers, decode_timeout_s=self.config.decode_timeout_s,
                 progress=report if progress is not None else False,
             )  # fmt: skip
@@ -249,6 +253,7 @@ class Session:
     def ask(self, question: str, params: GenerationParams, should_stop: Callable[[], bool] = never_stop) -> Iterator[str]:
         """Answer one turn; yields text pieces on rank 0 (other ranks yield nothing)."""
         ids = self._turn_ids(question)
+        self._check_length(int(ids.numel()))
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=self.position + int(ids.numel()))
         stops = set(self.processor.stop_ids)
@@ -275,6 +280,19 @@ class Session:
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
         self.answers.append(stats.to_dict())
+
+    def _check_length(self, n: int) -> None:
+        """Refuse a question too long to prefill, on every rank alike: the ranks agree on the smallest budget first."""
+        budget = auto_memory_budget(self.device)
+        if self.sharded:
+            box = torch.tensor([budget if budget is not None else 2**62], dtype=torch.int64)
+            box = box.to(self.device) if dist.get_backend() == "nccl" else box
+            dist.all_reduce(box, op=dist.ReduceOp.MIN)
+            budget = int(box[0])
+        shape = PrefillShape(self.info.world_size, self.position, self.dtype.itemsize)
+        limit, why = question_limit(self.model.config, shape, budget)
+        if n > limit:
+            raise EngineError(too_long(n, limit, why))
 
     def _feed_token(self, token: int) -> torch.Tensor:
         """One decoding step on every rank: feed the agreed token, return the next logits (V,)."""

@@ -42,6 +42,7 @@ from lvx_app.train.checkpoint import load_state, rng_state, save_checkpoint, set
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+from lvx_app.video.cache import encoder_identity
 from lvx_app.video.ingest import ingest
 from models.mplug_owl3.loader import load_model
 
@@ -147,6 +148,7 @@ class Trainer:
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(cfg.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
+        self.model_key, self.encoder_id = encoder_identity(cfg.model, None, cfg.cache_dir)  # the feature cache's key
         model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
         self.model = model
         self.params = configure_trainable(model, cfg)
@@ -215,7 +217,8 @@ class Trainer:
             p = self.model.vision_model.embeddings.patch_embedding.weight
             shard = ingest(path, self._encode, fps=self.cfg.fps, max_frames=self.cfg.max_frames,
                            image_size=self.processor.image_size, device=self.device, dtype=p.dtype,
-                           model_id=f"{self.cfg.model}#{'siglip' if self.projector_trains else 'projector'}",
+                           model_id=f"{self.model_key}#{'siglip' if self.projector_trains else 'projector'}",
+                           encoder_id=self.encoder_id,
                            cache=True, cache_dir=self.cfg.cache_dir, decode_workers=self.cfg.decode_workers,
                            decode_timeout_s=self.cfg.decode_timeout_s,
                            progress=False)

@@ -2,13 +2,15 @@
 
 Layout: `<cache dir>/features/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank. An entry id is a
 hash of everything that changes the features except the rank: the file's identity (size, mtime and its first and
-last MiB), fps, max-frames, the model id and revision, image size, dtype, the number of shards and the plan
-version. Each file holds the tensors `features`, `frame_indices`, `timestamps` and, in the safetensors header, a
-JSON manifest (key, video path, the whole sampling plan, shapes, the byte count and CRC-32 of the tensor data).
+last MiB), fps, max-frames, the model (its resolved path or hub id) and revision, a fingerprint of the vision tower
+and projector weights (`models.mplug_owl3.fingerprint`: changed weights at the same path never hit), image size,
+dtype, the number of shards, the plan version and the cache format version. Each file holds the tensors
+`features`, `frame_indices`, `timestamps` and, in the safetensors header, a JSON manifest (key, video path, the
+whole sampling plan, shapes, the byte count and CRC-32 of the tensor data).
 
 Writes are atomic: the file is written under a temporary name in the same folder, fsynced and renamed, so a
 reader sees a complete file or none. A file that fails any check on load (header, key, shapes, byte count,
-checksum) is reported, deleted and rebuilt, never used.
+checksum) is reported in one warning line, deleted and rebuilt, never used.
 
 The cache folder is `$LVX_CACHE_DIR` when set, else `~/.cache/lvx`.
 """
@@ -18,10 +20,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import logging
 import os
 import shutil
 import uuid
+import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,12 +33,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
+from models.mplug_owl3.checkpoint import resolve_checkpoint
+from models.mplug_owl3.fingerprint import encoder_fingerprint
 
 CACHE_ENV = "LVX_CACHE_DIR"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
 _BLOCK = 1 << 20
-log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -55,6 +59,15 @@ def file_identity(path: str | os.PathLike) -> str:
             f.seek(max(_BLOCK, st.st_size - _BLOCK))
             h.update(f.read(_BLOCK))
     return h.hexdigest()[:32]
+
+
+def encoder_identity(model: str, revision: str | None, cache_dir: str | os.PathLike | None) -> tuple[str, str]:
+    """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for `CacheKey`'s model_id and
+    encoder; compute it before loading the weights, so features are never filed under weights newer than the model's.
+    The fingerprints are remembered in the cache folder (raises CheckpointError for an unreadable checkpoint)."""
+    path = str(resolve_checkpoint(model, revision).resolve())
+    memo = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / "encoder-fingerprints.json"
+    return path, encoder_fingerprint(path, memo=memo)
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:
@@ -76,13 +89,16 @@ class CacheKey:
     image_size: int | None = None
     over_max: str = "thin"
     plan_version: int = PLAN_VERSION
+    encoder: str = ""  # fingerprint of the vision tower + projector weights
+    format_version: int = CACHE_VERSION
 
     @classmethod
     def make(cls, video: str | os.PathLike, *, fps: float, max_frames: int | None, model_id: str,
              model_revision: str = "", dtype: torch.dtype | str, world_size: int, rank: int,
-             image_size: int | None = None, over_max: str = "thin") -> "CacheKey":
+             image_size: int | None = None, over_max: str = "thin", encoder: str = "") -> "CacheKey":
         return cls(file_identity(video), float(fps), None if max_frames is None else int(max_frames), str(model_id),
-                   str(model_revision or ""), _dtype_name(dtype), int(world_size), int(rank), image_size, over_max)
+                   str(model_revision or ""), _dtype_name(dtype), int(world_size), int(rank), image_size, over_max,
+                   encoder=str(encoder))
 
     def entry_id(self) -> str:
         d = asdict(self)
@@ -172,7 +188,8 @@ class FeatureCache:
         try:
             return self._load(path, key, device)
         except CorruptEntry as exc:
-            log.warning("visual-feature cache file %s is corrupt (%s); deleting it and recomputing", path, exc)
+            warnings.warn(f"the visual-feature cache file {path} was corrupt ({exc}); deleted it and re-encoding "
+                          f"the frames", VideoWarning, stacklevel=2)
             path.unlink(missing_ok=True)
             return None
 

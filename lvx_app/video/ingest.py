@@ -201,6 +201,7 @@ class _RankIngest:
     dtype: torch.dtype
     model_id: str
     model_revision: str
+    encoder_id: str
     store: FeatureCache | None
     pool: DecodePool | None
     decode_workers: int | None
@@ -235,7 +236,8 @@ class _RankIngest:
         if self.store is not None:
             self.key = CacheKey.make(self.vpath, fps=fps, max_frames=self.max_frames, model_id=self.model_id,
                                      model_revision=self.model_revision, dtype=self.dtype, world_size=self.world,
-                                     rank=self.rank, image_size=self.image_size, over_max=self.over_max)
+                                     rank=self.rank, image_size=self.image_size, over_max=self.over_max,
+                                     encoder=self.encoder_id)
             self.cached = self.store.load(self.key, device=self.device)
         if self.cached is not None:
             self.plan = self.cached.plan
@@ -339,6 +341,7 @@ def ingest(
     dtype: torch.dtype | None = None,
     model_id: str = "unknown",
     model_revision: str = "",
+    encoder_id: str = "",
     cache: bool | FeatureCache = True,
     cache_dir: str | os.PathLike | None = None,
     group: dist.ProcessGroup | None = None,
@@ -355,7 +358,7 @@ def ingest(
 
     encode_fn: pixel values (n, 3, image_size, image_size) on `device` in `dtype` -> features (n, T, H).
     max_frames / over_max: cap the plan; "thin" samples max_frames frames uniformly, "error" refuses.
-    model_id / model_revision: name the encoder for the cache key (a different encoder never hits).
+    model_id / model_revision / encoder_id (its weights' fingerprint): the encoder in the cache key (another never hits).
     cache: True (default folder or `cache_dir`), False, or a FeatureCache.
     memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM on CPU); None = no check.
     progress: None = rich bar on rank 0 when stderr is a terminal, True/False, or a callable taking
@@ -368,7 +371,8 @@ def ingest(
     job = _RankIngest(
         path=path, encode_fn=encode_fn, fps=fps, max_frames=max_frames, over_max=over_max, image_size=image_size,
         device=device, dtype=dtype or default_dtype(device), model_id=model_id, model_revision=model_revision,
-        store=cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None), pool=pool,
+        encoder_id=encoder_id, pool=pool,
+        store=cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None),
         decode_workers=decode_workers, decode_threads=decode_threads, chunk_frames=chunk_frames,
         decode_timeout_s=decode_timeout_s, encode_batch=encode_batch, memory_budget_bytes=memory_budget_bytes,
         report=_reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else "")),

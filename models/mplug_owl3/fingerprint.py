@@ -1,0 +1,88 @@
+"""A fingerprint of the weights that decide the visual features (SigLIP tower + projector), for the feature cache.
+
+A checkpoint's path or hub id says nothing about its weights: a finetune written over the same folder, or another
+checkpoint at the same relative path, must not reuse the old features. The fingerprint is a hash of the raw bytes
+(with names, dtypes and shapes) of every `vision_model.*` and `vision2text_model.*` tensor, read straight from the
+safetensors files. Hashing a 7B checkpoint's tower reads ~0.8 GB, so each file's digest is remembered in a small
+JSON memo keyed by the file's identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even
+when mtime is set back), and a later start only stats the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint, safetensors_files
+
+_READ = 16 << 20
+
+
+def _identity(f: Path) -> str:
+    st = os.stat(f)
+    return f"{f.resolve()}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _tensor_digest(f: Path, keys: list[str]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of `keys` in the safetensors file `f`, in key order."""
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+        base = 8 + n
+        for k in sorted(keys):
+            meta = header[k]
+            h.update(json.dumps([k, meta["dtype"], meta["shape"]]).encode())
+            begin, end = meta["data_offsets"]
+            fh.seek(base + begin)
+            while begin < end:
+                block = fh.read(min(_READ, end - begin))
+                if not block:
+                    raise ValueError(f"{f} is truncated inside {k}")
+                h.update(block)
+                begin += len(block)
+    return h.hexdigest()
+
+
+def _read_memo(memo: Path | None) -> dict[str, str]:
+    try:
+        return json.loads(memo.read_text()) if memo is not None else {}
+    except (OSError, ValueError):
+        return {}  # missing or damaged: digests are recomputed
+
+
+def _write_memo(memo: Path, table: dict[str, str]) -> None:
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(table, indent=0))
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # a read-only cache folder only costs a re-hash next time
+
+
+def encoder_fingerprint(path_or_id: str | os.PathLike, revision: str | None = None, *, memo: Path | None = None) -> str:
+    """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal fingerprints."""
+    files = safetensors_files(resolve_checkpoint(path_or_id, revision))
+    by_file: dict[Path, list[str]] = {}
+    for k, f in files.items():
+        if k.startswith((VISION, PROJECTOR)):
+            by_file.setdefault(f, []).append(k)
+    table = _read_memo(memo)
+    changed = False
+    h = hashlib.sha256()
+    for f in sorted(by_file):
+        ident = f"{_identity(f)}:{hashlib.sha256(' '.join(sorted(by_file[f])).encode()).hexdigest()[:16]}"
+        if ident not in table:
+            try:
+                table[ident] = _tensor_digest(f, by_file[f])
+            except (OSError, ValueError, KeyError) as exc:
+                raise CheckpointError(f"{f} is not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+            changed = True
+        h.update(table[ident].encode())
+    if changed and memo is not None:
+        _write_memo(memo, table)
+    return h.hexdigest()[:32]

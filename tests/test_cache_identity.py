@@ -1,0 +1,100 @@
+"""The feature cache is keyed on the weights that make the features, not on the --model string as typed."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lvx_app.engine.api import GenerationParams
+from lvx_app.engine.open import open_engine
+from lvx_app.engine.session import SessionConfig
+from lvx_app.video.cache import FeatureCache
+from lvx_app.video.errors import VideoWarning
+from models.mplug_owl3 import fingerprint
+from models.mplug_owl3.fingerprint import encoder_fingerprint
+from models.mplug_owl3.tiny import write_tiny_checkpoint
+
+PARAMS = GenerationParams(max_new_tokens=6)
+
+
+def _answer(checkpoint, video, cache_dir, *, cache=True):
+    """(from_cache, answer) of one in-process engine that loads `video` and answers one question."""
+    config = SessionConfig(model=str(checkpoint), cache_dir=str(cache_dir), cache=cache, decode_workers=1)
+    engine = open_engine(config, gpus=0, ranks=1)
+    try:
+        summary = engine.load_video(video, 1.0)
+        return summary.from_cache, "".join(engine.ask("what happens?", PARAMS))
+    finally:
+        engine.close()
+
+
+def _bump(checkpoint, prefix: str) -> None:
+    """Rewrite model.safetensors in place with every tensor under `prefix` changed (same keys, shapes, dtypes)."""
+    path = checkpoint / "model.safetensors"
+    tensors = load_file(str(path))
+    for k in tensors:
+        if k.startswith(prefix):
+            tensors[k] = tensors[k] + 0.25
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def test_weights_replaced_in_place_miss_the_cache(tmp_path, short_video):
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "g2", seed=0)
+    cache = tmp_path / "cache"
+    assert _answer(checkpoint, short_video, cache)[0] is False
+    assert _answer(checkpoint, short_video, cache)[0] is True
+    write_tiny_checkpoint(checkpoint, "g2", seed=1)  # another checkpoint at the same path (a finetune written over it)
+    from_cache, answer = _answer(checkpoint, short_video, cache)
+    assert from_cache is False
+    assert answer == _answer(checkpoint, short_video, cache, cache=False)[1]
+    _bump(checkpoint, "vision2text_model.")  # only the projector changes
+    from_cache, answer = _answer(checkpoint, short_video, cache)
+    assert from_cache is False
+    assert answer == _answer(checkpoint, short_video, cache, cache=False)[1]
+
+
+def test_fingerprint_follows_the_encoder_weights_only(tmp_path, monkeypatch):
+    a = write_tiny_checkpoint(tmp_path / "a", "g2", seed=0)
+    memo = tmp_path / "memo.json"
+    first = encoder_fingerprint(a, memo=memo)
+    assert memo.is_file()
+    b = tmp_path / "elsewhere" / "b"
+    shutil.copytree(a, b)
+    assert encoder_fingerprint(b) == first, "the same weights elsewhere have the same fingerprint"
+    _bump(b, "language_model.")
+    assert encoder_fingerprint(b) == first, "the language model does not decide the visual features"
+    _bump(b, "vision_model.")
+    assert encoder_fingerprint(b) != first
+
+    def no_reads(*args):
+        raise AssertionError("the memo should have answered")
+
+    monkeypatch.setattr(fingerprint, "_tensor_digest", no_reads)
+    assert encoder_fingerprint(a, memo=memo) == first
+
+
+def test_a_corrupt_cache_file_is_one_warning_line(tmp_path, short_video):
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "g2", seed=0)
+    cache = tmp_path / "cache"
+    _answer(checkpoint, short_video, cache)
+    (shard,) = (cache / "features").rglob("shard-*.safetensors")
+    shard.write_bytes(shard.read_bytes()[:100])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_cache, _ = _answer(checkpoint, short_video, cache)
+    lines = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
+    assert from_cache is False
+    assert len(lines) == 1 and "corrupt" in lines[0] and "re-encoding" in lines[0] and "\n" not in lines[0], lines
+    assert len(FeatureCache(cache).entries()) == 1
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
