@@ -21,11 +21,14 @@ def main() -> None:
 
 
 @app.command()
-def info() -> None:
+def info(
+    model: Optional[str] = typer.Option(None, "--model", help="Also say what this checkpoint (directory or hub id) is: "
+                                        "its generation and G1 gate form, projector, sizes."),
+) -> None:
     """Versions, devices, attention backends and the cache location."""
     from lvx_app.info import print_info
 
-    print_info()
+    raise typer.Exit(print_info(model))
 
 
 @app.command()
@@ -48,10 +51,12 @@ def chat(
     cache_dir: Optional[Path] = opt.CACHE_DIR,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
-    # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
-    from lvx_app.engine.api import GenerationParams
-    from lvx_app.frontends.terminal import run_chat_command
-
+    try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere else before the chat starts
+        # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
+        from lvx_app.engine.api import GenerationParams
+        from lvx_app.frontends.terminal import run_chat_command
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_chat_command(
         video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
@@ -66,7 +71,8 @@ def demo(
     gpus: Optional[int] = opt.GPUS,
     ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when there is no GPU (default 2)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to write the demo video and checkpoint."),
-    generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g1 or g2."),
+    generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 "
+                                   "(241014, constant gate) or g1-gateproj (7B-240728, input-dependent gate)."),
 ) -> None:
     """Run the whole pipeline on a synthetic video with a tiny random-weight model (no downloads)."""
     from lvx_app.demo import run_demo
@@ -88,7 +94,10 @@ def _register_subcommands() -> None:
     )
 
 
-_register_subcommands()
+try:  # these import torch (a second or more): Ctrl-C meanwhile exits quietly, not with an import traceback
+    _register_subcommands()
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 if __name__ == "__main__":
     app()

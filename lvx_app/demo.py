@@ -22,6 +22,7 @@ from lvx_app.engine.describe import describe_answer, describe_video
 from lvx_app.engine.open import open_engine, session_config
 from lvx_app.frontends.terminal import load_with_progress
 from lvx_app.video.synthetic import make_video
+from models.mplug_owl3.config import FORMS
 from models.mplug_owl3.tiny import write_tiny_checkpoint
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
@@ -42,8 +43,8 @@ def run_demo(
     *, gpus: int | None, ranks: int | None, workdir: Path | None, generation: str, console: Console | None = None
 ) -> int:
     console = console or Console(highlight=False)
-    if generation not in ("g1", "g2"):
-        console.print("[red]error:[/red] --generation must be g1 or g2")
+    if generation not in FORMS:
+        console.print(f"[red]error:[/red] --generation must be one of {', '.join(FORMS)}")
         return 2
     if ranks is None and not torch.cuda.is_available() and not gpus:
         ranks = 2

@@ -1,4 +1,5 @@
-"""`lvx info`: what this install can use, in one table."""
+"""`lvx info`: what this install can use, in one table; with `--model`, what a checkpoint is (from its config.json
+and safetensors headers, no weights read)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,38 @@ def collect_info() -> dict[str, str]:
     return rows
 
 
-def print_info() -> None:
+def checkpoint_rows(model: str) -> dict[str, str]:
+    """Generation, gate form, projector and sizes of a checkpoint directory or hub id (raises CheckpointError)."""
+    from models.mplug_owl3.config import FORM_NOTES
+    from models.mplug_owl3.loader import inspect_checkpoint
+
+    info = inspect_checkpoint(model)
+    cfg = info.config
+    return {
+        "model": str(info.path),
+        "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
+        "projector": cfg.projector,
+        "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
+        "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads / "
+                 f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
+        **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
+    }
+
+
+def print_info(model: str | None = None) -> int:
+    """Print the table (and the checkpoint's, with `model`); 1 with a one-line error if it cannot be read."""
+    console = Console()
+    rows = collect_info()
+    if model is not None:
+        from models.mplug_owl3.checkpoint import CheckpointError
+
+        try:
+            rows.update(checkpoint_rows(model))
+        except CheckpointError as e:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
+            return 1
     table = Table(title="lvx info", show_header=False)
-    for key, value in collect_info().items():
+    for key, value in rows.items():
         table.add_row(key, value)
-    Console().print(table)
+    console.print(table)
+    return 0

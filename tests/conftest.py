@@ -11,7 +11,7 @@ from models.mplug_owl3.tiny import write_tiny_checkpoint
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    return {g: str(write_tiny_checkpoint(root / f"tiny-{g}", g)) for g in ("g1", "g2")}
+    return {g: str(write_tiny_checkpoint(root / f"tiny-{g}", g)) for g in ("g1-gateproj", "g1", "g2")}
 
 
 @pytest.fixture(scope="session")

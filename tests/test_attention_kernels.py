@@ -8,6 +8,7 @@ from attn_reference import reference_attention
 
 from lvx_app.attention import backends, masks
 from lvx_app.attention.backends import available_backends
+from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
 from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd
 from lvx_app.attention.merge import merge, merge_, merge_many
 
@@ -133,11 +134,48 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
     _close("out", out, ro, 1e-5)
     _check_lse(lse, rl, 1e-5)
     # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys 0..7;
-    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask.
-    assert calls == [(3, 4, False), (4, 8, False), (4, 24, True)], calls
+    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask. 8 query heads on 2 K/V heads:
+    # each token is 4 packed rows.
+    assert calls == [(3 * 4, 4, False), (4 * 4, 8, False), (4 * 4, 24, True)], calls
     for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
                                   backend=backend), grads):
         _close("grad", got, want, 1e-5)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_partly_visible_tile_masks_only_the_band(backend, monkeypatch):
+    """A tile whose rows see 2..5 frames: frames 0-1 go unmasked, the mask covers frames 2-4 only; exact after the merge."""
+    calls = []
+    real = backends._FWD[backend]
+
+    def spy(q, k, v, scale, mask, causal):
+        calls.append((q.shape[1], k.shape[1], None if mask is None else tuple(mask.shape)))
+        return real(q, k, v, scale, mask, causal)
+
+    monkeypatch.setitem(backends._FWD, backend, spy)
+    q, k, v, _, _ = _inputs(2, 6, 28, 14, 2, 8)  # GQA 7:1: 6 tokens are 42 packed rows
+    k_frame = (torch.arange(28) // 4).expand(2, 28)  # 7 frames of 4 keys
+    q_vis = torch.tensor([[2, 2, 3, 4, 5, 5], [3, 5, 5, 5, 5, 5]])
+    ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    _close("out", out, ro, 1e-5)
+    _check_lse(lse, rl, 1e-5)
+    assert calls == [(42, 8, None), (42, 12, (2, 42, 12))], calls
+    for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
+                                  backend=backend), grads):
+        _close("grad", got, want, 1e-5)
+
+
+def test_query_groups_pack_into_rows_by_qwen2_heads():
+    """K/V head i serves query heads i*G .. i*G+G-1; packed row s*G+g holds token s's head i*G+g; lse likewise."""
+    x = torch.arange(2 * 3 * 6 * 1).view(2, 3, 6, 1)  # B=2, S=3, Hq=6 (Hkv=2, G=3), D=1
+    p = pack_rows(x, 3)
+    assert p.shape == (2, 9, 2, 1)
+    assert p[1, 2 * 3 + 1, 1, 0] == x[1, 2, 1 * 3 + 1, 0]
+    assert torch.equal(unpack_rows(p, 3), x)
+    lse = torch.arange(2 * 6 * 3).view(2, 6, 3)
+    assert torch.equal(pack_lse(lse, 3)[..., None].transpose(1, 2), pack_rows(lse.transpose(1, 2)[..., None], 3))
+    assert torch.equal(unpack_lse(pack_lse(lse, 3), 3), lse)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -11,6 +11,18 @@ def test_info_lists_versions():
     assert "torch" in result.output and "lvx" in result.output
 
 
+def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
+    from lvx_app.info import checkpoint_rows
+
+    assert checkpoint_rows(tiny_checkpoints["g1-gateproj"])["generation"].startswith("g1-gateproj: G1 as 7B-240728")
+    assert "constant per-channel gate self_attn.gate" in checkpoint_rows(tiny_checkpoints["g1"])["generation"]
+    assert checkpoint_rows(tiny_checkpoints["g2"])["generation"].startswith("g2: G2 as 7B-241101")
+    result = CliRunner().invoke(app, ["info", "--model", tiny_checkpoints["g1-gateproj"]])
+    assert result.exit_code == 0 and "g1-gateproj" in result.output, result.output
+    bad = CliRunner().invoke(app, ["info", "--model", str(tmp_path)])
+    assert bad.exit_code == 1 and "no config.json" in bad.output and "Traceback" not in bad.output
+
+
 def test_lvx_warnings_are_one_line_and_others_keep_their_format(capsys):
     import warnings
     from pathlib import Path

@@ -14,22 +14,24 @@ import math
 import pytest
 import torch
 
-from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig, split_form
 from models.mplug_owl3.hyper import frame_rope_positions, split_kv, visible_frames
 from models.mplug_owl3.modeling import Owl3Model
 
 P = 4  # visual tokens per frame in the tiny config (28 px / patch 14 -> 2x2)
 
 
-def tiny_config(generation: str = "g2", *, tied: bool | None = None, hyper_layers=(2, 4)) -> Owl3Config:
-    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of 16."""
+def tiny_config(form: str = "g2", *, tied: bool | None = None, hyper_layers=(2, 4)) -> Owl3Config:
+    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of 16. `form` is a
+    checkpoint generation label: "g1-gateproj" (input-dependent gate), "g1" (constant gate) or "g2"."""
+    generation, gate_form = split_form(form)
     return Owl3Config(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, hyper_layers=list(hyper_layers),
         tie_word_embeddings=(generation == "g1") if tied is None else tied,
         vision=SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
                                   image_size=28, patch_size=14),
-        generation=generation, projector="linear" if generation == "g1" else "mlp")
+        generation=generation, projector="linear" if generation == "g1" else "mlp", gate_form=gate_form)
 
 
 def tiny_model(cfg: Owl3Config, seed: int = 0, dtype=torch.float64) -> Owl3Model:
@@ -111,7 +113,10 @@ def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None
                 vis_v = st[frame][None, :] < t[:, None]
                 sa = _softmax_attend(q, k, v, causal)
                 ca = _softmax_attend(q, kvis, vvis, vis_v)
-                g = torch.sigmoid(sd[p + "self_attn.gate"]).view(nh, hd)
+                if p + "self_attn.gate_proj.0.weight" in sd:  # 240728: per token and head, from C_sa
+                    g = torch.sigmoid(sa @ sd[p + "self_attn.gate_proj.0.weight"].T + sd[p + "self_attn.gate_proj.0.bias"])
+                else:
+                    g = torch.sigmoid(sd[p + "self_attn.gate"]).view(nh, hd)
                 o = torch.where(vis_v.any(1)[:, None, None], (1 - g) * sa + g * ca, sa)
         else:
             o = _softmax_attend(q, k, v, causal)
@@ -127,7 +132,7 @@ def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None
 # ---------------------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("generation", ["g1", "g2"])
+@pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
 def test_model_matches_naive_reference(generation):
     """Split text/visual attention (+ LSE merge for G2, gate for G1) == the naive rules, tokens before, between
     and after the placeholders included."""
@@ -159,6 +164,29 @@ def test_images_from_the_vision_tower(generation):
     ids = torch.randint(0, cfg.vocab_size, (1, 12))
     got = model(ids, visual=model.prepare_visual(E, torch.tensor([2, 7])))
     torch.testing.assert_close(got, reference_logits(model, ids, E, [2, 7]), rtol=1e-10, atol=1e-10)
+
+
+def test_gate_proj_with_zero_weight_is_the_constant_gate():
+    """gate_proj with W = 0 and bias b is the constant gate with `gate` = b repeated per head (the two G1 forms agree
+    where they should); a non-zero W makes the gate depend on C_sa and changes the logits."""
+    proj = tiny_model(tiny_config("g1-gateproj"))
+    const = Owl3Model(tiny_config("g1")).double().eval()
+    sd = {k: v for k, v in proj.state_dict().items() if ".self_attn.gate_proj." not in k}
+    for i in proj.config.hyper_layer_indices:
+        attn = proj.language_model.model.layers[i].self_attn
+        sd[f"language_model.model.layers.{i}.self_attn.gate"] = attn.gate_proj[0].bias.detach().repeat(4)
+    const.load_state_dict(sd)
+    ids = torch.randint(0, 97, (1, 14))
+    E = torch.randn(3, P, 64, dtype=torch.float64)
+    starts = torch.tensor([2, 6, 9])
+    with_w = proj(ids, visual=proj.prepare_visual(E, starts))
+    with torch.no_grad():
+        for i in proj.config.hyper_layer_indices:
+            proj.language_model.model.layers[i].self_attn.gate_proj[0].weight.zero_()
+    zero_w = proj(ids, visual=proj.prepare_visual(E, starts))
+    torch.testing.assert_close(zero_w, const(ids, visual=const.prepare_visual(E, starts)), rtol=0, atol=0)
+    assert (with_w - zero_w).abs().max() > 1e-3
+    torch.testing.assert_close(proj(ids), const(ids), rtol=0, atol=0)  # no frames: the gate is never used
 
 
 def test_g2_split_merge_equals_one_fused_softmax():

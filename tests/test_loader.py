@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.mplug_owl3 import loader
-from models.mplug_owl3.checkpoint import CheckpointError, detect_architecture
+from models.mplug_owl3.checkpoint import CheckpointError, detect_architecture, detect_gate_form
 from models.mplug_owl3.loader import PartNotLoadedError, inspect_checkpoint, load_model
 from models.mplug_owl3.tiny import write_tiny_checkpoint
 
@@ -18,7 +18,7 @@ L1 = "language_model.model.layers.1.self_attn."  # a hyper layer of the tiny G2 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_loader")
-    return {g: write_tiny_checkpoint(root / g, g) for g in ("g1", "g2")}
+    return {g: write_tiny_checkpoint(root / g, g) for g in ("g1-gateproj", "g1", "g2")}
 
 
 @pytest.fixture
@@ -52,6 +52,45 @@ def test_detect_architecture_rules():
     assert detect_architecture([vkv, "vision2text_model.0.weight", "vision2text_model.2.weight"]) == ("g2", "mlp")
     assert detect_architecture([vkv, gate, "vision2text_model.0.weight", "vision2text_model.2.weight"]) == ("g1",
                                                                                                           "mlp")
+    proj = ["language_model.model.layers.0.self_attn.gate_proj.0.weight",
+            "language_model.model.layers.0.self_attn.gate_proj.0.bias"]
+    assert detect_architecture([vkv, *proj, "vision2text_model.weight"]) == ("g1", "linear")
+    assert detect_gate_form([vkv, *proj]) == "proj" and detect_gate_form([vkv, gate]) == "channel"
+    with pytest.raises(CheckpointError, match="both self_attn.gate and self_attn.gate_proj"):
+        detect_gate_form([vkv, gate, *proj])
+
+
+def test_gate_proj_checkpoint_loads_as_240728(base, tmp_path):
+    """The official 7B-240728 key layout: gate_proj.0.weight [hd, hd] and .bias [hd] per hyper layer."""
+    model, cfg, _ = load_model(base["g1-gateproj"])
+    assert (cfg.generation, cfg.gate_form, cfg.form) == ("g1", "proj", "g1-gateproj")
+    layer = model.language_model.model.layers[0].self_attn
+    assert layer.gate_proj[0].weight.shape == (16, 16) and not hasattr(layer, "gate")
+    assert layer.gate_proj[0].weight.abs().min() > 0  # random, non-zero
+    gp = "language_model.model.layers.0.self_attn.gate_proj."
+    d = tmp_path / "bad"
+    shutil.copytree(base["g1-gateproj"], d)
+    edit_weights(d, lambda w: w.update({gp + "1.weight": torch.zeros(4)}))
+    one_line_error(d, "unknown gate key", gp + "1.weight")
+    def narrow(w):
+        del w[gp + "1.weight"]
+        w[gp + "0.weight"] = torch.zeros(8, 16)
+
+    edit_weights(d, narrow)
+    one_line_error(d, "wrong shape", gp + "0.weight", "[16, 16]")
+
+
+def test_config_value_of_the_wrong_type_is_named(g2):
+    raw = json.loads((g2 / "config.json").read_text())
+    raw["hidden_size"] = "sixty"
+    (g2 / "config.json").write_text(json.dumps(raw))
+    one_line_error(g2, "hidden_size", "'sixty'", "expected an int")
+    raw["hidden_size"], raw["vision_config"]["layer_norm_eps"] = 64, "small"
+    (g2 / "config.json").write_text(json.dumps(raw))
+    one_line_error(g2, "vision_config.layer_norm_eps", "'small'", "expected a float")
+    raw["vision_config"]["layer_norm_eps"], raw["hyper_layers"] = 1e-6, [2, "4"]
+    (g2 / "config.json").write_text(json.dumps(raw))
+    one_line_error(g2, "hyper_layers", "list of ints")
 
 
 def test_parts_and_dtype(base, monkeypatch):

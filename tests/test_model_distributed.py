@@ -15,6 +15,8 @@ from test_hyper_attention import P, tiny_config, tiny_model
 
 from lvx_app.parallel.testing import run_ranks
 
+FORMS = ("g1-gateproj", "g1", "g2")  # the three checkpoint generations, each in the same ranks (no extra spawn)
+
 
 def _inputs(generation: str, n_frames: int):
     cfg = tiny_config(generation)
@@ -35,7 +37,7 @@ def _distributed_visual(q, k, v, *, q_vis, k_frame):
 
 def _run(rank: int, world: int, n_frames: int):
     out = {}
-    for generation in ("g1", "g2"):
+    for generation in FORMS:
         model, ids, starts, E = _inputs(generation, n_frames)
         mine = torch.tensor_split(torch.arange(n_frames), world)[rank]  # contiguous, possibly empty
         model.hooks.visual = _distributed_visual
@@ -51,7 +53,7 @@ def _run(rank: int, world: int, n_frames: int):
 @pytest.mark.parametrize("world,n_frames", [(2, 4), (3, 4), (3, 2)])
 def test_frames_split_over_ranks_match_one_process(world, n_frames):
     results = run_ranks(_run, world, n_frames)
-    for generation in ("g1", "g2"):
+    for generation in FORMS:
         model, ids, starts, E = _inputs(generation, n_frames)
         visual = model.prepare_visual(E, starts)
         with torch.no_grad():

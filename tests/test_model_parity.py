@@ -102,25 +102,32 @@ def _official_keys(cfg: Owl3Config) -> set[str]:
         keys |= {p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}
         if l + 1 in cfg.hyper_layers:
             keys |= {p + "self_attn.v_kv_proj.weight", p + "self_attn.v_kv_proj.bias"}
-            if cfg.generation == "g1":
+            if cfg.generation == "g1" and cfg.gate_form == "proj":  # 7B-240728: Sequential(Linear, Sigmoid)
+                keys |= {p + "self_attn.gate_proj.0.weight", p + "self_attn.gate_proj.0.bias"}
+            elif cfg.generation == "g1":
                 keys.add(p + "self_attn.gate")
     if not cfg.tie_word_embeddings:
         keys.add("language_model.lm_head.weight")
     return keys
 
 
-@pytest.mark.parametrize("generation,projector,tied", [("g1", "linear", True), ("g2", "mlp", False),
-                                                       ("g1", "linear", False)])
-def test_state_dict_has_the_official_keys(generation, projector, tied):
+@pytest.mark.parametrize("generation,projector,tied,gate_form", [("g1", "linear", True, "channel"),
+                                                                 ("g2", "mlp", False, "channel"),
+                                                                 ("g1", "linear", False, "channel"),
+                                                                 ("g1", "linear", True, "proj")])
+def test_state_dict_has_the_official_keys(generation, projector, tied, gate_form):
     cfg = Owl3Config(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=5, num_attention_heads=4,
                      num_key_value_heads=2, hyper_layers=[1, 4], tie_word_embeddings=tied,
                      vision=SiglipVisionConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=3,
                                                num_attention_heads=2, image_size=28),
-                     generation=generation, projector=projector)
+                     generation=generation, projector=projector, gate_form=gate_form)
     sd = Owl3Model(cfg).state_dict()
     assert set(sd) == _official_keys(cfg)
     h, nkv, hd = 32, 2, 8
     assert sd["language_model.model.layers.3.self_attn.v_kv_proj.weight"].shape == (2 * nkv * hd, h)
     assert sd["vision_model.embeddings.position_embedding.weight"].shape == (4, 16)
-    if generation == "g1":
+    if generation == "g1" and gate_form == "proj":
+        assert sd["language_model.model.layers.0.self_attn.gate_proj.0.weight"].shape == (hd, hd)
+        assert sd["language_model.model.layers.0.self_attn.gate_proj.0.bias"].shape == (hd,)
+    elif generation == "g1":
         assert sd["language_model.model.layers.0.self_attn.gate"].shape == (h,)

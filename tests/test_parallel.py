@@ -74,6 +74,22 @@ def test_run_rank_reports_user_errors_in_one_line(monkeypatch, capsys):
     assert "Traceback" in recorded[0], "the trace is still recorded for the launcher"
 
 
+def test_first_failure_is_the_cause_not_a_consequence(tmp_path):
+    """A survivor's lost-peer error and torchrun's SIGTERM to the survivors are consequences; a kill is a cause."""
+    from lvx_app.parallel.failures import RankFailure, describe_failures, error_file
+
+    killed = "rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"
+    assert describe_failures([RankFailure(0, -15), RankFailure(1, -9)], tmp_path) == killed
+    error_file(tmp_path, 0).write_text("Traceback ...\nRuntimeError: [pair.cc:537] Read error: Connection reset by peer.\n")
+    assert describe_failures([RankFailure(0, 1), RankFailure(1, -9)], tmp_path) == killed
+    # a real error on the first rank stays the reason, even if a peer was killed afterwards
+    error_file(tmp_path, 0).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert describe_failures([RankFailure(0, 1), RankFailure(1, -9)], tmp_path) == (
+        "rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert describe_failures([RankFailure(2, -15)], None) == "rank 2 failed: killed by SIGTERM (out of memory, a crash, or by hand)"
+    assert describe_failures([], tmp_path) is None
+
+
 def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     import subprocess
     import sys
@@ -85,7 +101,7 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     res = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                           "--monitor-interval=0.2", str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr
-    assert "rank 1 was killed by SIGKILL" in res.stderr, res.stderr
+    assert "rank 1 failed: killed by SIGKILL" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
     ok = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                          "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)

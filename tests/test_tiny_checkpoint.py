@@ -29,7 +29,7 @@ OFFICIAL_VISION_KEYS = {"hidden_size", "image_size", "intermediate_size", "model
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_ckpt")
-    return {g: write_tiny_checkpoint(root / g, g) for g in ("g1", "g2")}
+    return {g: write_tiny_checkpoint(root / g, g) for g in ("g1-gateproj", "g1", "g2")}
 
 
 def file_keys(d: Path) -> dict:
@@ -49,7 +49,7 @@ def test_files_and_config_layout(ckpts, g):
     assert all(1 <= x <= raw["num_hidden_layers"] for x in raw["hyper_layers"])  # 1-based
 
 
-@pytest.mark.parametrize("g", ["g1", "g2"])
+@pytest.mark.parametrize("g", ["g1-gateproj", "g1", "g2"])
 def test_every_official_key_is_written(ckpts, g):
     model, cfg, _ = load_model(ckpts[g])
     tensors = file_keys(ckpts[g])
@@ -61,20 +61,25 @@ def test_every_official_key_is_written(ckpts, g):
         assert k in tensors  # unused by the model, but the real files hold them
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
     gate = [k for k in tensors if k.endswith("self_attn.gate")]
+    gate_proj = [k for k in tensors if ".self_attn.gate_proj.0." in k]
     vkv = sorted({int(k.split(".")[3]) for k in tensors if ".v_kv_proj." in k})
     assert vkv == cfg.hyper_layer_indices
-    if g == "g1":
+    if g == "g1-gateproj":  # the official 7B-240728 layout: Linear(hd, hd) with bias, no constant gate
+        assert not gate and len(gate_proj) == 2 * len(vkv) and "vision2text_model.weight" in tensors
+        assert tuple(tensors[f"language_model.model.layers.{vkv[0]}.self_attn.gate_proj.0.weight"].shape) == (16, 16)
+    elif g == "g1":
+        assert not gate_proj
         assert len(gate) == len(vkv) and "vision2text_model.weight" in tensors
         assert "language_model.lm_head.weight" not in tensors and cfg.tie_word_embeddings
     else:
-        assert not gate and "vision2text_model.2.weight" in tensors and "language_model.lm_head.weight" in tensors
+        assert not gate and not gate_proj and "vision2text_model.2.weight" in tensors and "language_model.lm_head.weight" in tensors
 
 
-@pytest.mark.parametrize("g", ["g1", "g2"])
+@pytest.mark.parametrize("g", ["g1-gateproj", "g1", "g2"])
 def test_loads_back_detected_and_equal(ckpts, g):
     model, cfg, proc = load_model(ckpts[g])
-    assert cfg.generation == g == proc.generation
-    assert cfg.projector == ("linear" if g == "g1" else "mlp")
+    assert cfg.form == g and cfg.generation == g[:2] == proc.generation
+    assert cfg.projector == ("linear" if g.startswith("g1") else "mlp")
     assert proc.tokens_per_image == cfg.tokens_per_image == 4
     sd = model.state_dict()
     tensors = file_keys(ckpts[g])
@@ -131,6 +136,8 @@ def test_script(tmp_path):
     spec.loader.exec_module(mod)
     paths = mod.main([str(tmp_path / "t")])
     assert [p.name for p in paths] == ["g1", "g2"] and all((p / "model.safetensors").exists() for p in paths)
+    one = mod.main([str(tmp_path / "p"), "--generation", "g1-gateproj"])
+    assert load_model(one[0])[1].form == "g1-gateproj"
 
 
 def test_transformers_reads_the_tiny_tokenizer_the_same_way(ckpts):

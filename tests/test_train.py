@@ -57,12 +57,15 @@ def _assert_same(got, ref, what: str):
         np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-9, atol=1e-13, err_msg=f"{what}: {n}")
 
 
-@pytest.mark.parametrize("generation,train,world", [("g1", "lora", 2), ("g2", "all", 3)])
+@pytest.mark.parametrize("generation,train,world", [("g1", "lora", 2), ("g2", "all", 3), ("g1-gateproj", "hyper", 2)])
 def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, train, world):
     ckpt = tiny_checkpoints[generation]
     single = _all_variants(0, 1, ckpt, train)
     ref = single[0]  # one process, K/V saved
     assert any(np.abs(g).max() > 0 for g in ref[1].values())
+    if generation == "g1-gateproj":  # --train hyper trains the 240728 gate_proj, and it gets a gradient
+        gate = [n for n in ref[1] if ".self_attn.gate_proj.0." in n]
+        assert len(gate) == 4 and all(np.abs(ref[1][n]).max() > 0 for n in gate)
     for (rec, lm), got in zip(VARIANTS, single):
         for n in ref[1]:  # recompute (and checkpointing) give the same gradients up to float64 summation order
             np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-11, atol=1e-16,
@@ -72,6 +75,27 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
         ce = sum(r[v][0] for r in per_rank)
         for r in range(world):  # DDP leaves every rank with the full gradient
             _assert_same((ce, per_rank[r][v][1]), ref, f"{world} ranks, recompute={rec}, checkpoint_lm={lm}")
+
+
+def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
+    """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official key
+    `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
+    from lvx_app.train.checkpoint import save_checkpoint
+    from models.mplug_owl3.loader import load_model
+
+    ckpt = tiny_checkpoints["g1-gateproj"]
+    tr = Trainer(_cfg(ckpt, train="lora", dtype="float32"))
+    key = "language_model.model.layers.0.self_attn.gate_proj.0"
+    assert f"{key}.lora_A" in dict(tr.params)
+    with torch.no_grad():
+        dict(tr.params)[f"{key}.lora_B"].normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    adapter = dict(tr.model.named_modules())[key]
+    save_checkpoint(tmp_path / "out", tr.model, ckpt, {"step": 0}, dtype=torch.float32)
+    model, cfg, _ = load_model(tmp_path / "out")
+    assert cfg.form == "g1-gateproj"
+    w = model.state_dict()[f"{key}.weight"]
+    torch.testing.assert_close(w, adapter.merged_weight(), rtol=0, atol=0)
+    assert not torch.equal(w, adapter.base.weight)
 
 
 def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):

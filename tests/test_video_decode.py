@@ -5,10 +5,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from videos import make_not_a_video, make_truncated, make_video, make_zero_length, read_index
+from videos import make_audio_only, make_not_a_video, make_truncated, make_video, make_zero_length, read_index
 
 from lvx_app.video.decode import DecodePool, check_video_path, describe_range, sniff_container
-from lvx_app.video.errors import CorruptVideoError, DecodeTimeoutError, NotAVideoError, VideoNotFoundError
+from lvx_app.video.errors import CorruptVideoError, DecodeTimeoutError, NotAVideoError, NoVideoStreamError, VideoNotFoundError
 from models.mplug_owl3.image_transform import normalize
 
 
@@ -131,6 +131,23 @@ def test_unreadable_files_in_the_worker(raw_pool, vids, tmp_path):
         raw_pool.plan(cut, 1.0)
     plan, _ = raw_pool.plan(vids["a"], 1.0)  # the pool is still usable afterwards
     assert len(plan) == 4
+
+
+def test_audio_only_file_says_it_has_no_video_stream(raw_pool, tmp_path):
+    audio = make_audio_only(tmp_path / "talk.m4a")
+    assert check_video_path(audio) == audio.resolve()  # an mp4 container: only opening it tells
+    with pytest.raises(NoVideoStreamError, match=r"talk.m4a has no video stream \(audio only\?\); pass a file with video") as err:
+        raw_pool.plan(audio, 1.0)
+    assert "truncated" not in str(err.value) and "st_nb" not in str(err.value)
+
+
+def test_a_failed_open_does_not_break_the_file_opened_before(vids, tmp_path):
+    with DecodePool(1, threads=1) as pool:
+        pool.plan(vids["a"], 1.0)
+        with pytest.raises(NoVideoStreamError):
+            pool.plan(make_audio_only(tmp_path / "talk.m4a"), 1.0)
+        plan, _ = pool.plan(vids["a"], 1.0)  # the same worker opens a.mp4 again
+        assert len(plan) == 4
 
 
 def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):

@@ -10,7 +10,7 @@ import numpy as np
 from lvx_app.video.synthetic import BITS, COLS, ROWS, concat_video, frame_image, make_video, read_index
 
 __all__ = ["BITS", "COLS", "ROWS", "concat_video", "frame_image", "make_video", "read_index", "make_not_a_video",
-           "make_zero_length", "make_truncated", "IndexEncoder", "index_from_features"]
+           "make_zero_length", "make_truncated", "make_audio_only", "IndexEncoder", "index_from_features"]
 
 
 def make_not_a_video(path: str | os.PathLike) -> Path:
@@ -22,6 +22,23 @@ def make_not_a_video(path: str | os.PathLike) -> Path:
 def make_zero_length(path: str | os.PathLike) -> Path:
     path = Path(path)
     path.write_bytes(b"")
+    return path
+
+
+def make_audio_only(path: str | os.PathLike, seconds: float = 1.0) -> Path:
+    """An .m4a/.mp4 with one AAC track of silence and no video stream, written with PyAV."""
+    import av
+
+    path, rate = Path(path), 16000
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=rate)
+        for i in range(int(seconds * rate) // 1024):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = rate, i * 1024
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
     return path
 
 

@@ -7,8 +7,9 @@ natural log, float32 (float64 for float64 inputs). A query that sees no key
 The masks (`causal`, the media mask `q_vis` / `k_frame`) and how hidden work is
 skipped are in `masks`; the kernels and how one is picked per call in `backends`.
 
-Gradients: `attn_bwd` returns (dq, dk, dv) in the dtypes of q, k, v; dk/dv
-have Hkv heads (query-head groups summed). `dlse` (the gradient w.r.t. lse)
+GQA: the query heads of each K/V head are packed into rows (`gqa`), so every
+kernel runs on the unrepeated K/V. Gradients: `attn_bwd` returns (dq, dk, dv)
+in the dtypes of q, k, v; dk/dv have Hkv heads. `dlse` (the gradient w.r.t. lse)
 is supported on every backend: dS = P * (dP - D + dlse), D = rowsum(dO * O).
 """
 
@@ -20,8 +21,9 @@ import torch
 from torch import Tensor
 
 from lvx_app.attention.backends import AUG_COLS, choose_backend, kernel_bwd, kernel_fwd
+from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
 from lvx_app.attention.masks import TilePlan, tile_plans
-from lvx_app.attention.merge import NEG_INF, acc_dtype
+from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, q_vis: Tensor | None = None, k_frame: Tensor | None = None) -> None:
@@ -53,24 +55,30 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, cau
     No autograd (see `attention`); fully hidden or empty blocks never reach a kernel."""
     check_inputs(q, k, v, q_vis, k_frame)
     b, sq, hq, d = q.shape
+    g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
-    plans = list(tile_plans(q, k, causal, q_vis, k_frame))
-    out = lse = None
-    if not (len(plans) == 1 and plans[0].q0 == 0 and plans[0].q1 == sq):
-        out = q.new_zeros(b, sq, hq, d)
-        lse = torch.full((b, hq, sq), NEG_INF, dtype=acc_dtype(q), device=q.device)
+    qp = pack_rows(q, g)
+    plans = list(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
+    ct = acc_dtype(q)
+    if not (len(plans) == 1 and plans[0].q0 == 0 and plans[0].q1 == sq * g):
+        out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
+        lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
     for p in plans:
-        be = choose_backend(backend, q, p.mask is not None, d)
-        o, l_ = kernel_fwd(be, q[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal)
-        l_ = l_.to(acc_dtype(q))
+        be = choose_backend(backend, qp, p.mask is not None, d)
+        o, l_ = kernel_fwd(be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal)
+        l_ = l_.to(ct)
         if p.dead is not None:
             o = o.masked_fill(p.dead[:, :, None, None], 0)
             l_ = l_.masked_fill(p.dead[:, None, :], NEG_INF)
-        if out is None:
-            return o.contiguous(), l_.contiguous()
-        out[:, p.q0 : p.q1] = o
-        lse[:, :, p.q0 : p.q1] = l_
-    return out, lse
+        if len(plans) == 1 and p.q1 - p.q0 == sq * g:
+            return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
+        merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], o, l_)
+    return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
+
+
+def _pack_vis(q_vis: Tensor | None, g: int) -> Tensor | None:
+    """Each packed query row keeps its token's visible-frame count."""
+    return q_vis if q_vis is None or g == 1 else q_vis.repeat_interleave(g, dim=1)
 
 
 def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *, scale: float | None = None,
@@ -87,37 +95,40 @@ def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
     """
     check_inputs(q, k, v, q_vis, k_frame)
     d = q.shape[-1]
+    g = q.shape[2] // k.shape[2]
     scale = _resolve_scale(scale, q)
-    sq, sk = q.shape[1], k.shape[1]
+    qp, dop, outp, lsep = pack_rows(q, g), pack_rows(dout, g), pack_rows(out, g), pack_lse(lse, g)
+    dlp = None if dlse is None else pack_lse(dlse, g)
+    rows_all, sk = qp.shape[1], k.shape[1]
 
     def one(p: TilePlan):
         rows, ks = slice(p.q0, p.q1), slice(p.k0, p.k1)
-        l_ = lse[:, :, rows].to(acc_dtype(q))
-        dl = None if dlse is None else dlse[:, :, rows]
+        l_ = lsep[:, :, rows].to(acc_dtype(q))
+        dl = None if dlp is None else dlp[:, :, rows]
         # rows with lse = -inf (saw nothing anywhere) must give zero grads: give the kernel a
         # finite lse and zero upstream grads there (no host sync, so no `if dead.any()`)
         dead = ~(l_ > NEG_INF)
         l_ = l_.masked_fill(dead, 0.0)
-        do = dout[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
+        do = dop[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
         dl = None if dl is None else dl.masked_fill(dead, 0.0)
-        be = choose_backend(backend, q, p.mask is not None, d + (AUG_COLS if dl is not None else 0))
+        be = choose_backend(backend, qp, p.mask is not None, d + (AUG_COLS if dl is not None else 0))
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
-        return kernel_bwd(be, do, q[:, rows], k[:, ks], v[:, ks], out[:, rows], l_, dl, scale, p.mask, p.causal, aug)
+        return kernel_bwd(be, do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl, scale, p.mask, p.causal, aug)
 
-    plans = list(tile_plans(q, k, causal, q_vis, k_frame))
-    if len(plans) == 1 and (plans[0].q0, plans[0].q1, plans[0].k0, plans[0].k1) == (0, sq, 0, sk):
+    plans = list(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
+    if len(plans) == 1 and (plans[0].q0, plans[0].q1, plans[0].k0, plans[0].k1) == (0, rows_all, 0, sk):
         gq, gk, gv = one(plans[0])  # the whole block in one call: no scatter, no accumulators
-        return gq.to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
-    dq = torch.zeros_like(q)
-    # several query tiles add into the same keys: accumulate in float32
+        return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
+    # several plans add into the same rows (a tile's unmasked part and its band) and keys: accumulate in float32
+    dq = torch.zeros(qp.shape, dtype=acc_dtype(q), device=q.device)
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
     for p in plans:
         gq, gk, gv = one(p)
-        dq[:, p.q0 : p.q1] = gq
+        dq[:, p.q0 : p.q1] += gq
         dk[:, p.k0 : p.k1] += gk
         dv[:, p.k0 : p.k1] += gv
-    return dq, dk.to(k.dtype), dv.to(v.dtype)
+    return unpack_rows(dq, g).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _Attention(torch.autograd.Function):

@@ -5,10 +5,16 @@
 - Media mask: `q_vis` (B, Sq) int = how many frames query t may see;
   `k_frame` (B, Sk) int = frame index of key s; visible iff k_frame < q_vis.
 - Both may be combined. Work that is fully hidden is skipped: queries are
-  processed in tiles of `Q_TILE` rows (media mask only) and each tile is
-  trimmed to the first..last query that sees something and the first..last key
-  that some query sees (with frame-sorted keys that is the visible prefix), so
-  hidden tiles never reach a kernel; only partially visible tiles get a mask.
+  processed in tiles of `Q_TILE` tokens (media mask, or causal with packed
+  query groups) and each tile is trimmed to the first..last query that sees
+  something and the first..last key that some query sees, so hidden tiles
+  never reach a kernel.
+- A partly visible tile is split in two: the keys every row sees (no mask) and
+  the band some rows see (a mask of tile rows x band keys only); the caller
+  merges the two partial results with the log-sum-exp merge. Several plans may
+  therefore cover the same rows, never the same (row, key) pair.
+- Rows may be packed query groups (`gqa`): `group` rows per token, row r has
+  the causal position r // group and its token's `q_vis`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Iterator
 
 import torch
 
-#: Query rows per tile when a media mask is present (tests shrink it).
+#: Query tokens per tile (x group rows when query groups are packed); tests shrink it.
 Q_TILE = 256
 
 
@@ -50,84 +56,104 @@ def causal_visibility(nq: int, nk: int, off: int, device) -> torch.Tensor:
     return j <= i + off
 
 
-def _plan_causal(t0: int, t1: int, sk: int, coff: int, batch: int, device) -> TilePlan | None:
-    """Causal only: rows i with i + coff < 0 see nothing; every key up to t1-1+coff is seen."""
-    q0 = max(t0, -coff)
-    k1 = min(sk, t1 - 1 + coff + 1)
-    if q0 >= t1 or k1 <= 0:
-        return None
-    off = coff + q0  # slice-local offset: key j visible to local row i iff j <= i + off
-    nq, nk = t1 - q0, k1
-    if off >= nk - 1:
-        return TilePlan(q0, t1, 0, k1, None, False, None)
-    if off == 0 and nq == nk:
-        return TilePlan(q0, t1, 0, k1, None, True, None)
-    vis = causal_visibility(nq, nk, off, device).unsqueeze(0).expand(batch, nq, nk)
-    return TilePlan(q0, t1, 0, k1, vis, False, None)
+def _leading(flags: torch.Tensor) -> int:
+    """How many leading entries of a 1-D bool tensor are True."""
+    return int(flags.long().cumprod(0).sum())
 
 
-def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device) -> TilePlan | None:
-    """Media mask only: every decision is taken on small CPU copies (no device syncs);
-    only the dense mask of a partially visible tile is built on the device."""
+def _plan_causal(t0: int, t1: int, sk: int, coff: int, group: int, batch: int, device) -> list[TilePlan]:
+    """Causal only: row r (token r // group) sees keys j <= r // group + coff.
+
+    Keys [0, lo) are seen by every row of the tile; the band [lo, hi) gets a mask of the
+    rows that see some of it. One token per row with Sq == Sk keeps the native causal."""
+    q0 = max(t0, -coff * group)
+    hi = min(sk, (t1 - 1) // group + coff + 1)
+    if q0 >= t1 or hi <= 0:
+        return []
+    lo = min(hi, q0 // group + coff + 1)
+    if group == 1 and lo == 1 and t1 - q0 == hi:
+        return [TilePlan(q0, t1, 0, hi, None, True, None)]
+    parts = [TilePlan(q0, t1, 0, lo, None, False, None)] if lo > 0 else []
+    if lo < hi:
+        b0 = max(q0, (lo - coff) * group)  # first row that sees key lo
+        pos = torch.arange(b0, t1, device=device) // group + coff
+        vis = (torch.arange(lo, hi, device=device).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(batch, -1, -1)
+        parts.append(TilePlan(b0, t1, lo, hi, vis, False, None))
+    return parts
+
+
+def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device) -> list[TilePlan]:
+    """Media mask only: every decision is taken on small CPU copies (no device syncs); the keys
+    every row sees go unmasked, and only the band some rows see gets a mask, built on the device."""
     qv_c, kf_c = q_vis_cpu[:, t0:t1], k_frame_cpu
     rs = _span((qv_c > kf_c.amin(1, keepdim=True)).any(0))
     cs = _span((kf_c < qv_c.amax(1, keepdim=True)).any(0))
     if rs is None or cs is None:
-        return None
+        return []
     (r0, r1), (k0, k1) = rs, cs
-    qv_c, kf_c = qv_c[:, r0:r1], kf_c[:, k0:k1]
-    if bool((kf_c.amax(1) < qv_c.amin(1)).all()):
-        return TilePlan(t0 + r0, t0 + r1, k0, k1, None, False, None)
-    dead = qv_c <= kf_c.amin(1, keepdim=True)  # (B, rows): sees no key of the slice
-    vis = k_frame[:, k0:k1].unsqueeze(1) < q_vis[:, t0 + r0 : t0 + r1].unsqueeze(2)
-    return TilePlan(t0 + r0, t0 + r1, k0, k1, vis, False, dead.to(device) if bool(dead.any()) else None)
+    q0, q1 = t0 + r0, t0 + r1
+    qv_c = qv_c[:, r0:r1]
+    kb = k0 + _leading((kf_c[:, k0:k1] < qv_c.amin(1, keepdim=True)).all(0))
+    parts = [TilePlan(q0, q1, k0, kb, None, False, None)] if kb > k0 else []
+    if kb < k1:
+        dead = qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)  # (B, rows): sees no key of the band
+        vis = k_frame[:, kb:k1].unsqueeze(1) < q_vis[:, q0:q1].unsqueeze(2)
+        parts.append(TilePlan(q0, q1, kb, k1, vis, False, dead.to(device) if bool(dead.any()) else None))
+    return parts
 
 
-def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, q_vis, k_frame, device) -> TilePlan | None:
-    """Media mask and causal together: one dense visibility of the tile, trimmed to what is seen."""
-    qv = q_vis[:, t0:t1]
-    full = (k_frame.unsqueeze(1) < qv.unsqueeze(2)) & causal_visibility(t1 - t0, sk, coff + t0, device)
+def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, group: int, q_vis, k_frame, device) -> list[TilePlan]:
+    """Media mask and causal together: one dense visibility of the tile, trimmed to what is seen and
+    split into the keys every row sees and the masked band."""
+    pos = torch.arange(t0, t1, device=device) // group + coff
+    full = (k_frame.unsqueeze(1) < q_vis[:, t0:t1].unsqueeze(2)) & (torch.arange(sk, device=device) <= pos.unsqueeze(1))
     rs = _span(full.any(2).any(0))
     cs = _span(full.any(1).any(0))
     if rs is None or cs is None:
-        return None
+        return []
     (r0, r1), (k0, k1) = rs, cs
     vis = full[:, r0:r1, k0:k1]
-    dead = ~vis.any(2)
-    return TilePlan(t0 + r0, t0 + r1, k0, k1, vis, False, dead if bool(dead.any()) else None)
+    kb = _leading(vis.all(1).all(0))
+    parts = [TilePlan(t0 + r0, t0 + r1, k0, k0 + kb, None, False, None)] if kb else []
+    if k0 + kb < k1:
+        band = vis[:, :, kb:]
+        dead = ~band.any(2)
+        parts.append(TilePlan(t0 + r0, t0 + r1, k0 + kb, k1, band, False, dead if bool(dead.any()) else None))
+    return parts
 
 
-def _plan_tile(t0, t1, sk, coff, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device) -> TilePlan | None:
-    """Plan query rows [t0, t1) against all sk keys. coff: causal offset (j <= i + coff) or None.
+def _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device) -> list[TilePlan]:
+    """Plan query rows [t0, t1) against all sk keys. coff: causal offset (j <= r // group + coff) or None.
 
-    q_vis / k_frame: int64 on the device; *_cpu: the same on the CPU."""
+    q_vis / k_frame: int64 on the device, one q_vis per row; *_cpu: the same on the CPU."""
     if t1 <= t0 or sk == 0:
-        return None
+        return []
     if q_vis is None and coff is None:
-        return TilePlan(t0, t1, 0, sk, None, False, None)
+        return [TilePlan(t0, t1, 0, sk, None, False, None)]
     if q_vis is None:
-        return _plan_causal(t0, t1, sk, coff, batch, device)
+        return _plan_causal(t0, t1, sk, coff, group, batch, device)
     if coff is None:
         return _plan_media(t0, t1, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device)
-    return _plan_media_causal(t0, t1, sk, coff, q_vis, k_frame, device)
+    return _plan_media_causal(t0, t1, sk, coff, group, q_vis, k_frame, device)
 
 
-def _tiles(sq: int, tiled: bool) -> list[tuple[int, int]]:
-    if not tiled or sq <= Q_TILE:
-        return [(0, sq)]
-    return [(t, min(sq, t + Q_TILE)) for t in range(0, sq, Q_TILE)]
+def _tiles(rows: int, tiled: bool, group: int) -> list[tuple[int, int]]:
+    step = Q_TILE * group
+    if not tiled or rows <= step:
+        return [(0, rows)]
+    return [(t, min(rows, t + step)) for t in range(0, rows, step)]
 
 
-def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame) -> Iterator[TilePlan]:
-    """The plans of every query tile of (q, k) that sees at least one key, in row order."""
-    sq, sk = q.shape[1], k.shape[1]
-    coff = (sk - sq) if causal else None
+def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1) -> Iterator[TilePlan]:
+    """The plans of every query tile of (q, k) that sees at least one key, in row order.
+
+    q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows)."""
+    rows, sk = q.shape[1], k.shape[1]
+    coff = (sk - rows // group) if causal else None
     qv_c = kf_c = None
-    if q_vis is not None and sq and sk:
+    if q_vis is not None and rows and sk:
         q_vis = q_vis.to(device=q.device, dtype=torch.long)
         k_frame = k_frame.to(device=q.device, dtype=torch.long)
         qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
-    for t0, t1 in _tiles(sq, q_vis is not None):
-        p = _plan_tile(t0, t1, sk, coff, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device)
-        if p is not None:
-            yield p
+    for t0, t1 in _tiles(rows, q_vis is not None or (causal and group > 1), group):
+        yield from _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device)

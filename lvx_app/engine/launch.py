@@ -1,15 +1,14 @@
 """Start a local torchrun worker group and drive it from this process.
 
-`torch.distributed.run` starts and watches the ranks; we only add the
-socket to rank 0, a log file for everything the ranks print, and a
-readable reason when the group dies.
+torch's torchrun (through `lvx_app.parallel.torchrun`, which dies with this process and names the rank that failed
+first) starts and watches the ranks; we only add the socket to rank 0, a log file for everything the ranks print,
+and that reason when the group dies.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -34,74 +33,27 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
+from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
+
+__all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
 
 LINK_ENV = "LVX_LINK"
 LINK_KEY_ENV = "LVX_LINK_KEY"
-RUN_DIR_ENV = "LVX_RUN_DIR"
 # The module every rank runs (the frontend layer owns it: rank 0 may run the terminal chat itself).
 WORKER_MODULE = "lvx_app.frontends.worker"
 
 
-def error_file(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / f"error-rank{rank}.txt"
-
-
-def pid_file(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / f"pid-rank{rank}.txt"
-
-
-_PEER_LOST = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
-    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
-)
-
-
-def _failures(log: Path) -> list[tuple[str, int | None, str, bool]]:
-    """(rank, exitcode, cause, is_root) of every failure in torchrun's closing summary, root cause first."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    if "Root Cause" not in text:
-        return []
-    summary = text[text.rfind("Failures:") if "Failures:" in text else text.index("Root Cause") :]
-    out = []
-    for block in re.split(r"\n\[\d+\]:", summary)[1:]:
-        rank = re.search(r"rank\s*:\s*(\d+)", block)
-        code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-        cause = re.search(r"traceback\s*:\s*(.+)", block)
-        if rank:
-            is_root = "Root Cause" in summary[: summary.index(block)]
-            text_cause = cause.group(1).strip() if cause else f"exit code {code.group(1) if code else '?'}"
-            out.append((rank.group(1), int(code.group(1)) if code else None, text_cause, is_root))
-    return sorted(out, key=lambda f: not f[3])
-
-
-def _last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines()
-    return lines[-1] if lines else "no message"
-
-
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed first and why.
-
-    torchrun's "first observed failure" is often a rank that merely lost its peer (a gloo "Connection reset by
-    peer") when the real cause was another rank killed by a signal (the OOM killer, a segfault): prefer that one.
-    """
-    failures = _failures(run_dir / "group.log")
-
-    def reason(rank: str, cause: str) -> str:
-        own = error_file(run_dir, int(rank))
-        return _last_line(own) if own.exists() else cause
-
-    if failures:
-        chosen = failures[0]
-        if _PEER_LOST.search(reason(chosen[0], chosen[2])) or not error_file(run_dir, int(chosen[0])).exists():
-            # killed by a signal other than torchrun's own SIGTERM to the survivors
-            chosen = next((f for f in failures[1:] if f[1] is not None and f[1] < 0 and f[1] != -15), chosen)
-        rank, code, cause, _ = chosen
-        hint = " (killed: out of memory, a crash, or by hand)" if code is not None and code < 0 else ""
-        return f"rank {rank} failed: {reason(rank, cause)}{hint}"
+    """Name the rank that failed first and why: the line our launcher (`lvx_app.parallel.torchrun`) wrote to the log."""
+    log = run_dir / "group.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [line.removeprefix(FAILURE_PREFIX) for line in lines if line.startswith(FAILURE_PREFIX)]
+    if said:
+        return said[-1]
     for path in sorted(run_dir.glob("error-rank*.txt")):
-        return f"rank {path.stem.removeprefix('error-rank')} failed: {_last_line(path)}"
-    return f"the worker group exited (code {returncode}); see {run_dir / 'group.log'}"
+        return describe_failures([RankFailure(int(path.stem.removeprefix("error-rank")), 1)], run_dir)
+    return f"the worker group exited (code {returncode}); see {log}"
 
 
 class RemoteEngine:
@@ -122,10 +74,14 @@ class RemoteEngine:
         host, port = self._listener.address
         env = dict(os.environ)
         env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
+        if threading.current_thread() is threading.main_thread():
+            mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
+        else:  # the kernel's parent-death signal follows the thread that started a child, not the process
+            env.pop(LAUNCHER_PID_ENV, None)
         if not cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", "lvx_app.parallel.torchrun",
             "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
             "-m", WORKER_MODULE, "--config", json.dumps(worker_config),
         ]  # fmt: skip
@@ -133,8 +89,14 @@ class RemoteEngine:
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        self.conn = self._accept(start_timeout_s)
-        kind, value = self._recv()
+        try:
+            self.conn = self._accept(start_timeout_s)
+            kind, value = self._recv()
+        except BaseException:  # Ctrl-C or a failed start: no rank outlives this call
+            self._kill()
+            self._listener.close()
+            self._log.close()
+            raise
         if kind != "ready":
             raise EngineError(f"unexpected first message from rank 0: {kind}")
         self.info: dict[str, Any] = value
@@ -253,6 +215,11 @@ class RemoteEngine:
         self._log.close()
         if self.proc.returncode == 0:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
+
+    def abort(self) -> None:
+        """Stop the group now, with no goodbye to a rank 0 that may be busy for minutes (Ctrl-C while loading)."""
+        self._kill()
+        self.close()
 
     def __getattr__(self, name: str) -> Any:
         """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its reply."""

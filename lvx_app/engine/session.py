@@ -92,7 +92,7 @@ class Session:
         cfg = self.model.config
         return {
             "model": self.config.model,
-            "generation": cfg.generation,
+            "generation": cfg.form,
             "world size": self.info.world_size,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),

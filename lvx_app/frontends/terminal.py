@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
 from rich.console import Console
@@ -18,6 +18,7 @@ from rich.text import Text
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.engine.launch import RemoteEngine
 from lvx_app.engine.open import open_engine, session_config
 from lvx_app.video import VideoError, check_video_path
 
@@ -169,9 +170,20 @@ def run_chat_command(
         console.print(f"[red]error:[/red] {exc}")
         return 2
     try:
-        with closing(open_engine(config, gpus, ranks, console)) as engine:
-            return run_chat(engine, video=video, fps=config.fps, max_frames=config.max_frames, params=params,
-                            console=console)  # fmt: skip
+        engine = open_engine(config, gpus, ranks, console)
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads: the group is already gone (RemoteEngine kills it)
+        return 130
+    try:
+        code = run_chat(engine, video=video, fps=config.fps, max_frames=config.max_frames, params=params,
+                        console=console)  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, quietly, no rank left behind
+        (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
+        return 130
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = 2
+    engine.close()
+    return code

@@ -15,7 +15,7 @@ from multiprocessing.connection import Client
 
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
-from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file, pid_file
+from lvx_app.engine.launch import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file
 from lvx_app.engine.link import serve_link
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.frontends.terminal import run_chat
@@ -24,8 +24,6 @@ from lvx_app.parallel.group import init_distributed, run_rank
 
 def run_worker(config: dict, frontend: str = "link", video: str | None = None) -> None:
     cfg = SessionConfig(**config)
-    if os.environ.get(RUN_DIR_ENV):
-        pid_file(os.environ[RUN_DIR_ENV], int(os.environ.get("RANK", "0"))).write_text(str(os.getpid()))
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
     channel = ControlChannel()
     session = Session(cfg, info)

@@ -1,4 +1,5 @@
-"""Process-group set-up, the ring P2P helper and the test-rank spawner."""
+"""Process-group set-up, the ring P2P helper, the test-rank spawner, and the launcher side of a group: ranks that die
+with their launcher (lifeline), the rank that failed first (failures), torchrun in one line (torchrun)."""
 
 from lvx_app.parallel.group import (
     DistInfo,

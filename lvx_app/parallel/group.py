@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.defaults import DEFAULT_TIMEOUT_S
+from lvx_app.parallel.failures import RUN_DIR_ENV, error_file, pid_file
+from lvx_app.parallel.lifeline import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -102,15 +104,24 @@ def run_rank(
 ) -> int:  # fmt: skip
     """Run one rank's `work` as a process entry point and return its exit code.
 
-    A failure prints one readable line naming the rank (`label rank R: Error: message`) before the trace, so the
-    launcher and the user see which rank died and why; for `user_errors` (a bad video, a bad checkpoint: the
-    message says what to do) that line is all. `record` also gets the trace (the engine writes it to a file its
-    launcher reads). Ctrl-C exits quietly with 130. The process group is torn down either way. A clean
-    `SystemExit` passes through.
+    The rank dies with its launcher (`die_with_parent`). A failure prints one readable line naming the rank
+    (`label rank R: Error: message`) before the trace; for `user_errors` (a bad video, a bad checkpoint: the message
+    says what to do) that line is all. `record` also gets the trace (the engine writes it to a file its launcher
+    reads). Under `lvx_app.parallel.torchrun` (`RUN_DIR_ENV` set, no `record`) the rank writes its pid and error to
+    the run folder and prints nothing: that launcher prints one line for the whole group, naming the rank that
+    failed first. Ctrl-C exits quietly with 130. The process group is torn down either way. A clean `SystemExit`
+    passes through.
     """
     from lvx_app.warning_lines import install
 
     install()
+    die_with_parent()
+    rank, run_dir = int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV)
+    quiet = record is None and bool(run_dir)
+    if run_dir:
+        pid_file(run_dir, rank).write_text(str(os.getpid()))
+    if quiet:
+        record = error_file(run_dir, rank).write_text
     try:
         work()
     except KeyboardInterrupt:  # Ctrl-C reached the rank too: the launcher says what was kept
@@ -118,11 +129,13 @@ def run_rank(
     except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
         if isinstance(exc, SystemExit) and not exc.code:
             raise
-        if record is not None:
-            record(f"{traceback.format_exc()}\n{type(exc).__name__}: {exc}\n")
-        print(f"{label} rank {os.environ.get('RANK', '0')}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if not isinstance(exc, user_errors):
-            traceback.print_exc()
+        line = f"{type(exc).__name__}: {exc}"
+        if record is not None:  # a launcher printing one line for the group points at a trace only for a bug
+            record(line + "\n" if quiet and isinstance(exc, user_errors) else f"{traceback.format_exc()}\n{line}\n")
+        if not quiet:
+            print(f"{label} rank {rank}: {line}", file=sys.stderr)
+            if not isinstance(exc, user_errors):
+                traceback.print_exc()
         return 1
     finally:
         destroy_distributed()

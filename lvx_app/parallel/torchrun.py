@@ -1,36 +1,63 @@
-"""`python -m lvx_app.parallel.torchrun ARGS`: torch's torchrun (same arguments) that ends a failed group quietly.
+"""`python -m lvx_app.parallel.torchrun ARGS`: torch's torchrun (same arguments) that ends a failed group in one line.
 
-torchrun ends a failed group with a Python traceback (ChildFailedError), a summary block and error log lines.
-Ranks run through `lvx_app.parallel.group.run_rank` already print one readable line saying why they failed, so that
-noise only buries the cause. This runs the same launcher, `torch.distributed.run.run`, and prints a line only
-for a rank that could not say why: one killed by a signal (the out-of-memory killer, most often).
+torchrun ends a failed group with a Python traceback (ChildFailedError), a summary block and error log lines, and
+the ranks that merely lost their peer print gloo tracebacks of their own. This runs the same launcher,
+`torch.distributed.run.run`, with a run folder (`RUN_DIR_ENV`) where ranks started through
+`lvx_app.parallel.group.run_rank` write their pid and error instead of printing them, and prints one line naming
+the rank that failed first and why (`lvx_app.parallel.failures`, the same choice `lvx chat` makes).
+The launcher dies with the launcher of ours that started it (when that one set `LAUNCHER_PID_ENV`), and its ranks
+die with it (`lvx_app.parallel.lifeline`).
 Exit codes: 0 when every rank succeeded, 1 when one failed, 130 when stopped by Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, error_file, first_failure
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
+
+
+def failure_line(exc: ChildFailedError, run_dir: Path) -> str:
+    """'error: rank R failed: why' for the rank that failed first, pointing at its trace when it left one."""
+    observed = sorted(exc.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    chosen = first_failure([RankFailure(rank, failure.exitcode) for rank, failure in observed], run_dir)
+    if chosen is None:
+        return f"{FAILURE_PREFIX}the worker group failed without naming a rank"
+    failure, why = chosen
+    own = error_file(run_dir, failure.rank)
+    trace = f" (trace: {own})" if own.exists() and len(own.read_text(errors="replace").strip().splitlines()) > 1 else ""
+    return f"{FAILURE_PREFIX}rank {failure.rank} failed: {why}{trace}"
+
 
 def main(argv: Optional[list[str]] = None) -> int:
+    if os.environ.get(LAUNCHER_PID_ENV):  # started by a launcher of ours that asked us to die with it
+        die_with_parent()
     args = get_args_parser().parse_args(argv)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    given = os.environ.get(RUN_DIR_ENV)
+    run_dir = Path(given or tempfile.mkdtemp(prefix="lvx-run-"))
+    os.environ[RUN_DIR_ENV] = str(run_dir)
+    mark_launcher()
     try:
         run(args)
     except ChildFailedError as exc:
-        for rank, failure in sorted(exc.failures.items()):
-            if failure.exitcode < 0:
-                print(f"rank {rank} was killed by {failure.signal_name()} without a message (out of memory? "
-                      "check dmesg)", file=sys.stderr)
+        print(failure_line(exc, run_dir), file=sys.stderr)
         return 1
     except SignalException:
         return 130
+    if not given:
+        shutil.rmtree(run_dir, ignore_errors=True)  # kept only when something went wrong
     return 0
 
 

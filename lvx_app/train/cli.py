@@ -66,14 +66,18 @@ def finetune_command(
     from lvx_app.train.loop import TrainConfig
 
     mode = _checked_mode(lora, train, steps, timeout, decode_timeout)
-    world, cuda = _check_run(gpus, ranks, data, video_dir, out, resume)
+    world, cuda = _check_run(gpus, ranks, data, video_dir, out, model, resume)
     cfg = TrainConfig(
         data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
         max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
         save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
         cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout, decode_timeout_s=decode_timeout,
     )  # fmt: skip
-    code = run_finetune(cfg, world)
+    lock = _lock_out(out, resume)
+    try:
+        code = run_finetune(cfg, world, keep_fds=(lock,))
+    finally:
+        os.close(lock)
     if code:
         raise typer.Exit(code)
     typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
@@ -96,25 +100,40 @@ def _checked_mode(lora: int | None, train: str | None, steps: int, timeout: floa
 
 
 def _check_run(
-    gpus: int | None, ranks: int | None, data: Path, video_dir: Path | None, out: Path, resume: bool
+    gpus: int | None, ranks: int | None, data: Path, video_dir: Path | None, out: Path, model: str, resume: bool
 ) -> tuple[int, bool]:
-    """(ranks, use CUDA), once the devices, the data and the output folder are checked: before any rank starts."""
+    """(ranks, use CUDA), once the devices, the data and the output folder are checked: before anything is written."""
     # imported here, not at the top: the CLI registers this command without loading torch
     from lvx_app.engine.api import EngineError
     from lvx_app.engine.open import resolve_world
     from lvx_app.train.checkpoint import STATE_FILE
     from lvx_app.train.data import DataError, load_jsonl
+    from lvx_app.train.outlock import OutputBusy, check_out_is_not_model
 
     try:
+        check_out_is_not_model(out, model)
         world, cuda = resolve_world(gpus, ranks)
         load_jsonl(data, video_dir)  # check the data before starting ranks
-    except (EngineError, DataError) as exc:
+    except (EngineError, DataError, OutputBusy) as exc:
         _fail(str(exc))
     if resume and not (out / STATE_FILE).exists():
         _fail(f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh")
-    if not resume and (out / STATE_FILE).exists():
-        _fail(f"{out} already holds a finetuning run; pass --resume to continue it, or choose another --out")
     return world, cuda
+
+
+def _lock_out(out: Path, resume: bool) -> int:
+    """Hold `out` for this run (one line naming the holder's pid if another run has it); returns the lock's fd."""
+    from lvx_app.train.checkpoint import STATE_FILE
+    from lvx_app.train.outlock import OutputBusy, lock_output
+
+    try:
+        lock = lock_output(out)
+    except OutputBusy as exc:
+        _fail(str(exc))
+    if not resume and (out / STATE_FILE).exists():
+        os.close(lock)
+        _fail(f"{out} already holds a finetuning run; pass --resume to continue it, or choose another --out")
+    return lock
 
 
 def _interrupted(out: str) -> int:
@@ -123,8 +142,11 @@ def _interrupted(out: str) -> int:
     return 130
 
 
-def run_finetune(cfg, world: int) -> int:
-    """Run `cfg` on `world` ranks: in this process for one, else a local torchrun group; returns an exit code."""
+def run_finetune(cfg, world: int, keep_fds: tuple[int, ...] = ()) -> int:
+    """Run `cfg` on `world` ranks: in this process for one, else a local torchrun group; returns an exit code.
+
+    The group's launcher inherits `keep_fds` (the output folder's lock) and dies with this process, its ranks with it.
+    """
     if world == 1:
         from lvx_app.parallel.group import destroy_distributed, init_distributed
         from lvx_app.train.loop import run_training
@@ -141,12 +163,14 @@ def run_finetune(cfg, world: int) -> int:
         finally:
             destroy_distributed()
         return 0
+    from lvx_app.parallel.lifeline import mark_launcher
+
     env = dict(os.environ)
     if not cfg.cuda:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     cmd = [sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", f"--nproc-per-node={world}",
            "--monitor-interval=0.5", "-m", "lvx_app.train.worker", "--config", json.dumps(dataclasses.asdict(cfg))]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=mark_launcher(env), pass_fds=keep_fds)
     try:
         proc.wait()
     except KeyboardInterrupt:  # the group got the same Ctrl-C; let torchrun stop its ranks
@@ -157,7 +181,6 @@ def run_finetune(cfg, world: int) -> int:
         return _interrupted(cfg.out)
     if proc.returncode == 130:  # the ranks or torchrun were stopped by Ctrl-C / SIGTERM
         return _interrupted(cfg.out)
-    if proc.returncode:
-        typer.secho(f"error: the finetuning group failed (exit {proc.returncode}); the failing rank's message is "
-                    "printed above", err=True, fg="red")
+    if proc.returncode not in (0, 1):  # 1: the launcher printed the line naming the rank that failed first
+        typer.secho(f"error: the finetuning group failed (exit {proc.returncode})", err=True, fg="red")
     return proc.returncode

@@ -12,9 +12,10 @@ Every rank works on the same sample (sequence parallelism, not data parallelism)
 Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU with float32
 master copies of the trainable weights.
 
-Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj included; peft is
-not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate of every
-hyper layer), `all` (language model + projector; the vision tower stays frozen so its features can be cached).
+Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj and the G1
+gate_proj Linear included; peft is
+not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate or gate_proj of
+every hyper layer), `all` (language model + projector; the vision tower stays frozen so its features can be cached).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, n
         add_lora(model, cfg.lora_rank, cfg.lora_alpha)
         pick = lambda n: ".lora_" in n  # noqa: E731
     elif cfg.train == "hyper":
-        pick = lambda n: ".self_attn.v_kv_proj." in n or n.endswith(".self_attn.gate")  # noqa: E731
+        hyper = (".self_attn.v_kv_proj.", ".self_attn.gate_proj.")  # gate_proj: the 7B-240728 G1 gate
+        pick = lambda n: any(h in n for h in hyper) or n.endswith(".self_attn.gate")  # noqa: E731
     elif cfg.train == "all":
         pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
     else:

@@ -1,5 +1,7 @@
 """LoRA adapters for finetuning, without peft: `LoRALinear` wraps one nn.Linear, `add_lora` wraps the attention
-projections of the language model (the visual v_kv_proj of every hyper layer included).
+projections of the language model (the visual v_kv_proj of every hyper layer included, and the Linear inside the
+7B-240728 G1 `gate_proj = Sequential(Linear, Sigmoid)`, so its merged weight keeps the official key
+`gate_proj.0.weight`).
 
 Both the training loop (which creates the adapters) and the checkpoint writer (which merges them into the official
 weights) use this module.
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj", "gate_proj")
 
 
 class LoRALinear(nn.Module):
@@ -61,8 +63,11 @@ def add_lora(model: nn.Module, rank: int, alpha: Optional[float] = None,
         if not name.endswith("self_attn"):
             continue
         for t in targets:
-            lin = getattr(mod, t, None)
+            owner, attr = mod, t
+            if isinstance(getattr(mod, t, None), nn.Sequential):  # gate_proj: wrap its Linear, index 0
+                owner, attr = getattr(mod, t), "0"
+            lin = getattr(owner, attr, None)
             if isinstance(lin, nn.Linear):
-                setattr(mod, t, LoRALinear(lin, rank, alpha))
-                wrapped.append(f"language_model.{name}.{t}")
+                setattr(owner, attr, LoRALinear(lin, rank, alpha))
+                wrapped.append(f"language_model.{name}.{t}" + (".0" if owner is not mod else ""))
     return wrapped

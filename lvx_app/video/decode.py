@@ -48,6 +48,7 @@ from lvx_app.video.errors import (
     CorruptVideoError,
     DecodeTimeoutError,
     NotAVideoError,
+    NoVideoStreamError,
     VideoError,
     VideoNotFoundError,
     error_class,
@@ -117,8 +118,21 @@ def clean_message(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _has_video_stream(path: str) -> bool | None:
+    """Whether PyAV finds a video stream in the file (None when it cannot open it either)."""
+    import av  # only on the error path of a decode worker
+
+    try:
+        with av.open(path) as container:
+            return bool(container.streams.video)
+    except Exception:  # noqa: BLE001 - any PyAV/FFmpeg error means "cannot tell"
+        return None
+
+
 def _open_error(path: str, detail: str) -> VideoError:
     detail = clean_message(detail)
+    if _has_video_stream(path) is False:
+        return NoVideoStreamError(f"{path} has no video stream (audio only?); pass a file with video in it.")
     if sniff_container(path) is None:
         return NotAVideoError(f"{path} is not a video decord can read ({detail}); "
                               f"pass an .mp4, .mkv, .webm, .mov or .avi file.")
@@ -178,7 +192,7 @@ class _Worker:
 
     def reader(self, path: str):
         if self.path != path:
-            self.vr = None
+            self.vr, self.path = None, None  # a failed open must not leave the old path marked as open
             try:
                 with _native_stderr_dropped():
                     self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)

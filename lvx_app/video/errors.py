@@ -19,6 +19,10 @@ class NotAVideoError(VideoError):
     """The file exists but is no video container decord can open."""
 
 
+class NoVideoStreamError(NotAVideoError):
+    """A media file with no video stream (audio only, subtitles only)."""
+
+
 class CorruptVideoError(VideoError):
     """A video that is empty, has no frames, or fails to decode (truncated or damaged)."""
 
@@ -49,6 +53,7 @@ _BY_NAME = {
         VideoError,
         VideoNotFoundError,
         NotAVideoError,
+        NoVideoStreamError,
         CorruptVideoError,
         BadFpsError,
         PlanTooLargeError,

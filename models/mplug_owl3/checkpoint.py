@@ -4,8 +4,9 @@
   HF_HUB_OFFLINE set only the local cache is tried and the error says to pass a local directory).
 - Reads the safetensors headers (`model.safetensors` or the shards of `model.safetensors.index.json`): keys, shapes.
 - Detects the architecture from the keys, never from the repo name (reference mplug_owl3.md §0):
-  `self_attn.gate` -> G1, `self_attn.v_kv_proj` without a gate -> G2; `vision2text_model.weight` -> linear
-  projector, `vision2text_model.{0,2}.weight` -> MLP projector.
+  `self_attn.gate_proj.0.*` -> G1 with the input-dependent gate (7B-240728), `self_attn.gate` -> G1 with the
+  constant per-channel gate (241014), `self_attn.v_kv_proj` without a gate -> G2; `vision2text_model.weight` ->
+  linear projector, `vision2text_model.{0,2}.weight` -> MLP projector.
 - Holds the official layout (§3) for a config and checks a checkpoint's keys against it.
 The processor and the loader both build on this module; it imports neither.
 """
@@ -119,7 +120,10 @@ def _language_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
         if cfg.is_hyper(l):
             s[f"{p}self_attn.v_kv_proj.weight"] = (2 * nkv * hd, h)
             s[f"{p}self_attn.v_kv_proj.bias"] = (2 * nkv * hd,)
-            if cfg.generation == "g1":
+            if cfg.generation == "g1" and cfg.gate_form == "proj":
+                s[f"{p}self_attn.gate_proj.0.weight"] = (hd, hd)
+                s[f"{p}self_attn.gate_proj.0.bias"] = (hd,)
+            elif cfg.generation == "g1":
                 s[f"{p}self_attn.gate"] = (h,)
     s[f"{m}norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
@@ -142,7 +146,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _LAYER_KEY = re.compile(r"language_model\.model\.layers\.(\d+)\.(.+)")
 _ATTN_KNOWN = {f"self_attn.{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")}
 _ATTN_KNOWN.add("self_attn.o_proj.weight")
-_HYPER_KNOWN = {"self_attn.v_kv_proj.weight", "self_attn.v_kv_proj.bias", "self_attn.gate"}
+_GATE_PROJ = {"self_attn.gate_proj.0.weight", "self_attn.gate_proj.0.bias"}
+_HYPER_KNOWN = {"self_attn.v_kv_proj.weight", "self_attn.v_kv_proj.bias", "self_attn.gate", *_GATE_PROJ}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,10 +240,9 @@ def tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
-    """(generation, projector) from the checkpoint keys (reference §0 loader rule); refuses unknown hyper keys."""
-    keys = list(keys)
-    has_gate = has_vkv = False
+def _scan_hyper_keys(keys: list[str]) -> tuple[bool, bool, bool]:
+    """(has constant gate, has gate_proj, has v_kv_proj); refuses any other attention key of a layer."""
+    has_gate = has_proj = has_vkv = False
     for k in keys:
         m = _LAYER_KEY.fullmatch(k)
         if not m or not m.group(2).startswith("self_attn."):
@@ -248,20 +252,37 @@ def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
             continue
         if rest == "self_attn.gate":
             has_gate = True
+        elif rest in _GATE_PROJ:
+            has_proj = True
         elif rest.startswith("self_attn.v_kv_proj."):
             has_vkv = True
             if rest not in _HYPER_KNOWN:
                 raise CheckpointError(f"unknown hyper-attention key {k} (expected v_kv_proj.weight / .bias)")
         elif "gate" in rest:
-            raise CheckpointError(f"unknown gate key {k}: this loader knows only the G1 per-channel "
-                                  f"`self_attn.gate` [hidden] (an input-dependent gate_proj is an unverified "
-                                  f"variant, reference §10.1); refusing to guess")
+            raise CheckpointError(f"unknown gate key {k}: this loader knows the G1 gates `self_attn.gate` [hidden] "
+                                  f"and `self_attn.gate_proj.0.weight/.bias` [head_dim]; refusing to guess")
         else:
             raise CheckpointError(f"unknown attention key {k} (not in the official mPLUG-Owl3 layout)")
+    if has_gate and has_proj:
+        raise CheckpointError("the checkpoint has both self_attn.gate and self_attn.gate_proj keys: one G1 gate form "
+                              "per checkpoint (gate_proj is 7B-240728, gate 241014); check where its weights came from")
+    return has_gate, has_proj, has_vkv
+
+
+def detect_gate_form(keys: Iterable[str]) -> str:
+    """G1 gate form from the keys: "proj" (`self_attn.gate_proj`, 240728) or "channel" (`self_attn.gate`, or G2)."""
+    return "proj" if _scan_hyper_keys(list(keys))[1] else "channel"
+
+
+def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
+    """(generation, projector) from the checkpoint keys (reference §0 loader rule); refuses unknown hyper keys.
+    The G1 gate form is `detect_gate_form`."""
+    keys = list(keys)
+    has_gate, has_proj, has_vkv = _scan_hyper_keys(keys)
     if not has_vkv:
         raise CheckpointError("no language_model.model.layers.*.self_attn.v_kv_proj keys: not an mPLUG-Owl3 "
                               "checkpoint (it has no hyper-attention layers)")
-    generation = "g1" if has_gate else "g2"
+    generation = "g1" if has_gate or has_proj else "g2"
     ks = set(keys)
     if f"{PROJECTOR}weight" in ks:
         projector = "linear"
@@ -272,7 +293,6 @@ def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
         raise CheckpointError(f"unknown projector layout: expected vision2text_model.weight (linear) or "
                               f"vision2text_model.0/.2.weight (MLP), found {found[:4] or 'no vision2text_model keys'}")
     return generation, projector
-
 
 
 def check_layout(d: Path, cfg: Owl3Config, shapes: dict[str, tuple[int, ...]]) -> tuple[list[str], list[str]]:
@@ -291,7 +311,7 @@ def check_layout(d: Path, cfg: Owl3Config, shapes: dict[str, tuple[int, ...]]) -
         if m and m.group(2) in _HYPER_KNOWN and int(m.group(1)) not in hyper:
             raise CheckpointError(f"hyper key {k} on layer {int(m.group(1))} (0-based), but config.json "
                                   f"hyper_layers (1-based) is {cfg.hyper_layers}")
-        raise CheckpointError(f"unexpected key {k} (not in the official layout of a {cfg.generation.upper()} "
+        raise CheckpointError(f"unexpected key {k} (not in the official layout of a {cfg.form} "
                               f"checkpoint with this config.json)")
     missing = [k for k in expected if k not in shapes and not is_unused(k, cfg)]
     if missing:

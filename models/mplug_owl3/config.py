@@ -7,6 +7,11 @@ weights are, nor which projector they use; the loader reads that from the safete
 - `generation`: "g1" (separate cross-attention + sigmoid gate; 7B-240728, 241014) or "g2" (one fused softmax;
   7B-241101).
 - `projector`: "linear" (`vision2text_model.{weight,bias}`) or "mlp" (`vision2text_model.{0,2}.*`).
+- `gate_form` (G1 only): "proj", the input-dependent `self_attn.gate_proj` of the official 7B-240728 code, or
+  "channel", the constant per-channel `self_attn.gate` (most likely the 1B/2B-241014 code). `form` names the
+  three checkpoint generations as one label: "g1-gateproj", "g1", "g2" (`lvx demo --generation`).
+
+A json value of the wrong type is refused with its field name, the value and the type expected.
 
 Unknown json keys are kept in `extra` so `to_dict()` writes them back unchanged.
 """
@@ -20,10 +25,41 @@ from typing import Any, Literal
 
 Generation = Literal["g1", "g2"]
 Projector = Literal["linear", "mlp"]
+GateForm = Literal["channel", "proj"]
+# checkpoint generation label -> (generation, G1 gate form)
+FORMS: dict[str, tuple[Generation, GateForm]] = {"g1-gateproj": ("g1", "proj"), "g1": ("g1", "channel"),
+                                                  "g2": ("g2", "channel")}
+# what each label is, in one line (`lvx info --model`)
+FORM_NOTES = {
+    "g1-gateproj": "G1 as 7B-240728: separate cross-attention, input-dependent gate self_attn.gate_proj (per head)",
+    "g1": "G1 as 1B/2B-241014: separate cross-attention, constant per-channel gate self_attn.gate",
+    "g2": "G2 as 7B-241101: one fused softmax over visual and text keys, no gate",
+}
 
 # The trained context of every released checkpoint; positions beyond it work (RoPE is computed on the fly) but
 # the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
+
+
+def split_form(form: str) -> tuple[Generation, GateForm]:
+    """(generation, gate form) of a checkpoint generation label ("g1-gateproj", "g1" or "g2")."""
+    if form not in FORMS:
+        raise ValueError(f"generation must be one of {', '.join(FORMS)}, not {form!r}")
+    return FORMS[form]
+
+
+def _check_types(cls, known: dict[str, Any], where: str) -> None:
+    """Refuse a json value of the wrong type by name (else it fails later with an unrelated message)."""
+    want = {"int": int, "float": (int, float), "bool": bool, "str": str}
+    for f in fields(cls):
+        if f.name not in known or f.type not in want:
+            continue
+        v = known[f.name]
+        if v is None and f.name.endswith("_token_id"):
+            continue
+        if not isinstance(v, want[f.type]) or (f.type in ("int", "float") and isinstance(v, bool)):
+            raise ValueError(f"{where}{f.name} is {v!r} ({type(v).__name__}); expected a{'n' * (f.type == 'int')} "
+                             f"{f.type}")
 
 
 def _split(cls, d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -74,6 +110,7 @@ class SiglipVisionConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SiglipVisionConfig":
         known, extra = _split(cls, d)
+        _check_types(cls, known, "vision_config.")
         return cls(**known, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +149,7 @@ class Owl3Config:
     # not in config.json: filled by the loader from the checkpoint keys (reference §0 "Loader rule")
     generation: Generation = "g2"
     projector: Projector = "mlp"
+    gate_form: GateForm = "channel"  # G1 only: "proj" (7B-240728 gate_proj) or "channel" (self_attn.gate)
     # every other json key (architectures, auto_map, sliding_window, ...), written back by to_dict()
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +158,8 @@ class Owl3Config:
             raise ValueError(f"generation must be 'g1' or 'g2', not {self.generation!r}")
         if self.projector not in ("linear", "mlp"):
             raise ValueError(f"projector must be 'linear' or 'mlp', not {self.projector!r}")
+        if self.gate_form not in ("channel", "proj"):
+            raise ValueError(f"gate_form must be 'channel' or 'proj', not {self.gate_form!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                              f"{self.num_attention_heads}")
@@ -136,6 +176,11 @@ class Owl3Config:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def form(self) -> str:
+        """The checkpoint generation as one label: "g1-gateproj" (7B-240728), "g1" (241014) or "g2" (241101)."""
+        return "g1-gateproj" if self.generation == "g1" and self.gate_form == "proj" else self.generation
 
     @property
     def num_kv_groups(self) -> int:
@@ -160,21 +205,26 @@ class Owl3Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, generation: Generation | None = None,
-                  projector: Projector | None = None) -> "Owl3Config":
-        """Parse an official config.json dict. `generation`/`projector` come from the checkpoint keys; when not
-        given they default to the G2 pair ("g2", "mlp")."""
+                  projector: Projector | None = None, gate_form: GateForm | None = None) -> "Owl3Config":
+        """Parse an official config.json dict. `generation`/`projector`/`gate_form` come from the checkpoint keys;
+        when not given they default to the G2 pair ("g2", "mlp")."""
         d = dict(d)
         vision = SiglipVisionConfig.from_dict(d.pop("vision_config", None) or {})
         known = {k: d.pop(k) for k in cls._TOP_KEYS if k in d}
-        if "hyper_layers" in known:
-            known["hyper_layers"] = [int(x) for x in known["hyper_layers"]]
         if isinstance(known.get("eos_token_id"), list):  # some configs list several; keep the json as is
             d["eos_token_id"] = known.pop("eos_token_id")
+        _check_types(cls, known, "")
+        if "hyper_layers" in known:
+            layers = known["hyper_layers"]
+            if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+                raise ValueError(f"hyper_layers is {layers!r}; expected a list of ints (1-based layer numbers)")
         kw: dict[str, Any] = {}
         if generation is not None:
             kw["generation"] = generation
         if projector is not None:
             kw["projector"] = projector
+        if gate_form is not None:
+            kw["gate_form"] = gate_form
         return cls(**known, vision=vision, extra=d, **kw)
 
     @classmethod
@@ -182,7 +232,7 @@ class Owl3Config:
         return cls.from_dict(json.loads(Path(path).read_text()), **kw)
 
     def to_dict(self) -> dict[str, Any]:
-        """The official config.json layout (no `generation`/`projector`: those live in the weights)."""
+        """The official config.json layout (no `generation`/`projector`/`gate_form`: those live in the weights)."""
         out: dict[str, Any] = {
             "architectures": ["mPLUGOwl3Model"],
             "auto_map": {

@@ -11,8 +11,12 @@ Per generation:
     [visual keys; text keys], computed here exactly as text attention (out, lse) merged with visual attention
     (out, lse) by log-sum-exp.
   - G1 (240728, 241014): p_j = start_j + 1; token t sees frame j iff start_j < t. Text self-attention C_sa and
-    visual cross-attention C_ca are mixed per channel before o_proj: (1 - sigmoid(gate)) * C_sa + sigmoid(gate)
-    * C_ca, only on rows that see at least one frame.
+    visual cross-attention C_ca (per head, before o_proj) are mixed as (1 - g) * C_sa + g * C_ca, only on rows
+    that see at least one frame. The gate g has two forms, picked by the checkpoint keys (`config.gate_form`):
+    "proj" (official 7B-240728 code): g = sigmoid(C_sa[.., h, :] @ W.T + b), `gate_proj = Sequential(Linear(hd,
+    hd), Sigmoid())`, the same Linear for every head, so g depends on the token; "channel" (241014): a constant
+    g = sigmoid(gate), one value per channel of the hidden size. Either needs only the row's own C_sa, so a rank
+    mixes its query rows without any communication, in prefill, decoding and training alike.
 start_j is the token index where frame j's `<|image|>` placeholder begins (`media_starts`). Visible frames always
 form a prefix 0..q_vis-1, so a query carries one integer q_vis and a visual key its frame index k_frame; the
 attention kernels mask with `k_frame < q_vis`. A decode token comes after every placeholder, so it sees all frames.
@@ -117,14 +121,22 @@ class VisualStep:
 
 
 class HyperAttention(Qwen2Attention):
-    """Qwen2 self-attention plus visual cross-attention (`v_kv_proj`, and `gate` for G1)."""
+    """Qwen2 self-attention plus visual cross-attention (`v_kv_proj`, and `gate` or `gate_proj` for G1)."""
 
     def __init__(self, config: Owl3Config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.generation = config.generation
         self.v_kv_proj = nn.Linear(config.hidden_size, 2 * self.num_kv_heads * self.head_dim)
-        if config.generation == "g1":
+        if config.generation == "g1" and config.gate_form == "proj":
+            self.gate_proj = nn.Sequential(nn.Linear(self.head_dim, self.head_dim), nn.Sigmoid())
+        elif config.generation == "g1":
             self.gate = nn.Parameter(torch.zeros(config.hidden_size))
+
+    def g1_gate(self, c_sa: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+        """The G1 gate in dtype `ct`: per token and head from C_sa (B, L, nh, hd) for "proj", else (nh, hd)."""
+        if hasattr(self, "gate_proj"):
+            return self.gate_proj(c_sa.to(self.gate_proj[0].weight.dtype)).to(ct)
+        return torch.sigmoid(self.gate.to(ct)).view(self.num_heads, self.head_dim)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         q, k, v = self.project(x, ctx)
@@ -137,7 +149,7 @@ class HyperAttention(Qwen2Attention):
                 out, _ = merge(out, lse, out_v, lse_v)
             else:  # gate mix before o_proj, only where at least one frame is visible
                 ct = torch.promote_types(out.dtype, torch.float32)
-                g = torch.sigmoid(self.gate.to(ct)).view(self.num_heads, self.head_dim)
+                g = self.g1_gate(out, ct)
                 out = out.to(ct)
                 mixed = (1 - g) * out + g * out_v.to(ct)
                 out = torch.where((vis.q_vis > 0)[..., None, None], mixed, out)

@@ -2,8 +2,8 @@
 
 - Inspects the checkpoint (`checkpoint.py`: where it is, its safetensors headers, the architecture its keys imply)
   and checks it against the official layout (§3) computed from its own config.json: a missing key, a key of
-  the wrong shape, an unknown hyper-attention or gate key (e.g. an input-dependent `self_attn.gate_proj`, which
-  the reference cannot rule out for 241014, §10.1), hyper keys on layers config.json does not list, a tokenizer
+  the wrong shape, an unknown hyper-attention or gate key (the G1 gates are `self_attn.gate_proj.0.*`, 240728, and
+  `self_attn.gate`, 241014), hyper keys on layers config.json does not list, a tokenizer
   whose specials disagree with config.json: each is a `CheckpointError` with one line naming the problem and key.
 - Ignores the vision keys the model never uses (last encoder layer, post_layernorm, pooling head; §10.6: they may or
   may not be stored), and `lm_head.weight` when embeddings are tied.
@@ -33,12 +33,13 @@ from .checkpoint import (
     CheckpointError,
     check_layout,
     detect_architecture,
+    detect_gate_form,
     official_shapes,
     resolve_checkpoint,
     safetensors_files,
     tensor_shapes,
 )
-from .config import Owl3Config
+from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model
 from .processor import DEFAULT_CUT_TEMPLATE, Owl3Processor, detect_cut_template
 from .tokenizer import Owl3Tokenizer
@@ -56,7 +57,7 @@ class CheckpointInfo:
     """What a checkpoint directory holds, read from config.json, the safetensors headers and the tokenizer."""
 
     path: Path
-    config: Owl3Config  # generation / projector filled from the keys
+    config: Owl3Config  # generation / projector / gate_form filled from the keys
     files: dict[str, Path]  # key -> safetensors file holding it
     shapes: dict[str, tuple[int, ...]]
     used_keys: list[str]  # the keys the model loads (official minus unused vision keys, minus tied lm_head)
@@ -115,7 +116,7 @@ def inspect_checkpoint(path_or_id: str | os.PathLike, revision: str | None = Non
     files = safetensors_files(d)
     generation, projector = detect_architecture(files)
     try:
-        cfg = Owl3Config.from_dict(raw, generation=generation, projector=projector)
+        cfg = Owl3Config.from_dict(raw, generation=generation, projector=projector, gate_form=detect_gate_form(files))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{d / 'config.json'}: {e}") from None
     shapes = tensor_shapes(files)
@@ -203,6 +204,7 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype = torch.floa
         raise ValueError(f"parts must be a non-empty subset of {tuple(PARTS)}, got {tuple(parts)}")
     info = inspect_checkpoint(path_or_id, revision)
     cfg = info.config
+    log.info("%s: %s (%s)", info.path, cfg.form, FORM_NOTES[cfg.form])
     for note in info.notes:
         log.info("%s: %s", info.path, note)
     with torch.device("meta"):

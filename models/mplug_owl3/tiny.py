@@ -15,7 +15,8 @@
 Tiny sizes: text hidden 64, 4 layers (2 hyper), 4 heads / 2 kv heads (head_dim 16); SigLIP hidden 32, 3 layers
 (2 used), patch 14 and image_size 28 (G2) / 30 (G1, like 384 it is not a multiple of 14: the conv drops the
 remainder) -> a 2x2 grid = 4 visual tokens per image. G1: linear projector, `self_attn.gate`, tied embeddings
-(like 1B-241014). G2: MLP projector, untied (like 7B-241101). Everything derives from the config.
+(like 1B-241014). G1-gateproj: the same with the input-dependent `self_attn.gate_proj.0.*` (like 7B-240728).
+G2: MLP projector, untied (like 7B-241101). Everything derives from the config.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from .checkpoint import official_shapes
-from .config import Owl3Config, SiglipVisionConfig
+from .config import FORMS, Owl3Config, SiglipVisionConfig, split_form
 
 # Qwen2's pre-tokenizer split (from its tokenizer.json).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -88,9 +89,11 @@ def train_tiny_tokenizer(seed: int = 0, vocab_size: int = 600) -> Tokenizer:
     return tok
 
 
-def tiny_config(generation: Literal["g1", "g2"] = "g2", vocab_size: int = 640, *, bos_token_id: int = 0,
+def tiny_config(form: str = "g2", vocab_size: int = 640, *, bos_token_id: int = 0,
                 eos_token_id: int = 0, tie_word_embeddings: bool | None = None,
                 projector: Literal["linear", "mlp"] | None = None) -> Owl3Config:
+    """Tiny sizes for a checkpoint generation label (`config.FORMS`: "g1-gateproj", "g1" or "g2")."""
+    generation, gate_form = split_form(form)
     g1 = generation == "g1"
     return Owl3Config(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -99,20 +102,21 @@ def tiny_config(generation: Literal["g1", "g2"] = "g2", vocab_size: int = 640, *
         hyper_layers=[1, 3] if g1 else [2, 4], bos_token_id=bos_token_id, eos_token_id=eos_token_id,
         vision=SiglipVisionConfig(hidden_size=32, image_size=30 if g1 else 28, intermediate_size=64,
                                   num_attention_heads=2, num_hidden_layers=3, patch_size=14),
-        generation=generation, projector=projector or ("linear" if g1 else "mlp"),
+        generation=generation, projector=projector or ("linear" if g1 else "mlp"), gate_form=gate_form,
         extra={"sliding_window": 32768 if g1 else 131072},
     )
 
 
 def random_weights(cfg: Owl3Config, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Every official key with a random tensor: N(0, 0.02) matrices, N(0, 0.02) biases, norms ~ 1 + N(0, 0.1),
-    the G1 gate ~ N(0, 1) (so both the text and the visual path matter)."""
+    the G1 gate and gate_proj ~ N(0, 1) (so both the text and the visual path matter, and for gate_proj the gate
+    depends on the token)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for key, shape in official_shapes(cfg).items():
         if "norm" in key and key.endswith("weight"):
             t = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        elif key.endswith(".gate"):
+        elif key.endswith(".gate") or ".gate_proj.0." in key:
             t = torch.randn(shape, generator=g)
         elif key.endswith("position_embedding.weight") or key.endswith("probe"):
             t = 0.5 * torch.randn(shape, generator=g)
@@ -146,17 +150,17 @@ def _tokenizer_config(tok: Tokenizer) -> dict:
     }
 
 
-def write_tiny_checkpoint(directory: str | Path, generation: Literal["g1", "g2"] = "g2", seed: int = 0, *,
+def write_tiny_checkpoint(directory: str | Path, generation: str = "g2", seed: int = 0, *,
                           shards: int = 1, dtype: torch.dtype = torch.bfloat16,
                           tie_word_embeddings: bool | None = None,
                           projector: Literal["linear", "mlp"] | None = None) -> Path:
-    """Write a random-weight checkpoint of `generation` ("g1" or "g2") into `directory`; returns the directory.
+    """Write a random-weight checkpoint of `generation` ("g1-gateproj", "g1" or "g2") into `directory`.
 
     `shards > 1` splits the weights over `model-0000k-of-0000n.safetensors` with a `model.safetensors.index.json`,
-    as HF does for large checkpoints. Deterministic for a given seed.
+    as HF does for large checkpoints. Deterministic for a given seed. Returns the directory.
     """
-    if generation not in ("g1", "g2"):
-        raise ValueError(f"generation must be 'g1' or 'g2', not {generation!r}")
+    if generation not in FORMS:
+        raise ValueError(f"generation must be one of {', '.join(FORMS)}, not {generation!r}")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
 

@@ -1,0 +1,77 @@
+"""Why a worker group died, in one line naming the rank that failed first: shared by every launcher of ours.
+
+When one rank dies, its peers fail too (gloo "Connection reset by peer", NCCL timeouts) and torchrun sends the
+rest SIGTERM; those are consequences. The cause is a rank whose own error is not a lost peer, or one killed by a
+signal other than torchrun's SIGTERM (the out-of-memory killer, a segfault, `kill -9`). Ranks started through
+`lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write their error to `error_file(run_dir, rank)`.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_DIR_ENV = "LVX_RUN_DIR"
+FAILURE_PREFIX = "error: "  # the launcher's line: FAILURE_PREFIX + describe_failures(...)
+
+PEER_LOST = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
+    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
+)
+
+
+def error_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"error-rank{rank}.txt"
+
+
+def pid_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"pid-rank{rank}.txt"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank as the launcher saw it, in the order the launcher observed them."""
+
+    rank: int
+    exitcode: int | None  # negative: killed by that signal
+
+
+def _last_line(path: Path) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "no message"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
+    """(what happened to the rank, whether that explains the group's death rather than follows from it)."""
+    own = error_file(run_dir, f.rank) if run_dir is not None else None
+    if own is not None and own.exists():
+        text = _last_line(own)
+        return text, not PEER_LOST.search(text)
+    if f.exitcode is not None and f.exitcode < 0:
+        why = f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
+        return why, f.exitcode != -signal.SIGTERM  # torchrun stops the survivors with SIGTERM
+    return f"exit code {f.exitcode}", False
+
+
+def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[RankFailure, str] | None:
+    """The rank that failed first and why: the first whose failure is a cause, not a peer that lost it."""
+    if not failures:
+        return None
+    reasons = [(f, *_reason(f, run_dir)) for f in failures]
+    failure, why, _ = next((r for r in reasons if r[2]), reasons[0])
+    return failure, why
+
+
+def describe_failures(failures: list[RankFailure], run_dir: Path | None) -> str | None:
+    """'rank R failed: why' for `first_failure`; None when there is no failure."""
+    chosen = first_failure(failures, run_dir)
+    return None if chosen is None else f"rank {chosen[0].rank} failed: {chosen[1]}"

@@ -1,0 +1,97 @@
+"""Ctrl-C while `lvx chat` starts: exit at once and quietly (no traceback), with no rank left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lvx_app.parallel.failures import pid_file
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _chat(tmp_path: Path, model: str, video: str) -> subprocess.Popen:
+    """`lvx chat` on 2 CPU ranks in a session of its own (Ctrl-C in a terminal goes to that process group)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "lvx_app.cli", "chat", video, "--model", model, "--gpus", "0", "--ranks", "2",
+           "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+
+
+def _ctrl_c(proc: subprocess.Popen) -> tuple[int, str, float]:
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def test_ctrl_c_while_torch_loads_exits_quietly(tiny_checkpoints, short_video, tmp_path):
+    proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
+    time.sleep(0.5)  # the CLI is importing torch
+    code, out, _ = _ctrl_c(proc)
+    assert code == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(tiny_checkpoints, short_video, tmp_path):
+    proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            pids = [int(p.read_text()) for run in tmp_path.glob("lvx-run-*") for p in (pid_file(run, 0), pid_file(run, 1))
+                    if p.exists() and p.read_text()]  # fmt: skip
+            time.sleep(0.1)
+        assert len(pids) == 2, "the ranks did not start"
+        code, out, took = _ctrl_c(proc)
+        assert code == 130 and "Traceback" not in out and "Aborted" not in out, out
+        assert took < 10, took
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a rank outlived lvx chat"
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpoints, short_video, tmp_path):
+    """The parent-death signal follows the thread that started the launcher: a server request thread must not
+    take the group with it when it ends."""
+    import threading
+    from dataclasses import asdict
+
+    from lvx_app.engine.launch import RemoteEngine
+    from lvx_app.engine.session import SessionConfig
+
+    box: list[RemoteEngine] = []
+    config = SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1)
+    thread = threading.Thread(target=lambda: box.append(RemoteEngine(asdict(config), 2, cuda=False)))
+    thread.start()
+    thread.join()
+    (engine,) = box
+    try:
+        time.sleep(1.0)  # a parent-death SIGKILL would have ended the launcher by now
+        assert engine.proc.poll() is None, "the group died with the thread that started it"
+        assert engine.load_video(short_video, 1.0).frames == 10
+    finally:
+        engine.close()

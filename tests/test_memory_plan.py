@@ -1,0 +1,82 @@
+"""The memory and time plan (lvx_app/engine/memory_plan.py): parameter counts from the meta device equal a real
+model's, the terms scale as the tensors they name, the largest-video search is tight, and the formula agrees with
+the measured peak RSS of the model code on this CPU within 15% (scripts/plan_gpu.py --check-rss)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lvx_app.engine.memory_plan import GB, Workload, largest_minutes, memory_plan, param_counts, time_plan
+from models.mplug_owl3.config import Owl3Config
+from models.mplug_owl3.modeling import Owl3Model
+from models.mplug_owl3.tiny import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("plan_gpu", ROOT / "scripts" / "plan_gpu.py")
+plan_gpu = importlib.util.module_from_spec(_spec)
+sys.modules["plan_gpu"] = plan_gpu
+_spec.loader.exec_module(plan_gpu)
+
+
+def test_meta_counts_equal_a_real_model() -> None:
+    cfg = tiny_config("g2")
+    model = Owl3Model(cfg)
+    counts = param_counts(cfg)
+    real = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert counts.total == real
+    assert counts.language == sum(p.numel() for p in model.language_model.parameters())
+    assert counts.vision == sum(p.numel() for p in model.vision_model.parameters())
+
+
+def test_7b_terms_are_the_tensor_sizes() -> None:
+    cfg = Owl3Config()
+    counts = param_counts(cfg)
+    hour = memory_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts)
+    assert hour.resident["weights"] == 2 * counts.total
+    assert hour.resident["features E"] == 3600 * 729 * 3584 * 2  # DESIGN: an hour of bf16 features is ~18.8 GB
+    cached = memory_plan(cfg, Workload(minutes=60, kv_mode="cache"), counts)
+    # 4 hyper layers; V is a view of the (tokens, 2*4*128) projection, K a new (tokens, 4*128) tensor
+    assert cached.resident["visual K/V"] == 4 * 3600 * 729 * 3 * 4 * 128 * 2
+    eight = memory_plan(cfg, Workload(minutes=60, kv_mode="cache", ranks=8), counts)
+    assert eight.resident["visual K/V"] == cached.resident["visual K/V"] // 8
+    assert eight.peak < cached.peak and cached.peak == max(cached.stages.values())
+
+
+def test_largest_video_is_tight() -> None:
+    cfg = Owl3Config()
+    counts = param_counts(cfg)
+    budget = 78 * 2**30
+    for mode in ("cache", "recompute"):
+        work = Workload(minutes=1, kv_mode=mode)
+        minutes = largest_minutes(cfg, work, budget, counts)
+        assert 0 < minutes < 180
+        assert memory_plan(cfg, replace(work, minutes=minutes), counts).peak <= budget
+        assert memory_plan(cfg, replace(work, minutes=minutes + 1 / 60), counts).peak > budget
+
+
+def test_time_plan_decode_reads_weights_and_keys() -> None:
+    cfg = Owl3Config()
+    counts = param_counts(cfg)
+    one = time_plan(cfg, Workload(minutes=60), counts=counts)
+    weights = (counts.language - counts.embedding) * 2
+    visual = 4 * 3600 * 729 * 2 * 4 * 128 * 2
+    text = 28 * (18 + 5 * 3600 + 24) * 2 * 4 * 128 * 2  # every layer's text K/V of the prompt and the question
+    assert one["decode step"]["hbm_gb"] == pytest.approx((weights + visual + text) / GB, rel=1e-6)
+    eight = time_plan(cfg, Workload(minutes=60, ranks=8), counts=counts)
+    assert eight["decode step"]["hbm_gb"] == pytest.approx((weights + (visual + text) / 8) / GB, rel=1e-6)  # weights replicated
+    for key in ("matmul_tflop", "attention_tflop"):  # the prompt's work splits over the ranks, the weight reads do not
+        assert eight["video-prompt prefill"][key] == pytest.approx(one["video-prompt prefill"][key] / 8)
+    assert eight["video-prompt prefill"]["hbm_gb"] == one["video-prompt prefill"]["hbm_gb"] == pytest.approx(weights / GB)
+    recompute = time_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts=counts)
+    assert recompute["tokens/s"] < one["tokens/s"] / 5  # every token recomputes 4 layers' K/V from E
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc's malloc settings")
+def test_formula_matches_measured_peak_rss_on_cpu() -> None:
+    for row in plan_gpu.check_rss():
+        assert abs(row["error"]) <= plan_gpu.RSS_TOLERANCE, row
