@@ -9,6 +9,7 @@ from multiprocessing import Pipe
 import pytest
 
 from lvx_app.engine import commands
+from lvx_app.engine.api import QuestionTooLong
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.launch import RemoteEngine
@@ -80,3 +81,21 @@ def test_a_new_entry_travels_over_the_frontend_link(echo_command):
     assert frontend.recv() == ("done", None)
     link.join(5)
     assert not link.is_alive()
+
+
+class RefusingSession(EchoSession):
+    def shout(self, text: str) -> str:
+        raise QuestionTooLong(f"the question is {len(text):,} tokens, over the cap")
+
+
+def test_an_engine_error_keeps_its_type_over_the_link(echo_command):
+    frontend, rank0 = Pipe()
+    link = threading.Thread(target=serve_link, args=(GroupDriver(RefusingSession(), ControlChannel()), rank0), daemon=True)
+    link.start()
+    remote = RemoteEngine.__new__(RemoteEngine)
+    remote.conn = frontend
+    with pytest.raises(QuestionTooLong, match="over the cap"):
+        remote.echo(text="x" * 10)
+    frontend.send(commands.SHUTDOWN.message())
+    assert frontend.recv() == ("done", None)
+    link.join(5)

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 from videomme_fixtures import LookupSession, answers_for, make_mini_videomme
 
+from lvx_app.engine.api import QuestionTooLong
 from lvx_app.eval.cli import eval_app, run_videomme
 from lvx_app.eval.results import ResultsError, merge_results, read_results
 
@@ -233,3 +234,23 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
     assert len(read_results(out).records) == 6 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, [*args, "--fps", "3"])
     assert result.exit_code == 1 and "different settings" in result.output and "Traceback" not in result.output
+
+
+def test_a_question_refused_as_too_long_is_recorded_and_the_run_goes_on(mini, tmp_path):
+    long_question = mini.rows[1]["question"]
+
+    class Capped(LookupSession):
+        def ask(self, prompt, max_new_tokens):
+            if long_question in prompt:
+                raise QuestionTooLong("the question is 99,999 tokens, over the 32,768 tokens a question may have here")
+            return super().ask(prompt, max_new_tokens)
+
+    out = tmp_path / "run.jsonl"
+    run = _run(mini, out, Capped(answers_for(mini.rows)))
+    records = {r["question_id"]: r for r in read_results(out).records}
+    refused = records[mini.rows[1]["question_id"]]
+    assert run.stats.refused == 1 and len(records) == 12
+    assert refused["refused"].startswith("the question is 99,999 tokens") and refused["response"] == ""
+    assert not refused["correct"] and sum(r["correct"] for r in records.values()) == 11
+    again = LookupSession(answers_for(mini.rows))
+    assert _run(mini, out, again).stats.refused == 0 and again.asked == [], "a refused question is not asked again"

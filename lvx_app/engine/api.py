@@ -18,6 +18,24 @@ class GroupFailed(EngineError):
     """The worker group died (a rank failed or the group exited): this engine cannot answer any more."""
 
 
+class QuestionTooLong(EngineError):
+    """A question over the cap, refused on every rank before any prefill: the engine answers the next one."""
+
+
+_ERRORS = {cls.__name__: cls for cls in (EngineError, GroupFailed, QuestionTooLong)}
+
+
+def error_over_link(exc: EngineError) -> tuple[str, str]:
+    """How an engine error travels from rank 0 to the frontend process: its type's name and its message."""
+    return type(exc).__name__, str(exc)
+
+
+def error_from_link(value: tuple[str, str]) -> EngineError:
+    """The error `error_over_link` sent, as the same type (EngineError for a type the frontend does not know)."""
+    name, message = value
+    return _ERRORS.get(name, EngineError)(message)
+
+
 class EngineWarning(UserWarning):
     """A warning raised on rank 0 of a worker group (an fps clamped, a prompt beyond the trained length), re-raised
     in the frontend process so the user sees it: the ranks' own output goes to the group log."""

@@ -30,6 +30,7 @@ from lvx_app.engine.api import (
     GroupFailed,
     ProgressFn,
     VideoSummary,
+    error_from_link,
 )
 from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
 from lvx_app.engine.link import answer_stats
@@ -147,7 +148,7 @@ class RemoteEngine:
             if kind == "done":
                 return value
             if kind == "error":
-                raise EngineError(value)
+                raise error_from_link(value)
             raise EngineError(f"unexpected message {kind!r} from rank 0")
 
     def load_video(
@@ -162,7 +163,7 @@ class RemoteEngine:
             elif kind == "done":
                 return VideoSummary(**value)
             elif kind == "error":
-                raise EngineError(value)
+                raise error_from_link(value)
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
         self._send(ASK, question=question, params=params)
@@ -178,7 +179,7 @@ class RemoteEngine:
                     return
                 elif kind == "error":
                     finished = True
-                    raise EngineError(value)
+                    raise error_from_link(value)
         finally:
             if not finished:  # the caller stopped reading: stop the group, drain to the end of the turn
                 self.interrupt()

@@ -11,7 +11,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from lvx_app.engine.api import AnswerStats, EngineError
+from lvx_app.engine.api import AnswerStats, EngineError, error_over_link
 from lvx_app.engine.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
 
 
@@ -50,7 +50,7 @@ def serve_link(driver: Any, conn: Connection) -> None:
                 raise EngineError(f"unknown request {name!r}")
             conn.send(("done", _run(driver, conn, command, kwargs)))
         except EngineError as exc:
-            conn.send(("error", str(exc)))
+            conn.send(("error", error_over_link(exc)))
 
 
 def _run(driver: Any, conn: Connection, command: Command, kwargs: dict) -> Any:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL, DEFAULT_TIMEOUT_S
 from lvx_app.devices import memory_report, resolve_dtype
-from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
+from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, QuestionTooLong, VideoSummary
 from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
@@ -292,7 +292,7 @@ class Session:
         shape = PrefillShape(self.info.world_size, self.position, self.dtype.itemsize)
         limit, why = question_limit(self.model.config, shape, budget)
         if n > limit:
-            raise EngineError(too_long(n, limit, why))
+            raise QuestionTooLong(too_long(n, limit, why))
 
     def _feed_token(self, token: int) -> torch.Tensor:
         """One decoding step on every rank: feed the agreed token, return the next logits (V,)."""

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from lvx_app.engine.api import QuestionTooLong
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt
@@ -78,6 +79,7 @@ class RunStats:
     already_done: int = 0
     missing_video: int = 0  # questions skipped because their video file is missing
     failed_videos: dict[str, str] = field(default_factory=dict)  # videoID -> error, questions not answered
+    refused: int = 0  # questions the engine refused as too long: recorded with an empty response (scored wrong)
     seconds: float = 0.0
 
 
@@ -150,11 +152,14 @@ def run_eval(
                 progress.advance(v_task)
                 continue
             failures_in_a_row = 0
-            _answer_video(dataset, qs, session, writer, info, time.perf_counter() - t0, answered,
-                          subtitles=subtitles, max_new_tokens=max_new_tokens, scoring=scoring)  # fmt: skip
+            stats.refused += _answer_video(dataset, qs, session, writer, info, time.perf_counter() - t0, answered,
+                                           subtitles=subtitles, max_new_tokens=max_new_tokens, scoring=scoring)  # fmt: skip
             session.reset()
             progress.advance(v_task)
     stats.seconds = time.perf_counter() - start
+    if stats.refused:
+        console.print(f"[yellow]{stats.refused} question(s) were refused as too long to prefill; they are recorded with "
+                      "an empty response (scored wrong) and a 'refused' field saying why.")  # fmt: skip
     return stats
 
 
@@ -183,22 +188,31 @@ def _skip_video(session: EvalSession, stats: RunStats, console: Console, video_k
 def _answer_video(
     dataset: Dataset, qs: Sequence[Question], session: EvalSession, writer: ResultsWriter, info: VideoInfo,
     load_s: float, answered: Callable[[], None], *, subtitles: bool, max_new_tokens: int, scoring: str,
-) -> None:  # fmt: skip
-    """Ask every question of the loaded video and write each answer before asking the next."""
+) -> int:  # fmt: skip
+    """Ask every question of the loaded video and write each answer before asking the next; returns how many the
+    engine refused as too long (each is written with an empty response and why, so a rerun does not ask it again)."""
+    refused = 0
     lines: list[str] = []
     if subtitles:
         lines = select_lines(load_srt(dataset.subtitle_path(qs[0])), info.timestamps)
     for q in qs:
         prompt = build_prompt(q.question, q.options, lines)
         t1 = time.perf_counter()
-        response = session.ask(prompt, max_new_tokens)
+        try:
+            response, why = session.ask(prompt, max_new_tokens), None
+        except QuestionTooLong as exc:  # the same prompt would be refused again: record it, go on
+            response, why = "", str(exc)
+            refused += 1
         ask_s = time.perf_counter() - t1
         pred = extract(response, scoring)
         record = answer_record(q, prompt, response, pred, scoring, info, len(lines), load_s, ask_s)
+        if why is not None:
+            record["refused"] = why
         if getattr(session, "answer_info", None):
             record["answer_info"] = dict(session.answer_info)  # type: ignore[attr-defined]
         writer.write(record)
         answered()
+    return refused
 
 
 def answer_record(
