@@ -274,6 +274,7 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
             note = f"{bitmap}: bitmap subtitles cannot be read as text; pass an .srt file with --subtitles FILE"
             return SubtitleTrack(notes=[note] if streams else [])
         stream = text[0]
+        label = _stream_label(stream, video)  # while the container is open: a closed stream's fields are garbage
         cues = []
         try:
             for packet in container.demux(stream):
@@ -286,10 +287,10 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
                     if body:
                         cues.append(Cue(start, end, body))
         except av.error.FFmpegError as exc:
-            raise SubtitleError(f"{_stream_label(stream, video)} could not be read ({exc}); pass --subtitles FILE "
+            raise SubtitleError(f"{label} could not be read ({exc}); pass --subtitles FILE "
                                 "or --subtitles none") from None  # fmt: skip
     cues.sort(key=lambda c: (c.start, c.end))
-    return SubtitleTrack(cues, _stream_label(stream, video))
+    return SubtitleTrack(cues, label)
 
 
 def _auto(video: Path, lang: str | None, encoding: str | None) -> SubtitleTrack:

@@ -65,7 +65,8 @@ def test_sidecar_language_choice(tmp_path):
 def test_embedded_text_streams(short_video, tmp_path, codec, ext):
     video = add_subtitle_stream(short_video, tmp_path / f"movie{ext}", [(s, e, t) for s, e, t in CUES], codec)
     track = resolve_subtitles(video, "auto")
-    assert _texts(track) == CUES and f"({'srt' if codec == 'subrip' else 'ssa' if codec == 'ass' else codec}, eng)" in track.source
+    name = {"subrip": "srt", "ass": "ssa"}.get(codec, codec)
+    assert _texts(track) == CUES and track.source == f"stream 1 ({name}, eng) of movie{ext}"
     assert resolve_subtitles(video, "auto", "en").cues and not resolve_subtitles(video, "auto", "ja").cues
     (tmp_path / "movie.srt").write_text(SRT.replace("hello", "sidecar"))
     assert resolve_subtitles(video, "auto").source == "movie.srt", "a sidecar file wins over the stream inside"
