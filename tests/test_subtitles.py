@@ -160,3 +160,37 @@ def test_chat_block_is_the_eval_prompts(tiny_checkpoints, short_video, tmp_path)
     eval_prompt = build_prompt("Q?", ["A. a.", "B. b."], select_lines(load_srt(srt), summary.timestamps))
     assert block == f"{SUBTITLE_HEADER}\nhello there\nsecond line" and summary.subtitle_lines == 2
     assert eval_prompt.startswith(block + "\nSelect the best answer")
+
+
+def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
+    """`lvx chat --subtitles`: a bad file is one line before any model loads; a good one is said and placed."""
+    import io
+
+    from rich.console import Console
+
+    from lvx_app.engine.api import GenerationParams
+    from lvx_app.engine.open import open_engine
+    from lvx_app.engine.session import SessionConfig
+    from lvx_app.frontends.terminal import run_chat, run_chat_command
+
+    bad = tmp_path / "bad.srt"
+    bad.write_bytes(b"\x00\x01" * 100)
+    out = io.StringIO()
+    code = run_chat_command(video=short_video, gpus=0, ranks=1, params=GenerationParams(), subtitles=str(bad),
+                            console=Console(file=out, width=200), model="/nonexistent/checkpoint", revision=None,
+                            fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=60.0, use_cache=False,
+                            cache_dir=None)  # fmt: skip
+    assert code == 2 and out.getvalue().strip().splitlines() == [f"error: {bad.name} is binary, not a text subtitle "
+                                                                 "file; pass an .srt or .vtt file, or --subtitles none"]
+    good = tmp_path / "good.srt"
+    good.write_text(SRT)
+    engine = open_engine(SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1)
+    out = io.StringIO()
+    try:
+        code = run_chat(engine, video=short_video, fps=1.0, params=GenerationParams(max_new_tokens=4),
+                        console=Console(file=out, width=200), stdin=io.StringIO("what is said?\n/quit\n"),
+                        subtitles=resolve_subtitles(short_video, str(good)))  # fmt: skip
+    finally:
+        engine.close()
+    text = out.getvalue()
+    assert code == 0 and "2 subtitle line(s) placed" in text and "subtitles: 2 line(s) at the sampled frames, from good.srt" in text
