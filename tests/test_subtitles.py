@@ -194,3 +194,20 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
         engine.close()
     text = out.getvalue()
     assert code == 0 and "2 subtitle line(s) placed" in text and "subtitles: 2 line(s) at the sampled frames, from good.srt" in text
+
+
+def test_multi_node_chat_entry_point_takes_subtitles(tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch):
+    """`python -m lvx_app.frontends.worker --frontend chat VIDEO --subtitles FILE` (rank 0 of a torchrun job)."""
+    import io
+    import sys
+
+    from lvx_app.frontends.worker import main
+
+    good = tmp_path / "good.srt"
+    good.write_text(SRT)
+    config = f'{{"model": "{tiny_checkpoints["g2"]}", "cache_dir": "{tmp_path}", "decode_workers": 1}}'
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
+    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
+    assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in capsys.readouterr().out
+    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(tmp_path / "no.srt")]) == 0
+    assert "error: subtitle file not found" in capsys.readouterr().err
