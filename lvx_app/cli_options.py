@@ -41,11 +41,11 @@ NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visu
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
 
 # Subtitles (lvx chat; lvx serve's token budget): placed after the video in the prompt prefilled at load.
-SUBTITLES = typer.Option(
-    "auto", "--subtitles",
-    help="auto: a .srt/.vtt next to the video with its name (movie.en.srt too), else a text subtitle stream inside "
-    "it; none; or a subtitle FILE. Only the lines at the sampled frames are used, as in the Video-MME eval.",
-)  # fmt: skip
+_SUBTITLES_HELP = (
+    "auto: a .srt/.vtt next to the video with its name (movie.en.srt too), else a text subtitle stream inside it; "
+    "none; or a subtitle FILE. Only the lines at the sampled frames are used, as in the Video-MME eval."
+)
+SUBTITLES = typer.Option("auto", "--subtitles", help=_SUBTITLES_HELP)
 SUBTITLE_LANG = typer.Option(
     None, "--subtitle-lang", help="Language of the subtitles to pick with --subtitles auto (en, eng, fr, ...)."
 )

@@ -7,18 +7,15 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
-from test_generation_cache import generate
+from test_engine import PARAMS, QUESTIONS, _reference
 
-from lvx_app.engine.api import EngineWarning, GenerationParams
+from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver, worker_loop
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.subtitles import Cue, select_lines, subtitle_block
+from lvx_app.subtitles import Cue
 
-QUESTIONS = ("what is said in the video?", "and after that?")
-PARAMS = GenerationParams(max_new_tokens=8)
 CUES = [Cue(0.0, 2.2, "hello and welcome."), Cue(2.5, 4.4, "a black cat walks by"), Cue(6.0, 9.5, "goodbye!")]
 OTHER = [Cue(0.0, 9.5, "something else entirely")]
 
@@ -49,35 +46,10 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     return out
 
 
-def _reference(checkpoint: str, video: str, cues: list[Cue], turns: int) -> list[str]:
-    """One process: the whole prompt with the block after the video, re-prefilled from scratch each turn."""
-    from lvx_app.video import ingest
-    from models.mplug_owl3.loader import load_model
-
-    model, _, proc = load_model(checkpoint)
-    shard = ingest(video, model.encode_images, fps=1.0, image_size=proc.image_size, cache=False, progress=False,
-                   decode_workers=1)  # fmt: skip
-    block = subtitle_block(select_lines(cues, shard.plan.timestamps))
-    content = "<|video|>\n" + block + "\n" + QUESTIONS[0]
-    prompt = proc.build_chat_prompt([{"role": "user", "content": content}], videos=[shard.num_frames])
-    visual = model.prepare_visual(shard.features, torch.tensor(prompt.media_starts))
-    ids, answers, out = prompt.input_ids, [], []
-    for i, question in enumerate(QUESTIONS[:turns]):
-        if i:
-            ids = torch.cat([ids, torch.tensor(out + [proc.stop_ids[0]])])
-            ids = torch.cat([ids, proc.build_followup(question, offset=len(ids)).input_ids])
-        out = generate(model, ids.view(1, -1), visual=visual, max_new_tokens=PARAMS.max_new_tokens,
-                       stop_ids=[model.config.eos_token_id])
-        if out[-1] in proc.stop_ids:
-            out = out[:-1]
-        answers.append(proc.decode(out))
-    return answers
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(tiny_checkpoints, short_video, tmp_path, world):
     checkpoint = tiny_checkpoints["g2"]
-    expected = _reference(checkpoint, short_video, CUES, 2)
+    expected = _reference(checkpoint, short_video, CUES)
     answers, placed, timestamps, prefix, block, digest, from_cache, block2, digest2 = run_ranks(
         _conversation, world, checkpoint, short_video, str(tmp_path / "cache")
     )[0]
@@ -85,7 +57,7 @@ def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(tiny_checkpoi
     assert placed == 3 and prefix.endswith(block + "\n"), "the block is prefilled at load, after the video"
     assert answers[:2] == expected
     assert from_cache and block2.endswith("something else entirely") and digest2 != digest
-    assert answers[2] == _reference(checkpoint, short_video, OTHER, 1)[0], "other subtitles: the prompt is re-prefilled"
+    assert answers[2] == _reference(checkpoint, short_video, OTHER)[0], "other subtitles: the prompt is re-prefilled"
 
 
 def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_path):
