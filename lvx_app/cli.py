@@ -49,6 +49,10 @@ def chat(
     decode_timeout: float = opt.DECODE_TIMEOUT,
     no_cache: bool = opt.NO_CACHE,
     cache_dir: Optional[Path] = opt.CACHE_DIR,
+    subtitles: str = opt.SUBTITLES,
+    subtitle_lang: Optional[str] = opt.SUBTITLE_LANG,
+    subtitle_encoding: Optional[str] = opt.SUBTITLE_ENCODING,
+    subtitle_tokens: int = opt.SUBTITLE_TOKENS,
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
     try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere else before the chat starts
@@ -61,7 +65,8 @@ def chat(
     code = run_chat_command(
         video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
         dtype=dtype, kv_cache=kv_cache, params=params, timeout=timeout, use_cache=not no_cache,
-        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout,
+        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout, subtitles=subtitles,
+        subtitle_lang=subtitle_lang, subtitle_encoding=subtitle_encoding, subtitle_tokens=subtitle_tokens,
     )  # fmt: skip
     raise typer.Exit(code)
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import typer
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+from lvx_app.defaults import (
+    DEFAULT_DECODE_TIMEOUT_S,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_SUBTITLE_TOKENS,
+    DEFAULT_TIMEOUT_S,
+)
 
 MODEL = typer.Option(DEFAULT_MODEL, "--model", help="Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.")
 REVISION = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit).")
@@ -33,6 +39,23 @@ DECODE_TIMEOUT = typer.Option(
 )  # fmt: skip
 NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
+
+# Subtitles (lvx chat; lvx serve's token budget): placed after the video in the prompt prefilled at load.
+_SUBTITLES_HELP = (
+    "auto: a .srt/.vtt next to the video with its name (movie.en.srt too), else a text subtitle stream inside it; "
+    "none; or a subtitle FILE. Only the lines at the sampled frames are used, as in the Video-MME eval."
+)
+SUBTITLES = typer.Option("auto", "--subtitles", help=_SUBTITLES_HELP)
+SUBTITLE_LANG = typer.Option(
+    None, "--subtitle-lang", help="Language of the subtitles to pick with --subtitles auto (en, eng, fr, ...)."
+)
+SUBTITLE_ENCODING = typer.Option(
+    None, "--subtitle-encoding", help="Text encoding of the subtitle file (default: UTF-8, else detected)."
+)
+SUBTITLE_TOKENS = typer.Option(
+    DEFAULT_SUBTITLE_TOKENS, "--subtitle-tokens",
+    help="Most tokens the subtitle lines may take; beyond it lines are dropped evenly over the video, with a warning.",
+)  # fmt: skip
 
 # Generation (lvx chat; lvx serve's defaults for the page).
 MAX_NEW_TOKENS = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="Longest answer, in tokens.")

@@ -13,6 +13,10 @@ DEFAULT_DECODE_TIMEOUT_S = 120.0
 # Seconds a rank waits for a dead or hung peer before the worker group stops (every collective's timeout).
 DEFAULT_TIMEOUT_S = 300.0
 
+# Most tokens the subtitle block of a video prompt may take (lvx chat / serve); beyond it lines are dropped, evenly
+# over the video, with a warning that says how many.
+DEFAULT_SUBTITLE_TOKENS = 8192
+
 # Longest answer, in tokens, unless a command or the page asks for another.
 DEFAULT_MAX_NEW_TOKENS = 512
 

@@ -47,6 +47,7 @@ def serve_command(
     ),
     no_cache: bool = opt.NO_CACHE,
     cache_dir: Optional[Path] = opt.CACHE_DIR,
+    subtitle_tokens: int = opt.SUBTITLE_TOKENS,
 ) -> None:
     """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`."""
     # imported here, not at the top: the CLI registers this command without loading torch or gradio
@@ -58,7 +59,7 @@ def serve_command(
         config = session_config(
             model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
             timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
-            decode_timeout=decode_timeout,
+            decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens,
         )  # fmt: skip
     except EngineError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")

@@ -47,9 +47,10 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     return answers, first.frames, first.from_cache, again.from_cache, [r["rank"] for r in stats["ranks"]]
 
 
-def _reference(checkpoint: str, video: str) -> list[str]:
+def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> list[str]:
     """One process, one model, the token loop over the whole conversation, re-prefilled from scratch each turn
-    (stopping at the checkpoint's eos token)."""
+    (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the sampled frames follow the video."""
+    from lvx_app.subtitles import select_lines, subtitle_block
     from lvx_app.video import ingest
     from models.mplug_owl3.loader import load_model
 
@@ -57,7 +58,9 @@ def _reference(checkpoint: str, video: str) -> list[str]:
     shard = ingest(video, model.encode_images, fps=1.0, image_size=proc.image_size, cache=False, progress=False,
                    decode_workers=1)  # fmt: skip
     n = shard.num_frames
-    prompt = proc.build_chat_prompt([{"role": "user", "content": "<|video|>\n" + QUESTIONS[0]}], videos=[n])
+    block = subtitle_block(select_lines(subtitles or [], shard.plan.timestamps))
+    content = "<|video|>\n" + (block + "\n" if block else "") + QUESTIONS[0]
+    prompt = proc.build_chat_prompt([{"role": "user", "content": content}], videos=[n])
     visual = model.prepare_visual(shard.features, torch.tensor(prompt.media_starts))
     ids = prompt.input_ids
     answers, out = [], []

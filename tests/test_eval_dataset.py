@@ -13,7 +13,7 @@ from lvx_app.eval.dataset import (
     select_questions,
 )
 from lvx_app.eval.prompt import build_prompt
-from lvx_app.eval.subtitles import Cue, load_srt, parse_srt, select_lines
+from lvx_app.subtitles import Cue, load_srt, parse_srt, select_lines
 
 
 @pytest.fixture(scope="module")

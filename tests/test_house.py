@@ -20,7 +20,7 @@ LAYERS = [
     (5, ["ui", "lvx_app.cli", "lvx_app.serve_cli", "lvx_app.cli_options", "lvx_app.frontends", "lvx_app.demo",
          "lvx_app.info", "lvx_app.eval.cli", "lvx_app.train.cli", "lvx_app.video.cache_cli"]),
     (4, ["lvx_app.engine", "lvx_app.eval", "lvx_app.train"]),
-    (3, ["lvx_app.video"]),
+    (3, ["lvx_app.video", "lvx_app.subtitles"]),
     (2, ["models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
     (0, ["lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines"]),

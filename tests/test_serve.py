@@ -262,6 +262,31 @@ def test_dead_rank_is_a_readable_error_and_the_page_keeps_answering(server):
     assert not stats.startswith("⚠️ error:") and "world size: 2" in stats, stats
 
 
+@pytest.mark.slow
+def test_subtitles_from_the_video_or_an_upload(server, short_video):
+    """The checkbox uses the text stream inside the video, an upload replaces it, a bad upload is one line; the status
+    says how many lines were placed; switching subtitles reloads from the feature cache."""
+    from videos import add_subtitle_stream
+
+    talk = add_subtitle_stream(short_video, server.videos / "talk.mp4", [(0.5, 2.5, "hello there"), (3, 5, "bye")])
+    c = client(server)
+    status, _, _ = c.predict(None, str(talk), 1.0, 0, None, True, api_name="/load")
+    assert "subtitles: 2 line(s) placed, from stream 1 (mov_text, eng) of talk.mp4" in status, status
+    assert "2 subtitle line(s) placed" in status
+    history, _ = ask(c, QUESTIONS[0], [])
+    assert last_answer(history)[0]
+    status, _, _ = c.predict(None, str(talk), 1.0, 0, None, False, api_name="/load")
+    assert "subtitle" not in status and "loaded from cache" in status, status
+    srt = server.root / "mine.srt"
+    srt.write_text("1\n00:00:00,000 --> 00:00:09,500\nfrom the upload\n")
+    status, _, _ = c.predict(None, str(talk), 1.0, 0, gradio_client.handle_file(str(srt)), True, api_name="/load")
+    assert "subtitles: 1 line(s) placed, from mine.srt" in status and "loaded from cache" in status, status
+    junk = server.root / "junk.srt"
+    junk.write_bytes(bytes(range(256)) * 8)
+    status, _, _ = c.predict(None, str(talk), 1.0, 0, gradio_client.handle_file(str(junk)), True, api_name="/load")
+    assert status.startswith("⚠️ error: junk.srt is binary"), status
+
+
 def test_timestamps_become_seek_links_only_inside_the_video():
     text = "at 0:05, then 1:02:03; not 12:75 or 3:4 or 99:00 (past the end), and 0:05 again."
     assert link_timestamps(text, 10.0) == (

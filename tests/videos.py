@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lvx_app.video.synthetic import BITS, COLS, ROWS, concat_video, frame_image, make_video, read_index
+from lvx_app.video.synthetic import BITS, COLS, ROWS, add_subtitle_stream, concat_video, frame_image, make_video, read_index
 
-__all__ = ["BITS", "COLS", "ROWS", "concat_video", "frame_image", "make_video", "read_index", "make_not_a_video",
+__all__ = ["BITS", "COLS", "ROWS", "add_subtitle_stream", "concat_video", "frame_image", "make_video", "read_index", "make_not_a_video",
            "make_zero_length", "make_truncated", "make_audio_only", "IndexEncoder", "index_from_features"]
 
 
@@ -84,3 +84,4 @@ def index_from_features(features) -> list[int]:
     bits = (features[:, 0, :BITS].float() > 0).long().cpu()
     weights = (1 << np.arange(BITS)).tolist()
     return [int(sum(b * w for b, w in zip(row, weights))) for row in bits.tolist()]
+

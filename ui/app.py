@@ -33,6 +33,7 @@ import gradio as gr
 
 from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.subtitles import SIDECAR_EXTENSIONS, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.warning_lines import is_lvx_source
 
 log = logging.getLogger("lvx.ui")
@@ -111,7 +112,15 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} (details in the server log)"
 
 
-VideoSpec = tuple[str, float, int | None]  # (path, fps, max frames) as a session loaded it
+VideoSpec = tuple[str, float, int | None, tuple]  # (path, fps, max frames, subtitle cues) as a session loaded it
+
+
+def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
+    """The page's choice: an uploaded subtitle file, else (box ticked) what `--subtitles auto` finds: a file next to
+    a server-side video or a text stream inside the video; else none. A bad upload is a SubtitleError."""
+    if upload:
+        return resolve_subtitles(video, upload)
+    return resolve_subtitles(video, "auto" if found else "none")
 
 
 class ChatApp:
@@ -201,8 +210,9 @@ class ChatApp:
         spec = self.videos.get(owner)
         if spec is None or spec == self.loaded:
             return ""
+        path, fps, cap, cues = spec
         try:
-            summary = self.engine.load_video(*spec, progress=_progress_reporter(progress))
+            summary = self.engine.load_video(path, fps, cap, progress=_progress_reporter(progress), subtitles=cues)
         except GroupFailed:
             raise
         except EngineError as exc:
@@ -214,8 +224,10 @@ class ChatApp:
         self.engine.close()
 
     # ---- video ----------------------------------------------------------------------------------------------
-    def load(self, upload, server_path, fps, max_frames, owner, progress=gr.Progress()):
-        """Decode and encode the video on every rank, with live progress; clears the conversation."""
+    def load(self, upload, server_path, fps, max_frames, subtitle_file=None, found_subtitles=True, owner=None,
+             progress=gr.Progress()):
+        """Decode and encode the video on every rank, with live progress; clears the conversation. Subtitles (an
+        uploaded file, or those found with the video) go into the prompt after the video."""
         owner = owner or uuid.uuid4().hex
         try:
             path, from_server = self._resolve(upload, server_path)
@@ -226,23 +238,26 @@ class ChatApp:
             if cap < 0:
                 raise EngineError("max frames must be 0 (no cap) or a positive number")
             cap = cap or None
-        except EngineError as exc:
+            track = page_subtitles(path, subtitle_file, bool(found_subtitles))
+        except (EngineError, SubtitleError) as exc:
             return self.status(f"⚠️ error: {exc}"), gr.skip(), gr.skip(), owner
         report = _progress_reporter(progress)
-        notes: list[str] = []
+        notes: list[str] = list(track.notes)
         with self.lock:
             try:
                 notes.extend(filter(None, [self._heal()]))
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
-                    summary = self.engine.load_video(path, fps, cap, progress=report)
+                    summary = self.engine.load_video(path, fps, cap, progress=report, subtitles=track.cues)
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
                 # The engine keeps the previous video when loading fails before replacing it.
                 return self.status(f"⚠️ error: {self._fail(exc)}"), gr.skip(), gr.skip(), owner
-            self.video, self.loaded, self.owner = summary, (path, fps, cap), owner
+            self.video, self.loaded, self.owner = summary, (path, fps, cap, tuple(track.cues)), owner
             self._remember(owner, self.loaded)
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
+        if track.source:
+            note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {track.source} · {note}"
         body = "\n\n".join(filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)]))
         player = path if from_server else gr.skip()
         return body, [], player, owner
@@ -387,9 +402,14 @@ def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | Non
             fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
             max_frames = gr.Number(default_max_frames or 0, label="max frames (0 = no cap)", precision=0,
                                    elem_id="lvx-max-frames")  # fmt: skip
+        with gr.Row():
+            subtitle_file = gr.File(label="Subtitles (.srt, .vtt, .ass)", file_types=list(SIDECAR_EXTENSIONS),
+                                    type="filepath", elem_id="lvx-subtitles")  # fmt: skip
+            found = gr.Checkbox(True, label="Use subtitles inside the video (or next to it on the server)",
+                                elem_id="lvx-found-subtitles")  # fmt: skip
         load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
         status = gr.Markdown(ui.status(), elem_id="lvx-status")
-    return video, server_path, fps, max_frames, load_btn, status
+    return video, server_path, fps, max_frames, subtitle_file, found, load_btn, status
 
 
 def build_app(
@@ -413,7 +433,8 @@ def build_app(
         owner = gr.State(None)
         gr.Markdown(f"## {title}")
         with gr.Row():
-            video, server_path, fps, max_frames, load_btn, status = _video_column(ui, default_fps, default_max_frames)
+            video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = _video_column(
+                ui, default_fps, default_max_frames)  # fmt: skip
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Chat", height=480, elem_id="lvx-chat", feedback_options=None,
                                      buttons=["copy"])  # fmt: skip
@@ -428,8 +449,8 @@ def build_app(
                     max_new = gr.Number(params.max_new_tokens, label="max new tokens", precision=0)
                 stats_box = gr.Markdown("", elem_id="lvx-stats")
         engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
-        load_btn.click(ui.load, [video, server_path, fps, max_frames, owner], [status, chatbot, video, owner],
-                       api_name="load", **engine_event)  # fmt: skip
+        load_btn.click(ui.load, [video, server_path, fps, max_frames, subtitle_file, found, owner],
+                       [status, chatbot, video, owner], api_name="load", **engine_event)  # fmt: skip
         chat_io = dict(fn=ui.chat, inputs=[message, chatbot, max_new, owner], outputs=[chatbot, message, owner, status],
                        show_progress="minimal", **engine_event)  # fmt: skip
         message.submit(api_name="chat", **chat_io)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
 
@@ -61,6 +61,8 @@ class VideoSummary:
     from_cache: bool
     seconds: float
     timestamps: list[float] = field(default_factory=list)
+    subtitle_lines: int = 0  # subtitle lines placed in the video prompt
+    subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,8 +93,11 @@ class Engine(Protocol):
     last_answer: AnswerStats | None
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
-    ) -> VideoSummary: ...
+        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        subtitles: Sequence[Any] | None = None,
+    ) -> VideoSummary:  # fmt: skip
+        """Make the video resident; `subtitles` (cues of `lvx_app.subtitles`) are placed after it in the prompt."""
+        ...
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
         """Stream the answer as text pieces; `last_answer` holds its stats afterwards."""

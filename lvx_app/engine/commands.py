@@ -32,7 +32,7 @@ class Command:
         return self.name, kwargs
 
 
-LOAD_VIDEO = Command("load_video", "load_video", ("path", "fps", "max_frames"), reply="progress")
+LOAD_VIDEO = Command("load_video", "load_video", ("path", "fps", "max_frames", "subtitles"), reply="progress")
 ASK = Command("ask", "ask", ("question", "params"), reply="pieces")
 RESET = Command("reset", "reset")
 STATS = Command("stats", "local_stats", gathered=True)

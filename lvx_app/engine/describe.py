@@ -16,9 +16,10 @@ def printable(text: str) -> str:
 
 def describe_video(summary: VideoSummary) -> str:
     source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
+    subtitles = f", {summary.subtitle_lines} subtitle line(s) placed" if summary.subtitle_lines else ""
     return (
         f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
-        f"{summary.visual_tokens:,} visual tokens, loaded {source}"
+        f"{summary.visual_tokens:,} visual tokens{subtitles}, loaded {source}"
     )
 
 

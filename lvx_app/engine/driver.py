@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
 from lvx_app.engine.commands import ASK, COMMANDS, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
@@ -41,9 +41,11 @@ class GroupDriver:
         return run_share(self.session, self.channel, command, kwargs, **(local or {}))
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
-    ) -> VideoSummary:
-        return self._run(LOAD_VIDEO, {"progress": progress}, path=path, fps=fps, max_frames=max_frames)
+        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        subtitles: Sequence[Any] | None = None,
+    ) -> VideoSummary:  # fmt: skip
+        return self._run(LOAD_VIDEO, {"progress": progress}, path=path, fps=fps, max_frames=max_frames,
+                         subtitles=list(subtitles) if subtitles else None)
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
         self._stop.clear()

@@ -20,7 +20,7 @@ import time
 import warnings
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from lvx_app.engine.api import (
     AnswerStats,
@@ -152,9 +152,10 @@ class RemoteEngine:
             raise EngineError(f"unexpected message {kind!r} from rank 0")
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None
-    ) -> VideoSummary:
-        self._send(LOAD_VIDEO, path=path, fps=fps, max_frames=max_frames)
+        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        subtitles: Sequence[Any] | None = None,
+    ) -> VideoSummary:  # fmt: skip
+        self._send(LOAD_VIDEO, path=path, fps=fps, max_frames=max_frames, subtitles=list(subtitles) if subtitles else None)
         while True:
             kind, value = self._recv()
             if kind == "progress":

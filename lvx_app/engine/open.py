@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import torch
 from rich.console import Console
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, check_seconds
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_SUBTITLE_TOKENS, check_seconds
 from lvx_app.engine.api import Engine, EngineError
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver
@@ -44,6 +44,7 @@ def resolve_world(gpus: int | None, ranks: int | None) -> tuple[int, bool]:
 def session_config(
     *, model: str, revision: str | None, fps: float, max_frames: int | None, dtype: str, kv_cache: bool | None,
     timeout: float, use_cache: bool, cache_dir: str | None, decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
+    subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS,
 ) -> SessionConfig:  # fmt: skip
     """The session settings from the command's options, checked (an EngineError names the bad option)."""
     kv_mode = "auto" if kv_cache is None else ("cache" if kv_cache else "recompute")
@@ -51,9 +52,12 @@ def session_config(
         check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
     except ValueError as exc:
         raise EngineError(str(exc)) from None
+    if subtitle_tokens < 0:
+        raise EngineError(f"--subtitle-tokens must be 0 (no subtitles) or more (got {subtitle_tokens})")
     return SessionConfig(
         model=model, revision=revision, dtype=dtype, kv_mode=kv_mode, fps=fps, max_frames=max_frames,
         timeout_s=timeout, cache=use_cache, cache_dir=cache_dir, decode_timeout_s=decode_timeout,
+        subtitle_tokens=subtitle_tokens,
     )  # fmt: skip
 
 

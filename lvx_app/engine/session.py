@@ -12,21 +12,32 @@ loaded, so a question only prefills its own few tokens.
 
 from __future__ import annotations
 
+import hashlib
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL, DEFAULT_TIMEOUT_S
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL, DEFAULT_SUBTITLE_TOKENS, DEFAULT_TIMEOUT_S
 from lvx_app.devices import memory_report, resolve_dtype
-from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, QuestionTooLong, VideoSummary
+from lvx_app.engine.api import (
+    AnswerStats,
+    EngineError,
+    EngineWarning,
+    GenerationParams,
+    ProgressFn,
+    QuestionTooLong,
+    VideoSummary,
+)
 from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
+from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.cache import encoder_identity
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import auto_memory_budget, ingest
@@ -50,6 +61,14 @@ class SessionConfig:
     cache_dir: str | None = None
     decode_workers: int | None = None
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
+    subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS  # most tokens the subtitle block of the video prompt may take
+
+
+def _video_text(block: str, question: str = "") -> str:
+    """The first user turn: the video, the subtitle block (the text the eval prompt starts with), the question."""
+    if not block:
+        return "<|video|>\n" + question
+    return "<|video|>\n" + block + "\n" + question.lstrip()
 
 
 def _nbytes(tensors) -> int:
@@ -80,6 +99,8 @@ class Session:
             self.model.hooks.text = self.attn.text
             self.model.hooks.visual = self.attn.visual
         self.video: VideoSummary | None = None
+        self.subtitle_block = ""  # the subtitle text in the prefilled video prompt ("" = none)
+        self.subtitle_hash = hashlib.sha256(b"").hexdigest()
         self.kv_mode: str | None = None
         self.visual = None
         self.features: torch.Tensor | None = None
@@ -126,8 +147,11 @@ class Session:
         return self.model.encode_images(pixel_values)
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None, progress: ProgressFn | None = None
-    ) -> VideoSummary:
+        self, path: str, fps: float, max_frames: int | None, subtitles: Sequence[Cue] | None = None,
+        progress: ProgressFn | None = None,
+    ) -> VideoSummary:  # fmt: skip
+        """Make the video resident and prefill its prompt: the frames, then the subtitle lines at the sampled
+        frames (`subtitles`: the cues of the whole video; the feature cache never depends on them)."""
         t0 = time.perf_counter()
 
         def report(p) -> None:
@@ -149,11 +173,12 @@ class Session:
         self.features = shard.features  # kept in recompute mode: the one copy K/V are made from
         plan = shard.plan
         n_frames = len(plan)
+        block, placed, dropped = self._place_subtitles(subtitles or [], plan.timestamps)
         prompt = self.processor.build_chat_prompt(
-            [{"role": "user", "content": "<|video|>\n"}], videos=[n_frames], add_generation_prompt=False
+            [{"role": "user", "content": _video_text(block)}], videos=[n_frames], add_generation_prompt=False
         )
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
-        self.prefix_len = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
+        self.prefix_len = self._prefix_len(prompt, n_frames, block)
         self.kv_mode = self._kv_mode(n_frames)
         with torch.no_grad():
             self.visual = self.model.prepare_visual(
@@ -162,6 +187,8 @@ class Session:
         if self.kv_mode == "cache":
             self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
         self._reset_text()
+        self.subtitle_block = block
+        self.subtitle_hash = hashlib.sha256(block.encode()).hexdigest()  # what else a saved video prompt depends on
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
         self._prefill(self.prefix_ids)
         self.local_prefix_len = self.cache.length
@@ -169,8 +196,31 @@ class Session:
             path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),
             visual_tokens=n_frames * self.model.config.vision.num_patches, from_cache=shard.from_cache,
             seconds=time.perf_counter() - t0, timestamps=[float(t) for t in plan.timestamps],
+            subtitle_lines=placed, subtitles_dropped=dropped,
         )  # fmt: skip
         return self.video
+
+    # ---- the video prompt: frames, then the subtitle lines --------------------------------------------------
+    def _place_subtitles(self, cues: Sequence[Cue], timestamps: Sequence[float]) -> tuple[str, int, int]:
+        """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token budget."""
+        lines = select_lines(cues, timestamps)
+        kept = fit_lines(lines, self.config.subtitle_tokens, lambda text: len(self.processor.encode(text)))
+        dropped = len(lines) - len(kept)
+        if dropped and self.info.rank == 0:
+            warnings.warn(EngineWarning(
+                f"{dropped} of {len(lines)} subtitle lines dropped to fit the {self.config.subtitle_tokens:,}-token "
+                "subtitle budget; the kept lines are spread over the whole video"))  # fmt: skip
+        return subtitle_block(kept), len(kept), dropped
+
+    def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
+        """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end (not <|im_end|>)."""
+        if not n_frames:
+            return 0
+        if not block:
+            return int(prompt.media_starts[-1]) + prompt.placeholder_len
+        if int(prompt.input_ids[-1]) != self.processor.stop_ids[0]:
+            raise RuntimeError("the video prompt does not end with <|im_end|>")
+        return int(prompt.input_ids.numel()) - 1
 
     def _kv_mode(self, n_frames: int) -> str:
         mode = self.config.kv_mode
@@ -242,7 +292,7 @@ class Session:
             raise EngineError("the question is empty")
         if self.position == self.prefix_len:  # first turn after load or reset
             full = self.processor.build_chat_prompt(
-                [{"role": "user", "content": "<|video|>\n" + question}], videos=[self.video.frames]
+                [{"role": "user", "content": _video_text(self.subtitle_block, question)}], videos=[self.video.frames]
             ).input_ids
             if not torch.equal(full[: self.prefix_len], self.prefix_ids):
                 raise RuntimeError("the prompt prefix changed between load and ask (tokenizer chunking)")

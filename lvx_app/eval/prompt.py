@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from lvx_app.subtitles import SUBTITLE_HEADER, subtitle_block
+
+__all__ = ["ANSWER_CUE", "INSTRUCTION", "PROMPT_VERSION", "SUBTITLE_HEADER", "build_prompt"]
+
 PROMPT_VERSION = "videomme-official-1"
 
-SUBTITLE_HEADER = "This video's subtitles are listed below:"
 INSTRUCTION = (
     "Select the best answer to the following multiple-choice question based on the video. "
     "Respond with only the letter (A, B, C, or D) of the correct option."
@@ -20,8 +23,9 @@ ANSWER_CUE = "The best answer is:"
 
 
 def build_prompt(question: str, options: Sequence[str], subtitles: Sequence[str] | None = None) -> str:
-    """The official prompt. ``subtitles`` are the already selected lines (see ``subtitles.select_lines``);
-    None or an empty list gives the subtitle-free prompt, as the protocol does for a video without them."""
-    parts = [SUBTITLE_HEADER, *subtitles] if subtitles else []
+    """The official prompt. ``subtitles`` are the already selected lines (see ``lvx_app.subtitles.select_lines``);
+    None or an empty list gives the subtitle-free prompt, as the protocol does for a video without them. The
+    subtitle block is `subtitle_block`'s, the same text `lvx chat` puts after the video."""
+    parts = [subtitle_block(subtitles)] if subtitles else []
     parts += [INSTRUCTION, question, *options, ANSWER_CUE]
     return "\n".join(parts)

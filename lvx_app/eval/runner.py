@@ -21,7 +21,7 @@ from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt
 from lvx_app.eval.results import ResultsWriter
-from lvx_app.eval.subtitles import load_srt, select_lines
+from lvx_app.subtitles import load_srt, select_lines
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterator, Sequence, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
@@ -20,6 +20,7 @@ from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFaile
 from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.engine.launch import RemoteEngine
 from lvx_app.engine.open import open_engine, session_config
+from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
@@ -37,7 +38,8 @@ class RateColumn(ProgressColumn):
         return Text(f"{task.speed:6.1f} fr/s" if task.speed else "", style="progress.data.speed")
 
 
-def load_with_progress(engine: Engine, console: Console, path: str, fps: float, max_frames: int | None) -> VideoSummary:
+def load_with_progress(engine: Engine, console: Console, path: str, fps: float, max_frames: int | None,
+                       subtitles: Sequence[Cue] = ()) -> VideoSummary:  # fmt: skip
     """Load a video showing one progress bar per stage (decode, encode, ...)."""
     columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -48,7 +50,7 @@ def load_with_progress(engine: Engine, console: Console, path: str, fps: float, 
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        return engine.load_video(path, fps, max_frames, progress=on_progress)
+        return engine.load_video(path, fps, max_frames, progress=on_progress, subtitles=list(subtitles) or None)
 
 
 @contextmanager
@@ -126,17 +128,21 @@ def run_chat(
     params: GenerationParams = GenerationParams(),
     console: Console | None = None,
     stdin: TextIO | None = None,
+    subtitles: SubtitleTrack | None = None,
 ) -> int:
     """The REPL. Returns a process exit code."""
     console = console or Console(highlight=False)
     stdin = stdin or sys.stdin
     if video:
         try:
-            summary = load_with_progress(engine, console, video, fps, max_frames)
+            summary = load_with_progress(engine, console, video, fps, max_frames, subtitles.cues if subtitles else ())
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2
         console.print(f"[green]video:[/green] {describe_video(summary)}")
+        if subtitles is not None and subtitles.source:
+            console.print(f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled frames, from "
+                          f"{subtitles.source}", highlight=False)  # fmt: skip
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")
     while True:
         try:
@@ -159,16 +165,19 @@ def run_chat(
 
 def run_chat_command(
     *, video: str, gpus: int | None, ranks: int | None, params: GenerationParams, console: Console | None = None,
-    **config_args: Any,
+    subtitles: str = "auto", subtitle_lang: str | None = None, subtitle_encoding: str | None = None, **config_args: Any,
 ) -> int:  # fmt: skip
     """`lvx chat`: returns the process exit code."""
     console = console or Console(highlight=False)
     try:
         config = session_config(**config_args)
         check_video_path(video)  # fail before spending minutes loading a model
-    except (EngineError, VideoError) as exc:
+        track = resolve_subtitles(video, subtitles, subtitle_lang, subtitle_encoding)
+    except (EngineError, VideoError, SubtitleError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    for note in track.notes:
+        console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
     try:
         engine = open_engine(config, gpus, ranks, console)
     except EngineError as exc:
@@ -178,7 +187,7 @@ def run_chat_command(
         return 130
     try:
         code = run_chat(engine, video=video, fps=config.fps, max_frames=config.max_frames, params=params,
-                        console=console)  # fmt: skip
+                        console=console, subtitles=track)  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, quietly, no rank left behind
         (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
         return 130

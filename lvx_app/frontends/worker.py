@@ -20,9 +20,13 @@ from lvx_app.engine.link import serve_link
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.frontends.terminal import run_chat
 from lvx_app.parallel.group import init_distributed, run_rank
+from lvx_app.subtitles import SubtitleError, resolve_subtitles
 
 
-def run_worker(config: dict, frontend: str = "link", video: str | None = None) -> None:
+def run_worker(config: dict, frontend: str = "link", video: str | None = None,
+               subtitles: tuple[str, str | None, str | None] = ("auto", None, None)) -> None:  # fmt: skip
+    """This rank's part: rank 0 serves the link (or runs the terminal chat, resolving `subtitles` = (--subtitles,
+    --subtitle-lang, --subtitle-encoding) for its video), the others follow its commands."""
     cfg = SessionConfig(**config)
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
     channel = ControlChannel()
@@ -38,7 +42,12 @@ def run_worker(config: dict, frontend: str = "link", video: str | None = None) -
         serve_link(driver, conn)
     else:
         try:
-            run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames)
+            track = resolve_subtitles(video, *subtitles) if video else None
+            for note in track.notes if track else []:
+                print(f"warning: {note}", file=sys.stderr)
+            run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames, subtitles=track)
+        except SubtitleError as exc:
+            print(f"error: {exc}", file=sys.stderr)
         finally:
             driver.close()
 
@@ -48,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="SessionConfig as JSON")
     parser.add_argument("--frontend", choices=["link", "chat"], default="link")
     parser.add_argument("video", nargs="?")
+    parser.add_argument("--subtitles", default="auto", help="auto, none or a subtitle file (--frontend chat)")
+    parser.add_argument("--subtitle-lang", default=None, help="language of the subtitles --subtitles auto picks")
+    parser.add_argument("--subtitle-encoding", default=None, help="text encoding of the subtitle file")
     args = parser.parse_args(argv)
     run_dir = os.environ.get(RUN_DIR_ENV)
     rank = int(os.environ.get("RANK", "0"))
@@ -56,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         if run_dir:
             error_file(run_dir, rank).write_text(detail)
 
-    return run_rank(lambda: run_worker(json.loads(args.config), args.frontend, args.video), "lvx worker", record)
+    subtitles = (args.subtitles, args.subtitle_lang, args.subtitle_encoding)
+    return run_rank(lambda: run_worker(json.loads(args.config), args.frontend, args.video, subtitles), "lvx worker",
+                    record)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Synthetic videos whose frames show their own index, for `lvx demo`, benchmarks and tests.
+"""Synthetic videos whose frames show their own index (and, for subtitle tests, a subtitle stream), for `lvx demo`,
+benchmarks and tests.
 
 Each frame is a grid of `ROWS x COLS` blocks; block b (row-major) is white when bit b of the frame index is set,
 black otherwise. A faint moving gradient is added so the encoder sees real motion, but never enough to flip a
@@ -136,4 +137,47 @@ def concat_video(src: str | os.PathLike, dst: str | os.PathLike, times: int) -> 
                     q.stream = os_
                     out.mux(q)
     _ = first_dts
+    return dst
+
+
+_ASS_HEADER = (
+    "[Script Info]\nScriptType: v4.00+\n\n[V4+ Styles]\nFormat: Name, Fontname, Fontsize, PrimaryColour, SecondaryColour, "
+    "OutlineColour, BackColour, Bold, Italic, Underline, StrikeOut, ScaleX, ScaleY, Spacing, Angle, BorderStyle, "
+    "Outline, Shadow, Alignment, MarginL, MarginR, MarginV, Encoding\nStyle: Default,Arial,16,&Hffffff,&Hffffff,&H0,&H0,"
+    "0,0,0,0,100,100,0,0,1,1,0,2,10,10,10,0\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, MarginR, "
+    "MarginV, Effect, Text\n"
+)
+
+
+def add_subtitle_stream(src: str | os.PathLike, dst: str | os.PathLike, cues: list[tuple[float, float, str]],
+                        codec: str = "mov_text", language: str | None = "eng") -> Path:  # fmt: skip
+    """Copy `src`'s video stream into `dst` with one subtitle stream of `codec` (mov_text for .mp4; subrip, webvtt,
+    ass or dvdsub for .mkv) holding `cues` (start s, end s, text), written with PyAV. A dvdsub stream gets no cues
+    (a bitmap stream is all a test of "unsupported" needs)."""
+    import av
+
+    dst = Path(dst)
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        vin = inp.streams.video[0]
+        vout = out.add_stream_from_template(vin)
+        sub = out.add_stream(codec)
+        if language:
+            sub.metadata["language"] = language
+        if codec != "dvdsub":
+            sub.codec_context.subtitle_header = _ASS_HEADER.encode()
+        for packet in inp.demux(vin):
+            if packet.dts is not None:
+                packet.stream = vout
+                out.mux(packet)
+        for k, (start, end, text) in enumerate(cues if codec != "dvdsub" else []):
+            data = text.encode()
+            if codec == "mov_text":
+                data = len(data).to_bytes(2, "big") + data
+            elif codec in ("ass", "ssa"):
+                data = f"{k},0,Default,,0,0,0,,{text}".encode()
+            packet = av.Packet(data)
+            packet.stream = sub
+            packet.pts = packet.dts = int(start / sub.time_base)
+            packet.duration = int((end - start) / sub.time_base)
+            out.mux(packet)
     return dst

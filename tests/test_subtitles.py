@@ -1,0 +1,213 @@
+"""Subtitles for chat and serve: sidecar files and their languages, text streams inside the container, bad files, the
+token budget, and the block chat places being the eval prompt's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from videos import add_subtitle_stream
+
+import lvx_app.subtitles as subs
+from lvx_app.eval.prompt import build_prompt
+from lvx_app.subtitles import (
+    SUBTITLE_HEADER,
+    SubtitleError,
+    fit_lines,
+    load_srt,
+    parse_ass,
+    parse_cues,
+    read_embedded,
+    read_subtitle_file,
+    resolve_subtitles,
+    select_lines,
+    subtitle_block,
+)
+
+SRT = "1\n00:00:00,500 --> 00:00:02,500\n<font color=\"white\">hello</font> there\n\n2\n00:00:03,000 --> 00:00:05,000\nsecond\nline\n"
+CUES = [(0.5, 2.5, "hello there"), (3.0, 5.0, "second line")]
+
+
+def _texts(track) -> list[tuple[float, float, str]]:
+    return [(c.start, c.end, c.text) for c in track.cues]
+
+
+def test_webvtt_and_ass_markup_is_stripped():
+    vtt = ("WEBVTT\n\nNOTE a comment\n\n00:01.000 --> 00:02.000 align:start\n<v Anna><c.yellow>Hi</c> <00:00:01.500>you</v>"
+           "\n\n01:00:00.000 --> 01:00:01.000\n<i>late</i>\n")  # fmt: skip
+    cues, reversed_ = parse_cues(vtt)
+    assert [(c.start, c.end, c.text) for c in cues] == [(1.0, 2.0, "Hi you"), (3600.0, 3601.0, "late")]
+    assert reversed_ == 0
+    ass = "[Events]\nFormat: ...\nDialogue: 0,0:00:01.50,0:00:03.00,Default,,0,0,0,,{\\i1}Hi,\\Nthere{\\i0}\n"
+    assert [(c.start, c.end, c.text) for c in parse_ass(ass)[0]] == [(1.5, 3.0, "Hi, there")]
+
+
+def test_sidecar_language_choice(tmp_path):
+    video = tmp_path / "movie.mp4"
+    video.write_bytes(b"")
+    (tmp_path / "movie.en.srt").write_text(SRT)
+    (tmp_path / "movie.fr.vtt").write_text("WEBVTT\n\n00:00:00.500 --> 00:00:02.500\nbonjour\n")
+    (tmp_path / "other.srt").write_text(SRT.replace("hello", "WRONG"))
+    french = resolve_subtitles(video, "auto", "fra")
+    assert (french.source, [c.text for c in french.cues]) == ("movie.fr.vtt", ["bonjour"])
+    english = resolve_subtitles(video, "auto", "en")
+    assert english.source == "movie.en.srt" and _texts(english) == CUES and not english.notes
+    either = resolve_subtitles(video, "auto")  # two tagged files and no language: the first, and a note naming the other
+    assert either.source == "movie.en.srt" and "movie.fr.vtt" in either.notes[0] and "--subtitle-lang" in either.notes[0]
+    (tmp_path / "movie.srt").write_text(SRT.replace("hello", "plain"))
+    assert resolve_subtitles(video, "auto").source == "movie.srt"  # the untagged sidecar comes first
+    none = resolve_subtitles(video, "auto", "de")
+    assert not none.cues and "no de subtitles" in none.notes[0]
+    assert resolve_subtitles(video, "none").cues == []
+
+
+@pytest.mark.parametrize("codec,ext", [("mov_text", ".mp4"), ("subrip", ".mkv"), ("webvtt", ".mkv"), ("ass", ".mkv")])
+def test_embedded_text_streams(short_video, tmp_path, codec, ext):
+    video = add_subtitle_stream(short_video, tmp_path / f"movie{ext}", [(s, e, t) for s, e, t in CUES], codec)
+    track = resolve_subtitles(video, "auto")
+    name = {"subrip": "srt", "ass": "ssa"}.get(codec, codec)
+    assert _texts(track) == CUES and track.source == f"stream 1 ({name}, eng) of movie{ext}"
+    assert resolve_subtitles(video, "auto", "en").cues and not resolve_subtitles(video, "auto", "ja").cues
+    (tmp_path / "movie.srt").write_text(SRT.replace("hello", "sidecar"))
+    assert resolve_subtitles(video, "auto").source == "movie.srt", "a sidecar file wins over the stream inside"
+
+
+def test_bitmap_subtitles_are_named_unsupported(short_video, tmp_path):
+    video = add_subtitle_stream(short_video, tmp_path / "movie.mkv", CUES, "dvdsub")
+    track = read_embedded(video)
+    assert not track.cues and len(track.notes) == 1 and "bitmap subtitles" in track.notes[0] and "dvdsub" in track.notes[0]
+
+
+def test_bad_files_are_one_line(tmp_path, monkeypatch):
+    video = tmp_path / "movie.mp4"
+    binary = tmp_path / "x.srt"
+    binary.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(SubtitleError, match="binary"):
+        resolve_subtitles(video, str(binary))
+    with pytest.raises(SubtitleError, match="not found"):
+        resolve_subtitles(video, str(tmp_path / "missing.srt"))
+    empty = tmp_path / "notes.srt"
+    empty.write_text("just some words\nwith no timing\n")
+    with pytest.raises(SubtitleError, match="no subtitle cues"):
+        resolve_subtitles(video, str(empty))
+    monkeypatch.setattr(subs, "MAX_SUBTITLE_MB", 1)
+    huge = tmp_path / "huge.srt"
+    huge.write_text(SRT * (2 * 2**20 // len(SRT) + 1))
+    with pytest.raises(SubtitleError, match="over the 1 MB"):
+        resolve_subtitles(video, str(huge))
+    (tmp_path / "movie.srt").write_bytes(binary.read_bytes())  # auto: a broken sidecar is a note, not an error
+    track = resolve_subtitles(video, "auto")
+    assert not track.cues and "binary" in track.notes[0] and "without subtitles" in track.notes[0]
+    with warnings.catch_warnings(record=True) as caught:  # the eval: a warning, and the question goes on without
+        warnings.simplefilter("always")
+        assert load_srt(tmp_path / "movie.srt") == []
+    assert "binary" in str(caught[0].message)
+
+
+def test_encodings_detected_stated_and_refused(tmp_path):
+    video = tmp_path / "movie.mp4"
+    text = SRT.replace("hello", "Привет, как дела? Это пример субтитров на русском языке, без юникода.")
+    latin = tmp_path / "cyrillic.srt"
+    latin.write_bytes(text.encode("cp1251"))
+    track = resolve_subtitles(video, str(latin))
+    assert track.cues[0].text.startswith("Привет, как дела?") and "not UTF-8; read it as cp1251" in track.notes[0]
+    sjis = tmp_path / "sjis.srt"
+    sjis.write_bytes(SRT.replace("hello", "こんにちは、元気ですか。これは日本語の字幕の例です。").encode("shift_jis"))
+    assert resolve_subtitles(video, str(sjis)).cues[0].text.startswith("こんにちは、元気ですか。")
+    stated = resolve_subtitles(video, str(latin), encoding="cp1251")
+    assert stated.cues == track.cues and not stated.notes
+    with pytest.raises(SubtitleError, match="not valid utf-8"):
+        resolve_subtitles(video, str(latin), encoding="utf-8")
+    with pytest.raises(SubtitleError, match="unknown encoding"):
+        resolve_subtitles(video, str(latin), encoding="klingon")
+    wide = tmp_path / "wide.srt"
+    wide.write_bytes(text.encode("utf-16"))  # BOM + NUL bytes: not taken for binary
+    assert resolve_subtitles(video, str(wide)).cues == track.cues
+
+
+def test_reversed_and_overlapping_cues(tmp_path):
+    path = tmp_path / "odd.srt"
+    path.write_text("1\n00:00:05,000 --> 00:00:01,000\nbackwards\n\n2\n00:00:00,000 --> 00:00:09,000\nlong\n\n"
+                    "3\n00:00:02,000 --> 00:00:03,000\nshort\n")  # fmt: skip
+    track = read_subtitle_file(path)
+    assert "1 cue(s) end before they start" in track.notes[0]
+    assert select_lines(track.cues, [1.0, 2.5, 5.0, 8.0]) == ["long", "short", "backwards"]
+
+
+def test_token_budget_drops_lines_evenly():
+    lines = [f"line number {i}" for i in range(40)]
+    count = len  # characters stand in for tokens
+    assert fit_lines(lines, 10_000, count) == lines
+    kept = fit_lines(lines, 200, count)
+    assert 0 < len(kept) < 40 and count(subtitle_block(kept)) <= 200
+    assert kept[0] != lines[0] and kept[-1] != lines[0] and int(kept[-1].split()[-1]) > 30, "spread over the video"
+    assert fit_lines(lines, 5, count) == []
+
+
+def test_chat_block_is_the_eval_prompts(tiny_checkpoints, short_video, tmp_path):
+    """The same video and .srt: chat's prefilled block is the text the eval prompt starts with."""
+    from lvx_app.engine.open import open_engine
+    from lvx_app.engine.session import SessionConfig
+
+    srt = tmp_path / "movie.srt"
+    srt.write_text(SRT)
+    engine = open_engine(SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1)
+    try:
+        summary = engine.load_video(short_video, 1.0, subtitles=resolve_subtitles(short_video, str(srt)).cues)
+        block = engine.session.subtitle_block
+    finally:
+        engine.close()
+    eval_prompt = build_prompt("Q?", ["A. a.", "B. b."], select_lines(load_srt(srt), summary.timestamps))
+    assert block == f"{SUBTITLE_HEADER}\nhello there\nsecond line" and summary.subtitle_lines == 2
+    assert eval_prompt.startswith(block + "\nSelect the best answer")
+
+
+def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
+    """`lvx chat --subtitles`: a bad file is one line before any model loads; a good one is said and placed."""
+    import io
+
+    from rich.console import Console
+
+    from lvx_app.engine.api import GenerationParams
+    from lvx_app.engine.open import open_engine
+    from lvx_app.engine.session import SessionConfig
+    from lvx_app.frontends.terminal import run_chat, run_chat_command
+
+    bad = tmp_path / "bad.srt"
+    bad.write_bytes(b"\x00\x01" * 100)
+    out = io.StringIO()
+    code = run_chat_command(video=short_video, gpus=0, ranks=1, params=GenerationParams(), subtitles=str(bad),
+                            console=Console(file=out, width=200), model="/nonexistent/checkpoint", revision=None,
+                            fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=60.0, use_cache=False,
+                            cache_dir=None)  # fmt: skip
+    assert code == 2 and out.getvalue().strip().splitlines() == [f"error: {bad.name} is binary, not a text subtitle "
+                                                                 "file; pass an .srt or .vtt file, or --subtitles none"]
+    good = tmp_path / "good.srt"
+    good.write_text(SRT)
+    engine = open_engine(SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1)
+    out = io.StringIO()
+    try:
+        code = run_chat(engine, video=short_video, fps=1.0, params=GenerationParams(max_new_tokens=4),
+                        console=Console(file=out, width=200), stdin=io.StringIO("what is said?\n/quit\n"),
+                        subtitles=resolve_subtitles(short_video, str(good)))  # fmt: skip
+    finally:
+        engine.close()
+    text = out.getvalue()
+    assert code == 0 and "2 subtitle line(s) placed" in text and "subtitles: 2 line(s) at the sampled frames, from good.srt" in text
+
+
+def test_multi_node_chat_entry_point_takes_subtitles(tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch):
+    """`python -m lvx_app.frontends.worker --frontend chat VIDEO --subtitles FILE` (rank 0 of a torchrun job)."""
+    import io
+    import sys
+
+    from lvx_app.frontends.worker import main
+
+    good = tmp_path / "good.srt"
+    good.write_text(SRT)
+    config = f'{{"model": "{tiny_checkpoints["g2"]}", "cache_dir": "{tmp_path}", "decode_workers": 1}}'
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
+    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
+    assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in capsys.readouterr().out
+    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(tmp_path / "no.srt")]) == 0
+    assert "error: subtitle file not found" in capsys.readouterr().err
