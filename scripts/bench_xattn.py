@@ -451,7 +451,7 @@ PAPER_ROWS = [(64, 12288), (128, 12288), (64, 24576)]
 
 
 def measure_attention_flops(s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int = 5) -> float:
-    """This machine's FLOP/s of one rank's unmasked block kernel (one thread, as each benchmark rank runs)."""
+    """FLOP/s of one rank's unmasked block kernel, on one thread as each benchmark rank runs."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -464,6 +464,10 @@ def measure_attention_flops(s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtyp
     return 4 * s_q * s_kv * hq * d / seconds
 
 
+def _flops_on_rank(rank: int, world: int, shape: tuple, dtype_name: str) -> float:
+    return measure_attention_flops(*shape, DTYPES[dtype_name])
+
+
 def paper_link_gbps(flops: float, efficiency: float, element_bytes: int) -> float:
     """The link (GB/s) at which this machine's FLOP per transferred element equals the paper's A100 cluster's."""
     paper_flop_per_element = efficiency * A100_BF16_FLOPS / (PAPER_LINK_BYTES_PER_S / PAPER_ELEMENT_BYTES)
@@ -473,10 +477,12 @@ def paper_link_gbps(flops: float, efficiency: float, element_bytes: int) -> floa
 def run_paper(args) -> dict:
     dtype = DTYPES[args.dtype]
     hq, hkv, d, n = args.q_heads, args.kv_heads, args.head_dim, args.ranks
-    flops = measure_attention_flops(*PAPER_ROWS[0], hq, hkv, d, dtype)
+    # Measured on the benchmark's own ranks, all at once: what a rank gets while the others compute too.
+    flops = min(run_ranks(_flops_on_rank, n, (*PAPER_ROWS[0], hq, hkv, d), args.dtype))
     gbps = args.link_gbps or paper_link_gbps(flops, args.paper_efficiency, torch.finfo(dtype).bits // 8)
-    print(f"per-rank attention {flops / 1e9:.1f} GFLOP/s (one thread) -> emulated link {gbps * 1e3:.2f} MB/s, the "
-          f"A100 cluster's FLOP per element ({args.paper_efficiency:.0%} of 312 TFLOP/s bf16 over 25 GB/s); {n} ranks")
+    print(f"per-rank attention {flops / 1e9:.1f} GFLOP/s ({n} ranks at once, one thread each) -> emulated link "
+          f"{gbps * 1e3:.2f} MB/s, the A100 cluster's FLOP per element "
+          f"({args.paper_efficiency:.0%} of 312 TFLOP/s bf16 over 25 GB/s)")
     rows = []
     for s_q, s_kv in PAPER_ROWS:
         cfg = {"ranks": n, "frames": 48, "keys_per_frame": args.keys_per_frame, "ratio": args.ratio, "batch": 1,
