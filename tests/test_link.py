@@ -37,6 +37,24 @@ def test_emulated_link_holds_each_transfer_for_its_bytes():
         assert gather_s >= sent / (GBPS * 1e9)
 
 
+def _timed_decode(rank: int, world: int, gbps: float):
+    from lvx_app.attention import decode_xattn
+
+    q = torch.randn(1, 1, 8, 64)
+    k = v = torch.randn(1, 16, 2, 64)
+    stats: dict = {}
+    with emulated_link(gbps):
+        t0 = time.perf_counter()
+        decode_xattn(q, k, v, stats=stats)
+        return time.perf_counter() - t0, stats["fwd_bytes"]
+
+
+def test_decode_combine_counts_its_bytes_and_is_held_for_them():
+    for seconds, sent in run_ranks(_timed_decode, 2, 1e-5):  # 10 kB/s
+        assert sent == (8 * 64 + 8) * 4  # one packed float32 (out, lse) partial to the other rank
+        assert seconds >= sent / 1e4
+
+
 def test_without_the_link_transfers_are_not_held():
     for ring_s, gather_s, _, _ in run_ranks(_timed_transfers, 2, None):
         assert ring_s < 0.09 and gather_s < 0.09
