@@ -3,7 +3,10 @@
 Two measurements, both printed as a rich table and written as JSON:
 
 * `engine` (default, CPU): the real `lvx` engine — tiny random-weight checkpoint, a synthetic video, world
-  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode tok/s).
+  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode tok/s). At every
+  world size > 1 the same chat runs once per entry of `ATTENTIONS` (LV-XAttn, Ring pass-KV, all-gather K/V; the
+  engine's benchmark-only `SessionConfig.attention`), with the video-prompt prefill time and the attention bytes
+  each rank sent while loading and while answering.
 * `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights, random visual
   features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder tokens per frame), the same
   model code the engine runs on one rank: visual K/V preparation, prefill of the video prompt, TTFT of a question
@@ -11,6 +14,7 @@ Two measurements, both printed as a rich table and written as JSON:
   can be exercised on a CPU.
 
     python scripts/bench_chat.py --out runs/bench_chat_cpu.json
+    python scripts/bench_chat.py --ranks 1 2 4 --plot docs/bench_chat_attention.png --out runs/bench_chat_attention.json
     python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out runs/bench_chat_h100.json
 """
 
@@ -23,6 +27,7 @@ import platform
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -36,7 +41,42 @@ from lvx_app.engine.api import GenerationParams  # noqa: E402
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
-def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path) -> list[dict]:
+# One entry per engine variant compared: its label and the SessionConfig fields that select it. Adding a row (e.g.
+# another schedule option) is one entry here.
+ATTENTIONS = {
+    "LV-XAttn": {"attention": "lv_xattn"},
+    "Ring pass-KV": {"attention": "ring"},
+    "all-gather K/V": {"attention": "allgather"},
+}
+
+
+def _bytes_sent(engine) -> list[int]:
+    return [int(r.get("attention bytes sent", 0)) for r in engine.stats()["ranks"]]
+
+
+def _engine_row(engine, video: Path, fps: float, new_tokens: int) -> dict:
+    """Load the video, warm up, then one timed question; bytes are the most any rank sent in each phase."""
+    summary = engine.load_video(str(video), fps)
+    stats = engine.stats()["ranks"]
+    after_load = [int(r.get("attention bytes sent", 0)) for r in stats]
+    prefill_s = max(float(r.get("video prompt prefill s", 0.0)) for r in stats)
+    "".join(engine.ask("warm-up?", GenerationParams(max_new_tokens=4)))
+    engine.reset()
+    before = _bytes_sent(engine)
+    answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
+    answer_stats = engine.last_answer
+    after = _bytes_sent(engine)
+    return {
+        "frames": summary.frames, "visual_tokens": summary.visual_tokens, "ingest_s": summary.seconds,
+        "video_prompt_prefill_s": prefill_s, "load_mb_sent_per_rank": max(after_load) / 1e6,
+        "prompt_tokens": answer_stats.prompt_tokens, "ttft_s": answer_stats.ttft_s, "new_tokens": answer_stats.new_tokens,
+        "tokens_per_s": answer_stats.tokens_per_s,
+        "answer_mb_sent_per_rank": max(a - b for a, b in zip(after, before)) / 1e6, "answer": answer,
+    }  # fmt: skip
+
+
+def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path,
+                 attentions: list[str] | None = None) -> list[dict]:
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
@@ -48,24 +88,44 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
         make_video(video, num_frames=int(minutes * 60 * 2), fps=2, width=96, height=64)
     rows = []
     for n in ranks:
-        config = SessionConfig(model=str(checkpoint), cache=False)
-        t0 = time.perf_counter()
-        engine = open_engine(config, gpus=0, ranks=n)
-        start_s = time.perf_counter() - t0
-        try:
-            summary = engine.load_video(str(video), fps)
-            "".join(engine.ask("warm-up?", GenerationParams(max_new_tokens=4)))
-            engine.reset()
-            answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
-            stats = engine.last_answer
-        finally:
-            engine.close()
-        rows.append({
-            "ranks": n, "frames": summary.frames, "visual_tokens": summary.visual_tokens, "start_s": start_s,
-            "ingest_s": summary.seconds, "prompt_tokens": stats.prompt_tokens, "ttft_s": stats.ttft_s,
-            "new_tokens": stats.new_tokens, "tokens_per_s": stats.tokens_per_s, "answer_chars": len(answer),
-        })  # fmt: skip
+        for name in (attentions or list(ATTENTIONS)) if n > 1 else ["LV-XAttn"]:
+            config = SessionConfig(model=str(checkpoint), cache=False, **ATTENTIONS[name])
+            t0 = time.perf_counter()
+            engine = open_engine(config, gpus=0, ranks=n)
+            start_s = time.perf_counter() - t0
+            try:
+                row = _engine_row(engine, video, fps, new_tokens)
+            finally:
+                engine.close()
+            answer = row.pop("answer")
+            rows.append({"attention": name if n > 1 else "one rank", "ranks": n, "start_s": start_s, **row,
+                         "answer_chars": len(answer), "answer_crc32": zlib.crc32(answer.encode())})  # fmt: skip
     return rows
+
+
+def plot_engine(rows: list[dict], path: Path) -> None:
+    """TTFT, decode tokens/s and video-prompt prefill per attention and rank count, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("video_prompt_prefill_s", "video-prompt prefill (s)"), ("ttft_s", "question TTFT (s)"),
+               ("tokens_per_s", "decode tokens/s")]  # fmt: skip
+    names = list(dict.fromkeys(r["attention"] for r in rows if r["ranks"] > 1))
+    world_sizes = sorted({r["ranks"] for r in rows if r["ranks"] > 1})
+    fig, axes = plt.subplots(1, len(metrics), figsize=(13, 3.6))
+    width = 0.8 / max(1, len(names))
+    for ax, (key, label) in zip(axes, metrics):
+        for i, name in enumerate(names):
+            values = [next((r[key] for r in rows if r["attention"] == name and r["ranks"] == n), 0.0) for n in world_sizes]
+            ax.bar([j + i * width for j in range(len(world_sizes))], values, width, label=name)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(world_sizes))], [f"{n} ranks" for n in world_sizes])
+        ax.set_title(label)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def _config(shape: str):
@@ -161,6 +221,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small")
+    parser.add_argument("--attention", nargs="+", choices=list(ATTENTIONS), default=None,
+                        help="engine mode: the attentions compared at every rank count > 1 (default: all)")
+    parser.add_argument("--plot", type=Path, default=None, help="engine mode: write a PNG of the comparison here")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -173,8 +236,10 @@ def main() -> None:
     if args.mode == "engine":
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-chat-"))
         minutes = (args.minutes or [10.0])[0]
-        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir)
+        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir, args.attention)
         title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
+        if args.plot:
+            plot_engine(rows, args.plot)
     else:
         device = torch.device(args.device)
         shape = args.shape or ("7b" if device.type == "cuda" else "small")

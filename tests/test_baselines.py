@@ -168,3 +168,37 @@ def _ulysses_error(rank: int, world: int):
 def test_ulysses_says_which_heads_work():
     msgs = run_ranks(_ulysses_error, 4)
     assert all(m and "6 query heads do not divide over 4 ranks" in m for m in msgs)
+
+
+def _with_lse_cases(rank: int, world: int):
+    """The engine's forward-only baselines: this rank's (out, lse) against the float64 reference's shards."""
+    from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
+
+    results = []
+    for case in [c for c in CASES if c[7] == torch.float32]:
+        q, k, v, _, q_vis, k_frame = make_case(case)
+        want_out, want_lse = reference_attention(q.double(), k.double(), v.double(), q_vis=q_vis, k_frame=k_frame)
+        skewed = case[-1] == "skewed" and world > 1
+        q_sizes = split_sizes(q.shape[1], world, 0 if skewed else None)
+        kv_sizes = split_sizes(k.shape[1], world, world - 1 if skewed else None)
+        for path, fn in (("ring", ring_xattn_with_lse), ("allgather", allgather_xattn_with_lse)):
+            stats: dict = {}
+            out, lse = fn(_shard(q, q_sizes, rank), _shard(k, kv_sizes, rank), _shard(v, kv_sizes, rank), stats=stats,
+                          q_vis=_shard(q_vis, q_sizes, rank), k_frame=_shard(k_frame, kv_sizes, rank))  # fmt: skip
+            lse_want = want_lse.detach()[:, :, sum(q_sizes[:rank]) : sum(q_sizes[: rank + 1])]
+            seen = torch.isfinite(lse_want)
+            lse_ok = torch.equal(seen, torch.isfinite(lse)) and _max_violation(lse[seen], lse_want[seen], 1e-5) <= 0
+            out_worst = _max_violation(out, _shard(want_out.detach(), q_sizes, rank), TOL[torch.float32])
+            results.append((case[0], path, out_worst, lse_ok, lse.dtype == torch.float32, stats.get("fwd_bytes", 0)))
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_forward_only_baselines_return_exact_out_and_lse(world):
+    sent_by_path: dict = {}
+    for rank, results in enumerate(run_ranks(_with_lse_cases, world)):
+        for name, path, out_worst, lse_ok, lse_fp32, sent in results:
+            assert out_worst <= 0 and lse_ok and lse_fp32, f"world {world} rank {rank} {path} {name}"
+            sent_by_path[path] = sent_by_path.get(path, 0) + sent
+    for path, sent in sent_by_path.items():  # K/V travel exactly when there is more than one rank
+        assert (sent > 0) == (world > 1), (path, sent)

@@ -27,11 +27,13 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
     return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
 
 
-def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str):
+def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str,
+                  attention: str = "lv_xattn"):
     """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
     from lvx_app.parallel.group import init_distributed
 
-    session = Session(_config(checkpoint, cache_dir, kv_mode=kv_mode), init_distributed(cuda=False))
+    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, attention=attention)
+    session = Session(config, init_distributed(cuda=False))
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)
@@ -44,7 +46,8 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     again = engine.load_video(video, 1.0)
     stats = engine.stats()
     engine.close()
-    return answers, first.frames, first.from_cache, again.from_cache, [r["rank"] for r in stats["ranks"]]
+    sent = [r.get("attention bytes sent", 0) for r in stats["ranks"]]
+    return answers, first.frames, first.from_cache, again.from_cache, [r["rank"] for r in stats["ranks"]], sent
 
 
 def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> list[str]:
@@ -81,7 +84,7 @@ def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, 
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
     for world, kv_mode in ((1, "cache"), (2, "cache"), (3, "recompute")):
-        answers, frames, cached_first, cached_again, ranks = run_ranks(
+        answers, frames, cached_first, cached_again, ranks, _ = run_ranks(
             _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}"), kv_mode
         )[0]
         assert frames == 10
@@ -89,6 +92,30 @@ def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, 
         assert answers[2] == expected[0], "reset must forget the conversation but keep the video"
         assert (cached_first, cached_again) == (False, True)
         assert ranks == list(range(world))
+
+
+@pytest.mark.parametrize("generation", ["g1", "g2"])
+def test_ring_and_allgather_engine_options_answer_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
+    """The benchmarks' baselines (SessionConfig.attention) run the same chat: same tokens, and K/V really travel."""
+    checkpoint = tiny_checkpoints[generation]
+    expected = _reference(checkpoint, short_video)
+    sent = {}
+    for attention in ("ring", "allgather", "lv_xattn"):
+        answers, _, _, _, _, sent[attention] = run_ranks(
+            _conversation, 2, checkpoint, short_video, str(tmp_path / attention), "cache", attention
+        )[0]
+        assert answers[:2] == expected, attention
+        assert answers[2] == expected[0], attention
+    for attention in ("ring", "allgather"):  # K/V of the whole video and prompt move, not just queries and outputs
+        assert min(sent[attention]) > max(sent["lv_xattn"]) > 0, sent
+
+
+def test_unknown_attention_option_is_one_line(tiny_checkpoints, tmp_path):
+    from lvx_app.parallel.group import DistInfo
+
+    info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    with pytest.raises(EngineError, match="unknown attention 'ulysses'; use one of lv_xattn, ring, allgather"):
+        Session(_config(tiny_checkpoints["g2"], str(tmp_path), attention="ulysses"), info)
 
 
 def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_path):

@@ -17,13 +17,16 @@ from torch import Tensor
 
 from lvx_app.attention.kernels import attn_fwd
 from lvx_app.attention.merge import acc_dtype, merge_many
-from lvx_app.parallel import get_world_size
+from lvx_app.parallel import get_world_size, link
+from lvx_app.parallel.collectives import count_bytes, nbytes
 
 
 @torch.no_grad()
 def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
-                 q_vis: Tensor | None = None, k_frame: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank."""
+                 q_vis: Tensor | None = None, k_frame: Tensor | None = None, stats: dict | None = None) -> tuple[Tensor, Tensor]:
+    """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
+
+    `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes")."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)
     if n == 1:
@@ -32,7 +35,10 @@ def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | 
     ct = acc_dtype(q)
     packed = torch.cat([out.to(ct).flatten(), lse.to(ct).flatten()])
     gathered = [torch.empty_like(packed) for _ in range(n)]
-    dist.all_gather(gathered, packed, group=group)
+    sent = (n - 1) * nbytes(packed)
+    with link.transfer(sent):
+        dist.all_gather(gathered, packed, group=group)
+    count_bytes(stats, "fwd_bytes", sent)
     allp = torch.stack(gathered)  # (n, B*Sq*Hq*D + B*Hq*Sq)
     n1 = b * sq * hq * d
     outs = allp[:, :n1].reshape(n, b, sq, hq, d)

@@ -62,6 +62,7 @@ class SessionConfig:
     decode_workers: int | None = None
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
     subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS  # most tokens the subtitle block of the video prompt may take
+    attention: str = "lv_xattn"  # benchmarks only: "ring" (pass-KV) or "allgather" run the same chat on a baseline
 
 
 def _video_text(block: str, question: str = "") -> str:
@@ -95,7 +96,10 @@ class Session:
         self.model.eval()
         self.sharded = info.world_size > 1
         if self.sharded:
-            self.attn = ShardedAttention(None, info.rank)
+            try:
+                self.attn = ShardedAttention(None, info.rank, config.attention)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from None
             self.model.hooks.text = self.attn.text
             self.model.hooks.visual = self.attn.visual
         self.video: VideoSummary | None = None
@@ -128,6 +132,10 @@ class Session:
             row["visual K/V"] = f"{_nbytes(t for kv in self.visual.kv.values() for t in kv) / 2**20:.1f} MiB"
         if self.cache is not None:
             row["text tokens"] = self.cache.length
+        if self.video is not None:
+            row["video prompt prefill s"] = round(self.prefill_s, 4)
+        if self.sharded:
+            row["attention bytes sent"] = self.attn.stats.get("fwd_bytes", 0)
         row.update(memory_report(self.device))
         return row
 
@@ -190,7 +198,9 @@ class Session:
         self.subtitle_block = block
         self.subtitle_hash = hashlib.sha256(block.encode()).hexdigest()  # what else a saved video prompt depends on
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
+        t_prefill = time.perf_counter()
         self._prefill(self.prefix_ids)
+        self.prefill_s = time.perf_counter() - t_prefill
         self.local_prefix_len = self.cache.length
         self.video = VideoSummary(
             path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),

@@ -1,10 +1,13 @@
-"""Small collectives the distributed attention paths share: size exchange and byte accounting."""
+"""Small collectives the distributed attention paths share: size exchange and byte accounting.
+
+Each is held by `link.hold` for the bytes it sends when a benchmark emulates a slower link."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from lvx_app.parallel import link
 from lvx_app.parallel.group import get_world_size
 
 # torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5.
@@ -23,7 +26,8 @@ def exchange_sizes(*local: int, group=None, device=None) -> list[list[int]]:
         return [[n] for n in local]
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     every = torch.empty(world * len(local), dtype=torch.int64, device=device)
-    _all_gather(every, mine, group=group)
+    with link.transfer((world - 1) * nbytes(mine)):
+        _all_gather(every, mine, group=group)
     rows = every.view(world, len(local)).tolist()
     return [[row[i] for row in rows] for i in range(len(local))]
 
@@ -49,7 +53,8 @@ def allgather_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.
     longest = max(sizes)
     mine = _pad_seq(x, longest)
     every = mine.new_empty((world * mine.shape[0], *mine.shape[1:]))
-    _all_gather(every, mine, group=group)
+    with link.transfer((world - 1) * nbytes(mine)):
+        _all_gather(every, mine, group=group)
     every = every.view(world, *mine.shape)
     full = torch.cat([every[j, :, : sizes[j]] for j in range(world)], dim=1)
     return full, (world - 1) * nbytes(mine)
@@ -64,6 +69,7 @@ def reduce_scatter_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[t
     parts = [_pad_seq(p, longest) for p in x.split(sizes, dim=1)]
     stacked = torch.cat(parts, dim=0)  # (world * B, longest, ...)
     mine = stacked.new_empty(parts[0].shape)
-    _reduce_scatter(mine, stacked, group=group)
+    with link.transfer((world - 1) * nbytes(mine)):
+        _reduce_scatter(mine, stacked, group=group)
     rank = dist.get_rank(group)
     return mine[:, : sizes[rank]], (world - 1) * nbytes(mine)

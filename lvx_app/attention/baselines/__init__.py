@@ -1,8 +1,12 @@
-"""The baselines LV-XAttn is measured against (benchmarks and tests only; the product never runs them):
-Ring Attention (pass-KV) cross- and causal self-attention, DeepSpeed-Ulysses and all-gather cross-attention."""
+"""The baselines LV-XAttn is measured against (benchmarks and tests; the engine runs them only when a benchmark asks,
+`SessionConfig.attention`): Ring Attention (pass-KV) cross- and causal self-attention, DeepSpeed-Ulysses and all-gather
+cross-attention."""
 
-from lvx_app.attention.baselines.allgather import allgather_xattn
-from lvx_app.attention.baselines.ring import ring_self_attn, ring_xattn
+from lvx_app.attention.baselines.allgather import allgather_xattn, allgather_xattn_with_lse
+from lvx_app.attention.baselines.ring import ring_self_attn, ring_xattn, ring_xattn_with_lse
 from lvx_app.attention.baselines.ulysses import ulysses_supported, ulysses_xattn
 
-__all__ = ["allgather_xattn", "ring_self_attn", "ring_xattn", "ulysses_supported", "ulysses_xattn"]
+__all__ = [
+    "allgather_xattn", "allgather_xattn_with_lse", "ring_self_attn", "ring_xattn", "ring_xattn_with_lse", "ulysses_supported",
+    "ulysses_xattn",
+]  # fmt: skip

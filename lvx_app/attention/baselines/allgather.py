@@ -15,7 +15,7 @@ bytes counted include that padding).
 
 from __future__ import annotations
 
-from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn
+from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.parallel.collectives import allgather_seq, reduce_scatter_seq
 
@@ -55,3 +55,8 @@ def allgather_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None
     `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this rank.
     """
     return kv_moving_xattn(_ALL_GATHER, q, k, v, group, scale, q_vis, k_frame, stats)
+
+
+def allgather_xattn_with_lse(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
+    """`allgather_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the engine's option)."""
+    return kv_moving_xattn_with_lse(_ALL_GATHER, q, k, v, group, scale, q_vis, k_frame, stats)

@@ -26,13 +26,17 @@ class KVExchange(NamedTuple):
     backward: Callable[..., tuple[Tensor, Tensor, Tensor, int]]
 
 
+def _forward(exchange: KVExchange, q, k, v, group, scale, q_vis, k_frame, stats):
+    (sizes,) = exchange_sizes(k.shape[1], group=group, device=q.device)
+    out, lse, sent = exchange.forward(q, k, v, q_vis, k_frame, sizes, group, scale)
+    count_bytes(stats, "fwd_bytes", sent)
+    return out.to(q.dtype), lse, sizes
+
+
 class _KVMovingXAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exchange: KVExchange, q, k, v, group, scale, q_vis, k_frame, stats):
-        (sizes,) = exchange_sizes(k.shape[1], group=group, device=q.device)
-        out, lse, sent = exchange.forward(q, k, v, q_vis, k_frame, sizes, group, scale)
-        count_bytes(stats, "fwd_bytes", sent)
-        out = out.to(q.dtype)
+        out, lse, sizes = _forward(exchange, q, k, v, group, scale, q_vis, k_frame, stats)
         ctx.save_for_backward(q, k, v, out, lse, q_vis, k_frame)
         ctx.exchange, ctx.sizes, ctx.group, ctx.scale, ctx.stats = exchange, sizes, group, scale, stats
         return out
@@ -51,3 +55,11 @@ def kv_moving_xattn(exchange: KVExchange, q: Tensor, k: Tensor, v: Tensor, group
                     q_vis: Tensor | None, k_frame: Tensor | None, stats: dict | None) -> Tensor:
     """This rank's cross-attention output, K/V moved by `exchange`; differentiable in q, k, v."""
     return _KVMovingXAttn.apply(exchange, q, k, v, group, scale, q_vis, k_frame, stats)
+
+
+@torch.no_grad()
+def kv_moving_xattn_with_lse(exchange: KVExchange, q: Tensor, k: Tensor, v: Tensor, group, scale: float | None,
+                             q_vis: Tensor | None, k_frame: Tensor | None, stats: dict | None) -> tuple[Tensor, Tensor]:
+    """Forward only, for inference: this rank's (out in q's dtype, lse (B, Hq, Sq) float32), K/V moved by `exchange`."""
+    out, lse, _ = _forward(exchange, q, k, v, group, scale, q_vis, k_frame, stats)
+    return out, lse

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn
+from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
 from lvx_app.attention.baselines.pass_kv import Block, empty_result, pass_kv_backward, pass_kv_forward
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.attention.layout import zigzag_chunk_sizes
@@ -79,6 +79,11 @@ def ring_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, sta
     `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this rank.
     """
     return kv_moving_xattn(_PASS_KV, q, k, v, group, scale, q_vis, k_frame, stats)
+
+
+def ring_xattn_with_lse(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
+    """`ring_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the engine's Ring option)."""
+    return kv_moving_xattn_with_lse(_PASS_KV, q, k, v, group, scale, q_vis, k_frame, stats)
 
 
 # ---------------------------------------------------------------- causal self-attention

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
+from lvx_app.parallel import link
 from lvx_app.parallel.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
 from lvx_app.parallel.group import get_rank, get_world_size
 
@@ -46,8 +47,10 @@ def _seq_to_heads(x: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     # ranks' sequence shards coming in: (n, S_i, B, H/n, D) -> (S, B, H/n, D).
     send = x.reshape(b, s, world, h // world, d).permute(2, 1, 0, 3, 4).reshape(world * s, b, h // world, d)
     recv = x.new_empty((sum(sizes), b, h // world, d))
-    dist.all_to_all_single(recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group)
-    return recv.permute(1, 0, 2, 3), nbytes(send) * (world - 1) // world
+    sent = nbytes(send) * (world - 1) // world
+    with link.transfer(sent):
+        dist.all_to_all_single(recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group)
+    return recv.permute(1, 0, 2, 3), sent
 
 
 def _heads_to_seq(y: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tensor, int]:
@@ -59,9 +62,11 @@ def _heads_to_seq(y: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     mine = sizes[get_rank(group)]
     send = y.permute(1, 0, 2, 3).contiguous()  # (S, B, H/n, D), split by the ranks' sequence shards
     recv = y.new_empty((world * mine, b, h, d))
-    dist.all_to_all_single(recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group)
+    sent = (sum(sizes) - mine) * b * h * d * y.element_size()
+    with link.transfer(sent):
+        dist.all_to_all_single(recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group)
     out = recv.view(world, mine, b, h, d).permute(2, 1, 0, 3, 4).reshape(b, mine, world * h, d)
-    return out, (sum(sizes) - mine) * b * h * d * y.element_size()
+    return out, sent
 
 
 class _UlyssesXAttn(torch.autograd.Function):
