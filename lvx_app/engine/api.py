@@ -43,6 +43,7 @@ class VideoSummary:
     from_cache: bool
     seconds: float
     timestamps: list[float] = field(default_factory=list)
+    prompt_from_cache: bool = False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
     memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
