@@ -201,6 +201,16 @@ def target_matcher(target: str) -> Callable[[str, str, str], bool]:
     return matches
 
 
+def load_or_discard(path: Path, load: Callable[[], Any], what: str, instead: str) -> Any:
+    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry."""
+    try:
+        return load()
+    except CorruptEntry as exc:
+        warnings.warn(f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
+
+
 class FeatureCache:
     """Visual features on disk, one safetensors file per (video, settings, rank)."""
 
@@ -217,13 +227,8 @@ class FeatureCache:
         path = self.shard_path(key)
         if not path.is_file():
             return None
-        try:
-            return self._load(path, key, device)
-        except CorruptEntry as exc:
-            warnings.warn(f"the visual-feature cache file {path} was corrupt ({exc}); deleted it and re-encoding "
-                          f"the frames", VideoWarning, stacklevel=2)
-            path.unlink(missing_ok=True)
-            return None
+        return load_or_discard(path, lambda: self._load(path, key, device),
+                               f"the visual-feature cache file {path}", "re-encoding the frames")
 
     def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
         manifest = _read_header(path)

@@ -27,7 +27,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from lvx_app.video.cache import CacheKey, CorruptEntry, atomic_save, default_cache_dir, read_manifest, target_matcher, tensor_crc
+from lvx_app.video.cache import (
+    CacheKey,
+    CorruptEntry,
+    FeatureCache,
+    atomic_save,
+    load_or_discard,
+    read_manifest,
+    target_matcher,
+    tensor_crc,
+)
 from lvx_app.video.errors import VideoWarning
 
 PREFIX_VERSION = 1
@@ -112,7 +121,7 @@ class PrefixCache:
     """Prefilled video prompts on disk, one safetensors file per (prompt, rank)."""
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
-        self.root = Path(root).expanduser() if root else default_cache_dir()
+        self.root = FeatureCache(root).root  # the features' folder
         self.prefixes_dir = self.root / "prefixes"
 
     def path(self, key: PrefixKey) -> Path:
@@ -137,13 +146,8 @@ class PrefixCache:
                 warnings.warn(f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), this run has "
                               f"{key.world_size}; prefilling it again", VideoWarning, stacklevel=2)
             return None
-        try:
-            return self._load(path, key, device)
-        except CorruptEntry as exc:
-            warnings.warn(f"the saved video prompt {path} was corrupt ({exc}); deleted it and prefilling the prompt "
-                          f"again", VideoWarning, stacklevel=2)
-            path.unlink(missing_ok=True)
-            return None
+        return load_or_discard(path, lambda: self._load(path, key, device), f"the saved video prompt {path}",
+                               "prefilling the prompt again")
 
     def _load(self, path: Path, key: PrefixKey, device: torch.device | str) -> SavedPrefix:
         manifest = read_manifest(path, {"key_positions"})
