@@ -63,6 +63,7 @@ class VideoSummary:
     timestamps: list[float] = field(default_factory=list)
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
+    prompt_from_cache: bool = False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
     memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import hashlib
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -39,9 +40,11 @@ from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.cache import encoder_identity
-from lvx_app.video.errors import VideoError
-from lvx_app.video.ingest import auto_memory_budget, ingest
+from lvx_app.video.errors import VideoError, VideoWarning
+from lvx_app.video.ingest import VisualShard, auto_memory_budget, ingest
+from lvx_app.video.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from models.mplug_owl3.checkpoint import CheckpointError
+from models.mplug_owl3.fingerprint import checkpoint_identity
 from models.mplug_owl3.loader import load_model
 
 
@@ -72,6 +75,9 @@ def _video_text(block: str, question: str = "") -> str:
     return "<|video|>\n" + block + "\n" + question.lstrip()
 
 
+PROMPT_FORMAT = 1  # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not
+
+
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -89,6 +95,7 @@ class Session:
         try:
             self.model_key, self.encoder_id = (encoder_identity(config.model, config.revision, config.cache_dir)
                                                if config.cache else (config.model, ""))
+            self.checkpoint_id = checkpoint_identity(config.model, config.revision) if config.cache else ""
             loaded = load_model(config.model, dtype=self.dtype, device=self.device, revision=config.revision)
         except CheckpointError as exc:
             raise EngineError(str(exc)) from None
@@ -109,6 +116,7 @@ class Session:
         self.visual = None
         self.features: torch.Tensor | None = None
         self.cache = None
+        self.prefixes = PrefixCache(config.cache_dir) if config.cache else None
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
 
@@ -199,14 +207,14 @@ class Session:
         self.subtitle_hash = hashlib.sha256(block.encode()).hexdigest()  # what else a saved video prompt depends on
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
         t_prefill = time.perf_counter()
-        self._prefill(self.prefix_ids)
+        restored = self._open_prefix(shard, path)
         self.prefill_s = time.perf_counter() - t_prefill
         self.local_prefix_len = self.cache.length
         self.video = VideoSummary(
             path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),
             visual_tokens=n_frames * self.model.config.vision.num_patches, from_cache=shard.from_cache,
             seconds=time.perf_counter() - t0, timestamps=[float(t) for t in plan.timestamps],
-            subtitle_lines=placed, subtitles_dropped=dropped,
+            subtitle_lines=placed, subtitles_dropped=dropped, prompt_from_cache=restored,
         )  # fmt: skip
         return self.video
 
@@ -231,6 +239,46 @@ class Session:
         if int(prompt.input_ids[-1]) != self.processor.stop_ids[0]:
             raise RuntimeError("the video prompt does not end with <|im_end|>")
         return int(prompt.input_ids.numel()) - 1
+
+    # ---- the saved video prompt ----------------------------------------------------------------------------
+    def _prefix_key(self, shard: VisualShard) -> PrefixKey | None:
+        if self.prefixes is None or shard.cache_key is None:
+            return None
+        n, world = int(self.prefix_ids.numel()), self.info.world_size
+        return PrefixKey.make(shard.cache_key, checkpoint=self.checkpoint_id, prompt_format=PROMPT_FORMAT,
+                              prompt_ids=self.prefix_ids, device=self.device.type,
+                              layout=[shard_bounds(n, world, r) for r in range(world)])
+
+    def _open_prefix(self, shard: VisualShard, path: str) -> bool:
+        """Read back the prompt K/V an earlier run saved, when every rank has them and its features came from the
+        cache (they were made from those features); else prefill the prompt and save it. True when read back."""
+        key = self._prefix_key(shard)
+        saved = self.prefixes.load(key, self.device) if key is not None else None
+        if self._all_min(int(saved is not None and shard.from_cache)):
+            for i, (k, v) in enumerate(saved.layers):
+                self.cache.update(i, k, v)
+            if self.sharded:
+                self.attn.key_positions = saved.key_positions
+            self.position = self.prefix_len
+            return True
+        self._prefill(self.prefix_ids)
+        if key is not None:
+            positions = self.attn.key_positions if self.sharded else torch.arange(self.cache.length).view(1, -1)
+            try:
+                self.prefixes.save(key, SavedPrefix(self.cache.layer_kv(), positions), video=Path(path).resolve())
+            except OSError as exc:
+                warnings.warn(f"could not save the video prompt in {self.prefixes.root} ({exc}); the next open will "
+                              "prefill it again. Free some space or set LVX_CACHE_DIR.", VideoWarning, stacklevel=2)
+        return False
+
+    def _all_min(self, value: int) -> int:
+        """The smallest `value` over the ranks (every rank calls this at the same point)."""
+        if not self.sharded:
+            return value
+        box = torch.tensor([value], dtype=torch.int64)
+        box = box.to(self.device) if dist.get_backend() == "nccl" else box
+        dist.all_reduce(box, op=dist.ReduceOp.MIN)
+        return int(box[0])
 
     def _kv_mode(self, n_frames: int) -> str:
         mode = self.config.kv_mode
@@ -345,10 +393,7 @@ class Session:
         """Refuse a question too long to prefill, on every rank alike: the ranks agree on the smallest budget first."""
         budget = auto_memory_budget(self.device)
         if self.sharded:
-            box = torch.tensor([budget if budget is not None else 2**62], dtype=torch.int64)
-            box = box.to(self.device) if dist.get_backend() == "nccl" else box
-            dist.all_reduce(box, op=dist.ReduceOp.MIN)
-            budget = int(box[0])
+            budget = self._all_min(budget if budget is not None else 2**62)
         shape = PrefillShape(self.info.world_size, self.position, self.dtype.itemsize)
         limit, why = question_limit(self.model.config, shape, budget)
         if n > limit:

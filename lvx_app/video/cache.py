@@ -27,7 +27,7 @@ import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
@@ -143,15 +143,28 @@ class CorruptEntry(Exception):
     pass
 
 
-def _tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
+def tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
     t = t.detach().contiguous().cpu()
     if t.numel() == 0:
         return crc
     return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
 
 
-def _read_header(path: Path) -> dict:
-    """The manifest stored in a shard file's safetensors header (raises CorruptEntry)."""
+def atomic_save(tensors: dict[str, torch.Tensor], manifest: dict, final: Path) -> None:
+    """Write a safetensors file with `manifest` in its header under a temporary name, fsync it, rename it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        save_file(tensors, str(tmp), metadata={"lvx_manifest": json.dumps(manifest)})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_manifest(path: Path, tensors: set[str]) -> dict:
+    """The manifest stored in a safetensors file's header, which must hold `tensors` (raises CorruptEntry)."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -164,9 +177,38 @@ def _read_header(path: Path) -> dict:
         manifest = json.loads(meta["lvx_manifest"])
     except json.JSONDecodeError as exc:
         raise CorruptEntry(f"bad manifest ({exc})") from None
-    if not {"features", "frame_indices", "timestamps"} <= names:
+    if not tensors <= names:
         raise CorruptEntry(f"missing tensors (has {sorted(names)})")
     return manifest
+
+
+def _read_header(path: Path) -> dict:
+    """The manifest stored in a shard file's safetensors header (raises CorruptEntry)."""
+    return read_manifest(path, {"features", "frame_indices", "timestamps"})
+
+
+def target_matcher(target: str) -> Callable[[str, str, str], bool]:
+    """For `lvx cache rm TARGET`: whether an entry (id, file id, video path) is named by an id (its first 4+
+    characters) or by the video it was made from."""
+    tpath = Path(target).expanduser()
+    fid = file_identity(tpath) if tpath.is_file() else None
+    resolved = str(tpath.resolve()) if tpath.exists() or tpath.is_absolute() else None
+
+    def matches(entry_id: str, file_id: str, video: str) -> bool:
+        return bool((len(target) >= 4 and entry_id.startswith(target)) or (fid and file_id == fid)
+                    or (resolved and video == resolved))
+
+    return matches
+
+
+def load_or_discard(path: Path, load: Callable[[], Any], what: str, instead: str) -> Any:
+    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry."""
+    try:
+        return load()
+    except CorruptEntry as exc:
+        warnings.warn(f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
 
 
 class FeatureCache:
@@ -185,13 +227,8 @@ class FeatureCache:
         path = self.shard_path(key)
         if not path.is_file():
             return None
-        try:
-            return self._load(path, key, device)
-        except CorruptEntry as exc:
-            warnings.warn(f"the visual-feature cache file {path} was corrupt ({exc}); deleted it and re-encoding "
-                          f"the frames", VideoWarning, stacklevel=2)
-            path.unlink(missing_ok=True)
-            return None
+        return load_or_discard(path, lambda: self._load(path, key, device),
+                               f"the visual-feature cache file {path}", "re-encoding the frames")
 
     def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
         manifest = _read_header(path)
@@ -212,7 +249,7 @@ class FeatureCache:
         nbytes = sum(t.numel() * t.element_size() for t in (feats, idx, ts))
         if nbytes != manifest["bytes"]:
             raise CorruptEntry(f"{nbytes} bytes of tensors, manifest says {manifest['bytes']}")
-        crc = _tensor_crc(ts, _tensor_crc(idx, _tensor_crc(feats)))
+        crc = tensor_crc(ts, tensor_crc(idx, tensor_crc(feats)))
         if crc != manifest["crc32"]:
             raise CorruptEntry("checksum mismatch")
         os.utime(path)  # "last used", for `lvx cache ls`
@@ -233,21 +270,12 @@ class FeatureCache:
             "frame_offset": int(frame_offset),
             "features": {"shape": list(feats.shape), "dtype": _dtype_name(feats.dtype)},
             "bytes": sum(t.numel() * t.element_size() for t in (feats, idx, ts)),
-            "crc32": _tensor_crc(ts, _tensor_crc(idx, _tensor_crc(feats))),
+            "crc32": tensor_crc(ts, tensor_crc(idx, tensor_crc(feats))),
             "plan": plan.to_dict(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         final = self.shard_path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            save_file({"features": feats, "frame_indices": idx, "timestamps": ts}, str(tmp),
-                      metadata={"lvx_manifest": json.dumps(manifest)})
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_save({"features": feats, "frame_indices": idx, "timestamps": ts}, manifest, final)
         return final
 
     # ------------------------------------------------------------------------------------------- manage
@@ -298,12 +326,9 @@ class FeatureCache:
     def remove(self, target: str) -> list[str]:
         """Delete entries whose id starts with `target`, or that were made from the video at path `target`."""
         removed: list[str] = []
-        tpath = Path(target).expanduser()
-        fid = file_identity(tpath) if tpath.is_file() else None
-        resolved = str(tpath.resolve()) if tpath.exists() or tpath.is_absolute() else None
+        matches = target_matcher(target)
         for e in self.entries():
-            if (e.entry_id.startswith(target) and len(target) >= 4) or (fid and e.file_id == fid) \
-                    or (resolved and e.video == resolved):
+            if matches(e.entry_id, e.file_id, e.video):
                 shutil.rmtree(e.path, ignore_errors=True)
                 removed.append(e.entry_id)
         return removed

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from lvx_app.cli_options import new_app
 
-cache_app = new_app("cache", "The visual-feature cache (encoded videos, so a second chat on a video starts at once).")
+cache_app = new_app("cache", "The visual-feature cache (encoded videos and their prefilled prompts, so a second chat on a "
+                             "video starts at once).")
 
 DirOption = typer.Option(None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx).")
 
@@ -31,15 +32,37 @@ def _cache(dir: Optional[Path]):
     return FeatureCache(dir)
 
 
+def _prefixes(dir: Optional[Path]):
+    from lvx_app.video.prefix_cache import PrefixCache
+
+    return PrefixCache(dir)
+
+
+def _prefix_table(console: Console, dir: Optional[Path]) -> int:
+    """Print the saved video prompts; return their total size."""
+    entries = _prefixes(dir).entries()
+    if not entries:
+        return 0
+    table = Table(title="saved video prompts")
+    for col in ("id", "video", "ranks", "tokens", "size", "status"):
+        table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
+    for e in entries:
+        table.add_row(e.entry_id[:12], Path(e.video).name if e.video != "?" else "?",
+                      "/".join(map(str, e.world_sizes)) or "?", str(e.tokens), _human(e.bytes),
+                      "[red]damaged[/red]" if e.problems else "ok")
+    console.print(table)
+    return sum(e.bytes for e in entries)
+
+
 @cache_app.command("ls")
 def ls(dir: Optional[Path] = DirOption) -> None:
-    """List cached videos: settings, shards present, frames and size."""
+    """List cached videos (settings, shards present, frames, size) and the saved video prompts."""
     cache = _cache(dir)
     entries = cache.entries()
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=200)
-    if not entries:
+    if not entries and not _prefixes(dir).entries():
         console.print(f"The cache at {cache.root} is empty.")
         return
     table = Table(title=f"lvx cache: {cache.root}")
@@ -58,7 +81,8 @@ def ls(dir: Optional[Path] = DirOption) -> None:
             f"[yellow]{stale}[/yellow]" if (stale := cache.is_stale(e)) else "ok",
         )
     console.print(table)
-    console.print(f"{len(entries)} entries, {_human(total)}. Remove with `lvx cache rm ID|VIDEO`, "
+    total += _prefix_table(console, dir)
+    console.print(f"{len(entries)} entries, {_human(total)} with the saved prompts. Remove with `lvx cache rm ID|VIDEO`, "
                   f"`lvx cache rm --stale` or `lvx cache clear`.")
 
 
@@ -68,7 +92,7 @@ def rm(
     stale: bool = typer.Option(False, "--stale", help="Remove entries whose video is missing or has changed."),
     dir: Optional[Path] = DirOption,
 ) -> None:
-    """Remove the entries of some videos (by path) or some entry ids."""
+    """Remove the entries (features and saved prompts) of some videos (by path) or some entry ids."""
     cache = _cache(dir)
     console = Console()
     if stale:
@@ -79,7 +103,7 @@ def rm(
         raise typer.Exit(2)
     missing = []
     for target in targets or []:
-        removed = cache.remove(target)
+        removed = cache.remove(target) + _prefixes(dir).remove(target)
         if removed:
             console.print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}.")
         else:
@@ -94,10 +118,10 @@ def clear(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dir: Optional[Path] = DirOption,
 ) -> None:
-    """Remove every cached video."""
-    cache = _cache(dir)
-    size = cache.size_bytes()
-    if not yes and not typer.confirm(f"Delete all cached features in {cache.root} ({_human(size)})?"):
+    """Remove every cached video and saved prompt."""
+    cache, prefixes = _cache(dir), _prefixes(dir)
+    size = cache.size_bytes() + prefixes.size_bytes()
+    if not yes and not typer.confirm(f"Delete all cached features and saved prompts in {cache.root} ({_human(size)})?"):
         raise typer.Exit(1)
-    n = cache.clear()
+    n = cache.clear() + prefixes.clear()
     Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")

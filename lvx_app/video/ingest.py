@@ -54,6 +54,7 @@ class VisualShard:
     from_cache: bool
     plan: SamplingPlan  # the whole plan: all ranks' frames, in order
     frame_offset: int  # plan position of this rank's first frame (its global frame number)
+    cache_key: CacheKey | None = None  # this shard's feature-cache key (None when the cache is off)
 
     @property
     def num_frames(self) -> int:
@@ -310,7 +311,7 @@ class _RankIngest:
             ts = torch.tensor(shard.timestamps, dtype=torch.float64)
             self._save(features, idx, ts, shard.start)
         self._progress("done", len(plan), len(plan))
-        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start)
+        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start, self.key)
 
     def _save(self, features: torch.Tensor, idx: torch.Tensor, ts: torch.Tensor, offset: int) -> None:
         if self.store is None or self.key is None:

@@ -96,6 +96,10 @@ class TextKVCache:
         """Append this forward's K/V of one layer; return all of that layer's K/V (views)."""
         return self.layers[layer_idx].append(k.detach(), v.detach())
 
+    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's cached (k, v), (B, length, kv_heads, D) views; `update` of an empty cache restores them."""
+        return [(l.k[:, : l.length], l.v[:, : l.length]) for l in self.layers]
+
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (e.g. to drop a turn)."""
         for l in self.layers:

@@ -1,0 +1,208 @@
+"""Saved video prompts: reopening a video skips the prefill of its prompt, not only decoding and encoding.
+
+Layout: `<cache dir>/prefixes/<prefix id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank: that rank's text
+K/V of every decoder layer after the video prompt was prefilled (`k.<layer>`, `v.<layer>`, its own slice of the
+prompt's tokens) and the positions of those keys (`key_positions`, which the sharded attention keeps). The prefix
+id hashes what decides the prompt's K/V except the number of ranks: the feature entry (video, sampling, encoder
+weights, dtype; `CacheKey` without its world size), the checkpoint's identity (every file of it), the prompt format
+version, a hash of the prompt's token ids (chat template and anything placed in the prompt, such as subtitles) and
+the device type. Each file's manifest holds the whole key, also the world size, the rank, the shard layout (every
+rank's token range) and the feature entry with its world size, and must match it exactly.
+
+Visual K/V are not saved: they are recomputed from the cached features when the video is opened (docs/benchmarks.md
+measures both). Writes are atomic and a file that fails any check is reported in one warning line, deleted, and
+the prompt is prefilled again, as for the feature cache (`lvx_app.video.cache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from lvx_app.video.cache import (
+    CacheKey,
+    CorruptEntry,
+    FeatureCache,
+    atomic_save,
+    load_or_discard,
+    read_manifest,
+    target_matcher,
+    tensor_crc,
+)
+from lvx_app.video.errors import VideoWarning
+
+PREFIX_VERSION = 1
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class PrefixKey:
+    """Everything that decides one rank's saved prompt K/V."""
+
+    features: str  # the feature entry without its world size
+    checkpoint: str  # models.mplug_owl3.fingerprint.checkpoint_identity
+    prompt_format: int
+    prompt_hash: str  # sha256 of the prompt's int64 token ids
+    prompt_tokens: int
+    device: str  # device type: cpu / cuda
+    world_size: int
+    rank: int
+    layout: str  # every rank's token range, "start:end,..."
+    feature_entry: str  # the feature entry of this world size
+    file_id: str
+    format_version: int = PREFIX_VERSION
+
+    @classmethod
+    def make(cls, feature_key: CacheKey, *, checkpoint: str, prompt_format: int, prompt_ids: torch.Tensor,
+             device: str, layout: list[tuple[int, int]]) -> "PrefixKey":
+        ids = prompt_ids.to(torch.int64).contiguous().cpu()
+        digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:32]
+        return cls(replace(feature_key, world_size=0, rank=0).entry_id(), checkpoint, int(prompt_format), digest,
+                   int(ids.numel()), device, feature_key.world_size, feature_key.rank,
+                   ",".join(f"{a}:{b}" for a, b in layout), feature_key.entry_id(), feature_key.file_id)
+
+    def entry_id(self) -> str:
+        d = asdict(self)
+        for name in ("world_size", "rank", "layout", "feature_entry"):
+            d.pop(name)
+        return _hash(d)
+
+    def shard_name(self) -> str:
+        return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
+
+
+@dataclass
+class SavedPrefix:
+    """One rank's prefilled prompt: per-layer (k, v) of its own tokens, (1, S_local, kv_heads, D), and their positions."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    key_positions: torch.Tensor  # (1, S_local) int64
+
+
+@dataclass
+class PrefixInfo:
+    """One saved prompt, as `lvx cache ls` shows it."""
+
+    entry_id: str
+    video: str
+    world_sizes: list[int]
+    tokens: int
+    bytes: int
+    file_id: str = ""
+    problems: list[str] | None = None
+
+
+def _tensors(saved: SavedPrefix) -> dict[str, torch.Tensor]:
+    out = {"key_positions": saved.key_positions.to(torch.int64).contiguous().cpu()}
+    for i, (k, v) in enumerate(saved.layers):
+        out[f"k.{i}"], out[f"v.{i}"] = k.detach().contiguous().cpu(), v.detach().contiguous().cpu()
+    return out
+
+
+def _crc(tensors: dict[str, torch.Tensor]) -> int:
+    crc = 0
+    for name in sorted(tensors):
+        crc = tensor_crc(tensors[name], crc)
+    return crc
+
+
+class PrefixCache:
+    """Prefilled video prompts on disk, one safetensors file per (prompt, rank)."""
+
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = FeatureCache(root).root  # the features' folder
+        self.prefixes_dir = self.root / "prefixes"
+
+    def path(self, key: PrefixKey) -> Path:
+        return self.prefixes_dir / key.entry_id() / key.shard_name()
+
+    def save(self, key: PrefixKey, saved: SavedPrefix, *, video: str | os.PathLike) -> Path:
+        """Write this rank's prompt K/V atomically. Returns the final path."""
+        tensors = _tensors(saved)
+        manifest = {"version": PREFIX_VERSION, "key": asdict(key), "video": str(video), "layers": len(saved.layers),
+                    "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": _crc(tensors)}
+        final = self.path(key)
+        atomic_save(tensors, manifest, final)
+        return final
+
+    def load(self, key: PrefixKey, device: torch.device | str = "cpu") -> SavedPrefix | None:
+        """This rank's saved prompt, or None. A corrupt file is deleted with one warning; a prompt saved only for
+        another number of ranks is named in one line (rank 0)."""
+        path = self.path(key)
+        if not path.is_file():
+            others = sorted({int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob("shard-*-of-*.safetensors")})
+            if others and key.rank == 0:
+                warnings.warn(f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), this run has "
+                              f"{key.world_size}; prefilling it again", VideoWarning, stacklevel=2)
+            return None
+        return load_or_discard(path, lambda: self._load(path, key, device), f"the saved video prompt {path}",
+                               "prefilling the prompt again")
+
+    def _load(self, path: Path, key: PrefixKey, device: torch.device | str) -> SavedPrefix:
+        manifest = read_manifest(path, {"key_positions"})
+        if manifest.get("version") != PREFIX_VERSION or manifest.get("key") != asdict(key):
+            raise CorruptEntry("key in the manifest does not match")
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
+            raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+        n = int(manifest["layers"])
+        if {name: list(t.shape) for name, t in tensors.items()} != manifest["shapes"] or len(tensors) != 2 * n + 1:
+            raise CorruptEntry("tensor shapes do not match the manifest")
+        if _crc(tensors) != manifest["crc32"]:
+            raise CorruptEntry("checksum mismatch")
+        try:
+            os.utime(path)  # "last used"
+        except OSError:
+            pass  # a read-only cache folder is still readable
+        layers = [(tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(n)]
+        return SavedPrefix(layers, tensors["key_positions"])
+
+    # ------------------------------------------------------------------------------------------- manage
+    def entries(self) -> list[PrefixInfo]:
+        out: list[PrefixInfo] = []
+        if not self.prefixes_dir.is_dir():
+            return out
+        for d in sorted(p for p in self.prefixes_dir.iterdir() if p.is_dir()):
+            info = PrefixInfo(d.name, "?", [], 0, sum(f.stat().st_size for f in d.iterdir() if f.is_file()), problems=[])
+            for f in sorted(d.glob("shard-*.safetensors")):
+                try:
+                    m = read_manifest(f, {"key_positions"})
+                except CorruptEntry as exc:
+                    info.problems.append(f"{f.name}: {exc}")
+                    continue
+                k = m["key"]
+                info.video, info.tokens, info.file_id = m["video"], k["prompt_tokens"], k["file_id"]
+                info.world_sizes = sorted(set(info.world_sizes) | {k["world_size"]})
+            out.append(info)
+        return out
+
+    def remove(self, target: str) -> list[str]:
+        """Delete saved prompts whose id starts with `target` (4+ characters) or made from the video at `target`."""
+        matches = target_matcher(target)
+        removed = []
+        for e in self.entries():
+            if matches(e.entry_id, e.file_id, e.video):
+                shutil.rmtree(self.prefixes_dir / e.entry_id, ignore_errors=True)
+                removed.append(e.entry_id)
+        return removed
+
+    def clear(self) -> int:
+        """Delete every saved prompt. Returns how many were removed."""
+        n = len(self.entries())
+        shutil.rmtree(self.prefixes_dir, ignore_errors=True)
+        return n
+
+    def size_bytes(self) -> int:
+        return sum(e.bytes for e in self.entries())

@@ -1,0 +1,153 @@
+"""Load time of a video in the real `lvx` engine: first open, reopen with the cached features only, reopen with the
+saved video prompt (`lvx_app/video/prefix_cache.py`) — side by side in one run, with the first answer of each.
+
+The checkpoint is written in the official layout with the small shapes of `bench_chat.py --shape small` (text hidden
+256, 8 layers, 4 hyper layers, GQA 8/2 heads; SigLIP hidden 64 at 384 px -> 729 visual tokens per frame), random
+weights, float32 on CPU ranks. The video is synthetic (96x64, sampled at 1 fps). Load time is the engine's own
+`load_video` time (ranks already started, model loaded). Answers are greedy, so "same answer" means token for token.
+
+    python scripts/bench_prefix.py --minutes 10 --ranks 1 2 --out runs/bench_prefix_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lvx_app.engine.api import GenerationParams  # noqa: E402
+
+QUESTION = "What happens in the video, and when does the scene change?"
+
+
+def small_checkpoint(directory: Path) -> Path:
+    """The tiny checkpoint's tokenizer and files, with bench_chat's small shapes and random weights."""
+    from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+    from models.mplug_owl3.tiny import random_weights, write_tiny_checkpoint
+
+    write_tiny_checkpoint(directory, "g2")
+    tiny = Owl3Config.from_json(directory / "config.json")
+    cfg = dataclasses.replace(
+        tiny, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        hyper_layers=[2, 4, 6, 8],
+        vision=SiglipVisionConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2),
+    )  # fmt: skip
+    cfg.to_json(directory / "config.json")
+    save_file(random_weights(cfg, 0, torch.float32), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def _open(checkpoint: Path, video: Path, cache_dir: Path, ranks: int, new_tokens: int) -> tuple[float, bool, bool, str]:
+    from lvx_app.engine.open import open_engine
+    from lvx_app.engine.session import SessionConfig
+
+    engine = open_engine(SessionConfig(model=str(checkpoint), cache_dir=str(cache_dir), dtype="float32"), gpus=0,
+                         ranks=ranks)
+    try:
+        t0 = time.perf_counter()
+        summary = engine.load_video(str(video), 1.0)
+        load_s = time.perf_counter() - t0
+        answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
+    finally:
+        engine.close()
+    return load_s, summary.from_cache, summary.prompt_from_cache, answer
+
+
+def bench(minutes: float, ranks: int, new_tokens: int, workdir: Path, checkpoint: Path) -> dict:
+    from lvx_app.video.synthetic import make_video
+
+    video = workdir / f"video_{minutes:g}min.mp4"
+    if not video.exists():
+        make_video(video, num_frames=int(minutes * 60), fps=1, width=96, height=64)
+    cache = workdir / f"cache-{minutes:g}-{ranks}"
+    shutil.rmtree(cache, ignore_errors=True)
+    first = _open(checkpoint, video, cache, ranks, new_tokens)
+    shutil.rmtree(cache / "prefixes")
+    features = _open(checkpoint, video, cache, ranks, new_tokens)
+    prefix = _open(checkpoint, video, cache, ranks, new_tokens)
+    assert (first[1:3], features[1:3], prefix[1:3]) == ((False, False), (True, False), (True, True))
+    saved = sum(f.stat().st_size for f in (cache / "prefixes").rglob("*.safetensors"))
+    return {
+        "minutes": minutes, "ranks": ranks, "first_open_s": first[0], "reopen_features_s": features[0],
+        "reopen_prompt_s": prefix[0], "speedup": features[0] / prefix[0], "saved_prompt_mib": saved / 2**20,
+        "same_answer": first[3] == features[3] == prefix[3], "answer_chars": len(first[3]),
+    }  # fmt: skip
+
+
+def visual_kv_choice(minutes: float, checkpoint: Path, workdir: Path) -> dict:
+    """Recompute the visual K/V from the features (what reopen does) vs read resident K/V back from a file."""
+    from safetensors.torch import load_file
+
+    from lvx_app.video.cache import tensor_crc
+    from models.mplug_owl3.loader import load_model
+
+    model = load_model(str(checkpoint), dtype=torch.float32).model
+    frames, cfg = int(minutes * 60), model.config
+    features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size)
+    starts = 18 + 5 * torch.arange(frames)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        visual = model.prepare_visual(features, starts, precompute=True)
+    recompute_s = time.perf_counter() - t0
+    tensors = {f"{n}.{i}": t.contiguous() for n, kv in visual.kv.items() for i, t in enumerate(kv)}
+    path = workdir / "visual_kv.safetensors"
+    save_file(tensors, str(path))
+    t0 = time.perf_counter()
+    back = load_file(str(path))
+    crc = 0
+    for t in back.values():  # the caches check every byte (CRC-32), which also makes the read real
+        crc = tensor_crc(t, crc)
+    read_s = time.perf_counter() - t0
+    nbytes = sum(t.numel() * t.element_size() for t in back.values())
+    path.unlink()
+    return {"minutes": minutes, "frames": frames, "recompute_kv_s": recompute_s, "read_and_check_kv_s": read_s,
+            "kv_mib": nbytes / 2**20, "features_mib": features.numel() * 4 / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, nargs="+", default=[10.0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--visual-kv", action="store_true", help="only time recomputing vs reading the visual K/V")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-prefix-"))
+    checkpoint = small_checkpoint(workdir / "small-g2")
+    if args.visual_kv:
+        rows = [visual_kv_choice(m, checkpoint, workdir) for m in args.minutes]
+    else:
+        rows = [bench(m, n, args.new_tokens, workdir, checkpoint) for m in args.minutes for n in args.ranks]
+    table = Table(title="lvx load_video, small shapes, float32 CPU ranks: first open / features cached / prompt saved"
+                  if not args.visual_kv else "visual K/V on reopen: recompute from features vs read back")
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console = Console(width=200)
+    console.print(table)
+    if args.out:
+        meta = {"command": " ".join(sys.argv), "python": platform.python_version(), "torch": torch.__version__,
+                "cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

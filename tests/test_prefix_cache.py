@@ -1,0 +1,207 @@
+"""The saved video prompt: a reopened video reads its prefilled prompt back and answers token for token like a fresh
+prefill (1 and 2 ranks); every key component invalidates it; damaged files are re-prefilled with one warning."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lvx_app.engine.api import GenerationParams
+from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.parallel.group import init_distributed
+from lvx_app.parallel.testing import run_ranks
+from lvx_app.video.cache import CacheKey
+from lvx_app.video.cache_cli import cache_app
+from lvx_app.video.errors import VideoWarning
+from lvx_app.video.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from models.mplug_owl3.fingerprint import checkpoint_identity
+
+PARAMS = GenerationParams(max_new_tokens=8)
+QUESTION = "what happens in the video?"
+
+
+def _open_and_ask(session: Session, video: str) -> tuple[bool, list, list]:
+    """Load the video, note the prompt's K/V, answer one question (every rank runs this in the same order)."""
+    summary = session.load_video(video, 1.0, None)
+    kv = [[float(k.double().sum()), float(v.double().sum())] for k, v in session.cache.layer_kv()]
+    positions = session.attn.key_positions.tolist() if session.sharded else []
+    answer = "".join(session.ask(QUESTION, PARAMS))
+    return summary.prompt_from_cache, [answer, session.last_answer.new_tokens], kv + [positions]
+
+
+def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
+    """First open, reopen with the saved prompt, then (optionally corrupt it) and reopen again; fresh sessions."""
+    info = init_distributed(cuda=False)
+    config = SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1)
+    runs = []
+    for i in range(3):
+        if i == 2 and corrupt and rank == 0:
+            shard = next(Path(cache_dir, "prefixes").rglob("shard-00000-*.safetensors"))
+            data = bytearray(shard.read_bytes())
+            data[-5] ^= 0xFF  # inside the tensor data: the checksum catches it
+            shard.write_bytes(bytes(data))
+        if i == 2 and corrupt and world > 1:
+            torch.distributed.barrier()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            restored, tokens, kv = _open_and_ask(Session(config, info), video)
+        lines = [str(w.message) for w in caught if issubclass(w.category, VideoWarning) and "prompt" in str(w.message)]
+        runs.append((restored, tokens, kv, lines))
+    return runs
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_reopen_reads_the_prompt_back_and_answers_the_same(tiny_checkpoints, short_video, tmp_path, world):
+    runs = run_ranks(_three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), False)
+    for rank_runs in runs:
+        (first, tok0, kv0, _), (again, tok1, kv1, _), (third, tok2, kv2, _) = rank_runs
+        assert (first, again, third) == (False, True, True)
+        assert tok1 == tok0 and tok2 == tok0, "the first answer must be the same token for token"
+        assert kv1 == kv0 and kv2 == kv0, "the restored K/V and key positions must be the prefilled ones"
+    saved = sorted(p.name for p in (tmp_path / "cache" / "prefixes").rglob("*.safetensors"))
+    assert saved == [f"shard-{r:05d}-of-{world:05d}.safetensors" for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(tiny_checkpoints, short_video, tmp_path, world):
+    runs = run_ranks(_three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), True)
+    (_, tok0, kv0, _), _, (third, tok2, kv2, lines) = runs[0]
+    assert third is False and tok2 == tok0 and kv2 == kv0
+    assert len(lines) == 1 and "was corrupt" in lines[0] and "prefilling the prompt again" in lines[0]
+    for rank_runs in runs[1:]:
+        assert rank_runs[2][0] is False, "every rank prefills when one rank's saved prompt is damaged"
+    saved = list((tmp_path / "cache" / "prefixes").rglob("shard-00000-*.safetensors"))
+    assert len(saved) == 1 and PrefixCache(tmp_path / "cache").entries()[0].problems == [], "re-saved intact"
+
+
+def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monkeypatch):
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "default"))
+    config = SessionConfig(model=tiny_checkpoints["g2"], cache=False, decode_workers=1)
+    session = Session(config, init_distributed(cuda=False))
+    assert session.load_video(short_video, 1.0, None).prompt_from_cache is False
+    assert not (tmp_path / "default").exists()
+
+
+# ---- the store: keys, damage, world size ------------------------------------------------------------------------
+def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:
+    feature = CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32, world_size=world,
+                            rank=rank, encoder="enc")
+    ids = torch.arange(40)
+    key = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=ids, device="cpu",
+                         layout=[(r * 40 // world, (r + 1) * 40 // world) for r in range(world)])
+    return dataclasses.replace(key, **changes)
+
+
+def _saved(n: int = 5, layers: int = 3, seed: int = 0) -> SavedPrefix:
+    g = torch.Generator().manual_seed(seed)
+    kv = [(torch.randn(1, n, 2, 4, generator=g), torch.randn(1, n, 2, 4, generator=g)) for _ in range(layers)]
+    return SavedPrefix(kv, torch.arange(n).view(1, -1))
+
+
+@pytest.fixture
+def video(tmp_path):
+    path = tmp_path / "movie.mp4"
+    path.write_bytes(os.urandom(3000))
+    return path
+
+
+def test_every_key_component_invalidates(tmp_path, video):
+    store, key = PrefixCache(tmp_path), _key(video)
+    store.save(key, _saved(), video=video)
+    hit = store.load(key)
+    assert hit is not None and all(torch.equal(a[0], b[0]) for a, b in zip(hit.layers, _saved().layers))
+    changed = {"features": "other", "checkpoint": "ck2", "prompt_format": 2, "prompt_hash": "0" * 32,
+               "prompt_tokens": 41, "device": "cuda", "world_size": 2, "rank": 1, "layout": "0:39,39:40",
+               "feature_entry": "other", "file_id": "other", "format_version": 0}
+    assert set(changed) == {f.name for f in dataclasses.fields(PrefixKey)}, "a new key field needs a case here"
+    for name, value in changed.items():
+        store.save(key, _saved(), video=video)  # a key that names the same file but differs in its manifest deletes it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert store.load(dataclasses.replace(key, **{name: value})) is None, name
+    other_ids = PrefixKey.make(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32,
+                                             world_size=1, rank=0, encoder="enc"), checkpoint="ck", prompt_format=1,
+                               prompt_ids=torch.arange(1, 41), device="cpu", layout=[(0, 40)])
+    assert other_ids.prompt_hash != key.prompt_hash and store.load(other_ids) is None
+    for field, value in (("fps", 2.0), ("encoder", "enc2"), ("dtype", "bfloat16"), ("max_frames", 9)):
+        feature = dataclasses.replace(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny",
+                                                    dtype=torch.float32, world_size=1, rank=0, encoder="enc"),
+                                      **{field: value})
+        moved = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu",
+                               layout=[(0, 40)])
+        assert store.load(moved) is None, field
+    assert store.load(key) is not None, "misses of other entries leave this one alone"
+
+
+def test_another_world_size_is_named_in_one_line(tmp_path, video):
+    store = PrefixCache(tmp_path)
+    store.save(_key(video), _saved(), video=video)
+    with pytest.warns(VideoWarning, match=r"made on 1 rank\(s\), this run has 2; prefilling it again"):
+        assert store.load(_key(video, world=2)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert store.load(_key(video, world=2, rank=1)) is None, "only rank 0 says it"
+
+
+@pytest.mark.parametrize("damage", ["header", "data", "truncated", "other key"])
+def test_damaged_files_are_deleted_and_never_used(tmp_path, video, damage):
+    store, key = PrefixCache(tmp_path), _key(video)
+    path = store.save(key, _saved(), video=video)
+    data = bytearray(path.read_bytes())
+    if damage == "header":
+        data[12] ^= 0xFF
+    elif damage == "data":
+        data[-3] ^= 0x01
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray(store.save(dataclasses.replace(key, checkpoint="x"), _saved(), video=video).read_bytes())
+    path.write_bytes(bytes(data))
+    with pytest.warns(VideoWarning, match="was corrupt .*prefilling the prompt again"):
+        assert store.load(key) is None
+    assert not path.exists()
+
+
+def test_checkpoint_identity_follows_a_rewrite(tiny_checkpoints):
+    path = Path(tiny_checkpoints["g2"])
+    before = checkpoint_identity(path)
+    assert checkpoint_identity(path) == before
+    config = path / "config.json"
+    text = config.read_text()
+    config.write_text(text)
+    assert checkpoint_identity(path) != before, "a rewritten config changes the identity"
+
+
+def test_cache_cli_lists_and_removes_saved_prompts(tmp_path, video):
+    store = PrefixCache(tmp_path)
+    store.save(_key(video), _saved(), video=video.resolve())
+    store.save(_key(video, world=2), _saved(), video=video.resolve())
+    entry = store.entries()[0]
+    d = ["--dir", str(tmp_path)]
+    out = CliRunner().invoke(cache_app, ["ls", *d])
+    assert out.exit_code == 0 and "saved video prompts" in out.output, out.output
+    assert entry.entry_id[:12] in out.output and "1/2" in out.output and "movie.mp4" in out.output
+    assert entry.bytes == sum(f.stat().st_size for f in (tmp_path / "prefixes" / entry.entry_id).iterdir())
+    out = CliRunner().invoke(cache_app, ["rm", entry.entry_id[:6], *d])
+    assert out.exit_code == 0 and "Removed 1 entry" in out.output and store.entries() == []
+    store.save(_key(video), _saved(), video=video.resolve())
+    assert "Removed 1 entry" in CliRunner().invoke(cache_app, ["rm", str(video), *d]).output
+    store.save(_key(video), _saved(), video=video.resolve())
+    out = CliRunner().invoke(cache_app, ["clear", "--yes", *d])
+    assert out.exit_code == 0 and "Removed 1 entries" in out.output and store.entries() == []
+
+
+def test_the_video_line_says_the_prompt_was_read_back():
+    from lvx_app.engine.api import VideoSummary
+    from lvx_app.engine.describe import describe_video
+
+    summary = VideoSummary("m.mp4", 10, 1.0, 10.0, 7290, True, 0.4)
+    assert "loaded from cache" in describe_video(summary)
+    summary.prompt_from_cache = True
+    assert "loaded with its saved prompt in 0.4 s" in describe_video(summary)
