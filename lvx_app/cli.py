@@ -42,6 +42,7 @@ def chat(
     ranks: Optional[int] = opt.RANKS,
     dtype: str = opt.DTYPE,
     kv_cache: Optional[bool] = opt.KV,
+    xattn_schedule: str = opt.XATTN_SCHEDULE,
     max_new_tokens: int = opt.MAX_NEW_TOKENS,
     temperature: float = opt.TEMPERATURE,
     top_p: float = opt.TOP_P,
@@ -61,7 +62,7 @@ def chat(
     code = run_chat_command(
         video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
         dtype=dtype, kv_cache=kv_cache, params=params, timeout=timeout, use_cache=not no_cache,
-        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout,
+        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout, xattn_schedule=xattn_schedule,
     )  # fmt: skip
     raise typer.Exit(code)
 

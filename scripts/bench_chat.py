@@ -36,7 +36,8 @@ from lvx_app.engine.api import GenerationParams  # noqa: E402
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
-def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path) -> list[dict]:
+def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path,
+                 schedule: str = "auto") -> list[dict]:
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
@@ -48,7 +49,7 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
         make_video(video, num_frames=int(minutes * 60 * 2), fps=2, width=96, height=64)
     rows = []
     for n in ranks:
-        config = SessionConfig(model=str(checkpoint), cache=False)
+        config = SessionConfig(model=str(checkpoint), cache=False, xattn_schedule=schedule)
         t0 = time.perf_counter()
         engine = open_engine(config, gpus=0, ranks=n)
         start_s = time.perf_counter() - t0
@@ -158,6 +159,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, nargs="+", default=None,
                         help="video length(s); engine default 10, model default 10 30 60")  # fmt: skip
     parser.add_argument("--fps", type=float, default=1.0)
+    parser.add_argument("--xattn-schedule", choices=["auto", "ring", "gather"], default="auto",
+                        help="engine mode: how a question's cross-attention is scheduled")  # fmt: skip
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small")
@@ -173,8 +176,9 @@ def main() -> None:
     if args.mode == "engine":
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-chat-"))
         minutes = (args.minutes or [10.0])[0]
-        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir)
-        title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
+        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir, args.xattn_schedule)
+        title = (f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks, "
+                 f"--xattn-schedule {args.xattn_schedule}")
     else:
         device = torch.device(args.device)
         shape = args.shape or ("7b" if device.type == "cuda" else "small")
