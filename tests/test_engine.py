@@ -27,11 +27,12 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
     return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
 
 
-def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str):
+def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str, schedule: str):
     """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
     from lvx_app.parallel.group import init_distributed
 
-    session = Session(_config(checkpoint, cache_dir, kv_mode=kv_mode), init_distributed(cuda=False))
+    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule)
+    session = Session(config, init_distributed(cuda=False))
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)
@@ -77,12 +78,14 @@ def _reference(checkpoint: str, video: str) -> list[str]:
 def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
-    for world, kv_mode in ((1, "cache"), (2, "cache"), (3, "recompute")):
+    # auto: short questions take the gather schedule; ring: the question sharded, its text K/V replicated after
+    for world, kv_mode, schedule in ((1, "cache", "auto"), (2, "cache", "auto"), (3, "recompute", "auto"),
+                                     (3, "cache", "ring")):  # fmt: skip
         answers, frames, cached_first, cached_again, ranks = run_ranks(
-            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}"), kv_mode
+            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}{schedule}"), kv_mode, schedule
         )[0]
         assert frames == 10
-        assert answers[:2] == expected, (world, kv_mode)
+        assert answers[:2] == expected, (world, kv_mode, schedule)
         assert answers[2] == expected[0], "reset must forget the conversation but keep the video"
         assert (cached_first, cached_again) == (False, True)
         assert ranks == list(range(world))
