@@ -55,17 +55,18 @@ class ShardedAttention:
 
     def replicate(self, cache, start: int) -> None:
         """After a sharded prefill: every rank's cached text K/V from `start` on, gathered in rank order (one
-        collective for all layers), replace this rank's own, so the whole cache is the same on every rank."""
+        all_gather for all layers' K/V, one for their positions), replace this rank's own, so the whole cache is
+        the same on every rank."""
         layers = cache.layers
         new = torch.cat([t[:, start : layer.length] for layer in layers for t in (layer.k, layer.v)], dim=-1)
         (sizes,) = exchange_sizes(new.shape[1], group=self.group, device=new.device)
         full, _ = allgather_seq(new.contiguous(), sizes, self.group)
-        pos, _ = allgather_seq(self.key_positions[:, start:].contiguous(), sizes, self.group)
+        pos, _ = allgather_seq(self.key_positions[:, start:].to(new.device).contiguous(), sizes, self.group)  # NCCL: on the GPU
         parts = full.split(layers[0].k.shape[-1], dim=-1)  # k, v of layer 0, k, v of layer 1, ...
         for i, layer in enumerate(layers):
             layer.length = start
             layer.append(parts[2 * i], parts[2 * i + 1])
-        self.key_positions = torch.cat([self.key_positions[:, :start], pos], dim=1)
+        self.key_positions = torch.cat([self.key_positions[:, :start], pos.cpu()], dim=1)
         self.shared = self.key_positions.shape[1]
 
     def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
