@@ -19,8 +19,11 @@ from lvx_app.parallel import get_world_size
 
 SCHEDULES = ("auto", "ring", "gather")
 # most query rows in total (over all ranks) for which gather beat the ring, by number of ranks measured; other
-# numbers of ranks take the entry of the most ranks measured not above theirs
-GATHER_MAX_ROWS = {2: 128, 4: 256}
+# numbers of ranks take the entry of the most ranks measured not above theirs. Measured 2026-11-24: gather 1.7x
+# (2 ranks) / 1.3x (4 ranks) ahead at 8 rows, still 1.08x / 1.33x at 256; from 384 rows on the two are within
+# this VM's noise (both do the same kernel work), and the ring, which sends each row once per hop instead of all
+# rows to every rank, is kept there for links slower than loopback.
+GATHER_MAX_ROWS = {2: 256, 4: 256}
 
 
 def choose_schedule(rows: int, ranks: int, schedule: str = "auto") -> str:
