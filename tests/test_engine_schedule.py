@@ -57,3 +57,16 @@ def test_question_and_tokens_cost_one_collective_per_hyper_layer(tiny_checkpoint
         for token in steps["token"]:
             assert token == ["all_gather"] * hyper, f"rank {rank}: one decoded token ran {token}"
         assert len(video_prompt) > 2 * layers  # the video prompt still goes round the rings
+
+
+def test_an_unknown_schedule_is_one_line_naming_the_choices():
+    import pytest
+
+    from lvx_app.engine.api import EngineError
+    from lvx_app.engine.open import session_config
+
+    with pytest.raises(EngineError, match="unknown cross-attention schedule 'tree'; use one of auto, ring, gather"):
+        session_config(model="m", revision=None, fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=60.0,
+                       use_cache=False, cache_dir=None, xattn_schedule="tree")  # fmt: skip
+    assert session_config(model="m", revision=None, fps=1.0, max_frames=None, dtype="auto", kv_cache=None,
+                          timeout=60.0, use_cache=False, cache_dir=None, xattn_schedule="ring").xattn_schedule == "ring"
