@@ -37,6 +37,11 @@ DECODE_TIMEOUT = typer.Option(
     help="Seconds one chunk of frames may take to decode before its worker is killed and the chunk retried frame "
     "by frame (some H.264 files hang the decoder).",
 )  # fmt: skip
+XATTN_SCHEDULE = typer.Option(
+    "auto", "--xattn-schedule",
+    help="Cross-attention schedule of a question over the ranks: auto (gather for short questions, the LV-XAttn "
+    "ring for long ones, by a measured crossover), ring or gather. The video prompt always uses the ring.",
+)  # fmt: skip
 NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")
 

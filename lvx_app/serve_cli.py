@@ -40,6 +40,7 @@ def serve_command(
     top_p: float = opt.TOP_P,
     dtype: str = opt.DTYPE,
     kv_cache: Optional[bool] = opt.KV,
+    xattn_schedule: str = opt.XATTN_SCHEDULE,
     timeout: float = opt.TIMEOUT,
     decode_timeout: float = opt.DECODE_TIMEOUT,
     queue_size: int = typer.Option(
@@ -59,7 +60,7 @@ def serve_command(
         config = session_config(
             model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
             timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
-            decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens,
+            decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens, xattn_schedule=xattn_schedule,
         )  # fmt: skip
     except EngineError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")

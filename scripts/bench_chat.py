@@ -44,7 +44,8 @@ QUESTION = "What happens in the video, and when does the scene change?"
 # One entry per engine variant compared: its label and the SessionConfig fields that select it. Adding a row (e.g.
 # another schedule option) is one entry here.
 ATTENTIONS = {
-    "LV-XAttn": {"attention": "lv_xattn"},
+    "LV-XAttn (auto)": {"attention": "lv_xattn", "xattn_schedule": "auto"},
+    "LV-XAttn ring only": {"attention": "lv_xattn", "xattn_schedule": "ring"},
     "Ring pass-KV": {"attention": "ring"},
     "all-gather K/V": {"attention": "allgather"},
 }
@@ -88,7 +89,7 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
         make_video(video, num_frames=int(minutes * 60 * 2), fps=2, width=96, height=64)
     rows = []
     for n in ranks:
-        for name in (attentions or list(ATTENTIONS)) if n > 1 else ["LV-XAttn"]:
+        for name in (attentions or list(ATTENTIONS)) if n > 1 else ["LV-XAttn (auto)"]:
             config = SessionConfig(model=str(checkpoint), cache=False, **ATTENTIONS[name])
             t0 = time.perf_counter()
             engine = open_engine(config, gpus=0, ranks=n)

@@ -28,11 +28,11 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
 
 
 def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str,
-                  attention: str = "lv_xattn"):
+                  schedule: str = "auto", attention: str = "lv_xattn"):
     """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
     from lvx_app.parallel.group import init_distributed
 
-    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, attention=attention)
+    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule, attention=attention)
     session = Session(config, init_distributed(cuda=False))
     channel = ControlChannel()
     if rank != 0:
@@ -83,12 +83,14 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
 def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
-    for world, kv_mode in ((1, "cache"), (2, "cache"), (3, "recompute")):
+    # auto: short questions take the gather schedule; ring: the question sharded, its text K/V replicated after
+    for world, kv_mode, schedule in ((1, "cache", "auto"), (2, "cache", "auto"), (3, "recompute", "auto"),
+                                     (3, "cache", "ring")):  # fmt: skip
         answers, frames, cached_first, cached_again, ranks, _ = run_ranks(
-            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}"), kv_mode
+            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}{schedule}"), kv_mode, schedule
         )[0]
         assert frames == 10
-        assert answers[:2] == expected, (world, kv_mode)
+        assert answers[:2] == expected, (world, kv_mode, schedule)
         assert answers[2] == expected[0], "reset must forget the conversation but keep the video"
         assert (cached_first, cached_again) == (False, True)
         assert ranks == list(range(world))
@@ -102,7 +104,7 @@ def test_ring_and_allgather_engine_options_answer_like_one_process(tiny_checkpoi
     sent = {}
     for attention in ("ring", "allgather", "lv_xattn"):
         answers, _, _, _, _, sent[attention] = run_ranks(
-            _conversation, 2, checkpoint, short_video, str(tmp_path / attention), "cache", attention
+            _conversation, 2, checkpoint, short_video, str(tmp_path / attention), "cache", "auto", attention
         )[0]
         assert answers[:2] == expected, attention
         assert answers[2] == expected[0], attention

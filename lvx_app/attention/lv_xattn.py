@@ -51,7 +51,7 @@ from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
 
 
-def _query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
+def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
     """Every rank's query-block length: `known` (checked) or one all_gather of one int."""
     if known is not None:
         known = [int(x) for x in known]
@@ -84,7 +84,7 @@ def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis
     b, sq, hq, d = q.shape
     q_ring, out_ring = RingComm(group, q.device), RingComm(group, q.device)
     rank = q_ring.rank
-    sizes = _query_sizes(q, group, n, rank, q_sizes)
+    sizes = query_sizes(q, group, n, rank, q_sizes)
     held_q = q
     held_q_vis = q_vis.to(torch.int32).contiguous() if q_vis is not None else None
     running = None  # the held block's running (O, lse), one `_out_lse_buffer`

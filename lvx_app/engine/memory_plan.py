@@ -10,13 +10,15 @@ stands allocates, named after where it is made:
   (N*729, 2*n_kv*d) buffer stays alive) plus the MI-RoPE'd K: 3 * n_kv * d values per visual token;
 - its transient: `rms_norm` of all local frames at once in float32 (two float32 copies of E live), then the
   projection, then K's float32 rotation;
-- text K/V: `TextKVCache` grows by doubling, so after the first question it holds twice the video prompt;
+- text K/V: `TextKVCache` grows by doubling, so after the first question it holds twice the video prompt; with
+  several ranks it is replicated after the video prompt's sharded prefill (`ShardedAttention.replicate`: the
+  gathered slices and the new cache live next to the local slice for a moment), so every rank holds the whole;
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in each hyper
   layer, `attn_fwd`'s packed query copy, float32 accumulators and the band masks of its media-mask tiles;
 - vision tower: `encode_images` runs 16 images at a time.
 
-With several ranks every video-sized term is split evenly (frames, prompt rows, visible keys per ring round) and the
-weights are not; only the one-rank formula is checked against a measurement (`plan_gpu.py --check-rss`).
+With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows, visible keys per
+ring round) and the weights are not; only the one-rank formula is checked against a measurement (`plan_gpu.py --check-rss`).
 
 Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM bandwidth,
 added without overlap; communication and CPU video decoding are not in them.
@@ -198,7 +200,8 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     else:
         resident["visual K/V"] = n_hyper * kv_layer
         kv_in_use, kv_make = 0, 0
-    resident["text K/V"] = text_kv(2 * prompt + work.question_tokens + work.answer_tokens)
+    whole = work.prompt_tokens  # the text K/V cache is replicated on every rank
+    resident["text K/V"] = text_kv(2 * whole + work.question_tokens + work.answer_tokens)
     base = resident["weights"]
     stages = {
         "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
@@ -208,8 +211,8 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     kept = sum(resident.values()) - resident["text K/V"]
     visible = work.frames * cfg.vision.num_patches // work.ranks  # the last rows see every frame of this rank's shard
     stages["video prefill"] = kept + text_kv(prompt) + max(
-        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make)
-    growing = text_kv(2 * prompt + work.question_tokens) + text_kv(prompt) // cfg.num_hidden_layers  # one layer's copy
+        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make, text_kv(prompt) + 2 * text_kv(whole))
+    growing = text_kv(2 * whole + work.question_tokens) + text_kv(whole) // cfg.num_hidden_layers  # one layer's copy
     stages["question"] = kept + growing + max(
         _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use, kv_make)
     stages["decode"] = sum(resident.values()) + max(

@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 import torch
 from rich.console import Console
 
+from lvx_app.attention.schedule import choose_schedule
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_SUBTITLE_TOKENS, check_seconds
 from lvx_app.engine.api import Engine, EngineError
 from lvx_app.engine.control import ControlChannel
@@ -45,11 +46,13 @@ def session_config(
     *, model: str, revision: str | None, fps: float, max_frames: int | None, dtype: str, kv_cache: bool | None,
     timeout: float, use_cache: bool, cache_dir: str | None, decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
     subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS,
+    xattn_schedule: str = "auto",
 ) -> SessionConfig:  # fmt: skip
     """The session settings from the command's options, checked (an EngineError names the bad option)."""
     kv_mode = "auto" if kv_cache is None else ("cache" if kv_cache else "recompute")
     try:
         check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
+        choose_schedule(1, 1, xattn_schedule)  # an unknown --xattn-schedule names the choices
     except ValueError as exc:
         raise EngineError(str(exc)) from None
     if subtitle_tokens < 0:
@@ -58,6 +61,7 @@ def session_config(
         model=model, revision=revision, dtype=dtype, kv_mode=kv_mode, fps=fps, max_frames=max_frames,
         timeout_s=timeout, cache=use_cache, cache_dir=cache_dir, decode_timeout_s=decode_timeout,
         subtitle_tokens=subtitle_tokens,
+        xattn_schedule=xattn_schedule,
     )  # fmt: skip
 
 

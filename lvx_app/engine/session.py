@@ -1,10 +1,11 @@
 """One video and one conversation, held by every rank of the group (SPMD).
 
 Every rank loads the language model, encodes only its own frames, keeps their
-visual K/V (or recomputes them from one copy of E), and holds a contiguous
-slice of the prompt's text K/V. A turn is a sharded prefill through LV-XAttn
-rings, then token-by-token decoding where every rank runs the same one-token
-step and rank 0's sampled token is broadcast.
+visual K/V (or recomputes them from one copy of E), and holds the whole text
+K/V cache (replicated after each sharded prefill). A turn is a prefill (sharded
+through LV-XAttn rings, or whole on every rank when the question is short), then
+token-by-token decoding where every rank runs the same one-token step (text
+attention local, one collective per hyper layer) and rank 0's token is broadcast.
 
 The prompt up to the last frame placeholder is prefilled when the video is
 loaded, so a question only prefills its own few tokens.
@@ -66,6 +67,7 @@ class SessionConfig:
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
     subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS  # most tokens the subtitle block of the video prompt may take
     attention: str = "lv_xattn"  # benchmarks only: "ring" (pass-KV) or "allgather" run the same chat on a baseline
+    xattn_schedule: str = "auto"  # a question's prefill: auto | ring | gather (see lvx_app.attention.schedule)
 
 
 def _video_text(block: str, question: str = "") -> str:
@@ -75,7 +77,8 @@ def _video_text(block: str, question: str = "") -> str:
     return "<|video|>\n" + block + "\n" + question.lstrip()
 
 
-PROMPT_FORMAT = 1  # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not
+PROMPT_FORMAT = 2  # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
+# 2: every rank holds (and saves) the whole replicated text cache
 
 
 def _nbytes(tensors) -> int:
@@ -104,7 +107,7 @@ class Session:
         self.sharded = info.world_size > 1
         if self.sharded:
             try:
-                self.attn = ShardedAttention(None, info.rank, config.attention)
+                self.attn = ShardedAttention(None, info.rank, info.world_size, config.xattn_schedule, config.attention)
             except ValueError as exc:
                 raise EngineError(str(exc)) from None
             self.model.hooks.text = self.attn.text
@@ -242,8 +245,8 @@ class Session:
 
     # ---- the saved video prompt ----------------------------------------------------------------------------
     def _prefix_key(self, shard: VisualShard) -> PrefixKey | None:
-        if self.prefixes is None or shard.cache_key is None:
-            return None
+        if self.prefixes is None or shard.cache_key is None or self.config.attention != "lv_xattn":
+            return None  # the benchmark baselines keep a sharded text cache: nothing to share with a normal run
         n, world = int(self.prefix_ids.numel()), self.info.world_size
         return PrefixKey.make(shard.cache_key, checkpoint=self.checkpoint_id, prompt_format=PROMPT_FORMAT,
                               prompt_ids=self.prefix_ids, device=self.device.type,
@@ -258,7 +261,7 @@ class Session:
             for i, (k, v) in enumerate(saved.layers):
                 self.cache.update(i, k, v)
             if self.sharded:
-                self.attn.key_positions = saved.key_positions
+                self.attn.restore(saved.key_positions)
             self.position = self.prefix_len
             return True
         self._prefill(self.prefix_ids)
@@ -320,28 +323,34 @@ class Session:
         self.position = self.prefix_len
         self.pending = []
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, *, decoding: bool) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, *, replicated: bool) -> torch.Tensor:
         if self.sharded:
-            self.attn.begin(positions, decoding=decoding)
+            self.attn.begin(positions, replicated=replicated)
         with torch.no_grad():
             return self.model(
                 ids.view(1, -1).to(self.device), positions.view(1, -1).to(self.device),
                 cache=self.cache, visual=self.visual, last_only=True,
             )  # fmt: skip
 
-    def _prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-        """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
+    def _prefill(self, ids: torch.Tensor, *, question: bool = False) -> tuple[torch.Tensor | None, int]:
+        """Feed `ids` (global); return (this rank's last logits, rank owning the last token). The video prompt and
+        a long question are sharded over the ranks (then the text K/V cache is replicated again); a short question
+        is fed whole on every rank (the gather schedule, as decoding)."""
         n = int(ids.numel())
         world, rank = self.info.world_size, self.info.rank
-        start, end = shard_bounds(n, world, rank)
+        whole = self.sharded and question and self.attn.replicate_queries(n)
+        start, end = (0, n) if whole else shard_bounds(n, world, rank)
         owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
         positions = torch.arange(self.position + start, self.position + end)
+        cached = self.cache.length
         try:
-            logits = self._forward(ids[start:end], positions, decoding=False)
+            logits = self._forward(ids[start:end], positions, replicated=whole)
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(self._oom_message("reading the prompt")) from exc
+        if self.sharded and not whole:
+            self.attn.replicate(self.cache, cached)
         self.position += n
-        return (logits[0, -1] if end > start else None), owner
+        return (logits[0, -1] if end > start else None), (0 if whole else owner)
 
     def _turn_ids(self, question: str) -> torch.Tensor:
         if self.video is None:
@@ -366,7 +375,7 @@ class Session:
         stats = AnswerStats(prompt_tokens=self.position + int(ids.numel()))
         stops = set(self.processor.stop_ids)
         decoder = self.processor.stream()
-        logits, owner = self._prefill(ids)
+        logits, owner = self._prefill(ids, question=True)
         self.pending = []
         outcome = LoopOutcome()
         tokens = token_loop(logits, self._feed_token, params, stops, outcome, agree=self._agree, first_src=owner,
@@ -401,7 +410,7 @@ class Session:
 
     def _feed_token(self, token: int) -> torch.Tensor:
         """One decoding step on every rank: feed the agreed token, return the next logits (V,)."""
-        logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), decoding=True)[0, -1]
+        logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), replicated=True)[0, -1]
         self.position += 1
         return logits
 
