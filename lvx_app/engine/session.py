@@ -1,8 +1,9 @@
 """One video and one conversation, held by every rank of the group (SPMD).
 
-Every rank loads the language model, encodes only its own frames, keeps their
-visual K/V (or recomputes them from one copy of E), and holds a contiguous
-slice of the prompt's text K/V. A turn is a sharded prefill through LV-XAttn
+Every rank loads the language model, encodes only its own frames (dealt by
+`SessionConfig.layout`, lvx_app/parallel/layout.py), keeps their visual K/V (or
+recomputes them from one copy of E), and holds the video prompt's tokens that
+travel with its frames plus a contiguous slice of each question's text K/V. A turn is a sharded prefill through LV-XAttn
 rings, then token-by-token decoding where every rank runs the same one-token
 step and rank 0's sampled token is broadcast.
 
@@ -26,6 +27,7 @@ from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.parallel.group import DistInfo
+from lvx_app.parallel.layout import DEFAULT_LAYOUT, check_layout, token_owners
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.cache import encoder_identity
 from lvx_app.video.errors import VideoError
@@ -50,6 +52,7 @@ class SessionConfig:
     cache_dir: str | None = None
     decode_workers: int | None = None
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a decode chunk that takes longer is killed and retried frame by frame
+    layout: str = DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames, and video-prompt tokens, each rank holds
 
 
 def _nbytes(tensors) -> int:
@@ -64,6 +67,10 @@ class Session:
         self.device = info.device
         try:
             self.dtype = resolve_dtype(config.dtype, self.device, ("float32", "bfloat16", "float16"))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        try:
+            self.layout = check_layout(config.layout)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         try:
@@ -96,6 +103,7 @@ class Session:
             "world size": self.info.world_size,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "layout": self.layout,
         }
 
     def local_stats(self) -> dict[str, Any]:
@@ -140,7 +148,7 @@ class Session:
                 device=self.device, dtype=self.dtype, model_id=self.model_key, model_revision=self.config.revision or "",
                 encoder_id=self.encoder_id, cache=self.config.cache, cache_dir=self.config.cache_dir,
                 decode_workers=self.config.decode_workers, decode_timeout_s=self.config.decode_timeout_s,
-                progress=report if progress is not None else False,
+                progress=report if progress is not None else False, layout=self.layout,
             )  # fmt: skip
         except VideoError as exc:
             raise EngineError(str(exc)) from None
@@ -163,7 +171,7 @@ class Session:
             self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
         self._reset_text()
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
-        self._prefill(self.prefix_ids)
+        self._prefill(self.prefix_ids, starts)
         self.local_prefix_len = self.cache.length
         self.video = VideoSummary(
             path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),
@@ -221,19 +229,29 @@ class Session:
                 cache=self.cache, visual=self.visual, last_only=True,
             )  # fmt: skip
 
-    def _prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-        """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
-        n = int(ids.numel())
+    def _share(self, n: int, media_starts: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """(this rank's indices into the n new tokens, sorted; the rank holding the last one).
+
+        The video prompt (`media_starts` given) travels with its frames in the session's layout; a question is
+        cut into contiguous runs."""
         world, rank = self.info.world_size, self.info.rank
+        if media_starts is not None:
+            who = token_owners(n, media_starts, world, self.layout)
+            return torch.nonzero(who == rank).flatten(), int(who[-1]) if n else 0
         start, end = shard_bounds(n, world, rank)
         owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
-        positions = torch.arange(self.position + start, self.position + end)
+        return torch.arange(start, end), owner
+
+    def _prefill(self, ids: torch.Tensor, media_starts: torch.Tensor | None = None) -> tuple[torch.Tensor | None, int]:
+        """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
+        n = int(ids.numel())
+        mine, owner = self._share(n, media_starts)
         try:
-            logits = self._forward(ids[start:end], positions, decoding=False)
+            logits = self._forward(ids[mine], self.position + mine, decoding=False)
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(self._oom_message("reading the prompt")) from exc
         self.position += n
-        return (logits[0, -1] if end > start else None), owner
+        return (logits[0, -1] if mine.numel() else None), owner
 
     def _turn_ids(self, question: str) -> torch.Tensor:
         if self.video is None:
