@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from lvx_app.parallel.layout import owned
+from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
 
 PLAN_VERSION = 1  # bump when the index maths change: it is part of the cache key
@@ -96,14 +97,10 @@ class PlanShard:
     indices: tuple[int, ...]
     timestamps: tuple[float, ...]
     layout: str = "contiguous"
+    start: int = 0  # plan position of the first local frame (of the next rank's first when it owns none)
 
     def __len__(self) -> int:
         return len(self.positions)
-
-    @property
-    def start(self) -> int:
-        """Plan position of the first local frame (0 when the rank owns none)."""
-        return self.positions[0] if self.positions else 0
 
     def chunks(self, size: int) -> list[tuple[int, list[int]]]:
         """(local offset, frame indices) runs of at most `size` frames, in order."""
@@ -135,8 +132,9 @@ class SamplingPlan:
 
     def shard(self, rank: int, world_size: int, layout: str = "contiguous") -> PlanShard:
         pos = tuple(owned(len(self), world_size, rank, layout))
+        start = pos[0] if pos else shard_bounds(len(self), world_size, rank)[0]
         return PlanShard(rank, world_size, pos, tuple(self.indices[p] for p in pos),
-                         tuple(self.timestamps[p] for p in pos), layout)
+                         tuple(self.timestamps[p] for p in pos), layout, start)
 
     def shards(self, world_size: int, layout: str = "contiguous") -> list[PlanShard]:
         return [self.shard(r, world_size, layout) for r in range(world_size)]
