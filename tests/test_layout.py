@@ -108,3 +108,25 @@ def test_sharded_session_on_every_layout_matches_one_process(tiny_checkpoints, s
             assert frames == owned(10, world, rank, layout), (world, rank)
         for a, b in zip(got[0][0], ref):
             torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
+    """Sorted local frames keep the visible keys a prefix per token, and tiles cut where that prefix grows: the
+    kernels see little more than the visible pairs, not the rectangle of a tile's whole key span."""
+    from lvx_app.attention import masks
+
+    frames, per_frame, keys_per_frame, world, group = 96, 5, 4, 2, 7
+    starts = torch.arange(frames) * per_frame
+    n = frames * per_frame
+    q_vis_all = torch.searchsorted(starts, torch.arange(n), right=True)
+    for rank in range(world):
+        tokens = rank_tokens(n, starts, world, rank, layout)
+        k_frame = torch.tensor(owned(frames, world, rank, layout)).repeat_interleave(keys_per_frame).view(1, -1)
+        for src in range(world):  # every query block this rank meets in the ring
+            qv = q_vis_all[rank_tokens(n, starts, world, src, layout)].repeat_interleave(group).view(1, -1)
+            q, k = torch.empty(1, qv.shape[1], 1, 8), torch.empty(1, k_frame.shape[1], 1, 8)
+            area = sum((p.q1 - p.q0) * (p.k1 - p.k0) for p in masks.tile_plans(q, k, False, qv, k_frame, group))
+            visible = int((k_frame.view(1, -1) < qv.view(-1, 1)).sum())
+            assert area <= 1.35 * visible + 1, (layout, rank, src, area, visible)
+    assert tokens.numel() > masks.MIN_TILE  # several tiles per block
