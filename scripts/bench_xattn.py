@@ -225,6 +225,26 @@ def layout_work(cfg: dict, layout: str, world: int) -> torch.Tensor:
     return round_work(q_vis, q_rank, k_frame, k_rank, world)
 
 
+def _round_cpu(full, q_vis, k_frame, cfg: dict, layout: str, rank: int, world: int) -> torch.Tensor:
+    """(rounds, ranks) CPU seconds of each round's kernel work (fwd + bwd, no P2P), every rank's row filled in by it.
+
+    CPU time, not wall time: on a machine shared with other jobs it still shows what each rank computes per round,
+    and a round on dedicated cores lasts as long as its busiest rank."""
+    tokens, keys = layout_shard(cfg, layout, rank, world)
+    k, v = full[1].index_select(1, keys), full[2].index_select(1, keys)
+    kf = k_frame[:, keys]
+    cpu = torch.zeros(world, world, dtype=torch.float64)
+    for t in range(world):
+        src, _ = layout_shard(cfg, layout, (rank - t) % world, world)
+        q, dout, qv = full[0].index_select(1, src), full[3].index_select(1, src), q_vis[:, src]
+        t0 = time.process_time()
+        out, lse = attn_fwd(q, k, v, q_vis=qv, k_frame=kf)
+        attn_bwd(dout, q, k, v, out.to(k.dtype), lse, q_vis=qv, k_frame=kf)
+        cpu[t, rank] = time.process_time() - t0
+    dist.all_reduce(cpu)
+    return cpu
+
+
 def _layout_rank(rank: int, world: int, cfg: dict) -> dict:
     torch.manual_seed(0)  # the same full problem on every rank; each takes its layout's share
     dtype = DTYPES[cfg["dtype"]]
@@ -249,7 +269,11 @@ def _layout_rank(rank: int, world: int, cfg: dict) -> dict:
             lv_xattn(*leaves, q_vis=qv, k_frame=kf).backward(dout)
 
         cases[(layout, "fwd_s")], cases[(layout, "fwd_bwd_s")] = fwd, fwd_bwd
-    return {"times": _timed_rounds(cases, cfg["warmup"], cfg["iters"]), "loadavg": os.getloadavg()}
+    cpu = {layout: [] for layout in cfg["layouts"]}
+    for _ in range(cfg["iters"]):
+        for layout in cfg["layouts"]:
+            cpu[layout].append(_round_cpu(full, q_vis, k_frame, cfg, layout, rank, world).tolist())
+    return {"times": _timed_rounds(cases, cfg["warmup"], cfg["iters"]), "cpu": cpu, "loadavg": os.getloadavg()}
 
 
 def run_layouts(args) -> dict:
@@ -265,6 +289,9 @@ def run_layouts(args) -> dict:
     rows = {}
     for layout in cfg["layouts"]:
         row = {p[:-2] + "_ms": 1e3 * statistics.median(times["times"][(layout, p)]) for p in ("fwd_s", "fwd_bwd_s")}
+        cpu = torch.tensor(times["cpu"][layout]).median(0).values  # (rounds, ranks), median over iterations
+        row["cpu_busiest_ms"] = 1e3 * float(cpu.amax(1).sum())  # rounds on dedicated cores: busiest rank each
+        row["cpu_mean_ms"] = 1e3 * float(cpu.sum() / cpu.shape[1])
         for world in sorted({args.ranks, 4, 8}):
             work = layout_work(cfg, layout, world).double()
             row[f"balance_{world}"] = balance(work)
@@ -278,6 +305,9 @@ def run_layouts(args) -> dict:
                                          f"fwd+bwd {base['fwd_bwd_ms'] / row['fwd_bwd_ms']:.2f}x")
         bal = ", ".join(f"{w} ranks {row[f'balance_{w}']:.2f}" for w in sorted({args.ranks, 4, 8}))
         print(f"{layout:>10}: fwd {row['fwd_ms']:.0f} ms, fwd+bwd {row['fwd_bwd_ms']:.0f} ms{speed}")
+        cpu_speed = "" if base is None else f" ({base['cpu_busiest_ms'] / row['cpu_busiest_ms']:.2f}x vs contiguous)"
+        print(f"{'':>10}  fwd+bwd kernel CPU time, busiest rank per round summed: {row['cpu_busiest_ms']:.0f} ms"
+              f"{cpu_speed}; balanced would be {row['cpu_mean_ms']:.0f} ms")
         print(f"{'':>10}  busiest rank / mean, summed over rounds: {bal}")
         per_round = ", ".join(f"{x:.2f}" for x in row[f"round_max_over_mean_{args.ranks}"])
         print(f"{'':>10}  per round at {args.ranks} ranks: {per_round}")
