@@ -130,3 +130,26 @@ def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
             visible = int((k_frame.view(1, -1) < qv.view(-1, 1)).sum())
             assert area <= 1.35 * visible + 1, (layout, rank, src, area, visible)
     assert tokens.numel() > masks.MIN_TILE  # several tiles per block
+
+
+def _ingest_rank(rank: int, world: int, path: str, cache_dir: str, layout: str):
+    from videos import IndexEncoder
+
+    from lvx_app.video import ingest
+
+    shard = ingest(path, IndexEncoder(), fps=1.0, image_size=32, device="cpu", cache_dir=cache_dir, decode_workers=1,
+                   decode_threads=1, chunk_frames=2, progress=False, layout=layout)
+    return shard.features.numpy(), shard.positions.tolist(), shard.from_cache, list(shard.plan.indices)
+
+
+def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_layouts_shard(short_video, tmp_path):
+    from videos import index_from_features
+
+    done: set[str] = set()
+    for layout in ("contiguous", "zigzag", "striped", "zigzag"):  # one cache folder: only the second zigzag hits
+        got = run_ranks(_ingest_rank, 2, short_video, str(tmp_path), layout)
+        for rank, (features, positions, from_cache, indices) in enumerate(got):
+            assert positions == owned(len(indices), 2, rank, layout)
+            assert index_from_features(torch.from_numpy(features)) == [indices[p] for p in positions]
+            assert from_cache == (layout in done), (layout, rank)
+        done.add(layout)
