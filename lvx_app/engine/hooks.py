@@ -1,7 +1,8 @@
 """Distributed attention hooks for the model when text and frames are sharded over ranks.
 
-Each rank holds a contiguous slice of the prompt's tokens (and their text K/V in
-its cache) and a contiguous slice of the frames (their visual K/V). Both
+Each rank holds some of the prompt's tokens (and their text K/V in its cache)
+and some of the frames (their visual K/V), dealt by lvx_app/parallel/layout.py:
+any sorted set works, since positions, q_vis and k_frame are global. Both
 attentions are LV-XAttn rings in prefill — the local K/V never move — and a
 local partial plus one collective per layer when decoding a token.
 

@@ -2,10 +2,11 @@
 
 Every rank loads the language model, encodes only its own frames (dealt by
 `SessionConfig.layout`, lvx_app/parallel/layout.py), keeps their visual K/V (or
-recomputes them from one copy of E), and holds the video prompt's tokens that
-travel with its frames plus a contiguous slice of each question's text K/V. A turn is a sharded prefill through LV-XAttn
-rings, then token-by-token decoding where every rank runs the same one-token
-step and rank 0's sampled token is broadcast.
+recomputes them from one copy of E), and holds the text K/V of the video-prompt
+tokens that travel with its frames plus a contiguous slice of each question's.
+A turn is a sharded prefill through LV-XAttn rings, then token-by-token decoding
+where every rank runs the same one-token step and rank 0's sampled token is
+broadcast.
 
 The prompt up to the last frame placeholder is prefilled when the video is
 loaded, so a question only prefills its own few tokens.
