@@ -172,7 +172,7 @@ class Session:
             self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
         self._reset_text()
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
-        self._prefill(self.prefix_ids, starts)
+        self._prefill(self.prefix_ids, starts, tail_from=int(starts[-1]) + prompt.placeholder_len if n_frames else 0)
         self.local_prefix_len = self.cache.length
         self.video = VideoSummary(
             path=str(path), frames=n_frames, fps=float(plan.fps), duration_s=float(plan.duration_s),
@@ -230,23 +230,25 @@ class Session:
                 cache=self.cache, visual=self.visual, last_only=True,
             )  # fmt: skip
 
-    def _share(self, n: int, media_starts: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    def _share(self, n: int, media_starts: torch.Tensor | None, tail_from: int | None) -> tuple[torch.Tensor, int]:
         """(this rank's indices into the n new tokens, sorted; the rank holding the last one).
 
-        The video prompt (`media_starts` given) travels with its frames in the session's layout; a question is
-        cut into contiguous runs."""
+        The video prompt (`media_starts` given) travels with its frames in the session's layout, and its text after
+        the last placeholder (from `tail_from`: it sees every frame) is dealt by the same layout; a question is cut
+        into contiguous runs."""
         world, rank = self.info.world_size, self.info.rank
         if media_starts is not None:
-            who = token_owners(n, media_starts, world, self.layout)
+            who = token_owners(n, media_starts, world, self.layout, tail_from)
             return torch.nonzero(who == rank).flatten(), int(who[-1]) if n else 0
         start, end = shard_bounds(n, world, rank)
         owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
         return torch.arange(start, end), owner
 
-    def _prefill(self, ids: torch.Tensor, media_starts: torch.Tensor | None = None) -> tuple[torch.Tensor | None, int]:
+    def _prefill(self, ids: torch.Tensor, media_starts: torch.Tensor | None = None,
+                 tail_from: int | None = None) -> tuple[torch.Tensor | None, int]:
         """Feed `ids` (global) sharded over ranks; return (this rank's last logits, rank owning the last token)."""
         n = int(ids.numel())
-        mine, owner = self._share(n, media_starts)
+        mine, owner = self._share(n, media_starts, tail_from)
         try:
             logits = self._forward(ids[mine], self.position + mine, decoding=False)
         except torch.cuda.OutOfMemoryError as exc:
