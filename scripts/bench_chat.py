@@ -16,6 +16,11 @@ Two measurements, both printed as a rich table and written as JSON:
     python scripts/bench_chat.py --out runs/bench_chat_cpu.json
     python scripts/bench_chat.py --ranks 1 2 4 --plot docs/bench_chat_attention.png --out runs/bench_chat_attention.json
     python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out runs/bench_chat_h100.json
+    python scripts/bench_chat.py --mode layouts --ranks 2 --minutes 10   # prefill per layout (lvx_app/parallel/layout.py)
+
+* `layouts` (`--mode layouts`): the video-prompt prefill of the engine's sharded forward (its hooks, small shapes,
+  random weights and features) on gloo CPU ranks with frames and their placeholder tokens dealt by each layout,
+  layouts interleaved; the last token's logits are compared with the contiguous layout's.
 """
 
 from __future__ import annotations
@@ -146,18 +151,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str) -> list[dict]:
+def _random_model(shape: str, device: torch.device, dtype: torch.dtype):
+    """mPLUG-Owl3 at `shape` with random weights (the same on every process: seeded)."""
     from models.mplug_owl3.modeling import Owl3Model
 
-    cfg = _config(shape)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device("meta"):
-        model = Owl3Model(cfg)
+        model = Owl3Model(_config(shape))
     model = model.to_empty(device=device).to(dtype)
+    torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
-    model.eval()
+    return model.eval()
+
+
+def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str) -> list[dict]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _random_model(shape, device, dtype)
+    cfg = model.config
     tokens_per_frame, header = cfg.vision.num_patches, 18
     rows = []
     for m in minutes:
@@ -203,6 +214,65 @@ def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch
     return rows
 
 
+def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
+    """Video-prompt prefill on this gloo rank for each layout (interleaved), with the engine's hooks."""
+    import torch.distributed as dist
+
+    from lvx_app.engine.hooks import ShardedAttention
+    from lvx_app.parallel.layout import owned, token_owners
+
+    torch.set_num_threads(1)
+    model = _random_model("small", torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(1)
+    frames, header = cfg["frames"], 18
+    starts = header + 5 * torch.arange(frames)
+    ids = torch.randint(0, model.config.vocab_size, (int(starts[-1]) + 5,), generator=g)
+    features = torch.randn(frames, model.config.vision.num_patches, model.config.hidden_size, generator=g)
+    times = {name: [] for name in cfg["layouts"]}
+    logits = {}
+    for _ in range(cfg["iters"]):
+        for layout in cfg["layouts"]:
+            mine = owned(frames, world, rank, layout)
+            visual = model.prepare_visual(features[mine], starts, torch.tensor(mine, dtype=torch.int64))
+            who = token_owners(ids.numel(), starts, world, layout)
+            tokens = torch.nonzero(who == rank).flatten()
+            hooks = ShardedAttention(None, rank, world)
+            model.hooks.text, model.hooks.visual = hooks.text, hooks.visual
+            hooks.begin(tokens, replicated=False)
+            dist.barrier()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model(ids[tokens].view(1, -1), tokens.view(1, -1), cache=model.new_cache(), visual=visual,
+                            last_only=True)
+            times[layout].append(time.perf_counter() - t0)
+            box = out[0, -1].clone() if rank == int(who[-1]) else torch.zeros(model.config.vocab_size)
+            dist.all_reduce(box)
+            logits[layout] = box.numpy()
+    t = torch.tensor([times[name] for name in cfg["layouts"]], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a prefill lasts as long as its slowest rank
+    return {"times": t.tolist(), "logits": logits, "prompt_tokens": int(ids.numel())}
+
+
+def bench_layouts(layouts: list[str], ranks: int, minutes: float, fps: float, iters: int) -> list[dict]:
+    """Video-prompt prefill of the engine's sharded forward at each layout (small shapes, random weights)."""
+    import statistics
+
+    from lvx_app.parallel.testing import run_ranks
+
+    cfg = {"layouts": layouts, "frames": int(minutes * 60 * fps), "iters": iters}
+    out = run_ranks(_layout_prefill_rank, ranks, cfg, timeout_s=3600)[0]
+    base = out["logits"].get("contiguous", out["logits"][layouts[0]])
+    rows = []
+    for name, t in zip(layouts, out["times"]):
+        rows.append({"layout": name, "ranks": ranks, "frames": cfg["frames"], "prompt_tokens": out["prompt_tokens"],
+                     "prefill_s": statistics.median(t), "prefill_s_all": t,
+                     "max_abs_logit_diff": float(abs(out["logits"][name] - base).max())})
+    contiguous = next((r["prefill_s"] for r in rows if r["layout"] == "contiguous"), None)
+    for row in rows:
+        row["speedup_vs_contiguous"] = contiguous / row["prefill_s"] if contiguous else float("nan")
+    return rows
+
+
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
     for key in rows[0]:
@@ -214,7 +284,9 @@ def _table(title: str, rows: list[dict]) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["engine", "model"], default="engine")
+    parser.add_argument("--mode", choices=["engine", "model", "layouts"], default="engine")
+    parser.add_argument("--layouts", default="contiguous,striped,zigzag", help="layouts mode: which to compare")
+    parser.add_argument("--iters", type=int, default=3, help="layouts mode: prefills per layout (median)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="engine mode: CPU world sizes")
     parser.add_argument("--minutes", type=float, nargs="+", default=None,
                         help="video length(s); engine default 10, model default 10 30 60")  # fmt: skip
@@ -241,6 +313,12 @@ def main() -> None:
         title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
         if args.plot:
             plot_engine(rows, args.plot)
+    elif args.mode == "layouts":
+        minutes, ranks = (args.minutes or [10.0])[0], args.ranks[0] if args.ranks != [1, 2, 4] else 2
+        rows = bench_layouts(args.layouts.split(","), ranks, minutes, args.fps, args.iters)
+        for row in rows:
+            row.pop("prefill_s_all")
+        title = f"video-prompt prefill per layout, small shapes, {minutes:g} min at {args.fps:g} fps, {ranks} CPU ranks"
     else:
         device = torch.device(args.device)
         shape = args.shape or ("7b" if device.type == "cuda" else "small")

@@ -9,6 +9,11 @@ writes JSON.
 
     python scripts/bench_xattn.py                      # 4 ranks
     python scripts/bench_xattn.py --ranks 2 --out runs/bench_2.json
+    python scripts/bench_xattn.py --ranks 2 --layout contiguous,striped,zigzag   # LV-XAttn per layout
+
+`--layout` times LV-XAttn alone with frames and their placeholder tokens dealt by each layout
+(lvx_app/parallel/layout.py), layouts interleaved in one run, and prints each round's busiest rank's
+visible work against the mean, from the plan, at --ranks, 4 and 8 ranks.
 
 A GPU cluster's regime on this machine (`--link-gbps X`, `--paper`): every
 P2P batch and collective of every schedule completes no earlier than its
@@ -47,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
 from lvx_app.attention.backends import can_run  # noqa: E402
 from lvx_app.attention.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn  # noqa: E402
+from lvx_app.parallel.layout import LAYOUTS, balance, owners, round_work, token_owners  # noqa: E402
 from lvx_app.parallel.link import emulated_link  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
@@ -216,6 +222,119 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
     order = ["lv_xattn", "ring_xattn", "ulysses_xattn", "allgather_xattn", "no-comm"]
     results = {name: results[name] for name in order if name in results}
     return {"rank": rank, "s_q": s_q, "s_kv": s_kv, "results": results, "loadavg": os.getloadavg()}
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def layout_shard(cfg: dict, layout: str, rank: int, world: int):
+    """(token indices, key indices) this rank holds when frames and their placeholder tokens follow `layout`."""
+    s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
+    starts = torch.arange(cfg["frames"]) * TOKENS_PER_PLACEHOLDER
+    tail = min(s_q, cfg["frames"] * TOKENS_PER_PLACEHOLDER)
+    tokens = torch.nonzero(token_owners(s_q, starts, world, layout, tail_from=tail) == rank).flatten()
+    key_rank = owners(cfg["frames"], world, layout).repeat_interleave(cfg["keys_per_frame"])
+    return tokens, torch.nonzero(key_rank == rank).flatten()
+
+
+def layout_work(cfg: dict, layout: str, world: int) -> torch.Tensor:
+    """(rounds, ranks) visible (query, key) pairs of LV-XAttn's ring under `layout`, from the plan alone."""
+    s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
+    q_vis, k_frame = (x[0].long() for x in media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"]))
+    q_rank, k_rank = torch.zeros(s_q, dtype=torch.long), torch.zeros(s_kv, dtype=torch.long)
+    for r in range(world):
+        tokens, keys = layout_shard(cfg, layout, r, world)
+        q_rank[tokens], k_rank[keys] = r, r
+    return round_work(q_vis, q_rank, k_frame, k_rank, world)
+
+
+def _round_cpu(full, q_vis, k_frame, cfg: dict, layout: str, rank: int, world: int) -> torch.Tensor:
+    """(rounds, ranks) CPU seconds of each round's kernel work (fwd + bwd, no P2P), every rank's row filled in by it.
+
+    CPU time, not wall time: on a machine shared with other jobs it still shows what each rank computes per round,
+    and a round on dedicated cores lasts as long as its busiest rank."""
+    tokens, keys = layout_shard(cfg, layout, rank, world)
+    k, v = full[1].index_select(1, keys), full[2].index_select(1, keys)
+    kf = k_frame[:, keys]
+    cpu = torch.zeros(world, world, dtype=torch.float64)
+    for t in range(world):
+        src, _ = layout_shard(cfg, layout, (rank - t) % world, world)
+        q, dout, qv = full[0].index_select(1, src), full[3].index_select(1, src), q_vis[:, src]
+        t0 = time.process_time()
+        out, lse = attn_fwd(q, k, v, q_vis=qv, k_frame=kf)
+        attn_bwd(dout, q, k, v, out.to(k.dtype), lse, q_vis=qv, k_frame=kf)
+        cpu[t, rank] = time.process_time() - t0
+    dist.all_reduce(cpu)
+    return cpu
+
+
+def _layout_rank(rank: int, world: int, cfg: dict) -> dict:
+    torch.manual_seed(0)  # the same full problem on every rank; each takes its layout's share
+    dtype = DTYPES[cfg["dtype"]]
+    s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
+    b, hq, hkv, d = cfg["batch"], cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"]
+    full = [torch.randn(b, n, h, d).to(dtype) for n, h in ((s_q, hq), (s_kv, hkv), (s_kv, hkv), (s_q, hq))]
+    q_vis, k_frame = media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"])
+    cases = {}
+    for layout in cfg["layouts"]:
+        tokens, keys = layout_shard(cfg, layout, rank, world)
+        q, k, v, dout = (x.index_select(1, idx) for x, idx in zip(full, (tokens, keys, keys, tokens)))
+        qv, kf = q_vis[:, tokens].expand(b, -1), k_frame[:, keys].expand(b, -1)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+        def fwd(q=q, k=k, v=v, qv=qv, kf=kf):
+            with torch.no_grad():
+                lv_xattn(q, k, v, q_vis=qv, k_frame=kf)
+
+        def fwd_bwd(leaves=leaves, qv=qv, kf=kf, dout=dout):
+            for t in leaves:
+                t.grad = None
+            lv_xattn(*leaves, q_vis=qv, k_frame=kf).backward(dout)
+
+        cases[(layout, "fwd_s")], cases[(layout, "fwd_bwd_s")] = fwd, fwd_bwd
+    cpu = {layout: [] for layout in cfg["layouts"]}
+    for _ in range(cfg["iters"]):
+        for layout in cfg["layouts"]:
+            cpu[layout].append(_round_cpu(full, q_vis, k_frame, cfg, layout, rank, world).tolist())
+    return {"times": _timed_rounds(cases, cfg["warmup"], cfg["iters"]), "cpu": cpu, "loadavg": os.getloadavg()}
+
+
+def run_layouts(args) -> dict:
+    """LV-XAttn with each layout, interleaved in one run, and the per-round work balance from the plan."""
+    cfg = {k: getattr(args, k) for k in ("frames", "keys_per_frame", "ratio", "batch", "q_heads", "kv_heads",
+                                         "head_dim", "dtype", "warmup", "iters")}
+    cfg["layouts"] = args.layout.split(",")
+    for name in cfg["layouts"]:
+        if name not in LAYOUTS:
+            raise SystemExit(f"--layout: unknown layout {name!r}; use a comma list of {', '.join(LAYOUTS)}")
+    load_before = os.getloadavg()
+    times = run_ranks(_layout_rank, args.ranks, cfg, timeout_s=3600)[0]
+    rows = {}
+    for layout in cfg["layouts"]:
+        row = {p[:-2] + "_ms": 1e3 * statistics.median(times["times"][(layout, p)]) for p in ("fwd_s", "fwd_bwd_s")}
+        cpu = torch.tensor(times["cpu"][layout]).median(0).values  # (rounds, ranks), median over iterations
+        row["cpu_busiest_ms"] = 1e3 * float(cpu.amax(1).sum())  # rounds on dedicated cores: busiest rank each
+        row["cpu_mean_ms"] = 1e3 * float(cpu.sum() / cpu.shape[1])
+        for world in sorted({args.ranks, 4, 8}):
+            work = layout_work(cfg, layout, world).double()
+            row[f"balance_{world}"] = balance(work)
+            row[f"round_max_over_mean_{world}"] = (work.amax(1) / work.mean(1).clamp(min=1)).tolist()
+        rows[layout] = row
+    base = rows.get("contiguous")
+    print(f"LV-XAttn, {args.ranks} gloo ranks, media mask, {cfg['frames']} frames × {cfg['keys_per_frame']}, "
+          f"{cfg['dtype']}; median of {cfg['iters']}; load average {load_before[0]:.1f} -> {times['loadavg'][0]:.1f}")
+    for layout, row in rows.items():
+        speed = "" if base is None else (f"  speed-up vs contiguous fwd {base['fwd_ms'] / row['fwd_ms']:.2f}x, "
+                                         f"fwd+bwd {base['fwd_bwd_ms'] / row['fwd_bwd_ms']:.2f}x")
+        bal = ", ".join(f"{w} ranks {row[f'balance_{w}']:.2f}" for w in sorted({args.ranks, 4, 8}))
+        print(f"{layout:>10}: fwd {row['fwd_ms']:.0f} ms, fwd+bwd {row['fwd_bwd_ms']:.0f} ms{speed}")
+        cpu_speed = "" if base is None else f" ({base['cpu_busiest_ms'] / row['cpu_busiest_ms']:.2f}x vs contiguous)"
+        print(f"{'':>10}  fwd+bwd kernel CPU time, busiest rank per round summed: {row['cpu_busiest_ms']:.0f} ms"
+              f"{cpu_speed}; balanced would be {row['cpu_mean_ms']:.0f} ms")
+        print(f"{'':>10}  busiest rank / mean, summed over rounds: {bal}")
+        per_round = ", ".join(f"{x:.2f}" for x in row[f"round_max_over_mean_{args.ranks}"])
+        print(f"{'':>10}  per round at {args.ranks} ranks: {per_round}")
+    return {"config": cfg, "machine": _machine(), "results": rows}
 
 
 # ------------------------------------------------------------------ CPU report
@@ -546,8 +665,12 @@ def main(argv=None) -> None:
                    help="--paper: fraction of the A100's 312 bf16 TFLOP/s the paper's kernels reach (assumed)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    p.add_argument("--layout", help="comma list of contiguous,striped,zigzag: time LV-XAttn under each layout")
     args = p.parse_args(argv)
-    report = run_cuda(args) if args.device == "cuda" else run_paper(args) if args.paper else run_cpu(args)
+    if args.layout:
+        report = run_layouts(args)
+    else:
+        report = run_cuda(args) if args.device == "cuda" else run_paper(args) if args.paper else run_cpu(args)
     report["command"] = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ def _long_then_normal(rank: int, world: int, checkpoint: str, video: str, cache_
     session = Session(_config(checkpoint, cache_dir), init_distributed(cuda=False))
     prefill = session._prefill
     calls: list[int] = []
-    session._prefill = lambda ids, **kw: (calls.append(int(ids.numel())), prefill(ids, **kw))[1]
+    session._prefill = lambda ids, *args, **kw: (calls.append(int(ids.numel())), prefill(ids, *args, **kw))[1]
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from lvx_app.parallel.layout import owned
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.train.data import IGNORE, DataError, load_jsonl, tokenize
 from lvx_app.train.loop import TrainConfig, Trainer, run_training
@@ -30,9 +31,9 @@ def _cfg(checkpoint: str, **kw) -> TrainConfig:
     return TrainConfig(data="-", model=checkpoint, out="-", **{"dtype": "float64", "lora_rank": 4, **kw})
 
 
-def _grads(rank: int, world: int, checkpoint: str, train: str, recompute: bool, checkpoint_lm: bool):
-    """(summed CE of this rank, {param: grad}) for one fixed sample; frames split contiguously over the ranks."""
-    tr = Trainer(_cfg(checkpoint, train=train, recompute=recompute, checkpoint_lm=checkpoint_lm))
+def _grads(rank: int, world: int, checkpoint: str, train: str, recompute: bool, checkpoint_lm: bool, layout: str):
+    """(summed CE of this rank, {param: grad}) for one fixed sample; frames and tokens dealt by `layout`."""
+    tr = Trainer(_cfg(checkpoint, train=train, recompute=recompute, checkpoint_lm=checkpoint_lm, layout=layout))
     with torch.no_grad():  # non-zero LoRA B so every adapter weight gets a gradient
         for i, (n, p) in enumerate(tr.params):
             if "lora_B" in n:
@@ -41,13 +42,13 @@ def _grads(rank: int, world: int, checkpoint: str, train: str, recompute: bool, 
     e = torch.randn(N_FRAMES, tr.config.vision.num_patches,
                     tr.config.vision.hidden_size if train == "all" else tr.config.hidden_size,
                     generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    ids = torch.as_tensor(np.array_split(np.arange(N_FRAMES), world)[rank])
+    ids = torch.tensor(owned(N_FRAMES, world, rank, layout), dtype=torch.int64)
     ce, _ = tr.forward_backward(tok, e[ids], ids)
     return ce, {n: p.grad.numpy().copy() for n, p in tr.params}
 
 
-def _all_variants(rank: int, world: int, checkpoint: str, train: str):
-    return [_grads(rank, world, checkpoint, train, r, c) for r, c in VARIANTS]
+def _all_variants(rank: int, world: int, checkpoint: str, train: str, layout: str = "contiguous"):
+    return [_grads(rank, world, checkpoint, train, r, c, layout) for r, c in VARIANTS]
 
 
 def _assert_same(got, ref, what: str):
@@ -57,8 +58,9 @@ def _assert_same(got, ref, what: str):
         np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-9, atol=1e-13, err_msg=f"{what}: {n}")
 
 
-@pytest.mark.parametrize("generation,train,world", [("g1", "lora", 2), ("g2", "all", 3), ("g1-gateproj", "hyper", 2)])
-def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, train, world):
+@pytest.mark.parametrize("generation,train,world,layout", [("g1", "lora", 2, "striped"), ("g2", "all", 3, "zigzag"),
+                                                          ("g1-gateproj", "hyper", 2, "contiguous")])
+def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, train, world, layout):
     ckpt = tiny_checkpoints[generation]
     single = _all_variants(0, 1, ckpt, train)
     ref = single[0]  # one process, K/V saved
@@ -70,7 +72,7 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
         for n in ref[1]:  # recompute (and checkpointing) give the same gradients up to float64 summation order
             np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-11, atol=1e-16,
                                        err_msg=f"recompute={rec} checkpoint_lm={lm}: {n}")
-    per_rank = run_ranks(_all_variants, world, ckpt, train)
+    per_rank = run_ranks(_all_variants, world, ckpt, train, layout)
     for v, (rec, lm) in enumerate(VARIANTS):
         ce = sum(r[v][0] for r in per_rank)
         for r in range(world):  # DDP leaves every rank with the full gradient

@@ -15,6 +15,10 @@
   therefore cover the same rows, never the same (row, key) pair.
 - Rows may be packed query groups (`gqa`): `group` rows per token, row r has
   the causal position r // group and its token's `q_vis`.
+- Media-mask tiles are cut where their rows start to see another local key once
+  they hold `MIN_TILE` tokens, so a tile's band spans few frames and the
+  triangle is not computed as its rectangle. Local keys sorted by frame (every
+  layout of lvx_app/parallel/layout.py) keep each row's visible keys a prefix.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import torch
 
 #: Query tokens per tile (x group rows when query groups are packed); tests shrink it.
 Q_TILE = 256
+#: Fewest query tokens of a media-mask tile that is cut early, where its rows start to see another key.
+MIN_TILE = 32
 
 
 @dataclass
@@ -144,6 +150,17 @@ def _tiles(rows: int, tiled: bool, group: int) -> list[tuple[int, int]]:
     return [(t, min(rows, t + step)) for t in range(0, rows, step)]
 
 
+def _media_tiles(rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor) -> list[tuple[int, int]]:
+    """Row tiles of at most Q_TILE tokens, cut early (after MIN_TILE tokens) where the keys a token sees change."""
+    seen = torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()  # keys per token
+    tiles, t0 = [], 0
+    for t in range(1, len(seen)):
+        if t - t0 >= Q_TILE or (t - t0 >= MIN_TILE and seen[t] != seen[t - 1]):
+            tiles.append((t0 * group, t * group))
+            t0 = t
+    return tiles + [(t0 * group, rows)]
+
+
 def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
@@ -155,5 +172,9 @@ def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, g
         q_vis = q_vis.to(device=q.device, dtype=torch.long)
         k_frame = k_frame.to(device=q.device, dtype=torch.long)
         qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
-    for t0, t1 in _tiles(rows, q_vis is not None or (causal and group > 1), group):
+    if qv_c is not None and not causal:
+        tiles = _media_tiles(rows, group, qv_c, kf_c)
+    else:
+        tiles = _tiles(rows, q_vis is not None or (causal and group > 1), group)
+    for t0, t1 in tiles:
         yield from _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device)

@@ -1,11 +1,13 @@
 """Distributed attention hooks for the model when frames (and a long prompt's tokens) are sharded over ranks.
 
-Each rank holds a contiguous slice of the frames (their visual K/V, never moved). The text K/V cache is replicated:
-a sharded prefill (the video prompt; a question too long for the gather schedule) runs both attentions as LV-XAttn
-rings over each rank's slice of the tokens, and `replicate` then all-gathers the slices' new text K/V so every rank
-holds the whole cache. A forward whose tokens every rank feeds alike (a short question, each decoded token) then
-needs no collective for text attention, and one (`decode_xattn`, the gather schedule with replicated queries) per
-hyper layer for the visual one. `schedule` (--xattn-schedule) decides which kind of forward a question gets, here.
+Each rank holds some of the frames (their visual K/V, never moved), dealt by lvx_app/parallel/layout.py: any sorted
+set works, since positions, q_vis and k_frame are global. The text K/V cache is replicated: a sharded prefill (the
+video prompt, whose tokens travel with their frames; a question too long for the gather schedule) runs both
+attentions as LV-XAttn rings over each rank's share of the tokens, and `replicate` then all-gathers the shares' new
+text K/V, in position order, so every rank holds the whole cache. A forward whose tokens every rank feeds alike (a
+short question, each decoded token) then needs no collective for text attention, and one (`decode_xattn`, the gather
+schedule with replicated queries) per hyper layer for the visual one. `schedule` (--xattn-schedule) decides which
+kind of forward a question gets, here.
 
 Text causality becomes the media mask: a key at position p is visible to a query at position t iff p < t + 1, i.e.
 `k_frame = key positions` and `q_vis = query positions + 1`. In a ring the replicated keys count on rank 0 only;
@@ -88,6 +90,8 @@ class ShardedAttention:
         (sizes,) = exchange_sizes(new.shape[1], group=self.group, device=new.device)
         full, _ = allgather_seq(new.contiguous(), sizes, self.group)
         pos, _ = allgather_seq(self.key_positions[:, start:].to(new.device).contiguous(), sizes, self.group)  # NCCL: on the GPU
+        order = pos[0].argsort()  # rank order -> position order (a striped or zigzag layout interleaves the shares)
+        full, pos = full.index_select(1, order), pos.index_select(1, order)
         parts = full.split(layers[0].k.shape[-1], dim=-1)  # k, v of layer 0, k, v of layer 1, ...
         for i, layer in enumerate(layers):
             layer.length = start

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from lvx_app.attention.masks import Q_TILE
+from lvx_app.attention.masks import MIN_TILE, Q_TILE
 from models.mplug_owl3.config import Owl3Config
 from models.mplug_owl3.modeling import Owl3Model
 
@@ -134,19 +134,23 @@ def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
     """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
     Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames some of its rows
-    see and others do not (capped by the `keys` this rank holds), its rows those that see at least one frame."""
+    see and others do not (capped by the `keys` this rank holds), its rows those that see at least one frame. Tiles
+    are cut as `masks.tile_plans` cuts them: after MIN_TILE tokens where the frames seen change, at most Q_TILE."""
     p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
 
     def q_vis(t: int) -> int:
         return max(0, min(frames, (t - PROMPT_HEADER_TOKENS) // PLACEHOLDER_TOKENS + 1))
 
-    tiles = []
-    for t0 in range(0, rows, Q_TILE):
-        t1 = min(rows, t0 + Q_TILE)
+    tiles, t0 = [], 0
+    while t0 < rows:
+        t1 = min(rows, t0 + MIN_TILE)
+        while t1 < min(rows, t0 + Q_TILE) and q_vis(t1) == q_vis(t1 - 1):
+            t1 += 1
         seeing = t1 - max(t0, PROMPT_HEADER_TOKENS)  # the header's tokens see no frame
         band = min(keys, (q_vis(t1 - 1) - q_vis(t0)) * p)
         if seeing > 0 and band > 0:
             tiles.append((seeing * cfg.num_kv_groups, band))
+        t0 = t1
     return tiles
 
 

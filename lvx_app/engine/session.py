@@ -1,11 +1,14 @@
 """One video and one conversation, held by every rank of the group (SPMD).
 
-Every rank loads the language model, encodes only its own frames, keeps their
-visual K/V (or recomputes them from one copy of E), and holds the whole text
-K/V cache (replicated after each sharded prefill). A turn is a prefill (sharded
-through LV-XAttn rings, or whole on every rank when the question is short), then
-token-by-token decoding where every rank runs the same one-token step (text
-attention local, one collective per hyper layer) and rank 0's token is broadcast.
+Every rank loads the language model, encodes only its own frames (dealt by
+`SessionConfig.layout`, lvx_app/parallel/layout.py), keeps their visual K/V (or
+recomputes them from one copy of E), and holds the whole text K/V cache
+(replicated after each sharded prefill). A turn is a prefill (sharded through
+LV-XAttn rings — the video prompt's tokens travel with their frames, a long
+question is cut into contiguous runs — or whole on every rank when the question
+is short), then token-by-token decoding where every rank runs the same one-token
+step (text attention local, one collective per hyper layer) and rank 0's token
+is broadcast.
 
 The prompt up to the last frame placeholder is prefilled when the video is
 loaded, so a question only prefills its own few tokens.
@@ -38,6 +41,7 @@ from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.parallel.group import DistInfo
+from lvx_app.parallel.layout import DEFAULT_LAYOUT, check_layout, token_owners
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.cache import encoder_identity
@@ -68,6 +72,7 @@ class SessionConfig:
     subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS  # most tokens the subtitle block of the video prompt may take
     attention: str = "lv_xattn"  # benchmarks only: "ring" (pass-KV) or "allgather" run the same chat on a baseline
     xattn_schedule: str = "auto"  # a question's prefill: auto | ring | gather (see lvx_app.attention.schedule)
+    layout: str = DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames, and video-prompt tokens, each rank holds
 
 
 def _video_text(block: str, question: str = "") -> str:
@@ -93,6 +98,10 @@ class Session:
         self.device = info.device
         try:
             self.dtype = resolve_dtype(config.dtype, self.device, ("float32", "bfloat16", "float16"))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        try:
+            self.layout = check_layout(config.layout)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         try:
@@ -132,6 +141,7 @@ class Session:
             "world size": self.info.world_size,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "layout": self.layout,
         }
 
     def local_stats(self) -> dict[str, Any]:
@@ -183,7 +193,7 @@ class Session:
                 device=self.device, dtype=self.dtype, model_id=self.model_key, model_revision=self.config.revision or "",
                 encoder_id=self.encoder_id, cache=self.config.cache, cache_dir=self.config.cache_dir,
                 decode_workers=self.config.decode_workers, decode_timeout_s=self.config.decode_timeout_s,
-                progress=report if progress is not None else False,
+                progress=report if progress is not None else False, layout=self.layout,
             )  # fmt: skip
         except VideoError as exc:
             raise EngineError(str(exc)) from None
@@ -210,7 +220,8 @@ class Session:
         self.subtitle_hash = hashlib.sha256(block.encode()).hexdigest()  # what else a saved video prompt depends on
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
         t_prefill = time.perf_counter()
-        restored = self._open_prefix(shard, path)
+        tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
+        restored = self._open_prefix(shard, path, starts, tail_from)
         self.prefill_s = time.perf_counter() - t_prefill
         self.local_prefix_len = self.cache.length
         self.video = VideoSummary(
@@ -252,7 +263,7 @@ class Session:
                               prompt_ids=self.prefix_ids, device=self.device.type,
                               layout=[shard_bounds(n, world, r) for r in range(world)])
 
-    def _open_prefix(self, shard: VisualShard, path: str) -> bool:
+    def _open_prefix(self, shard: VisualShard, path: str, starts: torch.Tensor, tail_from: int) -> bool:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features came from the
         cache (they were made from those features); else prefill the prompt and save it. True when read back."""
         key = self._prefix_key(shard)
@@ -264,7 +275,7 @@ class Session:
                 self.attn.restore(saved.key_positions)
             self.position = self.prefix_len
             return True
-        self._prefill(self.prefix_ids)
+        self._prefill(self.prefix_ids, starts, tail_from=tail_from)
         if key is not None:
             positions = self.attn.key_positions if self.sharded else torch.arange(self.cache.length).view(1, -1)
             try:
@@ -332,25 +343,37 @@ class Session:
                 cache=self.cache, visual=self.visual, last_only=True,
             )  # fmt: skip
 
-    def _prefill(self, ids: torch.Tensor, *, question: bool = False) -> tuple[torch.Tensor | None, int]:
+    def _share(self, n: int, media_starts: torch.Tensor | None, tail_from: int | None) -> tuple[torch.Tensor, int]:
+        """(this rank's indices into the n new tokens, sorted; the rank holding the last one).
+
+        The video prompt (`media_starts` given) travels with its frames in the session's layout, and its text after
+        the last placeholder (from `tail_from`: it sees every frame) is dealt by the same layout; a question is cut
+        into contiguous runs."""
+        world, rank = self.info.world_size, self.info.rank
+        if media_starts is not None:
+            who = token_owners(n, media_starts, world, self.layout, tail_from)
+            return torch.nonzero(who == rank).flatten(), int(who[-1]) if n else 0
+        start, end = shard_bounds(n, world, rank)
+        owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
+        return torch.arange(start, end), owner
+
+    def _prefill(self, ids: torch.Tensor, media_starts: torch.Tensor | None = None, tail_from: int | None = None, *,
+                 question: bool = False) -> tuple[torch.Tensor | None, int]:
         """Feed `ids` (global); return (this rank's last logits, rank owning the last token). The video prompt and
         a long question are sharded over the ranks (then the text K/V cache is replicated again); a short question
         is fed whole on every rank (the gather schedule, as decoding)."""
         n = int(ids.numel())
-        world, rank = self.info.world_size, self.info.rank
         whole = self.sharded and question and self.attn.replicate_queries(n)
-        start, end = (0, n) if whole else shard_bounds(n, world, rank)
-        owner = max(r for r in range(world) if shard_bounds(n, world, r)[1] > shard_bounds(n, world, r)[0]) if n else 0
-        positions = torch.arange(self.position + start, self.position + end)
+        mine, owner = (torch.arange(n), 0) if whole else self._share(n, media_starts, tail_from)
         cached = self.cache.length
         try:
-            logits = self._forward(ids[start:end], positions, replicated=whole)
+            logits = self._forward(ids[mine], self.position + mine, replicated=whole)
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(self._oom_message("reading the prompt")) from exc
         if self.sharded and not whole:
             self.attn.replicate(self.cache, cached)
         self.position += n
-        return (logits[0, -1] if end > start else None), (0 if whole else owner)
+        return (logits[0, -1] if mine.numel() else None), owner
 
     def _turn_ids(self, question: str) -> torch.Tensor:
         if self.video is None:

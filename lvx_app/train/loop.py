@@ -1,10 +1,11 @@
 """The distributed finetuning step and loop (each rank runs it through `lvx_app.train.worker`).
 
 Every rank works on the same sample (sequence parallelism, not data parallelism):
-- frames: each rank ingests its contiguous run of the video (`lvx_app.video.ingest`, cached features, since the
-  vision tower stays frozen) and keeps ONE copy E_local that every hyper layer reads;
-- text: the token sequence is cut into 2n zigzag chunks (rank r holds chunks r and 2n-1-r, as ring attention's
-  load balancing) and each rank runs the language model on its tokens at their true positions;
+- frames: each rank ingests the frames `cfg.layout` deals it (`lvx_app.parallel.layout`: zigzag by default; cached
+  features, since the vision tower stays frozen) and keeps ONE copy E_local that every hyper layer reads;
+- text: each frame's placeholder tokens go with the frame, and the text after the last placeholder (it sees every
+  frame) is dealt by the same layout, so the media-masked and causal work are both balanced; each rank runs the
+  language model on its tokens at their true positions;
 - attention: `recompute.TrainAttention` (LV-XAttn rings for text and visual attention, K/V recomputed in backward);
 - loss: cross-entropy summed over the rank's assistant tokens, divided by the GLOBAL number of assistant tokens;
   each rank's backward then yields its share of every replicated weight's gradient, and torch DDP all-reduces
@@ -34,10 +35,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lvx_app.attention.layout import zigzag_indices
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
+from lvx_app.parallel.layout import DEFAULT_LAYOUT, rank_tokens
 from lvx_app.train.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
@@ -80,6 +81,7 @@ class TrainConfig:
     plot: bool = True
     timeout_s: float = 600.0
     decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a chunk of frames that takes longer to decode is killed and retried
+    layout: str = DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames and tokens each rank holds
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ class Trainer:
                            encoder_id=self.encoder_id,
                            cache=True, cache_dir=self.cfg.cache_dir, decode_workers=self.cfg.decode_workers,
                            decode_timeout_s=self.cfg.decode_timeout_s,
-                           progress=False)
+                           progress=False, layout=self.cfg.layout)
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))
             self._videos[key] = (shard.features, shard.positions.to(self.device), len(shard.plan))
@@ -236,7 +238,9 @@ class Trainer:
         n_targets = tok.num_targets
         if n_targets == 0:
             raise ValueError("a sample without assistant tokens (after truncation) has nothing to learn")
-        positions = zigzag_indices(tok.input_ids.numel(), self.rank, self.world)
+        starts = tok.media_starts
+        tail = int(starts[-1]) + 1 if starts.numel() else 0  # from here on every token sees every frame
+        positions = rank_tokens(tok.input_ids.numel(), starts, self.world, self.rank, self.cfg.layout, tail_from=tail)
         ids = tok.input_ids[positions].to(self.device).view(1, -1)
         labels = tok.labels[positions].to(self.device)
         pos = positions.to(self.device).view(1, -1)

@@ -13,7 +13,7 @@ Pieces:
 - `TrainAttention`: the `AttentionHooks` the model calls. Text self-attention is sharded causal attention over the
   ranks' token slices, done by the LV-XAttn ring with causality expressed as the media mask (k_frame = key
   positions, q_vis = query positions + 1), so it returns the lse G2 hyper layers need and works for any token
-  layout (we use the zigzag layout for load balance). Visual attention is LV-XAttn, with (`recompute=True`) or
+  layout (`lvx_app.parallel.layout` deals them with their frames). Visual attention is LV-XAttn, with (`recompute=True`) or
   without (K/V saved per layer) the recompute scheme.
 - `TrainAttention.visual_inputs(...)`: the matching `VisualInputs` for `Owl3Model.forward`.
 - `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the decoder layers.

@@ -4,9 +4,10 @@ Layout: `<cache dir>/features/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one 
 hash of everything that changes the features except the rank: the file's identity (size, mtime and its first and
 last MiB), fps, max-frames, the model (its resolved path or hub id) and revision, a fingerprint of the vision tower
 and projector weights (`models.mplug_owl3.fingerprint`: changed weights at the same path never hit), image size,
-dtype, the number of shards, the plan version and the cache format version. Each file holds the tensors
-`features`, `frame_indices`, `timestamps` and, in the safetensors header, a JSON manifest (key, video path, the
-whole sampling plan, shapes, the byte count and CRC-32 of the tensor data).
+dtype, the number of shards and their layout (which frames each rank holds), the plan version and the cache
+format version. Each file holds the tensors `features`, `frame_indices`, `timestamps` and, in the safetensors
+header, a JSON manifest (key, video path, the whole sampling plan, shapes, the byte count and CRC-32 of the tensor
+data).
 
 Writes are atomic: the file is written under a temporary name in the same folder, fsynced and renamed, so a
 reader sees a complete file or none. A file that fails any check on load (header, key, shapes, byte count,
@@ -91,14 +92,16 @@ class CacheKey:
     plan_version: int = PLAN_VERSION
     encoder: str = ""  # fingerprint of the vision tower + projector weights
     format_version: int = CACHE_VERSION
+    layout: str = "contiguous"  # which frames each rank holds (lvx_app/parallel/layout.py)
 
     @classmethod
     def make(cls, video: str | os.PathLike, *, fps: float, max_frames: int | None, model_id: str,
              model_revision: str = "", dtype: torch.dtype | str, world_size: int, rank: int,
-             image_size: int | None = None, over_max: str = "thin", encoder: str = "") -> "CacheKey":
+             image_size: int | None = None, over_max: str = "thin", encoder: str = "",
+             layout: str = "contiguous") -> "CacheKey":
         return cls(file_identity(video), float(fps), None if max_frames is None else int(max_frames), str(model_id),
                    str(model_revision or ""), _dtype_name(dtype), int(world_size), int(rank), image_size, over_max,
-                   encoder=str(encoder))
+                   encoder=str(encoder), layout=str(layout))
 
     def entry_id(self) -> str:
         d = asdict(self)

@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
+from lvx_app.parallel.layout import check_layout
 from lvx_app.video.cache import CachedShard, CacheKey, FeatureCache
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
@@ -55,6 +56,7 @@ class VisualShard:
     plan: SamplingPlan  # the whole plan: all ranks' frames, in order
     frame_offset: int  # plan position of this rank's first frame (its global frame number)
     cache_key: CacheKey | None = None  # this shard's feature-cache key (None when the cache is off)
+    layout: str = "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
 
     @property
     def num_frames(self) -> int:
@@ -62,8 +64,8 @@ class VisualShard:
 
     @property
     def positions(self) -> torch.Tensor:
-        """Plan positions (global frame numbers 0..len(plan)-1) of the local frames."""
-        return torch.arange(self.frame_offset, self.frame_offset + self.num_frames)
+        """Plan positions (global frame numbers 0..len(plan)-1) of the local frames, sorted."""
+        return torch.tensor(self.plan.shard(self.rank, self.world_size, self.layout).positions, dtype=torch.int64)
 
     def labels(self) -> list[str]:
         """"12:34"-style timestamps of the local frames."""
@@ -216,6 +218,7 @@ class _RankIngest:
     rank: int
     world: int
     t0: float
+    layout: str = "contiguous"
     own_pool: bool = field(init=False)
     vpath: Path | None = None
     key: CacheKey | None = None
@@ -238,7 +241,7 @@ class _RankIngest:
             self.key = CacheKey.make(self.vpath, fps=fps, max_frames=self.max_frames, model_id=self.model_id,
                                      model_revision=self.model_revision, dtype=self.dtype, world_size=self.world,
                                      rank=self.rank, image_size=self.image_size, over_max=self.over_max,
-                                     encoder=self.encoder_id)
+                                     encoder=self.encoder_id, layout=self.layout)
             self.cached = self.store.load(self.key, device=self.device)
         if self.cached is not None:
             self.plan = self.cached.plan
@@ -259,7 +262,7 @@ class _RankIngest:
             shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
             per_frame = int(torch.Size(shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
             check_memory(len(plan), plan.fps, self.world, per_frame, int(budget))
-        self.chunks = plan.shard(self.rank, self.world).chunks(self.chunk_frames)
+        self.chunks = plan.shard(self.rank, self.world, self.layout).chunks(self.chunk_frames)
 
     def plan_counts(self) -> list[int]:
         """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) = min(x), so the ranks
@@ -277,7 +280,7 @@ class _RankIngest:
     # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank has chunks
     def decode_and_encode(self, steps: int) -> ShardEncoder | None:
         assert self.plan is not None
-        shard = self.plan.shard(self.rank, self.world)
+        shard = self.plan.shard(self.rank, self.world, self.layout)
         encoder = None if self.cached is not None else ShardEncoder(
             self.encode_fn, len(shard), image_size=self.image_size, device=self.device, dtype=self.dtype,
             batch_size=self.encode_batch)
@@ -301,7 +304,7 @@ class _RankIngest:
     def result(self, encoder: ShardEncoder | None) -> VisualShard:
         plan = self.plan
         assert plan is not None
-        shard = plan.shard(self.rank, self.world)
+        shard = plan.shard(self.rank, self.world, self.layout)
         if self.cached is not None:
             features, idx, ts = self.cached.features, self.cached.frame_indices, self.cached.timestamps
         else:
@@ -311,7 +314,8 @@ class _RankIngest:
             ts = torch.tensor(shard.timestamps, dtype=torch.float64)
             self._save(features, idx, ts, shard.start)
         self._progress("done", len(plan), len(plan))
-        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start, self.key)
+        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start,
+                           self.key, self.layout)
 
     def _save(self, features: torch.Tensor, idx: torch.Tensor, ts: torch.Tensor, offset: int) -> None:
         if self.store is None or self.key is None:
@@ -353,7 +357,7 @@ def ingest(
     encode_batch: int | None = None,
     memory_budget_bytes: int | None | str = "auto",
     progress: bool | ProgressFn | None = None,
-    pool: DecodePool | None = None,
+    pool: DecodePool | None = None, layout: str = "contiguous",
 ) -> VisualShard:
     """Decode, encode (or load from the cache) this rank's frames of `path` sampled at `fps`.
 
@@ -365,10 +369,10 @@ def ingest(
     progress: None = rich bar on rank 0 when stderr is a terminal, True/False, or a callable taking
         IngestProgress (global counts; called on each rank that passes one).
     pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed here.
+    layout: which plan positions this rank decodes and encodes (contiguous | striped | zigzag; in the cache key).
     Raises a VideoError subclass, on every rank, for anything the user can fix.
     """
-    rank, world = get_rank(group), get_world_size(group)
-    device = torch.device(device) if device is not None else default_device()
+    rank, world, device = get_rank(group), get_world_size(group), torch.device(device) if device else default_device()
     job = _RankIngest(
         path=path, encode_fn=encode_fn, fps=fps, max_frames=max_frames, over_max=over_max, image_size=image_size,
         device=device, dtype=dtype or default_dtype(device), model_id=model_id, model_revision=model_revision,
@@ -377,7 +381,7 @@ def ingest(
         decode_workers=decode_workers, decode_threads=decode_threads, chunk_frames=chunk_frames,
         decode_timeout_s=decode_timeout_s, encode_batch=encode_batch, memory_budget_bytes=memory_budget_bytes,
         report=_reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else "")),
-        sync=_Sync(group), rank=rank, world=world, t0=time.monotonic(),
+        sync=_Sync(group), rank=rank, world=world, t0=time.monotonic(), layout=check_layout(layout),
     )  # fmt: skip
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:

@@ -9,9 +9,9 @@ With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helpe
 `max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
 
 The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank computes the same one.
-Rank r of n owns the contiguous run `shard_bounds(len(plan), n, r)` (lvx_app/parallel/shards.py): sizes differ by
-at most one, the first `len % n` ranks get the extra frame, and a rank may own nothing when there are fewer frames
-than ranks.
+Rank r of n owns the plan positions its layout deals it (lvx_app/parallel/layout.py: contiguous runs, striped or
+zigzag), always sorted; sizes differ by at most one frame for contiguous and striped, and a rank may own nothing
+when there are fewer frames than ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+from lvx_app.parallel.layout import owned
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
 
@@ -88,17 +89,18 @@ def _suggest_fps(fps: float, fit: int, total: int) -> str:
 
 @dataclass(frozen=True)
 class PlanShard:
-    """The part of a plan one rank owns: plan positions [start, stop), their frame indices and timestamps."""
+    """The part of a plan one rank owns: its plan positions (sorted), their frame indices and timestamps."""
 
     rank: int
     world_size: int
-    start: int
-    stop: int
+    positions: tuple[int, ...]
     indices: tuple[int, ...]
     timestamps: tuple[float, ...]
+    layout: str = "contiguous"
+    start: int = 0  # plan position of the first local frame (of the next rank's first when it owns none)
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        return len(self.positions)
 
     def chunks(self, size: int) -> list[tuple[int, list[int]]]:
         """(local offset, frame indices) runs of at most `size` frames, in order."""
@@ -128,12 +130,14 @@ class SamplingPlan:
     def duration_s(self) -> float:
         return self.num_video_frames / self.video_fps if self.video_fps > 0 else 0.0
 
-    def shard(self, rank: int, world_size: int) -> PlanShard:
-        start, stop = shard_bounds(len(self), world_size, rank)
-        return PlanShard(rank, world_size, start, stop, self.indices[start:stop], self.timestamps[start:stop])
+    def shard(self, rank: int, world_size: int, layout: str = "contiguous") -> PlanShard:
+        pos = tuple(owned(len(self), world_size, rank, layout))
+        start = pos[0] if pos else shard_bounds(len(self), world_size, rank)[0]
+        return PlanShard(rank, world_size, pos, tuple(self.indices[p] for p in pos),
+                         tuple(self.timestamps[p] for p in pos), layout, start)
 
-    def shards(self, world_size: int) -> list[PlanShard]:
-        return [self.shard(r, world_size) for r in range(world_size)]
+    def shards(self, world_size: int, layout: str = "contiguous") -> list[PlanShard]:
+        return [self.shard(r, world_size, layout) for r in range(world_size)]
 
     def digest(self) -> int:
         """A 31-bit checksum of the indices, so ranks can check they planned the same thing."""
