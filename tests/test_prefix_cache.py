@@ -204,4 +204,4 @@ def test_the_video_line_says_the_prompt_was_read_back():
     summary = VideoSummary("m.mp4", 10, 1.0, 10.0, 7290, True, 0.4)
     assert "loaded from cache" in describe_video(summary)
     summary.prompt_from_cache = True
-    assert "loaded with its saved prompt in 0.4 s" in describe_video(summary)
+    assert "loaded from cache with its saved prompt in 0.4 s" in describe_video(summary)
