@@ -209,5 +209,5 @@ def test_multi_node_chat_entry_point_takes_subtitles(tiny_checkpoints, short_vid
     monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
     assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
     assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in capsys.readouterr().out
-    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(tmp_path / "no.srt")]) == 0
+    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(tmp_path / "no.srt")]) == 2
     assert "error: subtitle file not found" in capsys.readouterr().err

@@ -24,9 +24,10 @@ from lvx_app.subtitles import SubtitleError, resolve_subtitles
 
 
 def run_worker(config: dict, frontend: str = "link", video: str | None = None,
-               subtitles: tuple[str, str | None, str | None] = ("auto", None, None)) -> None:  # fmt: skip
+               subtitles: tuple[str, str | None, str | None] = ("auto", None, None)) -> int | None:  # fmt: skip
     """This rank's part: rank 0 serves the link (or runs the terminal chat, resolving `subtitles` = (--subtitles,
-    --subtitle-lang, --subtitle-encoding) for its video), the others follow its commands."""
+    --subtitle-lang, --subtitle-encoding) for its video, and returns the chat's exit code), the others follow its
+    commands."""
     cfg = SessionConfig(**config)
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
     channel = ControlChannel()
@@ -45,9 +46,10 @@ def run_worker(config: dict, frontend: str = "link", video: str | None = None,
             track = resolve_subtitles(video, *subtitles) if video else None
             for note in track.notes if track else []:
                 print(f"warning: {note}", file=sys.stderr)
-            run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames, subtitles=track)
+            return run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames, subtitles=track)
         except SubtitleError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            return 2
         finally:
             driver.close()
 

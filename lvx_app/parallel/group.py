@@ -99,10 +99,10 @@ def destroy_distributed() -> None:
 
 
 def run_rank(
-    work: Callable[[], None], label: str, record: Optional[Callable[[str], None]] = None,
+    work: Callable[[], Optional[int]], label: str, record: Optional[Callable[[str], None]] = None,
     user_errors: tuple[type[BaseException], ...] = (),
 ) -> int:  # fmt: skip
-    """Run one rank's `work` as a process entry point and return its exit code.
+    """Run one rank's `work` as a process entry point and return its exit code (the code `work` returns, else 0).
 
     The rank dies with its launcher (`die_with_parent`). A failure prints one readable line naming the rank
     (`label rank R: Error: message`) before the trace; for `user_errors` (a bad video, a bad checkpoint: the message
@@ -123,7 +123,7 @@ def run_rank(
     if quiet:
         record = error_file(run_dir, rank).write_text
     try:
-        work()
+        code = work()
     except KeyboardInterrupt:  # Ctrl-C reached the rank too: the launcher says what was kept
         return 130
     except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
@@ -139,4 +139,4 @@ def run_rank(
         return 1
     finally:
         destroy_distributed()
-    return 0
+    return int(code or 0)
