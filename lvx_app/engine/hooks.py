@@ -90,8 +90,9 @@ class ShardedAttention:
         (sizes,) = exchange_sizes(new.shape[1], group=self.group, device=new.device)
         full, _ = allgather_seq(new.contiguous(), sizes, self.group)
         pos, _ = allgather_seq(self.key_positions[:, start:].to(new.device).contiguous(), sizes, self.group)  # NCCL: on the GPU
-        order = pos[0].argsort()  # rank order -> position order (a striped or zigzag layout interleaves the shares)
-        full, pos = full.index_select(1, order), pos.index_select(1, order)
+        if bool((pos[0, 1:] < pos[0, :-1]).any()):  # a striped or zigzag layout interleaves the shares: position order
+            order = pos[0].argsort()
+            full, pos = full.index_select(1, order), pos.index_select(1, order)
         parts = full.split(layers[0].k.shape[-1], dim=-1)  # k, v of layer 0, k, v of layer 1, ...
         for i, layer in enumerate(layers):
             layer.length = start
@@ -102,10 +103,12 @@ class ShardedAttention:
     def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
         if not causal:
             raise ValueError("sharded text attention is always causal")
+        if self.replicated and self.replicates_cache:
+            # the whole cache is here, one key per position in position order (as `replicate` leaves it): plain causal
+            # attention, as in one process; no collective, no mask, no positions moved to the device
+            return attn_fwd(q, k, v, causal=True)
         q_vis = self.query_vis.to(q.device)
         k_pos = self.key_positions[:, : k.shape[1]]
-        if self.replicated and self.replicates_cache:  # the whole cache is here: no collective
-            return attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_pos.to(q.device))
         if self.rank != 0 and self.shared:
             k_pos = k_pos.clone()
             k_pos[:, : self.shared] = HIDDEN
