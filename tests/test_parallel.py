@@ -106,3 +106,40 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
                          "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
+    """A rank that dies (SIGABRT, as gloo's teardown has done) after every rank met in run_rank's last barrier lost
+    nothing: the launcher warns and exits 0. The same abort before the barrier fails the run and names the rank."""
+    import os
+    import subprocess
+    import sys
+
+    from lvx_app.parallel.failures import RankFailure, crashed_after_done, done_file
+
+    def launch(when: str) -> subprocess.CompletedProcess:
+        script = tmp_path / f"rank_{when}.py"
+        script.write_text(
+            "import os, sys\nfrom lvx_app.parallel.group import init_distributed, run_rank\n"
+            "def work():\n    init_distributed()\n"
+            f"    if {when == 'before'!r} and os.environ['RANK'] == '1':\n        os.abort()\n"
+            "code = run_rank(work, 'test', finish_together=True)\n"
+            "if os.environ['RANK'] == '1':\n    os.abort()\n"
+            "sys.exit(code)\n")  # fmt: skip
+        return subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone",
+                               "--nproc-per-node=2", "--monitor-interval=0.2", str(script)],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    after = launch("after")
+    assert after.returncode == 0, after.stderr
+    assert "rank 1 failed: killed by SIGABRT" in after.stderr and "nothing was lost" in after.stderr, after.stderr
+    before = launch("before")
+    assert before.returncode == 1, before.stderr
+    assert "error: rank 1 failed: killed by SIGABRT" in before.stderr, before.stderr
+    assert "Fatal Python error: Aborted" in before.stderr, "faulthandler prints where the rank died"
+    # the rule itself: a signal death only counts as harmless with a done file; torchrun's SIGTERM rides along
+    done_file(tmp_path, 1).write_text("done")
+    assert crashed_after_done([RankFailure(1, -6), RankFailure(0, -15)], tmp_path)
+    assert not crashed_after_done([RankFailure(1, -6), RankFailure(0, 1)], tmp_path)
+    assert not crashed_after_done([RankFailure(0, -6)], tmp_path)
+    assert not crashed_after_done([RankFailure(1, -6)], None)

@@ -30,6 +30,11 @@ def pid_file(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / f"pid-rank{rank}.txt"
 
 
+def done_file(run_dir: str | Path, rank: int) -> Path:
+    """Written by a rank whose work returned and met every other rank's in a last barrier (`run_rank`)."""
+    return Path(run_dir) / f"done-rank{rank}.txt"
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """One failed rank as the launcher saw it, in the order the launcher observed them."""
@@ -69,6 +74,16 @@ def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[Ra
     reasons = [(f, *_reason(f, run_dir)) for f in failures]
     failure, why, _ = next((r for r in reasons if r[2]), reasons[0])
     return failure, why
+
+
+def crashed_after_done(failures: list[RankFailure], run_dir: Path | None) -> bool:
+    """True when every failed rank was killed by a signal after it wrote `done_file`, or by torchrun's SIGTERM once
+    another rank had: all work had met in the last barrier, so the failure was in tearing down, and nothing is
+    lost."""
+    if run_dir is None or not failures or any(f.exitcode is None or f.exitcode >= 0 for f in failures):
+        return False
+    done = {f.rank for f in failures if done_file(run_dir, f.rank).exists()}
+    return bool(done) and all(f.rank in done or f.exitcode == -signal.SIGTERM for f in failures)
 
 
 def describe_failures(failures: list[RankFailure], run_dir: Path | None) -> str | None:

@@ -7,6 +7,7 @@ and works unchanged whether torch.distributed is initialised or not.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import sys
 import traceback
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.defaults import DEFAULT_TIMEOUT_S
-from lvx_app.parallel.failures import RUN_DIR_ENV, error_file, pid_file
+from lvx_app.parallel.failures import RUN_DIR_ENV, done_file, error_file, pid_file
 from lvx_app.parallel.lifeline import die_with_parent
 
 
@@ -98,9 +99,17 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
+def _print_stack_on_crash() -> None:
+    """A fatal signal (SIGABRT, SIGSEGV) prints the Python stack to stderr, when stderr is a real file."""
+    try:
+        faulthandler.enable()
+    except (ValueError, OSError, AttributeError):  # stderr replaced by an object without a file descriptor
+        pass
+
+
 def run_rank(
     work: Callable[[], Optional[int]], label: str, record: Optional[Callable[[str], None]] = None,
-    user_errors: tuple[type[BaseException], ...] = (),
+    user_errors: tuple[type[BaseException], ...] = (), finish_together: bool = False,
 ) -> int:  # fmt: skip
     """Run one rank's `work` as a process entry point and return its exit code (the code `work` returns, else 0).
 
@@ -111,11 +120,17 @@ def run_rank(
     the run folder and prints nothing: that launcher prints one line for the whole group, naming the rank that
     failed first. Ctrl-C exits quietly with 130. The process group is torn down either way. A clean `SystemExit`
     passes through.
+
+    With `finish_together` (ranks that all return at the end of the same work, as finetuning's do) the ranks meet in
+    a last barrier and each then writes `done_file`: a crash while tearing down after that (gloo has aborted a rank
+    in its exit path) cannot lose work, and the launcher says so instead of failing the run. A fatal signal prints
+    the rank's Python stack (faulthandler), so such a crash says where it happened.
     """
     from lvx_app.warning_lines import install
 
     install()
     die_with_parent()
+    _print_stack_on_crash()
     rank, run_dir = int(os.environ.get("RANK", "0")), os.environ.get(RUN_DIR_ENV)
     quiet = record is None and bool(run_dir)
     if run_dir:
@@ -124,6 +139,11 @@ def run_rank(
         record = error_file(run_dir, rank).write_text
     try:
         code = work()
+        if finish_together and not code:
+            if is_distributed():
+                dist.barrier()
+            if run_dir:
+                done_file(run_dir, rank).write_text("done")
     except KeyboardInterrupt:  # Ctrl-C reached the rank too: the launcher says what was kept
         return 130
     except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it

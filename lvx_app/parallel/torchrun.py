@@ -7,7 +7,8 @@ the ranks that merely lost their peer print gloo tracebacks of their own. This r
 the rank that failed first and why (`lvx_app.parallel.failures`, the same choice `lvx chat` makes).
 The launcher dies with the launcher of ours that started it (when that one set `LAUNCHER_PID_ENV`), and its ranks
 die with it (`lvx_app.parallel.lifeline`).
-Exit codes: 0 when every rank succeeded, 1 when one failed, 130 when stopped by Ctrl-C or SIGTERM.
+Exit codes: 0 when every rank succeeded (also when ranks that had all met in `run_rank`'s last barrier crashed while
+exiting: a warning line says so), 1 when one failed, 130 when stopped by Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from lvx_app.parallel import failures
 from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, error_file, first_failure
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
 
@@ -52,6 +54,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
+        ranks = [RankFailure(rank, f.exitcode) for rank, f in sorted(exc.failures.items())]
+        if failures.crashed_after_done(ranks, run_dir):  # the work is complete; say what happened, do not fail the run
+            print(f"warning: {failures.describe_failures(ranks, run_dir)} while exiting, after every rank had finished "
+                  f"its work; nothing was lost", file=sys.stderr)
+            return 0
         print(failure_line(exc, run_dir), file=sys.stderr)
         return 1
     except SignalException:

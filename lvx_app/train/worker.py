@@ -33,7 +33,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
         run_training(cfg, info.device)
 
-    return run_rank(work, "lvx finetune", user_errors=user_errors())
+    return run_rank(work, "lvx finetune", user_errors=user_errors(), finish_together=True)
 
 
 if __name__ == "__main__":
