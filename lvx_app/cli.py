@@ -43,6 +43,7 @@ def chat(
     dtype: str = opt.DTYPE,
     kv_cache: Optional[bool] = opt.KV,
     xattn_schedule: str = opt.XATTN_SCHEDULE,
+    layout: str = opt.LAYOUT,
     max_new_tokens: int = opt.MAX_NEW_TOKENS,
     temperature: float = opt.TEMPERATURE,
     top_p: float = opt.TOP_P,
@@ -68,7 +69,7 @@ def chat(
         dtype=dtype, kv_cache=kv_cache, params=params, timeout=timeout, use_cache=not no_cache,
         cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout, subtitles=subtitles,
         subtitle_lang=subtitle_lang, subtitle_encoding=subtitle_encoding, subtitle_tokens=subtitle_tokens,
-        xattn_schedule=xattn_schedule,
+        xattn_schedule=xattn_schedule, layout=layout,
     )  # fmt: skip
     raise typer.Exit(code)
 

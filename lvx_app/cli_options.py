@@ -11,6 +11,7 @@ import typer
 
 from lvx_app.defaults import (
     DEFAULT_DECODE_TIMEOUT_S,
+    DEFAULT_LAYOUT,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MODEL,
     DEFAULT_SUBTITLE_TOKENS,
@@ -41,6 +42,11 @@ XATTN_SCHEDULE = typer.Option(
     "auto", "--xattn-schedule",
     help="Cross-attention schedule of a question over the ranks: auto (gather for short questions, the LV-XAttn "
     "ring for long ones, by a measured crossover), ring or gather. The video prompt always uses the ring.",
+)  # fmt: skip
+LAYOUT = typer.Option(
+    DEFAULT_LAYOUT, "--layout",
+    help="How frames and their prompt tokens are dealt over the ranks: zigzag (balanced, the default), striped or "
+    "contiguous. Only matters with more than one rank; the answers are the same on every layout.",
 )  # fmt: skip
 NO_CACHE = typer.Option(False, "--no-cache", help="Do not read or write the visual-feature cache.")
 CACHE_DIR = typer.Option(None, "--cache-dir", help="Feature cache folder (default ~/.cache/lvx or $LVX_CACHE_DIR).")

@@ -20,6 +20,11 @@ DEFAULT_SUBTITLE_TOKENS = 8192
 # Longest answer, in tokens, unless a command or the page asks for another.
 DEFAULT_MAX_NEW_TOKENS = 512
 
+# How frames (and each frame's placeholder tokens) are dealt over the ranks (lvx_app.parallel.layout): zigzag
+# balances the media-masked prefill best, by measurement (docs/benchmarks.md, "Balanced prefill layouts").
+LAYOUTS = ("contiguous", "striped", "zigzag")
+DEFAULT_LAYOUT = "zigzag"
+
 
 def check_seconds(options: dict[str, float]) -> None:
     """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""

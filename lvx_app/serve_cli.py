@@ -41,6 +41,7 @@ def serve_command(
     dtype: str = opt.DTYPE,
     kv_cache: Optional[bool] = opt.KV,
     xattn_schedule: str = opt.XATTN_SCHEDULE,
+    layout: str = opt.LAYOUT,
     timeout: float = opt.TIMEOUT,
     decode_timeout: float = opt.DECODE_TIMEOUT,
     queue_size: int = typer.Option(
@@ -61,6 +62,7 @@ def serve_command(
             model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
             timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
             decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens, xattn_schedule=xattn_schedule,
+            layout=layout,
         )  # fmt: skip
     except EngineError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")

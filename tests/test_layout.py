@@ -153,3 +153,39 @@ def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_lay
             assert index_from_features(torch.from_numpy(features)) == [indices[p] for p in positions]
             assert from_cache == (layout in done), (layout, rank)
         done.add(layout)
+
+
+def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
+    """`--layout` on chat and finetune ends in the session / training config; an unknown name is one error line
+    naming the choices, before any model is loaded."""
+    from typer.testing import CliRunner
+
+    import lvx_app.frontends.terminal as terminal
+    import lvx_app.train.cli as train_cli
+    from lvx_app.cli import app
+
+    seen = {}
+
+    def fake_chat(**kwargs):  # the real run_chat_command checks the options, then would load a model
+        seen["chat"] = terminal.session_config(**{k: v for k, v in kwargs.items() if k not in (
+            "video", "gpus", "ranks", "params", "subtitles", "subtitle_lang", "subtitle_encoding")}).layout
+        return 0
+
+    bad = CliRunner().invoke(app, ["chat", str(tmp_path / "v.mp4"), "--layout", "diagonal"])
+    assert bad.exit_code == 2
+    assert bad.output.strip().splitlines() == ["error: unknown --layout 'diagonal'; use one of contiguous, striped, zigzag"]
+    monkeypatch.setattr(terminal, "run_chat_command", fake_chat)
+    assert CliRunner().invoke(app, ["chat", "v.mp4", "--layout", "striped"]).exit_code == 0
+    assert seen["chat"] == "striped"
+
+    import json
+
+    (tmp_path / "v.mp4").write_bytes(b"")  # the data check wants the file; nothing decodes it here
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"video": "v.mp4", "question": "What?", "answer": "This."}) + "\n")
+    monkeypatch.setattr(train_cli, "run_finetune", lambda cfg, world, keep_fds: seen.setdefault("train", cfg.layout) and 0)
+    args = ["finetune", "--data", str(data), "--video-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--gpus", "0"]
+    assert CliRunner().invoke(app, [*args, "--layout", "contiguous"]).exit_code == 0, "finetune ran"
+    assert seen["train"] == "contiguous"
+    bad = CliRunner().invoke(app, [*args, "--layout", "diagonal"])
+    assert bad.exit_code == 1 and "unknown --layout 'diagonal'; use one of contiguous, striped, zigzag" in bad.output

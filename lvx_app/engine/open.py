@@ -13,13 +13,14 @@ import torch
 from rich.console import Console
 
 from lvx_app.attention.schedule import choose_schedule
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_SUBTITLE_TOKENS, check_seconds
+from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_LAYOUT, DEFAULT_SUBTITLE_TOKENS, check_seconds
 from lvx_app.engine.api import Engine, EngineError
 from lvx_app.engine.control import ControlChannel
 from lvx_app.engine.driver import GroupDriver
 from lvx_app.engine.launch import RemoteEngine
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.group import init_distributed
+from lvx_app.parallel.layout import check_layout
 
 
 def resolve_world(gpus: int | None, ranks: int | None) -> tuple[int, bool]:
@@ -46,13 +47,14 @@ def session_config(
     *, model: str, revision: str | None, fps: float, max_frames: int | None, dtype: str, kv_cache: bool | None,
     timeout: float, use_cache: bool, cache_dir: str | None, decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
     subtitle_tokens: int = DEFAULT_SUBTITLE_TOKENS,
-    xattn_schedule: str = "auto",
+    xattn_schedule: str = "auto", layout: str = DEFAULT_LAYOUT,
 ) -> SessionConfig:  # fmt: skip
     """The session settings from the command's options, checked (an EngineError names the bad option)."""
     kv_mode = "auto" if kv_cache is None else ("cache" if kv_cache else "recompute")
     try:
         check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
         choose_schedule(1, 1, xattn_schedule)  # an unknown --xattn-schedule names the choices
+        check_layout(layout)
     except ValueError as exc:
         raise EngineError(str(exc)) from None
     if subtitle_tokens < 0:
@@ -61,7 +63,7 @@ def session_config(
         model=model, revision=revision, dtype=dtype, kv_mode=kv_mode, fps=fps, max_frames=max_frames,
         timeout_s=timeout, cache=use_cache, cache_dir=cache_dir, decode_timeout_s=decode_timeout,
         subtitle_tokens=subtitle_tokens,
-        xattn_schedule=xattn_schedule,
+        xattn_schedule=xattn_schedule, layout=layout,
     )  # fmt: skip
 
 

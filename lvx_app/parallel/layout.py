@@ -21,16 +21,16 @@ from typing import Sequence
 import torch
 
 from lvx_app.attention.layout import zigzag_chunk_sizes
+from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS
 from lvx_app.parallel.shards import shard_bounds
 
-LAYOUTS = ("contiguous", "striped", "zigzag")
-DEFAULT_LAYOUT = "zigzag"  # chosen by measurement: docs/benchmarks.md, "Balanced prefill layouts"
+__all__ = ["DEFAULT_LAYOUT", "LAYOUTS"]  # declared in lvx_app.defaults, where the CLI options read them too
 
 
 def check_layout(layout: str) -> str:
     """The layout name, or a one-line ValueError naming the choices."""
     if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+        raise ValueError(f"unknown --layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     return layout
 
 

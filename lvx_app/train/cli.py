@@ -17,8 +17,8 @@ from typing import Optional
 
 import typer
 
-from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT
-from lvx_app.defaults import DEFAULT_MODEL, check_seconds
+from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, LAYOUT
+from lvx_app.defaults import DEFAULT_MODEL, LAYOUTS, check_seconds
 
 
 def _fail(msg: str) -> None:
@@ -60,18 +60,22 @@ def finetune_command(
     cache_dir: Optional[Path] = CACHE_DIR,
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a rank waits for a hung peer."),
     decode_timeout: float = DECODE_TIMEOUT,
+    layout: str = LAYOUT,
 ) -> None:
     """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the features)."""
     # the signature is the command's option list; the work is in _checked_mode, _check_run and run_finetune
     from lvx_app.train.loop import TrainConfig
 
     mode = _checked_mode(lora, train, steps, timeout, decode_timeout)
+    if layout not in LAYOUTS:
+        _fail(f"unknown --layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     world, cuda = _check_run(gpus, ranks, data, video_dir, out, model, resume)
     cfg = TrainConfig(
         data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
         max_frames=max_frames, recompute=recompute, train=mode, lora_rank=lora or 16, lr=lr, steps=steps,
         save_every=save_every, checkpoint_lm=checkpoint_lm, resume=resume, seed=seed, dtype=dtype, cuda=cuda,
         cache_dir=str(cache_dir) if cache_dir else None, timeout_s=timeout, decode_timeout_s=decode_timeout,
+        layout=layout,
     )  # fmt: skip
     lock = _lock_out(out, resume)
     try:
