@@ -61,8 +61,7 @@ def serve_command(
         config = session_config(
             model=model, revision=revision, fps=fps, max_frames=max_frames, dtype=dtype, kv_cache=kv_cache,
             timeout=timeout, use_cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None,
-            decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens, xattn_schedule=xattn_schedule,
-            layout=layout,
+            decode_timeout=decode_timeout, subtitle_tokens=subtitle_tokens, xattn_schedule=xattn_schedule, layout=layout,
         )  # fmt: skip
     except EngineError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
