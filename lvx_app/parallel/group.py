@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import os
 import sys
 import traceback
@@ -95,7 +96,10 @@ def init_distributed(
 
 
 def destroy_distributed() -> None:
+    """Tear the process groups down, after collecting garbage: objects that hold a group (DDP, attention hooks) die
+    while the group and the interpreter are still whole, not during interpreter shutdown."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
