@@ -235,3 +235,13 @@ def test_cache_cli_lists_and_removes_saved_visual_kv(tmp_path, video):
     store.save(_key(video), _kv(), video=video.resolve())
     out = CliRunner().invoke(cache_app, ["clear", "--yes", *d])
     assert out.exit_code == 0 and "Removed 1 entries" in out.output and store.entries() == []
+
+
+def test_the_video_line_says_the_visual_kv_were_read_back():
+    from lvx_app.engine.api import VideoSummary
+    from lvx_app.engine.describe import describe_video
+
+    summary = VideoSummary("m.mp4", 10, 1.0, 10.0, 7290, True, 0.4, prompt_from_cache=True)
+    assert "with its saved prompt in 0.4 s" in describe_video(summary)
+    summary.visual_kv_from_cache = True
+    assert "with its saved prompt and visual K/V in 0.4 s" in describe_video(summary)
