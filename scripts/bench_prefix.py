@@ -6,6 +6,12 @@ The checkpoint is written in the official layout with the small shapes of `bench
 weights, float32 on CPU ranks. The video is synthetic (96x64, sampled at 1 fps). Load time is the engine's own
 `load_video` time (ranks already started, model loaded). Answers are greedy, so "same answer" means token for token.
 
+The visual K/V on reopen are what the engine picks (`--save-visual-kv auto`, lvx_app/engine/visual_kv.py): the first
+open times computing them and saves them when that was clearly slower than reading them back; the features-only
+reopen computes them as before (the saved ones are set aside, nothing is written); the reopen with the saved prompt
+reads them back when the first open saved them. The `visual_kv` column says which it did and the line under the
+table gives the first open's figures (rank 0's).
+
     python scripts/bench_prefix.py --minutes 10 --ranks 1 2 --out runs/bench_prefix_cpu.json
 """
 
@@ -51,23 +57,25 @@ def small_checkpoint(directory: Path) -> Path:
     return directory
 
 
-def _open(checkpoint: Path, video: Path, cache_dir: Path, ranks: int, new_tokens: int) -> tuple[float, bool, bool, str]:
+def _open(checkpoint: Path, video: Path, cache_dir: Path, ranks: int, new_tokens: int,
+          save_visual_kv: str) -> tuple[float, bool, bool, str, bool, str]:
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
 
-    engine = open_engine(SessionConfig(model=str(checkpoint), cache_dir=str(cache_dir), dtype="float32"), gpus=0,
-                         ranks=ranks)
+    config = SessionConfig(model=str(checkpoint), cache_dir=str(cache_dir), dtype="float32", save_visual_kv=save_visual_kv)
+    engine = open_engine(config, gpus=0, ranks=ranks)
     try:
         t0 = time.perf_counter()
         summary = engine.load_video(str(video), 1.0)
         load_s = time.perf_counter() - t0
+        why = str(engine.stats().get("visual K/V", "?"))
         answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
     finally:
         engine.close()
-    return load_s, summary.from_cache, summary.prompt_from_cache, answer
+    return load_s, summary.from_cache, summary.prompt_from_cache, answer, summary.visual_kv_from_cache, why
 
 
-def bench(minutes: float, ranks: int, new_tokens: int, workdir: Path, checkpoint: Path) -> dict:
+def bench(minutes: float, ranks: int, new_tokens: int, workdir: Path, checkpoint: Path, save_visual_kv: str) -> dict:
     from lvx_app.video.synthetic import make_video
 
     video = workdir / f"video_{minutes:g}min.mp4"
@@ -75,16 +83,24 @@ def bench(minutes: float, ranks: int, new_tokens: int, workdir: Path, checkpoint
         make_video(video, num_frames=int(minutes * 60), fps=1, width=96, height=64)
     cache = workdir / f"cache-{minutes:g}-{ranks}"
     shutil.rmtree(cache, ignore_errors=True)
-    first = _open(checkpoint, video, cache, ranks, new_tokens)
+    first = _open(checkpoint, video, cache, ranks, new_tokens, save_visual_kv)
     shutil.rmtree(cache / "prefixes")
-    features = _open(checkpoint, video, cache, ranks, new_tokens)
-    prefix = _open(checkpoint, video, cache, ranks, new_tokens)
+    kv_dir, aside = cache / "visual-kv", cache / "visual-kv-aside"
+    if kv_dir.is_dir():
+        kv_dir.rename(aside)  # the features-only reopen computes the visual K/V as before and writes none
+    features = _open(checkpoint, video, cache, ranks, new_tokens, "never")
+    if aside.is_dir():
+        aside.rename(kv_dir)
+    prefix = _open(checkpoint, video, cache, ranks, new_tokens, save_visual_kv)
+    assert not features[4], "the features-only reopen computes the visual K/V"
     assert (first[1:3], features[1:3], prefix[1:3]) == ((False, False), (True, False), (True, True))
     saved = sum(f.stat().st_size for f in (cache / "prefixes").rglob("*.safetensors"))
+    saved_kv = sum(f.stat().st_size for f in (cache / "visual-kv").rglob("*.safetensors"))
     return {
         "minutes": minutes, "ranks": ranks, "first_open_s": first[0], "reopen_features_s": features[0],
         "reopen_prompt_s": prefix[0], "speedup": features[0] / prefix[0], "saved_prompt_mib": saved / 2**20,
-        "same_answer": first[3] == features[3] == prefix[3], "answer_chars": len(first[3]),
+        "visual_kv": "read back" if prefix[4] else "computed", "saved_visual_kv_mib": saved_kv / 2**20,
+        "same_answer": first[3] == features[3] == prefix[3], "answer_chars": len(first[3]), "why": first[5],
     }  # fmt: skip
 
 
@@ -126,21 +142,28 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--visual-kv", action="store_true", help="only time recomputing vs reading the visual K/V")
+    parser.add_argument("--save-visual-kv", choices=["auto", "always", "never"], default="auto",
+                        help="SessionConfig.save_visual_kv of every open (default: auto, measure and pick)")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-prefix-"))
     checkpoint = small_checkpoint(workdir / "small-g2")
     if args.visual_kv:
         rows = [visual_kv_choice(m, checkpoint, workdir) for m in args.minutes]
     else:
-        rows = [bench(m, n, args.new_tokens, workdir, checkpoint) for m in args.minutes for n in args.ranks]
+        rows = [bench(m, n, args.new_tokens, workdir, checkpoint, args.save_visual_kv) for m in args.minutes
+                for n in args.ranks]
     table = Table(title="lvx load_video, small shapes, float32 CPU ranks: first open / features cached / prompt saved"
                   if not args.visual_kv else "visual K/V on reopen: recompute from features vs read back")
-    for key in rows[0]:
+    columns = [key for key in rows[0] if key != "why"]
+    for key in columns:
         table.add_column(key, justify="right")
     for row in rows:
-        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+        table.add_row(*(f"{row[k]:.2f}" if isinstance(row[k], float) else str(row[k]) for k in columns))
     console = Console(width=200)
     console.print(table)
+    for row in rows:
+        if "why" in row:
+            console.print(f"{row['minutes']:g} min, {row['ranks']} rank(s), visual K/V at the first open: {row['why']}")
     if args.out:
         meta = {"command": " ".join(sys.argv), "python": platform.python_version(), "torch": torch.__version__,
                 "cpus": os.cpu_count(), "load_avg": os.getloadavg()}

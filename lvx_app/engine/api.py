@@ -64,6 +64,7 @@ class VideoSummary:
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
+    visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
     memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

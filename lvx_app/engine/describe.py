@@ -18,7 +18,8 @@ def describe_video(summary: VideoSummary) -> str:
     source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
     subtitles = f", {summary.subtitle_lines} subtitle line(s) placed" if summary.subtitle_lines else ""
     if summary.prompt_from_cache:
-        source = f"from cache with its saved prompt in {summary.seconds:.1f} s"
+        kv = " and visual K/V" if summary.visual_kv_from_cache else ""
+        source = f"from cache with its saved prompt{kv} in {summary.seconds:.1f} s"
     return (
         f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
         f"{summary.visual_tokens:,} visual tokens{subtitles}, loaded {source}"

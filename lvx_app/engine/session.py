@@ -40,6 +40,7 @@ from lvx_app.engine.api import (
 from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
+from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.layout import DEFAULT_LAYOUT, check_layout, token_owners
 from lvx_app.parallel.shards import shard_bounds
@@ -48,6 +49,7 @@ from lvx_app.video.cache import encoder_identity
 from lvx_app.video.errors import VideoError, VideoWarning
 from lvx_app.video.ingest import VisualShard, auto_memory_budget, ingest
 from lvx_app.video.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.video.visual_kv_cache import VisualKVCache, VisualKVKey
 from models.mplug_owl3.checkpoint import CheckpointError
 from models.mplug_owl3.fingerprint import checkpoint_identity
 from models.mplug_owl3.loader import load_model
@@ -73,6 +75,7 @@ class SessionConfig:
     attention: str = "lv_xattn"  # benchmarks only: "ring" (pass-KV) or "allgather" run the same chat on a baseline
     xattn_schedule: str = "auto"  # a question's prefill: auto | ring | gather (see lvx_app.attention.schedule)
     layout: str = DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames, and video-prompt tokens, each rank holds
+    save_visual_kv: str = "auto"  # auto (when computing them measured slower than reading back) | always | never
 
 
 def _video_text(block: str, question: str = "") -> str:
@@ -129,6 +132,12 @@ class Session:
         self.features: torch.Tensor | None = None
         self.cache = None
         self.prefixes = PrefixCache(config.cache_dir) if config.cache else None
+        try:
+            self.visual_opener = VisualKVOpener(self.model, VisualKVCache(config.cache_dir) if config.cache else None,
+                                                self._all_min, config.save_visual_kv)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.visual_kv = VisualKVChoice()
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
 
@@ -151,6 +160,8 @@ class Session:
             row["visual E"] = f"{_nbytes([self.features]) / 2**20:.1f} MiB"
         if self.visual is not None and self.kv_mode == "cache":
             row["visual K/V"] = f"{_nbytes(t for kv in self.visual.kv.values() for t in kv) / 2**20:.1f} MiB"
+        if self.visual_kv.compute_s is not None:
+            row["visual K/V compute s"] = round(self.visual_kv.compute_s, 4)
         if self.cache is not None:
             row["text tokens"] = self.cache.length
         if self.video is not None:
@@ -166,6 +177,7 @@ class Session:
             out["video"] = f"{self.video.path}: {self.video.frames} frames, {self.video.visual_tokens:,} visual tokens"
             out["prompt tokens"] = self.position
             out["kv mode"] = self.kv_mode
+            out["visual K/V"] = self.visual_kv.line() if self.kv_mode == "cache" else "recomputed per forward"
         if self.answers:
             last = self.answers[-1]
             out["last answer"] = f"TTFT {last['ttft_s']:.2f} s, {last['tokens_per_s']:.1f} tok/s"
@@ -209,10 +221,8 @@ class Session:
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         self.prefix_len = self._prefix_len(prompt, n_frames, block)
         self.kv_mode = self._kv_mode(n_frames)
-        with torch.no_grad():
-            self.visual = self.model.prepare_visual(
-                shard.features, starts, shard.positions, precompute=self.kv_mode == "cache"
-            )
+        self.visual, self.visual_kv = self.visual_opener.open(
+            shard, starts, self._visual_kv_key(shard, starts), resident=self.kv_mode == "cache", video=path)
         if self.kv_mode == "cache":
             self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
         self._reset_text()
@@ -229,6 +239,7 @@ class Session:
             visual_tokens=n_frames * self.model.config.vision.num_patches, from_cache=shard.from_cache,
             seconds=time.perf_counter() - t0, timestamps=[float(t) for t in plan.timestamps],
             subtitle_lines=placed, subtitles_dropped=dropped, prompt_from_cache=restored,
+            visual_kv_from_cache=self.visual_kv.source == "read back",
         )  # fmt: skip
         return self.video
 
@@ -262,6 +273,12 @@ class Session:
         return PrefixKey.make(shard.cache_key, checkpoint=self.checkpoint_id, prompt_format=PROMPT_FORMAT,
                               prompt_ids=self.prefix_ids, device=self.device.type,
                               layout=[shard_bounds(n, world, r) for r in range(world)])
+
+    def _visual_kv_key(self, shard: VisualShard, starts: torch.Tensor) -> VisualKVKey | None:
+        if shard.cache_key is None or not self.config.cache:
+            return None
+        return VisualKVKey.make(shard.cache_key, checkpoint=self.checkpoint_id, media_starts=starts,
+                                device=self.device.type, dtype=self.dtype)
 
     def _open_prefix(self, shard: VisualShard, path: str, starts: torch.Tensor, tail_from: int) -> bool:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features came from the

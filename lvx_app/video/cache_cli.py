@@ -32,37 +32,44 @@ def _cache(dir: Optional[Path]):
     return FeatureCache(dir)
 
 
-def _prefixes(dir: Optional[Path]):
+def _saved(dir: Optional[Path]) -> dict:
+    """The stores next to the features, by the title `lvx cache ls` gives them: saved prompts, saved visual K/V."""
     from lvx_app.video.prefix_cache import PrefixCache
+    from lvx_app.video.visual_kv_cache import VisualKVCache
 
-    return PrefixCache(dir)
+    return {"saved video prompts": PrefixCache(dir), "saved visual K/V": VisualKVCache(dir)}
 
 
-def _prefix_table(console: Console, dir: Optional[Path]) -> int:
-    """Print the saved video prompts; return their total size."""
-    entries = _prefixes(dir).entries()
-    if not entries:
-        return 0
-    table = Table(title="saved video prompts")
-    for col in ("id", "video", "ranks", "tokens", "size", "status"):
-        table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
-    for e in entries:
-        table.add_row(e.entry_id[:12], Path(e.video).name if e.video != "?" else "?",
-                      "/".join(map(str, e.world_sizes)) or "?", str(e.tokens), _human(e.bytes),
-                      "[red]damaged[/red]" if e.problems else "ok")
-    console.print(table)
-    return sum(e.bytes for e in entries)
+def _saved_tables(console: Console, dir: Optional[Path]) -> int:
+    """Print the saved video prompts and visual K/V; return their total size."""
+    total = 0
+    for title, store in _saved(dir).items():
+        entries = store.entries()
+        if not entries:
+            continue
+        table = Table(title=title)
+        columns = ("id", "video", "ranks", "tokens", "size", "status") if "prompts" in title else (
+            "id", "video", "ranks", "size", "status")
+        for col in columns:
+            table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
+        for e in entries:
+            row = [e.entry_id[:12], Path(e.video).name if e.video != "?" else "?", "/".join(map(str, e.world_sizes)) or "?",
+                   str(e.tokens), _human(e.bytes), "[red]damaged[/red]" if e.problems else "ok"]
+            table.add_row(*(row if "tokens" in columns else row[:3] + row[4:]))
+        console.print(table)
+        total += sum(e.bytes for e in entries)
+    return total
 
 
 @cache_app.command("ls")
 def ls(dir: Optional[Path] = DirOption) -> None:
-    """List cached videos (settings, shards present, frames, size) and the saved video prompts."""
+    """List cached videos (settings, shards present, frames, size), the saved video prompts and visual K/V."""
     cache = _cache(dir)
     entries = cache.entries()
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=200)
-    if not entries and not _prefixes(dir).entries():
+    if not entries and not any(store.entries() for store in _saved(dir).values()):
         console.print(f"The cache at {cache.root} is empty.")
         return
     table = Table(title=f"lvx cache: {cache.root}")
@@ -81,9 +88,9 @@ def ls(dir: Optional[Path] = DirOption) -> None:
             f"[yellow]{stale}[/yellow]" if (stale := cache.is_stale(e)) else "ok",
         )
     console.print(table)
-    total += _prefix_table(console, dir)
-    console.print(f"{len(entries)} entries, {_human(total)} with the saved prompts. Remove with `lvx cache rm ID|VIDEO`, "
-                  f"`lvx cache rm --stale` or `lvx cache clear`.")
+    total += _saved_tables(console, dir)
+    console.print(f"{len(entries)} entries, {_human(total)} with the saved prompts and visual K/V. Remove with "
+                  f"`lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`.")
 
 
 @cache_app.command("rm")
@@ -92,7 +99,7 @@ def rm(
     stale: bool = typer.Option(False, "--stale", help="Remove entries whose video is missing or has changed."),
     dir: Optional[Path] = DirOption,
 ) -> None:
-    """Remove the entries (features and saved prompts) of some videos (by path) or some entry ids."""
+    """Remove the entries (features, saved prompts and visual K/V) of some videos (by path) or some entry ids."""
     cache = _cache(dir)
     console = Console()
     if stale:
@@ -103,7 +110,7 @@ def rm(
         raise typer.Exit(2)
     missing = []
     for target in targets or []:
-        removed = cache.remove(target) + _prefixes(dir).remove(target)
+        removed = cache.remove(target) + [e for store in _saved(dir).values() for e in store.remove(target)]
         if removed:
             console.print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}.")
         else:
@@ -118,10 +125,11 @@ def clear(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dir: Optional[Path] = DirOption,
 ) -> None:
-    """Remove every cached video and saved prompt."""
-    cache, prefixes = _cache(dir), _prefixes(dir)
-    size = cache.size_bytes() + prefixes.size_bytes()
-    if not yes and not typer.confirm(f"Delete all cached features and saved prompts in {cache.root} ({_human(size)})?"):
+    """Remove every cached video, saved prompt and saved visual K/V."""
+    cache, saved = _cache(dir), list(_saved(dir).values())
+    size = cache.size_bytes() + sum(store.size_bytes() for store in saved)
+    if not yes and not typer.confirm(f"Delete all cached features, saved prompts and visual K/V in {cache.root} "
+                                     f"({_human(size)})?"):
         raise typer.Exit(1)
-    n = cache.clear() + prefixes.clear()
+    n = cache.clear() + sum(store.clear() for store in saved)
     Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")

@@ -9,9 +9,12 @@ version, a hash of the prompt's token ids (chat template and anything placed in 
 the device type. Each file's manifest holds the whole key, also the world size, the rank, the shard layout (every
 rank's token range) and the feature entry with its world size, and must match it exactly.
 
-Visual K/V are not saved: they are recomputed from the cached features when the video is opened (docs/benchmarks.md
-measures both). Writes are atomic and a file that fails any check is reported in one warning line, deleted, and
-the prompt is prefilled again, as for the feature cache (`lvx_app.video.cache`).
+Visual K/V are not part of a saved prompt (they do not depend on it): they are recomputed from the cached features
+when the video is opened, or read back from their own files when the first open measured that cheaper
+(`lvx_app.video.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`; docs/benchmarks.md).
+
+Writes are atomic and a file that fails any check is reported in one warning line, deleted, and the prompt is
+prefilled again, as for the feature cache (`lvx_app.video.cache`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from lvx_app.video.errors import VideoWarning
 PREFIX_VERSION = 1
 
 
-def _hash(obj) -> str:
+def stable_hash(obj) -> str:
+    """A short hash of a JSON-able key (sorted, so field order never matters)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -76,7 +80,7 @@ class PrefixKey:
         d = asdict(self)
         for name in ("world_size", "rank", "layout", "feature_entry"):
             d.pop(name)
-        return _hash(d)
+        return stable_hash(d)
 
     def shard_name(self) -> str:
         return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
@@ -92,7 +96,7 @@ class SavedPrefix:
 
 @dataclass
 class PrefixInfo:
-    """One saved prompt, as `lvx cache ls` shows it."""
+    """One saved prompt (or saved visual K/V: tokens 0), as `lvx cache ls` shows it."""
 
     entry_id: str
     video: str
@@ -110,19 +114,89 @@ def _tensors(saved: SavedPrefix) -> dict[str, torch.Tensor]:
     return out
 
 
-def _crc(tensors: dict[str, torch.Tensor]) -> int:
+def checksum(tensors: dict[str, torch.Tensor]) -> int:
+    """CRC-32 of every tensor's bytes, in name order."""
     crc = 0
     for name in sorted(tensors):
         crc = tensor_crc(tensors[name], crc)
     return crc
 
 
-class PrefixCache:
+def load_checked(path: Path, key: dict, version: int, required: frozenset[str]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(manifest, tensors) of a saved file whose manifest holds `key` and `version` and whose tensors match the
+    manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the file ("last used")."""
+    manifest = read_manifest(path, set(required))
+    if manifest.get("version") != version or manifest.get("key") != key:
+        raise CorruptEntry("key in the manifest does not match")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
+        raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+    if {name: list(t.shape) for name, t in tensors.items()} != manifest["shapes"]:
+        raise CorruptEntry("tensor shapes do not match the manifest")
+    if checksum(tensors) != manifest["crc32"]:
+        raise CorruptEntry("checksum mismatch")
+    try:
+        os.utime(path)  # "last used"
+    except OSError:
+        pass  # a read-only cache folder is still readable
+    return manifest, tensors
+
+
+class SavedEntries:
+    """`lvx cache ls / rm / clear` for folders of per-rank files: `entries_dir/<entry id>/shard-*.safetensors`."""
+
+    entries_dir: Path
+    required: frozenset[str] = frozenset()  # tensors every file must hold
+
+    def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
+        """(video, world size, file id, prompt tokens) from one file's manifest."""
+        raise NotImplementedError
+
+    def entries(self) -> list[PrefixInfo]:
+        out: list[PrefixInfo] = []
+        if not self.entries_dir.is_dir():
+            return out
+        for d in sorted(p for p in self.entries_dir.iterdir() if p.is_dir()):
+            info = PrefixInfo(d.name, "?", [], 0, sum(f.stat().st_size for f in d.iterdir() if f.is_file()), problems=[])
+            for f in sorted(d.glob("shard-*.safetensors")):
+                try:
+                    video, world, info.file_id, info.tokens = self._describe(read_manifest(f, set(self.required)))
+                except (CorruptEntry, KeyError) as exc:
+                    info.problems.append(f"{f.name}: {exc}")
+                    continue
+                info.video, info.world_sizes = video, sorted(set(info.world_sizes) | {world})
+            out.append(info)
+        return out
+
+    def remove(self, target: str) -> list[str]:
+        """Delete entries whose id starts with `target` (4+ characters) or made from the video at `target`."""
+        matches = target_matcher(target)
+        removed = []
+        for e in self.entries():
+            if matches(e.entry_id, e.file_id, e.video):
+                shutil.rmtree(self.entries_dir / e.entry_id, ignore_errors=True)
+                removed.append(e.entry_id)
+        return removed
+
+    def clear(self) -> int:
+        """Delete every entry. Returns how many were removed."""
+        n = len(self.entries())
+        shutil.rmtree(self.entries_dir, ignore_errors=True)
+        return n
+
+    def size_bytes(self) -> int:
+        return sum(e.bytes for e in self.entries())
+
+
+class PrefixCache(SavedEntries):
     """Prefilled video prompts on disk, one safetensors file per (prompt, rank)."""
+
+    required = frozenset({"key_positions"})
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = FeatureCache(root).root  # the features' folder
-        self.prefixes_dir = self.root / "prefixes"
+        self.prefixes_dir = self.entries_dir = self.root / "prefixes"
 
     def path(self, key: PrefixKey) -> Path:
         return self.prefixes_dir / key.entry_id() / key.shard_name()
@@ -131,7 +205,7 @@ class PrefixCache:
         """Write this rank's prompt K/V atomically. Returns the final path."""
         tensors = _tensors(saved)
         manifest = {"version": PREFIX_VERSION, "key": asdict(key), "video": str(video), "layers": len(saved.layers),
-                    "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": _crc(tensors)}
+                    "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": checksum(tensors)}
         final = self.path(key)
         atomic_save(tensors, manifest, final)
         return final
@@ -150,59 +224,13 @@ class PrefixCache:
                                "prefilling the prompt again")
 
     def _load(self, path: Path, key: PrefixKey, device: torch.device | str) -> SavedPrefix:
-        manifest = read_manifest(path, {"key_positions"})
-        if manifest.get("version") != PREFIX_VERSION or manifest.get("key") != asdict(key):
-            raise CorruptEntry("key in the manifest does not match")
-        try:
-            tensors = load_file(str(path), device="cpu")
-        except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
-            raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+        manifest, tensors = load_checked(path, asdict(key), PREFIX_VERSION, self.required)
         n = int(manifest["layers"])
-        if {name: list(t.shape) for name, t in tensors.items()} != manifest["shapes"] or len(tensors) != 2 * n + 1:
+        if len(tensors) != 2 * n + 1:
             raise CorruptEntry("tensor shapes do not match the manifest")
-        if _crc(tensors) != manifest["crc32"]:
-            raise CorruptEntry("checksum mismatch")
-        try:
-            os.utime(path)  # "last used"
-        except OSError:
-            pass  # a read-only cache folder is still readable
         layers = [(tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(n)]
         return SavedPrefix(layers, tensors["key_positions"])
 
-    # ------------------------------------------------------------------------------------------- manage
-    def entries(self) -> list[PrefixInfo]:
-        out: list[PrefixInfo] = []
-        if not self.prefixes_dir.is_dir():
-            return out
-        for d in sorted(p for p in self.prefixes_dir.iterdir() if p.is_dir()):
-            info = PrefixInfo(d.name, "?", [], 0, sum(f.stat().st_size for f in d.iterdir() if f.is_file()), problems=[])
-            for f in sorted(d.glob("shard-*.safetensors")):
-                try:
-                    m = read_manifest(f, {"key_positions"})
-                except CorruptEntry as exc:
-                    info.problems.append(f"{f.name}: {exc}")
-                    continue
-                k = m["key"]
-                info.video, info.tokens, info.file_id = m["video"], k["prompt_tokens"], k["file_id"]
-                info.world_sizes = sorted(set(info.world_sizes) | {k["world_size"]})
-            out.append(info)
-        return out
-
-    def remove(self, target: str) -> list[str]:
-        """Delete saved prompts whose id starts with `target` (4+ characters) or made from the video at `target`."""
-        matches = target_matcher(target)
-        removed = []
-        for e in self.entries():
-            if matches(e.entry_id, e.file_id, e.video):
-                shutil.rmtree(self.prefixes_dir / e.entry_id, ignore_errors=True)
-                removed.append(e.entry_id)
-        return removed
-
-    def clear(self) -> int:
-        """Delete every saved prompt. Returns how many were removed."""
-        n = len(self.entries())
-        shutil.rmtree(self.prefixes_dir, ignore_errors=True)
-        return n
-
-    def size_bytes(self) -> int:
-        return sum(e.bytes for e in self.entries())
+    def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
+        k = manifest["key"]
+        return manifest["video"], k["world_size"], k["file_id"], k["prompt_tokens"]
