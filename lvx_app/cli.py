@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from lvx_app import cli_options as opt
+from lvx_app.interrupts import ctrl_c_deferred
 
 app = opt.new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
 
@@ -59,8 +60,9 @@ def chat(
     """Chat about a video in the terminal; answers stream token by token."""
     try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere else before the chat starts
         # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
-        from lvx_app.engine.api import GenerationParams
-        from lvx_app.frontends.terminal import run_chat_command
+        with ctrl_c_deferred():
+            from lvx_app.engine.api import GenerationParams
+            from lvx_app.frontends.terminal import run_chat_command
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -103,7 +105,8 @@ def _register_subcommands() -> None:
 
 
 try:  # these import torch (a second or more): Ctrl-C meanwhile exits quietly, not with an import traceback
-    _register_subcommands()
+    with ctrl_c_deferred():
+        _register_subcommands()
 except KeyboardInterrupt:
     raise SystemExit(130) from None
 

@@ -95,3 +95,21 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpo
         assert engine.load_video(short_video, 1.0).frames == 10
     finally:
         engine.close()
+
+
+def test_ctrl_c_during_a_deferred_block_is_raised_once_after_it():
+    """Ctrl-C inside the block (where torch's C init would lose it or abort) runs the block to its end, then raises
+    KeyboardInterrupt once; the previous handler is back afterwards; no Ctrl-C, no exception."""
+    from lvx_app.interrupts import ctrl_c_deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # a raised KeyboardInterrupt would land here
+            ran.append("end of block")
+    assert ran == ["end of block"]
+    assert signal.getsignal(signal.SIGINT) is before
+    with ctrl_c_deferred():
+        pass

@@ -23,7 +23,7 @@ LAYERS = [
     (3, ["lvx_app.video", "lvx_app.subtitles"]),
     (2, ["models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
-    (0, ["lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines"]),
+    (0, ["lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines", "lvx_app.interrupts"]),
 ]  # fmt: skip
 
 
