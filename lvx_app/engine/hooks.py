@@ -54,6 +54,7 @@ class ShardedAttention:
         self.shared = 0  # cached keys [0, shared) are the same on every rank
         self.query_vis = torch.empty(1, 0, dtype=torch.int64)
         self.replicated = False
+        self._ring_keys: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than sharded (ring)."""
@@ -68,6 +69,7 @@ class ShardedAttention:
         self.replicated = replicated
         if replicated and self.replicates_cache:
             self.shared = self.key_positions.shape[1]
+        self._ring_keys = None  # this forward's key positions as the ring sees them, made by its first layer
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` cached keys (matches TextKVCache.truncate)."""
@@ -107,12 +109,18 @@ class ShardedAttention:
             # the whole cache is here, one key per position in position order (as `replicate` leaves it): plain causal
             # attention, as in one process; no collective, no mask, no positions moved to the device
             return attn_fwd(q, k, v, causal=True)
-        q_vis = self.query_vis.to(q.device)
-        k_pos = self.key_positions[:, : k.shape[1]]
-        if self.rank != 0 and self.shared:
-            k_pos = k_pos.clone()
-            k_pos[:, : self.shared] = HIDDEN
-        return self.visual(q, k, v, q_vis, k_pos.to(q.device))
+        return self.visual(q, k, v, *self._ring_positions(k.shape[1], q.device))
+
+    def _ring_positions(self, keys: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_vis, k_frame) of text attention in a ring, on `device`: the same in every layer of a forward, so made
+        once. Replicated keys count on rank 0 only."""
+        if self._ring_keys is None or self._ring_keys[1].shape[1] != keys or self._ring_keys[1].device != device:
+            k_pos = self.key_positions[:, :keys]
+            if self.rank != 0 and self.shared:
+                k_pos = k_pos.clone()
+                k_pos[:, : self.shared] = HIDDEN
+            self._ring_keys = (self.query_vis.to(device), k_pos.to(device))
+        return self._ring_keys
 
     def visual(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor, k_frame: torch.Tensor):
         fn = self.replicated_fn if self.replicated else self.sharded_fn
