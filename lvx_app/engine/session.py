@@ -126,7 +126,6 @@ class Session:
             self.model.hooks.visual = self.attn.visual
         self.video: VideoSummary | None = None
         self.subtitle_block = ""  # the subtitle text in the prefilled video prompt ("" = none)
-        self.subtitle_hash = hashlib.sha256(b"").hexdigest()
         self.kv_mode: str | None = None
         self.visual = None
         self.features: torch.Tensor | None = None
@@ -140,6 +139,11 @@ class Session:
         self.visual_kv = VisualKVChoice()
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
+
+    @property
+    def subtitle_hash(self) -> str:
+        """sha256 of the subtitle block in the prefilled prompt (the saved prompt's key covers it through the ids)."""
+        return hashlib.sha256(self.subtitle_block.encode()).hexdigest()
 
     # ---- description and stats ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -227,7 +231,6 @@ class Session:
             self.features = None  # the K/V hold everything needed; E stays on disk in the feature cache
         self._reset_text()
         self.subtitle_block = block
-        self.subtitle_hash = hashlib.sha256(block.encode()).hexdigest()  # what else a saved video prompt depends on
         self.prefix_ids = prompt.input_ids[: self.prefix_len]
         t_prefill = time.perf_counter()
         tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
