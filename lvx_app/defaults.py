@@ -26,6 +26,13 @@ LAYOUTS = ("contiguous", "striped", "zigzag")
 DEFAULT_LAYOUT = "zigzag"
 
 
+def check_layout(layout: str) -> str:
+    """The layout name, or a one-line ValueError naming the choices."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown --layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    return layout
+
+
 def check_seconds(options: dict[str, float]) -> None:
     """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""
     for name, value in options.items():

@@ -21,17 +21,8 @@ from typing import Sequence
 import torch
 
 from lvx_app.attention.layout import zigzag_chunk_sizes
-from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS
+from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS, check_layout  # noqa: F401 - re-exported; in defaults for the CLI
 from lvx_app.parallel.shards import shard_bounds
-
-__all__ = ["DEFAULT_LAYOUT", "LAYOUTS"]  # declared in lvx_app.defaults, where the CLI options read them too
-
-
-def check_layout(layout: str) -> str:
-    """The layout name, or a one-line ValueError naming the choices."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown --layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    return layout
 
 
 def owners(total: int, world: int, layout: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from lvx_app.cli_options import CACHE_DIR, DECODE_TIMEOUT, LAYOUT
-from lvx_app.defaults import DEFAULT_MODEL, LAYOUTS, check_seconds
+from lvx_app.defaults import DEFAULT_MODEL, check_layout, check_seconds
 
 
 def _fail(msg: str) -> None:
@@ -66,9 +66,7 @@ def finetune_command(
     # the signature is the command's option list; the work is in _checked_mode, _check_run and run_finetune
     from lvx_app.train.loop import TrainConfig
 
-    mode = _checked_mode(lora, train, steps, timeout, decode_timeout)
-    if layout not in LAYOUTS:
-        _fail(f"unknown --layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    mode = _checked_mode(lora, train, steps, timeout, decode_timeout, layout)
     world, cuda = _check_run(gpus, ranks, data, video_dir, out, model, resume)
     cfg = TrainConfig(
         data=str(data), model=model, out=str(out), video_dir=str(video_dir) if video_dir else None, fps=fps,
@@ -87,7 +85,8 @@ def finetune_command(
     typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out / 'loss.png'}")
 
 
-def _checked_mode(lora: int | None, train: str | None, steps: int, timeout: float, decode_timeout: float) -> str:
+def _checked_mode(lora: int | None, train: str | None, steps: int, timeout: float, decode_timeout: float,
+                  layout: str) -> str:  # fmt: skip
     """What to train ("lora", "hyper" or "all"), once the options that need no files are checked."""
     if lora is not None and train is not None:
         _fail("use either --lora R or --train hyper|all, not both")
@@ -98,6 +97,7 @@ def _checked_mode(lora: int | None, train: str | None, steps: int, timeout: floa
         _fail("--steps must be at least 1")
     try:
         check_seconds({"--timeout": timeout, "--decode-timeout": decode_timeout})
+        check_layout(layout)
     except ValueError as exc:
         _fail(str(exc))
     return mode
