@@ -49,13 +49,17 @@ class VisualKVChoice:
         return f"computed, {'saved for the next open' if self.saved else 'not saved'} ({why})"
 
 
+def _checked(mode: str) -> str:
+    if mode not in SAVE_MODES:
+        raise ValueError(f"unknown save_visual_kv {mode!r}; use {', '.join(SAVE_MODES)}")
+    return mode
+
+
 def should_save(mode: str, compute_s: float, nbytes: int, bytes_per_s: float | None = None,
                 margin: float | None = None) -> bool:
     """Save the visual K/V when `mode` says so or, for "auto", when computing them was clearly slower than reading
     `nbytes` back at a conservative rate."""
-    if mode not in SAVE_MODES:
-        raise ValueError(f"unknown save_visual_kv {mode!r}; use {', '.join(SAVE_MODES)}")
-    if mode != "auto":
+    if _checked(mode) != "auto":
         return mode == "always"
     read_s = nbytes / (bytes_per_s or VISUAL_KV_READ_BYTES_PER_S)
     return compute_s > (margin or VISUAL_KV_SAVE_MARGIN) * read_s
@@ -72,9 +76,7 @@ class VisualKVOpener:
 
     def __init__(self, model, store: VisualKVCache | None, agree: Callable[[int], int], mode: str,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        if mode not in SAVE_MODES:
-            raise ValueError(f"unknown save_visual_kv {mode!r}; use {', '.join(SAVE_MODES)}")
-        self.model, self.store, self.agree, self.mode, self.clock = model, store, agree, mode, clock
+        self.model, self.store, self.agree, self.mode, self.clock = model, store, agree, _checked(mode), clock
 
     def open(self, shard: VisualShard, starts: torch.Tensor, key: VisualKVKey | None, *, resident: bool,
              video: str) -> tuple[VisualInputs, VisualKVChoice]:
