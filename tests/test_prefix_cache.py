@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_damage import DAMAGES, damage
 from typer.testing import CliRunner
 
 from lvx_app.engine.api import GenerationParams
@@ -149,20 +150,11 @@ def test_another_world_size_is_named_in_one_line(tmp_path, video):
         assert store.load(_key(video, world=2, rank=1)) is None, "only rank 0 says it"
 
 
-@pytest.mark.parametrize("damage", ["header", "data", "truncated", "other key"])
-def test_damaged_files_are_deleted_and_never_used(tmp_path, video, damage):
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
     store, key = PrefixCache(tmp_path), _key(video)
     path = store.save(key, _saved(), video=video)
-    data = bytearray(path.read_bytes())
-    if damage == "header":
-        data[12] ^= 0xFF
-    elif damage == "data":
-        data[-3] ^= 0x01
-    elif damage == "truncated":
-        data = data[: len(data) // 2]
-    else:
-        data = bytearray(store.save(dataclasses.replace(key, checkpoint="x"), _saved(), video=video).read_bytes())
-    path.write_bytes(bytes(data))
+    damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), _saved(), video=video))
     with pytest.warns(VideoWarning, match="was corrupt .*prefilling the prompt again"):
         assert store.load(key) is None
     assert not path.exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_damage import DAMAGES, damage
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -198,20 +199,11 @@ def test_every_key_component_invalidates(tmp_path, video):
     assert store.load(key) is not None, "misses of other entries leave this one alone"
 
 
-@pytest.mark.parametrize("damage", ["header", "data", "truncated", "other key"])
-def test_damaged_files_are_deleted_and_never_used(tmp_path, video, damage):
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
     store, key = VisualKVCache(tmp_path), _key(video)
     path = store.save(key, _kv(), video=video)
-    data = bytearray(path.read_bytes())
-    if damage == "header":
-        data[12] ^= 0xFF
-    elif damage == "data":
-        data[-3] ^= 0x01
-    elif damage == "truncated":
-        data = data[: len(data) // 2]
-    else:
-        data = bytearray(store.save(dataclasses.replace(key, checkpoint="x"), _kv(), video=video).read_bytes())
-    path.write_bytes(bytes(data))
+    damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), _kv(), video=video))
     with pytest.warns(VideoWarning, match="saved visual K/V .* was corrupt .*recomputing them from the features"):
         assert store.load(key) is None
     assert not path.exists()
