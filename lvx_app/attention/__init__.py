@@ -4,7 +4,7 @@
 The baselines it is measured against live in `lvx_app.attention.baselines`."""
 
 from lvx_app.attention.backends import available_backends
-from lvx_app.attention.decode_xattn import decode_xattn
+from lvx_app.attention.decode_xattn import Carry, decode_xattn
 from lvx_app.attention.gather_xattn import gather_xattn_with_lse
 from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, check_inputs
 from lvx_app.attention.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
@@ -14,6 +14,7 @@ from lvx_app.attention.schedule import SCHEDULES, choose_schedule, xattn_with_ls
 
 __all__ = [
     "SCHEDULES",
+    "Carry",
     "attention",
     "attn_bwd",
     "attn_fwd",

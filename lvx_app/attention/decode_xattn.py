@@ -7,6 +7,11 @@ partials to every rank, and the exact log-sum-exp merge combines them in
 rank order, so every rank gets a bit-identical result (Tree-Attention style,
 one collective instead of three all-reduces). Forward only (runs under
 no_grad): decoding never needs gradients.
+
+A `Carry` rides along: a few numbers each rank appends to the packed partials
+of one call, and gets back from every rank. The engine uses it to agree on the
+decoded token inside a step's first hyper layer instead of a collective of its
+own (lvx_app/engine/session.py).
 """
 
 from __future__ import annotations
@@ -21,19 +26,36 @@ from lvx_app.parallel import get_world_size, link
 from lvx_app.parallel.collectives import count_bytes, nbytes
 
 
+class Carry:
+    """Numbers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every rank's, in rank
+    order, once that call has run. Integers ride exactly below 2**24 (the partials are float32 at least)."""
+
+    def __init__(self, send: Tensor) -> None:
+        self.send = send.flatten()
+        self.received: Tensor | None = None
+
+
 @torch.no_grad()
 def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
-                 q_vis: Tensor | None = None, k_frame: Tensor | None = None, stats: dict | None = None) -> tuple[Tensor, Tensor]:
+                 q_vis: Tensor | None = None, k_frame: Tensor | None = None, stats: dict | None = None,
+                 carry: Carry | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
 
-    `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes")."""
+    `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged in this call's
+    collective unless it already was."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)
+    ride = carry is not None and carry.received is None
     if n == 1:
+        if ride:
+            carry.received = carry.send.view(1, -1).clone()
         return out, lse
     b, sq, hq, d = q.shape
     ct = acc_dtype(q)
-    packed = torch.cat([out.to(ct).flatten(), lse.to(ct).flatten()])
+    parts = [out.to(ct).flatten(), lse.to(ct).flatten()]
+    if ride:
+        parts.append(carry.send.to(device=out.device, dtype=ct))
+    packed = torch.cat(parts)
     gathered = [torch.empty_like(packed) for _ in range(n)]
     sent = (n - 1) * nbytes(packed)
     with link.transfer(sent):
@@ -42,6 +64,8 @@ def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | 
     allp = torch.stack(gathered)  # (n, B*Sq*Hq*D + B*Hq*Sq)
     n1 = b * sq * hq * d
     outs = allp[:, :n1].reshape(n, b, sq, hq, d)
-    lses = allp[:, n1:].reshape(n, b, hq, sq)
+    lses = allp[:, n1 : n1 + b * hq * sq].reshape(n, b, hq, sq)
+    if ride:
+        carry.received = allp[:, n1 + b * hq * sq :]
     merged_out, merged_lse = merge_many(outs, lses)
     return merged_out.to(q.dtype), merged_lse

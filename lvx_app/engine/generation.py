@@ -3,6 +3,12 @@
 The loop knows nothing about ranks or caches: the session hands it a function that feeds one token and returns the
 next logits, and one that makes every rank agree on the token and on rank 0's stop flag. Tests drive the same loop
 with a single model in one process.
+
+Agreeing costs a collective per token. Every rank computes the same logits, so a session can instead feed its own
+token at once and learn in the same step's collectives whether it was rank 0's (`carried`): the loop then yields a
+token once that step has agreed on it, and takes back (`unfeed`) a token fed but not wanted (a stop flag, the final
+stop token). The first token (a question's prefill may end on another rank) and the last one of a truncated answer
+(never fed) are still agreed on their own.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from lvx_app.engine.api import GenerationParams
 
 # (this rank's token or None, this rank's stop flag, rank whose token counts) -> (agreed token, agreed stop flag)
 Agree = Callable[[Optional[int], bool, int], tuple[int, bool]]
+# (this rank's token, this rank's stop flag) -> (next logits, agreed token, agreed stop flag): feeds the token while
+# the ranks agree on it (rank 0's), and leaves the agreed token fed
+Carried = Callable[[int, bool], tuple[torch.Tensor, int, bool]]
 
 
 def never_stop() -> bool:
@@ -48,25 +57,33 @@ def token_loop(
     should_stop: Callable[[], bool] = never_stop,
     agree: Agree = agree_alone,
     first_src: int = 0,
+    carried: Carried | None = None,
+    unfeed: Callable[[], None] | None = None,
 ) -> Iterator[int]:
     """Yield the answer's token ids one at a time, a final stop token included.
 
     `logits` (V,) are the prompt's last logits, None on a rank that does not hold the prompt's last token (it takes
     rank `first_src`'s first token through `agree`; later tokens come from rank 0). `step(token)` feeds one token
-    and returns the next logits; the last token of a truncated answer is not fed (`outcome.unfed`).
+    and returns the next logits; the last token of a truncated answer is not fed (`outcome.unfed`). With `carried`
+    (and `unfeed`, which takes back the last token fed), tokens between the first and the last are agreed inside
+    the step that feeds them; the cache ends as without it.
     """
-    generator = torch.Generator(device="cpu").manual_seed(params.seed)
-    token = None
+    def sample(logits: torch.Tensor, i: int) -> int:
+        # a generator per token, so every rank draws the same, including one that skipped the first token
+        generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
+        return int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
+                               generator=generator))  # fmt: skip
+
+    token, stop = agree(None if logits is None else sample(logits, 0), should_stop(), first_src)
+    outcome.first_token_at = time.perf_counter()
+    fed = False  # whether `token` is already in the cache (agreed by `carried`)
     for i in range(params.max_new_tokens):
-        if logits is not None:
-            token = int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
-                                    generator=generator))  # fmt: skip
-        token, stop = agree(token, should_stop(), first_src if i == 0 else 0)
-        if i == 0:
-            outcome.first_token_at = time.perf_counter()
-        if stop:
-            outcome.interrupted = True
-            return
+        if stop or token in stop_ids:
+            if fed:
+                unfeed()
+            if stop:
+                outcome.interrupted = True
+                return
         yield token
         if token in stop_ids:
             return
@@ -74,7 +91,15 @@ def token_loop(
             outcome.truncated = True
             outcome.unfed = token
             return
-        logits = step(token)
+        if not fed:
+            logits = step(token)
+        mine = sample(logits, i + 1)
+        if carried is not None and i + 2 < params.max_new_tokens:
+            logits, token, stop = carried(mine, should_stop())
+            fed = True
+        else:
+            token, stop = agree(mine, should_stop(), 0)
+            fed = False
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,

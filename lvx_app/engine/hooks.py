@@ -6,8 +6,8 @@ video prompt, whose tokens travel with their frames; a question too long for the
 attentions as LV-XAttn rings over each rank's share of the tokens, and `replicate` then all-gathers the shares' new
 text K/V, in position order, so every rank holds the whole cache. A forward whose tokens every rank feeds alike (a
 short question, each decoded token) then needs no collective for text attention, and one (`decode_xattn`, the gather
-schedule with replicated queries) per hyper layer for the visual one. `schedule` (--xattn-schedule) decides which
-kind of forward a question gets, here.
+schedule with replicated queries) per hyper layer for the visual one; a decoded token's agreement rides on the first
+(`carry`). `schedule` (--xattn-schedule) decides which kind of forward a question gets, here.
 
 Text causality becomes the media mask: a key at position p is visible to a query at position t iff p < t + 1, i.e.
 `k_frame = key positions` and `q_vis = query positions + 1`. In a ring the replicated keys count on rank 0 only;
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention import attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
+from lvx_app.attention import Carry, attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
 from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 from lvx_app.parallel.collectives import allgather_seq, exchange_sizes
 
@@ -55,6 +55,7 @@ class ShardedAttention:
         self.query_vis = torch.empty(1, 0, dtype=torch.int64)
         self.replicated = False
         self._ring_keys: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.carry: Carry | None = None  # rides on this forward's first replicated visual combine (LV-XAttn only)
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than sharded (ring)."""
@@ -123,5 +124,8 @@ class ShardedAttention:
         return self._ring_keys
 
     def visual(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor, k_frame: torch.Tensor):
+        if self.replicated and self.carry is not None and self.replicates_cache:
+            return decode_xattn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats,
+                                carry=self.carry)  # fmt: skip
         fn = self.replicated_fn if self.replicated else self.sharded_fn
         return fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)

@@ -7,8 +7,8 @@ recomputes them from one copy of E), and holds the whole text K/V cache
 LV-XAttn rings — the video prompt's tokens travel with their frames, a long
 question is cut into contiguous runs — or whole on every rank when the question
 is short), then token-by-token decoding where every rank runs the same one-token
-step (text attention local, one collective per hyper layer) and rank 0's token
-is broadcast.
+step (text attention local, one collective per hyper layer); the ranks agree on
+rank 0's token inside the next step's first collective, not in one of their own.
 
 The prompt up to the last frame placeholder is prefilled when the video is
 loaded, so a question only prefills its own few tokens.
@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from lvx_app.attention import Carry
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_MODEL, DEFAULT_SUBTITLE_TOKENS, DEFAULT_TIMEOUT_S
 from lvx_app.devices import memory_report, resolve_dtype
 from lvx_app.engine.api import (
@@ -421,8 +422,10 @@ class Session:
         logits, owner = self._prefill(ids, question=True)
         self.pending = []
         outcome = LoopOutcome()
+        carries = self.sharded and self.attn.replicates_cache and self.model.config.vocab_size < 2**24
         tokens = token_loop(logits, self._feed_token, params, stops, outcome, agree=self._agree, first_src=owner,
-                            should_stop=should_stop if self.info.rank == 0 else never_stop)  # fmt: skip
+                            should_stop=should_stop if self.info.rank == 0 else never_stop,
+                            carried=self._feed_agreeing if carries else None, unfeed=self._unfeed)  # fmt: skip
         for token in tokens:
             stats.new_tokens += 1
             piece = decoder.push(token) if token not in stops else ""
@@ -456,6 +459,38 @@ class Session:
         logits = self._forward(torch.tensor([token]), torch.tensor([self.position]), replicated=True)[0, -1]
         self.position += 1
         return logits
+
+    def _feed_agreeing(self, token: int, stop: bool) -> tuple[torch.Tensor, int, bool]:
+        """Feed this rank's own token while the ranks agree on rank 0's token and stop flag in the step's first
+        visual combine (no collective of its own). Every rank sees every rank's token, so all of them redo a step
+        whose token was not rank 0's, alike."""
+        carry = Carry(torch.tensor([token, int(stop)], dtype=torch.float32))
+        self.attn.carry = carry
+        try:
+            logits = self._feed_token(token)
+        finally:
+            self.attn.carry = None
+        if carry.received is None:  # no visual combine ran in this step: agree on its own
+            send = carry.send.to(self.device) if dist.get_backend() == "nccl" else carry.send
+            parts = [torch.empty_like(send) for _ in range(self.info.world_size)]
+            dist.all_gather(parts, send)
+            carry.received = torch.stack(parts)
+        got = carry.received.cpu().to(torch.int64)  # (ranks, 2)
+        agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
+        if not agreed_stop and bool((got[:, 0] != agreed).any()):
+            if self.info.rank == 0:
+                warnings.warn(f"the ranks decoded different tokens ({got[:, 0].tolist()}); rank 0's is used: "
+                              "their logits differ, so answers may differ from one process's", EngineWarning)  # fmt: skip
+            self._unfeed()
+            logits = self._feed_token(agreed)
+        return logits, agreed, agreed_stop
+
+    def _unfeed(self) -> None:
+        """Take back the last token fed (every rank holds the whole text cache when decoding)."""
+        self.position -= 1
+        self.cache.truncate(self.cache.length - 1)
+        if self.sharded:
+            self.attn.truncate(self.cache.length)
 
     def _agree(self, token: int | None, stop: bool, src: int) -> tuple[int, bool]:
         """Every rank takes rank `src`'s token and rank 0's stop flag."""
