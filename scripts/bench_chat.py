@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -60,29 +61,35 @@ def _bytes_sent(engine) -> list[int]:
     return [int(r.get("attention bytes sent", 0)) for r in engine.stats()["ranks"]]
 
 
-def _engine_row(engine, video: Path, fps: float, new_tokens: int) -> dict:
-    """Load the video, warm up, then one timed question; bytes are the most any rank sent in each phase."""
+def _engine_row(engine, video: Path, fps: float, new_tokens: int, repeats: int = 1) -> dict:
+    """Load the video, warm up, then `repeats` timed questions (a reset before each; medians of TTFT and tok/s, all
+    answers must agree); bytes are the most any rank sent while loading and in the first timed answer."""
     summary = engine.load_video(str(video), fps)
     stats = engine.stats()["ranks"]
     after_load = [int(r.get("attention bytes sent", 0)) for r in stats]
     prefill_s = max(float(r.get("video prompt prefill s", 0.0)) for r in stats)
     "".join(engine.ask("warm-up?", GenerationParams(max_new_tokens=4)))
-    engine.reset()
-    before = _bytes_sent(engine)
-    answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
-    answer_stats = engine.last_answer
-    after = _bytes_sent(engine)
+    answers, ttfts, speeds, sent = [], [], [], []
+    for _ in range(repeats):
+        engine.reset()
+        before = _bytes_sent(engine)
+        answers.append("".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens))))
+        sent.append(max(a - b for a, b in zip(_bytes_sent(engine), before)))
+        ttfts.append(engine.last_answer.ttft_s)
+        speeds.append(engine.last_answer.tokens_per_s)
+    if len(set(answers)) != 1:
+        raise SystemExit(f"the {repeats} repeats of the question gave different answers")
     return {
         "frames": summary.frames, "visual_tokens": summary.visual_tokens, "ingest_s": summary.seconds,
         "video_prompt_prefill_s": prefill_s, "load_mb_sent_per_rank": max(after_load) / 1e6,
-        "prompt_tokens": answer_stats.prompt_tokens, "ttft_s": answer_stats.ttft_s, "new_tokens": answer_stats.new_tokens,
-        "tokens_per_s": answer_stats.tokens_per_s,
-        "answer_mb_sent_per_rank": max(a - b for a, b in zip(after, before)) / 1e6, "answer": answer,
+        "prompt_tokens": engine.last_answer.prompt_tokens, "ttft_s": statistics.median(ttfts),
+        "new_tokens": engine.last_answer.new_tokens, "tokens_per_s": statistics.median(speeds),
+        "answer_mb_sent_per_rank": sent[0] / 1e6, "answer": answers[0], "ttft_s_all": ttfts, "tokens_per_s_all": speeds,
     }  # fmt: skip
 
 
 def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path,
-                 attentions: list[str] | None = None) -> list[dict]:
+                 attentions: list[str] | None = None, repeats: int = 1) -> list[dict]:
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
@@ -100,7 +107,7 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
             engine = open_engine(config, gpus=0, ranks=n)
             start_s = time.perf_counter() - t0
             try:
-                row = _engine_row(engine, video, fps, new_tokens)
+                row = _engine_row(engine, video, fps, new_tokens, repeats)
             finally:
                 engine.close()
             answer = row.pop("answer")
@@ -275,10 +282,11 @@ def bench_layouts(layouts: list[str], ranks: int, minutes: float, fps: float, it
 
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
-    for key in rows[0]:
+    keys = [k for k, v in rows[0].items() if not isinstance(v, list)]  # per-repeat lists go to the JSON only
+    for key in keys:
         table.add_column(key, justify="right")
     for row in rows:
-        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+        table.add_row(*(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
     return table
 
 
@@ -296,6 +304,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small")
     parser.add_argument("--attention", nargs="+", choices=list(ATTENTIONS), default=None,
                         help="engine mode: the attentions compared at every rank count > 1 (default: all)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="engine mode: timed questions per row (medians of TTFT and tok/s)")  # fmt: skip
     parser.add_argument("--plot", type=Path, default=None, help="engine mode: write a PNG of the comparison here")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
@@ -309,7 +319,7 @@ def main() -> None:
     if args.mode == "engine":
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-chat-"))
         minutes = (args.minutes or [10.0])[0]
-        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir, args.attention)
+        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir, args.attention, args.repeats)
         title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
         if args.plot:
             plot_engine(rows, args.plot)
