@@ -17,7 +17,8 @@ from lvx_app.engine.generation import LoopOutcome, token_loop
 from lvx_app.parallel.testing import run_ranks
 
 
-def _loop(model, ids, visual, params, stop_ids=(), *, carried: bool, stop_at: int | None = None, disagree_at=None):
+def _loop(model, ids, visual, params, stop_ids=(), *, carried: bool, stop_at: int | None = None, disagree_at=None,
+          leader: bool = False, carry_first: bool = False):  # fmt: skip
     """The token loop on one model, agreeing first or carried (a carried step may 'disagree' once, at step
     `disagree_at`: rank 0's token then differs from the one fed, as when another rank sampled differently)."""
     cache = model.new_cache()
@@ -47,12 +48,14 @@ def _loop(model, ids, visual, params, stop_ids=(), *, carried: bool, stop_at: in
     with torch.no_grad():
         logits = model(ids, cache=cache, visual=visual, last_only=True)[0, -1]
         tokens = list(token_loop(logits, step, params, set(stop_ids), outcome, should_stop=should_stop,
-                                 carried=carry if carried else None, unfeed=unfeed))  # fmt: skip
+                                 carried=carry if carried else None, unfeed=unfeed, leader=leader,
+                                 carry_first=carry_first))  # fmt: skip
     return tokens, cache.length, outcome
 
 
+@pytest.mark.parametrize("leader,carry_first", [(False, False), (True, False), (True, True), (False, True)])
 @pytest.mark.parametrize("case", ["truncated", "stop token", "interrupted", "one token", "two tokens", "sampled"])
-def test_carried_loop_yields_and_caches_what_agreeing_first_does(case):
+def test_carried_loop_yields_and_caches_what_agreeing_first_does(case, leader, carry_first):
     model, ids, visual = _setup("g2")
     params = GenerationParams(max_new_tokens={"one token": 1, "two tokens": 2}.get(case, 8),
                               temperature=0.8 if case == "sampled" else 0.0, seed=5)  # fmt: skip
@@ -60,7 +63,8 @@ def test_carried_loop_yields_and_caches_what_agreeing_first_does(case):
     stop_ids = [first[3]] if case == "stop token" else []
     stop_at = 4 if case == "interrupted" else None
     plain = _loop(model, ids, visual, params, stop_ids, carried=False, stop_at=stop_at)
-    carried = _loop(model, ids, visual, params, stop_ids, carried=True, stop_at=stop_at)
+    carried = _loop(model, ids, visual, params, stop_ids, carried=True, stop_at=stop_at, leader=leader,
+                    carry_first=carry_first)  # fmt: skip
     assert carried[0] == plain[0] and carried[1] == plain[1], case
     assert vars(carried[2]) | {"first_token_at": 0} == vars(plain[2]) | {"first_token_at": 0}
     if case == "stop token":
@@ -72,12 +76,12 @@ def test_carried_loop_yields_and_caches_what_agreeing_first_does(case):
 def test_a_disagreeing_step_continues_from_rank_0s_token():
     model, ids, visual = _setup("g2")
     params = GenerationParams(max_new_tokens=8)
-    tokens, length, _ = _loop(model, ids, visual, params, carried=True, disagree_at=2)
+    tokens, length, _ = _loop(model, ids, visual, params, carried=True, disagree_at=2, carry_first=True)
     greedy = _loop(model, ids, visual, params, carried=False)[0]
-    assert tokens[:2] == greedy[:2] and tokens[2] == (greedy[2] + 1) % model.config.vocab_size
+    assert tokens[:1] == greedy[:1] and tokens[1] == (greedy[1] + 1) % model.config.vocab_size
     # what follows is the model's continuation of the agreed tokens: recompute it from the prompt and those tokens
-    full = torch.cat([ids, torch.tensor([tokens[:3]])], dim=1)
-    assert _loop(model, full, visual, GenerationParams(max_new_tokens=5), carried=False)[0] == tokens[3:]
+    full = torch.cat([ids, torch.tensor([tokens[:2]])], dim=1)
+    assert _loop(model, full, visual, GenerationParams(max_new_tokens=6), carried=False)[0] == tokens[2:]
     assert length == ids.shape[1] + len(tokens) - 1  # the truncated answer's last token is not fed
 
 

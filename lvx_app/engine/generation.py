@@ -5,10 +5,10 @@ next logits, and one that makes every rank agree on the token and on rank 0's st
 with a single model in one process.
 
 Agreeing costs a collective per token. Every rank computes the same logits, so a session can instead feed its own
-token at once and learn in the same step's collectives whether it was rank 0's (`carried`): the loop then yields a
-token once that step has agreed on it, and takes back (`unfeed`) a token fed but not wanted (a stop flag, the final
-stop token). The first token (a question's prefill may end on another rank) and the last one of a truncated answer
-(never fed) are still agreed on their own.
+token at once and learn in the same step's collectives whether it was rank 0's (`carried`): rank 0 yields its token
+before that step (it is the agreed one), the others once the step has agreed on it, and a token fed but not wanted
+(a stop flag, the final stop token) is taken back (`unfeed`). The first token when a question's prefill ended on
+another rank, and the last one of a truncated answer (never fed), are still agreed on their own.
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ class LoopOutcome:
     unfed: int | None = None  # a truncated answer's last token: sampled, not yet fed to the model
 
 
+def _sample(logits: torch.Tensor, params: GenerationParams, i: int) -> int:
+    """Token `i` of the answer from its logits; a generator per token, so every rank draws the same, including one
+    that skipped the first token."""
+    generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
+    return int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
+                           generator=generator))  # fmt: skip
+
+
 def token_loop(
     logits: torch.Tensor | None,
     step: Callable[[int], torch.Tensor],
@@ -59,47 +67,51 @@ def token_loop(
     first_src: int = 0,
     carried: Carried | None = None,
     unfeed: Callable[[], None] | None = None,
+    carry_first: bool = False,
+    leader: bool = True,
 ) -> Iterator[int]:
     """Yield the answer's token ids one at a time, a final stop token included.
 
     `logits` (V,) are the prompt's last logits, None on a rank that does not hold the prompt's last token (it takes
     rank `first_src`'s first token through `agree`; later tokens come from rank 0). `step(token)` feeds one token
     and returns the next logits; the last token of a truncated answer is not fed (`outcome.unfed`). With `carried`
-    (and `unfeed`, which takes back the last token fed), tokens between the first and the last are agreed inside
-    the step that feeds them; the cache ends as without it.
+    (and `unfeed`, which takes back the last token fed), tokens before the last are agreed inside the step that
+    feeds them, the first one too when every rank holds the prompt's logits (`carry_first`); the cache ends as
+    without it. The `leader` (rank 0, whose token is the agreed one) yields such a token before that step.
     """
-    def sample(logits: torch.Tensor, i: int) -> int:
-        # a generator per token, so every rank draws the same, including one that skipped the first token
-        generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
-        return int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
-                               generator=generator))  # fmt: skip
 
-    token, stop = agree(None if logits is None else sample(logits, 0), should_stop(), first_src)
-    outcome.first_token_at = time.perf_counter()
-    fed = False  # whether `token` is already in the cache (agreed by `carried`)
+    token, fed = None, False  # fed: `token` is already in the cache (agreed by `carried`)
     for i in range(params.max_new_tokens):
-        if stop or token in stop_ids:
-            if fed:
-                unfeed()
-            if stop:
-                outcome.interrupted = True
-                return
-        yield token
+        if i and not fed:
+            logits = step(token)
+        mine = None if logits is None else _sample(logits, params, i)
+        flag = should_stop()
+        carry = carried is not None and i + 1 < params.max_new_tokens and (i > 0 or carry_first)
+        early = carry and leader and not flag  # the leader's own token is the one agreed: show it at once
+        if early:
+            if i == 0:
+                outcome.first_token_at = time.perf_counter()
+            yield mine
+        if carry:
+            logits, token, stop = carried(mine, flag)
+        else:
+            token, stop = agree(mine, flag, first_src if i == 0 else 0)
+        fed = carry
+        if i == 0 and not early:
+            outcome.first_token_at = time.perf_counter()
+        if fed and (stop or token in stop_ids):
+            unfeed()
+        if stop:
+            outcome.interrupted = True
+            return
+        if not early:
+            yield token
         if token in stop_ids:
             return
         if i == params.max_new_tokens - 1:
             outcome.truncated = True
             outcome.unfed = token
             return
-        if not fed:
-            logits = step(token)
-        mine = sample(logits, i + 1)
-        if carried is not None and i + 2 < params.max_new_tokens:
-            logits, token, stop = carried(mine, should_stop())
-            fed = True
-        else:
-            token, stop = agree(mine, should_stop(), 0)
-            fed = False
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,

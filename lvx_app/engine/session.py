@@ -384,7 +384,7 @@ class Session:
         a long question are sharded over the ranks (then the text K/V cache is replicated again); a short question
         is fed whole on every rank (the gather schedule, as decoding)."""
         n = int(ids.numel())
-        whole = self.sharded and question and self.attn.replicate_queries(n)
+        whole = question and self._whole_question(n)
         mine, owner = (torch.arange(n), 0) if whole else self._share(n, media_starts, tail_from)
         cached = self.cache.length
         try:
@@ -395,6 +395,10 @@ class Session:
             self.attn.replicate(self.cache, cached)
         self.position += n
         return (logits[0, -1] if mine.numel() else None), owner
+
+    def _whole_question(self, n: int) -> bool:
+        """Whether a question of `n` tokens is fed whole on every rank (gather schedule), so all hold its logits."""
+        return self.sharded and self.attn.replicate_queries(n)
 
     def _turn_ids(self, question: str) -> torch.Tensor:
         if self.video is None:
@@ -425,7 +429,8 @@ class Session:
         carries = self.sharded and self.attn.replicates_cache and self.model.config.vocab_size < 2**24
         tokens = token_loop(logits, self._feed_token, params, stops, outcome, agree=self._agree, first_src=owner,
                             should_stop=should_stop if self.info.rank == 0 else never_stop,
-                            carried=self._feed_agreeing if carries else None, unfeed=self._unfeed)  # fmt: skip
+                            carried=self._feed_agreeing if carries else None, unfeed=self._unfeed,
+                            carry_first=self._whole_question(int(ids.numel())), leader=self.info.rank == 0)  # fmt: skip
         for token in tokens:
             stats.new_tokens += 1
             piece = decoder.push(token) if token not in stops else ""
