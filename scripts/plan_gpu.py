@@ -41,6 +41,10 @@ GPU_BYTES = 78 * 2**30  # what one H100 "80 GB" shows to torch (the device tool 
 MINUTES = [10, 30, 60, 180]
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15
+# visual_kv's chunk in the RSS check: 8 of the 64 frames at small shapes. CPU RSS counts a buffer's pages only once
+# written, so with one chunk the K/V buffers would not count while the chunk's float32 work is at its peak (on a GPU
+# they are allocated, and counted, before it); with 8 chunks the last one's peak has almost all of them written.
+RSS_CHUNK_BYTES = 8 * 729 * 256 * 8
 
 
 def small_config() -> Owl3Config:
@@ -70,8 +74,10 @@ def _anon_peak() -> int:
 
 def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
     """One rank's chat on `frames` random frames at small shapes, float32 CPU: peak RSS growth over the model."""
+    from models.mplug_owl3 import hyper
     from models.mplug_owl3.modeling import Owl3Model
 
+    hyper.VISUAL_KV_CHUNK_BYTES = RSS_CHUNK_BYTES
     torch.manual_seed(0)
     torch.set_num_threads(1)
     cfg = small_config()
@@ -110,7 +116,8 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
         if proc.returncode:
             raise RuntimeError(f"the RSS measurement of {frames} frames ({mode}) failed with exit code {proc.returncode}")
         row = json.loads(out.strip().splitlines()[-1])
-        work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens)
+        work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens,
+                        visual_kv_chunk_bytes=RSS_CHUNK_BYTES)  # fmt: skip
         plan = memory_plan(cfg, work, counts)
         row["planned_bytes"] = max(v for k, v in plan.stages.items() if k != "encode") - plan.resident["weights"]
         row["error"] = row["planned_bytes"] / row["measured_bytes"] - 1
@@ -170,18 +177,16 @@ def three_hours(cfg: Owl3Config) -> str:
     tokens = work.frames * cfg.vision.num_patches
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
-    norm = tokens * cfg.hidden_size * 8 / GB  # visual_kv's two float32 copies of E
-    kv_layer = tokens * 3 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
+    kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB  # one hyper layer's K/V, recomputed
     masks = sum(r * k for r, k in band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
-        f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is {e:.1f} GB "
-        f"of bf16 features, and the planned peak is {plan.peak / GB:.0f} GB ({plan.peak_stage}): every forward recomputes "
-        f"each hyper layer's K/V from all of E at once, with {norm:.0f} GB of float32 RMSNorm copies. Recommendation, in "
-        f"order: (1) make visual_kv work in frame chunks (the K/V it returns, {kv_layer:.1f} GB per layer, stay), and plan "
-        f"media-mask tiles one at a time (attn_fwd holds every tile's band mask at once, {masks:.0f} GB); (2) keep E in pinned "
-        f"CPU memory and stream it per hyper layer, or store E ({e / 2:.1f} GB) and K/V in fp8; (3) otherwise fewer frames "
-        f"(--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is {memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} "
-        "GB per rank."
+        f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is "
+        f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and every forward recomputes "
+        f"one hyper layer's K/V at a time ({kv_layer:.1f} GB), so the planned peak is {plan.peak / GB:.0f} GB "
+        f"({plan.peak_stage}; attn_fwd's band masks of all prompt tiles are {masks:.1f} GB of it). Recommendation, in "
+        f"order: (1) keep E in pinned CPU memory and stream it per hyper layer, or store E ({e / 2:.1f} GB) and K/V in "
+        f"fp8; (2) otherwise fewer frames (--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is "
+        f"{memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} GB per rank."
     )
 
 

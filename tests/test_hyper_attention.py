@@ -262,6 +262,27 @@ def test_mi_rope_is_relative_to_the_frame_position():
         model.visual_kv(0, E, torch.tensor([0]))
 
 
+@pytest.mark.parametrize("frames", [0, 1, 7])
+def test_visual_kv_in_chunks_equals_one_pass_and_keeps_no_projection_alive(monkeypatch, frames):
+    """Without autograd the frames are projected a chunk at a time into K and V buffers of their own: the same
+    values as the one pass autograd takes, and V is not a view of the whole (K | V) projection."""
+    from models.mplug_owl3 import hyper
+
+    cfg = tiny_config("g2")
+    model = tiny_model(cfg)
+    E = torch.randn(frames, P, cfg.hidden_size, dtype=torch.float64)
+    positions = torch.arange(frames) * 5 + 3
+    one_pass = [t.detach() for t in model.visual_kv(1, E, positions)]  # grad enabled: the whole at once
+    monkeypatch.setattr(hyper, "VISUAL_KV_CHUNK_BYTES", 3 * P * cfg.hidden_size * 8)  # 3 frames a chunk
+    with torch.no_grad():
+        k, v = model.visual_kv(1, E, positions)
+    torch.testing.assert_close(k, one_pass[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(v, one_pass[1], rtol=0, atol=1e-12)
+    for t in (k, v):
+        assert t.shape == (1, frames * P, cfg.num_key_value_heads, cfg.head_dim) and t.is_contiguous()
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), "nothing else kept alive"
+
+
 def test_injected_visual_attention_is_used():
     """The engine swaps `hooks.visual`; the model must route every hyper layer's visual attention through it."""
     from lvx_app.attention.kernels import attention

@@ -40,8 +40,8 @@ def test_7b_terms_are_the_tensor_sizes() -> None:
     assert hour.resident["weights"] == 2 * counts.total
     assert hour.resident["features E"] == 3600 * 729 * 3584 * 2  # DESIGN: an hour of bf16 features is ~18.8 GB
     cached = memory_plan(cfg, Workload(minutes=60, kv_mode="cache"), counts)
-    # 4 hyper layers; V is a view of the (tokens, 2*4*128) projection, K a new (tokens, 4*128) tensor
-    assert cached.resident["visual K/V"] == 4 * 3600 * 729 * 3 * 4 * 128 * 2
+    # 4 hyper layers; K and V, (tokens, 4*128) each, in buffers of their own
+    assert cached.resident["visual K/V"] == 4 * 3600 * 729 * 2 * 4 * 128 * 2
     eight = memory_plan(cfg, Workload(minutes=60, kv_mode="cache", ranks=8), counts)
     assert eight.resident["visual K/V"] == cached.resident["visual K/V"] // 8
     assert eight.peak < cached.peak and cached.peak == max(cached.stages.values())

@@ -6,10 +6,10 @@ stands allocates, named after where it is made:
 
 - weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and language model);
 - E: this rank's features (frames, 729, H) (`ingest`); kept only with `--recompute-kv`;
-- visual K/V: per hyper layer, `visual_kv` returns V as a view of the v_kv_proj output (so that whole
-  (N*729, 2*n_kv*d) buffer stays alive) plus the MI-RoPE'd K: 3 * n_kv * d values per visual token;
-- its transient: `rms_norm` of all local frames at once in float32 (two float32 copies of E live), then the
-  projection, then K's float32 rotation;
+- visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 * n_kv * d
+  values per visual token;
+- its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm` in float32
+  (two float32 copies of the chunk), then the projection, then K's float32 rotation;
 - text K/V: `TextKVCache` grows by doubling, so after the first question it holds twice the video prompt; with
   several ranks it is replicated after the video prompt's sharded prefill (`ShardedAttention.replicate`: the
   gathered slices and the new cache live next to the local slice for a moment), so every rank holds the whole;
@@ -32,6 +32,7 @@ import torch
 
 from lvx_app.attention.masks import MIN_TILE, Q_TILE
 from models.mplug_owl3.config import Owl3Config
+from models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
 from models.mplug_owl3.modeling import Owl3Model
 
 GB = 1e9
@@ -60,6 +61,7 @@ class Workload:
     question_tokens: int = 24
     answer_tokens: int = 256
     vision_batch: int = 16  # images per `encode_images` batch
+    visual_kv_chunk_bytes: int = VISUAL_KV_CHUNK_BYTES  # float32 work of one `visual_kv` chunk
 
     @property
     def frames(self) -> int:
@@ -121,13 +123,16 @@ class MemoryPlan:
         return max(self.stages, key=self.stages.get)
 
 
-def _visual_kv_transient(cfg: Owl3Config, tokens: int, b: int) -> int:
-    """Peak extra bytes while one hyper layer's K/V are made from `tokens` visual tokens (`visual_kv`)."""
+def _visual_kv_transient(cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES) -> int:
+    """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens` visual tokens
+    (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
     h, kvw, kd = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    p = cfg.vision.num_patches
+    chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
     norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
     project = h * b + kvw * b  # the normed input and the projection's output
     rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim  # K in float32, its rotate-half and products; cos, sin
-    return tokens * max(norm, project, rope)
+    return chunk * max(norm, project, rope)
 
 
 def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
@@ -194,9 +199,10 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     prompt = _ceil_div(work.prompt_tokens, work.ranks)
     kd = cfg.num_key_value_heads * cfg.head_dim
     e = vis_tokens * cfg.hidden_size * b
-    kv_layer = vis_tokens * 3 * kd * b
+    kv_layer = vis_tokens * 2 * kd * b
     text_kv = lambda tokens: cfg.num_hidden_layers * tokens * 2 * kd * b  # noqa: E731
-    kv_transient = _visual_kv_transient(cfg, vis_tokens, b)
+    # a layer's K/V buffers and one chunk's work
+    kv_transient = kv_layer + _visual_kv_transient(cfg, vis_tokens, b, work.visual_kv_chunk_bytes)
     resident = {"weights": counts.total * b}
     if work.kv_mode == "recompute":
         resident["features E"] = e

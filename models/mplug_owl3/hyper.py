@@ -62,15 +62,35 @@ def split_kv(kv: torch.Tensor, num_kv_heads: int, head_dim: int) -> tuple[torch.
     return kv[..., 0, :], kv[..., 1, :]
 
 
+#: float32 working memory `visual_kv` may use at once without autograd (frames are projected in chunks this size).
+VISUAL_KV_CHUNK_BYTES = 256 * 2**20
+
+
 def visual_kv(e: torch.Tensor, norm_weight: torch.Tensor, eps: float, v_kv_proj: nn.Linear,
               frame_positions: torch.Tensor, num_kv_heads: int, head_dim: int, theta: float):
     """Visual K/V of one hyper layer from E (N, P, H): each (1, N*P, n_kv, hd), K MI-RoPE'd (fp32) at its frame's
-    position. Frames are flattened frame-major, patch-minor."""
-    n, p, _ = e.shape
-    k, v = split_kv(v_kv_proj(rms_norm(e, norm_weight, eps)), num_kv_heads, head_dim)  # (N, P, n_kv, hd)
-    cos, sin = rope_cos_sin(frame_positions.to(e.device).view(n, 1).expand(n, p), head_dim, theta, e.dtype)
-    k = apply_rope(k, cos, sin, fp32=True)
-    return k.reshape(1, n * p, num_kv_heads, head_dim), v.reshape(1, n * p, num_kv_heads, head_dim)
+    position. Frames are flattened frame-major, patch-minor.
+
+    Without autograd the frames go through in chunks of about `VISUAL_KV_CHUNK_BYTES` of float32 work, written
+    into K and V buffers of their own: the float32 copies of E and the projection's (K | V) output exist for one
+    chunk at a time, and V is not a view that keeps the whole projection alive (an hour of video on one GPU)."""
+    n, p, h = e.shape
+
+    def project(chunk: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = split_kv(v_kv_proj(rms_norm(chunk, norm_weight, eps)), num_kv_heads, head_dim)  # (n', P, n_kv, hd)
+        cos, sin = rope_cos_sin(positions.to(e.device).view(-1, 1).expand(-1, p), head_dim, theta, e.dtype)
+        return apply_rope(k, cos, sin, fp32=True), v
+
+    if torch.is_grad_enabled():  # finetuning recomputes K/V under autograd: one pass, as the backward needs it all
+        k, v = project(e, frame_positions)
+        return k.reshape(1, n * p, num_kv_heads, head_dim), v.reshape(1, n * p, num_kv_heads, head_dim)
+    step = max(1, VISUAL_KV_CHUNK_BYTES // (p * h * 8))  # rms_norm holds two float32 copies of a chunk
+    dtype = torch.promote_types(norm_weight.dtype, e.dtype)  # rms_norm's output, the projection's input and output
+    k_out = torch.empty(n, p, num_kv_heads, head_dim, dtype=dtype, device=e.device)
+    v_out = torch.empty_like(k_out)
+    for i in range(0, n, step):
+        k_out[i : i + step], v_out[i : i + step] = project(e[i : i + step], frame_positions[i : i + step])
+    return k_out.view(1, n * p, num_kv_heads, head_dim), v_out.view(1, n * p, num_kv_heads, head_dim)
 
 
 class LazyVisualKV(Mapping):
