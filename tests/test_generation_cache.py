@@ -91,11 +91,14 @@ def test_eos_stops_and_is_yielded():
     assert generate(model, ids, visual=visual, max_new_tokens=10, stop_ids=[first[1]]) == first[:2]
 
 
-def test_text_cache_grows_without_losing_tokens():
+def test_text_cache_grows_without_losing_tokens(monkeypatch):
+    from models.mplug_owl3 import qwen2
+
+    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
     model, ids, _ = _setup("g2")
     long = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache()
-    steps = [model(long[:, i : i + 1], cache=cache) for i in range(70)]  # several buffer doublings
+    steps = [model(long[:, i : i + 1], cache=cache) for i in range(70)]  # the buffer grows several times
     torch.testing.assert_close(torch.cat(steps, 1), model(long), rtol=1e-10, atol=1e-10)
     cache.truncate(40)
     again = model(long[:, 40:50], cache=cache)
@@ -109,6 +112,23 @@ def test_text_cache_grows_without_losing_tokens():
     assert cache.length == 50
     torch.testing.assert_close(model(long[:, 50:60], cache=cache), model(long[:, :60])[:, 50:], rtol=1e-10,
                                atol=1e-10)
+
+
+def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
+    """After a long prompt the buffer is 1/8 larger, so a question and its answer need no copy (doubling would keep
+    twice the prompt for the rest of the session)."""
+    from models.mplug_owl3 import qwen2
+
+    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
+    model, _, _ = _setup("g2")
+    cache = model.new_cache()
+    model(torch.randint(0, 97, (1, 160)), cache=cache)
+    buffers = [layer.k for layer in cache.layers]
+    assert all(b.shape[1] == 180 for b in buffers)
+    model(torch.randint(0, 97, (1, 20)), cache=cache, positions=torch.arange(160, 180)[None])
+    assert all(layer.k is b for layer, b in zip(cache.layers, buffers)), "the question fit in the room"
+    model(torch.randint(0, 97, (1, 1)), cache=cache, positions=torch.tensor([[180]]))
+    assert all(layer.k.shape[1] == qwen2.kv_capacity(181) == 203 for layer in cache.layers)
 
 
 def test_positions_beyond_training_warn_once():

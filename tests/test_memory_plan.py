@@ -80,3 +80,24 @@ def test_time_plan_decode_reads_weights_and_keys() -> None:
 def test_formula_matches_measured_peak_rss_on_cpu() -> None:
     for row in plan_gpu.check_rss():
         assert abs(row["error"]) <= plan_gpu.RSS_TOLERANCE, row
+
+
+@pytest.mark.parametrize("prompt,question,answer,room", [(300, 24, 10, 256), (40, 24, 30, 4), (160, 30, 2, 4)])
+def test_planned_text_buffer_is_the_one_the_cache_grows(monkeypatch, prompt, question, answer, room) -> None:
+    """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then one token at a
+    time ends with the buffer the plan names (with the growth before it)."""
+    import torch
+
+    from lvx_app.engine.memory_plan import _text_buffer
+    from models.mplug_owl3 import qwen2
+
+    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
+    model = Owl3Model(tiny_config("g2")).eval()
+    cache = model.new_cache()
+    lengths = []
+    with torch.no_grad():
+        for start, n in [(0, prompt), (prompt, question)] + [(prompt + question + i, 1) for i in range(answer)]:
+            model(torch.zeros(1, n, dtype=torch.int64), cache=cache, positions=torch.arange(start, start + n)[None])
+            if not lengths or lengths[-1] != cache.layers[0].k.shape[1]:
+                lengths.append(cache.layers[0].k.shape[1])
+    assert _text_buffer(prompt, question, answer) == (lengths[-1], lengths[-2] if len(lengths) > 1 else 0)

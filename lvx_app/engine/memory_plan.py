@@ -10,9 +10,10 @@ stands allocates, named after where it is made:
   values per visual token;
 - its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm` in float32
   (two float32 copies of the chunk), then the projection, then K's float32 rotation;
-- text K/V: `TextKVCache` grows by doubling, so after the first question it holds twice the video prompt; with
-  several ranks it is replicated after the video prompt's sharded prefill (`ShardedAttention.replicate`: the
-  gathered slices and the new cache live next to the local slice for a moment), so every rank holds the whole;
+- text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question and its answer
+  usually fit without a copy; with several ranks it is replicated after the video prompt's sharded prefill
+  (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the local slice for a moment),
+  so every rank holds the whole;
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in each hyper
   layer, `attn_fwd`'s packed query copy, float32 accumulators and the band masks of its media-mask tiles;
 - vision tower: `encode_images` runs 16 images at a time.
@@ -34,6 +35,7 @@ from lvx_app.attention.masks import MIN_TILE, Q_TILE
 from models.mplug_owl3.config import Owl3Config
 from models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
 from models.mplug_owl3.modeling import Owl3Model
+from models.mplug_owl3.qwen2 import kv_capacity
 
 GB = 1e9
 PROMPT_HEADER_TOKENS = 18  # chat template tokens before the first frame placeholder (bench_chat.py uses the same)
@@ -135,6 +137,17 @@ def _visual_kv_transient(cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int 
     return chunk * max(norm, project, rope)
 
 
+def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
+    """(tokens each layer's text K/V buffer holds after the prompt, the question in one forward and `answer` tokens
+    one at a time; the buffer's length before its last growth, or 0), as `_LayerKV` grows: to `kv_capacity`."""
+    cap, before = kv_capacity(prompt), 0
+    if prompt + question > cap:
+        before, cap = cap, kv_capacity(prompt + question)
+    while prompt + question + answer > cap:  # a decoded token one past the buffer
+        before, cap = cap, kv_capacity(cap + 1)
+    return cap, before
+
+
 def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
     """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
@@ -211,7 +224,9 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
         resident["visual K/V"] = n_hyper * kv_layer
         kv_in_use, kv_make = 0, 0
     whole = work.prompt_tokens  # the text K/V cache is replicated on every rank
-    resident["text K/V"] = text_kv(2 * whole + work.question_tokens + work.answer_tokens)
+    asked = _text_buffer(whole, work.question_tokens, 0)
+    answered = _text_buffer(whole, work.question_tokens, work.answer_tokens)
+    resident["text K/V"] = text_kv(answered[0])
     base = resident["weights"]
     stages = {
         "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
@@ -220,9 +235,11 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     }
     kept = sum(resident.values()) - resident["text K/V"]
     visible = work.frames * cfg.vision.num_patches // work.ranks  # the last rows see every frame of this rank's shard
-    stages["video prefill"] = kept + text_kv(prompt) + max(
-        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make, text_kv(prompt) + 2 * text_kv(whole))
-    growing = text_kv(2 * whole + work.question_tokens) + text_kv(whole) // cfg.num_hidden_layers  # one layer's copy
+    local = text_kv(kv_capacity(prompt))
+    stages["video prefill"] = kept + local + max(
+        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make,
+        text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)))  # fmt: skip
+    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers  # a growing layer's old buffer too
     stages["question"] = kept + growing + max(
         _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use, kv_make)
     stages["decode"] = sum(resident.values()) + max(

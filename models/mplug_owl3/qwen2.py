@@ -53,8 +53,19 @@ class AttentionHooks:
     visual: VisualAttn = default_visual_attn
 
 
+#: Fewest tokens of room a text K/V buffer gets beyond what it must hold when it grows (tests shrink it).
+MIN_KV_ROOM = 256
+
+
+def kv_capacity(needed: int) -> int:
+    """Buffer length for `needed` cached tokens: 1/8 more (at least MIN_KV_ROOM), so a question and its answer fit
+    after the video prompt without a copy, and each copy buys room for many tokens (O(1) amortised)."""
+    return needed + max(needed // 8, MIN_KV_ROOM)
+
+
 class _LayerKV:
-    """One layer's cached K/V, (B, S, kv_heads, D), in a buffer that grows by doubling (no copy per token)."""
+    """One layer's cached K/V, (B, S, kv_heads, D), in a buffer that grows by an eighth (no copy per token; doubling
+    would keep two video prompts' worth of an hour's cache for the rest of the session)."""
 
     def __init__(self) -> None:
         self.k: Optional[torch.Tensor] = None
@@ -64,7 +75,7 @@ class _LayerKV:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.length + k.shape[1]
         if self.k is None or n > self.k.shape[1] or self.k.dtype != k.dtype or self.k.device != k.device:
-            cap = max(n, 2 * (self.k.shape[1] if self.k is not None else 0), 16)
+            cap = kv_capacity(n)
             new_k = k.new_empty((k.shape[0], cap, *k.shape[2:]))
             new_v = v.new_empty((v.shape[0], cap, *v.shape[2:]))
             if self.length:
