@@ -178,12 +178,12 @@ def three_hours(cfg: Owl3Config) -> str:
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
     kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB  # one hyper layer's K/V, recomputed
-    masks = sum(r * k for r, k in band_tiles(cfg, work.prompt_tokens, tokens)) / GB
+    masks = max(r * k for r, k in band_tiles(cfg, work.prompt_tokens, tokens)) * 2 / GB  # two tiles' band masks
     return (
         f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is "
         f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and every forward recomputes "
         f"one hyper layer's K/V at a time ({kv_layer:.1f} GB), so the planned peak is {plan.peak / GB:.0f} GB "
-        f"({plan.peak_stage}; attn_fwd's band masks of all prompt tiles are {masks:.1f} GB of it). Recommendation, in "
+        f"({plan.peak_stage}; attn_fwd's band masks, two tiles' at a time, are {masks * 1000:.0f} MB of it). Recommendation, in "
         f"order: (1) keep E in pinned CPU memory and stream it per hyper layer, or store E ({e / 2:.1f} GB) and K/V in "
         f"fp8; (2) otherwise fewer frames (--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is "
         f"{memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} GB per rank."

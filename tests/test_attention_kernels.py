@@ -6,7 +6,7 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import backends, masks
+from lvx_app.attention import backends, kernels, masks
 from lvx_app.attention.backends import available_backends
 from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
 from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd
@@ -387,3 +387,36 @@ def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b)
     assert ("fwd", "flash") in backends._broken and ("bwd", "flash") in backends._broken
+
+
+def test_band_masks_live_only_with_their_tile(monkeypatch):
+    """attn_fwd / attn_bwd plan tiles as they run: when a tile is planned, at most the two before it still hold
+    their band masks (the first two are looked at together), not every tile of the block (GPU memory at an hour)."""
+    import weakref
+
+    monkeypatch.setattr(masks, "Q_TILE", 4)
+    monkeypatch.setattr(masks, "MIN_TILE", 4)
+    real, alive, most, masked = kernels.tile_plans, [], [0], [0]
+
+    def watched(*args, **kw):
+        for plan in real(*args, **kw):
+            alive[:] = [r for r in alive if r() is not None]
+            most[0] = max(most[0], len(alive))
+            if plan.mask is not None:
+                alive.append(weakref.ref(plan.mask))
+                masked[0] += 1
+            yield plan
+
+    monkeypatch.setattr(kernels, "tile_plans", watched)
+    b, sq, sk = 1, 24, 48
+    q, k, v, _, _ = _inputs(b, sq, sk, 4, 2, 8, dtype=torch.float64)
+    k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 12 frames of 4 keys
+    q_vis = (torch.arange(sq) // 2 + 1).unsqueeze(0)  # every 2 tokens see one more frame: a band per tile
+    ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    _close("out", out, ro, 1e-12)
+    assert masked[0] >= 6 and most[0] <= 2, (masked[0], most[0])
+    most[0] = 0
+    for got, want in zip(attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads):
+        _close("grad", got, want, 1e-12)
+    assert most[0] <= 2, most[0]

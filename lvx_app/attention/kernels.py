@@ -58,22 +58,33 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, cau
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
     qp = pack_rows(q, g)
-    plans = list(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
+    # tiles are planned as they run (a band mask lives only with its tile); the first two tell the one-call case
+    plans = tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
+    first, second = next(plans, None), next(plans, None)
+    if first is not None and second is None and first.q0 == 0 and first.q1 == sq * g:
+        o, l_ = _run_fwd(first, qp, k, v, scale, backend, d)
+        return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
     ct = acc_dtype(q)
-    if not (len(plans) == 1 and plans[0].q0 == 0 and plans[0].q1 == sq * g):
-        out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
-        lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
+    out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
+    lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
+    for p in (first, second):
+        if p is not None:
+            merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d))
+    del first, second, p
     for p in plans:
-        be = choose_backend(backend, qp, p.mask is not None, d)
-        o, l_ = kernel_fwd(be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal)
-        l_ = l_.to(ct)
-        if p.dead is not None:
-            o = o.masked_fill(p.dead[:, :, None, None], 0)
-            l_ = l_.masked_fill(p.dead[:, None, :], NEG_INF)
-        if len(plans) == 1 and p.q1 - p.q0 == sq * g:
-            return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
-        merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], o, l_)
+        merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d))
     return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
+
+
+def _run_fwd(p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, d: int) -> tuple[Tensor, Tensor]:
+    """One tile's (out, lse float32-or-wider) from its kernel, rows that see nothing zeroed."""
+    be = choose_backend(backend, qp, p.mask is not None, d)
+    o, l_ = kernel_fwd(be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal)
+    l_ = l_.to(acc_dtype(qp))
+    if p.dead is not None:
+        o = o.masked_fill(p.dead[:, :, None, None], 0)
+        l_ = l_.masked_fill(p.dead[:, None, :], NEG_INF)
+    return o, l_
 
 
 def _pack_vis(q_vis: Tensor | None, g: int) -> Tensor | None:
@@ -115,19 +126,28 @@ def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
         return kernel_bwd(be, do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl, scale, p.mask, p.causal, aug)
 
-    plans = list(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
-    if len(plans) == 1 and (plans[0].q0, plans[0].q1, plans[0].k0, plans[0].k1) == (0, rows_all, 0, sk):
-        gq, gk, gv = one(plans[0])  # the whole block in one call: no scatter, no accumulators
+    plans = tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)  # planned as they run, as in attn_fwd
+    first, second = next(plans, None), next(plans, None)
+    if first is not None and second is None and (first.q0, first.q1, first.k0, first.k1) == (0, rows_all, 0, sk):
+        gq, gk, gv = one(first)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
     # several plans add into the same rows (a tile's unmasked part and its band) and keys: accumulate in float32
     dq = torch.zeros(qp.shape, dtype=acc_dtype(q), device=q.device)
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
-    for p in plans:
+
+    def add(p: TilePlan) -> None:
         gq, gk, gv = one(p)
         dq[:, p.q0 : p.q1] += gq
         dk[:, p.k0 : p.k1] += gk
         dv[:, p.k0 : p.k1] += gv
+
+    for p in (first, second):
+        if p is not None:
+            add(p)
+    del first, second, p
+    for p in plans:
+        add(p)
     return unpack_rows(dq, g).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -15,7 +15,7 @@ stands allocates, named after where it is made:
   (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the local slice for a moment),
   so every rank holds the whole;
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in each hyper
-  layer, `attn_fwd`'s packed query copy, float32 accumulators and the band masks of its media-mask tiles;
+  layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles' band masks;
 - vision tower: `encode_images` runs 16 images at a time.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows, visible keys per
@@ -176,13 +176,14 @@ def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: 
     """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local visual keys.
 
     It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is split, merges the
-    parts into float32 accumulators. It plans every tile before running any (`list(tile_plans(...))`), so the bool
-    band masks of all partly visible tiles live together; the running band adds its additive bias and negated mask."""
+    parts into float32 accumulators. Tiles are planned as they run, so at most two bool band masks live together
+    (a tile's and the next one's); the running band adds its additive bias and negated mask."""
     q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
     if not masked:
         return 2 * q_bytes * b  # the packed copy and the output
     tiles = band_tiles(cfg, rows, keys)
-    masks = sum(r * k for r, k in tiles)
+    sizes = [r * k for r, k in tiles]
+    masks = max((a + b_ for a, b_ in zip(sizes, sizes[1:])), default=sum(sizes))
     running = max((r * k for r, k in tiles), default=0) * (1 + b)
     return q_bytes * (b + 4) + masks + running
 
