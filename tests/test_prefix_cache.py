@@ -43,7 +43,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
     runs = []
     for i in range(3):
         if i == 2 and corrupt and rank == 0:
-            shard = next(Path(cache_dir, "prefixes").rglob("shard-00000-*.safetensors"))
+            shard = next(Path(cache_dir, "prefixes").rglob("prompt-of-*.safetensors"))
             data = bytearray(shard.read_bytes())
             data[-5] ^= 0xFF  # inside the tensor data: the checksum catches it
             shard.write_bytes(bytes(data))
@@ -66,7 +66,7 @@ def test_reopen_reads_the_prompt_back_and_answers_the_same(tiny_checkpoints, sho
         assert tok1 == tok0 and tok2 == tok0, "the first answer must be the same token for token"
         assert kv1 == kv0 and kv2 == kv0, "the restored K/V and key positions must be the prefilled ones"
     saved = sorted(p.name for p in (tmp_path / "cache" / "prefixes").rglob("*.safetensors"))
-    assert saved == [f"shard-{r:05d}-of-{world:05d}.safetensors" for r in range(world)]
+    assert saved == [f"prompt-of-{world:05d}.safetensors"], "one file for all ranks (each holds the same cache)"
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -77,7 +77,7 @@ def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(tiny_checkpo
     assert len(lines) == 1 and "was corrupt" in lines[0] and "prefilling the prompt again" in lines[0]
     for rank_runs in runs[1:]:
         assert rank_runs[2][0] is False, "every rank prefills when one rank's saved prompt is damaged"
-    saved = list((tmp_path / "cache" / "prefixes").rglob("shard-00000-*.safetensors"))
+    saved = list((tmp_path / "cache" / "prefixes").rglob("prompt-of-*.safetensors"))
     assert len(saved) == 1 and PrefixCache(tmp_path / "cache").entries()[0].problems == [], "re-saved intact"
 
 
@@ -93,9 +93,7 @@ def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monke
 def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:
     feature = CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32, world_size=world,
                             rank=rank, encoder="enc")
-    ids = torch.arange(40)
-    key = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=ids, device="cpu",
-                         layout=[(r * 40 // world, (r + 1) * 40 // world) for r in range(world)])
+    key = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu")
     return dataclasses.replace(key, **changes)
 
 
@@ -118,8 +116,8 @@ def test_every_key_component_invalidates(tmp_path, video):
     hit = store.load(key)
     assert hit is not None and all(torch.equal(a[0], b[0]) for a, b in zip(hit.layers, _saved().layers))
     changed = {"features": "other", "checkpoint": "ck2", "prompt_format": 2, "prompt_hash": "0" * 32,
-               "prompt_tokens": 41, "device": "cuda", "world_size": 2, "rank": 1, "layout": "0:39,39:40",
-               "feature_entry": "other", "file_id": "other", "format_version": 0}
+               "prompt_tokens": 41, "device": "cuda", "world_size": 2, "feature_entry": "other", "file_id": "other",
+               "format_version": 0}
     assert set(changed) == {f.name for f in dataclasses.fields(PrefixKey)}, "a new key field needs a case here"
     for name, value in changed.items():
         store.save(key, _saved(), video=video)  # a key that names the same file but differs in its manifest deletes it
@@ -128,14 +126,13 @@ def test_every_key_component_invalidates(tmp_path, video):
             assert store.load(dataclasses.replace(key, **{name: value})) is None, name
     other_ids = PrefixKey.make(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32,
                                              world_size=1, rank=0, encoder="enc"), checkpoint="ck", prompt_format=1,
-                               prompt_ids=torch.arange(1, 41), device="cpu", layout=[(0, 40)])
+                               prompt_ids=torch.arange(1, 41), device="cpu")
     assert other_ids.prompt_hash != key.prompt_hash and store.load(other_ids) is None
     for field, value in (("fps", 2.0), ("encoder", "enc2"), ("dtype", "bfloat16"), ("max_frames", 9)):
         feature = dataclasses.replace(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny",
                                                     dtype=torch.float32, world_size=1, rank=0, encoder="enc"),
                                       **{field: value})
-        moved = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu",
-                               layout=[(0, 40)])
+        moved = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu")
         assert store.load(moved) is None, field
     assert store.load(key) is not None, "misses of other entries leave this one alone"
 
@@ -147,7 +144,7 @@ def test_another_world_size_is_named_in_one_line(tmp_path, video):
         assert store.load(_key(video, world=2)) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert store.load(_key(video, world=2, rank=1)) is None, "only rank 0 says it"
+        assert store.load(_key(video, world=2), owner=False) is None, "only rank 0 says it"
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -157,6 +154,21 @@ def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
     damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), _saved(), video=video))
     with pytest.warns(VideoWarning, match="was corrupt .*prefilling the prompt again"):
         assert store.load(key) is None
+    assert not path.exists()
+
+
+def test_one_file_for_all_ranks_and_only_rank_0_discards_it(tmp_path, video):
+    store = PrefixCache(tmp_path)
+    assert _key(video, world=2, rank=1) == _key(video, world=2, rank=0), "every rank names the same file"
+    path = store.save(_key(video, world=2), _saved(), video=video)
+    assert store.load(_key(video, world=2, rank=1), owner=False) is not None
+    damage(path, "data", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert store.load(_key(video, world=2), owner=False) is None
+    assert path.exists(), "another rank leaves the damaged file to rank 0"
+    with pytest.warns(VideoWarning, match="was corrupt"):
+        assert store.load(_key(video, world=2)) is None
     assert not path.exists()
 
 

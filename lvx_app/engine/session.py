@@ -273,10 +273,8 @@ class Session:
     def _prefix_key(self, shard: VisualShard) -> PrefixKey | None:
         if self.prefixes is None or shard.cache_key is None or self.config.attention != "lv_xattn":
             return None  # the benchmark baselines keep a sharded text cache: nothing to share with a normal run
-        n, world = int(self.prefix_ids.numel()), self.info.world_size
         return PrefixKey.make(shard.cache_key, checkpoint=self.checkpoint_id, prompt_format=PROMPT_FORMAT,
-                              prompt_ids=self.prefix_ids, device=self.device.type,
-                              layout=[shard_bounds(n, world, r) for r in range(world)])
+                              prompt_ids=self.prefix_ids, device=self.device.type)
 
     def _visual_kv_key(self, shard: VisualShard, starts: torch.Tensor) -> VisualKVKey | None:
         if shard.cache_key is None or not self.config.cache:
@@ -288,7 +286,7 @@ class Session:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features came from the
         cache (they were made from those features); else prefill the prompt and save it. True when read back."""
         key = self._prefix_key(shard)
-        saved = self.prefixes.load(key, self.device) if key is not None else None
+        saved = self.prefixes.load(key, self.device, owner=self.info.rank == 0) if key is not None else None
         if self._all_min(int(saved is not None and shard.from_cache)):
             for i, (k, v) in enumerate(saved.layers):
                 self.cache.update(i, k, v)
@@ -297,7 +295,7 @@ class Session:
             self.position = self.prefix_len
             return True
         self._prefill(self.prefix_ids, starts, tail_from=tail_from)
-        if key is not None:
+        if key is not None and self.info.rank == 0:  # every rank holds the same whole cache: one file for all
             positions = self.attn.key_positions if self.sharded else torch.arange(self.cache.length).view(1, -1)
             try:
                 self.prefixes.save(key, SavedPrefix(self.cache.layer_kv(), positions), video=Path(path).resolve())

@@ -1,20 +1,22 @@
 """Saved video prompts: reopening a video skips the prefill of its prompt, not only decoding and encoding.
 
-Layout: `<cache dir>/prefixes/<prefix id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank: that rank's text
-K/V of every decoder layer after the video prompt was prefilled (`k.<layer>`, `v.<layer>`, its own slice of the
-prompt's tokens) and the positions of those keys (`key_positions`, which the sharded attention keeps). The prefix
-id hashes what decides the prompt's K/V except the number of ranks: the feature entry (video, sampling, encoder
-weights, dtype; `CacheKey` without its world size), the checkpoint's identity (every file of it), the prompt format
-version, a hash of the prompt's token ids (chat template and anything placed in the prompt, such as subtitles) and
-the device type. Each file's manifest holds the whole key, also the world size, the rank, the shard layout (every
-rank's token range) and the feature entry with its world size, and must match it exactly.
+Layout: `<cache dir>/prefixes/<prefix id>/prompt-of-NNNNN.safetensors`, one file for all NNNNN ranks: the text
+K/V of every decoder layer after the video prompt was prefilled (`k.<layer>`, `v.<layer>`) and the positions of
+those keys (`key_positions`). Every rank holds the same whole cache once the prefill is done (the sharded prefill
+replicates it), so rank 0 writes it and every rank reads it back. The prefix id hashes what decides the prompt's K/V
+except the number of ranks: the feature entry (video, sampling, encoder weights, dtype; `CacheKey` without its
+world size), the checkpoint's identity (every file of it), the prompt format version, a hash of the prompt's token
+ids (chat template and anything placed in the prompt, such as subtitles) and the device type. The file's manifest
+holds the whole key, also the world size (the prefill's floats depend on how it was sharded) and the feature entry
+with its world size, and must match it exactly.
 
 Visual K/V are not part of a saved prompt (they do not depend on it): they are recomputed from the cached features
 when the video is opened, or read back from their own files when the first open measured that cheaper
 (`lvx_app.video.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`; docs/benchmarks.md).
 
-Writes are atomic and a file that fails any check is reported in one warning line, deleted, and the prompt is
-prefilled again, as for the feature cache (`lvx_app.video.cache`).
+Writes are atomic and a file that fails any check is reported in one warning line, deleted (by rank 0, which also
+names a prompt saved only for another number of ranks), and the prompt is prefilled again, as for the feature cache
+(`lvx_app.video.cache`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from lvx_app.video.cache import (
 )
 from lvx_app.video.errors import VideoWarning
 
-PREFIX_VERSION = 1
+PREFIX_VERSION = 2  # 2: one file for all ranks (1 had one identical file per rank)
 
 
 def stable_hash(obj) -> str:
@@ -52,7 +54,7 @@ def stable_hash(obj) -> str:
 
 @dataclass(frozen=True)
 class PrefixKey:
-    """Everything that decides one rank's saved prompt K/V."""
+    """Everything that decides a saved prompt's K/V (the same on every rank)."""
 
     features: str  # the feature entry without its world size
     checkpoint: str  # models.mplug_owl3.fingerprint.checkpoint_identity
@@ -61,37 +63,34 @@ class PrefixKey:
     prompt_tokens: int
     device: str  # device type: cpu / cuda
     world_size: int
-    rank: int
-    layout: str  # every rank's token range, "start:end,..."
-    feature_entry: str  # the feature entry of this world size
+    feature_entry: str  # the feature entry of this world size (its layout of frames included)
     file_id: str
     format_version: int = PREFIX_VERSION
 
     @classmethod
     def make(cls, feature_key: CacheKey, *, checkpoint: str, prompt_format: int, prompt_ids: torch.Tensor,
-             device: str, layout: list[tuple[int, int]]) -> "PrefixKey":
+             device: str) -> "PrefixKey":
         ids = prompt_ids.to(torch.int64).contiguous().cpu()
         digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:32]
         return cls(replace(feature_key, world_size=0, rank=0).entry_id(), checkpoint, int(prompt_format), digest,
-                   int(ids.numel()), device, feature_key.world_size, feature_key.rank,
-                   ",".join(f"{a}:{b}" for a, b in layout), feature_key.entry_id(), feature_key.file_id)
+                   int(ids.numel()), device, feature_key.world_size, feature_key.entry_id(), feature_key.file_id)
 
     def entry_id(self) -> str:
         d = asdict(self)
-        for name in ("world_size", "rank", "layout", "feature_entry"):
+        for name in ("world_size", "feature_entry"):
             d.pop(name)
         return stable_hash(d)
 
-    def shard_name(self) -> str:
-        return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
+    def file_name(self) -> str:
+        return f"prompt-of-{self.world_size:05d}.safetensors"
 
 
 @dataclass
 class SavedPrefix:
-    """One rank's prefilled prompt: per-layer (k, v) of its own tokens, (1, S_local, kv_heads, D), and their positions."""
+    """A prefilled prompt: per-layer (k, v) of its tokens, (1, S, kv_heads, D), and their positions."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
-    key_positions: torch.Tensor  # (1, S_local) int64
+    key_positions: torch.Tensor  # (1, S) int64
 
 
 @dataclass
@@ -144,10 +143,11 @@ def load_checked(path: Path, key: dict, version: int, required: frozenset[str]) 
 
 
 class SavedEntries:
-    """`lvx cache ls / rm / clear` for folders of per-rank files: `entries_dir/<entry id>/shard-*.safetensors`."""
+    """`lvx cache ls / rm / clear` for folders of saved files: `entries_dir/<entry id>/<files>`."""
 
     entries_dir: Path
     required: frozenset[str] = frozenset()  # tensors every file must hold
+    files = "shard-*.safetensors"  # one per rank, or one for all ranks
 
     def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
         """(video, world size, file id, prompt tokens) from one file's manifest."""
@@ -159,7 +159,7 @@ class SavedEntries:
             return out
         for d in sorted(p for p in self.entries_dir.iterdir() if p.is_dir()):
             info = PrefixInfo(d.name, "?", [], 0, sum(f.stat().st_size for f in d.iterdir() if f.is_file()), problems=[])
-            for f in sorted(d.glob("shard-*.safetensors")):
+            for f in sorted(d.glob(self.files)):
                 try:
                     video, world, info.file_id, info.tokens = self._describe(read_manifest(f, set(self.required)))
                 except (CorruptEntry, KeyError) as exc:
@@ -190,19 +190,20 @@ class SavedEntries:
 
 
 class PrefixCache(SavedEntries):
-    """Prefilled video prompts on disk, one safetensors file per (prompt, rank)."""
+    """Prefilled video prompts on disk, one safetensors file per (prompt, number of ranks)."""
 
     required = frozenset({"key_positions"})
+    files = "prompt-of-*.safetensors"
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = FeatureCache(root).root  # the features' folder
         self.prefixes_dir = self.entries_dir = self.root / "prefixes"
 
     def path(self, key: PrefixKey) -> Path:
-        return self.prefixes_dir / key.entry_id() / key.shard_name()
+        return self.prefixes_dir / key.entry_id() / key.file_name()
 
     def save(self, key: PrefixKey, saved: SavedPrefix, *, video: str | os.PathLike) -> Path:
-        """Write this rank's prompt K/V atomically. Returns the final path."""
+        """Write the prompt K/V atomically (rank 0 alone: every rank holds the same). Returns the final path."""
         tensors = _tensors(saved)
         manifest = {"version": PREFIX_VERSION, "key": asdict(key), "video": str(video), "layers": len(saved.layers),
                     "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": checksum(tensors)}
@@ -210,16 +211,21 @@ class PrefixCache(SavedEntries):
         atomic_save(tensors, manifest, final)
         return final
 
-    def load(self, key: PrefixKey, device: torch.device | str = "cpu") -> SavedPrefix | None:
-        """This rank's saved prompt, or None. A corrupt file is deleted with one warning; a prompt saved only for
-        another number of ranks is named in one line (rank 0)."""
+    def load(self, key: PrefixKey, device: torch.device | str = "cpu", *, owner: bool = True) -> SavedPrefix | None:
+        """The saved prompt, or None. The `owner` (rank 0; every rank reads the same file) deletes a corrupt file with
+        one warning and names, in one line, a prompt saved only for another number of ranks; the others say nothing."""
         path = self.path(key)
         if not path.is_file():
-            others = sorted({int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob("shard-*-of-*.safetensors")})
-            if others and key.rank == 0:
+            others = sorted({int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob(self.files)})
+            if others and owner:
                 warnings.warn(f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), this run has "
                               f"{key.world_size}; prefilling it again", VideoWarning, stacklevel=2)
             return None
+        if not owner:
+            try:
+                return self._load(path, key, device)
+            except (CorruptEntry, OSError):
+                return None  # rank 0 finds the same damage, reports it and deletes the file
         return load_or_discard(path, lambda: self._load(path, key, device), f"the saved video prompt {path}",
                                "prefilling the prompt again")
 
