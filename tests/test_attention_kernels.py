@@ -420,3 +420,28 @@ def test_band_masks_live_only_with_their_tile(monkeypatch):
     for got, want in zip(attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads):
         _close("grad", got, want, 1e-12)
     assert most[0] <= 2, most[0]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_media_mask_that_hides_nothing_is_one_unmasked_call(backend, monkeypatch):
+    """A question or a decoded token sees every frame: one kernel call without a mask, not planned tile by tile."""
+    monkeypatch.setattr(masks, "Q_TILE", 4)
+    calls = []
+    real = backends._FWD[backend]
+
+    def spy(q, k, v, scale, mask, causal):
+        calls.append((q.shape[1], k.shape[1], mask is not None))
+        return real(q, k, v, scale, mask, causal)
+
+    monkeypatch.setitem(backends._FWD, backend, spy)
+    q, k, v, _, _ = _inputs(1, 10, 24, 8, 2, 8)
+    k_frame = (torch.arange(24) // 4).unsqueeze(0)  # frames 0..5
+    q_vis = torch.tensor([[6, 6, 7, 6, 9, 6, 6, 6, 8, 6]])  # every row sees all 6 frames
+    ro, rl, _, _, _ = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    _close("out", out, ro, 1e-5)
+    _check_lse(lse, rl, 1e-5)
+    assert calls == [(10 * 4, 24, False)], calls
+    calls.clear()
+    attn_fwd(q, k, v, q_vis=torch.where(torch.arange(10) == 3, 5, q_vis), k_frame=k_frame, backend=backend)
+    assert any(masked for _, _, masked in calls), "one row that misses a frame keeps the mask"

@@ -172,6 +172,9 @@ def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, g
         q_vis = q_vis.to(device=q.device, dtype=torch.long)
         k_frame = k_frame.to(device=q.device, dtype=torch.long)
         qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
+    if qv_c is not None and not causal and int(qv_c.amin()) > int(kf_c.amax()):
+        yield TilePlan(0, rows, 0, sk, None, False, None)  # every row sees every key (a question, a decoded token)
+        return
     if qv_c is not None and not causal:
         tiles = _media_tiles(rows, group, qv_c, kf_c)
     else:
