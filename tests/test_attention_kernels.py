@@ -113,9 +113,8 @@ def test_float64_is_exact():
         _close("grad", got, want, 1e-12)
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
-    """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible range."""
+def _kernel_calls(backend: str, monkeypatch) -> list:
+    """4-token tiles, and a list that records (rows, keys, masked) of every forward kernel call of `backend`."""
     monkeypatch.setattr(masks, "Q_TILE", 4)
     calls = []
     real = backends._FWD[backend]
@@ -125,6 +124,13 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
         return real(q, k, v, scale, mask, causal)
 
     monkeypatch.setitem(backends._FWD, backend, spy)
+    return calls
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
+    """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible range."""
+    calls = _kernel_calls(backend, monkeypatch)
     b, sq, sk = 1, 16, 24
     q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
@@ -425,15 +431,7 @@ def test_band_masks_live_only_with_their_tile(monkeypatch):
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_a_media_mask_that_hides_nothing_is_one_unmasked_call(backend, monkeypatch):
     """A question or a decoded token sees every frame: one kernel call without a mask, not planned tile by tile."""
-    monkeypatch.setattr(masks, "Q_TILE", 4)
-    calls = []
-    real = backends._FWD[backend]
-
-    def spy(q, k, v, scale, mask, causal):
-        calls.append((q.shape[1], k.shape[1], mask is not None))
-        return real(q, k, v, scale, mask, causal)
-
-    monkeypatch.setitem(backends._FWD, backend, spy)
+    calls = _kernel_calls(backend, monkeypatch)
     q, k, v, _, _ = _inputs(1, 10, 24, 8, 2, 8)
     k_frame = (torch.arange(24) // 4).unsqueeze(0)  # frames 0..5
     q_vis = torch.tensor([[6, 6, 7, 6, 9, 6, 6, 6, 8, 6]])  # every row sees all 6 frames
