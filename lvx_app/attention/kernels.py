@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lvx_app.attention.backends import AUG_COLS, choose_backend, kernel_bwd, kernel_fwd
 from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
-from lvx_app.attention.masks import TilePlan, tile_plans
+from lvx_app.attention.masks import TilePlan, lone_plan, tile_plans
 from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
 
 
@@ -58,19 +58,13 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, cau
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
     qp = pack_rows(q, g)
-    # tiles are planned as they run (a band mask lives only with its tile); the first two tell the one-call case
-    plans = tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
-    first, second = next(plans, None), next(plans, None)
-    if first is not None and second is None and first.q0 == 0 and first.q1 == sq * g:
-        o, l_ = _run_fwd(first, qp, k, v, scale, backend, d)
+    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))  # planned as they run
+    if lone is not None and lone.q0 == 0 and lone.q1 == sq * g:
+        o, l_ = _run_fwd(lone, qp, k, v, scale, backend, d)
         return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
     ct = acc_dtype(q)
     out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
     lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
-    for p in (first, second):
-        if p is not None:
-            merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d))
-    del first, second, p
     for p in plans:
         merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d))
     return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
@@ -126,28 +120,19 @@ def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
         return kernel_bwd(be, do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl, scale, p.mask, p.causal, aug)
 
-    plans = tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)  # planned as they run, as in attn_fwd
-    first, second = next(plans, None), next(plans, None)
-    if first is not None and second is None and (first.q0, first.q1, first.k0, first.k1) == (0, rows_all, 0, sk):
-        gq, gk, gv = one(first)  # the whole block in one call: no scatter, no accumulators
+    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))  # planned as they run
+    if lone is not None and (lone.q0, lone.q1, lone.k0, lone.k1) == (0, rows_all, 0, sk):
+        gq, gk, gv = one(lone)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
     # several plans add into the same rows (a tile's unmasked part and its band) and keys: accumulate in float32
     dq = torch.zeros(qp.shape, dtype=acc_dtype(q), device=q.device)
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
-
-    def add(p: TilePlan) -> None:
+    for p in plans:
         gq, gk, gv = one(p)
         dq[:, p.q0 : p.q1] += gq
         dk[:, p.k0 : p.k1] += gk
         dv[:, p.k0 : p.k1] += gv
-
-    for p in (first, second):
-        if p is not None:
-            add(p)
-    del first, second, p
-    for p in plans:
-        add(p)
     return unpack_rows(dq, g).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

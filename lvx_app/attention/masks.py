@@ -181,3 +181,17 @@ def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, g
         tiles = _tiles(rows, q_vis is not None or (causal and group > 1), group)
     for t0, t1 in tiles:
         yield from _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device)
+
+
+def lone_plan(plans: Iterator[TilePlan]) -> tuple[TilePlan | None, Iterator[TilePlan]]:
+    """(the plan when `plans` holds exactly one, else None; every plan in order). At most the first two are planned
+    ahead, and the iterator lets each go once it is taken, so a band mask lives only with its tile."""
+    held = [p for p in (next(plans, None), next(plans, None)) if p is not None]
+    lone = held[0] if len(held) == 1 else None
+
+    def every() -> Iterator[TilePlan]:
+        while held:
+            yield held.pop(0)
+        yield from plans
+
+    return lone, every()
