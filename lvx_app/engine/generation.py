@@ -48,9 +48,11 @@ class LoopOutcome:
 
 
 def _sample(logits: torch.Tensor, params: GenerationParams, i: int) -> int:
-    """Token `i` of the answer from its logits; a generator per token, so every rank draws the same, including one
-    that skipped the first token."""
-    generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
+    """Token `i` of the answer from its logits; when sampling, a generator per token, so every rank draws the same,
+    including one that skipped the first token (greedy needs none)."""
+    generator = None
+    if params.temperature > 0:
+        generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
     return int(sample_next(logits.float().cpu(), temperature=params.temperature, top_p=params.top_p,
                            generator=generator))  # fmt: skip
 

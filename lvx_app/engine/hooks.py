@@ -55,7 +55,7 @@ class ShardedAttention:
         self.query_vis = torch.empty(1, 0, dtype=torch.int64)
         self.replicated = False
         self._ring_keys: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.carry: Carry | None = None  # rides on this forward's first replicated visual combine (LV-XAttn only)
+        self.carry: Carry | None = None  # rides on this forward's first replicated visual combine (set for LV-XAttn only)
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than sharded (ring)."""
@@ -124,8 +124,6 @@ class ShardedAttention:
         return self._ring_keys
 
     def visual(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor, k_frame: torch.Tensor):
-        if self.replicated and self.carry is not None and self.replicates_cache:
-            return decode_xattn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats,
-                                carry=self.carry)  # fmt: skip
         fn = self.replicated_fn if self.replicated else self.sharded_fn
-        return fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
+        extra = {"carry": self.carry} if self.replicated and self.carry is not None else {}  # decode_xattn's
+        return fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats, **extra)

@@ -424,7 +424,9 @@ class Session:
         logits, owner = self._prefill(ids, question=True)
         self.pending = []
         outcome = LoopOutcome()
-        carries = self.sharded and self.attn.replicates_cache and self.model.config.vocab_size < 2**24
+        # the agreement rides on a hyper layer's visual combine; token ids ride exactly as float32 below 2**24
+        cfg = self.model.config
+        carries = self.sharded and self.attn.replicates_cache and bool(cfg.hyper_layer_indices) and cfg.vocab_size < 2**24
         tokens = token_loop(logits, self._feed_token, params, stops, outcome, agree=self._agree, first_src=owner,
                             should_stop=should_stop if self.info.rank == 0 else never_stop,
                             carried=self._feed_agreeing if carries else None, unfeed=self._unfeed,
@@ -473,12 +475,7 @@ class Session:
             logits = self._feed_token(token)
         finally:
             self.attn.carry = None
-        if carry.received is None:  # no visual combine ran in this step: agree on its own
-            send = carry.send.to(self.device) if dist.get_backend() == "nccl" else carry.send
-            parts = [torch.empty_like(send) for _ in range(self.info.world_size)]
-            dist.all_gather(parts, send)
-            carry.received = torch.stack(parts)
-        got = carry.received.cpu().to(torch.int64)  # (ranks, 2)
+        got = carry.received.cpu().to(torch.int64)  # (ranks, 2); every decode step runs the hyper layers
         agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
         if not agreed_stop and bool((got[:, 0] != agreed).any()):
             if self.info.rank == 0:
