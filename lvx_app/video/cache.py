@@ -204,14 +204,21 @@ def target_matcher(target: str) -> Callable[[str, str, str], bool]:
     return matches
 
 
-def load_or_discard(path: Path, load: Callable[[], Any], what: str, instead: str) -> Any:
-    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry."""
+def load_or_discard(path: Path, load: Callable[[], Any], what: str, instead: str, *, owner: bool = True) -> Any:
+    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry. A file several
+    ranks read has one `owner` that reports and deletes it; the others return None quietly (also when the owner
+    deleted it under them)."""
     try:
         return load()
     except CorruptEntry as exc:
-        warnings.warn(f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3)
-        path.unlink(missing_ok=True)
+        if owner:
+            warnings.warn(f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3)
+            path.unlink(missing_ok=True)
         return None
+    except OSError:
+        if owner:
+            raise
+        return None  # the owner deleted it between the look and the read
 
 
 class FeatureCache:

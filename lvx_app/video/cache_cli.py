@@ -48,14 +48,13 @@ def _saved_tables(console: Console, dir: Optional[Path]) -> int:
         if not entries:
             continue
         table = Table(title=title)
-        columns = ("id", "video", "ranks", "tokens", "size", "status") if "prompts" in title else (
-            "id", "video", "ranks", "size", "status")
-        for col in columns:
+        for col in ("id", "video", "ranks", *(("tokens",) if store.has_tokens else ()), "size", "status"):
             table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
         for e in entries:
-            row = [e.entry_id[:12], Path(e.video).name if e.video != "?" else "?", "/".join(map(str, e.world_sizes)) or "?",
-                   str(e.tokens), _human(e.bytes), "[red]damaged[/red]" if e.problems else "ok"]
-            table.add_row(*(row if "tokens" in columns else row[:3] + row[4:]))
+            tokens = [str(e.tokens)] if store.has_tokens else []
+            table.add_row(e.entry_id[:12], Path(e.video).name if e.video != "?" else "?",
+                          "/".join(map(str, e.world_sizes)) or "?", *tokens, _human(e.bytes),
+                          "[red]damaged[/red]" if e.problems else "ok")
         console.print(table)
         total += sum(e.bytes for e in entries)
     return total

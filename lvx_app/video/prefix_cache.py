@@ -148,6 +148,7 @@ class SavedEntries:
     entries_dir: Path
     required: frozenset[str] = frozenset()  # tensors every file must hold
     files = "shard-*.safetensors"  # one per rank, or one for all ranks
+    has_tokens = False  # `lvx cache ls` shows a token count (saved prompts)
 
     def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
         """(video, world size, file id, prompt tokens) from one file's manifest."""
@@ -194,13 +195,14 @@ class PrefixCache(SavedEntries):
 
     required = frozenset({"key_positions"})
     files = "prompt-of-*.safetensors"
+    has_tokens = True
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = FeatureCache(root).root  # the features' folder
-        self.prefixes_dir = self.entries_dir = self.root / "prefixes"
+        self.entries_dir = self.root / "prefixes"
 
     def path(self, key: PrefixKey) -> Path:
-        return self.prefixes_dir / key.entry_id() / key.file_name()
+        return self.entries_dir / key.entry_id() / key.file_name()
 
     def save(self, key: PrefixKey, saved: SavedPrefix, *, video: str | os.PathLike) -> Path:
         """Write the prompt K/V atomically (rank 0 alone: every rank holds the same). Returns the final path."""
@@ -221,13 +223,8 @@ class PrefixCache(SavedEntries):
                 warnings.warn(f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), this run has "
                               f"{key.world_size}; prefilling it again", VideoWarning, stacklevel=2)
             return None
-        if not owner:
-            try:
-                return self._load(path, key, device)
-            except (CorruptEntry, OSError):
-                return None  # rank 0 finds the same damage, reports it and deletes the file
         return load_or_discard(path, lambda: self._load(path, key, device), f"the saved video prompt {path}",
-                               "prefilling the prompt again")
+                               "prefilling the prompt again", owner=owner)
 
     def _load(self, path: Path, key: PrefixKey, device: torch.device | str) -> SavedPrefix:
         manifest, tensors = load_checked(path, asdict(key), PREFIX_VERSION, self.required)
