@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import pytest
+
+from lvx_app.video.errors import VideoWarning
 
 DAMAGES = ["header", "data", "truncated", "other key"]
 
@@ -21,3 +26,13 @@ def damage(path: Path, how: str, other_entry: Callable[[], Path]) -> None:
     else:
         data = bytearray(other_entry().read_bytes())
     path.write_bytes(bytes(data))
+
+
+def check_damage_is_discarded(store: Any, key: Any, saved: Any, video: Path, how: str, warning: str) -> None:
+    """Save `saved` under `key`, damage the file `how`, and check that loading it gives None with one warning that
+    matches `warning`, and deletes the file (the "other key" bytes come from the same entry under another checkpoint)."""
+    path = store.save(key, saved, video=video)
+    damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), saved, video=video))
+    with pytest.warns(VideoWarning, match=warning):
+        assert store.load(key) is None
+    assert not path.exists()

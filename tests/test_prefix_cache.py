@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_damage import DAMAGES, damage
+from cache_damage import DAMAGES, check_damage_is_discarded, damage
 from typer.testing import CliRunner
 
 from lvx_app.engine.api import GenerationParams
@@ -149,12 +149,8 @@ def test_another_world_size_is_named_in_one_line(tmp_path, video):
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
-    store, key = PrefixCache(tmp_path), _key(video)
-    path = store.save(key, _saved(), video=video)
-    damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), _saved(), video=video))
-    with pytest.warns(VideoWarning, match="was corrupt .*prefilling the prompt again"):
-        assert store.load(key) is None
-    assert not path.exists()
+    check_damage_is_discarded(PrefixCache(tmp_path), _key(video), _saved(), video, how,
+                              "was corrupt .*prefilling the prompt again")
 
 
 def test_one_file_for_all_ranks_and_only_rank_0_discards_it(tmp_path, video):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_damage import DAMAGES, damage
+from cache_damage import DAMAGES, check_damage_is_discarded
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -201,12 +201,8 @@ def test_every_key_component_invalidates(tmp_path, video):
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
-    store, key = VisualKVCache(tmp_path), _key(video)
-    path = store.save(key, _kv(), video=video)
-    damage(path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), _kv(), video=video))
-    with pytest.warns(VideoWarning, match="saved visual K/V .* was corrupt .*recomputing them from the features"):
-        assert store.load(key) is None
-    assert not path.exists()
+    check_damage_is_discarded(VisualKVCache(tmp_path), _key(video), _kv(), video, how,
+                              "saved visual K/V .* was corrupt .*recomputing them from the features")
 
 
 def test_cache_cli_lists_and_removes_saved_visual_kv(tmp_path, video):
