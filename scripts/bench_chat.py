@@ -310,6 +310,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     console = Console(width=200)
     meta = {
         "command": " ".join(sys.argv), "python": platform.python_version(), "torch": torch.__version__,

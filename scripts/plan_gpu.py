@@ -30,6 +30,7 @@ from lvx_app.engine.memory_plan import (  # noqa: E402
     Workload,
     band_tiles,
     largest_minutes,
+    live_band_masks,
     memory_plan,
     param_counts,
     plan_rows,
@@ -178,7 +179,7 @@ def three_hours(cfg: Owl3Config) -> str:
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
     kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB  # one hyper layer's K/V, recomputed
-    masks = max(r * k for r, k in band_tiles(cfg, work.prompt_tokens, tokens)) * 2 / GB  # two tiles' band masks
+    masks = live_band_masks(band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
         f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is "
         f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and every forward recomputes "

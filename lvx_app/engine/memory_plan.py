@@ -172,6 +172,12 @@ def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
     return tiles
 
 
+def live_band_masks(tiles: list[tuple[int, int]]) -> int:
+    """Bytes of the bool band masks alive at once: a tile's and the next one's (`masks.lone_plan` plans one ahead)."""
+    sizes = [r * k for r, k in tiles]
+    return max((a + b for a, b in zip(sizes, sizes[1:])), default=sum(sizes))
+
+
 def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
     """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local visual keys.
 
@@ -182,8 +188,7 @@ def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: 
     if not masked:
         return 2 * q_bytes * b  # the packed copy and the output
     tiles = band_tiles(cfg, rows, keys)
-    sizes = [r * k for r, k in tiles]
-    masks = max((a + b_ for a, b_ in zip(sizes, sizes[1:])), default=sum(sizes))
+    masks = live_band_masks(tiles)
     running = max((r * k for r, k in tiles), default=0) * (1 + b)
     return q_bytes * (b + 4) + masks + running
 

@@ -41,7 +41,8 @@ from lvx_app.engine.api import (
 from lvx_app.engine.generation import LoopOutcome, never_stop, token_loop
 from lvx_app.engine.hooks import ShardedAttention
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
-from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
+from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener, kv_nbytes
+from lvx_app.parallel.collectives import nbytes
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.layout import DEFAULT_LAYOUT, check_layout, token_owners
 from lvx_app.parallel.shards import shard_bounds
@@ -88,10 +89,6 @@ def _video_text(block: str, question: str = "") -> str:
 
 PROMPT_FORMAT = 2  # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
 # 2: every rank holds (and saves) the whole replicated text cache
-
-
-def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Session:
@@ -162,9 +159,9 @@ class Session:
         row: dict[str, Any] = {"rank": self.info.rank, "device": str(self.device)}
         if self.features is not None:
             row["frames"] = int(self.features.shape[0])
-            row["visual E"] = f"{_nbytes([self.features]) / 2**20:.1f} MiB"
+            row["visual E"] = f"{nbytes(self.features) / 2**20:.1f} MiB"
         if self.visual is not None and self.kv_mode == "cache":
-            row["visual K/V"] = f"{_nbytes(t for kv in self.visual.kv.values() for t in kv) / 2**20:.1f} MiB"
+            row["visual K/V"] = f"{kv_nbytes(self.visual.kv) / 2**20:.1f} MiB"
         if self.visual_kv.compute_s is not None:
             row["visual K/V compute s"] = round(self.visual_kv.compute_s, 4)
         if self.cache is not None:

@@ -15,11 +15,12 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
 from lvx_app.defaults import VISUAL_KV_READ_BYTES_PER_S, VISUAL_KV_SAVE_MARGIN
+from lvx_app.parallel.collectives import nbytes
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.ingest import VisualShard
 from lvx_app.video.visual_kv_cache import VisualKVCache, VisualKVKey
@@ -47,6 +48,11 @@ class VisualKVChoice:
         figures = f"compute {self.compute_s:.3f} s vs read {self.read_s:.3f} s est. for {self.nbytes / 2**20:.1f} MiB"
         why = "save_visual_kv=" + self.mode if self.mode != "auto" else figures
         return f"computed, {'saved for the next open' if self.saved else 'not saved'} ({why})"
+
+
+def kv_nbytes(kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """Bytes of every hyper layer's (k, v)."""
+    return sum(nbytes(t) for pair in kv.values() for t in pair)
 
 
 def _checked(mode: str) -> str:
@@ -86,8 +92,7 @@ class VisualKVOpener:
         saved = self.store.load(key, shard.features.device) if key is not None and shard.from_cache else None
         if self.agree(int(saved is not None)):
             lazy = self.model.prepare_visual(shard.features, starts, shard.positions, precompute=False)
-            nbytes = sum(t.numel() * t.element_size() for kv in saved.values() for t in kv)
-            return replace(lazy, kv=saved), VisualKVChoice("read back", nbytes=nbytes, mode=self.mode)
+            return replace(lazy, kv=saved), VisualKVChoice("read back", nbytes=kv_nbytes(saved), mode=self.mode)
         _sync(shard.features.device)
         t0 = self.clock()
         with torch.no_grad():
@@ -96,7 +101,7 @@ class VisualKVOpener:
         choice = VisualKVChoice(mode=self.mode)
         if key is not None:
             choice.compute_s = self.clock() - t0
-            choice.nbytes = sum(t.numel() * t.element_size() for kv in visual.kv.values() for t in kv)
+            choice.nbytes = kv_nbytes(visual.kv)
             choice.read_s = choice.nbytes / VISUAL_KV_READ_BYTES_PER_S
         want = key is not None and should_save(self.mode, choice.compute_s, choice.nbytes)
         if self.agree(int(want)):
