@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,7 +93,9 @@ def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(tiny_checkpoints, 
         os.kill(proc.pid, signal.SIGKILL)  # the launcher only, as the OOM killer or `kill -9` would
         proc.wait()
         assert _wait(lambda: not any(_alive(p) for p in pids), 20), "the ranks outlived their launcher"
-        fd = lock_output(out)  # the lock went with the run: a new run may take the folder
+        # the lock went with the run: a new run may take the folder (waiting the moment torchrun's agent may take
+        # to let go: its main thread exits first and the ranks' parent-death signal follows that thread)
+        fd = lock_output(out)
         os.close(fd)
     finally:
         _stop(proc, pids)
@@ -138,3 +141,36 @@ def test_output_lock_names_its_holder(tmp_path):
         os.close(fd)
     os.close(lock_output(tmp_path / "out"))  # free again once closed
     assert (tmp_path / "out" / LOCK_NAME).exists()
+
+
+def _exited_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_lock_whose_launcher_exited_is_waited_for_a_moment(tmp_path):
+    """The launcher was killed but its torchrun agent still holds the lock: the next run waits, then takes it."""
+    fd = lock_output(tmp_path / "out")
+    os.pwrite(fd, str(_exited_pid()).encode().ljust(16), 0)
+    threading.Timer(0.5, os.close, (fd,)).start()  # the agent lets go half a second later
+    started = time.monotonic()
+    os.close(lock_output(tmp_path / "out", holder_gone_wait_s=10))
+    assert 0.4 < time.monotonic() - started < 5
+
+
+def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wait(tmp_path):
+    fd = lock_output(tmp_path / "out")
+    os.pwrite(fd, str(_exited_pid()).encode().ljust(16), 0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(OutputBusy, match="in use by another lvx finetune run"):
+            lock_output(tmp_path / "out", holder_gone_wait_s=0.3)
+        assert 0.25 < time.monotonic() - started < 3
+        started = time.monotonic()
+        os.pwrite(fd, str(os.getpid()).encode().ljust(16), 0)  # a live holder: refused at once, no wait
+        with pytest.raises(OutputBusy, match=rf"\(pid {os.getpid()}\)"):
+            lock_output(tmp_path / "out", holder_gone_wait_s=10)
+        assert time.monotonic() - started < 1
+    finally:
+        os.close(fd)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 LOCK_NAME = ".lvx-finetune.lock"
+HOLDER_GONE_WAIT_S = 10.0  # how long a lock whose recording launcher has exited may take to be let go
 
 
 class OutputBusy(Exception):
@@ -30,13 +32,40 @@ def check_out_is_not_model(out: Path, model: str) -> None:
                          "the run starts from: choose another --out")
 
 
-def lock_output(out: Path) -> int:
-    """Create `out` and lock it for this run; returns the lock's file descriptor (inheritable, to pass to children)."""
+def _pid_exited(text: str) -> bool:
+    """True when `text` names a process that no longer exists."""
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OverflowError, PermissionError):
+        return False
+    return False
+
+
+def _take(fd: int, holder_gone_wait_s: float) -> bool:
+    """Lock `fd`; while the recorded holder has exited, wait up to `holder_gone_wait_s` for its workers to let go."""
+    deadline = time.monotonic() + holder_gone_wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if not _pid_exited(holder) or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> int:
+    """Create `out` and lock it for this run; returns the lock's file descriptor (inheritable, to pass to children).
+
+    A run whose launcher was just killed still holds the lock for a moment through torchrun's agent, which dies a
+    step behind it; while the pid in the file names an exited process, this waits up to `holder_gone_wait_s`.
+    """
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _take(fd, holder_gone_wait_s):
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise OutputBusy(f"{out} is in use by another lvx finetune run (pid {holder}); wait for it to end, stop it, "
