@@ -305,10 +305,13 @@ class Session:
         """The smallest `value` over the ranks (every rank calls this at the same point)."""
         if not self.sharded:
             return value
-        box = torch.tensor([value], dtype=torch.int64)
-        box = box.to(self.device) if dist.get_backend() == "nccl" else box
+        box = self._on_wire(torch.tensor([value], dtype=torch.int64))
         dist.all_reduce(box, op=dist.ReduceOp.MIN)
         return int(box[0])
+
+    def _on_wire(self, box: torch.Tensor) -> torch.Tensor:
+        """`box` where the process group can send it: on this rank's GPU under NCCL, as it is under gloo."""
+        return box.to(self.device) if dist.get_backend() == "nccl" else box
 
     def _kv_mode(self, n_frames: int) -> str:
         mode = self.config.kv_mode
@@ -493,9 +496,7 @@ class Session:
         """Every rank takes rank `src`'s token and rank 0's stop flag."""
         if not self.sharded:
             return int(token), stop
-        box = torch.tensor([token if token is not None else -1, int(stop)], dtype=torch.int64)
-        if dist.get_backend() == "nccl":
-            box = box.to(self.device)
+        box = self._on_wire(torch.tensor([token if token is not None else -1, int(stop)], dtype=torch.int64))
         if src == 0:
             dist.broadcast(box, src=0)
             return int(box[0]), bool(box[1])
