@@ -33,13 +33,15 @@ def check_out_is_not_model(out: Path, model: str) -> None:
 
 
 def _pid_exited(text: str) -> bool:
-    """True when `text` names a process that no longer exists."""
+    """True when `text` names a process that no longer exists (not for text that is no pid)."""
     try:
-        os.kill(int(text), 0)
+        pid = int(text)
+        if pid > 0:
+            os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except (ValueError, OverflowError, PermissionError):
-        return False
+        pass
     return False
 
 
