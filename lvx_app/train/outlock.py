@@ -45,17 +45,18 @@ def _pid_exited(text: str) -> bool:
     return False
 
 
-def _take(fd: int, holder_gone_wait_s: float) -> bool:
-    """Lock `fd`; while the recorded holder has exited, wait up to `holder_gone_wait_s` for its workers to let go."""
+def _take(fd: int, holder_gone_wait_s: float) -> str | None:
+    """Lock `fd` (None), else the holder's pid as recorded; while that pid has exited, wait up to
+    `holder_gone_wait_s` for its workers to let go."""
     deadline = time.monotonic() + holder_gone_wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            return None
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             if not _pid_exited(holder) or time.monotonic() >= deadline:
-                return False
+                return holder or "unknown"
             time.sleep(0.05)
 
 
@@ -67,8 +68,8 @@ def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> in
     """
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    if not _take(fd, holder_gone_wait_s):
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    holder = _take(fd, holder_gone_wait_s)
+    if holder is not None:
         os.close(fd)
         raise OutputBusy(f"{out} is in use by another lvx finetune run (pid {holder}); wait for it to end, stop it, "
                          "or choose another --out") from None
