@@ -81,7 +81,6 @@ def token_loop(
     feeds them, the first one too when every rank holds the prompt's logits (`carry_first`); the cache ends as
     without it. The `leader` (rank 0, whose token is the agreed one) yields such a token before that step.
     """
-
     token, fed = None, False  # fed: `token` is already in the cache (agreed by `carried`)
     for i in range(params.max_new_tokens):
         if i and not fed:

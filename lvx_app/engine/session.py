@@ -135,6 +135,7 @@ class Session:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.visual_kv = VisualKVChoice()
+        self.diverged = False  # the ranks once decoded different tokens (warned once per session)
         self.last_answer: AnswerStats | None = None
         self.answers: list[dict[str, Any]] = []
 
@@ -478,9 +479,10 @@ class Session:
         got = carry.received.cpu().to(torch.int64)  # (ranks, 2); every decode step runs the hyper layers
         agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
         if not agreed_stop and bool((got[:, 0] != agreed).any()):
-            if self.info.rank == 0:
+            if self.info.rank == 0 and not self.diverged:  # once: a rank whose logits differ may differ every token
                 warnings.warn(f"the ranks decoded different tokens ({got[:, 0].tolist()}); rank 0's is used: "
                               "their logits differ, so answers may differ from one process's", EngineWarning)  # fmt: skip
+            self.diverged = True
             self._unfeed()
             logits = self._feed_token(agreed)
         return logits, agreed, agreed_stop
