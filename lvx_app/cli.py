@@ -10,7 +10,9 @@ import typer
 from lvx_app import cli_options as opt
 from lvx_app.interrupts import ctrl_c_deferred
 
-app = opt.new_app("lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention.")
+app = opt.new_app(
+    "lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention."
+)
 
 
 @app.callback()
@@ -23,8 +25,12 @@ def main() -> None:
 
 @app.command()
 def info(
-    model: Optional[str] = typer.Option(None, "--model", help="Also say what this checkpoint (directory or hub id) is: "
-                                        "its generation and G1 gate form, projector, sizes."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="Also say what this checkpoint (directory or hub id) is: "
+        "its generation and G1 gate form, projector, sizes.",
+    ),
 ) -> None:
     """Versions, devices, attention backends and the cache location."""
     from lvx_app.info import print_info
@@ -59,7 +65,8 @@ def chat(
 ) -> None:
     """Chat about a video in the terminal; answers stream token by token."""
     try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere else before the chat starts
-        # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without torch
+        # imported here, not at the top: `lvx --help`, `lvx eval report` and the like start without
+        # torch
         with ctrl_c_deferred():
             from lvx_app.engine.api import GenerationParams
             from lvx_app.frontends.terminal import run_chat_command
@@ -67,24 +74,48 @@ def chat(
         raise typer.Exit(130) from None
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     code = run_chat_command(
-        video=str(video), model=model, revision=revision, fps=fps, max_frames=max_frames, gpus=gpus, ranks=ranks,
-        dtype=dtype, kv_cache=kv_cache, params=params, timeout=timeout, use_cache=not no_cache,
-        cache_dir=str(cache_dir) if cache_dir else None, decode_timeout=decode_timeout, subtitles=subtitles,
-        subtitle_lang=subtitle_lang, subtitle_encoding=subtitle_encoding, subtitle_tokens=subtitle_tokens,
-        xattn_schedule=xattn_schedule, layout=layout,
-    )  # fmt: skip
+        video=str(video),
+        model=model,
+        revision=revision,
+        fps=fps,
+        max_frames=max_frames,
+        gpus=gpus,
+        ranks=ranks,
+        dtype=dtype,
+        kv_cache=kv_cache,
+        params=params,
+        timeout=timeout,
+        use_cache=not no_cache,
+        cache_dir=str(cache_dir) if cache_dir else None,
+        decode_timeout=decode_timeout,
+        subtitles=subtitles,
+        subtitle_lang=subtitle_lang,
+        subtitle_encoding=subtitle_encoding,
+        subtitle_tokens=subtitle_tokens,
+        xattn_schedule=xattn_schedule,
+        layout=layout,
+    )
     raise typer.Exit(code)
 
 
 @app.command()
 def demo(
     gpus: Optional[int] = opt.GPUS,
-    ranks: Optional[int] = typer.Option(None, "--ranks", help="CPU ranks when there is no GPU (default 2)."),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where to write the demo video and checkpoint."),
-    generation: str = typer.Option("g2", "--generation", help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 "
-                                   "(241014, constant gate) or g1-gateproj (7B-240728, input-dependent gate)."),
+    ranks: Optional[int] = typer.Option(
+        None, "--ranks", help="CPU ranks when there is no GPU (default 2)."
+    ),
+    workdir: Optional[Path] = typer.Option(
+        None, "--workdir", help="Where to write the demo video and checkpoint."
+    ),
+    generation: str = typer.Option(
+        "g2",
+        "--generation",
+        help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 "
+        "(241014, constant gate) or g1-gateproj (7B-240728, input-dependent gate).",
+    ),
 ) -> None:
-    """Run the whole pipeline on a synthetic video with a tiny random-weight model (no downloads)."""
+    """Run the whole pipeline on a synthetic video with a tiny random-weight model (no
+    downloads)."""
     from lvx_app.demo import run_demo
 
     raise typer.Exit(run_demo(gpus=gpus, ranks=ranks, workdir=workdir, generation=generation))
@@ -98,13 +129,18 @@ def _register_subcommands() -> None:
 
     app.add_typer(eval_app, name="eval", help="Batch evaluation (Video-MME).")
     app.add_typer(cache_app, name="cache", help="List or remove cached visual features.")
-    app.command("serve", help="Chat with a video in the browser (Gradio) on the same worker group.")(serve_command)
-    app.command("finetune", help="Finetune on video conversations with LV-XAttn (K/V recomputed in backward).")(
-        finetune_command
-    )
+    app.command(
+        "serve", help="Chat with a video in the browser (Gradio) on the same worker group."
+    )(serve_command)
+    app.command(
+        "finetune",
+        help="Finetune on video conversations with LV-XAttn (K/V recomputed in backward).",
+    )(finetune_command)
 
 
-try:  # these import torch (a second or more): Ctrl-C meanwhile exits quietly, not with an import traceback
+# these import torch (a second or more): Ctrl-C meanwhile exits quietly, not with an import
+# traceback
+try:
     with ctrl_c_deferred():
         _register_subcommands()
 except KeyboardInterrupt:

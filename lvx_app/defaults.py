@@ -1,27 +1,30 @@
-"""Defaults shared by the commands and the library, and the check of the timeouts, in a module that imports nothing.
+"""Defaults shared by the commands and the library, and the check of the timeouts, in a module that
+imports nothing.
 
-`lvx eval` keeps its CLI free of torch and the engine (so `lvx eval merge/report` work without them), yet its
-defaults must match `lvx chat`'s: both read them from here.
+`lvx eval` keeps its CLI free of torch and the engine (so `lvx eval merge/report` work without
+them), yet its defaults must match `lvx chat`'s: both read them from here.
 """
 
 DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
 
-# Seconds one chunk of frames may take to decode before its worker process is killed and the chunk retried frame
-# by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).
+# Seconds one chunk of frames may take to decode before its worker process is killed and the chunk
+# retried frame by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).
 DEFAULT_DECODE_TIMEOUT_S = 120.0
 
-# Seconds a rank waits for a dead or hung peer before the worker group stops (every collective's timeout).
+# Seconds a rank waits for a dead or hung peer before the worker group stops (every collective's
+# timeout).
 DEFAULT_TIMEOUT_S = 300.0
 
-# Most tokens the subtitle block of a video prompt may take (lvx chat / serve); beyond it lines are dropped, evenly
-# over the video, with a warning that says how many.
+# Most tokens the subtitle block of a video prompt may take (lvx chat / serve); beyond it lines are
+# dropped, evenly over the video, with a warning that says how many.
 DEFAULT_SUBTITLE_TOKENS = 8192
 
 # Longest answer, in tokens, unless a command or the page asks for another.
 DEFAULT_MAX_NEW_TOKENS = 512
 
-# How frames (and each frame's placeholder tokens) are dealt over the ranks (lvx_app.parallel.layout): zigzag
-# balances the media-masked prefill best, by measurement (docs/benchmarks.md, "Balanced prefill layouts").
+# How frames (and each frame's placeholder tokens) are dealt over the ranks
+# (lvx_app.parallel.layout): zigzag balances the media-masked prefill best, by measurement
+# (docs/benchmarks.md, "Balanced prefill layouts").
 LAYOUTS = ("contiguous", "striped", "zigzag")
 DEFAULT_LAYOUT = "zigzag"
 
@@ -34,15 +37,18 @@ def check_layout(layout: str) -> str:
 
 
 def check_seconds(options: dict[str, float]) -> None:
-    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of seconds."""
+    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of
+    seconds."""
     for name, value in options.items():
         if not value > 0:
             raise ValueError(f"{name} must be a number of seconds above 0 (got {value:g})")
 
-# Saved visual K/V (lvx_app/engine/visual_kv.py): the first open of a video in kv mode "cache" times the hyper
-# layers' K/V projection and saves the K/V next to the features only when recomputing them is clearly slower than
-# reading them back. Reading back is estimated as bytes / VISUAL_KV_READ_BYTES_PER_S, a conservative disk read rate
-# (1 GB/s: a local NVMe reads 2-7 GB/s, a network file system often about 1); "clearly" is a factor of
-# VISUAL_KV_SAVE_MARGIN, so a near tie keeps recomputing (no disk space spent for nothing).
+
+# Saved visual K/V (lvx_app/engine/visual_kv.py): the first open of a video in kv mode "cache" times
+# the hyper layers' K/V projection and saves the K/V next to the features only when recomputing them
+# is clearly slower than reading them back. Reading back is estimated as bytes /
+# VISUAL_KV_READ_BYTES_PER_S, a conservative disk read rate (1 GB/s: a local NVMe reads 2-7 GB/s, a
+# network file system often about 1); "clearly" is a factor of VISUAL_KV_SAVE_MARGIN, so a near tie
+# keeps recomputing (no disk space spent for nothing).
 VISUAL_KV_READ_BYTES_PER_S = 1e9
 VISUAL_KV_SAVE_MARGIN = 2.0

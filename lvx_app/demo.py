@@ -22,8 +22,8 @@ from lvx_app.engine.describe import describe_answer, describe_video
 from lvx_app.engine.open import open_engine, session_config
 from lvx_app.frontends.terminal import load_with_progress
 from lvx_app.video.synthetic import make_video
-from models.mplug_owl3.config import FORMS
-from models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3.config import FORMS
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
@@ -40,8 +40,14 @@ def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
 
 
 def run_demo(
-    *, gpus: int | None, ranks: int | None, workdir: Path | None, generation: str, console: Console | None = None
+    *,
+    gpus: int | None,
+    ranks: int | None,
+    workdir: Path | None,
+    generation: str,
+    console: Console | None = None,
 ) -> int:
+    # long: the demo's steps in order, each printed as it runs
     console = console or Console(highlight=False)
     if generation not in FORMS:
         console.print(f"[red]error:[/red] --generation must be one of {', '.join(FORMS)}")
@@ -54,11 +60,23 @@ def run_demo(
     checkpoint, video = prepare(workdir, generation)
     timings = {"make checkpoint + video": time.perf_counter() - t0}
     config = session_config(
-        model=str(checkpoint), revision=None, fps=1.0, max_frames=None, dtype="auto", kv_cache=None,
-        timeout=120.0, use_cache=False, cache_dir=None,
-    )  # fmt: skip
-    console.print(f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}")
-    console.print("[yellow]The weights are random, so the answers are gibberish: this shows the pipeline runs.[/yellow]")
+        model=str(checkpoint),
+        revision=None,
+        fps=1.0,
+        max_frames=None,
+        dtype="auto",
+        kv_cache=None,
+        timeout=120.0,
+        use_cache=False,
+        cache_dir=None,
+    )
+    console.print(
+        f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
+    )
+    console.print(
+        "[yellow]The weights are random, so the answers are gibberish: this shows the pipeline "
+        "runs.[/yellow]"
+    )
     try:
         t = time.perf_counter()
         with closing(open_engine(config, gpus, ranks, console)) as engine:
@@ -77,7 +95,9 @@ def run_demo(
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    table = Table(title=f"lvx demo timings ({stats['world size']} {stats['device'].split(':')[0]} rank(s))")
+    table = Table(
+        title=f"lvx demo timings ({stats['world size']} {stats['device'].split(':')[0]} rank(s))"
+    )
     table.add_column("step")
     table.add_column("seconds", justify="right")
     for step, seconds in timings.items():

@@ -1,6 +1,8 @@
-"""Device rules shared by chat, ingestion and finetuning: which dtype "auto" means, and how memory is reported.
+"""Device rules shared by chat, ingestion and finetuning: which dtype "auto" means, and how memory
+is reported.
 
-A leaf module (torch only), so the engine, the video pipeline and the trainer read one rule instead of three copies.
+A leaf module (torch only), so the engine, the video pipeline and the trainer read one rule instead
+of three copies.
 """
 
 from __future__ import annotations
@@ -9,24 +11,32 @@ import resource
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """"auto": bfloat16 on GPU, float32 on CPU."""
+    """ "auto": bfloat16 on GPU, float32 on CPU."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def resolve_dtype(name: str, device: torch.device | str, choices: tuple[str, ...]) -> torch.dtype:
-    """The dtype a `--dtype` value names: "auto" (see `default_dtype`) or one of `choices` (keys of DTYPES).
+    """The dtype a `--dtype` value names: "auto" (see `default_dtype`) or one of `choices` (keys of
+    DTYPES).
 
-    Each command offers its own `choices` (chat has float16, finetuning float64); an unknown name raises a
-    ValueError whose message lists them.
+    Each command offers its own `choices` (chat has float16, finetuning float64); an unknown name
+    raises a ValueError whose message lists them.
     """
     if name == "auto":
         return default_dtype(device)
     if name not in choices:
-        raise ValueError(f"unknown --dtype {name!r}; use auto, {', '.join(choices[:-1])} or {choices[-1]}")
+        raise ValueError(
+            f"unknown --dtype {name!r}; use auto, {', '.join(choices[:-1])} or {choices[-1]}"
+        )
     return DTYPES[name]
 
 
@@ -34,11 +44,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak GPU memory allocated on `device`, or the process's peak resident memory on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # ru_maxrss is in KiB on Linux
+    return (
+        int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    )  # ru_maxrss is in KiB on Linux
 
 
 def memory_report(device: torch.device) -> dict[str, str]:
-    """Human-readable memory of this process on `device`: allocated / peak / free on GPU, peak RSS on CPU."""
+    """Human-readable memory of this process on `device`: allocated / peak / free on GPU, peak RSS
+    on CPU."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return {

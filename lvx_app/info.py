@@ -1,4 +1,5 @@
-"""`lvx info`: what this install can use, in one table; with `--model`, what a checkpoint is (from its config.json
+"""`lvx info`: what this install can use, in one table; with `--model`, what a checkpoint is (from
+its config.json
 and safetensors headers, no weights read)."""
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def collect_info() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda) if torch.cuda.is_available() else "not available",
-        "gpus": ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none",
+        "gpus": ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        or "none",
         "cpu cores": str(os.cpu_count()),
     }
     for dist in ("flash-attn", "decord", "gradio", "tokenizers", "safetensors", "transformers"):
@@ -49,9 +51,10 @@ def collect_info() -> dict[str, str]:
 
 
 def checkpoint_rows(model: str) -> dict[str, str]:
-    """Generation, gate form, projector and sizes of a checkpoint directory or hub id (raises CheckpointError)."""
-    from models.mplug_owl3.config import FORM_NOTES
-    from models.mplug_owl3.loader import inspect_checkpoint
+    """Generation, gate form, projector and sizes of a checkpoint directory or hub id (raises
+    CheckpointError)."""
+    from lvx_models.mplug_owl3.config import FORM_NOTES
+    from lvx_models.mplug_owl3.loader import inspect_checkpoint
 
     info = inspect_checkpoint(model)
     cfg = info.config
@@ -60,18 +63,20 @@ def checkpoint_rows(model: str) -> dict[str, str]:
         "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
         "projector": cfg.projector,
         "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
-        "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads / "
-                 f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
+        "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
+        f"{cfg.num_attention_heads} heads / "
+        f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
         **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
     }
 
 
 def print_info(model: str | None = None) -> int:
-    """Print the table (and the checkpoint's, with `model`); 1 with a one-line error if it cannot be read."""
+    """Print the table (and the checkpoint's, with `model`); 1 with a one-line error if it cannot be
+    read."""
     console = Console()
     rows = collect_info()
     if model is not None:
-        from models.mplug_owl3.checkpoint import CheckpointError
+        from lvx_models.mplug_owl3.checkpoint import CheckpointError
 
         try:
             rows.update(checkpoint_rows(model))

@@ -1,14 +1,17 @@
-"""Subtitles for a video: find them, read them whatever their encoding, and pick the lines the model sees.
+"""Subtitles for a video: find them, read them whatever their encoding, and pick the lines the model
+sees.
 
-One implementation for `lvx eval videomme --subtitles`, `lvx chat --subtitles` and `lvx serve`, so all three put
-the same block of text, under the same header, next to the same video. The rule is Video-MME's official one: only
-the lines that cover the timestamps of the sampled frames (one frame, at most one line), in time order, deduplicated.
+One implementation for `lvx eval videomme --subtitles`, `lvx chat --subtitles` and `lvx serve`, so
+all three put the same block of text, under the same header, next to the same video. The rule is
+Video-MME's official one: only the lines that cover the timestamps of the sampled frames (one frame,
+at most one line), in time order, deduplicated.
 
-Sources: a sidecar file next to the video (``movie.srt``, ``movie.vtt``, ``movie.en.srt``...), a text subtitle
-stream inside the container (mov_text, subrip, webvtt, ass/ssa, demuxed with PyAV), or a file named by the user.
-Cue text loses its markup (``<font>``, ``<i>``, WebVTT classes and timestamps, ASS ``{\\...}`` overrides).
-Bad files (binary, 100 MB, no cues, an unknown encoding) are one :class:`SubtitleError` line; what can be worked
-around (an encoding guessed, cues that end before they start) is a note the frontend shows as a warning.
+Sources: a sidecar file next to the video (``movie.srt``, ``movie.vtt``, ``movie.en.srt``...), a
+text subtitle stream inside the container (mov_text, subrip, webvtt, ass/ssa, demuxed with PyAV), or
+a file named by the user. Cue text loses its markup (``<font>``, ``<i>``, WebVTT classes and
+timestamps, ASS ``{\\...}`` overrides). Bad files (binary, 100 MB, no cues, an unknown encoding) are
+one :class:`SubtitleError` line; what can be worked around (an encoding guessed, cues that end
+before they start) is a note the frontend shows as a warning.
 """
 
 from __future__ import annotations
@@ -28,24 +31,34 @@ MAX_SUBTITLE_MB = 16  # a feature film's subtitles are well under 1 MB
 _TIMING = re.compile(
     r"(?:(\d+):)?(\d{1,2}):(\d{1,2})[,.](\d{1,3})\s*-->\s*(?:(\d+):)?(\d{1,2}):(\d{1,2})[,.](\d{1,3})"
 )
-_TAGS = re.compile(r"</?(?:font|i|b|u|c|v|ruby|rt|lang|span)\b[^>]*>|<\d+:\d{2}(?::\d{2})?[.,]\d{1,3}>", re.IGNORECASE)
+_TAGS = re.compile(
+    r"</?(?:font|i|b|u|c|v|ruby|rt|lang|span)\b[^>]*>|<\d+:\d{2}(?::\d{2})?[.,]\d{1,3}>",
+    re.IGNORECASE,
+)
 _ASS_OVERRIDE = re.compile(r"\{\\[^}]*\}")
 _ASS_BREAK = re.compile(r"\\[Nnh]")
 _ASS_TIME = re.compile(r"(\d+):(\d{2}):(\d{2})[.:](\d{1,3})")
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
-# ISO 639-1 code -> its ISO 639-2 codes and English name, for --subtitle-lang and `movie.eng.srt` style tags.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)  # fmt: skip
+# ISO 639-1 code -> its ISO 639-2 codes and English name, for --subtitle-lang and `movie.eng.srt`
+# style tags.
 _LANGUAGES = {
-    "en": "eng english", "fr": "fra fre french", "de": "deu ger german", "es": "spa spanish", "it": "ita italian",
-    "pt": "por portuguese", "nl": "nld dut dutch", "ru": "rus russian", "zh": "zho chi chinese", "ja": "jpn japanese",
-    "ko": "kor korean", "ar": "ara arabic", "hi": "hin hindi", "tr": "tur turkish", "pl": "pol polish",
-    "sv": "swe swedish", "da": "dan danish", "no": "nor norwegian", "fi": "fin finnish", "cs": "ces cze czech",
-    "el": "ell gre greek", "he": "heb hebrew", "uk": "ukr ukrainian", "vi": "vie vietnamese", "th": "tha thai",
+    "en": "eng english", "fr": "fra fre french", "de": "deu ger german", "es": "spa spanish",
+    "it": "ita italian", "pt": "por portuguese", "nl": "nld dut dutch", "ru": "rus russian",
+    "zh": "zho chi chinese", "ja": "jpn japanese", "ko": "kor korean", "ar": "ara arabic",
+    "hi": "hin hindi", "tr": "tur turkish", "pl": "pol polish", "sv": "swe swedish",
+    "da": "dan danish", "no": "nor norwegian", "fi": "fin finnish", "cs": "ces cze czech",
+    "el": "ell gre greek", "he": "heb hebrew", "uk": "ukr ukrainian", "vi": "vie vietnamese",
+    "th": "tha thai",
 }  # fmt: skip
 
 
 class SubtitleError(ValueError):
-    """A subtitle file or option that cannot be used; the message is one line that says what to do."""
+    """A subtitle file or option that cannot be used; the message is one line that says what to
+    do."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +70,19 @@ class Cue:
 
 @dataclass
 class SubtitleTrack:
-    """The cues chosen for a video, where they came from, and what the user should be told about them."""
+    """The cues chosen for a video, where they came from, and what the user should be told about
+    them."""
 
     cues: list[Cue] = field(default_factory=list)
     source: str = ""  # "movie.en.srt", "stream 2 (mov_text, eng) of movie.mp4"; "" = no subtitles
     notes: list[str] = field(default_factory=list)
 
 
-# ---- text ------------------------------------------------------------------------------------------------------
+# ---- text
+# --------------------------------------------------------------------------------------------------
 def clean_text(text: str) -> str:
-    """One line of plain text: HTML-like tags, WebVTT timestamps and ASS overrides removed, whitespace collapsed."""
+    """One line of plain text: HTML-like tags, WebVTT timestamps and ASS overrides removed,
+    whitespace collapsed."""
     text = _ASS_BREAK.sub(" ", _ASS_OVERRIDE.sub("", _TAGS.sub("", text.replace("\u2060", ""))))
     return " ".join(text.replace("\\{", "{").replace("\\\\", "\\").split())
 
@@ -76,7 +92,8 @@ def _seconds(h: str | None, m: str, s: str, frac: str) -> float:
 
 
 def parse_cues(text: str) -> tuple[list[Cue], int]:
-    """(cues in start order, how many ended before they started) of SRT or WebVTT text. Blocks without a timing
+    """(cues in start order, how many ended before they started) of SRT or WebVTT text. Blocks
+    without a timing
     line or without text are skipped; a reversed cue is kept as an instant at its start."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     cues: list[Cue] = []
@@ -102,7 +119,8 @@ def parse_srt(text: str) -> list[Cue]:
 
 
 def parse_ass(text: str) -> tuple[list[Cue], int]:
-    """(cues, reversed count) of an ASS/SSA script: its ``Dialogue:`` lines (text is the tenth field)."""
+    """(cues, reversed count) of an ASS/SSA script: its ``Dialogue:`` lines (text is the tenth
+    field)."""
     cues: list[Cue] = []
     reversed_ = 0
     for line in text.splitlines():
@@ -120,21 +138,31 @@ def parse_ass(text: str) -> tuple[list[Cue], int]:
 
 
 def decode_bytes(data: bytes, name: str, encoding: str | None = None) -> tuple[str, str | None]:
-    """(text, note): ``encoding`` if given; else a BOM, strict UTF-8, or charset detection (with a note)."""
+    """(text, note): ``encoding`` if given; else a BOM, strict UTF-8, or charset detection (with a
+    note)."""
     if encoding:
         try:
             return data.decode(encoding), None
         except LookupError:
-            raise SubtitleError(f"unknown encoding {encoding!r} (--subtitle-encoding); e.g. utf-8, cp1252, gb18030, "
-                                "shift_jis") from None  # fmt: skip
+            raise SubtitleError(
+                f"unknown encoding {encoding!r} (--subtitle-encoding); e.g. utf-8, cp1252, "
+                "gb18030, "
+                "shift_jis"
+            ) from None
         except UnicodeDecodeError:
-            raise SubtitleError(f"{name} is not valid {encoding} text; name another --subtitle-encoding, or leave it "
-                                "out to detect one") from None  # fmt: skip
+            raise SubtitleError(
+                f"{name} is not valid {encoding} text; name another --subtitle-encoding, or leave "
+                "it "
+                "out to detect one"
+            ) from None
     for bom, codec in _BOMS:
         if data.startswith(bom):
             return data.decode(codec, errors="replace"), None
     if b"\x00" in data[:65536]:
-        raise SubtitleError(f"{name} is binary, not a text subtitle file; pass an .srt or .vtt file, or --subtitles none")
+        raise SubtitleError(
+            f"{name} is binary, not a text subtitle file; pass an .srt or .vtt file, or "
+            "--subtitles none"
+        )
     try:
         return data.decode("utf-8"), None
     except UnicodeDecodeError:
@@ -143,31 +171,45 @@ def decode_bytes(data: bytes, name: str, encoding: str | None = None) -> tuple[s
 
     best = from_bytes(data).best()
     if best is None:
-        raise SubtitleError(f"{name} is not text in any encoding found; pass --subtitle-encoding, or --subtitles none")
-    return str(best), f"{name} is not UTF-8; read it as {best.encoding} (detected); pass --subtitle-encoding to choose"
+        raise SubtitleError(
+            f"{name} is not text in any encoding found; pass --subtitle-encoding, or --subtitles "
+            "none"
+        )
+    return (
+        str(best),
+        f"{name} is not UTF-8; read it as {best.encoding} (detected); pass --subtitle-encoding to "
+        "choose",
+    )
 
 
 def read_subtitle_file(path: Path | str, encoding: str | None = None) -> SubtitleTrack:
-    """The cues of an .srt / .vtt / .ass file; SubtitleError if it cannot be read (a file with no cues is no error
+    """The cues of an .srt / .vtt / .ass file; SubtitleError if it cannot be read (a file with no
+    cues is no error
     here: callers decide)."""
     path = Path(path)
     if not path.is_file():
         raise SubtitleError(f"subtitle file not found: {path}")
     size_mb = path.stat().st_size / 2**20
     if size_mb > MAX_SUBTITLE_MB:
-        raise SubtitleError(f"{path.name} is {size_mb:.0f} MB, over the {MAX_SUBTITLE_MB} MB a subtitle file may be; "
-                            "pass the right file, or --subtitles none")  # fmt: skip
+        raise SubtitleError(
+            f"{path.name} is {size_mb:.0f} MB, over the {MAX_SUBTITLE_MB} MB a subtitle file may "
+            "be; "
+            "pass the right file, or --subtitles none"
+        )
     text, note = decode_bytes(path.read_bytes(), path.name, encoding)
     parse = parse_ass if path.suffix.lower() in (".ass", ".ssa") else parse_cues
     cues, reversed_ = parse(text)
     notes = [note] if note else []
     if reversed_:
-        notes.append(f"{path.name}: {reversed_} cue(s) end before they start; each is kept at its start time")
+        notes.append(
+            f"{path.name}: {reversed_} cue(s) end before they start; each is kept at its start time"
+        )
     return SubtitleTrack(cues, path.name, notes)
 
 
 def load_srt(path: Path | str | None) -> list[Cue]:
-    """Cues of a Video-MME ``.srt`` file; a missing file (None) means no subtitles, and so does an unreadable one
+    """Cues of a Video-MME ``.srt`` file; a missing file (None) means no subtitles, and so does an
+    unreadable one
     (with a warning), so one bad file does not stop a whole evaluation."""
     if path is None:
         return []
@@ -180,13 +222,15 @@ def load_srt(path: Path | str | None) -> list[Cue]:
         return []
 
 
-# ---- the lines the model sees ----------------------------------------------------------------------------------
+# ---- the lines the model sees
+# --------------------------------------------------------------------------------------------------
 def select_lines(cues: Sequence[Cue], timestamps: Sequence[float]) -> list[str]:
-    """The subtitle lines at the sampled frame ``timestamps`` (seconds), in time order, deduplicated.
+    """The subtitle lines at the sampled frame ``timestamps`` (seconds), in time order,
+    deduplicated.
 
-    Each timestamp takes the cue that covers it (``start <= t <= end``); where rolling cues overlap, the
-    one that started last (the line on screen most recently). A timestamp in a gap takes nothing, so there
-    are never more lines than frames.
+    Each timestamp takes the cue that covers it (``start <= t <= end``); where rolling cues overlap,
+    the one that started last (the line on screen most recently). A timestamp in a gap takes
+    nothing, so there are never more lines than frames.
     """
     starts = [c.start for c in cues]
     reach = list(itertools.accumulate((c.end for c in cues), max))  # latest end among cues[: i + 1]
@@ -205,12 +249,14 @@ def select_lines(cues: Sequence[Cue], timestamps: Sequence[float]) -> list[str]:
 
 
 def subtitle_block(lines: Sequence[str]) -> str:
-    """The header and the lines, one per line: the text the eval prompt starts with and chat puts after the video."""
+    """The header and the lines, one per line: the text the eval prompt starts with and chat puts
+    after the video."""
     return "\n".join([SUBTITLE_HEADER, *lines]) if lines else ""
 
 
 def fit_lines(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]) -> list[str]:
-    """The most lines, spread evenly over the video, whose block is at most ``budget`` tokens (all if they fit)."""
+    """The most lines, spread evenly over the video, whose block is at most ``budget`` tokens (all
+    if they fit)."""
     lines = list(lines)
 
     def spread(k: int) -> list[str]:
@@ -225,7 +271,8 @@ def fit_lines(lines: Sequence[str], budget: int, count_tokens: Callable[[str], i
     return spread(lo)
 
 
-# ---- where they come from --------------------------------------------------------------------------------------
+# ---- where they come from
+# --------------------------------------------------------------------------------------------------
 def _aliases(lang: str) -> set[str]:
     """Every spelling of a language code: ``en`` -> {en, eng, english}; ``eng`` -> the same."""
     lang = lang.lower().replace("_", "-").split("-")[0]
@@ -242,11 +289,16 @@ def language_matches(tag: str, lang: str) -> bool:
 
 
 def find_sidecars(video: Path | str) -> list[tuple[Path, str]]:
-    """(file, language tag) of the subtitle files next to ``video`` with its stem; the untagged one first."""
+    """(file, language tag) of the subtitle files next to ``video`` with its stem; the untagged one
+    first."""
     video = Path(video)
     found = []
     for p in video.parent.iterdir() if video.parent.is_dir() else ():
-        if p.suffix.lower() in SIDECAR_EXTENSIONS and p.is_file() and p.name.startswith(video.stem + "."):
+        if (
+            p.suffix.lower() in SIDECAR_EXTENSIONS
+            and p.is_file()
+            and p.name.startswith(video.stem + ".")
+        ):
             found.append((p, p.name[len(video.stem) + 1 : -len(p.suffix)]))
     return sorted(found, key=lambda f: (f[1] != "", f[0].name))
 
@@ -257,9 +309,11 @@ def _stream_label(stream, video: Path) -> str:
 
 
 def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
-    """The cues of the first text subtitle stream inside ``video`` (in ``lang`` if given), demuxed with PyAV.
+    """The cues of the first text subtitle stream inside ``video`` (in ``lang`` if given), demuxed
+    with PyAV.
     No such stream: an empty track, with a note when only bitmap subtitles (PGS, DVD) are there."""
-    import av  # PyAV: only when a video is opened for its subtitles (`lvx eval merge/report` never need it)
+    # PyAV: only when a video is opened for its subtitles (`lvx eval merge/report` never need it)
+    import av
 
     video = Path(video)
     try:
@@ -267,14 +321,23 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
     except (av.error.FFmpegError, OSError):
         return SubtitleTrack()  # not a media file: the video loader says so in its own words
     with container:
-        streams = [s for s in container.streams.subtitles if not lang or language_matches(s.language or "", lang)]
+        streams = [
+            s
+            for s in container.streams.subtitles
+            if not lang or language_matches(s.language or "", lang)
+        ]
         text = [s for s in streams if s.codec_context.codec.text_sub]
         if not text:
             bitmap = ", ".join(_stream_label(s, video) for s in streams)
-            note = f"{bitmap}: bitmap subtitles cannot be read as text; pass an .srt file with --subtitles FILE"
+            note = (
+                f"{bitmap}: bitmap subtitles cannot be read as text; pass an .srt file with "
+                "--subtitles FILE"
+            )
             return SubtitleTrack(notes=[note] if streams else [])
         stream = text[0]
-        label = _stream_label(stream, video)  # while the container is open: a closed stream's fields are garbage
+        label = _stream_label(
+            stream, video
+        )  # while the container is open: a closed stream's fields are garbage
         cues = []
         try:
             for packet in container.demux(stream):
@@ -283,19 +346,26 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
                 start = float(packet.pts * stream.time_base)
                 end = start + float((packet.duration or 0) * stream.time_base)
                 for sub in packet.decode():
-                    body = clean_text(bytes(getattr(sub, "dialogue", b"") or b"").decode("utf-8", errors="replace"))
+                    body = clean_text(
+                        bytes(getattr(sub, "dialogue", b"") or b"").decode(
+                            "utf-8", errors="replace"
+                        )
+                    )
                     if body:
                         cues.append(Cue(start, end, body))
         except av.error.FFmpegError as exc:
-            raise SubtitleError(f"{label} could not be read ({exc}); pass --subtitles FILE "
-                                "or --subtitles none") from None  # fmt: skip
+            raise SubtitleError(
+                f"{label} could not be read ({exc}); pass --subtitles FILE or --subtitles none"
+            ) from None
     cues.sort(key=lambda c: (c.start, c.end))
     return SubtitleTrack(cues, label)
 
 
 def _auto(video: Path, lang: str | None, encoding: str | None) -> SubtitleTrack:
     """A sidecar file first (in ``lang`` if given), else a text stream inside the container."""
-    sidecars = [(p, tag) for p, tag in find_sidecars(video) if not lang or language_matches(tag, lang)]
+    sidecars = [
+        (p, tag) for p, tag in find_sidecars(video) if not lang or language_matches(tag, lang)
+    ]
     if sidecars:
         path, tag = sidecars[0]
         others = [p.name for p, _ in sidecars[1:]]
@@ -304,18 +374,24 @@ def _auto(video: Path, lang: str | None, encoding: str | None) -> SubtitleTrack:
         except SubtitleError as exc:
             return SubtitleTrack(notes=[f"{exc}; going on without subtitles"])
         if tag and len(sidecars) > 1 and not lang:
-            track.notes.append(f"subtitles from {path.name}; also there: {', '.join(others)} (choose with "
-                               "--subtitle-lang)")  # fmt: skip
+            track.notes.append(
+                f"subtitles from {path.name}; also there: {', '.join(others)} (choose with "
+                "--subtitle-lang)"
+            )
         return track
     track = read_embedded(video, lang)
     if not track.cues and lang and not track.notes:
-        track.notes.append(f"no {lang} subtitles next to {video.name} or inside it; going on without subtitles")
+        track.notes.append(
+            f"no {lang} subtitles next to {video.name} or inside it; going on without subtitles"
+        )
     return track
 
 
-def resolve_subtitles(video: Path | str, choice: str = "auto", lang: str | None = None,
-                      encoding: str | None = None) -> SubtitleTrack:  # fmt: skip
-    """The subtitles ``--subtitles auto|none|FILE`` asks for. A FILE that cannot be used is a SubtitleError;
+def resolve_subtitles(
+    video: Path | str, choice: str = "auto", lang: str | None = None, encoding: str | None = None
+) -> SubtitleTrack:
+    """The subtitles ``--subtitles auto|none|FILE`` asks for. A FILE that cannot be used is a
+    SubtitleError;
     with ``auto`` a bad sidecar is a note and the chat goes on without subtitles."""
     choice = (choice or "auto").strip()
     if choice.lower() == "none":
@@ -324,6 +400,9 @@ def resolve_subtitles(video: Path | str, choice: str = "auto", lang: str | None 
         return _auto(Path(video), lang, encoding)
     track = read_subtitle_file(choice, encoding)
     if not track.cues:
-        raise SubtitleError(f"{track.source} has no subtitle cues (SRT/WebVTT '00:00:01,000 --> 00:00:02,000' lines, "
-                            "or ASS 'Dialogue:' lines); pass another file or --subtitles none")  # fmt: skip
+        raise SubtitleError(
+            f"{track.source} has no subtitle cues (SRT/WebVTT '00:00:01,000 --> 00:00:02,000' "
+            "lines, "
+            "or ASS 'Dialogue:' lines); pass another file or --subtitles none"
+        )
     return track

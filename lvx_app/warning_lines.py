@@ -1,8 +1,10 @@
-"""Show lvx's own warnings as one readable line ("warning: ...") instead of Python's file:line + source echo.
+"""Show lvx's own warnings as one readable line ("warning: ...") instead of Python's file:line +
+source echo.
 
-Warnings raised by lvx code (lvx_app, models, ui) are messages for the user (an fps clamped to the video's own,
-a prompt beyond the trained length, a cache that could not be written); their source line means nothing to them.
-Warnings from other libraries keep Python's format, which is what their authors expect for debugging.
+Warnings raised by lvx code (lvx_app, models, ui) are messages for the user (an fps clamped to the
+video's own, a prompt beyond the trained length, a cache that could not be written); their source
+line means nothing to them. Warnings from other libraries keep Python's format, which is what their
+authors expect for debugging.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ def _show(message, category, filename, lineno, file: Optional[TextIO] = None, li
         return
     if is_lvx_source(filename):
         text = "warning: " + str(message)
-        text = f"\033[33m{text}\033[0m\n" if getattr(out, "isatty", lambda: False)() else text + "\n"
+        text = (
+            f"\033[33m{text}\033[0m\n" if getattr(out, "isatty", lambda: False)() else text + "\n"
+        )
     else:
-        text = warnings.formatwarning(message, category, filename, lineno, line)  # Python's own format
+        text = warnings.formatwarning(
+            message, category, filename, lineno, line
+        )  # Python's own format
     try:
         out.write(text)
     except OSError:  # stderr gone (closed terminal)

@@ -2,25 +2,32 @@
 
 Two measurements, both printed as a rich table and written as JSON:
 
-* `engine` (default, CPU): the real `lvx` engine — tiny random-weight checkpoint, a synthetic video, world
-  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode tok/s). At every
-  world size > 1 the same chat runs once per entry of `ATTENTIONS` (LV-XAttn, Ring pass-KV, all-gather K/V; the
-  engine's benchmark-only `SessionConfig.attention`), with the video-prompt prefill time and the attention bytes
-  each rank sent while loading and while answering.
-* `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights, random visual
-  features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder tokens per frame), the same
-  model code the engine runs on one rank: visual K/V preparation, prefill of the video prompt, TTFT of a question
-  prefilled on top of that cache, and decode tokens/s. `--shape small` runs the same path at small shapes so it
-  can be exercised on a CPU.
+* `engine` (default, CPU): the real `lvx` engine — tiny random-weight checkpoint, a synthetic video,
+world
+  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode
+  tok/s). At every world size > 1 the same chat runs once per entry of `ATTENTIONS` (LV-XAttn, Ring
+  pass-KV, all-gather K/V; the engine's benchmark-only `SessionConfig.attention`), with the
+  video-prompt prefill time and the attention bytes each rank sent while loading and while
+  answering.
+* `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights,
+random visual
+  features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder tokens per
+  frame), the same model code the engine runs on one rank: visual K/V preparation, prefill of the
+  video prompt, TTFT of a question prefilled on top of that cache, and decode tokens/s. `--shape
+  small` runs the same path at small shapes so it can be exercised on a CPU.
 
     python scripts/bench_chat.py --out runs/bench_chat_cpu.json
-    python scripts/bench_chat.py --ranks 1 2 4 --plot docs/bench_chat_attention.png --out runs/bench_chat_attention.json
-    python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out runs/bench_chat_h100.json
-    python scripts/bench_chat.py --mode layouts --ranks 2 --minutes 10   # prefill per layout (lvx_app/parallel/layout.py)
+    python scripts/bench_chat.py --ranks 1 2 4 --plot docs/bench_chat_attention.png --out
+    runs/bench_chat_attention.json
+    python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out
+    runs/bench_chat_h100.json # prefill per layout (lvx_app/parallel/layout.py)
+    python scripts/bench_chat.py --mode layouts --ranks 2 --minutes 10
 
-* `layouts` (`--mode layouts`): the video-prompt prefill of the engine's sharded forward (its hooks, small shapes,
-  random weights and features) on gloo CPU ranks with frames and their placeholder tokens dealt by each layout,
-  layouts interleaved; the last token's logits are compared with the contiguous layout's.
+* `layouts` (`--mode layouts`): the video-prompt prefill of the engine's sharded forward (its hooks,
+small shapes,
+  random weights and features) on gloo CPU ranks with frames and their placeholder tokens dealt by
+  each layout, layouts interleaved; the last token's logits are compared with the contiguous
+  layout's.
 """
 
 from __future__ import annotations
@@ -47,8 +54,8 @@ from lvx_app.engine.api import GenerationParams  # noqa: E402
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
-# One entry per engine variant compared: its label and the SessionConfig fields that select it. Adding a row (e.g.
-# another schedule option) is one entry here.
+# One entry per engine variant compared: its label and the SessionConfig fields that select it.
+# Adding a row (e.g. another schedule option) is one entry here.
 ATTENTIONS = {
     "LV-XAttn (auto)": {"attention": "lv_xattn", "xattn_schedule": "auto"},
     "LV-XAttn ring only": {"attention": "lv_xattn", "xattn_schedule": "ring"},
@@ -62,8 +69,10 @@ def _bytes_sent(engine) -> list[int]:
 
 
 def _engine_row(engine, video: Path, fps: float, new_tokens: int, repeats: int = 1) -> dict:
-    """Load the video, warm up, then `repeats` timed questions (a reset before each; medians of TTFT and tok/s, all
-    answers must agree); bytes are the most any rank sent while loading and in the first timed answer."""
+    """Load the video, warm up, then `repeats` timed questions (a reset before each; medians of TTFT
+    and tok/s, all
+    answers must agree); bytes are the most any rank sent while loading and in the first timed
+    answer."""
     summary = engine.load_video(str(video), fps)
     stats = engine.stats()["ranks"]
     after_load = [int(r.get("attention bytes sent", 0)) for r in stats]
@@ -80,20 +89,35 @@ def _engine_row(engine, video: Path, fps: float, new_tokens: int, repeats: int =
     if len(set(answers)) != 1:
         raise SystemExit(f"the {repeats} repeats of the question gave different answers")
     return {
-        "frames": summary.frames, "visual_tokens": summary.visual_tokens, "ingest_s": summary.seconds,
-        "video_prompt_prefill_s": prefill_s, "load_mb_sent_per_rank": max(after_load) / 1e6,
-        "prompt_tokens": engine.last_answer.prompt_tokens, "ttft_s": statistics.median(ttfts),
-        "new_tokens": engine.last_answer.new_tokens, "tokens_per_s": statistics.median(speeds),
-        "answer_mb_sent_per_rank": sent[0] / 1e6, "answer": answers[0], "ttft_s_all": ttfts, "tokens_per_s_all": speeds,
-    }  # fmt: skip
+        "frames": summary.frames,
+        "visual_tokens": summary.visual_tokens,
+        "ingest_s": summary.seconds,
+        "video_prompt_prefill_s": prefill_s,
+        "load_mb_sent_per_rank": max(after_load) / 1e6,
+        "prompt_tokens": engine.last_answer.prompt_tokens,
+        "ttft_s": statistics.median(ttfts),
+        "new_tokens": engine.last_answer.new_tokens,
+        "tokens_per_s": statistics.median(speeds),
+        "answer_mb_sent_per_rank": sent[0] / 1e6,
+        "answer": answers[0],
+        "ttft_s_all": ttfts,
+        "tokens_per_s_all": speeds,
+    }
 
 
-def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, workdir: Path,
-                 attentions: list[str] | None = None, repeats: int = 1) -> list[dict]:
+def bench_engine(
+    ranks: list[int],
+    minutes: float,
+    fps: float,
+    new_tokens: int,
+    workdir: Path,
+    attentions: list[str] | None = None,
+    repeats: int = 1,
+) -> list[dict]:
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
-    from models.mplug_owl3.tiny import write_tiny_checkpoint
+    from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
     checkpoint = write_tiny_checkpoint(workdir / "tiny-g2", "g2")
     video = workdir / f"video_{minutes:g}min.mp4"
@@ -111,29 +135,47 @@ def bench_engine(ranks: list[int], minutes: float, fps: float, new_tokens: int, 
             finally:
                 engine.close()
             answer = row.pop("answer")
-            rows.append({"attention": name if n > 1 else "one rank", "ranks": n, "start_s": start_s, **row,
-                         "answer_chars": len(answer), "answer_crc32": zlib.crc32(answer.encode())})  # fmt: skip
+            rows.append(
+                {
+                    "attention": name if n > 1 else "one rank",
+                    "ranks": n,
+                    "start_s": start_s,
+                    **row,
+                    "answer_chars": len(answer),
+                    "answer_crc32": zlib.crc32(answer.encode()),
+                }
+            )
     return rows
 
 
 def plot_engine(rows: list[dict], path: Path) -> None:
-    """TTFT, decode tokens/s and video-prompt prefill per attention and rank count, one panel each."""
+    """TTFT, decode tokens/s and video-prompt prefill per attention and rank count, one panel
+    each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("video_prompt_prefill_s", "video-prompt prefill (s)"), ("ttft_s", "question TTFT (s)"),
-               ("tokens_per_s", "decode tokens/s")]  # fmt: skip
+    metrics = [
+        ("video_prompt_prefill_s", "video-prompt prefill (s)"),
+        ("ttft_s", "question TTFT (s)"),
+        ("tokens_per_s", "decode tokens/s"),
+    ]
     names = list(dict.fromkeys(r["attention"] for r in rows if r["ranks"] > 1))
     world_sizes = sorted({r["ranks"] for r in rows if r["ranks"] > 1})
     fig, axes = plt.subplots(1, len(metrics), figsize=(13, 3.6))
     width = 0.8 / max(1, len(names))
     for ax, (key, label) in zip(axes, metrics):
         for i, name in enumerate(names):
-            values = [next((r[key] for r in rows if r["attention"] == name and r["ranks"] == n), 0.0) for n in world_sizes]
+            values = [
+                next((r[key] for r in rows if r["attention"] == name and r["ranks"] == n), 0.0)
+                for n in world_sizes
+            ]
             ax.bar([j + i * width for j in range(len(world_sizes))], values, width, label=name)
-        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(world_sizes))], [f"{n} ranks" for n in world_sizes])
+        ax.set_xticks(
+            [j + width * (len(names) - 1) / 2 for j in range(len(world_sizes))],
+            [f"{n} ranks" for n in world_sizes],
+        )
         ax.set_title(label)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -142,15 +184,22 @@ def plot_engine(rows: list[dict], path: Path) -> None:
 
 
 def _config(shape: str):
-    from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+    from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 
     if shape == "7b":
         return Owl3Config()  # the defaults are mPLUG-Owl3-7B-241101's config
     return Owl3Config(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=2, hyper_layers=[2, 4, 6, 8],
-        vision=SiglipVisionConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2),
-    )  # fmt: skip
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        hyper_layers=[2, 4, 6, 8],
+        vision=SiglipVisionConfig(
+            hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2
+        ),
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -160,7 +209,7 @@ def _sync(device: torch.device) -> None:
 
 def _random_model(shape: str, device: torch.device, dtype: torch.dtype):
     """mPLUG-Owl3 at `shape` with random weights (the same on every process: seeded)."""
-    from models.mplug_owl3.modeling import Owl3Model
+    from lvx_models.mplug_owl3.modeling import Owl3Model
 
     with torch.device("meta"):
         model = Owl3Model(_config(shape))
@@ -172,7 +221,9 @@ def _random_model(shape: str, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
-def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str) -> list[dict]:
+def bench_model(
+    minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str
+) -> list[dict]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = _random_model(shape, device, dtype)
     cfg = model.config
@@ -186,7 +237,9 @@ def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch
         starts = header + 5 * torch.arange(frames)
         prefix_len = int(starts[-1]) + 5
         ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
-        features = torch.randn(frames, tokens_per_frame, cfg.hidden_size, device=device, dtype=dtype)
+        features = torch.randn(
+            frames, tokens_per_frame, cfg.hidden_size, device=device, dtype=dtype
+        )
         _sync(device)
         t0 = time.perf_counter()
         visual = model.prepare_visual(features, starts)
@@ -208,21 +261,38 @@ def bench_model(minutes: list[float], fps: float, new_tokens: int, device: torch
         t0 = time.perf_counter()
         with torch.no_grad():
             for _ in range(new_tokens):
-                token = model(token, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+                token = (
+                    model(token, cache=cache, visual=visual, last_only=True)[0, -1]
+                    .argmax()
+                    .view(1, 1)
+                )
         _sync(device)
         decode_s = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-        rows.append({
-            "minutes": m, "frames": frames, "visual_tokens": frames * tokens_per_frame, "prompt_tokens": prefix_len + 24,
-            "visual_kv_s": kv_s, "video_prompt_prefill_s": prefix_s, "ttft_s": ttft_s,
-            "tokens_per_s": new_tokens / decode_s, "peak_gib": peak,
-        })  # fmt: skip
+        peak = (
+            torch.cuda.max_memory_allocated(device) / 2**30
+            if device.type == "cuda"
+            else float("nan")
+        )
+        rows.append(
+            {
+                "minutes": m,
+                "frames": frames,
+                "visual_tokens": frames * tokens_per_frame,
+                "prompt_tokens": prefix_len + 24,
+                "visual_kv_s": kv_s,
+                "video_prompt_prefill_s": prefix_s,
+                "ttft_s": ttft_s,
+                "tokens_per_s": new_tokens / decode_s,
+                "peak_gib": peak,
+            }
+        )
         del visual, cache
     return rows
 
 
 def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
-    """Video-prompt prefill on this gloo rank for each layout (interleaved), with the engine's hooks."""
+    """Video-prompt prefill on this gloo rank for each layout (interleaved), with the engine's
+    hooks."""
     import torch.distributed as dist
 
     from lvx_app.engine.hooks import ShardedAttention
@@ -234,13 +304,17 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
     frames, header = cfg["frames"], 18
     starts = header + 5 * torch.arange(frames)
     ids = torch.randint(0, model.config.vocab_size, (int(starts[-1]) + 5,), generator=g)
-    features = torch.randn(frames, model.config.vision.num_patches, model.config.hidden_size, generator=g)
+    features = torch.randn(
+        frames, model.config.vision.num_patches, model.config.hidden_size, generator=g
+    )
     times = {name: [] for name in cfg["layouts"]}
     logits = {}
     for _ in range(cfg["iters"]):
         for layout in cfg["layouts"]:
             mine = owned(frames, world, rank, layout)
-            visual = model.prepare_visual(features[mine], starts, torch.tensor(mine, dtype=torch.int64))
+            visual = model.prepare_visual(
+                features[mine], starts, torch.tensor(mine, dtype=torch.int64)
+            )
             who = token_owners(ids.numel(), starts, world, layout)
             tokens = torch.nonzero(who == rank).flatten()
             hooks = ShardedAttention(None, rank, world)
@@ -249,10 +323,17 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
             dist.barrier()
             t0 = time.perf_counter()
             with torch.no_grad():
-                out = model(ids[tokens].view(1, -1), tokens.view(1, -1), cache=model.new_cache(), visual=visual,
-                            last_only=True)
+                out = model(
+                    ids[tokens].view(1, -1),
+                    tokens.view(1, -1),
+                    cache=model.new_cache(),
+                    visual=visual,
+                    last_only=True,
+                )
             times[layout].append(time.perf_counter() - t0)
-            box = out[0, -1].clone() if rank == int(who[-1]) else torch.zeros(model.config.vocab_size)
+            box = (
+                out[0, -1].clone() if rank == int(who[-1]) else torch.zeros(model.config.vocab_size)
+            )
             dist.all_reduce(box)
             logits[layout] = box.numpy()
     t = torch.tensor([times[name] for name in cfg["layouts"]], dtype=torch.float64)
@@ -260,8 +341,11 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
     return {"times": t.tolist(), "logits": logits, "prompt_tokens": int(ids.numel())}
 
 
-def bench_layouts(layouts: list[str], ranks: int, minutes: float, fps: float, iters: int) -> list[dict]:
-    """Video-prompt prefill of the engine's sharded forward at each layout (small shapes, random weights)."""
+def bench_layouts(
+    layouts: list[str], ranks: int, minutes: float, fps: float, iters: int
+) -> list[dict]:
+    """Video-prompt prefill of the engine's sharded forward at each layout (small shapes, random
+    weights)."""
     import statistics
 
     from lvx_app.parallel.testing import run_ranks
@@ -271,9 +355,17 @@ def bench_layouts(layouts: list[str], ranks: int, minutes: float, fps: float, it
     base = out["logits"].get("contiguous", out["logits"][layouts[0]])
     rows = []
     for name, t in zip(layouts, out["times"]):
-        rows.append({"layout": name, "ranks": ranks, "frames": cfg["frames"], "prompt_tokens": out["prompt_tokens"],
-                     "prefill_s": statistics.median(t), "prefill_s_all": t,
-                     "max_abs_logit_diff": float(abs(out["logits"][name] - base).max())})
+        rows.append(
+            {
+                "layout": name,
+                "ranks": ranks,
+                "frames": cfg["frames"],
+                "prompt_tokens": out["prompt_tokens"],
+                "prefill_s": statistics.median(t),
+                "prefill_s_all": t,
+                "max_abs_logit_diff": float(abs(out["logits"][name] - base).max()),
+            }
+        )
     contiguous = next((r["prefill_s"] for r in rows if r["layout"] == "contiguous"), None)
     for row in rows:
         row["speedup_vs_contiguous"] = contiguous / row["prefill_s"] if contiguous else float("nan")
@@ -282,31 +374,61 @@ def bench_layouts(layouts: list[str], ranks: int, minutes: float, fps: float, it
 
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
-    keys = [k for k, v in rows[0].items() if not isinstance(v, list)]  # per-repeat lists go to the JSON only
+    keys = [
+        k for k, v in rows[0].items() if not isinstance(v, list)
+    ]  # per-repeat lists go to the JSON only
     for key in keys:
         table.add_column(key, justify="right")
     for row in rows:
-        table.add_row(*(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
+        table.add_row(
+            *(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys)
+        )
     return table
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=["engine", "model", "layouts"], default="engine")
-    parser.add_argument("--layouts", default="contiguous,striped,zigzag", help="layouts mode: which to compare")
-    parser.add_argument("--iters", type=int, default=3, help="layouts mode: prefills per layout (median)")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="engine mode: CPU world sizes")
-    parser.add_argument("--minutes", type=float, nargs="+", default=None,
-                        help="video length(s); engine default 10, model default 10 30 60")  # fmt: skip
+    parser.add_argument(
+        "--layouts", default="contiguous,striped,zigzag", help="layouts mode: which to compare"
+    )
+    parser.add_argument(
+        "--iters", type=int, default=3, help="layouts mode: prefills per layout (median)"
+    )
+    parser.add_argument(
+        "--ranks", type=int, nargs="+", default=[1, 2, 4], help="engine mode: CPU world sizes"
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        nargs="+",
+        default=None,
+        help="video length(s); engine default 10, model default 10 30 60",
+    )
     parser.add_argument("--fps", type=float, default=1.0)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small")
-    parser.add_argument("--attention", nargs="+", choices=list(ATTENTIONS), default=None,
-                        help="engine mode: the attentions compared at every rank count > 1 (default: all)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="engine mode: timed questions per row (medians of TTFT and tok/s)")  # fmt: skip
-    parser.add_argument("--plot", type=Path, default=None, help="engine mode: write a PNG of the comparison here")
+    parser.add_argument(
+        "--shape", choices=["7b", "small"], default=None, help="model mode: 7b (GPU) or small"
+    )
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        choices=list(ATTENTIONS),
+        default=None,
+        help="engine mode: the attentions compared at every rank count > 1 (default: all)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="engine mode: timed questions per row (medians of TTFT and tok/s)",
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="engine mode: write a PNG of the comparison here"
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -314,27 +436,43 @@ def main() -> None:
         parser.error("--repeats must be at least 1")
     console = Console(width=200)
     meta = {
-        "command": " ".join(sys.argv), "python": platform.python_version(), "torch": torch.__version__,
-        "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
+        "command": " ".join(sys.argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }  # fmt: skip
+    }
     if args.mode == "engine":
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-chat-"))
         minutes = (args.minutes or [10.0])[0]
-        rows = bench_engine(args.ranks, minutes, args.fps, args.new_tokens, workdir, args.attention, args.repeats)
-        title = f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU ranks"
+        rows = bench_engine(
+            args.ranks, minutes, args.fps, args.new_tokens, workdir, args.attention, args.repeats
+        )
+        title = (
+            f"lvx engine, tiny model, {minutes:g}-min synthetic video at {args.fps:g} fps, CPU "
+            "ranks"
+        )
         if args.plot:
             plot_engine(rows, args.plot)
     elif args.mode == "layouts":
-        minutes, ranks = (args.minutes or [10.0])[0], args.ranks[0] if args.ranks != [1, 2, 4] else 2
+        minutes, ranks = (
+            (args.minutes or [10.0])[0],
+            args.ranks[0] if args.ranks != [1, 2, 4] else 2,
+        )
         rows = bench_layouts(args.layouts.split(","), ranks, minutes, args.fps, args.iters)
         for row in rows:
             row.pop("prefill_s_all")
-        title = f"video-prompt prefill per layout, small shapes, {minutes:g} min at {args.fps:g} fps, {ranks} CPU ranks"
+        title = (
+            f"video-prompt prefill per layout, small shapes, {minutes:g} min at {args.fps:g} "
+            f"fps, {ranks} CPU ranks"
+        )
     else:
         device = torch.device(args.device)
         shape = args.shape or ("7b" if device.type == "cuda" else "small")
-        rows = bench_model(args.minutes or [10.0, 30.0, 60.0], args.fps, args.new_tokens, device, shape)
+        rows = bench_model(
+            args.minutes or [10.0, 30.0, 60.0], args.fps, args.new_tokens, device, shape
+        )
         title = f"mPLUG-Owl3 {shape} shapes, random weights, one {device.type} rank"
     console.print(_table(title, rows))
     if args.out:

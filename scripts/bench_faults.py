@@ -1,8 +1,10 @@
-"""How fast lvx cleans up after a fault, on 2 CPU ranks with a tiny checkpoint and a synthetic video.
+"""How fast lvx cleans up after a fault, on 2 CPU ranks with a tiny checkpoint and a synthetic
+video.
 
 * `kill -9` of `lvx finetune`'s launcher: seconds until every rank is gone.
 * `kill -9` of rank 1 during finetuning: seconds until the run has exited with its one line.
-* Ctrl-C while `lvx chat` starts its ranks: seconds until it has exited, and until every rank is gone.
+* Ctrl-C while `lvx chat` starts its ranks: seconds until it has exited, and until every rank is
+gone.
 
     python scripts/bench_faults.py --repeats 3
 """
@@ -21,10 +23,12 @@ from pathlib import Path
 
 from lvx_app.parallel.failures import pid_file
 from lvx_app.video.synthetic import make_video
-from models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
-FINETUNE = ("import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
-            "app.command()(finetune_command)\napp(sys.argv[1:])\n")
+FINETUNE = (
+    "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+    "app.command()(finetune_command)\napp(sys.argv[1:])\n"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -51,25 +55,70 @@ def _pids(run_dirs: list[Path]) -> list[int]:
 def _finetune(root: Path, model: str, video: str, victim: str) -> float:
     run = Path(tempfile.mkdtemp(dir=root))
     data = run / "train.jsonl"
-    data.write_text(json.dumps({"video": os.path.basename(video), "question": "What?", "answer": "A square."}) + "\n")
+    data.write_text(
+        json.dumps({"video": os.path.basename(video), "question": "What?", "answer": "A square."})
+        + "\n"
+    )
     log = run / "stdout.txt"
-    args = ["--data", str(data), "--video-dir", os.path.dirname(video), "--model", model, "--out", str(run / "out"),
-            "--gpus", "0", "--ranks", "2", "--steps", "100000", "--lora", "4", "--save-every", "0"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", FINETUNE, *args], stdout=open(log, "w"), stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", LVX_RUN_DIR=str(run)), start_new_session=True)
+    args = [
+        "--data",
+        str(data),
+        "--video-dir",
+        os.path.dirname(video),
+        "--model",
+        model,
+        "--out",
+        str(run / "out"),
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--steps",
+        "100000",
+        "--lora",
+        "4",
+        "--save-every",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FINETUNE, *args],
+        stdout=open(log, "w"),
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1", LVX_RUN_DIR=str(run)),
+        start_new_session=True,
+    )
     _until(lambda: "step 1:" in log.read_text())
     pids = _pids([run])
     os.kill(proc.pid if victim == "launcher" else pids[1], signal.SIGKILL)
-    took = _until(lambda: not any(map(_alive, pids)) if victim == "launcher" else proc.poll() is not None)
+    took = _until(
+        lambda: not any(map(_alive, pids)) if victim == "launcher" else proc.poll() is not None
+    )
     proc.wait()
     return took
 
 
 def _chat_ctrl_c(root: Path, model: str, video: str) -> tuple[float, float]:
     tmp = Path(tempfile.mkdtemp(dir=root))
-    proc = subprocess.Popen([sys.executable, "-m", "lvx_app.cli", "chat", video, "--model", model, "--gpus", "0",
-                             "--ranks", "2"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1"), start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lvx_app.cli",
+            "chat",
+            video,
+            "--model",
+            model,
+            "--gpus",
+            "0",
+            "--ranks",
+            "2",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1"),
+        start_new_session=True,
+    )
     _until(lambda: len(_pids(list(tmp.glob("lvx-run-*")))) == 2)
     pids = _pids(list(tmp.glob("lvx-run-*")))
     t0 = time.monotonic()
@@ -81,14 +130,20 @@ def _chat_ctrl_c(root: Path, model: str, video: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="lvx-bench-faults-"))
     model = str(write_tiny_checkpoint(root / "tiny-g1", "g1"))
     video = str(make_video(root / "short.mp4", num_frames=100, fps=10, width=96, height=64))
-    rows = {"launcher kill -9 -> ranks gone": [], "rank 1 kill -9 -> run exited": [], "chat Ctrl-C -> exited": [],
-            "chat Ctrl-C -> ranks gone": []}  # fmt: skip
+    rows = {
+        "launcher kill -9 -> ranks gone": [],
+        "rank 1 kill -9 -> run exited": [],
+        "chat Ctrl-C -> exited": [],
+        "chat Ctrl-C -> ranks gone": [],
+    }
     for _ in range(args.repeats):
         rows["launcher kill -9 -> ranks gone"].append(_finetune(root, model, video, "launcher"))
         rows["rank 1 kill -9 -> run exited"].append(_finetune(root, model, video, "rank"))

@@ -1,8 +1,10 @@
-"""What keying the feature cache on the weights costs at start-up: `encoder_fingerprint` on a checkpoint-shaped file.
+"""What keying the feature cache on the weights costs at start-up: `encoder_fingerprint` on a
+checkpoint-shaped file.
 
-Writes a safetensors file holding MiB of bf16 `vision_model.*` bytes (SigLIP-400M in bf16 is ~0.8 GB), then times
-the first fingerprint (reads and hashes those bytes) and a second one answered by the memo (one stat per file).
-The first read is from a warm page cache (the file was just written); a cold disk adds its read time.
+Writes a safetensors file holding MiB of bf16 `vision_model.*` bytes (SigLIP-400M in bf16 is ~0.8
+GB), then times the first fingerprint (reads and hashes those bytes) and a second one answered by
+the memo (one stat per file). The first read is from a warm page cache (the file was just written);
+a cold disk adds its read time.
 
     python scripts/bench_fingerprint.py --mib 512
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from models.mplug_owl3.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
 
 
 def main() -> None:
@@ -27,7 +29,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         vision = torch.zeros(args.mib * 2**20 // 2, dtype=torch.bfloat16)
-        save_file({"vision_model.w": vision, "language_model.w": torch.zeros(8)}, str(d / "model.safetensors"))
+        save_file(
+            {"vision_model.w": vision, "language_model.w": torch.zeros(8)},
+            str(d / "model.safetensors"),
+        )
         memo = d / "memo.json"
         t = time.perf_counter()
         encoder_fingerprint(d, memo=memo)
@@ -35,8 +40,10 @@ def main() -> None:
         t = time.perf_counter()
         encoder_fingerprint(d, memo=memo)
         again = time.perf_counter() - t
-    print(f"{args.mib} MiB of vision weights: first {first:.2f} s ({args.mib / first:.0f} MiB/s), "
-          f"memo hit {again * 1e3:.1f} ms")
+    print(
+        f"{args.mib} MiB of vision weights: first {first:.2f} s ({args.mib / first:.0f} MiB/s), "
+        f"memo hit {again * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

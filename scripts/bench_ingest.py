@@ -1,19 +1,22 @@
-"""Benchmark video ingestion: sampled frames/s at 1 fps with 1, 2, 4 decode processes (CPU), or the whole
-ingest of a long video into SigLIP-so400m-shaped features on a GPU.
+"""Benchmark video ingestion: sampled frames/s at 1 fps with 1, 2, 4 decode processes (CPU), or the
+whole ingest of a long video into SigLIP-so400m-shaped features on a GPU.
 
-    python scripts/bench_ingest.py                      # CPU: 10-minute 720p video, decode with 1, 2, 4 processes
-    python scripts/bench_ingest.py --device cuda        # GPU: 1-hour 1080p video at 1 fps through a random so400m
+    # CPU: 10-minute 720p video, decode with 1, 2, 4 processes
+    python scripts/bench_ingest.py
+    # GPU: 1-hour 1080p video at 1 fps through a random so400m
+    python scripts/bench_ingest.py --device cuda
 
 Both print a table; `--out FILE.json` also writes the rows, the settings and the machine as JSON.
 
-The test video is generated once (PyAV, libx264 veryfast, 30 fps, GOP 250, a panning random texture under the
-frame-index blocks: ~2 Mbit/s at 720p) into --video-dir: a 60 s segment is encoded and stream-copied back to back
-to the requested length, so generation takes a minute or two but decoding costs what a real video of that length
-costs (every frame of every GOP is decoded). Each decoded frame is checked against its index for the first copy.
+The test video is generated once (PyAV, libx264 veryfast, 30 fps, GOP 250, a panning random texture
+under the frame-index blocks: ~2 Mbit/s at 720p) into --video-dir: a 60 s segment is encoded and
+stream-copied back to back to the requested length, so generation takes a minute or two but decoding
+costs what a real video of that length costs (every frame of every GOP is decoded). Each decoded
+frame is checked against its index for the first copy.
 
-Decode timings exclude starting the worker processes (reported separately); "video fr/s" counts the frames the
-decoder had to go through (duration x 30 fps), "sampled fr/s" the frames delivered, resized to 384x384 as the
-processor wants.
+Decode timings exclude starting the worker processes (reported separately); "video fr/s" counts the
+frames the decoder had to go through (duration x 30 fps), "sampled fr/s" the frames delivered,
+resized to 384x384 as the processor wants.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 from lvx_app.video import DecodePool, ingest  # noqa: E402
 from lvx_app.video.plan import time_indices  # noqa: E402
 from lvx_app.video.synthetic import concat_video, make_video, read_index  # noqa: E402
-from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from models.mplug_owl3.image_transform import normalize  # noqa: E402
-from models.mplug_owl3.vision import SiglipVisionTower, build_projector  # noqa: E402
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
+from lvx_models.mplug_owl3.image_transform import normalize  # noqa: E402
+from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector  # noqa: E402
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
@@ -58,7 +61,8 @@ def make_long_video(video_dir: Path, minutes: float, width: int, height: int) ->
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of processes (Linux /proc), so results can be read independently of other load."""
+    """utime + stime of processes (Linux /proc), so results can be read independently of other
+    load."""
     total = 0
     for pid in pids:
         try:
@@ -86,13 +90,24 @@ def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: i
         t2 = time.perf_counter()
         threads = pool.threads
         cpu = cpu_seconds(pool.pids())
-    return dict(workers=workers, threads=threads, frames=n, start_s=t1 - t0, decode_s=t2 - t1, cpu_s=cpu,
-                sampled_fps=n / (t2 - t1), video_fps=plan.num_video_frames / (t2 - t1), checked=checked, wrong=wrong)
+    return dict(
+        workers=workers,
+        threads=threads,
+        frames=n,
+        start_s=t1 - t0,
+        decode_s=t2 - t1,
+        cpu_s=cpu,
+        sampled_fps=n / (t2 - t1),
+        video_fps=plan.num_video_frames / (t2 - t1),
+        checked=checked,
+        wrong=wrong,
+    )
 
 
 def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dict:
     """Baseline: decord get_batch in this process, same chunks, no resize, no worker process."""
-    import decord  # only this baseline decodes in the benchmark's own process (lvx keeps decord in workers)
+    # only this baseline decodes in the benchmark's own process (lvx keeps decord in workers)
+    import decord
 
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -102,9 +117,18 @@ def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dic
     for i in range(0, len(idx), chunk):
         n += len(vr.get_batch(idx[i : i + chunk]).asnumpy())
     dt = time.perf_counter() - t0
-    return dict(workers="inline decord (baseline)", threads=threads, frames=n, start_s=0.0, decode_s=dt,
-                cpu_s=time.process_time() - c0,
-                sampled_fps=n / dt, video_fps=len(vr) / dt, checked=0, wrong=0)
+    return dict(
+        workers="inline decord (baseline)",
+        threads=threads,
+        frames=n,
+        start_s=0.0,
+        decode_s=dt,
+        cpu_s=time.process_time() - c0,
+        sampled_fps=n / dt,
+        video_fps=len(vr) / dt,
+        checked=0,
+        wrong=0,
+    )
 
 
 def write_json(args, result: dict) -> None:
@@ -114,31 +138,48 @@ def write_json(args, result: dict) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    machine = dict(cores=len(os.sched_getaffinity(0)), cpu=platform.processor() or platform.machine(),
-                   python=platform.python_version(), torch=torch.__version__, load_avg_end=os.getloadavg()[0])
+    machine = dict(
+        cores=len(os.sched_getaffinity(0)),
+        cpu=platform.processor() or platform.machine(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        load_avg_end=os.getloadavg()[0],
+    )
     out.write_text(json.dumps(dict(settings=settings, machine=machine, **result), indent=2) + "\n")
     print(f"wrote {out}")
 
 
 def cpu_main(args) -> None:
     path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
-    with DecodePool(1) as warm:  # start the forkserver once (imports torch + decord), outside the timings
+    with DecodePool(
+        1
+    ) as warm:  # start the forkserver once (imports torch + decord), outside the timings
         warm.plan(path, args.fps)
     cores = len(os.sched_getaffinity(0))
     load_start = os.getloadavg()[0]
     rows = [bench_decord_inline(path, args.fps, args.chunk, min(4, cores))] if args.baseline else []
     rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]
-    print(f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of {args.chunk}, resize to "
-          f"{args.image_size}; {cores} cores ({platform.processor() or platform.machine()}), load avg "
-          f"{os.getloadavg()[0]:.1f}")
-    print("| decode processes | decord threads each | sampled frames | start (s) | decode (s) | sampled fr/s "
-          "| video fr/s | decoder CPU-s | video fr per CPU-s | index check |")
+    print(
+        f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of "
+        f"{args.chunk}, resize to "
+        f"{args.image_size}; {cores} cores ({platform.processor() or platform.machine()}), load "
+        "avg "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| decode processes | decord threads each | sampled frames | start (s) | decode (s) | "
+        "sampled fr/s "
+        "| video fr/s | decoder CPU-s | video fr per CPU-s | index check |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         check = f"{r['checked'] - r['wrong']}/{r['checked']} ok" if r["checked"] else "-"
-        print(f"| {r['workers']} | {r['threads']} | {r['frames']} | {r['start_s']:.2f} | {r['decode_s']:.1f} | "
-              f"{r['sampled_fps']:.1f} | {r['video_fps']:,.0f} | {r['cpu_s']:.1f} | "
-              f"{r['video_fps'] * r['decode_s'] / r['cpu_s']:,.0f} | {check} |")
+        print(
+            f"| {r['workers']} | {r['threads']} | {r['frames']} | {r['start_s']:.2f} | "
+            f"{r['decode_s']:.1f} | "
+            f"{r['sampled_fps']:.1f} | {r['video_fps']:,.0f} | {r['cpu_s']:.1f} | "
+            f"{r['video_fps'] * r['decode_s'] / r['cpu_s']:,.0f} | {check} |"
+        )
     write_json(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
 
 
@@ -148,7 +189,9 @@ def cuda_main(args) -> None:
     cfg = Owl3Config()
     tower = SiglipVisionTower(SiglipVisionConfig()).to(dev, torch.bfloat16).eval()
     proj = build_projector(cfg).to(dev, torch.bfloat16).eval()
-    source = "models/mplug_owl3/vision.py (SigLIP so400m, 26 layers used) + 7B projector, random weights"
+    source = (
+        "models/mplug_owl3/vision.py (SigLIP so400m, 26 layers used) + 7B projector, random weights"
+    )
 
     def encode_fn(pv):
         return proj(tower(pv))
@@ -163,40 +206,86 @@ def cuda_main(args) -> None:
             encode_fn(x)
         torch.cuda.synchronize()
     enc_fps = 5 * args.encode_batch / (time.perf_counter() - t)
-    print(f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]", flush=True)
+    print(
+        f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]",
+        flush=True,
+    )
     rows = []
     for workers in args.workers:
         torch.cuda.synchronize()
         t = time.perf_counter()
-        shard = ingest(path, encode_fn, fps=args.fps, device=dev, dtype=torch.bfloat16, cache=False,
-                       decode_workers=workers, chunk_frames=args.chunk, progress=True, model_id="bench-random")
+        shard = ingest(
+            path,
+            encode_fn,
+            fps=args.fps,
+            device=dev,
+            dtype=torch.bfloat16,
+            cache=False,
+            decode_workers=workers,
+            chunk_frames=args.chunk,
+            progress=True,
+            model_id="bench-random",
+        )
         torch.cuda.synchronize()
         dt = time.perf_counter() - t
-        print(f"| {workers} decode processes | {shard.num_frames} frames | features {tuple(shard.features.shape)} "
-              f"{shard.features.dtype} | ingest {dt:.1f} s | {shard.num_frames / dt:.1f} frames/s | "
-              f"peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |", flush=True)
-        rows.append(dict(decode_workers=workers, frames=shard.num_frames, features_shape=list(shard.features.shape),
-                         ingest_s=dt, frames_per_s=shard.num_frames / dt,
-                         peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30))
+        print(
+            f"| {workers} decode processes | {shard.num_frames} frames | features "
+            f"{tuple(shard.features.shape)} "
+            f"{shard.features.dtype} | ingest {dt:.1f} s | {shard.num_frames / dt:.1f} frames/s | "
+            f"peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |",
+            flush=True,
+        )
+        rows.append(
+            dict(
+                decode_workers=workers,
+                frames=shard.num_frames,
+                features_shape=list(shard.features.shape),
+                ingest_s=dt,
+                frames_per_s=shard.num_frames / dt,
+                peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30,
+            )
+        )
         del shard
         torch.cuda.empty_cache()
-    write_json(args, dict(video=str(path), device=torch.cuda.get_device_name(), source=source,
-                          encoder_frames_per_s=enc_fps, rows=rows))
+    write_json(
+        args,
+        dict(
+            video=str(path),
+            device=torch.cuda.get_device_name(),
+            source=source,
+            encoder_frames_per_s=enc_fps,
+            rows=rows,
+        ),
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--minutes", type=float, default=None, help="video length (default 10 on CPU, 60 on cuda)")
-    ap.add_argument("--height", type=int, default=None, help="720 (CPU default) or 1080 (cuda default)")
+    ap.add_argument(
+        "--minutes", type=float, default=None, help="video length (default 10 on CPU, 60 on cuda)"
+    )
+    ap.add_argument(
+        "--height", type=int, default=None, help="720 (CPU default) or 1080 (cuda default)"
+    )
     ap.add_argument("--fps", type=float, default=1.0)
-    ap.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                    help="comma-separated decode process counts (default 1,2,4 on CPU, 16 on cuda)")
+    ap.add_argument(
+        "--workers",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="comma-separated decode process counts (default 1,2,4 on CPU, 16 on cuda)",
+    )
     ap.add_argument("--chunk", type=int, default=32, help="frames per decode chunk")
     ap.add_argument("--image-size", type=int, default=384)
     ap.add_argument("--encode-batch", type=int, default=32)
-    ap.add_argument("--baseline", action="store_true", help="also time plain in-process decord (CPU mode)")
-    ap.add_argument("--video-dir", default=os.environ.get("LVX_BENCH_VIDEOS", "/tmp/lvx-bench-videos"))
+    ap.add_argument(
+        "--baseline", action="store_true", help="also time plain in-process decord (CPU mode)"
+    )
+    ap.add_argument(
+        "--video-dir", default=os.environ.get("LVX_BENCH_VIDEOS", "/tmp/lvx-bench-videos")
+    )
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
     args = ap.parse_args()
     gpu = args.device == "cuda"

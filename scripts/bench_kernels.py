@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""GQA without K/V copies, side by side in one run: today's kernel call vs query groups packed into rows.
+"""GQA without K/V copies, side by side in one run: today's kernel call vs query groups packed into
+rows.
 
 1. CPU time per `attn_fwd` call at mPLUG-Owl3-7B head shapes (28 query heads, 4 K/V
    heads, d 128, float32, one thread): one decoded token and a 24-token question
@@ -50,7 +51,8 @@ def _ms(fn, iters: int) -> float:
 
 
 def cpu_times(keys: list[int], queries: list[int], iters: int) -> list[dict]:
-    """Median ms per call, today's unpacked CPU-op call vs packed `attn_fwd`, every (queries, keys) pair."""
+    """Median ms per call, today's unpacked CPU-op call vs packed `attn_fwd`, every (queries, keys)
+    pair."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -61,15 +63,25 @@ def cpu_times(keys: list[int], queries: list[int], iters: int) -> list[dict]:
             scale = D**-0.5
             today = _ms(lambda: backends._cpu_fwd(q, k, v, scale, None, False), iters)
             packed = _ms(lambda: attn_fwd(q, k, v, scale=scale, backend="cpu"), iters)
-            rows.append({"queries": sq, "keys": sk, "today_ms": today, "packed_ms": packed, "speedup": today / packed})
+            rows.append(
+                {
+                    "queries": sq,
+                    "keys": sk,
+                    "today_ms": today,
+                    "packed_ms": packed,
+                    "speedup": today / packed,
+                }
+            )
     return rows
 
 
-# ------------------------------------------------------------------ 2. CUDA bytes per call, from recorded op shapes
+# ------------------------------------------------------------------ 2. CUDA bytes per call, from
+# recorded op shapes
 
 
 def _shape_only_ops(calls: list) -> dict:
-    """Stand-ins for the aten CUDA ops that record (op, q, k, bias) and return empty outputs of the real shapes."""
+    """Stand-ins for the aten CUDA ops that record (op, q, k, bias) and return empty outputs of the
+    real shapes."""
 
     def efficient_fwd(q, k, v, bias, *a, **kw):
         calls.append(("efficient_fwd", q, k, bias))
@@ -85,7 +97,8 @@ def _shape_only_ops(calls: list) -> dict:
 
 
 def one_hour_problem(frames: int, question: int):
-    """The video prompt of `frames` placeholders (5 tokens each, frame j's placeholder sees frames 0..j) and a question."""
+    """The video prompt of `frames` placeholders (5 tokens each, frame j's placeholder sees frames
+    0..j) and a question."""
     t = torch.arange(frames * TOKENS_PER_PLACEHOLDER)
     prompt_vis = (t // TOKENS_PER_PLACEHOLDER + 1).unsqueeze(0)
     k_frame = (torch.arange(frames * KEYS_PER_FRAME) // KEYS_PER_FRAME).unsqueeze(0)
@@ -93,7 +106,8 @@ def one_hour_problem(frames: int, question: int):
 
 
 def _today_bytes(parts: list, g: int) -> list[dict]:
-    """Per tile, what today's adapter allocated: K/V repeated to Hq over the tile's whole key span, and a dense
+    """Per tile, what today's adapter allocated: K/V repeated to Hq over the tile's whole key span,
+    and a dense
     bf16 bias (rows padded to 16) plus bool mask over it when some part of the tile was masked."""
     tiles = defaultdict(list)
     for p in parts:
@@ -103,13 +117,19 @@ def _today_bytes(parts: list, g: int) -> list[dict]:
         span = max(p["k1"] for p in ps) - min(p["k0"] for p in ps)
         masked = any(p["mask"] for p in ps)
         mask_elems = (t1 - t0) * span if masked else 0
-        out.append({"kv_copy": 2 * span * HQ * D * 2, "mask": mask_elems * 1 + (t1 - t0) * (-(-span // 16) * 16) * 2 * masked,
-                    "mask_shape": (t1 - t0, span) if masked else None})
+        out.append(
+            {
+                "kv_copy": 2 * span * HQ * D * 2,
+                "mask": mask_elems * 1 + (t1 - t0) * (-(-span // 16) * 16) * 2 * masked,
+                "mask_shape": (t1 - t0, span) if masked else None,
+            }
+        )
     return out
 
 
 def cuda_bytes(frames: int, question: int) -> list[dict]:
-    """Largest per-call allocation (K/V copies + bias + bool mask) today vs packed, for three calls at 1 GPU."""
+    """Largest per-call allocation (K/V copies + bias + bool mask) today vs packed, for three calls
+    at 1 GPU."""
     calls: list = []
     saved = dict(backends.KERNEL_OPS), backends._on_cuda, backends._flash_attn
     backends.KERNEL_OPS.update(_shape_only_ops(calls))
@@ -117,24 +137,38 @@ def cuda_bytes(frames: int, question: int) -> list[dict]:
     backends._flash_attn = lambda: None  # aten flash / efficient, as on a GPU without flash-attn
     prompt_vis, question_vis, k_frame = one_hour_problem(frames, question)
     sk = k_frame.shape[1]
-    k = torch.zeros((), dtype=torch.bfloat16).expand(1, sk, HKV, D)  # no memory: only shapes and strides matter
+    k = torch.zeros((), dtype=torch.bfloat16).expand(
+        1, sk, HKV, D
+    )  # no memory: only shapes and strides matter
     results = []
     try:
-        for name, sq, q_vis in (("decode token", 1, None), (f"{question}-token question", question, None),
-                                ("video prompt (media mask)", prompt_vis.shape[1], prompt_vis)):
+        for name, sq, q_vis in (
+            ("decode token", 1, None),
+            (f"{question}-token question", question, None),
+            ("video prompt (media mask)", prompt_vis.shape[1], prompt_vis),
+        ):
             calls.clear()
             q = torch.zeros(1, sq, HQ, D, dtype=torch.bfloat16)
             attn_fwd(q, k, k, q_vis=q_vis, k_frame=None if q_vis is None else k_frame)
             after = [_call_bytes(c) for c in calls]
             whole = [{"q0": 0, "q1": sq * HQ // HKV, "k0": 0, "k1": sk, "mask": False}]
-            today = _today_bytes(whole if q_vis is None else _plan_parts(q, sk, q_vis, k_frame), HQ // HKV)
-            results.append({"call": name, "queries": sq, "keys": sk, "kernel_calls": len(calls),
-                            "today_max": max(t["kv_copy"] + t["mask"] for t in today),
-                            "today_mask": _largest(t["mask_shape"] for t in today),
-                            "after_max": max(a["bytes"] for a in after),
-                            "after_mask": _largest(a["mask_shape"] for a in after),
-                            "after_kv_heads": max(a["kv_heads"] for a in after),
-                            "packed_q": q.numel() * 2})
+            today = _today_bytes(
+                whole if q_vis is None else _plan_parts(q, sk, q_vis, k_frame), HQ // HKV
+            )
+            results.append(
+                {
+                    "call": name,
+                    "queries": sq,
+                    "keys": sk,
+                    "kernel_calls": len(calls),
+                    "today_max": max(t["kv_copy"] + t["mask"] for t in today),
+                    "today_mask": _largest(t["mask_shape"] for t in today),
+                    "after_max": max(a["bytes"] for a in after),
+                    "after_mask": _largest(a["mask_shape"] for a in after),
+                    "after_kv_heads": max(a["kv_heads"] for a in after),
+                    "packed_q": q.numel() * 2,
+                }
+            )
     finally:
         backends.KERNEL_OPS.update(saved[0])
         backends._on_cuda, backends._flash_attn = saved[1], saved[2]
@@ -149,17 +183,30 @@ def _largest(shapes) -> tuple | None:
 def _plan_parts(q, sk, q_vis, k_frame) -> list[dict]:
     g = HQ // HKV
     qp = torch.zeros((), dtype=q.dtype).expand(1, q.shape[1] * g, HKV, D)
-    return [{"q0": p.q0, "q1": p.q1, "k0": p.k0, "k1": p.k1, "mask": p.mask is not None}
-            for p in masks.tile_plans(qp, k_frame.new_empty(1, sk, 1, 1).expand(1, sk, HKV, D), False,
-                                      q_vis.repeat_interleave(g, 1), k_frame, group=g)]
+    return [
+        {"q0": p.q0, "q1": p.q1, "k0": p.k0, "k1": p.k1, "mask": p.mask is not None}
+        for p in masks.tile_plans(
+            qp,
+            k_frame.new_empty(1, sk, 1, 1).expand(1, sk, HKV, D),
+            False,
+            q_vis.repeat_interleave(g, 1),
+            k_frame,
+            group=g,
+        )
+    ]
 
 
 def _call_bytes(call) -> dict:
-    """Fresh bytes one recorded op call needed: K/V with more than Hkv heads are copies; the bias and its bool mask."""
+    """Fresh bytes one recorded op call needed: K/V with more than Hkv heads are copies; the bias
+    and its bool mask."""
     _, q, k, bias = call
     kv = 2 * k.numel() * k.element_size() if k.shape[1] > HKV else 0
     mask = 0 if bias is None else bias.untyped_storage().nbytes() + bias.shape[-2] * bias.shape[-1]
-    return {"bytes": kv + mask, "kv_heads": k.shape[1], "mask_shape": None if bias is None else tuple(bias.shape[-2:])}
+    return {
+        "bytes": kv + mask,
+        "kv_heads": k.shape[1],
+        "mask_shape": None if bias is None else tuple(bias.shape[-2:]),
+    }
 
 
 # ------------------------------------------------------------------ output
@@ -171,27 +218,57 @@ def _fmt_bytes(n: float) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--keys", type=int, nargs="+", default=[50_000, 200_000], help="visual keys for the CPU timings")
-    p.add_argument("--queries", type=int, nargs="+", default=[1, 24], help="query tokens (1 = a decoded token)")
-    p.add_argument("--iters", type=int, default=3, help="timed calls per case (median), after one warm-up")
-    p.add_argument("--frames", type=int, default=3600, help="frames for the CUDA bytes (an hour at 1 fps)")
+    p.add_argument(
+        "--keys",
+        type=int,
+        nargs="+",
+        default=[50_000, 200_000],
+        help="visual keys for the CPU timings",
+    )
+    p.add_argument(
+        "--queries", type=int, nargs="+", default=[1, 24], help="query tokens (1 = a decoded token)"
+    )
+    p.add_argument(
+        "--iters", type=int, default=3, help="timed calls per case (median), after one warm-up"
+    )
+    p.add_argument(
+        "--frames", type=int, default=3600, help="frames for the CUDA bytes (an hour at 1 fps)"
+    )
     p.add_argument("--skip-time", action="store_true")
     p.add_argument("--skip-memory", action="store_true")
     args = p.parse_args(argv)
     if not args.skip_time:
-        print(f"CPU, float32, one thread, {HQ} q / {HKV} kv heads, d {D}: ms per attn_fwd call (median of {args.iters})")
-        print("| queries | keys | today (ms) | packed (ms) | speed-up |\n|---:|---:|---:|---:|---:|")
+        print(
+            f"CPU, float32, one thread, {HQ} q / {HKV} kv heads, d {D}: ms per attn_fwd call "
+            f"(median of {args.iters})"
+        )
+        print(
+            "| queries | keys | today (ms) | packed (ms) | speed-up |\n|---:|---:|---:|---:|---:|"
+        )
         for r in cpu_times(args.keys, args.queries, args.iters):
-            print(f"| {r['queries']} | {r['keys']:,} | {r['today_ms']:.0f} | {r['packed_ms']:.0f} | {r['speedup']:.1f}x |")
+            print(
+                f"| {r['queries']} | {r['keys']:,} | {r['today_ms']:.0f} | {r['packed_ms']:.0f} | "
+                f"{r['speedup']:.1f}x |"
+            )
     if not args.skip_memory:
-        print(f"\nCUDA path, bf16, {args.frames} frames on one GPU: largest allocation per kernel call (K/V copies + bias + bool mask)")
-        print("| call | queries | keys | kernel calls | today | packed | largest mask today | largest mask packed | K/V heads at ops "
-              "| packed q copy (once per attn_fwd) |")
+        print(
+            f"\nCUDA path, bf16, {args.frames} frames on one GPU: largest allocation per kernel "
+            "call (K/V copies + bias + bool mask)"
+        )
+        print(
+            "| call | queries | keys | kernel calls | today | packed | largest mask today | "
+            "largest mask packed | K/V heads at ops "
+            "| packed q copy (once per attn_fwd) |"
+        )
         print("|---|---:|---:|---:|---:|---:|---|---|---:|---:|")
         for r in cuda_bytes(args.frames, 24):
-            print(f"| {r['call']} | {r['queries']:,} | {r['keys']:,} | {r['kernel_calls']} | {_fmt_bytes(r['today_max'])} | "
-                  f"{_fmt_bytes(r['after_max'])} | {r['today_mask'] or '-'} | {r['after_mask'] or '-'} | {r['after_kv_heads']} | "
-                  f"{_fmt_bytes(r['packed_q'])} |")
+            print(
+                f"| {r['call']} | {r['queries']:,} | {r['keys']:,} | {r['kernel_calls']} | "
+                f"{_fmt_bytes(r['today_max'])} | "
+                f"{_fmt_bytes(r['after_max'])} | {r['today_mask'] or '-'} | "
+                f"{r['after_mask'] or '-'} | {r['after_kv_heads']} | "
+                f"{_fmt_bytes(r['packed_q'])} |"
+            )
 
 
 if __name__ == "__main__":

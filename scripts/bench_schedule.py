@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Ring or gather by query size: where the gather schedule stops beating the LV-XAttn ring.
 
-N gloo ranks on this machine, one question's worth of query rows (every row after the whole video, so it sees
-every frame), the visual K/V of `--frames` frames of 729 tokens split over the ranks, GQA 14:2, d 64, float32,
-forward only (what a question's prefill runs). For each total of query rows it times the ring
-(`lv_xattn_with_lse`), the gather schedule (`gather_xattn_with_lse`) and the same local kernel work with no
-communication, interleaved, median of the slowest rank; prints a table, the crossover (the most rows for which
-gather is faster) and writes JSON. `lvx_app/attention/schedule.py` GATHER_MAX_ROWS holds the crossovers measured.
+N gloo ranks on this machine, one question's worth of query rows (every row after the whole video,
+so it sees every frame), the visual K/V of `--frames` frames of 729 tokens split over the ranks, GQA
+14:2, d 64, float32, forward only (what a question's prefill runs). For each total of query rows it
+times the ring (`lv_xattn_with_lse`), the gather schedule (`gather_xattn_with_lse`) and the same
+local kernel work with no communication, interleaved, median of the slowest rank; prints a table,
+the crossover (the most rows for which gather is faster) and writes JSON.
+`lvx_app/attention/schedule.py` GATHER_MAX_ROWS holds the crossovers measured.
 
     python scripts/bench_schedule.py --ranks 2 4 --rows 8 24 64 128 256 --out runs/schedule.json
 """
@@ -46,12 +47,17 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> dict:
         qs = _slices(rows, world)
         sizes = [s.stop - s.start for s in qs]
         q_all = torch.randn(1, rows, hq, d)
-        q, q_vis = q_all[:, qs[rank]].contiguous(), torch.full((1, sizes[rank]), frames, dtype=torch.int32)
+        q, q_vis = (
+            q_all[:, qs[rank]].contiguous(),
+            torch.full((1, sizes[rank]), frames, dtype=torch.int32),
+        )
         vis_all = torch.full((1, rows), frames, dtype=torch.int32)
         kw = dict(q_vis=q_vis, k_frame=k_frame, q_sizes=sizes)
         cases[(rows, "ring")] = lambda q=q, kw=kw: lv_xattn_with_lse(q, k, v, **kw)
         cases[(rows, "gather")] = lambda q=q, kw=kw: gather_xattn_with_lse(q, k, v, **kw)
-        cases[(rows, "no-comm")] = lambda q=q_all, vis=vis_all: attn_fwd(q, k, v, q_vis=vis, k_frame=k_frame)
+        cases[(rows, "no-comm")] = lambda q=q_all, vis=vis_all: attn_fwd(
+            q, k, v, q_vis=vis, k_frame=k_frame
+        )
         sizes_of[rows] = sizes
     with torch.no_grad():
         times = _timed_rounds(cases, cfg["warmup"], cfg["iters"])
@@ -76,17 +82,31 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    cfg = {k: getattr(args, k) for k in ("rows", "frames", "q_heads", "kv_heads", "head_dim", "warmup", "iters")}
-    report = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "load_avg_before": os.getloadavg(), "ranks": {}}
+    cfg = {
+        k: getattr(args, k)
+        for k in ("rows", "frames", "q_heads", "kv_heads", "head_dim", "warmup", "iters")
+    }
+    report = {
+        "command": " ".join(sys.argv),
+        "cpus": os.cpu_count(),
+        "load_avg_before": os.getloadavg(),
+        "ranks": {},
+    }
     print("| ranks | query rows | ring ms | gather ms | no-comm ms | ring / gather |")
     print("|---|---|---|---|---|---|")
     for world in args.ranks:
         ms = run_ranks(_bench_rank, world, cfg, timeout_s=1800)[0]
         for rows in args.rows:
             ring, gather, free = ms[f"{rows}/ring"], ms[f"{rows}/gather"], ms[f"{rows}/no-comm"]
-            print(f"| {world} | {rows} | {ring:.1f} | {gather:.1f} | {free:.1f} | {ring / gather:.2f}x |")
+            print(
+                f"| {world} | {rows} | {ring:.1f} | {gather:.1f} | {free:.1f} | "
+                f"{ring / gather:.2f}x |"
+            )
         report["ranks"][world] = {"ms": ms, "crossover_rows": _crossover(ms, args.rows)}
-        print(f"crossover at {world} ranks: gather up to {report['ranks'][world]['crossover_rows']} query rows")
+        print(
+            f"crossover at {world} ranks: gather up to {report['ranks'][world]['crossover_rows']} "
+            "query rows"
+        )
     report["load_avg_after"] = os.getloadavg()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

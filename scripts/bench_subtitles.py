@@ -1,8 +1,9 @@
 """What subtitles cost at load: finding and reading them, and choosing the lines the model sees.
 
-A synthetic video (64x64, 1 fps) with one subtitle cue every 2.4 s, written once with a mov_text stream inside it
-and once more as an .srt sidecar; then, per length: the embedded stream demuxed with PyAV, the sidecar parsed, the
-lines at 1 fps sampled frames selected, and the token budget applied with the tiny checkpoint's tokenizer.
+A synthetic video (64x64, 1 fps) with one subtitle cue every 2.4 s, written once with a mov_text
+stream inside it and once more as an .srt sidecar; then, per length: the embedded stream demuxed
+with PyAV, the sidecar parsed, the lines at 1 fps sampled frames selected, and the token budget
+applied with the tiny checkpoint's tokenizer.
 
     python scripts/bench_subtitles.py --minutes 10 60
 """
@@ -23,12 +24,13 @@ from rich.table import Table  # noqa: E402
 from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS  # noqa: E402
 from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines  # noqa: E402
 from lvx_app.video.synthetic import add_subtitle_stream, make_video  # noqa: E402
-from models.mplug_owl3.processor import Owl3Processor  # noqa: E402
-from models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
+from lvx_models.mplug_owl3.processor import Owl3Processor  # noqa: E402
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
 
 
 def _srt_time(t: float) -> str:
-    return f"{int(t // 3600):02d}:{int(t % 3600 // 60):02d}:{int(t % 60):02d},{int(t * 1000) % 1000:03d}"
+    h, m, s, ms = int(t // 3600), int(t % 3600 // 60), int(t % 60), int(t * 1000) % 1000
+    return f"{h:02d}:{m:02d}:{s:02d},{ms:03d}"
 
 
 def _timed(fn):
@@ -44,24 +46,52 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lvx-bench-subs-"))
     processor = Owl3Processor.from_pretrained(write_tiny_checkpoint(work / "tiny", "g2"))
     table = Table(title="subtitles at load (CPU)")
-    for col in ("minutes", "cues", "embedded demux s", "sidecar parse s", "lines at frames", "select s",
-                f"kept in {DEFAULT_SUBTITLE_TOKENS} tokens", "budget s"):  # fmt: skip
+    for col in (
+        "minutes",
+        "cues",
+        "embedded demux s",
+        "sidecar parse s",
+        "lines at frames",
+        "select s",
+        f"kept in {DEFAULT_SUBTITLE_TOKENS} tokens",
+        "budget s",
+    ):
         table.add_column(col)
     for minutes in args.minutes:
         seconds = int(minutes * 60)
-        cues = [(i * 2.4, i * 2.4 + 2.2, f"spoken line {i} about what is on screen") for i in range(int(seconds / 2.4))]
+        cues = [
+            (i * 2.4, i * 2.4 + 2.2, f"spoken line {i} about what is on screen")
+            for i in range(int(seconds / 2.4))
+        ]
         plain = make_video(work / f"plain{minutes:g}.mp4", seconds, fps=1, width=64, height=64)
         video = add_subtitle_stream(plain, work / f"talk{minutes:g}.mp4", cues)
         embedded, demux_s = _timed(lambda: read_embedded(video))
         (work / f"talk{minutes:g}.srt").write_text(
-            "".join(f"{i + 1}\n{_srt_time(a)} --> {_srt_time(b)}\n{text}\n\n" for i, (a, b, text) in enumerate(cues))
+            "".join(
+                f"{i + 1}\n{_srt_time(a)} --> {_srt_time(b)}\n{text}\n\n"
+                for i, (a, b, text) in enumerate(cues)
+            )
         )
         sidecar, parse_s = _timed(lambda: resolve_subtitles(video, "auto"))
-        assert sidecar.source.endswith(".srt") and len(sidecar.cues) == len(embedded.cues) == len(cues)
-        lines, select_s = _timed(lambda: select_lines(sidecar.cues, [float(t) for t in range(seconds)]))
-        kept, fit_s = _timed(lambda: fit_lines(lines, DEFAULT_SUBTITLE_TOKENS, lambda s: len(processor.encode(s))))
-        table.add_row(f"{minutes:g}", str(len(cues)), f"{demux_s:.3f}", f"{parse_s:.3f}", str(len(lines)),
-                      f"{select_s:.4f}", str(len(kept)), f"{fit_s:.3f}")  # fmt: skip
+        assert sidecar.source.endswith(".srt") and len(sidecar.cues) == len(embedded.cues) == len(
+            cues
+        )
+        lines, select_s = _timed(
+            lambda: select_lines(sidecar.cues, [float(t) for t in range(seconds)])
+        )
+        kept, fit_s = _timed(
+            lambda: fit_lines(lines, DEFAULT_SUBTITLE_TOKENS, lambda s: len(processor.encode(s)))
+        )
+        table.add_row(
+            f"{minutes:g}",
+            str(len(cues)),
+            f"{demux_s:.3f}",
+            f"{parse_s:.3f}",
+            str(len(lines)),
+            f"{select_s:.4f}",
+            str(len(kept)),
+            f"{fit_s:.3f}",
+        )
     Console().print(table)
 
 

@@ -9,7 +9,8 @@ writes JSON.
 
     python scripts/bench_xattn.py                      # 4 ranks
     python scripts/bench_xattn.py --ranks 2 --out runs/bench_2.json
-    python scripts/bench_xattn.py --ranks 2 --layout contiguous,striped,zigzag   # LV-XAttn per layout
+    # LV-XAttn per layout
+    python scripts/bench_xattn.py --ranks 2 --layout contiguous,striped,zigzag
 
 `--layout` times LV-XAttn alone with frames and their placeholder tokens dealt by each layout
 (lvx_app/parallel/layout.py), layouts interleaved in one run, and prints each round's busiest rank's
@@ -51,7 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
 from lvx_app.attention.backends import can_run  # noqa: E402
-from lvx_app.attention.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn  # noqa: E402
+from lvx_app.attention.baselines import (
+    allgather_xattn,
+    ring_xattn,
+    ulysses_supported,
+    ulysses_xattn,
+)  # noqa: E402
 from lvx_app.parallel.layout import LAYOUTS, balance, owners, round_work, token_owners  # noqa: E402
 from lvx_app.parallel.link import emulated_link  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
@@ -70,9 +76,12 @@ def shapes(frames: int, keys_per_frame: int, ratio: float) -> tuple[int, int]:
 
 
 def media_mask(s_q: int, s_kv: int, frames: int, keys_per_frame: int):
-    """mPLUG-Owl3 (G1) mask: frame j's placeholder starts at token 5j; token t sees frame j iff 5j < t."""
+    """mPLUG-Owl3 (G1) mask: frame j's placeholder starts at token 5j; token t sees frame j iff 5j <
+    t."""
     t = torch.arange(s_q)
-    q_vis = torch.div(t + TOKENS_PER_PLACEHOLDER - 1, TOKENS_PER_PLACEHOLDER, rounding_mode="floor").clamp(max=frames)
+    q_vis = torch.div(
+        t + TOKENS_PER_PLACEHOLDER - 1, TOKENS_PER_PLACEHOLDER, rounding_mode="floor"
+    ).clamp(max=frames)
     k_frame = torch.arange(s_kv) // keys_per_frame
     return q_vis.unsqueeze(0).to(torch.int32), k_frame.unsqueeze(0).to(torch.int32)
 
@@ -89,7 +98,8 @@ def _slices(total: int, world: int) -> list[slice]:
 
 
 def nocomm(q_blocks, k, v, qv_blocks, k_frame, rank, world, dout_blocks=None):
-    """LV-XAttn's per-rank kernel work without any P2P: round t computes block (rank - t) against the local shard.
+    """LV-XAttn's per-rank kernel work without any P2P: round t computes block (rank - t) against
+    the local shard.
 
     Every query block is already local (the benchmark made them all), so the
     same attn_fwd / merge / attn_bwd calls run, just with nothing travelling.
@@ -111,7 +121,14 @@ def nocomm(q_blocks, k, v, qv_blocks, k_frame, rank, world, dout_blocks=None):
         j = (rank - t) % world
         out, lse = acc[j]
         _, gk, gv = attn_bwd(
-            dout_blocks[j], q_blocks[j], k, v, out.to(k.dtype), lse, q_vis=qv_blocks[j], k_frame=k_frame
+            dout_blocks[j],
+            q_blocks[j],
+            k,
+            v,
+            out.to(k.dtype),
+            lse,
+            q_vis=qv_blocks[j],
+            k_frame=k_frame,
         )
         dk += gk
         dv += gv
@@ -122,7 +139,8 @@ def nocomm(q_blocks, k, v, qv_blocks, k_frame, rank, world, dout_blocks=None):
 
 
 def _timed_rounds(cases: dict, warmup: int, iters: int) -> dict:
-    """Per-iteration wall time of every case, the slowest rank's; all ranks start each after a barrier.
+    """Per-iteration wall time of every case, the slowest rank's; all ranks start each after a
+    barrier.
 
     Interleaved: every iteration runs every case once, so load that comes and
     goes on a shared machine hits all of them alike.
@@ -168,9 +186,15 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
     q, qv, dout = q_blocks[rank], qv_blocks[rank], dout_blocks[rank]
 
     paths = {
-        "lv_xattn": lambda q_, k_, v_, stats: lv_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
-        "ring_xattn": lambda q_, k_, v_, stats: ring_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
-        "ulysses_xattn": lambda q_, k_, v_, stats: ulysses_xattn(q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats),
+        "lv_xattn": lambda q_, k_, v_, stats: lv_xattn(
+            q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats
+        ),
+        "ring_xattn": lambda q_, k_, v_, stats: ring_xattn(
+            q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats
+        ),
+        "ulysses_xattn": lambda q_, k_, v_, stats: ulysses_xattn(
+            q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats
+        ),
         "allgather_xattn": lambda q_, k_, v_, stats: allgather_xattn(
             q_, k_, v_, q_vis=qv, k_frame=kf, stats=stats
         ),
@@ -216,7 +240,9 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
             cases[(name, "fwd_bwd_s")] = lambda fn=fn, leaves=leaves: fwd_bwd(fn, {}, leaves)
     cases[("no-comm", "fwd_s")] = lambda: nocomm(q_blocks, k, v, qv_blocks, kf, rank, world)
     if cfg.get("backward", True):
-        cases[("no-comm", "fwd_bwd_s")] = lambda: nocomm(q_blocks, k, v, qv_blocks, kf, rank, world, dout_blocks)
+        cases[("no-comm", "fwd_bwd_s")] = lambda: nocomm(
+            q_blocks, k, v, qv_blocks, kf, rank, world, dout_blocks
+        )
     for (name, phase), row in _timed_rounds(cases, cfg["warmup"], cfg["iters"]).items():
         results[name][phase] = row
     order = ["lv_xattn", "ring_xattn", "ulysses_xattn", "allgather_xattn", "no-comm"]
@@ -228,19 +254,25 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
 
 
 def layout_shard(cfg: dict, layout: str, rank: int, world: int):
-    """(token indices, key indices) this rank holds when frames and their placeholder tokens follow `layout`."""
+    """(token indices, key indices) this rank holds when frames and their placeholder tokens follow
+    `layout`."""
     s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
     starts = torch.arange(cfg["frames"]) * TOKENS_PER_PLACEHOLDER
     tail = min(s_q, cfg["frames"] * TOKENS_PER_PLACEHOLDER)
-    tokens = torch.nonzero(token_owners(s_q, starts, world, layout, tail_from=tail) == rank).flatten()
+    tokens = torch.nonzero(
+        token_owners(s_q, starts, world, layout, tail_from=tail) == rank
+    ).flatten()
     key_rank = owners(cfg["frames"], world, layout).repeat_interleave(cfg["keys_per_frame"])
     return tokens, torch.nonzero(key_rank == rank).flatten()
 
 
 def layout_work(cfg: dict, layout: str, world: int) -> torch.Tensor:
-    """(rounds, ranks) visible (query, key) pairs of LV-XAttn's ring under `layout`, from the plan alone."""
+    """(rounds, ranks) visible (query, key) pairs of LV-XAttn's ring under `layout`, from the plan
+    alone."""
     s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
-    q_vis, k_frame = (x[0].long() for x in media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"]))
+    q_vis, k_frame = (
+        x[0].long() for x in media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"])
+    )
     q_rank, k_rank = torch.zeros(s_q, dtype=torch.long), torch.zeros(s_kv, dtype=torch.long)
     for r in range(world):
         tokens, keys = layout_shard(cfg, layout, r, world)
@@ -249,9 +281,11 @@ def layout_work(cfg: dict, layout: str, world: int) -> torch.Tensor:
 
 
 def _round_cpu(full, q_vis, k_frame, cfg: dict, layout: str, rank: int, world: int) -> torch.Tensor:
-    """(rounds, ranks) CPU seconds of each round's kernel work (fwd + bwd, no P2P), every rank's row filled in by it.
+    """(rounds, ranks) CPU seconds of each round's kernel work (fwd + bwd, no P2P), every rank's row
+    filled in by it.
 
-    CPU time, not wall time: on a machine shared with other jobs it still shows what each rank computes per round,
+    CPU time, not wall time: on a machine shared with other jobs it still shows what each rank
+    computes per round,
     and a round on dedicated cores lasts as long as its busiest rank."""
     tokens, keys = layout_shard(cfg, layout, rank, world)
     k, v = full[1].index_select(1, keys), full[2].index_select(1, keys)
@@ -273,12 +307,17 @@ def _layout_rank(rank: int, world: int, cfg: dict) -> dict:
     dtype = DTYPES[cfg["dtype"]]
     s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
     b, hq, hkv, d = cfg["batch"], cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"]
-    full = [torch.randn(b, n, h, d).to(dtype) for n, h in ((s_q, hq), (s_kv, hkv), (s_kv, hkv), (s_q, hq))]
+    full = [
+        torch.randn(b, n, h, d).to(dtype)
+        for n, h in ((s_q, hq), (s_kv, hkv), (s_kv, hkv), (s_q, hq))
+    ]
     q_vis, k_frame = media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"])
     cases = {}
     for layout in cfg["layouts"]:
         tokens, keys = layout_shard(cfg, layout, rank, world)
-        q, k, v, dout = (x.index_select(1, idx) for x, idx in zip(full, (tokens, keys, keys, tokens)))
+        q, k, v, dout = (
+            x.index_select(1, idx) for x, idx in zip(full, (tokens, keys, keys, tokens))
+        )
         qv, kf = q_vis[:, tokens].expand(b, -1), k_frame[:, keys].expand(b, -1)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
@@ -296,41 +335,89 @@ def _layout_rank(rank: int, world: int, cfg: dict) -> dict:
     for _ in range(cfg["iters"]):
         for layout in cfg["layouts"]:
             cpu[layout].append(_round_cpu(full, q_vis, k_frame, cfg, layout, rank, world).tolist())
-    return {"times": _timed_rounds(cases, cfg["warmup"], cfg["iters"]), "cpu": cpu, "loadavg": os.getloadavg()}
+    return {
+        "times": _timed_rounds(cases, cfg["warmup"], cfg["iters"]),
+        "cpu": cpu,
+        "loadavg": os.getloadavg(),
+    }
 
 
 def run_layouts(args) -> dict:
-    """LV-XAttn with each layout, interleaved in one run, and the per-round work balance from the plan."""
-    cfg = {k: getattr(args, k) for k in ("frames", "keys_per_frame", "ratio", "batch", "q_heads", "kv_heads",
-                                         "head_dim", "dtype", "warmup", "iters")}
+    """LV-XAttn with each layout, interleaved in one run, and the per-round work balance from the
+    plan."""
+    cfg = {
+        k: getattr(args, k)
+        for k in (
+            "frames",
+            "keys_per_frame",
+            "ratio",
+            "batch",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "dtype",
+            "warmup",
+            "iters",
+        )
+    }
     cfg["layouts"] = args.layout.split(",")
     for name in cfg["layouts"]:
         if name not in LAYOUTS:
-            raise SystemExit(f"--layout: unknown layout {name!r}; use a comma list of {', '.join(LAYOUTS)}")
+            raise SystemExit(
+                f"--layout: unknown layout {name!r}; use a comma list of {', '.join(LAYOUTS)}"
+            )
     load_before = os.getloadavg()
     times = run_ranks(_layout_rank, args.ranks, cfg, timeout_s=3600)[0]
     rows = {}
     for layout in cfg["layouts"]:
-        row = {p[:-2] + "_ms": 1e3 * statistics.median(times["times"][(layout, p)]) for p in ("fwd_s", "fwd_bwd_s")}
-        cpu = torch.tensor(times["cpu"][layout]).median(0).values  # (rounds, ranks), median over iterations
-        row["cpu_busiest_ms"] = 1e3 * float(cpu.amax(1).sum())  # rounds on dedicated cores: busiest rank each
+        row = {
+            p[:-2] + "_ms": 1e3 * statistics.median(times["times"][(layout, p)])
+            for p in ("fwd_s", "fwd_bwd_s")
+        }
+        cpu = (
+            torch.tensor(times["cpu"][layout]).median(0).values
+        )  # (rounds, ranks), median over iterations
+        row["cpu_busiest_ms"] = 1e3 * float(
+            cpu.amax(1).sum()
+        )  # rounds on dedicated cores: busiest rank each
         row["cpu_mean_ms"] = 1e3 * float(cpu.sum() / cpu.shape[1])
         for world in sorted({args.ranks, 4, 8}):
             work = layout_work(cfg, layout, world).double()
             row[f"balance_{world}"] = balance(work)
-            row[f"round_max_over_mean_{world}"] = (work.amax(1) / work.mean(1).clamp(min=1)).tolist()
+            row[f"round_max_over_mean_{world}"] = (
+                work.amax(1) / work.mean(1).clamp(min=1)
+            ).tolist()
         rows[layout] = row
     base = rows.get("contiguous")
-    print(f"LV-XAttn, {args.ranks} gloo ranks, media mask, {cfg['frames']} frames × {cfg['keys_per_frame']}, "
-          f"{cfg['dtype']}; median of {cfg['iters']}; load average {load_before[0]:.1f} -> {times['loadavg'][0]:.1f}")
+    print(
+        f"LV-XAttn, {args.ranks} gloo ranks, media mask, {cfg['frames']} frames × "
+        f"{cfg['keys_per_frame']}, "
+        f"{cfg['dtype']}; median of {cfg['iters']}; load average {load_before[0]:.1f} -> "
+        f"{times['loadavg'][0]:.1f}"
+    )
     for layout, row in rows.items():
-        speed = "" if base is None else (f"  speed-up vs contiguous fwd {base['fwd_ms'] / row['fwd_ms']:.2f}x, "
-                                         f"fwd+bwd {base['fwd_bwd_ms'] / row['fwd_bwd_ms']:.2f}x")
+        speed = (
+            ""
+            if base is None
+            else (
+                f"  speed-up vs contiguous fwd {base['fwd_ms'] / row['fwd_ms']:.2f}x, "
+                f"fwd+bwd {base['fwd_bwd_ms'] / row['fwd_bwd_ms']:.2f}x"
+            )
+        )
         bal = ", ".join(f"{w} ranks {row[f'balance_{w}']:.2f}" for w in sorted({args.ranks, 4, 8}))
-        print(f"{layout:>10}: fwd {row['fwd_ms']:.0f} ms, fwd+bwd {row['fwd_bwd_ms']:.0f} ms{speed}")
-        cpu_speed = "" if base is None else f" ({base['cpu_busiest_ms'] / row['cpu_busiest_ms']:.2f}x vs contiguous)"
-        print(f"{'':>10}  fwd+bwd kernel CPU time, busiest rank per round summed: {row['cpu_busiest_ms']:.0f} ms"
-              f"{cpu_speed}; balanced would be {row['cpu_mean_ms']:.0f} ms")
+        print(
+            f"{layout:>10}: fwd {row['fwd_ms']:.0f} ms, fwd+bwd {row['fwd_bwd_ms']:.0f} ms{speed}"
+        )
+        cpu_speed = (
+            ""
+            if base is None
+            else f" ({base['cpu_busiest_ms'] / row['cpu_busiest_ms']:.2f}x vs contiguous)"
+        )
+        print(
+            f"{'':>10}  fwd+bwd kernel CPU time, busiest rank per round summed: "
+            f"{row['cpu_busiest_ms']:.0f} ms"
+            f"{cpu_speed}; balanced would be {row['cpu_mean_ms']:.0f} ms"
+        )
         print(f"{'':>10}  busiest rank / mean, summed over rounds: {bal}")
         per_round = ", ".join(f"{x:.2f}" for x in row[f"round_max_over_mean_{args.ranks}"])
         print(f"{'':>10}  per round at {args.ranks} ranks: {per_round}")
@@ -421,10 +508,13 @@ def markdown_table(summary: dict) -> str:
             lines.append(f"| {name} | skipped: {row['skipped']} | | | | | |")
             continue
         lines.append(
-            f"| {name} | {row['fwd_ms']:.0f} | {row['fwd_bwd_ms']:.0f} | {row['fwd_bytes_per_rank'] / 1e6:.2f} "
+            f"| {name} | {row['fwd_ms']:.0f} | {row['fwd_bwd_ms']:.0f} | "
+            f"{row['fwd_bytes_per_rank'] / 1e6:.2f} "
             f"| {row['fwd_bwd_bytes_per_rank'] / 1e6:.2f} "
-            f"| {row.get('speedup_vs_ring_fwd', float('nan')):.2f}x / {row.get('speedup_vs_ring_fwd_bwd', float('nan')):.2f}x "
-            f"| {100 * row['overhead_vs_nocomm_fwd']:+.0f}% / {100 * row['overhead_vs_nocomm_fwd_bwd']:+.0f}% |"
+            f"| {row.get('speedup_vs_ring_fwd', float('nan')):.2f}x / "
+            f"{row.get('speedup_vs_ring_fwd_bwd', float('nan')):.2f}x "
+            f"| {100 * row['overhead_vs_nocomm_fwd']:+.0f}% / "
+            f"{100 * row['overhead_vs_nocomm_fwd_bwd']:+.0f}% |"
         )
     return "\n".join(lines)
 
@@ -457,10 +547,14 @@ def run_cpu(args) -> dict:
     }
     s_q, s_kv = shapes(cfg["frames"], cfg["keys_per_frame"], cfg["ratio"])
     if args.link_gbps:
-        print(f"emulated link: every transfer takes at least its bytes / {args.link_gbps:g} GB/s after it is posted")
+        print(
+            f"emulated link: every transfer takes at least its bytes / {args.link_gbps:g} GB/s "
+            "after it is posted"
+        )
     print(
         f"{args.ranks} gloo ranks (1 thread each, {os.cpu_count()} CPUs); S_q={s_q}, S_kv={s_kv} "
-        f"({cfg['frames']} frames × {cfg['keys_per_frame']}), heads {cfg['q_heads']}/{cfg['kv_heads']}, "
+        f"({cfg['frames']} frames × {cfg['keys_per_frame']}), heads "
+        f"{cfg['q_heads']}/{cfg['kv_heads']}, "
         f"d={cfg['head_dim']}, {cfg['dtype']}, media mask {'on' if cfg['mask'] else 'off'}; "
         f"median of {cfg['iters']} after {cfg['warmup']} warm-up"
     )
@@ -472,14 +566,26 @@ def run_cpu(args) -> dict:
         print(markdown_table(summary))
     print(f"total wall time {time.perf_counter() - t0:.0f} s")
     load = {"before": load_before, "after": per_rank[0]["loadavg"]}  # 1/5/15-minute load averages
-    print(f"load average before {load_before[0]:.1f}, after {load['after'][0]:.1f} (other work on this machine)")
-    return {"config": cfg, "s_q": s_q, "s_kv": s_kv, "machine": _machine(), "loadavg": load, "results": summary}
+    print(
+        f"load average before {load_before[0]:.1f}, after {load['after'][0]:.1f} (other work on "
+        "this machine)"
+    )
+    return {
+        "config": cfg,
+        "s_q": s_q,
+        "s_kv": s_kv,
+        "machine": _machine(),
+        "loadavg": load,
+        "results": summary,
+    }
 
 
 # ------------------------------------------------------------------ CUDA kernels
 
 
-def bench_kernels(device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int, warmup: int):
+def bench_kernels(
+    device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int, warmup: int
+):
     """Time attn_fwd / attn_bwd of every backend that can run one unmasked (fully visible) block."""
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -491,16 +597,23 @@ def bench_kernels(device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, d
     rows = {}
     for backend in available_backends(dev):
         if backend == "math" or not can_run(backend, q, False, d):
-            rows[backend] = {"skipped": "materialises the score matrix" if backend == "math" else "cannot run"}
+            rows[backend] = {
+                "skipped": "materialises the score matrix" if backend == "math" else "cannot run"
+            }
             continue
         out, lse = attn_fwd(q, k, v, backend=backend)
         fwd = _device_time(lambda: attn_fwd(q, k, v, backend=backend), dev, iters, warmup)
-        bwd = _device_time(lambda: attn_bwd(dout, q, k, v, out, lse, backend=backend), dev, iters, warmup)
+        bwd = _device_time(
+            lambda: attn_bwd(dout, q, k, v, out, lse, backend=backend), dev, iters, warmup
+        )
         rows[backend] = {
             "fwd_ms": 1e3 * fwd,
             "bwd_ms": 1e3 * bwd,
             "fwd_tflops": flops_fwd / fwd / 1e12,
-            "bwd_tflops": 2.5 * flops_fwd / bwd / 1e12,  # flash-attn's convention: bwd = 2.5 x fwd FLOPs
+            "bwd_tflops": 2.5
+            * flops_fwd
+            / bwd
+            / 1e12,  # flash-attn's convention: bwd = 2.5 x fwd FLOPs
         }
     return rows
 
@@ -526,12 +639,15 @@ def _device_time(fn, dev: torch.device, iters: int, warmup: int) -> float:
 
 def run_cuda(args) -> dict:
     if not torch.cuda.is_available():
-        raise SystemExit("--device cuda needs a CUDA GPU; run without --device for the CPU rank benchmark")
+        raise SystemExit(
+            "--device cuda needs a CUDA GPU; run without --device for the CPU rank benchmark"
+        )
     s_q, s_kv = shapes(args.cuda_frames, args.keys_per_frame, args.ratio)
     s_q, s_kv = -(-s_q // args.cuda_gpus), -(-s_kv // args.cuda_gpus)
     dtype = DTYPES[args.dtype if args.dtype != "float32" else "bfloat16"]
     print(
-        f"{torch.cuda.get_device_name()}: one block per rank of {args.cuda_gpus}: S_q={s_q}, S_kv={s_kv}, "
+        f"{torch.cuda.get_device_name()}: one block per rank of {args.cuda_gpus}: S_q={s_q}, "
+        f"S_kv={s_kv}, "
         f"heads 28/4, d=128, {dtype}, no mask (a fully visible block)"
     )
     rows = bench_kernels("cuda", s_q, s_kv, 28, 4, 128, dtype, args.iters, args.warmup)
@@ -546,11 +662,21 @@ def run_cuda(args) -> dict:
             table.add_row(name, f"skipped: {row['skipped']}", "", "", "")
         else:
             table.add_row(
-                name, f"{row['fwd_ms']:.2f}", f"{row['fwd_tflops']:.0f}", f"{row['bwd_ms']:.2f}", f"{row['bwd_tflops']:.0f}"
+                name,
+                f"{row['fwd_ms']:.2f}",
+                f"{row['fwd_tflops']:.0f}",
+                f"{row['bwd_ms']:.2f}",
+                f"{row['bwd_tflops']:.0f}",
             )
     Console(width=200).print(table)
     machine = _machine() | {"gpu": torch.cuda.get_device_name()}
-    return {"s_q_block": s_q, "s_kv_shard": s_kv, "dtype": str(dtype), "machine": machine, "results": rows}
+    return {
+        "s_q_block": s_q,
+        "s_kv_shard": s_kv,
+        "dtype": str(dtype),
+        "machine": machine,
+        "results": rows,
+    }
 
 
 # ------------------------------------------------------------------ the paper's regime, emulated
@@ -558,18 +684,21 @@ def run_cuda(args) -> dict:
 A100_BF16_FLOPS = 312e12  # dense bf16 peak
 PAPER_LINK_BYTES_PER_S = 25e9  # Table 3's inter-node bandwidth
 PAPER_ELEMENT_BYTES = 2  # bf16
-# What the LV-XAttn paper states, as quoted in issue #14 (our reference notes did not extract per-row values).
+# What the LV-XAttn paper states, as quoted in issue #14 (our reference notes did not extract
+# per-row values).
 PAPER_FIGURES = {
     "table3": "16 A100s, 25 GB/s: cross-attention 7-15x over Ring (range of the rows)",
     "table4": "A30s, 1.25 GB/s: 20-46x over Ring",
     "nocomm": "LV-XAttn within 0.42% of no communication",
 }
-# (S_Q per rank, S_KV per rank): a base row, S_Q doubled, S_KV doubled; heads 14/2, d 64 (mPLUG-Owl3-7B's 28/4, d 128
-# halved) so that a row runs in seconds on one core per rank.
+# (S_Q per rank, S_KV per rank): a base row, S_Q doubled, S_KV doubled; heads 14/2, d 64
+# (mPLUG-Owl3-7B's 28/4, d 128 halved) so that a row runs in seconds on one core per rank.
 PAPER_ROWS = [(64, 12288), (128, 12288), (64, 24576)]
 
 
-def measure_attention_flops(s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int = 5) -> float:
+def measure_attention_flops(
+    s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int = 5
+) -> float:
     """FLOP/s of one rank's unmasked block kernel, on one thread as each benchmark rank runs."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -588,40 +717,83 @@ def _flops_on_rank(rank: int, world: int, shape: tuple, dtype_name: str) -> floa
 
 
 def paper_link_gbps(flops: float, efficiency: float, element_bytes: int) -> float:
-    """The link (GB/s) at which this machine's FLOP per transferred element equals the paper's A100 cluster's."""
-    paper_flop_per_element = efficiency * A100_BF16_FLOPS / (PAPER_LINK_BYTES_PER_S / PAPER_ELEMENT_BYTES)
+    """The link (GB/s) at which this machine's FLOP per transferred element equals the paper's A100
+    cluster's."""
+    paper_flop_per_element = (
+        efficiency * A100_BF16_FLOPS / (PAPER_LINK_BYTES_PER_S / PAPER_ELEMENT_BYTES)
+    )
     return flops / paper_flop_per_element * element_bytes / 1e9
 
 
 def run_paper(args) -> dict:
     dtype = DTYPES[args.dtype]
     hq, hkv, d, n = args.q_heads, args.kv_heads, args.head_dim, args.ranks
-    # Measured on the benchmark's own ranks, all at once: what a rank gets while the others compute too.
+    # Measured on the benchmark's own ranks, all at once: what a rank gets while the others compute
+    # too.
     flops = min(run_ranks(_flops_on_rank, n, (*PAPER_ROWS[0], hq, hkv, d), args.dtype))
-    gbps = args.link_gbps or paper_link_gbps(flops, args.paper_efficiency, torch.finfo(dtype).bits // 8)
-    print(f"per-rank attention {flops / 1e9:.1f} GFLOP/s ({n} ranks at once, one thread each) -> emulated link "
-          f"{gbps * 1e3:.2f} MB/s, the A100 cluster's FLOP per element "
-          f"({args.paper_efficiency:.0%} of 312 TFLOP/s bf16 over 25 GB/s)")
+    gbps = args.link_gbps or paper_link_gbps(
+        flops, args.paper_efficiency, torch.finfo(dtype).bits // 8
+    )
+    print(
+        f"per-rank attention {flops / 1e9:.1f} GFLOP/s ({n} ranks at once, one thread each) -> "
+        "emulated link "
+        f"{gbps * 1e3:.2f} MB/s, the A100 cluster's FLOP per element "
+        f"({args.paper_efficiency:.0%} of 312 TFLOP/s bf16 over 25 GB/s)"
+    )
     rows = []
     for s_q, s_kv in PAPER_ROWS:
-        cfg = {"ranks": n, "frames": 48, "keys_per_frame": args.keys_per_frame, "ratio": args.ratio, "batch": 1,
-               "q_heads": hq, "kv_heads": hkv, "head_dim": d, "dtype": args.dtype, "mask": False, "warmup": args.warmup,
-               "iters": args.iters, "link_gbps": gbps, "s_q_kv": (n * s_q, n * s_kv), "paths": ["lv_xattn", "ring_xattn"],
-               "backward": False}  # fmt: skip
+        cfg = {
+            "ranks": n,
+            "frames": 48,
+            "keys_per_frame": args.keys_per_frame,
+            "ratio": args.ratio,
+            "batch": 1,
+            "q_heads": hq,
+            "kv_heads": hkv,
+            "head_dim": d,
+            "dtype": args.dtype,
+            "mask": False,
+            "warmup": args.warmup,
+            "iters": args.iters,
+            "link_gbps": gbps,
+            "s_q_kv": (n * s_q, n * s_kv),
+            "paths": ["lv_xattn", "ring_xattn"],
+            "backward": False,
+        }
         summary = _summarise(run_ranks(_bench_rank, n, cfg, timeout_s=3600))
         lv, ring, free = summary["lv_xattn"], summary["ring_xattn"], summary["no-comm"]
-        rows.append({"s_q_per_rank": s_q, "s_kv_per_rank": s_kv, "lv_ms": lv["fwd_ms"], "ring_ms": ring["fwd_ms"],
-                     "nocomm_ms": free["fwd_ms"], "speedup_vs_ring": ring["fwd_ms"] / lv["fwd_ms"],
-                     "lv_overhead_vs_nocomm": lv["fwd_ms"] / free["fwd_ms"] - 1,
-                     "lv_mb_per_rank": lv["fwd_bytes_per_rank"] / 1e6,
-                     "ring_mb_per_rank": ring["fwd_bytes_per_rank"] / 1e6,
-                     # what a rank computed at during this row (no-comm run): drift from `flops` skews the emulated ratio
-                     "gflops_during_row": n * 4 * s_q * s_kv * hq * d / free["fwd_ms"] / 1e6})  # fmt: skip
-        print(f"S_Q/n={s_q}, S_KV/n={s_kv}: LV {lv['fwd_ms']:.0f} ms, Ring {ring['fwd_ms']:.0f} ms, no-comm "
-              f"{free['fwd_ms']:.0f} ms -> {rows[-1]['speedup_vs_ring']:.1f}x, {rows[-1]['lv_overhead_vs_nocomm']:+.1%}")
+        rows.append(
+            {
+                "s_q_per_rank": s_q,
+                "s_kv_per_rank": s_kv,
+                "lv_ms": lv["fwd_ms"],
+                "ring_ms": ring["fwd_ms"],
+                "nocomm_ms": free["fwd_ms"],
+                "speedup_vs_ring": ring["fwd_ms"] / lv["fwd_ms"],
+                "lv_overhead_vs_nocomm": lv["fwd_ms"] / free["fwd_ms"] - 1,
+                "lv_mb_per_rank": lv["fwd_bytes_per_rank"] / 1e6,
+                "ring_mb_per_rank": ring["fwd_bytes_per_rank"] / 1e6,
+                # what a rank computed at during this row (no-comm run): drift from `flops` skews
+                # the emulated ratio
+                "gflops_during_row": n * 4 * s_q * s_kv * hq * d / free["fwd_ms"] / 1e6,
+            }
+        )
+        print(
+            f"S_Q/n={s_q}, S_KV/n={s_kv}: LV {lv['fwd_ms']:.0f} ms, Ring {ring['fwd_ms']:.0f} ms, "
+            "no-comm "
+            f"{free['fwd_ms']:.0f} ms -> {rows[-1]['speedup_vs_ring']:.1f}x, "
+            f"{rows[-1]['lv_overhead_vs_nocomm']:+.1%}"
+        )
     _print_paper(rows)
-    return {"flops_per_rank": flops, "link_gbps": gbps, "efficiency": args.paper_efficiency, "rows": rows,
-            "paper": PAPER_FIGURES, "machine": _machine(), "loadavg": os.getloadavg()}  # fmt: skip
+    return {
+        "flops_per_rank": flops,
+        "link_gbps": gbps,
+        "efficiency": args.paper_efficiency,
+        "rows": rows,
+        "paper": PAPER_FIGURES,
+        "machine": _machine(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 def _print_paper(rows: list[dict]) -> None:
@@ -629,26 +801,56 @@ def _print_paper(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="LV-XAttn vs Ring, forward, emulated A100-cluster regime")
-    for col in ("S_Q/n", "S_KV/n", "LV ms", "Ring ms", "no-comm ms", "speedup vs Ring", "paper (Table 3)",
-                "LV vs no-comm", "paper"):  # fmt: skip
+    for col in (
+        "S_Q/n",
+        "S_KV/n",
+        "LV ms",
+        "Ring ms",
+        "no-comm ms",
+        "speedup vs Ring",
+        "paper (Table 3)",
+        "LV vs no-comm",
+        "paper",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["s_q_per_rank"]), str(r["s_kv_per_rank"]), f"{r['lv_ms']:.0f}", f"{r['ring_ms']:.0f}",
-                      f"{r['nocomm_ms']:.0f}", f"{r['speedup_vs_ring']:.1f}x", "7-15x", f"{r['lv_overhead_vs_nocomm']:+.1%}",
-                      "+0.42%")  # fmt: skip
+        table.add_row(
+            str(r["s_q_per_rank"]),
+            str(r["s_kv_per_rank"]),
+            f"{r['lv_ms']:.0f}",
+            f"{r['ring_ms']:.0f}",
+            f"{r['nocomm_ms']:.0f}",
+            f"{r['speedup_vs_ring']:.1f}x",
+            "7-15x",
+            f"{r['lv_overhead_vs_nocomm']:+.1%}",
+            "+0.42%",
+        )
     Console(width=200).print(table)
     base, dq, dkv = (r["speedup_vs_ring"] for r in rows[:3])
-    print(f"trends: S_Q doubled -> speedup x{dq / base:.2f} (paper: roughly halves); "
-          f"S_KV doubled -> x{dkv / base:.2f} (paper: stays)")
+    print(
+        f"trends: S_Q doubled -> speedup x{dq / base:.2f} (paper: roughly halves); "
+        f"S_KV doubled -> x{dkv / base:.2f} (paper: stays)"
+    )
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: gloo ranks; cuda: kernel TFLOP/s")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cpu: gloo ranks; cuda: kernel TFLOP/s",
+    )
     p.add_argument("--ranks", type=int, default=4, help="CPU gloo ranks (default 4)")
     p.add_argument("--frames", type=int, default=48, help="video frames in total (CPU run)")
-    p.add_argument("--keys-per-frame", type=int, default=729, help="visual tokens per frame (SigLIP: 729)")
-    p.add_argument("--ratio", type=float, default=145.0, help="S_KV / S_Q (Video-MME with mPLUG-Owl3: ~145)")
+    p.add_argument(
+        "--keys-per-frame", type=int, default=729, help="visual tokens per frame (SigLIP: 729)"
+    )
+    p.add_argument(
+        "--ratio", type=float, default=145.0, help="S_KV / S_Q (Video-MME with mPLUG-Owl3: ~145)"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--q-heads", type=int, default=14)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -657,20 +859,45 @@ def main(argv=None) -> None:
     p.add_argument("--no-mask", action="store_true", help="attend every query to every frame")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--cuda-frames", type=int, default=3600, help="--device cuda: frames (an hour at 1 fps)")
-    p.add_argument("--cuda-gpus", type=int, default=8, help="--device cuda: ranks the problem is split over")
-    p.add_argument("--link-gbps", type=float, default=None, help="emulate a link of this many GB/s for every schedule")
-    p.add_argument("--paper", action="store_true", help="the LV-XAttn paper's A100 regime, emulated (see above)")
-    p.add_argument("--paper-efficiency", type=float, default=0.5,
-                   help="--paper: fraction of the A100's 312 bf16 TFLOP/s the paper's kernels reach (assumed)")
+    p.add_argument(
+        "--cuda-frames", type=int, default=3600, help="--device cuda: frames (an hour at 1 fps)"
+    )
+    p.add_argument(
+        "--cuda-gpus", type=int, default=8, help="--device cuda: ranks the problem is split over"
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="emulate a link of this many GB/s for every schedule",
+    )
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="the LV-XAttn paper's A100 regime, emulated (see above)",
+    )
+    p.add_argument(
+        "--paper-efficiency",
+        type=float,
+        default=0.5,
+        help="--paper: fraction of the A100's 312 bf16 TFLOP/s the paper's kernels reach (assumed)",
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
-    p.add_argument("--layout", help="comma list of contiguous,striped,zigzag: time LV-XAttn under each layout")
+    p.add_argument(
+        "--layout", help="comma list of contiguous,striped,zigzag: time LV-XAttn under each layout"
+    )
     args = p.parse_args(argv)
     if args.layout:
         report = run_layouts(args)
     else:
-        report = run_cuda(args) if args.device == "cuda" else run_paper(args) if args.paper else run_cpu(args)
+        report = (
+            run_cuda(args)
+            if args.device == "cuda"
+            else run_paper(args)
+            if args.paper
+            else run_cpu(args)
+        )
     report["command"] = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

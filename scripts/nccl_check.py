@@ -1,11 +1,13 @@
-"""NCCL check of LV-XAttn and the decode combine against one process (run under torchrun on 2+ GPUs).
+"""NCCL check of LV-XAttn and the decode combine against one process (run under torchrun on 2+
+GPUs).
 
-    torchrun --nproc-per-node 2 scripts/nccl_check.py          # --cpu: the same over gloo on CPU ranks
+    # --cpu: the same over gloo on CPU ranks
+    torchrun --nproc-per-node 2 scripts/nccl_check.py
 
-Every rank builds the same random 7B-shaped problem (28 query / 4 KV heads, d 128, media mask), keeps its share of
-the frames' K/V and of the query rows, runs `lv_xattn_with_lse` and `decode_xattn` over NCCL, and compares with a
-float64 `attn_fwd` of the whole problem on its own GPU. Rank 0 prints one JSON line; the exit code is 1 when an
-error is above its dtype's tolerance.
+Every rank builds the same random 7B-shaped problem (28 query / 4 KV heads, d 128, media mask),
+keeps its share of the frames' K/V and of the query rows, runs `lv_xattn_with_lse` and
+`decode_xattn` over NCCL, and compares with a float64 `attn_fwd` of the whole problem on its own
+GPU. Rank 0 prints one JSON line; the exit code is 1 when an error is above its dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -33,14 +35,24 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
     frames, per_frame, rows = 8 * world, 64, 40 * world
     q = torch.randn(1, rows, 28, 128, generator=g)
     k, v = (torch.randn(1, frames * per_frame, 4, 128, generator=g) for _ in range(2))
-    q_vis = (torch.arange(rows) * (frames + 1) // rows).view(1, rows)  # row t sees a growing prefix of frames
+    q_vis = (torch.arange(rows) * (frames + 1) // rows).view(
+        1, rows
+    )  # row t sees a growing prefix of frames
     k_frame = torch.arange(frames).repeat_interleave(per_frame).view(1, -1)
-    ref, _ = attn_fwd(*(x.to(device, torch.float64) for x in (q, k, v)), q_vis=q_vis.to(device), k_frame=k_frame.to(device))
+    ref, _ = attn_fwd(
+        *(x.to(device, torch.float64) for x in (q, k, v)),
+        q_vis=q_vis.to(device),
+        k_frame=k_frame.to(device),
+    )
     f0, f1 = shard_bounds(frames, world, rank)
     r0, r1 = shard_bounds(rows, world, rank)
     ks = slice(f0 * per_frame, f1 * per_frame)
     kl, vl = (x[:, ks].to(device, dtype) for x in (k, v))
-    ql, qv, kf = q[:, r0:r1].to(device, dtype), q_vis[:, r0:r1].to(device), k_frame[:, ks].to(device)
+    ql, qv, kf = (
+        q[:, r0:r1].to(device, dtype),
+        q_vis[:, r0:r1].to(device),
+        k_frame[:, ks].to(device),
+    )
     out, _ = lv_xattn_with_lse(ql, kl, vl, q_vis=qv, k_frame=kf)
     lv_err = (out.double() - ref[:, r0:r1]).abs().max()
     last = q[:, -1:].to(device, dtype)  # a decode token: replicated on every rank, sees every frame
@@ -49,18 +61,30 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
     dec_err = (dec.double() - dec_ref).abs().max()
     errs = torch.stack([lv_err, dec_err]).to(device)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX)
-    return {"dtype": str(dtype).removeprefix("torch."), "lv_xattn_max_err": float(errs[0]), "decode_xattn_max_err": float(errs[1]),
-            "tolerance": TOLERANCE[dtype], "ok": bool(errs.max() <= TOLERANCE[dtype])}  # fmt: skip
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "lv_xattn_max_err": float(errs[0]),
+        "decode_xattn_max_err": float(errs[1]),
+        "tolerance": TOLERANCE[dtype],
+        "ok": bool(errs.max() <= TOLERANCE[dtype]),
+    }
 
 
 def main() -> int:
-    info = init_distributed(cuda="--cpu" not in sys.argv)  # --cpu: the same check over gloo, to test this script
+    info = init_distributed(
+        cuda="--cpu" not in sys.argv
+    )  # --cpu: the same check over gloo, to test this script
     try:
-        results = [check(dt, info.rank, info.world_size, info.device) for dt in (torch.float32, torch.bfloat16)]
+        results = [
+            check(dt, info.rank, info.world_size, info.device)
+            for dt in (torch.float32, torch.bfloat16)
+        ]
     finally:
         destroy_distributed()
     if info.rank == 0:
-        print(json.dumps({"world_size": info.world_size, "backend": info.backend, "results": results}))
+        print(
+            json.dumps({"world_size": info.world_size, "backend": info.backend, "results": results})
+        )
     return 0 if all(r["ok"] for r in results) else 1
 
 

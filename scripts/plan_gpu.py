@@ -1,11 +1,15 @@
-"""Memory and time plan of mPLUG-Owl3-7B on an hour-long video, from the model's real shapes (every figure projected).
+"""Memory and time plan of mPLUG-Owl3-7B on an hour-long video, from the model's real shapes (every
+figure projected).
 
-    python scripts/plan_gpu.py                      # the tables (memory per rank, largest video, times, 3-hour verdict)
-    python scripts/plan_gpu.py --check-rss          # the formula against measured peak RSS on this CPU, small shapes
+    # the tables (memory per rank, largest video, times, 3-hour verdict)
+    python scripts/plan_gpu.py
+    # the formula against measured peak RSS on this CPU, small shapes
+    python scripts/plan_gpu.py --check-rss
     python scripts/plan_gpu.py --json runs/plan.json
 
-The formula is `lvx_app/engine/memory_plan.py`; `--check-rss` runs the model code the engine runs on one rank
-(random weights, float32, random features) in a subprocess per case and compares its peak RSS growth with the plan.
+The formula is `lvx_app/engine/memory_plan.py`; `--check-rss` runs the model code the engine runs on
+one rank (random weights, float32, random features) in a subprocess per case and compares its peak
+RSS growth with the plan.
 """
 
 from __future__ import annotations
@@ -36,30 +40,45 @@ from lvx_app.engine.memory_plan import (  # noqa: E402
     plan_rows,
     time_plan,
 )
-from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
 
-GPU_BYTES = 78 * 2**30  # what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
+GPU_BYTES = (
+    78 * 2**30
+)  # what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
 MINUTES = [10, 30, 60, 180]
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15
-# visual_kv's chunk in the RSS check: 8 of the 64 frames at small shapes. CPU RSS counts a buffer's pages only once
-# written, so with one chunk the K/V buffers would not count while the chunk's float32 work is at its peak (on a GPU
-# they are allocated, and counted, before it); with 8 chunks the last one's peak has almost all of them written.
+# visual_kv's chunk in the RSS check: 8 of the 64 frames at small shapes. CPU RSS counts a buffer's
+# pages only once written, so with one chunk the K/V buffers would not count while the chunk's
+# float32 work is at its peak (on a GPU they are allocated, and counted, before it); with 8 chunks
+# the last one's peak has almost all of them written.
 RSS_CHUNK_BYTES = 8 * 729 * 256 * 8
 
 
 def small_config() -> Owl3Config:
-    """bench_chat.py's small shapes: the 7B's 729 visual tokens per frame, a small language model."""
+    """bench_chat.py's small shapes: the 7B's 729 visual tokens per frame, a small language
+    model."""
     return Owl3Config(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=2, hyper_layers=[2, 4, 6, 8],
-        vision=SiglipVisionConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2),
-    )  # fmt: skip
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        hyper_layers=[2, 4, 6, 8],
+        vision=SiglipVisionConfig(
+            hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2
+        ),
+    )
 
 
 def _status_bytes(*fields: str) -> int:
     """The sum of /proc/self/status fields given in kB (e.g. RssAnon, RssFile, VmHWM), in bytes."""
-    values = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    values = dict(
+        line.split(":", 1)
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if ":" in line
+    )
     return sum(int(values[f].split()[0]) for f in fields) * 1024
 
 
@@ -68,15 +87,18 @@ def _anon_now() -> int:
 
 
 def _anon_peak() -> int:
-    """Peak resident memory less the file-backed pages (library code) resident now: under memory pressure the kernel
-    evicts torch's library pages and faults them back in, which would count as growth in a plain RSS difference."""
+    """Peak resident memory less the file-backed pages (library code) resident now: under memory
+    pressure the kernel
+    evicts torch's library pages and faults them back in, which would count as growth in a plain RSS
+    difference."""
     return _status_bytes("VmHWM") - _status_bytes("RssFile")
 
 
 def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
-    """One rank's chat on `frames` random frames at small shapes, float32 CPU: peak RSS growth over the model."""
-    from models.mplug_owl3 import hyper
-    from models.mplug_owl3.modeling import Owl3Model
+    """One rank's chat on `frames` random frames at small shapes, float32 CPU: peak RSS growth over
+    the model."""
+    from lvx_models.mplug_owl3 import hyper
+    from lvx_models.mplug_owl3.modeling import Owl3Model
 
     hyper.VISUAL_KV_CHUNK_BYTES = RSS_CHUNK_BYTES
     torch.manual_seed(0)
@@ -95,32 +117,56 @@ def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
             del e  # as Session.load_video: E is dropped once the K/V are made
         cache = model.new_cache()
         model(ids[:, :prefix], cache=cache, visual=visual, last_only=True)
-        token = model(ids[:, prefix:], cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+        token = (
+            model(ids[:, prefix:], cache=cache, visual=visual, last_only=True)[0, -1]
+            .argmax()
+            .view(1, 1)
+        )
         for _ in range(answer_tokens):
-            token = model(token, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+            token = (
+                model(token, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+            )
     return {"frames": frames, "kv mode": mode, "measured_bytes": _anon_peak() - base}
 
 
 def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
-    """Measure each case in its own process and put the plan's prediction beside it (encode is not run: the
+    """Measure each case in its own process and put the plan's prediction beside it (encode is not
+    run: the
     features are random, so the plan's peak over the other stages is compared)."""
     cfg = small_config()
     counts = param_counts(cfg)
-    # glibc returns a freed block to the OS only if it was mmapped; a fixed threshold keeps its dynamic raise from
-    # parking freed tensors in the heap, so RSS follows the live tensors
+    # glibc returns a freed block to the OS only if it was mmapped; a fixed threshold keeps its
+    # dynamic raise from parking freed tensors in the heap, so RSS follows the live tensors
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, __file__, "--measure-rss", str(f), m, str(answer_tokens)], env=env,
-                              stdout=subprocess.PIPE, text=True) for f, m in cases]  # one process per case, side by side
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--measure-rss", str(f), m, str(answer_tokens)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for f, m in cases
+    ]  # one process per case, side by side
     rows = []
     for (frames, mode), proc in zip(cases, procs):
         out, _ = proc.communicate()
         if proc.returncode:
-            raise RuntimeError(f"the RSS measurement of {frames} frames ({mode}) failed with exit code {proc.returncode}")
+            raise RuntimeError(
+                f"the RSS measurement of {frames} frames ({mode}) failed with exit code "
+                f"{proc.returncode}"
+            )
         row = json.loads(out.strip().splitlines()[-1])
-        work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens,
-                        visual_kv_chunk_bytes=RSS_CHUNK_BYTES)  # fmt: skip
+        work = Workload(
+            minutes=frames / 60,
+            kv_mode=mode,
+            dtype_bytes=4,
+            answer_tokens=answer_tokens,
+            visual_kv_chunk_bytes=RSS_CHUNK_BYTES,
+        )
         plan = memory_plan(cfg, work, counts)
-        row["planned_bytes"] = max(v for k, v in plan.stages.items() if k != "encode") - plan.resident["weights"]
+        row["planned_bytes"] = (
+            max(v for k, v in plan.stages.items() if k != "encode") - plan.resident["weights"]
+        )
         row["error"] = row["planned_bytes"] / row["measured_bytes"] - 1
         rows.append(row)
     return rows
@@ -144,9 +190,15 @@ def _table(title: str, rows: list[dict]) -> Table:
 
 def largest_rows(cfg: Owl3Config) -> list[dict]:
     counts = param_counts(cfg)
-    return [{"kv mode": mode, "largest video min (1 fps, 1 GPU)": round(largest_minutes(cfg, Workload(minutes=1, kv_mode=mode),
-                                                                                         GPU_BYTES, counts), 1)}
-            for mode in ("cache", "recompute")]  # fmt: skip
+    return [
+        {
+            "kv mode": mode,
+            "largest video min (1 fps, 1 GPU)": round(
+                largest_minutes(cfg, Workload(minutes=1, kv_mode=mode), GPU_BYTES, counts), 1
+            ),
+        }
+        for mode in ("cache", "recompute")
+    ]
 
 
 def time_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
@@ -156,47 +208,75 @@ def time_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
         for mode in ("cache", "recompute"):
             t = time_plan(cfg, Workload(minutes=minutes, ranks=n, kv_mode=mode), counts=counts)
             ingest = t["ingest (vision tower + projector)"]["seconds"] + t["visual K/V"]["seconds"]
-            rows.append({
-                "H100s": n, "kv mode": mode, "ingest s (GPU part)": round(ingest, 2),
-                "video-prompt prefill s": round(t["video-prompt prefill"]["seconds"], 2),
-                "TTFT s": round(t["question prefill (TTFT)"]["seconds"], 3),
-                "decode step ms": round(1e3 * t["decode step"]["seconds"], 2), "tokens/s": round(t["tokens/s"], 1),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "H100s": n,
+                    "kv mode": mode,
+                    "ingest s (GPU part)": round(ingest, 2),
+                    "video-prompt prefill s": round(t["video-prompt prefill"]["seconds"], 2),
+                    "TTFT s": round(t["question prefill (TTFT)"]["seconds"], 3),
+                    "decode step ms": round(1e3 * t["decode step"]["seconds"], 2),
+                    "tokens/s": round(t["tokens/s"], 1),
+                }
+            )
     return rows
 
 
 def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
     t = time_plan(cfg, Workload(minutes=minutes))
-    return [{"stage (1 GPU, resident K/V)": k, **{kk: round(vv, 3) for kk, vv in v.items()}}
-            for k, v in t.items() if isinstance(v, dict)]
+    return [
+        {"stage (1 GPU, resident K/V)": k, **{kk: round(vv, 3) for kk, vv in v.items()}}
+        for k, v in t.items()
+        if isinstance(v, dict)
+    ]
 
 
 def three_hours(cfg: Owl3Config) -> str:
-    """Whether 3 h at 1 fps fits one GPU with --recompute-kv, and the recommendation (the plan's own numbers)."""
+    """Whether 3 h at 1 fps fits one GPU with --recompute-kv, and the recommendation (the plan's own
+    numbers)."""
     work = Workload(minutes=180, kv_mode="recompute")
     plan = memory_plan(cfg, work)
     tokens = work.frames * cfg.vision.num_patches
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
-    kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB  # one hyper layer's K/V, recomputed
+    kv_layer = (
+        tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
+    )  # one hyper layer's K/V, recomputed
     masks = live_band_masks(band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
-        f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} (projected): E alone is "
-        f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and every forward recomputes "
-        f"one hyper layer's K/V at a time ({kv_layer:.1f} GB), so the planned peak is {plan.peak / GB:.0f} GB "
-        f"({plan.peak_stage}; attn_fwd's band masks, two tiles' at a time, are {masks * 1000:.0f} MB of it). Recommendation, in "
-        f"order: (1) keep E in pinned CPU memory and stream it per hyper layer, or store E ({e / 2:.1f} GB) and K/V in "
-        f"fp8; (2) otherwise fewer frames (--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is "
+        f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} "
+        "(projected): E alone is "
+        f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and "
+        "every forward recomputes "
+        f"one hyper layer's K/V at a time ({kv_layer:.1f} GB), so the planned peak is "
+        f"{plan.peak / GB:.0f} GB "
+        f"({plan.peak_stage}; attn_fwd's band masks, two tiles' at a time, are {masks * 1000:.0f} "
+        "MB of it). Recommendation, in "
+        "order: (1) keep E in pinned CPU memory and stream it per hyper layer, or store E "
+        f"({e / 2:.1f} GB) and K/V in "
+        "fp8; (2) otherwise fewer frames (--max-frames, --fps 0.5) or more GPUs: with 8 the "
+        "plan's peak is "
         f"{memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} GB per rank."
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check-rss", action="store_true", help="compare the formula with measured peak RSS on CPU")
-    parser.add_argument("--measure-rss", nargs=3, metavar=("FRAMES", "MODE", "ANSWER_TOKENS"), help=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check-rss", action="store_true", help="compare the formula with measured peak RSS on CPU"
+    )
+    parser.add_argument(
+        "--measure-rss",
+        nargs=3,
+        metavar=("FRAMES", "MODE", "ANSWER_TOKENS"),
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)"
+    )
     args = parser.parse_args()
     if args.measure_rss:
         frames, mode, answer = args.measure_rss

@@ -13,7 +13,9 @@ import math
 import torch
 
 
-def visibility(sq: int, sk: int, *, causal=False, q_vis=None, k_frame=None, batch=1, device=None) -> torch.Tensor:
+def visibility(
+    sq: int, sk: int, *, causal=False, q_vis=None, k_frame=None, batch=1, device=None
+) -> torch.Tensor:
     """(B, Sq, Sk) bool: True where query t may see key s."""
     vis = torch.ones(batch, sq, sk, dtype=torch.bool, device=device)
     if causal:  # bottom-right aligned, like flash-attn
@@ -31,13 +33,21 @@ def reference_attention(q, k, v, *, scale=None, causal=False, q_vis=None, k_fram
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     g = hq // hkv
-    q64, k64, v64 = q.double(), k.double().repeat_interleave(g, 2), v.double().repeat_interleave(g, 2)
+    q64, k64, v64 = (
+        q.double(),
+        k.double().repeat_interleave(g, 2),
+        v.double().repeat_interleave(g, 2),
+    )
     s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
-    vis = visibility(sq, sk, causal=causal, q_vis=q_vis, k_frame=k_frame, batch=b, device=q.device)[:, None]
+    vis = visibility(sq, sk, causal=causal, q_vis=q_vis, k_frame=k_frame, batch=b, device=q.device)[
+        :, None
+    ]
     alive = vis.any(-1, keepdim=True)  # (B,1,Sq,1)
     s = s.masked_fill(~vis, float("-inf"))
     s_safe = torch.where(alive, s, torch.zeros_like(s))
-    lse_safe = torch.logsumexp(s_safe, -1, keepdim=True) if sk else s_safe.new_zeros(*s_safe.shape[:-1], 1)
+    lse_safe = (
+        torch.logsumexp(s_safe, -1, keepdim=True) if sk else s_safe.new_zeros(*s_safe.shape[:-1], 1)
+    )
     p = torch.exp(s_safe - lse_safe) * vis
     out = torch.einsum("bhqk,bkhd->bqhd", p, v64)
     lse = torch.where(alive, lse_safe, torch.full_like(lse_safe, float("-inf"))).squeeze(-1)

@@ -1,4 +1,5 @@
-"""CPU stand-ins for the CUDA attention ops in `backends.KERNEL_OPS`, with the real signatures and output conventions.
+"""CPU stand-ins for the CUDA attention ops in `backends.KERNEL_OPS`, with the real signatures and
+output conventions.
 
 Each stand-in takes the arguments the real op takes (aten: (B, H, S, D); flash-attn:
 (B, S, H, D)), checks what the real kernel would reject (K/V heads, dtype, bias row
@@ -33,18 +34,31 @@ class Recorder:
     calls: list[Call] = field(default_factory=list)
 
     def add(self, op, q, k, v, bias=None):
-        self.calls.append(Call(op, tuple(q.shape), tuple(k.shape), tuple(v.shape), None if bias is None else tuple(bias.shape),
-                               k.untyped_storage().data_ptr()))
+        self.calls.append(
+            Call(
+                op,
+                tuple(q.shape),
+                tuple(k.shape),
+                tuple(v.shape),
+                None if bias is None else tuple(bias.shape),
+                k.untyped_storage().data_ptr(),
+            )
+        )
 
     def ops(self) -> set[str]:
         return {c.op for c in self.calls}
 
 
 def _scores(q, k, bias, causal, scale):
-    """(B,H,Sq,Sk) float64 scores of (B,H,S,D) inputs; causal is top-left, as the aten ops take it."""
+    """(B,H,Sq,Sk) float64 scores of (B,H,S,D) inputs; causal is top-left, as the aten ops take
+    it."""
     if k.shape[1] != q.shape[1]:
         raise RuntimeError(f"stand-in: K/V heads {k.shape[1]} != query heads {q.shape[1]}")
-    s = q.double() @ k.double().transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    s = (
+        q.double()
+        @ k.double().transpose(-1, -2)
+        * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    )
     if bias is not None:
         s = s + bias.double()
     if causal:
@@ -65,8 +79,11 @@ def _bwd(do, q, k, v, out, lse, bias, causal, scale):
     p = torch.exp(s - lse.double().unsqueeze(-1))
     do64 = do.double()
     ds = p * (do64 @ v.double().transpose(-1, -2) - (do64 * out.double()).sum(-1, keepdim=True))
-    return ((ds @ k.double()) * sc).to(q.dtype), ((ds.transpose(-1, -2) @ q.double()) * sc).to(k.dtype), \
-        (p.transpose(-1, -2) @ do64).to(v.dtype)
+    return (
+        ((ds @ k.double()) * sc).to(q.dtype),
+        ((ds.transpose(-1, -2) @ q.double()) * sc).to(k.dtype),
+        (p.transpose(-1, -2) @ do64).to(v.dtype),
+    )
 
 
 def _check_bias(bias, q, k):
@@ -88,32 +105,98 @@ def _pad(lse, mult):
 def install(rec: Recorder) -> dict:
     """The stand-ins, as the KERNEL_OPS entries they replace, recording into `rec`."""
 
-    def efficient_fwd(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    def efficient_fwd(
+        q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None
+    ):
         rec.add("efficient_fwd", q, k, v, attn_bias)
         _check_bias(attn_bias, q, k)
         o, lse = _fwd(q, k, v, attn_bias, is_causal, scale)
-        return o, _pad(lse, 32), torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+        return (
+            o,
+            _pad(lse, 32),
+            torch.zeros((), dtype=torch.int64),
+            torch.zeros((), dtype=torch.int64),
+        )
 
-    def efficient_bwd(grad_out, q, k, v, attn_bias, out, logsumexp, seed, offset, dropout_p, grad_input_mask, is_causal=False,
-                      *, scale=None):
+    def efficient_bwd(
+        grad_out,
+        q,
+        k,
+        v,
+        attn_bias,
+        out,
+        logsumexp,
+        seed,
+        offset,
+        dropout_p,
+        grad_input_mask,
+        is_causal=False,
+        *,
+        scale=None,
+    ):
         rec.add("efficient_bwd", q, k, v, attn_bias)
         _check_bias(attn_bias, q, k)
-        assert logsumexp.shape[-1] % 32 == 0 and logsumexp.shape[-1] >= q.shape[2], "lse must come padded to 32"
-        return (*_bwd(grad_out, q, k, v, out, logsumexp[..., : q.shape[2]], attn_bias, is_causal, scale), None)
+        assert logsumexp.shape[-1] % 32 == 0 and logsumexp.shape[-1] >= q.shape[2], (
+            "lse must come padded to 32"
+        )
+        return (
+            *_bwd(
+                grad_out, q, k, v, out, logsumexp[..., : q.shape[2]], attn_bias, is_causal, scale
+            ),
+            None,
+        )
 
     def flash_fwd(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
         rec.add("flash_fwd", q, k, v)
         _half(q)
         o, lse = _fwd(q, k, v, None, is_causal, scale)
-        return o, lse, None, None, q.shape[2], k.shape[2], torch.zeros(2, dtype=torch.int64), torch.empty(0), torch.empty(0)
+        return (
+            o,
+            lse,
+            None,
+            None,
+            q.shape[2],
+            k.shape[2],
+            torch.zeros(2, dtype=torch.int64),
+            torch.empty(0),
+            torch.empty(0),
+        )
 
-    def flash_bwd(grad_out, q, k, v, out, logsumexp, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, rng, unused, *, scale=None):
+    def flash_bwd(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        logsumexp,
+        cum_q,
+        cum_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        rng,
+        unused,
+        *,
+        scale=None,
+    ):
         rec.add("flash_bwd", q, k, v)
         _half(q)
         assert logsumexp.shape == q.shape[:3] and (max_q, max_k) == (q.shape[2], k.shape[2])
         return _bwd(grad_out, q, k, v, out, logsumexp, None, is_causal, scale)
 
-    def cudnn_fwd(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    def cudnn_fwd(
+        q,
+        k,
+        v,
+        attn_bias,
+        compute_log_sumexp,
+        dropout_p=0.0,
+        is_causal=False,
+        return_debug_mask=False,
+        *,
+        scale=None,
+    ):
         rec.add("cudnn_fwd", q, k, v, attn_bias)
         _check_bias(attn_bias, q, k)
         o, lse = _fwd(q, k, v, attn_bias, is_causal, scale)
@@ -122,8 +205,12 @@ def install(rec: Recorder) -> dict:
     def fa_fwd(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False):
         rec.add("fa_fwd", q, k, v)
         _half(q)
-        assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "flash-attn needs the last dim contiguous"
-        o, lse = _fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, causal, softmax_scale)
+        assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, (
+            "flash-attn needs the last dim contiguous"
+        )
+        o, lse = _fwd(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, causal, softmax_scale
+        )
         return o.transpose(1, 2), _pad(lse, 128), None
 
     def fa_bwd(*, dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal, **_rest):
@@ -133,5 +220,12 @@ def install(rec: Recorder) -> dict:
         for dst, src in zip((dq, dk, dv), _bwd(*t, softmax_lse, None, causal, softmax_scale)):
             dst.copy_(src.transpose(1, 2))
 
-    return {"efficient_fwd": efficient_fwd, "efficient_bwd": efficient_bwd, "flash_fwd": flash_fwd, "flash_bwd": flash_bwd,
-            "cudnn_fwd": cudnn_fwd, "fa_fwd": fa_fwd, "fa_bwd": fa_bwd}
+    return {
+        "efficient_fwd": efficient_fwd,
+        "efficient_bwd": efficient_bwd,
+        "flash_fwd": flash_fwd,
+        "flash_bwd": flash_bwd,
+        "cudnn_fwd": cudnn_fwd,
+        "fa_fwd": fa_fwd,
+        "fa_bwd": fa_bwd,
+    }

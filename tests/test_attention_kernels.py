@@ -1,4 +1,5 @@
-"""Block kernels (attn_fwd / attn_bwd / attention) and the log-sum-exp merge vs the float64 reference."""
+"""Block kernels (attn_fwd / attn_bwd / attention) and the log-sum-exp merge vs the float64
+reference."""
 
 import math
 
@@ -19,7 +20,9 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.float32, device="cpu", seed=0, frames=4, media=False):
+def _inputs(
+    b, sq, sk, hq, hkv, d, dtype=torch.float32, device="cpu", seed=0, frames=4, media=False
+):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, s, h, d, generator=g) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
     q_vis = k_frame = None
@@ -54,9 +57,13 @@ def _close(name, got, want, tol):
 
 def _check_lse(lse, ref_lse, tol):
     fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse.cpu()), fin), "rows that see nothing must have lse = -inf, others finite"
+    assert torch.equal(torch.isfinite(lse.cpu()), fin), (
+        "rows that see nothing must have lse = -inf, others finite"
+    )
     assert (lse.cpu()[~fin] == NEG_INF).all()
-    _close("lse", torch.where(fin, lse.cpu().double(), 0), torch.where(fin, ref_lse.detach(), 0), tol)
+    _close(
+        "lse", torch.where(fin, lse.cpu().double(), 0), torch.where(fin, ref_lse.detach(), 0), tol
+    )
 
 
 SHAPES = [  # b, sq, sk, hq, hkv, d
@@ -80,7 +87,15 @@ def _run_case(shape, dtype, backend, causal, media, device="cpu", scale=None):
     _close("out", out, ro, tol)
     _check_lse(lse, rl, 1e-5 if dtype == torch.float32 else tol)
     dq, dk, dv = attn_bwd(
-        w.to(device, dtype), q, k, v, out, lse, dlse=u.to(device, torch.float32), backend=backend, **kw
+        w.to(device, dtype),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dlse=u.to(device, torch.float32),
+        backend=backend,
+        **kw,
     )
     assert dq.dtype == dtype and dk.shape == k.shape and dv.shape == v.shape
     _close("dq", dq, gq, tol)
@@ -109,12 +124,15 @@ def test_float64_is_exact():
     assert lse.dtype == torch.float64
     _close("out", out, ro, 1e-12)
     _check_lse(lse, rl, 1e-12)
-    for got, want in zip(attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads):
+    for got, want in zip(
+        attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads
+    ):
         _close("grad", got, want, 1e-12)
 
 
 def _kernel_calls(backend: str, monkeypatch) -> list:
-    """4-token tiles, and a list that records (rows, keys, masked) of every forward kernel call of `backend`."""
+    """4-token tiles, and a list that records (rows, keys, masked) of every forward kernel call of
+    `backend`."""
     monkeypatch.setattr(masks, "Q_TILE", 4)
     calls = []
     real = backends._FWD[backend]
@@ -129,28 +147,45 @@ def _kernel_calls(backend: str, monkeypatch) -> list:
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
-    """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible range."""
+    """Q_TILE rows per tile: hidden tiles never reach a kernel, keys are trimmed to the visible
+    range."""
     calls = _kernel_calls(backend, monkeypatch)
     b, sq, sk = 1, 16, 24
     q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
-    q_vis = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]])  # first tile sees nothing
+    q_vis = torch.tensor(
+        [[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]]
+    )  # first tile sees nothing
     ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
     _close("out", out, ro, 1e-5)
     _check_lse(lse, rl, 1e-5)
-    # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys 0..7;
-    # tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask. 8 query heads on 2 K/V heads:
-    # each token is 4 packed rows.
+    # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys
+    # 0..7; tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask. 8 query heads on 2 K/V
+    # heads: each token is 4 packed rows.
     assert calls == [(3 * 4, 4, False), (4 * 4, 8, False), (4 * 4, 24, True)], calls
-    for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
-                                  backend=backend), grads):
+    for got, want in zip(
+        attn_bwd(
+            w.float(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            dlse=u.float(),
+            backend=backend,
+        ),
+        grads,
+    ):
         _close("grad", got, want, 1e-5)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_partly_visible_tile_masks_only_the_band(backend, monkeypatch):
-    """A tile whose rows see 2..5 frames: frames 0-1 go unmasked, the mask covers frames 2-4 only; exact after the merge."""
+    """A tile whose rows see 2..5 frames: frames 0-1 go unmasked, the mask covers frames 2-4 only;
+    exact after the merge."""
     calls = []
     real = backends._FWD[backend]
 
@@ -167,20 +202,36 @@ def test_partly_visible_tile_masks_only_the_band(backend, monkeypatch):
     _close("out", out, ro, 1e-5)
     _check_lse(lse, rl, 1e-5)
     assert calls == [(42, 8, None), (42, 12, (2, 42, 12))], calls
-    for got, want in zip(attn_bwd(w.float(), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u.float(),
-                                  backend=backend), grads):
+    for got, want in zip(
+        attn_bwd(
+            w.float(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            dlse=u.float(),
+            backend=backend,
+        ),
+        grads,
+    ):
         _close("grad", got, want, 1e-5)
 
 
 def test_query_groups_pack_into_rows_by_qwen2_heads():
-    """K/V head i serves query heads i*G .. i*G+G-1; packed row s*G+g holds token s's head i*G+g; lse likewise."""
+    """K/V head i serves query heads i*G .. i*G+G-1; packed row s*G+g holds token s's head i*G+g;
+    lse likewise."""
     x = torch.arange(2 * 3 * 6 * 1).view(2, 3, 6, 1)  # B=2, S=3, Hq=6 (Hkv=2, G=3), D=1
     p = pack_rows(x, 3)
     assert p.shape == (2, 9, 2, 1)
     assert p[1, 2 * 3 + 1, 1, 0] == x[1, 2, 1 * 3 + 1, 0]
     assert torch.equal(unpack_rows(p, 3), x)
     lse = torch.arange(2 * 6 * 3).view(2, 6, 3)
-    assert torch.equal(pack_lse(lse, 3)[..., None].transpose(1, 2), pack_rows(lse.transpose(1, 2)[..., None], 3))
+    assert torch.equal(
+        pack_lse(lse, 3)[..., None].transpose(1, 2), pack_rows(lse.transpose(1, 2)[..., None], 3)
+    )
     assert torch.equal(unpack_lse(pack_lse(lse, 3), 3), lse)
 
 
@@ -195,7 +246,9 @@ def test_empty_and_fully_hidden_blocks(backend, monkeypatch):
     q, k, v, _, _ = _inputs(2, 5, 0, 8, 2, 8)
     out, lse = attn_fwd(q, k, v, backend=backend)
     assert torch.equal(out, torch.zeros_like(q)) and (lse == NEG_INF).all()
-    dq, dk, dv = attn_bwd(torch.ones_like(q), q, k, v, out, lse, dlse=torch.ones_like(lse), backend=backend)
+    dq, dk, dv = attn_bwd(
+        torch.ones_like(q), q, k, v, out, lse, dlse=torch.ones_like(lse), backend=backend
+    )
     assert torch.equal(dq, torch.zeros_like(q)) and dk.shape == k.shape
 
     q, k, v, _, _ = _inputs(2, 0, 7, 8, 2, 8)
@@ -207,7 +260,9 @@ def test_empty_and_fully_hidden_blocks(backend, monkeypatch):
     k_frame = torch.full((2, 7), 3)  # every key is frame 3, queries see frames < 3
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
     assert torch.equal(out, torch.zeros_like(q)) and (lse == NEG_INF).all()
-    grads = attn_bwd(torch.ones_like(q), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, backend=backend)
+    grads = attn_bwd(
+        torch.ones_like(q), q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, backend=backend
+    )
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
 
 
@@ -226,12 +281,29 @@ def test_causal_is_bottom_right_aligned():
 
 def test_backends_agree():
     q, k, v, q_vis, k_frame = _inputs(2, 9, 12, 8, 2, 16, media=True)
-    res = {be: attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, causal=True, backend=be) for be in CPU_BACKENDS}
+    res = {
+        be: attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, causal=True, backend=be)
+        for be in CPU_BACKENDS
+    }
     (o1, l1), (o2, l2) = res.values()
     torch.testing.assert_close(o1, o2, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-5)
-    g = [attn_bwd(torch.ones_like(q), q, k, v, o1, l1, q_vis=q_vis, k_frame=k_frame, causal=True,
-                  dlse=torch.ones_like(l1), backend=be) for be in CPU_BACKENDS]
+    g = [
+        attn_bwd(
+            torch.ones_like(q),
+            q,
+            k,
+            v,
+            o1,
+            l1,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            causal=True,
+            dlse=torch.ones_like(l1),
+            backend=be,
+        )
+        for be in CPU_BACKENDS
+    ]
     for a, b in zip(*g):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -339,7 +411,9 @@ def test_merge_with_empty_sides_is_nan_free_in_forward_and_backward():
 def test_merge_gradients_match_reference():
     q, k, v = _partials(seed=3)
     kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
-    o, l_ = merge(*reference_attention(q, kk[:, :5], vv[:, :5]), *reference_attention(q, kk[:, 5:], vv[:, 5:]))
+    o, l_ = merge(
+        *reference_attention(q, kk[:, :5], vv[:, :5]), *reference_attention(q, kk[:, 5:], vv[:, 5:])
+    )
     (o.sum() + l_.sum()).backward()
     k2, v2 = k.clone().requires_grad_(), v.clone().requires_grad_()
     fo, fl = reference_attention(q, k2, v2)
@@ -348,7 +422,8 @@ def test_merge_gradients_match_reference():
     torch.testing.assert_close(vv.grad, v2.grad)
 
 
-# --------------------------------------------------------------------------- CUDA (skipped without a GPU)
+# --------------------------------------------------------------------------- CUDA (skipped without
+# a GPU)
 
 
 @pytest.mark.cuda
@@ -373,7 +448,8 @@ def test_cuda_fp32_efficient():
 
 
 def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch):
-    """flash / flash_attn / cudnn calls are written from signatures; a rejecting call falls back exactly."""
+    """flash / flash_attn / cudnn calls are written from signatures; a rejecting call falls back
+    exactly."""
     monkeypatch.setattr(backends, "_broken", set())
 
     def reject(*a, **k):
@@ -388,7 +464,9 @@ def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch)
     torch.testing.assert_close(o, want_o)
     torch.testing.assert_close(l_, want_l)
     with pytest.warns(UserWarning, match="failed"):
-        grads = backends.kernel_bwd("flash", torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
+        grads = backends.kernel_bwd(
+            "flash", torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False
+        )
     want = backends._math_bwd(torch.ones_like(q), q, k, v, o, l_, None, 0.5, None, False)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b)
@@ -396,8 +474,10 @@ def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch)
 
 
 def test_band_masks_live_only_with_their_tile(monkeypatch):
-    """attn_fwd / attn_bwd plan tiles as they run: when a tile is planned, at most the two before it still hold
-    their band masks (the first two are looked at together), not every tile of the block (GPU memory at an hour)."""
+    """attn_fwd / attn_bwd plan tiles as they run: when a tile is planned, at most the two before it
+    still hold
+    their band masks (the first two are looked at together), not every tile of the block (GPU memory
+    at an hour)."""
     import weakref
 
     monkeypatch.setattr(masks, "Q_TILE", 4)
@@ -417,20 +497,25 @@ def test_band_masks_live_only_with_their_tile(monkeypatch):
     b, sq, sk = 1, 24, 48
     q, k, v, _, _ = _inputs(b, sq, sk, 4, 2, 8, dtype=torch.float64)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 12 frames of 4 keys
-    q_vis = (torch.arange(sq) // 2 + 1).unsqueeze(0)  # every 2 tokens see one more frame: a band per tile
+    q_vis = (torch.arange(sq) // 2 + 1).unsqueeze(
+        0
+    )  # every 2 tokens see one more frame: a band per tile
     ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame)
     _close("out", out, ro, 1e-12)
     assert masked[0] >= 6 and most[0] <= 2, (masked[0], most[0])
     most[0] = 0
-    for got, want in zip(attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads):
+    for got, want in zip(
+        attn_bwd(w, q, k, v, out, lse, q_vis=q_vis, k_frame=k_frame, dlse=u), grads
+    ):
         _close("grad", got, want, 1e-12)
     assert most[0] <= 2, most[0]
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_a_media_mask_that_hides_nothing_is_one_unmasked_call(backend, monkeypatch):
-    """A question or a decoded token sees every frame: one kernel call without a mask, not planned tile by tile."""
+    """A question or a decoded token sees every frame: one kernel call without a mask, not planned
+    tile by tile."""
     calls = _kernel_calls(backend, monkeypatch)
     q, k, v, _, _ = _inputs(1, 10, 24, 8, 2, 8)
     k_frame = (torch.arange(24) // 4).unsqueeze(0)  # frames 0..5
@@ -441,5 +526,12 @@ def test_a_media_mask_that_hides_nothing_is_one_unmasked_call(backend, monkeypat
     _check_lse(lse, rl, 1e-5)
     assert calls == [(10 * 4, 24, False)], calls
     calls.clear()
-    attn_fwd(q, k, v, q_vis=torch.where(torch.arange(10) == 3, 5, q_vis), k_frame=k_frame, backend=backend)
+    attn_fwd(
+        q,
+        k,
+        v,
+        q_vis=torch.where(torch.arange(10) == 3, 5, q_vis),
+        k_frame=k_frame,
+        backend=backend,
+    )
     assert any(masked for _, _, masked in calls), "one row that misses a frame keeps the mask"

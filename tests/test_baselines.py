@@ -11,7 +11,12 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn
+from lvx_app.attention.baselines import (
+    allgather_xattn,
+    ring_xattn,
+    ulysses_supported,
+    ulysses_xattn,
+)
 from lvx_app.parallel.testing import run_ranks
 
 PATHS = {"ring": ring_xattn, "ulysses": ulysses_xattn, "allgather": allgather_xattn}
@@ -89,9 +94,12 @@ def _run_cases(rank: int, world: int):
         for path, fn in PATHS.items():
             why = ulysses_supported(q.shape[2], k.shape[2], world) if path == "ulysses" else None
             ql, kl, vl = (
-                _shard(x, s, rank).requires_grad_() for x, s in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes))
+                _shard(x, s, rank).requires_grad_()
+                for x, s in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes))
             )
-            kwargs = dict(q_vis=_shard(q_vis, q_sizes, rank), k_frame=_shard(k_frame, kv_sizes, rank))
+            kwargs = dict(
+                q_vis=_shard(q_vis, q_sizes, rank), k_frame=_shard(k_frame, kv_sizes, rank)
+            )
             if why is not None:
                 with pytest.raises(ValueError, match="cannot shard heads"):
                     fn(ql, kl, vl, **kwargs)
@@ -135,21 +143,41 @@ def _ring_bytes(rank: int, world: int):
     q, k, v, dout, q_vis, k_frame = make_case(case)
     q_sizes = split_sizes(q.shape[1], world, 0)
     kv_sizes = split_sizes(k.shape[1], world, world - 1)
-    ql, kl, vl = (_shard(x, s, rank).requires_grad_() for x, s in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes)))
+    ql, kl, vl = (
+        _shard(x, s, rank).requires_grad_() for x, s in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes))
+    )
     stats: dict = {}
     out = ring_xattn(
-        ql, kl, vl, q_vis=_shard(q_vis, q_sizes, rank), k_frame=_shard(k_frame, kv_sizes, rank), stats=stats
+        ql,
+        kl,
+        vl,
+        q_vis=_shard(q_vis, q_sizes, rank),
+        k_frame=_shard(k_frame, kv_sizes, rank),
+        stats=stats,
     )
     fwd_only = dict(stats)
     out.backward(_shard(dout, q_sizes, rank))
-    return fwd_only, stats, kv_sizes, k.element_size(), k_frame.element_size(), k.shape[2] * k.shape[3]
+    return (
+        fwd_only,
+        stats,
+        kv_sizes,
+        k.element_size(),
+        k_frame.element_size(),
+        k.shape[2] * k.shape[3],
+    )
 
 
 @pytest.mark.parametrize("world", [3, 4])
 def test_ring_xattn_moves_only_kv(world):
-    for rank, (fwd, both, kv_sizes, el, frame_el, heads_dim) in enumerate(run_ranks(_ring_bytes, world)):
-        held = [kv_sizes[(rank - t) % world] for t in range(world)]  # shard lengths held at each round
-        kv = sum(n * (2 * heads_dim * el + frame_el) for n in held[:-1])  # n-1 hops of K, V, k_frame
+    for rank, (fwd, both, kv_sizes, el, frame_el, heads_dim) in enumerate(
+        run_ranks(_ring_bytes, world)
+    ):
+        held = [
+            kv_sizes[(rank - t) % world] for t in range(world)
+        ]  # shard lengths held at each round
+        kv = sum(
+            n * (2 * heads_dim * el + frame_el) for n in held[:-1]
+        )  # n-1 hops of K, V, k_frame
         grads = sum(n * 2 * heads_dim * 4 for n in held)  # n hops of float32 dK, dV
         assert fwd == {"fwd_bytes": kv}
         assert both == {"fwd_bytes": kv, "bwd_bytes": kv + grads}
@@ -171,25 +199,48 @@ def test_ulysses_says_which_heads_work():
 
 
 def _with_lse_cases(rank: int, world: int):
-    """The engine's forward-only baselines: this rank's (out, lse) against the float64 reference's shards."""
+    """The engine's forward-only baselines: this rank's (out, lse) against the float64 reference's
+    shards."""
     from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
     results = []
     for case in [c for c in CASES if c[7] == torch.float32]:
         q, k, v, _, q_vis, k_frame = make_case(case)
-        want_out, want_lse = reference_attention(q.double(), k.double(), v.double(), q_vis=q_vis, k_frame=k_frame)
+        want_out, want_lse = reference_attention(
+            q.double(), k.double(), v.double(), q_vis=q_vis, k_frame=k_frame
+        )
         skewed = case[-1] == "skewed" and world > 1
         q_sizes = split_sizes(q.shape[1], world, 0 if skewed else None)
         kv_sizes = split_sizes(k.shape[1], world, world - 1 if skewed else None)
         for path, fn in (("ring", ring_xattn_with_lse), ("allgather", allgather_xattn_with_lse)):
             stats: dict = {}
-            out, lse = fn(_shard(q, q_sizes, rank), _shard(k, kv_sizes, rank), _shard(v, kv_sizes, rank), stats=stats,
-                          q_vis=_shard(q_vis, q_sizes, rank), k_frame=_shard(k_frame, kv_sizes, rank))  # fmt: skip
+            out, lse = fn(
+                _shard(q, q_sizes, rank),
+                _shard(k, kv_sizes, rank),
+                _shard(v, kv_sizes, rank),
+                stats=stats,
+                q_vis=_shard(q_vis, q_sizes, rank),
+                k_frame=_shard(k_frame, kv_sizes, rank),
+            )
             lse_want = want_lse.detach()[:, :, sum(q_sizes[:rank]) : sum(q_sizes[: rank + 1])]
             seen = torch.isfinite(lse_want)
-            lse_ok = torch.equal(seen, torch.isfinite(lse)) and _max_violation(lse[seen], lse_want[seen], 1e-5) <= 0
-            out_worst = _max_violation(out, _shard(want_out.detach(), q_sizes, rank), TOL[torch.float32])
-            results.append((case[0], path, out_worst, lse_ok, lse.dtype == torch.float32, stats.get("fwd_bytes", 0)))
+            lse_ok = (
+                torch.equal(seen, torch.isfinite(lse))
+                and _max_violation(lse[seen], lse_want[seen], 1e-5) <= 0
+            )
+            out_worst = _max_violation(
+                out, _shard(want_out.detach(), q_sizes, rank), TOL[torch.float32]
+            )
+            results.append(
+                (
+                    case[0],
+                    path,
+                    out_worst,
+                    lse_ok,
+                    lse.dtype == torch.float32,
+                    stats.get("fwd_bytes", 0),
+                )
+            )
     return results
 
 
@@ -198,7 +249,9 @@ def test_forward_only_baselines_return_exact_out_and_lse(world):
     sent_by_path: dict = {}
     for rank, results in enumerate(run_ranks(_with_lse_cases, world)):
         for name, path, out_worst, lse_ok, lse_fp32, sent in results:
-            assert out_worst <= 0 and lse_ok and lse_fp32, f"world {world} rank {rank} {path} {name}"
+            assert out_worst <= 0 and lse_ok and lse_fp32, (
+                f"world {world} rank {rank} {path} {name}"
+            )
             sent_by_path[path] = sent_by_path.get(path, 0) + sent
     for path, sent in sent_by_path.items():  # K/V travel exactly when there is more than one rank
         assert (sent > 0) == (world > 1), (path, sent)

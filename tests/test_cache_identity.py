@@ -1,4 +1,5 @@
-"""The feature cache is keyed on the weights that make the features, not on the --model string as typed."""
+"""The feature cache is keyed on the weights that make the features, not on the --model string as
+typed."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ from lvx_app.engine.open import open_engine
 from lvx_app.engine.session import SessionConfig
 from lvx_app.video.cache import FeatureCache
 from lvx_app.video.errors import VideoWarning
-from models.mplug_owl3 import fingerprint
-from models.mplug_owl3.fingerprint import encoder_fingerprint
-from models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3 import fingerprint
+from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 PARAMS = GenerationParams(max_new_tokens=6)
 
 
 def _answer(checkpoint, video, cache_dir, *, cache=True):
     """(from_cache, answer) of one in-process engine that loads `video` and answers one question."""
-    config = SessionConfig(model=str(checkpoint), cache_dir=str(cache_dir), cache=cache, decode_workers=1)
+    config = SessionConfig(
+        model=str(checkpoint), cache_dir=str(cache_dir), cache=cache, decode_workers=1
+    )
     engine = open_engine(config, gpus=0, ranks=1)
     try:
         summary = engine.load_video(video, 1.0)
@@ -33,7 +36,8 @@ def _answer(checkpoint, video, cache_dir, *, cache=True):
 
 
 def _bump(checkpoint, prefix: str) -> None:
-    """Rewrite model.safetensors in place with every tensor under `prefix` changed (same keys, shapes, dtypes)."""
+    """Rewrite model.safetensors in place with every tensor under `prefix` changed (same keys,
+    shapes, dtypes)."""
     path = checkpoint / "model.safetensors"
     tensors = load_file(str(path))
     for k in tensors:
@@ -47,7 +51,9 @@ def test_weights_replaced_in_place_miss_the_cache(tmp_path, short_video):
     cache = tmp_path / "cache"
     assert _answer(checkpoint, short_video, cache)[0] is False
     assert _answer(checkpoint, short_video, cache)[0] is True
-    write_tiny_checkpoint(checkpoint, "g2", seed=1)  # another checkpoint at the same path (a finetune written over it)
+    write_tiny_checkpoint(
+        checkpoint, "g2", seed=1
+    )  # another checkpoint at the same path (a finetune written over it)
     from_cache, answer = _answer(checkpoint, short_video, cache)
     assert from_cache is False
     assert answer == _answer(checkpoint, short_video, cache, cache=False)[1]
@@ -88,7 +94,12 @@ def test_a_corrupt_cache_file_is_one_warning_line(tmp_path, short_video):
         from_cache, _ = _answer(checkpoint, short_video, cache)
     lines = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
     assert from_cache is False
-    assert len(lines) == 1 and "corrupt" in lines[0] and "re-encoding" in lines[0] and "\n" not in lines[0], lines
+    assert (
+        len(lines) == 1
+        and "corrupt" in lines[0]
+        and "re-encoding" in lines[0]
+        and "\n" not in lines[0]
+    ), lines
     assert len(FeatureCache(cache).entries()) == 1
 
 

@@ -1,4 +1,5 @@
-"""Ctrl-C while `lvx chat` starts: exit at once and quietly (no traceback), with no rank left behind."""
+"""Ctrl-C while `lvx chat` starts: exit at once and quietly (no traceback), with no rank left
+behind."""
 
 from __future__ import annotations
 
@@ -23,12 +24,33 @@ def _alive(pid: int) -> bool:
 
 
 def _chat(tmp_path: Path, model: str, video: str) -> subprocess.Popen:
-    """`lvx chat` on 2 CPU ranks in a session of its own (Ctrl-C in a terminal goes to that process group)."""
+    """`lvx chat` on 2 CPU ranks in a session of its own (Ctrl-C in a terminal goes to that process
+    group)."""
     env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lvx_app.cli", "chat", video, "--model", model, "--gpus", "0", "--ranks", "2",
-           "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "lvx_app.cli",
+        "chat",
+        video,
+        "--model",
+        model,
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _ctrl_c(proc: subprocess.Popen) -> tuple[int, str, float]:
@@ -46,14 +68,20 @@ def test_ctrl_c_while_torch_loads_exits_quietly(tiny_checkpoints, short_video, t
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(tiny_checkpoints, short_video, tmp_path):
+def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
+    tiny_checkpoints, short_video, tmp_path
+):
     proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            pids = [int(p.read_text()) for run in tmp_path.glob("lvx-run-*") for p in (pid_file(run, 0), pid_file(run, 1))
-                    if p.exists() and p.read_text()]  # fmt: skip
+            pids = [
+                int(p.read_text())
+                for run in tmp_path.glob("lvx-run-*")
+                for p in (pid_file(run, 0), pid_file(run, 1))
+                if p.exists() and p.read_text()
+            ]
             time.sleep(0.1)
         assert len(pids) == 2, "the ranks did not start"
         code, out, took = _ctrl_c(proc)
@@ -74,8 +102,11 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(tiny_checkpoints, s
 
 
 @pytest.mark.slow
-def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpoints, short_video, tmp_path):
-    """The parent-death signal follows the thread that started the launcher: a server request thread must not
+def test_a_group_started_from_a_passing_thread_outlives_that_thread(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """The parent-death signal follows the thread that started the launcher: a server request thread
+    must not
     take the group with it when it ends."""
     import threading
     from dataclasses import asdict
@@ -84,8 +115,12 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpo
     from lvx_app.engine.session import SessionConfig
 
     box: list[RemoteEngine] = []
-    config = SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1)
-    thread = threading.Thread(target=lambda: box.append(RemoteEngine(asdict(config), 2, cuda=False)))
+    config = SessionConfig(
+        model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1
+    )
+    thread = threading.Thread(
+        target=lambda: box.append(RemoteEngine(asdict(config), 2, cuda=False))
+    )
     thread.start()
     thread.join()
     (engine,) = box
@@ -98,7 +133,8 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(tiny_checkpo
 
 
 def test_ctrl_c_during_a_deferred_block_is_raised_once_after_it():
-    """Ctrl-C inside the block (where torch's C init would lose it or abort) runs the block to its end, then raises
+    """Ctrl-C inside the block (where torch's C init would lose it or abort) runs the block to its
+    end, then raises
     KeyboardInterrupt once; the previous handler is back afterwards; no Ctrl-C, no exception."""
     from lvx_app.interrupts import ctrl_c_deferred
 

@@ -14,8 +14,13 @@ def test_info_lists_versions():
 def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
     from lvx_app.info import checkpoint_rows
 
-    assert checkpoint_rows(tiny_checkpoints["g1-gateproj"])["generation"].startswith("g1-gateproj: G1 as 7B-240728")
-    assert "constant per-channel gate self_attn.gate" in checkpoint_rows(tiny_checkpoints["g1"])["generation"]
+    assert checkpoint_rows(tiny_checkpoints["g1-gateproj"])["generation"].startswith(
+        "g1-gateproj: G1 as 7B-240728"
+    )
+    assert (
+        "constant per-channel gate self_attn.gate"
+        in checkpoint_rows(tiny_checkpoints["g1"])["generation"]
+    )
     assert checkpoint_rows(tiny_checkpoints["g2"])["generation"].startswith("g2: G2 as 7B-241101")
     result = CliRunner().invoke(app, ["info", "--model", tiny_checkpoints["g1-gateproj"]])
     assert result.exit_code == 0 and "g1-gateproj" in result.output, result.output
@@ -37,7 +42,9 @@ def test_lvx_warnings_are_one_line_and_others_keep_their_format(capsys):
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             install()  # after catch_warnings, which restores showwarning on the way out
-            warnings.warn_explicit("--fps 100 is above the video's own 10 fps", UserWarning, ours, 219)
+            warnings.warn_explicit(
+                "--fps 100 is above the video's own 10 fps", UserWarning, ours, 219
+            )
             warnings.warn_explicit("something deprecated", UserWarning, theirs, 7)
     finally:
         warnings.showwarning = saved

@@ -1,4 +1,5 @@
-"""decode_xattn: the same new query on every rank, K/V sharded unevenly; one collective, exact, identical."""
+"""decode_xattn: the same new query on every rank, K/V sharded unevenly; one collective, exact,
+identical."""
 
 import pytest
 import torch
@@ -19,8 +20,9 @@ def _cuts(total, world, zero):
 
 def _decode_cases(rank, world):
     out = []
-    for i, (sq, dtype, media) in enumerate([(1, torch.float32, False), (3, torch.float32, True),
-                                            (2, torch.bfloat16, True)]):
+    for i, (sq, dtype, media) in enumerate(
+        [(1, torch.float32, False), (3, torch.float32, True), (2, torch.bfloat16, True)]
+    ):
         g = torch.Generator().manual_seed(i)
         q = torch.randn(B, sq, HQ, D, generator=g).to(dtype)
         k = torch.randn(B, SK, HKV, D, generator=g).to(dtype)
@@ -36,12 +38,21 @@ def _decode_cases(rank, world):
         o, l_ = decode_xattn(q, k[:, ks], v[:, ks], **kw)
         ro, rl = reference_attention(q, k, v, q_vis=q_vis, k_frame=k_frame)
         fin = torch.isfinite(rl)
-        out.append(dict(
-            o=o.float().numpy(), l=l_.numpy(), dtype=dtype, o_dtype=o.dtype, l_dtype=l_.dtype,
-            err_o=(o.double() - ro).abs().max().item(),
-            err_l=(torch.where(fin, l_.double(), 0) - torch.where(fin, rl, 0)).abs().max().item(),
-            mask_ok=torch.equal(torch.isfinite(l_), fin),
-        ))
+        out.append(
+            dict(
+                o=o.float().numpy(),
+                l=l_.numpy(),
+                dtype=dtype,
+                o_dtype=o.dtype,
+                l_dtype=l_.dtype,
+                err_o=(o.double() - ro).abs().max().item(),
+                err_l=(torch.where(fin, l_.double(), 0) - torch.where(fin, rl, 0))
+                .abs()
+                .max()
+                .item(),
+                mask_ok=torch.equal(torch.isfinite(l_), fin),
+            )
+        )
     return out
 
 
@@ -52,7 +63,9 @@ def test_decode_matches_reference_and_is_identical_on_every_rank(world):
         for i, c in enumerate(cases):
             tol = 1e-5 if c["dtype"] == torch.float32 else 2e-2
             assert c["mask_ok"], f"rank {rank} case {i}: -inf rows differ"
-            assert c["err_o"] <= tol and c["err_l"] <= tol, f"rank {rank} case {i}: {c['err_o']}, {c['err_l']}"
+            assert c["err_o"] <= tol and c["err_l"] <= tol, (
+                f"rank {rank} case {i}: {c['err_o']}, {c['err_l']}"
+            )
             assert c["o_dtype"] == c["dtype"] and c["l_dtype"] == torch.float32
             # bit-identical on every rank (tensors cross processes as numpy arrays)
             assert (c["o"] == per_rank[0][i]["o"]).all() and (c["l"] == per_rank[0][i]["l"]).all()

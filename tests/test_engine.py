@@ -1,4 +1,5 @@
-"""The engine: sharded sessions answer exactly like one process running the token loop over the whole conversation."""
+"""The engine: sharded sessions answer exactly like one process running the token loop over the
+whole conversation."""
 
 from __future__ import annotations
 
@@ -27,12 +28,23 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
     return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
 
 
-def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, kv_mode: str,
-                  schedule: str = "auto", attention: str = "lv_xattn"):
-    """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a reload."""
+def _conversation(
+    rank: int,
+    world: int,
+    checkpoint: str,
+    video: str,
+    cache_dir: str,
+    kv_mode: str,
+    schedule: str = "auto",
+    attention: str = "lv_xattn",
+):
+    """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a
+    reload."""
     from lvx_app.parallel.group import init_distributed
 
-    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule, attention=attention)
+    config = _config(
+        checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule, attention=attention
+    )
     session = Session(config, init_distributed(cuda=False))
     channel = ControlChannel()
     if rank != 0:
@@ -47,19 +59,35 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     stats = engine.stats()
     engine.close()
     sent = [r.get("attention bytes sent", 0) for r in stats["ranks"]]
-    return answers, first.frames, first.from_cache, again.from_cache, [r["rank"] for r in stats["ranks"]], sent
+    return (
+        answers,
+        first.frames,
+        first.from_cache,
+        again.from_cache,
+        [r["rank"] for r in stats["ranks"]],
+        sent,
+    )
 
 
 def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> list[str]:
-    """One process, one model, the token loop over the whole conversation, re-prefilled from scratch each turn
-    (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the sampled frames follow the video."""
+    """One process, one model, the token loop over the whole conversation, re-prefilled from scratch
+    each turn
+    (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the sampled frames
+    follow the video."""
     from lvx_app.subtitles import select_lines, subtitle_block
     from lvx_app.video import ingest
-    from models.mplug_owl3.loader import load_model
+    from lvx_models.mplug_owl3.loader import load_model
 
     model, _, proc = load_model(checkpoint)
-    shard = ingest(video, model.encode_images, fps=1.0, image_size=proc.image_size, cache=False, progress=False,
-                   decode_workers=1)  # fmt: skip
+    shard = ingest(
+        video,
+        model.encode_images,
+        fps=1.0,
+        image_size=proc.image_size,
+        cache=False,
+        progress=False,
+        decode_workers=1,
+    )
     n = shard.num_frames
     block = subtitle_block(select_lines(subtitles or [], shard.plan.timestamps))
     content = "<|video|>\n" + (block + "\n" if block else "") + QUESTIONS[0]
@@ -71,8 +99,13 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
         if i:
             ids = torch.cat([ids, torch.tensor(out + [proc.stop_ids[0]])])
             ids = torch.cat([ids, proc.build_followup(question, offset=len(ids)).input_ids])
-        out = generate(model, ids.view(1, -1), visual=visual, max_new_tokens=PARAMS.max_new_tokens,
-                       stop_ids=[model.config.eos_token_id])
+        out = generate(
+            model,
+            ids.view(1, -1),
+            visual=visual,
+            max_new_tokens=PARAMS.max_new_tokens,
+            stop_ids=[model.config.eos_token_id],
+        )
         if out[-1] in proc.stop_ids:
             out = out[:-1]
         answers.append(proc.decode(out))
@@ -80,14 +113,27 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
 
 
 @pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
-def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
+def test_sharded_engine_answers_like_one_process(
+    tiny_checkpoints, short_video, tmp_path, generation
+):
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
-    # auto: short questions take the gather schedule; ring: the question sharded, its text K/V replicated after
-    for world, kv_mode, schedule in ((1, "cache", "auto"), (2, "cache", "auto"), (3, "recompute", "auto"),
-                                     (3, "cache", "ring")):  # fmt: skip
+    # auto: short questions take the gather schedule; ring: the question sharded, its text K/V
+    # replicated after
+    for world, kv_mode, schedule in (
+        (1, "cache", "auto"),
+        (2, "cache", "auto"),
+        (3, "recompute", "auto"),
+        (3, "cache", "ring"),
+    ):
         answers, frames, cached_first, cached_again, ranks, _ = run_ranks(
-            _conversation, world, checkpoint, short_video, str(tmp_path / f"cache{world}{schedule}"), kv_mode, schedule
+            _conversation,
+            world,
+            checkpoint,
+            short_video,
+            str(tmp_path / f"cache{world}{schedule}"),
+            kv_mode,
+            schedule,
         )[0]
         assert frames == 10
         assert answers[:2] == expected, (world, kv_mode, schedule)
@@ -97,18 +143,31 @@ def test_sharded_engine_answers_like_one_process(tiny_checkpoints, short_video, 
 
 
 @pytest.mark.parametrize("generation", ["g1", "g2"])
-def test_ring_and_allgather_engine_options_answer_like_one_process(tiny_checkpoints, short_video, tmp_path, generation):
-    """The benchmarks' baselines (SessionConfig.attention) run the same chat: same tokens, and K/V really travel."""
+def test_ring_and_allgather_engine_options_answer_like_one_process(
+    tiny_checkpoints, short_video, tmp_path, generation
+):
+    """The benchmarks' baselines (SessionConfig.attention) run the same chat: same tokens, and K/V
+    really travel."""
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
     sent = {}
     for attention in ("ring", "allgather", "lv_xattn"):
         answers, _, _, _, _, sent[attention] = run_ranks(
-            _conversation, 2, checkpoint, short_video, str(tmp_path / attention), "cache", "auto", attention
+            _conversation,
+            2,
+            checkpoint,
+            short_video,
+            str(tmp_path / attention),
+            "cache",
+            "auto",
+            attention,
         )[0]
         assert answers[:2] == expected, attention
         assert answers[2] == expected[0], attention
-    for attention in ("ring", "allgather"):  # K/V of the whole video and prompt move, not just queries and outputs
+    for attention in (
+        "ring",
+        "allgather",
+    ):  # K/V of the whole video and prompt move, not just queries and outputs
         assert min(sent[attention]) > max(sent["lv_xattn"]) > 0, sent
 
 
@@ -116,7 +175,9 @@ def test_unknown_attention_option_is_one_line(tiny_checkpoints, tmp_path):
     from lvx_app.parallel.group import DistInfo
 
     info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    with pytest.raises(EngineError, match="unknown attention 'ulysses'; use one of lv_xattn, ring, allgather"):
+    with pytest.raises(
+        EngineError, match="unknown attention 'ulysses'; use one of lv_xattn, ring, allgather"
+    ):
         Session(_config(tiny_checkpoints["g2"], str(tmp_path), attention="ulysses"), info)
 
 
@@ -125,7 +186,9 @@ def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_pa
 
     config = _config(tiny_checkpoints["g2"], str(tmp_path), cuda=True)
     engine = open_engine(config, gpus=0, ranks=1)
-    assert config.cuda and not engine.session.config.cuda, "the ranks get a copy; the caller's config stays as it was"
+    assert config.cuda and not engine.session.config.cuda, (
+        "the ranks get a copy; the caller's config stays as it was"
+    )
     with pytest.raises(EngineError, match="no video is loaded"):
         list(engine.ask("hello?"))
     with pytest.raises(EngineError, match="not found"):
@@ -146,9 +209,13 @@ def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_pa
 def _lvx(*args: str, stdin: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
     return subprocess.run(
-        [sys.executable, "-m", "lvx_app.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "lvx_app.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=env,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.slow
@@ -156,8 +223,21 @@ def test_lvx_chat_through_stdin_on_two_ranks(tiny_checkpoints, short_video, tmp_
     checkpoint = tiny_checkpoints["g2"]
     expected = _reference(checkpoint, short_video)
     stdin = "\n".join([*QUESTIONS, "/stats", "/quit"]) + "\n"
-    result = _lvx("chat", short_video, "--model", checkpoint, "--gpus", "0", "--ranks", "2",
-                  "--max-new-tokens", str(PARAMS.max_new_tokens), "--cache-dir", str(tmp_path), stdin=stdin)  # fmt: skip
+    result = _lvx(
+        "chat",
+        short_video,
+        "--model",
+        checkpoint,
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--max-new-tokens",
+        str(PARAMS.max_new_tokens),
+        "--cache-dir",
+        str(tmp_path),
+        stdin=stdin,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "10 frames at 1 fps" in out
@@ -177,14 +257,30 @@ def test_lvx_chat_bad_video_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_lvx_chat_decode_timeout_reaches_the_decoder(tiny_checkpoints, short_video, tmp_path):
-    """--decode-timeout is what the decode workers wait for; a value too small for any video fails in one line."""
-    result = _lvx("chat", short_video, "--model", tiny_checkpoints["g2"], "--gpus", "0", "--decode-timeout", "0.001",
-                  "--no-cache", stdin="/quit\n")  # fmt: skip
+    """--decode-timeout is what the decode workers wait for; a value too small for any video fails
+    in one line."""
+    result = _lvx(
+        "chat",
+        short_video,
+        "--model",
+        tiny_checkpoints["g2"],
+        "--gpus",
+        "0",
+        "--decode-timeout",
+        "0.001",
+        "--no-cache",
+        stdin="/quit\n",
+    )
     assert result.returncode != 0, result.stdout
-    assert "did not answer within 0.001 s" in result.stdout and "raise --decode-timeout" in result.stdout, result.stdout
+    assert (
+        "did not answer within 0.001 s" in result.stdout
+        and "raise --decode-timeout" in result.stdout
+    ), result.stdout
     assert "Traceback" not in result.stdout + result.stderr
     bad = _lvx("chat", short_video, "--decode-timeout", "0")
-    assert bad.returncode == 2 and "--decode-timeout must be a number of seconds above 0" in bad.stdout
+    assert (
+        bad.returncode == 2 and "--decode-timeout must be a number of seconds above 0" in bad.stdout
+    )
 
 
 @pytest.mark.slow
@@ -218,9 +314,19 @@ def test_describe_failure_names_the_killed_rank_not_the_one_that_lost_its_peer(t
     """The launcher's one line is the reason; without it, the rank that left an error."""
     from lvx_app.engine.launch import describe_failure, error_file
 
-    (tmp_path / "group.log").write_text("lvx worker rank 0: RuntimeError: Connection reset by peer\n"
-                                        "error: rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)\n")
-    assert describe_failure(tmp_path, 1) == "rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"
+    (tmp_path / "group.log").write_text(
+        "lvx worker rank 0: RuntimeError: Connection reset by peer\n"
+        "error: rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)\n"
+    )
+    assert (
+        describe_failure(tmp_path, 1)
+        == "rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"
+    )
     (tmp_path / "group.log").write_text("")
-    error_file(tmp_path, 0).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
-    assert describe_failure(tmp_path, 1) == "rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    error_file(tmp_path, 0).write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    assert (
+        describe_failure(tmp_path, 1)
+        == "rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )

@@ -1,4 +1,5 @@
-"""The command table is the only place a command is declared: a new entry plus one Session method reaches every
+"""The command table is the only place a command is declared: a new entry plus one Session method
+reaches every
 rank through the driver, the worker loop and the frontend link, with no other code."""
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def test_a_new_entry_travels_over_the_frontend_link(echo_command):
     driver = GroupDriver(EchoSession(), ControlChannel())
     link = threading.Thread(target=serve_link, args=(driver, rank0), daemon=True)
     link.start()
-    remote = RemoteEngine.__new__(RemoteEngine)  # the frontend half only: no torchrun group behind this link
+    remote = RemoteEngine.__new__(
+        RemoteEngine
+    )  # the frontend half only: no torchrun group behind this link
     remote.conn = frontend
     assert remote.echo(text="over the link") == "OVER THE LINK from rank 0"
     frontend.send(commands.SHUTDOWN.message())
@@ -90,7 +93,11 @@ class RefusingSession(EchoSession):
 
 def test_an_engine_error_keeps_its_type_over_the_link(echo_command):
     frontend, rank0 = Pipe()
-    link = threading.Thread(target=serve_link, args=(GroupDriver(RefusingSession(), ControlChannel()), rank0), daemon=True)
+    link = threading.Thread(
+        target=serve_link,
+        args=(GroupDriver(RefusingSession(), ControlChannel()), rank0),
+        daemon=True,
+    )
     link.start()
     remote = RemoteEngine.__new__(RemoteEngine)
     remote.conn = frontend

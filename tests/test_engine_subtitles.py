@@ -1,6 +1,8 @@
-"""Subtitles in the engine: the block is part of the video prompt prefilled at load, the first question continues it,
-and sharded sessions answer like one process running the token loop over the whole prompt (1 and 2 ranks).
-Changing the subtitles re-prefills but never re-encodes (the feature cache does not depend on them)."""
+"""Subtitles in the engine: the block is part of the video prompt prefilled at load, the first
+question continues it, and sharded sessions answer like one process running the token loop over the
+whole prompt (1 and 2 ranks).
+Changing the subtitles re-prefills but never re-encodes (the feature cache does not depend on
+them)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.subtitles import Cue
 
-CUES = [Cue(0.0, 2.2, "hello and welcome."), Cue(2.5, 4.4, "a black cat walks by"), Cue(6.0, 9.5, "goodbye!")]
+CUES = [
+    Cue(0.0, 2.2, "hello and welcome."),
+    Cue(2.5, 4.4, "a black cat walks by"),
+    Cue(6.0, 9.5, "goodbye!"),
+]
 OTHER = [Cue(0.0, 9.5, "something else entirely")]
 
 
@@ -25,7 +31,8 @@ def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
 
 
 def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str):
-    """Two turns with subtitles, then the same video with other subtitles (from the feature cache) and one turn."""
+    """Two turns with subtitles, then the same video with other subtitles (from the feature cache)
+    and one turn."""
     from lvx_app.parallel.group import init_distributed
 
     session = Session(_config(checkpoint, cache_dir), init_distributed(cuda=False))
@@ -40,30 +47,50 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     block, digest = session.subtitle_block, session.subtitle_hash
     again = engine.load_video(video, 1.0, subtitles=OTHER)
     answers.append("".join(engine.ask(QUESTIONS[0], PARAMS)))
-    out = (answers, first.subtitle_lines, first.timestamps, prefix, block, digest, again.from_cache,
-           session.subtitle_block, session.subtitle_hash)  # fmt: skip
+    out = (
+        answers,
+        first.subtitle_lines,
+        first.timestamps,
+        prefix,
+        block,
+        digest,
+        again.from_cache,
+        session.subtitle_block,
+        session.subtitle_hash,
+    )
     engine.close()
     return out
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(tiny_checkpoints, short_video, tmp_path, world):
+def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(
+    tiny_checkpoints, short_video, tmp_path, world
+):
     checkpoint = tiny_checkpoints["g2"]
     expected = _reference(checkpoint, short_video, CUES)
     answers, placed, timestamps, prefix, block, digest, from_cache, block2, digest2 = run_ranks(
         _conversation, world, checkpoint, short_video, str(tmp_path / "cache")
     )[0]
-    assert block == "This video's subtitles are listed below:\nhello and welcome.\na black cat walks by\ngoodbye!"
-    assert placed == 3 and prefix.endswith(block + "\n"), "the block is prefilled at load, after the video"
+    assert (
+        block == "This video's subtitles are listed below:\nhello and welcome.\na black cat walks "
+        "by\ngoodbye!"
+    )
+    assert placed == 3 and prefix.endswith(block + "\n"), (
+        "the block is prefilled at load, after the video"
+    )
     assert answers[:2] == expected
     assert from_cache and block2.endswith("something else entirely") and digest2 != digest
-    assert answers[2] == _reference(checkpoint, short_video, OTHER)[0], "other subtitles: the prompt is re-prefilled"
+    assert answers[2] == _reference(checkpoint, short_video, OTHER)[0], (
+        "other subtitles: the prompt is re-prefilled"
+    )
 
 
 def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.engine.open import open_engine
 
-    many = [Cue(t, t + 0.9, f"spoken line number {t} with several more words in it") for t in range(10)]
+    many = [
+        Cue(t, t + 0.9, f"spoken line number {t} with several more words in it") for t in range(10)
+    ]
     engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=60), 0, 1)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -75,7 +102,11 @@ def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_pa
     finally:
         engine.close()
     dropped = [str(w.message) for w in caught if issubclass(w.category, EngineWarning)]
-    assert 0 < summary.subtitle_lines < 10 and summary.subtitles_dropped == 10 - summary.subtitle_lines
-    assert tokens <= 60 and dropped == [f"{summary.subtitles_dropped} of 10 subtitle lines dropped to fit the 60-token "
-                                        "subtitle budget; the kept lines are spread over the whole video"]  # fmt: skip
+    assert (
+        0 < summary.subtitle_lines < 10 and summary.subtitles_dropped == 10 - summary.subtitle_lines
+    )
+    assert tokens <= 60 and dropped == [
+        f"{summary.subtitles_dropped} of 10 subtitle lines dropped to fit the 60-token "
+        "subtitle budget; the kept lines are spread over the whole video"
+    ]
     assert answer

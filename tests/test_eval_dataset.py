@@ -1,4 +1,5 @@
-"""Video-MME data: question file, validation errors, video lookup, selection and shards, subtitles, prompt."""
+"""Video-MME data: question file, validation errors, video lookup, selection and shards, subtitles,
+prompt."""
 
 import json
 
@@ -26,7 +27,12 @@ def test_loads_official_layout(mini):
     assert ds.question_file == mini.question_file
     assert len(ds.questions) == len(mini.rows) == 15
     q = ds.questions[0]
-    assert (q.question_id, q.video_id, q.videoID, q.duration) == ("001-1", "001", "vidShortAAA", "short")
+    assert (q.question_id, q.video_id, q.videoID, q.duration) == (
+        "001-1",
+        "001",
+        "vidShortAAA",
+        "short",
+    )
     assert q.options[0].startswith("A. ") and len(q.options) == 4
     assert {p.suffix for p in ds.video_paths.values()} == {".mp4", ".MP4", ".mkv"}
     assert ds.missing_videos == mini.missing == ["vidMissingE"]
@@ -41,8 +47,13 @@ def test_json_forms_load_the_same(mini, tmp_path):
     flat.write_text(json.dumps(rows))
     videos = {}
     for r in rows:  # the official results shape: videos with their questions
-        v = videos.setdefault(r["video_id"], {k: r[k] for k in ("video_id", "duration", "domain", "sub_category", "url", "videoID")})
-        v.setdefault("questions", []).append({k: r[k] for k in ("question_id", "task_type", "question", "options", "answer")})
+        v = videos.setdefault(
+            r["video_id"],
+            {k: r[k] for k in ("video_id", "duration", "domain", "sub_category", "url", "videoID")},
+        )
+        v.setdefault("questions", []).append(
+            {k: r[k] for k in ("question_id", "task_type", "question", "options", "answer")}
+        )
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps(list(videos.values())))
     base = load_dataset(mini.root).questions
@@ -56,7 +67,12 @@ def test_missing_video_reported_once_and_run_continues(mini, capsys):
     from lvx_app.eval.cli import run_videomme
 
     session = LookupSession(answers_for(mini.rows))
-    run = run_videomme(data=mini.root, session_factory=lambda: session, out=mini.root / "runs" / "r.jsonl", show_progress=False)
+    run = run_videomme(
+        data=mini.root,
+        session_factory=lambda: session,
+        out=mini.root / "runs" / "r.jsonl",
+        show_progress=False,
+    )
     out = capsys.readouterr().out
     assert out.count("vidMissingE") == 1 and "1 video(s) missing, 3 question(s) skipped" in out
     assert run.missing_videos == ["vidMissingE"]
@@ -68,7 +84,10 @@ def test_missing_video_reported_once_and_run_continues(mini, capsys):
     [
         (lambda r: r.update(options=[]), "'options' must be a list of 4"),
         (lambda r: r.update(options=["A. x", "B. y", "C. z"]), "'options' must be a list of 4"),
-        (lambda r: r.update(options=["A. x", "B. ", "C. z", "D. w"]), "option B must read 'B. <text>'"),
+        (
+            lambda r: r.update(options=["A. x", "B. ", "C. z", "D. w"]),
+            "option B must read 'B. <text>'",
+        ),
         (lambda r: r.update(options=["x", "y", "z", "w"]), "option A must read"),
         (lambda r: r.update(answer="E"), "'answer' must be one of A, B, C, D"),
         (lambda r: r.update(duration="huge"), "'duration' must be one of short, medium, long"),
@@ -117,9 +136,9 @@ def test_unreadable_or_absent_question_file(tmp_path):
 def test_selection_durations_limit_and_disjoint_shards(mini):
     qs = load_dataset(mini.root).questions
     assert [q.duration for q in select_questions(qs, ("long",))] == ["long"] * 6
-    assert [q.question_id for q in select_questions(qs, parse_durations("short,medium"), limit=4)] == [
-        "001-1", "001-2", "001-3", "002-1"
-    ]  # fmt: skip
+    assert [
+        q.question_id for q in select_questions(qs, parse_durations("short,medium"), limit=4)
+    ] == ["001-1", "001-2", "001-3", "002-1"]
     for k in (1, 2, 3, 7):
         for limit in (None, 8):
             whole = select_questions(qs, None, limit)
@@ -127,8 +146,12 @@ def test_selection_durations_limit_and_disjoint_shards(mini):
             ids = [q.question_id for s in shards for q in s]
             assert sorted(ids) == sorted(q.question_id for q in whole) and len(set(ids)) == len(ids)
             videos = [{q.videoID for q in s} for s in shards]
-            assert sum(map(len, videos)) == len(set().union(*videos))  # a video lives in one shard only
-            assert shards == [select_questions(qs, None, limit, (i, k)) for i in range(k)]  # deterministic
+            assert sum(map(len, videos)) == len(
+                set().union(*videos)
+            )  # a video lives in one shard only
+            assert shards == [
+                select_questions(qs, None, limit, (i, k)) for i in range(k)
+            ]  # deterministic
     assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None
     for bad in ("4/4", "-1/2", "a/b", "1", "0/0"):
         with pytest.raises(DatasetError, match="--shard"):
@@ -140,14 +163,23 @@ def test_selection_durations_limit_and_disjoint_shards(mini):
 def test_srt_parsing_overlaps_tags_crlf(mini):
     cues = load_srt(mini.root / "subtitle" / "vidShortAAA.srt")
     assert cues == parse_srt(SRT)
-    assert [c.text for c in cues] == ["hello and welcome", "to the tiny test video", "never sampled"]
+    assert [c.text for c in cues] == [
+        "hello and welcome",
+        "to the tiny test video",
+        "never sampled",
+    ]
     assert cues[1].start == 0.8 and cues[0].end == 1.2  # overlapping rolling cues
     assert load_srt(None) == []
     assert parse_srt("garbage\n\n1\n00:00:01.5 --> 00:00:02,000\n\n") == []  # no text: skipped
 
 
 def test_subtitle_lines_follow_the_sampled_frames():
-    cues = [Cue(0.0, 1.2, "one"), Cue(0.8, 2.0, "two"), Cue(1.0, 10.0, "long"), Cue(5.0, 6.0, "five")]
+    cues = [
+        Cue(0.0, 1.2, "one"),
+        Cue(0.8, 2.0, "two"),
+        Cue(1.0, 10.0, "long"),
+        Cue(5.0, 6.0, "five"),
+    ]
     assert select_lines(cues, [0.0]) == ["one"]
     assert select_lines(cues, [1.0]) == ["long"]  # overlap: the cue that started last
     assert select_lines(cues, [0.0, 0.9, 1.1, 3.0]) == ["one", "two", "long"]
@@ -165,6 +197,8 @@ def test_official_prompt_exact():
         "What colour is the cat?\nA. Black.\nB. White.\nC. Red.\nD. Blue.\nThe best answer is:"
     )
     with_subs = build_prompt("What colour is the cat?", opts, ["hi there", "a black cat"])
-    assert with_subs.startswith("This video's subtitles are listed below:\nhi there\na black cat\nSelect the best")
+    assert with_subs.startswith(
+        "This video's subtitles are listed below:\nhi there\na black cat\nSelect the best"
+    )
     assert with_subs.endswith(build_prompt("What colour is the cat?", opts))
     assert build_prompt("Q?", opts, []) == build_prompt("Q?", opts)

@@ -18,8 +18,20 @@ def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
     mini = make_mini_videomme(tmp_path / "videomme")
     out = tmp_path / "results.jsonl"
-    args = ["eval", "videomme", "--data", str(mini.root), "--model", tiny_checkpoints["g2"], "--gpus", "0",
-            "--out", str(out), "--max-new-tokens", "4"]  # fmt: skip
+    args = [
+        "eval",
+        "videomme",
+        "--data",
+        str(mini.root),
+        "--model",
+        tiny_checkpoints["g2"],
+        "--gpus",
+        "0",
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+    ]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     records = _records(out)
@@ -32,18 +44,36 @@ def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     assert len(_records(out)) == len(records), "a rerun must not answer anything twice"
 
 
-def test_eval_of_a_gateproj_checkpoint_is_the_same_on_one_and_two_ranks(tiny_checkpoints, tmp_path, monkeypatch):
-    """The official 7B-240728 layout (input-dependent G1 gate) evaluates every question on 1 and 2 ranks.
+def test_eval_of_a_gateproj_checkpoint_is_the_same_on_one_and_two_ranks(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """The official 7B-240728 layout (input-dependent G1 gate) evaluates every question on 1 and 2
+    ranks.
 
-    The random tiny weights answer with blank lines, so the equal answers say little; token-level rank equivalence of
+    The random tiny weights answer with blank lines, so the equal answers say little; token-level
+    rank equivalence of
     this gate form is checked in test_engine's matrix."""
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
     mini = make_mini_videomme(tmp_path / "videomme")
     answers = []
     for ranks in ("1", "2"):
         out = tmp_path / f"results-{ranks}.jsonl"
-        args = ["eval", "videomme", "--data", str(mini.root), "--model", tiny_checkpoints["g1-gateproj"], "--gpus", "0",
-                "--ranks", ranks, "--out", str(out), "--max-new-tokens", "4"]  # fmt: skip
+        args = [
+            "eval",
+            "videomme",
+            "--data",
+            str(mini.root),
+            "--model",
+            tiny_checkpoints["g1-gateproj"],
+            "--gpus",
+            "0",
+            "--ranks",
+            ranks,
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "4",
+        ]
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         answers.append({r["question_id"]: r.get("response") for r in _records(out)})

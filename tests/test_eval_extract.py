@@ -1,10 +1,17 @@
-"""Answer extraction: the official Video-MME script's behaviour (quirks included) and lvx's strict mode."""
+"""Answer extraction: the official Video-MME script's behaviour (quirks included) and lvx's strict
+mode."""
 
 import re
 
 import pytest
 
-from lvx_app.eval.extract import OFFICIAL_PREFIXES, counts_in_denominator, extract, extract_official, extract_strict
+from lvx_app.eval.extract import (
+    OFFICIAL_PREFIXES,
+    counts_in_denominator,
+    extract,
+    extract_official,
+    extract_strict,
+)
 
 # (model output, official letter, strict letter); "" = unparsed.
 TABLE = [
@@ -25,8 +32,9 @@ TABLE = [
     ("answer: B", "B", "B"),
     ("Option: D", "D", "D"),
     ("The correct option is: C", "C", "C"),
-    # Missing commas: "The best option is" and "Best answer:" alone are never removed, so the capital B
-    # of "Best" wins, and "The best option is C" keeps working only because "The" has no A-D capital.
+    # Missing commas: "The best option is" and "Best answer:" alone are never removed, so the
+    # capital B of "Best" wins, and "The best option is C" keeps working only because "The" has no
+    # A-D capital.
     ("Best answer: A", "B", "A"),
     ("Best option: D", "B", "D"),
     ("The best option is C", "C", "C"),
@@ -41,8 +49,16 @@ TABLE = [
     ("It is hard to say from these frames.", "", ""),
     ("", "", ""),
     ("   ", "", ""),
-    ("I cannot determine which option is correct from the given frames of the video, sorry.", "", ""),
-    ("Sorry, I cannot determine what is correct from the given frames of this video at all.", "", ""),
+    (
+        "I cannot determine which option is correct from the given frames of the video, sorry.",
+        "",
+        "",
+    ),
+    (
+        "Sorry, I cannot determine what is correct from the given frames of this video at all.",
+        "",
+        "",
+    ),
     ("!!!!!!!!!!!!!!!!", "", ""),
     ("C. 3\nD. 4", "C", "C"),
     ("Options (A) and (C) are close, but (C) fits better.", "A", ""),
@@ -70,7 +86,8 @@ def test_prefix_list_has_the_two_glued_entries():
 
 
 def _reference_official(s):
-    """The official function as published (same logic, written out), to cross-check on random text."""
+    """The official function as published (same logic, written out), to cross-check on random
+    text."""
     s = s.strip()
     answer_prefixes = [
         "The best answer is", "The correct answer is", "The answer is", "The answer",
@@ -91,7 +108,21 @@ def test_official_matches_reference_on_random_replies():
     import random
 
     rng = random.Random(0)
-    words = ["The", "answer", "is", "Best", "option:", "A", "B.", "(C)", "d", "video", "Answer:", "correct", "\n"]
+    words = [
+        "The",
+        "answer",
+        "is",
+        "Best",
+        "option:",
+        "A",
+        "B.",
+        "(C)",
+        "d",
+        "video",
+        "Answer:",
+        "correct",
+        "\n",
+    ]
     for _ in range(2000):
         reply = " ".join(rng.choice(words) for _ in range(rng.randint(0, 14)))
         assert extract_official(reply) == _reference_official(reply), reply

@@ -5,19 +5,42 @@ import json
 import pytest
 from rich.console import Console
 
-from lvx_app.eval.report import output_paths, plot_duration_domain, print_report, summarize, write_summary
+from lvx_app.eval.report import (
+    output_paths,
+    plot_duration_domain,
+    print_report,
+    summarize,
+    write_summary,
+)
 
 
 def rec(qid, duration, domain, sub, task, answer, response):
-    return dict(question_id=qid, duration=duration, domain=domain, sub_category=sub, task_type=task,
-                answer=answer, response=response)  # fmt: skip
+    return dict(
+        question_id=qid,
+        duration=duration,
+        domain=domain,
+        sub_category=sub,
+        task_type=task,
+        answer=answer,
+        response=response,
+    )
 
 
 RECORDS = [
     rec("001-1", "short", "Knowledge", "Astronomy", "Counting Problem", "A", "A"),  # right
     rec("001-2", "short", "Knowledge", "Astronomy", "OCR Problems", "B", "C."),  # wrong
-    rec("002-1", "short", "Sports Competition", "Football", "Counting Problem", "C", "I don't know"),  # unparsed
-    rec("003-1", "medium", "Film & Television", "Animation", "Counting Problem", "D", "Based on the video, D"),
+    rec(
+        "002-1", "short", "Sports Competition", "Football", "Counting Problem", "C", "I don't know"
+    ),  # unparsed
+    rec(
+        "003-1",
+        "medium",
+        "Film & Television",
+        "Animation",
+        "Counting Problem",
+        "D",
+        "Based on the video, D",
+    ),
     rec("004-1", "long", "Knowledge", "Geography", "OCR Problems", "B", "The answer is B"),  # right
     rec("005-1", "long", "Life Record", "Travel", "Counting Problem", "A", "(A)"),  # right
 ]
@@ -26,17 +49,37 @@ RECORDS = [
 def test_official_numbers_by_hand():
     s = summarize(RECORDS, "official")
     # "Based on the video, D" reads as B (first capital) and is wrong; "I don't know" is dropped.
-    assert s["overall"] == {"asked": 6, "parsed": 5, "unparsed": 1, "correct": 3, "accuracy": 60.0,
-                            "accuracy_answered": 60.0, "accuracy_asked": 50.0}  # fmt: skip
+    assert s["overall"] == {
+        "asked": 6,
+        "parsed": 5,
+        "unparsed": 1,
+        "correct": 3,
+        "accuracy": 60.0,
+        "accuracy_answered": 60.0,
+        "accuracy_asked": 50.0,
+    }
     assert list(s["by_duration"]) == ["short", "medium", "long"]
-    assert s["by_duration"]["short"]["accuracy"] == 50.0 and s["by_duration"]["short"]["accuracy_asked"] == pytest.approx(100 / 3)
-    assert s["by_duration"]["medium"]["accuracy"] == 0.0 and s["by_duration"]["long"]["accuracy"] == 100.0
+    assert s["by_duration"]["short"]["accuracy"] == 50.0 and s["by_duration"]["short"][
+        "accuracy_asked"
+    ] == pytest.approx(100 / 3)
+    assert (
+        s["by_duration"]["medium"]["accuracy"] == 0.0
+        and s["by_duration"]["long"]["accuracy"] == 100.0
+    )
     assert s["by_task_type"]["Counting Problem"]["accuracy"] == pytest.approx(200 / 3)
     assert s["by_task_type"]["OCR Problems"]["accuracy"] == 50.0
-    assert list(s["by_domain"]) == ["Knowledge", "Film & Television", "Sports Competition", "Life Record"]
+    assert list(s["by_domain"]) == [
+        "Knowledge",
+        "Film & Television",
+        "Sports Competition",
+        "Life Record",
+    ]
     assert s["by_domain"]["Knowledge"]["accuracy"] == pytest.approx(200 / 3)
     assert s["by_domain"]["Sports Competition"]["accuracy"] is None  # nothing parsed: no number
-    assert s["by_sub_category"]["Astronomy"]["correct"] == 1 and s["by_sub_category"]["Astronomy"]["asked"] == 2
+    assert (
+        s["by_sub_category"]["Astronomy"]["correct"] == 1
+        and s["by_sub_category"]["Astronomy"]["asked"] == 2
+    )
     assert s["by_duration_domain"]["short"]["Knowledge"]["accuracy"] == 50.0
     assert s["by_duration_domain"]["long"]["Life Record"]["accuracy"] == 100.0
 
@@ -44,8 +87,15 @@ def test_official_numbers_by_hand():
 def test_strict_numbers_by_hand():
     s = summarize(RECORDS, "strict")
     # Strict: "Based on the video, D" is unparsed too, and unparsed counts as wrong.
-    assert s["overall"] == {"asked": 6, "parsed": 4, "unparsed": 2, "correct": 3, "accuracy": 50.0,
-                            "accuracy_answered": 75.0, "accuracy_asked": 50.0}  # fmt: skip
+    assert s["overall"] == {
+        "asked": 6,
+        "parsed": 4,
+        "unparsed": 2,
+        "correct": 3,
+        "accuracy": 50.0,
+        "accuracy_answered": 75.0,
+        "accuracy_asked": 50.0,
+    }
     assert s["by_domain"]["Sports Competition"]["accuracy"] == 0.0
     assert s["by_duration"]["medium"]["unparsed"] == 1
 
@@ -55,7 +105,12 @@ def test_table_json_and_png(tmp_path):
     console = Console(record=True, width=140)
     print_report(s, console)
     text = console.export_text()
-    assert "scoring: official" in text and "60.0" in text and "50.0" in text and "Counting Problem" in text
+    assert (
+        "scoring: official" in text
+        and "60.0" in text
+        and "50.0" in text
+        and "Counting Problem" in text
+    )
     paths = output_paths(tmp_path / "run.jsonl")
     assert paths["summary"].name == "run.summary.json" and paths["plot"].name == "run.png"
     write_summary(s, paths["summary"], {"manifest": {"model": "m"}})

@@ -1,4 +1,5 @@
-"""Results files: runs, resume after an interruption, torn last lines, merge; the eval loop and CLI."""
+"""Results files: runs, resume after an interruption, torn last lines, merge; the eval loop and
+CLI."""
 
 import json
 import sys
@@ -18,7 +19,9 @@ def mini(tmp_path_factory):
 
 
 def _run(mini, out, session, **kw):
-    return run_videomme(data=mini.root, session_factory=lambda: session, out=out, show_progress=False, **kw)
+    return run_videomme(
+        data=mini.root, session_factory=lambda: session, out=out, show_progress=False, **kw
+    )
 
 
 def _answer_ids(path):
@@ -37,21 +40,33 @@ def test_end_to_end_writes_records_and_reports(mini, tmp_path):
     assert h["scoring"] == "official" and len(h["dataset_sha256"]) == 64 and h["lvx_version"]
     r = res.records[0]
     right = mini.rows[0]["answer"]
-    assert r["response"] == right + "." and r["pred"] == right and r["correct"] is True and r["frames"] == 4
+    assert (
+        r["response"] == right + "."
+        and r["pred"] == right
+        and r["correct"] is True
+        and r["frames"] == 4
+    )
     assert r["ask_s"] >= 0 and r["video_load_s"] >= 0 and r["engine"] == {"test": True}
     # Subtitles: only the lines at the sampled frames (0, 0.5, 1, 1.5 s), never the unsampled cue.
-    assert r["prompt"].startswith("This video's subtitles are listed below:\nhello and welcome\nto the tiny test video\n")
+    assert r["prompt"].startswith(
+        "This video's subtitles are listed below:\nhello and welcome\nto the tiny test video\n"
+    )
     assert "never sampled" not in r["prompt"] and r["subtitle_lines"] == 2
     assert not res.records[3]["prompt"].startswith("This video's")  # no .srt for that video
     # Each video loaded once, all its questions asked against it, reset after.
     kinds = [c[0] for c in session.calls]
     assert kinds == ["load_video", "ask", "ask", "ask", "reset"] * 4
-    assert run.summary["overall"]["correct"] == 4 and run.summary["overall"]["accuracy"] == pytest.approx(100 * 4 / 12)
+    assert run.summary["overall"]["correct"] == 4 and run.summary["overall"][
+        "accuracy"
+    ] == pytest.approx(100 * 4 / 12)
     for suffix in (".summary.json", ".png", ".official.json"):
         assert (tmp_path / f"run{suffix}").stat().st_size > 0
     official = json.loads((tmp_path / "run.official.json").read_text())
     assert [v["video_id"] for v in official] == ["001", "002", "003", "004"]
-    assert official[0]["questions"][0]["response"] == right + "." and len(official[0]["questions"]) == 3
+    assert (
+        official[0]["questions"][0]["response"] == right + "."
+        and len(official[0]["questions"]) == 3
+    )
 
 
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
@@ -67,7 +82,11 @@ def test_resume_after_interruption_answers_each_question_once(mini, tmp_path, ex
     ids = _answer_ids(out)
     assert len(ids) == len(set(ids)) == 12
     assert len(second.asked) == 7 and not set(second.asked) & set(first.asked)
-    assert [c[1] for c in second.calls if c[0] == "load_video"] == ["vidShortBBB.MP4", "vidMediumCC.mkv", "vidLongDDDD.mp4"]
+    assert [c[1] for c in second.calls if c[0] == "load_video"] == [
+        "vidShortBBB.MP4",
+        "vidMediumCC.mkv",
+        "vidLongDDDD.mp4",
+    ]
     assert run.summary["overall"]["accuracy"] == 100.0
     third = LookupSession(table)
     _run(mini, out, third)  # nothing left: the engine is not even asked
@@ -86,7 +105,9 @@ def test_truncated_last_line_is_ignored_then_repaired(mini, tmp_path):
     _run(mini, out, LookupSession(table))
     lines = out.read_text().splitlines()
     assert all(json.loads(line) for line in lines)  # the torn line was cut, nothing glued to it
-    assert sorted(_answer_ids(out)) == sorted(r["question_id"] for r in mini.rows if r["videoID"] != "vidMissingE")
+    assert sorted(_answer_ids(out)) == sorted(
+        r["question_id"] for r in mini.rows if r["videoID"] != "vidMissingE"
+    )
     out.write_text(lines[0] + "\nnot json\n" + "\n".join(lines[1:]) + "\n")
     with pytest.raises(ResultsError, match="line 2 is not a JSON record"):
         read_results(out)
@@ -97,7 +118,9 @@ def test_resume_with_other_settings_is_refused(mini, tmp_path):
     _run(mini, out, LookupSession({}), limit=3)
     with pytest.raises(ResultsError, match="fps: 1.0 vs 2.0.*another --out"):
         _run(mini, out, LookupSession({}), fps=2.0)
-    _run(mini, out, LookupSession({}), limit=6, scoring="strict")  # a larger limit and other scoring resume
+    _run(
+        mini, out, LookupSession({}), limit=6, scoring="strict"
+    )  # a larger limit and other scoring resume
     assert len(read_results(out).records) == 6
 
 
@@ -110,7 +133,10 @@ def test_failed_video_is_skipped_and_retried(mini, tmp_path):
 
     out = tmp_path / "run.jsonl"
     run = _run(mini, out, Flaky(answers_for(mini.rows)))
-    assert run.stats.failed_videos == {"vidMediumCC": "OSError: cannot decode"} and run.stats.answered == 9
+    assert (
+        run.stats.failed_videos == {"vidMediumCC": "OSError: cannot decode"}
+        and run.stats.answered == 9
+    )
     assert len(_run(mini, out, LookupSession(answers_for(mini.rows))).stats.failed_videos) == 0
     assert len(read_results(out).records) == 12
 
@@ -133,7 +159,9 @@ def test_shards_merge_to_the_whole_run(mini, tmp_path):
         merge_results(parts, tmp_path / "merged.jsonl")
     with pytest.raises(ResultsError, match="answered more than once.*--keep-first"):
         merge_results([parts[0], tmp_path / "whole.jsonl"], tmp_path / "dup.jsonl")
-    kept = merge_results([parts[0], tmp_path / "whole.jsonl"], tmp_path / "dup.jsonl", keep_first=True)
+    kept = merge_results(
+        [parts[0], tmp_path / "whole.jsonl"], tmp_path / "dup.jsonl", keep_first=True
+    )
     assert kept.records == 12 and kept.duplicates
     _run(mini, tmp_path / "subs.jsonl", LookupSession(table), subtitles=True, limit=3)
     with pytest.raises(ResultsError, match="subtitles: False vs True"):
@@ -148,15 +176,25 @@ def test_cli_merge_and_report(mini, tmp_path):
     result = CliRunner().invoke(eval_app, ["merge", str(tmp_path / "all.jsonl"), *map(str, parts)])
     assert result.exit_code == 0, result.output
     assert "merged 12 answers" in result.output and (tmp_path / "all.png").exists()
-    result = CliRunner().invoke(eval_app, ["report", str(tmp_path / "all.jsonl"), "--scoring", "strict"])
+    result = CliRunner().invoke(
+        eval_app, ["report", str(tmp_path / "all.jsonl"), "--scoring", "strict"]
+    )
     assert result.exit_code == 0 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, ["merge", str(tmp_path / "all.jsonl"), *map(str, parts)])
-    assert result.exit_code == 1 and "already exists" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 1
+        and "already exists" in result.output
+        and "Traceback" not in result.output
+    )
 
 
 def test_cli_without_engine_says_so_and_exits_2(mini, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "lvx_app.engine", None)  # as if the engine were not in this build
-    result = CliRunner().invoke(eval_app, ["videomme", "--data", str(mini.root), "--out", str(tmp_path / "r.jsonl")])
+    monkeypatch.setitem(
+        sys.modules, "lvx_app.engine", None
+    )  # as if the engine were not in this build
+    result = CliRunner().invoke(
+        eval_app, ["videomme", "--data", str(mini.root), "--out", str(tmp_path / "r.jsonl")]
+    )
     assert result.exit_code == 2
     assert "engine" in result.output and "not available in this build" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
@@ -176,8 +214,16 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
             self.history, self.closed, self.last_answer, self.params = [], False, None, []
 
         def load_video(self, path, fps, max_frames=None, progress=None):
-            return SimpleNamespace(path=path, frames=2, fps=fps, duration_s=2.0, visual_tokens=1458,
-                                   from_cache=False, seconds=0.1, timestamps=[0.0, 1.0])  # fmt: skip
+            return SimpleNamespace(
+                path=path,
+                frames=2,
+                fps=fps,
+                duration_s=2.0,
+                visual_tokens=1458,
+                from_cache=False,
+                seconds=0.1,
+                timestamps=[0.0, 1.0],
+            )
 
         def ask(self, question, params):
             assert not self.history, "history carried between questions"
@@ -195,12 +241,18 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
     engine = FakeEngine()
     out = tmp_path / "run.jsonl"
     run_videomme(
-        data=mini.root, out=out, show_progress=False, max_new_tokens=8,
+        data=mini.root,
+        out=out,
+        show_progress=False,
+        max_new_tokens=8,
         session_factory=lambda: EngineEvalSession(engine, lambda n: {"max_new_tokens": n}),
-    )  # fmt: skip
+    )
     r = read_results(out).records[0]
     assert r["response"] == "The answer is B." and r["pred"] == "B" and r["frames"] == 2
-    assert r["engine"]["visual_tokens"] == 1458 and r["answer_info"] == {"new_tokens": 2, "truncated": False}
+    assert r["engine"]["visual_tokens"] == 1458 and r["answer_info"] == {
+        "new_tokens": 2,
+        "truncated": False,
+    }
     assert engine.closed and engine.params == [{"max_new_tokens": 8}] * 12
 
 
@@ -226,14 +278,42 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
 
     monkeypatch.setattr(lvx_app.eval.cli, "open_engine_session", open_engine_session)
     out = tmp_path / "r.jsonl"
-    args = ["videomme", "--data", str(mini.root), "--out", str(out), "--gpus", "0", "--ranks", "2",
-            "--model", "tiny", "--durations", "short", "--scoring", "strict"]  # fmt: skip
+    args = [
+        "videomme",
+        "--data",
+        str(mini.root),
+        "--out",
+        str(out),
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--model",
+        "tiny",
+        "--durations",
+        "short",
+        "--scoring",
+        "strict",
+    ]
     result = CliRunner().invoke(eval_app, args)
     assert result.exit_code == 0, result.output
-    assert made == [{"model": "tiny", "revision": None, "gpus": 0, "ranks": 2, "timeout": 300.0, "decode_timeout": 120.0}]
+    assert made == [
+        {
+            "model": "tiny",
+            "revision": None,
+            "gpus": 0,
+            "ranks": 2,
+            "timeout": 300.0,
+            "decode_timeout": 120.0,
+        }
+    ]
     assert len(read_results(out).records) == 6 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, [*args, "--fps", "3"])
-    assert result.exit_code == 1 and "different settings" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 1
+        and "different settings" in result.output
+        and "Traceback" not in result.output
+    )
 
 
 def test_a_question_refused_as_too_long_is_recorded_and_the_run_goes_on(mini, tmp_path):
@@ -242,7 +322,9 @@ def test_a_question_refused_as_too_long_is_recorded_and_the_run_goes_on(mini, tm
     class Capped(LookupSession):
         def ask(self, prompt, max_new_tokens):
             if long_question in prompt:
-                raise QuestionTooLong("the question is 99,999 tokens, over the 32,768 tokens a question may have here")
+                raise QuestionTooLong(
+                    "the question is 99,999 tokens, over the 32,768 tokens a question may have here"
+                )
             return super().ask(prompt, max_new_tokens)
 
     out = tmp_path / "run.jsonl"
@@ -250,7 +332,11 @@ def test_a_question_refused_as_too_long_is_recorded_and_the_run_goes_on(mini, tm
     records = {r["question_id"]: r for r in read_results(out).records}
     refused = records[mini.rows[1]["question_id"]]
     assert run.stats.refused == 1 and len(records) == 12
-    assert refused["refused"].startswith("the question is 99,999 tokens") and refused["response"] == ""
+    assert (
+        refused["refused"].startswith("the question is 99,999 tokens") and refused["response"] == ""
+    )
     assert not refused["correct"] and sum(r["correct"] for r in records.values()) == 11
     again = LookupSession(answers_for(mini.rows))
-    assert _run(mini, out, again).stats.refused == 0 and again.asked == [], "a refused question is not asked again"
+    assert _run(mini, out, again).stats.refused == 0 and again.asked == [], (
+        "a refused question is not asked again"
+    )

@@ -1,8 +1,10 @@
-"""The gather schedule and the ring-or-gather entry point on 1..4 gloo ranks vs the float64 reference.
+"""The gather schedule and the ring-or-gather entry point on 1..4 gloo ranks vs the float64
+reference.
 
-The same cases as LV-XAttn's test (uneven blocks, a rank with no queries, a rank with no keys, GQA 8/2, media
-masks with rows that see nothing, a loss through out and lse), plus float64 inputs held to 1e-12, forward and
-backward, and the schedule chosen by `xattn_with_lse` for a few and for many rows.
+The same cases as LV-XAttn's test (uneven blocks, a rank with no queries, a rank with no keys, GQA
+8/2, media masks with rows that see nothing, a loss through out and lse), plus float64 inputs held
+to 1e-12, forward and backward, and the schedule chosen by `xattn_with_lse` for a few and for many
+rows.
 """
 
 import pytest
@@ -42,24 +44,45 @@ def _one_case(rank, world, i, case, fn):
         kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks])
     out, lse = fn(lq, lk, lv, **kw)
     lfin = torch.isfinite(lse)
-    mine = (out.double() * w[:, qs]).sum() + (torch.where(lfin, lse, 0).double() * u[:, :, qs]).sum() * with_lse
+    mine = (out.double() * w[:, qs]).sum() + (
+        torch.where(lfin, lse, 0).double() * u[:, :, qs]
+    ).sum() * with_lse
     mine.backward()
-    errs = {"out": _err(out, ro[:, qs].detach()), "dq": _err(lq.grad, rq.grad[:, qs]),
-            "dk": _err(lk.grad, rk.grad[:, ks]), "dv": _err(lv.grad, rv.grad[:, ks]),
-            "lse": _err(torch.where(lfin, lse, 0), torch.where(fin, rl, 0)[:, :, qs].detach()),
-            "lse_mask": float(not torch.equal(lfin, fin[:, :, qs]))}  # fmt: skip
+    errs = {
+        "out": _err(out, ro[:, qs].detach()),
+        "dq": _err(lq.grad, rq.grad[:, qs]),
+        "dk": _err(lk.grad, rk.grad[:, ks]),
+        "dv": _err(lv.grad, rv.grad[:, ks]),
+        "lse": _err(torch.where(lfin, lse, 0), torch.where(fin, rl, 0)[:, :, qs].detach()),
+        "lse_mask": float(not torch.equal(lfin, fin[:, :, qs])),
+    }
     esz = torch.empty((), dtype=dtype).element_size()
-    return dict(name=name, errs=errs, tol=TOLS[dtype], sizes=[qc[j + 1] - qc[j] for j in range(world)], esz=esz,
-                media=media, fwd=stats.get("fwd_bytes", 0), bwd=stats.get("bwd_bytes", 0), dtype=out.dtype, want=dtype)
+    return dict(
+        name=name,
+        errs=errs,
+        tol=TOLS[dtype],
+        sizes=[qc[j + 1] - qc[j] for j in range(world)],
+        esz=esz,
+        media=media,
+        fwd=stats.get("fwd_bytes", 0),
+        bwd=stats.get("bwd_bytes", 0),
+        dtype=out.dtype,
+        want=dtype,
+    )
 
 
 def _gather_cases(rank, world):
-    return [_one_case(rank, world, i, case, gather_xattn_with_lse) for i, case in enumerate(GATHER_CASES)]
+    return [
+        _one_case(rank, world, i, case, gather_xattn_with_lse)
+        for i, case in enumerate(GATHER_CASES)
+    ]
 
 
 def _expected_bytes(world, sizes, esz, media):
-    """Gather sends every rank's Q (+q_vis) and the packed (O, lse) partials of all rows, padded to the longest
-    block for the Q all_gather, n-1 times; backward (dO, dlse) the same way and the dQ reduce_scatter."""
+    """Gather sends every rank's Q (+q_vis) and the packed (O, lse) partials of all rows, padded to
+    the longest
+    block for the Q all_gather, n-1 times; backward (dO, dlse) the same way and the dQ
+    reduce_scatter."""
     if world == 1:
         return 0, 0
     rows, longest, acc = sum(sizes), max(sizes), 8 if esz == 8 else 4
@@ -77,11 +100,14 @@ def test_gather_matches_reference_forward_and_backward(world):
                 assert e <= res["tol"] * (name != "lse_mask"), f"{where}: {name} error {e:.3g}"
             assert res["dtype"] == res["want"], where
             want = _expected_bytes(world, res["sizes"], res["esz"], res["media"])
-            assert (res["fwd"], res["bwd"]) == want, f"{where}: bytes {(res['fwd'], res['bwd'])} != {want}"
+            assert (res["fwd"], res["bwd"]) == want, (
+                f"{where}: bytes {(res['fwd'], res['bwd'])} != {want}"
+            )
 
 
 def _entry_cases(rank, world):
-    """xattn_with_lse on the same problem with a crossover below and above the rows: the bytes tell which ran."""
+    """xattn_with_lse on the same problem with a crossover below and above the rows: the bytes tell
+    which ran."""
     out = []
     for limit in (SQ, SQ - 1):
         schedule_module.GATHER_MAX_ROWS = {world: limit}
@@ -92,7 +118,9 @@ def _entry_cases(rank, world):
 def test_entry_point_picks_gather_for_few_rows_and_ring_for_many():
     for rank, (few, many) in enumerate(run_ranks(_entry_cases, 3)):
         for res in (few, many):
-            assert all(e <= res["tol"] * (name != "lse_mask") for name, e in res["errs"].items()), res["errs"]
+            assert all(e <= res["tol"] * (name != "lse_mask") for name, e in res["errs"].items()), (
+                res["errs"]
+            )
         gather_bytes = _expected_bytes(3, few["sizes"], few["esz"], few["media"])
         assert (few["fwd"], few["bwd"]) == gather_bytes
         assert (many["fwd"], many["bwd"]) != gather_bytes, f"rank {rank}: the ring should have run"
@@ -103,6 +131,8 @@ def test_choose_schedule():
     assert choose_schedule(10_000, 4) == "ring"
     assert choose_schedule(24, 1) == "ring"
     assert choose_schedule(10_000, 4, "gather") == "gather"
-    assert choose_schedule(1, 8) == "gather"  # more ranks than measured: the largest measured crossover
+    assert (
+        choose_schedule(1, 8) == "gather"
+    )  # more ranks than measured: the largest measured crossover
     with pytest.raises(ValueError, match="use one of auto, ring, gather"):
         choose_schedule(1, 2, "tree")

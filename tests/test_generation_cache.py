@@ -1,7 +1,9 @@
-"""Generation with the text KV cache: equal to recomputing the whole sequence, prefill in pieces equal to one
-prefill (absolute positions: the official top-left mask gets this wrong), the >32768 warning, sampling.
+"""Generation with the text KV cache: equal to recomputing the whole sequence, prefill in pieces
+equal to one prefill (absolute positions: the official top-left mask gets this wrong), the >32768
+warning, sampling.
 
-Generation runs the engine's own token loop (`lvx_app.engine.generation.token_loop`) over one model in one process.
+Generation runs the engine's own token loop (`lvx_app.engine.generation.token_loop`) over one model
+in one process.
 """
 
 from __future__ import annotations
@@ -16,12 +18,26 @@ from lvx_app.engine.api import GenerationParams
 from lvx_app.engine.generation import LoopOutcome, sample_next, token_loop
 
 
-def generate(model, input_ids, *, visual=None, cache=None, max_new_tokens, stop_ids=(), temperature=0.0, top_p=1.0,
-             seed=0) -> list[int]:  # fmt: skip
-    """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh one), then
-    sample and feed one token at a time. The stop token is included; a truncated answer's last token is not fed."""
+def generate(
+    model,
+    input_ids,
+    *,
+    visual=None,
+    cache=None,
+    max_new_tokens,
+    stop_ids=(),
+    temperature=0.0,
+    top_p=1.0,
+    seed=0,
+) -> list[int]:
+    """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh
+    one), then
+    sample and feed one token at a time. The stop token is included; a truncated answer's last token
+    is not fed."""
     cache = cache if cache is not None else model.new_cache()
-    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    params = GenerationParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
 
     def step(token: int) -> torch.Tensor:
         return model(torch.tensor([[token]]), cache=cache, visual=visual, last_only=True)[0, -1]
@@ -62,7 +78,8 @@ def test_cached_greedy_generation_equals_full_recompute(generation):
 @pytest.mark.parametrize("generation", ["g1", "g2"])
 @pytest.mark.parametrize("split", [[5], [1, 7, 12], [6, 7]])
 def test_prefill_in_chunks_on_a_cache_equals_one_prefill(generation, split):
-    """A second prefill continues at absolute positions: its text mask is bottom-right causal and its tokens see
+    """A second prefill continues at absolute positions: its text mask is bottom-right causal and
+    its tokens see
     the frames their positions allow (split points fall before, at and after placeholders)."""
     model, ids, visual = _setup(generation)
     want = model(ids, visual=visual)
@@ -74,7 +91,8 @@ def test_prefill_in_chunks_on_a_cache_equals_one_prefill(generation, split):
 
 
 def test_multi_turn_reuses_the_cache():
-    """Turn 2 prefilled on top of turn 1's cache (prompt + answer) equals one forward of everything."""
+    """Turn 2 prefilled on top of turn 1's cache (prompt + answer) equals one forward of
+    everything."""
     model, ids, visual = _setup("g2")
     cache = model.new_cache()
     ans = generate(model, ids[:, :12], visual=visual, cache=cache, max_new_tokens=4)
@@ -92,13 +110,15 @@ def test_eos_stops_and_is_yielded():
 
 
 def test_text_cache_grows_without_losing_tokens(monkeypatch):
-    from models.mplug_owl3 import qwen2
+    from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
     model, ids, _ = _setup("g2")
     long = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache()
-    steps = [model(long[:, i : i + 1], cache=cache) for i in range(70)]  # the buffer grows several times
+    steps = [
+        model(long[:, i : i + 1], cache=cache) for i in range(70)
+    ]  # the buffer grows several times
     torch.testing.assert_close(torch.cat(steps, 1), model(long), rtol=1e-10, atol=1e-10)
     cache.truncate(40)
     again = model(long[:, 40:50], cache=cache)
@@ -110,14 +130,16 @@ def test_text_cache_grows_without_losing_tokens(monkeypatch):
         model(long[:, 50:60], cache=cache)
     model.hooks.text = ok
     assert cache.length == 50
-    torch.testing.assert_close(model(long[:, 50:60], cache=cache), model(long[:, :60])[:, 50:], rtol=1e-10,
-                               atol=1e-10)
+    torch.testing.assert_close(
+        model(long[:, 50:60], cache=cache), model(long[:, :60])[:, 50:], rtol=1e-10, atol=1e-10
+    )
 
 
 def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
-    """After a long prompt the buffer is 1/8 larger, so a question and its answer need no copy (doubling would keep
+    """After a long prompt the buffer is 1/8 larger, so a question and its answer need no copy
+    (doubling would keep
     twice the prompt for the rest of the session)."""
-    from models.mplug_owl3 import qwen2
+    from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
     model, _, _ = _setup("g2")
@@ -126,7 +148,9 @@ def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
     buffers = [layer.k for layer in cache.layers]
     assert all(b.shape[1] == 180 for b in buffers)
     model(torch.randint(0, 97, (1, 20)), cache=cache, positions=torch.arange(160, 180)[None])
-    assert all(layer.k is b for layer, b in zip(cache.layers, buffers)), "the question fit in the room"
+    assert all(layer.k is b for layer, b in zip(cache.layers, buffers)), (
+        "the question fit in the room"
+    )
     model(torch.randint(0, 97, (1, 1)), cache=cache, positions=torch.tensor([[180]]))
     assert all(layer.k.shape[1] == qwen2.kv_capacity(181) == 203 for layer in cache.layers)
 
@@ -147,8 +171,13 @@ def test_sampling():
     assert int(sample_next(logits)) == 1
     g = torch.Generator().manual_seed(0)
     # top_p small keeps only the best token; top_k=2 never picks 0 or 3
-    assert {int(sample_next(logits, temperature=1.0, top_p=0.1, generator=g)) for _ in range(20)} == {1}
-    assert {int(sample_next(logits, temperature=1.0, top_k=2, generator=g)) for _ in range(50)} == {1, 2}
+    assert {
+        int(sample_next(logits, temperature=1.0, top_p=0.1, generator=g)) for _ in range(20)
+    } == {1}
+    assert {int(sample_next(logits, temperature=1.0, top_k=2, generator=g)) for _ in range(50)} == {
+        1,
+        2,
+    }
     # repetition penalty turns the greedy choice away from a seen token
     assert int(sample_next(logits, repetition_penalty=1.5, seen=torch.tensor([1]))) == 2
     model, ids, visual = _setup("g1")

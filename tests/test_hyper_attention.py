@@ -1,9 +1,10 @@
 """Hyper attention of both generations against naive float64 references of the official rules.
 
-The reference below is written from reference/mplug_owl3.md §2 with no code shared with models/: pairwise RoPE,
-a dense joint mask, one softmax over [visual keys; text keys] (G2) or a separate masked cross-attention mixed by
-the sigmoid gate (G1). Also the toy-sequence rules (which frames a token sees, MI-RoPE positions) and the
-head-major v_kv_proj split. Helpers here (`tiny_config`, `tiny_model`) are shared by the other model tests.
+The reference below is written from reference/mplug_owl3.md §2 with no code shared with models/:
+pairwise RoPE, a dense joint mask, one softmax over [visual keys; text keys] (G2) or a separate
+masked cross-attention mixed by the sigmoid gate (G1). Also the toy-sequence rules (which frames a
+token sees, MI-RoPE positions) and the head-major v_kv_proj split. Helpers here (`tiny_config`,
+`tiny_model`) are shared by the other model tests.
 """
 
 from __future__ import annotations
@@ -14,28 +15,45 @@ import math
 import pytest
 import torch
 
-from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig, split_form
-from models.mplug_owl3.hyper import frame_rope_positions, split_kv, visible_frames
-from models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig, split_form
+from lvx_models.mplug_owl3.hyper import frame_rope_positions, split_kv, visible_frames
+from lvx_models.mplug_owl3.modeling import Owl3Model
 
 P = 4  # visual tokens per frame in the tiny config (28 px / patch 14 -> 2x2)
 
 
 def tiny_config(form: str = "g2", *, tied: bool | None = None, hyper_layers=(2, 4)) -> Owl3Config:
-    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of 16. `form` is a
-    checkpoint generation label: "g1-gateproj" (input-dependent gate), "g1" (constant gate) or "g2"."""
+    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of 16.
+    `form` is a
+    checkpoint generation label: "g1-gateproj" (input-dependent gate), "g1" (constant gate) or
+    "g2"."""
     generation, gate_form = split_form(form)
     return Owl3Config(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, hyper_layers=list(hyper_layers),
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hyper_layers=list(hyper_layers),
         tie_word_embeddings=(generation == "g1") if tied is None else tied,
-        vision=SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
-                                  image_size=28, patch_size=14),
-        generation=generation, projector="linear" if generation == "g1" else "mlp", gate_form=gate_form)
+        vision=SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+        generation=generation,
+        projector="linear" if generation == "g1" else "mlp",
+        gate_form=gate_form,
+    )
 
 
 def tiny_model(cfg: Owl3Config, seed: int = 0, dtype=torch.float64) -> Owl3Model:
-    """Random weights at a scale where attention is far from uniform (norm weights and gate not at init)."""
+    """Random weights at a scale where attention is far from uniform (norm weights and gate not at
+    init)."""
     torch.manual_seed(seed)
     model = Owl3Model(cfg).to(dtype)
     with torch.no_grad():
@@ -53,7 +71,8 @@ def tiny_model(cfg: Owl3Config, seed: int = 0, dtype=torch.float64) -> Owl3Model
     return model.eval()
 
 
-# ---------------------------------------------------------------------------------------------- naive reference
+# --------------------------------------------------------------------------------------------------
+# naive reference
 
 
 def _rms(x, w, eps):
@@ -61,9 +80,12 @@ def _rms(x, w, eps):
 
 
 def _rope(x, pos, theta):
-    """x (..., n, heads, d) rotated at integer positions pos (n,): pair (i, i + d/2) by angle pos * theta^(-2i/d)."""
+    """x (..., n, heads, d) rotated at integer positions pos (n,): pair (i, i + d/2) by angle pos *
+    theta^(-2i/d)."""
     d = x.shape[-1]
-    ang = pos.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (n, d/2)
+    ang = pos.double()[:, None] * theta ** (
+        -torch.arange(0, d, 2, dtype=torch.float64) / d
+    )  # (n, d/2)
     c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
@@ -77,13 +99,20 @@ def _softmax_attend(q, k, v, vis):
     return torch.einsum("hls,shd->lhd", p, v)
 
 
-def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None, starts: list[int]):
+def reference_logits(
+    model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None, starts: list[int]
+):
     """Whole forward of one sequence (positions 0..L-1) in float64, straight from the rules."""
     cfg = model.config
     sd = {k: v.double() for k, v in model.state_dict().items()}
     lm = "language_model.model."
-    nh, nkv, hd, eps, th = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, \
-        cfg.rope_theta
+    nh, nkv, hd, eps, th = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.rms_norm_eps,
+        cfg.rope_theta,
+    )
     rep = nh // nkv
     L = ids.shape[1]
     t = torch.arange(L)
@@ -91,7 +120,10 @@ def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None
     causal = t[None, :] <= t[:, None]
     for i in range(cfg.num_hidden_layers):
         p = f"{lm}layers.{i}."
-        lin = lambda name, h: h @ sd[p + name + ".weight"].T + sd.get(p + name + ".bias", 0)  # noqa: E731
+
+        def lin(name, h):
+            return h @ sd[p + name + ".weight"].T + sd.get(p + name + ".bias", 0)
+
         h = _rms(x, sd[p + "input_layernorm.weight"], eps)
         q = _rope(lin("self_attn.q_proj", h).view(L, nh, hd), t, th)
         k = _rope(lin("self_attn.k_proj", h).view(L, nkv, hd), t, th).repeat_interleave(rep, 1)
@@ -102,19 +134,28 @@ def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None
             kv = kv.view(n, P, nkv, 2, hd)  # head-major: (kv_head, {K, V}, d)
             st = torch.tensor(starts)
             fpos = st if cfg.generation == "g2" else st + 1
-            kvis = torch.stack([_rope(kv[j, :, :, 0], fpos[j].repeat(P), th) for j in range(n)]).reshape(n * P, nkv, hd)
+            kvis = torch.stack(
+                [_rope(kv[j, :, :, 0], fpos[j].repeat(P), th) for j in range(n)]
+            ).reshape(n * P, nkv, hd)
             vvis = kv[:, :, :, 1].reshape(n * P, nkv, hd)
             kvis, vvis = kvis.repeat_interleave(rep, 1), vvis.repeat_interleave(rep, 1)
             frame = torch.arange(n).repeat_interleave(P)
             if cfg.generation == "g2":
                 vis_v = t[:, None] >= st[frame][None, :]
-                o = _softmax_attend(q, torch.cat([kvis, k]), torch.cat([vvis, v]), torch.cat([vis_v, causal], 1))
+                o = _softmax_attend(
+                    q, torch.cat([kvis, k]), torch.cat([vvis, v]), torch.cat([vis_v, causal], 1)
+                )
             else:
                 vis_v = st[frame][None, :] < t[:, None]
                 sa = _softmax_attend(q, k, v, causal)
                 ca = _softmax_attend(q, kvis, vvis, vis_v)
-                if p + "self_attn.gate_proj.0.weight" in sd:  # 240728: per token and head, from C_sa
-                    g = torch.sigmoid(sa @ sd[p + "self_attn.gate_proj.0.weight"].T + sd[p + "self_attn.gate_proj.0.bias"])
+                if (
+                    p + "self_attn.gate_proj.0.weight" in sd
+                ):  # 240728: per token and head, from C_sa
+                    g = torch.sigmoid(
+                        sa @ sd[p + "self_attn.gate_proj.0.weight"].T
+                        + sd[p + "self_attn.gate_proj.0.bias"]
+                    )
                 else:
                     g = torch.sigmoid(sd[p + "self_attn.gate"]).view(nh, hd)
                 o = torch.where(vis_v.any(1)[:, None, None], (1 - g) * sa + g * ca, sa)
@@ -122,19 +163,23 @@ def reference_logits(model: Owl3Model, ids: torch.Tensor, E: torch.Tensor | None
             o = _softmax_attend(q, k, v, causal)
         x = x + o.reshape(L, -1) @ sd[p + "self_attn.o_proj.weight"].T
         h = _rms(x, sd[p + "post_attention_layernorm.weight"], eps)
-        mlp = torch.nn.functional.silu(h @ sd[p + "mlp.gate_proj.weight"].T) * (h @ sd[p + "mlp.up_proj.weight"].T)
+        mlp = torch.nn.functional.silu(h @ sd[p + "mlp.gate_proj.weight"].T) * (
+            h @ sd[p + "mlp.up_proj.weight"].T
+        )
         x = x + mlp @ sd[p + "mlp.down_proj.weight"].T
     x = _rms(x, sd[lm + "norm.weight"], eps)
     w = sd.get("language_model.lm_head.weight", sd[lm + "embed_tokens.weight"])
     return (x @ w.T)[None]
 
 
-# ---------------------------------------------------------------------------------------------- tests
+# --------------------------------------------------------------------------------------------------
+# tests
 
 
 @pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
 def test_model_matches_naive_reference(generation):
-    """Split text/visual attention (+ LSE merge for G2, gate for G1) == the naive rules, tokens before, between
+    """Split text/visual attention (+ LSE merge for G2, gate for G1) == the naive rules, tokens
+    before, between
     and after the placeholders included."""
     cfg = tiny_config(generation)
     model = tiny_model(cfg)
@@ -150,7 +195,9 @@ def test_model_matches_naive_reference(generation):
     got32 = m32(ids, visual=m32.prepare_visual(E.float(), torch.tensor(starts)))
     torch.testing.assert_close(got32.double(), want, rtol=0, atol=1e-5 * float(want.abs().max()))
     # and without frames: plain Qwen2
-    torch.testing.assert_close(model(ids), reference_logits(model, ids, None, []), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        model(ids), reference_logits(model, ids, None, []), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("generation", ["g1", "g2"])
@@ -167,14 +214,17 @@ def test_images_from_the_vision_tower(generation):
 
 
 def test_gate_proj_with_zero_weight_is_the_constant_gate():
-    """gate_proj with W = 0 and bias b is the constant gate with `gate` = b repeated per head (the two G1 forms agree
+    """gate_proj with W = 0 and bias b is the constant gate with `gate` = b repeated per head (the
+    two G1 forms agree
     where they should); a non-zero W makes the gate depend on C_sa and changes the logits."""
     proj = tiny_model(tiny_config("g1-gateproj"))
     const = Owl3Model(tiny_config("g1")).double().eval()
     sd = {k: v for k, v in proj.state_dict().items() if ".self_attn.gate_proj." not in k}
     for i in proj.config.hyper_layer_indices:
         attn = proj.language_model.model.layers[i].self_attn
-        sd[f"language_model.model.layers.{i}.self_attn.gate"] = attn.gate_proj[0].bias.detach().repeat(4)
+        sd[f"language_model.model.layers.{i}.self_attn.gate"] = (
+            attn.gate_proj[0].bias.detach().repeat(4)
+        )
     const.load_state_dict(sd)
     ids = torch.randint(0, 97, (1, 14))
     E = torch.randn(3, P, 64, dtype=torch.float64)
@@ -184,14 +234,20 @@ def test_gate_proj_with_zero_weight_is_the_constant_gate():
         for i in proj.config.hyper_layer_indices:
             proj.language_model.model.layers[i].self_attn.gate_proj[0].weight.zero_()
     zero_w = proj(ids, visual=proj.prepare_visual(E, starts))
-    torch.testing.assert_close(zero_w, const(ids, visual=const.prepare_visual(E, starts)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        zero_w, const(ids, visual=const.prepare_visual(E, starts)), rtol=0, atol=0
+    )
     assert (with_w - zero_w).abs().max() > 1e-3
-    torch.testing.assert_close(proj(ids), const(ids), rtol=0, atol=0)  # no frames: the gate is never used
+    torch.testing.assert_close(
+        proj(ids), const(ids), rtol=0, atol=0
+    )  # no frames: the gate is never used
 
 
 def test_g2_split_merge_equals_one_fused_softmax():
-    """One hyper layer in isolation: text (out, lse) merged with visual (out, lse) == one softmax over
-    [visual; text] keys with the joint mask, including rows that see no frame and a decode-like last row."""
+    """One hyper layer in isolation: text (out, lse) merged with visual (out, lse) == one softmax
+    over
+    [visual; text] keys with the joint mask, including rows that see no frame and a decode-like last
+    row."""
     from lvx_app.attention.kernels import attention
     from lvx_app.attention.merge import merge
 
@@ -232,7 +288,11 @@ def test_visible_frames_and_mi_rope_positions_on_a_toy_sequence():
     assert ((g1[1:] - g1[:-1]).nonzero().flatten() + 1).tolist() == [3, 6, 10]
     # a decode token (after the prompt) sees every frame in both generations; shape is kept
     pos = torch.tensor([[12, 40]])
-    assert visible_frames(pos, starts, "g1").tolist() == [[3, 3]] == visible_frames(pos, starts, "g2").tolist()
+    assert (
+        visible_frames(pos, starts, "g1").tolist()
+        == [[3, 3]]
+        == visible_frames(pos, starts, "g2").tolist()
+    )
 
 
 def test_v_kv_proj_split_is_head_major():
@@ -250,41 +310,53 @@ def test_mi_rope_is_relative_to_the_frame_position():
     model = tiny_model(cfg)
     E = torch.randn(1, P, cfg.hidden_size, dtype=torch.float64)
     q = torch.randn(1, 1, cfg.num_key_value_heads, cfg.head_dim, dtype=torch.float64)
-    from models.mplug_owl3.layers import apply_rope, rope_cos_sin
+    from lvx_models.mplug_owl3.layers import apply_rope, rope_cos_sin
 
     def scores(t, p):
         k, _ = model.visual_kv(1, E, torch.tensor([p]))
         cos, sin = rope_cos_sin(torch.tensor([[t]]), cfg.head_dim, cfg.rope_theta, torch.float64)
         return torch.einsum("bqhd,bkhd->hk", apply_rope(q, cos, sin), k)
 
-    torch.testing.assert_close(scores(30, 7), scores(40023, 40000), rtol=1e-9, atol=1e-9)  # float64 angles
+    torch.testing.assert_close(
+        scores(30, 7), scores(40023, 40000), rtol=1e-9, atol=1e-9
+    )  # float64 angles
     with pytest.raises(ValueError, match="not a hyper layer"):
         model.visual_kv(0, E, torch.tensor([0]))
 
 
 @pytest.mark.parametrize("frames", [0, 1, 7])
 def test_visual_kv_in_chunks_equals_one_pass_and_keeps_no_projection_alive(monkeypatch, frames):
-    """Without autograd the frames are projected a chunk at a time into K and V buffers of their own: the same
+    """Without autograd the frames are projected a chunk at a time into K and V buffers of their
+    own: the same
     values as the one pass autograd takes, and V is not a view of the whole (K | V) projection."""
-    from models.mplug_owl3 import hyper
+    from lvx_models.mplug_owl3 import hyper
 
     cfg = tiny_config("g2")
     model = tiny_model(cfg)
     E = torch.randn(frames, P, cfg.hidden_size, dtype=torch.float64)
     positions = torch.arange(frames) * 5 + 3
-    one_pass = [t.detach() for t in model.visual_kv(1, E, positions)]  # grad enabled: the whole at once
-    monkeypatch.setattr(hyper, "VISUAL_KV_CHUNK_BYTES", 3 * P * cfg.hidden_size * 8)  # 3 frames a chunk
+    one_pass = [
+        t.detach() for t in model.visual_kv(1, E, positions)
+    ]  # grad enabled: the whole at once
+    monkeypatch.setattr(
+        hyper, "VISUAL_KV_CHUNK_BYTES", 3 * P * cfg.hidden_size * 8
+    )  # 3 frames a chunk
     with torch.no_grad():
         k, v = model.visual_kv(1, E, positions)
     torch.testing.assert_close(k, one_pass[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(v, one_pass[1], rtol=0, atol=1e-12)
     for t in (k, v):
-        assert t.shape == (1, frames * P, cfg.num_key_value_heads, cfg.head_dim) and t.is_contiguous()
-        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), "nothing else kept alive"
+        assert (
+            t.shape == (1, frames * P, cfg.num_key_value_heads, cfg.head_dim) and t.is_contiguous()
+        )
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), (
+            "nothing else kept alive"
+        )
 
 
 def test_injected_visual_attention_is_used():
-    """The engine swaps `hooks.visual`; the model must route every hyper layer's visual attention through it."""
+    """The engine swaps `hooks.visual`; the model must route every hyper layer's visual attention
+    through it."""
     from lvx_app.attention.kernels import attention
 
     cfg = tiny_config("g2")

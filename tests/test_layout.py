@@ -1,4 +1,5 @@
-"""Balanced layouts: every frame and token dealt once, the per-round work even, and sharded sessions on every
+"""Balanced layouts: every frame and token dealt once, the per-round work even, and sharded sessions
+on every
 layout answering like one process."""
 
 from __future__ import annotations
@@ -6,7 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvx_app.parallel.layout import LAYOUTS, balance, owned, owners, rank_tokens, round_work, token_owners
+from lvx_app.parallel.layout import (
+    LAYOUTS,
+    balance,
+    owned,
+    owners,
+    rank_tokens,
+    round_work,
+    token_owners,
+)
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.video.cache import CacheKey
 from lvx_app.video.plan import build_plan
@@ -32,31 +41,51 @@ def test_known_layouts_of_ten_frames_on_three_ranks():
 
 
 def test_tokens_travel_with_their_frame_and_the_tail_is_dealt_by_layout():
-    starts = [2, 6, 10, 14]  # 4 frames, placeholders of 4 tokens; tokens 0-1 come before the first frame
+    starts = [
+        2,
+        6,
+        10,
+        14,
+    ]  # 4 frames, placeholders of 4 tokens; tokens 0-1 come before the first frame
     frame_rank = owners(4, 2, "zigzag").tolist()
     assert frame_rank == [0, 1, 1, 0]
     who = token_owners(20, starts, 2, "zigzag")
     assert who[:18].tolist() == [0] * 6 + [1] * 8 + [0] * 4
     tail = token_owners(20, starts, 2, "zigzag", tail_from=16)
     assert tail[16:].tolist() == owners(4, 2, "zigzag").tolist()
-    assert rank_tokens(20, starts, 2, 1, "striped").tolist() == list(range(6, 10)) + list(range(14, 20))
+    assert rank_tokens(20, starts, 2, 1, "striped").tolist() == list(range(6, 10)) + list(
+        range(14, 20)
+    )
     assert token_owners(5, [], 3, "contiguous").tolist() == [0, 0, 1, 1, 2]  # no frames: all tail
 
 
-def _video_prompt_work(world: int, layout: str, frames: int = 48, per_frame: int = 5) -> torch.Tensor:
+def _video_prompt_work(
+    world: int, layout: str, frames: int = 48, per_frame: int = 5
+) -> torch.Tensor:
     starts = torch.arange(frames) * per_frame + 3
     n = int(starts[-1]) + per_frame
     q_vis = torch.searchsorted(starts, torch.arange(n), right=True)
-    return round_work(q_vis, token_owners(n, starts, world, layout), torch.arange(frames), owners(frames, world, layout),
-                      world)
+    return round_work(
+        q_vis,
+        token_owners(n, starts, world, layout),
+        torch.arange(frames),
+        owners(frames, world, layout),
+        world,
+    )
 
 
 def test_round_work_counts_every_visible_pair_once():
     work = _video_prompt_work(2, "contiguous")
     assert work.shape == (2, 2)
-    assert int(work.sum()) == sum(5 * (f + 1) for f in range(48))  # a token of frame f sees frames 0..f
-    assert int(work[1, 0]) == 24 * 5 * 24  # round 1: rank 0 meets rank 1's tokens, which see all of rank 0's frames
-    assert int(work[1, 1]) == 0  # round 1: rank 1 meets rank 0's tokens; none sees a frame of rank 1
+    assert int(work.sum()) == sum(
+        5 * (f + 1) for f in range(48)
+    )  # a token of frame f sees frames 0..f
+    assert (
+        int(work[1, 0]) == 24 * 5 * 24
+    )  # round 1: rank 0 meets rank 1's tokens, which see all of rank 0's frames
+    assert (
+        int(work[1, 1]) == 0
+    )  # round 1: rank 1 meets rank 0's tokens; none sees a frame of rank 1
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -73,16 +102,22 @@ def test_plan_shards_follow_the_layout_and_cache_keys_differ():
         for s in shards:
             assert list(s.indices) == [plan.indices[p] for p in s.positions]
             assert s.positions == tuple(owned(len(plan), 3, s.rank, layout))
-    ids = {layout: CacheKey("f", 1.0, None, "m", "", "float32", 2, 0, layout=layout).entry_id() for layout in LAYOUTS}
+    ids = {
+        layout: CacheKey("f", 1.0, None, "m", "", "float32", 2, 0, layout=layout).entry_id()
+        for layout in LAYOUTS
+    }
     assert len(set(ids.values())) == len(LAYOUTS)
 
 
 def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, layout: str):
-    """Load the video, prefill one question and decode two tokens; return the logits and this rank's frames."""
+    """Load the video, prefill one question and decode two tokens; return the logits and this rank's
+    frames."""
     from lvx_app.engine.session import Session, SessionConfig
     from lvx_app.parallel.group import init_distributed
 
-    cfg = SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, layout=layout, dtype="float32")
+    cfg = SessionConfig(
+        model=checkpoint, cache_dir=cache_dir, decode_workers=1, layout=layout, dtype="float32"
+    )
     session = Session(cfg, init_distributed(cuda=False))
     session.load_video(video, 1.0, None)
     frames = sorted(set(session.visual.k_frame.flatten().tolist()))
@@ -99,20 +134,29 @@ def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: s
 
 
 @pytest.mark.parametrize("layout", ["striped", "zigzag"])
-def test_sharded_session_on_every_layout_matches_one_process(tiny_checkpoints, short_video, tmp_path, layout):
+def test_sharded_session_on_every_layout_matches_one_process(
+    tiny_checkpoints, short_video, tmp_path, layout
+):
     checkpoint = tiny_checkpoints["g2"]
-    ref, _, _ = run_ranks(_first_turn, 1, checkpoint, short_video, str(tmp_path / "c1"), "contiguous")[0]
+    ref, _, _ = run_ranks(
+        _first_turn, 1, checkpoint, short_video, str(tmp_path / "c1"), "contiguous"
+    )[0]
     for world in (2, 3):
-        got = run_ranks(_first_turn, world, checkpoint, short_video, str(tmp_path / f"c{world}"), layout)
+        got = run_ranks(
+            _first_turn, world, checkpoint, short_video, str(tmp_path / f"c{world}"), layout
+        )
         for rank, (steps, frames, _) in enumerate(got):
             assert frames == owned(10, world, rank, layout), (world, rank)
         for a, b in zip(got[0][0], ref):
-            torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                torch.from_numpy(a), torch.from_numpy(b), atol=2e-5, rtol=1e-4
+            )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
-    """Sorted local frames keep the visible keys a prefix per token, and tiles cut where that prefix grows: the
+    """Sorted local frames keep the visible keys a prefix per token, and tiles cut where that prefix
+    grows: the
     kernels see little more than the visible pairs, not the rectangle of a tile's whole key span."""
     from lvx_app.attention import masks
 
@@ -122,11 +166,22 @@ def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
     q_vis_all = torch.searchsorted(starts, torch.arange(n), right=True)
     for rank in range(world):
         tokens = rank_tokens(n, starts, world, rank, layout)
-        k_frame = torch.tensor(owned(frames, world, rank, layout)).repeat_interleave(keys_per_frame).view(1, -1)
+        k_frame = (
+            torch.tensor(owned(frames, world, rank, layout))
+            .repeat_interleave(keys_per_frame)
+            .view(1, -1)
+        )
         for src in range(world):  # every query block this rank meets in the ring
-            qv = q_vis_all[rank_tokens(n, starts, world, src, layout)].repeat_interleave(group).view(1, -1)
+            qv = (
+                q_vis_all[rank_tokens(n, starts, world, src, layout)]
+                .repeat_interleave(group)
+                .view(1, -1)
+            )
             q, k = torch.empty(1, qv.shape[1], 1, 8), torch.empty(1, k_frame.shape[1], 1, 8)
-            area = sum((p.q1 - p.q0) * (p.k1 - p.k0) for p in masks.tile_plans(q, k, False, qv, k_frame, group))
+            area = sum(
+                (p.q1 - p.q0) * (p.k1 - p.k0)
+                for p in masks.tile_plans(q, k, False, qv, k_frame, group)
+            )
             visible = int((k_frame.view(1, -1) < qv.view(-1, 1)).sum())
             assert area <= 1.35 * visible + 1, (layout, rank, src, area, visible)
     assert tokens.numel() > masks.MIN_TILE  # several tiles per block
@@ -137,26 +192,52 @@ def _ingest_rank(rank: int, world: int, path: str, cache_dir: str, layout: str):
 
     from lvx_app.video import ingest
 
-    shard = ingest(path, IndexEncoder(), fps=1.0, image_size=32, device="cpu", cache_dir=cache_dir, decode_workers=1,
-                   decode_threads=1, chunk_frames=2, progress=False, layout=layout)
-    return shard.features.numpy(), shard.positions.tolist(), shard.from_cache, list(shard.plan.indices)
+    shard = ingest(
+        path,
+        IndexEncoder(),
+        fps=1.0,
+        image_size=32,
+        device="cpu",
+        cache_dir=cache_dir,
+        decode_workers=1,
+        decode_threads=1,
+        chunk_frames=2,
+        progress=False,
+        layout=layout,
+    )
+    return (
+        shard.features.numpy(),
+        shard.positions.tolist(),
+        shard.from_cache,
+        list(shard.plan.indices),
+    )
 
 
-def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_layouts_shard(short_video, tmp_path):
+def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_layouts_shard(
+    short_video, tmp_path
+):
     from videos import index_from_features
 
     done: set[str] = set()
-    for layout in ("contiguous", "zigzag", "striped", "zigzag"):  # one cache folder: only the second zigzag hits
+    for layout in (
+        "contiguous",
+        "zigzag",
+        "striped",
+        "zigzag",
+    ):  # one cache folder: only the second zigzag hits
         got = run_ranks(_ingest_rank, 2, short_video, str(tmp_path), layout)
         for rank, (features, positions, from_cache, indices) in enumerate(got):
             assert positions == owned(len(indices), 2, rank, layout)
-            assert index_from_features(torch.from_numpy(features)) == [indices[p] for p in positions]
+            assert index_from_features(torch.from_numpy(features)) == [
+                indices[p] for p in positions
+            ]
             assert from_cache == (layout in done), (layout, rank)
         done.add(layout)
 
 
 def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
-    """`--layout` on chat and finetune ends in the session / training config; an unknown name is one error line
+    """`--layout` on chat and finetune ends in the session / training config; an unknown name is one
+    error line
     naming the choices, before any model is loaded."""
     from typer.testing import CliRunner
 
@@ -166,14 +247,32 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
 
     seen = {}
 
-    def fake_chat(**kwargs):  # the real run_chat_command checks the options, then would load a model
-        seen["chat"] = terminal.session_config(**{k: v for k, v in kwargs.items() if k not in (
-            "video", "gpus", "ranks", "params", "subtitles", "subtitle_lang", "subtitle_encoding")}).layout
+    def fake_chat(
+        **kwargs,
+    ):  # the real run_chat_command checks the options, then would load a model
+        seen["chat"] = terminal.session_config(
+            **{
+                k: v
+                for k, v in kwargs.items()
+                if k
+                not in (
+                    "video",
+                    "gpus",
+                    "ranks",
+                    "params",
+                    "subtitles",
+                    "subtitle_lang",
+                    "subtitle_encoding",
+                )
+            }
+        ).layout
         return 0
 
     bad = CliRunner().invoke(app, ["chat", str(tmp_path / "v.mp4"), "--layout", "diagonal"])
     assert bad.exit_code == 2
-    assert bad.output.strip().splitlines() == ["error: unknown --layout 'diagonal'; use one of contiguous, striped, zigzag"]
+    assert bad.output.strip().splitlines() == [
+        "error: unknown --layout 'diagonal'; use one of contiguous, striped, zigzag"
+    ]
     monkeypatch.setattr(terminal, "run_chat_command", fake_chat)
     assert CliRunner().invoke(app, ["chat", "v.mp4", "--layout", "striped"]).exit_code == 0
     assert seen["chat"] == "striped"
@@ -183,9 +282,26 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
     (tmp_path / "v.mp4").write_bytes(b"")  # the data check wants the file; nothing decodes it here
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"video": "v.mp4", "question": "What?", "answer": "This."}) + "\n")
-    monkeypatch.setattr(train_cli, "run_finetune", lambda cfg, world, keep_fds: seen.setdefault("train", cfg.layout) and 0)
-    args = ["finetune", "--data", str(data), "--video-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--gpus", "0"]
+    monkeypatch.setattr(
+        train_cli,
+        "run_finetune",
+        lambda cfg, world, keep_fds: seen.setdefault("train", cfg.layout) and 0,
+    )
+    args = [
+        "finetune",
+        "--data",
+        str(data),
+        "--video-dir",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "out"),
+        "--gpus",
+        "0",
+    ]
     assert CliRunner().invoke(app, [*args, "--layout", "contiguous"]).exit_code == 0, "finetune ran"
     assert seen["train"] == "contiguous"
     bad = CliRunner().invoke(app, [*args, "--layout", "diagonal"])
-    assert bad.exit_code == 1 and "unknown --layout 'diagonal'; use one of contiguous, striped, zigzag" in bad.output
+    assert (
+        bad.exit_code == 1
+        and "unknown --layout 'diagonal'; use one of contiguous, striped, zigzag" in bad.output
+    )

@@ -1,4 +1,5 @@
-"""Loader: generation/projector detection, parts, dtype, hub ids, and one-line errors for broken checkpoints."""
+"""Loader: generation/projector detection, parts, dtype, hub ids, and one-line errors for broken
+checkpoints."""
 
 import json
 import shutil
@@ -7,12 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.mplug_owl3 import loader
-from models.mplug_owl3.checkpoint import CheckpointError, detect_architecture, detect_gate_form
-from models.mplug_owl3.loader import PartNotLoadedError, inspect_checkpoint, load_model
-from models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3 import loader
+from lvx_models.mplug_owl3.checkpoint import CheckpointError, detect_architecture, detect_gate_form
+from lvx_models.mplug_owl3.loader import PartNotLoadedError, inspect_checkpoint, load_model
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
-L1 = "language_model.model.layers.1.self_attn."  # a hyper layer of the tiny G2 checkpoint (hyper_layers [2, 4])
+# a hyper layer of the tiny G2 checkpoint (hyper_layers [2, 4])
+L1 = "language_model.model.layers.1.self_attn."
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +46,22 @@ def one_line_error(path, *match):
     return msg
 
 
-# ---- detection ----------------------------------------------------------------------------------------------------
+# ---- detection
+# --------------------------------------------------------------------------------------------------
 def test_detect_architecture_rules():
     vkv = "language_model.model.layers.0.self_attn.v_kv_proj.weight"
     gate = "language_model.model.layers.0.self_attn.gate"
     assert detect_architecture([vkv, gate, "vision2text_model.weight"]) == ("g1", "linear")
-    assert detect_architecture([vkv, "vision2text_model.0.weight", "vision2text_model.2.weight"]) == ("g2", "mlp")
-    assert detect_architecture([vkv, gate, "vision2text_model.0.weight", "vision2text_model.2.weight"]) == ("g1",
-                                                                                                          "mlp")
-    proj = ["language_model.model.layers.0.self_attn.gate_proj.0.weight",
-            "language_model.model.layers.0.self_attn.gate_proj.0.bias"]
+    assert detect_architecture(
+        [vkv, "vision2text_model.0.weight", "vision2text_model.2.weight"]
+    ) == ("g2", "mlp")
+    assert detect_architecture(
+        [vkv, gate, "vision2text_model.0.weight", "vision2text_model.2.weight"]
+    ) == ("g1", "mlp")
+    proj = [
+        "language_model.model.layers.0.self_attn.gate_proj.0.weight",
+        "language_model.model.layers.0.self_attn.gate_proj.0.bias",
+    ]
     assert detect_architecture([vkv, *proj, "vision2text_model.weight"]) == ("g1", "linear")
     assert detect_gate_form([vkv, *proj]) == "proj" and detect_gate_form([vkv, gate]) == "channel"
     with pytest.raises(CheckpointError, match="both self_attn.gate and self_attn.gate_proj"):
@@ -61,7 +69,8 @@ def test_detect_architecture_rules():
 
 
 def test_gate_proj_checkpoint_loads_as_240728(base, tmp_path):
-    """The official 7B-240728 key layout: gate_proj.0.weight [hd, hd] and .bias [hd] per hyper layer."""
+    """The official 7B-240728 key layout: gate_proj.0.weight [hd, hd] and .bias [hd] per hyper
+    layer."""
     model, cfg, _ = load_model(base["g1-gateproj"])
     assert (cfg.generation, cfg.gate_form, cfg.form) == ("g1", "proj", "g1-gateproj")
     layer = model.language_model.model.layers[0].self_attn
@@ -72,6 +81,7 @@ def test_gate_proj_checkpoint_loads_as_240728(base, tmp_path):
     shutil.copytree(base["g1-gateproj"], d)
     edit_weights(d, lambda w: w.update({gp + "1.weight": torch.zeros(4)}))
     one_line_error(d, "unknown gate key", gp + "1.weight")
+
     def narrow(w):
         del w[gp + "1.weight"]
         w[gp + "0.weight"] = torch.zeros(8, 16)
@@ -96,7 +106,9 @@ def test_config_value_of_the_wrong_type_is_named(g2):
 def test_parts_and_dtype(base, monkeypatch):
     read = []
     real = loader.load_tensors
-    monkeypatch.setattr(loader, "load_tensors", lambda info, keys, **kw: read.extend(keys) or real(info, keys, **kw))
+    monkeypatch.setattr(
+        loader, "load_tensors", lambda info, keys, **kw: read.extend(keys) or real(info, keys, **kw)
+    )
     model, cfg, _ = load_model(base["g2"], parts=("lm",), dtype=torch.bfloat16)
     assert read and all(k.startswith("language_model.") for k in read)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
@@ -112,10 +124,21 @@ def test_unused_vision_keys_are_optional_and_tied_head_ignored(base, tmp_path):
     emb = "language_model.model.embed_tokens.weight"
 
     def strip(w):
-        for k in [k for k in w if k.startswith(("vision_model.head.", "vision_model.post_layernorm.",
-                                                "vision_model.encoder.layers.2."))]:
+        for k in [
+            k
+            for k in w
+            if k.startswith(
+                (
+                    "vision_model.head.",
+                    "vision_model.post_layernorm.",
+                    "vision_model.encoder.layers.2.",
+                )
+            )
+        ]:
             del w[k]
-        w["language_model.lm_head.weight"] = torch.zeros_like(w[emb])  # stored although tied: ignored
+        w["language_model.lm_head.weight"] = torch.zeros_like(
+            w[emb]
+        )  # stored although tied: ignored
 
     edit_weights(d, strip)
     info = inspect_checkpoint(d)
@@ -128,19 +151,24 @@ def test_cut_template_read_from_the_checkpoint(base, tmp_path):
     d = tmp_path / "g1"
     shutil.copytree(base["g1"], d)
     (d / "image_processing_mplugowl3.py").write_text(
-        'class CutMixin:\n    def __init__(self, cut_cfg={"anchors": "grid_squ_6", "anchor_strategy": "docowl", '
-        '"cut_prompt": "v3", "add_global": True, "cut_prob": 1.0}):\n        pass\n')
+        'class CutMixin:\n    def __init__(self, cut_cfg={"anchors": "grid_squ_6", '
+        '"anchor_strategy": "docowl", '
+        '"cut_prompt": "v3", "add_global": True, "cut_prob": 1.0}):\n        pass\n'
+    )
     info = inspect_checkpoint(d)
     assert info.cut_template == "v3_global" and info.notes
     _, _, proc = load_model(d)
     assert proc.cut_template == "v3_global"
 
 
-# ---- hub ids ------------------------------------------------------------------------------------------------------
+# ---- hub ids
+# --------------------------------------------------------------------------------------------------
 def test_hub_id_offline_says_pass_a_local_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    msg = one_line_error("mPLUG/not-a-cached-model-xyz", "HF_HUB_OFFLINE", "local checkpoint directory")
+    msg = one_line_error(
+        "mPLUG/not-a-cached-model-xyz", "HF_HUB_OFFLINE", "local checkpoint directory"
+    )
     assert "mPLUG/not-a-cached-model-xyz" in msg
 
 
@@ -172,7 +200,8 @@ def test_hub_failure_is_one_line(monkeypatch):
     one_line_error("someone/some-model", "downloading it", "connection refused", "local directory")
 
 
-# ---- broken checkpoints: one line each, naming the problem --------------------------------------------------------
+# ---- broken checkpoints: one line each, naming the problem
+# --------------------------------------------------------------------------------------------------
 def test_not_a_checkpoint(tmp_path, g2):
     one_line_error(tmp_path / "missing-dir.d/x/y", "no such directory")
     (tmp_path / "empty").mkdir()
@@ -211,7 +240,9 @@ def test_hyper_key_on_a_layer_config_does_not_list(g2):
 
 
 def test_unexpected_key(g2):
-    edit_weights(g2, lambda w: w.update({"language_model.model.extra_norm.weight": torch.zeros(64)}))
+    edit_weights(
+        g2, lambda w: w.update({"language_model.model.extra_norm.weight": torch.zeros(64)})
+    )
     one_line_error(g2, "unexpected key", "language_model.model.extra_norm.weight")
 
 

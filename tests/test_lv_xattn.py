@@ -80,7 +80,9 @@ def _lv_cases(rank, world):
         if with_lse:
             out, lse = lv_xattn_with_lse(lq, lk, lv, **kw)
             lfin = torch.isfinite(lse)
-            mine = (out.double() * w[:, qs]).sum() + (torch.where(lfin, lse, 0).double() * u[:, :, qs]).sum()
+            mine = (out.double() * w[:, qs]).sum() + (
+                torch.where(lfin, lse, 0).double() * u[:, :, qs]
+            ).sum()
         else:  # this case also passes the block sizes (no all_gather of sizes)
             out = lv_xattn(lq, lk, lv, q_sizes=[qc[i + 1] - qc[i] for i in range(world)], **kw)
             lse, lfin = None, None
@@ -103,15 +105,25 @@ def _lv_cases(rank, world):
             errs["lse_mask"] = float(not torch.equal(lfin, fin[:, :, qs]))
             errs["lse"] = err(torch.where(lfin, lse, 0), torch.where(fin, rl, 0)[:, :, qs].detach())
         results.append(
-            dict(name=name, errs=errs, tol=TOL[dtype], qc=qc, fwd=fwd_bytes, bwd=bwd_bytes,
-                 esz=torch.empty((), dtype=dtype).element_size(), media=media, nl=2 if with_lse else 1,
-                 out_dtype=out.dtype, lse_dtype=None if lse is None else lse.dtype)
+            dict(
+                name=name,
+                errs=errs,
+                tol=TOL[dtype],
+                qc=qc,
+                fwd=fwd_bytes,
+                bwd=bwd_bytes,
+                esz=torch.empty((), dtype=dtype).element_size(),
+                media=media,
+                nl=2 if with_lse else 1,
+                out_dtype=out.dtype,
+                lse_dtype=None if lse is None else lse.dtype,
+            )
         )
 
     # the same queries against a 10x larger K/V shard send exactly the same bytes
     q, k, v, _, _, _, _ = _case_data(0, torch.float32, False, False)
     qc = _cuts(SQ, world)
-    lq = q[:, qc[rank]:qc[rank + 1]].clone().requires_grad_()
+    lq = q[:, qc[rank] : qc[rank + 1]].clone().requires_grad_()
     small = []
     for reps in (1, 10):
         kk = k.repeat(1, reps, 1, 1).requires_grad_()
@@ -128,7 +140,10 @@ def _expected_bytes(rank, world, sizes, esz, media, nl):
         return 0, 0
     held = [sizes[(rank - t) % world] for t in range(world)]  # block held in round t
     fwd = sum(held[:-1]) * B * (HQ * D * esz + 4 * media) + sum(held) * B * HQ * (D + 1) * 4
-    bwd = sum(held[:-1]) * B * (3 * HQ * D * esz + nl * HQ * 4 + 4 * media) + sum(held) * B * HQ * D * 4
+    bwd = (
+        sum(held[:-1]) * B * (3 * HQ * D * esz + nl * HQ * 4 + 4 * media)
+        + sum(held) * B * HQ * D * 4
+    )
     return fwd, bwd
 
 
@@ -139,11 +154,15 @@ def test_lv_xattn_matches_reference_and_moves_only_queries(world):
         for res in results:
             where = f"world {world} rank {rank} case {res['name']}"
             for name, e in res["errs"].items():
-                assert e <= res["tol"] * (1 if name != "lse_mask" else 0), f"{where}: {name} error {e:.3g}"
+                assert e <= res["tol"] * (1 if name != "lse_mask" else 0), (
+                    f"{where}: {name} error {e:.3g}"
+                )
             assert res["out_dtype"] == (torch.bfloat16 if "bf16" in res["name"] else torch.float32)
             sizes = [res["qc"][i + 1] - res["qc"][i] for i in range(world)]
             want = _expected_bytes(rank, world, sizes, res["esz"], res["media"], res["nl"])
-            assert (res["fwd"], res["bwd"]) == want, f"{where}: bytes sent {(res['fwd'], res['bwd'])} != {want}"
+            assert (res["fwd"], res["bwd"]) == want, (
+                f"{where}: bytes sent {(res['fwd'], res['bwd'])} != {want}"
+            )
         assert small[0] == small[1], f"rank {rank}: bytes depend on the K/V size: {small}"
 
 

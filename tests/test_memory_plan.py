@@ -1,5 +1,6 @@
-"""The memory and time plan (lvx_app/engine/memory_plan.py): parameter counts from the meta device equal a real
-model's, the terms scale as the tensors they name, the largest-video search is tight, and the formula agrees with
+"""The memory and time plan (lvx_app/engine/memory_plan.py): parameter counts from the meta device
+equal a real model's, the terms scale as the tensors they name, the largest-video search is tight,
+and the formula agrees with
 the measured peak RSS of the model code on this CPU within 15% (scripts/plan_gpu.py --check-rss)."""
 
 from __future__ import annotations
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from lvx_app.engine.memory_plan import GB, Workload, largest_minutes, memory_plan, param_counts, time_plan
-from models.mplug_owl3.config import Owl3Config
-from models.mplug_owl3.modeling import Owl3Model
-from models.mplug_owl3.tiny import tiny_config
+from lvx_app.engine.memory_plan import (
+    GB,
+    Workload,
+    largest_minutes,
+    memory_plan,
+    param_counts,
+    time_plan,
+)
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("plan_gpu", ROOT / "scripts" / "plan_gpu.py")
@@ -38,7 +46,9 @@ def test_7b_terms_are_the_tensor_sizes() -> None:
     counts = param_counts(cfg)
     hour = memory_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts)
     assert hour.resident["weights"] == 2 * counts.total
-    assert hour.resident["features E"] == 3600 * 729 * 3584 * 2  # DESIGN: an hour of bf16 features is ~18.8 GB
+    assert (
+        hour.resident["features E"] == 3600 * 729 * 3584 * 2
+    )  # DESIGN: an hour of bf16 features is ~18.8 GB
     cached = memory_plan(cfg, Workload(minutes=60, kv_mode="cache"), counts)
     # 4 hyper layers; K and V, (tokens, 4*128) each, in buffers of their own
     assert cached.resident["visual K/V"] == 4 * 3600 * 729 * 2 * 4 * 128 * 2
@@ -65,39 +75,70 @@ def test_time_plan_decode_reads_weights_and_keys() -> None:
     one = time_plan(cfg, Workload(minutes=60), counts=counts)
     weights = (counts.language - counts.embedding) * 2
     visual = 4 * 3600 * 729 * 2 * 4 * 128 * 2
-    text = 28 * (18 + 5 * 3600 + 24) * 2 * 4 * 128 * 2  # every layer's text K/V of the prompt and the question
+    text = (
+        28 * (18 + 5 * 3600 + 24) * 2 * 4 * 128 * 2
+    )  # every layer's text K/V of the prompt and the question
     assert one["decode step"]["hbm_gb"] == pytest.approx((weights + visual + text) / GB, rel=1e-6)
     eight = time_plan(cfg, Workload(minutes=60, ranks=8), counts=counts)
-    assert eight["decode step"]["hbm_gb"] == pytest.approx((weights + (visual + text) / 8) / GB, rel=1e-6)  # weights replicated
-    for key in ("matmul_tflop", "attention_tflop"):  # the prompt's work splits over the ranks, the weight reads do not
-        assert eight["video-prompt prefill"][key] == pytest.approx(one["video-prompt prefill"][key] / 8)
-    assert eight["video-prompt prefill"]["hbm_gb"] == one["video-prompt prefill"]["hbm_gb"] == pytest.approx(weights / GB)
+    assert eight["decode step"]["hbm_gb"] == pytest.approx(
+        (weights + (visual + text) / 8) / GB, rel=1e-6
+    )  # weights replicated
+    for key in (
+        "matmul_tflop",
+        "attention_tflop",
+    ):  # the prompt's work splits over the ranks, the weight reads do not
+        assert eight["video-prompt prefill"][key] == pytest.approx(
+            one["video-prompt prefill"][key] / 8
+        )
+    assert (
+        eight["video-prompt prefill"]["hbm_gb"]
+        == one["video-prompt prefill"]["hbm_gb"]
+        == pytest.approx(weights / GB)
+    )
     recompute = time_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts=counts)
-    assert recompute["tokens/s"] < one["tokens/s"] / 5  # every token recomputes 4 layers' K/V from E
+    assert (
+        recompute["tokens/s"] < one["tokens/s"] / 5
+    )  # every token recomputes 4 layers' K/V from E
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc's malloc settings")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc and glibc's malloc settings"
+)
 def test_formula_matches_measured_peak_rss_on_cpu() -> None:
     for row in plan_gpu.check_rss():
         assert abs(row["error"]) <= plan_gpu.RSS_TOLERANCE, row
 
 
-@pytest.mark.parametrize("prompt,question,answer,room", [(300, 24, 10, 256), (40, 24, 30, 4), (160, 30, 2, 4)])
-def test_planned_text_buffer_is_the_one_the_cache_grows(monkeypatch, prompt, question, answer, room) -> None:
-    """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then one token at a
+@pytest.mark.parametrize(
+    "prompt,question,answer,room", [(300, 24, 10, 256), (40, 24, 30, 4), (160, 30, 2, 4)]
+)
+def test_planned_text_buffer_is_the_one_the_cache_grows(
+    monkeypatch, prompt, question, answer, room
+) -> None:
+    """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then
+    one token at a
     time ends with the buffer the plan names (with the growth before it)."""
     import torch
 
     from lvx_app.engine.memory_plan import _text_buffer
-    from models.mplug_owl3 import qwen2
+    from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
     model = Owl3Model(tiny_config("g2")).eval()
     cache = model.new_cache()
     lengths = []
     with torch.no_grad():
-        for start, n in [(0, prompt), (prompt, question)] + [(prompt + question + i, 1) for i in range(answer)]:
-            model(torch.zeros(1, n, dtype=torch.int64), cache=cache, positions=torch.arange(start, start + n)[None])
+        for start, n in [(0, prompt), (prompt, question)] + [
+            (prompt + question + i, 1) for i in range(answer)
+        ]:
+            model(
+                torch.zeros(1, n, dtype=torch.int64),
+                cache=cache,
+                positions=torch.arange(start, start + n)[None],
+            )
             if not lengths or lengths[-1] != cache.layers[0].k.shape[1]:
                 lengths.append(cache.layers[0].k.shape[1])
-    assert _text_buffer(prompt, question, answer) == (lengths[-1], lengths[-2] if len(lengths) > 1 else 0)
+    assert _text_buffer(prompt, question, answer) == (
+        lengths[-1],
+        lengths[-2] if len(lengths) > 1 else 0,
+    )

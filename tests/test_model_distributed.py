@@ -1,9 +1,10 @@
-"""The model with its frames split over gloo ranks (LV-XAttn for the visual attention) gives the same logits and
-the same greedy tokens as one process.
+"""The model with its frames split over gloo ranks (LV-XAttn for the visual attention) gives the
+same logits and the same greedy tokens as one process.
 
-Each rank holds a contiguous slice of the frames (an empty slice included) and only their visual K/V; the text
-queries are replicated on every rank and passed whole to `lv_xattn_with_lse` (prefill) or `decode_xattn`
-(one-token steps). The model itself never imports torch.distributed: only its `hooks.visual` is swapped.
+Each rank holds a contiguous slice of the frames (an empty slice included) and only their visual
+K/V; the text queries are replicated on every rank and passed whole to `lv_xattn_with_lse` (prefill)
+or `decode_xattn` (one-token steps). The model itself never imports torch.distributed: only its
+`hooks.visual` is swapped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from test_hyper_attention import P, tiny_config, tiny_model
 
 from lvx_app.parallel.testing import run_ranks
 
-FORMS = ("g1-gateproj", "g1", "g2")  # the three checkpoint generations, each in the same ranks (no extra spawn)
+FORMS = (
+    "g1-gateproj",
+    "g1",
+    "g2",
+)  # the three checkpoint generations, each in the same ranks (no extra spawn)
 
 
 def _inputs(generation: str, n_frames: int):
@@ -45,7 +50,8 @@ def _run(rank: int, world: int, n_frames: int):
         with torch.no_grad():
             logits = model(ids, visual=visual)
             tokens = generate(model, ids, visual=visual, max_new_tokens=4)
-        # numpy, not a tensor: torch sends tensors through a queue as shared-memory handles that die with the rank
+        # numpy, not a tensor: torch sends tensors through a queue as shared-memory handles that die
+        # with the rank
         out[generation] = (mine.numel(), logits.numpy(), tokens)
     return out
 
@@ -62,6 +68,11 @@ def test_frames_split_over_ranks_match_one_process(world, n_frames):
         assert sum(r[generation][0] for r in results) == n_frames
         for rank, r in enumerate(results):
             n, logits, tokens = r[generation]
-            torch.testing.assert_close(torch.from_numpy(logits), want, rtol=1e-10, atol=1e-10,
-                                       msg=lambda m: f"{generation} rank {rank}: {m}")
+            torch.testing.assert_close(
+                torch.from_numpy(logits),
+                want,
+                rtol=1e-10,
+                atol=1e-10,
+                msg=lambda m: f"{generation} rank {rank}: {m}",
+            )
             assert tokens == want_tokens, f"{generation} rank {rank}"

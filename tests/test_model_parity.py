@@ -1,15 +1,17 @@
-"""Our Qwen2 decoder and SigLIP tower equal the `transformers` implementations on tiny random configs with the same
-weights, and `Owl3Model.state_dict()` has exactly the official checkpoint key names (reference §3)."""
+"""Our Qwen2 decoder and SigLIP tower equal the `transformers` implementations on tiny random
+configs with the same
+weights, and `Owl3Model.state_dict()` has exactly the official checkpoint key names (reference
+§3)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
-from models.mplug_owl3.modeling import Owl3Model
-from models.mplug_owl3.qwen2 import AttentionHooks, Qwen2LM
-from models.mplug_owl3.vision import SiglipVisionTower
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.qwen2 import AttentionHooks, Qwen2LM
+from lvx_models.mplug_owl3.vision import SiglipVisionTower
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,11 +22,16 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for name, p in module.named_parameters():
             r = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
-            p.copy_(1 + 0.3 * r if "norm" in name and name.endswith("weight") else r * (0.15 if p.dim() > 1 else 0.3))
+            p.copy_(
+                1 + 0.3 * r
+                if "norm" in name and name.endswith("weight")
+                else r * (0.15 if p.dim() > 1 else 0.3)
+            )
 
 
-# transformers computes RoPE angles and the softmax in float32 whatever the model dtype, so parity is checked in
-# float32 (the model's own float64 exactness is tested against the naive reference in test_hyper_attention.py).
+# transformers computes RoPE angles and the softmax in float32 whatever the model dtype, so parity
+# is checked in float32 (the model's own float64 exactness is tested against the naive reference in
+# test_hyper_attention.py).
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
@@ -32,13 +39,29 @@ TOL = dict(rtol=2e-5, atol=2e-5)
 def test_qwen2_matches_transformers(tied):
     dtype = torch.float32
     hf_cfg = transformers.Qwen2Config(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-        attn_implementation="eager")
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+        attn_implementation="eager",
+    )
     hf = transformers.Qwen2ForCausalLM(hf_cfg).to(dtype).eval()
     _randomize(hf, 0)
-    cfg = Owl3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, hyper_layers=[], tie_word_embeddings=tied)
+    cfg = Owl3Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hyper_layers=[],
+        tie_word_embeddings=tied,
+    )
     ours = Qwen2LM(cfg).to(dtype).eval()
     sd = hf.state_dict()
     if tied:
@@ -53,23 +76,39 @@ def test_qwen2_matches_transformers(tied):
         got = ours(ids, ours.resolve_positions(ids, None, None), hooks=hooks)
         torch.testing.assert_close(got, want, **TOL)
         # the same through a text KV cache: prefill 7, then 4 single tokens
-        from models.mplug_owl3.qwen2 import TextKVCache
+        from lvx_models.mplug_owl3.qwen2 import TextKVCache
 
         cache = TextKVCache(cfg.num_hidden_layers)
         parts = [ids[:, :7]] + [ids[:, i : i + 1] for i in range(7, 11)]
-        steps = [ours(p, ours.resolve_positions(p, None, cache), hooks=hooks, cache=cache) for p in parts]
+        steps = [
+            ours(p, ours.resolve_positions(p, None, cache), hooks=hooks, cache=cache) for p in parts
+        ]
         torch.testing.assert_close(torch.cat(steps, 1), want, **TOL)
 
 
 def test_siglip_tower_matches_transformers_hidden_states_minus_2():
     # 44 px / patch 14 -> 3x3 grid, 2 px dropped at right/bottom (like 384 with patch 14)
-    hf_cfg = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                                             num_attention_heads=2, image_size=44, patch_size=14,
-                                             attn_implementation="eager")
+    hf_cfg = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=44,
+        patch_size=14,
+        attn_implementation="eager",
+    )
     hf = transformers.SiglipVisionModel(hf_cfg).eval()
     _randomize(hf, 2)
-    ours = SiglipVisionTower(SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                                                num_attention_heads=2, image_size=44, patch_size=14))
+    ours = SiglipVisionTower(
+        SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            image_size=44,
+            patch_size=14,
+        )
+    )
     sd = {k.removeprefix("vision_model."): v for k, v in hf.state_dict().items()}
     unused = ("encoder.layers.2.", "post_layernorm.", "head.")
     ours.load_state_dict({k: v for k, v in sd.items() if not k.startswith(unused)}, strict=True)
@@ -83,13 +122,25 @@ def test_siglip_tower_matches_transformers_hidden_states_minus_2():
 
 def _official_keys(cfg: Owl3Config) -> set[str]:
     """Reference §3, written out independently of the model code (unused vision keys excluded)."""
-    keys = {"vision_model.embeddings.patch_embedding.weight", "vision_model.embeddings.patch_embedding.bias",
-            "vision_model.embeddings.position_embedding.weight",
-            "language_model.model.embed_tokens.weight", "language_model.model.norm.weight"}
+    keys = {
+        "vision_model.embeddings.patch_embedding.weight",
+        "vision_model.embeddings.patch_embedding.bias",
+        "vision_model.embeddings.position_embedding.weight",
+        "language_model.model.embed_tokens.weight",
+        "language_model.model.norm.weight",
+    }
     for k in range(cfg.vision.num_hidden_layers - 1):
         p = f"vision_model.encoder.layers.{k}."
-        for m in ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                  "self_attn.out_proj", "mlp.fc1", "mlp.fc2"):
+        for m in (
+            "layer_norm1",
+            "layer_norm2",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.out_proj",
+            "mlp.fc1",
+            "mlp.fc2",
+        ):
             keys |= {p + m + ".weight", p + m + ".bias"}
     if cfg.projector == "linear":
         keys |= {"vision2text_model.weight", "vision2text_model.bias"}
@@ -97,12 +148,18 @@ def _official_keys(cfg: Owl3Config) -> set[str]:
         keys |= {f"vision2text_model.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
     for l in range(cfg.num_hidden_layers):
         p = f"language_model.model.layers.{l}."
-        keys |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight", p + "self_attn.o_proj.weight"}
+        keys |= {
+            p + "input_layernorm.weight",
+            p + "post_attention_layernorm.weight",
+            p + "self_attn.o_proj.weight",
+        }
         keys |= {p + f"self_attn.{m}_proj.{w}" for m in "qkv" for w in ("weight", "bias")}
         keys |= {p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}
         if l + 1 in cfg.hyper_layers:
             keys |= {p + "self_attn.v_kv_proj.weight", p + "self_attn.v_kv_proj.bias"}
-            if cfg.generation == "g1" and cfg.gate_form == "proj":  # 7B-240728: Sequential(Linear, Sigmoid)
+            if (
+                cfg.generation == "g1" and cfg.gate_form == "proj"
+            ):  # 7B-240728: Sequential(Linear, Sigmoid)
                 keys |= {p + "self_attn.gate_proj.0.weight", p + "self_attn.gate_proj.0.bias"}
             elif cfg.generation == "g1":
                 keys.add(p + "self_attn.gate")
@@ -111,16 +168,36 @@ def _official_keys(cfg: Owl3Config) -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("generation,projector,tied,gate_form", [("g1", "linear", True, "channel"),
-                                                                 ("g2", "mlp", False, "channel"),
-                                                                 ("g1", "linear", False, "channel"),
-                                                                 ("g1", "linear", True, "proj")])
+@pytest.mark.parametrize(
+    "generation,projector,tied,gate_form",
+    [
+        ("g1", "linear", True, "channel"),
+        ("g2", "mlp", False, "channel"),
+        ("g1", "linear", False, "channel"),
+        ("g1", "linear", True, "proj"),
+    ],
+)
 def test_state_dict_has_the_official_keys(generation, projector, tied, gate_form):
-    cfg = Owl3Config(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=5, num_attention_heads=4,
-                     num_key_value_heads=2, hyper_layers=[1, 4], tie_word_embeddings=tied,
-                     vision=SiglipVisionConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=3,
-                                               num_attention_heads=2, image_size=28),
-                     generation=generation, projector=projector, gate_form=gate_form)
+    cfg = Owl3Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hyper_layers=[1, 4],
+        tie_word_embeddings=tied,
+        vision=SiglipVisionConfig(
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            image_size=28,
+        ),
+        generation=generation,
+        projector=projector,
+        gate_form=gate_form,
+    )
     sd = Owl3Model(cfg).state_dict()
     assert set(sd) == _official_keys(cfg)
     h, nkv, hd = 32, 2, 8

@@ -53,7 +53,11 @@ def test_run_rank_names_the_failed_rank_and_records_the_trace(monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.splitlines()[0] == "lvx worker rank 3: ValueError: shard 3 is empty"
     assert "Traceback" in err
-    assert recorded and recorded[0].rstrip().endswith("ValueError: shard 3 is empty") and "in fail" in recorded[0]
+    assert (
+        recorded
+        and recorded[0].rstrip().endswith("ValueError: shard 3 is empty")
+        and "in fail" in recorded[0]
+    )
     assert run_rank(lambda: None, "lvx worker", recorded.append) == 0 and len(recorded) == 1
     with pytest.raises(SystemExit):
         run_rank(lambda: (_ for _ in ()).throw(SystemExit(0)), "lvx worker")
@@ -68,25 +72,39 @@ def test_run_rank_reports_user_errors_in_one_line(monkeypatch, capsys):
     def bad_video():
         raise FileNotFoundError("Video not found: clip.mp4; check the path.")
 
-    assert run_rank(bad_video, "lvx finetune", recorded.append, user_errors=(FileNotFoundError,)) == 1
+    assert (
+        run_rank(bad_video, "lvx finetune", recorded.append, user_errors=(FileNotFoundError,)) == 1
+    )
     err = capsys.readouterr().err
-    assert err == "lvx finetune rank 1: FileNotFoundError: Video not found: clip.mp4; check the path.\n"
+    assert (
+        err
+        == "lvx finetune rank 1: FileNotFoundError: Video not found: clip.mp4; check the path.\n"
+    )
     assert "Traceback" in recorded[0], "the trace is still recorded for the launcher"
 
 
 def test_first_failure_is_the_cause_not_a_consequence(tmp_path):
-    """A survivor's lost-peer error and torchrun's SIGTERM to the survivors are consequences; a kill is a cause."""
+    """A survivor's lost-peer error and torchrun's SIGTERM to the survivors are consequences; a kill
+    is a cause."""
     from lvx_app.parallel.failures import RankFailure, describe_failures, error_file
 
     killed = "rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"
     assert describe_failures([RankFailure(0, -15), RankFailure(1, -9)], tmp_path) == killed
-    error_file(tmp_path, 0).write_text("Traceback ...\nRuntimeError: [pair.cc:537] Read error: Connection reset by peer.\n")
+    error_file(tmp_path, 0).write_text(
+        "Traceback ...\nRuntimeError: [pair.cc:537] Read error: Connection reset by peer.\n"
+    )
     assert describe_failures([RankFailure(0, 1), RankFailure(1, -9)], tmp_path) == killed
     # a real error on the first rank stays the reason, even if a peer was killed afterwards
-    error_file(tmp_path, 0).write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    error_file(tmp_path, 0).write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
     assert describe_failures([RankFailure(0, 1), RankFailure(1, -9)], tmp_path) == (
-        "rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert describe_failures([RankFailure(2, -15)], None) == "rank 2 failed: killed by SIGTERM (out of memory, a crash, or by hand)"
+        "rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert (
+        describe_failures([RankFailure(2, -15)], None)
+        == "rank 2 failed: killed by SIGTERM (out of memory, a crash, or by hand)"
+    )
     assert describe_failures([], tmp_path) is None
 
 
@@ -95,22 +113,51 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     import sys
 
     script = tmp_path / "rank.py"
-    script.write_text("import os, signal, time\n"
-                      "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-                      "time.sleep(20)\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
-                          "--monitor-interval=0.2", str(script)], capture_output=True, text=True, timeout=120)
+    script.write_text(
+        "import os, signal, time\n"
+        "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(20)\n"
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lvx_app.parallel.torchrun",
+            "--standalone",
+            "--nproc-per-node=2",
+            "--monitor-interval=0.2",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stderr
     assert "rank 1 failed: killed by SIGKILL" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
-    ok = subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone", "--nproc-per-node=2",
-                         "-m", "json.tool", "--help"], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lvx_app.parallel.torchrun",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "json.tool",
+            "--help",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
 def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
-    """A rank that dies (SIGABRT, as gloo's teardown has done) after every rank met in run_rank's last barrier lost
-    nothing: the launcher warns and exits 0. The same abort before the barrier fails the run and names the rank."""
+    """A rank that dies (SIGABRT, as gloo's teardown has done) after every rank met in run_rank's
+    last barrier lost
+    nothing: the launcher warns and exits 0. The same abort before the barrier fails the run and
+    names the rank."""
     import os
     import subprocess
     import sys
@@ -125,19 +172,35 @@ def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
             f"    if {when == 'before'!r} and os.environ['RANK'] == '1':\n        os.abort()\n"
             "code = run_rank(work, 'test', finish_together=True)\n"
             "if os.environ['RANK'] == '1':\n    os.abort()\n"
-            "sys.exit(code)\n")  # fmt: skip
-        return subprocess.run([sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone",
-                               "--nproc-per-node=2", "--monitor-interval=0.2", str(script)],
-                              capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            "sys.exit(code)\n"
+        )
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lvx_app.parallel.torchrun",
+                "--standalone",
+                "--nproc-per-node=2",
+                "--monitor-interval=0.2",
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
 
     after = launch("after")
     assert after.returncode == 0, after.stderr
-    assert "rank 1 failed: killed by SIGABRT" in after.stderr and "nothing was lost" in after.stderr, after.stderr
+    assert (
+        "rank 1 failed: killed by SIGABRT" in after.stderr and "nothing was lost" in after.stderr
+    ), after.stderr
     before = launch("before")
     assert before.returncode == 1, before.stderr
     assert "error: rank 1 failed: killed by SIGABRT" in before.stderr, before.stderr
     assert "Fatal Python error: Aborted" in before.stderr, "faulthandler prints where the rank died"
-    # the rule itself: a signal death only counts as harmless with a done file; torchrun's SIGTERM rides along
+    # the rule itself: a signal death only counts as harmless with a done file; torchrun's SIGTERM
+    # rides along
     done_file(tmp_path, 1).write_text("done")
     assert crashed_after_done([RankFailure(1, -6), RankFailure(0, -15)], tmp_path)
     assert not crashed_after_done([RankFailure(1, -6), RankFailure(0, 1)], tmp_path)

@@ -1,5 +1,7 @@
-"""The saved video prompt: a reopened video reads its prefilled prompt back and answers token for token like a fresh
-prefill (1 and 2 ranks); every key component invalidates it; damaged files are re-prefilled with one warning."""
+"""The saved video prompt: a reopened video reads its prefilled prompt back and answers token for
+token like a fresh
+prefill (1 and 2 ranks); every key component invalidates it; damaged files are re-prefilled with one
+warning."""
 
 from __future__ import annotations
 
@@ -21,14 +23,15 @@ from lvx_app.video.cache import CacheKey
 from lvx_app.video.cache_cli import cache_app
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
-from models.mplug_owl3.fingerprint import checkpoint_identity
+from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
 
 PARAMS = GenerationParams(max_new_tokens=8)
 QUESTION = "what happens in the video?"
 
 
 def _open_and_ask(session: Session, video: str) -> tuple[bool, list, list]:
-    """Load the video, note the prompt's K/V, answer one question (every rank runs this in the same order)."""
+    """Load the video, note the prompt's K/V, answer one question (every rank runs this in the same
+    order)."""
     summary = session.load_video(video, 1.0, None)
     kv = [[float(k.double().sum()), float(v.double().sum())] for k, v in session.cache.layer_kv()]
     positions = session.attn.key_positions.tolist() if session.sharded else []
@@ -37,7 +40,8 @@ def _open_and_ask(session: Session, video: str) -> tuple[bool, list, list]:
 
 
 def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
-    """First open, reopen with the saved prompt, then (optionally corrupt it) and reopen again; fresh sessions."""
+    """First open, reopen with the saved prompt, then (optionally corrupt it) and reopen again;
+    fresh sessions."""
     info = init_distributed(cuda=False)
     config = SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1)
     runs = []
@@ -52,33 +56,55 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             restored, tokens, kv = _open_and_ask(Session(config, info), video)
-        lines = [str(w.message) for w in caught if issubclass(w.category, VideoWarning) and "prompt" in str(w.message)]
+        lines = [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, VideoWarning) and "prompt" in str(w.message)
+        ]
         runs.append((restored, tokens, kv, lines))
     return runs
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_reopen_reads_the_prompt_back_and_answers_the_same(tiny_checkpoints, short_video, tmp_path, world):
-    runs = run_ranks(_three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), False)
+def test_reopen_reads_the_prompt_back_and_answers_the_same(
+    tiny_checkpoints, short_video, tmp_path, world
+):
+    runs = run_ranks(
+        _three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), False
+    )
     for rank_runs in runs:
         (first, tok0, kv0, _), (again, tok1, kv1, _), (third, tok2, kv2, _) = rank_runs
         assert (first, again, third) == (False, True, True)
         assert tok1 == tok0 and tok2 == tok0, "the first answer must be the same token for token"
-        assert kv1 == kv0 and kv2 == kv0, "the restored K/V and key positions must be the prefilled ones"
+        assert kv1 == kv0 and kv2 == kv0, (
+            "the restored K/V and key positions must be the prefilled ones"
+        )
     saved = sorted(p.name for p in (tmp_path / "cache" / "prefixes").rglob("*.safetensors"))
-    assert saved == [f"prompt-of-{world:05d}.safetensors"], "one file for all ranks (each holds the same cache)"
+    assert saved == [f"prompt-of-{world:05d}.safetensors"], (
+        "one file for all ranks (each holds the same cache)"
+    )
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(tiny_checkpoints, short_video, tmp_path, world):
-    runs = run_ranks(_three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), True)
+def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(
+    tiny_checkpoints, short_video, tmp_path, world
+):
+    runs = run_ranks(
+        _three_opens, world, tiny_checkpoints["g2"], short_video, str(tmp_path / "cache"), True
+    )
     (_, tok0, kv0, _), _, (third, tok2, kv2, lines) = runs[0]
     assert third is False and tok2 == tok0 and kv2 == kv0
-    assert len(lines) == 1 and "was corrupt" in lines[0] and "prefilling the prompt again" in lines[0]
+    assert (
+        len(lines) == 1 and "was corrupt" in lines[0] and "prefilling the prompt again" in lines[0]
+    )
     for rank_runs in runs[1:]:
-        assert rank_runs[2][0] is False, "every rank prefills when one rank's saved prompt is damaged"
+        assert rank_runs[2][0] is False, (
+            "every rank prefills when one rank's saved prompt is damaged"
+        )
     saved = list((tmp_path / "cache" / "prefixes").rglob("prompt-of-*.safetensors"))
-    assert len(saved) == 1 and PrefixCache(tmp_path / "cache").entries()[0].problems == [], "re-saved intact"
+    assert len(saved) == 1 and PrefixCache(tmp_path / "cache").entries()[0].problems == [], (
+        "re-saved intact"
+    )
 
 
 def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monkeypatch):
@@ -89,17 +115,31 @@ def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monke
     assert not (tmp_path / "default").exists()
 
 
-# ---- the store: keys, damage, world size ------------------------------------------------------------------------
+# ---- the store: keys, damage, world size
+# --------------------------------------------------------------------------------------------------
 def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:
-    feature = CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32, world_size=world,
-                            rank=rank, encoder="enc")
-    key = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu")
+    feature = CacheKey.make(
+        video,
+        fps=1.0,
+        max_frames=None,
+        model_id="tiny",
+        dtype=torch.float32,
+        world_size=world,
+        rank=rank,
+        encoder="enc",
+    )
+    key = PrefixKey.make(
+        feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu"
+    )
     return dataclasses.replace(key, **changes)
 
 
 def _saved(n: int = 5, layers: int = 3, seed: int = 0) -> SavedPrefix:
     g = torch.Generator().manual_seed(seed)
-    kv = [(torch.randn(1, n, 2, 4, generator=g), torch.randn(1, n, 2, 4, generator=g)) for _ in range(layers)]
+    kv = [
+        (torch.randn(1, n, 2, 4, generator=g), torch.randn(1, n, 2, 4, generator=g))
+        for _ in range(layers)
+    ]
     return SavedPrefix(kv, torch.arange(n).view(1, -1))
 
 
@@ -114,25 +154,70 @@ def test_every_key_component_invalidates(tmp_path, video):
     store, key = PrefixCache(tmp_path), _key(video)
     store.save(key, _saved(), video=video)
     hit = store.load(key)
-    assert hit is not None and all(torch.equal(a[0], b[0]) for a, b in zip(hit.layers, _saved().layers))
-    changed = {"features": "other", "checkpoint": "ck2", "prompt_format": 2, "prompt_hash": "0" * 32,
-               "prompt_tokens": 41, "device": "cuda", "world_size": 2, "feature_entry": "other", "file_id": "other",
-               "format_version": 0}
-    assert set(changed) == {f.name for f in dataclasses.fields(PrefixKey)}, "a new key field needs a case here"
+    assert hit is not None and all(
+        torch.equal(a[0], b[0]) for a, b in zip(hit.layers, _saved().layers)
+    )
+    changed = {
+        "features": "other",
+        "checkpoint": "ck2",
+        "prompt_format": 2,
+        "prompt_hash": "0" * 32,
+        "prompt_tokens": 41,
+        "device": "cuda",
+        "world_size": 2,
+        "feature_entry": "other",
+        "file_id": "other",
+        "format_version": 0,
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(PrefixKey)}, (
+        "a new key field needs a case here"
+    )
     for name, value in changed.items():
-        store.save(key, _saved(), video=video)  # a key that names the same file but differs in its manifest deletes it
+        store.save(
+            key, _saved(), video=video
+        )  # a key that names the same file but differs in its manifest deletes it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert store.load(dataclasses.replace(key, **{name: value})) is None, name
-    other_ids = PrefixKey.make(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny", dtype=torch.float32,
-                                             world_size=1, rank=0, encoder="enc"), checkpoint="ck", prompt_format=1,
-                               prompt_ids=torch.arange(1, 41), device="cpu")
+    other_ids = PrefixKey.make(
+        CacheKey.make(
+            video,
+            fps=1.0,
+            max_frames=None,
+            model_id="tiny",
+            dtype=torch.float32,
+            world_size=1,
+            rank=0,
+            encoder="enc",
+        ),
+        checkpoint="ck",
+        prompt_format=1,
+        prompt_ids=torch.arange(1, 41),
+        device="cpu",
+    )
     assert other_ids.prompt_hash != key.prompt_hash and store.load(other_ids) is None
-    for field, value in (("fps", 2.0), ("encoder", "enc2"), ("dtype", "bfloat16"), ("max_frames", 9)):
-        feature = dataclasses.replace(CacheKey.make(video, fps=1.0, max_frames=None, model_id="tiny",
-                                                    dtype=torch.float32, world_size=1, rank=0, encoder="enc"),
-                                      **{field: value})
-        moved = PrefixKey.make(feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu")
+    for field, value in (
+        ("fps", 2.0),
+        ("encoder", "enc2"),
+        ("dtype", "bfloat16"),
+        ("max_frames", 9),
+    ):
+        feature = dataclasses.replace(
+            CacheKey.make(
+                video,
+                fps=1.0,
+                max_frames=None,
+                model_id="tiny",
+                dtype=torch.float32,
+                world_size=1,
+                rank=0,
+                encoder="enc",
+            ),
+            **{field: value},
+        )
+        moved = PrefixKey.make(
+            feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu"
+        )
         assert store.load(moved) is None, field
     assert store.load(key) is not None, "misses of other entries leave this one alone"
 
@@ -140,7 +225,9 @@ def test_every_key_component_invalidates(tmp_path, video):
 def test_another_world_size_is_named_in_one_line(tmp_path, video):
     store = PrefixCache(tmp_path)
     store.save(_key(video), _saved(), video=video)
-    with pytest.warns(VideoWarning, match=r"made on 1 rank\(s\), this run has 2; prefilling it again"):
+    with pytest.warns(
+        VideoWarning, match=r"made on 1 rank\(s\), this run has 2; prefilling it again"
+    ):
         assert store.load(_key(video, world=2)) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -149,13 +236,21 @@ def test_another_world_size_is_named_in_one_line(tmp_path, video):
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
-    check_damage_is_discarded(PrefixCache(tmp_path), _key(video), _saved(), video, how,
-                              "was corrupt .*prefilling the prompt again")
+    check_damage_is_discarded(
+        PrefixCache(tmp_path),
+        _key(video),
+        _saved(),
+        video,
+        how,
+        "was corrupt .*prefilling the prompt again",
+    )
 
 
 def test_one_file_for_all_ranks_and_only_rank_0_discards_it(tmp_path, video):
     store = PrefixCache(tmp_path)
-    assert _key(video, world=2, rank=1) == _key(video, world=2, rank=0), "every rank names the same file"
+    assert _key(video, world=2, rank=1) == _key(video, world=2, rank=0), (
+        "every rank names the same file"
+    )
     path = store.save(_key(video, world=2), _saved(), video=video)
     assert store.load(_key(video, world=2, rank=1), owner=False) is not None
     damage(path, "data", lambda: None)
@@ -187,7 +282,9 @@ def test_cache_cli_lists_and_removes_saved_prompts(tmp_path, video):
     out = CliRunner().invoke(cache_app, ["ls", *d])
     assert out.exit_code == 0 and "saved video prompts" in out.output, out.output
     assert entry.entry_id[:12] in out.output and "1/2" in out.output and "movie.mp4" in out.output
-    assert entry.bytes == sum(f.stat().st_size for f in (tmp_path / "prefixes" / entry.entry_id).iterdir())
+    assert entry.bytes == sum(
+        f.stat().st_size for f in (tmp_path / "prefixes" / entry.entry_id).iterdir()
+    )
     out = CliRunner().invoke(cache_app, ["rm", entry.entry_id[:6], *d])
     assert out.exit_code == 0 and "Removed 1 entry" in out.output and store.entries() == []
     store.save(_key(video), _saved(), video=video.resolve())

@@ -7,7 +7,12 @@ import torch
 from attn_reference import reference_attention
 
 from lvx_app.attention.baselines import ring_self_attn
-from lvx_app.attention.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
+from lvx_app.attention.layout import (
+    zigzag_chunk_sizes,
+    zigzag_indices,
+    zigzag_shard,
+    zigzag_unshard,
+)
 from lvx_app.parallel.testing import run_ranks
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -50,7 +55,9 @@ def _run_cases(rank: int, world: int):
             out = ring_self_attn(ql, kl, vl, layout=layout, stats=stats)
             out.backward(dout.index_select(1, idx))
             got = {"out": out, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
-            worst = {t: _violation(got[t], want_full[t].index_select(1, idx), TOL[dtype]) for t in got}
+            worst = {
+                t: _violation(got[t], want_full[t].index_select(1, idx), TOL[dtype]) for t in got
+            }
             results.append((name, layout, worst, all(got[t].dtype == dtype for t in got), stats))
     return results
 
@@ -79,7 +86,9 @@ def test_zigzag_shard_roundtrip(seq, world):
     for r, sh in enumerate(shards):
         start = sum(chunks[:r])
         end = sum(chunks[: 2 * world - 1 - r])
-        expect = list(range(start, start + chunks[r])) + list(range(end, end + chunks[2 * world - 1 - r]))
+        expect = list(range(start, start + chunks[r])) + list(
+            range(end, end + chunks[2 * world - 1 - r])
+        )
         assert sh[0, :, 0].div(2).long().tolist() == expect
 
 

@@ -22,7 +22,7 @@ import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 
 from lvx_app.engine.describe import printable
-from ui.app import link_timestamps, message_text
+from lvx_ui.app import link_timestamps, message_text
 
 LVX = [sys.executable, "-m", "lvx_app.cli"]
 MAX_UPLOAD_MB = 1
@@ -34,13 +34,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], log: Path, timeout_s: float = 240) -> tuple[subprocess.Popen, str]:
-    """Start `lvx serve ARGS` and wait for its "ready on URL" line; fail with the log if it dies first."""
+def start_server(
+    args: list[str], log: Path, timeout_s: float = 240
+) -> tuple[subprocess.Popen, str]:
+    """Start `lvx serve ARGS` and wait for its "ready on URL" line; fail with the log if it dies
+    first."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", GRADIO_ANALYTICS_ENABLED="False", COLUMNS="200",
-               TMPDIR=str(log.parent))  # the worker group's run dir (pid files) lands next to the log
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        GRADIO_ANALYTICS_ENABLED="False",
+        COLUMNS="200",
+        TMPDIR=str(log.parent),
+    )  # the worker group's run dir (pid files) lands next to the log
     out = open(log, "wb")
-    proc = subprocess.Popen([*LVX, "serve", "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [*LVX, "serve", "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT, env=env
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
@@ -50,7 +60,9 @@ def start_server(args: list[str], log: Path, timeout_s: float = 240) -> tuple[su
             pytest.fail(f"lvx serve exited with {proc.returncode}:\n{text}")
         time.sleep(0.3)
     proc.kill()
-    pytest.fail(f"lvx serve did not get ready in {timeout_s:.0f}s:\n{log.read_text(errors='replace')}")
+    pytest.fail(
+        f"lvx serve did not get ready in {timeout_s:.0f}s:\n{log.read_text(errors='replace')}"
+    )
 
 
 def stop_server(proc: subprocess.Popen, log: Path) -> None:
@@ -66,8 +78,11 @@ def stop_server(proc: subprocess.Popen, log: Path) -> None:
 
 @pytest.fixture(scope="module")
 def expected(tiny_checkpoints, short_video) -> list[str]:
-    """The greedy answers to QUESTIONS as the chat shows them (control characters dropped, times linked)."""
-    return [link_timestamps(printable(a), 10.0) for a in _reference(tiny_checkpoints["g2"], short_video)]
+    """The greedy answers to QUESTIONS as the chat shows them (control characters dropped, times
+    linked)."""
+    return [
+        link_timestamps(printable(a), 10.0) for a in _reference(tiny_checkpoints["g2"], short_video)
+    ]
 
 
 @pytest.fixture(
@@ -83,9 +98,19 @@ def server(request, tiny_checkpoints, short_video, tmp_path_factory):
     videos.mkdir()
     shutil.copy(short_video, videos / "short.mp4")
     log = root / "serve.log"
-    args = [*request.param, "--model", tiny_checkpoints["g2"], "--cache-dir", str(root / "cache"),
-            "--allow-paths", str(videos), "--max-upload-mb", str(MAX_UPLOAD_MB),
-            "--max-new-tokens", str(PARAMS.max_new_tokens)]  # fmt: skip
+    args = [
+        *request.param,
+        "--model",
+        tiny_checkpoints["g2"],
+        "--cache-dir",
+        str(root / "cache"),
+        "--allow-paths",
+        str(videos),
+        "--max-upload-mb",
+        str(MAX_UPLOAD_MB),
+        "--max-new-tokens",
+        str(PARAMS.max_new_tokens),
+    ]
     proc, url = start_server(args, log)
     ranks = 2 if "--ranks" in request.param else 1
     auth = ("alice", "pass:word") if "--auth" in request.param else None
@@ -106,10 +131,16 @@ def last_answer(history: list[dict]) -> tuple[str, str]:
     return answer, footer
 
 
-def ask(c, question: str, history: list, max_new_tokens: int = PARAMS.max_new_tokens) -> tuple[list, list[str]]:
+def ask(
+    c, question: str, history: list, max_new_tokens: int = PARAMS.max_new_tokens
+) -> tuple[list, list[str]]:
     """Submit a question, return (final history, the answer text seen at each streamed update)."""
     job = c.submit(question, history, max_new_tokens, api_name="/chat")
-    partials = [message_text(out[0][-1]["content"]) for out in job if out[0] and out[0][-1]["role"] == "assistant"]
+    partials = [
+        message_text(out[0][-1]["content"])
+        for out in job
+        if out[0] and out[0][-1]["role"] == "assistant"
+    ]
     return job.result()[0], partials
 
 
@@ -143,20 +174,27 @@ def test_load_ask_twice_reset(server, short_video, expected):
     chat, status = c.predict(api_name="/reset")
     assert chat == [] and "cleared" in status and "10 frames" in status
     history, _ = ask(c, QUESTIONS[0], [])
-    assert last_answer(history)[0] == expected[0], "reset must forget the conversation but keep the video"
+    assert last_answer(history)[0] == expected[0], (
+        "reset must forget the conversation but keep the video"
+    )
 
     stats = c.predict(api_name="/stats")
     assert f"world size: {server.ranks}" in stats and "kv mode" in stats
 
-    # The same file again hits the visual-feature cache (by path: a re-upload is a new file to the cache).
+    # The same file again hits the visual-feature cache (by path: a re-upload is a new file to the
+    # cache).
     in_place = str(server.videos / "short.mp4")
     first, _, _ = c.predict(None, in_place, 1.0, 0, api_name="/load")
     again, _, _ = c.predict(None, in_place, 1.0, 0, api_name="/load")
     assert "from cache" not in first and "from cache" in again, (first, again)
 
-    # Warnings raised on the ranks (here: fps above the video's own) reach the page, not only the server's stderr.
+    # Warnings raised on the ranks (here: fps above the video's own) reach the page, not only the
+    # server's stderr.
     clamped, _, _ = c.predict(None, in_place, 50.0, 0, api_name="/load")
-    assert "⚠️ --fps 50 is above the video's own 10 fps; using 10" in clamped and "100 frames" in clamped, clamped
+    assert (
+        "⚠️ --fps 50 is above the video's own 10 fps; using 10" in clamped
+        and "100 frames" in clamped
+    ), clamped
     back, _, _ = c.predict(None, in_place, 1.0, 0, api_name="/load")
     assert "⚠️" not in back and "10 frames" in back, back
 
@@ -184,16 +222,25 @@ def test_failures_are_readable_and_the_server_keeps_serving(server, expected):
     ):
         status, _, _ = c.predict(None, path, 1.0, 0, api_name="/load")
         assert status.startswith("⚠️ error:") and message in status, status
-    for fps, max_frames, message in ((0, 0, "fps must be above 0"), (1.0, -3, "max frames must be 0")):
-        status, _, _ = c.predict(None, str(server.videos / "short.mp4"), fps, max_frames, api_name="/load")
+    for fps, max_frames, message in (
+        (0, 0, "fps must be above 0"),
+        (1.0, -3, "max frames must be 0"),
+    ):
+        status, _, _ = c.predict(
+            None, str(server.videos / "short.mp4"), fps, max_frames, api_name="/load"
+        )
         assert status.startswith("⚠️ error:") and message in status, status
 
     # A new server-side video loads by path (no upload), and the chat still answers exactly.
     raw = client(server, download_files=False)
-    status, _, player = raw.predict(None, str(server.videos / "short.mp4"), 1.0, 0, api_name="/load")
+    status, _, player = raw.predict(
+        None, str(server.videos / "short.mp4"), 1.0, 0, api_name="/load"
+    )
     assert "10 frames at 1 fps" in status, status
     in_place = (server.videos / "short.mp4").resolve()
-    assert Path(player["path"]).resolve() == in_place, "allowed videos are played in place, not copied"
+    assert Path(player["path"]).resolve() == in_place, (
+        "allowed videos are played in place, not copied"
+    )
     history, _ = ask(c, "   ", [])
     assert history == []
     history, _ = ask(c, QUESTIONS[0], [])
@@ -232,7 +279,8 @@ def test_stop_and_cancel_leave_the_group_in_step(server, short_video, expected):
 
 @pytest.mark.slow
 def test_two_sessions_at_once_are_served_one_after_the_other(server, expected):
-    """One engine: the second request waits in Gradio's queue; each new session starts its own conversation."""
+    """One engine: the second request waits in Gradio's queue; each new session starts its own
+    conversation."""
     clients = [client(server), client(server)]
     jobs = [c.submit(QUESTIONS[0], [], PARAMS.max_new_tokens, api_name="/chat") for c in clients]
     for job in jobs:
@@ -253,25 +301,34 @@ def test_dead_rank_is_a_readable_error_and_the_page_keeps_answering(server):
     for _ in range(5):  # the first request may still be answered before torchrun notices
         history, _ = ask(c, QUESTIONS[0], [], 50)
         text = message_text(history[-1]["content"])
-        if "rank 1 failed" in text:  # an error line, or the footer of an answer from the restarted workers
+        if (
+            "rank 1 failed" in text
+        ):  # an error line, or the footer of an answer from the restarted workers
             break
         time.sleep(1)
     assert "rank 1 failed" in text and "Traceback" not in text, text
     assert time.monotonic() - t0 < 90
-    stats = c.predict(api_name="/stats")  # the server keeps answering: the group was restarted (tests/test_serve_faults.py)
+    stats = c.predict(
+        api_name="/stats"
+    )  # the server keeps answering: the group was restarted (tests/test_serve_faults.py)
     assert not stats.startswith("⚠️ error:") and "world size: 2" in stats, stats
 
 
 @pytest.mark.slow
 def test_subtitles_from_the_video_or_an_upload(server, short_video):
-    """The checkbox uses the text stream inside the video, an upload replaces it, a bad upload is one line; the status
+    """The checkbox uses the text stream inside the video, an upload replaces it, a bad upload is
+    one line; the status
     says how many lines were placed; switching subtitles reloads from the feature cache."""
     from videos import add_subtitle_stream
 
-    talk = add_subtitle_stream(short_video, server.videos / "talk.mp4", [(0.5, 2.5, "hello there"), (3, 5, "bye")])
+    talk = add_subtitle_stream(
+        short_video, server.videos / "talk.mp4", [(0.5, 2.5, "hello there"), (3, 5, "bye")]
+    )
     c = client(server)
     status, _, _ = c.predict(None, str(talk), 1.0, 0, None, True, api_name="/load")
-    assert "subtitles: 2 line(s) placed, from stream 1 (mov_text, eng) of talk.mp4" in status, status
+    assert "subtitles: 2 line(s) placed, from stream 1 (mov_text, eng) of talk.mp4" in status, (
+        status
+    )
     assert "2 subtitle line(s) placed" in status
     history, _ = ask(c, QUESTIONS[0], [])
     assert last_answer(history)[0]
@@ -279,18 +336,25 @@ def test_subtitles_from_the_video_or_an_upload(server, short_video):
     assert "subtitle" not in status and "loaded from cache" in status, status
     srt = server.root / "mine.srt"
     srt.write_text("1\n00:00:00,000 --> 00:00:09,500\nfrom the upload\n")
-    status, _, _ = c.predict(None, str(talk), 1.0, 0, gradio_client.handle_file(str(srt)), True, api_name="/load")
-    assert "subtitles: 1 line(s) placed, from mine.srt" in status and "loaded from cache" in status, status
+    status, _, _ = c.predict(
+        None, str(talk), 1.0, 0, gradio_client.handle_file(str(srt)), True, api_name="/load"
+    )
+    assert (
+        "subtitles: 1 line(s) placed, from mine.srt" in status and "loaded from cache" in status
+    ), status
     junk = server.root / "junk.srt"
     junk.write_bytes(bytes(range(256)) * 8)
-    status, _, _ = c.predict(None, str(talk), 1.0, 0, gradio_client.handle_file(str(junk)), True, api_name="/load")
+    status, _, _ = c.predict(
+        None, str(talk), 1.0, 0, gradio_client.handle_file(str(junk)), True, api_name="/load"
+    )
     assert status.startswith("⚠️ error: junk.srt is binary"), status
 
 
 def test_timestamps_become_seek_links_only_inside_the_video():
     text = "at 0:05, then 1:02:03; not 12:75 or 3:4 or 99:00 (past the end), and 0:05 again."
     assert link_timestamps(text, 10.0) == (
-        "at [0:05](#lvx-seek-5), then 1:02:03; not 12:75 or 3:4 or 99:00 (past the end), and [0:05](#lvx-seek-5) again."
+        "at [0:05](#lvx-seek-5), then 1:02:03; not 12:75 or 3:4 or 99:00 (past the end), and "
+        "[0:05](#lvx-seek-5) again."
     )
     assert "[1:02:03](#lvx-seek-3723)" in link_timestamps(text, 4000.0)
     assert "[99:00](#lvx-seek-5940)" not in link_timestamps(text, 4000.0)
@@ -304,7 +368,7 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
     from rich.console import Console
 
     from lvx_app.engine.session import SessionConfig
-    from ui.serve import parse_auth, run_serve
+    from lvx_ui.serve import parse_auth, run_serve
 
     assert parse_auth("alice:pass:word") == ("alice", "pass:word")
     for kwargs, message in (
@@ -313,6 +377,13 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
         ({"max_upload_mb": 0}, "--max-upload-mb must be above 0"),
     ):
         out = io.StringIO()
-        code = run_serve(config=SessionConfig(model=str(tmp_path)), gpus=0, ranks=None,
-                         console=Console(file=out, width=200), **kwargs)  # fmt: skip
-        assert code == 2 and message in out.getvalue() and "Traceback" not in out.getvalue(), out.getvalue()
+        code = run_serve(
+            config=SessionConfig(model=str(tmp_path)),
+            gpus=0,
+            ranks=None,
+            console=Console(file=out, width=200),
+            **kwargs,
+        )
+        assert code == 2 and message in out.getvalue() and "Traceback" not in out.getvalue(), (
+            out.getvalue()
+        )

@@ -1,4 +1,5 @@
-"""`lvx serve` in a real browser: headless Chromium (Debian's /usr/bin/chromium) driven by Playwright.
+"""`lvx serve` in a real browser: headless Chromium (Debian's /usr/bin/chromium) driven by
+Playwright.
 
 Loads the page, uploads a video, loads it, asks a question, waits for the streamed
 answer (the model's greedy one) and its TTFT line, clicks a timestamp link to seek the
@@ -17,29 +18,51 @@ from lvx_app.engine.describe import printable
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-    "--no-first-run", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TIMEOUT_MS = 120_000
 
 
 @pytest.mark.slow
 def test_browser_upload_ask_and_seek(tiny_checkpoints, short_video, tmp_path):
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium (CI's .ci/run does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium (CI's "
+            ".ci/run does)"
+        )
     from playwright.sync_api import expect, sync_playwright
 
     expected = printable(_reference(tiny_checkpoints["g2"], short_video)[0]).strip()
     log = tmp_path / "serve.log"
-    args = ["--gpus", "0", "--model", tiny_checkpoints["g2"], "--cache-dir", str(tmp_path / "cache"),
-            "--max-new-tokens", str(PARAMS.max_new_tokens), "--allow-paths", str(tmp_path)]  # fmt: skip
+    args = [
+        "--gpus",
+        "0",
+        "--model",
+        tiny_checkpoints["g2"],
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--max-new-tokens",
+        str(PARAMS.max_new_tokens),
+        "--allow-paths",
+        str(tmp_path),
+    ]
     proc, url = start_server(args, log)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                str(tmp_path / "profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=CHROMIUM_ARGS,
                 viewport={"width": 1360, "height": 900},
-            )  # fmt: skip
+            )
             try:
                 page = browser.new_page()
                 page.goto(url, timeout=TIMEOUT_MS)
@@ -58,7 +81,8 @@ def test_browser_upload_ask_and_seek(tiny_checkpoints, short_video, tmp_path):
                 expect(chat).to_contain_text(expected)
                 expect(chat).to_contain_text(QUESTIONS[0])
 
-                # Times in the chat are links that seek the player (here in the question; answers use the same).
+                # Times in the chat are links that seek the player (here in the question; answers
+                # use the same).
                 question.fill("what happens at 0:07?")
                 page.locator("#lvx-send").click()
                 expect(chat.get_by_text("tok/s")).to_have_count(2, timeout=TIMEOUT_MS)
@@ -67,7 +91,9 @@ def test_browser_upload_ask_and_seek(tiny_checkpoints, short_video, tmp_path):
                 link.click()
                 player = page.locator("#lvx-video video")
                 expect(player).to_have_js_property("currentTime", 7, timeout=10_000)
-                assert page.url.rstrip("/") == url.rstrip("/"), "a timestamp click must not navigate away"
+                assert page.url.rstrip("/") == url.rstrip("/"), (
+                    "a timestamp click must not navigate away"
+                )
 
                 page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
             finally:

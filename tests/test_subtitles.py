@@ -1,4 +1,5 @@
-"""Subtitles for chat and serve: sidecar files and their languages, text streams inside the container, bad files, the
+"""Subtitles for chat and serve: sidecar files and their languages, text streams inside the
+container, bad files, the
 token budget, and the block chat places being the eval prompt's."""
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from lvx_app.subtitles import (
     subtitle_block,
 )
 
-SRT = "1\n00:00:00,500 --> 00:00:02,500\n<font color=\"white\">hello</font> there\n\n2\n00:00:03,000 --> 00:00:05,000\nsecond\nline\n"
+SRT = (
+    '1\n00:00:00,500 --> 00:00:02,500\n<font color="white">hello</font> there\n\n2\n00:00:03,000 '
+    "--> 00:00:05,000\nsecond\nline\n"
+)
 CUES = [(0.5, 2.5, "hello there"), (3.0, 5.0, "second line")]
 
 
@@ -33,12 +37,21 @@ def _texts(track) -> list[tuple[float, float, str]]:
 
 
 def test_webvtt_and_ass_markup_is_stripped():
-    vtt = ("WEBVTT\n\nNOTE a comment\n\n00:01.000 --> 00:02.000 align:start\n<v Anna><c.yellow>Hi</c> <00:00:01.500>you</v>"
-           "\n\n01:00:00.000 --> 01:00:01.000\n<i>late</i>\n")  # fmt: skip
+    vtt = (
+        "WEBVTT\n\nNOTE a comment\n\n00:01.000 --> 00:02.000 align:start\n<v Anna><c.yellow>Hi</c> "
+        "<00:00:01.500>you</v>"
+        "\n\n01:00:00.000 --> 01:00:01.000\n<i>late</i>\n"
+    )
     cues, reversed_ = parse_cues(vtt)
-    assert [(c.start, c.end, c.text) for c in cues] == [(1.0, 2.0, "Hi you"), (3600.0, 3601.0, "late")]
+    assert [(c.start, c.end, c.text) for c in cues] == [
+        (1.0, 2.0, "Hi you"),
+        (3600.0, 3601.0, "late"),
+    ]
     assert reversed_ == 0
-    ass = "[Events]\nFormat: ...\nDialogue: 0,0:00:01.50,0:00:03.00,Default,,0,0,0,,{\\i1}Hi,\\Nthere{\\i0}\n"
+    ass = (
+        "[Events]\nFormat: ...\nDialogue: "
+        "0,0:00:01.50,0:00:03.00,Default,,0,0,0,,{\\i1}Hi,\\Nthere{\\i0}\n"
+    )
     assert [(c.start, c.end, c.text) for c in parse_ass(ass)[0]] == [(1.5, 3.0, "Hi, there")]
 
 
@@ -52,30 +65,52 @@ def test_sidecar_language_choice(tmp_path):
     assert (french.source, [c.text for c in french.cues]) == ("movie.fr.vtt", ["bonjour"])
     english = resolve_subtitles(video, "auto", "en")
     assert english.source == "movie.en.srt" and _texts(english) == CUES and not english.notes
-    either = resolve_subtitles(video, "auto")  # two tagged files and no language: the first, and a note naming the other
-    assert either.source == "movie.en.srt" and "movie.fr.vtt" in either.notes[0] and "--subtitle-lang" in either.notes[0]
+    either = resolve_subtitles(
+        video, "auto"
+    )  # two tagged files and no language: the first, and a note naming the other
+    assert (
+        either.source == "movie.en.srt"
+        and "movie.fr.vtt" in either.notes[0]
+        and "--subtitle-lang" in either.notes[0]
+    )
     (tmp_path / "movie.srt").write_text(SRT.replace("hello", "plain"))
-    assert resolve_subtitles(video, "auto").source == "movie.srt"  # the untagged sidecar comes first
+    assert (
+        resolve_subtitles(video, "auto").source == "movie.srt"
+    )  # the untagged sidecar comes first
     none = resolve_subtitles(video, "auto", "de")
     assert not none.cues and "no de subtitles" in none.notes[0]
     assert resolve_subtitles(video, "none").cues == []
 
 
-@pytest.mark.parametrize("codec,ext", [("mov_text", ".mp4"), ("subrip", ".mkv"), ("webvtt", ".mkv"), ("ass", ".mkv")])
+@pytest.mark.parametrize(
+    "codec,ext", [("mov_text", ".mp4"), ("subrip", ".mkv"), ("webvtt", ".mkv"), ("ass", ".mkv")]
+)
 def test_embedded_text_streams(short_video, tmp_path, codec, ext):
-    video = add_subtitle_stream(short_video, tmp_path / f"movie{ext}", [(s, e, t) for s, e, t in CUES], codec)
+    video = add_subtitle_stream(
+        short_video, tmp_path / f"movie{ext}", [(s, e, t) for s, e, t in CUES], codec
+    )
     track = resolve_subtitles(video, "auto")
     name = {"subrip": "srt", "ass": "ssa"}.get(codec, codec)
     assert _texts(track) == CUES and track.source == f"stream 1 ({name}, eng) of movie{ext}"
-    assert resolve_subtitles(video, "auto", "en").cues and not resolve_subtitles(video, "auto", "ja").cues
+    assert (
+        resolve_subtitles(video, "auto", "en").cues
+        and not resolve_subtitles(video, "auto", "ja").cues
+    )
     (tmp_path / "movie.srt").write_text(SRT.replace("hello", "sidecar"))
-    assert resolve_subtitles(video, "auto").source == "movie.srt", "a sidecar file wins over the stream inside"
+    assert resolve_subtitles(video, "auto").source == "movie.srt", (
+        "a sidecar file wins over the stream inside"
+    )
 
 
 def test_bitmap_subtitles_are_named_unsupported(short_video, tmp_path):
     video = add_subtitle_stream(short_video, tmp_path / "movie.mkv", CUES, "dvdsub")
     track = read_embedded(video)
-    assert not track.cues and len(track.notes) == 1 and "bitmap subtitles" in track.notes[0] and "dvdsub" in track.notes[0]
+    assert (
+        not track.cues
+        and len(track.notes) == 1
+        and "bitmap subtitles" in track.notes[0]
+        and "dvdsub" in track.notes[0]
+    )
 
 
 def test_bad_files_are_one_line(tmp_path, monkeypatch):
@@ -95,10 +130,14 @@ def test_bad_files_are_one_line(tmp_path, monkeypatch):
     huge.write_text(SRT * (2 * 2**20 // len(SRT) + 1))
     with pytest.raises(SubtitleError, match="over the 1 MB"):
         resolve_subtitles(video, str(huge))
-    (tmp_path / "movie.srt").write_bytes(binary.read_bytes())  # auto: a broken sidecar is a note, not an error
+    (tmp_path / "movie.srt").write_bytes(
+        binary.read_bytes()
+    )  # auto: a broken sidecar is a note, not an error
     track = resolve_subtitles(video, "auto")
     assert not track.cues and "binary" in track.notes[0] and "without subtitles" in track.notes[0]
-    with warnings.catch_warnings(record=True) as caught:  # the eval: a warning, and the question goes on without
+    with warnings.catch_warnings(
+        record=True
+    ) as caught:  # the eval: a warning, and the question goes on without
         warnings.simplefilter("always")
         assert load_srt(tmp_path / "movie.srt") == []
     assert "binary" in str(caught[0].message)
@@ -106,13 +145,22 @@ def test_bad_files_are_one_line(tmp_path, monkeypatch):
 
 def test_encodings_detected_stated_and_refused(tmp_path):
     video = tmp_path / "movie.mp4"
-    text = SRT.replace("hello", "Привет, как дела? Это пример субтитров на русском языке, без юникода.")
+    text = SRT.replace(
+        "hello", "Привет, как дела? Это пример субтитров на русском языке, без юникода."
+    )
     latin = tmp_path / "cyrillic.srt"
     latin.write_bytes(text.encode("cp1251"))
     track = resolve_subtitles(video, str(latin))
-    assert track.cues[0].text.startswith("Привет, как дела?") and "not UTF-8; read it as cp1251" in track.notes[0]
+    assert (
+        track.cues[0].text.startswith("Привет, как дела?")
+        and "not UTF-8; read it as cp1251" in track.notes[0]
+    )
     sjis = tmp_path / "sjis.srt"
-    sjis.write_bytes(SRT.replace("hello", "こんにちは、元気ですか。これは日本語の字幕の例です。").encode("shift_jis"))
+    sjis.write_bytes(
+        SRT.replace("hello", "こんにちは、元気ですか。これは日本語の字幕の例です。").encode(
+            "shift_jis"
+        )
+    )
     assert resolve_subtitles(video, str(sjis)).cues[0].text.startswith("こんにちは、元気ですか。")
     stated = resolve_subtitles(video, str(latin), encoding="cp1251")
     assert stated.cues == track.cues and not stated.notes
@@ -127,8 +175,10 @@ def test_encodings_detected_stated_and_refused(tmp_path):
 
 def test_reversed_and_overlapping_cues(tmp_path):
     path = tmp_path / "odd.srt"
-    path.write_text("1\n00:00:05,000 --> 00:00:01,000\nbackwards\n\n2\n00:00:00,000 --> 00:00:09,000\nlong\n\n"
-                    "3\n00:00:02,000 --> 00:00:03,000\nshort\n")  # fmt: skip
+    path.write_text(
+        "1\n00:00:05,000 --> 00:00:01,000\nbackwards\n\n2\n00:00:00,000 --> 00:00:09,000\nlong\n\n"
+        "3\n00:00:02,000 --> 00:00:03,000\nshort\n"
+    )
     track = read_subtitle_file(path)
     assert "1 cue(s) end before they start" in track.notes[0]
     assert select_lines(track.cues, [1.0, 2.5, 5.0, 8.0]) == ["long", "short", "backwards"]
@@ -140,7 +190,9 @@ def test_token_budget_drops_lines_evenly():
     assert fit_lines(lines, 10_000, count) == lines
     kept = fit_lines(lines, 200, count)
     assert 0 < len(kept) < 40 and count(subtitle_block(kept)) <= 200
-    assert kept[0] != lines[0] and kept[-1] != lines[0] and int(kept[-1].split()[-1]) > 30, "spread over the video"
+    assert kept[0] != lines[0] and kept[-1] != lines[0] and int(kept[-1].split()[-1]) > 30, (
+        "spread over the video"
+    )
     assert fit_lines(lines, 5, count) == []
 
 
@@ -151,19 +203,26 @@ def test_chat_block_is_the_eval_prompts(tiny_checkpoints, short_video, tmp_path)
 
     srt = tmp_path / "movie.srt"
     srt.write_text(SRT)
-    engine = open_engine(SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1)
+    engine = open_engine(
+        SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1
+    )
     try:
-        summary = engine.load_video(short_video, 1.0, subtitles=resolve_subtitles(short_video, str(srt)).cues)
+        summary = engine.load_video(
+            short_video, 1.0, subtitles=resolve_subtitles(short_video, str(srt)).cues
+        )
         block = engine.session.subtitle_block
     finally:
         engine.close()
-    eval_prompt = build_prompt("Q?", ["A. a.", "B. b."], select_lines(load_srt(srt), summary.timestamps))
+    eval_prompt = build_prompt(
+        "Q?", ["A. a.", "B. b."], select_lines(load_srt(srt), summary.timestamps)
+    )
     assert block == f"{SUBTITLE_HEADER}\nhello there\nsecond line" and summary.subtitle_lines == 2
     assert eval_prompt.startswith(block + "\nSelect the best answer")
 
 
 def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
-    """`lvx chat --subtitles`: a bad file is one line before any model loads; a good one is said and placed."""
+    """`lvx chat --subtitles`: a bad file is one line before any model loads; a good one is said and
+    placed."""
     import io
 
     from rich.console import Console
@@ -176,28 +235,58 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
     bad = tmp_path / "bad.srt"
     bad.write_bytes(b"\x00\x01" * 100)
     out = io.StringIO()
-    code = run_chat_command(video=short_video, gpus=0, ranks=1, params=GenerationParams(), subtitles=str(bad),
-                            console=Console(file=out, width=200), model="/nonexistent/checkpoint", revision=None,
-                            fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=60.0, use_cache=False,
-                            cache_dir=None)  # fmt: skip
-    assert code == 2 and out.getvalue().strip().splitlines() == [f"error: {bad.name} is binary, not a text subtitle "
-                                                                 "file; pass an .srt or .vtt file, or --subtitles none"]
+    code = run_chat_command(
+        video=short_video,
+        gpus=0,
+        ranks=1,
+        params=GenerationParams(),
+        subtitles=str(bad),
+        console=Console(file=out, width=200),
+        model="/nonexistent/checkpoint",
+        revision=None,
+        fps=1.0,
+        max_frames=None,
+        dtype="auto",
+        kv_cache=None,
+        timeout=60.0,
+        use_cache=False,
+        cache_dir=None,
+    )
+    assert code == 2 and out.getvalue().strip().splitlines() == [
+        f"error: {bad.name} is binary, not a text subtitle "
+        "file; pass an .srt or .vtt file, or --subtitles none"
+    ]
     good = tmp_path / "good.srt"
     good.write_text(SRT)
-    engine = open_engine(SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1)
+    engine = open_engine(
+        SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1
+    )
     out = io.StringIO()
     try:
-        code = run_chat(engine, video=short_video, fps=1.0, params=GenerationParams(max_new_tokens=4),
-                        console=Console(file=out, width=200), stdin=io.StringIO("what is said?\n/quit\n"),
-                        subtitles=resolve_subtitles(short_video, str(good)))  # fmt: skip
+        code = run_chat(
+            engine,
+            video=short_video,
+            fps=1.0,
+            params=GenerationParams(max_new_tokens=4),
+            console=Console(file=out, width=200),
+            stdin=io.StringIO("what is said?\n/quit\n"),
+            subtitles=resolve_subtitles(short_video, str(good)),
+        )
     finally:
         engine.close()
     text = out.getvalue()
-    assert code == 0 and "2 subtitle line(s) placed" in text and "subtitles: 2 line(s) at the sampled frames, from good.srt" in text
+    assert (
+        code == 0
+        and "2 subtitle line(s) placed" in text
+        and "subtitles: 2 line(s) at the sampled frames, from good.srt" in text
+    )
 
 
-def test_multi_node_chat_entry_point_takes_subtitles(tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch):
-    """`python -m lvx_app.frontends.worker --frontend chat VIDEO --subtitles FILE` (rank 0 of a torchrun job)."""
+def test_multi_node_chat_entry_point_takes_subtitles(
+    tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch
+):
+    """`python -m lvx_app.frontends.worker --frontend chat VIDEO --subtitles FILE` (rank 0 of a
+    torchrun job)."""
     import io
     import sys
 
@@ -205,9 +294,26 @@ def test_multi_node_chat_entry_point_takes_subtitles(tiny_checkpoints, short_vid
 
     good = tmp_path / "good.srt"
     good.write_text(SRT)
-    config = f'{{"model": "{tiny_checkpoints["g2"]}", "cache_dir": "{tmp_path}", "decode_workers": 1}}'
+    config = (
+        f'{{"model": "{tiny_checkpoints["g2"]}", "cache_dir": "{tmp_path}", "decode_workers": 1}}'
+    )
     monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
-    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
+    assert (
+        main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
+    )
     assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in capsys.readouterr().out
-    assert main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(tmp_path / "no.srt")]) == 2
+    assert (
+        main(
+            [
+                "--config",
+                config,
+                "--frontend",
+                "chat",
+                short_video,
+                "--subtitles",
+                str(tmp_path / "no.srt"),
+            ]
+        )
+        == 2
+    )
     assert "error: subtitle file not found" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Finetuning: sharded gradients equal one process's, recompute equals saving K/V (and saves no K/V), training lowers
+"""Finetuning: sharded gradients equal one process's, recompute equals saving K/V (and saves no
+K/V), training lowers
 the loss, the saved checkpoint loads and answers, resume continues exactly."""
 
 from __future__ import annotations
@@ -28,20 +29,39 @@ VARIANTS = [(False, False), (True, False), (True, True)]  # (recompute, checkpoi
 
 
 def _cfg(checkpoint: str, **kw) -> TrainConfig:
-    return TrainConfig(data="-", model=checkpoint, out="-", **{"dtype": "float64", "lora_rank": 4, **kw})
+    return TrainConfig(
+        data="-", model=checkpoint, out="-", **{"dtype": "float64", "lora_rank": 4, **kw}
+    )
 
 
-def _grads(rank: int, world: int, checkpoint: str, train: str, recompute: bool, checkpoint_lm: bool, layout: str):
-    """(summed CE of this rank, {param: grad}) for one fixed sample; frames and tokens dealt by `layout`."""
-    tr = Trainer(_cfg(checkpoint, train=train, recompute=recompute, checkpoint_lm=checkpoint_lm, layout=layout))
+def _grads(
+    rank: int,
+    world: int,
+    checkpoint: str,
+    train: str,
+    recompute: bool,
+    checkpoint_lm: bool,
+    layout: str,
+):
+    """(summed CE of this rank, {param: grad}) for one fixed sample; frames and tokens dealt by
+    `layout`."""
+    tr = Trainer(
+        _cfg(
+            checkpoint, train=train, recompute=recompute, checkpoint_lm=checkpoint_lm, layout=layout
+        )
+    )
     with torch.no_grad():  # non-zero LoRA B so every adapter weight gets a gradient
         for i, (n, p) in enumerate(tr.params):
             if "lora_B" in n:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(i))
     tok = tokenize(tr.processor, MESSAGES, N_FRAMES)
-    e = torch.randn(N_FRAMES, tr.config.vision.num_patches,
-                    tr.config.vision.hidden_size if train == "all" else tr.config.hidden_size,
-                    generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    e = torch.randn(
+        N_FRAMES,
+        tr.config.vision.num_patches,
+        tr.config.vision.hidden_size if train == "all" else tr.config.hidden_size,
+        generator=torch.Generator().manual_seed(1),
+        dtype=torch.float64,
+    )
     ids = torch.tensor(owned(N_FRAMES, world, rank, layout), dtype=torch.int64)
     ce, _ = tr.forward_backward(tok, e[ids], ids)
     return ce, {n: p.grad.numpy().copy() for n, p in tr.params}
@@ -55,35 +75,55 @@ def _assert_same(got, ref, what: str):
     assert got[0] == pytest.approx(ref[0], rel=1e-12), what
     assert set(got[1]) == set(ref[1])
     for n in ref[1]:
-        np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-9, atol=1e-13, err_msg=f"{what}: {n}")
+        np.testing.assert_allclose(
+            got[1][n], ref[1][n], rtol=1e-9, atol=1e-13, err_msg=f"{what}: {n}"
+        )
 
 
-@pytest.mark.parametrize("generation,train,world,layout", [("g1", "lora", 2, "striped"), ("g2", "all", 3, "zigzag"),
-                                                          ("g1-gateproj", "hyper", 2, "contiguous")])
+@pytest.mark.parametrize(
+    "generation,train,world,layout",
+    [
+        ("g1", "lora", 2, "striped"),
+        ("g2", "all", 3, "zigzag"),
+        ("g1-gateproj", "hyper", 2, "contiguous"),
+    ],
+)
 def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, train, world, layout):
     ckpt = tiny_checkpoints[generation]
     single = _all_variants(0, 1, ckpt, train)
     ref = single[0]  # one process, K/V saved
     assert any(np.abs(g).max() > 0 for g in ref[1].values())
-    if generation == "g1-gateproj":  # --train hyper trains the 240728 gate_proj, and it gets a gradient
+    if (
+        generation == "g1-gateproj"
+    ):  # --train hyper trains the 240728 gate_proj, and it gets a gradient
         gate = [n for n in ref[1] if ".self_attn.gate_proj.0." in n]
         assert len(gate) == 4 and all(np.abs(ref[1][n]).max() > 0 for n in gate)
     for (rec, lm), got in zip(VARIANTS, single):
-        for n in ref[1]:  # recompute (and checkpointing) give the same gradients up to float64 summation order
-            np.testing.assert_allclose(got[1][n], ref[1][n], rtol=1e-11, atol=1e-16,
-                                       err_msg=f"recompute={rec} checkpoint_lm={lm}: {n}")
+        for n in ref[
+            1
+        ]:  # recompute (and checkpointing) give the same gradients up to float64 summation order
+            np.testing.assert_allclose(
+                got[1][n],
+                ref[1][n],
+                rtol=1e-11,
+                atol=1e-16,
+                err_msg=f"recompute={rec} checkpoint_lm={lm}: {n}",
+            )
     per_rank = run_ranks(_all_variants, world, ckpt, train, layout)
     for v, (rec, lm) in enumerate(VARIANTS):
         ce = sum(r[v][0] for r in per_rank)
         for r in range(world):  # DDP leaves every rank with the full gradient
-            _assert_same((ce, per_rank[r][v][1]), ref, f"{world} ranks, recompute={rec}, checkpoint_lm={lm}")
+            _assert_same(
+                (ce, per_rank[r][v][1]), ref, f"{world} ranks, recompute={rec}, checkpoint_lm={lm}"
+            )
 
 
 def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
-    """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official key
+    """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official
+    key
     `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
     from lvx_app.train.checkpoint import save_checkpoint
-    from models.mplug_owl3.loader import load_model
+    from lvx_models.mplug_owl3.loader import load_model
 
     ckpt = tiny_checkpoints["g1-gateproj"]
     tr = Trainer(_cfg(ckpt, train="lora", dtype="float32"))
@@ -101,10 +141,19 @@ def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints
 
 
 def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
-    """Saved-tensor elements with a visual-token dimension (besides E itself), and attention forward rings run."""
+    """Saved-tensor elements with a visual-token dimension (besides E itself), and attention forward
+    rings run."""
     import lvx_app.train.recompute as rc
 
-    tr = Trainer(_cfg(checkpoint, train="hyper", recompute=recompute, checkpoint_lm=checkpoint_lm, dtype="float32"))
+    tr = Trainer(
+        _cfg(
+            checkpoint,
+            train="hyper",
+            recompute=recompute,
+            checkpoint_lm=checkpoint_lm,
+            dtype="float32",
+        )
+    )
     tok = tokenize(tr.processor, MESSAGES, N_FRAMES)
     e = torch.randn(N_FRAMES, tr.config.vision.num_patches, tr.config.hidden_size)
     s_kv = N_FRAMES * tr.config.vision.num_patches
@@ -139,34 +188,58 @@ def test_recompute_keeps_no_visual_kv_and_checkpointing_runs_attention_once(tiny
     saved_plain, calls_plain = _saved_and_forwards(ckpt, recompute=False, checkpoint_lm=False)
     saved_rec, calls_rec = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=False)
     saved_lm, calls_lm = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=True)
-    assert cfg.recompute and saved_plain > 0  # without recompute, normed E and K/V of every hyper layer are kept
-    assert saved_rec == 0 and saved_lm == 0  # with it, nothing of visual-token length but the one shared E
-    assert calls_plain == calls_rec == calls_lm == layers + hyper  # checkpointed layers replay attention
+    assert (
+        cfg.recompute and saved_plain > 0
+    )  # without recompute, normed E and K/V of every hyper layer are kept
+    assert (
+        saved_rec == 0 and saved_lm == 0
+    )  # with it, nothing of visual-token length but the one shared E
+    assert (
+        calls_plain == calls_rec == calls_lm == layers + hyper
+    )  # checkpointed layers replay attention
 
 
 def test_tokenize_puts_loss_on_answers_only(tiny_checkpoints):
-    from models.mplug_owl3.processor import Owl3Processor
+    from lvx_models.mplug_owl3.processor import Owl3Processor
 
     proc = Owl3Processor.from_pretrained(tiny_checkpoints["g2"])
     tok = tokenize(proc, MESSAGES, 3)
     targets = [int(x) for x in tok.labels if x != IGNORE]
-    expected = (proc.encode("red and blue<|im_end|>") + proc.encode("<|endoftext|>")
-                + proc.encode("it moves to the left<|im_end|>") + proc.encode("<|endoftext|>"))
+    expected = (
+        proc.encode("red and blue<|im_end|>")
+        + proc.encode("<|endoftext|>")
+        + proc.encode("it moves to the left<|im_end|>")
+        + proc.encode("<|endoftext|>")
+    )
     assert targets == expected
     assert tok.labels[-1] == IGNORE and tok.input_ids[-1] == proc.encode("<|endoftext|>")[0]
     assert len(tok.media_starts) == 3
     ids = tok.input_ids.tolist()
-    assert all(ids[s:s + len(proc.encode("<|image|>"))] == proc.encode("<|image|>") for s in tok.media_starts.tolist())
+    assert all(
+        ids[s : s + len(proc.encode("<|image|>"))] == proc.encode("<|image|>")
+        for s in tok.media_starts.tolist()
+    )
 
 
 def test_load_jsonl_formats_and_errors(tmp_path, short_video):
     f = tmp_path / "d.jsonl"
-    f.write_text(json.dumps({"video": short_video, "question": ["a?", "b?"], "answer": ["x", "y"]}) + "\n\n"
-                 + json.dumps({"video": short_video, "conversations": [{"from": "human", "value": "q"},
-                                                                      {"from": "gpt", "value": "a"}]}) + "\n")
+    f.write_text(
+        json.dumps({"video": short_video, "question": ["a?", "b?"], "answer": ["x", "y"]})
+        + "\n\n"
+        + json.dumps(
+            {
+                "video": short_video,
+                "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+            }
+        )
+        + "\n"
+    )
     s = load_jsonl(f)
     assert [m["role"] for m in s[0].messages] == ["user", "assistant"] * 2
-    assert s[0].messages[0]["content"] == "<|video|>\na?" and s[1].messages[0]["content"] == "<|video|>\nq"
+    assert (
+        s[0].messages[0]["content"] == "<|video|>\na?"
+        and s[1].messages[0]["content"] == "<|video|>\nq"
+    )
     f.write_text(json.dumps({"video": "missing.mp4", "question": "q", "answer": "a"}) + "\n")
     with pytest.raises(DataError, match="d.jsonl:1: video .* not found"):
         load_jsonl(f)
@@ -177,9 +250,20 @@ def test_load_jsonl_formats_and_errors(tmp_path, short_video):
 
 def _write_data(tmp_path, video: str):
     f = tmp_path / "train.jsonl"
-    rows = [{"video": os.path.basename(video), "question": "What is shown?", "answer": "A red square moving."},
-            {"video": os.path.basename(video), "conversations": [{"from": "human", "value": "Colors?"},
-                                                                 {"from": "gpt", "value": "Red and blue."}]}]
+    rows = [
+        {
+            "video": os.path.basename(video),
+            "question": "What is shown?",
+            "answer": "A red square moving.",
+        },
+        {
+            "video": os.path.basename(video),
+            "conversations": [
+                {"from": "human", "value": "Colors?"},
+                {"from": "gpt", "value": "Red and blue."},
+            ],
+        },
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
 
@@ -189,19 +273,31 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     from lvx_app.engine.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.train.checkpoint import official_state_dict
-    from models.mplug_owl3.loader import load_model
+    from lvx_models.mplug_owl3.loader import load_model
 
     data = _write_data(tmp_path, short_video)
-    common = dict(data=str(data), video_dir=os.path.dirname(short_video), model=tiny_checkpoints["g2"], lr=1e-2,
-                  train="lora", lora_rank=8, cache_dir=str(tmp_path / "cache"), decode_workers=1, progress=False)
+    common = dict(
+        data=str(data),
+        video_dir=os.path.dirname(short_video),
+        model=tiny_checkpoints["g2"],
+        lr=1e-2,
+        train="lora",
+        lora_rank=8,
+        cache_dir=str(tmp_path / "cache"),
+        decode_workers=1,
+        progress=False,
+    )
     full = run_training(TrainConfig(out=str(tmp_path / "full"), steps=6, **common))
     losses = [h["loss"] for h in full.history]
     assert len(losses) == 6 and np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.05, losses
     assert (tmp_path / "full" / "loss.png").stat().st_size > 0
 
-    # the checkpoint is the official layout with LoRA merged: load_model reads it and gets the trained weights
+    # the checkpoint is the official layout with LoRA merged: load_model reads it and gets the
+    # trained weights
     model, _, _ = load_model(tmp_path / "full")
-    trained = official_state_dict(full.model, torch.bfloat16)  # the tiny checkpoint is stored in bf16
+    trained = official_state_dict(
+        full.model, torch.bfloat16
+    )  # the tiny checkpoint is stored in bf16
     loaded = model.state_dict()
     assert set(loaded) == set(trained)
     q = "language_model.model.layers.1.self_attn.v_kv_proj.weight"
@@ -209,8 +305,13 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     base = load_model(tiny_checkpoints["g2"])[0].state_dict()
     assert not torch.equal(base[q], loaded[q])
 
-    engine = open_engine(SessionConfig(model=str(tmp_path / "full"), cache_dir=str(tmp_path / "cache"),
-                                       decode_workers=1), gpus=0, ranks=1)
+    engine = open_engine(
+        SessionConfig(
+            model=str(tmp_path / "full"), cache_dir=str(tmp_path / "cache"), decode_workers=1
+        ),
+        gpus=0,
+        ranks=1,
+    )
     try:
         engine.load_video(short_video, 1.0)
         answer = "".join(engine.ask("What is shown?", GenerationParams(max_new_tokens=6)))
@@ -218,7 +319,8 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     finally:
         engine.close()
 
-    # a run saving every 3 steps dies after step 4; resuming it gives the uninterrupted run's losses and weights
+    # a run saving every 3 steps dies after step 4; resuming it gives the uninterrupted run's losses
+    # and weights
     class Killed(Exception):
         pass
 
@@ -227,7 +329,9 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
             raise Killed
 
     with pytest.raises(Killed):
-        run_training(TrainConfig(out=str(tmp_path / "part"), steps=6, save_every=3, **common), on_step=die)
+        run_training(
+            TrainConfig(out=str(tmp_path / "part"), steps=6, save_every=3, **common), on_step=die
+        )
     resumed = run_training(TrainConfig(out=str(tmp_path / "part"), steps=6, resume=True, **common))
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose([h["loss"] for h in resumed.history], losses, rtol=1e-5)
@@ -239,18 +343,50 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
 def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     """`lvx finetune`'s function through a torchrun group of 2 CPU ranks."""
     data = _write_data(tmp_path, short_video)
-    script = ("import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
-              "app.command()(finetune_command)\napp(sys.argv[1:])\n")
-    args = ["--data", str(data), "--video-dir", os.path.dirname(short_video), "--model", tiny_checkpoints["g1"],
-            "--out", str(tmp_path / "out"), "--gpus", "0", "--ranks", "2", "--steps", "2", "--lora", "4",
-            "--cache-dir", str(tmp_path / "cache")]
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    script = (
+        "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+        "app.command()(finetune_command)\napp(sys.argv[1:])\n"
+    )
+    args = [
+        "--data",
+        str(data),
+        "--video-dir",
+        os.path.dirname(short_video),
+        "--model",
+        tiny_checkpoints["g1"],
+        "--out",
+        str(tmp_path / "out"),
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--steps",
+        "2",
+        "--lora",
+        "4",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 2: loss" in proc.stdout
-    assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "loss.png").exists()
-    bad = subprocess.run([sys.executable, "-c", script, *args[:-2], "--train", "all"], capture_output=True,
-                         text=True, timeout=60)
+    assert (tmp_path / "out" / "model.safetensors").exists() and (
+        tmp_path / "out" / "loss.png"
+    ).exists()
+    bad = subprocess.run(
+        [sys.executable, "-c", script, *args[:-2], "--train", "all"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "use either --lora R or --train" in bad.stderr
-    again = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 1 and "already holds a finetuning run; pass --resume" in again.stderr

@@ -1,4 +1,5 @@
-"""`lvx finetune` under faults: ranks die with their launcher, one run per --out, one line per rank death."""
+"""`lvx finetune` under faults: ranks die with their launcher, one run per --out, one line per rank
+death."""
 
 from __future__ import annotations
 
@@ -19,20 +20,46 @@ from lvx_app.parallel.failures import pid_file
 from lvx_app.train.cli import finetune_command
 from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output
 
-SCRIPT = ("import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
-          "app.command()(finetune_command)\napp(sys.argv[1:])\n")
+SCRIPT = (
+    "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+    "app.command()(finetune_command)\napp(sys.argv[1:])\n"
+)
 
 
 def _data(tmp_path: Path, video: str) -> Path:
     f = tmp_path / "train.jsonl"
-    f.write_text(json.dumps({"video": os.path.basename(video), "question": "What is shown?", "answer": "A square."}) + "\n")
+    f.write_text(
+        json.dumps(
+            {"video": os.path.basename(video), "question": "What is shown?", "answer": "A square."}
+        )
+        + "\n"
+    )
     return f
 
 
 def _args(tmp_path: Path, video: str, model: str, out: Path, steps: int = 100_000) -> list[str]:
-    return ["--data", str(_data(tmp_path, video)), "--video-dir", os.path.dirname(video), "--model", model,
-            "--out", str(out), "--gpus", "0", "--ranks", "2", "--steps", str(steps), "--lora", "4",
-            "--save-every", "0", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    return [
+        "--data",
+        str(_data(tmp_path, video)),
+        "--video-dir",
+        os.path.dirname(video),
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--gpus",
+        "0",
+        "--ranks",
+        "2",
+        "--steps",
+        str(steps),
+        "--lora",
+        "4",
+        "--save-every",
+        "0",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -53,12 +80,20 @@ def _wait(what, timeout_s: float, every_s: float = 0.2) -> bool:
 
 
 def _start(tmp_path: Path, args: list[str], run_dir: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """A finetuning run on 2 CPU ranks, in a session of its own; returns (process, stdout file, stderr file)."""
+    """A finetuning run on 2 CPU ranks, in a session of its own; returns (process, stdout file,
+    stderr file)."""
     out_log, err_log = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     env = dict(os.environ, OMP_NUM_THREADS="1", LVX_RUN_DIR=str(run_dir))
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, *args], stdout=open(out_log, "w"), stderr=open(err_log, "w"),
-                            env=env, start_new_session=True)  # fmt: skip
-    assert _wait(lambda: "step 1:" in out_log.read_text() or proc.poll() is not None, 240), "no training step"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, *args],
+        stdout=open(out_log, "w"),
+        stderr=open(err_log, "w"),
+        env=env,
+        start_new_session=True,
+    )
+    assert _wait(lambda: "step 1:" in out_log.read_text() or proc.poll() is not None, 240), (
+        "no training step"
+    )
     assert proc.poll() is None, err_log.read_text()
     return proc, out_log, err_log
 
@@ -77,24 +112,43 @@ def _stop(proc: subprocess.Popen, pids: list[int]) -> None:
 
 
 @pytest.mark.slow
-def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(tiny_checkpoints, short_video, tmp_path):
+def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(
+    tiny_checkpoints, short_video, tmp_path
+):
     out, run_dir = tmp_path / "out", tmp_path / "run"
     run_dir.mkdir()
-    proc, _, _ = _start(tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], out), run_dir)
+    proc, _, _ = _start(
+        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], out), run_dir
+    )
     pids = _rank_pids(run_dir)
     try:
-        # a second run on the same --out is refused in one line naming the holder, before it starts a rank
-        second = subprocess.run([sys.executable, "-c", SCRIPT, *_args(tmp_path, short_video, tiny_checkpoints["g1"], out)],
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        # a second run on the same --out is refused in one line naming the holder, before it starts
+        # a rank
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                SCRIPT,
+                *_args(tmp_path, short_video, tiny_checkpoints["g1"], out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 1, second.stderr
-        assert f"is in use by another lvx finetune run (pid {proc.pid})" in second.stderr, second.stderr
+        assert f"is in use by another lvx finetune run (pid {proc.pid})" in second.stderr, (
+            second.stderr
+        )
         assert len(second.stderr.strip().splitlines()) == 1, second.stderr
 
         os.kill(proc.pid, signal.SIGKILL)  # the launcher only, as the OOM killer or `kill -9` would
         proc.wait()
-        assert _wait(lambda: not any(_alive(p) for p in pids), 20), "the ranks outlived their launcher"
-        # the lock went with the run: a new run may take the folder (waiting the moment torchrun's agent may take
-        # to let go: its main thread exits first and the ranks' parent-death signal follows that thread)
+        assert _wait(lambda: not any(_alive(p) for p in pids), 20), (
+            "the ranks outlived their launcher"
+        )
+        # the lock went with the run: a new run may take the folder (waiting the moment torchrun's
+        # agent may take to let go: its main thread exits first and the ranks' parent-death signal
+        # follows that thread)
         fd = lock_output(out)
         os.close(fd)
     finally:
@@ -105,14 +159,18 @@ def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(tiny_checkpoints, 
 def test_a_killed_rank_is_named_in_one_line(tiny_checkpoints, short_video, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc, _, err_log = _start(tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], tmp_path / "out"), run_dir)
+    proc, _, err_log = _start(
+        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], tmp_path / "out"), run_dir
+    )
     pids = _rank_pids(run_dir)
     try:
         os.kill(pids[1], signal.SIGKILL)
         assert proc.wait(timeout=120) == 1
         err = err_log.read_text()
         lines = [line for line in err.splitlines() if line.strip()]
-        assert lines == ["error: rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"], err
+        assert lines == [
+            "error: rank 1 failed: killed by SIGKILL (out of memory, a crash, or by hand)"
+        ], err
         assert _wait(lambda: not _alive(pids[0]), 20), "the surviving rank lingered"
     finally:
         _stop(proc, pids)
@@ -126,16 +184,23 @@ def test_out_inside_model_is_refused_before_anything_is_written(tiny_checkpoints
     data = tmp_path / "train.jsonl"
     data.write_text("")
     for out in (model, model / "finetuned", Path(os.path.relpath(model)) / "."):
-        res = CliRunner().invoke(app, ["--data", str(data), "--model", str(model), "--out", str(out), "--gpus", "0"])
+        res = CliRunner().invoke(
+            app, ["--data", str(data), "--model", str(model), "--out", str(out), "--gpus", "0"]
+        )
         assert res.exit_code == 1, res.output
-        assert "is inside the --model checkpoint" in res.output and "choose another --out" in res.output, res.output
+        assert (
+            "is inside the --model checkpoint" in res.output
+            and "choose another --out" in res.output
+        ), res.output
     assert sorted(p.name for p in model.iterdir()) == before  # no lock file, no folder
 
 
 def test_output_lock_names_its_holder(tmp_path):
     fd = lock_output(tmp_path / "out")
     try:
-        with pytest.raises(OutputBusy, match=rf"in use by another lvx finetune run \(pid {os.getpid()}\)"):
+        with pytest.raises(
+            OutputBusy, match=rf"in use by another lvx finetune run \(pid {os.getpid()}\)"
+        ):
             lock_output(tmp_path / "out")
     finally:
         os.close(fd)
@@ -150,7 +215,8 @@ def _exited_pid() -> int:
 
 
 def test_a_lock_whose_launcher_exited_is_waited_for_a_moment(tmp_path):
-    """The launcher was killed but its torchrun agent still holds the lock: the next run waits, then takes it."""
+    """The launcher was killed but its torchrun agent still holds the lock: the next run waits, then
+    takes it."""
     fd = lock_output(tmp_path / "out")
     os.pwrite(fd, str(_exited_pid()).encode().ljust(16), 0)
     threading.Timer(0.5, os.close, (fd,)).start()  # the agent lets go half a second later
@@ -168,7 +234,9 @@ def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wai
             lock_output(tmp_path / "out", holder_gone_wait_s=0.3)
         assert 0.25 < time.monotonic() - started < 3
         started = time.monotonic()
-        os.pwrite(fd, str(os.getpid()).encode().ljust(16), 0)  # a live holder: refused at once, no wait
+        os.pwrite(
+            fd, str(os.getpid()).encode().ljust(16), 0
+        )  # a live holder: refused at once, no wait
         with pytest.raises(OutputBusy, match=rf"\(pid {os.getpid()}\)"):
             lock_output(tmp_path / "out", holder_gone_wait_s=10)
         assert time.monotonic() - started < 1

@@ -21,8 +21,16 @@ def video(tmp_path):
 
 
 def key_for(video, **kw):
-    args = dict(fps=1.0, max_frames=None, model_id="tiny", model_revision="r1", dtype=torch.bfloat16,
-                world_size=2, rank=0, image_size=32)
+    args = dict(
+        fps=1.0,
+        max_frames=None,
+        model_id="tiny",
+        model_revision="r1",
+        dtype=torch.bfloat16,
+        world_size=2,
+        rank=0,
+        image_size=32,
+    )
     args.update(kw)
     return CacheKey.make(video, **args)
 
@@ -32,7 +40,15 @@ def save_shard(cache, key, video, n=5, seed=0):
     feats = torch.randn(n, 3, 8, generator=g).to(torch.bfloat16)
     plan = build_plan(300, 30.0, 1.0, path=str(video), warn=False)
     shard = plan.shard(key.rank, key.world_size)
-    cache.save(key, feats, shard.indices, shard.timestamps, plan=plan, frame_offset=shard.start, video=video)
+    cache.save(
+        key,
+        feats,
+        shard.indices,
+        shard.timestamps,
+        plan=plan,
+        frame_offset=shard.start,
+        video=video,
+    )
     return feats, plan, shard
 
 
@@ -41,7 +57,9 @@ def test_default_dir_honours_env(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path / "c"
     assert FeatureCache().root == tmp_path / "c"
     monkeypatch.delenv("LVX_CACHE_DIR")
-    assert default_cache_dir() == os.path.expanduser("~/.cache/lvx") or str(default_cache_dir()).endswith(".cache/lvx")
+    assert default_cache_dir() == os.path.expanduser("~/.cache/lvx") or str(
+        default_cache_dir()
+    ).endswith(".cache/lvx")
 
 
 def test_file_identity(video):
@@ -51,7 +69,9 @@ def test_file_identity(video):
     data[-10] ^= 0xFF  # a change in the last MiB
     st = video.stat()
     video.write_bytes(bytes(data))
-    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: the tail bytes still differ
+    os.utime(
+        video, ns=(st.st_atime_ns, st.st_mtime_ns)
+    )  # same size and mtime: the tail bytes still differ
     assert file_identity(video) != a
     b = file_identity(video)
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
@@ -64,12 +84,24 @@ def test_hit_and_misses(tmp_path, video):
     assert cache.load(key) is None
     feats, plan, shard = save_shard(cache, key, video)
     got = cache.load(key)
-    assert got is not None and torch.equal(got.features, feats) and got.features.dtype == torch.bfloat16
+    assert (
+        got is not None
+        and torch.equal(got.features, feats)
+        and got.features.dtype == torch.bfloat16
+    )
     assert got.plan == plan and got.frame_offset == shard.start == 0
     assert got.frame_indices.tolist() == list(shard.indices)
     assert got.timestamps.tolist() == pytest.approx(shard.timestamps)
-    for other in (dict(fps=2.0), dict(max_frames=100), dict(model_id="other"), dict(model_revision="r2"),
-                  dict(dtype=torch.float32), dict(world_size=4), dict(rank=1), dict(image_size=384)):
+    for other in (
+        dict(fps=2.0),
+        dict(max_frames=100),
+        dict(model_id="other"),
+        dict(model_revision="r2"),
+        dict(dtype=torch.float32),
+        dict(world_size=4),
+        dict(rank=1),
+        dict(image_size=384),
+    ):
         assert cache.load(key_for(video, **other)) is None, other
     assert key_for(video, rank=1).entry_id() == key.entry_id()  # ranks share an entry folder
 
@@ -119,7 +151,9 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
         save_shard(cache, key, video, seed=2)
     monkeypatch.undo()
     folder = cache.shard_path(key).parent
-    assert [p.name for p in folder.iterdir()] == [cache.shard_path(key).name]  # no temp file left behind
+    assert [p.name for p in folder.iterdir()] == [
+        cache.shard_path(key).name
+    ]  # no temp file left behind
     got = cache.load(key)
     assert got is not None and torch.equal(got.features, good)  # the old entry is intact
 

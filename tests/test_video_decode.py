@@ -1,15 +1,29 @@
-"""Decoding in worker processes: the right frames come back, in parallel, and hangs/crashes are contained."""
+"""Decoding in worker processes: the right frames come back, in parallel, and hangs/crashes are
+contained."""
 
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
-from videos import make_audio_only, make_not_a_video, make_truncated, make_video, make_zero_length, read_index
+from videos import (
+    make_audio_only,
+    make_not_a_video,
+    make_truncated,
+    make_video,
+    make_zero_length,
+    read_index,
+)
 
 from lvx_app.video.decode import DecodePool, check_video_path, describe_range, sniff_container
-from lvx_app.video.errors import CorruptVideoError, DecodeTimeoutError, NotAVideoError, NoVideoStreamError, VideoNotFoundError
-from models.mplug_owl3.image_transform import normalize
+from lvx_app.video.errors import (
+    CorruptVideoError,
+    DecodeTimeoutError,
+    NotAVideoError,
+    NoVideoStreamError,
+    VideoNotFoundError,
+)
+from lvx_models.mplug_owl3.image_transform import normalize
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +70,7 @@ def test_decoded_frames_are_the_planned_ones(raw_pool, vids, fps, chunk):
 
 
 def test_resized_in_worker_matches_processor_transform(small_pool, raw_pool, vids):
-    from models.mplug_owl3.image_transform import to_pixel_values
+    from lvx_models.mplug_owl3.image_transform import to_pixel_values
 
     plan, _ = small_pool.plan(vids["ntsc"], 2.0)
     small = decode_all(small_pool, vids["ntsc"], plan.shard(0, 1).chunks(3))
@@ -82,7 +96,9 @@ def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
         plan, _ = pool.plan(vids["a"], 10.0)
         pid = pool.pids()[0]
         frames = decode_all(pool, vids["a"], plan.shard(0, 1).chunks(6), timeout_s=2.0)
-        assert pool.pids()[0] != pid  # the hung worker was SIGKILLed (it ignores SIGTERM) and replaced
+        assert (
+            pool.pids()[0] != pid
+        )  # the hung worker was SIGKILLed (it ignores SIGTERM) and replaced
     assert [read_index(f) for f in frames] == list(plan.indices)
 
 
@@ -91,7 +107,13 @@ def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
         plan, _ = pool.plan(vids["a"], 10.0)
         shard = plan.shard(0, 1)
         with pytest.raises(DecodeTimeoutError) as e:
-            decode_all(pool, vids["a"], shard.chunks(6), timeout_s=0.5, time_of=lambda o: shard.timestamps[o])
+            decode_all(
+                pool,
+                vids["a"],
+                shard.chunks(6),
+                timeout_s=0.5,
+                time_of=lambda o: shard.timestamps[o],
+            )
     msg = str(e.value)
     assert "a.mp4 at 0:01-0:02 (frames 54-69) hung for 0.5 s" in msg
     assert "re-encode" in msg and "\n" not in msg
@@ -101,7 +123,9 @@ def test_decode_error_names_file_and_time_range(vids):
     with DecodePool(1, threads=1, _fault={"fail_batch": 90, "fail_frames": 90}) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
         shard = plan.shard(0, 1)
-        with pytest.raises(CorruptVideoError, match=r"a\.mp4 at 0:03-0:03 \(frames 90-105\) failed"):
+        with pytest.raises(
+            CorruptVideoError, match=r"a\.mp4 at 0:03-0:03 \(frames 90-105\) failed"
+        ):
             decode_all(pool, vids["a"], shard.chunks(6), time_of=lambda o: shard.timestamps[o])
 
 
@@ -136,7 +160,10 @@ def test_unreadable_files_in_the_worker(raw_pool, vids, tmp_path):
 def test_audio_only_file_says_it_has_no_video_stream(raw_pool, tmp_path):
     audio = make_audio_only(tmp_path / "talk.m4a")
     assert check_video_path(audio) == audio.resolve()  # an mp4 container: only opening it tells
-    with pytest.raises(NoVideoStreamError, match=r"talk.m4a has no video stream \(audio only\?\); pass a file with video") as err:
+    with pytest.raises(
+        NoVideoStreamError,
+        match=r"talk.m4a has no video stream \(audio only\?\); pass a file with video",
+    ) as err:
         raw_pool.plan(audio, 1.0)
     assert "truncated" not in str(err.value) and "st_nb" not in str(err.value)
 
@@ -160,16 +187,22 @@ def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):
 
 
 def test_decord_native_open_errors_do_not_reach_the_terminal(tmp_path):
-    """decord's C++ logger prints '[hh:mm:ss] .../video_reader.cc:83: ERROR opening' even at QUIET; the user
+    """decord's C++ logger prints '[hh:mm:ss] .../video_reader.cc:83: ERROR opening' even at QUIET;
+    the user
     should see only our one-line error."""
     import subprocess
     import sys
 
     fake = make_not_a_video(tmp_path / "fake.mp4")
-    script = ("import sys\nfrom lvx_app.video.decode import DecodePool\nfrom lvx_app.video.errors import VideoError\n"
-              "with DecodePool(1) as pool:\n    try:\n        pool.plan(sys.argv[1], 1.0)\n"
-              "    except VideoError as exc:\n        print(exc)\n")
-    res = subprocess.run([sys.executable, "-c", script, str(fake)], capture_output=True, text=True, timeout=120)
+    script = (
+        "import sys\nfrom lvx_app.video.decode import DecodePool\nfrom lvx_app.video.errors import "
+        "VideoError\n"
+        "with DecodePool(1) as pool:\n    try:\n        pool.plan(sys.argv[1], 1.0)\n"
+        "    except VideoError as exc:\n        print(exc)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(fake)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert "fake.mp4 is not a video decord can read" in res.stdout
     assert ".cc:" not in res.stderr and "ERROR opening" not in res.stderr, res.stderr

@@ -1,4 +1,5 @@
-"""`ingest()`: features of the right frames, cache reuse, 2 gloo ranks == 1 rank, and every bad input."""
+"""`ingest()`: features of the right frames, cache reuse, 2 gloo ranks == 1 rank, and every bad
+input."""
 
 import sys
 import warnings
@@ -6,7 +7,14 @@ from fractions import Fraction
 
 import pytest
 import torch
-from videos import IndexEncoder, index_from_features, make_not_a_video, make_truncated, make_video, make_zero_length
+from videos import (
+    IndexEncoder,
+    index_from_features,
+    make_not_a_video,
+    make_truncated,
+    make_video,
+    make_zero_length,
+)
 
 from lvx_app.parallel.testing import RankFailed, run_ranks
 from lvx_app.video import (
@@ -29,7 +37,9 @@ def vids(tmp_path_factory):
     d = tmp_path_factory.mktemp("ingest")
     return {
         "a": make_video(d / "a.mp4", 120, 30, 64, 64),
-        "ntsc": make_video(d / "ntsc.mp4", 300, Fraction(30000, 1001), 160, 96),  # 10 s at 29.97 fps
+        "ntsc": make_video(
+            d / "ntsc.mp4", 300, Fraction(30000, 1001), 160, 96
+        ),  # 10 s at 29.97 fps
     }
 
 
@@ -42,8 +52,16 @@ def pool():
 def run(path, pool, **kw):
     kw.setdefault("cache", "cache_dir" in kw)
     kw.setdefault("progress", False)
-    return ingest(path, IndexEncoder(), fps=kw.pop("fps", 1.0), image_size=S, device="cpu", pool=pool,
-                  chunk_frames=kw.pop("chunk_frames", 3), **kw)
+    return ingest(
+        path,
+        IndexEncoder(),
+        fps=kw.pop("fps", 1.0),
+        image_size=S,
+        device="cpu",
+        pool=pool,
+        chunk_frames=kw.pop("chunk_frames", 3),
+        **kw,
+    )
 
 
 def test_features_belong_to_the_planned_frames(vids, pool):
@@ -52,13 +70,22 @@ def test_features_belong_to_the_planned_frames(vids, pool):
     plan = shard.plan
     assert shard.features.shape == (len(plan), 4, 16) and shard.features.dtype == torch.float32
     assert index_from_features(shard.features) == shard.frame_indices.tolist() == list(plan.indices)
-    assert plan.indices[:4] == (0, 15, 30, 45) and plan.indices[-2:] == (285, 299) and len(plan) == 21
-    assert shard.timestamps.tolist() == pytest.approx([i * 1001 / 30000 for i in plan.indices], abs=1e-4)
+    assert (
+        plan.indices[:4] == (0, 15, 30, 45) and plan.indices[-2:] == (285, 299) and len(plan) == 21
+    )
+    assert shard.timestamps.tolist() == pytest.approx(
+        [i * 1001 / 30000 for i in plan.indices], abs=1e-4
+    )
     assert shard.labels()[:4] == ["0:00", "0:00", "0:01", "0:01"]
     assert (shard.rank, shard.world_size, shard.frame_offset, shard.from_cache) == (0, 1, 0, False)
     assert shard.positions.tolist() == list(range(21))
     done = [e.done for e in events if e.stage == "ingest"]
-    assert done == sorted(done) and done[-1] == 21 and events[-1].stage == "done" and events[-1].total == 21
+    assert (
+        done == sorted(done)
+        and done[-1] == 21
+        and events[-1].stage == "done"
+        and events[-1].total == 21
+    )
 
 
 def test_second_ingest_comes_from_the_cache_without_decoding(vids, pool, tmp_path, monkeypatch):
@@ -73,7 +100,9 @@ def test_second_ingest_comes_from_the_cache_without_decoding(vids, pool, tmp_pat
     assert again.from_cache and torch.equal(again.features, first.features)
     assert again.plan == first.plan and torch.equal(again.frame_indices, first.frame_indices)
     monkeypatch.undo()
-    other = run(vids["a"], pool, fps=5.0, cache_dir=tmp_path, model_id="another-model", dtype=torch.bfloat16)
+    other = run(
+        vids["a"], pool, fps=5.0, cache_dir=tmp_path, model_id="another-model", dtype=torch.bfloat16
+    )
     assert not other.from_cache
 
 
@@ -91,12 +120,29 @@ def test_corrupt_cache_entry_is_rebuilt(vids, pool, tmp_path):
 
 def _rank_ingest(rank, world, path, cache_dir, fps, max_frames):
     events = []
-    shard = ingest(path, IndexEncoder(), fps=fps, max_frames=max_frames, image_size=S, device="cpu",
-                   cache_dir=cache_dir, decode_workers=1, decode_threads=1, chunk_frames=2,
-                   progress=events.append)
-    # numpy, not tensors: run_ranks' queue would share tensors through fds that vanish when the rank exits
-    return (shard.features.numpy(), shard.frame_indices.tolist(), shard.frame_offset, shard.from_cache, shard.plan,
-            [(e.stage, e.done, e.total) for e in events])
+    shard = ingest(
+        path,
+        IndexEncoder(),
+        fps=fps,
+        max_frames=max_frames,
+        image_size=S,
+        device="cpu",
+        cache_dir=cache_dir,
+        decode_workers=1,
+        decode_threads=1,
+        chunk_frames=2,
+        progress=events.append,
+    )
+    # numpy, not tensors: run_ranks' queue would share tensors through fds that vanish when the rank
+    # exits
+    return (
+        shard.features.numpy(),
+        shard.frame_indices.tolist(),
+        shard.frame_offset,
+        shard.from_cache,
+        shard.plan,
+        [(e.stage, e.done, e.total) for e in events],
+    )
 
 
 @pytest.mark.slow
@@ -105,7 +151,9 @@ def test_two_gloo_ranks_equal_one_rank(vids, pool, tmp_path):
     out = run_ranks(_rank_ingest, 2, str(vids["ntsc"]), str(tmp_path), 1.5, None)
     feats = torch.cat([torch.from_numpy(o[0]) for o in out])
     assert index_from_features(feats) == list(single.plan.indices)
-    torch.testing.assert_close(feats, single.features)  # equal up to the matmul's batch-size rounding
+    torch.testing.assert_close(
+        feats, single.features
+    )  # equal up to the matmul's batch-size rounding
     assert out[0][1] + out[1][1] == list(single.plan.indices)
     assert [o[2] for o in out] == [0, len(out[0][1])] and len(out[0][1]) - len(out[1][1]) in (0, 1)
     assert all(o[4] == single.plan for o in out) and not any(o[3] for o in out)
@@ -113,22 +161,36 @@ def test_two_gloo_ranks_equal_one_rank(vids, pool, tmp_path):
         ingest_events = [e for e in o[5] if e[0] == "ingest"]
         assert ingest_events[-1][1:] == (len(single.plan), len(single.plan))
     again = run_ranks(_rank_ingest, 2, str(vids["ntsc"]), str(tmp_path), 1.5, None)
-    assert all(o[3] for o in again) and torch.equal(torch.cat([torch.from_numpy(o[0]) for o in again]), feats)
+    assert all(o[3] for o in again) and torch.equal(
+        torch.cat([torch.from_numpy(o[0]) for o in again]), feats
+    )
     # fewer frames than ranks: rank 1 owns nothing but still has (0, T, H) features
     tiny = run_ranks(_rank_ingest, 2, str(vids["ntsc"]), str(tmp_path), 1.0, 1)
     assert tiny[0][0].shape == (1, 4, 16) and tiny[1][0].shape == (0, 4, 16) and tiny[1][2] == 1
 
 
 def _rank_ingest_bad_on_one(rank, world, good, bad):
-    return ingest(bad if rank == 1 else good, IndexEncoder(), fps=1.0, image_size=S, device="cpu",
-                  cache=False, decode_workers=1, progress=False).num_frames
+    return ingest(
+        bad if rank == 1 else good,
+        IndexEncoder(),
+        fps=1.0,
+        image_size=S,
+        device="cpu",
+        cache=False,
+        decode_workers=1,
+        progress=False,
+    ).num_frames
 
 
 @pytest.mark.slow
 def test_an_error_on_one_rank_is_raised_on_every_rank(vids, tmp_path):
     with pytest.raises(RankFailed) as e:
-        run_ranks(_rank_ingest_bad_on_one, 2, str(vids["a"]), str(tmp_path / "missing.mp4"), timeout_s=60)
-    assert "VideoNotFoundError: Video not found" in str(e.value)  # rank 0 re-raises rank 1's error, no hang
+        run_ranks(
+            _rank_ingest_bad_on_one, 2, str(vids["a"]), str(tmp_path / "missing.mp4"), timeout_s=60
+        )
+    assert "VideoNotFoundError: Video not found" in str(
+        e.value
+    )  # rank 0 re-raises rank 1's error, no hang
 
 
 def test_bad_inputs(vids, pool, tmp_path):
@@ -160,7 +222,9 @@ def test_max_frames_thins_or_refuses(vids, pool):
         shard = run(vids["a"], pool, fps=10.0, max_frames=8)
     assert shard.plan.thinned and len(shard.plan) == 8
     assert index_from_features(shard.features) == list(shard.plan.indices)
-    with pytest.raises(PlanTooLargeError, match=r"gives 40 frames, more than --max-frames 8; use --fps 2"):
+    with pytest.raises(
+        PlanTooLargeError, match=r"gives 40 frames, more than --max-frames 8; use --fps 2"
+    ):
         run(vids["a"], pool, fps=10.0, max_frames=8, over_max="error")
 
 

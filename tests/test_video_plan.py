@@ -1,4 +1,5 @@
-"""Sampling-plan maths (no video files): indices from time, thinning, sharding, budgets, bad settings."""
+"""Sampling-plan maths (no video files): indices from time, thinning, sharding, budgets, bad
+settings."""
 
 from fractions import Fraction
 
@@ -22,8 +23,17 @@ def plan(n, vfps, fps, max_frames=None, **kw):
 
 @pytest.mark.parametrize(
     "seconds, text",
-    [(0, "0:00"), (0.999, "0:00"), (12.4, "0:12"), (754, "12:34"), (3599.9, "59:59"), (3600, "1:00:00"),
-     (3723, "1:02:03"), (36000 + 61, "10:01:01"), (-3, "0:00")],
+    [
+        (0, "0:00"),
+        (0.999, "0:00"),
+        (12.4, "0:12"),
+        (754, "12:34"),
+        (3599.9, "59:59"),
+        (3600, "1:00:00"),
+        (3723, "1:02:03"),
+        (36000 + 61, "10:01:01"),
+        (-3, "0:00"),
+    ],
 )
 def test_format_timestamp(seconds, text):
     assert format_timestamp(seconds) == text
@@ -37,9 +47,12 @@ def test_one_fps_on_30fps():
 
 
 @pytest.mark.parametrize("fps", [0.1, 0.25, 0.4, 0.5, 1.0, 2.0, 3.0, 7.5])
-@pytest.mark.parametrize("n, vfps", [(900, 30.0), (451, 25.0), (1799, 29.97002997002997), (240, 24.0), (7, 30.0)])
+@pytest.mark.parametrize(
+    "n, vfps", [(900, 30.0), (451, 25.0), (1799, 29.97002997002997), (240, 24.0), (7, 30.0)]
+)
 def test_indices_follow_time(n, vfps, fps):
-    """Sample k is the frame nearest t = k / fps, for fps well below 0.5 too (the anchor's step would be 0)."""
+    """Sample k is the frame nearest t = k / fps, for fps well below 0.5 too (the anchor's step
+    would be 0)."""
     idx = time_indices(n, vfps, fps)
     duration = n / vfps
     assert len(idx) == num_samples(n, vfps, fps) == max(1, -(-round(duration * fps * 1e6) // 10**6))
@@ -49,14 +62,16 @@ def test_indices_follow_time(n, vfps, fps):
 
 
 def test_29_97_fps_hour_long_does_not_drift():
-    """10 hours at 29.97 fps sampled at 1 fps: every index equals the exact round(k * 30000/1001)."""
+    """10 hours at 29.97 fps sampled at 1 fps: every index equals the exact round(k *
+    30000/1001)."""
     vfps = 30000 / 1001
     n = int(10 * 3600 * vfps)
     idx = time_indices(n, vfps, 1.0)
     exact = [int(Fraction(k * 30000, 1001) + Fraction(1, 2)) for k in range(len(idx))]
     assert idx == exact
     p = plan(n, vfps, 1.0)
-    # nominal timestamps stay within half a frame of k seconds; a rounded step of 30 would be 36 s off by now
+    # nominal timestamps stay within half a frame of k seconds; a rounded step of 30 would be 36 s
+    # off by now
     assert max(abs(t - k) for k, t in enumerate(p.timestamps)) <= 0.5 / vfps + 1e-6
     assert abs(len(idx) * 30 / vfps - len(idx)) > 30  # what `step = round(fps)` would have drifted
 
@@ -98,13 +113,19 @@ def test_max_frames_thins_uniformly():
     assert len(p) == 128 and p.thinned
     full = time_indices(3600 * 30, 30.0, 1.0)
     gap = 3600 / 128
-    assert list(p.indices) == [full[int(i * gap + gap / 2)] for i in range(128)]  # mPLUG-Owl3's uniform_sample
+    assert list(p.indices) == [
+        full[int(i * gap + gap / 2)] for i in range(128)
+    ]  # mPLUG-Owl3's uniform_sample
     assert "exceed --max-frames 128" in p.notes[0]
-    assert plan(300, 30.0, 1.0, max_frames=128).indices == tuple(range(0, 300, 30))  # under the cap: untouched
+    assert plan(300, 30.0, 1.0, max_frames=128).indices == tuple(
+        range(0, 300, 30)
+    )  # under the cap: untouched
 
 
 def test_max_frames_error_mode_says_what_fits():
-    with pytest.raises(PlanTooLargeError, match=r"gives 3600 frames, more than --max-frames 900; use --fps 0\.25"):
+    with pytest.raises(
+        PlanTooLargeError, match=r"gives 3600 frames, more than --max-frames 900; use --fps 0\.25"
+    ):
         plan(3600 * 30, 30.0, 1.0, max_frames=900, over_max="error")
     with pytest.raises(PlanTooLargeError, match="at least 1"):
         plan(300, 30.0, 1.0, max_frames=0)
@@ -150,7 +171,9 @@ def test_plan_is_deterministic_and_serialisable():
 
 
 def test_real_timestamps_are_used_when_given():
-    p = build_plan(90, 30.0, 1.0, timestamps_fn=lambda idx: [i / 30.0 + 0.01 for i in idx], warn=False)
+    p = build_plan(
+        90, 30.0, 1.0, timestamps_fn=lambda idx: [i / 30.0 + 0.01 for i in idx], warn=False
+    )
     assert p.timestamps == pytest.approx([0.01, 1.01, 2.01])
 
 
@@ -160,5 +183,7 @@ def test_memory_budget():
     with pytest.raises(PlanTooLargeError) as e:
         check_memory(3600, 1.0, 2, 1 << 20, 900 << 20)
     msg = str(e.value)
-    assert "900 frames fit per rank (1800 in all)" in msg and "--fps 0.5" in msg and "--gpus 4" in msg
+    assert (
+        "900 frames fit per rank (1800 in all)" in msg and "--fps 0.5" in msg and "--gpus 4" in msg
+    )
     assert "\n" not in msg

@@ -1,8 +1,9 @@
-"""A mini Video-MME in the official layout, and a deterministic test session (a test double, not product code).
+"""A mini Video-MME in the official layout, and a deterministic test session (a test double, not
+product code).
 
-    root/videomme/test-00000-of-00001.parquet   the official columns, options "A. …"
-    root/data/<videoID>.mp4 | .MP4 | .mkv        tiny generated clips (PyAV, 2 s, 32x24)
-    root/subtitle/<videoID>.srt                  overlapping cues, <font> tags, CRLF
+root/videomme/test-00000-of-00001.parquet   the official columns, options "A. …"
+root/data/<videoID>.mp4 | .MP4 | .mkv        tiny generated clips (PyAV, 2 s, 32x24)
+root/subtitle/<videoID>.srt                  overlapping cues, <font> tags, CRLF
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pyarrow.parquet as pq
 from lvx_app.eval.runner import VideoInfo
 from lvx_app.video.synthetic import make_video
 
-# (video_id, videoID, duration, domain, sub_category, file extension or None when the video is missing)
+# (video_id, videoID, duration, domain, sub_category, file extension or None when the video is
+# missing)
 VIDEOS = [
     ("001", "vidShortAAA", "short", "Knowledge", "Astronomy", ".mp4"),
     ("002", "vidShortBBB", "short", "Sports Competition", "Football", ".MP4"),
@@ -28,10 +30,11 @@ VIDEOS = [
 TASKS = ["Counting Problem", "Object Recognition", "OCR Problems"]
 
 SRT = (
-    '1\r\n00:00:00,000 --> 00:00:01,200\r\n<font color="white" size=".72c">hello and welcome</font>\r\n\r\n'
+    '1\r\n00:00:00,000 --> 00:00:01,200\r\n<font color="white" size=".72c">hello and '
+    "welcome</font>\r\n\r\n"
     '2\r\n00:00:00,800 --> 00:00:02,000\r\n<font color="white" size=".72c">to the tiny</font>\r\n'
     '<font color="white" size=".72c">test video</font>\r\n\r\n'
-    "3\r\n00:00:05,000 --> 00:00:06,000\r\n<font color=\"white\" size=\".72c\">never sampled</font>\r\n"
+    '3\r\n00:00:05,000 --> 00:00:06,000\r\n<font color="white" size=".72c">never sampled</font>\r\n'
 )
 
 
@@ -51,7 +54,12 @@ def question_rows(videos=VIDEOS) -> list[dict]:
                     "question_id": f"{vid}-{n}",
                     "task_type": task,
                     "question": f"Question {n} about video {vid}?",
-                    "options": [f"A. red {vid}.", f"B. green {vid}.", f"C. blue {vid}.", f"D. black {vid}."],
+                    "options": [
+                        f"A. red {vid}.",
+                        f"B. green {vid}.",
+                        f"C. blue {vid}.",
+                        f"D. black {vid}.",
+                    ],
                     "answer": answer,
                 }
             )
@@ -64,7 +72,9 @@ def write_parquet(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def write_video(path: Path, seconds: float = 2.0, fps: int = 4, size: tuple[int, int] = (32, 24)) -> Path:
+def write_video(
+    path: Path, seconds: float = 2.0, fps: int = 4, size: tuple[int, int] = (32, 24)
+) -> Path:
     """A tiny index-carrying clip (mpeg4, so .mkv/.mp4/.MP4 all hold it)."""
     return make_video(path, int(seconds * fps), fps, size[0], size[1], codec="mpeg4")
 
@@ -106,7 +116,11 @@ class LookupSession:
         assert self.loaded is None, "load_video on a session that was not reset"
         with av.open(path) as c:
             stream = c.streams.video[0]
-            duration = float(stream.duration * stream.time_base) if stream.duration else float(c.duration / 1e6)
+            duration = (
+                float(stream.duration * stream.time_base)
+                if stream.duration
+                else float(c.duration / 1e6)
+            )
         times = [i / fps for i in range(int(duration * fps + 1e-9))]
         if max_frames and len(times) > max_frames:
             times = [times[int((j + 0.5) * len(times) / max_frames)] for j in range(max_frames)]
@@ -129,12 +143,11 @@ class LookupSession:
 
 
 def answers_for(rows: list[dict], right: set[str] | None = None) -> dict[str, str]:
-    """Reply tables: the right letter for question_ids in ``right`` (all when None), else a wrong one."""
+    """Reply tables: the right letter for question_ids in ``right`` (all when None), else a wrong
+    one."""
     out = {}
     for r in rows:
         ok = right is None or r["question_id"] in right
         letter = r["answer"] if ok else "ABCD"[("ABCD".index(r["answer"]) + 1) % 4]
         out[r["question"]] = f"{letter}."
     return out
-
-

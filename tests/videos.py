@@ -1,4 +1,5 @@
-"""Test-only videos and encoders; the index-carrying video generator itself is `lvx_app.video.synthetic`."""
+"""Test-only videos and encoders; the index-carrying video generator itself is
+`lvx_app.video.synthetic`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,33 @@ from pathlib import Path
 
 import numpy as np
 
-from lvx_app.video.synthetic import BITS, COLS, ROWS, add_subtitle_stream, concat_video, frame_image, make_video, read_index
+from lvx_app.video.synthetic import (
+    BITS,
+    COLS,
+    ROWS,
+    add_subtitle_stream,
+    concat_video,
+    frame_image,
+    make_video,
+    read_index,
+)
 
-__all__ = ["BITS", "COLS", "ROWS", "add_subtitle_stream", "concat_video", "frame_image", "make_video", "read_index", "make_not_a_video",
-           "make_zero_length", "make_truncated", "make_audio_only", "IndexEncoder", "index_from_features"]
+__all__ = [
+    "BITS",
+    "COLS",
+    "ROWS",
+    "add_subtitle_stream",
+    "concat_video",
+    "frame_image",
+    "make_video",
+    "read_index",
+    "make_not_a_video",
+    "make_zero_length",
+    "make_truncated",
+    "make_audio_only",
+    "IndexEncoder",
+    "index_from_features",
+]
 
 
 def make_not_a_video(path: str | os.PathLike) -> Path:
@@ -33,7 +57,9 @@ def make_audio_only(path: str | os.PathLike, seconds: float = 1.0) -> Path:
     with av.open(str(path), "w") as container:
         stream = container.add_stream("aac", rate=rate)
         for i in range(int(seconds * rate) // 1024):
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono")
+            frame = av.AudioFrame.from_ndarray(
+                np.zeros((1, 1024), dtype=np.float32), format="fltp", layout="mono"
+            )
             frame.sample_rate, frame.pts = rate, i * 1024
             for packet in stream.encode(frame):
                 container.mux(packet)
@@ -53,9 +79,11 @@ def make_truncated(src: str | os.PathLike, dst: str | os.PathLike, keep: float =
 class IndexEncoder:
     """A tiny deterministic stand-in for the vision tower + projector: (n, 3, S, S) -> (n, T, H).
 
-    Row 0 of each frame's features holds the mean pixel value of each index block (positive = white), so
-    `index_from_features` recovers which frame the features came from; rows 1.. are a fixed random linear map
-    of the same block means, so the features look like a real encoder's (dense, frame-dependent).
+    Row 0 of each frame's features holds the mean pixel value of each index block (positive =
+    white), so
+    `index_from_features` recovers which frame the features came from; rows 1.. are a fixed random
+    linear map of the same block means, so the features look like a real encoder's (dense,
+    frame-dependent).
     """
 
     def __init__(self, tokens: int = 4, hidden: int = 16, seed: int = 0) -> None:
@@ -84,4 +112,3 @@ def index_from_features(features) -> list[int]:
     bits = (features[:, 0, :BITS].float() > 0).long().cpu()
     weights = (1 << np.arange(BITS)).tolist()
     return [int(sum(b * w for b, w in zip(row, weights))) for row in bits.tolist()]
-

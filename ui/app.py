@@ -43,7 +43,8 @@ SEEK_PREFIX = "#lvx-seek-"
 MAX_SESSIONS = 256  # browser sessions whose video is remembered (the oldest is forgotten first)
 _TIMESTAMP = re.compile(r"(?<![\d:.])(?:(\d{1,2}):)?(\d{1,3}):([0-5]\d)(?![\d:])")
 
-# Clicking an answer's timestamp link seeks the player instead of navigating (installed once per page).
+# Clicking an answer's timestamp link seeks the player instead of navigating (installed once per
+# page).
 SEEK_JS = """
 () => {
   if (window.__lvxSeek) return;
@@ -63,7 +64,8 @@ SEEK_JS = """
 
 
 def link_timestamps(text: str, duration_s: float | None) -> str:
-    """Turn times like 12:34 or 1:02:03 into markdown links that seek the player (only times inside the video)."""
+    """Turn times like 12:34 or 1:02:03 into markdown links that seek the player (only times inside
+    the video)."""
 
     def replace(m: re.Match) -> str:
         hours, minutes, seconds = int(m.group(1) or 0), int(m.group(2)), int(m.group(3))
@@ -100,7 +102,8 @@ def memory_table(stats: dict[str, Any]) -> str:
 
 
 def answer_footer(engine: Engine) -> str:
-    """TTFT, tokens/s and flags of the last answer, worded for the page rather than the command line."""
+    """TTFT, tokens/s and flags of the last answer, worded for the page rather than the command
+    line."""
     return describe_answer(engine).replace("hit --max-new-tokens", "hit the max new tokens limit")
 
 
@@ -112,12 +115,16 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} (details in the server log)"
 
 
-VideoSpec = tuple[str, float, int | None, tuple]  # (path, fps, max frames, subtitle cues) as a session loaded it
+VideoSpec = tuple[
+    str, float, int | None, tuple
+]  # (path, fps, max frames, subtitle cues) as a session loaded it
 
 
 def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
-    """The page's choice: an uploaded subtitle file, else (box ticked) what `--subtitles auto` finds: a file next to
-    a server-side video or a text stream inside the video; else none. A bad upload is a SubtitleError."""
+    """The page's choice: an uploaded subtitle file, else (box ticked) what `--subtitles auto`
+    finds: a file next to
+    a server-side video or a text stream inside the video; else none. A bad upload is a
+    SubtitleError."""
     if upload:
         return resolve_subtitles(video, upload)
     return resolve_subtitles(video, "auto" if found else "none")
@@ -127,14 +134,23 @@ class ChatApp:
     """The handlers behind the page; holds the engine, its lock and who owns the conversation."""
 
     def __init__(
-        self, engine: Engine, *, allow_paths: Sequence[str] | None, max_upload_mb: float, params: GenerationParams,
+        self,
+        engine: Engine,
+        *,
+        allow_paths: Sequence[str] | None,
+        max_upload_mb: float,
+        params: GenerationParams,
         reopen: Callable[[], Engine] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine = engine
-        self.reopen = reopen  # starts a fresh engine with the same options after the worker group died
+        self.reopen = (
+            reopen  # starts a fresh engine with the same options after the worker group died
+        )
         self.failed: str | None = None  # why the group died; the next request restarts it
         self.loaded: VideoSpec | None = None  # what the engine holds
-        self.videos: OrderedDict[str, VideoSpec] = OrderedDict()  # browser session -> the video it loaded
+        self.videos: OrderedDict[str, VideoSpec] = (
+            OrderedDict()
+        )  # browser session -> the video it loaded
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
         self.max_upload_mb = max_upload_mb
         self.params = params
@@ -143,13 +159,17 @@ class ChatApp:
         self.video: VideoSummary | None = None
         self.owner: str | None = None  # browser session whose conversation the engine holds
 
-    # ---- video ----------------------------------------------------------------------------------------------
+    # ---- video
+    # ----------------------------------------------------------------------------------------------
     def _resolve(self, upload: str | None, server_path: str | None) -> tuple[str, bool]:
-        """(path to load, whether it came from the server side); raises EngineError with what to do."""
+        """(path to load, whether it came from the server side); raises EngineError with what to
+        do."""
         server_path = (server_path or "").strip()
         if server_path:
             if not self.allow_paths:
-                raise EngineError("server paths are off; upload the video, or restart with --allow-paths DIR")
+                raise EngineError(
+                    "server paths are off; upload the video, or restart with --allow-paths DIR"
+                )
             path = Path(server_path).expanduser().resolve()
             if not any(path.is_relative_to(root) for root in self.allow_paths):
                 allowed = ", ".join(str(p) for p in self.allow_paths)
@@ -158,13 +178,20 @@ class ChatApp:
                 raise EngineError(f"video not found: {server_path}")
             return str(path), True
         if upload and any(Path(upload).resolve().is_relative_to(root) for root in self.allow_paths):
-            return str(Path(upload).resolve()), True  # a server-side video the player shows in place
+            return str(
+                Path(upload).resolve()
+            ), True  # a server-side video the player shows in place
         if not upload:
-            raise EngineError("upload a video first" + (" or type a path on the server" if self.allow_paths else ""))
+            raise EngineError(
+                "upload a video first"
+                + (" or type a path on the server" if self.allow_paths else "")
+            )
         size_mb = os.path.getsize(upload) / 2**20
         if size_mb > self.max_upload_mb:
             limit = f"{self.max_upload_mb:g} MB"
-            raise EngineError(f"the upload is {size_mb:.0f} MB, over the {limit} limit (--max-upload-mb)")
+            raise EngineError(
+                f"the upload is {size_mb:.0f} MB, over the {limit} limit (--max-upload-mb)"
+            )
         return upload, False
 
     def status(self, note: str = "") -> str:
@@ -175,7 +202,8 @@ class ChatApp:
             parts.append("No video loaded yet.")
         return "\n\n".join(parts)
 
-    # ---- the engine's health and which video it holds --------------------------------------------------------
+    # ---- the engine's health and which video it holds
+    # ----------------------------------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> str:
         """The user's line for `exc`; a dead group is remembered so the next request restarts it."""
         if isinstance(exc, GroupFailed):
@@ -184,8 +212,11 @@ class ChatApp:
         return _error(exc)
 
     def _heal(self) -> str:
-        """Restart a worker group that died (or was found dead); returns a note for the page, "" if it was alive."""
-        dead = getattr(self.engine, "dead", lambda: None)()  # a torchrun group that exited since the last request
+        """Restart a worker group that died (or was found dead); returns a note for the page, "" if
+        it was alive."""
+        dead = getattr(
+            self.engine, "dead", lambda: None
+        )()  # a torchrun group that exited since the last request
         if dead and self.failed is None:
             self._fail(GroupFailed(dead))
         if self.failed is None:
@@ -206,27 +237,45 @@ class ChatApp:
             self.videos.popitem(last=False)
 
     def _ensure_video(self, owner: str, progress) -> str:
-        """Make the engine hold the video this session loaded (another session may have loaded its own since)."""
+        """Make the engine hold the video this session loaded (another session may have loaded its
+        own since)."""
         spec = self.videos.get(owner)
         if spec is None or spec == self.loaded:
             return ""
         path, fps, cap, cues = spec
         try:
-            summary = self.engine.load_video(path, fps, cap, progress=_progress_reporter(progress), subtitles=cues)
+            summary = self.engine.load_video(
+                path, fps, cap, progress=_progress_reporter(progress), subtitles=cues
+            )
         except GroupFailed:
             raise
         except EngineError as exc:
-            raise EngineError(f"your video {Path(spec[0]).name} could not be loaded again ({exc}); load it again")
+            raise EngineError(
+                f"your video {Path(spec[0]).name} could not be loaded again ({exc}); load it again"
+            )
         self.video, self.loaded, self.owner = summary, spec, None
-        return f"reloaded {Path(spec[0]).name} for this session" + (" from the feature cache" if summary.from_cache else "")
+        return f"reloaded {Path(spec[0]).name} for this session" + (
+            " from the feature cache" if summary.from_cache else ""
+        )
 
     def close(self) -> None:
         self.engine.close()
 
-    # ---- video ----------------------------------------------------------------------------------------------
-    def load(self, upload, server_path, fps, max_frames, subtitle_file=None, found_subtitles=True, owner=None,
-             progress=gr.Progress()):
-        """Decode and encode the video on every rank, with live progress; clears the conversation. Subtitles (an
+    # ---- video
+    # ----------------------------------------------------------------------------------------------
+    def load(
+        self,
+        upload,
+        server_path,
+        fps,
+        max_frames,
+        subtitle_file=None,
+        found_subtitles=True,
+        owner=None,
+        progress=gr.Progress(),
+    ):
+        """Decode and encode the video on every rank, with live progress; clears the conversation.
+        Subtitles (an
         uploaded file, or those found with the video) go into the prompt after the video."""
         owner = owner or uuid.uuid4().hex
         try:
@@ -248,23 +297,37 @@ class ChatApp:
                 notes.extend(filter(None, [self._heal()]))
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
-                    summary = self.engine.load_video(path, fps, cap, progress=report, subtitles=track.cues)
+                    summary = self.engine.load_video(
+                        path, fps, cap, progress=report, subtitles=track.cues
+                    )
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
                 # The engine keeps the previous video when loading fails before replacing it.
                 return self.status(f"⚠️ error: {self._fail(exc)}"), gr.skip(), gr.skip(), owner
-            self.video, self.loaded, self.owner = summary, (path, fps, cap, tuple(track.cues)), owner
+            self.video, self.loaded, self.owner = (
+                summary,
+                (path, fps, cap, tuple(track.cues)),
+                owner,
+            )
             self._remember(owner, self.loaded)
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if track.source:
-            note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {track.source} · {note}"
-        body = "\n\n".join(filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)]))
+            note = (
+                f"subtitles: {summary.subtitle_lines} line(s) placed, from {track.source} · {note}"
+            )
+        body = "\n\n".join(
+            filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)])
+        )
         player = path if from_server else gr.skip()
         return body, [], player, owner
 
-    # ---- chat -----------------------------------------------------------------------------------------------
-    def chat(self, message: str, history: list, max_new_tokens, owner, progress=gr.Progress()) -> Iterator[tuple]:
-        """Stream one answer into the chat; a new browser session starts a new conversation on the engine."""
+    # ---- chat
+    # ----------------------------------------------------------------------------------------------
+    def chat(
+        self, message: str, history: list, max_new_tokens, owner, progress=gr.Progress()
+    ) -> Iterator[tuple]:
+        """Stream one answer into the chat; a new browser session starts a new conversation on the
+        engine."""
         owner = owner or uuid.uuid4().hex
         message = (message or "").strip()
         if not message:
@@ -272,28 +335,45 @@ class ChatApp:
             return
         history = list(history or [])
         history.append({"role": "user", "content": link_timestamps(message, self._duration())})
-        # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc, which strips
-        # the answer's leading space and dedents code blocks.
+        # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc,
+        # which strips the answer's leading space and dedents code blocks.
         part = {"type": "text", "text": ""}
         history.append({"role": "assistant", "content": [part]})
         yield history, "", owner, gr.skip()
         limit = max(1, int(max_new_tokens or self.params.max_new_tokens))
-        params = GenerationParams(max_new_tokens=limit, temperature=self.params.temperature, top_p=self.params.top_p,
-                                  seed=self.params.seed)  # fmt: skip
+        params = GenerationParams(
+            max_new_tokens=limit,
+            temperature=self.params.temperature,
+            top_p=self.params.top_p,
+            seed=self.params.seed,
+        )
         with self.lock:
             self.stop.clear()
-            for _ in self._answer(message, params, part, owner, fresh=len(history) == 2, progress=progress):
+            for _ in self._answer(
+                message, params, part, owner, fresh=len(history) == 2, progress=progress
+            ):
                 yield history, "", owner, gr.skip()
             status = self.status()
         yield history, "", owner, status
 
-    def _answer(self, message: str, params: GenerationParams, part: dict, owner: str, *, fresh: bool, progress):
-        """Fill `part` with the answer (under the lock); yields after each piece. Errors become one line in it."""
+    def _answer(
+        self,
+        message: str,
+        params: GenerationParams,
+        part: dict,
+        owner: str,
+        *,
+        fresh: bool,
+        progress,
+    ):
+        """Fill `part` with the answer (under the lock); yields after each piece. Errors become one
+        line in it."""
         pieces, text, notes = None, "", []
         try:
             notes = [n for n in (self._heal(), self._ensure_video(owner, progress)) if n]
             if self.owner != owner or fresh:
-                self.engine.reset()  # this browser session has not seen the engine's current conversation
+                # this browser session has not seen the engine's current conversation
+                self.engine.reset()
                 self.owner = owner
             duration, about = self._duration(), self._about()
             pieces = self.engine.ask(message, params)
@@ -304,16 +384,23 @@ class ChatApp:
                     part["text"] = link_timestamps(text, duration)
                     yield
                     if self.stop.is_set():
-                        self.engine.interrupt()  # from this thread: one request on the link at a time
+                        # from this thread: one request on the link at a time
+                        self.engine.interrupt()
             footer = f"*{' · '.join([about, *notes, answer_footer(self.engine)])}*"
-            part["text"] = "\n\n".join(filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)]))
+            part["text"] = "\n\n".join(
+                filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)])
+            )
         except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
-            line = f"⚠️ error: {self._fail(exc)}"  # a group that died mid-answer keeps the partial answer
-            part["text"] = "\n\n".join(filter(None, [link_timestamps(text, self._duration()), *notes, line]))
+            # a group that died mid-answer keeps the partial answer
+            line = f"⚠️ error: {self._fail(exc)}"
+            part["text"] = "\n\n".join(
+                filter(None, [link_timestamps(text, self._duration()), *notes, line])
+            )
         finally:
             if pieces is not None:
                 with contextlib.suppress(Exception):  # a dead group has nothing left to drain
-                    pieces.close()  # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
+                    # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
+                    pieces.close()
 
     def _about(self) -> str:
         return f"about {Path(self.video.path).name}" if self.video is not None else ""
@@ -348,11 +435,13 @@ class ChatApp:
 
 @contextlib.contextmanager
 def _warnings_into(notes: list[str]) -> Iterator[None]:
-    """Add the messages of lvx's warnings raised meanwhile (an fps clamped to the video's own, a prompt beyond the
-    trained length) to `notes` when the block ends, so the page shows them instead of only the server's stderr.
+    """Add the messages of lvx's warnings raised meanwhile (an fps clamped to the video's own, a
+    prompt beyond the trained length) to `notes` when the block ends, so the page shows them instead
+    of only the server's stderr.
 
-    One recording per request (not per streamed token). Recording is process-wide, so warnings from other threads
-    (Gradio, pandas) are caught too: those are passed on to the usual display, not shown on the page.
+    One recording per request (not per streamed token). Recording is process-wide, so warnings from
+    other threads (Gradio, pandas) are caught too: those are passed on to the usual display, not
+    shown on the page.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -370,7 +459,8 @@ def _warning_lines(notes: list[str]) -> str:
 
 
 def _progress_reporter(progress: gr.Progress):
-    """An engine progress callback that drives `progress` from whatever thread the engine calls it on."""
+    """An engine progress callback that drives `progress` from whatever thread the engine calls it
+    on."""
     context = contextvars.copy_context()  # Gradio finds the event through context variables
     guard = threading.Lock()
     started: dict[str, tuple[float, int]] = {}
@@ -391,22 +481,36 @@ def _progress_reporter(progress: gr.Progress):
 
 
 def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | None) -> tuple:
-    """The left column: the player, where the video comes from, fps and frame cap, Load and the status line."""
+    """The left column: the player, where the video comes from, fps and frame cap, Load and the
+    status line."""
     with gr.Column(scale=2):
         video = gr.Video(label="Video", sources=["upload"], format=None, elem_id="lvx-video")
         server_path = gr.Textbox(
-            label="…or a path on the server", visible=bool(ui.allow_paths), elem_id="lvx-path",
+            label="…or a path on the server",
+            visible=bool(ui.allow_paths),
+            elem_id="lvx-path",
             placeholder=", ".join(str(p) for p in ui.allow_paths) + "/movie.mp4",
-        )  # fmt: skip
+        )
         with gr.Row():
             fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
-            max_frames = gr.Number(default_max_frames or 0, label="max frames (0 = no cap)", precision=0,
-                                   elem_id="lvx-max-frames")  # fmt: skip
+            max_frames = gr.Number(
+                default_max_frames or 0,
+                label="max frames (0 = no cap)",
+                precision=0,
+                elem_id="lvx-max-frames",
+            )
         with gr.Row():
-            subtitle_file = gr.File(label="Subtitles (.srt, .vtt, .ass)", file_types=list(SIDECAR_EXTENSIONS),
-                                    type="filepath", elem_id="lvx-subtitles")  # fmt: skip
-            found = gr.Checkbox(True, label="Use subtitles inside the video (or next to it on the server)",
-                                elem_id="lvx-found-subtitles")  # fmt: skip
+            subtitle_file = gr.File(
+                label="Subtitles (.srt, .vtt, .ass)",
+                file_types=list(SIDECAR_EXTENSIONS),
+                type="filepath",
+                elem_id="lvx-subtitles",
+            )
+            found = gr.Checkbox(
+                True,
+                label="Use subtitles inside the video (or next to it on the server)",
+                elem_id="lvx-found-subtitles",
+            )
         load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
         status = gr.Markdown(ui.status(), elem_id="lvx-status")
     return video, server_path, fps, max_frames, subtitle_file, found, load_btn, status
@@ -423,23 +527,38 @@ def build_app(
     title: str = "lvx: chat with a long video",
     reopen: Callable[[], Engine] | None = None,
 ) -> gr.Blocks:
-    """The page: video and load controls on the left, the chat on the right. Launch options ride along
-    in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes the engine the page
+    # long: to be split: it mixes several steps
+    """The page: video and load controls on the left, the chat on the right. Launch options ride
+    along in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes
+    the engine the page
     holds now (`reopen` may have replaced the one passed in)."""
     if allow_paths:
-        gr.set_static_paths(list(allow_paths))  # the player reads those videos in place instead of copying them
-    ui = ChatApp(engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params, reopen=reopen)
+        gr.set_static_paths(
+            list(allow_paths)
+        )  # the player reads those videos in place instead of copying them
+    ui = ChatApp(
+        engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params, reopen=reopen
+    )
     with gr.Blocks(title="lvx") as demo:
         owner = gr.State(None)
         gr.Markdown(f"## {title}")
         with gr.Row():
-            video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = _video_column(
-                ui, default_fps, default_max_frames)  # fmt: skip
+            video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = (
+                _video_column(ui, default_fps, default_max_frames)
+            )
             with gr.Column(scale=3):
-                chatbot = gr.Chatbot(label="Chat", height=480, elem_id="lvx-chat", feedback_options=None,
-                                     buttons=["copy"])  # fmt: skip
-                message = gr.Textbox(label="Question", placeholder="Ask about the video, then Enter",
-                                     elem_id="lvx-question")  # fmt: skip
+                chatbot = gr.Chatbot(
+                    label="Chat",
+                    height=480,
+                    elem_id="lvx-chat",
+                    feedback_options=None,
+                    buttons=["copy"],
+                )
+                message = gr.Textbox(
+                    label="Question",
+                    placeholder="Ask about the video, then Enter",
+                    elem_id="lvx-question",
+                )
                 with gr.Row():
                     send_btn = gr.Button("Send", variant="primary", elem_id="lvx-send")
                     stop_btn = gr.Button("Stop", elem_id="lvx-stop")
@@ -449,15 +568,31 @@ def build_app(
                     max_new = gr.Number(params.max_new_tokens, label="max new tokens", precision=0)
                 stats_box = gr.Markdown("", elem_id="lvx-stats")
         engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
-        load_btn.click(ui.load, [video, server_path, fps, max_frames, subtitle_file, found, owner],
-                       [status, chatbot, video, owner], api_name="load", **engine_event)  # fmt: skip
-        chat_io = dict(fn=ui.chat, inputs=[message, chatbot, max_new, owner], outputs=[chatbot, message, owner, status],
-                       show_progress="minimal", **engine_event)  # fmt: skip
+        load_btn.click(
+            ui.load,
+            [video, server_path, fps, max_frames, subtitle_file, found, owner],
+            [status, chatbot, video, owner],
+            api_name="load",
+            **engine_event,
+        )
+        chat_io = dict(
+            fn=ui.chat,
+            inputs=[message, chatbot, max_new, owner],
+            outputs=[chatbot, message, owner, status],
+            show_progress="minimal",
+            **engine_event,
+        )
         message.submit(api_name="chat", **chat_io)
         send_btn.click(api_name=False, **chat_io)
-        stop_btn.click(ui.request_stop, None, None, api_name="stop", queue=False, concurrency_limit=None)
-        reset_btn.click(ui.reset, [owner], [chatbot, status, owner], api_name="reset", **engine_event)
-        chatbot.clear(ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event)  # its trash icon
+        stop_btn.click(
+            ui.request_stop, None, None, api_name="stop", queue=False, concurrency_limit=None
+        )
+        reset_btn.click(
+            ui.reset, [owner], [chatbot, status, owner], api_name="reset", **engine_event
+        )
+        chatbot.clear(
+            ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event
+        )  # its trash icon
         stats_btn.click(ui.stats, None, [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]

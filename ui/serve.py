@@ -1,4 +1,5 @@
-"""`lvx serve`: open the engine once, put the browser chat in front of it, close the engine on exit."""
+"""`lvx serve`: open the engine once, put the browser chat in front of it, close the engine on
+exit."""
 
 from __future__ import annotations
 
@@ -30,13 +31,16 @@ def check_allow_paths(paths: Sequence[str] | None) -> list[str]:
     for p in paths or []:
         path = Path(p).expanduser()
         if not path.is_dir():
-            raise EngineError(f"--allow-paths {p} is not a directory; name a folder that holds your videos")
+            raise EngineError(
+                f"--allow-paths {p} is not a directory; name a folder that holds your videos"
+            )
         out.append(str(path.resolve()))
     return out
 
 
 def _stop_on_sigterm() -> None:
-    """SIGTERM ends Gradio's wait loop like Ctrl-C does, so the engine is closed and the group shut down."""
+    """SIGTERM ends Gradio's wait loop like Ctrl-C does, so the engine is closed and the group shut
+    down."""
 
     def handler(signum, frame):
         raise KeyboardInterrupt
@@ -59,6 +63,7 @@ def run_serve(
     queue_size: int = 8,
     console: Console | None = None,
 ) -> int:
+    # long: to be split: it mixes several steps
     """Serve until Ctrl-C or SIGTERM; returns the process exit code."""
     console = console or Console(highlight=False)
     try:
@@ -70,21 +75,44 @@ def run_serve(
         engine = open_engine(config, gpus, ranks, console)
         close = engine.close
         try:
-            from ui.app import build_app  # gradio takes seconds to import: bad options fail before it
+            from lvx_ui.app import (
+                build_app,
+            )  # gradio takes seconds to import: bad options fail before it
 
-            demo = build_app(engine, allow_paths=folders, max_upload_mb=max_upload_mb, default_fps=config.fps,
-                             default_max_frames=config.max_frames, params=params,
-                             reopen=lambda: open_engine(config, gpus, ranks))  # fmt: skip
-            close = demo.lvx_close  # the engine the page holds now: a dead group is replaced by a fresh one
+            demo = build_app(
+                engine,
+                allow_paths=folders,
+                max_upload_mb=max_upload_mb,
+                default_fps=config.fps,
+                default_max_frames=config.max_frames,
+                params=params,
+                reopen=lambda: open_engine(config, gpus, ranks),
+            )
+            close = (
+                demo.lvx_close
+            )  # the engine the page holds now: a dead group is replaced by a fresh one
             demo.queue(max_size=queue_size, default_concurrency_limit=1)
             if host not in LOOPBACK and credentials is None:
-                console.print(f"[yellow]warning:[/yellow] serving on {host} without --auth; anyone who can reach "
-                              "this port can use the model and read the allowed folders")  # fmt: skip
+                console.print(
+                    f"[yellow]warning:[/yellow] serving on {host} without --auth; anyone who can "
+                    "reach "
+                    "this port can use the model and read the allowed folders"
+                )
             _, url, share_url = demo.launch(
-                server_name=host, server_port=port, share=share, auth=credentials, show_error=True, quiet=True,
-                prevent_thread_lock=True, ssr_mode=False, footer_links=[], **demo.lvx_launch,
-            )  # fmt: skip
-            console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
+                server_name=host,
+                server_port=port,
+                share=share,
+                auth=credentials,
+                show_error=True,
+                quiet=True,
+                prevent_thread_lock=True,
+                ssr_mode=False,
+                footer_links=[],
+                **demo.lvx_launch,
+            )
+            console.print(
+                f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else "")
+            )
             console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
             try:
                 demo.block_thread()

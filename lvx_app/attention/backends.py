@@ -100,7 +100,8 @@ def _on_cuda(q: torch.Tensor) -> bool:
 
 
 def choose_backend(backend: str | None, q: torch.Tensor, has_mask: bool, head_dim: int) -> str:
-    """The backend for one call: the forced one (argument, then LVX_ATTN_BACKEND) if it can run it, else the automatic one."""
+    """The backend for one call: the forced one (argument, then LVX_ATTN_BACKEND) if it can run it,
+    else the automatic one."""
     want = backend or os.environ.get("LVX_ATTN_BACKEND") or None
     if want is not None and can_run(want, q, has_mask, head_dim):
         return want
@@ -117,7 +118,8 @@ def choose_backend(backend: str | None, q: torch.Tensor, has_mask: bool, head_di
 
 
 def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
-    """Whether backend `name` takes a call on q's device and dtype, with or without a mask, at this head_dim."""
+    """Whether backend `name` takes a call on q's device and dtype, with or without a mask, at this
+    head_dim."""
     half = q.dtype in (torch.float16, torch.bfloat16)
     cuda = _on_cuda(q)
     if name == "math":
@@ -125,12 +127,23 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
     if name == "cpu":
         return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
     if name == "flash_attn":
-        return cuda and half and not has_mask and head_dim % 8 == 0 and head_dim <= 256 and _flash_attn() is not None
+        return (
+            cuda
+            and half
+            and not has_mask
+            and head_dim % 8 == 0
+            and head_dim <= 256
+            and _flash_attn() is not None
+        )
     if name == "flash":
         return cuda and half and not has_mask and head_dim % 8 == 0 and head_dim <= 256
     if name in ("efficient", "cudnn"):
-        return cuda and q.dtype in (torch.float32, torch.float16, torch.bfloat16) and head_dim % 8 == 0
-    raise ValueError(f"unknown attention backend {name!r}; choose from {available_backends(q.device)}")
+        return (
+            cuda and q.dtype in (torch.float32, torch.float16, torch.bfloat16) and head_dim % 8 == 0
+        )
+    raise ValueError(
+        f"unknown attention backend {name!r}; choose from {available_backends(q.device)}"
+    )
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -141,7 +154,8 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
 
 
 def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
-    """(B, S, Hkv·G, D) -> (B, S, Hkv, G, D): query heads i·G … i·G+G−1 share K/V head i (a view, no copy)."""
+    """(B, S, Hkv·G, D) -> (B, S, Hkv, G, D): query heads i·G … i·G+G−1 share K/V head i (a view, no
+    copy)."""
     b, s, h, d = x.shape
     return x.reshape(b, s, hkv, h // hkv, d)
 
@@ -171,7 +185,9 @@ def _math_bwd(dout, q, k, v, out, lse, dlse, scale, mask, causal):
     hkv = k.shape[2]
     s = _math_scores(q, k, scale, mask, causal)
     ct = s.dtype
-    p = torch.exp(s - lse.to(ct).reshape(s.shape[:-1]).unsqueeze(-1))  # lse finite here (caller replaced -inf rows)
+    p = torch.exp(
+        s - lse.to(ct).reshape(s.shape[:-1]).unsqueeze(-1)
+    )  # lse finite here (caller replaced -inf rows)
     do = _grouped(dout.to(ct), hkv)  # (B,Sq,Hkv,G,D)
     dp = torch.einsum("bqhgd,bkhd->bhgqk", do, v.to(ct))
     dd = torch.einsum("bqhgd,bqhgd->bhgq", do, _grouped(out.to(ct), hkv)).unsqueeze(-1)
@@ -200,7 +216,8 @@ def _additive(mask: torch.Tensor, dtype, align: int = 1) -> torch.Tensor:
 
 
 def _aten(name: str) -> Callable:
-    """The aten op `name`, looked up when called (an op missing from this torch build fails then, not at import)."""
+    """The aten op `name`, looked up when called (an op missing from this torch build fails then,
+    not at import)."""
     return lambda *args, **kw: getattr(torch.ops.aten, name)(*args, **kw)
 
 
@@ -232,15 +249,22 @@ KERNEL_OPS: dict[str, Callable] = {
 def _cpu_fwd(q, k, v, scale, mask, causal):
     attn_mask = None if mask is None else _additive(mask, q.dtype)
     o, lse = KERNEL_OPS["cpu_fwd"](
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, attn_mask=attn_mask, scale=scale
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        0.0,
+        causal,
+        attn_mask=attn_mask,
+        scale=scale,
     )
     return o.transpose(1, 2), lse.float()
 
 
 def _cpu_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     if q.dtype != torch.float32:
-        # the op's bf16/fp16 backward loses more than the tests allow once query groups are packed into
-        # rows (the 4-rank ring test crossed its bf16 tolerance): the CPU backward runs in float32
+        # the op's bf16/fp16 backward loses more than the tests allow once query groups are packed
+        # into rows (the 4-rank ring test crossed its bf16 tolerance): the CPU backward runs in
+        # float32
         grads = _cpu_bwd(*(t.float() for t in (dout, q, k, v, out)), lse, scale, mask, causal)
         return tuple(g.to(q.dtype) for g in grads)
     attn_mask = None if mask is None else _additive(mask, q.dtype)
@@ -268,15 +292,21 @@ def _cuda_bias(mask, q):
 
 
 def _heads_first(q, k, v):
-    """(q, k, v) in the (B, H, S, D) layout the aten SDPA ops take (views); query groups must arrive packed."""
+    """(q, k, v) in the (B, H, S, D) layout the aten SDPA ops take (views); query groups must arrive
+    packed."""
     if q.shape[2] != k.shape[2]:
-        raise ValueError(f"the CUDA adapters take packed query groups (q {q.shape[2]} heads, K/V {k.shape[2]}): use attn_fwd")
+        raise ValueError(
+            f"the CUDA adapters take packed query groups (q {q.shape[2]} heads, K/V {k.shape[2]}): "
+            "use attn_fwd"
+        )
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 def _efficient_fwd(q, k, v, scale, mask, causal):
     qt, kt, vt = _heads_first(q, k, v)
-    o, lse, _seed, _off = KERNEL_OPS["efficient_fwd"](qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, scale=scale)
+    o, lse, _seed, _off = KERNEL_OPS["efficient_fwd"](
+        qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, scale=scale
+    )
     return o.transpose(1, 2), lse[..., : q.shape[1]].float()
 
 
@@ -286,8 +316,19 @@ def _efficient_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     lse_p = F.pad(lse.float(), (0, -(-sq // 32) * 32 - sq)).contiguous()
     dummy = torch.zeros((), dtype=torch.int64, device=q.device)
     dq, dk, dv, _db = KERNEL_OPS["efficient_bwd"](
-        dout.transpose(1, 2), qt, kt, vt, _cuda_bias(mask, q), out.transpose(1, 2), lse_p, dummy, dummy, 0.0,
-        [True, True, True, False], causal, scale=scale,
+        dout.transpose(1, 2),
+        qt,
+        kt,
+        vt,
+        _cuda_bias(mask, q),
+        out.transpose(1, 2),
+        lse_p,
+        dummy,
+        dummy,
+        0.0,
+        [True, True, True, False],
+        causal,
+        scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
@@ -306,28 +347,48 @@ def _flash_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)
     unused = torch.empty(0, dtype=torch.uint64, device=q.device)
     dq, dk, dv = KERNEL_OPS["flash_bwd"](
-        dout.transpose(1, 2), qt, kt, vt, out.transpose(1, 2), lse.float().contiguous(), None, None, q.shape[1],
-        k.shape[1], 0.0, causal, rng, unused, scale=scale,
+        dout.transpose(1, 2),
+        qt,
+        kt,
+        vt,
+        out.transpose(1, 2),
+        lse.float().contiguous(),
+        None,
+        None,
+        q.shape[1],
+        k.shape[1],
+        0.0,
+        causal,
+        rng,
+        unused,
+        scale=scale,
     )
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
 def _cudnn_fwd(q, k, v, scale, mask, causal):
     qt, kt, vt = _heads_first(q, k, v)
-    res = KERNEL_OPS["cudnn_fwd"](qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, False, scale=scale)
+    res = KERNEL_OPS["cudnn_fwd"](
+        qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, False, scale=scale
+    )
     b, sq, h, _ = q.shape
     return res[0].transpose(1, 2), res[1].float().reshape(b, h, sq)
 
 
 def _last_dim_dense(x: torch.Tensor) -> torch.Tensor:
-    """flash-attn needs only the last dim contiguous: a K/V slice of the resident shard goes in as a view."""
+    """flash-attn needs only the last dim contiguous: a K/V slice of the resident shard goes in as a
+    view."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _fa_fwd(q, k, v, scale, mask, causal):
     assert mask is None
     out, lse, _ = KERNEL_OPS["fa_fwd"](
-        *(_last_dim_dense(t) for t in (q, k, v)), 0.0, softmax_scale=scale, causal=causal, return_attn_probs=True
+        *(_last_dim_dense(t) for t in (q, k, v)),
+        0.0,
+        softmax_scale=scale,
+        causal=causal,
+        return_attn_probs=True,
     )
     return out, lse[..., : q.shape[1]].float()
 
@@ -337,9 +398,25 @@ def _fa_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     KERNEL_OPS["fa_bwd"](
-        dout=dout, q=q, k=k, v=v, out=out, softmax_lse=lse.float().contiguous(), dq=dq, dk=dk, dv=dv, dropout_p=0.0,
-        softmax_scale=scale, causal=causal, window_size=(-1, -1), window_size_left=-1, window_size_right=-1, softcap=0.0,
-        alibi_slopes=None, deterministic=False, rng_state=None,
+        dout=dout,
+        q=q,
+        k=k,
+        v=v,
+        out=out,
+        softmax_lse=lse.float().contiguous(),
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dropout_p=0.0,
+        softmax_scale=scale,
+        causal=causal,
+        window_size=(-1, -1),
+        window_size_left=-1,
+        window_size_right=-1,
+        softcap=0.0,
+        alibi_slopes=None,
+        deterministic=False,
+        rng_state=None,
     )
     return dq, dk, dv
 
@@ -361,17 +438,24 @@ _BWD = {
 }
 
 
+# ----------------------------------------------------------------------------- dispatch with
+# fallback
 
-# ----------------------------------------------------------------------------- dispatch with fallback
-
-_broken: set[tuple[str, str]] = set()  # CUDA (direction, backend) pairs that raised once; then "efficient"
-_UNVERIFIED = {"fwd": ("flash", "flash_attn", "cudnn"), "bwd": ("flash", "flash_attn")}  # cudnn's bwd is "efficient"
+_broken: set[tuple[str, str]] = (
+    set()
+)  # CUDA (direction, backend) pairs that raised once; then "efficient"
+_UNVERIFIED = {
+    "fwd": ("flash", "flash_attn", "cudnn"),
+    "bwd": ("flash", "flash_attn"),
+}  # cudnn's bwd is "efficient"
 _DIRECTION = {"fwd": "forward", "bwd": "backward"}
 
 _T = TypeVar("_T")
 
 
-def _with_fallback(direction: str, be: str, q: torch.Tensor, has_mask: bool, run: Callable[[str], _T]) -> _T:
+def _with_fallback(
+    direction: str, be: str, q: torch.Tensor, has_mask: bool, run: Callable[[str], _T]
+) -> _T:
     """`run(be)`; an unverified CUDA backend that rejects our arguments is marked broken (one
     warning) and this call and every later one run exactly on "efficient" (or "math") instead."""
     if be not in _UNVERIFIED[direction]:
@@ -381,20 +465,30 @@ def _with_fallback(direction: str, be: str, q: torch.Tensor, has_mask: bool, run
             return run(be)
         except (RuntimeError, TypeError) as exc:
             _broken.add((direction, be))
-            warnings.warn(f"attention {_DIRECTION[direction]} on {be!r} failed ({exc}); using 'efficient'", stacklevel=3)
+            warnings.warn(
+                f"attention {_DIRECTION[direction]} on {be!r} failed ({exc}); using 'efficient'",
+                stacklevel=3,
+            )
     return run("efficient" if can_run("efficient", q, has_mask, q.shape[-1]) else "math")
 
 
 def kernel_fwd(be, q, k, v, scale, mask, causal):
     """One block forward on backend `be` (non-empty slice): (out, lse) as the adapters above."""
-    return _with_fallback("fwd", be, q, mask is not None, lambda name: _FWD[name](q, k, v, scale, mask, causal))
+    return _with_fallback(
+        "fwd", be, q, mask is not None, lambda name: _FWD[name](q, k, v, scale, mask, causal)
+    )
 
 
 def kernel_bwd(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):
     """One block backward on a non-empty slice; lse finite (dead rows already zeroed)."""
     return _with_fallback(
-        "bwd", be, q, mask is not None,
-        lambda name: _kernel_bwd_on(name, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug),
+        "bwd",
+        be,
+        q,
+        mask is not None,
+        lambda name: _kernel_bwd_on(
+            name, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug
+        ),
     )
 
 

@@ -27,8 +27,10 @@ from lvx_app.parallel.collectives import count_bytes, nbytes
 
 
 class Carry:
-    """Numbers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every rank's, in rank
-    order, once that call has run. Integers ride exactly below 2**24 (the partials are float32 at least)."""
+    """Numbers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every
+    rank's, in rank
+    order, once that call has run. Integers ride exactly below 2**24 (the partials are float32 at
+    least)."""
 
     def __init__(self, send: Tensor) -> None:
         self.send = send.flatten()
@@ -36,12 +38,22 @@ class Carry:
 
 
 @torch.no_grad()
-def decode_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
-                 q_vis: Tensor | None = None, k_frame: Tensor | None = None, stats: dict | None = None,
-                 carry: Carry | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+def decode_xattn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    scale: float | None = None,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    stats: dict | None = None,
+    carry: Carry | None = None,
+) -> tuple[Tensor, Tensor]:
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
 
-    `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged in this call's
+    `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged
+    in this call's
     collective unless it already was."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)

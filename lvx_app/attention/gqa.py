@@ -1,4 +1,5 @@
-"""Grouped-query attention by row packing: the G query heads of each K/V head become G rows, so no kernel sees a K/V copy.
+"""Grouped-query attention by row packing: the G query heads of each K/V head become G rows, so no
+kernel sees a K/V copy.
 
 Qwen2's convention: K/V head i serves query heads i·G … i·G+G−1. A query block
 (B, S, Hkv·G, D) becomes (B, S·G, Hkv, D) with row s·G+g holding token s's

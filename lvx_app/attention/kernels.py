@@ -1,4 +1,5 @@
-"""Block attention, the public API: `attn_fwd` / `attn_bwd` return and consume (out, lse); `attention` is both as autograd.
+"""Block attention, the public API: `attn_fwd` / `attn_bwd` return and consume (out, lse);
+`attention` is both as autograd.
 
 Layout everywhere is (batch, seq, heads, head_dim), like flash-attn. K/V may
 have fewer heads than Q (GQA, Hq % Hkv == 0). `lse` is (batch, heads, seq),
@@ -26,20 +27,27 @@ from lvx_app.attention.masks import TilePlan, lone_plan, tile_plans
 from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, q_vis: Tensor | None = None, k_frame: Tensor | None = None) -> None:
+def check_inputs(
+    q: Tensor, k: Tensor, v: Tensor, q_vis: Tensor | None = None, k_frame: Tensor | None = None
+) -> None:
     """Raise a one-line ValueError for shapes the kernels (and the rings) cannot take."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be (batch, seq, heads, head_dim)")
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
-        raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
+        raise ValueError(
+            f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})"
+        )
     if (q_vis is None) != (k_frame is None):
         raise ValueError("q_vis and k_frame go together (media mask): pass both or neither")
     if q_vis is not None:
         if tuple(q_vis.shape) != tuple(q.shape[:2]) or tuple(k_frame.shape) != tuple(k.shape[:2]):
             raise ValueError(
-                f"q_vis must be (batch, Sq) = {tuple(q.shape[:2])} and k_frame (batch, Sk) = {tuple(k.shape[:2])}; "
+                f"q_vis must be (batch, Sq) = {tuple(q.shape[:2])} and k_frame (batch, Sk) = "
+                f"{tuple(k.shape[:2])}; "
                 f"got {tuple(q_vis.shape)} and {tuple(k_frame.shape)}"
             )
 
@@ -48,8 +56,17 @@ def _resolve_scale(scale: float | None, q: Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, causal: bool = False, q_vis: Tensor | None = None,
-             k_frame: Tensor | None = None, backend: str | None = None) -> tuple[Tensor, Tensor]:
+def attn_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
     """Attention of q against (k, v): returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32).
 
     No autograd (see `attention`); fully hidden or empty blocks never reach a kernel."""
@@ -58,7 +75,9 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, cau
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
     qp = pack_rows(q, g)
-    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))  # planned as they run
+    lone, plans = lone_plan(
+        tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
+    )  # planned as they run
     if lone is not None and lone.q0 == 0 and lone.q1 == sq * g:
         o, l_ = _run_fwd(lone, qp, k, v, scale, backend, d)
         return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
@@ -66,14 +85,20 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, cau
     out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
     lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
     for p in plans:
-        merge_(out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d))
+        merge_(
+            out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d)
+        )
     return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
 
 
-def _run_fwd(p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, d: int) -> tuple[Tensor, Tensor]:
+def _run_fwd(
+    p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, d: int
+) -> tuple[Tensor, Tensor]:
     """One tile's (out, lse float32-or-wider) from its kernel, rows that see nothing zeroed."""
     be = choose_backend(backend, qp, p.mask is not None, d)
-    o, l_ = kernel_fwd(be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal)
+    o, l_ = kernel_fwd(
+        be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal
+    )
     l_ = l_.to(acc_dtype(qp))
     if p.dead is not None:
         o = o.masked_fill(p.dead[:, :, None, None], 0)
@@ -86,9 +111,23 @@ def _pack_vis(q_vis: Tensor | None, g: int) -> Tensor | None:
     return q_vis if q_vis is None or g == 1 else q_vis.repeat_interleave(g, dim=1)
 
 
-def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *, scale: float | None = None,
-             causal: bool = False, q_vis: Tensor | None = None, k_frame: Tensor | None = None, dlse: Tensor | None = None,
-             backend: str | None = None, kv_aug: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def attn_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    dlse: Tensor | None = None,
+    backend: str | None = None,
+    kv_aug: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    # long: one backward per kernel tile, kept beside attn_fwd's tiling for reading
     """Gradients of attention given the (possibly globally merged) out and lse.
 
     `out` / `lse` may be the final merged values over more keys than `k` (ring
@@ -116,15 +155,33 @@ def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
         l_ = l_.masked_fill(dead, 0.0)
         do = dop[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
         dl = None if dl is None else dl.masked_fill(dead, 0.0)
-        be = choose_backend(backend, qp, p.mask is not None, d + (AUG_COLS if dl is not None else 0))
+        be = choose_backend(
+            backend, qp, p.mask is not None, d + (AUG_COLS if dl is not None else 0)
+        )
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
-        return kernel_bwd(be, do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl, scale, p.mask, p.causal, aug)
+        return kernel_bwd(
+            be,
+            do,
+            qp[:, rows],
+            k[:, ks],
+            v[:, ks],
+            outp[:, rows],
+            l_,
+            dl,
+            scale,
+            p.mask,
+            p.causal,
+            aug,
+        )
 
-    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))  # planned as they run
+    lone, plans = lone_plan(
+        tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
+    )  # planned as they run
     if lone is not None and (lone.q0, lone.q1, lone.k0, lone.k1) == (0, rows_all, 0, sk):
         gq, gk, gv = one(lone)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
-    # several plans add into the same rows (a tile's unmasked part and its band) and keys: accumulate in float32
+    # several plans add into the same rows (a tile's unmasked part and its band) and keys:
+    # accumulate in float32
     dq = torch.zeros(qp.shape, dtype=acc_dtype(q), device=q.device)
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
@@ -139,7 +196,9 @@ def attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend):
-        out, lse = attn_fwd(q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend)
+        out, lse = attn_fwd(
+            q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend
+        )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (scale, causal, q_vis, k_frame, backend)
         ctx.set_materialize_grads(False)
@@ -151,13 +210,34 @@ class _Attention(torch.autograd.Function):
         scale, causal, q_vis, k_frame, backend = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, dlse=dlse,
-                              backend=backend)
+        dq, dk, dv = attn_bwd(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            scale=scale,
+            causal=causal,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            dlse=dlse,
+            backend=backend,
+        )
         return dq, dk, dv, None, None, None, None, None
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, causal: bool = False, q_vis: Tensor | None = None,
-              k_frame: Tensor | None = None, backend: str | None = None) -> tuple[Tensor, Tensor]:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
     """Single-device attention, differentiable through both outputs: returns (out, lse).
 
     The default for models/: the backward uses the matching kernel's backward with the

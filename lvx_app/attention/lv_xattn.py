@@ -56,14 +56,17 @@ def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
     if known is not None:
         known = [int(x) for x in known]
         if len(known) != n or known[rank] != q.shape[1]:
-            raise ValueError(f"q_sizes {known} must list {n} block lengths with q_sizes[{rank}] == {q.shape[1]}")
+            raise ValueError(
+                f"q_sizes {known} must list {n} block lengths with q_sizes[{rank}] == {q.shape[1]}"
+            )
         return known
     (sizes,) = exchange_sizes(q.shape[1], group=group, device=q.device)
     return sizes
 
 
 def _out_lse_buffer(q: Tensor, rows: int) -> Tensor:
-    """One flat buffer for a block's running (O, lse) of `rows` query rows, so it travels as one message."""
+    """One flat buffer for a block's running (O, lse) of `rows` query rows, so it travels as one
+    message."""
     b, _, hq, d = q.shape
     return torch.empty(b * rows * hq * (d + 1), dtype=acc_dtype(q), device=q.device)
 
@@ -75,11 +78,22 @@ def _out_lse_views(buf: Tensor, q: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     return buf[:n_out].view(b, rows, hq, d), buf[n_out:].view(b, hq, rows)
 
 
-def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis: Tensor | None, k_frame: Tensor | None,
-                     group: dist.ProcessGroup | None, q_sizes: list[int] | None) -> tuple[Tensor, Tensor, list[int], int]:
-    """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block length, bytes sent).
+def lv_xattn_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float | None,
+    q_vis: Tensor | None,
+    k_frame: Tensor | None,
+    group: dist.ProcessGroup | None,
+    q_sizes: list[int] | None,
+) -> tuple[Tensor, Tensor, list[int], int]:
+    # long: the ring's rounds in one place, as the paper's Algorithm 1
+    """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block
+    length, bytes sent).
 
-    Inputs as `lv_xattn_with_lse` (checked by the caller); pass the returned sizes to `lv_xattn_backward`."""
+    Inputs as `lv_xattn_with_lse` (checked by the caller); pass the returned sizes to
+    `lv_xattn_backward`."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
     q_ring, out_ring = RingComm(group, q.device), RingComm(group, q.device)
@@ -96,8 +110,12 @@ def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis
             next_q_vis = held_q_vis.new_empty(b, next_len) if held_q_vis is not None else None
             q_ring.post([(held_q, next_q), (held_q_vis, next_q_vis)])
         if held_len:  # 2. partial result against the local shard (overlaps the transfers)
-            partial_out, partial_lse = attn_fwd(held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame)
-        if t > 0:  # 3. the running (O, lse) rank r-1 passed on last round; merge the partial into it
+            partial_out, partial_lse = attn_fwd(
+                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame
+            )
+        if (
+            t > 0
+        ):  # 3. the running (O, lse) rank r-1 passed on last round; merge the partial into it
             out_ring.wait()
         if held_len:
             if t == 0:
@@ -109,7 +127,9 @@ def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis
                 merge_(*_out_lse_views(running, q, held_len), partial_out, partial_lse)
         if n == 1:
             break
-        next_running = _out_lse_buffer(q, next_len)  # 4. pass (O, lse) on; the last round's send brings every block home
+        next_running = _out_lse_buffer(
+            q, next_len
+        )  # 4. pass (O, lse) on; the last round's send brings every block home
         out_ring.post([(running, next_running)])
         if t < n - 1:
             q_ring.wait()
@@ -119,13 +139,25 @@ def lv_xattn_forward(q: Tensor, k: Tensor, v: Tensor, scale: float | None, q_vis
         out_ring.wait()
     sent = q_ring.bytes_sent + out_ring.bytes_sent
     if sq == 0:
-        return q.new_zeros(b, 0, hq, d), torch.empty(b, hq, 0, dtype=acc_dtype(q), device=q.device), sizes, sent
+        return (
+            q.new_zeros(b, 0, hq, d),
+            torch.empty(b, hq, 0, dtype=acc_dtype(q), device=q.device),
+            sizes,
+            sent,
+        )
     out, lse = _out_lse_views(running, q, sq)
     return out.to(q.dtype), lse, sizes, sent
 
 
-def _backward_block(q: Tensor, dout: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None, q_vis: Tensor | None,
-                    with_lse: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+def _backward_block(
+    q: Tensor,
+    dout: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    q_vis: Tensor | None,
+    with_lse: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """What of this rank's query block travels in backward: (Q, dO, O) stacked in q's dtype,
     (lse[, dlse]) stacked in float32, q_vis as int32."""
     b, sq, hq, _ = q.shape
@@ -137,11 +169,26 @@ def _backward_block(q: Tensor, dout: Tensor, out: Tensor, lse: Tensor, dlse: Ten
     return qdo, lses, q_vis.to(torch.int32).contiguous() if q_vis is not None else None
 
 
-def lv_xattn_backward(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                      scale: float | None, q_vis: Tensor | None, k_frame: Tensor | None, group: dist.ProcessGroup | None,
-                      with_lse: bool, sizes: list[int]) -> tuple[Tensor, Tensor, Tensor, int]:
-    """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and the
-    sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on every rank."""
+def lv_xattn_backward(
+    dout: Tensor,
+    dlse: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    scale: float | None,
+    q_vis: Tensor | None,
+    k_frame: Tensor | None,
+    group: dist.ProcessGroup | None,
+    with_lse: bool,
+    sizes: list[int],
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    # long: the backward ring's rounds in one place, as the paper's Algorithm 2
+    """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and
+    the
+    sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on every
+    rank."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
     q_ring, dq_ring = RingComm(group, q.device), RingComm(group, q.device)
@@ -163,8 +210,17 @@ def lv_xattn_backward(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v
         if held_len:  # 2. this shard's share of dQ_j, and its dK, dV
             held_q, held_dout, held_out = held_qdo
             partial_dq, partial_dk, partial_dv = attn_bwd(
-                held_dout, held_q, k, v, held_out, held_lses[0], scale=scale, q_vis=held_q_vis, k_frame=k_frame,
-                dlse=held_lses[1] if with_lse else None, kv_aug=kv_aug,
+                held_dout,
+                held_q,
+                k,
+                v,
+                held_out,
+                held_lses[0],
+                scale=scale,
+                q_vis=held_q_vis,
+                k_frame=k_frame,
+                dlse=held_lses[1] if with_lse else None,
+                kv_aug=kv_aug,
             )
             dk += partial_dk
             dv += partial_dv
@@ -177,7 +233,9 @@ def lv_xattn_backward(dout: Tensor, dlse: Tensor | None, q: Tensor, k: Tensor, v
                 running_dq += partial_dq
         if n == 1:
             break
-        next_dq = torch.empty(b, next_len, hq, d, dtype=acc_dtype(q), device=q.device)  # 4. pass dQ_j on
+        next_dq = torch.empty(
+            b, next_len, hq, d, dtype=acc_dtype(q), device=q.device
+        )  # 4. pass dQ_j on
         dq_ring.post([(running_dq, next_dq)])
         if t < n - 1:
             q_ring.wait()
@@ -207,20 +265,34 @@ class _LVXAttn(torch.autograd.Function):
         scale, q_vis, k_frame, group, with_lse, sizes = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv, sent = lv_xattn_backward(dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes)
+        dq, dk, dv, sent = lv_xattn_backward(
+            dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes
+        )
         count_bytes(ctx.stats, "bwd_bytes", sent)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _lv_xattn(q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats) -> tuple[Tensor, Tensor]:
+def _lv_xattn(
+    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats
+) -> tuple[Tensor, Tensor]:
     check_inputs(q, k, v, q_vis, k_frame)
     return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats)
 
 
-def lv_xattn_with_lse(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
-                      q_vis: Tensor | None = None, k_frame: Tensor | None = None, q_sizes: list[int] | None = None,
-                      stats: dict | None = None) -> tuple[Tensor, Tensor]:
-    """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) float32).
+def lv_xattn_with_lse(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    scale: float | None = None,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    q_sizes: list[int] | None = None,
+    stats: dict | None = None,
+) -> tuple[Tensor, Tensor]:
+    """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse
+    (B,Hq,Sq) float32).
 
     q: this rank's query block (B, Sq_r, Hq, D), any length incl. 0; k, v: this
     rank's K/V shard (B, Sk_r, Hkv, D), any length incl. 0, never sent. q_vis
@@ -235,8 +307,17 @@ def lv_xattn_with_lse(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGro
     return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats)
 
 
-def lv_xattn(q: Tensor, k: Tensor, v: Tensor, *, group: dist.ProcessGroup | None = None, scale: float | None = None,
-             q_vis: Tensor | None = None, k_frame: Tensor | None = None, q_sizes: list[int] | None = None,
-             stats: dict | None = None) -> Tensor:
+def lv_xattn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    scale: float | None = None,
+    q_vis: Tensor | None = None,
+    k_frame: Tensor | None = None,
+    q_sizes: list[int] | None = None,
+    stats: dict | None = None,
+) -> Tensor:
     """LV-XAttn, output only (the backward ring carries no dlse); see `lv_xattn_with_lse`."""
     return _lv_xattn(q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats)[0]

@@ -28,9 +28,10 @@ from typing import Iterator
 
 import torch
 
-#: Query tokens per tile (x group rows when query groups are packed); tests shrink it.
+# Query tokens per tile (x group rows when query groups are packed); tests shrink it.
 Q_TILE = 256
-#: Fewest query tokens of a media-mask tile that is cut early, where its rows start to see another key.
+# Fewest query tokens of a media-mask tile that is cut early, where its rows start to see another
+# key.
 MIN_TILE = 32
 
 
@@ -67,7 +68,9 @@ def _leading(flags: torch.Tensor) -> int:
     return int(flags.long().cumprod(0).sum())
 
 
-def _plan_causal(t0: int, t1: int, sk: int, coff: int, group: int, batch: int, device) -> list[TilePlan]:
+def _plan_causal(
+    t0: int, t1: int, sk: int, coff: int, group: int, batch: int, device
+) -> list[TilePlan]:
     """Causal only: row r (token r // group) sees keys j <= r // group + coff.
 
     Keys [0, lo) are seen by every row of the tile; the band [lo, hi) gets a mask of the
@@ -83,7 +86,11 @@ def _plan_causal(t0: int, t1: int, sk: int, coff: int, group: int, batch: int, d
     if lo < hi:
         b0 = max(q0, (lo - coff) * group)  # first row that sees key lo
         pos = torch.arange(b0, t1, device=device) // group + coff
-        vis = (torch.arange(lo, hi, device=device).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(batch, -1, -1)
+        vis = (
+            (torch.arange(lo, hi, device=device).unsqueeze(0) <= pos.unsqueeze(1))
+            .unsqueeze(0)
+            .expand(batch, -1, -1)
+        )
         parts.append(TilePlan(b0, t1, lo, hi, vis, False, None))
     return parts
 
@@ -104,15 +111,21 @@ def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device
     if kb < k1:
         dead = qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)  # (B, rows): sees no key of the band
         vis = k_frame[:, kb:k1].unsqueeze(1) < q_vis[:, q0:q1].unsqueeze(2)
-        parts.append(TilePlan(q0, q1, kb, k1, vis, False, dead.to(device) if bool(dead.any()) else None))
+        parts.append(
+            TilePlan(q0, q1, kb, k1, vis, False, dead.to(device) if bool(dead.any()) else None)
+        )
     return parts
 
 
-def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, group: int, q_vis, k_frame, device) -> list[TilePlan]:
+def _plan_media_causal(
+    t0: int, t1: int, sk: int, coff: int, group: int, q_vis, k_frame, device
+) -> list[TilePlan]:
     """Media mask and causal together: one dense visibility of the tile, trimmed to what is seen and
     split into the keys every row sees and the masked band."""
     pos = torch.arange(t0, t1, device=device) // group + coff
-    full = (k_frame.unsqueeze(1) < q_vis[:, t0:t1].unsqueeze(2)) & (torch.arange(sk, device=device) <= pos.unsqueeze(1))
+    full = (k_frame.unsqueeze(1) < q_vis[:, t0:t1].unsqueeze(2)) & (
+        torch.arange(sk, device=device) <= pos.unsqueeze(1)
+    )
     rs = _span(full.any(2).any(0))
     cs = _span(full.any(1).any(0))
     if rs is None or cs is None:
@@ -124,12 +137,17 @@ def _plan_media_causal(t0: int, t1: int, sk: int, coff: int, group: int, q_vis, 
     if k0 + kb < k1:
         band = vis[:, :, kb:]
         dead = ~band.any(2)
-        parts.append(TilePlan(t0 + r0, t0 + r1, k0 + kb, k1, band, False, dead if bool(dead.any()) else None))
+        parts.append(
+            TilePlan(t0 + r0, t0 + r1, k0 + kb, k1, band, False, dead if bool(dead.any()) else None)
+        )
     return parts
 
 
-def _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device) -> list[TilePlan]:
-    """Plan query rows [t0, t1) against all sk keys. coff: causal offset (j <= r // group + coff) or None.
+def _plan_tile(
+    t0, t1, sk, coff, group, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device
+) -> list[TilePlan]:
+    """Plan query rows [t0, t1) against all sk keys. coff: causal offset (j <= r // group + coff) or
+    None.
 
     q_vis / k_frame: int64 on the device, one q_vis per row; *_cpu: the same on the CPU."""
     if t1 <= t0 or sk == 0:
@@ -150,9 +168,14 @@ def _tiles(rows: int, tiled: bool, group: int) -> list[tuple[int, int]]:
     return [(t, min(rows, t + step)) for t in range(0, rows, step)]
 
 
-def _media_tiles(rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor) -> list[tuple[int, int]]:
-    """Row tiles of at most Q_TILE tokens, cut early (after MIN_TILE tokens) where the keys a token sees change."""
-    seen = torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()  # keys per token
+def _media_tiles(
+    rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor
+) -> list[tuple[int, int]]:
+    """Row tiles of at most Q_TILE tokens, cut early (after MIN_TILE tokens) where the keys a token
+    sees change."""
+    seen = (
+        torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()
+    )  # keys per token
     tiles, t0 = [], 0
     for t in range(1, len(seen)):
         if t - t0 >= Q_TILE or (t - t0 >= MIN_TILE and seen[t] != seen[t - 1]):
@@ -161,7 +184,9 @@ def _media_tiles(rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor) 
     return tiles + [(t0 * group, rows)]
 
 
-def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1) -> Iterator[TilePlan]:
+def tile_plans(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1
+) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
     q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows)."""
@@ -173,19 +198,25 @@ def tile_plans(q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, g
         k_frame = k_frame.to(device=q.device, dtype=torch.long)
         qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
     if qv_c is not None and not causal and int(qv_c.amin()) > int(kf_c.amax()):
-        yield TilePlan(0, rows, 0, sk, None, False, None)  # every row sees every key (a question, a decoded token)
+        yield TilePlan(
+            0, rows, 0, sk, None, False, None
+        )  # every row sees every key (a question, a decoded token)
         return
     if qv_c is not None and not causal:
         tiles = _media_tiles(rows, group, qv_c, kf_c)
     else:
         tiles = _tiles(rows, q_vis is not None or (causal and group > 1), group)
     for t0, t1 in tiles:
-        yield from _plan_tile(t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device)
+        yield from _plan_tile(
+            t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device
+        )
 
 
 def lone_plan(plans: Iterator[TilePlan]) -> tuple[TilePlan | None, Iterator[TilePlan]]:
-    """(the plan when `plans` holds exactly one, else None; every plan in order). At most the first two are planned
-    ahead, and the iterator lets each go once it is taken, so a band mask lives only with its tile."""
+    """(the plan when `plans` holds exactly one, else None; every plan in order). At most the first
+    two are planned
+    ahead, and the iterator lets each go once it is taken, so a band mask lives only with its
+    tile."""
     held = [p for p in (next(plans, None), next(plans, None)) if p is not None]
     lone = held[0] if len(held) == 1 else None
 

@@ -71,7 +71,8 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
 
 
 def merge_many(outs: torch.Tensor, lses: torch.Tensor, dim: int = 0):
-    """Merge N partials stacked along `dim` of both tensors: outs (.., B, S, H, D), lses (.., B, H, S).
+    """Merge N partials stacked along `dim` of both tensors: outs (.., B, S, H, D), lses (.., B, H,
+    S).
 
     Exact, NaN-free (all -inf gives (0, -inf)); float32 results. Used by decode.
     """

@@ -15,29 +15,34 @@ class EngineError(RuntimeError):
 
 
 class GroupFailed(EngineError):
-    """The worker group died (a rank failed or the group exited): this engine cannot answer any more."""
+    """The worker group died (a rank failed or the group exited): this engine cannot answer any
+    more."""
 
 
 class QuestionTooLong(EngineError):
-    """A question over the cap, refused on every rank before any prefill: the engine answers the next one."""
+    """A question over the cap, refused on every rank before any prefill: the engine answers the
+    next one."""
 
 
 _ERRORS = {cls.__name__: cls for cls in (EngineError, GroupFailed, QuestionTooLong)}
 
 
 def error_over_link(exc: EngineError) -> tuple[str, str]:
-    """How an engine error travels from rank 0 to the frontend process: its type's name and its message."""
+    """How an engine error travels from rank 0 to the frontend process: its type's name and its
+    message."""
     return type(exc).__name__, str(exc)
 
 
 def error_from_link(value: tuple[str, str]) -> EngineError:
-    """The error `error_over_link` sent, as the same type (EngineError for a type the frontend does not know)."""
+    """The error `error_over_link` sent, as the same type (EngineError for a type the frontend does
+    not know)."""
     name, message = value
     return _ERRORS.get(name, EngineError)(message)
 
 
 class EngineWarning(UserWarning):
-    """A warning raised on rank 0 of a worker group (an fps clamped, a prompt beyond the trained length), re-raised
+    """A warning raised on rank 0 of a worker group (an fps clamped, a prompt beyond the trained
+    length), re-raised
     in the frontend process so the user sees it: the ranks' own output goes to the group log."""
 
 
@@ -63,7 +68,9 @@ class VideoSummary:
     timestamps: list[float] = field(default_factory=list)
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
-    prompt_from_cache: bool = False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
+    prompt_from_cache: bool = (
+        False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
+    )
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
     memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
 
@@ -95,10 +102,15 @@ class Engine(Protocol):
     last_answer: AnswerStats | None
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        self,
+        path: str,
+        fps: float,
+        max_frames: int | None = None,
+        progress: ProgressFn | None = None,
         subtitles: Sequence[Any] | None = None,
-    ) -> VideoSummary:  # fmt: skip
-        """Make the video resident; `subtitles` (cues of `lvx_app.subtitles`) are placed after it in the prompt."""
+    ) -> VideoSummary:
+        """Make the video resident; `subtitles` (cues of `lvx_app.subtitles`) are placed after it in
+        the prompt."""
         ...
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
@@ -106,7 +118,8 @@ class Engine(Protocol):
         ...
 
     def interrupt(self) -> None:
-        """Stop the answer being generated (safe to call from a signal handler or another thread)."""
+        """Stop the answer being generated (safe to call from a signal handler or another
+        thread)."""
         ...
 
     def reset(self) -> None:

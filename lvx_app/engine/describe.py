@@ -1,4 +1,5 @@
-"""One-line descriptions of a loaded video and of the last answer, shared by the terminal chat and the browser."""
+"""One-line descriptions of a loaded video and of the last answer, shared by the terminal chat and
+the browser."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def printable(text: str) -> str:
-    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the terminal."""
+    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the
+    terminal."""
     return _CONTROL.sub("", text)
 
 
 def describe_video(summary: VideoSummary) -> str:
     source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
-    subtitles = f", {summary.subtitle_lines} subtitle line(s) placed" if summary.subtitle_lines else ""
+    subtitles = (
+        f", {summary.subtitle_lines} subtitle line(s) placed" if summary.subtitle_lines else ""
+    )
     if summary.prompt_from_cache:
         kv = " and visual K/V" if summary.visual_kv_from_cache else ""
         source = f"from cache with its saved prompt{kv} in {summary.seconds:.1f} s"
@@ -30,5 +34,7 @@ def describe_answer(engine: Engine) -> str:
     s = engine.last_answer
     if s is None:
         return ""
-    flags = " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
+    flags = (
+        " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
+    )
     return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"

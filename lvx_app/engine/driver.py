@@ -14,11 +14,21 @@ import time
 from typing import Any, Iterator, Sequence
 
 from lvx_app.engine.api import AnswerStats, EngineError, GenerationParams, ProgressFn, VideoSummary
-from lvx_app.engine.commands import ASK, COMMANDS, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
+from lvx_app.engine.commands import (
+    ASK,
+    COMMANDS,
+    LOAD_VIDEO,
+    SHUTDOWN,
+    STATS,
+    Command,
+    value_command,
+)
 from lvx_app.engine.control import ControlChannel
 
 
-def run_share(session: Any, channel: ControlChannel, command: Command, kwargs: dict[str, Any], **local: Any) -> Any:
+def run_share(
+    session: Any, channel: ControlChannel, command: Command, kwargs: dict[str, Any], **local: Any
+) -> Any:
     """This rank's share of `command`: the session method, then the gather every rank joins.
 
     `local` holds what stays on this rank (rank 0's progress callback and stop flag)."""
@@ -41,15 +51,27 @@ class GroupDriver:
         return run_share(self.session, self.channel, command, kwargs, **(local or {}))
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        self,
+        path: str,
+        fps: float,
+        max_frames: int | None = None,
+        progress: ProgressFn | None = None,
         subtitles: Sequence[Any] | None = None,
-    ) -> VideoSummary:  # fmt: skip
-        return self._run(LOAD_VIDEO, {"progress": progress}, path=path, fps=fps, max_frames=max_frames,
-                         subtitles=list(subtitles) if subtitles else None)
+    ) -> VideoSummary:
+        return self._run(
+            LOAD_VIDEO,
+            {"progress": progress},
+            path=path,
+            fps=fps,
+            max_frames=max_frames,
+            subtitles=list(subtitles) if subtitles else None,
+        )
 
     def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
         self._stop.clear()
-        answer = self._run(ASK, {"should_stop": self._stop.is_set}, question=question, params=params)
+        answer = self._run(
+            ASK, {"should_stop": self._stop.is_set}, question=question, params=params
+        )
         t0 = time.perf_counter()
         try:
             yield from answer
@@ -74,7 +96,8 @@ class GroupDriver:
         self.channel.broadcast(SHUTDOWN.message())
 
     def __getattr__(self, name: str) -> Any:
-        """Any other command of the table (`reset`, ...) as a method: broadcast it, run rank 0's share."""
+        """Any other command of the table (`reset`, ...) as a method: broadcast it, run rank 0's
+        share."""
         command = value_command(name)
         return lambda **kwargs: self._run(command, **kwargs)
 

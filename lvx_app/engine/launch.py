@@ -1,8 +1,8 @@
 """Start a local torchrun worker group and drive it from this process.
 
-torch's torchrun (through `lvx_app.parallel.torchrun`, which dies with this process and names the rank that failed
-first) starts and watches the ranks; we only add the socket to rank 0, a log file for everything the ranks print,
-and that reason when the group dies.
+torch's torchrun (through `lvx_app.parallel.torchrun`, which dies with this process and names the
+rank that failed first) starts and watches the ranks; we only add the socket to rank 0, a log file
+for everything the ranks print, and that reason when the group dies.
 """
 
 from __future__ import annotations
@@ -32,12 +32,35 @@ from lvx_app.engine.api import (
     VideoSummary,
     error_from_link,
 )
-from lvx_app.engine.commands import ASK, INTERRUPT, LOAD_VIDEO, SHUTDOWN, STATS, Command, value_command
+from lvx_app.engine.commands import (
+    ASK,
+    INTERRUPT,
+    LOAD_VIDEO,
+    SHUTDOWN,
+    STATS,
+    Command,
+    value_command,
+)
 from lvx_app.engine.link import answer_stats
-from lvx_app.parallel.failures import FAILURE_PREFIX, RUN_DIR_ENV, RankFailure, describe_failures, error_file, pid_file
+from lvx_app.parallel.failures import (
+    FAILURE_PREFIX,
+    RUN_DIR_ENV,
+    RankFailure,
+    describe_failures,
+    error_file,
+    pid_file,
+)
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
 
-__all__ = ["LINK_ENV", "LINK_KEY_ENV", "RUN_DIR_ENV", "RemoteEngine", "describe_failure", "error_file", "pid_file"]
+__all__ = [
+    "LINK_ENV",
+    "LINK_KEY_ENV",
+    "RUN_DIR_ENV",
+    "RemoteEngine",
+    "describe_failure",
+    "error_file",
+    "pid_file",
+]
 
 LINK_ENV = "LVX_LINK"
 LINK_KEY_ENV = "LVX_LINK_KEY"
@@ -46,14 +69,17 @@ WORKER_MODULE = "lvx_app.frontends.worker"
 
 
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
-    """Name the rank that failed first and why: the line our launcher (`lvx_app.parallel.torchrun`) wrote to the log."""
+    """Name the rank that failed first and why: the line our launcher (`lvx_app.parallel.torchrun`)
+    wrote to the log."""
     log = run_dir / "group.log"
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     said = [line.removeprefix(FAILURE_PREFIX) for line in lines if line.startswith(FAILURE_PREFIX)]
     if said:
         return said[-1]
     for path in sorted(run_dir.glob("error-rank*.txt")):
-        return describe_failures([RankFailure(int(path.stem.removeprefix("error-rank")), 1)], run_dir)
+        return describe_failures(
+            [RankFailure(int(path.stem.removeprefix("error-rank")), 1)], run_dir
+        )
     return f"the worker group exited (code {returncode}); see {log}"
 
 
@@ -74,21 +100,36 @@ class RemoteEngine:
         self._listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = self._listener.address
         env = dict(os.environ)
-        env.update({LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)})
+        env.update(
+            {LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)}
+        )
         if threading.current_thread() is threading.main_thread():
             mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
-        else:  # the kernel's parent-death signal follows the thread that started a child, not the process
+        # the kernel's parent-death signal follows the thread that started a child, not the process
+        else:
             env.pop(LAUNCHER_PID_ENV, None)
         if not cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [
-            sys.executable, "-m", "lvx_app.parallel.torchrun",
-            "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
-            "-m", WORKER_MODULE, "--config", json.dumps(worker_config),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "lvx_app.parallel.torchrun",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.5",
+            "-m",
+            WORKER_MODULE,
+            "--config",
+            json.dumps(worker_config),
+        ]
         self._log = open(self.run_dir / "group.log", "wb")
         self.proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             self.conn = self._accept(start_timeout_s)
@@ -113,11 +154,15 @@ class RemoteEngine:
                 raise GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
             if time.monotonic() > deadline:
                 self._kill()
-                raise EngineError(f"the worker group did not start within {timeout_s:.0f}s; see {self.run_dir}/group.log")
+                raise EngineError(
+                    f"the worker group did not start within {timeout_s:.0f}s; see "
+                    f"{self.run_dir}/group.log"
+                )
         return box[0]
 
     def _recv(self) -> tuple[str, Any]:
-        """The next message from rank 0; warnings it relays are re-raised here on the way (as EngineWarning)."""
+        """The next message from rank 0; warnings it relays are re-raised here on the way (as
+        EngineWarning)."""
         try:
             while True:
                 kind, value = self.conn.recv()
@@ -134,7 +179,8 @@ class RemoteEngine:
             raise self._group_failed() from None
 
     def _group_failed(self) -> GroupFailed:
-        """The link to rank 0 broke: let torchrun finish stopping the group (or kill it), then say which rank failed."""
+        """The link to rank 0 broke: let torchrun finish stopping the group (or kill it), then say
+        which rank failed."""
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -152,10 +198,20 @@ class RemoteEngine:
             raise EngineError(f"unexpected message {kind!r} from rank 0")
 
     def load_video(
-        self, path: str, fps: float, max_frames: int | None = None, progress: ProgressFn | None = None,
+        self,
+        path: str,
+        fps: float,
+        max_frames: int | None = None,
+        progress: ProgressFn | None = None,
         subtitles: Sequence[Any] | None = None,
-    ) -> VideoSummary:  # fmt: skip
-        self._send(LOAD_VIDEO, path=path, fps=fps, max_frames=max_frames, subtitles=list(subtitles) if subtitles else None)
+    ) -> VideoSummary:
+        self._send(
+            LOAD_VIDEO,
+            path=path,
+            fps=fps,
+            max_frames=max_frames,
+            subtitles=list(subtitles) if subtitles else None,
+        )
         while True:
             kind, value = self._recv()
             if kind == "progress":
@@ -182,7 +238,9 @@ class RemoteEngine:
                     finished = True
                     raise error_from_link(value)
         finally:
-            if not finished:  # the caller stopped reading: stop the group, drain to the end of the turn
+            if (
+                not finished
+            ):  # the caller stopped reading: stop the group, drain to the end of the turn
                 self.interrupt()
                 while True:
                     kind, value = self._recv()
@@ -202,8 +260,13 @@ class RemoteEngine:
         return self._request(STATS)
 
     def dead(self) -> str | None:
-        """Which rank failed, if torchrun has already ended the group (a rank died between requests); else None."""
-        return None if self.proc.poll() is None else describe_failure(self.run_dir, self.proc.returncode)
+        """Which rank failed, if torchrun has already ended the group (a rank died between
+        requests); else None."""
+        return (
+            None
+            if self.proc.poll() is None
+            else describe_failure(self.run_dir, self.proc.returncode)
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -219,12 +282,14 @@ class RemoteEngine:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
 
     def abort(self) -> None:
-        """Stop the group now, with no goodbye to a rank 0 that may be busy for minutes (Ctrl-C while loading)."""
+        """Stop the group now, with no goodbye to a rank 0 that may be busy for minutes (Ctrl-C
+        while loading)."""
         self._kill()
         self.close()
 
     def __getattr__(self, name: str) -> Any:
-        """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its reply."""
+        """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its
+        reply."""
         command = value_command(name)
         return lambda **kwargs: self._request(command, **kwargs)
 

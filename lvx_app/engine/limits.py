@@ -1,18 +1,19 @@
 """How many tokens one question may have, decided before any rank allocates for its prefill.
 
-A pasted book (a 1,000,000-character question) once made rank 0 allocate 11.5 GB and get OOM-killed, taking the
-group with it. A question is capped by the model's context (`max_position_embeddings`) and by what the prefill
-would need on one rank: activations and the text K/V it adds grow linearly, and a ring step's score (or additive
-mask) block of its local queries against one rank's share of the text keys, fp32 per head as the math and masked
-kernels hold it, grows with the conversation. Visual tokens are left out: the question sees every frame, so those
-tiles take the unmasked kernels. The budget is the free memory `ingest` also plans with.
+A pasted book (a 1,000,000-character question) once made rank 0 allocate 11.5 GB and get OOM-killed,
+taking the group with it. A question is capped by the model's context (`max_position_embeddings`)
+and by what the prefill would need on one rank: activations and the text K/V it adds grow linearly,
+and a ring step's score (or additive mask) block of its local queries against one rank's share of
+the text keys, fp32 per head as the math and masked kernels hold it, grows with the conversation.
+Visual tokens are left out: the question sees every frame, so those tiles take the unmasked kernels.
+The budget is the free memory `ingest` also plans with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.config import Owl3Config
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,24 @@ def prefill_bytes(n: int, cfg: Owl3Config, shape: PrefillShape) -> int:
     """An upper estimate of one rank's memory for prefilling `n` more tokens."""
     local = -(-n // shape.world)
     linear = local * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * shape.element_bytes
-    kv = local * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * shape.element_bytes
+    kv = (
+        local
+        * cfg.num_hidden_layers
+        * 2
+        * cfg.num_key_value_heads
+        * cfg.head_dim
+        * shape.element_bytes
+    )
     keys = -(-(shape.position + n) // shape.world)
     scores = cfg.num_attention_heads * local * keys * 4
     return linear + kv + scores
 
 
-def question_limit(cfg: Owl3Config, shape: PrefillShape, budget_bytes: int | None) -> tuple[int, str]:
-    """(most tokens a question may have, what sets it: "the model's context" or "the free memory of a rank")."""
+def question_limit(
+    cfg: Owl3Config, shape: PrefillShape, budget_bytes: int | None
+) -> tuple[int, str]:
+    """(most tokens a question may have, what sets it: "the model's context" or "the free memory of
+    a rank")."""
     context = int(cfg.max_position_embeddings)
     if budget_bytes is None or prefill_bytes(context, cfg, shape) <= budget_bytes:
         return context, "the model's context"
@@ -48,5 +59,8 @@ def question_limit(cfg: Owl3Config, shape: PrefillShape, budget_bytes: int | Non
 
 def too_long(tokens: int, limit: int, why: str) -> str:
     """The one line a user sees for a question over the cap."""
-    return (f"the question is {tokens:,} tokens, over the {limit:,} tokens a question may have here ({why}); "
-            f"shorten it, or ask about a part of it at a time")
+    return (
+        f"the question is {tokens:,} tokens, over the {limit:,} tokens a question may have here "
+        f"({why}); "
+        f"shorten it, or ask about a part of it at a time"
+    )

@@ -16,7 +16,8 @@ from lvx_app.engine.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
 
 
 def relay_warnings(conn: Connection) -> None:
-    """Rank 0: send every warning to the frontend too (this process's output only reaches the group log)."""
+    """Rank 0: send every warning to the frontend too (this process's output only reaches the group
+    log)."""
     keep_in_log = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
@@ -57,7 +58,10 @@ def _run(driver: Any, conn: Connection, command: Command, kwargs: dict) -> Any:
     """Run `command` on the driver, streaming what it streams; returns its result as plain data."""
     run = getattr(driver, command.name)
     if command.reply == "progress":
-        result = run(**kwargs, progress=lambda stage, done, total: conn.send(("progress", (stage, done, total))))
+        result = run(
+            **kwargs,
+            progress=lambda stage, done, total: conn.send(("progress", (stage, done, total))),
+        )
     elif command.reply == "pieces":
         for piece in run(**kwargs):
             conn.send(("piece", piece))

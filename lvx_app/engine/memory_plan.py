@@ -1,28 +1,36 @@
-"""Memory and time plan of one chat session on a long video, from the model's real shapes (all figures projected).
+"""Memory and time plan of one chat session on a long video, from the model's real shapes (all
+figures projected).
 
-The engine decides what each rank keeps, so the plan lives beside it. Parameter counts come from building
-`Owl3Model` on the `meta` device (no memory, no weights); every other term is the size of a tensor the code as it
-stands allocates, named after where it is made:
+The engine decides what each rank keeps, so the plan lives beside it. Parameter counts come from
+building
+`Owl3Model` on the `meta` device (no memory, no weights); every other term is the size of a tensor
+the code as it stands allocates, named after where it is made:
 
-- weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and language model);
+- weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and
+language model);
 - E: this rank's features (frames, 729, H) (`ingest`); kept only with `--recompute-kv`;
-- visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 * n_kv * d
+- visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 *
+n_kv * d
   values per visual token;
-- its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm` in float32
+- its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm`
+in float32
   (two float32 copies of the chunk), then the projection, then K's float32 rotation;
-- text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question and its answer
-  usually fit without a copy; with several ranks it is replicated after the video prompt's sharded prefill
-  (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the local slice for a moment),
-  so every rank holds the whole;
-- prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in each hyper
+- text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question
+and its answer
+  usually fit without a copy; with several ranks it is replicated after the video prompt's sharded
+  prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the
+  local slice for a moment), so every rank holds the whole;
+- prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in
+each hyper
   layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles' band masks;
 - vision tower: `encode_images` runs 16 images at a time.
 
-With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows, visible keys per
-ring round) and the weights are not; only the one-rank formula is checked against a measurement (`plan_gpu.py --check-rss`).
+With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
+visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
+measurement (`plan_gpu.py --check-rss`).
 
-Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM bandwidth,
-added without overlap; communication and CPU video decoding are not in them.
+Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM
+bandwidth, added without overlap; communication and CPU video decoding are not in them.
 """
 
 from __future__ import annotations
@@ -32,14 +40,18 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from lvx_app.attention.masks import MIN_TILE, Q_TILE
-from models.mplug_owl3.config import Owl3Config
-from models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
-from models.mplug_owl3.modeling import Owl3Model
-from models.mplug_owl3.qwen2 import kv_capacity
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.qwen2 import kv_capacity
 
 GB = 1e9
-PROMPT_HEADER_TOKENS = 18  # chat template tokens before the first frame placeholder (bench_chat.py uses the same)
-PLACEHOLDER_TOKENS = 5  # ids per <|image|> placeholder in the released tokenizers (reference mplug_owl3.md §5)
+PROMPT_HEADER_TOKENS = (
+    18  # chat template tokens before the first frame placeholder (bench_chat.py uses the same)
+)
+PLACEHOLDER_TOKENS = (
+    5  # ids per <|image|> placeholder in the released tokenizers (reference mplug_owl3.md §5)
+)
 
 
 @dataclass(frozen=True)
@@ -53,12 +65,15 @@ class Rates:
 
 @dataclass(frozen=True)
 class Workload:
-    """One session: a video at `fps` for `minutes`, split over `ranks`, one question and its answer."""
+    """One session: a video at `fps` for `minutes`, split over `ranks`, one question and its
+    answer."""
 
     minutes: float
     fps: float = 1.0
     ranks: int = 1
-    kv_mode: str = "cache"  # cache (resident visual K/V) | recompute (--recompute-kv: keep E, recompute K/V)
+    kv_mode: str = (
+        "cache"  # cache (resident visual K/V) | recompute (--recompute-kv: keep E, recompute K/V)
+    )
     dtype_bytes: int = 2  # bf16 on GPU, 4 for the CPU's float32
     question_tokens: int = 24
     answer_tokens: int = 256
@@ -82,7 +97,8 @@ def _ceil_div(a: int, b: int) -> int:
 class ParamCounts:
     """Parameter counts by part, read from the meta-device model."""
 
-    vision: int  # the tower as built: embeddings and the layers that run (all but the checkpoint's last)
+    # the tower as built: embeddings and the layers that run (all but the checkpoint's last)
+    vision: int
     projector: int
     language: int  # decoder layers, norms, embeddings, lm_head
     embedding: int  # embed_tokens (a lookup: no FLOPs)
@@ -93,17 +109,22 @@ class ParamCounts:
 
 
 def param_counts(config: Owl3Config) -> ParamCounts:
-    """Count the parameters of `Owl3Model(config)` built on the meta device (nothing is allocated)."""
+    """Count the parameters of `Owl3Model(config)` built on the meta device (nothing is
+    allocated)."""
     with torch.device("meta"):
         model = Owl3Model(config)
 
     def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in module.buffers())
+        return sum(p.numel() for p in module.parameters()) + sum(
+            b.numel() for b in module.buffers()
+        )
 
     return ParamCounts(
-        vision=count(model.vision_model), projector=count(model.vision2text_model),
-        language=count(model.language_model), embedding=model.language_model.model.embed_tokens.weight.numel(),
-    )  # fmt: skip
+        vision=count(model.vision_model),
+        projector=count(model.vision2text_model),
+        language=count(model.language_model),
+        embedding=model.language_model.model.embed_tokens.weight.numel(),
+    )
 
 
 RESIDENT = ("weights", "features E", "visual K/V", "text K/V")  # what a rank keeps between turns
@@ -111,10 +132,13 @@ RESIDENT = ("weights", "features E", "visual K/V", "text K/V")  # what a rank ke
 
 @dataclass
 class MemoryPlan:
-    """Per-rank bytes: what stays resident, the transient of each stage, and the peak over stages."""
+    """Per-rank bytes: what stays resident, the transient of each stage, and the peak over
+    stages."""
 
     resident: dict[str, int]
-    stages: dict[str, int] = field(default_factory=dict)  # stage -> peak bytes during it (resident included)
+    stages: dict[str, int] = field(
+        default_factory=dict
+    )  # stage -> peak bytes during it (resident included)
 
     @property
     def peak(self) -> int:
@@ -125,21 +149,32 @@ class MemoryPlan:
         return max(self.stages, key=self.stages.get)
 
 
-def _visual_kv_transient(cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES) -> int:
-    """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens` visual tokens
+def _visual_kv_transient(
+    cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
+) -> int:
+    """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
+    visual tokens
     (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
-    h, kvw, kd = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, kvw, kd = (
+        cfg.hidden_size,
+        2 * cfg.num_key_value_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+    )
     p = cfg.vision.num_patches
     chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
     norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
     project = h * b + kvw * b  # the normed input and the projection's output
-    rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim  # K in float32, its rotate-half and products; cos, sin
+    rope = (
+        kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim
+    )  # K in float32, its rotate-half and products; cos, sin
     return chunk * max(norm, project, rope)
 
 
 def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
-    """(tokens each layer's text K/V buffer holds after the prompt, the question in one forward and `answer` tokens
-    one at a time; the buffer's length before its last growth, or 0), as `_LayerKV` grows: to `kv_capacity`."""
+    """(tokens each layer's text K/V buffer holds after the prompt, the question in one forward and
+    `answer` tokens
+    one at a time; the buffer's length before its last growth, or 0), as `_LayerKV` grows: to
+    `kv_capacity`."""
     cap, before = kv_capacity(prompt), 0
     if prompt + question > cap:
         before, cap = cap, kv_capacity(prompt + question)
@@ -151,9 +186,11 @@ def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
 def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
     """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
-    Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames some of its rows
-    see and others do not (capped by the `keys` this rank holds), its rows those that see at least one frame. Tiles
-    are cut as `masks.tile_plans` cuts them: after MIN_TILE tokens where the frames seen change, at most Q_TILE."""
+    Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames
+    some of its rows see and others do not (capped by the `keys` this rank holds), its rows those
+    that see at least one frame. Tiles
+    are cut as `masks.tile_plans` cuts them: after MIN_TILE tokens where the frames seen change, at
+    most Q_TILE."""
     p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
 
     def q_vis(t: int) -> int:
@@ -173,16 +210,19 @@ def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
 
 
 def live_band_masks(tiles: list[tuple[int, int]]) -> int:
-    """Bytes of the bool band masks alive at once: a tile's and the next one's (`masks.lone_plan` plans one ahead)."""
+    """Bytes of the bool band masks alive at once: a tile's and the next one's (`masks.lone_plan`
+    plans one ahead)."""
     sizes = [r * k for r, k in tiles]
     return max((a + b for a, b in zip(sizes, sizes[1:])), default=sum(sizes))
 
 
 def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
-    """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local visual keys.
+    """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local
+    visual keys.
 
-    It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is split, merges the
-    parts into float32 accumulators. Tiles are planned as they run, so at most two bool band masks live together
+    It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is
+    split, merges the parts into float32 accumulators. Tiles are planned as they run, so at most two
+    bool band masks live together
     (a tile's and the next one's); the running band adds its additive bias and negated mask."""
     q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
     if not masked:
@@ -194,22 +234,30 @@ def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: 
 
 
 def _layer_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
-    """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual attention."""
+    """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual
+    attention."""
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-    mlp = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)  # SwiGLU + residual stream
+    mlp = rows * (
+        3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b
+    )  # SwiGLU + residual stream
     return max(mlp, _attention_transient(cfg, rows, keys, b, masked))
 
 
 def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
-    """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the projector's."""
+    """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the
+    projector's."""
     v, t = cfg.vision, cfg.vision.num_patches
     pixels = batch * v.num_channels * v.image_size**2 * b
     layer = batch * t * (4 * v.hidden_size + 2 * v.intermediate_size) * b
     return pixels + max(layer, batch * t * 2 * cfg.hidden_size * b)
 
 
-def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None = None) -> MemoryPlan:
-    """Per-rank memory of `work`: resident tensors and the peak of each stage (load, prefill, question, decode)."""
+def memory_plan(
+    config: Owl3Config, work: Workload, counts: ParamCounts | None = None
+) -> MemoryPlan:
+    # long: one line per tensor the engine keeps, summed in the order they appear
+    """Per-rank memory of `work`: resident tensors and the peak of each stage (load, prefill,
+    question, decode)."""
     cfg, b = config, work.dtype_bytes
     counts = counts or param_counts(cfg)
     frames = _ceil_div(work.frames, work.ranks)
@@ -225,7 +273,10 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     resident = {"weights": counts.total * b}
     if work.kv_mode == "recompute":
         resident["features E"] = e
-        kv_in_use, kv_make = kv_layer, kv_transient  # each hyper layer recomputes its K/V when it runs
+        kv_in_use, kv_make = (
+            kv_layer,
+            kv_transient,
+        )  # each hyper layer recomputes its K/V when it runs
     else:
         resident["visual K/V"] = n_hyper * kv_layer
         kv_in_use, kv_make = 0, 0
@@ -236,29 +287,56 @@ def memory_plan(config: Owl3Config, work: Workload, counts: ParamCounts | None =
     base = resident["weights"]
     stages = {
         "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
-        # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing else is (recompute)
-        "visual K/V": base + e + ((n_hyper - 1) * kv_layer if work.kv_mode == "cache" else 0) + kv_transient,
+        # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing
+        # else is (recompute)
+        "visual K/V": base
+        + e
+        + ((n_hyper - 1) * kv_layer if work.kv_mode == "cache" else 0)
+        + kv_transient,
     }
     kept = sum(resident.values()) - resident["text K/V"]
-    visible = work.frames * cfg.vision.num_patches // work.ranks  # the last rows see every frame of this rank's shard
+    visible = (
+        work.frames * cfg.vision.num_patches // work.ranks
+    )  # the last rows see every frame of this rank's shard
     local = text_kv(kv_capacity(prompt))
-    stages["video prefill"] = kept + local + max(
-        _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use, kv_make,
-        text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)))  # fmt: skip
-    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers  # a growing layer's old buffer too
-    stages["question"] = kept + growing + max(
-        _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use, kv_make)
+    stages["video prefill"] = (
+        kept
+        + local
+        + max(
+            _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use,
+            kv_make,
+            text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)),
+        )
+    )
+    growing = (
+        text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers
+    )  # a growing layer's old buffer too
+    stages["question"] = (
+        kept
+        + growing
+        + max(
+            _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use,
+            kv_make,
+        )
+    )
     stages["decode"] = sum(resident.values()) + max(
-        _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make)
+        _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make
+    )
     return MemoryPlan(resident=resident, stages=stages)
 
 
-def largest_minutes(config: Owl3Config, work: Workload, budget_bytes: float, counts: ParamCounts | None = None) -> float:
-    """The longest video (minutes, whole frames at `work.fps`) whose planned peak fits `budget_bytes` per rank."""
+def largest_minutes(
+    config: Owl3Config, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
+) -> float:
+    """The longest video (minutes, whole frames at `work.fps`) whose planned peak fits
+    `budget_bytes` per rank."""
     counts = counts or param_counts(config)
 
     def fits(frames: int) -> bool:
-        return memory_plan(config, replace(work, minutes=frames / 60 / work.fps), counts).peak <= budget_bytes
+        return (
+            memory_plan(config, replace(work, minutes=frames / 60 / work.fps), counts).peak
+            <= budget_bytes
+        )
 
     if not fits(1):
         return 0.0
@@ -271,57 +349,100 @@ def largest_minutes(config: Owl3Config, work: Workload, budget_bytes: float, cou
     return lo / 60 / work.fps
 
 
-def time_plan(config: Owl3Config, work: Workload, rates: Rates = Rates(), counts: ParamCounts | None = None) -> dict:
-    """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split evenly over the ranks,
-    the weights are not: every forward reads all of them on every rank). Matmul, attention and memory times add up
+def time_plan(
+    config: Owl3Config, work: Workload, rates: Rates = Rates(), counts: ParamCounts | None = None
+) -> dict:
+    # long: one line per stage, in the order they run
+    """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split
+    evenly over the ranks, the weights are not: every forward reads all of them on every rank).
+    Matmul, attention and memory times add up
     (no overlap assumed); communication is not counted."""
     cfg, b, n = config, work.dtype_bytes, work.ranks
     counts = counts or param_counts(cfg)
     v, t = cfg.vision, cfg.vision.num_patches
-    hq, d, layers, n_hyper = cfg.num_attention_heads, cfg.head_dim, cfg.num_hidden_layers, len(cfg.hyper_layer_indices)
+    hq, d, layers, n_hyper = (
+        cfg.num_attention_heads,
+        cfg.head_dim,
+        cfg.num_hidden_layers,
+        len(cfg.hyper_layer_indices),
+    )
     kv_cols = 2 * cfg.num_key_value_heads * d
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
-    lm_matmul = counts.language - counts.embedding  # every non-embedding parameter is one multiply-add per token
-    vision_frame = 2 * (counts.vision + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
-    make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper  # v_kv_proj over every visual token, all hyper layers
+    lm_matmul = (
+        counts.language - counts.embedding
+    )  # every non-embedding parameter is one multiply-add per token
+    vision_frame = (
+        2 * (counts.vision + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
+    )
+    make_kv = (
+        2 * s_kv * cfg.hidden_size * kv_cols * n_hyper
+    )  # v_kv_proj over every visual token, all hyper layers
 
     def prefill(rows: int, before: int) -> tuple[float, float]:
         """(matmul, attention) FLOPs of `rows` new tokens after `before` cached ones."""
         text = 4 * hq * d * layers * (rows * before + rows * rows / 2)
-        seen = s_kv * rows if before else s_kv * rows / 2  # the video prompt's rows see a growing prefix of frames
+        seen = (
+            s_kv * rows if before else s_kv * rows / 2
+        )  # the video prompt's rows see a growing prefix of frames
         return 2 * lm_matmul * rows, text + 4 * hq * d * n_hyper * seen
 
     recompute = make_kv if work.kv_mode == "recompute" else 0
     p_mm, p_at = prefill(prompt, 0)
     q_mm, q_at = prefill(q, prompt)
-    # a decode step: every rank runs the same one-token step on its replicated weights and its share of the keys
-    decode_bytes = lm_matmul * b + (n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
+    # a decode step: every rank runs the same one-token step on its replicated weights and its share
+    # of the keys
+    decode_bytes = (
+        lm_matmul * b + (n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
+    )
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0),
-        "video-prompt prefill": ((p_mm + recompute) / n, p_at / n, lm_matmul * b),  # every forward reads the weights
+        "video-prompt prefill": (
+            (p_mm + recompute) / n,
+            p_at / n,
+            lm_matmul * b,
+        ),  # every forward reads the weights
         "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, lm_matmul * b),
-        "decode step": (2 * lm_matmul + recompute / n, 4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n, decode_bytes),
+        "decode step": (
+            2 * lm_matmul + recompute / n,
+            4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n,
+            decode_bytes,
+        ),
     }
     out = {}
     for name, (mm, at, by) in stages.items():
         seconds = mm / rates.matmul_flops + at / rates.attention_flops + by / rates.hbm_bytes
-        out[name] = {"matmul_tflop": mm / 1e12, "attention_tflop": at / 1e12, "hbm_gb": by / GB, "seconds": seconds}
+        out[name] = {
+            "matmul_tflop": mm / 1e12,
+            "attention_tflop": at / 1e12,
+            "hbm_gb": by / GB,
+            "seconds": seconds,
+        }
     out["tokens/s"] = 1.0 / out["decode step"]["seconds"]
     return out
 
 
-def plan_rows(config: Owl3Config, minutes: list[float], ranks: list[int], modes: list[str]) -> list[dict]:
-    """One row per (minutes, ranks, mode): per-rank resident GB by tensor and planned peak GB (all projected)."""
+def plan_rows(
+    config: Owl3Config, minutes: list[float], ranks: list[int], modes: list[str]
+) -> list[dict]:
+    """One row per (minutes, ranks, mode): per-rank resident GB by tensor and planned peak GB (all
+    projected)."""
     counts = param_counts(config)
     rows = []
     for m in minutes:
         for n in ranks:
             for mode in modes:
                 plan = memory_plan(config, Workload(minutes=m, ranks=n, kv_mode=mode), counts)
-                rows.append({"minutes": m, "ranks": n, "kv mode": mode,
-                             **{f"{k} GB": round(plan.resident.get(k, 0) / GB, 1) for k in RESIDENT},
-                             "peak GB": round(plan.peak / GB, 1), "peak stage": plan.peak_stage})  # fmt: skip
+                rows.append(
+                    {
+                        "minutes": m,
+                        "ranks": n,
+                        "kv mode": mode,
+                        **{f"{k} GB": round(plan.resident.get(k, 0) / GB, 1) for k in RESIDENT},
+                        "peak GB": round(plan.peak / GB, 1),
+                        "peak stage": plan.peak_stage,
+                    }
+                )
     return rows

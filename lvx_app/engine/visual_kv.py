@@ -1,12 +1,13 @@
-"""Resident visual K/V on opening a video: read back the ones an earlier open saved, or compute them from the features
-and save them when that measured cheaper (issue #17: "recomputed from the features, which is cheap, unless resident
-K/V are cheaper to read back — measure and pick").
+"""Resident visual K/V on opening a video: read back the ones an earlier open saved, or compute them
+from the features and save them when that measured cheaper (issue #17: "recomputed from the
+features, which is cheap, unless resident K/V are cheaper to read back — measure and pick").
 
-The first open times the hyper layers' K/V projection of this rank's frames and estimates reading them back as their
-bytes / `VISUAL_KV_READ_BYTES_PER_S`; it saves them only when computing took more than `VISUAL_KV_SAVE_MARGIN` times
-that (so a GPU, where the projection takes milliseconds, never writes gigabytes for nothing). The ranks agree: all
-save or none, all read back or all compute, and they read back only when every rank has its file and its features
-came from the feature cache (the K/V were made from those features).
+The first open times the hyper layers' K/V projection of this rank's frames and estimates reading
+them back as their bytes / `VISUAL_KV_READ_BYTES_PER_S`; it saves them only when computing took more
+than `VISUAL_KV_SAVE_MARGIN` times that (so a GPU, where the projection takes milliseconds, never
+writes gigabytes for nothing). The ranks agree: all save or none, all read back or all compute, and
+they read back only when every rank has its file and its features came from the feature cache (the
+K/V were made from those features).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from lvx_app.parallel.collectives import nbytes
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.ingest import VisualShard
 from lvx_app.video.visual_kv_cache import VisualKVCache, VisualKVKey
-from models.mplug_owl3.hyper import VisualInputs
+from lvx_models.mplug_owl3.hyper import VisualInputs
 
 SAVE_MODES = ("auto", "always", "never")
 
@@ -35,7 +36,9 @@ class VisualKVChoice:
 
     source: str = "computed"  # computed | read back
     saved: bool = False  # written at this open for the next one
-    compute_s: float | None = None  # measured wall seconds of the K/V projection (None when read back)
+    compute_s: float | None = (
+        None  # measured wall seconds of the K/V projection (None when read back)
+    )
     read_s: float | None = None  # bytes / VISUAL_KV_READ_BYTES_PER_S
     nbytes: int = 0
     mode: str = "auto"
@@ -45,7 +48,10 @@ class VisualKVChoice:
             return f"read back from the saved visual K/V ({self.nbytes / 2**20:.1f} MiB)"
         if self.compute_s is None:
             return "computed (not saved: no feature cache)"
-        figures = f"compute {self.compute_s:.3f} s vs read {self.read_s:.3f} s est. for {self.nbytes / 2**20:.1f} MiB"
+        figures = (
+            f"compute {self.compute_s:.3f} s vs read {self.read_s:.3f} s est. for "
+            f"{self.nbytes / 2**20:.1f} MiB"
+        )
         why = "save_visual_kv=" + self.mode if self.mode != "auto" else figures
         return f"computed, {'saved for the next open' if self.saved else 'not saved'} ({why})"
 
@@ -61,9 +67,15 @@ def _checked(mode: str) -> str:
     return mode
 
 
-def should_save(mode: str, compute_s: float, nbytes: int, bytes_per_s: float | None = None,
-                margin: float | None = None) -> bool:
-    """Save the visual K/V when `mode` says so or, for "auto", when computing them was clearly slower than reading
+def should_save(
+    mode: str,
+    compute_s: float,
+    nbytes: int,
+    bytes_per_s: float | None = None,
+    margin: float | None = None,
+) -> bool:
+    """Save the visual K/V when `mode` says so or, for "auto", when computing them was clearly
+    slower than reading
     `nbytes` back at a conservative rate."""
     if _checked(mode) != "auto":
         return mode == "always"
@@ -78,25 +90,56 @@ def _sync(device: torch.device) -> None:
 
 
 class VisualKVOpener:
-    """The visual inputs of one open, from the saved K/V or computed; every rank calls `open` at the same point."""
+    """The visual inputs of one open, from the saved K/V or computed; every rank calls `open` at the
+    same point."""
 
-    def __init__(self, model, store: VisualKVCache | None, agree: Callable[[int], int], mode: str,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.model, self.store, self.agree, self.mode, self.clock = model, store, agree, _checked(mode), clock
+    def __init__(
+        self,
+        model,
+        store: VisualKVCache | None,
+        agree: Callable[[int], int],
+        mode: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.model, self.store, self.agree, self.mode, self.clock = (
+            model,
+            store,
+            agree,
+            _checked(mode),
+            clock,
+        )
 
-    def open(self, shard: VisualShard, starts: torch.Tensor, key: VisualKVKey | None, *, resident: bool,
-             video: str) -> tuple[VisualInputs, VisualKVChoice]:
-        """`resident`: kv mode "cache" (K/V kept); otherwise they are recomputed per forward and never saved.
+    def open(
+        self,
+        shard: VisualShard,
+        starts: torch.Tensor,
+        key: VisualKVKey | None,
+        *,
+        resident: bool,
+        video: str,
+    ) -> tuple[VisualInputs, VisualKVChoice]:
+        """`resident`: kv mode "cache" (K/V kept); otherwise they are recomputed per forward and
+        never saved.
         `key` None: no feature cache, nothing to save or read."""
         key = key if resident and self.store is not None else None
-        saved = self.store.load(key, shard.features.device) if key is not None and shard.from_cache else None
+        saved = (
+            self.store.load(key, shard.features.device)
+            if key is not None and shard.from_cache
+            else None
+        )
         if self.agree(int(saved is not None)):
-            lazy = self.model.prepare_visual(shard.features, starts, shard.positions, precompute=False)
-            return replace(lazy, kv=saved), VisualKVChoice("read back", nbytes=kv_nbytes(saved), mode=self.mode)
+            lazy = self.model.prepare_visual(
+                shard.features, starts, shard.positions, precompute=False
+            )
+            return replace(lazy, kv=saved), VisualKVChoice(
+                "read back", nbytes=kv_nbytes(saved), mode=self.mode
+            )
         _sync(shard.features.device)
         t0 = self.clock()
         with torch.no_grad():
-            visual = self.model.prepare_visual(shard.features, starts, shard.positions, precompute=resident)
+            visual = self.model.prepare_visual(
+                shard.features, starts, shard.positions, precompute=resident
+            )
         _sync(shard.features.device)
         choice = VisualKVChoice(mode=self.mode)
         if key is not None:
@@ -112,7 +155,12 @@ class VisualKVOpener:
         try:
             self.store.save(key, dict(visual.kv), video=Path(video).resolve())
         except OSError as exc:
-            warnings.warn(f"could not save the visual K/V in {self.store.root} ({exc}); the next open will compute "
-                          "them again. Free some space or set LVX_CACHE_DIR.", VideoWarning, stacklevel=3)
+            warnings.warn(
+                f"could not save the visual K/V in {self.store.root} ({exc}); the next open will "
+                "compute "
+                "them again. Free some space or set LVX_CACHE_DIR.",
+                VideoWarning,
+                stacklevel=3,
+            )
             return False
         return True

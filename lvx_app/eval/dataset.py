@@ -1,10 +1,11 @@
-"""Video-MME questions in the official layout, validated, with their videos located and a run's selection.
+"""Video-MME questions in the official layout, validated, with their videos located and a run's
+selection.
 
 ``--data DIR`` is laid out as the Hugging Face ``lmms-lab/Video-MME`` dataset unpacks::
 
-    DIR/videomme/test-*.parquet      2,700 questions (or a JSON file, see :func:`find_question_file`)
-    DIR/data/<videoID>.mp4           also .MP4 / .mkv; VLMEvalKit's DIR/video/ is searched too
-    DIR/subtitle/<videoID>.srt       optional
+    DIR/videomme/test-*.parquet      2,700 questions (or a JSON file, see
+    :func:`find_question_file`) DIR/data/<videoID>.mp4           also .MP4 / .mkv; VLMEvalKit's
+    DIR/video/ is searched too DIR/subtitle/<videoID>.srt       optional
 """
 
 from __future__ import annotations
@@ -26,24 +27,64 @@ DOMAINS = (
     "Multilingual",
 )
 SUB_CATEGORIES = (
-    "Humanity & History", "Literature & Art", "Biology & Medicine", "Finance & Commerce", "Astronomy",
-    "Geography", "Law", "Life Tip", "Technology",
-    "Animation", "Movie & TV Show", "Documentary", "News Report",
-    "Esports", "Basketball", "Football", "Athletics", "Other Sports",
-    "Stage Play", "Magic Show", "Variety Show", "Acrobatics", "Handicraft",
-    "Food", "Fashion", "Daily Life", "Travel", "Pet & Animal", "Exercise",
+    "Humanity & History",
+    "Literature & Art",
+    "Biology & Medicine",
+    "Finance & Commerce",
+    "Astronomy",
+    "Geography",
+    "Law",
+    "Life Tip",
+    "Technology",
+    "Animation",
+    "Movie & TV Show",
+    "Documentary",
+    "News Report",
+    "Esports",
+    "Basketball",
+    "Football",
+    "Athletics",
+    "Other Sports",
+    "Stage Play",
+    "Magic Show",
+    "Variety Show",
+    "Acrobatics",
+    "Handicraft",
+    "Food",
+    "Fashion",
+    "Daily Life",
+    "Travel",
+    "Pet & Animal",
+    "Exercise",
     "Multilingual",
-)  # fmt: skip
+)
 TASK_TYPES = (
-    "Temporal Perception", "Spatial Perception", "Attribute Perception", "Action Recognition",
-    "Object Recognition", "OCR Problems", "Counting Problem", "Temporal Reasoning", "Spatial Reasoning",
-    "Action Reasoning", "Object Reasoning", "Information Synopsis",
-)  # fmt: skip
+    "Temporal Perception",
+    "Spatial Perception",
+    "Attribute Perception",
+    "Action Recognition",
+    "Object Recognition",
+    "OCR Problems",
+    "Counting Problem",
+    "Temporal Reasoning",
+    "Spatial Reasoning",
+    "Action Reasoning",
+    "Object Reasoning",
+    "Information Synopsis",
+)
 
 REQUIRED_FIELDS = (
-    "video_id", "videoID", "duration", "domain", "sub_category", "task_type",
-    "question_id", "question", "options", "answer",
-)  # fmt: skip
+    "video_id",
+    "videoID",
+    "duration",
+    "domain",
+    "sub_category",
+    "task_type",
+    "question_id",
+    "question",
+    "options",
+    "answer",
+)
 VIDEO_DIRS = ("data", "video", "videos")
 VIDEO_EXTENSIONS = (".mp4", ".MP4", ".mkv")
 SUBTITLE_DIRS = ("subtitle", "subtitles")
@@ -55,7 +96,8 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Question:
-    """One Video-MME question; field names follow the official file (``videoID`` is the file stem)."""
+    """One Video-MME question; field names follow the official file (``videoID`` is the file
+    stem)."""
 
     question_id: str
     video_id: str
@@ -79,7 +121,9 @@ class Dataset:
     sha256: str
     questions: list[Question]
     video_paths: dict[str, Path] = field(default_factory=dict)  # videoID -> file
-    missing_videos: list[str] = field(default_factory=list)  # videoIDs with no file, in question order
+    missing_videos: list[str] = field(
+        default_factory=list
+    )  # videoIDs with no file, in question order
 
     def video_path(self, q: Question) -> Path | None:
         return self.video_paths.get(q.videoID)
@@ -89,16 +133,20 @@ class Dataset:
 
 
 def find_question_file(data_dir: Path) -> Path:
-    """The question file of ``data_dir``: ``videomme/test-*.parquet``, else a single ``*.parquet`` or
+    """The question file of ``data_dir``: ``videomme/test-*.parquet``, else a single ``*.parquet``
+    or
     ``*.json``/``*.jsonl`` in ``data_dir/videomme`` or ``data_dir`` itself."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DatasetError(f"{data_dir} is not a folder: pass --data the folder that holds videomme/ and data/.")
+        raise DatasetError(
+            f"{data_dir} is not a folder: pass --data the folder that holds videomme/ and data/."
+        )
     found = sorted((data_dir / "videomme").glob("test-*.parquet"))
     if found:
         if len(found) > 1:
             raise DatasetError(
-                f"several question files in {data_dir / 'videomme'} ({', '.join(p.name for p in found)}): "
+                f"several question files in {data_dir / 'videomme'} "
+                f"({', '.join(p.name for p in found)}): "
                 "pass the one to use with --questions."
             )
         return found[0]
@@ -108,11 +156,13 @@ def find_question_file(data_dir: Path) -> Path:
             return cands[0]
         if len(cands) > 1:
             raise DatasetError(
-                f"several possible question files in {folder} ({', '.join(p.name for p in cands)}): "
+                f"several possible question files in {folder} "
+                f"({', '.join(p.name for p in cands)}): "
                 "pass the one to use with --questions."
             )
     raise DatasetError(
-        f"no Video-MME question file under {data_dir}: expected videomme/test-00000-of-00001.parquet "
+        f"no Video-MME question file under {data_dir}: expected "
+        "videomme/test-00000-of-00001.parquet "
         "(as lmms-lab/Video-MME unpacks) or pass --questions FILE."
     )
 
@@ -126,7 +176,8 @@ def file_sha256(path: Path) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Raw rows of a parquet, JSON or JSONL question file. JSON may be a list of question rows, or the
+    """Raw rows of a parquet, JSON or JSONL question file. JSON may be a list of question rows, or
+    the
     official results shape: a list of videos, each with its ``questions`` list."""
     path = Path(path)
     try:
@@ -146,7 +197,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         data = data.get("questions", data.get("data"))
     if not isinstance(data, list):
-        raise DatasetError(f"question file {path} must hold a list of questions (or of videos with 'questions').")
+        raise DatasetError(
+            f"question file {path} must hold a list of questions (or of videos with 'questions')."
+        )
     rows: list[dict[str, Any]] = []
     for item in data:
         if isinstance(item, dict) and isinstance(item.get("questions"), list):
@@ -167,11 +220,14 @@ def _text(row: dict[str, Any], name: str, where: str) -> str:
 def parse_question(row: Any, where: str) -> Question:
     """One validated :class:`Question` from a raw row; ``where`` names the row in error messages."""
     if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected an object with the Video-MME fields, got {type(row).__name__}.")
+        raise DatasetError(
+            f"{where}: expected an object with the Video-MME fields, got {type(row).__name__}."
+        )
     missing = [f for f in REQUIRED_FIELDS if f not in row]
     if missing:
         raise DatasetError(
-            f"{where}: missing field(s) {', '.join(missing)}; a Video-MME question needs {', '.join(REQUIRED_FIELDS)}."
+            f"{where}: missing field(s) {', '.join(missing)}; a Video-MME question needs "
+            f"{', '.join(REQUIRED_FIELDS)}."
         )
     qid = _text(row, "question_id", where)
     where = f"{where} (question {qid})"
@@ -179,17 +235,23 @@ def parse_question(row: Any, where: str) -> Question:
     if hasattr(options, "tolist"):  # numpy arrays from pandas-written files
         options = options.tolist()
     if not isinstance(options, (list, tuple)) or len(options) != 4:
-        raise DatasetError(f"{where}: 'options' must be a list of 4 strings 'A. ...' to 'D. ...', got {options!r}.")
+        raise DatasetError(
+            f"{where}: 'options' must be a list of 4 strings 'A. ...' to 'D. ...', got {options!r}."
+        )
     for letter, opt in zip("ABCD", options):
         body = opt.strip()[2:].strip() if isinstance(opt, str) else ""
         if not isinstance(opt, str) or not opt.strip().startswith(f"{letter}.") or not body:
-            raise DatasetError(f"{where}: option {letter} must read '{letter}. <text>', got {opt!r}.")
+            raise DatasetError(
+                f"{where}: option {letter} must read '{letter}. <text>', got {opt!r}."
+            )
     answer = _text(row, "answer", where)
     if answer not in ("A", "B", "C", "D"):
         raise DatasetError(f"{where}: 'answer' must be one of A, B, C, D, got {answer!r}.")
     duration = _text(row, "duration", where)
     if duration not in DURATIONS:
-        raise DatasetError(f"{where}: 'duration' must be one of {', '.join(DURATIONS)}, got {duration!r}.")
+        raise DatasetError(
+            f"{where}: 'duration' must be one of {', '.join(DURATIONS)}, got {duration!r}."
+        )
     if isinstance(row["video_id"], int):  # "001" written as a number by some converters
         row = {**row, "video_id": f"{row['video_id']:03d}"}
     return Question(
@@ -218,7 +280,8 @@ def parse_questions(rows: Sequence[Any], source: str) -> list[Question]:
 
 
 def find_video(root: Path, video_key: str) -> Path | None:
-    """``data/<videoID>.mp4``, then ``.MP4``, then ``.mkv`` (as lmms-eval), also under ``video/``."""
+    """``data/<videoID>.mp4``, then ``.MP4``, then ``.mkv`` (as lmms-eval), also under
+    ``video/``."""
     for folder in VIDEO_DIRS:
         for ext in VIDEO_EXTENSIONS:
             p = Path(root) / folder / f"{video_key}{ext}"
@@ -236,7 +299,8 @@ def find_subtitle(root: Path, video_key: str) -> Path | None:
 
 
 def load_dataset(data_dir: Path | str, question_file: Path | str | None = None) -> Dataset:
-    """Read and validate the questions and locate every video; missing videos are listed, not fatal."""
+    """Read and validate the questions and locate every video; missing videos are listed, not
+    fatal."""
     root = Path(data_dir)
     qfile = Path(question_file) if question_file else find_question_file(root)
     if not qfile.is_file():
@@ -264,7 +328,9 @@ def parse_shard(spec: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise DatasetError(f"--shard must look like i/k, e.g. 0/4, got {spec!r}.") from None
     if k < 1 or not 0 <= i < k:
-        raise DatasetError(f"--shard {spec}: need k >= 1 and 0 <= i < k (shards are numbered 0 .. k-1).")
+        raise DatasetError(
+            f"--shard {spec}: need k >= 1 and 0 <= i < k (shards are numbered 0 .. k-1)."
+        )
     return i, k
 
 
@@ -275,7 +341,9 @@ def parse_durations(spec: str | Iterable[str] | None) -> tuple[str, ...] | None:
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [s for s in items if s not in DURATIONS]
     if bad or not items:
-        raise DatasetError(f"--durations takes a comma list of {', '.join(DURATIONS)}, got {spec!r}.")
+        raise DatasetError(
+            f"--durations takes a comma list of {', '.join(DURATIONS)}, got {spec!r}."
+        )
     return tuple(items)
 
 
@@ -286,8 +354,9 @@ def select_questions(
     shard: tuple[int, int] | None = None,
 ) -> list[Question]:
     """The questions a run answers, deterministically: filter by duration, keep the first ``limit``
-    (in file order), then keep shard ``i`` of ``k``. Shards split by *video* (the j-th distinct video
-    goes to shard j mod k), so each video is loaded by one shard only; the k shards are disjoint and
+    (in file order), then keep shard ``i`` of ``k``. Shards split by *video* (the j-th distinct
+    video goes to shard j mod k), so each video is loaded by one shard only; the k shards are
+    disjoint and
     together give exactly the unsharded selection."""
     chosen = [q for q in questions if durations is None or q.duration in durations]
     if limit is not None:

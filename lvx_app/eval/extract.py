@@ -2,15 +2,18 @@
 
 ``official`` reproduces Video-MME's ``eval_your_results.py`` bit for bit, quirks included:
 
-* the prefix list has two missing commas, so Python glues "The best option is" + "The correct option is"
+* the prefix list has two missing commas, so Python glues "The best option is" + "The correct option
+is"
   and "Best answer:" + "Best option:" into single strings; those phrases alone are never removed;
-* the extracted letter is the *first capital A-D anywhere* in what is left ("Based on ..." reads as B);
+* the extracted letter is the *first capital A-D anywhere* in what is left ("Based on ..." reads as
+B);
 * a reply with no letter is *unparsed* and dropped from the denominator.
 
-``strict`` follows lmms-eval's choice that an unparsed reply is simply wrong (every question asked counts),
-and accepts only a letter that is given as an answer: a bare letter, a leading label ("B.", "(B)", "B)"),
-an explicit declaration ("The answer is B"), a lone parenthesised letter or a lone letter on the last line.
-Letters inside prose ("A man walks ...") are not answers. Conflicting candidates leave the reply unparsed.
+``strict`` follows lmms-eval's choice that an unparsed reply is simply wrong (every question asked
+counts), and accepts only a letter that is given as an answer: a bare letter, a leading label ("B.",
+"(B)", "B)"), an explicit declaration ("The answer is B"), a lone parenthesised letter or a lone
+letter on the last line. Letters inside prose ("A man walks ...") are not answers. Conflicting
+candidates leave the reply unparsed.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ OFFICIAL_PREFIXES: tuple[str, ...] = (
     "The correct answer is",
     "The answer is",
     "The answer",
-    "The best option is" "The correct option is",  # noqa: ISC001 - the official missing comma
-    "Best answer:" "Best option:",  # noqa: ISC001 - the official missing comma
+    "The best option isThe correct option is",  # noqa: ISC001 - the official missing comma
+    "Best answer:Best option:",  # noqa: ISC001 - the official missing comma
     "Answer:",
     "Option:",
     "The correct answer",
@@ -56,7 +59,9 @@ _DECLARATION = re.compile(
     re.IGNORECASE,
 )
 _LEADING = re.compile(r"[\s*\[(]*([A-D])(?![\w'])")
-_ALTERNATIVE = re.compile(r"[\s.):\]*]*(?:or|and|/|,|&)\s*[\s(\[*]*[A-D](?![\w'])")  # "A or B", "(A)/(B)"
+_ALTERNATIVE = re.compile(
+    r"[\s.):\]*]*(?:or|and|/|,|&)\s*[\s(\[*]*[A-D](?![\w'])"
+)  # "A or B", "(A)/(B)"
 _PAREN = re.compile(r"(?<!\w)\(([A-D])\)(?!\w)")
 _LAST_LINE = re.compile(r"^[\s*\[(]*([A-D])[\s*\]).]*$")
 
@@ -78,7 +83,9 @@ def extract_strict(response: str) -> str:
         if not rest.strip(" \t\n*.):]"):  # "B", "(B)", "**B.**"
             return lead.group(1)
         tail = rest.lstrip("*]")
-        if tail[:1] in ".):" and (len(tail) == 1 or tail[1] in " \t\n*"):  # "B. Black.", "(B) Black", "B: ..."
+        if tail[:1] in ".):" and (
+            len(tail) == 1 or tail[1] in " \t\n*"
+        ):  # "B. Black.", "(B) Black", "B: ..."
             return lead.group(1)
     parens = {m.group(1) for m in _PAREN.finditer(text)}
     if len(parens) == 1:
@@ -99,5 +106,6 @@ def extract(response: str, scoring: str) -> str:
 
 
 def counts_in_denominator(pred: str, scoring: str) -> bool:
-    """Whether a reply counts towards accuracy: official drops unparsed replies, strict counts them wrong."""
+    """Whether a reply counts towards accuracy: official drops unparsed replies, strict counts them
+    wrong."""
     return bool(pred) or scoring == "strict"

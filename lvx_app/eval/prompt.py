@@ -1,8 +1,8 @@
 """The official Video-MME multiple-choice prompt (benchmark README), with and without subtitles.
 
-Parts, joined by newlines: [subtitle header + the selected subtitle lines], the instruction, the question,
-the four options as stored ("A. Black."), and the answer cue. The video itself is not part of this text:
-the engine places the frames where the model's chat template puts them.
+Parts, joined by newlines: [subtitle header + the selected subtitle lines], the instruction, the
+question, the four options as stored ("A. Black."), and the answer cue. The video itself is not part
+of this text: the engine places the frames where the model's chat template puts them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ INSTRUCTION = (
 ANSWER_CUE = "The best answer is:"
 
 
-def build_prompt(question: str, options: Sequence[str], subtitles: Sequence[str] | None = None) -> str:
-    """The official prompt. ``subtitles`` are the already selected lines (see ``lvx_app.subtitles.select_lines``);
-    None or an empty list gives the subtitle-free prompt, as the protocol does for a video without them. The
+def build_prompt(
+    question: str, options: Sequence[str], subtitles: Sequence[str] | None = None
+) -> str:
+    """The official prompt. ``subtitles`` are the already selected lines (see
+    ``lvx_app.subtitles.select_lines``); None or an empty list gives the subtitle-free prompt, as
+    the protocol does for a video without them. The
     subtitle block is `subtitle_block`'s, the same text `lvx chat` puts after the video."""
     parts = [subtitle_block(subtitles)] if subtitles else []
     parts += [INSTRUCTION, question, *options, ANSWER_CUE]

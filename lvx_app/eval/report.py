@@ -2,7 +2,8 @@
 
 Letters are re-extracted from each record's raw ``response`` with the requested scoring mode, so one
 results file can be reported both ways. Both denominators are always given: ``accuracy_answered``
-(correct / parsed, the official script's number) and ``accuracy_asked`` (correct / asked, lmms-eval's);
+(correct / parsed, the official script's number) and ``accuracy_asked`` (correct / asked,
+lmms-eval's);
 ``accuracy`` is the one the scoring mode uses, and ``unparsed`` counts replies with no letter.
 """
 
@@ -19,7 +20,12 @@ from rich.table import Table
 from lvx_app.eval.dataset import DOMAINS, DURATIONS, SUB_CATEGORIES, TASK_TYPES
 from lvx_app.eval.extract import extract
 
-GROUPS = {"duration": DURATIONS, "domain": DOMAINS, "sub_category": SUB_CATEGORIES, "task_type": TASK_TYPES}
+GROUPS = {
+    "duration": DURATIONS,
+    "domain": DOMAINS,
+    "sub_category": SUB_CATEGORIES,
+    "task_type": TASK_TYPES,
+}
 
 
 def _pct(num: int, den: int) -> float | None:
@@ -56,7 +62,8 @@ def _ordered(keys: Iterable[str], known: Sequence[str]) -> list[str]:
 
 
 def summarize(records: Iterable[dict[str, Any]], scoring: str = "official") -> dict[str, Any]:
-    """Counts and accuracies (percent, None where nothing counts) overall, per group and per duration x domain."""
+    """Counts and accuracies (percent, None where nothing counts) overall, per group and per
+    duration x domain."""
     overall = _Tally()
     groups: dict[str, dict[str, _Tally]] = {g: defaultdict(_Tally) for g in GROUPS}
     grid: dict[str, dict[str, _Tally]] = defaultdict(lambda: defaultdict(_Tally))
@@ -70,7 +77,8 @@ def summarize(records: Iterable[dict[str, Any]], scoring: str = "official") -> d
     for g, known in GROUPS.items():
         summary[f"by_{g}"] = {k: groups[g][k].stats(scoring) for k in _ordered(groups[g], known)}
     summary["by_duration_domain"] = {
-        d: {k: grid[d][k].stats(scoring) for k in _ordered(grid[d], DOMAINS)} for d in _ordered(grid, DURATIONS)
+        d: {k: grid[d][k].stats(scoring) for k in _ordered(grid[d], DOMAINS)}
+        for d in _ordered(grid, DURATIONS)
     }
     return summary
 
@@ -80,16 +88,32 @@ def _fmt(value: float | None) -> str:
 
 
 def report_table(summary: dict[str, Any], title: str = "Video-MME") -> Table:
-    """One rich table: overall, then a section per group; one decimal as the official script prints."""
+    """One rich table: overall, then a section per group; one decimal as the official script
+    prints."""
     other = "acc/asked %" if summary["scoring"] == "official" else "acc/answered %"
     table = Table(title=f"{title} — scoring: {summary['scoring']}")
-    for col, justify in (("group", "left"), ("", "left"), ("asked", "right"), ("unparsed", "right"),
-                         ("correct", "right"), ("accuracy %", "right"), (other, "right")):  # fmt: skip
+    for col, justify in (
+        ("group", "left"),
+        ("", "left"),
+        ("asked", "right"),
+        ("unparsed", "right"),
+        ("correct", "right"),
+        ("accuracy %", "right"),
+        (other, "right"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
 
     def row(group: str, name: str, s: dict[str, Any], style: str | None = None) -> None:
         alt = s["accuracy_asked"] if summary["scoring"] == "official" else s["accuracy_answered"]
-        cells = (group, name, str(s["asked"]), str(s["unparsed"]), str(s["correct"]), _fmt(s["accuracy"]), _fmt(alt))
+        cells = (
+            group,
+            name,
+            str(s["asked"]),
+            str(s["unparsed"]),
+            str(s["correct"]),
+            _fmt(s["accuracy"]),
+            _fmt(alt),
+        )
         table.add_row(*cells, style=style)
 
     row("overall", "", summary["overall"], style="bold")
@@ -100,19 +124,29 @@ def report_table(summary: dict[str, Any], title: str = "Video-MME") -> Table:
     return table
 
 
-def print_report(summary: dict[str, Any], console: Console | None = None, title: str = "Video-MME") -> None:
+def print_report(
+    summary: dict[str, Any], console: Console | None = None, title: str = "Video-MME"
+) -> None:
     (console or Console()).print(report_table(summary, title))
 
 
-def write_summary(summary: dict[str, Any], path: Path | str, extra: dict[str, Any] | None = None) -> Path:
+def write_summary(
+    summary: dict[str, Any], path: Path | str, extra: dict[str, Any] | None = None
+) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**(extra or {}), **summary}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps({**(extra or {}), **summary}, indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
     return path
 
 
-def plot_duration_domain(summary: dict[str, Any], path: Path | str, title: str = "Video-MME") -> Path:
-    """Grouped bars: accuracy per domain (x) for each duration, plus an 'overall' group. Agg, no pyplot."""
+def plot_duration_domain(
+    summary: dict[str, Any], path: Path | str, title: str = "Video-MME"
+) -> Path:
+    """Grouped bars: accuracy per domain (x) for each duration, plus an 'overall' group. Agg, no
+    pyplot."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -128,7 +162,9 @@ def plot_duration_domain(summary: dict[str, Any], path: Path | str, title: str =
         values = [(c or {}).get("accuracy") or 0.0 for c in cells]
         xs = [i + (j - (len(durations) - 1) / 2) * width for i in range(len(domains))]
         bars = ax.bar(xs, values, width, label=d)
-        ax.bar_label(bars, labels=[_fmt((c or {}).get("accuracy")) if c else "" for c in cells], fontsize=6)
+        ax.bar_label(
+            bars, labels=[_fmt((c or {}).get("accuracy")) if c else "" for c in cells], fontsize=6
+        )
     ax.set_xticks(range(len(domains)), [k.replace(" & ", " &\n") for k in domains], fontsize=7)
     ax.set_ylim(0, 105)
     ax.set_ylabel(f"accuracy % ({summary['scoring']})")
@@ -160,7 +196,8 @@ def report_file(
     console: Console | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Read a results file, print the table, write the JSON summary, the PNG plot and the records in the
+    """Read a results file, print the table, write the JSON summary, the PNG plot and the records in
+    the
     official submission shape next to it. ``only`` limits the report to those question_ids."""
     from lvx_app.eval.results import read_results, to_official_json
 
@@ -170,15 +207,20 @@ def report_file(
     paths = output_paths(results)
     header = res.headers[0] if res.headers else {}
     manifest = {k: v for k, v in header.items() if k not in ("type", "started")}
-    write_summary(summary, paths["summary"], {"results": str(results), "manifest": manifest, **(extra or {})})
+    write_summary(
+        summary, paths["summary"], {"results": str(results), "manifest": manifest, **(extra or {})}
+    )
     title = f"Video-MME {header.get('model', '')}".strip()
     plot_duration_domain(summary, paths["plot"], title)
-    paths["official"].write_text(json.dumps(to_official_json(records), indent=1, ensure_ascii=False) + "\n")
+    paths["official"].write_text(
+        json.dumps(to_official_json(records), indent=1, ensure_ascii=False) + "\n"
+    )
     console = console or Console()
     print_report(summary, console, title)
     o = summary["overall"]
     console.print(
-        f"{o['asked']} question(s) reported, {o['unparsed']} unparsed; summary {paths['summary']}, plot {paths['plot']}, "
+        f"{o['asked']} question(s) reported, {o['unparsed']} unparsed; summary {paths['summary']}, "
+        f"plot {paths['plot']}, "
         f"official-format responses {paths['official']}"
     )
     return summary

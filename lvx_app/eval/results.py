@@ -1,12 +1,14 @@
 """Append-only JSONL results: a header per session, then one record per answered question.
 
-Every record is flushed and fsynced as soon as it is answered, so a crash or Ctrl-C loses nothing already
-answered; a rerun with the same settings skips the question_ids already in the file. A torn last line left
-by a crash is ignored when reading and cut off before appending. ``merge`` combines shard files.
+Every record is flushed and fsynced as soon as it is answered, so a crash or Ctrl-C loses nothing
+already answered; a rerun with the same settings skips the question_ids already in the file. A torn
+last line left by a crash is ignored when reading and cut off before appending. ``merge`` combines
+shard files.
 
 Lines::
 
-    {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps": ..., ...}   # each session start
+    # each session start
+    {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps": ..., ...}
     {"type": "answer", "question_id": "001-1", "response": "B", "pred": "B", "correct": true, ...}
 """
 
@@ -23,9 +25,16 @@ from typing import Any, Iterable, Sequence
 FORMAT = 1
 # Settings that change the answers: a file is only resumed or merged when these agree.
 COMPAT_KEYS = (
-    "task", "model", "revision", "fps", "max_frames", "subtitles", "prompt_version", "max_new_tokens",
+    "task",
+    "model",
+    "revision",
+    "fps",
+    "max_frames",
+    "subtitles",
+    "prompt_version",
+    "max_new_tokens",
     "dataset_sha256",
-)  # fmt: skip
+)
 
 
 class ResultsError(ValueError):
@@ -92,7 +101,9 @@ def read_results(path: Path | str) -> Results:
             if all(not rest.strip() for rest in lines[n:]):
                 res.torn_tail = True  # only the last line may be torn
                 break
-            raise ResultsError(f"{path} line {n} is not a JSON record ({e}); the file was edited or corrupted.") from None
+            raise ResultsError(
+                f"{path} line {n} is not a JSON record ({e}); the file was edited or corrupted."
+            ) from None
         if item.get("type") == "header":
             res.headers.append(item)
         elif item.get("type") == "answer":
@@ -143,7 +154,9 @@ class ResultsWriter:
         self.manifest = manifest
         existing = read_results(self.path)
         if existing.headers:
-            check_compatible(existing.headers[0], manifest.header(), f"results file {self.path}", "this run")
+            check_compatible(
+                existing.headers[0], manifest.header(), f"results file {self.path}", "this run"
+            )
         self.done: set[str] = existing.done
         self.previous = len(existing.records)
         self._f = None
@@ -184,11 +197,13 @@ class MergeSummary:
     duplicates: list[str]  # question_ids found more than once (kept the first)
 
 
-def merge_results(inputs: Sequence[Path | str], out: Path | str, keep_first: bool = False) -> MergeSummary:
+def merge_results(
+    inputs: Sequence[Path | str], out: Path | str, keep_first: bool = False
+) -> MergeSummary:
     """Combine shard files into ``out`` (written whole, then renamed into place).
 
-    All inputs must share the settings in ``COMPAT_KEYS``. A question_id answered in more than one input
-    is an error naming them, unless ``keep_first`` (then the first input's answer is kept).
+    All inputs must share the settings in ``COMPAT_KEYS``. A question_id answered in more than one
+    input is an error naming them, unless ``keep_first`` (then the first input's answer is kept).
     """
     out = Path(out)
     if not inputs:
@@ -214,7 +229,8 @@ def merge_results(inputs: Sequence[Path | str], out: Path | str, keep_first: boo
     if dups and not keep_first:
         shown = "; ".join(f"{q} in {', '.join(where[q])}" for q in dups[:5])
         raise ResultsError(
-            f"{len(dups)} question(s) answered more than once ({shown}{' ...' if len(dups) > 5 else ''}); "
+            f"{len(dups)} question(s) answered more than once "
+            f"({shown}{' ...' if len(dups) > 5 else ''}); "
             "were the shards overlapping? Pass --keep-first to keep the first file's answer."
         )
     header = {**first.headers[0], "started": _utc_now(), "shard": None}
@@ -243,11 +259,15 @@ QUESTION_FIELDS = ("question_id", "task_type", "question", "options", "answer", 
 
 
 def to_official_json(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Records in the official submission shape (``output_test_template.json``): a list of videos, each
-    with its ``questions`` and their raw ``response``, ready for the official script or the leaderboard.
-    Each video carries ``"missing": false`` so the script's ``skip_missing`` mode can read a partial run."""
+    """Records in the official submission shape (``output_test_template.json``): a list of videos,
+    each with its ``questions`` and their raw ``response``, ready for the official script or the
+    leaderboard.
+    Each video carries ``"missing": false`` so the script's ``skip_missing`` mode can read a partial
+    run."""
     videos: dict[str, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: r["question_id"]):
-        v = videos.setdefault(r["video_id"], {k: r[k] for k in VIDEO_FIELDS} | {"missing": False, "questions": []})
+        v = videos.setdefault(
+            r["video_id"], {k: r[k] for k in VIDEO_FIELDS} | {"missing": False, "questions": []}
+        )
         v["questions"].append({k: r.get(k) for k in QUESTION_FIELDS})
     return list(videos.values())

@@ -1,9 +1,10 @@
-"""The evaluation loop: each video is loaded once and all of its pending questions are answered against it.
+"""The evaluation loop: each video is loaded once and all of its pending questions are answered
+against it.
 
 The loop talks to the engine only through :class:`EvalSession`, so it runs the same against the real
-torchrun worker group, an in-process engine, or a test double. Every answer is written (flushed, fsynced)
-before the next question is asked: Ctrl-C or an exception loses nothing already answered, and a rerun
-skips it.
+torchrun worker group, an in-process engine, or a test double. Every answer is written (flushed,
+fsynced) before the next question is asked: Ctrl-C or an exception loses nothing already answered,
+and a rerun skips it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from lvx_app.engine.api import QuestionTooLong
@@ -29,12 +37,14 @@ class VideoInfo:
     """What :meth:`EvalSession.load_video` reports about the video it made resident."""
 
     timestamps: list[float]
-    """Seconds of each sampled frame, in order, as decoded (real pts, not ``i / fps``). The subtitle lines
+    """Seconds of each sampled frame, in order, as decoded (real pts, not ``i / fps``). The subtitle
+    lines
     given to the model are chosen from these, per the official protocol."""
     duration_s: float | None = None
     """Length of the video in seconds, if known."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Anything worth keeping with the answers, JSON-serialisable (visual tokens, decode/encode seconds, ranks)."""
+    """Anything worth keeping with the answers, JSON-serialisable (visual tokens, decode/encode
+    seconds, ranks)."""
 
     @property
     def n_frames(self) -> int:
@@ -45,26 +55,31 @@ class VideoInfo:
 class EvalSession(Protocol):
     """One model held ready for many videos; the only thing the eval loop needs from the engine.
 
-    The loop calls, per video: ``load_video`` once, ``ask`` once per question, then ``reset``. It also calls
-    ``reset`` before giving up on a video whose load failed. It never calls ``ask`` without a loaded video.
+    The loop calls, per video: ``load_video`` once, ``ask`` once per question, then ``reset``. It
+    also calls
+    ``reset`` before giving up on a video whose load failed. It never calls ``ask`` without a loaded
+    video.
 
-    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.cli.run_videomme` at the
-    end), ``describe() -> dict`` (kept in the results header), and an ``answer_info`` attribute (a dict
-    about the last ``ask``: tokens, time to first token, truncated…) kept in each answer record.
+    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.cli.run_videomme`
+    at the end), ``describe() -> dict`` (kept in the results header), and an ``answer_info``
+    attribute (a dict about the last ``ask``: tokens, time to first token, truncated…) kept in each
+    answer record.
     """
 
     def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
-        """Decode ``path`` at ``fps`` frames per second (at most ``max_frames``, thinned uniformly over the
-        whole video when there are more; None = no cap), encode the frames and keep the visual tokens
+        """Decode ``path`` at ``fps`` frames per second (at most ``max_frames``, thinned uniformly
+        over the whole video when there are more; None = no cap), encode the frames and keep the
+        visual tokens
         resident for the following ``ask`` calls. Raise an exception if the file cannot be used."""
         ...
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
         """Answer one standalone user turn about the loaded video and return the generated text.
 
-        ``prompt`` is the whole user text (question, options, maybe subtitle lines); the engine puts the
-        video where the model's chat template wants it. Greedy decoding, at most ``max_new_tokens`` tokens.
-        No chat history is carried from one ``ask`` to the next: every question is answered as if first.
+        ``prompt`` is the whole user text (question, options, maybe subtitle lines); the engine puts
+        the video where the model's chat template wants it. Greedy decoding, at most
+        ``max_new_tokens`` tokens. No chat history is carried from one ``ask`` to the next: every
+        question is answered as if first.
         """
         ...
 
@@ -78,13 +93,17 @@ class RunStats:
     answered: int = 0
     already_done: int = 0
     missing_video: int = 0  # questions skipped because their video file is missing
-    failed_videos: dict[str, str] = field(default_factory=dict)  # videoID -> error, questions not answered
-    refused: int = 0  # questions the engine refused as too long: recorded with an empty response (scored wrong)
+    failed_videos: dict[str, str] = field(
+        default_factory=dict
+    )  # videoID -> error, questions not answered
+    # questions the engine refused as too long: recorded with an empty response (scored wrong)
+    refused: int = 0
     seconds: float = 0.0
 
 
 def group_by_video(questions: Sequence[Question]) -> dict[str, list[Question]]:
-    """Questions grouped by ``videoID``, videos in first-appearance order, questions in file order."""
+    """Questions grouped by ``videoID``, videos in first-appearance order, questions in file
+    order."""
     groups: dict[str, list[Question]] = {}
     for q in questions:
         groups.setdefault(q.videoID, []).append(q)
@@ -119,11 +138,13 @@ def run_eval(
     show_progress: bool = True,
     max_consecutive_failures: int = 3,
 ) -> RunStats:
+    # long: the eval loop with its progress bars and failure rules
     """Answer every question of ``questions`` not already in ``writer``'s file.
 
-    A video that fails to load is reported in one line and skipped (its questions stay unanswered, so a
-    rerun retries them); ``max_consecutive_failures`` failed loads in a row abort the run with the last
-    error, since the engine itself is then likely broken. Exceptions from ``ask`` propagate at once.
+    A video that fails to load is reported in one line and skipped (its questions stay unanswered,
+    so a rerun retries them); ``max_consecutive_failures`` failed loads in a row abort the run with
+    the last error, since the engine itself is then likely broken. Exceptions from ``ask`` propagate
+    at once.
     """
     console = console or Console()
     stats = RunStats()
@@ -152,19 +173,35 @@ def run_eval(
                 progress.advance(v_task)
                 continue
             failures_in_a_row = 0
-            stats.refused += _answer_video(dataset, qs, session, writer, info, time.perf_counter() - t0, answered,
-                                           subtitles=subtitles, max_new_tokens=max_new_tokens, scoring=scoring)  # fmt: skip
+            stats.refused += _answer_video(
+                dataset,
+                qs,
+                session,
+                writer,
+                info,
+                time.perf_counter() - t0,
+                answered,
+                subtitles=subtitles,
+                max_new_tokens=max_new_tokens,
+                scoring=scoring,
+            )
             session.reset()
             progress.advance(v_task)
     stats.seconds = time.perf_counter() - start
     if stats.refused:
-        console.print(f"[yellow]{stats.refused} question(s) were refused as too long to prefill; they are recorded with "
-                      "an empty response (scored wrong) and a 'refused' field saying why.")  # fmt: skip
+        console.print(
+            f"[yellow]{stats.refused} question(s) were refused as too long to prefill; they are "
+            "recorded with "
+            "an empty response (scored wrong) and a 'refused' field saying why."
+        )
     return stats
 
 
-def _pending(dataset: Dataset, questions: Sequence[Question], writer: ResultsWriter, stats: RunStats) -> list[Question]:
-    """The questions still to answer; those already in the results file or without a video are counted in `stats`."""
+def _pending(
+    dataset: Dataset, questions: Sequence[Question], writer: ResultsWriter, stats: RunStats
+) -> list[Question]:
+    """The questions still to answer; those already in the results file or without a video are
+    counted in `stats`."""
     pending: list[Question] = []
     for q in questions:
         if q.question_id in writer.done:
@@ -176,21 +213,41 @@ def _pending(dataset: Dataset, questions: Sequence[Question], writer: ResultsWri
     return pending
 
 
-def _skip_video(session: EvalSession, stats: RunStats, console: Console, video_key: str, path: Any, n_questions: int,
-                error: Exception) -> None:  # fmt: skip
+def _skip_video(
+    session: EvalSession,
+    stats: RunStats,
+    console: Console,
+    video_key: str,
+    path: Any,
+    n_questions: int,
+    error: Exception,
+) -> None:
     """A video that failed to load: reset the session, record the error, say so in one line."""
     session.reset()
     stats.failed_videos[video_key] = f"{type(error).__name__}: {error}"
-    console.print(f"[yellow]video {video_key} ({path}) failed to load: {type(error).__name__}: {error}; "
-                  f"its {n_questions} question(s) are skipped, a rerun retries them.")  # fmt: skip
+    console.print(
+        f"[yellow]video {video_key} ({path}) failed to load: {type(error).__name__}: {error}; "
+        f"its {n_questions} question(s) are skipped, a rerun retries them."
+    )
 
 
 def _answer_video(
-    dataset: Dataset, qs: Sequence[Question], session: EvalSession, writer: ResultsWriter, info: VideoInfo,
-    load_s: float, answered: Callable[[], None], *, subtitles: bool, max_new_tokens: int, scoring: str,
-) -> int:  # fmt: skip
-    """Ask every question of the loaded video and write each answer before asking the next; returns how many the
-    engine refused as too long (each is written with an empty response and why, so a rerun does not ask it again)."""
+    dataset: Dataset,
+    qs: Sequence[Question],
+    session: EvalSession,
+    writer: ResultsWriter,
+    info: VideoInfo,
+    load_s: float,
+    answered: Callable[[], None],
+    *,
+    subtitles: bool,
+    max_new_tokens: int,
+    scoring: str,
+) -> int:
+    """Ask every question of the loaded video and write each answer before asking the next; returns
+    how many the
+    engine refused as too long (each is written with an empty response and why, so a rerun does not
+    ask it again)."""
     refused = 0
     lines: list[str] = []
     if subtitles:
@@ -254,12 +311,13 @@ def answer_record(
 
 
 class EngineEvalSession:
-    """:class:`EvalSession` over a chat engine (``lvx_app.engine``'s ``Engine``): ``load_video(path, fps,
-    max_frames)`` returning a summary with ``timestamps`` and ``duration_s``, ``ask(text, params)``
-    streaming text pieces, ``reset()`` forgetting the conversation but keeping the video, ``close()``,
-    and optionally ``last_answer`` (stats with ``to_dict()``).
+    """:class:`EvalSession` over a chat engine (``lvx_app.engine``'s ``Engine``): ``load_video(path,
+    fps, max_frames)`` returning a summary with ``timestamps`` and ``duration_s``, ``ask(text,
+    params)`` streaming text pieces, ``reset()`` forgetting the conversation but keeping the video,
+    ``close()``, and optionally ``last_answer`` (stats with ``to_dict()``).
 
-    Each question is asked on a fresh conversation (the engine is reset before every ``ask``), greedily.
+    Each question is asked on a fresh conversation (the engine is reset before every ``ask``),
+    greedily.
     ``make_params(max_new_tokens)`` builds the engine's generation parameters.
     """
 
@@ -271,8 +329,12 @@ class EngineEvalSession:
     def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
         summary = self.engine.load_video(path, fps, max_frames)
         self.engine.reset()
-        extra = {k: v for k, v in vars(summary).items() if k not in ("path", "timestamps", "duration_s")}
-        return VideoInfo(timestamps=list(summary.timestamps), duration_s=summary.duration_s, extra=extra)
+        extra = {
+            k: v for k, v in vars(summary).items() if k not in ("path", "timestamps", "duration_s")
+        }
+        return VideoInfo(
+            timestamps=list(summary.timestamps), duration_s=summary.duration_s, extra=extra
+        )
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
         self.engine.reset()
@@ -289,17 +351,35 @@ class EngineEvalSession:
 
 
 def open_engine_session(
-    *, model: str, revision: str | None, gpus: int | None, ranks: int | None, timeout: float = DEFAULT_TIMEOUT_S,
-    decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S, cache_dir: str | None = None,
-) -> EngineEvalSession:  # fmt: skip
-    """Start the model on the requested ranks (the engine's one opener); each question is then answered on a
+    *,
+    model: str,
+    revision: str | None,
+    gpus: int | None,
+    ranks: int | None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
+    cache_dir: str | None = None,
+) -> EngineEvalSession:
+    """Start the model on the requested ranks (the engine's one opener); each question is then
+    answered on a
     fresh conversation."""
-    # imported here, not at the top: `lvx eval merge/report` import this module and must run without torch
+    # imported here, not at the top: `lvx eval merge/report` import this module and must run without
+    # torch
     from lvx_app.engine.api import GenerationParams
     from lvx_app.engine.open import open_engine, session_config
 
     config = session_config(
-        model=model, revision=revision, fps=1.0, max_frames=None, dtype="auto", kv_cache=None, timeout=timeout,
-        use_cache=True, cache_dir=cache_dir, decode_timeout=decode_timeout,
-    )  # fmt: skip
-    return EngineEvalSession(open_engine(config, gpus, ranks), lambda n: GenerationParams(max_new_tokens=n))
+        model=model,
+        revision=revision,
+        fps=1.0,
+        max_frames=None,
+        dtype="auto",
+        kv_cache=None,
+        timeout=timeout,
+        use_cache=True,
+        cache_dir=cache_dir,
+        decode_timeout=decode_timeout,
+    )
+    return EngineEvalSession(
+        open_engine(config, gpus, ranks), lambda n: GenerationParams(max_new_tokens=n)
+    )

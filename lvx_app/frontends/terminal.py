@@ -12,7 +12,14 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -38,11 +45,25 @@ class RateColumn(ProgressColumn):
         return Text(f"{task.speed:6.1f} fr/s" if task.speed else "", style="progress.data.speed")
 
 
-def load_with_progress(engine: Engine, console: Console, path: str, fps: float, max_frames: int | None,
-                       subtitles: Sequence[Cue] = ()) -> VideoSummary:  # fmt: skip
+def load_with_progress(
+    engine: Engine,
+    console: Console,
+    path: str,
+    fps: float,
+    max_frames: int | None,
+    subtitles: Sequence[Cue] = (),
+) -> VideoSummary:
     """Load a video showing one progress bar per stage (decode, encode, ...)."""
-    columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    columns = (
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        RateColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as bar:
         tasks: dict[str, int] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:
@@ -50,7 +71,9 @@ def load_with_progress(engine: Engine, console: Console, path: str, fps: float, 
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        return engine.load_video(path, fps, max_frames, progress=on_progress, subtitles=list(subtitles) or None)
+        return engine.load_video(
+            path, fps, max_frames, progress=on_progress, subtitles=list(subtitles) or None
+        )
 
 
 @contextmanager
@@ -135,14 +158,20 @@ def run_chat(
     stdin = stdin or sys.stdin
     if video:
         try:
-            summary = load_with_progress(engine, console, video, fps, max_frames, subtitles.cues if subtitles else ())
+            summary = load_with_progress(
+                engine, console, video, fps, max_frames, subtitles.cues if subtitles else ()
+            )
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2
         console.print(f"[green]video:[/green] {describe_video(summary)}")
         if subtitles is not None and subtitles.source:
-            console.print(f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled frames, from "
-                          f"{subtitles.source}", highlight=False)  # fmt: skip
+            console.print(
+                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
+                "frames, from "
+                f"{subtitles.source}",
+                highlight=False,
+            )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")
     while True:
         try:
@@ -164,9 +193,17 @@ def run_chat(
 
 
 def run_chat_command(
-    *, video: str, gpus: int | None, ranks: int | None, params: GenerationParams, console: Console | None = None,
-    subtitles: str = "auto", subtitle_lang: str | None = None, subtitle_encoding: str | None = None, **config_args: Any,
-) -> int:  # fmt: skip
+    *,
+    video: str,
+    gpus: int | None,
+    ranks: int | None,
+    params: GenerationParams,
+    console: Console | None = None,
+    subtitles: str = "auto",
+    subtitle_lang: str | None = None,
+    subtitle_encoding: str | None = None,
+    **config_args: Any,
+) -> int:
     """`lvx chat`: returns the process exit code."""
     console = console or Console(highlight=False)
     try:
@@ -183,12 +220,23 @@ def run_chat_command(
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    except KeyboardInterrupt:  # Ctrl-C while the model loads: the group is already gone (RemoteEngine kills it)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C while the model loads: the group is already gone (RemoteEngine kills it)
         return 130
     try:
-        code = run_chat(engine, video=video, fps=config.fps, max_frames=config.max_frames, params=params,
-                        console=console, subtitles=track)  # fmt: skip
-    except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, quietly, no rank left behind
+        code = run_chat(
+            engine,
+            video=video,
+            fps=config.fps,
+            max_frames=config.max_frames,
+            params=params,
+            console=console,
+            subtitles=track,
+        )
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C while the video loads: stop now, quietly, no rank left behind
         (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
         return 130
     except EngineError as exc:

@@ -23,10 +23,16 @@ from lvx_app.parallel.group import init_distributed, run_rank
 from lvx_app.subtitles import SubtitleError, resolve_subtitles
 
 
-def run_worker(config: dict, frontend: str = "link", video: str | None = None,
-               subtitles: tuple[str, str | None, str | None] = ("auto", None, None)) -> int | None:  # fmt: skip
-    """This rank's part: rank 0 serves the link (or runs the terminal chat, resolving `subtitles` = (--subtitles,
-    --subtitle-lang, --subtitle-encoding) for its video, and returns the chat's exit code), the others follow its
+def run_worker(
+    config: dict,
+    frontend: str = "link",
+    video: str | None = None,
+    subtitles: tuple[str, str | None, str | None] = ("auto", None, None),
+) -> int | None:
+    """This rank's part: rank 0 serves the link (or runs the terminal chat, resolving `subtitles` =
+    (--subtitles,
+    --subtitle-lang, --subtitle-encoding) for its video, and returns the chat's exit code), the
+    others follow its
     commands."""
     cfg = SessionConfig(**config)
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
@@ -46,7 +52,9 @@ def run_worker(config: dict, frontend: str = "link", video: str | None = None,
             track = resolve_subtitles(video, *subtitles) if video else None
             for note in track.notes if track else []:
                 print(f"warning: {note}", file=sys.stderr)
-            return run_chat(driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames, subtitles=track)
+            return run_chat(
+                driver, video=video, fps=cfg.fps, max_frames=cfg.max_frames, subtitles=track
+            )
         except SubtitleError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -59,9 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="SessionConfig as JSON")
     parser.add_argument("--frontend", choices=["link", "chat"], default="link")
     parser.add_argument("video", nargs="?")
-    parser.add_argument("--subtitles", default="auto", help="auto, none or a subtitle file (--frontend chat)")
-    parser.add_argument("--subtitle-lang", default=None, help="language of the subtitles --subtitles auto picks")
-    parser.add_argument("--subtitle-encoding", default=None, help="text encoding of the subtitle file")
+    parser.add_argument(
+        "--subtitles", default="auto", help="auto, none or a subtitle file (--frontend chat)"
+    )
+    parser.add_argument(
+        "--subtitle-lang", default=None, help="language of the subtitles --subtitles auto picks"
+    )
+    parser.add_argument(
+        "--subtitle-encoding", default=None, help="text encoding of the subtitle file"
+    )
     args = parser.parse_args(argv)
     run_dir = os.environ.get(RUN_DIR_ENV)
     rank = int(os.environ.get("RANK", "0"))
@@ -71,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             error_file(run_dir, rank).write_text(detail)
 
     subtitles = (args.subtitles, args.subtitle_lang, args.subtitle_encoding)
-    return run_rank(lambda: run_worker(json.loads(args.config), args.frontend, args.video, subtitles), "lvx worker",
-                    record)  # fmt: skip
+    return run_rank(
+        lambda: run_worker(json.loads(args.config), args.frontend, args.video, subtitles),
+        "lvx worker",
+        record,
+    )
 
 
 if __name__ == "__main__":

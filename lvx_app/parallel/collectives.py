@@ -46,7 +46,8 @@ def _pad_seq(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def allgather_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.Tensor, int]:
-    """Concatenate every rank's `x` along dim 1 (rank order); returns (full, bytes sent by this rank)."""
+    """Concatenate every rank's `x` along dim 1 (rank order); returns (full, bytes sent by this
+    rank)."""
     world = len(sizes)
     if world == 1:
         return x, 0
@@ -61,7 +62,8 @@ def allgather_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.
 
 
 def reduce_scatter_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.Tensor, int]:
-    """Sum `x` (full sequence on dim 1) over ranks and keep this rank's slice; returns (slice, bytes)."""
+    """Sum `x` (full sequence on dim 1) over ranks and keep this rank's slice; returns (slice,
+    bytes)."""
     world = len(sizes)
     if world == 1:
         return x, 0

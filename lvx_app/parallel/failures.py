@@ -1,9 +1,12 @@
-"""Why a worker group died, in one line naming the rank that failed first: shared by every launcher of ours.
+"""Why a worker group died, in one line naming the rank that failed first: shared by every launcher
+of ours.
 
-When one rank dies, its peers fail too (gloo "Connection reset by peer", NCCL timeouts) and torchrun sends the
-rest SIGTERM; those are consequences. The cause is a rank whose own error is not a lost peer, or one killed by a
-signal other than torchrun's SIGTERM (the out-of-memory killer, a segfault, `kill -9`). Ranks started through
-`lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write their error to `error_file(run_dir, rank)`.
+When one rank dies, its peers fail too (gloo "Connection reset by peer", NCCL timeouts) and torchrun
+sends the rest SIGTERM; those are consequences. The cause is a rank whose own error is not a lost
+peer, or one killed by a signal other than torchrun's SIGTERM (the out-of-memory killer, a segfault,
+`kill -9`). Ranks started through
+`lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write their error to `error_file(run_dir,
+rank)`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ RUN_DIR_ENV = "LVX_RUN_DIR"
 FAILURE_PREFIX = "error: "  # the launcher's line: FAILURE_PREFIX + describe_failures(...)
 
 PEER_LOST = re.compile(
-    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer (rank|process).*(died|exited)"
-    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting", re.IGNORECASE
+    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer "
+    r"(rank|process).*(died|exited)"
+    r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting",
+    re.IGNORECASE,
 )
 
 
@@ -31,7 +36,8 @@ def pid_file(run_dir: str | Path, rank: int) -> Path:
 
 
 def done_file(run_dir: str | Path, rank: int) -> Path:
-    """Written by a rank whose work returned and met every other rank's in a last barrier (`run_rank`)."""
+    """Written by a rank whose work returned and met every other rank's in a last barrier
+    (`run_rank`)."""
     return Path(run_dir) / f"done-rank{rank}.txt"
 
 
@@ -56,7 +62,8 @@ def _signal_name(code: int) -> str:
 
 
 def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
-    """(what happened to the rank, whether that explains the group's death rather than follows from it)."""
+    """(what happened to the rank, whether that explains the group's death rather than follows from
+    it)."""
     own = error_file(run_dir, f.rank) if run_dir is not None else None
     if own is not None and own.exists():
         text = _last_line(own)
@@ -67,8 +74,11 @@ def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
     return f"exit code {f.exitcode}", False
 
 
-def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[RankFailure, str] | None:
-    """The rank that failed first and why: the first whose failure is a cause, not a peer that lost it."""
+def first_failure(
+    failures: list[RankFailure], run_dir: Path | None
+) -> tuple[RankFailure, str] | None:
+    """The rank that failed first and why: the first whose failure is a cause, not a peer that lost
+    it."""
     if not failures:
         return None
     reasons = [(f, *_reason(f, run_dir)) for f in failures]
@@ -77,10 +87,15 @@ def first_failure(failures: list[RankFailure], run_dir: Path | None) -> tuple[Ra
 
 
 def crashed_after_done(failures: list[RankFailure], run_dir: Path | None) -> bool:
-    """True when every failed rank was killed by a signal after it wrote `done_file`, or by torchrun's SIGTERM once
-    another rank had: all work had met in the last barrier, so the failure was in tearing down, and nothing is
+    """True when every failed rank was killed by a signal after it wrote `done_file`, or by
+    torchrun's SIGTERM once another rank had: all work had met in the last barrier, so the failure
+    was in tearing down, and nothing is
     lost."""
-    if run_dir is None or not failures or any(f.exitcode is None or f.exitcode >= 0 for f in failures):
+    if (
+        run_dir is None
+        or not failures
+        or any(f.exitcode is None or f.exitcode >= 0 for f in failures)
+    ):
         return False
     done = {f.rank for f in failures if done_file(run_dir, f.rank).exists()}
     return bool(done) and all(f.rank in done or f.exitcode == -signal.SIGTERM for f in failures)

@@ -60,7 +60,9 @@ def _pick_device(local_rank: int, want_cuda: bool | None) -> torch.device:
     use_cuda = torch.cuda.is_available() if want_cuda is None else want_cuda
     if use_cuda:
         if not torch.cuda.is_available():
-            raise RuntimeError("CUDA was requested but no GPU is visible; run with --gpus 0 for CPU ranks.")
+            raise RuntimeError(
+                "CUDA was requested but no GPU is visible; run with --gpus 0 for CPU ranks."
+            )
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -96,7 +98,8 @@ def init_distributed(
 
 
 def destroy_distributed() -> None:
-    """Tear the process groups down, after collecting garbage: objects that hold a group (DDP, attention hooks) die
+    """Tear the process groups down, after collecting garbage: objects that hold a group (DDP,
+    attention hooks) die
     while the group and the interpreter are still whole, not during interpreter shutdown."""
     if dist.is_available() and dist.is_initialized():
         gc.collect()
@@ -104,31 +107,43 @@ def destroy_distributed() -> None:
 
 
 def _print_stack_on_crash() -> None:
-    """A fatal signal (SIGABRT, SIGSEGV) prints the Python stack to stderr, when stderr is a real file."""
+    """A fatal signal (SIGABRT, SIGSEGV) prints the Python stack to stderr, when stderr is a real
+    file."""
     try:
         faulthandler.enable()
-    except (ValueError, OSError, AttributeError):  # stderr replaced by an object without a file descriptor
+    except (
+        ValueError,
+        OSError,
+        AttributeError,
+    ):  # stderr replaced by an object without a file descriptor
         pass
 
 
 def run_rank(
-    work: Callable[[], Optional[int]], label: str, record: Optional[Callable[[str], None]] = None,
-    user_errors: tuple[type[BaseException], ...] = (), finish_together: bool = False,
-) -> int:  # fmt: skip
-    """Run one rank's `work` as a process entry point and return its exit code (the code `work` returns, else 0).
+    work: Callable[[], Optional[int]],
+    label: str,
+    record: Optional[Callable[[str], None]] = None,
+    user_errors: tuple[type[BaseException], ...] = (),
+    finish_together: bool = False,
+) -> int:
+    # long: every way a rank can end, each with its exit code
+    """Run one rank's `work` as a process entry point and return its exit code (the code `work`
+    returns, else 0).
 
-    The rank dies with its launcher (`die_with_parent`). A failure prints one readable line naming the rank
-    (`label rank R: Error: message`) before the trace; for `user_errors` (a bad video, a bad checkpoint: the message
-    says what to do) that line is all. `record` also gets the trace (the engine writes it to a file its launcher
-    reads). Under `lvx_app.parallel.torchrun` (`RUN_DIR_ENV` set, no `record`) the rank writes its pid and error to
-    the run folder and prints nothing: that launcher prints one line for the whole group, naming the rank that
-    failed first. Ctrl-C exits quietly with 130. The process group is torn down either way. A clean `SystemExit`
-    passes through.
+    The rank dies with its launcher (`die_with_parent`). A failure prints one readable line naming
+    the rank (`label rank R: Error: message`) before the trace; for `user_errors` (a bad video, a
+    bad checkpoint: the message says what to do) that line is all. `record` also gets the trace (the
+    engine writes it to a file its launcher reads). Under `lvx_app.parallel.torchrun` (`RUN_DIR_ENV`
+    set, no `record`) the rank writes its pid and error to the run folder and prints nothing: that
+    launcher prints one line for the whole group, naming the rank that failed first. Ctrl-C exits
+    quietly with 130. The process group is torn down either way. A clean `SystemExit` passes
+    through.
 
-    With `finish_together` (ranks that all return at the end of the same work, as finetuning's do) the ranks meet in
-    a last barrier and each then writes `done_file`: a crash while tearing down after that (gloo has aborted a rank
-    in its exit path) cannot lose work, and the launcher says so instead of failing the run. A fatal signal prints
-    the rank's Python stack (faulthandler), so such a crash says where it happened.
+    With `finish_together` (ranks that all return at the end of the same work, as finetuning's do)
+    the ranks meet in a last barrier and each then writes `done_file`: a crash while tearing down
+    after that (gloo has aborted a rank in its exit path) cannot lose work, and the launcher says so
+    instead of failing the run. A fatal signal prints the rank's Python stack (faulthandler), so
+    such a crash says where it happened.
     """
     from lvx_app.warning_lines import install
 
@@ -154,8 +169,14 @@ def run_rank(
         if isinstance(exc, SystemExit) and not exc.code:
             raise
         line = f"{type(exc).__name__}: {exc}"
-        if record is not None:  # a launcher printing one line for the group points at a trace only for a bug
-            record(line + "\n" if quiet and isinstance(exc, user_errors) else f"{traceback.format_exc()}\n{line}\n")
+        if (
+            record is not None
+        ):  # a launcher printing one line for the group points at a trace only for a bug
+            record(
+                line + "\n"
+                if quiet and isinstance(exc, user_errors)
+                else f"{traceback.format_exc()}\n{line}\n"
+            )
         if not quiet:
             print(f"{label} rank {rank}: {line}", file=sys.stderr)
             if not isinstance(exc, user_errors):

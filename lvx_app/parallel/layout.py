@@ -1,17 +1,20 @@
-"""Which rank holds which frame, and with each frame its placeholder tokens: the load-balanced layouts.
+"""Which rank holds which frame, and with each frame its placeholder tokens: the load-balanced
+layouts.
 
-Under the media mask a token sees the frames before it, so prefill work is a triangle. Contiguous shares leave
-rank 0's tokens seeing only rank 0's frames while the last rank's see all of them, and every LV-XAttn round lasts
-as long as its fullest block. Dealing frames so each rank has early and late ones evens the rounds out:
+Under the media mask a token sees the frames before it, so prefill work is a triangle. Contiguous
+shares leave rank 0's tokens seeing only rank 0's frames while the last rank's see all of them, and
+every LV-XAttn round lasts as long as its fullest block. Dealing frames so each rank has early and
+late ones evens the rounds out:
 
 - `contiguous`: rank r holds the run `shard_bounds(n, world, r)` (the old layout);
 - `striped`: frame j on rank j mod world (Striped Attention);
-- `zigzag`: 2·world chunks, rank r holds chunks r and 2·world-1-r (ring-flash-attn, DistFlashAttn's balance).
+- `zigzag`: 2·world chunks, rank r holds chunks r and 2·world-1-r (ring-flash-attn, DistFlashAttn's
+balance).
 
-A rank's items are always returned sorted, so the frames a token sees stay a prefix of the local keys and the tile
-planner (`lvx_app.attention.masks`) keeps skipping hidden tiles. Masks stay exact on every layout because q_vis,
-k_frame and positions are global. `round_work` counts the visible (query, key) pairs each rank computes in each ring
-round, the balance the layouts are chosen by.
+A rank's items are always returned sorted, so the frames a token sees stay a prefix of the local
+keys and the tile planner (`lvx_app.attention.masks`) keeps skipping hidden tiles. Masks stay exact
+on every layout because q_vis, k_frame and positions are global. `round_work` counts the visible
+(query, key) pairs each rank computes in each ring round, the balance the layouts are chosen by.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Sequence
 import torch
 
 from lvx_app.attention.layout import zigzag_chunk_sizes
-from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS, check_layout  # noqa: F401 - re-exported; in defaults for the CLI
+
+# re-exported; in defaults for the CLI
+from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS, check_layout  # noqa: F401
 from lvx_app.parallel.shards import shard_bounds
 
 
@@ -38,7 +43,9 @@ def owners(total: int, world: int, layout: str) -> torch.Tensor:
     else:
         sizes = zigzag_chunk_sizes(total, world)
         ranks = [min(c, 2 * world - 1 - c) for c in range(2 * world)]
-    return torch.repeat_interleave(torch.tensor(ranks, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64))
+    return torch.repeat_interleave(
+        torch.tensor(ranks, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+    )
 
 
 def owned(total: int, world: int, rank: int, layout: str) -> list[int]:
@@ -48,12 +55,18 @@ def owned(total: int, world: int, rank: int, layout: str) -> list[int]:
     return torch.nonzero(owners(total, world, layout) == rank).flatten().tolist()
 
 
-def token_owners(n_tokens: int, media_starts: Sequence[int] | torch.Tensor, world: int, layout: str,
-                 tail_from: int | None = None) -> torch.Tensor:
+def token_owners(
+    n_tokens: int,
+    media_starts: Sequence[int] | torch.Tensor,
+    world: int,
+    layout: str,
+    tail_from: int | None = None,
+) -> torch.Tensor:
     """(n_tokens,) int64: the rank of each prompt token when tokens travel with their frame.
 
-    Tokens from placeholder j up to placeholder j+1 go with frame j (those before the first with frame 0); tokens
-    from `tail_from` on (text after the video: a question, an answer; default none) see every frame, so they are
+    Tokens from placeholder j up to placeholder j+1 go with frame j (those before the first with
+    frame 0); tokens from `tail_from` on (text after the video: a question, an answer; default none)
+    see every frame, so they are
     dealt by the same layout among themselves. Without frames every token is tail."""
     starts = torch.as_tensor(media_starts, dtype=torch.int64).flatten()
     tail_from = n_tokens if tail_from is None else max(0, min(int(tail_from), n_tokens))
@@ -62,32 +75,52 @@ def token_owners(n_tokens: int, media_starts: Sequence[int] | torch.Tensor, worl
     head = torch.arange(tail_from, dtype=torch.int64)
     frame = (torch.searchsorted(starts, head, right=True) - 1).clamp(min=0)
     per_frame = owners(int(starts.numel()), world, layout)
-    return torch.cat([per_frame[frame] if head.numel() else head, owners(n_tokens - tail_from, world, layout)])
+    return torch.cat(
+        [per_frame[frame] if head.numel() else head, owners(n_tokens - tail_from, world, layout)]
+    )
 
 
-def rank_tokens(n_tokens: int, media_starts, world: int, rank: int, layout: str,
-                tail_from: int | None = None) -> torch.Tensor:
-    """This rank's token indices (sorted, int64): use them as its share of the ids and as its positions."""
-    return torch.nonzero(token_owners(n_tokens, media_starts, world, layout, tail_from) == rank).flatten()
+def rank_tokens(
+    n_tokens: int, media_starts, world: int, rank: int, layout: str, tail_from: int | None = None
+) -> torch.Tensor:
+    """This rank's token indices (sorted, int64): use them as its share of the ids and as its
+    positions."""
+    return torch.nonzero(
+        token_owners(n_tokens, media_starts, world, layout, tail_from) == rank
+    ).flatten()
 
 
-def round_work(q_vis: torch.Tensor, q_rank: torch.Tensor, k_frame: torch.Tensor, k_rank: torch.Tensor,
-               world: int) -> torch.Tensor:
-    """(world rounds, world ranks) visible (query, key) pairs: in round t rank i meets the queries of rank (i - t).
+def round_work(
+    q_vis: torch.Tensor,
+    q_rank: torch.Tensor,
+    k_frame: torch.Tensor,
+    k_rank: torch.Tensor,
+    world: int,
+) -> torch.Tensor:
+    """(world rounds, world ranks) visible (query, key) pairs: in round t rank i meets the queries
+    of rank (i - t).
 
-    q_vis (Sq,) how many frames each query sees, q_rank its rank; k_frame (Sk,) each key's frame, k_rank its rank
+    q_vis (Sq,) how many frames each query sees, q_rank its rank; k_frame (Sk,) each key's frame,
+    k_rank its rank
     (LV-XAttn's pass-Q ring: query blocks travel, K/V stay)."""
     seen = (k_frame.view(1, -1) < q_vis.view(-1, 1)).to(torch.int64)  # (Sq, Sk)
     pair = torch.zeros(world, world, dtype=torch.int64)  # [query rank, key rank]
-    pair.index_put_((q_rank.view(-1, 1).expand_as(seen).reshape(-1), k_rank.view(1, -1).expand_as(seen).reshape(-1)),
-                    seen.reshape(-1), accumulate=True)
+    pair.index_put_(
+        (
+            q_rank.view(-1, 1).expand_as(seen).reshape(-1),
+            k_rank.view(1, -1).expand_as(seen).reshape(-1),
+        ),
+        seen.reshape(-1),
+        accumulate=True,
+    )
     rounds = torch.arange(world).view(-1, 1)
     ranks = torch.arange(world).view(1, -1)
     return pair[(ranks - rounds) % world, ranks.expand(world, -1)]
 
 
 def balance(work: torch.Tensor) -> float:
-    """Busiest rank's work over the mean, summed over rounds (each round lasts as long as its busiest rank)."""
+    """Busiest rank's work over the mean, summed over rounds (each round lasts as long as its
+    busiest rank)."""
     busiest = work.amax(1).sum().item()
     mean = work.sum().item() / work.shape[1]
     return busiest / mean if mean else 1.0

@@ -25,22 +25,30 @@ from lvx_app.parallel.group import get_rank, get_world_size
 class RingComm:
     """One rank's view of a ring over `group` (the default group when None) on `device`."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
+    ) -> None:
         self.group = group
         self.rank = get_rank(group)
         self.world_size = get_world_size(group)
-        to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        to_global = (
+            (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        )
         self.send_to = to_global((self.rank + 1) % self.world_size)
         self.recv_from = to_global((self.rank - 1) % self.world_size)
         self.bytes_sent = 0
         self._reqs: list = []
-        self._posted, self._link_bytes = 0.0, 0  # when the open batch was posted, its larger direction
+        self._posted, self._link_bytes = (
+            0.0,
+            0,
+        )  # when the open batch was posted, its larger direction
         device = None if device is None else torch.device(device)
         cuda = device is not None and device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda and self.world_size > 1 else None
 
     def post(self, pairs: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
-        """Start sending each `send` to rank+1 and receiving into each `recv` from rank-1, all in one batch.
+        """Start sending each `send` to rank+1 and receiving into each `recv` from rank-1, all in
+        one batch.
 
         pairs: [(send tensor or None, recv buffer or None)]. Empty tensors are skipped on
         both sides (both know every block's length). Call `wait` before the next `post`."""
@@ -68,7 +76,8 @@ class RingComm:
             self._reqs = dist.batch_isend_irecv(ops)
 
     def wait(self) -> None:
-        """Block until the posted transfers are done (on CUDA: make the compute stream wait for them)."""
+        """Block until the posted transfers are done (on CUDA: make the compute stream wait for
+        them)."""
         for req in self._reqs:
             req.wait()
         if self._reqs:

@@ -59,16 +59,22 @@ class RankFailed(RuntimeError):
     """A spawned rank raised; the message carries its traceback."""
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 240) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 240
+) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; return results by rank.
 
-    `fn` must be importable (module-level) and its arguments and result picklable. Return numpy arrays or
-    plain Python values, not torch tensors: a tensor's shared memory dies with the rank that made it.
+    `fn` must be importable (module-level) and its arguments and result picklable. Return numpy
+    arrays or plain Python values, not torch tensors: a tensor's shared memory dies with the rank
+    that made it.
     """
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -78,7 +84,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
             try:
                 rank, ok, payload = queue.get(timeout=timeout_s)
             except queue_module.Empty as exc:
-                raise RankFailed(f"ranks did not finish within {timeout_s:.0f}s (got {sorted(results)})") from exc
+                raise RankFailed(
+                    f"ranks did not finish within {timeout_s:.0f}s (got {sorted(results)})"
+                ) from exc
             if ok:
                 results[rank] = payload
             else:

@@ -1,16 +1,21 @@
-"""Finetuning checkpoints: official-layout weights (loadable by `lvx chat --model OUT`) plus a resume state.
+"""Finetuning checkpoints: official-layout weights (loadable by `lvx chat --model OUT`) plus a
+resume state.
 
 OUT holds
-- `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into their base
-  weights; the vision keys the model never uses are copied from the source checkpoint, so OUT is a complete
-  official checkpoint, not a partial one;
-- every non-weight file of the source checkpoint (config.json, tokenizer files, generation config, processor
+- `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into
+their base
+  weights; the vision keys the model never uses are copied from the source checkpoint, so OUT is a
+  complete official checkpoint, not a partial one;
+- every non-weight file of the source checkpoint (config.json, tokenizer files, generation config,
+processor
   code), copied as they are;
-- `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged), optimizer,
-  scheduler, RNG states, the base model path and the loss history. Resuming loads the *base* model again and puts
-  these tensors back, so merged weights are never trained twice.
-Every file is written to a temporary name and `os.replace`d (atomic on one file system); train_state.pt goes last,
-so an interrupted save leaves a resumable directory whose state matches its step.
+- `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged),
+optimizer,
+  scheduler, RNG states, the base model path and the loss history. Resuming loads the *base* model
+  again and puts these tensors back, so merged weights are never trained twice.
+Every file is written to a temporary name and `os.replace`d (atomic on one file system);
+train_state.pt goes last, so an interrupted save leaves a resumable directory whose state matches
+its step.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from lvx_app.train.lora import LoRALinear
-from models.mplug_owl3.loader import CheckpointInfo, inspect_checkpoint, load_tensors
+from lvx_models.mplug_owl3.loader import CheckpointInfo, inspect_checkpoint, load_tensors
 
 STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
@@ -45,14 +50,17 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-def official_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The model's weights under the official keys, LoRA merged (W + scale * B @ A), detached, on CPU, contiguous."""
+def official_state_dict(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """The model's weights under the official keys, LoRA merged (W + scale * B @ A), detached, on
+    CPU, contiguous."""
     out: dict[str, torch.Tensor] = {}
     lora = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     for key, t in model.state_dict().items():
         owner = next((n for n in lora if key.startswith(n + ".")), None)
         if owner is not None:
-            rest = key[len(owner) + 1:]
+            rest = key[len(owner) + 1 :]
             if rest.startswith("lora_"):
                 continue
             key = f"{owner}.{rest.removeprefix('base.')}"
@@ -70,9 +78,15 @@ def _source_dtype(info: CheckpointInfo) -> torch.dtype:
     return load_tensors(info, [key])[key].dtype
 
 
-def save_checkpoint(out: str | Path, model: torch.nn.Module, base: str | Path, state: dict[str, Any],
-                    dtype: torch.dtype | None = None) -> Path:
-    """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype` of the saved
+def save_checkpoint(
+    out: str | Path,
+    model: torch.nn.Module,
+    base: str | Path,
+    state: dict[str, Any],
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype`
+    of the saved
     weights defaults to the base checkpoint's. Call on one rank only."""
     out = Path(out)
     info = inspect_checkpoint(base)
@@ -83,8 +97,11 @@ def save_checkpoint(out: str | Path, model: torch.nn.Module, base: str | Path, s
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() != Path(info.path).resolve():
         for f in Path(info.path).iterdir():
-            if f.is_file() and not f.name.endswith(".safetensors") and f.name not in (
-                    "model.safetensors.index.json", STATE_FILE):
+            if (
+                f.is_file()
+                and not f.name.endswith(".safetensors")
+                and f.name not in ("model.safetensors.index.json", STATE_FILE)
+            ):
                 _atomic(out / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
     for old in out.glob("model-*-of-*.safetensors"):
         old.unlink()
@@ -112,5 +129,7 @@ def load_state(out: str | Path) -> dict[str, Any]:
     """The resume state saved in OUT; a one-line error if there is none."""
     f = Path(out) / STATE_FILE
     if not f.exists():
-        raise FileNotFoundError(f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh")
+        raise FileNotFoundError(
+            f"no {STATE_FILE} in {out} to resume from; run without --resume to start fresh"
+        )
     return torch.load(f, map_location="cpu", weights_only=False)

@@ -1,16 +1,19 @@
 """Finetuning data: JSONL conversations about videos, tokenised with the model's chat template.
 
 One line per sample, either
-    {"video": "clip.mp4", "conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}, ...]}
+    {"video": "clip.mp4", "conversations": [{"from": "human", "value": "..."}, {"from": "gpt",
+    "value": "..."}, ...]}
 (`role`/`content` with user/assistant work too), or
     {"video": "clip.mp4", "question": "...", "answer": "..."}
-(`question`/`answer` may also be equal-length lists: a multi-turn conversation). `video` is relative to
-`--video-dir` (or absolute). The video goes first in the first user turn as `<|video|>\\n`, exactly as the chat
-engine asks its questions, unless that turn already holds a `<|video|>` marker.
+(`question`/`answer` may also be equal-length lists: a multi-turn conversation). `video` is relative
+to
+`--video-dir` (or absolute). The video goes first in the first user turn as `<|video|>\\n`, exactly
+as the chat engine asks its questions, unless that turn already holds a `<|video|>` marker.
 
-The sequence is the official training template (reference mplug_owl3.md §5.2): every assistant turn is followed by
-`<|im_end|>` and `<|endoftext|>`, and only those assistant tokens (answer + both end tokens) carry a loss. Tokens
-after the last answer are dropped.
+The sequence is the official training template (reference mplug_owl3.md §5.2): every assistant turn
+is followed by
+`<|im_end|>` and `<|endoftext|>`, and only those assistant tokens (answer + both end tokens) carry a
+loss. Tokens after the last answer are dropped.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ import torch
 
 IGNORE = -100
 VIDEO_MARKER = "<|video|>"
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 class DataError(ValueError):
@@ -50,16 +59,24 @@ def _messages(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
             role = turn.get("role", turn.get("from"))
             text = turn.get("content", turn.get("value"))
             if role not in _ROLES or not isinstance(text, str):
-                raise DataError(f"{where}: each turn needs 'from'/'role' (human, gpt, user, assistant, system) and "
-                                f"'value'/'content' text, got {turn!r:.120}")
+                raise DataError(
+                    f"{where}: each turn needs 'from'/'role' (human, gpt, user, assistant, system) "
+                    "and "
+                    f"'value'/'content' text, got {turn!r:.120}"
+                )
             out.append({"role": _ROLES[role], "content": text})
     elif "question" in obj and "answer" in obj:
         qs, ans = obj["question"], obj["answer"]
         qs, ans = ([qs], [ans]) if isinstance(qs, str) else (qs, ans)
         if not isinstance(qs, list) or not isinstance(ans, list) or len(qs) != len(ans) or not qs:
-            raise DataError(f"{where}: 'question' and 'answer' must be two strings or two lists of equal length")
-        out = [m for q, a in zip(qs, ans) for m in ({"role": "user", "content": str(q)},
-                                                     {"role": "assistant", "content": str(a)})]
+            raise DataError(
+                f"{where}: 'question' and 'answer' must be two strings or two lists of equal length"
+            )
+        out = [
+            m
+            for q, a in zip(qs, ans)
+            for m in ({"role": "user", "content": str(q)}, {"role": "assistant", "content": str(a)})
+        ]
     else:
         raise DataError(f"{where}: a sample needs 'conversations', or 'question' and 'answer'")
     if not any(m["role"] == "assistant" for m in out):
@@ -68,17 +85,23 @@ def _messages(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
     if not users:
         raise DataError(f"{where}: no user turn")
     if any(VIDEO_MARKER in m["content"] for m in out if m is not users[0]):
-        raise DataError(f"{where}: only the first user turn may hold the {VIDEO_MARKER} marker (one video per sample)")
+        raise DataError(
+            f"{where}: only the first user turn may hold the {VIDEO_MARKER} marker (one video per "
+            "sample)"
+        )
     if VIDEO_MARKER not in users[0]["content"]:
         users[0]["content"] = f"{VIDEO_MARKER}\n{users[0]['content']}"
     return out
 
 
 def load_jsonl(path: str | Path, video_dir: str | Path | None = None) -> list[Sample]:
-    """Read and check every sample (missing videos are reported here, before any training starts)."""
+    """Read and check every sample (missing videos are reported here, before any training
+    starts)."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path} not found; pass --data with a JSONL file of {{video, conversations}} samples")
+        raise DataError(
+            f"{path} not found; pass --data with a JSONL file of {{video, conversations}} samples"
+        )
     base = Path(video_dir) if video_dir is not None else path.parent
     samples: list[Sample] = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -103,7 +126,8 @@ def load_jsonl(path: str | Path, video_dir: str | Path | None = None) -> list[Sa
 
 @dataclass
 class Tokenized:
-    """A training sequence: ids, next-token labels (IGNORE outside assistant answers) and frame placeholders."""
+    """A training sequence: ids, next-token labels (IGNORE outside assistant answers) and frame
+    placeholders."""
 
     input_ids: torch.Tensor  # (L,) int64
     labels: torch.Tensor  # (L,) int64: labels[t] is the target of the logits at t (already shifted)
@@ -117,14 +141,18 @@ class Tokenized:
 def tokenize(processor: Any, messages: Sequence[dict[str, str]], num_frames: int) -> Tokenized:
     """Tokenise with `processor.build_chat_prompt` (the chat template) and mark the assistant spans.
 
-    Every chunk of the template is tokenised on its own, so the ids of a conversation prefix are a prefix of the
-    full ids; each assistant span is found as [len(prefix up to its header), len(prefix through its end tokens))."""
+    Every chunk of the template is tokenised on its own, so the ids of a conversation prefix are a
+    prefix of the
+    full ids; each assistant span is found as [len(prefix up to its header), len(prefix through its
+    end tokens))."""
     header = processor.encode("\n<|im_start|>assistant\n")
     gen = {"role": "assistant", "content": ""}
     videos = [num_frames]
 
     def ids(msgs) -> torch.Tensor:
-        return processor.build_chat_prompt(list(msgs) + [gen], videos=videos, add_generation_prompt=False)
+        return processor.build_chat_prompt(
+            list(msgs) + [gen], videos=videos, add_generation_prompt=False
+        )
 
     spans = []
     for i, m in enumerate(messages):
@@ -133,7 +161,9 @@ def tokenize(processor: Any, messages: Sequence[dict[str, str]], num_frames: int
         start = ids(messages[:i]).input_ids.numel()
         through = ids(messages[: i + 1]).input_ids
         end = through.numel() - len(header)
-        if through[end:].tolist() != header:  # the template changed under us: refuse rather than mislabel
+        if (
+            through[end:].tolist() != header
+        ):  # the template changed under us: refuse rather than mislabel
             raise RuntimeError("could not locate the assistant answer in the chat template")
         spans.append((start, end))
     full = ids(messages[: max(i for i, m in enumerate(messages) if m["role"] == "assistant") + 1])

@@ -1,22 +1,28 @@
 """The distributed finetuning step and loop (each rank runs it through `lvx_app.train.worker`).
 
 Every rank works on the same sample (sequence parallelism, not data parallelism):
-- frames: each rank ingests the frames `cfg.layout` deals it (`lvx_app.parallel.layout`: zigzag by default; cached
-  features, since the vision tower stays frozen) and keeps ONE copy E_local that every hyper layer reads;
-- text: each frame's placeholder tokens go with the frame, and the text after the last placeholder (it sees every
-  frame) is dealt by the same layout, so the media-masked and causal work are both balanced; each rank runs the
-  language model on its tokens at their true positions;
-- attention: `recompute.TrainAttention` (LV-XAttn rings for text and visual attention, K/V recomputed in backward);
-- loss: cross-entropy summed over the rank's assistant tokens, divided by the GLOBAL number of assistant tokens;
-  each rank's backward then yields its share of every replicated weight's gradient, and torch DDP all-reduces
-  them (its mean is undone by scaling the local loss by the world size).
-Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU with float32
-master copies of the trainable weights.
+- frames: each rank ingests the frames `cfg.layout` deals it (`lvx_app.parallel.layout`: zigzag by
+default; cached
+  features, since the vision tower stays frozen) and keeps ONE copy E_local that every hyper layer
+  reads;
+- text: each frame's placeholder tokens go with the frame, and the text after the last placeholder
+(it sees every
+  frame) is dealt by the same layout, so the media-masked and causal work are both balanced; each
+  rank runs the language model on its tokens at their true positions;
+- attention: `recompute.TrainAttention` (LV-XAttn rings for text and visual attention, K/V
+recomputed in backward);
+- loss: cross-entropy summed over the rank's assistant tokens, divided by the GLOBAL number of
+assistant tokens;
+  each rank's backward then yields its share of every replicated weight's gradient, and torch DDP
+  all-reduces them (its mean is undone by scaling the local loss by the world size).
+Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU
+with float32 master copies of the trainable weights.
 
-Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj and the G1
-gate_proj Linear included; peft is
-not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate or gate_proj of
-every hyper layer), `all` (language model + projector; the vision tower stays frozen so its features can be cached).
+Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj and
+the G1 gate_proj Linear included; peft is
+not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate
+or gate_proj of every hyper layer), `all` (language model + projector; the vision tower stays frozen
+so its features can be cached).
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 from lvx_app.video.cache import encoder_identity
 from lvx_app.video.ingest import ingest
-from models.mplug_owl3.loader import load_model
+from lvx_models.mplug_owl3.loader import load_model
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
+
 
 @dataclass
 class TrainConfig:
@@ -77,26 +84,35 @@ class TrainConfig:
     cuda: Optional[bool] = None
     cache_dir: Optional[str] = None
     decode_workers: Optional[int] = None
-    progress: Optional[bool] = None  # None: a live bar when stdout is a terminal, else one line per step
+    progress: Optional[bool] = (
+        None  # None: a live bar when stdout is a terminal, else one line per step
+    )
     plot: bool = True
     timeout_s: float = 600.0
-    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # a chunk of frames that takes longer to decode is killed and retried
-    layout: str = DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames and tokens each rank holds
+    # a chunk of frames that takes longer to decode is killed and retried
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S
+    layout: str = (
+        DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames and tokens each rank holds
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # trainable sets
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, nn.Parameter]]:
-    """Freeze everything, then enable (and create, for LoRA) the chosen set; returns the trainable parameters."""
+    """Freeze everything, then enable (and create, for LoRA) the chosen set; returns the trainable
+    parameters."""
     model.requires_grad_(False)
     if cfg.train == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha)
         pick = lambda n: ".lora_" in n  # noqa: E731
     elif cfg.train == "hyper":
-        hyper = (".self_attn.v_kv_proj.", ".self_attn.gate_proj.")  # gate_proj: the 7B-240728 G1 gate
+        hyper = (
+            ".self_attn.v_kv_proj.",
+            ".self_attn.gate_proj.",
+        )  # gate_proj: the 7B-240728 G1 gate
         pick = lambda n: any(h in n for h in hyper) or n.endswith(".self_attn.gate")  # noqa: E731
     elif cfg.train == "all":
         pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
@@ -110,9 +126,9 @@ def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, n
     return params
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the trainer
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -140,17 +156,24 @@ class StepStats:
 
 
 class Trainer:
-    """Model, hooks, DDP wrapper, optimiser and schedule of one rank. Works in a single process (world of one) and
+    """Model, hooks, DDP wrapper, optimiser and schedule of one rank. Works in a single process
+    (world of one) and
     under torch.distributed (every rank builds one with the same config)."""
 
-    def __init__(self, cfg: TrainConfig, device: Optional[torch.device] = None,
-                 state: Optional[dict[str, Any]] = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        device: Optional[torch.device] = None,
+        state: Optional[dict[str, Any]] = None,
+    ):
         self.cfg = cfg
         self.rank, self.world = get_rank(), get_world_size()
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(cfg.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
-        self.model_key, self.encoder_id = encoder_identity(cfg.model, None, cfg.cache_dir)  # the feature cache's key
+        self.model_key, self.encoder_id = encoder_identity(
+            cfg.model, None, cfg.cache_dir
+        )  # the feature cache's key
         model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
         self.model = model
         self.params = configure_trainable(model, cfg)
@@ -159,7 +182,8 @@ class Trainer:
                 p.data = p.data.float()
         if state is not None:
             self._load_trainable(state["trainable"])
-        # attention rings get their own group so they never interleave with DDP's gradient all-reduces
+        # attention rings get their own group so they never interleave with DDP's gradient
+        # all-reduces
         self.group = dist.new_group(list(range(self.world))) if self.world > 1 else None
         self.hooks = TrainAttention(model, group=self.group, recompute=cfg.recompute)
         model.hooks = self.hooks
@@ -171,11 +195,17 @@ class Trainer:
             DDP._set_params_and_buffers_to_ignore_for_model(model, frozen)
             self.ddp = DDP(model)
         trainable = [p for _, p in self.params]
-        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
-                                           foreach=False if dtype == torch.float64 else None)
+        self.optimizer = torch.optim.AdamW(
+            trainable,
+            lr=cfg.lr,
+            betas=(0.9, 0.95),
+            weight_decay=cfg.weight_decay,
+            foreach=False if dtype == torch.float64 else None,
+        )
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, cfg.steps, warmup, cfg.min_lr_ratio))
+            self.optimizer, lambda s: lr_lambda(s, cfg.steps, warmup, cfg.min_lr_ratio)
+        )
         self.step = 0
         self.history: list[dict[str, Any]] = []
         if state is not None:
@@ -187,25 +217,37 @@ class Trainer:
         self.projector_trains = any(n.startswith("vision2text_model.") for n, _ in self.params)
         self._videos: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
 
-    # ---- state --------------------------------------------------------------------------------------------
+    # ---- state
+    # ----------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in self.params}
 
     def _load_trainable(self, tensors: dict[str, torch.Tensor]) -> None:
         have = dict(self.params)
         if set(tensors) != set(have):
-            raise ValueError("the resume state was saved with a different trainable set (--lora/--train); resume "
-                             "with the same options")
+            raise ValueError(
+                "the resume state was saved with a different trainable set (--lora/--train); "
+                "resume "
+                "with the same options"
+            )
         with torch.no_grad():
             for n, t in tensors.items():
                 have[n].copy_(t)
 
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "trainable": self.trainable_state(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "history": self.history,
-                "base_model": self.cfg.model, "config": asdict(self.cfg)}
+        return {
+            "step": self.step,
+            "trainable": self.trainable_state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "history": self.history,
+            "base_model": self.cfg.model,
+            "config": asdict(self.cfg),
+        }
 
-    # ---- data ---------------------------------------------------------------------------------------------
+    # ---- data
+    # ----------------------------------------------------------------------------------------------
     def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
         if self.projector_trains:  # SigLIP features only; the projector runs in the step, with grad
             p = self.model.vision_model.embeddings.patch_embedding.weight
@@ -213,34 +255,56 @@ class Trainer:
         return self.model.encode_images(pixel_values)
 
     def video_features(self, path: str | Path) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(this rank's features, their global frame ids, total frames), through ingest and its disk cache."""
+        """(this rank's features, their global frame ids, total frames), through ingest and its disk
+        cache."""
         key = str(path)
         if key not in self._videos:
             p = self.model.vision_model.embeddings.patch_embedding.weight
-            shard = ingest(path, self._encode, fps=self.cfg.fps, max_frames=self.cfg.max_frames,
-                           image_size=self.processor.image_size, device=self.device, dtype=p.dtype,
-                           model_id=f"{self.model_key}#{'siglip' if self.projector_trains else 'projector'}",
-                           encoder_id=self.encoder_id,
-                           cache=True, cache_dir=self.cfg.cache_dir, decode_workers=self.cfg.decode_workers,
-                           decode_timeout_s=self.cfg.decode_timeout_s,
-                           progress=False, layout=self.cfg.layout)
+            shard = ingest(
+                path,
+                self._encode,
+                fps=self.cfg.fps,
+                max_frames=self.cfg.max_frames,
+                image_size=self.processor.image_size,
+                device=self.device,
+                dtype=p.dtype,
+                model_id=f"{self.model_key}#{'siglip' if self.projector_trains else 'projector'}",
+                encoder_id=self.encoder_id,
+                cache=True,
+                cache_dir=self.cfg.cache_dir,
+                decode_workers=self.cfg.decode_workers,
+                decode_timeout_s=self.cfg.decode_timeout_s,
+                progress=False,
+                layout=self.cfg.layout,
+            )
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))
             self._videos[key] = (shard.features, shard.positions.to(self.device), len(shard.plan))
         return self._videos[key]
 
-    # ---- one step -----------------------------------------------------------------------------------------
-    def forward(self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Forward of one sample on this rank: (this rank's summed CE over its assistant tokens, global targets).
+    # ---- one step
+    # ----------------------------------------------------------------------------------------------
+    def forward(
+        self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, int]:
+        """Forward of one sample on this rank: (this rank's summed CE over its assistant tokens,
+        global targets).
 
-        tok: the whole sample (every rank has it); features: this rank's frames (N_local, 729, H) (SigLIP
+        tok: the whole sample (every rank has it); features: this rank's frames (N_local, 729, H)
+        (SigLIP
         features when the projector trains); frame_ids: their global indices."""
         n_targets = tok.num_targets
         if n_targets == 0:
-            raise ValueError("a sample without assistant tokens (after truncation) has nothing to learn")
+            raise ValueError(
+                "a sample without assistant tokens (after truncation) has nothing to learn"
+            )
         starts = tok.media_starts
-        tail = int(starts[-1]) + 1 if starts.numel() else 0  # from here on every token sees every frame
-        positions = rank_tokens(tok.input_ids.numel(), starts, self.world, self.rank, self.cfg.layout, tail_from=tail)
+        tail = (
+            int(starts[-1]) + 1 if starts.numel() else 0
+        )  # from here on every token sees every frame
+        positions = rank_tokens(
+            tok.input_ids.numel(), starts, self.world, self.rank, self.cfg.layout, tail_from=tail
+        )
         ids = tok.input_ids[positions].to(self.device).view(1, -1)
         labels = tok.labels[positions].to(self.device)
         pos = positions.to(self.device).view(1, -1)
@@ -249,15 +313,22 @@ class Trainer:
             self.hooks.begin(pos)
             visual = self.hooks.visual_inputs(e, tok.media_starts, frame_ids)
             logits = self.ddp(ids, pos, visual=visual)
-        ce = F.cross_entropy(logits[0].to(torch.promote_types(logits.dtype, torch.float32)), labels,
-                             ignore_index=IGNORE, reduction="sum")
+        ce = F.cross_entropy(
+            logits[0].to(torch.promote_types(logits.dtype, torch.float32)),
+            labels,
+            ignore_index=IGNORE,
+            reduction="sum",
+        )
         return ce, n_targets
 
     def backward(self, ce: torch.Tensor, n_targets: int) -> None:
-        """Backward of the rank's loss share; DDP's mean over ranks is undone by the world-size factor."""
+        """Backward of the rank's loss share; DDP's mean over ranks is undone by the world-size
+        factor."""
         (ce * (self.world / n_targets)).backward()
 
-    def forward_backward(self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor) -> tuple[float, int]:
+    def forward_backward(
+        self, tok: Tokenized, features: torch.Tensor, frame_ids: torch.Tensor
+    ) -> tuple[float, int]:
         """`forward` then `backward`; returns (this rank's summed CE, global number of targets)."""
         ce, n = self.forward(tok, features, frame_ids)
         self.backward(ce, n)
@@ -265,7 +336,9 @@ class Trainer:
 
     def optimizer_step(self) -> float:
         params = [p for _, p in self.params]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        )
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -285,14 +358,25 @@ class Trainer:
         dt = time.perf_counter() - t0
         mem = self._all_gather(peak_memory_bytes(self.device))
         st = StepStats(self.step, total / n, tok.input_ids.numel(), n_frames, dt, norm, lr, mem)
-        self.history.append({"step": st.step, "loss": st.loss, "seconds": dt, "tokens": st.tokens, "lr": lr,
-                             "grad_norm": norm, "peak_mem": mem})
+        self.history.append(
+            {
+                "step": st.step,
+                "loss": st.loss,
+                "seconds": dt,
+                "tokens": st.tokens,
+                "lr": lr,
+                "grad_norm": norm,
+                "peak_mem": mem,
+            }
+        )
         return st
 
     def _all_sum(self, x: float) -> float:
         if self.world == 1:
             return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        t = torch.tensor(
+            [x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu"
+        )
         dist.all_reduce(t)
         return float(t)
 
@@ -303,7 +387,8 @@ class Trainer:
         dist.all_gather_object(out, x)
         return [int(v) for v in out]
 
-    # ---- saving -------------------------------------------------------------------------------------------
+    # ---- saving
+    # ----------------------------------------------------------------------------------------------
     def save(self) -> None:
         if self.rank == 0:
             save_checkpoint(self.cfg.out, self.model, self.cfg.model, self.state())
@@ -312,7 +397,8 @@ class Trainer:
 
 
 def sample_order(n: int, step: int, seed: int) -> int:
-    """Index of the sample for `step`: a fresh permutation per epoch, a pure function of (step, seed), so a resumed
+    """Index of the sample for `step`: a fresh permutation per epoch, a pure function of (step,
+    seed), so a resumed
     run sees exactly the samples the uninterrupted one would."""
     epoch, i = divmod(step, n)
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
@@ -331,18 +417,28 @@ class _Reporter:
         self.live = self.console.is_terminal if live is None else live
         self.bar = None
         if self.live:
-            self.bar = Progress(TextColumn("[bold]finetune"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console)
+            self.bar = Progress(
+                TextColumn("[bold]finetune"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self.bar.start()
             self.task = self.bar.add_task("finetune", total=total, completed=start, info="")
 
     def __call__(self, st: StepStats) -> None:
-        info = (f"loss {st.loss:.4f}  {st.tokens_per_s:,.0f} tok/s  {st.frames} frames  "
-                f"peak mem/rank {_fmt_mem(st.peak_mem)}")
+        info = (
+            f"loss {st.loss:.4f}  {st.tokens_per_s:,.0f} tok/s  {st.frames} frames  "
+            f"peak mem/rank {_fmt_mem(st.peak_mem)}"
+        )
         if self.bar is not None:
             self.bar.update(self.task, completed=st.step, info=info)
         else:
-            self.console.print(f"step {st.step}: {info}  lr {st.lr:.2e}  |g| {st.grad_norm:.3f}", highlight=False)
+            self.console.print(
+                f"step {st.step}: {info}  lr {st.lr:.2e}  |g| {st.grad_norm:.3f}", highlight=False
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -353,12 +449,15 @@ def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
     """Loss per step as a PNG (matplotlib, Agg backend)."""
     import matplotlib  # imported here: only rank 0 plots, once, at the end
 
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([h["step"] for h in history], [h["loss"] for h in history], marker="." if len(history) < 50 else None)
+    ax.plot(
+        [h["step"] for h in history],
+        [h["loss"] for h in history],
+        marker="." if len(history) < 50 else None,
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (CE per assistant token)")
     ax.set_title("lvx finetune")
@@ -369,14 +468,21 @@ def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
     return Path(path)
 
 
-def run_training(cfg: TrainConfig, device: Optional[torch.device] = None,
-                 on_step: Optional[Callable[[StepStats], None]] = None) -> Trainer:
-    """Train `cfg.steps` steps (from the saved step with `cfg.resume`), save OUT, plot the losses on rank 0."""
+def run_training(
+    cfg: TrainConfig,
+    device: Optional[torch.device] = None,
+    on_step: Optional[Callable[[StepStats], None]] = None,
+) -> Trainer:
+    """Train `cfg.steps` steps (from the saved step with `cfg.resume`), save OUT, plot the losses on
+    rank 0."""
     samples = load_jsonl(cfg.data, cfg.video_dir)
     state = load_state(cfg.out) if cfg.resume else None
     if state is not None and state.get("base_model") != cfg.model:
-        raise ValueError(f"{cfg.out} was trained from {state.get('base_model')}, not {cfg.model}; pass that --model "
-                         f"to resume")
+        raise ValueError(
+            f"{cfg.out} was trained from {state.get('base_model')}, not {cfg.model}; pass that "
+            "--model "
+            f"to resume"
+        )
     trainer = Trainer(cfg, device, state)
     if state is not None:
         set_rng_state(state["rng"])

@@ -1,9 +1,11 @@
-"""One finetuning run per output folder: an exclusive lock held for the whole run, and no writing into --model.
+"""One finetuning run per output folder: an exclusive lock held for the whole run, and no writing
+into --model.
 
-Two runs writing the same folder (a `--resume` started while the first still trains) interleave checkpoints and
-resume states. `lock_output` takes `fcntl.flock` on `OUT/.lvx-finetune.lock` and writes its pid there; the kernel
-drops the lock when every process holding the file is gone (the launcher passes it to torchrun's agent, which dies
-with it), so a killed run never leaves a stale lock behind. The file itself stays.
+Two runs writing the same folder (a `--resume` started while the first still trains) interleave
+checkpoints and resume states. `lock_output` takes `fcntl.flock` on `OUT/.lvx-finetune.lock` and
+writes its pid there; the kernel drops the lock when every process holding the file is gone (the
+launcher passes it to torchrun's agent, which dies with it), so a killed run never leaves a stale
+lock behind. The file itself stays.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import time
 from pathlib import Path
 
 LOCK_NAME = ".lvx-finetune.lock"
-HOLDER_GONE_WAIT_S = 10.0  # how long a lock whose recording launcher has exited may take to be let go
+HOLDER_GONE_WAIT_S = (
+    10.0  # how long a lock whose recording launcher has exited may take to be let go
+)
 
 
 class OutputBusy(Exception):
@@ -22,14 +26,18 @@ class OutputBusy(Exception):
 
 
 def check_out_is_not_model(out: Path, model: str) -> None:
-    """Refuse an --out that is the --model checkpoint folder or inside it: saving would overwrite the base weights."""
+    """Refuse an --out that is the --model checkpoint folder or inside it: saving would overwrite
+    the base weights."""
     base = Path(model).expanduser()
     if not base.is_dir():
         return  # a hub id: its files live in the hub cache, not under --out
     base, target = base.resolve(), out.expanduser().resolve()
     if target == base or base in target.parents:
-        raise OutputBusy(f"--out {out} is inside the --model checkpoint {model}; saving would overwrite the weights "
-                         "the run starts from: choose another --out")
+        raise OutputBusy(
+            f"--out {out} is inside the --model checkpoint {model}; saving would overwrite the "
+            "weights "
+            "the run starts from: choose another --out"
+        )
 
 
 def _pid_exited(text: str) -> bool:
@@ -61,18 +69,23 @@ def _take(fd: int, holder_gone_wait_s: float) -> str | None:
 
 
 def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> int:
-    """Create `out` and lock it for this run; returns the lock's file descriptor (inheritable, to pass to children).
+    """Create `out` and lock it for this run; returns the lock's file descriptor (inheritable, to
+    pass to children).
 
-    A run whose launcher was just killed still holds the lock for a moment through torchrun's agent, which dies a
-    step behind it; while the pid in the file names an exited process, this waits up to `holder_gone_wait_s`.
+    A run whose launcher was just killed still holds the lock for a moment through torchrun's agent,
+    which dies a step behind it; while the pid in the file names an exited process, this waits up to
+    `holder_gone_wait_s`.
     """
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     holder = _take(fd, holder_gone_wait_s)
     if holder is not None:
         os.close(fd)
-        raise OutputBusy(f"{out} is in use by another lvx finetune run (pid {holder}); wait for it to end, stop it, "
-                         "or choose another --out") from None
+        raise OutputBusy(
+            f"{out} is in use by another lvx finetune run (pid {holder}); wait for it to end, stop "
+            "it, "
+            "or choose another --out"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     os.set_inheritable(fd, True)

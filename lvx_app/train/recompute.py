@@ -1,25 +1,31 @@
-"""Training attention for mPLUG-Owl3 over sharded text and sharded frames: the LV-XAttn recompute scheme.
+"""Training attention for mPLUG-Owl3 over sharded text and sharded frames: the LV-XAttn recompute
+scheme.
 
-Why this module exists: `lv_xattn_with_lse` is an autograd Function that saves its K/V. Fed with K/V made from the
-projector output E (even lazily, `prepare_visual(precompute=False)`), autograd then keeps per hyper layer the
-visual K/V *and* everything `v_kv_proj(RMSNorm(E))` saved for its own backward (the normalised E, the fp32 RoPE
-temporaries). With S_kv in the millions that is most of the training memory. The LV-XAttn paper's scheme keeps ONE
-copy of E per rank, shared by all hyper layers, saves only (q, O, lse) per layer and remakes K_i, V_i = proj_l(E_i)
-in the backward. `_RecomputeXAttn` does exactly that, and unlike the authors' prototype (reference
-distributed_attention.md §1.4) it pushes dK/dV back through the projection, so v_kv_proj, the layer norm weight,
-LoRA adapters and E itself (when the projector trains) get their gradients.
+Why this module exists: `lv_xattn_with_lse` is an autograd Function that saves its K/V. Fed with K/V
+made from the projector output E (even lazily, `prepare_visual(precompute=False)`), autograd then
+keeps per hyper layer the visual K/V *and* everything `v_kv_proj(RMSNorm(E))` saved for its own
+backward (the normalised E, the fp32 RoPE temporaries). With S_kv in the millions that is most of
+the training memory. The LV-XAttn paper's scheme keeps ONE copy of E per rank, shared by all hyper
+layers, saves only (q, O, lse) per layer and remakes K_i, V_i = proj_l(E_i) in the backward.
+`_RecomputeXAttn` does exactly that, and unlike the authors' prototype (reference
+distributed_attention.md §1.4) it pushes dK/dV back through the projection, so v_kv_proj, the layer
+norm weight, LoRA adapters and E itself (when the projector trains) get their gradients.
 
 Pieces:
-- `TrainAttention`: the `AttentionHooks` the model calls. Text self-attention is sharded causal attention over the
-  ranks' token slices, done by the LV-XAttn ring with causality expressed as the media mask (k_frame = key
-  positions, q_vis = query positions + 1), so it returns the lse G2 hyper layers need and works for any token
-  layout (`lvx_app.parallel.layout` deals them with their frames). Visual attention is LV-XAttn, with (`recompute=True`) or
-  without (K/V saved per layer) the recompute scheme.
+- `TrainAttention`: the `AttentionHooks` the model calls. Text self-attention is sharded causal
+attention over the
+  ranks' token slices, done by the LV-XAttn ring with causality expressed as the media mask (k_frame
+  = key positions, q_vis = query positions + 1), so it returns the lse G2 hyper layers need and
+  works for any token layout (`lvx_app.parallel.layout` deals them with their frames). Visual
+  attention is LV-XAttn, with (`recompute=True`) or without (K/V saved per layer) the recompute
+  scheme.
 - `TrainAttention.visual_inputs(...)`: the matching `VisualInputs` for `Owl3Model.forward`.
-- `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the decoder layers.
-  Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of the first forward are kept,
-  and the re-forward in backward replays them instead of running the attention ring again (no communication,
-  no attention FLOPs twice). Everything else of the layer (norms, projections, MLP) is recomputed.
+- `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the
+decoder layers.
+  Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of the first
+  forward are kept, and the re-forward in backward replays them instead of running the attention
+  ring again (no communication, no attention FLOPs twice). Everything else of the layer (norms,
+  projections, MLP) is recomputed.
 """
 
 from __future__ import annotations
@@ -36,13 +42,14 @@ from torch.utils.checkpoint import checkpoint
 from lvx_app.attention.kernels import check_inputs
 from lvx_app.attention.lv_xattn import lv_xattn_backward, lv_xattn_forward
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class _Records:
-    """The attention results of one checkpointed layer, in call order (text, then visual in a hyper layer)."""
+    """The attention results of one checkpointed layer, in call order (text, then visual in a hyper
+    layer)."""
 
     def __init__(self) -> None:
         self.items: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
@@ -61,8 +68,11 @@ def _phase(records: _Records, mode: str) -> Iterator[None]:
         _PHASE.pop()
 
 
-def _attend(q: torch.Tensor, make_kv: Callable[[], tuple[torch.Tensor, torch.Tensor]], spec: "_Spec"):
-    """(out, lse, query sizes): run the LV-XAttn forward ring, or replay the result recorded in the first forward."""
+def _attend(
+    q: torch.Tensor, make_kv: Callable[[], tuple[torch.Tensor, torch.Tensor]], spec: "_Spec"
+):
+    """(out, lse, query sizes): run the LV-XAttn forward ring, or replay the result recorded in the
+    first forward."""
     phase = _PHASE[-1] if _PHASE else None
     if phase is not None and phase[1] == "replay":
         records = phase[0]
@@ -71,7 +81,9 @@ def _attend(q: torch.Tensor, make_kv: Callable[[], tuple[torch.Tensor, torch.Ten
         return out, lse, sizes
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame)
-    out, lse, sizes, _sent = lv_xattn_forward(q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, None)
+    out, lse, sizes, _sent = lv_xattn_forward(
+        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, None
+    )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
     return out, lse, sizes
@@ -90,7 +102,9 @@ class _Spec:
 
 
 def _autocast_state() -> list[tuple[str, torch.dtype]]:
-    return [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)]
+    return [
+        (d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)
+    ]
 
 
 @contextlib.contextmanager
@@ -104,8 +118,9 @@ def _autocast(state: list[tuple[str, torch.dtype]]) -> Iterator[None]:
 def _ring_backward(dout, dlse, q, k, v, out, lse, spec: _Spec, sizes):
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, _sent = lv_xattn_backward(dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame,
-                                          spec.group, True, sizes)
+    dq, dk, dv, _sent = lv_xattn_backward(
+        dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group, True, sizes
+    )
     return dq, dk, dv
 
 
@@ -128,11 +143,13 @@ class _SavedKVAttn(torch.autograd.Function):
 
 
 class _RecomputeXAttn(torch.autograd.Function):
-    """LV-XAttn whose K/V are a function of the shared features E: saves (q, O, lse) and a reference to E only.
+    """LV-XAttn whose K/V are a function of the shared features E: saves (q, O, lse) and a reference
+    to E only.
 
-    Inputs: q, E, then the trainable parameters `spec.project` reads (so autograd routes their gradients here and
-    DDP's hooks fire on them as usual). Forward makes K/V under no_grad, runs the ring and drops them. Backward
-    remakes K/V with grad enabled (and the forward's autocast state), runs the backward ring, and backpropagates
+    Inputs: q, E, then the trainable parameters `spec.project` reads (so autograd routes their
+    gradients here and DDP's hooks fire on them as usual). Forward makes K/V under no_grad, runs the
+    ring and drops them. Backward remakes K/V with grad enabled (and the forward's autocast state),
+    runs the backward ring, and backpropagates
     (dK, dV) through the projection into E and the parameters."""
 
     @staticmethod
@@ -157,7 +174,9 @@ class _RecomputeXAttn(torch.autograd.Function):
         with torch.set_grad_enabled(grad_kv), _autocast(ctx.autocast):
             e_in = e.detach().requires_grad_(e_needs)
             k, v = spec.project(e_in)
-        dq, dk, dv = _ring_backward(dout, dlse, q, k.detach(), v.detach(), out, lse, spec, ctx.sizes)
+        dq, dk, dv = _ring_backward(
+            dout, dlse, q, k.detach(), v.detach(), out, lse, spec, ctx.sizes
+        )
         de, dparams = None, [None] * len(spec.params)
         if grad_kv:
             targets = ([e_in] if e_needs else []) + wanted
@@ -169,19 +188,22 @@ class _RecomputeXAttn(torch.autograd.Function):
         return (None, dq, de, *dparams)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the hooks
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 class _Handles(Mapping):
     """layer -> (k, v) stand-ins for `VisualInputs.kv` in recompute mode.
 
-    The model passes what it gets here straight to `hooks.visual`; an empty tensor pair stands for "the K/V of
-    layer l", and `TrainAttention.visual` makes the real K/V inside `_RecomputeXAttn` (or not at all when the
+    The model passes what it gets here straight to `hooks.visual`; an empty tensor pair stands for
+    "the K/V of layer l", and `TrainAttention.visual` makes the real K/V inside `_RecomputeXAttn`
+    (or not at all when the
     attention result is replayed). Only valid together with the `TrainAttention` that made it."""
 
-    def __init__(self, owner: "TrainAttention", layers: list[int], like: torch.Tensor, kv_heads: int, hd: int):
+    def __init__(
+        self, owner: "TrainAttention", layers: list[int], like: torch.Tensor, kv_heads: int, hd: int
+    ):
         self.owner, self.layers = owner, list(layers)
         self._like = (like, kv_heads, hd)
 
@@ -201,12 +223,16 @@ class _Handles(Mapping):
 
 
 class TrainAttention:
-    """`AttentionHooks`-compatible text and visual attention for training over `group` (None = one process).
+    """`AttentionHooks`-compatible text and visual attention for training over `group` (None = one
+    process).
 
-    Call `begin(positions)` with this rank's token positions (1, L_local) before each forward; every rank of the
+    Call `begin(positions)` with this rank's token positions (1, L_local) before each forward; every
+    rank of the
     group must run every layer (also with no frames or no tokens)."""
 
-    def __init__(self, model: nn.Module, *, group: Optional[dist.ProcessGroup] = None, recompute: bool = True):
+    def __init__(
+        self, model: nn.Module, *, group: Optional[dist.ProcessGroup] = None, recompute: bool = True
+    ):
         self.model = model
         self.group = group
         self.recompute = recompute
@@ -221,22 +247,31 @@ class TrainAttention:
         self.q_vis = positions + 1
         self._pending.clear()
 
-    # ---- text -------------------------------------------------------------------------------------------------
+    # ---- text
+    # ----------------------------------------------------------------------------------------------
     def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
         if not causal:
             raise ValueError("training text attention is always causal")
         if self.k_pos is None or self.k_pos.shape[1] != q.shape[1] or k.shape[1] != q.shape[1]:
-            raise RuntimeError("call TrainAttention.begin(positions) with this rank's token positions before the "
-                               "forward (no text KV cache in training)")
-        spec = _Spec(q_vis=self.q_vis.to(q.device), k_frame=self.k_pos.to(q.device), group=self.group)
+            raise RuntimeError(
+                "call TrainAttention.begin(positions) with this rank's token positions before the "
+                "forward (no text KV cache in training)"
+            )
+        spec = _Spec(
+            q_vis=self.q_vis.to(q.device), k_frame=self.k_pos.to(q.device), group=self.group
+        )
         return _SavedKVAttn.apply(spec, q, k, v)
 
-    # ---- visual -----------------------------------------------------------------------------------------------
-    def visual_inputs(self, e_local: torch.Tensor, media_starts: torch.Tensor, frame_ids: torch.Tensor):
-        """`VisualInputs` for this rank's frames: e_local (N_local, 729, H) is the one shared copy of E (it may
-        require grad, e.g. when the projector trains); media_starts (N_total,) every frame's placeholder start;
+    # ---- visual
+    # ----------------------------------------------------------------------------------------------
+    def visual_inputs(
+        self, e_local: torch.Tensor, media_starts: torch.Tensor, frame_ids: torch.Tensor
+    ):
+        """`VisualInputs` for this rank's frames: e_local (N_local, 729, H) is the one shared copy
+        of E (it may require grad, e.g. when the projector trains); media_starts (N_total,) every
+        frame's placeholder start;
         frame_ids (N_local,) the global indices of the local frames."""
-        from models.mplug_owl3.hyper import VisualInputs
+        from lvx_models.mplug_owl3.hyper import VisualInputs
 
         model = self.model
         if not self.recompute:
@@ -257,8 +292,14 @@ class TrainAttention:
         mods = [blk.input_layernorm, blk.self_attn.v_kv_proj]
         return [p for m in mods for p in m.parameters() if p.requires_grad]
 
-    def visual(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor,
-               k_frame: torch.Tensor):
+    def visual(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_vis: torch.Tensor,
+        k_frame: torch.Tensor,
+    ):
         pending = self._pending.pop(id(k), None) if k.shape[1] == 0 else None
         spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group)
         if pending is None:  # K/V given (no-recompute path)
@@ -270,17 +311,20 @@ class TrainAttention:
         return _RecomputeXAttn.apply(spec, q, e, *spec.params)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # rematerialisation-aware checkpointing of the decoder layers
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def checkpoint_lm_blocks(model: nn.Module) -> None:
-    """Run every decoder layer of `model` under non-reentrant `torch.utils.checkpoint`, with the attention outputs
-    kept from the first forward and replayed (not recomputed) when the layer is re-run in backward.
+    """Run every decoder layer of `model` under non-reentrant `torch.utils.checkpoint`, with the
+    attention outputs kept from the first forward and replayed (not recomputed) when the layer is
+    re-run in backward.
 
-    Saved per layer: its input x and the attention (O, lse) of its text (and visual) attention; the attention
-    backward ring still runs once, as without checkpointing. Works with `TrainAttention` hooks only."""
+    Saved per layer: its input x and the attention (O, lse) of its text (and visual) attention; the
+    attention
+    backward ring still runs once, as without checkpointing. Works with `TrainAttention` hooks
+    only."""
     for layer in model.language_model.model.layers:
         if getattr(layer, "_lvx_checkpointed", False):
             continue
@@ -288,8 +332,13 @@ def checkpoint_lm_blocks(model: nn.Module) -> None:
 
         def fwd(x, ctx, _inner=inner):
             records = _Records()
-            return checkpoint(_inner, x, ctx, use_reentrant=False,
-                              context_fn=lambda: (_phase(records, "record"), _phase(records, "replay")))
+            return checkpoint(
+                _inner,
+                x,
+                ctx,
+                use_reentrant=False,
+                context_fn=lambda: (_phase(records, "record"), _phase(records, "replay")),
+            )
 
         layer.forward = fwd
         layer._lvx_checkpointed = True

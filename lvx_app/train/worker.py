@@ -1,7 +1,8 @@
-"""One rank of `lvx finetune`: `python -m lvx_app.train.worker --config JSON` (under torchrun, or alone).
+"""One rank of `lvx finetune`: `python -m lvx_app.train.worker --config JSON` (under torchrun, or
+alone).
 
-A module of its own, not imported by `lvx_app.train`, so `python -m` runs it without runpy's warning about a
-module already imported by its package.
+A module of its own, not imported by `lvx_app.train`, so `python -m` runs it without runpy's warning
+about a module already imported by its package.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Optional
 from lvx_app.parallel.group import init_distributed, run_rank
 from lvx_app.train.loop import TrainConfig, run_training
 from lvx_app.video.errors import VideoError
-from models.mplug_owl3.checkpoint import CheckpointError
+from lvx_models.mplug_owl3.checkpoint import CheckpointError
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Failures whose message says what to do (bad data, video or checkpoint): one line, no traceback."""
+    """Failures whose message says what to do (bad data, video or checkpoint): one line, no
+    traceback."""
     return (ValueError, FileNotFoundError, VideoError, CheckpointError)
 
 

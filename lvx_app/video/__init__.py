@@ -1,4 +1,5 @@
-"""Video ingestion: decord sampling at a chosen fps, sharded decode and encode, the visual-feature cache.
+"""Video ingestion: decord sampling at a chosen fps, sharded decode and encode, the visual-feature
+cache.
 
     from lvx_app.video import ingest, VisualShard, VideoError, format_timestamp
 

@@ -1,17 +1,18 @@
 """The visual-feature cache: a second `lvx chat` on the same video skips decoding and encoding.
 
-Layout: `<cache dir>/features/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank. An entry id is a
-hash of everything that changes the features except the rank: the file's identity (size, mtime and its first and
-last MiB), fps, max-frames, the model (its resolved path or hub id) and revision, a fingerprint of the vision tower
-and projector weights (`models.mplug_owl3.fingerprint`: changed weights at the same path never hit), image size,
-dtype, the number of shards and their layout (which frames each rank holds), the plan version and the cache
-format version. Each file holds the tensors `features`, `frame_indices`, `timestamps` and, in the safetensors
-header, a JSON manifest (key, video path, the whole sampling plan, shapes, the byte count and CRC-32 of the tensor
-data).
+Layout: `<cache dir>/features/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank. An
+entry id is a hash of everything that changes the features except the rank: the file's identity
+(size, mtime and its first and last MiB), fps, max-frames, the model (its resolved path or hub id)
+and revision, a fingerprint of the vision tower and projector weights
+(`lvx_models.mplug_owl3.fingerprint`: changed weights at the same path never hit), image size,
+dtype, the number of shards and their layout (which frames each rank holds), the plan version and
+the cache format version. Each file holds the tensors `features`, `frame_indices`, `timestamps` and,
+in the safetensors header, a JSON manifest (key, video path, the whole sampling plan, shapes, the
+byte count and CRC-32 of the tensor data).
 
-Writes are atomic: the file is written under a temporary name in the same folder, fsynced and renamed, so a
-reader sees a complete file or none. A file that fails any check on load (header, key, shapes, byte count,
-checksum) is reported in one warning line, deleted and rebuilt, never used.
+Writes are atomic: the file is written under a temporary name in the same folder, fsynced and
+renamed, so a reader sees a complete file or none. A file that fails any check on load (header, key,
+shapes, byte count, checksum) is reported in one warning line, deleted and rebuilt, never used.
 
 The cache folder is `$LVX_CACHE_DIR` when set, else `~/.cache/lvx`.
 """
@@ -36,8 +37,8 @@ from safetensors.torch import load_file, save_file
 
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
-from models.mplug_owl3.checkpoint import resolve_checkpoint
-from models.mplug_owl3.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
+from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
 
 CACHE_ENV = "LVX_CACHE_DIR"
 CACHE_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
@@ -51,7 +52,8 @@ def default_cache_dir() -> Path:
 
 
 def file_identity(path: str | os.PathLike) -> str:
-    """A content-ish identity of a file that is cheap for hour-long videos: size, mtime, first and last MiB."""
+    """A content-ish identity of a file that is cheap for hour-long videos: size, mtime, first and
+    last MiB."""
     st = os.stat(path)
     h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
     with open(path, "rb") as f:
@@ -62,12 +64,18 @@ def file_identity(path: str | os.PathLike) -> str:
     return h.hexdigest()[:32]
 
 
-def encoder_identity(model: str, revision: str | None, cache_dir: str | os.PathLike | None) -> tuple[str, str]:
-    """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for `CacheKey`'s model_id and
-    encoder; compute it before loading the weights, so features are never filed under weights newer than the model's.
-    The fingerprints are remembered in the cache folder (raises CheckpointError for an unreadable checkpoint)."""
+def encoder_identity(
+    model: str, revision: str | None, cache_dir: str | os.PathLike | None
+) -> tuple[str, str]:
+    """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for
+    `CacheKey`'s model_id and encoder; compute it before loading the weights, so features are never
+    filed under weights newer than the model's.
+    The fingerprints are remembered in the cache folder (raises CheckpointError for an unreadable
+    checkpoint)."""
     path = str(resolve_checkpoint(model, revision).resolve())
-    memo = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / "encoder-fingerprints.json"
+    memo = (
+        Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    ) / "encoder-fingerprints.json"
     return path, encoder_fingerprint(path, memo=memo)
 
 
@@ -95,13 +103,36 @@ class CacheKey:
     layout: str = "contiguous"  # which frames each rank holds (lvx_app/parallel/layout.py)
 
     @classmethod
-    def make(cls, video: str | os.PathLike, *, fps: float, max_frames: int | None, model_id: str,
-             model_revision: str = "", dtype: torch.dtype | str, world_size: int, rank: int,
-             image_size: int | None = None, over_max: str = "thin", encoder: str = "",
-             layout: str = "contiguous") -> "CacheKey":
-        return cls(file_identity(video), float(fps), None if max_frames is None else int(max_frames), str(model_id),
-                   str(model_revision or ""), _dtype_name(dtype), int(world_size), int(rank), image_size, over_max,
-                   encoder=str(encoder), layout=str(layout))
+    def make(
+        cls,
+        video: str | os.PathLike,
+        *,
+        fps: float,
+        max_frames: int | None,
+        model_id: str,
+        model_revision: str = "",
+        dtype: torch.dtype | str,
+        world_size: int,
+        rank: int,
+        image_size: int | None = None,
+        over_max: str = "thin",
+        encoder: str = "",
+        layout: str = "contiguous",
+    ) -> "CacheKey":
+        return cls(
+            file_identity(video),
+            float(fps),
+            None if max_frames is None else int(max_frames),
+            str(model_id),
+            str(model_revision or ""),
+            _dtype_name(dtype),
+            int(world_size),
+            int(rank),
+            image_size,
+            over_max,
+            encoder=str(encoder),
+            layout=str(layout),
+        )
 
     def entry_id(self) -> str:
         d = asdict(self)
@@ -154,7 +185,8 @@ def tensor_crc(t: torch.Tensor, crc: int = 0) -> int:
 
 
 def atomic_save(tensors: dict[str, torch.Tensor], manifest: dict, final: Path) -> None:
-    """Write a safetensors file with `manifest` in its header under a temporary name, fsync it, rename it."""
+    """Write a safetensors file with `manifest` in its header under a temporary name, fsync it,
+    rename it."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
@@ -167,7 +199,8 @@ def atomic_save(tensors: dict[str, torch.Tensor], manifest: dict, final: Path) -
 
 
 def read_manifest(path: Path, tensors: set[str]) -> dict:
-    """The manifest stored in a safetensors file's header, which must hold `tensors` (raises CorruptEntry)."""
+    """The manifest stored in a safetensors file's header, which must hold `tensors` (raises
+    CorruptEntry)."""
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -191,28 +224,37 @@ def _read_header(path: Path) -> dict:
 
 
 def target_matcher(target: str) -> Callable[[str, str, str], bool]:
-    """For `lvx cache rm TARGET`: whether an entry (id, file id, video path) is named by an id (its first 4+
+    """For `lvx cache rm TARGET`: whether an entry (id, file id, video path) is named by an id (its
+    first 4+
     characters) or by the video it was made from."""
     tpath = Path(target).expanduser()
     fid = file_identity(tpath) if tpath.is_file() else None
     resolved = str(tpath.resolve()) if tpath.exists() or tpath.is_absolute() else None
 
     def matches(entry_id: str, file_id: str, video: str) -> bool:
-        return bool((len(target) >= 4 and entry_id.startswith(target)) or (fid and file_id == fid)
-                    or (resolved and video == resolved))
+        return bool(
+            (len(target) >= 4 and entry_id.startswith(target))
+            or (fid and file_id == fid)
+            or (resolved and video == resolved)
+        )
 
     return matches
 
 
-def load_or_discard(path: Path, load: Callable[[], Any], what: str, instead: str, *, owner: bool = True) -> Any:
-    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry. A file several
-    ranks read has one `owner` that reports and deletes it; the others return None quietly (also when the owner
+def load_or_discard(
+    path: Path, load: Callable[[], Any], what: str, instead: str, *, owner: bool = True
+) -> Any:
+    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry. A
+    file several ranks read has one `owner` that reports and deletes it; the others return None
+    quietly (also when the owner
     deleted it under them)."""
     try:
         return load()
     except CorruptEntry as exc:
         if owner:
-            warnings.warn(f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3)
+            warnings.warn(
+                f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3
+            )
             path.unlink(missing_ok=True)
         return None
     except OSError:
@@ -231,14 +273,20 @@ class FeatureCache:
     def shard_path(self, key: CacheKey) -> Path:
         return self.features_dir / key.entry_id() / f"{key.shard_name()}.safetensors"
 
-    # ------------------------------------------------------------------------------------------- read
+    # ----------------------------------------------------------------------------------------------
+    # read
     def load(self, key: CacheKey, device: torch.device | str = "cpu") -> CachedShard | None:
-        """The cached shard for `key`, or None on a miss. A corrupt file is deleted and reported (returns None)."""
+        """The cached shard for `key`, or None on a miss. A corrupt file is deleted and reported
+        (returns None)."""
         path = self.shard_path(key)
         if not path.is_file():
             return None
-        return load_or_discard(path, lambda: self._load(path, key, device),
-                               f"the visual-feature cache file {path}", "re-encoding the frames")
+        return load_or_discard(
+            path,
+            lambda: self._load(path, key, device),
+            f"the visual-feature cache file {path}",
+            "re-encoding the frames",
+        )
 
     def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
         manifest = _read_header(path)
@@ -253,7 +301,9 @@ class FeatureCache:
         feats, idx, ts = tensors["features"], tensors["frame_indices"], tensors["timestamps"]
         info = manifest["features"]
         if list(feats.shape) != info["shape"] or _dtype_name(feats.dtype) != info["dtype"]:
-            raise CorruptEntry(f"features {tuple(feats.shape)} {feats.dtype} do not match the manifest")
+            raise CorruptEntry(
+                f"features {tuple(feats.shape)} {feats.dtype} do not match the manifest"
+            )
         if len(idx) != feats.shape[0] or len(ts) != feats.shape[0]:
             raise CorruptEntry("frame count mismatch")
         nbytes = sum(t.numel() * t.element_size() for t in (feats, idx, ts))
@@ -263,12 +313,28 @@ class FeatureCache:
         if crc != manifest["crc32"]:
             raise CorruptEntry("checksum mismatch")
         os.utime(path)  # "last used", for `lvx cache ls`
-        return CachedShard(feats.to(device), idx, ts, SamplingPlan.from_dict(manifest["plan"]),
-                           int(manifest["frame_offset"]), path)
+        return CachedShard(
+            feats.to(device),
+            idx,
+            ts,
+            SamplingPlan.from_dict(manifest["plan"]),
+            int(manifest["frame_offset"]),
+            path,
+        )
 
-    # ------------------------------------------------------------------------------------------- write
-    def save(self, key: CacheKey, features: torch.Tensor, frame_indices: Any, timestamps: Any, *,
-             plan: SamplingPlan, frame_offset: int, video: str | os.PathLike) -> Path:
+    # ----------------------------------------------------------------------------------------------
+    # write
+    def save(
+        self,
+        key: CacheKey,
+        features: torch.Tensor,
+        frame_indices: Any,
+        timestamps: Any,
+        *,
+        plan: SamplingPlan,
+        frame_offset: int,
+        video: str | os.PathLike,
+    ) -> Path:
         """Write one shard atomically (temp file + fsync + rename). Returns the final path."""
         feats = features.detach().contiguous().cpu()
         idx = torch.as_tensor(frame_indices, dtype=torch.int64).contiguous()
@@ -288,7 +354,8 @@ class FeatureCache:
         atomic_save({"features": feats, "frame_indices": idx, "timestamps": ts}, manifest, final)
         return final
 
-    # ------------------------------------------------------------------------------------------- manage
+    # ----------------------------------------------------------------------------------------------
+    # manage
     def entries(self) -> list[EntryInfo]:
         out: list[EntryInfo] = []
         if not self.features_dir.is_dir():
@@ -298,8 +365,20 @@ class FeatureCache:
                 continue
             files = sorted(d.glob("shard-*.safetensors"))
             size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-            info = EntryInfo(d.name, d, "?", 0.0, None, "?", "?", 0, 0, 0, size,
-                             max([f.stat().st_mtime for f in d.iterdir() if f.is_file()] or [d.stat().st_mtime]))
+            info = EntryInfo(
+                d.name,
+                d,
+                "?",
+                0.0,
+                None,
+                "?",
+                "?",
+                0,
+                0,
+                0,
+                size,
+                max([f.stat().st_mtime for f in d.iterdir() if f.is_file()] or [d.stat().st_mtime]),
+            )
             for f in files:
                 try:
                     m = _read_header(f)
@@ -308,8 +387,14 @@ class FeatureCache:
                     continue
                 k = m["key"]
                 info.video, info.fps, info.max_frames = m["video"], k["fps"], k["max_frames"]
-                info.model = k["model_id"] + (f"@{k['model_revision']}" if k["model_revision"] else "")
-                info.dtype, info.world_size, info.file_id = k["dtype"], k["world_size"], k["file_id"]
+                info.model = k["model_id"] + (
+                    f"@{k['model_revision']}" if k["model_revision"] else ""
+                )
+                info.dtype, info.world_size, info.file_id = (
+                    k["dtype"],
+                    k["world_size"],
+                    k["file_id"],
+                )
                 info.frames = len(m["plan"]["indices"])
                 info.shards += 1
             out.append(info)
@@ -325,7 +410,8 @@ class FeatureCache:
         return None if file_identity(video) == entry.file_id else "video changed"
 
     def remove_stale(self) -> list[str]:
-        """Delete entries whose video is gone or changed since they were made (they can never be hit)."""
+        """Delete entries whose video is gone or changed since they were made (they can never be
+        hit)."""
         removed = []
         for e in self.entries():
             if self.is_stale(e):
@@ -334,7 +420,8 @@ class FeatureCache:
         return removed
 
     def remove(self, target: str) -> list[str]:
-        """Delete entries whose id starts with `target`, or that were made from the video at path `target`."""
+        """Delete entries whose id starts with `target`, or that were made from the video at path
+        `target`."""
         removed: list[str] = []
         matches = target_matcher(target)
         for e in self.entries():
@@ -345,7 +432,11 @@ class FeatureCache:
 
     def clear(self) -> int:
         """Delete every entry (and stray temporary files). Returns how many entries were removed."""
-        n = len([d for d in self.features_dir.iterdir() if d.is_dir()]) if self.features_dir.is_dir() else 0
+        n = (
+            len([d for d in self.features_dir.iterdir() if d.is_dir()])
+            if self.features_dir.is_dir()
+            else 0
+        )
         shutil.rmtree(self.features_dir, ignore_errors=True)
         return n
 

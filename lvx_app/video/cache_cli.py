@@ -12,10 +12,15 @@ from rich.table import Table
 
 from lvx_app.cli_options import new_app
 
-cache_app = new_app("cache", "The visual-feature cache (encoded videos and their prefilled prompts, so a second chat on a "
-                             "video starts at once).")
+cache_app = new_app(
+    "cache",
+    "The visual-feature cache (encoded videos and their prefilled prompts, so a second chat on a "
+    "video starts at once).",
+)
 
-DirOption = typer.Option(None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx).")
+DirOption = typer.Option(
+    None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx)."
+)
 
 
 def _human(n: float) -> str:
@@ -33,7 +38,8 @@ def _cache(dir: Optional[Path]):
 
 
 def _saved(dir: Optional[Path]) -> dict:
-    """The stores next to the features, by the title `lvx cache ls` gives them: saved prompts, saved visual K/V."""
+    """The stores next to the features, by the title `lvx cache ls` gives them: saved prompts, saved
+    visual K/V."""
     from lvx_app.video.prefix_cache import PrefixCache
     from lvx_app.video.visual_kv_cache import VisualKVCache
 
@@ -48,13 +54,25 @@ def _saved_tables(console: Console, dir: Optional[Path]) -> int:
         if not entries:
             continue
         table = Table(title=title)
-        for col in ("id", "video", "ranks", *(("tokens",) if store.has_tokens else ()), "size", "status"):
+        for col in (
+            "id",
+            "video",
+            "ranks",
+            *(("tokens",) if store.has_tokens else ()),
+            "size",
+            "status",
+        ):
             table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
         for e in entries:
             tokens = [str(e.tokens)] if store.has_tokens else []
-            table.add_row(e.entry_id[:12], Path(e.video).name if e.video != "?" else "?",
-                          "/".join(map(str, e.world_sizes)) or "?", *tokens, _human(e.bytes),
-                          "[red]damaged[/red]" if e.problems else "ok")
+            table.add_row(
+                e.entry_id[:12],
+                Path(e.video).name if e.video != "?" else "?",
+                "/".join(map(str, e.world_sizes)) or "?",
+                *tokens,
+                _human(e.bytes),
+                "[red]damaged[/red]" if e.problems else "ok",
+            )
         console.print(table)
         total += sum(e.bytes for e in entries)
     return total
@@ -62,7 +80,8 @@ def _saved_tables(console: Console, dir: Optional[Path]) -> int:
 
 @cache_app.command("ls")
 def ls(dir: Optional[Path] = DirOption) -> None:
-    """List cached videos (settings, shards present, frames, size), the saved video prompts and visual K/V."""
+    """List cached videos (settings, shards present, frames, size), the saved video prompts and
+    visual K/V."""
     cache = _cache(dir)
     entries = cache.entries()
     console = Console()
@@ -72,8 +91,22 @@ def ls(dir: Optional[Path] = DirOption) -> None:
         console.print(f"The cache at {cache.root} is empty.")
         return
     table = Table(title=f"lvx cache: {cache.root}")
-    for col in ("id", "video", "fps", "max", "model", "dtype", "shards", "frames", "size", "last used", "status"):
-        table.add_column(col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left")
+    for col in (
+        "id",
+        "video",
+        "fps",
+        "max",
+        "model",
+        "dtype",
+        "shards",
+        "frames",
+        "size",
+        "last used",
+        "status",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left"
+        )
     total = 0
     for e in entries:
         total += e.bytes
@@ -81,41 +114,66 @@ def ls(dir: Optional[Path] = DirOption) -> None:
         if e.problems:
             shards += " [red](damaged)[/red]"
         table.add_row(
-            e.entry_id[:12], Path(e.video).name if e.video != "?" else "?", f"{e.fps:g}",
-            "-" if e.max_frames is None else str(e.max_frames), e.model, e.dtype, shards, str(e.frames),
-            _human(e.bytes), _dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M"),
+            e.entry_id[:12],
+            Path(e.video).name if e.video != "?" else "?",
+            f"{e.fps:g}",
+            "-" if e.max_frames is None else str(e.max_frames),
+            e.model,
+            e.dtype,
+            shards,
+            str(e.frames),
+            _human(e.bytes),
+            _dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M"),
             f"[yellow]{stale}[/yellow]" if (stale := cache.is_stale(e)) else "ok",
         )
     console.print(table)
     total += _saved_tables(console, dir)
-    console.print(f"{len(entries)} entries, {_human(total)} with the saved prompts and visual K/V. Remove with "
-                  f"`lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`.")
+    console.print(
+        f"{len(entries)} entries, {_human(total)} with the saved prompts and visual K/V. Remove "
+        "with "
+        f"`lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`."
+    )
 
 
 @cache_app.command("rm")
 def rm(
-    targets: List[str] = typer.Argument(None, help="Entry ids (or their first 4+ characters) or video paths."),
-    stale: bool = typer.Option(False, "--stale", help="Remove entries whose video is missing or has changed."),
+    targets: List[str] = typer.Argument(
+        None, help="Entry ids (or their first 4+ characters) or video paths."
+    ),
+    stale: bool = typer.Option(
+        False, "--stale", help="Remove entries whose video is missing or has changed."
+    ),
     dir: Optional[Path] = DirOption,
 ) -> None:
-    """Remove the entries (features, saved prompts and visual K/V) of some videos (by path) or some entry ids."""
+    """Remove the entries (features, saved prompts and visual K/V) of some videos (by path) or some
+    entry ids."""
     cache = _cache(dir)
     console = Console()
     if stale:
         removed = cache.remove_stale()
         console.print(f"Removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}.")
     elif not targets:
-        console.print("[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or --stale.")
+        console.print(
+            "[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or "
+            "--stale."
+        )
         raise typer.Exit(2)
     missing = []
     for target in targets or []:
-        removed = cache.remove(target) + [e for store in _saved(dir).values() for e in store.remove(target)]
+        removed = cache.remove(target) + [
+            e for store in _saved(dir).values() for e in store.remove(target)
+        ]
         if removed:
-            console.print(f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}.")
+            console.print(
+                f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}."
+            )
         else:
             missing.append(target)
     if missing:
-        console.print(f"[red]Nothing cached matches {', '.join(missing)}[/red]; see `lvx cache ls` for the ids.")
+        console.print(
+            f"[red]Nothing cached matches {', '.join(missing)}[/red]; see `lvx cache ls` for the "
+            "ids."
+        )
         raise typer.Exit(1)
 
 
@@ -127,8 +185,10 @@ def clear(
     """Remove every cached video, saved prompt and saved visual K/V."""
     cache, saved = _cache(dir), list(_saved(dir).values())
     size = cache.size_bytes() + sum(store.size_bytes() for store in saved)
-    if not yes and not typer.confirm(f"Delete all cached features, saved prompts and visual K/V in {cache.root} "
-                                     f"({_human(size)})?"):
+    if not yes and not typer.confirm(
+        f"Delete all cached features, saved prompts and visual K/V in {cache.root} "
+        f"({_human(size)})?"
+    ):
         raise typer.Exit(1)
     n = cache.clear() + sum(store.clear() for store in saved)
     Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")

@@ -1,25 +1,29 @@
-"""Decode sampled frames with decord in worker processes: chunked, with a per-chunk timeout and a hard kill.
+"""Decode sampled frames with decord in worker processes: chunked, with a per-chunk timeout and a
+hard kill.
 
 Why processes, and why a forkserver:
 - decord's `get_batch` can hang forever at 100 % CPU on some H.264 files and then ignores SIGTERM
-  (dmlc/decord#375, #269), and its memory grows with the request size. Only a separate process can be
-  stopped: the parent waits on a pipe with a deadline and SIGKILLs a worker that misses it.
-- decord (FFmpeg) is never imported into the engine process. That process has CUDA, NCCL and OpenMP threads,
-  and `fork()` from a multi-threaded process copies locks held by other threads (deadlocks) while CUDA state
-  cannot be forked at all. Workers therefore come from a *forkserver*: a small single-threaded server started
-  once per engine process (with numpy, torch and decord preloaded) that forks clean workers in ~10 ms.
+  (dmlc/decord#375, #269), and its memory grows with the request size. Only a separate process can
+  be stopped: the parent waits on a pipe with a deadline and SIGKILLs a worker that misses it.
+- decord (FFmpeg) is never imported into the engine process. That process has CUDA, NCCL and OpenMP
+threads,
+  and `fork()` from a multi-threaded process copies locks held by other threads (deadlocks) while
+  CUDA state cannot be forked at all. Workers therefore come from a *forkserver*: a small
+  single-threaded server started once per engine process (with numpy, torch and decord preloaded)
+  that forks clean workers in ~10 ms.
   `spawn` would also be safe but re-imports torch in every worker (~1 s each).
 - A segfault in FFmpeg kills one worker, not the rank: it is reported like any other decode failure.
 
-The rank's frames are split into chunks of at most `chunk_frames`; worker w of W decodes a contiguous run of
-chunks in increasing frame order (one `VideoReader` per worker, never seeking backwards). At most `prefetch`
-chunks per worker are in flight, so memory stays bounded however long the video is. Each chunk is resized in the
-worker with the processor's own bicubic (`models.mplug_owl3.image_transform.resize_uint8`, the uint8 kernel
-that matches PIL) and comes back as uint8 (n, 3, S, S); `normalize` runs later on the encoder's device.
+The rank's frames are split into chunks of at most `chunk_frames`; worker w of W decodes a
+contiguous run of chunks in increasing frame order (one `VideoReader` per worker, never seeking
+backwards). At most `prefetch` chunks per worker are in flight, so memory stays bounded however long
+the video is. Each chunk is resized in the worker with the processor's own bicubic
+(`lvx_models.mplug_owl3.image_transform.resize_uint8`, the uint8 kernel that matches PIL) and comes
+back as uint8 (n, 3, S, S); `normalize` runs later on the encoder's device.
 
-A chunk that fails or times out is retried once in a fresh worker with per-frame access (`vr[i]`, which works
-on the files where `get_batch` hangs); if that fails too, a `DecodeTimeoutError` / `CorruptVideoError` names
-the file, the time range and the frames.
+A chunk that fails or times out is retried once in a fresh worker with per-frame access (`vr[i]`,
+which works on the files where `get_batch` hangs); if that fails too, a `DecodeTimeoutError` /
+`CorruptVideoError` names the file, the time range and the frames.
 """
 
 from __future__ import annotations
@@ -54,23 +58,59 @@ from lvx_app.video.errors import (
     error_class,
 )
 from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
-from models.mplug_owl3.image_transform import resize_uint8
+from lvx_models.mplug_owl3.image_transform import resize_uint8
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32
-_PRELOAD = ["numpy", "torch", "decord", "lvx_app.video.decode", "models.mplug_owl3.image_transform"]
+_PRELOAD = [
+    "numpy",
+    "torch",
+    "decord",
+    "lvx_app.video.decode",
+    "lvx_models.mplug_owl3.image_transform",
+]
 
-# --------------------------------------------------------------------------------------------- input checks
+# --------------------------------------------------------------------------------------------------
+# input checks
 
-_VIDEO_EXTS = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".flv", ".ts", ".mts", ".m2ts", ".mpg", ".mpeg",
-               ".wmv", ".asf", ".3gp", ".ogv", ".h264", ".264", ".hevc", ".gif"}
+_VIDEO_EXTS = {
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".mkv",
+    ".webm",
+    ".avi",
+    ".flv",
+    ".ts",
+    ".mts",
+    ".m2ts",
+    ".mpg",
+    ".mpeg",
+    ".wmv",
+    ".asf",
+    ".3gp",
+    ".ogv",
+    ".h264",
+    ".264",
+    ".hevc",
+    ".gif",
+}
 
 
 def sniff_container(path: str | os.PathLike) -> str | None:
-    """A container name from the file's first bytes, or None when it looks like no video format we know."""
+    """A container name from the file's first bytes, or None when it looks like no video format we
+    know."""
     with open(path, "rb") as f:
         head = f.read(512)
-    if len(head) >= 8 and head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"):
+    if len(head) >= 8 and head[4:8] in (
+        b"ftyp",
+        b"moov",
+        b"mdat",
+        b"free",
+        b"wide",
+        b"skip",
+        b"pnot",
+    ):
         return "mp4/mov"
     if head.startswith(b"\x1a\x45\xdf\xa3"):
         return "matroska/webm"
@@ -94,7 +134,8 @@ def sniff_container(path: str | os.PathLike) -> str | None:
 
 
 def check_video_path(path: str | os.PathLike) -> Path:
-    """Resolve `path` and raise the right VideoError for a missing, empty or obviously non-video file."""
+    """Resolve `path` and raise the right VideoError for a missing, empty or obviously non-video
+    file."""
     p = Path(path).expanduser()
     if not p.exists():
         hint = f" (relative to {Path.cwd()})" if not p.is_absolute() else ""
@@ -106,14 +147,22 @@ def check_video_path(path: str | os.PathLike) -> Path:
     if p.stat().st_size == 0:
         raise CorruptVideoError(f"{p} is empty (0 bytes); re-download or re-export the video.")
     if sniff_container(p) is None and p.suffix.lower() not in _VIDEO_EXTS:
-        raise NotAVideoError(f"{p} is not a video file (unknown format); pass an .mp4, .mkv, .webm, .mov or .avi file.")
+        raise NotAVideoError(
+            f"{p} is not a video file (unknown format); pass an .mp4, .mkv, .webm, .mov or .avi "
+            "file."
+        )
     return p.resolve()
 
 
 def clean_message(text: str, limit: int = 160) -> str:
-    """decord/FFmpeg errors without their '[12:00:00] /src/file.cc:218: ' prefixes, on one short line."""
+    """decord/FFmpeg errors without their '[12:00:00] /src/file.cc:218: ' prefixes, on one short
+    line."""
     text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", str(text))
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("Stack trace")]
+    lines = [
+        ln.strip()
+        for ln in text.strip().splitlines()
+        if ln.strip() and not ln.startswith("Stack trace")
+    ]
     line = lines[0] if lines else "unknown error"
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
@@ -132,12 +181,17 @@ def _has_video_stream(path: str) -> bool | None:
 def _open_error(path: str, detail: str) -> VideoError:
     detail = clean_message(detail)
     if _has_video_stream(path) is False:
-        return NoVideoStreamError(f"{path} has no video stream (audio only?); pass a file with video in it.")
+        return NoVideoStreamError(
+            f"{path} has no video stream (audio only?); pass a file with video in it."
+        )
     if sniff_container(path) is None:
-        return NotAVideoError(f"{path} is not a video decord can read ({detail}); "
-                              f"pass an .mp4, .mkv, .webm, .mov or .avi file.")
+        return NotAVideoError(
+            f"{path} is not a video decord can read ({detail}); "
+            f"pass an .mp4, .mkv, .webm, .mov or .avi file."
+        )
     return CorruptVideoError(
-        f"{path} cannot be opened as a video ({detail}); it may be truncated or damaged: re-download it or "
+        f"{path} cannot be opened as a video ({detail}); it may be truncated or damaged: "
+        "re-download it or "
         f"repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
     )
 
@@ -146,20 +200,24 @@ def describe_range(path: str, timestamps: Sequence[float], indices: Sequence[int
     """'movie.mp4 at 12:34-13:05 (frames 22620-23550)' for error messages."""
     if not indices:
         return str(path)
-    return (f"{path} at {format_timestamp(timestamps[0])}-{format_timestamp(timestamps[-1])} "
-            f"(frames {indices[0]}-{indices[-1]})")
+    return (
+        f"{path} at {format_timestamp(timestamps[0])}-{format_timestamp(timestamps[-1])} "
+        f"(frames {indices[0]}-{indices[-1]})"
+    )
 
 
-# --------------------------------------------------------------------------------------------- worker side
+# --------------------------------------------------------------------------------------------------
+# worker side
 
 
 @contextlib.contextmanager
 def _native_stderr_dropped() -> Iterator[None]:
-    """Drop what native code writes to fd 2 meanwhile (decord's C++ logger ignores QUIET for open errors).
+    """Drop what native code writes to fd 2 meanwhile (decord's C++ logger ignores QUIET for open
+    errors).
 
-    Used only in decode worker processes around opening a file, so the user sees our one-line error instead of
-    decord's '[12:00:00] /github/workspace/src/video/video_reader.cc:83: ERROR opening ...' above it; the exception
-    decord raises carries the same text.
+    Used only in decode worker processes around opening a file, so the user sees our one-line error
+    instead of decord's '[12:00:00] /github/workspace/src/video/video_reader.cc:83: ERROR opening
+    ...' above it; the exception decord raises carries the same text.
     """
     with tempfile.TemporaryFile() as tmp:
         saved = os.dup(2)
@@ -175,7 +233,8 @@ class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
     def __init__(self, threads: int, image_size: int | None, fault: dict | None) -> None:
-        import decord  # only ever in a worker process: never in the engine (see the module docstring)
+        # only ever in a worker process: never in the engine (see the module docstring)
+        import decord
 
         try:
             decord.logging.set_level(decord.logging.QUIET)
@@ -192,10 +251,15 @@ class _Worker:
 
     def reader(self, path: str):
         if self.path != path:
-            self.vr, self.path = None, None  # a failed open must not leave the old path marked as open
+            self.vr, self.path = (
+                None,
+                None,
+            )  # a failed open must not leave the old path marked as open
             try:
                 with _native_stderr_dropped():
-                    self.vr = self.decord.VideoReader(path, ctx=self.decord.cpu(0), num_threads=self.threads)
+                    self.vr = self.decord.VideoReader(
+                        path, ctx=self.decord.cpu(0), num_threads=self.threads
+                    )
             except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
                 raise _open_error(path, str(exc)) from None
             self.path = path
@@ -213,7 +277,9 @@ class _Worker:
                 return [i / vfps for i in idx]  # no usable pts: nominal times
             return [round(t, 6) for t in ts.tolist()]
 
-        plan = build_plan(n, vfps, fps, max_frames, path=path, timestamps_fn=stamps, over_max=over_max, warn=False)
+        plan = build_plan(
+            n, vfps, fps, max_frames, path=path, timestamps_fn=stamps, over_max=over_max, warn=False
+        )
         try:  # make sure the first and last planned frames decode (catches truncated files early)
             first = vr[plan.indices[0]].shape
             vr[plan.indices[-1]]
@@ -235,7 +301,8 @@ class _Worker:
         vr = self.reader(path)
         if mode == "batch":
             frames = vr.get_batch(indices).asnumpy()
-        else:  # frame by frame: slower, but works where get_batch hangs, and names the frame that fails
+        # frame by frame: slower, but works where get_batch hangs, and names the frame that fails
+        else:
             out = []
             for i in indices:
                 try:
@@ -266,7 +333,8 @@ def _worker_main(conn, threads: int, image_size: int | None, fault: dict | None)
             conn.send((req_id, False, ("", clean_message(str(exc)) or type(exc).__name__)))
 
 
-# --------------------------------------------------------------------------------------------- parent side
+# --------------------------------------------------------------------------------------------------
+# parent side
 
 _POOLS: "weakref.WeakSet[DecodePool]" = weakref.WeakSet()
 
@@ -286,15 +354,21 @@ def _context():
 def default_workers(local_world_size: int | None = None) -> int:
     """Decode processes per rank: the CPU cores shared by the ranks on this node, at most 8."""
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     return max(1, min(8, cores // max(1, local)))
 
 
 class _Proc:
     def __init__(self, ctx, threads: int, image_size: int | None, fault: dict | None) -> None:
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, threads, image_size, fault),
-                                daemon=not mp.current_process().daemon, name="lvx-decode")
+        self.proc = ctx.Process(
+            target=_worker_main,
+            args=(child, threads, image_size, fault),
+            daemon=not mp.current_process().daemon,
+            name="lvx-decode",
+        )
         self.proc.start()
         child.close()
         self.conn = parent
@@ -324,7 +398,11 @@ class DecodePool:
         _fault: dict | None = None,
     ) -> None:
         self.num_workers = max(1, int(workers or default_workers()))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
         self.threads = int(threads) if threads else max(1, min(4, cores // self.num_workers))
         self.image_size = image_size
         self._fault = _fault
@@ -377,25 +455,45 @@ class DecodePool:
         p.conn.send((req, op, kwargs))
         if not p.conn.poll(timeout_s):
             self._restart(w)
-            raise DecodeTimeoutError(f"{what} did not answer within {timeout_s:g} s and was killed; re-encode the "
-                                     f"file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout.")
+            raise DecodeTimeoutError(
+                f"{what} did not answer within {timeout_s:g} s and was killed; re-encode the "
+                f"file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout."
+            )
         try:
             rid, ok, payload = p.conn.recv()
         except (EOFError, OSError):
             code = p.proc.exitcode
             self._restart(w)
-            raise CorruptVideoError(f"{what}: the decoder process crashed (exit code {code}); the file is probably "
-                                    f"damaged: repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.") from None
+            raise CorruptVideoError(
+                f"{what}: the decoder process crashed (exit code {code}); the file is probably "
+                f"damaged: repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
+            ) from None
         if not ok:
             name, msg = payload
             raise error_class(name)(msg) if name else CorruptVideoError(f"{what}: {msg}")
         return payload
 
-    def plan(self, path: str | os.PathLike, fps: float, max_frames: int | None = None, *,
-             over_max: str = "thin", timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[SamplingPlan, tuple[int, int]]:
-        """Open the video in a worker and build its sampling plan; returns (plan, (height, width))."""
-        out = self._call(0, "plan", timeout_s, f"Opening {path}", path=str(path), fps=fps,
-                         max_frames=max_frames, over_max=over_max)
+    def plan(
+        self,
+        path: str | os.PathLike,
+        fps: float,
+        max_frames: int | None = None,
+        *,
+        over_max: str = "thin",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> tuple[SamplingPlan, tuple[int, int]]:
+        """Open the video in a worker and build its sampling plan; returns (plan, (height,
+        width))."""
+        out = self._call(
+            0,
+            "plan",
+            timeout_s,
+            f"Opening {path}",
+            path=str(path),
+            fps=fps,
+            max_frames=max_frames,
+            over_max=over_max,
+        )
         return SamplingPlan.from_dict(out["plan"]), (out["height"], out["width"])
 
     # -- the stream of chunks
@@ -410,8 +508,8 @@ class DecodePool:
     ) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (offset, frames) for every (offset, frame indices) chunk, in completion order.
 
-        `time_of(offset)` gives the timestamp of a chunk position for error messages (default index / 1).
-        Frames are uint8 (n, 3, S, S) with `image_size`, else (n, H, W, 3).
+        `time_of(offset)` gives the timestamp of a chunk position for error messages (default index
+        / 1). Frames are uint8 (n, 3, S, S) with `image_size`, else (n, H, W, 3).
         """
         chunks = [(int(o), [int(i) for i in idx]) for o, idx in chunks]
         if not chunks:
@@ -420,15 +518,24 @@ class DecodePool:
 
 
 class _ChunkStream:
-    """One `DecodePool.decode` call: which worker owes which chunk, the deadlines, and the per-frame retries.
+    """One `DecodePool.decode` call: which worker owes which chunk, the deadlines, and the per-frame
+    retries.
 
-    Worker w of W decodes the contiguous run `shard_bounds(len(chunks), W, w)` of chunks, with up to `prefetch`
-    requests in flight. A worker that misses its deadline, fails or dies is restarted; its chunk is retried once
-    frame by frame, then reported as a `DecodeTimeoutError` / `CorruptVideoError` naming the time range.
+    Worker w of W decodes the contiguous run `shard_bounds(len(chunks), W, w)` of chunks, with up to
+    `prefetch` requests in flight. A worker that misses its deadline, fails or dies is restarted;
+    its chunk is retried once frame by frame, then reported as a `DecodeTimeoutError` /
+    `CorruptVideoError` naming the time range.
     """
 
-    def __init__(self, pool: DecodePool, path: str, chunks: list[tuple[int, list[int]]], timeout_s: float,
-                 prefetch: int, time_of: Callable[[int], float] | None) -> None:
+    def __init__(
+        self,
+        pool: DecodePool,
+        path: str,
+        chunks: list[tuple[int, list[int]]],
+        timeout_s: float,
+        prefetch: int,
+        time_of: Callable[[int], float] | None,
+    ) -> None:
         self.pool, self.path, self.chunks = pool, path, chunks
         self.timeout_s, self.prefetch, self.time_of = timeout_s, prefetch, time_of
         n_workers = min(pool.num_workers, len(chunks))
@@ -461,19 +568,32 @@ class _ChunkStream:
             while self.todo[w] and len(p.outstanding) < self.prefetch:
                 cid, mode = self.todo[w].popleft()
                 req = next(self.pool._ids)
-                p.conn.send((req, "decode", {"path": self.path, "indices": self.chunks[cid][1], "mode": mode}))
+                p.conn.send(
+                    (
+                        req,
+                        "decode",
+                        {"path": self.path, "indices": self.chunks[cid][1], "mode": mode},
+                    )
+                )
                 if not p.outstanding:
                     p.deadline = now + self.timeout_s
                 p.outstanding.append((req, cid, mode))
 
     def _collect(self, w: int, p: _Proc, ready: set) -> Iterator[tuple[int, np.ndarray]]:
-        """Worker w's oldest request: yield its chunk when answered, retry or raise when it failed or is late."""
+        """Worker w's oldest request: yield its chunk when answered, retry or raise when it failed
+        or is late."""
         req, cid, mode = p.outstanding[0]
         if p.conn in ready:
             try:
                 rid, ok, payload = p.conn.recv()
             except (EOFError, OSError):
-                self._fail(w, cid, mode, f"the decoder process died with exit code {p.proc.exitcode}", False)
+                self._fail(
+                    w,
+                    cid,
+                    mode,
+                    f"the decoder process died with exit code {p.proc.exitcode}",
+                    False,
+                )
                 return
             if rid != req:
                 raise RuntimeError(f"decode worker answered request {rid}, expected {req}")
@@ -502,11 +622,20 @@ class _ChunkStream:
             self.todo[w].extendleft(reversed([(cid, "frames")] + requeue))
             return
         time_of, path = self.time_of, self.path
-        stamps = [time_of(offset), time_of(offset + len(idx) - 1)] if time_of else [float("nan")] * 2
-        where = describe_range(path, stamps, idx) if time_of else f"{path} (frames {idx[0]}-{idx[-1]})"
+        stamps = (
+            [time_of(offset), time_of(offset + len(idx) - 1)] if time_of else [float("nan")] * 2
+        )
+        where = (
+            describe_range(path, stamps, idx) if time_of else f"{path} (frames {idx[0]}-{idx[-1]})"
+        )
         if timed_out:
             raise DecodeTimeoutError(
-                f"Decoding {where} hung for {self.timeout_s:g} s (also frame by frame) and was killed; re-encode the "
-                f"file (ffmpeg -i IN -c:v libx264 OUT.mp4), or raise --decode-timeout if the machine is just slow.")
-        raise CorruptVideoError(f"Decoding {where} failed ({reason}); the file is damaged there: re-download it "
-                                f"or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4.")
+                f"Decoding {where} hung for {self.timeout_s:g} s (also frame by frame) and was "
+                "killed; re-encode the "
+                "file (ffmpeg -i IN -c:v libx264 OUT.mp4), or raise --decode-timeout if the "
+                "machine is just slow."
+            )
+        raise CorruptVideoError(
+            f"Decoding {where} failed ({reason}); the file is damaged there: re-download it "
+            f"or repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
+        )

@@ -1,12 +1,13 @@
 """Stream decoded chunks through the vision encoder into one resident tensor E_local (frames, T, H).
 
-The encoder is any callable `encode_fn(pixel_values) -> features`: pixel values (n, 3, S, S) on the rank's device
-in the features' dtype (bf16 on GPU), features (n, T, H) — for mPLUG-Owl3 the SigLIP tower plus projector,
-T = 729. Chunks may arrive in any order; each is written at its offset. Only one chunk of pixels lives on the
-device at a time, so memory is E_local plus one encoder batch.
+The encoder is any callable `encode_fn(pixel_values) -> features`: pixel values (n, 3, S, S) on the
+rank's device in the features' dtype (bf16 on GPU), features (n, T, H) — for mPLUG-Owl3 the SigLIP
+tower plus projector, T = 729. Chunks may arrive in any order; each is written at its offset. Only
+one chunk of pixels lives on the device at a time, so memory is E_local plus one encoder batch.
 
-Pixels are prepared by the processor's own transform (models/mplug_owl3/image_transform.py): chunks already
-resized by the decode workers (uint8 (n, 3, S, S)) only need `normalize`; raw frames (n, H, W, 3) go through
+Pixels are prepared by the processor's own transform (models/mplug_owl3/image_transform.py): chunks
+already resized by the decode workers (uint8 (n, 3, S, S)) only need `normalize`; raw frames (n, H,
+W, 3) go through
 `to_pixel_values`.
 """
 
@@ -18,12 +19,14 @@ import numpy as np
 import torch
 
 from lvx_app.devices import default_dtype
-from models.mplug_owl3.image_transform import normalize, to_pixel_values
+from lvx_models.mplug_owl3.image_transform import normalize, to_pixel_values
 
 EncodeFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def feature_shape(encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype) -> tuple[int, ...]:
+def feature_shape(
+    encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype
+) -> tuple[int, ...]:
     """(T, H) of the encoder's output, from one black frame."""
     with torch.no_grad():
         out = encode_fn(torch.zeros(1, 3, image_size, image_size, device=device, dtype=dtype))
@@ -31,7 +34,8 @@ def feature_shape(encode_fn: EncodeFn, image_size: int, device: torch.device, dt
 
 
 class ShardEncoder:
-    """Collects one rank's features. `add(offset, frames)` encodes a chunk; `result()` returns E_local."""
+    """Collects one rank's features. `add(offset, frames)` encodes a chunk; `result()` returns
+    E_local."""
 
     def __init__(
         self,
@@ -53,7 +57,11 @@ class ShardEncoder:
         self.encoded = 0
 
     def _pixels(self, frames: np.ndarray | torch.Tensor, resized: bool) -> torch.Tensor:
-        x = torch.from_numpy(np.ascontiguousarray(frames)) if isinstance(frames, np.ndarray) else frames
+        x = (
+            torch.from_numpy(np.ascontiguousarray(frames))
+            if isinstance(frames, np.ndarray)
+            else frames
+        )
         if self.device.type == "cuda" and x.device.type == "cpu":
             x = x.pin_memory().to(self.device, non_blocking=True)
         else:
@@ -62,19 +70,28 @@ class ShardEncoder:
         return pv.to(self.dtype)
 
     def add(self, offset: int, frames: np.ndarray | torch.Tensor, *, resized: bool = True) -> int:
-        """Encode `frames` (uint8 (n,3,S,S) when `resized`, else (n,H,W,3)) into rows [offset, offset + n)."""
+        """Encode `frames` (uint8 (n,3,S,S) when `resized`, else (n,H,W,3)) into rows [offset,
+        offset + n)."""
         n = int(frames.shape[0])
         if offset < 0 or offset + n > self.num_frames:
-            raise ValueError(f"chunk [{offset}, {offset + n}) is outside the shard's {self.num_frames} frames")
+            raise ValueError(
+                f"chunk [{offset}, {offset + n}) is outside the shard's {self.num_frames} frames"
+            )
         pv = self._pixels(frames, resized)
         step = self.batch_size or n
-        with torch.no_grad():  # not inference_mode: finetuning uses these features as inputs to autograd
+        with (
+            torch.no_grad()
+        ):  # not inference_mode: finetuning uses these features as inputs to autograd
             for i in range(0, n, step):
                 out = self.encode_fn(pv[i : i + step])
                 if out.ndim != 3 or out.shape[0] != pv[i : i + step].shape[0]:
-                    raise ValueError(f"encode_fn must return (n, T, H) features, got {tuple(out.shape)}")
+                    raise ValueError(
+                        f"encode_fn must return (n, T, H) features, got {tuple(out.shape)}"
+                    )
                 if self.features is None:
-                    self.features = torch.empty((self.num_frames, *out.shape[1:]), dtype=self.dtype, device=self.device)
+                    self.features = torch.empty(
+                        (self.num_frames, *out.shape[1:]), dtype=self.dtype, device=self.device
+                    )
                 self.features[offset + i : offset + i + out.shape[0]] = out.to(self.dtype)
         self.encoded += n
         return n
@@ -82,16 +99,22 @@ class ShardEncoder:
     def result(self) -> torch.Tensor:
         if self.features is None:  # an empty shard: ask the encoder for its output shape
             shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
-            self.features = torch.empty((self.num_frames, *shape), dtype=self.dtype, device=self.device)
+            self.features = torch.empty(
+                (self.num_frames, *shape), dtype=self.dtype, device=self.device
+            )
         if self.encoded != self.num_frames:
             raise RuntimeError(f"only {self.encoded} of {self.num_frames} frames were encoded")
         return self.features
 
 
 def encode_stream(
-    chunks: Iterable[tuple[int, np.ndarray | torch.Tensor]], encoder: ShardEncoder, *, resized: bool = True
+    chunks: Iterable[tuple[int, np.ndarray | torch.Tensor]],
+    encoder: ShardEncoder,
+    *,
+    resized: bool = True,
 ) -> Iterator[int]:
-    """Feed (offset, frames) chunks into `encoder`; yields the number of frames encoded after each chunk."""
+    """Feed (offset, frames) chunks into `encoder`; yields the number of frames encoded after each
+    chunk."""
     for offset, frames in chunks:
         encoder.add(offset, frames, resized=resized)
         yield encoder.encoded

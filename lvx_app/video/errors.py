@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 class VideoError(Exception):
-    """Base class: a problem with the video or the sampling settings, with a one-line fix in the message."""
+    """Base class: a problem with the video or the sampling settings, with a one-line fix in the
+    message."""
 
 
 class VideoNotFoundError(VideoError):
@@ -32,7 +33,8 @@ class BadFpsError(VideoError):
 
 
 class PlanTooLargeError(VideoError):
-    """The sampling plan has more frames than --max-frames allows (in strict mode) or than memory holds."""
+    """The sampling plan has more frames than --max-frames allows (in strict mode) or than memory
+    holds."""
 
 
 class DecodeTimeoutError(VideoError):
@@ -44,7 +46,8 @@ class RemoteRankError(VideoError):
 
 
 class VideoWarning(UserWarning):
-    """A setting was adjusted (e.g. fps clamped to the video's own fps); the plan records it in `notes`."""
+    """A setting was adjusted (e.g. fps clamped to the video's own fps); the plan records it in
+    `notes`."""
 
 
 _BY_NAME = {
@@ -64,5 +67,6 @@ _BY_NAME = {
 
 
 def error_class(name: str) -> type[VideoError]:
-    """The VideoError subclass called `name` (VideoError when unknown): used to re-raise across processes."""
+    """The VideoError subclass called `name` (VideoError when unknown): used to re-raise across
+    processes."""
     return _BY_NAME.get(name, VideoError)

@@ -6,12 +6,14 @@
 
 Every rank of the group calls it with the same arguments. Each rank:
 1. checks the inputs (one-line `VideoError`s), looks up its shard in the cache;
-2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its contiguous run;
+2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its
+contiguous run;
 3. decodes its chunks in worker processes and streams them through `encode_fn` into E_local;
 4. writes its shard to the cache.
-With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it carries the
-progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on every rank with the same
-message instead of leaving the others waiting in a collective. `_RankIngest` holds these steps; `ingest()` runs them.
+With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it
+carries the progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on
+every rank with the same message instead of leaving the others waiting in a collective.
+`_RankIngest` holds these steps; `ingest()` runs them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
 from lvx_app.video.cache import CachedShard, CacheKey, FeatureCache
-from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DEFAULT_TIMEOUT_S, DecodePool, check_video_path
+from lvx_app.video.decode import (
+    DEFAULT_CHUNK_FRAMES,
+    DEFAULT_TIMEOUT_S,
+    DecodePool,
+    check_video_path,
+)
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
 from lvx_app.video.plan import SamplingPlan, check_fps, check_memory, format_timestamp
@@ -56,7 +63,9 @@ class VisualShard:
     plan: SamplingPlan  # the whole plan: all ranks' frames, in order
     frame_offset: int  # plan position of this rank's first frame (its global frame number)
     cache_key: CacheKey | None = None  # this shard's feature-cache key (None when the cache is off)
-    layout: str = "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
+    layout: str = (
+        "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
+    )
 
     @property
     def num_frames(self) -> int:
@@ -65,10 +74,12 @@ class VisualShard:
     @property
     def positions(self) -> torch.Tensor:
         """Plan positions (global frame numbers 0..len(plan)-1) of the local frames, sorted."""
-        return torch.tensor(self.plan.shard(self.rank, self.world_size, self.layout).positions, dtype=torch.int64)
+        return torch.tensor(
+            self.plan.shard(self.rank, self.world_size, self.layout).positions, dtype=torch.int64
+        )
 
     def labels(self) -> list[str]:
-        """"12:34"-style timestamps of the local frames."""
+        """ "12:34"-style timestamps of the local frames."""
         return [format_timestamp(t) for t in self.timestamps.tolist()]
 
 
@@ -95,8 +106,14 @@ class RichProgress:
 
     def __init__(self, title: str) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=Console(stderr=True), transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("frames"),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
         )
         self.title = title
         self.task = None
@@ -130,7 +147,8 @@ def default_device() -> torch.device:
 
 
 def auto_memory_budget(device: torch.device) -> int | None:
-    """Free memory for features on `device`: free GPU memory minus 2 GiB, or 80 % of available RAM."""
+    """Free memory for features on `device`: free GPU memory minus 2 GiB, or 80 % of available
+    RAM."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return max(0, free - (2 << 30))
@@ -157,7 +175,8 @@ class _Sync:
         return t.tolist()
 
     def raise_all(self, err: BaseException | None) -> None:
-        """Every rank calls this after a collective showed an error flag: all raise the first rank's error."""
+        """Every rank calls this after a collective showed an error flag: all raise the first rank's
+        error."""
         mine = None if err is None else (type(err).__name__, str(err), isinstance(err, VideoError))
         if self.on:
             every: list = [None] * get_world_size(self.group)
@@ -173,11 +192,13 @@ class _Sync:
 
     @contextlib.contextmanager
     def agreed(self, counts: list[int], op=None) -> Iterator[list[int]]:
-        """Run the block on this rank, then all-reduce [failed, *counts] (sum, or `op`) so no rank is left waiting.
+        """Run the block on this rank, then all-reduce [failed, *counts] (sum, or `op`) so no rank
+        is left waiting.
 
-        If the block failed on any rank, every rank raises the first failing rank's error (`raise_all`; a failing
-        rank re-raises its own); otherwise `counts` holds the reduced values afterwards. The block fills `counts` in
-        place and never changes its length, so the collective matches on every rank even when it stopped half-way.
+        If the block failed on any rank, every rank raises the first failing rank's error
+        (`raise_all`; a failing rank re-raises its own); otherwise `counts` holds the reduced values
+        afterwards. The block fills `counts` in place and never changes its length, so the
+        collective matches on every rank even when it stopped half-way.
         """
         err: BaseException | None = None
         try:
@@ -192,7 +213,8 @@ class _Sync:
 
 @dataclass
 class _RankIngest:
-    """One rank's part of `ingest()` as named steps; every rank runs them in the same order (they meet in `_Sync`)."""
+    """One rank's part of `ingest()` as named steps; every rank runs them in the same order (they
+    meet in `_Sync`)."""
 
     path: str | os.PathLike
     encode_fn: EncodeFn
@@ -231,17 +253,31 @@ class _RankIngest:
 
     def _progress(self, stage: str, done: int, total: int) -> None:
         if self.report:
-            self.report(IngestProgress(stage, done, total, time.monotonic() - self.t0, self.cached is not None))
+            self.report(
+                IngestProgress(
+                    stage, done, total, time.monotonic() - self.t0, self.cached is not None
+                )
+            )
 
     # 1. check the inputs, look the shard up in the cache, plan on a miss
     def look_up(self) -> None:
         fps = check_fps(self.fps)
         self.vpath = check_video_path(self.path)
         if self.store is not None:
-            self.key = CacheKey.make(self.vpath, fps=fps, max_frames=self.max_frames, model_id=self.model_id,
-                                     model_revision=self.model_revision, dtype=self.dtype, world_size=self.world,
-                                     rank=self.rank, image_size=self.image_size, over_max=self.over_max,
-                                     encoder=self.encoder_id, layout=self.layout)
+            self.key = CacheKey.make(
+                self.vpath,
+                fps=fps,
+                max_frames=self.max_frames,
+                model_id=self.model_id,
+                model_revision=self.model_revision,
+                dtype=self.dtype,
+                world_size=self.world,
+                rank=self.rank,
+                image_size=self.image_size,
+                over_max=self.over_max,
+                encoder=self.encoder_id,
+                layout=self.layout,
+            )
             self.cached = self.store.load(self.key, device=self.device)
         if self.cached is not None:
             self.plan = self.cached.plan
@@ -251,21 +287,37 @@ class _RankIngest:
     def _plan(self, fps: float) -> None:
         self._progress("open", 0, 0)
         if self.pool is None:
-            self.pool = DecodePool(self.decode_workers, threads=self.decode_threads, image_size=self.image_size)
+            self.pool = DecodePool(
+                self.decode_workers, threads=self.decode_threads, image_size=self.image_size
+            )
         elif self.pool.image_size != self.image_size:
-            raise ValueError(f"the DecodePool resizes to {self.pool.image_size}, ingest wants {self.image_size}")
-        plan, _ = self.pool.plan(self.vpath, fps, self.max_frames, over_max=self.over_max,
-                                 timeout_s=self.decode_timeout_s)
+            raise ValueError(
+                f"the DecodePool resizes to {self.pool.image_size}, ingest wants {self.image_size}"
+            )
+        plan, _ = self.pool.plan(
+            self.vpath,
+            fps,
+            self.max_frames,
+            over_max=self.over_max,
+            timeout_s=self.decode_timeout_s,
+        )
         self.plan = plan
-        budget = auto_memory_budget(self.device) if self.memory_budget_bytes == "auto" else self.memory_budget_bytes
+        budget = (
+            auto_memory_budget(self.device)
+            if self.memory_budget_bytes == "auto"
+            else self.memory_budget_bytes
+        )
         if budget is not None:
             shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
-            per_frame = int(torch.Size(shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+            per_frame = (
+                int(torch.Size(shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+            )
             check_memory(len(plan), plan.fps, self.world, per_frame, int(budget))
         self.chunks = plan.shard(self.rank, self.world, self.layout).chunks(self.chunk_frames)
 
     def plan_counts(self) -> list[int]:
-        """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) = min(x), so the ranks
+        """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) =
+        min(x), so the ranks
         see whether they all planned the same frames."""
         n = len(self.plan) if self.plan is not None else 0
         digest = self.plan.digest() if self.plan is not None else 0
@@ -274,23 +326,42 @@ class _RankIngest:
     # 2. agree across ranks
     def check_same_plan(self, agreed: list[int]) -> None:
         if agreed[1] != -agreed[3] or agreed[2] != -agreed[4]:
-            raise VideoError(f"the ranks planned different frames for {self.path}: every node must see the same file "
-                             f"(same size and content); copy it to each node or use a shared file system.")
+            raise VideoError(
+                f"the ranks planned different frames for {self.path}: every node must see the same "
+                "file "
+                f"(same size and content); copy it to each node or use a shared file system."
+            )
 
-    # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank has chunks
+    # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank
+    # has chunks
     def decode_and_encode(self, steps: int) -> ShardEncoder | None:
         assert self.plan is not None
         shard = self.plan.shard(self.rank, self.world, self.layout)
-        encoder = None if self.cached is not None else ShardEncoder(
-            self.encode_fn, len(shard), image_size=self.image_size, device=self.device, dtype=self.dtype,
-            batch_size=self.encode_batch)
+        encoder = (
+            None
+            if self.cached is not None
+            else ShardEncoder(
+                self.encode_fn,
+                len(shard),
+                image_size=self.image_size,
+                device=self.device,
+                dtype=self.dtype,
+                batch_size=self.encode_batch,
+            )
+        )
         stream = iter(())
         if self.chunks:
             assert self.pool is not None
-            stream = self.pool.decode(self.vpath, self.chunks, timeout_s=self.decode_timeout_s,
-                                      time_of=lambda off: shard.timestamps[off])
+            stream = self.pool.decode(
+                self.vpath,
+                self.chunks,
+                timeout_s=self.decode_timeout_s,
+                time_of=lambda off: shard.timestamps[off],
+            )
         done = 0
-        first = len(shard) if self.cached is not None else 0  # cache-hit ranks count their frames in step 0
+        first = (
+            len(shard) if self.cached is not None else 0
+        )  # cache-hit ranks count their frames in step 0
         for step in range(max(1, steps)):
             with self.sync.agreed([first if step == 0 else 0]) as new:
                 item = next(stream, None) if encoder is not None else None
@@ -306,7 +377,11 @@ class _RankIngest:
         assert plan is not None
         shard = plan.shard(self.rank, self.world, self.layout)
         if self.cached is not None:
-            features, idx, ts = self.cached.features, self.cached.frame_indices, self.cached.timestamps
+            features, idx, ts = (
+                self.cached.features,
+                self.cached.frame_indices,
+                self.cached.timestamps,
+            )
         else:
             assert encoder is not None
             features = encoder.result()
@@ -314,18 +389,35 @@ class _RankIngest:
             ts = torch.tensor(shard.timestamps, dtype=torch.float64)
             self._save(features, idx, ts, shard.start)
         self._progress("done", len(plan), len(plan))
-        return VisualShard(features, idx, ts, self.rank, self.world, self.cached is not None, plan, shard.start,
-                           self.key, self.layout)
+        return VisualShard(
+            features,
+            idx,
+            ts,
+            self.rank,
+            self.world,
+            self.cached is not None,
+            plan,
+            shard.start,
+            self.key,
+            self.layout,
+        )
 
-    def _save(self, features: torch.Tensor, idx: torch.Tensor, ts: torch.Tensor, offset: int) -> None:
+    def _save(
+        self, features: torch.Tensor, idx: torch.Tensor, ts: torch.Tensor, offset: int
+    ) -> None:
         if self.store is None or self.key is None:
             return
         try:
-            self.store.save(self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath)
+            self.store.save(
+                self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath
+            )
         except OSError as exc:
-            warnings.warn(f"could not write the visual-feature cache in {self.store.root} ({exc}); "
-                          f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
-                          VideoWarning, stacklevel=4)  # _save < result < ingest < caller
+            warnings.warn(
+                f"could not write the visual-feature cache in {self.store.root} ({exc}); "
+                f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
+                VideoWarning,
+                stacklevel=4,
+            )  # _save < result < ingest < caller
 
     def close(self) -> None:
         if isinstance(self.report, RichProgress):
@@ -357,32 +449,62 @@ def ingest(
     encode_batch: int | None = None,
     memory_budget_bytes: int | None | str = "auto",
     progress: bool | ProgressFn | None = None,
-    pool: DecodePool | None = None, layout: str = "contiguous",
+    pool: DecodePool | None = None,
+    layout: str = "contiguous",
 ) -> VisualShard:
+    # long: to be split: it mixes several steps
     """Decode, encode (or load from the cache) this rank's frames of `path` sampled at `fps`.
 
-    encode_fn: pixel values (n, 3, image_size, image_size) on `device` in `dtype` -> features (n, T, H).
-    max_frames / over_max: cap the plan; "thin" samples max_frames frames uniformly, "error" refuses.
-    model_id / model_revision / encoder_id (its weights' fingerprint): the encoder in the cache key (another never hits).
-    cache: True (default folder or `cache_dir`), False, or a FeatureCache.
-    memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM on CPU); None = no check.
-    progress: None = rich bar on rank 0 when stderr is a terminal, True/False, or a callable taking
+    encode_fn: pixel values (n, 3, image_size, image_size) on `device` in `dtype` -> features (n, T,
+    H). max_frames / over_max: cap the plan; "thin" samples max_frames frames uniformly, "error"
+    refuses. model_id / model_revision / encoder_id (its weights' fingerprint): the encoder in the
+    cache key (another never hits). cache: True (default folder or `cache_dir`), False, or a
+    FeatureCache. memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM
+    on CPU); None = no check. progress: None = rich bar on rank 0 when stderr is a terminal,
+    True/False, or a callable taking
         IngestProgress (global counts; called on each rank that passes one).
-    pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed here.
-    layout: which plan positions this rank decodes and encodes (contiguous | striped | zigzag; in the cache key).
-    Raises a VideoError subclass, on every rank, for anything the user can fix.
+    pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed
+    here. layout: which plan positions this rank decodes and encodes (contiguous | striped | zigzag;
+    in the cache key). Raises a VideoError subclass, on every rank, for anything the user can fix.
     """
-    rank, world, device = get_rank(group), get_world_size(group), torch.device(device) if device else default_device()
+    rank, world, device = (
+        get_rank(group),
+        get_world_size(group),
+        torch.device(device) if device else default_device(),
+    )
     job = _RankIngest(
-        path=path, encode_fn=encode_fn, fps=fps, max_frames=max_frames, over_max=over_max, image_size=image_size,
-        device=device, dtype=dtype or default_dtype(device), model_id=model_id, model_revision=model_revision,
-        encoder_id=encoder_id, pool=pool,
-        store=cache if isinstance(cache, FeatureCache) else (FeatureCache(cache_dir) if cache else None),
-        decode_workers=decode_workers, decode_threads=decode_threads, chunk_frames=chunk_frames,
-        decode_timeout_s=decode_timeout_s, encode_batch=encode_batch, memory_budget_bytes=memory_budget_bytes,
-        report=_reporter(progress, rank, f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else "")),
-        sync=_Sync(group), rank=rank, world=world, t0=time.monotonic(), layout=check_layout(layout),
-    )  # fmt: skip
+        path=path,
+        encode_fn=encode_fn,
+        fps=fps,
+        max_frames=max_frames,
+        over_max=over_max,
+        image_size=image_size,
+        device=device,
+        dtype=dtype or default_dtype(device),
+        model_id=model_id,
+        model_revision=model_revision,
+        encoder_id=encoder_id,
+        pool=pool,
+        store=cache
+        if isinstance(cache, FeatureCache)
+        else (FeatureCache(cache_dir) if cache else None),
+        decode_workers=decode_workers,
+        decode_threads=decode_threads,
+        chunk_frames=chunk_frames,
+        decode_timeout_s=decode_timeout_s,
+        encode_batch=encode_batch,
+        memory_budget_bytes=memory_budget_bytes,
+        report=_reporter(
+            progress,
+            rank,
+            f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else ""),
+        ),
+        sync=_Sync(group),
+        rank=rank,
+        world=world,
+        t0=time.monotonic(),
+        layout=check_layout(layout),
+    )
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
             job.look_up()

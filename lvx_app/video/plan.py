@@ -1,17 +1,21 @@
-"""The sampling plan: which frames of a video to use at a given fps, and which rank owns which of them.
+"""The sampling plan: which frames of a video to use at a given fps, and which rank owns which of
+them.
 
-Frame indices come from *time*, never from a rounded step: sample k is taken at t_k = k / fps and maps to
-frame round(t_k * video_fps) (half up), clamped to the last frame. So 1 fps on a 29.97 fps video picks frames
-0, 30, 60, 90, 120, 150, 180, 210, 240, 270, 300 (t=10 s -> 299.7), ... and stays on time for hours, where
-the anchor's `step = round(avg_fps)` drifts by 3.6 s per hour; and fps below 0.5 works (step would be 0).
+Frame indices come from *time*, never from a rounded step: sample k is taken at t_k = k / fps and
+maps to frame round(t_k * video_fps) (half up), clamped to the last frame. So 1 fps on a 29.97 fps
+video picks frames 0, 30, 60, 90, 120, 150, 180, 210, 240, 270, 300 (t=10 s -> 299.7), ... and stays
+on time for hours, where the anchor's `step = round(avg_fps)` drifts by 3.6 s per hour; and fps
+below 0.5 works (step would be 0).
 
-With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helper does it (split the list into
+With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helper does it (split the
+list into
 `max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
 
-The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank computes the same one.
-Rank r of n owns the plan positions its layout deals it (lvx_app/parallel/layout.py: contiguous runs, striped or
-zigzag), always sorted; sizes differ by at most one frame for contiguous and striped, and a rank may own nothing
-when there are fewer frames than ranks.
+The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank
+computes the same one. Rank r of n owns the plan positions its layout deals it
+(lvx_app/parallel/layout.py: contiguous runs, striped or zigzag), always sorted; sizes differ by at
+most one frame for contiguous and striped, and a rank may own nothing when there are fewer frames
+than ranks.
 """
 
 from __future__ import annotations
@@ -42,15 +46,20 @@ def check_fps(fps: float) -> float:
     try:
         value = float(fps)
     except (TypeError, ValueError):
-        raise BadFpsError(f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, "
-                          f"or --fps 0.2 for a frame every 5 s.") from None
+        raise BadFpsError(
+            f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, "
+            f"or --fps 0.2 for a frame every 5 s."
+        ) from None
     if not math.isfinite(value) or value <= 0:
-        raise BadFpsError(f"--fps must be > 0 (got {fps}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s.")
+        raise BadFpsError(
+            f"--fps must be > 0 (got {fps}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s."
+        )
     return value
 
 
 def num_samples(num_frames: int, video_fps: float, fps: float) -> int:
-    """How many k >= 0 have k / fps < duration (= num_frames / video_fps); at least 1 for a non-empty video."""
+    """How many k >= 0 have k / fps < duration (= num_frames / video_fps); at least 1 for a
+    non-empty video."""
     if num_frames <= 0:
         return 0
     x = num_frames * fps / video_fps
@@ -58,7 +67,8 @@ def num_samples(num_frames: int, video_fps: float, fps: float) -> int:
 
 
 def time_indices(num_frames: int, video_fps: float, fps: float) -> list[int]:
-    """Frame indices for t_k = k / fps: round(k * video_fps / fps) half up, clamped, without repeats."""
+    """Frame indices for t_k = k / fps: round(k * video_fps / fps) half up, clamped, without
+    repeats."""
     last = num_frames - 1
     out: list[int] = []
     ratio = video_fps / fps
@@ -89,7 +99,8 @@ def _suggest_fps(fps: float, fit: int, total: int) -> str:
 
 @dataclass(frozen=True)
 class PlanShard:
-    """The part of a plan one rank owns: its plan positions (sorted), their frame indices and timestamps."""
+    """The part of a plan one rank owns: its plan positions (sorted), their frame indices and
+    timestamps."""
 
     rank: int
     world_size: int
@@ -97,7 +108,9 @@ class PlanShard:
     indices: tuple[int, ...]
     timestamps: tuple[float, ...]
     layout: str = "contiguous"
-    start: int = 0  # plan position of the first local frame (of the next rank's first when it owns none)
+    start: int = (
+        0  # plan position of the first local frame (of the next rank's first when it owns none)
+    )
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -110,7 +123,8 @@ class PlanShard:
 
 @dataclass(frozen=True)
 class SamplingPlan:
-    """Which frames of one video to use, with their timestamps (seconds from the start of the video)."""
+    """Which frames of one video to use, with their timestamps (seconds from the start of the
+    video)."""
 
     path: str
     num_video_frames: int
@@ -133,8 +147,15 @@ class SamplingPlan:
     def shard(self, rank: int, world_size: int, layout: str = "contiguous") -> PlanShard:
         pos = tuple(owned(len(self), world_size, rank, layout))
         start = pos[0] if pos else shard_bounds(len(self), world_size, rank)[0]
-        return PlanShard(rank, world_size, pos, tuple(self.indices[p] for p in pos),
-                         tuple(self.timestamps[p] for p in pos), layout, start)
+        return PlanShard(
+            rank,
+            world_size,
+            pos,
+            tuple(self.indices[p] for p in pos),
+            tuple(self.timestamps[p] for p in pos),
+            layout,
+            start,
+        )
 
     def shards(self, world_size: int, layout: str = "contiguous") -> list[PlanShard]:
         return [self.shard(r, world_size, layout) for r in range(world_size)]
@@ -159,27 +180,43 @@ class SamplingPlan:
         return cls(**d)
 
 
-def _check_settings(num_frames: int, video_fps: float, max_frames: int | None, over_max: str, name: str) -> None:
-    """One-line errors for a video without frames or frame rate and for unusable --max-frames / over_max."""
+def _check_settings(
+    num_frames: int, video_fps: float, max_frames: int | None, over_max: str, name: str
+) -> None:
+    """One-line errors for a video without frames or frame rate and for unusable --max-frames /
+    over_max."""
     if num_frames <= 0 or not (video_fps > 0 and math.isfinite(video_fps)):
         what = "no frames" if num_frames <= 0 else f"no usable frame rate ({video_fps})"
-        raise CorruptVideoError(f"{name} has {what}; re-export it, e.g. ffmpeg -i IN -c:v libx264 -r 30 OUT.mp4")
+        raise CorruptVideoError(
+            f"{name} has {what}; re-export it, e.g. ffmpeg -i IN -c:v libx264 -r 30 OUT.mp4"
+        )
     if max_frames is not None and int(max_frames) < 1:
-        raise PlanTooLargeError(f"--max-frames must be at least 1 (got {max_frames}); leave it out for no limit.")
+        raise PlanTooLargeError(
+            f"--max-frames must be at least 1 (got {max_frames}); leave it out for no limit."
+        )
     if over_max not in ("thin", "error"):
         raise ValueError(f"over_max must be 'thin' or 'error', not {over_max!r}")
 
 
-def _cap_frames(indices: list[int], limit: int, over_max: str, rate: float, duration_s: float, name: str,
-                notes: list[str]) -> list[int]:
-    """`indices` thinned uniformly to `limit` frames (noted in `notes`), or PlanTooLargeError with over_max="error"."""
+def _cap_frames(
+    indices: list[int],
+    limit: int,
+    over_max: str,
+    rate: float,
+    duration_s: float,
+    name: str,
+    notes: list[str],
+) -> list[int]:
+    """`indices` thinned uniformly to `limit` frames (noted in `notes`), or PlanTooLargeError with
+    over_max="error"."""
     if over_max == "error":
         raise PlanTooLargeError(
             f"{name} at {rate:g} fps gives {len(indices)} frames, more than --max-frames {limit}; "
             f"use --fps {_suggest_fps(rate, limit, len(indices))} or raise --max-frames."
         )
     notes.append(
-        f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} frames uniformly "
+        f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} "
+        "frames uniformly "
         f"(about {limit / duration_s:.3g} fps)."
     )
     return uniform_thin(indices, limit)
@@ -196,10 +233,12 @@ def build_plan(
     over_max: str = "thin",
     warn: bool = True,
 ) -> SamplingPlan:
-    """The plan for a video of `num_frames` frames at `video_fps` (decord's `len(vr)` and `get_avg_fps()`).
+    """The plan for a video of `num_frames` frames at `video_fps` (decord's `len(vr)` and
+    `get_avg_fps()`).
 
-    `timestamps_fn(indices)` gives the real start time of each frame (decord's `get_frame_timestamp`); without
-    it a frame's time is index / video_fps. `over_max` is "thin" (uniform fallback) or "error".
+    `timestamps_fn(indices)` gives the real start time of each frame (decord's
+    `get_frame_timestamp`); without it a frame's time is index / video_fps. `over_max` is "thin"
+    (uniform fallback) or "error".
     """
     requested = check_fps(fps)
     name = path or "the video"
@@ -208,12 +247,16 @@ def build_plan(
     rate = requested
     if rate > video_fps:
         rate = float(video_fps)
-        notes.append(f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
-                     f"using {video_fps:.4g} (every frame).")
+        notes.append(
+            f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
+            f"using {video_fps:.4g} (every frame)."
+        )
     indices = time_indices(num_frames, video_fps, rate)
     thinned = max_frames is not None and len(indices) > int(max_frames)
     if thinned:
-        indices = _cap_frames(indices, int(max_frames), over_max, rate, num_frames / video_fps, name, notes)
+        indices = _cap_frames(
+            indices, int(max_frames), over_max, rate, num_frames / video_fps, name, notes
+        )
     if timestamps_fn is not None:
         stamps = tuple(float(t) for t in timestamps_fn(indices))
     else:
@@ -235,8 +278,11 @@ def build_plan(
     )
 
 
-def check_memory(plan_len: int, fps: float, world_size: int, bytes_per_frame: int, budget_bytes: int | None) -> None:
-    """Raise PlanTooLargeError when the biggest shard's features would not fit in `budget_bytes` (per rank)."""
+def check_memory(
+    plan_len: int, fps: float, world_size: int, bytes_per_frame: int, budget_bytes: int | None
+) -> None:
+    """Raise PlanTooLargeError when the biggest shard's features would not fit in `budget_bytes`
+    (per rank)."""
     if budget_bytes is None or plan_len == 0 or bytes_per_frame <= 0:
         return
     per_rank = -(-plan_len // world_size)
@@ -247,7 +293,10 @@ def check_memory(plan_len: int, fps: float, world_size: int, bytes_per_frame: in
     gpus = -(-plan_len // fit) if fit else None
     more = f" or --gpus {gpus}" if gpus else ""
     raise PlanTooLargeError(
-        f"{plan_len} frames at {fps:g} fps need {per_rank * bytes_per_frame / gib:.1f} GiB of visual features per rank "
-        f"on {world_size} rank(s), but {budget_bytes / gib:.1f} GiB is free: {fit} frames fit per rank "
-        f"({fit * world_size} in all); use --fps {_suggest_fps(fps, fit * world_size, plan_len)}{more}."
+        f"{plan_len} frames at {fps:g} fps need {per_rank * bytes_per_frame / gib:.1f} GiB of "
+        "visual features per rank "
+        f"on {world_size} rank(s), but {budget_bytes / gib:.1f} GiB is free: {fit} frames fit per "
+        "rank "
+        f"({fit * world_size} in all); use --fps "
+        f"{_suggest_fps(fps, fit * world_size, plan_len)}{more}."
     )

@@ -1,22 +1,25 @@
-"""Saved video prompts: reopening a video skips the prefill of its prompt, not only decoding and encoding.
+"""Saved video prompts: reopening a video skips the prefill of its prompt, not only decoding and
+encoding.
 
-Layout: `<cache dir>/prefixes/<prefix id>/prompt-of-NNNNN.safetensors`, one file for all NNNNN ranks: the text
-K/V of every decoder layer after the video prompt was prefilled (`k.<layer>`, `v.<layer>`) and the positions of
-those keys (`key_positions`). Every rank holds the same whole cache once the prefill is done (the sharded prefill
-replicates it), so rank 0 writes it and every rank reads it back. The prefix id hashes what decides the prompt's K/V
-except the number of ranks: the feature entry (video, sampling, encoder weights, dtype; `CacheKey` without its
-world size), the checkpoint's identity (every file of it), the prompt format version, a hash of the prompt's token
-ids (chat template and anything placed in the prompt, such as subtitles) and the device type. The file's manifest
-holds the whole key, also the world size (the prefill's floats depend on how it was sharded) and the feature entry
-with its world size, and must match it exactly.
+Layout: `<cache dir>/prefixes/<prefix id>/prompt-of-NNNNN.safetensors`, one file for all NNNNN
+ranks: the text K/V of every decoder layer after the video prompt was prefilled (`k.<layer>`,
+`v.<layer>`) and the positions of those keys (`key_positions`). Every rank holds the same whole
+cache once the prefill is done (the sharded prefill replicates it), so rank 0 writes it and every
+rank reads it back. The prefix id hashes what decides the prompt's K/V except the number of ranks:
+the feature entry (video, sampling, encoder weights, dtype; `CacheKey` without its world size), the
+checkpoint's identity (every file of it), the prompt format version, a hash of the prompt's token
+ids (chat template and anything placed in the prompt, such as subtitles) and the device type. The
+file's manifest holds the whole key, also the world size (the prefill's floats depend on how it was
+sharded) and the feature entry with its world size, and must match it exactly.
 
-Visual K/V are not part of a saved prompt (they do not depend on it): they are recomputed from the cached features
-when the video is opened, or read back from their own files when the first open measured that cheaper
-(`lvx_app.video.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`; docs/benchmarks.md).
+Visual K/V are not part of a saved prompt (they do not depend on it): they are recomputed from the
+cached features when the video is opened, or read back from their own files when the first open
+measured that cheaper (`lvx_app.video.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`;
+docs/benchmarks.md).
 
-Writes are atomic and a file that fails any check is reported in one warning line, deleted (by rank 0, which also
-names a prompt saved only for another number of ranks), and the prompt is prefilled again, as for the feature cache
-(`lvx_app.video.cache`).
+Writes are atomic and a file that fails any check is reported in one warning line, deleted (by rank
+0, which also names a prompt saved only for another number of ranks), and the prompt is prefilled
+again, as for the feature cache (`lvx_app.video.cache`).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class PrefixKey:
     """Everything that decides a saved prompt's K/V (the same on every rank)."""
 
     features: str  # the feature entry without its world size
-    checkpoint: str  # models.mplug_owl3.fingerprint.checkpoint_identity
+    checkpoint: str  # lvx_models.mplug_owl3.fingerprint.checkpoint_identity
     prompt_format: int
     prompt_hash: str  # sha256 of the prompt's int64 token ids
     prompt_tokens: int
@@ -68,12 +71,28 @@ class PrefixKey:
     format_version: int = PREFIX_VERSION
 
     @classmethod
-    def make(cls, feature_key: CacheKey, *, checkpoint: str, prompt_format: int, prompt_ids: torch.Tensor,
-             device: str) -> "PrefixKey":
+    def make(
+        cls,
+        feature_key: CacheKey,
+        *,
+        checkpoint: str,
+        prompt_format: int,
+        prompt_ids: torch.Tensor,
+        device: str,
+    ) -> "PrefixKey":
         ids = prompt_ids.to(torch.int64).contiguous().cpu()
         digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:32]
-        return cls(replace(feature_key, world_size=0, rank=0).entry_id(), checkpoint, int(prompt_format), digest,
-                   int(ids.numel()), device, feature_key.world_size, feature_key.entry_id(), feature_key.file_id)
+        return cls(
+            replace(feature_key, world_size=0, rank=0).entry_id(),
+            checkpoint,
+            int(prompt_format),
+            digest,
+            int(ids.numel()),
+            device,
+            feature_key.world_size,
+            feature_key.entry_id(),
+            feature_key.file_id,
+        )
 
     def entry_id(self) -> str:
         d = asdict(self)
@@ -87,7 +106,8 @@ class PrefixKey:
 
 @dataclass
 class SavedPrefix:
-    """A prefilled prompt: per-layer (k, v) of its tokens, (1, S, kv_heads, D), and their positions."""
+    """A prefilled prompt: per-layer (k, v) of its tokens, (1, S, kv_heads, D), and their
+    positions."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     key_positions: torch.Tensor  # (1, S) int64
@@ -121,9 +141,13 @@ def checksum(tensors: dict[str, torch.Tensor]) -> int:
     return crc
 
 
-def load_checked(path: Path, key: dict, version: int, required: frozenset[str]) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(manifest, tensors) of a saved file whose manifest holds `key` and `version` and whose tensors match the
-    manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the file ("last used")."""
+def load_checked(
+    path: Path, key: dict, version: int, required: frozenset[str]
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(manifest, tensors) of a saved file whose manifest holds `key` and `version` and whose
+    tensors match the
+    manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the file ("last
+    used")."""
     manifest = read_manifest(path, set(required))
     if manifest.get("version") != version or manifest.get("key") != key:
         raise CorruptEntry("key in the manifest does not match")
@@ -159,10 +183,19 @@ class SavedEntries:
         if not self.entries_dir.is_dir():
             return out
         for d in sorted(p for p in self.entries_dir.iterdir() if p.is_dir()):
-            info = PrefixInfo(d.name, "?", [], 0, sum(f.stat().st_size for f in d.iterdir() if f.is_file()), problems=[])
+            info = PrefixInfo(
+                d.name,
+                "?",
+                [],
+                0,
+                sum(f.stat().st_size for f in d.iterdir() if f.is_file()),
+                problems=[],
+            )
             for f in sorted(d.glob(self.files)):
                 try:
-                    video, world, info.file_id, info.tokens = self._describe(read_manifest(f, set(self.required)))
+                    video, world, info.file_id, info.tokens = self._describe(
+                        read_manifest(f, set(self.required))
+                    )
                 except (CorruptEntry, KeyError) as exc:
                     info.problems.append(f"{f.name}: {exc}")
                     continue
@@ -171,7 +204,8 @@ class SavedEntries:
         return out
 
     def remove(self, target: str) -> list[str]:
-        """Delete entries whose id starts with `target` (4+ characters) or made from the video at `target`."""
+        """Delete entries whose id starts with `target` (4+ characters) or made from the video at
+        `target`."""
         matches = target_matcher(target)
         removed = []
         for e in self.entries():
@@ -205,26 +239,49 @@ class PrefixCache(SavedEntries):
         return self.entries_dir / key.entry_id() / key.file_name()
 
     def save(self, key: PrefixKey, saved: SavedPrefix, *, video: str | os.PathLike) -> Path:
-        """Write the prompt K/V atomically (rank 0 alone: every rank holds the same). Returns the final path."""
+        """Write the prompt K/V atomically (rank 0 alone: every rank holds the same). Returns the
+        final path."""
         tensors = _tensors(saved)
-        manifest = {"version": PREFIX_VERSION, "key": asdict(key), "video": str(video), "layers": len(saved.layers),
-                    "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": checksum(tensors)}
+        manifest = {
+            "version": PREFIX_VERSION,
+            "key": asdict(key),
+            "video": str(video),
+            "layers": len(saved.layers),
+            "shapes": {n: list(t.shape) for n, t in tensors.items()},
+            "crc32": checksum(tensors),
+        }
         final = self.path(key)
         atomic_save(tensors, manifest, final)
         return final
 
-    def load(self, key: PrefixKey, device: torch.device | str = "cpu", *, owner: bool = True) -> SavedPrefix | None:
-        """The saved prompt, or None. The `owner` (rank 0; every rank reads the same file) deletes a corrupt file with
-        one warning and names, in one line, a prompt saved only for another number of ranks; the others say nothing."""
+    def load(
+        self, key: PrefixKey, device: torch.device | str = "cpu", *, owner: bool = True
+    ) -> SavedPrefix | None:
+        """The saved prompt, or None. The `owner` (rank 0; every rank reads the same file) deletes a
+        corrupt file with
+        one warning and names, in one line, a prompt saved only for another number of ranks; the
+        others say nothing."""
         path = self.path(key)
         if not path.is_file():
-            others = sorted({int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob(self.files)})
+            others = sorted(
+                {int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob(self.files)}
+            )
             if others and owner:
-                warnings.warn(f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), this run has "
-                              f"{key.world_size}; prefilling it again", VideoWarning, stacklevel=2)
+                warnings.warn(
+                    f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), "
+                    "this run has "
+                    f"{key.world_size}; prefilling it again",
+                    VideoWarning,
+                    stacklevel=2,
+                )
             return None
-        return load_or_discard(path, lambda: self._load(path, key, device), f"the saved video prompt {path}",
-                               "prefilling the prompt again", owner=owner)
+        return load_or_discard(
+            path,
+            lambda: self._load(path, key, device),
+            f"the saved video prompt {path}",
+            "prefilling the prompt again",
+            owner=owner,
+        )
 
     def _load(self, path: Path, key: PrefixKey, device: torch.device | str) -> SavedPrefix:
         manifest, tensors = load_checked(path, asdict(key), PREFIX_VERSION, self.required)

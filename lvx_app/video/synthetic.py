@@ -1,10 +1,11 @@
-"""Synthetic videos whose frames show their own index (and, for subtitle tests, a subtitle stream), for `lvx demo`,
-benchmarks and tests.
+"""Synthetic videos whose frames show their own index (and, for subtitle tests, a subtitle stream),
+for `lvx demo`, benchmarks and tests.
 
-Each frame is a grid of `ROWS x COLS` blocks; block b (row-major) is white when bit b of the frame index is set,
-black otherwise. A faint moving gradient is added so the encoder sees real motion, but never enough to flip a
-block (blocks are 0 +- 40 or 255 -+ 40). `read_index(frame)` decodes a frame (H,W,3) uint8 or a (3,S,S) tensor
-of normalised pixel values back to the index, so tests can check exactly which frames were sampled.
+Each frame is a grid of `ROWS x COLS` blocks; block b (row-major) is white when bit b of the frame
+index is set, black otherwise. A faint moving gradient is added so the encoder sees real motion, but
+never enough to flip a block (blocks are 0 +- 40 or 255 -+ 40). `read_index(frame)` decodes a frame
+(H,W,3) uint8 or a (3,S,S) tensor of normalised pixel values back to the index, so tests can check
+exactly which frames were sampled.
 
 Written with PyAV (its own bundled FFmpeg); nothing is downloaded.
 """
@@ -26,8 +27,9 @@ def frame_image(
 ) -> np.ndarray:
     """uint8 (height, width, 3) frame showing `index` as binary blocks.
 
-    `noise` > 0 adds a fixed random texture (amplitude `noise` grey levels) panning 4 px per frame, so the
-    encoder has detail and motion to code, like real footage (a few Mbit/s at 720p), instead of flat blocks.
+    `noise` > 0 adds a fixed random texture (amplitude `noise` grey levels) panning 4 px per frame,
+    so the encoder has detail and motion to code, like real footage (a few Mbit/s at 720p), instead
+    of flat blocks.
     """
     ys = (np.arange(height) * ROWS) // height
     xs = (np.arange(width) * COLS) // width
@@ -46,7 +48,9 @@ def frame_image(
 
 def read_index(frame) -> int:
     """Decode the index from an RGB frame (H,W,3) uint8, or from pixel values (3,S,S) in [-1, 1]."""
-    a = np.asarray(frame.detach().cpu().float() if hasattr(frame, "detach") else frame, dtype=np.float64)
+    a = np.asarray(
+        frame.detach().cpu().float() if hasattr(frame, "detach") else frame, dtype=np.float64
+    )
     if a.ndim == 3 and a.shape[0] == 3 and a.shape[-1] != 3:  # (3,S,S) normalised pixel values
         a = (a.transpose(1, 2, 0) * 0.5 + 0.5) * 255.0
     grey = a.mean(axis=2)
@@ -87,7 +91,11 @@ def make_video(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rate = fractions.Fraction(fps).limit_denominator(1001) if not isinstance(fps, fractions.Fraction) else fps
+    rate = (
+        fractions.Fraction(fps).limit_denominator(1001)
+        if not isinstance(fps, fractions.Fraction)
+        else fps
+    )
     texture = _texture(width, height) if noise else None
     with av.open(str(path), "w") as c:
         s = c.add_stream(codec, rate=rate)
@@ -110,9 +118,11 @@ def make_video(
 
 
 def concat_video(src: str | os.PathLike, dst: str | os.PathLike, times: int) -> Path:
-    """Stream-copy `src` `times` times back to back into `dst` (no re-encode): a long video in seconds.
+    """Stream-copy `src` `times` times back to back into `dst` (no re-encode): a long video in
+    seconds.
 
-    The frames repeat, so indices are only unique within one copy; decoding cost is that of a real long video.
+    The frames repeat, so indices are only unique within one copy; decoding cost is that of a real
+    long video.
     """
     import av  # PyAV (its own FFmpeg build) is loaded only where a video is written
 
@@ -141,18 +151,28 @@ def concat_video(src: str | os.PathLike, dst: str | os.PathLike, times: int) -> 
 
 
 _ASS_HEADER = (
-    "[Script Info]\nScriptType: v4.00+\n\n[V4+ Styles]\nFormat: Name, Fontname, Fontsize, PrimaryColour, SecondaryColour, "
-    "OutlineColour, BackColour, Bold, Italic, Underline, StrikeOut, ScaleX, ScaleY, Spacing, Angle, BorderStyle, "
-    "Outline, Shadow, Alignment, MarginL, MarginR, MarginV, Encoding\nStyle: Default,Arial,16,&Hffffff,&Hffffff,&H0,&H0,"
-    "0,0,0,0,100,100,0,0,1,1,0,2,10,10,10,0\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, MarginR, "
+    "[Script Info]\nScriptType: v4.00+\n\n[V4+ Styles]\nFormat: Name, Fontname, Fontsize, "
+    "PrimaryColour, SecondaryColour, "
+    "OutlineColour, BackColour, Bold, Italic, Underline, StrikeOut, ScaleX, ScaleY, Spacing, "
+    "Angle, BorderStyle, "
+    "Outline, Shadow, Alignment, MarginL, MarginR, MarginV, Encoding\nStyle: "
+    "Default,Arial,16,&Hffffff,&Hffffff,&H0,&H0,"
+    "0,0,0,0,100,100,0,0,1,1,0,2,10,10,10,0\n\n[Events]\nFormat: Layer, Start, End, Style, Name, "
+    "MarginL, MarginR, "
     "MarginV, Effect, Text\n"
 )
 
 
-def add_subtitle_stream(src: str | os.PathLike, dst: str | os.PathLike, cues: list[tuple[float, float, str]],
-                        codec: str = "mov_text", language: str | None = "eng") -> Path:  # fmt: skip
-    """Copy `src`'s video stream into `dst` with one subtitle stream of `codec` (mov_text for .mp4; subrip, webvtt,
-    ass or dvdsub for .mkv) holding `cues` (start s, end s, text), written with PyAV. A dvdsub stream gets no cues
+def add_subtitle_stream(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    cues: list[tuple[float, float, str]],
+    codec: str = "mov_text",
+    language: str | None = "eng",
+) -> Path:
+    """Copy `src`'s video stream into `dst` with one subtitle stream of `codec` (mov_text for .mp4;
+    subrip, webvtt, ass or dvdsub for .mkv) holding `cues` (start s, end s, text), written with
+    PyAV. A dvdsub stream gets no cues
     (a bitmap stream is all a test of "unsupported" needs)."""
     import av
 

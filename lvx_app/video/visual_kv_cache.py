@@ -1,16 +1,19 @@
-"""Saved visual K/V: the hyper layers' K/V of one rank's frames, read back on reopen instead of recomputed from the
-features when the first open measured that reading is clearly cheaper (`lvx_app.engine.visual_kv` decides).
+"""Saved visual K/V: the hyper layers' K/V of one rank's frames, read back on reopen instead of
+recomputed from the features when the first open measured that reading is clearly cheaper
+(`lvx_app.engine.visual_kv` decides).
 
-Layout: `<cache dir>/visual-kv/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank, tensors `k.<layer>`
-and `v.<layer>` for every hyper layer (1, S_local, kv_heads, D). Their own folder, not the saved prompt's: visual K/V
-depend on the feature entry and the checkpoint, not on the prompt's text, so one copy serves every prompt of a video
-(with or without subtitles), and `lvx cache ls` shows their size apart from the prompts'. Not inside the feature entry
-either: that folder holds exactly the feature shards (`lvx cache ls` counts them). The entry id hashes the feature
-entry (`CacheKey.entry_id()`: video, sampling, encoder weights, dtype, world size and layout), the checkpoint's
-identity (it holds the hyper layers' `v_kv_proj` and norm weights), a hash of every frame's placeholder start (the
-MI-RoPE positions of K), the device type, the dtype and the format version; each file's manifest holds the whole key
-and the rank and must match it exactly. Writes are atomic; a file that fails any check is reported in one warning
-line, deleted, and the K/V are recomputed, as for the feature cache (`lvx_app.video.cache`).
+Layout: `<cache dir>/visual-kv/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank,
+tensors `k.<layer>` and `v.<layer>` for every hyper layer (1, S_local, kv_heads, D). Their own
+folder, not the saved prompt's: visual K/V depend on the feature entry and the checkpoint, not on
+the prompt's text, so one copy serves every prompt of a video (with or without subtitles), and `lvx
+cache ls` shows their size apart from the prompts'. Not inside the feature entry either: that folder
+holds exactly the feature shards (`lvx cache ls` counts them). The entry id hashes the feature entry
+(`CacheKey.entry_id()`: video, sampling, encoder weights, dtype, world size and layout), the
+checkpoint's identity (it holds the hyper layers' `v_kv_proj` and norm weights), a hash of every
+frame's placeholder start (the MI-RoPE positions of K), the device type, the dtype and the format
+version; each file's manifest holds the whole key and the rank and must match it exactly. Writes are
+atomic; a file that fails any check is reported in one warning line, deleted, and the K/V are
+recomputed, as for the feature cache (`lvx_app.video.cache`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class VisualKVKey:
     """Everything that decides one rank's visual K/V."""
 
     features: str  # the feature entry id, with its world size and layout
-    checkpoint: str  # models.mplug_owl3.fingerprint.checkpoint_identity
+    checkpoint: str  # lvx_models.mplug_owl3.fingerprint.checkpoint_identity
     media_hash: str  # sha256 of every frame's placeholder start (int64)
     device: str  # device type: cpu / cuda
     dtype: str
@@ -45,12 +48,27 @@ class VisualKVKey:
     format_version: int = VISUAL_KV_VERSION
 
     @classmethod
-    def make(cls, feature_key: CacheKey, *, checkpoint: str, media_starts: torch.Tensor, device: str,
-             dtype: torch.dtype) -> "VisualKVKey":
+    def make(
+        cls,
+        feature_key: CacheKey,
+        *,
+        checkpoint: str,
+        media_starts: torch.Tensor,
+        device: str,
+        dtype: torch.dtype,
+    ) -> "VisualKVKey":
         starts = media_starts.to(torch.int64).contiguous().cpu()
         digest = hashlib.sha256(starts.numpy().tobytes()).hexdigest()[:32]
-        return cls(feature_key.entry_id(), checkpoint, digest, device, str(dtype).removeprefix("torch."),
-                   feature_key.world_size, feature_key.rank, feature_key.file_id)
+        return cls(
+            feature_key.entry_id(),
+            checkpoint,
+            digest,
+            device,
+            str(dtype).removeprefix("torch."),
+            feature_key.world_size,
+            feature_key.rank,
+            feature_key.file_id,
+        )
 
     def entry_id(self) -> str:
         d = asdict(self)
@@ -64,7 +82,10 @@ class VisualKVKey:
 def _tensors(kv: VisualKV) -> dict[str, torch.Tensor]:
     out = {}
     for layer, (k, v) in kv.items():
-        out[f"k.{layer}"], out[f"v.{layer}"] = k.detach().contiguous().cpu(), v.detach().contiguous().cpu()
+        out[f"k.{layer}"], out[f"v.{layer}"] = (
+            k.detach().contiguous().cpu(),
+            v.detach().contiguous().cpu(),
+        )
     return out
 
 
@@ -81,8 +102,14 @@ class VisualKVCache(SavedEntries):
     def save(self, key: VisualKVKey, kv: VisualKV, *, video: str | os.PathLike) -> Path:
         """Write this rank's visual K/V atomically. Returns the final path."""
         tensors = _tensors(kv)
-        manifest = {"version": VISUAL_KV_VERSION, "key": asdict(key), "video": str(video), "layers": sorted(kv),
-                    "shapes": {n: list(t.shape) for n, t in tensors.items()}, "crc32": checksum(tensors)}
+        manifest = {
+            "version": VISUAL_KV_VERSION,
+            "key": asdict(key),
+            "video": str(video),
+            "layers": sorted(kv),
+            "shapes": {n: list(t.shape) for n, t in tensors.items()},
+            "crc32": checksum(tensors),
+        }
         final = self.path(key)
         atomic_save(tensors, manifest, final)
         return final
@@ -92,15 +119,22 @@ class VisualKVCache(SavedEntries):
         path = self.path(key)
         if not path.is_file():
             return None
-        return load_or_discard(path, lambda: self._load(path, key, device), f"the saved visual K/V {path}",
-                               "recomputing them from the features")
+        return load_or_discard(
+            path,
+            lambda: self._load(path, key, device),
+            f"the saved visual K/V {path}",
+            "recomputing them from the features",
+        )
 
     def _load(self, path: Path, key: VisualKVKey, device: torch.device | str) -> VisualKV:
         manifest, tensors = load_checked(path, asdict(key), VISUAL_KV_VERSION, self.required)
         layers = [int(layer) for layer in manifest["layers"]]
         if set(tensors) != {f"{kv}.{layer}" for layer in layers for kv in "kv"}:
             raise CorruptEntry("tensor names do not match the manifest")
-        return {layer: (tensors[f"k.{layer}"].to(device), tensors[f"v.{layer}"].to(device)) for layer in layers}
+        return {
+            layer: (tensors[f"k.{layer}"].to(device), tensors[f"v.{layer}"].to(device))
+            for layer in layers
+        }
 
     def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
         k = manifest["key"]

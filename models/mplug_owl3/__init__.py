@@ -1,4 +1,5 @@
-"""mPLUG-Owl3 in plain PyTorch: config, SigLIP tower, projector, Qwen2 with hyper-attention (no torch.distributed)."""
+"""mPLUG-Owl3 in plain PyTorch: config, SigLIP tower, projector, Qwen2 with hyper-attention (no
+torch.distributed)."""
 
 from .config import TRAINED_POSITIONS, Owl3Config, SiglipVisionConfig
 from .hyper import LazyVisualKV, VisualInputs, frame_rope_positions, visible_frames

@@ -1,12 +1,15 @@
-"""Reading an mPLUG-Owl3 checkpoint directory without loading it: where it is, what its keys are, what they imply.
+"""Reading an mPLUG-Owl3 checkpoint directory without loading it: where it is, what its keys are,
+what they imply.
 
-- Resolves a directory or a hub id (`huggingface_hub.snapshot_download`, only the files we read; with
+- Resolves a directory or a hub id (`huggingface_hub.snapshot_download`, only the files we read;
+with
   HF_HUB_OFFLINE set only the local cache is tried and the error says to pass a local directory).
-- Reads the safetensors headers (`model.safetensors` or the shards of `model.safetensors.index.json`): keys, shapes.
+- Reads the safetensors headers (`model.safetensors` or the shards of
+`model.safetensors.index.json`): keys, shapes.
 - Detects the architecture from the keys, never from the repo name (reference mplug_owl3.md §0):
-  `self_attn.gate_proj.0.*` -> G1 with the input-dependent gate (7B-240728), `self_attn.gate` -> G1 with the
-  constant per-channel gate (241014), `self_attn.v_kv_proj` without a gate -> G2; `vision2text_model.weight` ->
-  linear projector, `vision2text_model.{0,2}.weight` -> MLP projector.
+  `self_attn.gate_proj.0.*` -> G1 with the input-dependent gate (7B-240728), `self_attn.gate` -> G1
+  with the constant per-channel gate (241014), `self_attn.v_kv_proj` without a gate -> G2;
+  `vision2text_model.weight` -> linear projector, `vision2text_model.{0,2}.weight` -> MLP projector.
 - Holds the official layout (§3) for a config and checks a checkpoint's keys against it.
 The processor and the loader both build on this module; it imports neither.
 """
@@ -25,19 +28,21 @@ from .config import Owl3Config
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint problem a user can fix; the message is one line naming the problem (and the key)."""
+    """A checkpoint problem a user can fix; the message is one line naming the problem (and the
+    key)."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the official layout (reference §3)
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 VISION = "vision_model."
 PROJECTOR = "vision2text_model."
 LM = "language_model."
 
 
 def unused_vision_prefixes(cfg: Owl3Config) -> tuple[str, ...]:
-    """Keys the model never uses: the last SigLIP encoder layer, post_layernorm and the pooling head."""
+    """Keys the model never uses: the last SigLIP encoder layer, post_layernorm and the pooling
+    head."""
     last = cfg.vision.num_hidden_layers - 1
     return (f"{VISION}encoder.layers.{last}.", f"{VISION}post_layernorm.", f"{VISION}head.")
 
@@ -66,7 +71,12 @@ def _vision_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
     v = cfg.vision
     d, i = v.hidden_size, v.intermediate_size
     s: dict[str, tuple[int, ...]] = {
-        f"{VISION}embeddings.patch_embedding.weight": (d, v.num_channels, v.patch_size, v.patch_size),
+        f"{VISION}embeddings.patch_embedding.weight": (
+            d,
+            v.num_channels,
+            v.patch_size,
+            v.patch_size,
+        ),
         f"{VISION}embeddings.patch_embedding.bias": (d,),
         f"{VISION}embeddings.position_embedding.weight": (v.num_patches, d),
     }
@@ -74,19 +84,21 @@ def _vision_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
         s.update(_siglip_layer(f"{VISION}encoder.layers.{k}.", d, i))
     s[f"{VISION}post_layernorm.weight"] = (d,)
     s[f"{VISION}post_layernorm.bias"] = (d,)
-    s.update({
-        f"{VISION}head.probe": (1, 1, d),
-        f"{VISION}head.attention.in_proj_weight": (3 * d, d),
-        f"{VISION}head.attention.in_proj_bias": (3 * d,),
-        f"{VISION}head.attention.out_proj.weight": (d, d),
-        f"{VISION}head.attention.out_proj.bias": (d,),
-        f"{VISION}head.layernorm.weight": (d,),
-        f"{VISION}head.layernorm.bias": (d,),
-        f"{VISION}head.mlp.fc1.weight": (i, d),
-        f"{VISION}head.mlp.fc1.bias": (i,),
-        f"{VISION}head.mlp.fc2.weight": (d, i),
-        f"{VISION}head.mlp.fc2.bias": (d,),
-    })
+    s.update(
+        {
+            f"{VISION}head.probe": (1, 1, d),
+            f"{VISION}head.attention.in_proj_weight": (3 * d, d),
+            f"{VISION}head.attention.in_proj_bias": (3 * d,),
+            f"{VISION}head.attention.out_proj.weight": (d, d),
+            f"{VISION}head.attention.out_proj.bias": (d,),
+            f"{VISION}head.layernorm.weight": (d,),
+            f"{VISION}head.layernorm.bias": (d,),
+            f"{VISION}head.mlp.fc1.weight": (i, d),
+            f"{VISION}head.mlp.fc1.bias": (i,),
+            f"{VISION}head.mlp.fc2.weight": (d, i),
+            f"{VISION}head.mlp.fc2.bias": (d,),
+        }
+    )
     return s
 
 
@@ -94,12 +106,17 @@ def _projector_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
     h, d = cfg.hidden_size, cfg.vision.hidden_size
     if cfg.projector == "linear":
         return {f"{PROJECTOR}weight": (h, d), f"{PROJECTOR}bias": (h,)}
-    return {f"{PROJECTOR}0.weight": (h, d), f"{PROJECTOR}0.bias": (h,),
-            f"{PROJECTOR}2.weight": (h, h), f"{PROJECTOR}2.bias": (h,)}
+    return {
+        f"{PROJECTOR}0.weight": (h, d),
+        f"{PROJECTOR}0.bias": (h,),
+        f"{PROJECTOR}2.weight": (h, h),
+        f"{PROJECTOR}2.bias": (h,),
+    }
 
 
 def _language_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
-    """HyperQwen2 keys: every decoder layer, the hyper layers' v_kv_proj (and G1 gate), lm_head unless tied."""
+    """HyperQwen2 keys: every decoder layer, the hyper layers' v_kv_proj (and G1 gate), lm_head
+    unless tied."""
     h, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     s: dict[str, tuple[int, ...]] = {}
     m = f"{LM}model."
@@ -132,61 +149,92 @@ def _language_shapes(cfg: Owl3Config) -> dict[str, tuple[int, ...]]:
 
 
 def official_shapes(cfg: Owl3Config, *, include_unused: bool = True) -> dict[str, tuple[int, ...]]:
-    """Every key of the official checkpoint for `cfg` (its generation, projector and tying) with its shape."""
+    """Every key of the official checkpoint for `cfg` (its generation, projector and tying) with its
+    shape."""
     s = {**_vision_shapes(cfg), **_projector_shapes(cfg), **_language_shapes(cfg)}
     if not include_unused:
         s = {k: v for k, v in s.items() if not is_unused(k, cfg)}
     return s
 
 
-# the files we read from a hub repo (the official *.py are fetched as text for the cut-template check only)
-HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-             "vocab.json", "merges.txt", "generation_config.json", "image_processing_mplugowl3.py"]
+# the files we read from a hub repo (the official *.py are fetched as text for the cut-template
+# check only)
+HUB_FILES = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+    "image_processing_mplugowl3.py",
+]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _LAYER_KEY = re.compile(r"language_model\.model\.layers\.(\d+)\.(.+)")
-_ATTN_KNOWN = {f"self_attn.{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")}
+_ATTN_KNOWN = {
+    f"self_attn.{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")
+}
 _ATTN_KNOWN.add("self_attn.o_proj.weight")
 _GATE_PROJ = {"self_attn.gate_proj.0.weight", "self_attn.gate_proj.0.bias"}
-_HYPER_KNOWN = {"self_attn.v_kv_proj.weight", "self_attn.v_kv_proj.bias", "self_attn.gate", *_GATE_PROJ}
+_HYPER_KNOWN = {
+    "self_attn.v_kv_proj.weight",
+    "self_attn.v_kv_proj.bias",
+    "self_attn.gate",
+    *_GATE_PROJ,
+}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # resolving a directory or a hub id
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
-    """A local checkpoint directory, or a hub id downloaded (or found in the HF cache) with snapshot_download."""
+    """A local checkpoint directory, or a hub id downloaded (or found in the HF cache) with
+    snapshot_download."""
     p = Path(path_or_id).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise CheckpointError(f"{p} is a file: pass the checkpoint directory (the one holding config.json and "
-                                  f"model.safetensors)")
+            raise CheckpointError(
+                f"{p} is a file: pass the checkpoint directory (the one holding config.json and "
+                f"model.safetensors)"
+            )
         return p
     s = str(path_or_id)
     if not _HUB_ID.fullmatch(s):
-        raise CheckpointError(f"{s}: no such directory (and not a Hugging Face hub id of the form owner/name)")
+        raise CheckpointError(
+            f"{s}: no such directory (and not a Hugging Face hub id of the form owner/name)"
+        )
     from huggingface_hub import snapshot_download  # only hub ids need it (and tests patch it there)
 
     offline = _offline()
     try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline))
+        return Path(
+            snapshot_download(
+                s, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline
+            )
+        )
     except Exception as e:  # noqa: BLE001 - every hub failure becomes one actionable line
         if offline:
-            raise CheckpointError(f"{s} is not a local directory and HF_HUB_OFFLINE is set, so it cannot be "
-                                  f"downloaded (and it is not in the Hugging Face cache): pass the local checkpoint "
-                                  f"directory instead, e.g. --model /path/to/mPLUG-Owl3-7B-241101") from None
+            raise CheckpointError(
+                f"{s} is not a local directory and HF_HUB_OFFLINE is set, so it cannot be "
+                f"downloaded (and it is not in the Hugging Face cache): pass the local checkpoint "
+                f"directory instead, e.g. --model /path/to/mPLUG-Owl3-7B-241101"
+            ) from None
         why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(f"{s}: no such local directory, and downloading it from the Hugging Face hub failed "
-                              f"({type(e).__name__}: {why}); check the id and the network, or pass a local "
-                              f"directory") from None
+        raise CheckpointError(
+            f"{s}: no such local directory, and downloading it from the Hugging Face hub failed "
+            f"({type(e).__name__}: {why}); check the id and the network, or pass a local "
+            f"directory"
+        ) from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # reading headers and checking them against the layout
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def safetensors_files(d: Path) -> dict[str, Path]:
     """key -> file, from model.safetensors.index.json or model.safetensors (headers only)."""
     index = d / "model.safetensors.index.json"
@@ -194,7 +242,9 @@ def safetensors_files(d: Path) -> dict[str, Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index (no weight_map): {e}") from None
+            raise CheckpointError(
+                f"{index} is not a safetensors index (no weight_map): {e}"
+            ) from None
         files = {k: d / f for k, f in weight_map.items()}
         for f in sorted(set(files.values())):
             if not f.exists():
@@ -204,10 +254,13 @@ def safetensors_files(d: Path) -> dict[str, Path]:
     if single.exists():
         return {k: single for k in _keys_of(single)}
     if any(d.glob("*.bin")) or any(d.glob("*.pt")):
-        raise CheckpointError(f"{d} holds PyTorch .bin/.pt weights; only safetensors checkpoints are supported "
-                              f"(the official repos ship model.safetensors)")
-    raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no model.safetensors or "
-                          f"model.safetensors.index.json")
+        raise CheckpointError(
+            f"{d} holds PyTorch .bin/.pt weights; only safetensors checkpoints are supported "
+            f"(the official repos ship model.safetensors)"
+        )
+    raise CheckpointError(
+        f"{d} is not an mPLUG-Owl3 checkpoint: no model.safetensors or model.safetensors.index.json"
+    )
 
 
 def _keys_of(f: Path) -> list[str]:
@@ -215,8 +268,10 @@ def _keys_of(f: Path) -> list[str]:
         with safe_open(str(f), framework="pt") as h:
             return list(h.keys())
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{f} is not a readable safetensors file ({type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0][:200]})") from None
+        raise CheckpointError(
+            f"{f} is not a readable safetensors file ({type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]})"
+        ) from None
 
 
 def tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
@@ -230,18 +285,23 @@ def tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
                 present = set(h.keys())
                 for k in keys:
                     if k not in present:
-                        raise CheckpointError(f"model.safetensors.index.json maps {k} to {f.name}, which does not "
-                                              f"hold it")
+                        raise CheckpointError(
+                            f"model.safetensors.index.json maps {k} to {f.name}, which does not "
+                            f"hold it"
+                        )
                     out[k] = tuple(h.get_slice(k).get_shape())
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{f} is not a readable safetensors file ({type(e).__name__})") from None
+            raise CheckpointError(
+                f"{f} is not a readable safetensors file ({type(e).__name__})"
+            ) from None
     return out
 
 
 def _scan_hyper_keys(keys: list[str]) -> tuple[bool, bool, bool]:
-    """(has constant gate, has gate_proj, has v_kv_proj); refuses any other attention key of a layer."""
+    """(has constant gate, has gate_proj, has v_kv_proj); refuses any other attention key of a
+    layer."""
     has_gate = has_proj = has_vkv = False
     for k in keys:
         m = _LAYER_KEY.fullmatch(k)
@@ -257,31 +317,44 @@ def _scan_hyper_keys(keys: list[str]) -> tuple[bool, bool, bool]:
         elif rest.startswith("self_attn.v_kv_proj."):
             has_vkv = True
             if rest not in _HYPER_KNOWN:
-                raise CheckpointError(f"unknown hyper-attention key {k} (expected v_kv_proj.weight / .bias)")
+                raise CheckpointError(
+                    f"unknown hyper-attention key {k} (expected v_kv_proj.weight / .bias)"
+                )
         elif "gate" in rest:
-            raise CheckpointError(f"unknown gate key {k}: this loader knows the G1 gates `self_attn.gate` [hidden] "
-                                  f"and `self_attn.gate_proj.0.weight/.bias` [head_dim]; refusing to guess")
+            raise CheckpointError(
+                f"unknown gate key {k}: this loader knows the G1 gates `self_attn.gate` [hidden] "
+                f"and `self_attn.gate_proj.0.weight/.bias` [head_dim]; refusing to guess"
+            )
         else:
-            raise CheckpointError(f"unknown attention key {k} (not in the official mPLUG-Owl3 layout)")
+            raise CheckpointError(
+                f"unknown attention key {k} (not in the official mPLUG-Owl3 layout)"
+            )
     if has_gate and has_proj:
-        raise CheckpointError("the checkpoint has both self_attn.gate and self_attn.gate_proj keys: one G1 gate form "
-                              "per checkpoint (gate_proj is 7B-240728, gate 241014); check where its weights came from")
+        raise CheckpointError(
+            "the checkpoint has both self_attn.gate and self_attn.gate_proj keys: one G1 gate form "
+            "per checkpoint (gate_proj is 7B-240728, gate 241014); check where its weights came "
+            "from"
+        )
     return has_gate, has_proj, has_vkv
 
 
 def detect_gate_form(keys: Iterable[str]) -> str:
-    """G1 gate form from the keys: "proj" (`self_attn.gate_proj`, 240728) or "channel" (`self_attn.gate`, or G2)."""
+    """G1 gate form from the keys: "proj" (`self_attn.gate_proj`, 240728) or "channel"
+    (`self_attn.gate`, or G2)."""
     return "proj" if _scan_hyper_keys(list(keys))[1] else "channel"
 
 
 def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
-    """(generation, projector) from the checkpoint keys (reference §0 loader rule); refuses unknown hyper keys.
+    """(generation, projector) from the checkpoint keys (reference §0 loader rule); refuses unknown
+    hyper keys.
     The G1 gate form is `detect_gate_form`."""
     keys = list(keys)
     has_gate, has_proj, has_vkv = _scan_hyper_keys(keys)
     if not has_vkv:
-        raise CheckpointError("no language_model.model.layers.*.self_attn.v_kv_proj keys: not an mPLUG-Owl3 "
-                              "checkpoint (it has no hyper-attention layers)")
+        raise CheckpointError(
+            "no language_model.model.layers.*.self_attn.v_kv_proj keys: not an mPLUG-Owl3 "
+            "checkpoint (it has no hyper-attention layers)"
+        )
     generation = "g1" if has_gate or has_proj else "g2"
     ks = set(keys)
     if f"{PROJECTOR}weight" in ks:
@@ -290,13 +363,18 @@ def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
         projector = "mlp"
     else:
         found = sorted(k for k in ks if k.startswith(PROJECTOR))
-        raise CheckpointError(f"unknown projector layout: expected vision2text_model.weight (linear) or "
-                              f"vision2text_model.0/.2.weight (MLP), found {found[:4] or 'no vision2text_model keys'}")
+        raise CheckpointError(
+            f"unknown projector layout: expected vision2text_model.weight (linear) or "
+            f"vision2text_model.0/.2.weight (MLP), found {found[:4] or 'no vision2text_model keys'}"
+        )
     return generation, projector
 
 
-def check_layout(d: Path, cfg: Owl3Config, shapes: dict[str, tuple[int, ...]]) -> tuple[list[str], list[str]]:
-    """(used keys, ignored keys) of checkpoint `d`, whose keys and shapes must be the official layout of `cfg`."""
+def check_layout(
+    d: Path, cfg: Owl3Config, shapes: dict[str, tuple[int, ...]]
+) -> tuple[list[str], list[str]]:
+    """(used keys, ignored keys) of checkpoint `d`, whose keys and shapes must be the official
+    layout of `cfg`."""
     expected = official_shapes(cfg)
     hyper = set(cfg.hyper_layer_indices)
     used, ignored = [], []
@@ -309,17 +387,25 @@ def check_layout(d: Path, cfg: Owl3Config, shapes: dict[str, tuple[int, ...]]) -
             continue
         m = _LAYER_KEY.fullmatch(k)
         if m and m.group(2) in _HYPER_KNOWN and int(m.group(1)) not in hyper:
-            raise CheckpointError(f"hyper key {k} on layer {int(m.group(1))} (0-based), but config.json "
-                                  f"hyper_layers (1-based) is {cfg.hyper_layers}")
-        raise CheckpointError(f"unexpected key {k} (not in the official layout of a {cfg.form} "
-                              f"checkpoint with this config.json)")
+            raise CheckpointError(
+                f"hyper key {k} on layer {int(m.group(1))} (0-based), but config.json "
+                f"hyper_layers (1-based) is {cfg.hyper_layers}"
+            )
+        raise CheckpointError(
+            f"unexpected key {k} (not in the official layout of a {cfg.form} "
+            f"checkpoint with this config.json)"
+        )
     missing = [k for k in expected if k not in shapes and not is_unused(k, cfg)]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"missing key {missing[0]}{more} in {d} (an incomplete download, or not an "
-                              f"official mPLUG-Owl3 checkpoint)")
+        raise CheckpointError(
+            f"missing key {missing[0]}{more} in {d} (an incomplete download, or not an "
+            f"official mPLUG-Owl3 checkpoint)"
+        )
     for k in used:
         if shapes[k] != expected[k]:
-            raise CheckpointError(f"wrong shape for {k}: checkpoint has {list(shapes[k])}, config.json implies "
-                                  f"{list(expected[k])}")
+            raise CheckpointError(
+                f"wrong shape for {k}: checkpoint has {list(shapes[k])}, config.json implies "
+                f"{list(expected[k])}"
+            )
     return used, ignored

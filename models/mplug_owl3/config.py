@@ -1,15 +1,19 @@
 """Configuration of mPLUG-Owl3, parsed from the checkpoint's own `config.json`.
 
-The json is the official HF layout (reference mplug_owl3.md §4): Qwen2 keys at the top level, `hyper_layers`
-(1-based layer numbers) and a nested `vision_config` (SigLIP). It does not say which architecture generation the
-weights are, nor which projector they use; the loader reads that from the safetensors keys and passes it in:
+The json is the official HF layout (reference mplug_owl3.md §4): Qwen2 keys at the top level,
+`hyper_layers` (1-based layer numbers) and a nested `vision_config` (SigLIP). It does not say which
+architecture generation the weights are, nor which projector they use; the loader reads that from
+the safetensors keys and passes it in:
 
-- `generation`: "g1" (separate cross-attention + sigmoid gate; 7B-240728, 241014) or "g2" (one fused softmax;
+- `generation`: "g1" (separate cross-attention + sigmoid gate; 7B-240728, 241014) or "g2" (one fused
+softmax;
   7B-241101).
 - `projector`: "linear" (`vision2text_model.{weight,bias}`) or "mlp" (`vision2text_model.{0,2}.*`).
-- `gate_form` (G1 only): "proj", the input-dependent `self_attn.gate_proj` of the official 7B-240728 code, or
-  "channel", the constant per-channel `self_attn.gate` (most likely the 1B/2B-241014 code). `form` names the
-  three checkpoint generations as one label: "g1-gateproj", "g1", "g2" (`lvx demo --generation`).
+- `gate_form` (G1 only): "proj", the input-dependent `self_attn.gate_proj` of the official 7B-240728
+code, or
+  "channel", the constant per-channel `self_attn.gate` (most likely the 1B/2B-241014 code). `form`
+  names the three checkpoint generations as one label: "g1-gateproj", "g1", "g2" (`lvx demo
+  --generation`).
 
 A json value of the wrong type is refused with its field name, the value and the type expected.
 
@@ -27,17 +31,21 @@ Generation = Literal["g1", "g2"]
 Projector = Literal["linear", "mlp"]
 GateForm = Literal["channel", "proj"]
 # checkpoint generation label -> (generation, G1 gate form)
-FORMS: dict[str, tuple[Generation, GateForm]] = {"g1-gateproj": ("g1", "proj"), "g1": ("g1", "channel"),
-                                                  "g2": ("g2", "channel")}
+FORMS: dict[str, tuple[Generation, GateForm]] = {
+    "g1-gateproj": ("g1", "proj"),
+    "g1": ("g1", "channel"),
+    "g2": ("g2", "channel"),
+}
 # what each label is, in one line (`lvx info --model`)
 FORM_NOTES = {
-    "g1-gateproj": "G1 as 7B-240728: separate cross-attention, input-dependent gate self_attn.gate_proj (per head)",
+    "g1-gateproj": "G1 as 7B-240728: separate cross-attention, input-dependent gate "
+    "self_attn.gate_proj (per head)",
     "g1": "G1 as 1B/2B-241014: separate cross-attention, constant per-channel gate self_attn.gate",
     "g2": "G2 as 7B-241101: one fused softmax over visual and text keys, no gate",
 }
 
-# The trained context of every released checkpoint; positions beyond it work (RoPE is computed on the fly) but
-# the model never saw them, so the model warns once.
+# The trained context of every released checkpoint; positions beyond it work (RoPE is computed on
+# the fly) but the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
 
 
@@ -49,7 +57,8 @@ def split_form(form: str) -> tuple[Generation, GateForm]:
 
 
 def _check_types(cls, known: dict[str, Any], where: str) -> None:
-    """Refuse a json value of the wrong type by name (else it fails later with an unrelated message)."""
+    """Refuse a json value of the wrong type by name (else it fails later with an unrelated
+    message)."""
     want = {"int": int, "float": (int, float), "bool": bool, "str": str}
     for f in fields(cls):
         if f.name not in known or f.type not in want:
@@ -58,18 +67,24 @@ def _check_types(cls, known: dict[str, Any], where: str) -> None:
         if v is None and f.name.endswith("_token_id"):
             continue
         if not isinstance(v, want[f.type]) or (f.type in ("int", "float") and isinstance(v, bool)):
-            raise ValueError(f"{where}{f.name} is {v!r} ({type(v).__name__}); expected a{'n' * (f.type == 'int')} "
-                             f"{f.type}")
+            raise ValueError(
+                f"{where}{f.name} is {v!r} ({type(v).__name__}); expected "
+                f"a{'n' * (f.type == 'int')} "
+                f"{f.type}"
+            )
 
 
 def _split(cls, d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     names = {f.name for f in fields(cls)} - {"extra"}
-    return {k: v for k, v in d.items() if k in names}, {k: v for k, v in d.items() if k not in names}
+    return {k: v for k, v in d.items() if k in names}, {
+        k: v for k, v in d.items() if k not in names
+    }
 
 
 @dataclass
 class SiglipVisionConfig:
-    """The `vision_config` block (SigLIP-so400m-patch14). Missing keys take the HF SigLIP defaults."""
+    """The `vision_config` block (SigLIP-so400m-patch14). Missing keys take the HF SigLIP
+    defaults."""
 
     hidden_size: int = 1152
     image_size: int = 384
@@ -84,9 +99,17 @@ class SiglipVisionConfig:
     attention_dropout: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # keys the official config.json writes (the others are HF defaults and only written when not default)
-    _JSON_KEYS = ("hidden_size", "image_size", "intermediate_size", "model_type", "num_attention_heads",
-                  "num_hidden_layers", "patch_size")
+    # keys the official config.json writes (the others are HF defaults and only written when not
+    # default)
+    _JSON_KEYS = (
+        "hidden_size",
+        "image_size",
+        "intermediate_size",
+        "model_type",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "patch_size",
+    )
 
     @property
     def head_dim(self) -> int:
@@ -94,7 +117,8 @@ class SiglipVisionConfig:
 
     @property
     def grid(self) -> int:
-        """Patches per side: 27 for both 384 and 378 (stride-14 conv without padding drops the remainder)."""
+        """Patches per side: 27 for both 384 and 378 (stride-14 conv without padding drops the
+        remainder)."""
         return self.image_size // self.patch_size
 
     @property
@@ -104,7 +128,8 @@ class SiglipVisionConfig:
 
     @property
     def num_used_layers(self) -> int:
-        """Encoder layers actually run: the output is `hidden_states[-2]`, after all but the last layer."""
+        """Encoder layers actually run: the output is `hidden_states[-2]`, after all but the last
+        layer."""
         return self.num_hidden_layers - 1
 
     @classmethod
@@ -117,7 +142,11 @@ class SiglipVisionConfig:
         default = SiglipVisionConfig()
         out = {k: getattr(self, k) for k in self._JSON_KEYS}
         for f in fields(self):
-            if f.name not in out and f.name != "extra" and getattr(self, f.name) != getattr(default, f.name):
+            if (
+                f.name not in out
+                and f.name != "extra"
+                and getattr(self, f.name) != getattr(default, f.name)
+            ):
                 out[f.name] = getattr(self, f.name)
         out.update(self.extra)
         return out
@@ -127,7 +156,8 @@ class SiglipVisionConfig:
 class Owl3Config:
     """mPLUG-Owl3 (HyperQwen2 language model + SigLIP tower + projector).
 
-    `hyper_layers` is 1-based exactly as in config.json; use `hyper_layer_indices` for 0-based layer indices.
+    `hyper_layers` is 1-based exactly as in config.json; use `hyper_layer_indices` for 0-based layer
+    indices.
     """
 
     vocab_size: int = 151851
@@ -149,7 +179,9 @@ class Owl3Config:
     # not in config.json: filled by the loader from the checkpoint keys (reference §0 "Loader rule")
     generation: Generation = "g2"
     projector: Projector = "mlp"
-    gate_form: GateForm = "channel"  # G1 only: "proj" (7B-240728 gate_proj) or "channel" (self_attn.gate)
+    gate_form: GateForm = (
+        "channel"  # G1 only: "proj" (7B-240728 gate_proj) or "channel" (self_attn.gate)
+    )
     # every other json key (architectures, auto_map, sliding_window, ...), written back by to_dict()
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -161,26 +193,38 @@ class Owl3Config:
         if self.gate_form not in ("channel", "proj"):
             raise ValueError(f"gate_form must be 'channel' or 'proj', not {self.gate_form!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                             f"{self.num_attention_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads {self.num_key_value_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
         bad = [l for l in self.hyper_layers if not 1 <= l <= self.num_hidden_layers]
         if bad:
-            raise ValueError(f"hyper_layers {bad} out of range 1..{self.num_hidden_layers} (they are 1-based)")
+            raise ValueError(
+                f"hyper_layers {bad} out of range 1..{self.num_hidden_layers} (they are 1-based)"
+            )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen2 uses 'silu')")
 
-    # ---- derived -------------------------------------------------------------------------------------------
+    # ---- derived
+    # ----------------------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
     @property
     def form(self) -> str:
-        """The checkpoint generation as one label: "g1-gateproj" (7B-240728), "g1" (241014) or "g2" (241101)."""
-        return "g1-gateproj" if self.generation == "g1" and self.gate_form == "proj" else self.generation
+        """The checkpoint generation as one label: "g1-gateproj" (7B-240728), "g1" (241014) or "g2"
+        (241101)."""
+        return (
+            "g1-gateproj"
+            if self.generation == "g1" and self.gate_form == "proj"
+            else self.generation
+        )
 
     @property
     def num_kv_groups(self) -> int:
@@ -198,26 +242,54 @@ class Owl3Config:
     def tokens_per_image(self) -> int:
         return self.vision.num_patches
 
-    # ---- json ----------------------------------------------------------------------------------------------
-    _TOP_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "hidden_act", "rms_norm_eps", "rope_theta", "max_position_embeddings",
-                 "tie_word_embeddings", "hyper_layers", "bos_token_id", "eos_token_id", "torch_dtype")
+    # ---- json
+    # ----------------------------------------------------------------------------------------------
+    _TOP_KEYS = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_act",
+        "rms_norm_eps",
+        "rope_theta",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "hyper_layers",
+        "bos_token_id",
+        "eos_token_id",
+        "torch_dtype",
+    )
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, generation: Generation | None = None,
-                  projector: Projector | None = None, gate_form: GateForm | None = None) -> "Owl3Config":
-        """Parse an official config.json dict. `generation`/`projector`/`gate_form` come from the checkpoint keys;
+    def from_dict(
+        cls,
+        d: dict[str, Any],
+        *,
+        generation: Generation | None = None,
+        projector: Projector | None = None,
+        gate_form: GateForm | None = None,
+    ) -> "Owl3Config":
+        """Parse an official config.json dict. `generation`/`projector`/`gate_form` come from the
+        checkpoint keys;
         when not given they default to the G2 pair ("g2", "mlp")."""
         d = dict(d)
         vision = SiglipVisionConfig.from_dict(d.pop("vision_config", None) or {})
         known = {k: d.pop(k) for k in cls._TOP_KEYS if k in d}
-        if isinstance(known.get("eos_token_id"), list):  # some configs list several; keep the json as is
+        if isinstance(
+            known.get("eos_token_id"), list
+        ):  # some configs list several; keep the json as is
             d["eos_token_id"] = known.pop("eos_token_id")
         _check_types(cls, known, "")
         if "hyper_layers" in known:
             layers = known["hyper_layers"]
-            if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
-                raise ValueError(f"hyper_layers is {layers!r}; expected a list of ints (1-based layer numbers)")
+            if not isinstance(layers, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in layers
+            ):
+                raise ValueError(
+                    f"hyper_layers is {layers!r}; expected a list of ints (1-based layer numbers)"
+                )
         kw: dict[str, Any] = {}
         if generation is not None:
             kw["generation"] = generation
@@ -232,7 +304,8 @@ class Owl3Config:
         return cls.from_dict(json.loads(Path(path).read_text()), **kw)
 
     def to_dict(self) -> dict[str, Any]:
-        """The official config.json layout (no `generation`/`projector`/`gate_form`: those live in the weights)."""
+        """The official config.json layout (no `generation`/`projector`/`gate_form`: those live in
+        the weights)."""
         out: dict[str, Any] = {
             "architectures": ["mPLUGOwl3Model"],
             "auto_map": {
@@ -253,7 +326,8 @@ class Owl3Config:
         out["hyper_layers"] = list(self.hyper_layers)
         out.update(self.extra)
         out["vision_config"] = self.vision.to_dict()
-        # official order: architectures, auto_map, the rest alphabetically, then hyper_layers, vision_config
+        # official order: architectures, auto_map, the rest alphabetically, then hyper_layers,
+        # vision_config
         rank = {"architectures": -2, "auto_map": -1, "hyper_layers": 1, "vision_config": 2}
         return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], 0), kv[0])))
 

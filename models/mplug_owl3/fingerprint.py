@@ -1,11 +1,13 @@
-"""A fingerprint of the weights that decide the visual features (SigLIP tower + projector), for the feature cache.
+"""A fingerprint of the weights that decide the visual features (SigLIP tower + projector), for the
+feature cache.
 
-A checkpoint's path or hub id says nothing about its weights: a finetune written over the same folder, or another
-checkpoint at the same relative path, must not reuse the old features. The fingerprint is a hash of the raw bytes
-(with names, dtypes and shapes) of every `vision_model.*` and `vision2text_model.*` tensor, read straight from the
-safetensors files. Hashing a 7B checkpoint's tower reads ~0.8 GB, so each file's digest is remembered in a small
-JSON memo keyed by the file's identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even
-when mtime is set back), and a later start only stats the files.
+A checkpoint's path or hub id says nothing about its weights: a finetune written over the same
+folder, or another checkpoint at the same relative path, must not reuse the old features. The
+fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every `vision_model.*` and
+`vision2text_model.*` tensor, read straight from the safetensors files. Hashing a 7B checkpoint's
+tower reads ~0.8 GB, so each file's digest is remembered in a small JSON memo keyed by the file's
+identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even when mtime is set
+back), and a later start only stats the files.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def _identity(f: Path) -> str:
 
 
 def _tensor_digest(f: Path, keys: list[str]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of `keys` in the safetensors file `f`, in key order."""
+    """sha256 over (name, dtype, shape, bytes) of `keys` in the safetensors file `f`, in key
+    order."""
     h = hashlib.sha256()
     with open(f, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
@@ -64,8 +67,11 @@ def _write_memo(memo: Path, table: dict[str, str]) -> None:
         pass  # a read-only cache folder only costs a re-hash next time
 
 
-def encoder_fingerprint(path_or_id: str | os.PathLike, revision: str | None = None, *, memo: Path | None = None) -> str:
-    """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal fingerprints."""
+def encoder_fingerprint(
+    path_or_id: str | os.PathLike, revision: str | None = None, *, memo: Path | None = None
+) -> str:
+    """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal
+    fingerprints."""
     files = safetensors_files(resolve_checkpoint(path_or_id, revision))
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
@@ -75,12 +81,15 @@ def encoder_fingerprint(path_or_id: str | os.PathLike, revision: str | None = No
     changed = False
     h = hashlib.sha256()
     for f in sorted(by_file):
-        ident = f"{_identity(f)}:{hashlib.sha256(' '.join(sorted(by_file[f])).encode()).hexdigest()[:16]}"
+        names = hashlib.sha256(" ".join(sorted(by_file[f])).encode()).hexdigest()[:16]
+        ident = f"{_identity(f)}:{names}"
         if ident not in table:
             try:
                 table[ident] = _tensor_digest(f, by_file[f])
             except (OSError, ValueError, KeyError) as exc:
-                raise CheckpointError(f"{f} is not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+                raise CheckpointError(
+                    f"{f} is not a readable safetensors file ({type(exc).__name__}: {exc})"
+                ) from None
             changed = True
         h.update(table[ident].encode())
     if changed and memo is not None:
@@ -89,8 +98,10 @@ def encoder_fingerprint(path_or_id: str | os.PathLike, revision: str | None = No
 
 
 def checkpoint_identity(path_or_id: str | os.PathLike, revision: str | None = None) -> str:
-    """A 32-hex-digit identity of every file of a checkpoint (weights, config, tokenizer) from their stats alone:
-    path, device, inode, size, mtime and ctime, so a rewrite of any file changes it without reading 16 GB."""
+    """A 32-hex-digit identity of every file of a checkpoint (weights, config, tokenizer) from their
+    stats alone:
+    path, device, inode, size, mtime and ctime, so a rewrite of any file changes it without reading
+    16 GB."""
     root = resolve_checkpoint(path_or_id, revision)
     h = hashlib.sha256()
     for f in sorted(p for p in root.iterdir() if p.is_file()):

@@ -1,17 +1,23 @@
 """Load an official mPLUG-Owl3 checkpoint (local directory or Hugging Face hub id) into `Owl3Model`.
 
-- Inspects the checkpoint (`checkpoint.py`: where it is, its safetensors headers, the architecture its keys imply)
-  and checks it against the official layout (§3) computed from its own config.json: a missing key, a key of
-  the wrong shape, an unknown hyper-attention or gate key (the G1 gates are `self_attn.gate_proj.0.*`, 240728, and
+- Inspects the checkpoint (`checkpoint.py`: where it is, its safetensors headers, the architecture
+its keys imply)
+  and checks it against the official layout (§3) computed from its own config.json: a missing key, a
+  key of the wrong shape, an unknown hyper-attention or gate key (the G1 gates are
+  `self_attn.gate_proj.0.*`, 240728, and
   `self_attn.gate`, 241014), hyper keys on layers config.json does not list, a tokenizer
-  whose specials disagree with config.json: each is a `CheckpointError` with one line naming the problem and key.
-- Ignores the vision keys the model never uses (last encoder layer, post_layernorm, pooling head; §10.6: they may or
+  whose specials disagree with config.json: each is a `CheckpointError` with one line naming the
+  problem and key.
+- Ignores the vision keys the model never uses (last encoder layer, post_layernorm, pooling head;
+§10.6: they may or
   may not be stored), and `lm_head.weight` when embeddings are tied.
-- Facts the reference marks unverified are read, not assumed: hyper_layers and all sizes from config.json (§10.2),
-  the `<|image|>` token count from the tokenizer (§10.3), the image size from `vision_config.image_size` and the
-  cut template from the checkpoint's own `image_processing_mplugowl3.py` when present (§10.4; read as text, never
-  executed).
-- Reads only the tensors a caller asks for (`parts=`) with `safe_open`, straight onto the target device and dtype.
+- Facts the reference marks unverified are read, not assumed: hyper_layers and all sizes from
+config.json (§10.2),
+  the `<|image|>` token count from the tokenizer (§10.3), the image size from
+  `vision_config.image_size` and the cut template from the checkpoint's own
+  `image_processing_mplugowl3.py` when present (§10.4; read as text, never executed).
+- Reads only the tensors a caller asks for (`parts=`) with `safe_open`, straight onto the target
+device and dtype.
 """
 
 from __future__ import annotations
@@ -49,18 +55,21 @@ log = logging.getLogger(__name__)
 PARTS = {"vision": VISION, "projector": PROJECTOR, "lm": LM}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # inspecting a checkpoint
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 @dataclass
 class CheckpointInfo:
-    """What a checkpoint directory holds, read from config.json, the safetensors headers and the tokenizer."""
+    """What a checkpoint directory holds, read from config.json, the safetensors headers and the
+    tokenizer."""
 
     path: Path
     config: Owl3Config  # generation / projector / gate_form filled from the keys
     files: dict[str, Path]  # key -> safetensors file holding it
     shapes: dict[str, tuple[int, ...]]
-    used_keys: list[str]  # the keys the model loads (official minus unused vision keys, minus tied lm_head)
+    used_keys: list[
+        str
+    ]  # the keys the model loads (official minus unused vision keys, minus tied lm_head)
     ignored_keys: list[str]
     cut_template: str
     cut_template_source: str
@@ -75,19 +84,29 @@ def _check_tokenizer(d: Path, cfg: Owl3Config, info_notes: list[str]) -> int:
     try:
         tok = Owl3Tokenizer.from_file(f)
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{f} cannot be read: {(str(e).splitlines() or [''])[0][:200]}") from None
+        raise CheckpointError(
+            f"{f} cannot be read: {(str(e).splitlines() or [''])[0][:200]}"
+        ) from None
     if len(tok) > cfg.vocab_size:
-        raise CheckpointError(f"tokenizer.json has {len(tok)} tokens but config.json vocab_size is "
-                              f"{cfg.vocab_size}: the embedding table would be too small")
+        raise CheckpointError(
+            f"tokenizer.json has {len(tok)} tokens but config.json vocab_size is "
+            f"{cfg.vocab_size}: the embedding table would be too small"
+        )
     if isinstance(cfg.eos_token_id, int) and cfg.eos_token_id != tok.im_end_id:
-        raise CheckpointError(f"config.json eos_token_id {cfg.eos_token_id} is not the tokenizer's <|im_end|> "
-                              f"({tok.im_end_id})")
+        raise CheckpointError(
+            f"config.json eos_token_id {cfg.eos_token_id} is not the tokenizer's <|im_end|> "
+            f"({tok.im_end_id})"
+        )
     if isinstance(cfg.bos_token_id, int) and cfg.bos_token_id != tok.endoftext_id:
-        raise CheckpointError(f"config.json bos_token_id {cfg.bos_token_id} is not the tokenizer's <|endoftext|> "
-                              f"({tok.endoftext_id})")
+        raise CheckpointError(
+            f"config.json bos_token_id {cfg.bos_token_id} is not the tokenizer's <|endoftext|> "
+            f"({tok.endoftext_id})"
+        )
     n = len(tok.encode("<|image|>"))
     if n == 1:
-        info_notes.append("<|image|> is a single token in this tokenizer (the reference expects plain text)")
+        info_notes.append(
+            "<|image|> is a single token in this tokenizer (the reference expects plain text)"
+        )
     return n
 
 
@@ -101,22 +120,29 @@ def _read_config_json(d: Path) -> dict[str, Any]:
     except ValueError as e:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
     if raw.get("model_type") != "mplugowl3":
-        raise CheckpointError(f"{cfg_file} has model_type {raw.get('model_type')!r}, not 'mplugowl3': not an "
-                              f"mPLUG-Owl3 checkpoint")
+        raise CheckpointError(
+            f"{cfg_file} has model_type {raw.get('model_type')!r}, not 'mplugowl3': not an "
+            f"mPLUG-Owl3 checkpoint"
+        )
     for k in ("hyper_layers", "vision_config", "hidden_size", "num_hidden_layers", "vocab_size"):
         if k not in raw:
             raise CheckpointError(f"{cfg_file} has no {k!r} (it is read, never assumed)")
     return raw
 
 
-def inspect_checkpoint(path_or_id: str | os.PathLike, revision: str | None = None) -> CheckpointInfo:
-    """Resolve, read config.json + safetensors headers + tokenizer, detect the architecture, check the layout."""
+def inspect_checkpoint(
+    path_or_id: str | os.PathLike, revision: str | None = None
+) -> CheckpointInfo:
+    """Resolve, read config.json + safetensors headers + tokenizer, detect the architecture, check
+    the layout."""
     d = resolve_checkpoint(path_or_id, revision)
     raw = _read_config_json(d)
     files = safetensors_files(d)
     generation, projector = detect_architecture(files)
     try:
-        cfg = Owl3Config.from_dict(raw, generation=generation, projector=projector, gate_form=detect_gate_form(files))
+        cfg = Owl3Config.from_dict(
+            raw, generation=generation, projector=projector, gate_form=detect_gate_form(files)
+        )
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{d / 'config.json'}: {e}") from None
     shapes = tensor_shapes(files)
@@ -126,22 +152,41 @@ def inspect_checkpoint(path_or_id: str | os.PathLike, revision: str | None = Non
     cut, cut_src = detect_cut_template(d, generation)
     if cut != DEFAULT_CUT_TEMPLATE[generation]:
         notes.append(f"cut template {cut} (from {cut_src}) differs from the {generation} default")
-    return CheckpointInfo(path=d, config=cfg, files=files, shapes=shapes, used_keys=used, ignored_keys=ignored,
-                          cut_template=cut, cut_template_source=cut_src, image_placeholder_len=n_img,
-                          notes=notes)
+    return CheckpointInfo(
+        path=d,
+        config=cfg,
+        files=files,
+        shapes=shapes,
+        used_keys=used,
+        ignored_keys=ignored,
+        cut_template=cut,
+        cut_template_source=cut_src,
+        image_placeholder_len=n_img,
+        notes=notes,
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # loading tensors and the model
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _device_str(device: torch.device | str) -> str:
     dev = torch.device(device)
-    return str(dev) if dev.type != "cuda" or dev.index is not None else f"cuda:{torch.cuda.current_device()}"
+    return (
+        str(dev)
+        if dev.type != "cuda" or dev.index is not None
+        else f"cuda:{torch.cuda.current_device()}"
+    )
 
 
-def load_tensors(info: CheckpointInfo, keys: Iterable[str] | None = None, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Read only `keys` (default: every used key) with safe_open, straight onto `device`, cast to `dtype`."""
+def load_tensors(
+    info: CheckpointInfo,
+    keys: Iterable[str] | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Read only `keys` (default: every used key) with safe_open, straight onto `device`, cast to
+    `dtype`."""
     keys = list(info.used_keys if keys is None else keys)
     by_file: dict[Path, list[str]] = {}
     for k in keys:
@@ -163,7 +208,8 @@ class PartNotLoadedError(AttributeError):
 
 
 class _NotLoaded(torch.nn.Module):
-    """Stands in for a part a rank did not load (`load_model(parts=...)`): calling it or reaching into it raises
+    """Stands in for a part a rank did not load (`load_model(parts=...)`): calling it or reaching
+    into it raises
     one clear error."""
 
     def __init__(self, part: str):
@@ -171,8 +217,9 @@ class _NotLoaded(torch.nn.Module):
         self.part = part
 
     def _error(self) -> PartNotLoadedError:
-        return PartNotLoadedError(f"the {self.part!r} part of the model was not loaded; add it to "
-                                  f"load_model(parts=...)")
+        return PartNotLoadedError(
+            f"the {self.part!r} part of the model was not loaded; add it to load_model(parts=...)"
+        )
 
     def forward(self, *args, **kwargs):
         raise self._error()
@@ -190,14 +237,20 @@ class LoadedModel(NamedTuple):
     processor: Owl3Processor
 
 
-def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu", revision: str | None = None,
-               parts: Sequence[str] = ("vision", "projector", "lm")) -> LoadedModel:
-    """(model, config, processor) from a local directory or a hub id; see the module docstring for the checks.
+def load_model(
+    path_or_id: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    revision: str | None = None,
+    parts: Sequence[str] = ("vision", "projector", "lm"),
+) -> LoadedModel:
+    """(model, config, processor) from a local directory or a hub id; see the module docstring for
+    the checks.
 
-    `parts` picks what this process needs ("vision" = SigLIP tower, "projector", "lm" = HyperQwen2 language
-    model); only those tensors are read. Parts left out are replaced by a module that raises if called.
-    The model is in eval mode on `device` in `dtype`.
+    `parts` picks what this process needs ("vision" = SigLIP tower, "projector", "lm" = HyperQwen2
+    language model); only those tensors are read. Parts left out are replaced by a module that
+    raises if called. The model is in eval mode on `device` in `dtype`.
     """
     bad = [p for p in parts if p not in PARTS]
     if bad or not parts:
@@ -211,18 +264,30 @@ def load_model(path_or_id: str | os.PathLike, *, dtype: torch.dtype = torch.floa
         model = Owl3Model(cfg)
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     layout = official_shapes(cfg, include_unused=False)
-    if want != layout:  # the model and the layout must agree; a mismatch is a bug in models/, not the checkpoint
+    if (
+        want != layout
+    ):  # the model and the layout must agree; a mismatch is a bug in models/, not the checkpoint
         diff = sorted(set(want) ^ set(layout)) or sorted(k for k in want if want[k] != layout[k])
-        raise RuntimeError(f"Owl3Model parameters do not match the official layout at {diff[0]} (a bug in models/)")
+        raise RuntimeError(
+            f"Owl3Model parameters do not match the official layout at {diff[0]} (a bug in models/)"
+        )
     prefixes = tuple(PARTS[p] for p in parts)
-    tensors = load_tensors(info, [k for k in info.used_keys if k.startswith(prefixes)], dtype=dtype, device=device)
-    model.load_state_dict(tensors, strict=False, assign=True)  # tied: Qwen2LM has no lm_head parameter at all
+    tensors = load_tensors(
+        info, [k for k in info.used_keys if k.startswith(prefixes)], dtype=dtype, device=device
+    )
+    model.load_state_dict(
+        tensors, strict=False, assign=True
+    )  # tied: Qwen2LM has no lm_head parameter at all
     for name, mod_prefix in PARTS.items():
         if name not in parts:
             setattr(model, mod_prefix.rstrip("."), _NotLoaded(name))
-    still_meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    still_meta = [
+        n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta
+    ]
     if still_meta:
-        raise RuntimeError(f"Owl3Model tensor {still_meta[0]} was not loaded (a bug in models/ or the layout)")
+        raise RuntimeError(
+            f"Owl3Model tensor {still_meta[0]} was not loaded (a bug in models/ or the layout)"
+        )
     model.eval()
     processor = Owl3Processor.from_checkpoint(info)
     return LoadedModel(model, cfg, processor)

@@ -1,8 +1,8 @@
 """mPLUG-Owl3: vision tower + projector + Qwen2 with hyper layers.
 
-`Owl3Model(config).state_dict()` has exactly the official checkpoint keys (reference mplug_owl3.md §3) minus the
-vision keys the model never uses (last encoder layer, post_layernorm, head) and minus `language_model.lm_head.weight`
-when embeddings are tied.
+`Owl3Model(config).state_dict()` has exactly the official checkpoint keys (reference mplug_owl3.md
+§3) minus the vision keys the model never uses (last encoder layer, post_layernorm, head) and minus
+`language_model.lm_head.weight` when embeddings are tied.
 
 Typical single-process use:
 
@@ -10,11 +10,13 @@ Typical single-process use:
     E = model.encode_images(pixel_values)       # (N, 729, H), once per video
     visual = model.prepare_visual(E, media_starts)
     cache = model.new_cache()
-    logits = model(input_ids, cache=cache, visual=visual, last_only=True)   # prefill; then one token per forward
+    # prefill; then one token per forward
+    logits = model(input_ids, cache=cache, visual=visual, last_only=True)
 
 Distributed use (the engine): each rank encodes its own contiguous slice of frames, calls
-`prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets `model.hooks.visual` to a
-distributed cross-attention with the same signature; text queries may stay replicated on every rank.
+`prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets
+`model.hooks.visual` to a distributed cross-attention with the same signature; text queries may stay
+replicated on every rank.
 """
 
 from __future__ import annotations
@@ -45,55 +47,85 @@ class Owl3Model(nn.Module):
         self.vision_model = SiglipVisionTower(config.vision)
         self.vision2text_model = build_projector(config)
         self.language_model = Qwen2LM(
-            config, lambda i: HyperAttention(config, i) if config.is_hyper(i) else Qwen2Attention(config, i))
+            config,
+            lambda i: (
+                HyperAttention(config, i) if config.is_hyper(i) else Qwen2Attention(config, i)
+            ),
+        )
         self.hooks = hooks or AttentionHooks()
 
-    # ---- visual side --------------------------------------------------------------------------------------
+    # ---- visual side
+    # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
         """pixel_values (N, 3, S, S) (normalised to [-1, 1]) -> E (N, 729, H) in the model's dtype.
 
-        Runs the SigLIP tower (output after all but its last layer) and the projector, `batch_size` images at a
-        time to bound activation memory. No autograd (training the projector would call
+        Runs the SigLIP tower (output after all but its last layer) and the projector, `batch_size`
+        images at a time to bound activation memory. No autograd (training the projector would call
         `vision2text_model(vision_model(px))` directly)."""
         p = self.vision_model.embeddings.patch_embedding.weight
-        outs = [self.vision2text_model(self.vision_model(chunk.to(p.device, p.dtype)))
-                for chunk in pixel_values.split(batch_size)]
+        outs = [
+            self.vision2text_model(self.vision_model(chunk.to(p.device, p.dtype)))
+            for chunk in pixel_values.split(batch_size)
+        ]
         if not outs:
             return p.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
         return torch.cat(outs)
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: torch.Tensor):
         """K/V of hyper layer `layer_idx` (0-based) for the frames in e_local (N, 729, H): each
-        (1, N*729, n_kv, hd); K carries MI-RoPE at `frame_positions` (N,) (see `frame_rope_positions`).
+        (1, N*729, n_kv, hd); K carries MI-RoPE at `frame_positions` (N,) (see
+        `frame_rope_positions`).
 
         A pure function of (weights, E): cache it per layer, or recompute it from one copy of E."""
         if not self.config.is_hyper(layer_idx):
-            raise ValueError(f"layer {layer_idx} is not a hyper layer "
-                             f"(hyper layers: {self.config.hyper_layer_indices})")
+            raise ValueError(
+                f"layer {layer_idx} is not a hyper layer "
+                f"(hyper layers: {self.config.hyper_layer_indices})"
+            )
         layer = self.language_model.model.layers[layer_idx]
         cfg = self.config
-        return visual_kv(e_local, layer.input_layernorm.weight, cfg.rms_norm_eps, layer.self_attn.v_kv_proj,
-                         frame_positions, cfg.num_key_value_heads, cfg.head_dim, cfg.rope_theta)
+        return visual_kv(
+            e_local,
+            layer.input_layernorm.weight,
+            cfg.rms_norm_eps,
+            layer.self_attn.v_kv_proj,
+            frame_positions,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.rope_theta,
+        )
 
     def frame_rope_positions(self, media_starts: torch.Tensor) -> torch.Tensor:
-        """MI-RoPE position per frame for this checkpoint's generation (G2 start_j, G1 start_j + 1)."""
+        """MI-RoPE position per frame for this checkpoint's generation (G2 start_j, G1 start_j +
+        1)."""
         return frame_rope_positions(media_starts, self.config.generation)
 
-    def visible_frames(self, token_positions: torch.Tensor, media_starts: torch.Tensor) -> torch.Tensor:
-        """q_vis per token for this checkpoint's generation (G2 #{t >= start_j}, G1 #{start_j < t})."""
+    def visible_frames(
+        self, token_positions: torch.Tensor, media_starts: torch.Tensor
+    ) -> torch.Tensor:
+        """q_vis per token for this checkpoint's generation (G2 #{t >= start_j}, G1 #{start_j <
+        t})."""
         return visible_frames(token_positions, media_starts, self.config.generation)
 
-    def prepare_visual(self, e_local: torch.Tensor, media_starts: torch.Tensor,
-                       frame_ids: Optional[torch.Tensor] = None, *, precompute: bool = True) -> VisualInputs:
+    def prepare_visual(
+        self,
+        e_local: torch.Tensor,
+        media_starts: torch.Tensor,
+        frame_ids: Optional[torch.Tensor] = None,
+        *,
+        precompute: bool = True,
+    ) -> VisualInputs:
         """The visual inputs of a request for the frames this process holds.
 
-        e_local (N_local, 729, H): this process's frames; media_starts (N_total,): placeholder start of every
-        frame of the request; frame_ids (N_local,): global indices of the local frames (default 0..N_local-1,
-        i.e. the process holds all frames).
-        precompute=True (inference): every hyper layer's K/V is computed now, without autograd, and reused by every
-        forward and every decoded token. precompute=False (finetuning with recompute): only E is kept and each
-        forward recomputes a layer's K/V when that layer runs (differentiable w.r.t. E and v_kv_proj)."""
+        e_local (N_local, 729, H): this process's frames; media_starts (N_total,): placeholder start
+        of every frame of the request; frame_ids (N_local,): global indices of the local frames
+        (default 0..N_local-1, i.e. the process holds all frames).
+        precompute=True (inference): every hyper layer's K/V is computed now, without autograd, and
+        reused by every forward and every decoded token. precompute=False (finetuning with
+        recompute): only E is kept and each
+        forward recomputes a layer's K/V when that layer runs (differentiable w.r.t. E and
+        v_kv_proj)."""
         n, p, _ = e_local.shape
         dev = e_local.device
         media_starts = torch.as_tensor(media_starts, dtype=torch.int64).to(dev)
@@ -109,19 +141,28 @@ class Owl3Model(nn.Module):
                 kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
         else:
             kv = LazyVisualKV(lambda l: self.visual_kv(l, e_local, positions), layers)
-        return VisualInputs(kv=kv, k_frame=frame_ids.repeat_interleave(p).view(1, n * p), media_starts=media_starts)
+        return VisualInputs(
+            kv=kv, k_frame=frame_ids.repeat_interleave(p).view(1, n * p), media_starts=media_starts
+        )
 
-    # ---- language side ------------------------------------------------------------------------------------
+    # ---- language side
+    # ----------------------------------------------------------------------------------------------
     def new_cache(self) -> TextKVCache:
         return TextKVCache(self.config.num_hidden_layers)
 
-    def forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                cache: Optional[TextKVCache] = None, visual: Optional[VisualInputs] = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+        cache: Optional[TextKVCache] = None,
+        visual: Optional[VisualInputs] = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """Text forward -> logits (B, L, V) float in the model dtype ((B, 1, V) with last_only).
 
-        input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L); cache: the
-        text KV cache to extend (None = no cache, the tokens are the whole sequence); visual: frames to attend
+        input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L);
+        cache: the text KV cache to extend (None = no cache, the tokens are the whole sequence);
+        visual: frames to attend
         to in the hyper layers (B must be 1), None = text only."""
         lm = self.language_model
         positions = lm.resolve_positions(input_ids, positions, cache)
@@ -129,6 +170,11 @@ class Owl3Model(nn.Module):
         if visual is not None and visual.num_frames > 0:
             if input_ids.shape[0] != 1:
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
-            step = VisualStep(kv=visual.kv, k_frame=visual.k_frame,
-                              q_vis=self.visible_frames(positions, visual.media_starts))
-        return lm(input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only)
+            step = VisualStep(
+                kv=visual.kv,
+                k_frame=visual.k_frame,
+                q_vis=self.visible_frames(positions, visual.media_starts),
+            )
+        return lm(
+            input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only
+        )

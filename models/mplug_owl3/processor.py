@@ -1,27 +1,38 @@
-"""mPLUG-Owl3 processor: ChatML prompt, media placeholders, `media_starts` / `media_offset`, image cutting.
+"""mPLUG-Owl3 processor: ChatML prompt, media placeholders, `media_starts` / `media_offset`, image
+cutting.
 
 Follows the official processors (reference mplug_owl3.md §5) for both generations:
 
-- Template (§5.2): chunks `<|im_start|>system\\n<|im_end|>` (empty system turn unless the first message is a system
+- Template (§5.2): chunks `<|im_start|>system\\n<|im_end|>` (empty system turn unless the first
+message is a system
   message), `\\n<|im_start|>user\\n{content}<|im_end|>` split so every `<|image|>` is its own chunk,
-  `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` + `<|endoftext|>` for past answers. Every chunk is tokenized
-  on its own (no BPE merges across chunk borders); `media_starts[j]` is where placeholder j's ids begin.
+  `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` + `<|endoftext|>` for past answers. Every
+  chunk is tokenized on its own (no BPE merges across chunk borders); `media_starts[j]` is where
+  placeholder j's ids begin.
 - Videos (§5.4): one `<|image|>` per frame, no cut. G1: `<|video|>` -> `<|image|>`*N. G2:
-  `<|start_video_frame|>` + `<|image|>`*N + `<|end_video_frame|>`. Frames go through `image_transform`.
-- Still images (§5.3): with `cut=True` the image is resized to the best `grid_squ_6` anchor (docowl ranking),
-  split row-major into rows*cols crops, plus a global view last; the placeholder becomes the generation's cut prompt
-  (`v2_global` for G1, `v3_global` for G2; `detect_cut_template` reads the checkpoint's own choice when it can).
-- `media_offset()` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without images); G2
+  `<|start_video_frame|>` + `<|image|>`*N + `<|end_video_frame|>`. Frames go through
+  `image_transform`.
+- Still images (§5.3): with `cut=True` the image is resized to the best `grid_squ_6` anchor (docowl
+ranking),
+  split row-major into rows*cols crops, plus a global view last; the placeholder becomes the
+  generation's cut prompt (`v2_global` for G1, `v3_global` for G2; `detect_cut_template` reads the
+  checkpoint's own choice when it can).
+- `media_offset()` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without images);
+G2
   `[tensor(starts)]`.
 
 Deliberate differences from the official code, all where the official one is broken or refuses:
-- Images and videos are matched to their own markers in order (`images[k]` to the k-th `<|image|>`, `videos[k]` to
-  the k-th `<|video|>`). The official G2 processor takes one list "videos first, then images" in marker order, so it
-  only works when every video marker comes before every image marker; for those prompts the result is identical.
-  The official G1 processor refuses images together with videos; we accept them and, like it, disable cut.
-- Multi-image G1 cut prompts use each image's own grid (the 240728 processor reads the wrong grid after the first
+- Images and videos are matched to their own markers in order (`images[k]` to the k-th `<|image|>`,
+`videos[k]` to
+  the k-th `<|video|>`). The official G2 processor takes one list "videos first, then images" in
+  marker order, so it only works when every video marker comes before every image marker; for those
+  prompts the result is identical. The official G1 processor refuses images together with videos; we
+  accept them and, like it, disable cut.
+- Multi-image G1 cut prompts use each image's own grid (the 240728 processor reads the wrong grid
+after the first
   image; ms-swift fixes it the same way, §5.3).
-- A final assistant message with content is kept as the start of the answer (official code drops it).
+- A final assistant message with content is kept as the start of the answer (official code drops
+it).
 """
 
 from __future__ import annotations
@@ -49,20 +60,28 @@ NO_MEDIA = -1_000_000  # G1 media_offset value for a sample without images
 GRID_SQU_6 = ((2, 2), (1, 3), (1, 4), (3, 1), (4, 1), (2, 3), (3, 2))
 
 CUT_PROMPTS = {
-    "v2_global": lambda r, c: (f"Cut to {r} rows {c} columns with a global view\n"
-                               + "\n".join(" ".join(f"subimg({i},{j}){IMAGE}" for j in range(c)) for i in range(r))
-                               + f"\nglobal_view{IMAGE}"),
-    "v3_global": lambda r, c: (f"<|start_cut|>{r}*{c}\n"
-                               + "\n".join(" ".join(IMAGE for _ in range(c)) for _ in range(r))
-                               + f"\n{IMAGE}<|end_cut|>"),
+    "v2_global": lambda r, c: (
+        f"Cut to {r} rows {c} columns with a global view\n"
+        + "\n".join(" ".join(f"subimg({i},{j}){IMAGE}" for j in range(c)) for i in range(r))
+        + f"\nglobal_view{IMAGE}"
+    ),
+    "v3_global": lambda r, c: (
+        f"<|start_cut|>{r}*{c}\n"
+        + "\n".join(" ".join(IMAGE for _ in range(c)) for _ in range(r))
+        + f"\n{IMAGE}<|end_cut|>"
+    ),
 }
-DEFAULT_CUT_TEMPLATE = {"g1": "v2_global", "g2": "v3_global"}  # the checkpoint's own image processor may override
+DEFAULT_CUT_TEMPLATE = {
+    "g1": "v2_global",
+    "g2": "v3_global",
+}  # the checkpoint's own image processor may override
 _MEDIA_SPLIT = re.compile(f"({re.escape(IMAGE)}|{re.escape(VIDEO)})")
 _IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE)})")
 
 
 def detect_cut_template(d: Path, generation: str) -> tuple[str, str]:
-    """(template, source). The checkpoint's own image processor says which cut prompt it was trained with."""
+    """(template, source). The checkpoint's own image processor says which cut prompt it was trained
+    with."""
     f = d / "image_processing_mplugowl3.py"
     if f.exists():
         text = f.read_text(errors="replace")
@@ -71,24 +90,31 @@ def detect_cut_template(d: Path, generation: str) -> tuple[str, str]:
         if m:
             name = m.group(1) + ("_global" if g and g.group(1) == "True" else "")
             if name not in CUT_PROMPTS:
-                raise CheckpointError(f"{f.name} uses cut prompt {name!r}; only {', '.join(CUT_PROMPTS)} are "
-                                      f"implemented")
+                raise CheckpointError(
+                    f"{f.name} uses cut prompt {name!r}; only {', '.join(CUT_PROMPTS)} are "
+                    f"implemented"
+                )
             return name, f"{f.name}"
-    return DEFAULT_CUT_TEMPLATE[generation], f"default for {generation} (no cut_prompt found in the checkpoint)"
+    return DEFAULT_CUT_TEMPLATE[
+        generation
+    ], f"default for {generation} (no cut_prompt found in the checkpoint)"
 
 
-def select_cut_grid(height: int, width: int, image_size: int,
-                    anchors: Sequence[tuple[int, int]] = GRID_SQU_6) -> tuple[int, int]:
+def select_cut_grid(
+    height: int, width: int, image_size: int, anchors: Sequence[tuple[int, int]] = GRID_SQU_6
+) -> tuple[int, int]:
     """(rows, cols) chosen by the official 'docowl' rule: argmax of 100 * shape_IoU + IoU.
 
-    Computed with the official tensor dtypes (int64 boxes, the rescaled anchor height truncated to an integer,
-    float32 IoU), so ties and near-ties resolve exactly as there.
+    Computed with the official tensor dtypes (int64 boxes, the rescaled anchor height truncated to
+    an integer, float32 IoU), so ties and near-ties resolve exactly as there.
     """
     s = image_size
     boxes = torch.tensor([[0, 0, c * s, r * s] for r, c in anchors])  # xyxy, int64
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     shaped = boxes.clone()
-    shaped[:, 3] = (height / width * boxes[:, 2].float()).to(torch.int64)  # aspect-matched anchor, truncated
+    shaped[:, 3] = (height / width * boxes[:, 2].float()).to(
+        torch.int64
+    )  # aspect-matched anchor, truncated
 
     def iou(b1: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
         area2 = (b2[:, 2] - b2[:, 0]) * (b2[:, 3] - b2[:, 1])
@@ -109,17 +135,24 @@ class MediaItem:
 
     kind: str  # "image" | "video"
     num_placeholders: int  # 1, rows*cols+1 for a cut image, or the number of frames
-    pixel_values: torch.Tensor | None  # (num_placeholders, 3, S, S); None for a video given as a frame count
+    pixel_values: (
+        torch.Tensor | None
+    )  # (num_placeholders, 3, S, S); None for a video given as a frame count
     cut: tuple[int, int] | None = None  # (rows, cols) of a cut image
 
 
 @dataclass
 class PromptInputs:
-    """A tokenized prompt. Positions are absolute: `offset` is where `input_ids[0]` sits in the conversation."""
+    """A tokenized prompt. Positions are absolute: `offset` is where `input_ids[0]` sits in the
+    conversation."""
 
     input_ids: torch.Tensor  # (L,) int64
-    media_starts: list[int]  # absolute index of the first id of each <|image|> placeholder, in order
-    placeholder_len: int  # ids per <|image|> placeholder (never hard-coded: read from the tokenizer)
+    media_starts: list[
+        int
+    ]  # absolute index of the first id of each <|image|> placeholder, in order
+    placeholder_len: (
+        int  # ids per <|image|> placeholder (never hard-coded: read from the tokenizer)
+    )
     media: list[MediaItem]
     generation: str
     text: str  # the prompt text the chunks were made from
@@ -131,7 +164,8 @@ class PromptInputs:
 
     @property
     def pixel_values(self) -> torch.Tensor | None:
-        """All images' and frames' pixel values in placeholder order, or None if any video came as a count."""
+        """All images' and frames' pixel values in placeholder order, or None if any video came as a
+        count."""
         if not self.media or any(m.pixel_values is None for m in self.media):
             return None
         return torch.cat([m.pixel_values for m in self.media])
@@ -139,8 +173,10 @@ class PromptInputs:
     def media_offset(self) -> torch.Tensor | list[torch.Tensor]:
         """The official `media_offset` of this prompt as a batch of one (reference §5.5)."""
         if self.offset:
-            raise ValueError("media_offset describes a whole prompt from position 0; use media_starts for a "
-                             "follow-up")
+            raise ValueError(
+                "media_offset describes a whole prompt from position 0; use media_starts for a "
+                "follow-up"
+            )
         starts = torch.tensor(self.media_starts, dtype=torch.int64)
         if self.generation == "g2":
             return [starts]
@@ -149,51 +185,87 @@ class PromptInputs:
         if starts.numel() == 0:
             out[0, :, 1] = NO_MEDIA
         else:  # count[t] = #{j : t > start_j}
-            out[0, :, 1] = torch.searchsorted(starts, torch.arange(L, dtype=torch.int64), right=False)
+            out[0, :, 1] = torch.searchsorted(
+                starts, torch.arange(L, dtype=torch.int64), right=False
+            )
         return out
 
 
 class Owl3Processor:
     """Tokenizer + template + media handling for one checkpoint generation ("g1" or "g2")."""
 
-    def __init__(self, tokenizer: Owl3Tokenizer, generation: str, image_size: int, *, patch_size: int = 14,
-                 cut_template: str | None = None, path: Path | None = None):
+    def __init__(
+        self,
+        tokenizer: Owl3Tokenizer,
+        generation: str,
+        image_size: int,
+        *,
+        patch_size: int = 14,
+        cut_template: str | None = None,
+        path: Path | None = None,
+    ):
         if generation not in ("g1", "g2"):
             raise ValueError(f"generation must be 'g1' or 'g2', not {generation!r}")
         self.tokenizer = tokenizer
         self.generation = generation
         self.image_size = int(image_size)
-        self.tokens_per_image = (self.image_size // patch_size) ** 2  # visual tokens per placeholder
+        self.tokens_per_image = (
+            self.image_size // patch_size
+        ) ** 2  # visual tokens per placeholder
         self.cut_template = cut_template or DEFAULT_CUT_TEMPLATE[generation]
         if self.cut_template not in CUT_PROMPTS:
-            raise ValueError(f"cut_template must be one of {tuple(CUT_PROMPTS)}, not {self.cut_template!r}")
+            raise ValueError(
+                f"cut_template must be one of {tuple(CUT_PROMPTS)}, not {self.cut_template!r}"
+            )
         self.path = path
         self._image_ids = tokenizer.encode(IMAGE)
 
-    # ---- construction ------------------------------------------------------------------------------------------
+    # ---- construction
+    # ----------------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path_or_id: str | Path, generation: str | None = None, *,
-                        cut_template: str | None = None) -> "Owl3Processor":
-        """From a checkpoint directory (or hub id). Without `generation`, it is detected from the weight keys."""
+    def from_pretrained(
+        cls,
+        path_or_id: str | Path,
+        generation: str | None = None,
+        *,
+        cut_template: str | None = None,
+    ) -> "Owl3Processor":
+        """From a checkpoint directory (or hub id). Without `generation`, it is detected from the
+        weight keys."""
         d = resolve_checkpoint(path_or_id)
         if not (d / "config.json").exists():
             raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
-        vision = SiglipVisionConfig.from_dict(json.loads((d / "config.json").read_text()).get("vision_config") or {})
+        vision = SiglipVisionConfig.from_dict(
+            json.loads((d / "config.json").read_text()).get("vision_config") or {}
+        )
         if generation is None:
             generation = detect_architecture(safetensors_files(d))[0]
         if cut_template is None:
             cut_template = detect_cut_template(d, generation)[0]
-        return cls(Owl3Tokenizer.from_pretrained(d), generation, vision.image_size, patch_size=vision.patch_size,
-                   cut_template=cut_template, path=d)
+        return cls(
+            Owl3Tokenizer.from_pretrained(d),
+            generation,
+            vision.image_size,
+            patch_size=vision.patch_size,
+            cut_template=cut_template,
+            path=d,
+        )
 
     @classmethod
     def from_checkpoint(cls, info: Any) -> "Owl3Processor":
         """From a `loader.CheckpointInfo` (what `load_model` uses)."""
         v = info.config.vision
-        return cls(Owl3Tokenizer.from_pretrained(info.path), info.config.generation, v.image_size,
-                   patch_size=v.patch_size, cut_template=info.cut_template, path=info.path)
+        return cls(
+            Owl3Tokenizer.from_pretrained(info.path),
+            info.config.generation,
+            v.image_size,
+            patch_size=v.patch_size,
+            cut_template=info.cut_template,
+            path=info.path,
+        )
 
-    # ---- tokens ------------------------------------------------------------------------------------------------
+    # ---- tokens
+    # ----------------------------------------------------------------------------------------------
     @property
     def stop_ids(self) -> tuple[int, int]:
         """(<|im_end|>, <|endoftext|>): generation stops at either."""
@@ -208,12 +280,18 @@ class Owl3Processor:
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self.tokenizer)
 
-    # ---- images ------------------------------------------------------------------------------------------------
-    def process_image(self, image: Any, cut: bool = True) -> tuple[torch.Tensor, tuple[int, int] | None]:
-        """(pixel_values (n, 3, S, S), (rows, cols) or None). Cut: rows*cols crops row-major, then the global view."""
+    # ---- images
+    # ----------------------------------------------------------------------------------------------
+    def process_image(
+        self, image: Any, cut: bool = True
+    ) -> tuple[torch.Tensor, tuple[int, int] | None]:
+        """(pixel_values (n, 3, S, S), (rows, cols) or None). Cut: rows*cols crops row-major, then
+        the global view."""
         x = _as_uint8_nhwc(image)
         if x.shape[0] != 1:
-            raise ValueError(f"one image expected, got a batch of {x.shape[0]} (pass video frames as videos=)")
+            raise ValueError(
+                f"one image expected, got a batch of {x.shape[0]} (pass video frames as videos=)"
+            )
         s = self.image_size
         global_view = normalize(resize_uint8(x, s, s))
         if not cut:
@@ -223,9 +301,13 @@ class Owl3Processor:
         crops = big.view(3, rows, s, cols, s).permute(1, 3, 0, 2, 4).reshape(rows * cols, 3, s, s)
         return torch.cat([crops, global_view]), (rows, cols)
 
-    # ---- prompts -----------------------------------------------------------------------------------------------
-    def _expand_media(self, content: str, images: list, videos: list, cut: bool, media: list[MediaItem]) -> str:
-        """Replace the <|image|> / <|video|> markers of one message by placeholders, consuming images/videos."""
+    # ---- prompts
+    # ----------------------------------------------------------------------------------------------
+    def _expand_media(
+        self, content: str, images: list, videos: list, cut: bool, media: list[MediaItem]
+    ) -> str:
+        """Replace the <|image|> / <|video|> markers of one message by placeholders, consuming
+        images/videos."""
         out = []
         for part in _MEDIA_SPLIT.split(content):
             if part == IMAGE:
@@ -247,20 +329,34 @@ class Owl3Processor:
                     raise ValueError("a video needs at least one frame")
                 media.append(MediaItem("video", n, pv))
                 frames = IMAGE * n
-                out.append(f"{VIDEO_START}{frames}{VIDEO_END}" if self.generation == "g2" else frames)
+                out.append(
+                    f"{VIDEO_START}{frames}{VIDEO_END}" if self.generation == "g2" else frames
+                )
             else:
                 out.append(part)
         return "".join(out)
 
-    def _chunks(self, messages: Sequence[dict], images: list, videos: list, cut: bool, media: list[MediaItem],
-                add_generation_prompt: bool, system_turn: bool) -> list[str]:
+    def _chunks(
+        self,
+        messages: Sequence[dict],
+        images: list,
+        videos: list,
+        cut: bool,
+        media: list[MediaItem],
+        add_generation_prompt: bool,
+        system_turn: bool,
+    ) -> list[str]:
         if self.generation == "g1" and videos:
-            cut = False  # the official G1 processor disables cut for the whole call when videos are present
+            # the official G1 processor disables cut for the whole call when videos are present
+            cut = False
         chunks: list[str] = []
         for n, msg in enumerate(messages):
             role, content = msg["role"], msg.get("content") or ""
             if role != "user" and (IMAGE in content or VIDEO in content):
-                raise ValueError(f"media markers are only allowed in user messages, found one in a {role} message")
+                raise ValueError(
+                    f"media markers are only allowed in user messages, found one in a {role} "
+                    "message"
+                )
             if n == 0 and role != "system" and system_turn:
                 chunks.append(f"{IM_START}system\n{IM_END}")
             if role == "system":
@@ -270,20 +366,26 @@ class Owl3Processor:
                 chunks.extend(_IMAGE_SPLIT.split(f"\n{IM_START}user\n{text}{IM_END}"))
             elif role == "assistant":
                 chunks.append(f"\n{IM_START}assistant\n")
-                if n == len(messages) - 1:  # the answer being generated (its content, if any, starts it)
+                if (
+                    n == len(messages) - 1
+                ):  # the answer being generated (its content, if any, starts it)
                     chunks.append(content)
                 else:
                     chunks.extend([f"{content}{IM_END}", ENDOFTEXT])
             else:
                 raise ValueError(f"unknown role {role!r} (use system, user or assistant)")
         if images or videos:
-            raise ValueError(f"{len(images)} image(s) and {len(videos)} video(s) given without a matching "
-                             f"<|image|> / <|video|> marker in the user messages")
+            raise ValueError(
+                f"{len(images)} image(s) and {len(videos)} video(s) given without a matching "
+                f"<|image|> / <|video|> marker in the user messages"
+            )
         if add_generation_prompt and messages and messages[-1]["role"] != "assistant":
             chunks.append(f"\n{IM_START}assistant\n")
         return chunks
 
-    def _encode_chunks(self, chunks: list[str], media: list[MediaItem], offset: int) -> PromptInputs:
+    def _encode_chunks(
+        self, chunks: list[str], media: list[MediaItem], offset: int
+    ) -> PromptInputs:
         ids: list[int] = []
         starts: list[int] = []
         for c in chunks:
@@ -293,34 +395,66 @@ class Owl3Processor:
             elif c:
                 ids.extend(self.tokenizer.encode(c))
         assert len(starts) == sum(m.num_placeholders for m in media)
-        return PromptInputs(torch.tensor(ids, dtype=torch.int64), starts, len(self._image_ids), media,
-                            self.generation, "".join(chunks), offset)
+        return PromptInputs(
+            torch.tensor(ids, dtype=torch.int64),
+            starts,
+            len(self._image_ids),
+            media,
+            self.generation,
+            "".join(chunks),
+            offset,
+        )
 
-    def build_chat_prompt(self, messages: Sequence[dict], *, images: Sequence[Any] = (),
-                          videos: Sequence[Any] = (), cut: bool = True,
-                          add_generation_prompt: bool = True) -> PromptInputs:
+    def build_chat_prompt(
+        self,
+        messages: Sequence[dict],
+        *,
+        images: Sequence[Any] = (),
+        videos: Sequence[Any] = (),
+        cut: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> PromptInputs:
         """Tokenize a conversation from its start.
 
-        messages: [{"role": "system"|"user"|"assistant", "content": str}], user content may hold `<|image|>` and
-        `<|video|>` markers. images[k] fills the k-th `<|image|>` (PIL image or uint8 (H,W,3) array/tensor);
-        videos[k] fills the k-th `<|video|>`: uint8 frames (N,H,W,3) (pixel values are made here) or an int frame
-        count (placeholders only; the caller makes the pixel values, e.g. sharded over ranks).
-        cut: cut still images (official default). The prompt ends with `\\n<|im_start|>assistant\\n` unless
-        add_generation_prompt is False.
+        messages: [{"role": "system"|"user"|"assistant", "content": str}], user content may hold
+        `<|image|>` and
+        `<|video|>` markers. images[k] fills the k-th `<|image|>` (PIL image or uint8 (H,W,3)
+        array/tensor); videos[k] fills the k-th `<|video|>`: uint8 frames (N,H,W,3) (pixel values
+        are made here) or an int frame count (placeholders only; the caller makes the pixel values,
+        e.g. sharded over ranks). cut: cut still images (official default). The prompt ends with
+        `\\n<|im_start|>assistant\\n` unless add_generation_prompt is False.
         """
         media: list[MediaItem] = []
-        chunks = self._chunks(messages, list(images), list(videos), cut, media, add_generation_prompt, True)
+        chunks = self._chunks(
+            messages, list(images), list(videos), cut, media, add_generation_prompt, True
+        )
         return self._encode_chunks(chunks, media, 0)
 
-    def build_followup(self, content: str, *, offset: int, images: Sequence[Any] = (), videos: Sequence[Any] = (),
-                       cut: bool = True) -> PromptInputs:
-        """The ids to append after a generated answer that ended with <|im_end|>, for the next user turn.
+    def build_followup(
+        self,
+        content: str,
+        *,
+        offset: int,
+        images: Sequence[Any] = (),
+        videos: Sequence[Any] = (),
+        cut: bool = True,
+    ) -> PromptInputs:
+        """The ids to append after a generated answer that ended with <|im_end|>, for the next user
+        turn.
 
-        They are exactly what the official template puts between that answer and the new prompt's end:
+        They are exactly what the official template puts between that answer and the new prompt's
+        end:
         `<|endoftext|>`, `\\n<|im_start|>user\\n{content}<|im_end|>`, `\\n<|im_start|>assistant\\n`.
         `offset` = tokens already in the conversation (so media_starts are absolute).
         """
         media: list[MediaItem] = []
-        chunks = [ENDOFTEXT] + self._chunks([{"role": "user", "content": content}], list(images), list(videos),
-                                            cut, media, True, False)
+        chunks = [ENDOFTEXT] + self._chunks(
+            [{"role": "user", "content": content}],
+            list(images),
+            list(videos),
+            cut,
+            media,
+            True,
+            False,
+        )
         return self._encode_chunks(chunks, media, offset)

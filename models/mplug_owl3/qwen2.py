@@ -1,13 +1,14 @@
 """The Qwen2 decoder of mPLUG-Owl3 (`language_model.*` keys), with an explicit text KV cache.
 
-Attention goes through injectable callables (`AttentionHooks`), so the engine can run it distributed without
-this package importing torch.distributed. Every attention call returns (out, lse) in the layout
-q (B, L, heads, D), k/v (B, S, kv_heads, D) -> out (B, L, heads, D), lse float32 (B, heads, L).
+Attention goes through injectable callables (`AttentionHooks`), so the engine can run it distributed
+without this package importing torch.distributed. Every attention call returns (out, lse) in the
+layout q (B, L, heads, D), k/v (B, S, kv_heads, D) -> out (B, L, heads, D), lse float32 (B, heads,
+L).
 
-Text causality is by order: every cached token precedes every new token, and the new tokens are causal among
-themselves (bottom-right aligned causal mask). That is what makes a second prefill on top of a cache correct
-(the official code builds a top-left mask from `arange(q_len)` and gets it wrong). Positions (for RoPE and for
-which frames a token sees) are absolute token indices.
+Text causality is by order: every cached token precedes every new token, and the new tokens are
+causal among themselves (bottom-right aligned causal mask). That is what makes a second prefill on
+top of a cache correct (the official code builds a top-left mask from `arange(q_len)` and gets it
+wrong). Positions (for RoPE and for which frames a token sees) are absolute token indices.
 """
 
 from __future__ import annotations
@@ -32,39 +33,47 @@ VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
-    """Local text self-attention: lvx_app.attention.kernels.attention, causal bottom-right aligned."""
+    """Local text self-attention: lvx_app.attention.kernels.attention, causal bottom-right
+    aligned."""
     return attention(q, k, v, causal=causal)
 
 
-def default_visual_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor,
-                        k_frame: torch.Tensor):
+def default_visual_attn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor, k_frame: torch.Tensor
+):
     """Local masked cross-attention to visual keys: query t sees key s iff k_frame[s] < q_vis[t]."""
     return attention(q, k, v, q_vis=q_vis, k_frame=k_frame)
 
 
 @dataclass
 class AttentionHooks:
-    """The two attention callables every layer uses (called with the keyword names above, so lvx_app.attention
-    functions plug in directly). Swap them to distribute attention, e.g. `visual =
-    functools.partial(lv_xattn_with_lse, group=g)` for prefill and `functools.partial(decode_xattn, group=g)` for
-    one-token steps. Every rank must call `visual` in every hyper layer, also with an empty visual shard."""
+    """The two attention callables every layer uses (called with the keyword names above, so
+    lvx_app.attention functions plug in directly). Swap them to distribute attention, e.g. `visual =
+    functools.partial(lv_xattn_with_lse, group=g)` for prefill and `functools.partial(decode_xattn,
+    group=g)` for
+    one-token steps. Every rank must call `visual` in every hyper layer, also with an empty visual
+    shard."""
 
     text: TextAttn = default_text_attn
     visual: VisualAttn = default_visual_attn
 
 
-#: Fewest tokens of room a text K/V buffer gets beyond what it must hold when it grows (tests shrink it).
+# Fewest tokens of room a text K/V buffer gets beyond what it must hold when it grows (tests shrink
+# it).
 MIN_KV_ROOM = 256
 
 
 def kv_capacity(needed: int) -> int:
-    """Buffer length for `needed` cached tokens: 1/8 more (at least MIN_KV_ROOM), so a question and its answer fit
-    after the video prompt without a copy, and each copy buys room for many tokens (O(1) amortised)."""
+    """Buffer length for `needed` cached tokens: 1/8 more (at least MIN_KV_ROOM), so a question and
+    its answer fit
+    after the video prompt without a copy, and each copy buys room for many tokens (O(1)
+    amortised)."""
     return needed + max(needed // 8, MIN_KV_ROOM)
 
 
 class _LayerKV:
-    """One layer's cached K/V, (B, S, kv_heads, D), in a buffer that grows by an eighth (no copy per token; doubling
+    """One layer's cached K/V, (B, S, kv_heads, D), in a buffer that grows by an eighth (no copy per
+    token; doubling
     would keep two video prompts' worth of an hour's cache for the rest of the session)."""
 
     def __init__(self) -> None:
@@ -74,7 +83,12 @@ class _LayerKV:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.length + k.shape[1]
-        if self.k is None or n > self.k.shape[1] or self.k.dtype != k.dtype or self.k.device != k.device:
+        if (
+            self.k is None
+            or n > self.k.shape[1]
+            or self.k.dtype != k.dtype
+            or self.k.device != k.device
+        ):
             cap = kv_capacity(n)
             new_k = k.new_empty((k.shape[0], cap, *k.shape[2:]))
             new_v = v.new_empty((v.shape[0], cap, *v.shape[2:]))
@@ -91,8 +105,8 @@ class _LayerKV:
 class TextKVCache:
     """Text K/V of every decoder layer (hyper layers included; visual K/V are never stored here).
 
-    Keys are stored already rotated at their absolute positions. `length` is the number of cached tokens, which
-    is also the position of the next token when positions are the default 0, 1, 2, ...
+    Keys are stored already rotated at their absolute positions. `length` is the number of cached
+    tokens, which is also the position of the next token when positions are the default 0, 1, 2, ...
     The cache is for inference (stored tensors are detached copies).
     """
 
@@ -103,12 +117,15 @@ class TextKVCache:
     def length(self) -> int:
         return min(l.length for l in self.layers)
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this forward's K/V of one layer; return all of that layer's K/V (views)."""
         return self.layers[layer_idx].append(k.detach(), v.detach())
 
     def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's cached (k, v), (B, length, kv_heads, D) views; `update` of an empty cache restores them."""
+        """Every layer's cached (k, v), (B, length, kv_heads, D) views; `update` of an empty cache
+        restores them."""
         return [(l.k[:, : l.length], l.v[:, : l.length]) for l in self.layers]
 
     def truncate(self, length: int) -> None:
@@ -135,7 +152,11 @@ class Qwen2Attention(nn.Module):
         super().__init__()
         h, hd = config.hidden_size, config.head_dim
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            hd,
+        )
         self.q_proj = nn.Linear(h, self.num_heads * hd)
         self.k_proj = nn.Linear(h, self.num_kv_heads * hd)
         self.v_proj = nn.Linear(h, self.num_kv_heads * hd)
@@ -145,7 +166,9 @@ class Qwen2Attention(nn.Module):
         """q (B, L, heads, D) RoPE'd; k, v of all cached + new tokens (B, S, kv_heads, D)."""
         b, l, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, l, self.num_heads, self.head_dim), ctx.cos, ctx.sin)
-        k = apply_rope(self.k_proj(x).view(b, l, self.num_kv_heads, self.head_dim), ctx.cos, ctx.sin)
+        k = apply_rope(
+            self.k_proj(x).view(b, l, self.num_kv_heads, self.head_dim), ctx.cos, ctx.sin
+        )
         v = self.v_proj(x).view(b, l, self.num_kv_heads, self.head_dim)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)
@@ -171,35 +194,48 @@ class Qwen2DecoderLayer(nn.Module):
 
 
 class Qwen2Model(nn.Module):
-    """`language_model.model`: embed_tokens, layers, norm. `make_attention(i)` builds layer i's self_attn."""
+    """`language_model.model`: embed_tokens, layers, norm. `make_attention(i)` builds layer i's
+    self_attn."""
 
     def __init__(self, config: Owl3Config, make_attention: Callable[[int], nn.Module]):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            Qwen2DecoderLayer(config, i, make_attention(i)) for i in range(config.num_hidden_layers))
+            Qwen2DecoderLayer(config, i, make_attention(i)) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Qwen2LM(nn.Module):
-    """`language_model`: `.model` plus `.lm_head` (no `lm_head` parameter at all when embeddings are tied, so the
+    """`language_model`: `.model` plus `.lm_head` (no `lm_head` parameter at all when embeddings are
+    tied, so the
     state dict has exactly the keys a tied checkpoint stores)."""
 
-    def __init__(self, config: Owl3Config, make_attention: Optional[Callable[[int], nn.Module]] = None):
+    def __init__(
+        self, config: Owl3Config, make_attention: Optional[Callable[[int], nn.Module]] = None
+    ):
         super().__init__()
         self.config = config
         self.model = Qwen2Model(config, make_attention or (lambda i: Qwen2Attention(config, i)))
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size,
-                                                                          bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self._warned_positions = False
 
     @property
     def output_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def resolve_positions(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor],
-                          cache: Optional[TextKVCache]) -> torch.Tensor:
-        """Default positions continue the cache: cache.length, cache.length + 1, ... Warns once past 32768."""
+    def resolve_positions(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor],
+        cache: Optional[TextKVCache],
+    ) -> torch.Tensor:
+        """Default positions continue the cache: cache.length, cache.length + 1, ... Warns once past
+        32768."""
         b, l = input_ids.shape
         if positions is None:
             start = cache.length if cache is not None else 0
@@ -210,17 +246,34 @@ class Qwen2LM(nn.Module):
             last = None if self._warned_positions else int(positions.max())
         if not self._warned_positions and last is not None and last >= TRAINED_POSITIONS:
             self._warned_positions = True
-            warnings.warn(f"prompt reaches position {last}, beyond the {TRAINED_POSITIONS} positions mPLUG-Owl3 was "
-                          "trained on; answers may degrade (use fewer frames or a lower fps)", stacklevel=3)
+            warnings.warn(
+                f"prompt reaches position {last}, beyond the {TRAINED_POSITIONS} positions "
+                "mPLUG-Owl3 was "
+                "trained on; answers may degrade (use fewer frames or a lower fps)",
+                stacklevel=3,
+            )
         return positions
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, *, hooks: AttentionHooks,
-                cache: Optional[TextKVCache] = None, visual: Any = None, last_only: bool = False) -> torch.Tensor:
-        """input_ids (B, L), absolute positions (B, L) -> logits (B, L, V) (or (B, 1, V) with last_only)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        hooks: AttentionHooks,
+        cache: Optional[TextKVCache] = None,
+        visual: Any = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """input_ids (B, L), absolute positions (B, L) -> logits (B, L, V) (or (B, 1, V) with
+        last_only)."""
         cfg = self.config
-        if cache is not None:  # a forward interrupted half-way (e.g. Ctrl-C while streaming) left some layers longer
+        if (
+            cache is not None
+        ):  # a forward interrupted half-way (e.g. Ctrl-C while streaming) left some layers longer
             cache.truncate(cache.length)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.model.embed_tokens.weight.dtype)
+        cos, sin = rope_cos_sin(
+            positions, cfg.head_dim, cfg.rope_theta, self.model.embed_tokens.weight.dtype
+        )
         ctx = StepContext(cos=cos, sin=sin, hooks=hooks, cache=cache, visual=visual)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:

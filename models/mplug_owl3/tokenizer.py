@@ -1,8 +1,10 @@
-"""Qwen2 byte-level BPE tokenizer of mPLUG-Owl3, read from the checkpoint's `tokenizer.json` with `tokenizers`.
+"""Qwen2 byte-level BPE tokenizer of mPLUG-Owl3, read from the checkpoint's `tokenizer.json` with
+`tokenizers`.
 
-No transformers needed. Specials (reference mplug_owl3.md §5.1): `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` are
-added tokens (single ids). `<|image|>`, `<|video|>` and the cut / video-frame markers are plain text: BPE splits them
-into a few ordinary tokens, and nothing here assumes how many.
+No transformers needed. Specials (reference mplug_owl3.md §5.1): `<|endoftext|>`, `<|im_start|>`,
+`<|im_end|>` are added tokens (single ids). `<|image|>`, `<|video|>` and the cut / video-frame
+markers are plain text: BPE splits them into a few ordinary tokens, and nothing here assumes how
+many.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ ENDOFTEXT = "<|endoftext|>"
 
 
 class Owl3Tokenizer:
-    """Thin wrapper: `encode(text) -> ids` exactly as the official `tokenizer(text).input_ids` (Qwen2 adds no BOS)."""
+    """Thin wrapper: `encode(text) -> ids` exactly as the official `tokenizer(text).input_ids`
+    (Qwen2 adds no BOS)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tk = tokenizer
         missing = [t for t in (ENDOFTEXT, IM_START, IM_END) if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"tokenizer has no {missing[0]} token: not a Qwen2 / mPLUG-Owl3 tokenizer.json")
+            raise ValueError(
+                f"tokenizer has no {missing[0]} token: not a Qwen2 / mPLUG-Owl3 tokenizer.json"
+            )
         self.endoftext_id = tokenizer.token_to_id(ENDOFTEXT)
         self.im_start_id = tokenizer.token_to_id(IM_START)
         self.im_end_id = tokenizer.token_to_id(IM_END)
@@ -60,7 +65,8 @@ class Owl3Tokenizer:
         return self.tk.token_to_id(token)
 
     def decode_answer(self, ids: Iterable[int]) -> str:
-        """The official answer decoding: drop id 0 (pad), drop one trailing terminator, decode, strip."""
+        """The official answer decoding: drop id 0 (pad), drop one trailing terminator, decode,
+        strip."""
         ids = [int(i) for i in ids if int(i) != 0]
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
@@ -73,9 +79,9 @@ class Owl3Tokenizer:
 class StreamDecoder:
     """Incremental detokenisation for streaming: `push(id)` returns the text that became final.
 
-    Byte-level BPE tokens can end in the middle of a UTF-8 character; decoding such a prefix gives U+FFFD. We hold
-    text back while the decoded tail ends in U+FFFD, and only re-decode a short window of recent tokens (the
-    prefix/read offsets scheme), so a long answer costs O(1) per token.
+    Byte-level BPE tokens can end in the middle of a UTF-8 character; decoding such a prefix gives
+    U+FFFD. We hold text back while the decoded tail ends in U+FFFD, and only re-decode a short
+    window of recent tokens (the prefix/read offsets scheme), so a long answer costs O(1) per token.
     """
 
     def __init__(self, tokenizer: Owl3Tokenizer, skip_special_tokens: bool = True):
@@ -89,7 +95,9 @@ class StreamDecoder:
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
     def push(self, token_ids: int | Iterable[int]) -> str:
-        self.ids.extend([int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids])
+        self.ids.extend(
+            [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
+        )
         done = self._decode(self.ids[self.prefix : self.read])
         full = self._decode(self.ids[self.prefix :])
         if len(full) > len(done) and not full.endswith("\ufffd"):
@@ -98,7 +106,8 @@ class StreamDecoder:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end decodes as U+FFFD)."""
+        """Whatever is still held back (an incomplete character at the very end decodes as
+        U+FFFD)."""
         done = self._decode(self.ids[self.prefix : self.read])
         full = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)

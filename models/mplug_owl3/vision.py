@@ -1,9 +1,10 @@
 """SigLIP vision tower (so400m-patch14) and the projector into the language model's width.
 
-Only the part mPLUG-Owl3 uses is built: embeddings and the first `num_hidden_layers - 1` encoder layers, because
-the model reads `hidden_states[-2]` (the residual stream after 26 of 27 layers). The last layer, `post_layernorm`
-and the pooling head are never run, so they are not parameters here (the loader skips their keys).
-Parameter names match HF's `SiglipVisionTransformer` under `vision_model.`.
+Only the part mPLUG-Owl3 uses is built: embeddings and the first `num_hidden_layers - 1` encoder
+layers, because the model reads `hidden_states[-2]` (the residual stream after 26 of 27 layers). The
+last layer, `post_layernorm` and the pooling head are never run, so they are not parameters here
+(the loader skips their keys). Parameter names match HF's `SiglipVisionTransformer` under
+`vision_model.`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from .config import Owl3Config, SiglipVisionConfig
 class SiglipEmbeddings(nn.Module):
     def __init__(self, cfg: SiglipVisionConfig):
         super().__init__()
-        self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size)
+        self.patch_embedding = nn.Conv2d(
+            cfg.num_channels, cfg.hidden_size, cfg.patch_size, stride=cfg.patch_size
+        )
         self.position_embedding = nn.Embedding(cfg.num_patches, cfg.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels right/bottom)
+        # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels
+        # right/bottom)
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
         x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major
         return x + self.position_embedding.weight
@@ -38,8 +42,10 @@ class SiglipAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, p, c = x.shape
-        q, k, v = (proj(x).view(n, p, self.heads, -1).transpose(1, 2) for proj in (self.q_proj, self.k_proj,
-                                                                                   self.v_proj))
+        q, k, v = (
+            proj(x).view(n, p, self.heads, -1).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         o = F.scaled_dot_product_attention(q, k, v)  # scale head_dim^-0.5, no mask
         return self.out_proj(o.transpose(1, 2).reshape(n, p, c))
 
@@ -48,7 +54,10 @@ class SiglipMLP(nn.Module):
     def __init__(self, cfg: SiglipVisionConfig):
         super().__init__()
         if cfg.hidden_act != "gelu_pytorch_tanh":
-            raise ValueError(f"vision hidden_act {cfg.hidden_act!r} is not supported (SigLIP uses gelu_pytorch_tanh)")
+            raise ValueError(
+                f"vision hidden_act {cfg.hidden_act!r} is not supported (SigLIP uses "
+                "gelu_pytorch_tanh)"
+            )
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
 
@@ -76,7 +85,8 @@ class SiglipEncoder(nn.Module):
 
 
 class SiglipVisionTower(nn.Module):
-    """pixel_values (N, 3, S, S) -> features (N, P, 1152): the residual stream after all but the last layer."""
+    """pixel_values (N, 3, S, S) -> features (N, P, 1152): the residual stream after all but the
+    last layer."""
 
     def __init__(self, cfg: SiglipVisionConfig):
         super().__init__()
@@ -92,7 +102,8 @@ class SiglipVisionTower(nn.Module):
 
 
 def build_projector(config: Owl3Config) -> nn.Module:
-    """`vision2text_model`: Linear(1152, H) (G1 checkpoints) or Linear-GELU(erf)-Linear (7B-241101)."""
+    """`vision2text_model`: Linear(1152, H) (G1 checkpoints) or Linear-GELU(erf)-Linear
+    (7B-241101)."""
     c, h = config.vision.hidden_size, config.hidden_size
     if config.projector == "linear":
         return nn.Linear(c, h)

@@ -15,13 +15,18 @@ bytes counted include that padding).
 
 from __future__ import annotations
 
-from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
+from lvx_app.attention.baselines.kv_xattn import (
+    KVExchange,
+    kv_moving_xattn,
+    kv_moving_xattn_with_lse,
+)
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.parallel.collectives import allgather_seq, reduce_scatter_seq
 
 
 def _gather_kv(k, v, k_frame, sizes, group):
-    """Every rank's K, V (and k_frame) concatenated in rank order; returns (k_all, v_all, k_frame_all, bytes sent)."""
+    """Every rank's K, V (and k_frame) concatenated in rank order; returns (k_all, v_all,
+    k_frame_all, bytes sent)."""
     k_all, sent_k = allgather_seq(k, sizes, group)
     v_all, sent_v = allgather_seq(v, sizes, group)
     kf_all, sent_f = allgather_seq(k_frame, sizes, group) if k_frame is not None else (None, 0)
@@ -36,7 +41,9 @@ def _forward(q, k, v, q_vis, k_frame, sizes, group, scale):
 
 def _backward(dout, q, k, v, out, lse, q_vis, k_frame, sizes, group, scale):
     k_all, v_all, kf_all, sent = _gather_kv(k, v, k_frame, sizes, group)
-    dq, dk_all, dv_all = attn_bwd(dout, q, k_all, v_all, out, lse, scale=scale, q_vis=q_vis, k_frame=kf_all)
+    dq, dk_all, dv_all = attn_bwd(
+        dout, q, k_all, v_all, out, lse, scale=scale, q_vis=q_vis, k_frame=kf_all
+    )
     # Sum the partial dK/dV of every rank in float32, then cast once.
     dk, sent_dk = reduce_scatter_seq(dk_all.float(), sizes, group)
     dv, sent_dv = reduce_scatter_seq(dv_all.float(), sizes, group)
@@ -46,7 +53,9 @@ def _backward(dout, q, k, v, out, lse, q_vis, k_frame, sizes, group, scale):
 _ALL_GATHER = KVExchange(_forward, _backward)
 
 
-def allgather_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
+def allgather_xattn(
+    q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None
+):
     """Exact distributed cross-attention by all-gathering K/V (same contract as `lv_xattn`).
 
     q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard
@@ -57,6 +66,9 @@ def allgather_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None
     return kv_moving_xattn(_ALL_GATHER, q, k, v, group, scale, q_vis, k_frame, stats)
 
 
-def allgather_xattn_with_lse(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
-    """`allgather_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the engine's option)."""
+def allgather_xattn_with_lse(
+    q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None
+):
+    """`allgather_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the
+    engine's option)."""
     return kv_moving_xattn_with_lse(_ALL_GATHER, q, k, v, group, scale, q_vis, k_frame, stats)

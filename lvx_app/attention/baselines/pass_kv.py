@@ -24,14 +24,18 @@ def _resized(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def _rotate(comm: RingComm, block: Block, length: int) -> Block:
-    """Post sending `block` to rank+1 and receiving the previous rank's (of `length`) into new buffers."""
+    """Post sending `block` to rank+1 and receiving the previous rank's (of `length`) into new
+    buffers."""
     incoming = [_resized(x, length) for x in block]
     comm.post(list(zip(block, incoming)))
     return incoming
 
 
-def pass_kv_forward(block: Block, sizes: Sequence[int], group, compute: Callable[[int, Block], None]) -> int:
-    """Visit every rank's shard: `compute(src_rank, shard)` once per non-empty shard; returns bytes sent."""
+def pass_kv_forward(
+    block: Block, sizes: Sequence[int], group, compute: Callable[[int, Block], None]
+) -> int:
+    """Visit every rank's shard: `compute(src_rank, shard)` once per non-empty shard; returns bytes
+    sent."""
     world, rank = len(sizes), get_rank(group)
     comm = RingComm(group, block[0].device) if world > 1 else None
     for step in range(world):
@@ -49,7 +53,8 @@ def pass_kv_forward(block: Block, sizes: Sequence[int], group, compute: Callable
 def pass_kv_backward(
     block: Block, sizes: Sequence[int], group, compute: Callable[[int, Block], tuple | None]
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Backward ring: `compute(src, shard)` returns (first key row, dk, dv) of that shard's part, or None.
+    """Backward ring: `compute(src, shard)` returns (first key row, dk, dv) of that shard's part, or
+    None.
 
     The float32 (dk, dv) accumulator of each shard travels with it and reaches
     its owner after the last hop. Returns this rank's (dk, dv, bytes sent).

@@ -22,8 +22,17 @@ from typing import Sequence
 
 import torch
 
-from lvx_app.attention.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
-from lvx_app.attention.baselines.pass_kv import Block, empty_result, pass_kv_backward, pass_kv_forward
+from lvx_app.attention.baselines.kv_xattn import (
+    KVExchange,
+    kv_moving_xattn,
+    kv_moving_xattn_with_lse,
+)
+from lvx_app.attention.baselines.pass_kv import (
+    Block,
+    empty_result,
+    pass_kv_backward,
+    pass_kv_forward,
+)
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.attention.layout import zigzag_chunk_sizes
 from lvx_app.attention.merge import merge_
@@ -56,7 +65,9 @@ def _xattn_backward(dout, q, k, v, out, lse, q_vis, k_frame, sizes, group, scale
     def compute(src, shard):
         if q.shape[1] == 0:
             return None
-        dq_b, dk_b, dv_b = attn_bwd(dout, q, shard[0], shard[1], out, lse, scale=scale, q_vis=q_vis, k_frame=_frame(shard))
+        dq_b, dk_b, dv_b = attn_bwd(
+            dout, q, shard[0], shard[1], out, lse, scale=scale, q_vis=q_vis, k_frame=_frame(shard)
+        )
         dq.add_(dq_b)
         return 0, dk_b, dv_b
 
@@ -68,7 +79,9 @@ def _xattn_backward(dout, q, k, v, out, lse, q_vis, k_frame, sizes, group, scale
 _PASS_KV = KVExchange(_xattn_forward, _xattn_backward)
 
 
-def ring_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
+def ring_xattn(
+    q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None
+):
     """Exact distributed cross-attention by Ring Attention (pass-KV); same contract as `lv_xattn`.
 
     q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard
@@ -81,8 +94,11 @@ def ring_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, sta
     return kv_moving_xattn(_PASS_KV, q, k, v, group, scale, q_vis, k_frame, stats)
 
 
-def ring_xattn_with_lse(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
-    """`ring_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the engine's Ring option)."""
+def ring_xattn_with_lse(
+    q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None
+):
+    """`ring_xattn`, forward only, returning (out, lse float32) like `lv_xattn_with_lse` (the
+    engine's Ring option)."""
     return kv_moving_xattn_with_lse(_PASS_KV, q, k, v, group, scale, q_vis, k_frame, stats)
 
 
@@ -97,7 +113,8 @@ def _self_attn_plan(sizes: Sequence[int], rank: int, layout: str):
     world = len(sizes)
     if layout == "contiguous":
         return [
-            None if src > rank else ((0, sizes[rank]), (0, sizes[src]), src == rank) for src in range(world)
+            None if src > rank else ((0, sizes[rank]), (0, sizes[src]), src == rank)
+            for src in range(world)
         ]
     if layout != "zigzag":
         raise ValueError(f"layout must be 'zigzag' or 'contiguous', not {layout!r}")
@@ -105,7 +122,8 @@ def _self_attn_plan(sizes: Sequence[int], rank: int, layout: str):
     for r in range(world):
         if sizes[r] != chunks[r] + chunks[2 * world - 1 - r]:
             raise ValueError(
-                f"rank {r} holds {sizes[r]} tokens, but a zigzag shard of {sum(sizes)} tokens over {world} "
+                f"rank {r} holds {sizes[r]} tokens, but a zigzag shard of {sum(sizes)} tokens over "
+                f"{world} "
                 "ranks has a different length; shard the sequence with zigzag_shard(x, rank, world)"
             )
     first = chunks[rank]  # local rows [0, first) are chunk `rank`, the rest chunk 2n-1-rank
@@ -124,7 +142,9 @@ class _RingSelfAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, scale, layout, stats):
         if q.shape[1] != k.shape[1]:
-            raise ValueError("ring_self_attn needs q and k/v shards of the same length (self-attention)")
+            raise ValueError(
+                "ring_self_attn needs q and k/v shards of the same length (self-attention)"
+            )
         (sizes,) = exchange_sizes(q.shape[1], group=group, device=q.device)
         plan = _self_attn_plan(sizes, get_rank(group), layout)
         out, lse = empty_result(q)
@@ -135,7 +155,9 @@ class _RingSelfAttn(torch.autograd.Function):
             (q0, q1), (k0, k1), causal = plan[src]
             if q1 <= q0 or k1 <= k0:
                 return
-            o, l = attn_fwd(q[:, q0:q1], shard[0][:, k0:k1], shard[1][:, k0:k1], scale=scale, causal=causal)
+            o, l = attn_fwd(
+                q[:, q0:q1], shard[0][:, k0:k1], shard[1][:, k0:k1], scale=scale, causal=causal
+            )
             merge_(out[:, q0:q1], lse[:, :, q0:q1], o, l)
 
         count_bytes(stats, "fwd_bytes", pass_kv_forward([k, v], sizes, group, compute))
@@ -175,7 +197,9 @@ class _RingSelfAttn(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def ring_self_attn(q, k, v, *, group=None, scale=None, layout: str = "zigzag", stats: dict | None = None):
+def ring_self_attn(
+    q, k, v, *, group=None, scale=None, layout: str = "zigzag", stats: dict | None = None
+):
     """Exact causal self-attention over a sequence sharded across ranks (pass-KV ring).
 
     q, k, v: this rank's shard (B, S_i, H, D) (k/v may have fewer heads: GQA).

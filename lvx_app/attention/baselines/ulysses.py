@@ -45,11 +45,17 @@ def _seq_to_heads(x: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     b, s, h, d = x.shape
     # Seq-first so all_to_all_single's dim-0 splits are the heads groups going out and the
     # ranks' sequence shards coming in: (n, S_i, B, H/n, D) -> (S, B, H/n, D).
-    send = x.reshape(b, s, world, h // world, d).permute(2, 1, 0, 3, 4).reshape(world * s, b, h // world, d)
+    send = (
+        x.reshape(b, s, world, h // world, d)
+        .permute(2, 1, 0, 3, 4)
+        .reshape(world * s, b, h // world, d)
+    )
     recv = x.new_empty((sum(sizes), b, h // world, d))
     sent = nbytes(send) * (world - 1) // world
     with link.transfer(sent):
-        dist.all_to_all_single(recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group)
+        dist.all_to_all_single(
+            recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group
+        )
     return recv.permute(1, 0, 2, 3), sent
 
 
@@ -64,7 +70,9 @@ def _heads_to_seq(y: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     recv = y.new_empty((world * mine, b, h, d))
     sent = (sum(sizes) - mine) * b * h * d * y.element_size()
     with link.transfer(sent):
-        dist.all_to_all_single(recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group)
+        dist.all_to_all_single(
+            recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group
+        )
     out = recv.view(world, mine, b, h, d).permute(2, 1, 0, 3, 4).reshape(b, mine, world * h, d)
     return out, sent
 
@@ -75,7 +83,9 @@ class _UlyssesXAttn(torch.autograd.Function):
         world = get_world_size(group)
         why = ulysses_supported(q.shape[2], k.shape[2], world)
         if why is not None:
-            raise ValueError(f"ulysses_xattn cannot shard heads: {why}; use lv_xattn or ring_xattn instead")
+            raise ValueError(
+                f"ulysses_xattn cannot shard heads: {why}; use lv_xattn or ring_xattn instead"
+            )
         repeat = world // k.shape[2] if k.shape[2] < world else 1
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
@@ -122,8 +132,11 @@ class _UlyssesXAttn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def ulysses_xattn(q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None):
-    """Exact distributed cross-attention by DeepSpeed-Ulysses head sharding; same contract as `lv_xattn`.
+def ulysses_xattn(
+    q, k, v, *, group=None, scale=None, q_vis=None, k_frame=None, stats: dict | None = None
+):
+    """Exact distributed cross-attention by DeepSpeed-Ulysses head sharding; same contract as
+    `lv_xattn`.
 
     Needs query heads divisible by the world size and K/V heads that divide by
     it or divide it (see the module doc); raises ValueError otherwise.
