@@ -44,9 +44,8 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak GPU memory allocated on `device`, or the process's peak resident memory on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return (
-        int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    )  # ru_maxrss is in KiB on Linux
+    # ru_maxrss is in KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def memory_report(device: torch.device) -> dict[str, str]:

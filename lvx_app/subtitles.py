@@ -335,9 +335,8 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
             )
             return SubtitleTrack(notes=[note] if streams else [])
         stream = text[0]
-        label = _stream_label(
-            stream, video
-        )  # while the container is open: a closed stream's fields are garbage
+        # while the container is open: a closed stream's fields are garbage
+        label = _stream_label(stream, video)
         cues = []
         try:
             for packet in container.demux(stream):

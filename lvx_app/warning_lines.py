@@ -33,9 +33,8 @@ def _show(message, category, filename, lineno, file: Optional[TextIO] = None, li
             f"\033[33m{text}\033[0m\n" if getattr(out, "isatty", lambda: False)() else text + "\n"
         )
     else:
-        text = warnings.formatwarning(
-            message, category, filename, lineno, line
-        )  # Python's own format
+        # Python's own format
+        text = warnings.formatwarning(message, category, filename, lineno, line)
     try:
         out.write(text)
     except OSError:  # stderr gone (closed terminal)

@@ -374,9 +374,8 @@ def bench_layouts(
 
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
-    keys = [
-        k for k, v in rows[0].items() if not isinstance(v, list)
-    ]  # per-repeat lists go to the JSON only
+    # per-repeat lists go to the JSON only
+    keys = [k for k, v in rows[0].items() if not isinstance(v, list)]
     for key in keys:
         table.add_column(key, justify="right")
     for row in rows:

@@ -170,9 +170,8 @@ def measure(args, frames: int, recompute: bool, steps: Optional[int] = None) -> 
         e = torch.randn(frames, PATCHES, model.config.hidden_size, device=device, dtype=dtype)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         autocast = device.type == "cuda"
-        saved = one_step(
-            model, hooks, frames, e, device, autocast, count_saved=True
-        )  # warm-up + count
+        # warm-up + count
+        saved = one_step(model, hooks, frames, e, device, autocast, count_saved=True)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         times = []

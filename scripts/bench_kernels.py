@@ -137,9 +137,8 @@ def cuda_bytes(frames: int, question: int) -> list[dict]:
     backends._flash_attn = lambda: None  # aten flash / efficient, as on a GPU without flash-attn
     prompt_vis, question_vis, k_frame = one_hour_problem(frames, question)
     sk = k_frame.shape[1]
-    k = torch.zeros((), dtype=torch.bfloat16).expand(
-        1, sk, HKV, D
-    )  # no memory: only shapes and strides matter
+    # no memory: only shapes and strides matter
+    k = torch.zeros((), dtype=torch.bfloat16).expand(1, sk, HKV, D)
     results = []
     try:
         for name, sq, q_vis in (

@@ -123,9 +123,8 @@ def bench(
     shutil.rmtree(cache / "prefixes")
     kv_dir, aside = cache / "visual-kv", cache / "visual-kv-aside"
     if kv_dir.is_dir():
-        kv_dir.rename(
-            aside
-        )  # the features-only reopen computes the visual K/V as before and writes none
+        # the features-only reopen computes the visual K/V as before and writes none
+        kv_dir.rename(aside)
     features = _open(checkpoint, video, cache, ranks, new_tokens, "never")
     if aside.is_dir():
         aside.rename(kv_dir)

@@ -374,12 +374,10 @@ def run_layouts(args) -> dict:
             p[:-2] + "_ms": 1e3 * statistics.median(times["times"][(layout, p)])
             for p in ("fwd_s", "fwd_bwd_s")
         }
-        cpu = (
-            torch.tensor(times["cpu"][layout]).median(0).values
-        )  # (rounds, ranks), median over iterations
-        row["cpu_busiest_ms"] = 1e3 * float(
-            cpu.amax(1).sum()
-        )  # rounds on dedicated cores: busiest rank each
+        # (rounds, ranks), median over iterations
+        cpu = torch.tensor(times["cpu"][layout]).median(0).values
+        # rounds on dedicated cores: busiest rank each
+        row["cpu_busiest_ms"] = 1e3 * float(cpu.amax(1).sum())
         row["cpu_mean_ms"] = 1e3 * float(cpu.sum() / cpu.shape[1])
         for world in sorted({args.ranks, 4, 8}):
             work = layout_work(cfg, layout, world).double()

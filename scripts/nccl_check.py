@@ -35,9 +35,8 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
     frames, per_frame, rows = 8 * world, 64, 40 * world
     q = torch.randn(1, rows, 28, 128, generator=g)
     k, v = (torch.randn(1, frames * per_frame, 4, 128, generator=g) for _ in range(2))
-    q_vis = (torch.arange(rows) * (frames + 1) // rows).view(
-        1, rows
-    )  # row t sees a growing prefix of frames
+    # row t sees a growing prefix of frames
+    q_vis = (torch.arange(rows) * (frames + 1) // rows).view(1, rows)
     k_frame = torch.arange(frames).repeat_interleave(per_frame).view(1, -1)
     ref, _ = attn_fwd(
         *(x.to(device, torch.float64) for x in (q, k, v)),
@@ -71,9 +70,8 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
 
 
 def main() -> int:
-    info = init_distributed(
-        cuda="--cpu" not in sys.argv
-    )  # --cpu: the same check over gloo, to test this script
+    # --cpu: the same check over gloo, to test this script
+    info = init_distributed(cuda="--cpu" not in sys.argv)
     try:
         results = [
             check(dt, info.rank, info.world_size, info.device)

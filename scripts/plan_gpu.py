@@ -42,9 +42,8 @@ from lvx_app.engine.memory_plan import (  # noqa: E402
 )
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
 
-GPU_BYTES = (
-    78 * 2**30
-)  # what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
+# what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
+GPU_BYTES = 78 * 2**30
 MINUTES = [10, 30, 60, 180]
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15
@@ -138,6 +137,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
     # glibc returns a freed block to the OS only if it was mmapped; a fixed threshold keeps its
     # dynamic raise from parking freed tensors in the heap, so RSS follows the live tensors
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    # one process per case, side by side
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--measure-rss", str(f), m, str(answer_tokens)],
@@ -146,7 +146,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
             text=True,
         )
         for f, m in cases
-    ]  # one process per case, side by side
+    ]
     rows = []
     for (frames, mode), proc in zip(cases, procs):
         out, _ = proc.communicate()
@@ -239,9 +239,8 @@ def three_hours(cfg: Owl3Config) -> str:
     tokens = work.frames * cfg.vision.num_patches
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
-    kv_layer = (
-        tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
-    )  # one hyper layer's K/V, recomputed
+    # one hyper layer's K/V, recomputed
+    kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
     masks = live_band_masks(band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
         f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} "

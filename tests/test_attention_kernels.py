@@ -153,9 +153,8 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
     b, sq, sk = 1, 16, 24
     q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 4 keys per frame, 6 frames
-    q_vis = torch.tensor(
-        [[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]]
-    )  # first tile sees nothing
+    # first tile sees nothing
+    q_vis = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 6, 6, 0, 3]])
     ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
     _close("out", out, ro, 1e-5)
@@ -497,9 +496,8 @@ def test_band_masks_live_only_with_their_tile(monkeypatch):
     b, sq, sk = 1, 24, 48
     q, k, v, _, _ = _inputs(b, sq, sk, 4, 2, 8, dtype=torch.float64)
     k_frame = (torch.arange(sk) // 4).unsqueeze(0)  # 12 frames of 4 keys
-    q_vis = (torch.arange(sq) // 2 + 1).unsqueeze(
-        0
-    )  # every 2 tokens see one more frame: a band per tile
+    # every 2 tokens see one more frame: a band per tile
+    q_vis = (torch.arange(sq) // 2 + 1).unsqueeze(0)
     ro, rl, w, u, grads = _reference(q, k, v, q_vis=q_vis, k_frame=k_frame)
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame)
     _close("out", out, ro, 1e-12)

@@ -172,12 +172,10 @@ def test_ring_xattn_moves_only_kv(world):
     for rank, (fwd, both, kv_sizes, el, frame_el, heads_dim) in enumerate(
         run_ranks(_ring_bytes, world)
     ):
-        held = [
-            kv_sizes[(rank - t) % world] for t in range(world)
-        ]  # shard lengths held at each round
-        kv = sum(
-            n * (2 * heads_dim * el + frame_el) for n in held[:-1]
-        )  # n-1 hops of K, V, k_frame
+        # shard lengths held at each round
+        held = [kv_sizes[(rank - t) % world] for t in range(world)]
+        # n-1 hops of K, V, k_frame
+        kv = sum(n * (2 * heads_dim * el + frame_el) for n in held[:-1])
         grads = sum(n * 2 * heads_dim * 4 for n in held)  # n hops of float32 dK, dV
         assert fwd == {"fwd_bytes": kv}
         assert both == {"fwd_bytes": kv, "bwd_bytes": kv + grads}

@@ -51,9 +51,8 @@ def test_weights_replaced_in_place_miss_the_cache(tmp_path, short_video):
     cache = tmp_path / "cache"
     assert _answer(checkpoint, short_video, cache)[0] is False
     assert _answer(checkpoint, short_video, cache)[0] is True
-    write_tiny_checkpoint(
-        checkpoint, "g2", seed=1
-    )  # another checkpoint at the same path (a finetune written over it)
+    # another checkpoint at the same path (a finetune written over it)
+    write_tiny_checkpoint(checkpoint, "g2", seed=1)
     from_cache, answer = _answer(checkpoint, short_video, cache)
     assert from_cache is False
     assert answer == _answer(checkpoint, short_video, cache, cache=False)[1]

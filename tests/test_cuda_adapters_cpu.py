@@ -43,9 +43,8 @@ def standins(monkeypatch):
     for name, fn in install(rec).items():
         monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "error"
-        )  # a rejected call would fall back silently: make it fail instead
+        # a rejected call would fall back silently: make it fail instead
+        warnings.simplefilter("error")
         yield rec
 
 
@@ -66,9 +65,8 @@ def _no_kv_copies(rec: Recorder):
     "causal,media", [(False, False), (True, False), (False, True), (True, True)]
 )
 def test_cuda_adapter_matches_reference_on_cpu(standins, backend, causal, media, monkeypatch):
-    monkeypatch.setattr(
-        masks, "Q_TILE", 3
-    )  # several tiles, each with an unmasked part and a masked band
+    # several tiles, each with an unmasked part and a masked band
+    monkeypatch.setattr(masks, "Q_TILE", 3)
     _run_case((2, 10, 23, HQ, HKV, 16), DTYPE[backend], backend, causal, media)
     _no_kv_copies(standins)
     fwd, bwd = OPS[backend]
@@ -85,9 +83,8 @@ def test_cuda_adapter_matches_reference_on_cpu(standins, backend, causal, media,
 
 @pytest.mark.parametrize("backend", list(OPS))
 def test_cuda_adapter_empty_and_single_row_shards(standins, backend):
-    _run_case(
-        (2, 5, 0, HQ, HKV, 16), DTYPE[backend], backend, False, False
-    )  # empty K/V shard: no op at all
+    # empty K/V shard: no op at all
+    _run_case((2, 5, 0, HQ, HKV, 16), DTYPE[backend], backend, False, False)
     assert standins.calls == []
     _run_case((1, 1, 13, HQ, HKV, 16), DTYPE[backend], backend, False, False)  # one decoded token
     _no_kv_copies(standins)

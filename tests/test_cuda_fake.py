@@ -37,10 +37,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 aten = torch.ops.aten
 B, HQ, HKV, D = 1, 28, 4, 128
-SQ, SK = (
-    2263,
-    328050,
-)  # one rank's share of 1 h at 1 fps over 8 GPUs: 18,104 / 8 text rows, 2,624,400 / 8 keys
+# one rank's share of 1 h at 1 fps over 8 GPUs: 18,104 / 8 text rows, 2,624,400 / 8 keys
+SQ, SK = (2263, 328050)
 DT = torch.bfloat16
 SCALE = D**-0.5
 
@@ -120,10 +118,8 @@ def test_flash_forward_and_backward(fake, layout: str) -> None:
     out, lse = res[0], res[1]
     assert (tuple(out.shape), out.dtype) == ((B, h, rows, D), DT)
     assert (tuple(lse.shape), lse.dtype) == ((B, h, rows), torch.float32)
-    rng, unused = (
-        _cuda(2, dtype=torch.uint64),
-        _cuda(0, dtype=torch.uint64),
-    )  # what `_flash_bwd` passes
+    # what `_flash_bwd` passes
+    rng, unused = (_cuda(2, dtype=torch.uint64), _cuda(0, dtype=torch.uint64))
     grads = aten._scaled_dot_product_flash_attention_backward(
         _cuda(B, h, rows, D),
         q,
@@ -152,9 +148,8 @@ def test_efficient_forward_and_backward(fake, layout: str, masked: bool) -> None
     it back); the mask is an additive bias in q's dtype."""
     q, k, v = _qkv(layout)
     h, rows = LAYOUTS[layout]
-    bias = (
-        _cuda(B, h, rows, SK) if masked else None
-    )  # the adapter's is a view of 16-aligned rows; fakes cannot slice
+    # the adapter's is a view of 16-aligned rows; fakes cannot slice
+    bias = _cuda(B, h, rows, SK) if masked else None
     out, lse, _seed, _offset = aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, False, scale=SCALE
     )

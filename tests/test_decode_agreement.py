@@ -50,9 +50,8 @@ def _loop(
         logits = step(token)
         agreed = token
         if calls["carried"] == disagree_at and not stop:
-            agreed = (
-                token + 1
-            ) % model.config.vocab_size  # "rank 0" had another token: redo the step with it
+            # "rank 0" had another token: redo the step with it
+            agreed = (token + 1) % model.config.vocab_size
             unfeed()
             logits = step(agreed)
         return logits, agreed, stop
@@ -145,9 +144,8 @@ def _carry_rank(rank: int, world: int) -> list:
     carry = Carry(torch.tensor([100.0 + rank, float(rank == 0)]))
     first = decode_xattn(q, k[:, mine], v[:, mine], carry=carry)
     received = carry.received.clone()
-    second = decode_xattn(
-        q, k[:, mine], v[:, mine], carry=carry
-    )  # already exchanged: rides no further
+    # already exchanged: rides no further
+    second = decode_xattn(q, k[:, mine], v[:, mine], carry=carry)
     return [
         received.tolist(),
         all(torch.equal(a, b) for a, b in zip(plain, first)),

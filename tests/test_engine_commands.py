@@ -75,9 +75,8 @@ def test_a_new_entry_travels_over_the_frontend_link(echo_command):
     driver = GroupDriver(EchoSession(), ControlChannel())
     link = threading.Thread(target=serve_link, args=(driver, rank0), daemon=True)
     link.start()
-    remote = RemoteEngine.__new__(
-        RemoteEngine
-    )  # the frontend half only: no torchrun group behind this link
+    # the frontend half only: no torchrun group behind this link
+    remote = RemoteEngine.__new__(RemoteEngine)
     remote.conn = frontend
     assert remote.echo(text="over the link") == "OVER THE LINK from rank 0"
     frontend.send(commands.SHUTDOWN.message())

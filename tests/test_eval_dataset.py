@@ -146,12 +146,10 @@ def test_selection_durations_limit_and_disjoint_shards(mini):
             ids = [q.question_id for s in shards for q in s]
             assert sorted(ids) == sorted(q.question_id for q in whole) and len(set(ids)) == len(ids)
             videos = [{q.videoID for q in s} for s in shards]
-            assert sum(map(len, videos)) == len(
-                set().union(*videos)
-            )  # a video lives in one shard only
-            assert shards == [
-                select_questions(qs, None, limit, (i, k)) for i in range(k)
-            ]  # deterministic
+            # a video lives in one shard only
+            assert sum(map(len, videos)) == len(set().union(*videos))
+            # deterministic
+            assert shards == [select_questions(qs, None, limit, (i, k)) for i in range(k)]
     assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None
     for bad in ("4/4", "-1/2", "a/b", "1", "0/0"):
         with pytest.raises(DatasetError, match="--shard"):

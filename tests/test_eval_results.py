@@ -118,9 +118,8 @@ def test_resume_with_other_settings_is_refused(mini, tmp_path):
     _run(mini, out, LookupSession({}), limit=3)
     with pytest.raises(ResultsError, match="fps: 1.0 vs 2.0.*another --out"):
         _run(mini, out, LookupSession({}), fps=2.0)
-    _run(
-        mini, out, LookupSession({}), limit=6, scoring="strict"
-    )  # a larger limit and other scoring resume
+    # a larger limit and other scoring resume
+    _run(mini, out, LookupSession({}), limit=6, scoring="strict")
     assert len(read_results(out).records) == 6
 
 
@@ -189,9 +188,8 @@ def test_cli_merge_and_report(mini, tmp_path):
 
 
 def test_cli_without_engine_says_so_and_exits_2(mini, tmp_path, monkeypatch):
-    monkeypatch.setitem(
-        sys.modules, "lvx_app.engine", None
-    )  # as if the engine were not in this build
+    # as if the engine were not in this build
+    monkeypatch.setitem(sys.modules, "lvx_app.engine", None)
     result = CliRunner().invoke(
         eval_app, ["videomme", "--data", str(mini.root), "--out", str(tmp_path / "r.jsonl")]
     )

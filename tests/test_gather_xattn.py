@@ -131,8 +131,7 @@ def test_choose_schedule():
     assert choose_schedule(10_000, 4) == "ring"
     assert choose_schedule(24, 1) == "ring"
     assert choose_schedule(10_000, 4, "gather") == "gather"
-    assert (
-        choose_schedule(1, 8) == "gather"
-    )  # more ranks than measured: the largest measured crossover
+    # more ranks than measured: the largest measured crossover
+    assert choose_schedule(1, 8) == "gather"
     with pytest.raises(ValueError, match="use one of auto, ring, gather"):
         choose_schedule(1, 2, "tree")

@@ -116,9 +116,8 @@ def test_text_cache_grows_without_losing_tokens(monkeypatch):
     model, ids, _ = _setup("g2")
     long = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache()
-    steps = [
-        model(long[:, i : i + 1], cache=cache) for i in range(70)
-    ]  # the buffer grows several times
+    # the buffer grows several times
+    steps = [model(long[:, i : i + 1], cache=cache) for i in range(70)]
     torch.testing.assert_close(torch.cat(steps, 1), model(long), rtol=1e-10, atol=1e-10)
     cache.truncate(40)
     again = model(long[:, 40:50], cache=cache)

@@ -83,9 +83,8 @@ def _rope(x, pos, theta):
     """x (..., n, heads, d) rotated at integer positions pos (n,): pair (i, i + d/2) by angle pos *
     theta^(-2i/d)."""
     d = x.shape[-1]
-    ang = pos.double()[:, None] * theta ** (
-        -torch.arange(0, d, 2, dtype=torch.float64) / d
-    )  # (n, d/2)
+    # (n, d/2)
+    ang = pos.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
@@ -238,9 +237,8 @@ def test_gate_proj_with_zero_weight_is_the_constant_gate():
         zero_w, const(ids, visual=const.prepare_visual(E, starts)), rtol=0, atol=0
     )
     assert (with_w - zero_w).abs().max() > 1e-3
-    torch.testing.assert_close(
-        proj(ids), const(ids), rtol=0, atol=0
-    )  # no frames: the gate is never used
+    # no frames: the gate is never used
+    torch.testing.assert_close(proj(ids), const(ids), rtol=0, atol=0)
 
 
 def test_g2_split_merge_equals_one_fused_softmax():
@@ -317,9 +315,8 @@ def test_mi_rope_is_relative_to_the_frame_position():
         cos, sin = rope_cos_sin(torch.tensor([[t]]), cfg.head_dim, cfg.rope_theta, torch.float64)
         return torch.einsum("bqhd,bkhd->hk", apply_rope(q, cos, sin), k)
 
-    torch.testing.assert_close(
-        scores(30, 7), scores(40023, 40000), rtol=1e-9, atol=1e-9
-    )  # float64 angles
+    # float64 angles
+    torch.testing.assert_close(scores(30, 7), scores(40023, 40000), rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match="not a hyper layer"):
         model.visual_kv(0, E, torch.tensor([0]))
 
@@ -335,12 +332,10 @@ def test_visual_kv_in_chunks_equals_one_pass_and_keeps_no_projection_alive(monke
     model = tiny_model(cfg)
     E = torch.randn(frames, P, cfg.hidden_size, dtype=torch.float64)
     positions = torch.arange(frames) * 5 + 3
-    one_pass = [
-        t.detach() for t in model.visual_kv(1, E, positions)
-    ]  # grad enabled: the whole at once
-    monkeypatch.setattr(
-        hyper, "VISUAL_KV_CHUNK_BYTES", 3 * P * cfg.hidden_size * 8
-    )  # 3 frames a chunk
+    # grad enabled: the whole at once
+    one_pass = [t.detach() for t in model.visual_kv(1, E, positions)]
+    # 3 frames a chunk
+    monkeypatch.setattr(hyper, "VISUAL_KV_CHUNK_BYTES", 3 * P * cfg.hidden_size * 8)
     with torch.no_grad():
         k, v = model.visual_kv(1, E, positions)
     torch.testing.assert_close(k, one_pass[0], rtol=0, atol=1e-12)

@@ -41,12 +41,8 @@ def test_known_layouts_of_ten_frames_on_three_ranks():
 
 
 def test_tokens_travel_with_their_frame_and_the_tail_is_dealt_by_layout():
-    starts = [
-        2,
-        6,
-        10,
-        14,
-    ]  # 4 frames, placeholders of 4 tokens; tokens 0-1 come before the first frame
+    # 4 frames, placeholders of 4 tokens; tokens 0-1 come before the first frame
+    starts = [2, 6, 10, 14]
     frame_rank = owners(4, 2, "zigzag").tolist()
     assert frame_rank == [0, 1, 1, 0]
     who = token_owners(20, starts, 2, "zigzag")
@@ -77,15 +73,12 @@ def _video_prompt_work(
 def test_round_work_counts_every_visible_pair_once():
     work = _video_prompt_work(2, "contiguous")
     assert work.shape == (2, 2)
-    assert int(work.sum()) == sum(
-        5 * (f + 1) for f in range(48)
-    )  # a token of frame f sees frames 0..f
-    assert (
-        int(work[1, 0]) == 24 * 5 * 24
-    )  # round 1: rank 0 meets rank 1's tokens, which see all of rank 0's frames
-    assert (
-        int(work[1, 1]) == 0
-    )  # round 1: rank 1 meets rank 0's tokens; none sees a frame of rank 1
+    # a token of frame f sees frames 0..f
+    assert int(work.sum()) == sum(5 * (f + 1) for f in range(48))
+    # round 1: rank 0 meets rank 1's tokens, which see all of rank 0's frames
+    assert int(work[1, 0]) == 24 * 5 * 24
+    # round 1: rank 1 meets rank 0's tokens; none sees a frame of rank 1
+    assert int(work[1, 1]) == 0
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -136,9 +136,8 @@ def test_unused_vision_keys_are_optional_and_tied_head_ignored(base, tmp_path):
             )
         ]:
             del w[k]
-        w["language_model.lm_head.weight"] = torch.zeros_like(
-            w[emb]
-        )  # stored although tied: ignored
+        # stored although tied: ignored
+        w["language_model.lm_head.weight"] = torch.zeros_like(w[emb])
 
     edit_weights(d, strip)
     info = inspect_checkpoint(d)

@@ -46,9 +46,8 @@ def test_7b_terms_are_the_tensor_sizes() -> None:
     counts = param_counts(cfg)
     hour = memory_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts)
     assert hour.resident["weights"] == 2 * counts.total
-    assert (
-        hour.resident["features E"] == 3600 * 729 * 3584 * 2
-    )  # DESIGN: an hour of bf16 features is ~18.8 GB
+    # DESIGN: an hour of bf16 features is ~18.8 GB
+    assert hour.resident["features E"] == 3600 * 729 * 3584 * 2
     cached = memory_plan(cfg, Workload(minutes=60, kv_mode="cache"), counts)
     # 4 hyper layers; K and V, (tokens, 4*128) each, in buffers of their own
     assert cached.resident["visual K/V"] == 4 * 3600 * 729 * 2 * 4 * 128 * 2
@@ -75,14 +74,14 @@ def test_time_plan_decode_reads_weights_and_keys() -> None:
     one = time_plan(cfg, Workload(minutes=60), counts=counts)
     weights = (counts.language - counts.embedding) * 2
     visual = 4 * 3600 * 729 * 2 * 4 * 128 * 2
-    text = (
-        28 * (18 + 5 * 3600 + 24) * 2 * 4 * 128 * 2
-    )  # every layer's text K/V of the prompt and the question
+    # every layer's text K/V of the prompt and the question
+    text = 28 * (18 + 5 * 3600 + 24) * 2 * 4 * 128 * 2
     assert one["decode step"]["hbm_gb"] == pytest.approx((weights + visual + text) / GB, rel=1e-6)
     eight = time_plan(cfg, Workload(minutes=60, ranks=8), counts=counts)
+    # weights replicated
     assert eight["decode step"]["hbm_gb"] == pytest.approx(
         (weights + (visual + text) / 8) / GB, rel=1e-6
-    )  # weights replicated
+    )
     for key in (
         "matmul_tflop",
         "attention_tflop",
@@ -96,9 +95,8 @@ def test_time_plan_decode_reads_weights_and_keys() -> None:
         == pytest.approx(weights / GB)
     )
     recompute = time_plan(cfg, Workload(minutes=60, kv_mode="recompute"), counts=counts)
-    assert (
-        recompute["tokens/s"] < one["tokens/s"] / 5
-    )  # every token recomputes 4 layers' K/V from E
+    # every token recomputes 4 layers' K/V from E
+    assert recompute["tokens/s"] < one["tokens/s"] / 5
 
 
 @pytest.mark.skipif(

@@ -16,11 +16,8 @@ from test_hyper_attention import P, tiny_config, tiny_model
 
 from lvx_app.parallel.testing import run_ranks
 
-FORMS = (
-    "g1-gateproj",
-    "g1",
-    "g2",
-)  # the three checkpoint generations, each in the same ranks (no extra spawn)
+# the three checkpoint generations, each in the same ranks (no extra spawn)
+FORMS = ("g1-gateproj", "g1", "g2")
 
 
 def _inputs(generation: str, n_frames: int):

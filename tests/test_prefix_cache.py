@@ -173,9 +173,8 @@ def test_every_key_component_invalidates(tmp_path, video):
         "a new key field needs a case here"
     )
     for name, value in changed.items():
-        store.save(
-            key, _saved(), video=video
-        )  # a key that names the same file but differs in its manifest deletes it
+        # a key that names the same file but differs in its manifest deletes it
+        store.save(key, _saved(), video=video)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert store.load(dataclasses.replace(key, **{name: value})) is None, name

@@ -40,13 +40,14 @@ def start_server(
     """Start `lvx serve ARGS` and wait for its "ready on URL" line; fail with the log if it dies
     first."""
     port = free_port()
+    # the worker group's run dir (pid files) lands next to the log
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
         GRADIO_ANALYTICS_ENABLED="False",
         COLUMNS="200",
         TMPDIR=str(log.parent),
-    )  # the worker group's run dir (pid files) lands next to the log
+    )
     out = open(log, "wb")
     proc = subprocess.Popen(
         [*LVX, "serve", "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT, env=env
@@ -308,9 +309,8 @@ def test_dead_rank_is_a_readable_error_and_the_page_keeps_answering(server):
         time.sleep(1)
     assert "rank 1 failed" in text and "Traceback" not in text, text
     assert time.monotonic() - t0 < 90
-    stats = c.predict(
-        api_name="/stats"
-    )  # the server keeps answering: the group was restarted (tests/test_serve_faults.py)
+    # the server keeps answering: the group was restarted (tests/test_serve_faults.py)
+    stats = c.predict(api_name="/stats")
     assert not stats.startswith("⚠️ error:") and "world size: 2" in stats, stats
 
 

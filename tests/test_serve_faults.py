@@ -170,10 +170,8 @@ def test_a_reload_shows_its_progress_to_the_session_that_asked():
     engine = ReloadingEngine()
     app = ChatApp(engine, allow_paths=None, max_upload_mb=10, params=GenerationParams())
     mine, theirs = ("a.mp4", 1.0, None, ()), ("b.mp4", 1.0, None, ())
-    app.videos["session A"], app.loaded = (
-        mine,
-        theirs,
-    )  # another session's video is the one loaded now
+    # another session's video is the one loaded now
+    app.videos["session A"], app.loaded = (mine, theirs)
     shown = []
     note = app._ensure_video("session A", lambda value, desc=None, unit=None: shown.append(desc))
     assert (

@@ -65,18 +65,16 @@ def test_sidecar_language_choice(tmp_path):
     assert (french.source, [c.text for c in french.cues]) == ("movie.fr.vtt", ["bonjour"])
     english = resolve_subtitles(video, "auto", "en")
     assert english.source == "movie.en.srt" and _texts(english) == CUES and not english.notes
-    either = resolve_subtitles(
-        video, "auto"
-    )  # two tagged files and no language: the first, and a note naming the other
+    # two tagged files and no language: the first, and a note naming the other
+    either = resolve_subtitles(video, "auto")
     assert (
         either.source == "movie.en.srt"
         and "movie.fr.vtt" in either.notes[0]
         and "--subtitle-lang" in either.notes[0]
     )
     (tmp_path / "movie.srt").write_text(SRT.replace("hello", "plain"))
-    assert (
-        resolve_subtitles(video, "auto").source == "movie.srt"
-    )  # the untagged sidecar comes first
+    # the untagged sidecar comes first
+    assert resolve_subtitles(video, "auto").source == "movie.srt"
     none = resolve_subtitles(video, "auto", "de")
     assert not none.cues and "no de subtitles" in none.notes[0]
     assert resolve_subtitles(video, "none").cues == []
@@ -130,9 +128,8 @@ def test_bad_files_are_one_line(tmp_path, monkeypatch):
     huge.write_text(SRT * (2 * 2**20 // len(SRT) + 1))
     with pytest.raises(SubtitleError, match="over the 1 MB"):
         resolve_subtitles(video, str(huge))
-    (tmp_path / "movie.srt").write_bytes(
-        binary.read_bytes()
-    )  # auto: a broken sidecar is a note, not an error
+    # auto: a broken sidecar is a note, not an error
+    (tmp_path / "movie.srt").write_bytes(binary.read_bytes())
     track = resolve_subtitles(video, "auto")
     assert not track.cues and "binary" in track.notes[0] and "without subtitles" in track.notes[0]
     with warnings.catch_warnings(

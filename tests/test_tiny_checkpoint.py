@@ -163,11 +163,8 @@ def test_tokenizer_is_qwen2_like(ckpts):
 
     tok = Owl3Tokenizer.from_pretrained(ckpts["g2"])
     n_bpe = tok.tk.get_vocab_size(with_added_tokens=False)
-    assert [tok.token_to_id(s) for s in SPECIALS] == [
-        n_bpe,
-        n_bpe + 1,
-        n_bpe + 2,
-    ]  # after the BPE vocab
+    # after the BPE vocab
+    assert [tok.token_to_id(s) for s in SPECIALS] == [n_bpe, n_bpe + 1, n_bpe + 2]
     assert 0 not in tok.special_ids
     for m in MARKERS:  # plain text, as in the real tokenizer
         assert len(tok.encode(m)) > 1 and tok.decode(tok.encode(m)) == m

@@ -188,15 +188,12 @@ def test_recompute_keeps_no_visual_kv_and_checkpointing_runs_attention_once(tiny
     saved_plain, calls_plain = _saved_and_forwards(ckpt, recompute=False, checkpoint_lm=False)
     saved_rec, calls_rec = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=False)
     saved_lm, calls_lm = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=True)
-    assert (
-        cfg.recompute and saved_plain > 0
-    )  # without recompute, normed E and K/V of every hyper layer are kept
-    assert (
-        saved_rec == 0 and saved_lm == 0
-    )  # with it, nothing of visual-token length but the one shared E
-    assert (
-        calls_plain == calls_rec == calls_lm == layers + hyper
-    )  # checkpointed layers replay attention
+    # without recompute, normed E and K/V of every hyper layer are kept
+    assert cfg.recompute and saved_plain > 0
+    # with it, nothing of visual-token length but the one shared E
+    assert saved_rec == 0 and saved_lm == 0
+    # checkpointed layers replay attention
+    assert calls_plain == calls_rec == calls_lm == layers + hyper
 
 
 def test_tokenize_puts_loss_on_answers_only(tiny_checkpoints):
@@ -295,9 +292,8 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     # the checkpoint is the official layout with LoRA merged: load_model reads it and gets the
     # trained weights
     model, _, _ = load_model(tmp_path / "full")
-    trained = official_state_dict(
-        full.model, torch.bfloat16
-    )  # the tiny checkpoint is stored in bf16
+    # the tiny checkpoint is stored in bf16
+    trained = official_state_dict(full.model, torch.bfloat16)
     loaded = model.state_dict()
     assert set(loaded) == set(trained)
     q = "language_model.model.layers.1.self_attn.v_kv_proj.weight"

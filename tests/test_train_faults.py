@@ -234,9 +234,8 @@ def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wai
             lock_output(tmp_path / "out", holder_gone_wait_s=0.3)
         assert 0.25 < time.monotonic() - started < 3
         started = time.monotonic()
-        os.pwrite(
-            fd, str(os.getpid()).encode().ljust(16), 0
-        )  # a live holder: refused at once, no wait
+        # a live holder: refused at once, no wait
+        os.pwrite(fd, str(os.getpid()).encode().ljust(16), 0)
         with pytest.raises(OutputBusy, match=rf"\(pid {os.getpid()}\)"):
             lock_output(tmp_path / "out", holder_gone_wait_s=10)
         assert time.monotonic() - started < 1

@@ -69,9 +69,8 @@ def test_file_identity(video):
     data[-10] ^= 0xFF  # a change in the last MiB
     st = video.stat()
     video.write_bytes(bytes(data))
-    os.utime(
-        video, ns=(st.st_atime_ns, st.st_mtime_ns)
-    )  # same size and mtime: the tail bytes still differ
+    # same size and mtime: the tail bytes still differ
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert file_identity(video) != a
     b = file_identity(video)
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
@@ -151,9 +150,8 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
         save_shard(cache, key, video, seed=2)
     monkeypatch.undo()
     folder = cache.shard_path(key).parent
-    assert [p.name for p in folder.iterdir()] == [
-        cache.shard_path(key).name
-    ]  # no temp file left behind
+    # no temp file left behind
+    assert [p.name for p in folder.iterdir()] == [cache.shard_path(key).name]
     got = cache.load(key)
     assert got is not None and torch.equal(got.features, good)  # the old entry is intact
 

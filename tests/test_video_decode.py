@@ -96,9 +96,8 @@ def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
         plan, _ = pool.plan(vids["a"], 10.0)
         pid = pool.pids()[0]
         frames = decode_all(pool, vids["a"], plan.shard(0, 1).chunks(6), timeout_s=2.0)
-        assert (
-            pool.pids()[0] != pid
-        )  # the hung worker was SIGKILLed (it ignores SIGTERM) and replaced
+        # the hung worker was SIGKILLed (it ignores SIGTERM) and replaced
+        assert pool.pids()[0] != pid
     assert [read_index(f) for f in frames] == list(plan.indices)
 
 

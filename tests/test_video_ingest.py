@@ -151,9 +151,8 @@ def test_two_gloo_ranks_equal_one_rank(vids, pool, tmp_path):
     out = run_ranks(_rank_ingest, 2, str(vids["ntsc"]), str(tmp_path), 1.5, None)
     feats = torch.cat([torch.from_numpy(o[0]) for o in out])
     assert index_from_features(feats) == list(single.plan.indices)
-    torch.testing.assert_close(
-        feats, single.features
-    )  # equal up to the matmul's batch-size rounding
+    # equal up to the matmul's batch-size rounding
+    torch.testing.assert_close(feats, single.features)
     assert out[0][1] + out[1][1] == list(single.plan.indices)
     assert [o[2] for o in out] == [0, len(out[0][1])] and len(out[0][1]) - len(out[1][1]) in (0, 1)
     assert all(o[4] == single.plan for o in out) and not any(o[3] for o in out)
@@ -188,9 +187,8 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(vids, tmp_path):
         run_ranks(
             _rank_ingest_bad_on_one, 2, str(vids["a"]), str(tmp_path / "missing.mp4"), timeout_s=60
         )
-    assert "VideoNotFoundError: Video not found" in str(
-        e.value
-    )  # rank 0 re-raises rank 1's error, no hang
+    # rank 0 re-raises rank 1's error, no hang
+    assert "VideoNotFoundError: Video not found" in str(e.value)
 
 
 def test_bad_inputs(vids, pool, tmp_path):

@@ -113,13 +113,11 @@ def test_max_frames_thins_uniformly():
     assert len(p) == 128 and p.thinned
     full = time_indices(3600 * 30, 30.0, 1.0)
     gap = 3600 / 128
-    assert list(p.indices) == [
-        full[int(i * gap + gap / 2)] for i in range(128)
-    ]  # mPLUG-Owl3's uniform_sample
+    # mPLUG-Owl3's uniform_sample
+    assert list(p.indices) == [full[int(i * gap + gap / 2)] for i in range(128)]
     assert "exceed --max-frames 128" in p.notes[0]
-    assert plan(300, 30.0, 1.0, max_frames=128).indices == tuple(
-        range(0, 300, 30)
-    )  # under the cap: untouched
+    # under the cap: untouched
+    assert plan(300, 30.0, 1.0, max_frames=128).indices == tuple(range(0, 300, 30))
 
 
 def test_max_frames_error_mode_says_what_fits():

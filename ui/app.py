@@ -115,9 +115,8 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} (details in the server log)"
 
 
-VideoSpec = tuple[
-    str, float, int | None, tuple
-]  # (path, fps, max frames, subtitle cues) as a session loaded it
+# (path, fps, max frames, subtitle cues) as a session loaded it
+VideoSpec = tuple[str, float, int | None, tuple]
 
 
 def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
@@ -148,9 +147,8 @@ class ChatApp:
         )
         self.failed: str | None = None  # why the group died; the next request restarts it
         self.loaded: VideoSpec | None = None  # what the engine holds
-        self.videos: OrderedDict[str, VideoSpec] = (
-            OrderedDict()
-        )  # browser session -> the video it loaded
+        # browser session -> the video it loaded
+        self.videos: OrderedDict[str, VideoSpec] = OrderedDict()
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
         self.max_upload_mb = max_upload_mb
         self.params = params
@@ -178,9 +176,8 @@ class ChatApp:
                 raise EngineError(f"video not found: {server_path}")
             return str(path), True
         if upload and any(Path(upload).resolve().is_relative_to(root) for root in self.allow_paths):
-            return str(
-                Path(upload).resolve()
-            ), True  # a server-side video the player shows in place
+            # a server-side video the player shows in place
+            return str(Path(upload).resolve()), True
         if not upload:
             raise EngineError(
                 "upload a video first"
@@ -214,9 +211,8 @@ class ChatApp:
     def _heal(self) -> str:
         """Restart a worker group that died (or was found dead); returns a note for the page, "" if
         it was alive."""
-        dead = getattr(
-            self.engine, "dead", lambda: None
-        )()  # a torchrun group that exited since the last request
+        # a torchrun group that exited since the last request
+        dead = getattr(self.engine, "dead", lambda: None)()
         if dead and self.failed is None:
             self._fail(GroupFailed(dead))
         if self.failed is None:
@@ -533,9 +529,8 @@ def build_app(
     the engine the page
     holds now (`reopen` may have replaced the one passed in)."""
     if allow_paths:
-        gr.set_static_paths(
-            list(allow_paths)
-        )  # the player reads those videos in place instead of copying them
+        # the player reads those videos in place instead of copying them
+        gr.set_static_paths(list(allow_paths))
     ui = ChatApp(
         engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params, reopen=reopen
     )
@@ -590,9 +585,8 @@ def build_app(
         reset_btn.click(
             ui.reset, [owner], [chatbot, status, owner], api_name="reset", **engine_event
         )
-        chatbot.clear(
-            ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event
-        )  # its trash icon
+        # its trash icon
+        chatbot.clear(ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event)
         stats_btn.click(ui.stats, None, [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]

@@ -88,9 +88,8 @@ def run_serve(
                 params=params,
                 reopen=lambda: open_engine(config, gpus, ranks),
             )
-            close = (
-                demo.lvx_close
-            )  # the engine the page holds now: a dead group is replaced by a fresh one
+            # the engine the page holds now: a dead group is replaced by a fresh one
+            close = demo.lvx_close
             demo.queue(max_size=queue_size, default_concurrency_limit=1)
             if host not in LOOPBACK and credentials is None:
                 console.print(

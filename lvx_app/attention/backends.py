@@ -185,9 +185,8 @@ def _math_bwd(dout, q, k, v, out, lse, dlse, scale, mask, causal):
     hkv = k.shape[2]
     s = _math_scores(q, k, scale, mask, causal)
     ct = s.dtype
-    p = torch.exp(
-        s - lse.to(ct).reshape(s.shape[:-1]).unsqueeze(-1)
-    )  # lse finite here (caller replaced -inf rows)
+    # lse finite here (caller replaced -inf rows)
+    p = torch.exp(s - lse.to(ct).reshape(s.shape[:-1]).unsqueeze(-1))
     do = _grouped(dout.to(ct), hkv)  # (B,Sq,Hkv,G,D)
     dp = torch.einsum("bqhgd,bkhd->bhgqk", do, v.to(ct))
     dd = torch.einsum("bqhgd,bqhgd->bhgq", do, _grouped(out.to(ct), hkv)).unsqueeze(-1)
@@ -441,13 +440,10 @@ _BWD = {
 # ----------------------------------------------------------------------------- dispatch with
 # fallback
 
-_broken: set[tuple[str, str]] = (
-    set()
-)  # CUDA (direction, backend) pairs that raised once; then "efficient"
-_UNVERIFIED = {
-    "fwd": ("flash", "flash_attn", "cudnn"),
-    "bwd": ("flash", "flash_attn"),
-}  # cudnn's bwd is "efficient"
+# CUDA (direction, backend) pairs that raised once; then "efficient"
+_broken: set[tuple[str, str]] = set()
+# cudnn's bwd is "efficient"
+_UNVERIFIED = {"fwd": ("flash", "flash_attn", "cudnn"), "bwd": ("flash", "flash_attn")}
 _DIRECTION = {"fwd": "forward", "bwd": "backward"}
 
 _T = TypeVar("_T")

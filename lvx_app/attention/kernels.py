@@ -75,9 +75,8 @@ def attn_fwd(
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
     qp = pack_rows(q, g)
-    lone, plans = lone_plan(
-        tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
-    )  # planned as they run
+    # planned as they run
+    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
     if lone is not None and lone.q0 == 0 and lone.q1 == sq * g:
         o, l_ = _run_fwd(lone, qp, k, v, scale, backend, d)
         return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
@@ -174,9 +173,8 @@ def attn_bwd(
             aug,
         )
 
-    lone, plans = lone_plan(
-        tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g)
-    )  # planned as they run
+    # planned as they run
+    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
     if lone is not None and (lone.q0, lone.q1, lone.k0, lone.k1) == (0, rows_all, 0, sk):
         gq, gk, gv = one(lone)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)

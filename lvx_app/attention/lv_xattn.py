@@ -127,9 +127,8 @@ def lv_xattn_forward(
                 merge_(*_out_lse_views(running, q, held_len), partial_out, partial_lse)
         if n == 1:
             break
-        next_running = _out_lse_buffer(
-            q, next_len
-        )  # 4. pass (O, lse) on; the last round's send brings every block home
+        # 4. pass (O, lse) on; the last round's send brings every block home
+        next_running = _out_lse_buffer(q, next_len)
         out_ring.post([(running, next_running)])
         if t < n - 1:
             q_ring.wait()
@@ -233,9 +232,8 @@ def lv_xattn_backward(
                 running_dq += partial_dq
         if n == 1:
             break
-        next_dq = torch.empty(
-            b, next_len, hq, d, dtype=acc_dtype(q), device=q.device
-        )  # 4. pass dQ_j on
+        # 4. pass dQ_j on
+        next_dq = torch.empty(b, next_len, hq, d, dtype=acc_dtype(q), device=q.device)
         dq_ring.post([(running_dq, next_dq)])
         if t < n - 1:
             q_ring.wait()

@@ -173,9 +173,8 @@ def _media_tiles(
 ) -> list[tuple[int, int]]:
     """Row tiles of at most Q_TILE tokens, cut early (after MIN_TILE tokens) where the keys a token
     sees change."""
-    seen = (
-        torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()
-    )  # keys per token
+    # keys per token
+    seen = torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()
     tiles, t0 = [], 0
     for t in range(1, len(seen)):
         if t - t0 >= Q_TILE or (t - t0 >= MIN_TILE and seen[t] != seen[t - 1]):
@@ -198,9 +197,8 @@ def tile_plans(
         k_frame = k_frame.to(device=q.device, dtype=torch.long)
         qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
     if qv_c is not None and not causal and int(qv_c.amin()) > int(kf_c.amax()):
-        yield TilePlan(
-            0, rows, 0, sk, None, False, None
-        )  # every row sees every key (a question, a decoded token)
+        # every row sees every key (a question, a decoded token)
+        yield TilePlan(0, rows, 0, sk, None, False, None)
         return
     if qv_c is not None and not causal:
         tiles = _media_tiles(rows, group, qv_c, kf_c)

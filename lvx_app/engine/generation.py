@@ -101,9 +101,8 @@ def token_loop(
         mine = None if logits is None else _sample(logits, params, i)
         flag = should_stop()
         carry = carried is not None and i + 1 < params.max_new_tokens and (i > 0 or carry_first)
-        early = (
-            carry and leader and not flag
-        )  # the leader's own token is the one agreed: show it at once
+        # the leader's own token is the one agreed: show it at once
+        early = carry and leader and not flag
         if early:
             if i == 0:
                 outcome.first_token_at = time.perf_counter()

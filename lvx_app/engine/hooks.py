@@ -62,9 +62,8 @@ class ShardedAttention:
         self.sharded_fn, self.replicated_fn = IMPLS[impl]
         self.replicates_cache = impl == "lv_xattn"  # the baselines keep the text cache sharded
         self.stats: dict = {}  # bytes this rank has sent ("fwd_bytes")
-        self.key_positions = torch.empty(
-            1, 0, dtype=torch.int64
-        )  # global position of every cached text key
+        # global position of every cached text key
+        self.key_positions = torch.empty(1, 0, dtype=torch.int64)
         self.shared = 0  # cached keys [0, shared) are the same on every rank
         self.query_vis = torch.empty(1, 0, dtype=torch.int64)
         self.replicated = False
@@ -122,9 +121,10 @@ class ShardedAttention:
         )
         (sizes,) = exchange_sizes(new.shape[1], group=self.group, device=new.device)
         full, _ = allgather_seq(new.contiguous(), sizes, self.group)
+        # NCCL: on the GPU
         pos, _ = allgather_seq(
             self.key_positions[:, start:].to(new.device).contiguous(), sizes, self.group
-        )  # NCCL: on the GPU
+        )
         if bool(
             (pos[0, 1:] < pos[0, :-1]).any()
         ):  # a striped or zigzag layout interleaves the shares: position order
@@ -172,9 +172,8 @@ class ShardedAttention:
         k_frame: torch.Tensor,
     ):
         fn = self.replicated_fn if self.replicated else self.sharded_fn
-        extra = (
-            {"carry": self.carry} if self.replicated and self.carry is not None else {}
-        )  # decode_xattn's
+        # decode_xattn's
+        extra = {"carry": self.carry} if self.replicated and self.carry is not None else {}
         return fn(
             q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats, **extra
         )

@@ -136,9 +136,8 @@ class MemoryPlan:
     stages."""
 
     resident: dict[str, int]
-    stages: dict[str, int] = field(
-        default_factory=dict
-    )  # stage -> peak bytes during it (resident included)
+    # stage -> peak bytes during it (resident included)
+    stages: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -164,9 +163,8 @@ def _visual_kv_transient(
     chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
     norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
     project = h * b + kvw * b  # the normed input and the projection's output
-    rope = (
-        kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim
-    )  # K in float32, its rotate-half and products; cos, sin
+    # K in float32, its rotate-half and products; cos, sin
+    rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim
     return chunk * max(norm, project, rope)
 
 
@@ -237,9 +235,8 @@ def _layer_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool
     """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual
     attention."""
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-    mlp = rows * (
-        3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b
-    )  # SwiGLU + residual stream
+    # SwiGLU + residual stream
+    mlp = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)
     return max(mlp, _attention_transient(cfg, rows, keys, b, masked))
 
 
@@ -273,10 +270,8 @@ def memory_plan(
     resident = {"weights": counts.total * b}
     if work.kv_mode == "recompute":
         resident["features E"] = e
-        kv_in_use, kv_make = (
-            kv_layer,
-            kv_transient,
-        )  # each hyper layer recomputes its K/V when it runs
+        # each hyper layer recomputes its K/V when it runs
+        kv_in_use, kv_make = (kv_layer, kv_transient)
     else:
         resident["visual K/V"] = n_hyper * kv_layer
         kv_in_use, kv_make = 0, 0
@@ -295,9 +290,8 @@ def memory_plan(
         + kv_transient,
     }
     kept = sum(resident.values()) - resident["text K/V"]
-    visible = (
-        work.frames * cfg.vision.num_patches // work.ranks
-    )  # the last rows see every frame of this rank's shard
+    # the last rows see every frame of this rank's shard
+    visible = work.frames * cfg.vision.num_patches // work.ranks
     local = text_kv(kv_capacity(prompt))
     stages["video prefill"] = (
         kept
@@ -308,9 +302,8 @@ def memory_plan(
             text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)),
         )
     )
-    growing = (
-        text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers
-    )  # a growing layer's old buffer too
+    # a growing layer's old buffer too
+    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers
     stages["question"] = (
         kept
         + growing
@@ -368,22 +361,19 @@ def time_plan(
     )
     kv_cols = 2 * cfg.num_key_value_heads * d
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
-    lm_matmul = (
-        counts.language - counts.embedding
-    )  # every non-embedding parameter is one multiply-add per token
+    # every non-embedding parameter is one multiply-add per token
+    lm_matmul = counts.language - counts.embedding
     vision_frame = (
         2 * (counts.vision + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
     )
-    make_kv = (
-        2 * s_kv * cfg.hidden_size * kv_cols * n_hyper
-    )  # v_kv_proj over every visual token, all hyper layers
+    # v_kv_proj over every visual token, all hyper layers
+    make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper
 
     def prefill(rows: int, before: int) -> tuple[float, float]:
         """(matmul, attention) FLOPs of `rows` new tokens after `before` cached ones."""
         text = 4 * hq * d * layers * (rows * before + rows * rows / 2)
-        seen = (
-            s_kv * rows if before else s_kv * rows / 2
-        )  # the video prompt's rows see a growing prefix of frames
+        # the video prompt's rows see a growing prefix of frames
+        seen = s_kv * rows if before else s_kv * rows / 2
         return 2 * lm_matmul * rows, text + 4 * hq * d * n_hyper * seen
 
     recompute = make_kv if work.kv_mode == "recompute" else 0

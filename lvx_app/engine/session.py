@@ -647,9 +647,8 @@ class Session:
             logits = self._feed_token(token)
         finally:
             self.attn.carry = None
-        got = carry.received.cpu().to(
-            torch.int64
-        )  # (ranks, 2); every decode step runs the hyper layers
+        # (ranks, 2); every decode step runs the hyper layers
+        got = carry.received.cpu().to(torch.int64)
         agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
         if not agreed_stop and bool((got[:, 0] != agreed).any()):
             if (

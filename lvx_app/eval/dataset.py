@@ -121,9 +121,8 @@ class Dataset:
     sha256: str
     questions: list[Question]
     video_paths: dict[str, Path] = field(default_factory=dict)  # videoID -> file
-    missing_videos: list[str] = field(
-        default_factory=list
-    )  # videoIDs with no file, in question order
+    # videoIDs with no file, in question order
+    missing_videos: list[str] = field(default_factory=list)
 
     def video_path(self, q: Question) -> Path | None:
         return self.video_paths.get(q.videoID)

@@ -59,9 +59,8 @@ _DECLARATION = re.compile(
     re.IGNORECASE,
 )
 _LEADING = re.compile(r"[\s*\[(]*([A-D])(?![\w'])")
-_ALTERNATIVE = re.compile(
-    r"[\s.):\]*]*(?:or|and|/|,|&)\s*[\s(\[*]*[A-D](?![\w'])"
-)  # "A or B", "(A)/(B)"
+# "A or B", "(A)/(B)"
+_ALTERNATIVE = re.compile(r"[\s.):\]*]*(?:or|and|/|,|&)\s*[\s(\[*]*[A-D](?![\w'])")
 _PAREN = re.compile(r"(?<!\w)\(([A-D])\)(?!\w)")
 _LAST_LINE = re.compile(r"^[\s*\[(]*([A-D])[\s*\]).]*$")
 

@@ -93,9 +93,8 @@ class RunStats:
     answered: int = 0
     already_done: int = 0
     missing_video: int = 0  # questions skipped because their video file is missing
-    failed_videos: dict[str, str] = field(
-        default_factory=dict
-    )  # videoID -> error, questions not answered
+    # videoID -> error, questions not answered
+    failed_videos: dict[str, str] = field(default_factory=dict)
     # questions the engine refused as too long: recorded with an empty response (scored wrong)
     refused: int = 0
     seconds: float = 0.0

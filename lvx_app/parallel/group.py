@@ -165,7 +165,7 @@ def run_rank(
                 done_file(run_dir, rank).write_text("done")
     except KeyboardInterrupt:  # Ctrl-C reached the rank too: the launcher says what was kept
         return 130
-    except BaseException as exc:  # noqa: BLE001 - one readable line per failed rank, the trace after it
+    except BaseException as exc:  # noqa: BLE001 - one line per failed rank, then the trace
         if isinstance(exc, SystemExit) and not exc.code:
             raise
         line = f"{type(exc).__name__}: {exc}"

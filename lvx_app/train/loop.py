@@ -109,10 +109,8 @@ def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, n
         add_lora(model, cfg.lora_rank, cfg.lora_alpha)
         pick = lambda n: ".lora_" in n  # noqa: E731
     elif cfg.train == "hyper":
-        hyper = (
-            ".self_attn.v_kv_proj.",
-            ".self_attn.gate_proj.",
-        )  # gate_proj: the 7B-240728 G1 gate
+        # gate_proj: the 7B-240728 G1 gate
+        hyper = (".self_attn.v_kv_proj.", ".self_attn.gate_proj.")
         pick = lambda n: any(h in n for h in hyper) or n.endswith(".self_attn.gate")  # noqa: E731
     elif cfg.train == "all":
         pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
@@ -171,9 +169,8 @@ class Trainer:
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(cfg.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
-        self.model_key, self.encoder_id = encoder_identity(
-            cfg.model, None, cfg.cache_dir
-        )  # the feature cache's key
+        # the feature cache's key
+        self.model_key, self.encoder_id = encoder_identity(cfg.model, None, cfg.cache_dir)
         model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
         self.model = model
         self.params = configure_trainable(model, cfg)
@@ -299,9 +296,8 @@ class Trainer:
                 "a sample without assistant tokens (after truncation) has nothing to learn"
             )
         starts = tok.media_starts
-        tail = (
-            int(starts[-1]) + 1 if starts.numel() else 0
-        )  # from here on every token sees every frame
+        # from here on every token sees every frame
+        tail = int(starts[-1]) + 1 if starts.numel() else 0
         positions = rank_tokens(
             tok.input_ids.numel(), starts, self.world, self.rank, self.cfg.layout, tail_from=tail
         )

@@ -29,9 +29,8 @@ class LoRALinear(nn.Module):
         self.base = base
         self.scale = alpha / rank
         w = base.weight
-        dtype = (
-            torch.float64 if w.dtype == torch.float64 else torch.float32
-        )  # float32 master copies under bf16
+        # float32 master copies under bf16
+        dtype = torch.float64 if w.dtype == torch.float64 else torch.float32
         self.lora_A = nn.Parameter(
             torch.empty(rank, base.in_features, device=w.device, dtype=dtype)
         )

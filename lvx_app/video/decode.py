@@ -251,10 +251,8 @@ class _Worker:
 
     def reader(self, path: str):
         if self.path != path:
-            self.vr, self.path = (
-                None,
-                None,
-            )  # a failed open must not leave the old path marked as open
+            # a failed open must not leave the old path marked as open
+            self.vr, self.path = (None, None)
             try:
                 with _native_stderr_dropped():
                     self.vr = self.decord.VideoReader(
@@ -329,7 +327,7 @@ def _worker_main(conn, threads: int, image_size: int | None, fault: dict | None)
             conn.send((req_id, True, result))
         except VideoError as exc:
             conn.send((req_id, False, (type(exc).__name__, str(exc))))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent, which names the time range
+        except Exception as exc:  # noqa: BLE001 - the parent names the time range
             conn.send((req_id, False, ("", clean_message(str(exc)) or type(exc).__name__)))
 
 

@@ -203,7 +203,7 @@ class _Sync:
         err: BaseException | None = None
         try:
             yield counts
-        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks below, then re-raised
+        except BaseException as exc:  # noqa: BLE001 - shared with the other ranks, re-raised
             err = exc
         reduced = self.reduce([int(err is not None), *counts], op)
         if reduced[0]:
@@ -359,9 +359,8 @@ class _RankIngest:
                 time_of=lambda off: shard.timestamps[off],
             )
         done = 0
-        first = (
-            len(shard) if self.cached is not None else 0
-        )  # cache-hit ranks count their frames in step 0
+        # cache-hit ranks count their frames in step 0
+        first = len(shard) if self.cached is not None else 0
         for step in range(max(1, steps)):
             with self.sync.agreed([first if step == 0 else 0]) as new:
                 item = next(stream, None) if encoder is not None else None
@@ -412,12 +411,13 @@ class _RankIngest:
                 self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath
             )
         except OSError as exc:
+            # _save < result < ingest < caller
             warnings.warn(
                 f"could not write the visual-feature cache in {self.store.root} ({exc}); "
                 f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
                 VideoWarning,
                 stacklevel=4,
-            )  # _save < result < ingest < caller
+            )
 
     def close(self) -> None:
         if isinstance(self.report, RichProgress):

@@ -102,9 +102,8 @@ def visual_kv(
     n, p, h = e.shape
 
     def project(chunk: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = split_kv(
-            v_kv_proj(rms_norm(chunk, norm_weight, eps)), num_kv_heads, head_dim
-        )  # (n', P, n_kv, hd)
+        # (n', P, n_kv, hd)
+        k, v = split_kv(v_kv_proj(rms_norm(chunk, norm_weight, eps)), num_kv_heads, head_dim)
         cos, sin = rope_cos_sin(
             positions.to(e.device).view(-1, 1).expand(-1, p), head_dim, theta, e.dtype
         )
@@ -117,12 +116,10 @@ def visual_kv(
         return k.reshape(1, n * p, num_kv_heads, head_dim), v.reshape(
             1, n * p, num_kv_heads, head_dim
         )
-    step = max(
-        1, VISUAL_KV_CHUNK_BYTES // (p * h * 8)
-    )  # rms_norm holds two float32 copies of a chunk
-    dtype = torch.promote_types(
-        norm_weight.dtype, e.dtype
-    )  # rms_norm's output, the projection's input and output
+    # rms_norm holds two float32 copies of a chunk
+    step = max(1, VISUAL_KV_CHUNK_BYTES // (p * h * 8))
+    # rms_norm's output, the projection's input and output
+    dtype = torch.promote_types(norm_weight.dtype, e.dtype)
     k_out = torch.empty(n, p, num_kv_heads, head_dim, dtype=dtype, device=e.device)
     v_out = torch.empty_like(k_out)
     for i in range(0, n, step):

@@ -70,9 +70,8 @@ def resize_uint8(frames: Any, height: int, width: int | None = None) -> torch.Te
     n, h, w, _ = x.shape
     out = torch.empty((n, 3, height, width), dtype=torch.uint8, device=x.device)
     for i in range(0, n, _CHUNK):
-        c = x[i : i + _CHUNK].permute(
-            0, 3, 1, 2
-        )  # NCHW view of NHWC memory (channels-last: the fast uint8 kernel)
+        # NCHW view of NHWC memory (channels-last: the fast uint8 kernel)
+        c = x[i : i + _CHUNK].permute(0, 3, 1, 2)
         if (h, w) == (height, width):
             out[i : i + _CHUNK] = c
         elif c.device.type == "cpu":

@@ -67,9 +67,8 @@ class CheckpointInfo:
     config: Owl3Config  # generation / projector / gate_form filled from the keys
     files: dict[str, Path]  # key -> safetensors file holding it
     shapes: dict[str, tuple[int, ...]]
-    used_keys: list[
-        str
-    ]  # the keys the model loads (official minus unused vision keys, minus tied lm_head)
+    # the keys the model loads (official minus unused vision keys, minus tied lm_head)
+    used_keys: list[str]
     ignored_keys: list[str]
     cut_template: str
     cut_template_source: str
@@ -275,9 +274,8 @@ def load_model(
     tensors = load_tensors(
         info, [k for k in info.used_keys if k.startswith(prefixes)], dtype=dtype, device=device
     )
-    model.load_state_dict(
-        tensors, strict=False, assign=True
-    )  # tied: Qwen2LM has no lm_head parameter at all
+    # tied: Qwen2LM has no lm_head parameter at all
+    model.load_state_dict(tensors, strict=False, assign=True)
     for name, mod_prefix in PARTS.items():
         if name not in parts:
             setattr(model, mod_prefix.rstrip("."), _NotLoaded(name))

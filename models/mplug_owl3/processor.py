@@ -71,10 +71,8 @@ CUT_PROMPTS = {
         + f"\n{IMAGE}<|end_cut|>"
     ),
 }
-DEFAULT_CUT_TEMPLATE = {
-    "g1": "v2_global",
-    "g2": "v3_global",
-}  # the checkpoint's own image processor may override
+# the checkpoint's own image processor may override
+DEFAULT_CUT_TEMPLATE = {"g1": "v2_global", "g2": "v3_global"}
 _MEDIA_SPLIT = re.compile(f"({re.escape(IMAGE)}|{re.escape(VIDEO)})")
 _IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE)})")
 
@@ -112,9 +110,8 @@ def select_cut_grid(
     boxes = torch.tensor([[0, 0, c * s, r * s] for r, c in anchors])  # xyxy, int64
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     shaped = boxes.clone()
-    shaped[:, 3] = (height / width * boxes[:, 2].float()).to(
-        torch.int64
-    )  # aspect-matched anchor, truncated
+    # aspect-matched anchor, truncated
+    shaped[:, 3] = (height / width * boxes[:, 2].float()).to(torch.int64)
 
     def iou(b1: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
         area2 = (b2[:, 2] - b2[:, 0]) * (b2[:, 3] - b2[:, 1])
@@ -135,9 +132,8 @@ class MediaItem:
 
     kind: str  # "image" | "video"
     num_placeholders: int  # 1, rows*cols+1 for a cut image, or the number of frames
-    pixel_values: (
-        torch.Tensor | None
-    )  # (num_placeholders, 3, S, S); None for a video given as a frame count
+    # (num_placeholders, 3, S, S); None for a video given as a frame count
+    pixel_values: torch.Tensor | None
     cut: tuple[int, int] | None = None  # (rows, cols) of a cut image
 
 
@@ -147,9 +143,8 @@ class PromptInputs:
     conversation."""
 
     input_ids: torch.Tensor  # (L,) int64
-    media_starts: list[
-        int
-    ]  # absolute index of the first id of each <|image|> placeholder, in order
+    # absolute index of the first id of each <|image|> placeholder, in order
+    media_starts: list[int]
     placeholder_len: (
         int  # ids per <|image|> placeholder (never hard-coded: read from the tokenizer)
     )
@@ -209,9 +204,8 @@ class Owl3Processor:
         self.tokenizer = tokenizer
         self.generation = generation
         self.image_size = int(image_size)
-        self.tokens_per_image = (
-            self.image_size // patch_size
-        ) ** 2  # visual tokens per placeholder
+        # visual tokens per placeholder
+        self.tokens_per_image = (self.image_size // patch_size) ** 2
         self.cut_template = cut_template or DEFAULT_CUT_TEMPLATE[generation]
         if self.cut_template not in CUT_PROMPTS:
             raise ValueError(
