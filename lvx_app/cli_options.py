@@ -109,8 +109,7 @@ TOP_P = typer.Option(1.0, "--top-p", help="Nucleus sampling mass when --temperat
 
 def new_app(name: str, help: str) -> typer.Typer:
     """A typer app (or sub-app) as every lvx command group has it: help when called bare, no
-    shell-completion
-    commands, plain Python tracebacks."""
+    shell-completion commands, plain Python tracebacks."""
     return typer.Typer(
         name=name,
         help=help,

@@ -1,10 +1,9 @@
 """`lvx demo`: the whole pipeline on a fresh machine, no downloads.
 
-A synthetic video and a tiny random-weight checkpoint in the official
-mPLUG-Owl3 layout go through the same engine as `lvx chat`: decode, encode,
-sharded visual tokens, LV-XAttn prefill and decoding, on 2 CPU ranks when no
-GPU is visible. The answers are gibberish (random weights); the point is
-that every stage runs and how long each takes.
+A synthetic video and a tiny random-weight checkpoint in the official mPLUG-Owl3 layout go through
+the same engine as `lvx chat`: decode, encode, sharded visual tokens, LV-XAttn prefill and decoding,
+on 2 CPU ranks when no GPU is visible. The answers are gibberish (random weights); the point is that
+every stage runs and how long each takes.
 """
 
 from __future__ import annotations

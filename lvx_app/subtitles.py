@@ -93,8 +93,8 @@ def _seconds(h: str | None, m: str, s: str, frac: str) -> float:
 
 def parse_cues(text: str) -> tuple[list[Cue], int]:
     """(cues in start order, how many ended before they started) of SRT or WebVTT text. Blocks
-    without a timing
-    line or without text are skipped; a reversed cue is kept as an instant at its start."""
+    without a timing line or without text are skipped; a reversed cue is kept as an instant at its
+    start."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     cues: list[Cue] = []
     reversed_ = 0
@@ -209,8 +209,7 @@ def read_subtitle_file(path: Path | str, encoding: str | None = None) -> Subtitl
 
 def load_srt(path: Path | str | None) -> list[Cue]:
     """Cues of a Video-MME ``.srt`` file; a missing file (None) means no subtitles, and so does an
-    unreadable one
-    (with a warning), so one bad file does not stop a whole evaluation."""
+    unreadable one (with a warning), so one bad file does not stop a whole evaluation."""
     if path is None:
         return []
     try:
@@ -390,8 +389,7 @@ def resolve_subtitles(
     video: Path | str, choice: str = "auto", lang: str | None = None, encoding: str | None = None
 ) -> SubtitleTrack:
     """The subtitles ``--subtitles auto|none|FILE`` asks for. A FILE that cannot be used is a
-    SubtitleError;
-    with ``auto`` a bad sidecar is a note and the chat goes on without subtitles."""
+    SubtitleError; with ``auto`` a bad sidecar is a note and the chat goes on without subtitles."""
     choice = (choice or "auto").strip()
     if choice.lower() == "none":
         return SubtitleTrack()

@@ -4,7 +4,7 @@ video.
 * `kill -9` of `lvx finetune`'s launcher: seconds until every rank is gone.
 * `kill -9` of rank 1 during finetuning: seconds until the run has exited with its one line.
 * Ctrl-C while `lvx chat` starts its ranks: seconds until it has exited, and until every rank is
-gone.
+  gone.
 
     python scripts/bench_faults.py --repeats 3
 """

@@ -1,10 +1,8 @@
 """Benchmark video ingestion: sampled frames/s at 1 fps with 1, 2, 4 decode processes (CPU), or the
 whole ingest of a long video into SigLIP-so400m-shaped features on a GPU.
 
-    # CPU: 10-minute 720p video, decode with 1, 2, 4 processes
-    python scripts/bench_ingest.py
-    # GPU: 1-hour 1080p video at 1 fps through a random so400m
-    python scripts/bench_ingest.py --device cuda
+    # CPU: 10-minute 720p video, decode with 1, 2, 4 processes python scripts/bench_ingest.py # GPU:
+    1-hour 1080p video at 1 fps through a random so400m python scripts/bench_ingest.py --device cuda
 
 Both print a table; `--out FILE.json` also writes the rows, the settings and the machine as JSON.
 

@@ -2,15 +2,15 @@
 """GQA without K/V copies, side by side in one run: today's kernel call vs query groups packed into
 rows.
 
-1. CPU time per `attn_fwd` call at mPLUG-Owl3-7B head shapes (28 query heads, 4 K/V
-   heads, d 128, float32, one thread): one decoded token and a 24-token question
-   against 50K and 200K visual keys. "today" is the call the CPU adapter made before
-   packing (the aten CPU op with 28 query heads on 4 K/V heads); "packed" is `attn_fwd`.
-2. Bytes the CUDA path would allocate per kernel call at one hour of video at 1 fps on
-   one GPU (3600 frames x 729 keys, bf16), from the op shapes recorded while `attn_fwd`
-   runs on CPU with shape-only stand-ins for the CUDA ops (no GPU needed): K/V copies,
-   the additive bias and the bool mask. "today" repeats K/V to 28 heads for every call
-   and masks a partly visible tile over its whole key span; the same plan gives its shapes.
+1. CPU time per `attn_fwd` call at mPLUG-Owl3-7B head shapes (28 query heads, 4 K/V heads, d 128,
+   float32, one thread): one decoded token and a 24-token question against 50K and 200K visual keys.
+   "today" is the call the CPU adapter made before packing (the aten CPU op with 28 query heads on 4
+   K/V heads); "packed" is `attn_fwd`.
+2. Bytes the CUDA path would allocate per kernel call at one hour of video at 1 fps on one GPU (3600
+   frames x 729 keys, bf16), from the op shapes recorded while `attn_fwd` runs on CPU with
+   shape-only stand-ins for the CUDA ops (no GPU needed): K/V copies, the additive bias and the bool
+   mask. "today" repeats K/V to 28 heads for every call and masks a partly visible tile over its
+   whole key span; the same plan gives its shapes.
 
     python scripts/bench_kernels.py                 # both parts
     python scripts/bench_kernels.py --keys 50000 --iters 2 --skip-memory
@@ -107,8 +107,8 @@ def one_hour_problem(frames: int, question: int):
 
 def _today_bytes(parts: list, g: int) -> list[dict]:
     """Per tile, what today's adapter allocated: K/V repeated to Hq over the tile's whole key span,
-    and a dense
-    bf16 bias (rows padded to 16) plus bool mask over it when some part of the tile was masked."""
+    and a dense bf16 bias (rows padded to 16) plus bool mask over it when some part of the tile was
+    masked."""
     tiles = defaultdict(list)
     for p in parts:
         tiles[(p["q0"] // g, -(-p["q1"] // g))].append(p)

@@ -5,9 +5,8 @@ the first answer of each.
 The checkpoint is written in the official layout with the small shapes of `bench_chat.py --shape
 small` (text hidden 256, 8 layers, 4 hyper layers, GQA 8/2 heads; SigLIP hidden 64 at 384 px -> 729
 visual tokens per frame), random weights, float32 on CPU ranks. The video is synthetic (96x64,
-sampled at 1 fps). Load time is the engine's own
-`load_video` time (ranks already started, model loaded). Answers are greedy, so "same answer" means
-token for token.
+sampled at 1 fps). Load time is the engine's own `load_video` time (ranks already started, model
+loaded). Answers are greedy, so "same answer" means token for token.
 
 The visual K/V on reopen are what the engine picks (`--save-visual-kv auto`,
 lvx_app/engine/visual_kv.py): the first open times computing them and saves them when that was

@@ -1,8 +1,7 @@
 """NCCL check of LV-XAttn and the decode combine against one process (run under torchrun on 2+
 GPUs).
 
-    # --cpu: the same over gloo on CPU ranks
-    torchrun --nproc-per-node 2 scripts/nccl_check.py
+    # --cpu: the same over gloo on CPU ranks torchrun --nproc-per-node 2 scripts/nccl_check.py
 
 Every rank builds the same random 7B-shaped problem (28 query / 4 KV heads, d 128, media mask),
 keeps its share of the frames' K/V and of the query rows, runs `lv_xattn_with_lse` and

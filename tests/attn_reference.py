@@ -1,9 +1,8 @@
 """Single-process float64 attention reference for the tests (shared by every attention test).
 
-Written independently of lvx_app (no shared mask code): the dense scores, a
-dense visibility mask, softmax. Differentiable (float64 autograd), so tests get
-reference gradients with `.backward()`. A query that sees no key gets out = 0
-and lse = -inf, and gradients that are zero (never NaN).
+Written independently of lvx_app (no shared mask code): the dense scores, a dense visibility mask,
+softmax. Differentiable (float64 autograd), so tests get reference gradients with `.backward()`. A
+query that sees no key gets out = 0 and lse = -inf, and gradients that are zero (never NaN).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ DAMAGES = ["header", "data", "truncated", "other key"]
 
 
 def damage(path: Path, how: str, other_entry: Callable[[], Path]) -> None:
-    """Rewrite `path`: a flipped header byte, a flipped data byte, cut in half, or (`other key`) the
-    bytes of another
-    entry's file (`other_entry` saves one and returns its path) put in its place."""
+    """Rewrite `path`: a flipped header byte, a flipped data byte, cut in half, or (`other key`)
+    the bytes of another entry's file (`other_entry` saves one and returns its path) put in its
+    place."""
     data = bytearray(path.read_bytes())
     if how == "header":
         data[12] ^= 0xFF
@@ -34,9 +34,8 @@ def check_damage_is_discarded(
     store: Any, key: Any, saved: Any, video: Path, how: str, warning: str
 ) -> None:
     """Save `saved` under `key`, damage the file `how`, and check that loading it gives None with
-    one warning that
-    matches `warning`, and deletes the file (the "other key" bytes come from the same entry under
-    another checkpoint)."""
+    one warning that matches `warning`, and deletes the file (the "other key" bytes come from the
+    same entry under another checkpoint)."""
     path = store.save(key, saved, video=video)
     damage(
         path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), saved, video=video)

@@ -1,8 +1,8 @@
 """Ring, Ulysses and all-gather cross-attention vs the float64 reference, forward and backward.
 
-One spawned gloo run per world size checks every case on every rank: uneven
-shards (a rank with no queries, a rank with no keys), GQA 8/2, the media mask
-with rows that see nothing and ranks whose keys nobody sees, fp32 and bf16.
+One spawned gloo run per world size checks every case on every rank: uneven shards (a rank with no
+queries, a rank with no keys), GQA 8/2, the media mask with rows that see nothing and ranks whose
+keys nobody sees, fp32 and bf16.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def make_case(case, seed: int = 0):
     if masked:
         frames = -(-skv // KEYS_PER_FRAME)
         k_frame = (torch.arange(skv) // KEYS_PER_FRAME).expand(b, skv).contiguous()
-        # Non-decreasing visible-frame counts starting at 0 (first rows see nothing); the
-        # last frames are never visible, so the last rank's keys are fully hidden.
+        # Non-decreasing visible-frame counts starting at 0 (first rows see nothing); the last
+        # frames are never visible, so the last rank's keys are fully hidden.
         q_vis = torch.randint(0, frames - 1, (b, sq), generator=g).sort(dim=1).values
         q_vis[:, :2] = 0
     return q, k, v, dout, q_vis, k_frame

@@ -106,8 +106,7 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(
     tiny_checkpoints, short_video, tmp_path
 ):
     """The parent-death signal follows the thread that started the launcher: a server request thread
-    must not
-    take the group with it when it ends."""
+    must not take the group with it when it ends."""
     import threading
     from dataclasses import asdict
 
@@ -134,8 +133,8 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(
 
 def test_ctrl_c_during_a_deferred_block_is_raised_once_after_it():
     """Ctrl-C inside the block (where torch's C init would lose it or abort) runs the block to its
-    end, then raises
-    KeyboardInterrupt once; the previous handler is back afterwards; no Ctrl-C, no exception."""
+    end, then raises KeyboardInterrupt once; the previous handler is back afterwards; no Ctrl-C, no
+    exception."""
     from lvx_app.interrupts import ctrl_c_deferred
 
     before = signal.getsignal(signal.SIGINT)

@@ -1,8 +1,7 @@
 """Decoding without a collective of its own for the token: the ranks feed their own sampled token
 and agree on rank 0's inside the step's first visual combine (`Carry` on `decode_xattn`). The loop
-must end with the same tokens and the
-same cache as agreeing first, and ranks that sampled differently must be put back on rank 0's
-token."""
+must end with the same tokens and the same cache as agreeing first, and ranks that sampled
+differently must be put back on rank 0's token."""
 
 from __future__ import annotations
 
@@ -165,8 +164,7 @@ def _interrupted_conversation(
     rank: int, world: int, checkpoint: str, video: str, cache_dir: str, diverge: bool
 ):
     """Rank 0 stops the first answer after three pieces, then asks a follow-up; with `diverge`, rank
-    1 samples
-    another token once (as if its logits differed)."""
+    1 samples another token once (as if its logits differed)."""
     from lvx_app.engine import generation
     from lvx_app.engine.control import ControlChannel
     from lvx_app.engine.driver import GroupDriver, worker_loop

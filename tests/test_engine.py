@@ -71,9 +71,8 @@ def _conversation(
 
 def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> list[str]:
     """One process, one model, the token loop over the whole conversation, re-prefilled from scratch
-    each turn
-    (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the sampled frames
-    follow the video."""
+    each turn (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the
+    sampled frames follow the video."""
     from lvx_app.subtitles import select_lines, subtitle_block
     from lvx_app.video import ingest
     from lvx_models.mplug_owl3.loader import load_model

@@ -1,6 +1,5 @@
 """The command table is the only place a command is declared: a new entry plus one Session method
-reaches every
-rank through the driver, the worker loop and the frontend link, with no other code."""
+reaches every rank through the driver, the worker loop and the frontend link, with no other code."""
 
 from __future__ import annotations
 

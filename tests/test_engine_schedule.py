@@ -1,6 +1,6 @@
 """While answering, the sharded engine's text attention is rank-local: a short question's prefill
-and every decoded
-token cost one collective per hyper layer (the visual combine), nothing per text layer."""
+and every decoded token cost one collective per hyper layer (the visual combine), nothing per text
+layer."""
 
 import torch.distributed as dist
 

@@ -1,8 +1,7 @@
 """Subtitles in the engine: the block is part of the video prompt prefilled at load, the first
 question continues it, and sharded sessions answer like one process running the token loop over the
-whole prompt (1 and 2 ranks).
-Changing the subtitles re-prefills but never re-encodes (the feature cache does not depend on
-them)."""
+whole prompt (1 and 2 ranks). Changing the subtitles re-prefills but never re-encodes (the feature
+cache does not depend on them)."""
 
 from __future__ import annotations
 

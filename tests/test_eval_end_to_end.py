@@ -51,8 +51,7 @@ def test_eval_of_a_gateproj_checkpoint_is_the_same_on_one_and_two_ranks(
     ranks.
 
     The random tiny weights answer with blank lines, so the equal answers say little; token-level
-    rank equivalence of
-    this gate form is checked in test_engine's matrix."""
+    rank equivalence of this gate form is checked in test_engine's matrix."""
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
     mini = make_mini_videomme(tmp_path / "videomme")
     answers = []

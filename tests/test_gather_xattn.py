@@ -80,8 +80,7 @@ def _gather_cases(rank, world):
 
 def _expected_bytes(world, sizes, esz, media):
     """Gather sends every rank's Q (+q_vis) and the packed (O, lse) partials of all rows, padded to
-    the longest
-    block for the Q all_gather, n-1 times; backward (dO, dlse) the same way and the dQ
+    the longest block for the Q all_gather, n-1 times; backward (dO, dlse) the same way and the dQ
     reduce_scatter."""
     if world == 1:
         return 0, 0

@@ -31,9 +31,8 @@ def generate(
     seed=0,
 ) -> list[int]:
     """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh
-    one), then
-    sample and feed one token at a time. The stop token is included; a truncated answer's last token
-    is not fed."""
+    one), then sample and feed one token at a time. The stop token is included; a truncated answer's
+    last token is not fed."""
     cache = cache if cache is not None else model.new_cache()
     params = GenerationParams(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
@@ -79,8 +78,8 @@ def test_cached_greedy_generation_equals_full_recompute(generation):
 @pytest.mark.parametrize("split", [[5], [1, 7, 12], [6, 7]])
 def test_prefill_in_chunks_on_a_cache_equals_one_prefill(generation, split):
     """A second prefill continues at absolute positions: its text mask is bottom-right causal and
-    its tokens see
-    the frames their positions allow (split points fall before, at and after placeholders)."""
+    its tokens see the frames their positions allow (split points fall before, at and after
+    placeholders)."""
     model, ids, visual = _setup(generation)
     want = model(ids, visual=visual)
     cache = model.new_cache()
@@ -136,8 +135,7 @@ def test_text_cache_grows_without_losing_tokens(monkeypatch):
 
 def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
     """After a long prompt the buffer is 1/8 larger, so a question and its answer need no copy
-    (doubling would keep
-    twice the prompt for the rest of the session)."""
+    (doubling would keep twice the prompt for the rest of the session)."""
     from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)

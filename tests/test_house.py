@@ -167,8 +167,7 @@ def test_specific_prefixes_win_over_their_package():
 
 def test_every_package_folder_is_installed_under_its_import_name():
     """pyproject.toml lists the packages by hand (models/ and ui/ install as lvx_models and lvx_ui),
-    so a new
-    folder must be added there or a wheel would leave it out."""
+    so a new folder must be added there or a wheel would leave it out."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     listed = set(

@@ -23,8 +23,8 @@ P = 4  # visual tokens per frame in the tiny config (28 px / patch 14 -> 2x2)
 
 
 def tiny_config(form: str = "g2", *, tied: bool | None = None, hyper_layers=(2, 4)) -> Owl3Config:
-    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of 16.
-    `form` is a
+    """A few-kB mPLUG-Owl3: 4 decoder layers (hyper layers 2 and 4, 1-based), GQA 4/2 heads of
+    16. `form` is a
     checkpoint generation label: "g1-gateproj" (input-dependent gate), "g1" (constant gate) or
     "g2"."""
     generation, gate_form = split_form(form)
@@ -178,8 +178,7 @@ def reference_logits(
 @pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
 def test_model_matches_naive_reference(generation):
     """Split text/visual attention (+ LSE merge for G2, gate for G1) == the naive rules, tokens
-    before, between
-    and after the placeholders included."""
+    before, between and after the placeholders included."""
     cfg = tiny_config(generation)
     model = tiny_model(cfg)
     torch.manual_seed(1)
@@ -214,8 +213,8 @@ def test_images_from_the_vision_tower(generation):
 
 def test_gate_proj_with_zero_weight_is_the_constant_gate():
     """gate_proj with W = 0 and bias b is the constant gate with `gate` = b repeated per head (the
-    two G1 forms agree
-    where they should); a non-zero W makes the gate depend on C_sa and changes the logits."""
+    two G1 forms agree where they should); a non-zero W makes the gate depend on C_sa and changes
+    the logits."""
     proj = tiny_model(tiny_config("g1-gateproj"))
     const = Owl3Model(tiny_config("g1")).double().eval()
     sd = {k: v for k, v in proj.state_dict().items() if ".self_attn.gate_proj." not in k}
@@ -243,9 +242,8 @@ def test_gate_proj_with_zero_weight_is_the_constant_gate():
 
 def test_g2_split_merge_equals_one_fused_softmax():
     """One hyper layer in isolation: text (out, lse) merged with visual (out, lse) == one softmax
-    over
-    [visual; text] keys with the joint mask, including rows that see no frame and a decode-like last
-    row."""
+    over [visual; text] keys with the joint mask, including rows that see no frame and a decode-like
+    last row."""
     from lvx_app.attention.kernels import attention
     from lvx_app.attention.merge import merge
 
@@ -324,8 +322,8 @@ def test_mi_rope_is_relative_to_the_frame_position():
 @pytest.mark.parametrize("frames", [0, 1, 7])
 def test_visual_kv_in_chunks_equals_one_pass_and_keeps_no_projection_alive(monkeypatch, frames):
     """Without autograd the frames are projected a chunk at a time into K and V buffers of their
-    own: the same
-    values as the one pass autograd takes, and V is not a view of the whole (K | V) projection."""
+    own: the same values as the one pass autograd takes, and V is not a view of the whole (K | V)
+    projection."""
     from lvx_models.mplug_owl3 import hyper
 
     cfg = tiny_config("g2")

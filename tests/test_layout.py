@@ -1,6 +1,5 @@
 """Balanced layouts: every frame and token dealt once, the per-round work even, and sharded sessions
-on every
-layout answering like one process."""
+on every layout answering like one process."""
 
 from __future__ import annotations
 
@@ -149,8 +148,8 @@ def test_sharded_session_on_every_layout_matches_one_process(
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
     """Sorted local frames keep the visible keys a prefix per token, and tiles cut where that prefix
-    grows: the
-    kernels see little more than the visible pairs, not the rectangle of a tile's whole key span."""
+    grows: the kernels see little more than the visible pairs, not the rectangle of a tile's whole
+    key span."""
     from lvx_app.attention import masks
 
     frames, per_frame, keys_per_frame, world, group = 96, 5, 4, 2, 7
@@ -230,8 +229,7 @@ def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_lay
 
 def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
     """`--layout` on chat and finetune ends in the session / training config; an unknown name is one
-    error line
-    naming the choices, before any model is loaded."""
+    error line naming the choices, before any model is loaded."""
     from typer.testing import CliRunner
 
     import lvx_app.frontends.terminal as terminal

@@ -1,9 +1,8 @@
 """LV-XAttn on 1..4 gloo ranks vs the single-process float64 reference, forward and backward.
 
-All cases of one world size run in ONE spawned group (start-up dominates).
-Each rank holds an uneven slice of the queries and of the K/V (one rank with
-no queries, one with no keys), GQA 8/2, media masks with rows that see
-nothing, and a loss through both out and lse. The bytes each rank sends are
+All cases of one world size run in ONE spawned group (start-up dominates). Each rank holds an uneven
+slice of the queries and of the K/V (one rank with no queries, one with no keys), GQA 8/2, media
+masks with rows that see nothing, and a loss through both out and lse. The bytes each rank sends are
 checked exactly against the Q/O/lse(/dO/dQ) sizes: K/V never travel.
 """
 

@@ -1,7 +1,6 @@
 """Our Qwen2 decoder and SigLIP tower equal the `transformers` implementations on tiny random
-configs with the same
-weights, and `Owl3Model.state_dict()` has exactly the official checkpoint key names (reference
-§3)."""
+configs with the same weights, and `Owl3Model.state_dict()` has exactly the official checkpoint key
+names (reference §3)."""
 
 from __future__ import annotations
 

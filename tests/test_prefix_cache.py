@@ -1,7 +1,6 @@
 """The saved video prompt: a reopened video reads its prefilled prompt back and answers token for
-token like a fresh
-prefill (1 and 2 ranks); every key component invalidates it; damaged files are re-prefilled with one
-warning."""
+token like a fresh prefill (1 and 2 ranks); every key component invalidates it; damaged files are
+re-prefilled with one warning."""
 
 from __future__ import annotations
 

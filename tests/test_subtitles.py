@@ -1,6 +1,5 @@
 """Subtitles for chat and serve: sidecar files and their languages, text streams inside the
-container, bad files, the
-token budget, and the block chat places being the eval prompt's."""
+container, bad files, the token budget, and the block chat places being the eval prompt's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Finetuning: sharded gradients equal one process's, recompute equals saving K/V (and saves no
-K/V), training lowers
-the loss, the saved checkpoint loads and answers, resume continues exactly."""
+K/V), training lowers the loss, the saved checkpoint loads and answers, resume continues exactly."""
 
 from __future__ import annotations
 
@@ -120,8 +119,7 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
 
 def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
     """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official
-    key
-    `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
+    key `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
     from lvx_app.train.checkpoint import save_checkpoint
     from lvx_models.mplug_owl3.loader import load_model
 

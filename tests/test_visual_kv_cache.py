@@ -1,8 +1,7 @@
 """Saved visual K/V: a reopened video reads its hyper layers' K/V back and answers token for token
 like a fresh computation (1 and 2 ranks); "auto" saves them only when computing them measured
-clearly slower than reading them
-back; another checkpoint or world size never reuses them; a damaged file is recomputed with one
-warning."""
+clearly slower than reading them back; another checkpoint or world size never reuses them; a damaged
+file is recomputed with one warning."""
 
 from __future__ import annotations
 
@@ -53,8 +52,8 @@ def _open_and_ask(session: Session, video: str) -> dict:
 
 def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
     """First open (saves the K/V), reopen (reads them and the prompt back), then without the saved
-    prompt (its prefill
-    runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh sessions."""
+    prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
+    sessions."""
     info = init_distributed(cuda=False)
     config = SessionConfig(
         model=checkpoint,

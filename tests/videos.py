@@ -80,10 +80,9 @@ class IndexEncoder:
     """A tiny deterministic stand-in for the vision tower + projector: (n, 3, S, S) -> (n, T, H).
 
     Row 0 of each frame's features holds the mean pixel value of each index block (positive =
-    white), so
-    `index_from_features` recovers which frame the features came from; rows 1.. are a fixed random
-    linear map of the same block means, so the features look like a real encoder's (dense,
-    frame-dependent).
+    white), so `index_from_features` recovers which frame the features came from; rows 1.. are a
+    fixed random linear map of the same block means, so the features look like a real encoder's
+    (dense, frame-dependent).
     """
 
     def __init__(self, tokens: int = 4, hidden: int = 16, seed: int = 0) -> None:

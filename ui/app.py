@@ -6,11 +6,10 @@ lock: requests reach rank 0 one at a time, in order, and a second user waits
 in Gradio's queue with a visible position. Stop does not wait in that queue:
 it only raises a flag that the streaming answer checks between tokens.
 
-Each browser session remembers the video it loaded. When another session has
-loaded a different one since, its next question first reloads its own video
-(from the feature cache, with progress), and every answer names its video. A
-dead worker group is restarted by the next request (`reopen`), which then
-reloads the asking session's video the same way.
+Each browser session remembers the video it loaded. When another session has loaded a different one
+since, its next question first reloads its own video (from the feature cache, with progress), and
+every answer names its video. A dead worker group is restarted by the next request (`reopen`), which
+then reloads the asking session's video the same way.
 """
 
 from __future__ import annotations
@@ -121,9 +120,8 @@ VideoSpec = tuple[str, float, int | None, tuple]
 
 def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
     """The page's choice: an uploaded subtitle file, else (box ticked) what `--subtitles auto`
-    finds: a file next to
-    a server-side video or a text stream inside the video; else none. A bad upload is a
-    SubtitleError."""
+    finds: a file next to a server-side video or a text stream inside the video; else none. A bad
+    upload is a SubtitleError."""
     if upload:
         return resolve_subtitles(video, upload)
     return resolve_subtitles(video, "auto" if found else "none")
@@ -271,8 +269,8 @@ class ChatApp:
         progress=gr.Progress(),
     ):
         """Decode and encode the video on every rank, with live progress; clears the conversation.
-        Subtitles (an
-        uploaded file, or those found with the video) go into the prompt after the video."""
+        Subtitles (an uploaded file, or those found with the video) go into the prompt after the
+        video."""
         owner = owner or uuid.uuid4().hex
         try:
             path, from_server = self._resolve(upload, server_path)
@@ -526,8 +524,7 @@ def build_app(
     # long: to be split: it mixes several steps
     """The page: video and load controls on the left, the chat on the right. Launch options ride
     along in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes
-    the engine the page
-    holds now (`reopen` may have replaced the one passed in)."""
+    the engine the page holds now (`reopen` may have replaced the one passed in)."""
     if allow_paths:
         # the player reads those videos in place instead of copying them
         gr.set_static_paths(list(allow_paths))

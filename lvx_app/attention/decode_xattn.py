@@ -1,17 +1,15 @@
 """Decoding against sharded visual K/V: one local attention and one collective, no ring.
 
-Every rank passes the SAME query (the one or few new text tokens) and its own
-K/V shard (may be empty). Each rank computes the partial (out, lse) against
-its shard, one all_gather of the packed [out | lse] (float32) brings all n
-partials to every rank, and the exact log-sum-exp merge combines them in
-rank order, so every rank gets a bit-identical result (Tree-Attention style,
-one collective instead of three all-reduces). Forward only (runs under
+Every rank passes the SAME query (the one or few new text tokens) and its own K/V shard (may be
+empty). Each rank computes the partial (out, lse) against its shard, one all_gather of the packed
+[out | lse] (float32) brings all n partials to every rank, and the exact log-sum-exp merge combines
+them in rank order, so every rank gets a bit-identical result (Tree-Attention style, one collective
+instead of three all-reduces). Forward only (runs under
 no_grad): decoding never needs gradients.
 
-A `Carry` rides along: a few numbers each rank appends to the packed partials
-of one call, and gets back from every rank. The engine uses it to agree on the
-decoded token inside a step's first hyper layer instead of a collective of its
-own (lvx_app/engine/session.py).
+A `Carry` rides along: a few numbers each rank appends to the packed partials of one call, and gets
+back from every rank. The engine uses it to agree on the decoded token inside a step's first hyper
+layer instead of a collective of its own (lvx_app/engine/session.py).
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from lvx_app.parallel.collectives import count_bytes, nbytes
 
 class Carry:
     """Numbers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every
-    rank's, in rank
-    order, once that call has run. Integers ride exactly below 2**24 (the partials are float32 at
-    least)."""
+    rank's, in rank order, once that call has run. Integers ride exactly below 2**24 (the partials
+    are float32 at least)."""
 
     def __init__(self, send: Tensor) -> None:
         self.send = send.flatten()
@@ -53,8 +50,7 @@ def decode_xattn(
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
 
     `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged
-    in this call's
-    collective unless it already was."""
+    in this call's collective unless it already was."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)
     ride = carry is not None and carry.received is None

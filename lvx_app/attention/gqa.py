@@ -1,12 +1,11 @@
 """Grouped-query attention by row packing: the G query heads of each K/V head become G rows, so no
 kernel sees a K/V copy.
 
-Qwen2's convention: K/V head i serves query heads i·G … i·G+G−1. A query block
-(B, S, Hkv·G, D) becomes (B, S·G, Hkv, D) with row s·G+g holding token s's
-query head i·G+g; every kernel then runs with Hkv heads on the unrepeated K/V,
-and dK/dV come out with Hkv heads directly. lse (B, Hkv·G, S) packs to
-(B, Hkv, S·G) the same way. Each packed row keeps its token's `q_vis` and
-causal position (row r is token r // G).
+Qwen2's convention: K/V head i serves query heads i·G … i·G+G−1. A query block (B, S, Hkv·G, D)
+becomes (B, S·G, Hkv, D) with row s·G+g holding token s's query head i·G+g; every kernel then runs
+with Hkv heads on the unrepeated K/V, and dK/dV come out with Hkv heads directly. lse (B, Hkv·G, S)
+packs to (B, Hkv, S·G) the same way. Each packed row keeps its token's `q_vis` and causal position
+(row r is token r // G).
 """
 
 from __future__ import annotations

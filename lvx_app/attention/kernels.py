@@ -1,17 +1,16 @@
 """Block attention, the public API: `attn_fwd` / `attn_bwd` return and consume (out, lse);
 `attention` is both as autograd.
 
-Layout everywhere is (batch, seq, heads, head_dim), like flash-attn. K/V may
-have fewer heads than Q (GQA, Hq % Hkv == 0). `lse` is (batch, heads, seq),
-natural log, float32 (float64 for float64 inputs). A query that sees no key
-(fully masked, or Sk == 0) gets out = 0 and lse = -inf, so it merges as a no-op.
-The masks (`causal`, the media mask `q_vis` / `k_frame`) and how hidden work is
+Layout everywhere is (batch, seq, heads, head_dim), like flash-attn. K/V may have fewer heads than Q
+(GQA, Hq % Hkv == 0). `lse` is (batch, heads, seq), natural log, float32 (float64 for float64
+inputs). A query that sees no key (fully masked, or Sk == 0) gets out = 0 and lse = -inf, so it
+merges as a no-op. The masks (`causal`, the media mask `q_vis` / `k_frame`) and how hidden work is
 skipped are in `masks`; the kernels and how one is picked per call in `backends`.
 
-GQA: the query heads of each K/V head are packed into rows (`gqa`), so every
-kernel runs on the unrepeated K/V. Gradients: `attn_bwd` returns (dq, dk, dv)
-in the dtypes of q, k, v; dk/dv have Hkv heads. `dlse` (the gradient w.r.t. lse)
-is supported on every backend: dS = P * (dP - D + dlse), D = rowsum(dO * O).
+GQA: the query heads of each K/V head are packed into rows (`gqa`), so every kernel runs on the
+unrepeated K/V. Gradients: `attn_bwd` returns (dq, dk, dv) in the dtypes of q, k, v; dk/dv have Hkv
+heads. `dlse` (the gradient w.r.t. lse) is supported on every backend: dS = P * (dP - D + dlse), D =
+rowsum(dO * O).
 """
 
 from __future__ import annotations
@@ -148,8 +147,8 @@ def attn_bwd(
         rows, ks = slice(p.q0, p.q1), slice(p.k0, p.k1)
         l_ = lsep[:, :, rows].to(acc_dtype(q))
         dl = None if dlp is None else dlp[:, :, rows]
-        # rows with lse = -inf (saw nothing anywhere) must give zero grads: give the kernel a
-        # finite lse and zero upstream grads there (no host sync, so no `if dead.any()`)
+        # rows with lse = -inf (saw nothing anywhere) must give zero grads: give the kernel a finite
+        # lse and zero upstream grads there (no host sync, so no `if dead.any()`)
         dead = ~(l_ > NEG_INF)
         l_ = l_.masked_fill(dead, 0.0)
         do = dop[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
@@ -238,6 +237,6 @@ def attention(
 ) -> tuple[Tensor, Tensor]:
     """Single-device attention, differentiable through both outputs: returns (out, lse).
 
-    The default for models/: the backward uses the matching kernel's backward with the
-    saved (out, lse), and the lse gradient (G2 layers merge through it) is exact."""
+    The default for models/: the backward uses the matching kernel's backward with the saved (out,
+    lse), and the lse gradient (G2 layers merge through it) is exact."""
     return _Attention.apply(q, k, v, scale, causal, q_vis, k_frame, backend)

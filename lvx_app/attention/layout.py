@@ -1,11 +1,10 @@
 """Zigzag layout of a causal sequence over n ranks: cut it into 2n chunks, rank r holds chunks r and
 2n-1-r.
 
-Every rank then does the same causal work (ring-flash-attn's zigzag, PyTorch CP's
-load balancing; Striped Attention / DistFlashAttn balance the same way). Lengths
-not divisible by 2n give uneven chunks (`torch.tensor_split` sizes: the first
-S mod 2n chunks are one longer); very short sequences give empty chunks.
-Finetuning shards its text this way; `baselines.ring_self_attn` runs on it.
+Every rank then does the same causal work (ring-flash-attn's zigzag, PyTorch CP's load balancing;
+Striped Attention / DistFlashAttn balance the same way). Lengths not divisible by 2n give uneven
+chunks (`torch.tensor_split` sizes: the first S mod 2n chunks are one longer); very short sequences
+give empty chunks. Finetuning shards its text this way; `baselines.ring_self_attn` runs on it.
 """
 
 from __future__ import annotations

@@ -25,17 +25,15 @@ sent by rank r, with S_j the length of block j held in round t:
 (n_l = 2 with lse, 1 for `lv_xattn`); pass `stats={}` to get them added up as fwd_bytes / bwd_bytes.
 Empty blocks are never sent (one-sided P2P instead of padding).
 
-backward: the same four steps, with (Q_j, dO_j, O_j) [one packed q-dtype
-message], (lse_j[, dlse_j]) [one float32 message] and q_vis_j travelling in
-step 1, the block backward in step 2, and the dQ_j accumulator (float32,
-`running_dq`) waited for in step 3 and passed on in step 4; dK, dV accumulate
-locally (float32) and are exact because every block backward uses the final
-(O, lse). `lv_xattn_forward` / `lv_xattn_backward` are the two rings without
-autograd, for callers that run their own backward (recompute in finetuning).
+backward: the same four steps, with (Q_j, dO_j, O_j) [one packed q-dtype message], (lse_j[, dlse_j])
+[one float32 message] and q_vis_j travelling in step 1, the block backward in step 2, and the dQ_j
+accumulator (float32, `running_dq`) waited for in step 3 and passed on in step 4; dK, dV accumulate
+locally (float32) and are exact because every block backward uses the final (O, lse).
+`lv_xattn_forward` / `lv_xattn_backward` are the two rings without autograd, for callers that run
+their own backward (recompute in finetuning).
 
-On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.)
-Float64 inputs keep O/lse in float64 (exact tests); otherwise they travel in
-float32 whatever the input dtype.
+On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.) Float64 inputs keep
+O/lse in float64 (exact tests); otherwise they travel in float32 whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -157,8 +155,8 @@ def _backward_block(
     q_vis: Tensor | None,
     with_lse: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """What of this rank's query block travels in backward: (Q, dO, O) stacked in q's dtype,
-    (lse[, dlse]) stacked in float32, q_vis as int32."""
+    """What of this rank's query block travels in backward: (Q, dO, O) stacked in q's dtype, (lse[,
+    dlse]) stacked in float32, q_vis as int32."""
     b, sq, hq, _ = q.shape
     qdo = torch.stack([q, dout.to(q.dtype), out.to(q.dtype)])
     lses = torch.empty(2 if with_lse else 1, b, hq, sq, dtype=acc_dtype(q), device=q.device)
@@ -185,9 +183,8 @@ def lv_xattn_backward(
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     # long: the backward ring's rounds in one place, as the paper's Algorithm 2
     """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and
-    the
-    sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on every
-    rank."""
+    the sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on
+    every rank."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
     q_ring, dq_ring = RingComm(group, q.device), RingComm(group, q.device)
@@ -292,15 +289,14 @@ def lv_xattn_with_lse(
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse
     (B,Hq,Sq) float32).
 
-    q: this rank's query block (B, Sq_r, Hq, D), any length incl. 0; k, v: this
-    rank's K/V shard (B, Sk_r, Hkv, D), any length incl. 0, never sent. q_vis
-    (B, Sq_r) and k_frame (B, Sk_r): the media mask (see masks). `scale`
-    defaults to 1/sqrt(D) and must match on all ranks, as must B, Hq, D and
-    the dtype. `q_sizes`: every rank's query-block length in group-rank order,
-    if the caller knows it (skips the one all_gather of sizes per call).
+    q: this rank's query block (B, Sq_r, Hq, D), any length incl. 0; k, v: this rank's K/V shard (B,
+    Sk_r, Hkv, D), any length incl. 0, never sent. q_vis (B, Sq_r) and k_frame (B, Sk_r): the media
+    mask (see masks). `scale` defaults to 1/sqrt(D) and must match on all ranks, as must B, Hq, D
+    and the dtype. `q_sizes`: every rank's query-block length in group-rank order, if the caller
+    knows it (skips the one all_gather of sizes per call).
     `stats`: a dict to which the bytes this rank sends are added (fwd_bytes, bwd_bytes).
-    Differentiable through both outputs (the backward always carries dlse
-    around the ring, zeros where the loss does not use lse).
+    Differentiable through both outputs (the backward always carries dlse around the ring, zeros
+    where the loss does not use lse).
     """
     return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats)
 

@@ -1,24 +1,22 @@
 """Mask planning: which query rows and keys of a block a kernel must see, and with which mask.
 
-- `causal=True` is bottom-right aligned like flash-attn: query i sees key j iff
-  j <= i + (Sk - Sq).
-- Media mask: `q_vis` (B, Sq) int = how many frames query t may see;
-  `k_frame` (B, Sk) int = frame index of key s; visible iff k_frame < q_vis.
-- Both may be combined. Work that is fully hidden is skipped: queries are
-  processed in tiles of `Q_TILE` tokens (media mask, or causal with packed
-  query groups) and each tile is trimmed to the first..last query that sees
-  something and the first..last key that some query sees, so hidden tiles
-  never reach a kernel.
-- A partly visible tile is split in two: the keys every row sees (no mask) and
-  the band some rows see (a mask of tile rows x band keys only); the caller
-  merges the two partial results with the log-sum-exp merge. Several plans may
-  therefore cover the same rows, never the same (row, key) pair.
-- Rows may be packed query groups (`gqa`): `group` rows per token, row r has
-  the causal position r // group and its token's `q_vis`.
-- Media-mask tiles are cut where their rows start to see another local key once
-  they hold `MIN_TILE` tokens, so a tile's band spans few frames and the
-  triangle is not computed as its rectangle. Local keys sorted by frame (every
-  layout of lvx_app/parallel/layout.py) keep each row's visible keys a prefix.
+- `causal=True` is bottom-right aligned like flash-attn: query i sees key j iff j <= i + (Sk - Sq).
+- Media mask: `q_vis` (B, Sq) int = how many frames query t may see; `k_frame` (B, Sk) int = frame
+  index of key s; visible iff k_frame < q_vis.
+- Both may be combined. Work that is fully hidden is skipped: queries are processed in tiles of
+  `Q_TILE` tokens (media mask, or causal with packed query groups) and each tile is trimmed to the
+  first..last query that sees something and the first..last key that some query sees, so hidden
+  tiles never reach a kernel.
+- A partly visible tile is split in two: the keys every row sees (no mask) and the band some rows
+  see (a mask of tile rows x band keys only); the caller merges the two partial results with the
+  log-sum-exp merge. Several plans may therefore cover the same rows, never the same (row, key)
+  pair.
+- Rows may be packed query groups (`gqa`): `group` rows per token, row r has the causal position r
+  // group and its token's `q_vis`.
+- Media-mask tiles are cut where their rows start to see another local key once they hold `MIN_TILE`
+  tokens, so a tile's band spans few frames and the triangle is not computed as its rectangle. Local
+  keys sorted by frame (every layout of lvx_app/parallel/layout.py) keep each row's visible keys a
+  prefix.
 """
 
 from __future__ import annotations
@@ -73,8 +71,8 @@ def _plan_causal(
 ) -> list[TilePlan]:
     """Causal only: row r (token r // group) sees keys j <= r // group + coff.
 
-    Keys [0, lo) are seen by every row of the tile; the band [lo, hi) gets a mask of the
-    rows that see some of it. One token per row with Sq == Sk keeps the native causal."""
+    Keys [0, lo) are seen by every row of the tile; the band [lo, hi) gets a mask of the rows that
+    see some of it. One token per row with Sq == Sk keeps the native causal."""
     q0 = max(t0, -coff * group)
     hi = min(sk, (t1 - 1) // group + coff + 1)
     if q0 >= t1 or hi <= 0:
@@ -212,9 +210,8 @@ def tile_plans(
 
 def lone_plan(plans: Iterator[TilePlan]) -> tuple[TilePlan | None, Iterator[TilePlan]]:
     """(the plan when `plans` holds exactly one, else None; every plan in order). At most the first
-    two are planned
-    ahead, and the iterator lets each go once it is taken, so a band mask lives only with its
-    tile."""
+    two are planned ahead, and the iterator lets each go once it is taken, so a band mask lives only
+    with its tile."""
     held = [p for p in (next(plans, None), next(plans, None)) if p is not None]
     lone = held[0] if len(held) == 1 else None
 

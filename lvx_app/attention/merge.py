@@ -1,12 +1,11 @@
 """The one log-sum-exp merge of two partial attention results.
 
-A partial result over a subset of keys is (out, lse): out = softmax-weighted
-average of those keys' values (B, S, H, D) and lse = log of the softmax
-denominator (B, H, S), natural log. "No visible key" is (0, -inf) and merges
-as a no-op. Everything is done in float32 with plain torch ops, so autograd
-works through both outputs; -inf on one or both sides never produces NaN,
-in forward or backward (every exp/log only ever sees finite, safe values and
-`torch.where` picks between finite branches).
+A partial result over a subset of keys is (out, lse): out = softmax-weighted average of those keys'
+values (B, S, H, D) and lse = log of the softmax denominator (B, H, S), natural log. "No visible
+key" is (0, -inf) and merges as a no-op. Everything is done in float32 with plain torch ops, so
+autograd works through both outputs; -inf on one or both sides never produces NaN, in forward or
+backward (every exp/log only ever sees finite, safe values and `torch.where` picks between finite
+branches).
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ NEG_INF = float("-inf")
 
 
 def acc_dtype(*ts: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype for partial results: float32, or float64 when any input is
-    float64 (so float64 runs stay exact end to end)."""
+    """Accumulation dtype for partial results: float32, or float64 when any input is float64 (so
+    float64 runs stay exact end to end)."""
     return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
@@ -46,8 +45,8 @@ def _hs(w: torch.Tensor) -> torch.Tensor:
 
 
 def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
-    """Merge two partial results over disjoint key sets: returns (out, lse), both float32
-    (float64 if any input is float64).
+    """Merge two partial results over disjoint key sets: returns (out, lse), both float32 (float64
+    if any input is float64).
 
     out_*: (B, S, H, D); lse_*: (B, H, S). Differentiable through all four inputs.
     """
@@ -61,8 +60,8 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
 def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
     """In-place accumulate: (out, lse) <- merge((out, lse), (block_out, block_lse)).
 
-    `out` (float32, (B, S, H, D)) and `lse` (float32, (B, H, S)) are updated in
-    place and returned. No autograd (use inside a custom Function / ring loop).
+    `out` (float32, (B, S, H, D)) and `lse` (float32, (B, H, S)) are updated in place and returned.
+    No autograd (use inside a custom Function / ring loop).
     """
     w_a, w_b, new_lse = _weights(lse, block_lse, acc_dtype(out, lse, block_out, block_lse))
     out.mul_(_hs(w_a).to(out.dtype)).add_((_hs(w_b) * block_out.to(w_b.dtype)).to(out.dtype))

@@ -4,10 +4,9 @@ rows and the ranks.
 The ring (`lv_xattn_with_lse`) costs n-1 dependent rounds of latency but sends each query block once
 per hop; the gather schedule (`gather_xattn_with_lse`) costs two collectives whatever n but sends
 all rows to every rank. Below a crossover number of query rows in total the gather wins. The
-crossover was measured by
-`scripts/bench_schedule.py` (docs/benchmarks.md, "Ring or gather by query size") on a shared 2-vCPU
-CPU VM over gloo; on GPUs with a fast link the kernel time shrinks and the crossover moves, so
-measure there and override with `--xattn-schedule`.
+crossover was measured by `scripts/bench_schedule.py` (docs/benchmarks.md, "Ring or gather by query
+size") on a shared 2-vCPU CPU VM over gloo; on GPUs with a fast link the kernel time shrinks and the
+crossover moves, so measure there and override with `--xattn-schedule`.
 """
 
 from __future__ import annotations
@@ -63,8 +62,7 @@ def xattn_with_lse(
     `lv_xattn_with_lse`.
 
     Every rank must pass the same `schedule`; the choice uses every rank's block length (one tiny
-    all_gather,
-    skipped when `q_sizes` is given), so all ranks take the same path."""
+    all_gather, skipped when `q_sizes` is given), so all ranks take the same path."""
     n = get_world_size(group)
     sizes = query_sizes(q, group, n, dist.get_rank(group), q_sizes) if n > 1 else [q.shape[1]]
     chosen = (

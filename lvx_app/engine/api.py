@@ -42,8 +42,8 @@ def error_from_link(value: tuple[str, str]) -> EngineError:
 
 class EngineWarning(UserWarning):
     """A warning raised on rank 0 of a worker group (an fps clamped, a prompt beyond the trained
-    length), re-raised
-    in the frontend process so the user sees it: the ranks' own output goes to the group log."""
+    length), re-raised in the frontend process so the user sees it: the ranks' own output goes to
+    the group log."""
 
 
 @dataclass(frozen=True)

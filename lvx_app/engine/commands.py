@@ -1,9 +1,9 @@
 """The engine's commands, declared once.
 
 The frontend sends them to rank 0 over the link (`launch.RemoteEngine` -> `link.serve_link`), rank
-0's
-`GroupDriver` broadcasts them to the group and every other rank runs them in `driver.worker_loop`.
-All three dispatch through this table, so a new command is one entry here plus the `Session` method
+0's `GroupDriver` broadcasts them to the group and every other rank runs them in
+`driver.worker_loop`. All three dispatch through this table, so a new command is one entry here plus
+the `Session` method
 every rank runs: both engines (`GroupDriver`, `RemoteEngine`) answer a plain-value command by its
 name (`engine.reset()`). Only commands that stream (load_video's progress, ask's pieces) or
 post-process (stats) have methods of their own.
@@ -50,8 +50,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (LOAD_VIDEO, ASK, RESET, STAT
 
 def value_command(name: str) -> Command:
     """The table's command `name` if an engine may run it as a plain call (it neither streams nor
-    ends the group);
-    AttributeError otherwise, so it serves an engine's `__getattr__`."""
+    ends the group); AttributeError otherwise, so it serves an engine's `__getattr__`."""
     command = COMMANDS.get(name)
     if command is None or command.reply != "value" or command.method is None:
         raise AttributeError(name)

@@ -1,8 +1,7 @@
 """Rank 0 tells every other rank what to do next, in one order for all.
 
-Commands travel over a gloo group even when the data path is NCCL, so that
-waiting for the next command never holds a GPU stream or trips NCCL's
-watchdog while the user is typing.
+Commands travel over a gloo group even when the data path is NCCL, so that waiting for the next
+command never holds a GPU stream or trips NCCL's watchdog while the user is typing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Run one engine command on every rank in the same order (SPMD).
 
-Rank 0's `GroupDriver` is the `Engine` a frontend uses: it broadcasts the
-command, then runs its own share. Other ranks sit in `worker_loop`. A
-`UserFacingError` (bad path, prompt too long, ...) is raised identically on
-every rank before any collective, so the group survives it; anything else
-ends the process and the launcher reports which rank failed and why.
+Rank 0's `GroupDriver` is the `Engine` a frontend uses: it broadcasts the command, then runs its own
+share. Other ranks sit in `worker_loop`. A `UserFacingError` (bad path, prompt too long, ...) is
+raised identically on every rank before any collective, so the group survives it; anything else ends
+the process and the launcher reports which rank failed and why.
 """
 
 from __future__ import annotations

@@ -54,8 +54,7 @@ class LoopOutcome:
 
 def _sample(logits: torch.Tensor, params: GenerationParams, i: int) -> int:
     """Token `i` of the answer from its logits; when sampling, a generator per token, so every rank
-    draws the same,
-    including one that skipped the first token (greedy needs none)."""
+    draws the same, including one that skipped the first token (greedy needs none)."""
     generator = None
     if params.temperature > 0:
         generator = torch.Generator(device="cpu").manual_seed((params.seed * 1_000_003 + i) % 2**63)
@@ -140,9 +139,8 @@ def sample_next(
     generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
     """One token id (0-d int64 tensor) from logits (V,): greedy at temperature 0, else temperature /
-    top-k /
-    top-p sampling. repetition_penalty (HF rule) divides positive and multiplies negative logits of
-    `seen` ids."""
+    top-k / top-p sampling. repetition_penalty (HF rule) divides positive and multiplies negative
+    logits of `seen` ids."""
     logits = logits.float()
     if repetition_penalty != 1.0 and seen is not None and seen.numel():
         ids = seen.to(logits.device).unique()

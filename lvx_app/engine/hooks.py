@@ -13,9 +13,8 @@ decoded token's agreement rides on the first (`carry`). `schedule` (--xattn-sche
 kind of forward a question gets, here.
 
 Text causality becomes the media mask: a key at position p is visible to a query at position t iff p
-< t + 1, i.e.
-`k_frame = key positions` and `q_vis = query positions + 1`. In a ring the replicated keys count on
-rank 0 only; elsewhere they carry a position no query can reach.
+< t + 1, i.e. `k_frame = key positions` and `q_vis = query positions + 1`. In a ring the replicated
+keys count on rank 0 only; elsewhere they carry a position no query can reach.
 
 `impl` (`SessionConfig.attention`, for benchmarks) swaps both attentions for a baseline that moves
 K/V instead: "ring" (Ring Attention, pass-KV) or "allgather". The baselines keep the text K/V cache
@@ -111,8 +110,7 @@ class ShardedAttention:
     def replicate(self, cache, start: int) -> None:
         """After a sharded prefill: every rank's cached text K/V from `start` on, gathered in rank
         order (one all_gather for all layers' K/V, one for their positions), replace this rank's
-        own, so the whole cache is
-        the same on every rank. The baselines keep their shards."""
+        own, so the whole cache is the same on every rank. The baselines keep their shards."""
         if not self.replicates_cache:
             return
         layers = cache.layers
@@ -149,8 +147,7 @@ class ShardedAttention:
 
     def _ring_positions(self, keys: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(q_vis, k_frame) of text attention in a ring, on `device`: the same in every layer of a
-        forward, so made
-        once. Replicated keys count on rank 0 only."""
+        forward, so made once. Replicated keys count on rank 0 only."""
         if (
             self._ring_keys is None
             or self._ring_keys[1].shape[1] != keys

@@ -1,8 +1,7 @@
 """The local socket between the `lvx` frontend process and rank 0 of the group.
 
-The frontend listens; rank 0 connects once its model is loaded and says
-"ready". Requests go one at a time; during an answer rank 0 streams text
-pieces and polls for an interrupt between tokens.
+The frontend listens; rank 0 connects once its model is loaded and says "ready". Requests go one at
+a time; during an answer rank 0 streams text pieces and polls for an interrupt between tokens.
 """
 
 from __future__ import annotations

@@ -1,17 +1,16 @@
 """One video and one conversation, held by every rank of the group (SPMD).
 
-Every rank loads the language model, encodes only its own frames (dealt by
-`SessionConfig.layout`, lvx_app/parallel/layout.py), keeps their visual K/V (or
-recomputes them from one copy of E), and holds the whole text K/V cache
-(replicated after each sharded prefill). A turn is a prefill (sharded through
-LV-XAttn rings — the video prompt's tokens travel with their frames, a long
-question is cut into contiguous runs — or whole on every rank when the question
-is short), then token-by-token decoding where every rank runs the same one-token
-step (text attention local, one collective per hyper layer); the ranks agree on
-rank 0's token inside the next step's first collective, not in one of their own.
+Every rank loads the language model, encodes only its own frames (dealt by `SessionConfig.layout`,
+lvx_app/parallel/layout.py), keeps their visual K/V (or recomputes them from one copy of E), and
+holds the whole text K/V cache (replicated after each sharded prefill). A turn is a prefill (sharded
+through LV-XAttn rings — the video prompt's tokens travel with their frames, a long question is cut
+into contiguous runs — or whole on every rank when the question is short), then token-by-token
+decoding where every rank runs the same one-token step (text attention local, one collective per
+hyper layer); the ranks agree on rank 0's token inside the next step's first collective, not in one
+of their own.
 
-The prompt up to the last frame placeholder is prefilled when the video is
-loaded, so a question only prefills its own few tokens.
+The prompt up to the last frame placeholder is prefilled when the video is loaded, so a question
+only prefills its own few tokens.
 """
 
 from __future__ import annotations
@@ -380,9 +379,8 @@ class Session:
         self, shard: VisualShard, path: str, starts: torch.Tensor, tail_from: int
     ) -> bool:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features
-        came from the
-        cache (they were made from those features); else prefill the prompt and save it. True when
-        read back."""
+        came from the cache (they were made from those features); else prefill the prompt and save
+        it. True when read back."""
         key = self._prefix_key(shard)
         saved = (
             self.prefixes.load(key, self.device, owner=self.info.rank == 0)
@@ -495,8 +493,7 @@ class Session:
 
         The video prompt (`media_starts` given) travels with its frames in the session's layout, and
         its text after the last placeholder (from `tail_from`: it sees every frame) is dealt by the
-        same layout; a question is cut
-        into contiguous runs."""
+        same layout; a question is cut into contiguous runs."""
         world, rank = self.info.world_size, self.info.rank
         if media_starts is not None:
             who = token_owners(n, media_starts, world, self.layout, tail_from)
@@ -523,8 +520,8 @@ class Session:
     ) -> tuple[torch.Tensor | None, int]:
         """Feed `ids` (global); return (this rank's last logits, rank owning the last token). The
         video prompt and a long question are sharded over the ranks (then the text K/V cache is
-        replicated again); a short question
-        is fed whole on every rank (the gather schedule, as decoding)."""
+        replicated again); a short question is fed whole on every rank (the gather schedule, as
+        decoding)."""
         n = int(ids.numel())
         whole = question and self._whole_question(n)
         mine, owner = (torch.arange(n), 0) if whole else self._share(n, media_starts, tail_from)
@@ -639,8 +636,7 @@ class Session:
     def _feed_agreeing(self, token: int, stop: bool) -> tuple[torch.Tensor, int, bool]:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag in the
         step's first visual combine (no collective of its own). Every rank sees every rank's token,
-        so all of them redo a step
-        whose token was not rank 0's, alike."""
+        so all of them redo a step whose token was not rank 0's, alike."""
         carry = Carry(torch.tensor([token, int(stop)], dtype=torch.float32))
         self.attn.carry = carry
         try:

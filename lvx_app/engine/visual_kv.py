@@ -75,8 +75,7 @@ def should_save(
     margin: float | None = None,
 ) -> bool:
     """Save the visual K/V when `mode` says so or, for "auto", when computing them was clearly
-    slower than reading
-    `nbytes` back at a conservative rate."""
+    slower than reading `nbytes` back at a conservative rate."""
     if _checked(mode) != "auto":
         return mode == "always"
     read_s = nbytes / (bytes_per_s or VISUAL_KV_READ_BYTES_PER_S)

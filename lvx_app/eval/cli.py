@@ -203,8 +203,8 @@ def engine_session_factory(
 ) -> SessionFactory:
     """A factory for the engine's eval session: ``lvx_app.eval.runner.open_engine_session(model=…,
     revision=…, gpus=…, ranks=…, **engine_options)`` (options such as timeouts and the cache
-    folder). Whether the engine is
-    part of this build is checked now (cheap); the engine starts only when the factory is called."""
+    folder). Whether the engine is part of this build is checked now (cheap); the engine starts only
+    when the factory is called."""
     try:
         importlib.import_module("lvx_app.engine")
     except ModuleNotFoundError as e:

@@ -133,8 +133,7 @@ class Dataset:
 
 def find_question_file(data_dir: Path) -> Path:
     """The question file of ``data_dir``: ``videomme/test-*.parquet``, else a single ``*.parquet``
-    or
-    ``*.json``/``*.jsonl`` in ``data_dir/videomme`` or ``data_dir`` itself."""
+    or ``*.json``/``*.jsonl`` in ``data_dir/videomme`` or ``data_dir`` itself."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DatasetError(
@@ -355,8 +354,7 @@ def select_questions(
     """The questions a run answers, deterministically: filter by duration, keep the first ``limit``
     (in file order), then keep shard ``i`` of ``k``. Shards split by *video* (the j-th distinct
     video goes to shard j mod k), so each video is loaded by one shard only; the k shards are
-    disjoint and
-    together give exactly the unsharded selection."""
+    disjoint and together give exactly the unsharded selection."""
     chosen = [q for q in questions if durations is None or q.duration in durations]
     if limit is not None:
         if limit < 0:

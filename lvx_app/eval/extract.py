@@ -3,10 +3,10 @@
 ``official`` reproduces Video-MME's ``eval_your_results.py`` bit for bit, quirks included:
 
 * the prefix list has two missing commas, so Python glues "The best option is" + "The correct option
-is"
-  and "Best answer:" + "Best option:" into single strings; those phrases alone are never removed;
+  is" and "Best answer:" + "Best option:" into single strings; those phrases alone are never
+  removed;
 * the extracted letter is the *first capital A-D anywhere* in what is left ("Based on ..." reads as
-B);
+  B);
 * a reply with no letter is *unparsed* and dropped from the denominator.
 
 ``strict`` follows lmms-eval's choice that an unparsed reply is simply wrong (every question asked

@@ -27,8 +27,8 @@ def build_prompt(
 ) -> str:
     """The official prompt. ``subtitles`` are the already selected lines (see
     ``lvx_app.subtitles.select_lines``); None or an empty list gives the subtitle-free prompt, as
-    the protocol does for a video without them. The
-    subtitle block is `subtitle_block`'s, the same text `lvx chat` puts after the video."""
+    the protocol does for a video without them. The subtitle block is `subtitle_block`'s, the same
+    text `lvx chat` puts after the video."""
     parts = [subtitle_block(subtitles)] if subtitles else []
     parts += [INSTRUCTION, question, *options, ANSWER_CUE]
     return "\n".join(parts)

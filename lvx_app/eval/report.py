@@ -3,8 +3,8 @@
 Letters are re-extracted from each record's raw ``response`` with the requested scoring mode, so one
 results file can be reported both ways. Both denominators are always given: ``accuracy_answered``
 (correct / parsed, the official script's number) and ``accuracy_asked`` (correct / asked,
-lmms-eval's);
-``accuracy`` is the one the scoring mode uses, and ``unparsed`` counts replies with no letter.
+lmms-eval's); ``accuracy`` is the one the scoring mode uses, and ``unparsed`` counts replies with no
+letter.
 """
 
 from __future__ import annotations
@@ -197,8 +197,7 @@ def report_file(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Read a results file, print the table, write the JSON summary, the PNG plot and the records in
-    the
-    official submission shape next to it. ``only`` limits the report to those question_ids."""
+    the official submission shape next to it. ``only`` limits the report to those question_ids."""
     from lvx_app.eval.results import read_results, to_official_json
 
     res = read_results(results)

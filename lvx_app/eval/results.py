@@ -7,9 +7,9 @@ shard files.
 
 Lines::
 
-    # each session start
-    {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps": ..., ...}
-    {"type": "answer", "question_id": "001-1", "response": "B", "pred": "B", "correct": true, ...}
+    # each session start {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps":
+    ..., ...} {"type": "answer", "question_id": "001-1", "response": "B", "pred": "B", "correct":
+    true, ...}
 """
 
 from __future__ import annotations
@@ -261,9 +261,8 @@ QUESTION_FIELDS = ("question_id", "task_type", "question", "options", "answer", 
 def to_official_json(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records in the official submission shape (``output_test_template.json``): a list of videos,
     each with its ``questions`` and their raw ``response``, ready for the official script or the
-    leaderboard.
-    Each video carries ``"missing": false`` so the script's ``skip_missing`` mode can read a partial
-    run."""
+    leaderboard. Each video carries ``"missing": false`` so the script's ``skip_missing`` mode can
+    read a partial run."""
     videos: dict[str, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: r["question_id"]):
         v = videos.setdefault(

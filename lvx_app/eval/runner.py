@@ -56,9 +56,8 @@ class EvalSession(Protocol):
     """One model held ready for many videos; the only thing the eval loop needs from the engine.
 
     The loop calls, per video: ``load_video`` once, ``ask`` once per question, then ``reset``. It
-    also calls
-    ``reset`` before giving up on a video whose load failed. It never calls ``ask`` without a loaded
-    video.
+    also calls ``reset`` before giving up on a video whose load failed. It never calls ``ask``
+    without a loaded video.
 
     Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.cli.run_videomme`
     at the end), ``describe() -> dict`` (kept in the results header), and an ``answer_info``
@@ -69,8 +68,8 @@ class EvalSession(Protocol):
     def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
         """Decode ``path`` at ``fps`` frames per second (at most ``max_frames``, thinned uniformly
         over the whole video when there are more; None = no cap), encode the frames and keep the
-        visual tokens
-        resident for the following ``ask`` calls. Raise an exception if the file cannot be used."""
+        visual tokens resident for the following ``ask`` calls. Raise an exception if the file
+        cannot be used."""
         ...
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
@@ -244,9 +243,8 @@ def _answer_video(
     scoring: str,
 ) -> int:
     """Ask every question of the loaded video and write each answer before asking the next; returns
-    how many the
-    engine refused as too long (each is written with an empty response and why, so a rerun does not
-    ask it again)."""
+    how many the engine refused as too long (each is written with an empty response and why, so a
+    rerun does not ask it again)."""
     refused = 0
     lines: list[str] = []
     if subtitles:
@@ -316,8 +314,7 @@ class EngineEvalSession:
     ``close()``, and optionally ``last_answer`` (stats with ``to_dict()``).
 
     Each question is asked on a fresh conversation (the engine is reset before every ``ask``),
-    greedily.
-    ``make_params(max_new_tokens)`` builds the engine's generation parameters.
+    greedily. ``make_params(max_new_tokens)`` builds the engine's generation parameters.
     """
 
     def __init__(self, engine: Any, make_params: Callable[[int], Any]):
@@ -360,8 +357,7 @@ def open_engine_session(
     cache_dir: str | None = None,
 ) -> EngineEvalSession:
     """Start the model on the requested ranks (the engine's one opener); each question is then
-    answered on a
-    fresh conversation."""
+    answered on a fresh conversation."""
     # imported here, not at the top: `lvx eval merge/report` import this module and must run without
     # torch
     from lvx_app.engine.api import GenerationParams

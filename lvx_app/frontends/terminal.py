@@ -1,7 +1,7 @@
 """The terminal chat (`lvx chat`): load a video, then answer questions with streamed tokens.
 
-Works with any `Engine` (in-process or a torchrun group). Ctrl-C during an
-answer stops that answer only; the video and the conversation stay.
+Works with any `Engine` (in-process or a torchrun group). Ctrl-C during an answer stops that answer
+only; the video and the conversation stay.
 """
 
 from __future__ import annotations

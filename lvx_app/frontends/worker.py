@@ -1,8 +1,8 @@
 """The worker entry point every rank runs: `python -m lvx_app.frontends.worker`.
 
-Local groups are started by `lvx chat/serve/eval --gpus N`; multi-node groups
-use the same module under `torchrun --nnodes ... --rdzv-endpoint ...` with
-`--frontend chat VIDEO`, so rank 0 runs the terminal chat itself.
+Local groups are started by `lvx chat/serve/eval --gpus N`; multi-node groups use the same module
+under `torchrun --nnodes ... --rdzv-endpoint ...` with `--frontend chat VIDEO`, so rank 0 runs the
+terminal chat itself.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ def run_worker(
     subtitles: tuple[str, str | None, str | None] = ("auto", None, None),
 ) -> int | None:
     """This rank's part: rank 0 serves the link (or runs the terminal chat, resolving `subtitles` =
-    (--subtitles,
-    --subtitle-lang, --subtitle-encoding) for its video, and returns the chat's exit code), the
-    others follow its
-    commands."""
+    (--subtitles, --subtitle-lang, --subtitle-encoding) for its video, and returns the chat's exit
+    code), the others follow its commands."""
     cfg = SessionConfig(**config)
     info = init_distributed(cuda=cfg.cuda, timeout_s=cfg.timeout_s)
     channel = ControlChannel()

@@ -1,7 +1,6 @@
 """Process-group set-up, the ring P2P helper, the test-rank spawner, which items each rank holds
 (shards, layout), and the launcher side of a group: ranks that die with their launcher (lifeline),
-the rank that failed first (failures),
-torchrun in one line (torchrun)."""
+the rank that failed first (failures), torchrun in one line (torchrun)."""
 
 from lvx_app.parallel.group import (
     DistInfo,

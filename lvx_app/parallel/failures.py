@@ -4,9 +4,8 @@ of ours.
 When one rank dies, its peers fail too (gloo "Connection reset by peer", NCCL timeouts) and torchrun
 sends the rest SIGTERM; those are consequences. The cause is a rank whose own error is not a lost
 peer, or one killed by a signal other than torchrun's SIGTERM (the out-of-memory killer, a segfault,
-`kill -9`). Ranks started through
-`lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write their error to `error_file(run_dir,
-rank)`.
+`kill -9`). Ranks started through `lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write
+their error to `error_file(run_dir, rank)`.
 """
 
 from __future__ import annotations
@@ -89,8 +88,7 @@ def first_failure(
 def crashed_after_done(failures: list[RankFailure], run_dir: Path | None) -> bool:
     """True when every failed rank was killed by a signal after it wrote `done_file`, or by
     torchrun's SIGTERM once another rank had: all work had met in the last barrier, so the failure
-    was in tearing down, and nothing is
-    lost."""
+    was in tearing down, and nothing is lost."""
     if (
         run_dir is None
         or not failures

@@ -1,7 +1,7 @@
 """Process-group helpers: torchrun env or an in-process world of one.
 
-Everything above this module asks `get_rank(group)` / `get_world_size(group)`
-and works unchanged whether torch.distributed is initialised or not.
+Everything above this module asks `get_rank(group)` / `get_world_size(group)` and works unchanged
+whether torch.distributed is initialised or not.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def init_distributed(
 ) -> DistInfo:
     """Join the group torchrun described in the environment, or run as a world of one.
 
-    NCCL on CUDA, gloo on CPU. The timeout bounds how long a collective waits
-    for a dead or hung peer before the group is torn down with an error.
+    NCCL on CUDA, gloo on CPU. The timeout bounds how long a collective waits for a dead or hung
+    peer before the group is torn down with an error.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -99,8 +99,8 @@ def init_distributed(
 
 def destroy_distributed() -> None:
     """Tear the process groups down, after collecting garbage: objects that hold a group (DDP,
-    attention hooks) die
-    while the group and the interpreter are still whole, not during interpreter shutdown."""
+    attention hooks) die while the group and the interpreter are still whole, not during interpreter
+    shutdown."""
     if dist.is_available() and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()

@@ -9,7 +9,7 @@ late ones evens the rounds out:
 - `contiguous`: rank r holds the run `shard_bounds(n, world, r)` (the old layout);
 - `striped`: frame j on rank j mod world (Striped Attention);
 - `zigzag`: 2·world chunks, rank r holds chunks r and 2·world-1-r (ring-flash-attn, DistFlashAttn's
-balance).
+  balance).
 
 A rank's items are always returned sorted, so the frames a token sees stay a prefix of the local
 keys and the tile planner (`lvx_app.attention.masks`) keeps skipping hidden tiles. Masks stay exact
@@ -66,8 +66,8 @@ def token_owners(
 
     Tokens from placeholder j up to placeholder j+1 go with frame j (those before the first with
     frame 0); tokens from `tail_from` on (text after the video: a question, an answer; default none)
-    see every frame, so they are
-    dealt by the same layout among themselves. Without frames every token is tail."""
+    see every frame, so they are dealt by the same layout among themselves. Without frames every
+    token is tail."""
     starts = torch.as_tensor(media_starts, dtype=torch.int64).flatten()
     tail_from = n_tokens if tail_from is None else max(0, min(int(tail_from), n_tokens))
     if starts.numel() == 0:
@@ -101,8 +101,7 @@ def round_work(
     of rank (i - t).
 
     q_vis (Sq,) how many frames each query sees, q_rank its rank; k_frame (Sk,) each key's frame,
-    k_rank its rank
-    (LV-XAttn's pass-Q ring: query blocks travel, K/V stay)."""
+    k_rank its rank (LV-XAttn's pass-Q ring: query blocks travel, K/V stay)."""
     seen = (k_frame.view(1, -1) < q_vis.view(-1, 1)).to(torch.int64)  # (Sq, Sk)
     pair = torch.zeros(world, world, dtype=torch.int64)  # [query rank, key rank]
     pair.index_put_(

@@ -1,13 +1,12 @@
 """Ring P2P: send tensors to rank+1 and receive from rank-1 in one batched call.
 
-Post the next round's transfers with `post` before computing this round, then
-`wait` — the overlap every ring here relies on. Transfers are one-sided: each
-side skips empty tensors, so blocks may be uneven or empty as long as both
-sides know the lengths. `bytes_sent` counts payload so tests can prove what
-travels (and what never does). On CUDA (device given, world > 1) the P2P runs
-on a side stream that first waits for the compute stream; `wait` makes the
-compute stream wait for it. Under `link.emulated_link` (benchmarks only) `wait` also holds until the
-batch's bytes would have crossed the emulated link.
+Post the next round's transfers with `post` before computing this round, then `wait` — the overlap
+every ring here relies on. Transfers are one-sided: each side skips empty tensors, so blocks may be
+uneven or empty as long as both sides know the lengths. `bytes_sent` counts payload so tests can
+prove what travels (and what never does). On CUDA (device given, world > 1) the P2P runs on a side
+stream that first waits for the compute stream; `wait` makes the compute stream wait for it. Under
+`link.emulated_link` (benchmarks only) `wait` also holds until the batch's bytes would have crossed
+the emulated link.
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ class RingComm:
         """Start sending each `send` to rank+1 and receiving into each `recv` from rank-1, all in
         one batch.
 
-        pairs: [(send tensor or None, recv buffer or None)]. Empty tensors are skipped on
-        both sides (both know every block's length). Call `wait` before the next `post`."""
+        pairs: [(send tensor or None, recv buffer or None)]. Empty tensors are skipped on both sides
+        (both know every block's length). Call `wait` before the next `post`."""
         if self._reqs:
             raise RuntimeError("RingComm.post called twice without wait")
         ops: list[dist.P2POp] = []

@@ -1,8 +1,8 @@
 """Spawn N gloo ranks on CPU and run a function on each; used by pytest and benchmarks.
 
-Uses a forkserver that has already imported torch, so each rank starts in
-milliseconds instead of re-importing torch. A failure on any rank re-raises
-in the parent with that rank's traceback; a hang is killed after `timeout_s`.
+Uses a forkserver that has already imported torch, so each rank starts in milliseconds instead of
+re-importing torch. A failure on any rank re-raises in the parent with that rank's traceback; a hang
+is killed after `timeout_s`.
 """
 
 from __future__ import annotations

@@ -3,12 +3,11 @@ group in one line.
 
 torchrun ends a failed group with a Python traceback (ChildFailedError), a summary block and error
 log lines, and the ranks that merely lost their peer print gloo tracebacks of their own. This runs
-the same launcher,
-`torch.distributed.run.run`, with a run folder (`RUN_DIR_ENV`) where ranks started through
-`lvx_app.parallel.group.run_rank` write their pid and error instead of printing them, and prints one
-line naming the rank that failed first and why (`lvx_app.parallel.failures`, the same choice `lvx
-chat` makes). The launcher dies with the launcher of ours that started it (when that one set
-`LAUNCHER_PID_ENV`), and its ranks die with it (`lvx_app.parallel.lifeline`).
+the same launcher, `torch.distributed.run.run`, with a run folder (`RUN_DIR_ENV`) where ranks
+started through `lvx_app.parallel.group.run_rank` write their pid and error instead of printing
+them, and prints one line naming the rank that failed first and why (`lvx_app.parallel.failures`,
+the same choice `lvx chat` makes). The launcher dies with the launcher of ours that started it (when
+that one set `LAUNCHER_PID_ENV`), and its ranks die with it (`lvx_app.parallel.lifeline`).
 Exit codes: 0 when every rank succeeded (also when ranks that had all met in `run_rank`'s last
 barrier crashed while exiting: a warning line says so), 1 when one failed, 130 when stopped by
 Ctrl-C or SIGTERM.

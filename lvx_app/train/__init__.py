@@ -4,6 +4,5 @@ data.py (JSONL + chat template + assistant-only labels), lora.py (LoRA adapters 
 recompute.py (training attention hooks, the recompute autograd Function, rematerialisation-aware
 layer checkpointing), loop.py (sharded step, DDP, optimiser, loop), worker.py (the torchrun rank
 entry point), checkpoint.py (official-layout save + resume state), cli.py (`lvx finetune`). Import
-the modules themselves: this package root stays empty so
-`lvx --help` does not load torch for it.
+the modules themselves: this package root stays empty so `lvx --help` does not load torch for it.
 """

@@ -3,19 +3,15 @@ resume state.
 
 OUT holds
 - `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into
-their base
-  weights; the vision keys the model never uses are copied from the source checkpoint, so OUT is a
-  complete official checkpoint, not a partial one;
+  their base weights; the vision keys the model never uses are copied from the source checkpoint, so
+  OUT is a complete official checkpoint, not a partial one;
 - every non-weight file of the source checkpoint (config.json, tokenizer files, generation config,
-processor
-  code), copied as they are;
+  processor code), copied as they are;
 - `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged),
-optimizer,
-  scheduler, RNG states, the base model path and the loss history. Resuming loads the *base* model
-  again and puts these tensors back, so merged weights are never trained twice.
-Every file is written to a temporary name and `os.replace`d (atomic on one file system);
-train_state.pt goes last, so an interrupted save leaves a resumable directory whose state matches
-its step.
+  optimizer, scheduler, RNG states, the base model path and the loss history. Resuming loads the
+  *base* model again and puts these tensors back, so merged weights are never trained twice. Every
+  file is written to a temporary name and `os.replace`d (atomic on one file system); train_state.pt
+  goes last, so an interrupted save leaves a resumable directory whose state matches its step.
 """
 
 from __future__ import annotations
@@ -86,8 +82,7 @@ def save_checkpoint(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype`
-    of the saved
-    weights defaults to the base checkpoint's. Call on one rank only."""
+    of the saved weights defaults to the base checkpoint's. Call on one rank only."""
     out = Path(out)
     info = inspect_checkpoint(base)
     dtype = dtype or _source_dtype(info)

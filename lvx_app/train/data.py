@@ -1,19 +1,15 @@
 """Finetuning data: JSONL conversations about videos, tokenised with the model's chat template.
 
-One line per sample, either
-    {"video": "clip.mp4", "conversations": [{"from": "human", "value": "..."}, {"from": "gpt",
-    "value": "..."}, ...]}
-(`role`/`content` with user/assistant work too), or
-    {"video": "clip.mp4", "question": "...", "answer": "..."}
-(`question`/`answer` may also be equal-length lists: a multi-turn conversation). `video` is relative
-to
-`--video-dir` (or absolute). The video goes first in the first user turn as `<|video|>\\n`, exactly
-as the chat engine asks its questions, unless that turn already holds a `<|video|>` marker.
+One line per sample, either {"video": "clip.mp4", "conversations": [{"from": "human", "value":
+    "..."}, {"from": "gpt", "value": "..."}, ...]} (`role`/`content` with user/assistant work too),
+    or {"video": "clip.mp4", "question": "...", "answer": "..."} (`question`/`answer` may also be
+    equal-length lists: a multi-turn conversation). `video` is relative to `--video-dir` (or
+    absolute). The video goes first in the first user turn as `<|video|>\\n`, exactly as the chat
+    engine asks its questions, unless that turn already holds a `<|video|>` marker.
 
 The sequence is the official training template (reference mplug_owl3.md §5.2): every assistant turn
-is followed by
-`<|im_end|>` and `<|endoftext|>`, and only those assistant tokens (answer + both end tokens) carry a
-loss. Tokens after the last answer are dropped.
+is followed by `<|im_end|>` and `<|endoftext|>`, and only those assistant tokens (answer + both end
+tokens) carry a loss. Tokens after the last answer are dropped.
 """
 
 from __future__ import annotations
@@ -142,9 +138,8 @@ def tokenize(processor: Any, messages: Sequence[dict[str, str]], num_frames: int
     """Tokenise with `processor.build_chat_prompt` (the chat template) and mark the assistant spans.
 
     Every chunk of the template is tokenised on its own, so the ids of a conversation prefix are a
-    prefix of the
-    full ids; each assistant span is found as [len(prefix up to its header), len(prefix through its
-    end tokens))."""
+    prefix of the full ids; each assistant span is found as [len(prefix up to its header),
+    len(prefix through its end tokens))."""
     header = processor.encode("\n<|im_start|>assistant\n")
     gen = {"role": "assistant", "content": ""}
     videos = [num_frames]

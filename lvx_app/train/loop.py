@@ -155,8 +155,7 @@ class StepStats:
 
 class Trainer:
     """Model, hooks, DDP wrapper, optimiser and schedule of one rank. Works in a single process
-    (world of one) and
-    under torch.distributed (every rank builds one with the same config)."""
+    (world of one) and under torch.distributed (every rank builds one with the same config)."""
 
     def __init__(
         self,
@@ -288,8 +287,7 @@ class Trainer:
         global targets).
 
         tok: the whole sample (every rank has it); features: this rank's frames (N_local, 729, H)
-        (SigLIP
-        features when the projector trains); frame_ids: their global indices."""
+        (SigLIP features when the projector trains); frame_ids: their global indices."""
         n_targets = tok.num_targets
         if n_targets == 0:
             raise ValueError(
@@ -394,8 +392,7 @@ class Trainer:
 
 def sample_order(n: int, step: int, seed: int) -> int:
     """Index of the sample for `step`: a fresh permutation per epoch, a pure function of (step,
-    seed), so a resumed
-    run sees exactly the samples the uninterrupted one would."""
+    seed), so a resumed run sees exactly the samples the uninterrupted one would."""
     epoch, i = divmod(step, n)
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return int(torch.randperm(n, generator=g)[i])

@@ -1,8 +1,7 @@
 """LoRA adapters for finetuning, without peft: `LoRALinear` wraps one nn.Linear, `add_lora` wraps
 the attention projections of the language model (the visual v_kv_proj of every hyper layer included,
 and the Linear inside the 7B-240728 G1 `gate_proj = Sequential(Linear, Sigmoid)`, so its merged
-weight keeps the official key
-`gate_proj.0.weight`).
+weight keeps the official key `gate_proj.0.weight`).
 
 Both the training loop (which creates the adapters) and the checkpoint writer (which merges them
 into the official weights) use this module.

@@ -149,8 +149,8 @@ class _RecomputeXAttn(torch.autograd.Function):
     Inputs: q, E, then the trainable parameters `spec.project` reads (so autograd routes their
     gradients here and DDP's hooks fire on them as usual). Forward makes K/V under no_grad, runs the
     ring and drops them. Backward remakes K/V with grad enabled (and the forward's autocast state),
-    runs the backward ring, and backpropagates
-    (dK, dV) through the projection into E and the parameters."""
+    runs the backward ring, and backpropagates (dK, dV) through the projection into E and the
+    parameters."""
 
     @staticmethod
     def forward(ctx, spec, q, e, *params):
@@ -198,8 +198,8 @@ class _Handles(Mapping):
 
     The model passes what it gets here straight to `hooks.visual`; an empty tensor pair stands for
     "the K/V of layer l", and `TrainAttention.visual` makes the real K/V inside `_RecomputeXAttn`
-    (or not at all when the
-    attention result is replayed). Only valid together with the `TrainAttention` that made it."""
+    (or not at all when the attention result is replayed). Only valid together with the
+    `TrainAttention` that made it."""
 
     def __init__(
         self, owner: "TrainAttention", layers: list[int], like: torch.Tensor, kv_heads: int, hd: int
@@ -227,8 +227,7 @@ class TrainAttention:
     process).
 
     Call `begin(positions)` with this rank's token positions (1, L_local) before each forward; every
-    rank of the
-    group must run every layer (also with no frames or no tokens)."""
+    rank of the group must run every layer (also with no frames or no tokens)."""
 
     def __init__(
         self, model: nn.Module, *, group: Optional[dist.ProcessGroup] = None, recompute: bool = True
@@ -269,8 +268,7 @@ class TrainAttention:
     ):
         """`VisualInputs` for this rank's frames: e_local (N_local, 729, H) is the one shared copy
         of E (it may require grad, e.g. when the projector trains); media_starts (N_total,) every
-        frame's placeholder start;
-        frame_ids (N_local,) the global indices of the local frames."""
+        frame's placeholder start; frame_ids (N_local,) the global indices of the local frames."""
         from lvx_models.mplug_owl3.hyper import VisualInputs
 
         model = self.model
@@ -322,9 +320,8 @@ def checkpoint_lm_blocks(model: nn.Module) -> None:
     re-run in backward.
 
     Saved per layer: its input x and the attention (O, lse) of its text (and visual) attention; the
-    attention
-    backward ring still runs once, as without checkpointing. Works with `TrainAttention` hooks
-    only."""
+    attention backward ring still runs once, as without checkpointing. Works with `TrainAttention`
+    hooks only."""
     for layer in model.language_model.model.layers:
         if getattr(layer, "_lvx_checkpointed", False):
             continue

@@ -69,9 +69,8 @@ def encoder_identity(
 ) -> tuple[str, str]:
     """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for
     `CacheKey`'s model_id and encoder; compute it before loading the weights, so features are never
-    filed under weights newer than the model's.
-    The fingerprints are remembered in the cache folder (raises CheckpointError for an unreadable
-    checkpoint)."""
+    filed under weights newer than the model's. The fingerprints are remembered in the cache folder
+    (raises CheckpointError for an unreadable checkpoint)."""
     path = str(resolve_checkpoint(model, revision).resolve())
     memo = (
         Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -225,8 +224,7 @@ def _read_header(path: Path) -> dict:
 
 def target_matcher(target: str) -> Callable[[str, str, str], bool]:
     """For `lvx cache rm TARGET`: whether an entry (id, file id, video path) is named by an id (its
-    first 4+
-    characters) or by the video it was made from."""
+    first 4+ characters) or by the video it was made from."""
     tpath = Path(target).expanduser()
     fid = file_identity(tpath) if tpath.is_file() else None
     resolved = str(tpath.resolve()) if tpath.exists() or tpath.is_absolute() else None
@@ -246,8 +244,7 @@ def load_or_discard(
 ) -> Any:
     """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry. A
     file several ranks read has one `owner` that reports and deletes it; the others return None
-    quietly (also when the owner
-    deleted it under them)."""
+    quietly (also when the owner deleted it under them)."""
     try:
         return load()
     except CorruptEntry as exc:

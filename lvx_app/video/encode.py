@@ -7,8 +7,7 @@ one chunk of pixels lives on the device at a time, so memory is E_local plus one
 
 Pixels are prepared by the processor's own transform (models/mplug_owl3/image_transform.py): chunks
 already resized by the decode workers (uint8 (n, 3, S, S)) only need `normalize`; raw frames (n, H,
-W, 3) go through
-`to_pixel_values`.
+W, 3) go through `to_pixel_values`.
 """
 
 from __future__ import annotations

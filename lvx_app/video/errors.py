@@ -1,7 +1,7 @@
 """Errors a user can cause with a video, each one line that says what to do next.
 
-Every class derives from `VideoError`, so the CLI and UI catch one type and print `str(err)`.
-The message names the file (and, for decode failures, the time range) so nothing has to be guessed.
+Every class derives from `VideoError`, so the CLI and UI catch one type and print `str(err)`. The
+message names the file (and, for decode failures, the time range) so nothing has to be guessed.
 """
 
 from __future__ import annotations

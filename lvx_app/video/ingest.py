@@ -317,8 +317,7 @@ class _RankIngest:
 
     def plan_counts(self) -> list[int]:
         """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) =
-        min(x), so the ranks
-        see whether they all planned the same frames."""
+        min(x), so the ranks see whether they all planned the same frames."""
         n = len(self.plan) if self.plan is not None else 0
         digest = self.plan.digest() if self.plan is not None else 0
         return [len(self.chunks), n, digest, -n, -digest]
@@ -333,7 +332,7 @@ class _RankIngest:
             )
 
     # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank
-    # has chunks
+    #    has chunks
     def decode_and_encode(self, steps: int) -> ShardEncoder | None:
         assert self.plan is not None
         shard = self.plan.shard(self.rank, self.world, self.layout)
@@ -461,8 +460,8 @@ def ingest(
     cache key (another never hits). cache: True (default folder or `cache_dir`), False, or a
     FeatureCache. memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM
     on CPU); None = no check. progress: None = rich bar on rank 0 when stderr is a terminal,
-    True/False, or a callable taking
-        IngestProgress (global counts; called on each rank that passes one).
+    True/False, or a callable taking IngestProgress (global counts; called on each rank that passes
+    one).
     pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed
     here. layout: which plan positions this rank decodes and encodes (contiguous | striped | zigzag;
     in the cache key). Raises a VideoError subclass, on every rank, for anything the user can fix.

@@ -8,8 +8,7 @@ on time for hours, where the anchor's `step = round(avg_fps)` drifts by 3.6 s pe
 below 0.5 works (step would be 0).
 
 With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helper does it (split the
-list into
-`max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
+list into `max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
 
 The plan is a pure function of (number of frames, video fps, fps, max_frames), so every rank
 computes the same one. Rank r of n owns the plan positions its layout deals it

@@ -145,9 +145,8 @@ def load_checked(
     path: Path, key: dict, version: int, required: frozenset[str]
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """(manifest, tensors) of a saved file whose manifest holds `key` and `version` and whose
-    tensors match the
-    manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the file ("last
-    used")."""
+    tensors match the manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the
+    file ("last used")."""
     manifest = read_manifest(path, set(required))
     if manifest.get("version") != version or manifest.get("key") != key:
         raise CorruptEntry("key in the manifest does not match")
@@ -258,9 +257,8 @@ class PrefixCache(SavedEntries):
         self, key: PrefixKey, device: torch.device | str = "cpu", *, owner: bool = True
     ) -> SavedPrefix | None:
         """The saved prompt, or None. The `owner` (rank 0; every rank reads the same file) deletes a
-        corrupt file with
-        one warning and names, in one line, a prompt saved only for another number of ranks; the
-        others say nothing."""
+        corrupt file with one warning and names, in one line, a prompt saved only for another number
+        of ranks; the others say nothing."""
         path = self.path(key)
         if not path.is_file():
             others = sorted(

@@ -172,8 +172,7 @@ def add_subtitle_stream(
 ) -> Path:
     """Copy `src`'s video stream into `dst` with one subtitle stream of `codec` (mov_text for .mp4;
     subrip, webvtt, ass or dvdsub for .mkv) holding `cues` (start s, end s, text), written with
-    PyAV. A dvdsub stream gets no cues
-    (a bitmap stream is all a test of "unsupported" needs)."""
+    PyAV. A dvdsub stream gets no cues (a bitmap stream is all a test of "unsupported" needs)."""
     import av
 
     dst = Path(dst)

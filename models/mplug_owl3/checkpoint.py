@@ -346,8 +346,7 @@ def detect_gate_form(keys: Iterable[str]) -> str:
 
 def detect_architecture(keys: Iterable[str]) -> tuple[str, str]:
     """(generation, projector) from the checkpoint keys (reference §0 loader rule); refuses unknown
-    hyper keys.
-    The G1 gate form is `detect_gate_form`."""
+    hyper keys. The G1 gate form is `detect_gate_form`."""
     keys = list(keys)
     has_gate, has_proj, has_vkv = _scan_hyper_keys(keys)
     if not has_vkv:

@@ -7,24 +7,22 @@ then
 frames never go through PIL:
 
 - PIL's bicubic is the Keys cubic with a = -0.5, widened by the scale factor when shrinking
-(antialiasing), done as
-  two separable passes (horizontal, then vertical) that round and clip to uint8 in between. torch's
-  `interpolate(mode="bicubic", antialias=True)` uses the same filter (without `antialias` it uses a
-  = -0.75 and no widening, which is far off: up to 130 levels on noisy frames).
+  (antialiasing), done as two separable passes (horizontal, then vertical) that round and clip to
+  uint8 in between. torch's `interpolate(mode="bicubic", antialias=True)` uses the same filter
+  (without `antialias` it uses a = -0.75 and no widening, which is far off: up to 130 levels on
+  noisy frames).
 - On CPU with uint8 input we call torch's uint8 kernel, written to match PIL: it agrees with PIL to
-at most 1-2 grey
-  levels (out of 255) on a small fraction of pixels, from fixed-point rounding. It is ~10x faster
-  than float.
-- Elsewhere (CUDA) we run the two passes in float32 and round + clip between and after them, as
-  PIL does; this also lands within 1-2 levels of PIL. (A single float 2-D pass without the
-  intermediate clip differs by up to ~20 levels on noise, because PIL clips the overshoot after the
-  first pass.)
+  at most 1-2 grey levels (out of 255) on a small fraction of pixels, from fixed-point rounding. It
+  is ~10x faster than float.
+- Elsewhere (CUDA) we run the two passes in float32 and round + clip between and after them, as PIL
+  does; this also lands within 1-2 levels of PIL. (A single float 2-D pass without the intermediate
+  clip differs by up to ~20 levels on noise, because PIL clips the overshoot after the first pass.)
 - Which Pillow: lvx follows Pillow <= 12 (horizontal pass first, a pass skipped when its side keeps
-its size), the
-  library the official processor used in 2024, so the frames look like the ones the weights were
-  trained on. Pillow 13 changed the pass order when only the height shrinks (reported in issue #13;
-  not re-measured here, the venv has Pillow 12.3); lvx keeps the older order on purpose, and a
-  comparison against Pillow 13 may then differ by more than the 1-2 levels above on such frames.
+  its size), the library the official processor used in 2024, so the frames look like the ones the
+  weights were trained on. Pillow 13 changed the pass order when only the height shrinks (reported
+  in issue #13; not re-measured here, the venv has Pillow 12.3); lvx keeps the older order on
+  purpose, and a comparison against Pillow 13 may then differ by more than the 1-2 levels above on
+  such frames.
 """
 
 from __future__ import annotations

@@ -73,9 +73,8 @@ class Owl3Model(nn.Module):
         return torch.cat(outs)
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: torch.Tensor):
-        """K/V of hyper layer `layer_idx` (0-based) for the frames in e_local (N, 729, H): each
-        (1, N*729, n_kv, hd); K carries MI-RoPE at `frame_positions` (N,) (see
-        `frame_rope_positions`).
+        """K/V of hyper layer `layer_idx` (0-based) for the frames in e_local (N, 729, H): each (1,
+        N*729, n_kv, hd); K carries MI-RoPE at `frame_positions` (N,) (see `frame_rope_positions`).
 
         A pure function of (weights, E): cache it per layer, or recompute it from one copy of E."""
         if not self.config.is_hyper(layer_idx):
@@ -123,9 +122,8 @@ class Owl3Model(nn.Module):
         (default 0..N_local-1, i.e. the process holds all frames).
         precompute=True (inference): every hyper layer's K/V is computed now, without autograd, and
         reused by every forward and every decoded token. precompute=False (finetuning with
-        recompute): only E is kept and each
-        forward recomputes a layer's K/V when that layer runs (differentiable w.r.t. E and
-        v_kv_proj)."""
+        recompute): only E is kept and each forward recomputes a layer's K/V when that layer runs
+        (differentiable w.r.t. E and v_kv_proj)."""
         n, p, _ = e_local.shape
         dev = e_local.device
         media_starts = torch.as_tensor(media_starts, dtype=torch.int64).to(dev)
@@ -162,8 +160,7 @@ class Owl3Model(nn.Module):
 
         input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L);
         cache: the text KV cache to extend (None = no cache, the tokens are the whole sequence);
-        visual: frames to attend
-        to in the hyper layers (B must be 1), None = text only."""
+        visual: frames to attend to in the hyper layers (B must be 1), None = text only."""
         lm = self.language_model
         positions = lm.resolve_positions(input_ids, positions, cache)
         step = None

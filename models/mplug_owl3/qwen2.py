@@ -50,9 +50,8 @@ class AttentionHooks:
     """The two attention callables every layer uses (called with the keyword names above, so
     lvx_app.attention functions plug in directly). Swap them to distribute attention, e.g. `visual =
     functools.partial(lv_xattn_with_lse, group=g)` for prefill and `functools.partial(decode_xattn,
-    group=g)` for
-    one-token steps. Every rank must call `visual` in every hyper layer, also with an empty visual
-    shard."""
+    group=g)` for one-token steps. Every rank must call `visual` in every hyper layer, also with an
+    empty visual shard."""
 
     text: TextAttn = default_text_attn
     visual: VisualAttn = default_visual_attn
@@ -65,16 +64,15 @@ MIN_KV_ROOM = 256
 
 def kv_capacity(needed: int) -> int:
     """Buffer length for `needed` cached tokens: 1/8 more (at least MIN_KV_ROOM), so a question and
-    its answer fit
-    after the video prompt without a copy, and each copy buys room for many tokens (O(1)
-    amortised)."""
+    its answer fit after the video prompt without a copy, and each copy buys room for many tokens
+    (O(1) amortised)."""
     return needed + max(needed // 8, MIN_KV_ROOM)
 
 
 class _LayerKV:
     """One layer's cached K/V, (B, S, kv_heads, D), in a buffer that grows by an eighth (no copy per
-    token; doubling
-    would keep two video prompts' worth of an hour's cache for the rest of the session)."""
+    token; doubling would keep two video prompts' worth of an hour's cache for the rest of the
+    session)."""
 
     def __init__(self) -> None:
         self.k: Optional[torch.Tensor] = None
@@ -208,8 +206,7 @@ class Qwen2Model(nn.Module):
 
 class Qwen2LM(nn.Module):
     """`language_model`: `.model` plus `.lm_head` (no `lm_head` parameter at all when embeddings are
-    tied, so the
-    state dict has exactly the keys a tied checkpoint stores)."""
+    tied, so the state dict has exactly the keys a tied checkpoint stores)."""
 
     def __init__(
         self, config: Owl3Config, make_attention: Optional[Callable[[int], nn.Module]] = None

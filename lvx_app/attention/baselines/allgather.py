@@ -1,16 +1,14 @@
 """All-gather cross-attention: gather every K/V shard, then one local attention.
 
 The simplest exact baseline (PyTorch context parallel's default rotation and
-ring-flash-attn's "llama3" variant): every rank all-gathers the full K, V (and
-`k_frame`), attends its local queries to all of them, and in backward
-re-gathers K/V (only the local shard is saved, as in the llama3 variant) and
-reduce-scatters dK/dV back to their owners. It moves (n-1)/n of the whole K/V
-to every rank, so it is the worst case for long video; it is here for honest
-comparison.
+ring-flash-attn's "llama3" variant): every rank all-gathers the full K, V (and `k_frame`), attends
+its local queries to all of them, and in backward re-gathers K/V (only the local shard is saved, as
+in the llama3 variant) and reduce-scatters dK/dV back to their owners. It moves (n-1)/n of the whole
+K/V to every rank, so it is the worst case for long video; it is here for honest comparison.
 
 Shards may be uneven or empty; their lengths are exchanged once per call
-(lvx_app.parallel.collectives), and padded to the longest for the transfer (the
-bytes counted include that padding).
+(lvx_app.parallel.collectives), and padded to the longest for the transfer (the bytes counted
+include that padding).
 """
 
 from __future__ import annotations
@@ -58,10 +56,10 @@ def allgather_xattn(
 ):
     """Exact distributed cross-attention by all-gathering K/V (same contract as `lv_xattn`).
 
-    q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard
-    (B, Skv_i, Hkv, D), un-repeated GQA heads; q_vis (B, Sq_i) / k_frame
-    (B, Skv_i): the media mask. Returns this rank's output (B, Sq_i, Hq, D).
-    `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this rank.
+    q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard (B, Skv_i, Hkv, D),
+    un-repeated GQA heads; q_vis (B, Sq_i) / k_frame (B, Skv_i): the media mask. Returns this rank's
+    output (B, Sq_i, Hq, D). `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this
+    rank.
     """
     return kv_moving_xattn(_ALL_GATHER, q, k, v, group, scale, q_vis, k_frame, stats)
 

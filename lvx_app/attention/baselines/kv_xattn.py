@@ -1,9 +1,9 @@
 """The one autograd wrapper of the cross-attention baselines that bring K/V to the queries (Ring,
 all-gather).
 
-Both take `lv_xattn`'s arguments, exchange the K/V shard lengths once per call,
-save the same tensors and add the bytes they send to `stats` ("fwd_bytes" /
-"bwd_bytes"); they differ only in how K/V travel, which a `KVExchange` says.
+Both take `lv_xattn`'s arguments, exchange the K/V shard lengths once per call, save the same
+tensors and add the bytes they send to `stats` ("fwd_bytes" / "bwd_bytes"); they differ only in how
+K/V travel, which a `KVExchange` says.
 """
 
 from __future__ import annotations

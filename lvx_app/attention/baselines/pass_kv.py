@@ -1,10 +1,9 @@
 """The pass-KV ring both Ring Attention baselines run on: K/V shards travel, queries stay.
 
-Each round the next shard's transfer is posted before this round's block is
-computed. Backward rotates K/V again, and a second ring carries each shard's
-float32 dK/dV accumulator along with it, so the gradient arrives back at the
-shard's owner after n hops (ring-flash-attn's scheme); dQ accumulates locally
-(in the caller's `compute`).
+Each round the next shard's transfer is posted before this round's block is computed. Backward
+rotates K/V again, and a second ring carries each shard's float32 dK/dV accumulator along with it,
+so the gradient arrives back at the shard's owner after n hops (ring-flash-attn's scheme); dQ
+accumulates locally (in the caller's `compute`).
 """
 
 from __future__ import annotations
@@ -56,8 +55,8 @@ def pass_kv_backward(
     """Backward ring: `compute(src, shard)` returns (first key row, dk, dv) of that shard's part, or
     None.
 
-    The float32 (dk, dv) accumulator of each shard travels with it and reaches
-    its owner after the last hop. Returns this rank's (dk, dv, bytes sent).
+    The float32 (dk, dv) accumulator of each shard travels with it and reaches its owner after the
+    last hop. Returns this rank's (dk, dv, bytes sent).
     """
     world, rank = len(sizes), get_rank(group)
     k = block[0]

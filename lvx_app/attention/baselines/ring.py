@@ -1,19 +1,17 @@
 """Pass-KV Ring Attention: the cross-attention baseline and sharded causal self-attention.
 
-Queries stay on their rank; the K/V shards (un-repeated GQA heads, plus the
-key frame indices of the media mask) travel the ring (`pass_kv`), one hop per
-round; the partial (out, lse) of each block is merged in float32.
+Queries stay on their rank; the K/V shards (un-repeated GQA heads, plus the key frame indices of the
+media mask) travel the ring (`pass_kv`), one hop per round; the partial (out, lse) of each block is
+merged in float32.
 
-`ring_xattn` is the honest Ring Attention baseline for LV-XAttn: it moves
-2·S_kv/n·H_kv·D elements per hop (no `repeat_kv` before the ring).
+`ring_xattn` is the honest Ring Attention baseline for LV-XAttn: it moves 2·S_kv/n·H_kv·D elements
+per hop (no `repeat_kv` before the ring).
 
-`ring_self_attn` is causal self-attention over a sharded text sequence with
-zigzag load balancing (`lvx_app.attention.layout`): rank r holds chunks r and
-2n-1-r, so every round costs each rank the same half block: the own-shard
-round is causal, a shard from a lower rank is seen only through its first
-chunk, a shard from a higher rank only by the second chunk of the local
-queries. Blocks entirely in the future are never computed; empty chunks
-(very short sequences) are skipped.
+`ring_self_attn` is causal self-attention over a sharded text sequence with zigzag load balancing
+(`lvx_app.attention.layout`): rank r holds chunks r and 2n-1-r, so every round costs each rank the
+same half block: the own-shard round is causal, a shard from a lower rank is seen only through its
+first chunk, a shard from a higher rank only by the second chunk of the local queries. Blocks
+entirely in the future are never computed; empty chunks (very short sequences) are skipped.
 """
 
 from __future__ import annotations
@@ -84,12 +82,11 @@ def ring_xattn(
 ):
     """Exact distributed cross-attention by Ring Attention (pass-KV); same contract as `lv_xattn`.
 
-    q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard
-    (B, Skv_i, Hkv, D) (GQA heads are not repeated, so the ring moves only
-    H_kv heads); q_vis (B, Sq_i) / k_frame (B, Skv_i): media mask, key s
-    visible to query t iff k_frame[s] < q_vis[t]; k_frame travels with its
-    shard. Shards may be uneven or empty. Returns this rank's output.
-    `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this rank.
+    q: this rank's query block (B, Sq_i, Hq, D); k, v: this rank's K/V shard (B, Skv_i, Hkv, D) (GQA
+    heads are not repeated, so the ring moves only H_kv heads); q_vis (B, Sq_i) / k_frame (B,
+    Skv_i): media mask, key s visible to query t iff k_frame[s] < q_vis[t]; k_frame travels with its
+    shard. Shards may be uneven or empty. Returns this rank's output. `stats`, if given, accumulates
+    "fwd_bytes" / "bwd_bytes" sent by this rank.
     """
     return kv_moving_xattn(_PASS_KV, q, k, v, group, scale, q_vis, k_frame, stats)
 
@@ -202,10 +199,9 @@ def ring_self_attn(
 ):
     """Exact causal self-attention over a sequence sharded across ranks (pass-KV ring).
 
-    q, k, v: this rank's shard (B, S_i, H, D) (k/v may have fewer heads: GQA).
-    layout "zigzag" (default, load-balanced): shard with `zigzag_shard`; rank r
-    holds chunks r and 2n-1-r. layout "contiguous": rank r holds the r-th
-    contiguous slice (any lengths; rank n-1 does n times the work of rank 0).
-    Returns this rank's output shard, same layout.
+    q, k, v: this rank's shard (B, S_i, H, D) (k/v may have fewer heads: GQA). layout "zigzag"
+    (default, load-balanced): shard with `zigzag_shard`; rank r holds chunks r and 2n-1-r. layout
+    "contiguous": rank r holds the r-th contiguous slice (any lengths; rank n-1 does n times the
+    work of rank 0). Returns this rank's output shard, same layout.
     """
     return _RingSelfAttn.apply(q, k, v, group, scale, layout, stats)

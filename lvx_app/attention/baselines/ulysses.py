@@ -1,11 +1,10 @@
 """DeepSpeed-Ulysses cross-attention: all-to-all from sequence shards to head shards and back.
 
-One all-to-all turns each rank's (B, S_i, H, D) sequence shard of Q, K and V
-into (B, S, H/n, D): the whole sequence for n-th of the heads. Each rank then
-runs one local attention over its heads, and a second all-to-all returns the
-output to the sequence layout. The media mask's q_vis / k_frame are
-all-gathered (every rank now holds the whole sequence). Backward does the same
-with dO in and dQ, dK, dV out.
+One all-to-all turns each rank's (B, S_i, H, D) sequence shard of Q, K and V into (B, S, H/n, D):
+the whole sequence for n-th of the heads. Each rank then runs one local attention over its heads,
+and a second all-to-all returns the output to the sequence layout. The media mask's q_vis / k_frame
+are all-gathered (every rank now holds the whole sequence). Backward does the same with dO in and
+dQ, dK, dV out.
 
 Head counts: the query heads must divide by the world size n. The K/V heads
 must either divide by n, or divide n (GQA with fewer K/V heads than ranks):
@@ -43,8 +42,8 @@ def _seq_to_heads(x: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     if world == 1:
         return x, 0
     b, s, h, d = x.shape
-    # Seq-first so all_to_all_single's dim-0 splits are the heads groups going out and the
-    # ranks' sequence shards coming in: (n, S_i, B, H/n, D) -> (S, B, H/n, D).
+    # Seq-first so all_to_all_single's dim-0 splits are the heads groups going out and the ranks'
+    # sequence shards coming in: (n, S_i, B, H/n, D) -> (S, B, H/n, D).
     send = (
         x.reshape(b, s, world, h // world, d)
         .permute(2, 1, 0, 3, 4)
@@ -138,8 +137,8 @@ def ulysses_xattn(
     """Exact distributed cross-attention by DeepSpeed-Ulysses head sharding; same contract as
     `lv_xattn`.
 
-    Needs query heads divisible by the world size and K/V heads that divide by
-    it or divide it (see the module doc); raises ValueError otherwise.
-    `stats`, if given, accumulates "fwd_bytes" / "bwd_bytes" sent by this rank.
+    Needs query heads divisible by the world size and K/V heads that divide by it or divide it (see
+    the module doc); raises ValueError otherwise. `stats`, if given, accumulates "fwd_bytes" /
+    "bwd_bytes" sent by this rank.
     """
     return _UlyssesXAttn.apply(q, k, v, group, scale, q_vis, k_frame, stats)
