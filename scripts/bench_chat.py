@@ -114,7 +114,7 @@ def bench_engine(
     attentions: list[str] | None = None,
     repeats: int = 1,
 ) -> list[dict]:
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
     from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
     from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
@@ -295,7 +295,7 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
     hooks."""
     import torch.distributed as dist
 
-    from lvx_app.engine.hooks import ShardedAttention
+    from lvx_app.engine.parallelize import ShardedAttention
     from lvx_app.parallel.layout import owned, token_owners
 
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 FINETUNE = (
-    "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+    "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
     "app.command()(finetune_command)\napp(sys.argv[1:])\n"
 )
 

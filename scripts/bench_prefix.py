@@ -75,7 +75,7 @@ def small_checkpoint(directory: Path) -> Path:
 def _open(
     checkpoint: Path, video: Path, cache_dir: Path, ranks: int, new_tokens: int, save_visual_kv: str
 ) -> tuple[float, bool, bool, str, bool, str]:
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
     from lvx_app.engine.session import SessionConfig
 
     config = SessionConfig(
@@ -153,7 +153,7 @@ def visual_kv_choice(minutes: float, checkpoint: Path, workdir: Path) -> dict:
     a file."""
     from safetensors.torch import load_file
 
-    from lvx_app.video.cache import tensor_crc
+    from lvx_app.video.feature_cache import tensor_crc
     from lvx_models.mplug_owl3.loader import load_model
 
     model = load_model(str(checkpoint), dtype=torch.float32).model

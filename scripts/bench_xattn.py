@@ -18,7 +18,7 @@ visible work against the mean, from the plan, at --ranks, 4 and 8 ranks.
 
 A GPU cluster's regime on this machine (`--link-gbps X`, `--paper`): every
 P2P batch and collective of every schedule completes no earlier than its
-bytes / X after it was posted (lvx_app.parallel.link; compute proceeds
+bytes / X after it was posted (scripts/emulated_link.py; compute proceeds
 meanwhile, as with a NIC). An emulation, not a network model: no latency,
 contention or topology. `--paper` sets X so that this machine's measured
 per-rank attention FLOP/s over X (in elements/s) equals the LV-XAttn paper's
@@ -59,7 +59,7 @@ from lvx_app.attention.baselines import (
     ulysses_xattn,
 )  # noqa: E402
 from lvx_app.parallel.layout import LAYOUTS, balance, owners, round_work, token_owners  # noqa: E402
-from lvx_app.parallel.link import emulated_link  # noqa: E402
+from emulated_link import emulated_link  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q

@@ -253,7 +253,7 @@ def compare_chat(out: Path) -> list[dict]:
     if not rows_in:
         return []
     sys.path.insert(0, str(ROOT))
-    from lvx_app.engine.memory_plan import Workload, memory_plan, time_plan
+    from memory_plan import Workload, memory_plan, time_plan
     from lvx_models.mplug_owl3.config import Owl3Config
 
     cfg, rows = Owl3Config(), []

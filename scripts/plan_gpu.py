@@ -7,7 +7,7 @@ figure projected).
     python scripts/plan_gpu.py --check-rss
     python scripts/plan_gpu.py --json runs/plan.json
 
-The formula is `lvx_app/engine/memory_plan.py`; `--check-rss` runs the model code the engine runs on
+The formula is `scripts/memory_plan.py`; `--check-rss` runs the model code the engine runs on
 one rank (random weights, float32, random features) in a subprocess per case and compares its peak
 RSS growth with the plan.
 """
@@ -29,7 +29,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lvx_app.engine.memory_plan import (  # noqa: E402
+from memory_plan import (  # noqa: E402
     GB,
     Workload,
     band_tiles,

@@ -1,9 +1,15 @@
 """Shared fixtures: tiny official-layout checkpoints and a small synthetic video, made once per test
-run."""
+run. The benchmark scripts' modules (the memory plan, the emulated link, the baseline attentions)
+import as top-level modules, as the scripts themselves import them."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.open import open_engine
+from lvx_app.runtime.open import open_engine
 from lvx_app.engine.session import SessionConfig
-from lvx_app.video.cache import FeatureCache
+from lvx_app.video.feature_cache import FeatureCache
 from lvx_app.video.errors import VideoWarning
 from lvx_models.mplug_owl3 import fingerprint
 from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint

@@ -110,7 +110,7 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(
     import threading
     from dataclasses import asdict
 
-    from lvx_app.engine.launch import RemoteEngine
+    from lvx_app.runtime.launcher import RemoteEngine
     from lvx_app.engine.session import SessionConfig
 
     box: list[RemoteEngine] = []

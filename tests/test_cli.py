@@ -2,7 +2,7 @@
 
 from typer.testing import CliRunner
 
-from lvx_app.cli import app
+from lvx_app.cli.main import app
 
 
 def test_info_lists_versions():
@@ -12,7 +12,7 @@ def test_info_lists_versions():
 
 
 def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
-    from lvx_app.info import checkpoint_rows
+    from lvx_app.cli.info import checkpoint_rows
 
     assert checkpoint_rows(tiny_checkpoints["g1-gateproj"])["generation"].startswith(
         "g1-gateproj: G1 as 7B-240728"

@@ -14,7 +14,7 @@ from test_generation_cache import _setup
 
 from lvx_app.attention import Carry, decode_xattn
 from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.generation import LoopOutcome, token_loop
+from lvx_app.engine.generator import LoopOutcome, token_loop
 from lvx_app.parallel.testing import run_ranks
 
 
@@ -166,8 +166,8 @@ def _interrupted_conversation(
     """Rank 0 stops the first answer after three pieces, then asks a follow-up; with `diverge`, rank
     1 samples another token once (as if its logits differed)."""
     from lvx_app.engine import generation
-    from lvx_app.engine.control import ControlChannel
-    from lvx_app.engine.driver import GroupDriver, worker_loop
+    from lvx_app.runtime.control import ControlChannel
+    from lvx_app.runtime.driver import GroupDriver, worker_loop
     from lvx_app.engine.session import Session
     from lvx_app.parallel.group import init_distributed
 

@@ -14,9 +14,9 @@ import torch
 from test_generation_cache import generate
 
 from lvx_app.engine.api import EngineError, GenerationParams, GroupFailed
-from lvx_app.engine.control import ControlChannel
+from lvx_app.runtime.control import ControlChannel
 from lvx_app.engine.describe import printable
-from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.testing import run_ranks
 
@@ -181,7 +181,7 @@ def test_unknown_attention_option_is_one_line(tiny_checkpoints, tmp_path):
 
 
 def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
 
     config = _config(tiny_checkpoints["g2"], str(tmp_path), cuda=True)
     engine = open_engine(config, gpus=0, ranks=1)
@@ -292,7 +292,7 @@ def test_lvx_demo_runs(tmp_path):
 
 @pytest.mark.slow
 def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.engine.launch import RemoteEngine, pid_file
+    from lvx_app.runtime.launcher import RemoteEngine, pid_file
 
     config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=30)
     engine = RemoteEngine(config.__dict__, 2, cuda=False)
@@ -311,7 +311,7 @@ def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_v
 
 def test_describe_failure_names_the_killed_rank_not_the_one_that_lost_its_peer(tmp_path):
     """The launcher's one line is the reason; without it, the rank that left an error."""
-    from lvx_app.engine.launch import describe_failure, error_file
+    from lvx_app.runtime.launcher import describe_failure, error_file
 
     (tmp_path / "group.log").write_text(
         "lvx worker rank 0: RuntimeError: Connection reset by peer\n"

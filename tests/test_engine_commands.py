@@ -10,10 +10,10 @@ import pytest
 
 from lvx_app.engine import commands
 from lvx_app.engine.api import QuestionTooLong
-from lvx_app.engine.control import ControlChannel
-from lvx_app.engine.driver import GroupDriver, worker_loop
-from lvx_app.engine.launch import RemoteEngine
-from lvx_app.engine.link import serve_link
+from lvx_app.runtime.control import ControlChannel
+from lvx_app.runtime.driver import GroupDriver, worker_loop
+from lvx_app.runtime.launcher import RemoteEngine
+from lvx_app.runtime.socket_link import serve_link
 from lvx_app.parallel.testing import run_ranks
 
 ECHO = commands.Command("echo", "shout", ("text",))

@@ -84,7 +84,7 @@ def test_an_unknown_schedule_is_one_line_naming_the_choices():
     import pytest
 
     from lvx_app.engine.api import EngineError
-    from lvx_app.engine.open import session_config
+    from lvx_app.runtime.open import session_config
 
     with pytest.raises(
         EngineError, match="unknown cross-attention schedule 'tree'; use one of auto, ring, gather"

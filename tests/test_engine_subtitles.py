@@ -11,8 +11,8 @@ import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 
 from lvx_app.engine.api import EngineWarning
-from lvx_app.engine.control import ControlChannel
-from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.runtime.control import ControlChannel
+from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.subtitles import Cue
@@ -85,7 +85,7 @@ def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(
 
 
 def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
 
     many = [
         Cue(t, t + 0.9, f"spoken line number {t} with several more words in it") for t in range(10)

@@ -64,7 +64,7 @@ def test_json_forms_load_the_same(mini, tmp_path):
 def test_missing_video_reported_once_and_run_continues(mini, capsys):
     from videomme_fixtures import LookupSession, answers_for
 
-    from lvx_app.eval.cli import run_videomme
+    from lvx_app.cli.evaluate import run_videomme
 
     session = LookupSession(answers_for(mini.rows))
     run = run_videomme(

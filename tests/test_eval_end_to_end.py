@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 from videomme_fixtures import make_mini_videomme
 
-from lvx_app.cli import app
+from lvx_app.cli.main import app
 
 
 def _records(path):

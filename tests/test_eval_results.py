@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from videomme_fixtures import LookupSession, answers_for, make_mini_videomme
 
 from lvx_app.engine.api import QuestionTooLong
-from lvx_app.eval.cli import eval_app, run_videomme
+from lvx_app.cli.evaluate import eval_app, run_videomme
 from lvx_app.eval.results import ResultsError, merge_results, read_results
 
 
@@ -266,7 +266,7 @@ def test_engine_that_cannot_load_anything_stops_the_run(mini, tmp_path):
 
 
 def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monkeypatch):
-    import lvx_app.eval.cli
+    import lvx_app.cli.evaluate
 
     made = []
 
@@ -274,7 +274,7 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
         made.append(kwargs)
         return LookupSession(answers_for(mini.rows))
 
-    monkeypatch.setattr(lvx_app.eval.cli, "open_engine_session", open_engine_session)
+    monkeypatch.setattr(lvx_app.cli.evaluate, "open_engine_session", open_engine_session)
     out = tmp_path / "r.jsonl"
     args = [
         "videomme",

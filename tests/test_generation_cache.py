@@ -2,7 +2,7 @@
 equal to one prefill (absolute positions: the official top-left mask gets this wrong), the >32768
 warning, sampling.
 
-Generation runs the engine's own token loop (`lvx_app.engine.generation.token_loop`) over one model
+Generation runs the engine's own token loop (`lvx_app.engine.generator.token_loop`) over one model
 in one process.
 """
 
@@ -15,7 +15,7 @@ import torch
 from test_hyper_attention import P, tiny_config, tiny_model
 
 from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.generation import LoopOutcome, sample_next, token_loop
+from lvx_app.engine.generator import LoopOutcome, sample_next, token_loop
 
 
 def generate(

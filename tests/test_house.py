@@ -21,9 +21,9 @@ WHY_LONG = "# long:"
 # (layer, module prefixes), top first; the first matching prefix wins, so list the specific ones
 # before their package.
 LAYERS = [
-    (5, ["lvx_ui", "lvx_app.cli", "lvx_app.serve_cli", "lvx_app.cli_options", "lvx_app.frontends",
-         "lvx_app.demo", "lvx_app.info", "lvx_app.eval.cli", "lvx_app.train.cli",
-         "lvx_app.video.cache_cli"]),
+    (5, ["lvx_ui", "lvx_app.cli", "lvx_app.cli.serve", "lvx_app.cli.options", "lvx_app.frontends",
+         "lvx_app.cli.demo", "lvx_app.cli.info", "lvx_app.cli.evaluate", "lvx_app.cli.finetune",
+         "lvx_app.cli.cache"]),
     (4, ["lvx_app.engine", "lvx_app.eval", "lvx_app.train"]),
     (3, ["lvx_app.video", "lvx_app.subtitles"]),
     (2, ["lvx_models"]),
@@ -159,7 +159,7 @@ def test_import_reader_resolves_absolute_relative_and_function_level_imports(
 
 
 def test_specific_prefixes_win_over_their_package():
-    assert layer_of("lvx_app.video.cache_cli") == 5 and layer_of("lvx_app.video.ingest") == 3
+    assert layer_of("lvx_app.cli.cache") == 5 and layer_of("lvx_app.video.ingest") == 3
     assert layer_of("lvx_app.engine.session") == 4 and layer_of("lvx_app.defaults") == 0
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("lvx_app.new_module")

@@ -16,7 +16,7 @@ from lvx_app.parallel.layout import (
     token_owners,
 )
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.video.cache import CacheKey
+from lvx_app.video.feature_cache import CacheKey
 from lvx_app.video.plan import build_plan
 
 
@@ -232,9 +232,9 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
     error line naming the choices, before any model is loaded."""
     from typer.testing import CliRunner
 
-    import lvx_app.frontends.terminal as terminal
-    import lvx_app.train.cli as train_cli
-    from lvx_app.cli import app
+    import lvx_app.cli.chat as terminal
+    import lvx_app.cli.finetune as train_cli
+    from lvx_app.cli.main import app
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""The memory and time plan (lvx_app/engine/memory_plan.py): parameter counts from the meta device
+"""The memory and time plan (scripts/memory_plan.py): parameter counts from the meta device
 equal a real model's, the terms scale as the tensors they name, the largest-video search is tight,
 and the formula agrees with
 the measured peak RSS of the model code on this CPU within 15% (scripts/plan_gpu.py --check-rss)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lvx_app.engine.memory_plan import (
+from memory_plan import (
     GB,
     Workload,
     largest_minutes,
@@ -118,7 +118,7 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     time ends with the buffer the plan names (with the growth before it)."""
     import torch
 
-    from lvx_app.engine.memory_plan import _text_buffer
+    from memory_plan import _text_buffer
     from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)

@@ -18,10 +18,10 @@ from lvx_app.engine.api import GenerationParams
 from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.parallel.group import init_distributed
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.video.cache import CacheKey
-from lvx_app.video.cache_cli import cache_app
+from lvx_app.video.feature_cache import CacheKey
+from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
-from lvx_app.video.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
 
 PARAMS = GenerationParams(max_new_tokens=8)

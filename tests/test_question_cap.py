@@ -8,8 +8,8 @@ from test_engine import PARAMS, QUESTIONS, _config, _lvx
 
 from lvx_app.engine import limits
 from lvx_app.engine.api import EngineError
-from lvx_app.engine.control import ControlChannel
-from lvx_app.engine.driver import GroupDriver, worker_loop
+from lvx_app.runtime.control import ControlChannel
+from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.engine.session import Session
 from lvx_app.parallel.testing import run_ranks
 from lvx_models.mplug_owl3.config import Owl3Config

@@ -7,7 +7,7 @@ import torch
 from attn_reference import reference_attention
 
 from lvx_app.attention.baselines import ring_self_attn
-from lvx_app.attention.layout import (
+from lvx_app.parallel.layout import (
     zigzag_chunk_sizes,
     zigzag_indices,
     zigzag_shard,

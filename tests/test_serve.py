@@ -368,7 +368,7 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
     from rich.console import Console
 
     from lvx_app.engine.session import SessionConfig
-    from lvx_ui.serve import parse_auth, run_serve
+    from lvx_ui.server import parse_auth, run_serve
 
     assert parse_auth("alice:pass:word") == ("alice", "pass:word")
     for kwargs, message in (

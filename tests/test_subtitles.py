@@ -194,7 +194,7 @@ def test_token_budget_drops_lines_evenly():
 
 def test_chat_block_is_the_eval_prompts(tiny_checkpoints, short_video, tmp_path):
     """The same video and .srt: chat's prefilled block is the text the eval prompt starts with."""
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
     from lvx_app.engine.session import SessionConfig
 
     srt = tmp_path / "movie.srt"
@@ -224,9 +224,9 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
     from rich.console import Console
 
     from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
     from lvx_app.engine.session import SessionConfig
-    from lvx_app.frontends.terminal import run_chat, run_chat_command
+    from lvx_app.cli.chat import run_chat, run_chat_command
 
     bad = tmp_path / "bad.srt"
     bad.write_bytes(b"\x00\x01" * 100)
@@ -281,12 +281,12 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
 def test_multi_node_chat_entry_point_takes_subtitles(
     tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch
 ):
-    """`python -m lvx_app.frontends.worker --frontend chat VIDEO --subtitles FILE` (rank 0 of a
+    """`python -m lvx_app.runtime.rank_main --frontend chat VIDEO --subtitles FILE` (rank 0 of a
     torchrun job)."""
     import io
     import sys
 
-    from lvx_app.frontends.worker import main
+    from lvx_app.runtime.rank_main import main
 
     good = tmp_path / "good.srt"
     good.write_text(SRT)

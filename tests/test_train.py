@@ -120,7 +120,7 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
 def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
     """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official
     key `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
-    from lvx_app.train.checkpoint import save_checkpoint
+    from lvx_app.train.saving import save_checkpoint
     from lvx_models.mplug_owl3.loader import load_model
 
     ckpt = tiny_checkpoints["g1-gateproj"]
@@ -265,9 +265,9 @@ def _write_data(tmp_path, video: str):
 
 def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.open import open_engine
+    from lvx_app.runtime.open import open_engine
     from lvx_app.engine.session import SessionConfig
-    from lvx_app.train.checkpoint import official_state_dict
+    from lvx_app.train.saving import official_state_dict
     from lvx_models.mplug_owl3.loader import load_model
 
     data = _write_data(tmp_path, short_video)
@@ -338,7 +338,7 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     """`lvx finetune`'s function through a torchrun group of 2 CPU ranks."""
     data = _write_data(tmp_path, short_video)
     script = (
-        "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+        "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
         "app.command()(finetune_command)\napp(sys.argv[1:])\n"
     )
     args = [

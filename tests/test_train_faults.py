@@ -17,11 +17,11 @@ import typer
 from typer.testing import CliRunner
 
 from lvx_app.parallel.failures import pid_file
-from lvx_app.train.cli import finetune_command
+from lvx_app.cli.finetune import finetune_command
 from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output
 
 SCRIPT = (
-    "import typer, sys\nfrom lvx_app.train.cli import finetune_command\napp = typer.Typer()\n"
+    "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
     "app.command()(finetune_command)\napp(sys.argv[1:])\n"
 )
 

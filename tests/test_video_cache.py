@@ -7,8 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lvx_app.video.cache import CacheKey, FeatureCache, default_cache_dir, file_identity
-from lvx_app.video.cache_cli import cache_app
+from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
+from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import build_plan
 
@@ -140,7 +140,7 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
     cache = FeatureCache(tmp_path / "cache")
     key = key_for(video)
     good, _, _ = save_shard(cache, key, video, seed=1)
-    cache_mod = sys.modules["lvx_app.video.cache"]
+    cache_mod = sys.modules["lvx_app.video.feature_cache"]
 
     def crash(src, dst):
         raise OSError("disk died during rename")

@@ -23,10 +23,10 @@ from lvx_app.engine.session import Session, SessionConfig
 from lvx_app.engine.visual_kv import should_save
 from lvx_app.parallel.group import init_distributed
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.video.cache import CacheKey
-from lvx_app.video.cache_cli import cache_app
+from lvx_app.video.feature_cache import CacheKey
+from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
-from lvx_app.video.visual_kv_cache import VisualKVCache, VisualKVKey
+from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 
 PARAMS = GenerationParams(max_new_tokens=8)
 QUESTION = "what happens in the video?"

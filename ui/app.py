@@ -30,8 +30,10 @@ from typing import Any
 
 import gradio as gr
 
-from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
+from lvx_app.config import Config
+from lvx_app.engine.api import EngineError, GroupFailed, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.runtime.engine_handle import Engine
 from lvx_app.subtitles import SIDECAR_EXTENSIONS, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.warning_lines import is_lvx_source
 
@@ -103,7 +105,8 @@ def memory_table(stats: dict[str, Any]) -> str:
 def answer_footer(engine: Engine) -> str:
     """TTFT, tokens/s and flags of the last answer, worded for the page rather than the command
     line."""
-    return describe_answer(engine).replace("hit --max-new-tokens", "hit the max new tokens limit")
+    line = describe_answer(engine.last_answer)
+    return line.replace("hit --max-new-tokens", "hit the max new tokens limit")
 
 
 def _error(exc: BaseException) -> str:
@@ -133,23 +136,20 @@ class ChatApp:
     def __init__(
         self,
         engine: Engine,
+        config: Config,
         *,
         allow_paths: Sequence[str] | None,
-        max_upload_mb: float,
-        params: GenerationParams,
         reopen: Callable[[], Engine] | None = None,
     ) -> None:
-        self.engine = engine
-        self.reopen = (
-            reopen  # starts a fresh engine with the same options after the worker group died
-        )
+        self.engine, self.config = engine, config
+        # starts a fresh engine with the same options after the worker group died
+        self.reopen = reopen
         self.failed: str | None = None  # why the group died; the next request restarts it
         self.loaded: VideoSpec | None = None  # what the engine holds
         # browser session -> the video it loaded
         self.videos: OrderedDict[str, VideoSpec] = OrderedDict()
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
-        self.max_upload_mb = max_upload_mb
-        self.params = params
+        self.max_upload_mb = config.serve.max_upload_mb
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.video: VideoSummary | None = None
@@ -238,8 +238,9 @@ class ChatApp:
             return ""
         path, fps, cap, cues = spec
         try:
+            report = _progress_reporter(progress)
             summary = self.engine.load_video(
-                path, fps, cap, progress=_progress_reporter(progress), subtitles=cues
+                path, subtitles=cues, progress=report, fps=fps, max_frames=cap
             )
         except GroupFailed:
             raise
@@ -292,7 +293,7 @@ class ChatApp:
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
                     summary = self.engine.load_video(
-                        path, fps, cap, progress=report, subtitles=track.cues
+                        path, subtitles=track.cues, progress=report, fps=fps, max_frames=cap
                     )
                 stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
@@ -334,17 +335,11 @@ class ChatApp:
         part = {"type": "text", "text": ""}
         history.append({"role": "assistant", "content": [part]})
         yield history, "", owner, gr.skip()
-        limit = max(1, int(max_new_tokens or self.params.max_new_tokens))
-        params = GenerationParams(
-            max_new_tokens=limit,
-            temperature=self.params.temperature,
-            top_p=self.params.top_p,
-            seed=self.params.seed,
-        )
+        limit = max(1, int(max_new_tokens or self.config.generation.max_new_tokens))
         with self.lock:
             self.stop.clear()
             for _ in self._answer(
-                message, params, part, owner, fresh=len(history) == 2, progress=progress
+                message, limit, part, owner, fresh=len(history) == 2, progress=progress
             ):
                 yield history, "", owner, gr.skip()
             status = self.status()
@@ -353,7 +348,7 @@ class ChatApp:
     def _answer(
         self,
         message: str,
-        params: GenerationParams,
+        max_new_tokens: int,
         part: dict,
         owner: str,
         *,
@@ -370,7 +365,7 @@ class ChatApp:
                 self.engine.reset()
                 self.owner = owner
             duration, about = self._duration(), self._about()
-            pieces = self.engine.ask(message, params)
+            pieces = self.engine.ask(message, max_new_tokens=max_new_tokens)
             warned: list[str] = []
             with _warnings_into(warned):
                 for piece in pieces:
@@ -510,63 +505,57 @@ def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | Non
     return video, server_path, fps, max_frames, subtitle_file, found, load_btn, status
 
 
+def _chat_column(ui: ChatApp) -> tuple:
+    """The right column: the chat, the question box, the buttons and the generation settings."""
+    with gr.Column(scale=3):
+        chatbot = gr.Chatbot(
+            label="Chat", height=480, elem_id="lvx-chat", feedback_options=None, buttons=["copy"]
+        )
+        message = gr.Textbox(
+            label="Question", placeholder="Ask about the video, then Enter", elem_id="lvx-question"
+        )
+        with gr.Row():
+            buttons = (
+                gr.Button("Send", variant="primary", elem_id="lvx-send"),
+                gr.Button("Stop", elem_id="lvx-stop"),
+                gr.Button("Reset", elem_id="lvx-reset"),
+                gr.Button("Stats", elem_id="lvx-stats-btn"),
+            )
+        with gr.Accordion("Generation", open=False):
+            limit = ui.config.generation.max_new_tokens
+            max_new = gr.Number(limit, label="max new tokens", precision=0)
+        stats_box = gr.Markdown("", elem_id="lvx-stats")
+    return chatbot, message, buttons, max_new, stats_box
+
+
 def build_app(
     engine: Engine,
+    config: Config,
     *,
     allow_paths: Sequence[str] | None = None,
-    max_upload_mb: float = 4096,
-    default_fps: float = 1.0,
-    default_max_frames: int | None = None,
-    params: GenerationParams = GenerationParams(),
     title: str = "lvx: chat with a long video",
     reopen: Callable[[], Engine] | None = None,
 ) -> gr.Blocks:
-    # long: to be split: it mixes several steps
     """The page: video and load controls on the left, the chat on the right. Launch options ride
     along in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes
     the engine the page holds now (`reopen` may have replaced the one passed in)."""
     if allow_paths:
         # the player reads those videos in place instead of copying them
         gr.set_static_paths(list(allow_paths))
-    ui = ChatApp(
-        engine, allow_paths=allow_paths, max_upload_mb=max_upload_mb, params=params, reopen=reopen
-    )
+    ui = ChatApp(engine, config, allow_paths=allow_paths, reopen=reopen)
+    video_defaults = (config.video.fps, config.video.max_frames)
     with gr.Blocks(title="lvx") as demo:
         owner = gr.State(None)
         gr.Markdown(f"## {title}")
         with gr.Row():
-            video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = (
-                _video_column(ui, default_fps, default_max_frames)
-            )
-            with gr.Column(scale=3):
-                chatbot = gr.Chatbot(
-                    label="Chat",
-                    height=480,
-                    elem_id="lvx-chat",
-                    feedback_options=None,
-                    buttons=["copy"],
-                )
-                message = gr.Textbox(
-                    label="Question",
-                    placeholder="Ask about the video, then Enter",
-                    elem_id="lvx-question",
-                )
-                with gr.Row():
-                    send_btn = gr.Button("Send", variant="primary", elem_id="lvx-send")
-                    stop_btn = gr.Button("Stop", elem_id="lvx-stop")
-                    reset_btn = gr.Button("Reset", elem_id="lvx-reset")
-                    stats_btn = gr.Button("Stats", elem_id="lvx-stats-btn")
-                with gr.Accordion("Generation", open=False):
-                    max_new = gr.Number(params.max_new_tokens, label="max new tokens", precision=0)
-                stats_box = gr.Markdown("", elem_id="lvx-stats")
+            left = _video_column(ui, *video_defaults)
+            chatbot, message, buttons, max_new, stats_box = _chat_column(ui)
+        video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = left
+        send_btn, stop_btn, reset_btn, stats_btn = buttons
         engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
-        load_btn.click(
-            ui.load,
-            [video, server_path, fps, max_frames, subtitle_file, found, owner],
-            [status, chatbot, video, owner],
-            api_name="load",
-            **engine_event,
-        )
+        load_inputs = [video, server_path, fps, max_frames, subtitle_file, found, owner]
+        load_outputs = [status, chatbot, video, owner]
+        load_btn.click(ui.load, load_inputs, load_outputs, api_name="load", **engine_event)
         chat_io = dict(
             fn=ui.chat,
             inputs=[message, chatbot, max_new, owner],
@@ -576,18 +565,15 @@ def build_app(
         )
         message.submit(api_name="chat", **chat_io)
         send_btn.click(api_name=False, **chat_io)
-        stop_btn.click(
-            ui.request_stop, None, None, api_name="stop", queue=False, concurrency_limit=None
-        )
-        reset_btn.click(
-            ui.reset, [owner], [chatbot, status, owner], api_name="reset", **engine_event
-        )
-        # its trash icon
-        chatbot.clear(ui.reset, [owner], [chatbot, status, owner], api_name=False, **engine_event)
+        stop = dict(api_name="stop", queue=False, concurrency_limit=None)
+        stop_btn.click(ui.request_stop, None, None, **stop)
+        reset_io = ([owner], [chatbot, status, owner])
+        reset_btn.click(ui.reset, *reset_io, api_name="reset", **engine_event)
+        chatbot.clear(ui.reset, *reset_io, api_name=False, **engine_event)  # its trash icon
         stats_btn.click(ui.stats, None, [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]
-        "max_file_size": f"{max_upload_mb:g}mb",
+        "max_file_size": f"{config.serve.max_upload_mb:g}mb",
         "allowed_paths": [str(p) for p in ui.allow_paths],
     }
     demo.lvx_close = ui.close  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Attention as the product runs it: block kernels returning (out, lse), the lse merge, LV-XAttn
-(pass-Q ring cross-attention), the gather schedule and the ring-or-gather choice, the decode combine
-and the zigzag text layout.
+(pass-Q ring cross-attention), the gather schedule and the ring-or-gather choice, and the decode
+combine.
 
 The baselines it is measured against live in `lvx_app.attention.baselines`."""
 
@@ -8,12 +8,6 @@ from lvx_app.attention.backends import available_backends
 from lvx_app.attention.decode_xattn import Carry, decode_xattn
 from lvx_app.attention.gather_xattn import gather_xattn_with_lse
 from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd, check_inputs
-from lvx_app.attention.layout import (
-    zigzag_chunk_sizes,
-    zigzag_indices,
-    zigzag_shard,
-    zigzag_unshard,
-)
 from lvx_app.attention.lv_xattn import (
     lv_xattn,
     lv_xattn_backward,
@@ -21,7 +15,7 @@ from lvx_app.attention.lv_xattn import (
     lv_xattn_with_lse,
 )
 from lvx_app.attention.merge import merge, merge_, merge_many
-from lvx_app.attention.schedule import SCHEDULES, choose_schedule, xattn_with_lse
+from lvx_app.attention.schedule import SCHEDULES, choose_schedule
 
 __all__ = [
     "SCHEDULES",
@@ -41,9 +35,4 @@ __all__ = [
     "merge",
     "merge_",
     "merge_many",
-    "xattn_with_lse",
-    "zigzag_chunk_sizes",
-    "zigzag_indices",
-    "zigzag_shard",
-    "zigzag_unshard",
 ]

@@ -20,18 +20,29 @@ from torch import Tensor
 
 from lvx_app.attention.kernels import attn_fwd
 from lvx_app.attention.merge import acc_dtype, merge_many
-from lvx_app.parallel import get_world_size, link
+from lvx_app.parallel import get_world_size
 from lvx_app.parallel.collectives import count_bytes, nbytes
 
 
 class Carry:
-    """Numbers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every
-    rank's, in rank order, once that call has run. Integers ride exactly below 2**24 (the partials
-    are float32 at least)."""
+    """Integers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every
+    rank's, in rank order, once that call has run. They ride bit for bit inside the float partials
+    (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly."""
 
     def __init__(self, send: Tensor) -> None:
         self.send = send.flatten()
         self.received: Tensor | None = None
+
+    def packed(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """`send` as `dtype` elements holding its integers' bits."""
+        return self.send.to(device=device, dtype=_BITS[dtype]).view(dtype)
+
+    def unpack(self, gathered: Tensor) -> None:
+        """Keep every rank's integers from their packed rows (n, m)."""
+        self.received = gathered.contiguous().view(_BITS[gathered.dtype]).to(torch.int64)
+
+
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 @torch.no_grad()
@@ -56,24 +67,23 @@ def decode_xattn(
     ride = carry is not None and carry.received is None
     if n == 1:
         if ride:
-            carry.received = carry.send.view(1, -1).clone()
+            carry.received = carry.send.view(1, -1).to(torch.int64)
         return out, lse
     b, sq, hq, d = q.shape
     ct = acc_dtype(q)
     parts = [out.to(ct).flatten(), lse.to(ct).flatten()]
     if ride:
-        parts.append(carry.send.to(device=out.device, dtype=ct))
+        parts.append(carry.packed(ct, out.device))
     packed = torch.cat(parts)
     gathered = [torch.empty_like(packed) for _ in range(n)]
     sent = (n - 1) * nbytes(packed)
-    with link.transfer(sent):
-        dist.all_gather(gathered, packed, group=group)
+    dist.all_gather(gathered, packed, group=group)
     count_bytes(stats, "fwd_bytes", sent)
     allp = torch.stack(gathered)  # (n, B*Sq*Hq*D + B*Hq*Sq)
     n1 = b * sq * hq * d
     outs = allp[:, :n1].reshape(n, b, sq, hq, d)
     lses = allp[:, n1 : n1 + b * hq * sq].reshape(n, b, hq, sq)
     if ride:
-        carry.received = allp[:, n1 + b * hq * sq :]
+        carry.unpack(allp[:, n1 + b * hq * sq :])
     merged_out, merged_lse = merge_many(outs, lses)
     return merged_out.to(q.dtype), merged_lse

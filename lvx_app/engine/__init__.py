@@ -1,29 +1,11 @@
-"""The engine: one video session held by a worker group, driven by a frontend.
+"""The engine's per-rank compute: one video and one conversation held by every rank of a group.
 
-Frontends (terminal chat, Gradio, Video-MME eval) open one with `lvx_app.engine.open.open_engine`
-and talk to it as an `Engine`:
-- `GroupDriver` runs on rank 0 and broadcasts each command to the other ranks;
-  with world size 1 it is the whole in-process engine.
-- `RemoteEngine` runs in the `lvx` process and forwards to rank 0 of a torchrun
-  group over a local socket, so Ctrl-C in the terminal never reaches the group.
+`RankSession` composes the `Conversation` (the replicated text K/V cache), the `VideoContext` (this
+rank's frames and the prefilled video prompt) and the `Generator` (an answer's token loop), after
+`parallelize` has installed the sharded attention on the model. How a frontend drives a group of
+them is `lvx_app.runtime`.
 """
 
-from lvx_app.engine.api import (
-    AnswerStats,
-    Engine,
-    EngineError,
-    EngineWarning,
-    GenerationParams,
-    GroupFailed,
-    VideoSummary,
-)
+from lvx_app.engine.api import AnswerStats, EngineError, EngineWarning, GroupFailed, VideoSummary
 
-__all__ = [
-    "AnswerStats",
-    "Engine",
-    "EngineError",
-    "EngineWarning",
-    "GenerationParams",
-    "GroupFailed",
-    "VideoSummary",
-]
+__all__ = ["AnswerStats", "EngineError", "EngineWarning", "GroupFailed", "VideoSummary"]

@@ -1,11 +1,9 @@
-"""What every engine offers a frontend, and the small records it returns."""
+"""The errors and records of the engine, the same on every rank and in the frontend process."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence
-
-from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
+from typing import Any, Callable
 
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -46,16 +44,6 @@ class EngineWarning(UserWarning):
     the group log."""
 
 
-@dataclass(frozen=True)
-class GenerationParams:
-    """Greedy by default so answers are reproducible."""
-
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-
 @dataclass
 class VideoSummary:
     path: str
@@ -68,11 +56,9 @@ class VideoSummary:
     timestamps: list[float] = field(default_factory=list)
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
-    prompt_from_cache: bool = (
-        False  # the prefilled video prompt was read back (lvx_app.video.prefix_cache)
-    )
+    prompt_from_cache: bool = False  # the prefilled video prompt was read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
-    memory_per_rank: list[dict[str, Any]] = field(default_factory=list)
+    subtitle_source: str = ""  # where the subtitle lines came from ("" = none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,38 +80,3 @@ class AnswerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"tokens_per_s": self.tokens_per_s}
-
-
-class Engine(Protocol):
-    """The interface frontends use; the same for one process and for a torchrun group."""
-
-    last_answer: AnswerStats | None
-
-    def load_video(
-        self,
-        path: str,
-        fps: float,
-        max_frames: int | None = None,
-        progress: ProgressFn | None = None,
-        subtitles: Sequence[Any] | None = None,
-    ) -> VideoSummary:
-        """Make the video resident; `subtitles` (cues of `lvx_app.subtitles`) are placed after it in
-        the prompt."""
-        ...
-
-    def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
-        """Stream the answer as text pieces; `last_answer` holds its stats afterwards."""
-        ...
-
-    def interrupt(self) -> None:
-        """Stop the answer being generated (safe to call from a signal handler or another
-        thread)."""
-        ...
-
-    def reset(self) -> None:
-        """Forget the conversation, keep the video."""
-        ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...

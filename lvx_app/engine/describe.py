@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from lvx_app.engine.api import Engine, VideoSummary
+from lvx_app.engine.api import AnswerStats, VideoSummary
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -30,8 +30,8 @@ def describe_video(summary: VideoSummary) -> str:
     )
 
 
-def describe_answer(engine: Engine) -> str:
-    s = engine.last_answer
+def describe_answer(s: AnswerStats | None) -> str:
+    """TTFT, tokens/s, tokens and how the answer ended, in one line."""
     if s is None:
         return ""
     flags = (

@@ -23,7 +23,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from lvx_app.config import Config
 from lvx_app.engine.api import QuestionTooLong
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
@@ -59,7 +59,7 @@ class EvalSession(Protocol):
     also calls ``reset`` before giving up on a video whose load failed. It never calls ``ask``
     without a loaded video.
 
-    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.cli.run_videomme`
+    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.videomme.run_videomme`
     at the end), ``describe() -> dict`` (kept in the results header), and an ``answer_info``
     attribute (a dict about the last ``ask``: tokens, time to first token, truncated…) kept in each
     answer record.
@@ -126,12 +126,8 @@ def run_eval(
     questions: Sequence[Question],
     session: EvalSession,
     writer: ResultsWriter,
+    config: Config,
     *,
-    fps: float,
-    max_frames: int | None,
-    subtitles: bool,
-    max_new_tokens: int,
-    scoring: str,
     console: Console | None = None,
     show_progress: bool = True,
     max_consecutive_failures: int = 3,
@@ -161,7 +157,7 @@ def run_eval(
             path = dataset.video_paths[video_key]
             t0 = time.perf_counter()
             try:
-                info = session.load_video(str(path), fps, max_frames)
+                info = session.load_video(str(path), config.video.fps, config.video.max_frames)
             except Exception as e:  # noqa: BLE001 - one bad file must not end a 2,700-question run
                 _skip_video(session, stats, console, video_key, path, len(qs), e)
                 failures_in_a_row += 1
@@ -179,9 +175,9 @@ def run_eval(
                 info,
                 time.perf_counter() - t0,
                 answered,
-                subtitles=subtitles,
-                max_new_tokens=max_new_tokens,
-                scoring=scoring,
+                subtitles=config.eval.subtitles,
+                max_new_tokens=config.generation.max_new_tokens,
+                scoring=config.eval.scoring,
             )
             session.reset()
             progress.advance(v_task)
@@ -308,33 +304,29 @@ def answer_record(
 
 
 class EngineEvalSession:
-    """:class:`EvalSession` over a chat engine (``lvx_app.engine``'s ``Engine``): ``load_video(path,
-    fps, max_frames)`` returning a summary with ``timestamps`` and ``duration_s``, ``ask(text,
-    params)`` streaming text pieces, ``reset()`` forgetting the conversation but keeping the video,
-    ``close()``, and optionally ``last_answer`` (stats with ``to_dict()``).
+    """:class:`EvalSession` over an `lvx_app.runtime` `Engine`: each question is asked on a fresh
+    conversation (the engine is reset before every ``ask``), greedily, with no subtitles of the
+    engine's own (the eval's prompt carries its subtitle lines)."""
 
-    Each question is asked on a fresh conversation (the engine is reset before every ``ask``),
-    greedily. ``make_params(max_new_tokens)`` builds the engine's generation parameters.
-    """
-
-    def __init__(self, engine: Any, make_params: Callable[[int], Any]):
+    def __init__(self, engine: Any):
         self.engine = engine
-        self.make_params = make_params
         self.answer_info: dict[str, Any] | None = None
 
+    def describe(self) -> dict[str, Any]:
+        return dict(self.engine.describe())
+
     def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
-        summary = self.engine.load_video(path, fps, max_frames)
+        summary = self.engine.load_video(path, subtitles=[], fps=fps, max_frames=max_frames)
         self.engine.reset()
-        extra = {
-            k: v for k, v in vars(summary).items() if k not in ("path", "timestamps", "duration_s")
-        }
+        drop = ("path", "timestamps", "duration_s", "subtitle_source")
+        extra = {k: v for k, v in vars(summary).items() if k not in drop}
         return VideoInfo(
             timestamps=list(summary.timestamps), duration_s=summary.duration_s, extra=extra
         )
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
         self.engine.reset()
-        text = "".join(self.engine.ask(prompt, self.make_params(max_new_tokens)))
+        text = "".join(self.engine.ask(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
         stats = getattr(self.engine, "last_answer", None)
         self.answer_info = stats.to_dict() if hasattr(stats, "to_dict") else None
         return text
@@ -344,37 +336,3 @@ class EngineEvalSession:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def open_engine_session(
-    *,
-    model: str,
-    revision: str | None,
-    gpus: int | None,
-    ranks: int | None,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    decode_timeout: float = DEFAULT_DECODE_TIMEOUT_S,
-    cache_dir: str | None = None,
-) -> EngineEvalSession:
-    """Start the model on the requested ranks (the engine's one opener); each question is then
-    answered on a fresh conversation."""
-    # imported here, not at the top: `lvx eval merge/report` import this module and must run without
-    # torch
-    from lvx_app.engine.api import GenerationParams
-    from lvx_app.engine.open import open_engine, session_config
-
-    config = session_config(
-        model=model,
-        revision=revision,
-        fps=1.0,
-        max_frames=None,
-        dtype="auto",
-        kv_cache=None,
-        timeout=timeout,
-        use_cache=True,
-        cache_dir=cache_dir,
-        decode_timeout=decode_timeout,
-    )
-    return EngineEvalSession(
-        open_engine(config, gpus, ranks), lambda n: GenerationParams(max_new_tokens=n)
-    )

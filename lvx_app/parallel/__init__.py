@@ -10,7 +10,7 @@ from lvx_app.parallel.group import (
     get_world_size,
     init_distributed,
 )
-from lvx_app.parallel.ring import RingComm
+from lvx_app.parallel.ring_comm import RingComm
 
 __all__ = [
     "DistInfo",

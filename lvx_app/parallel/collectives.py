@@ -1,18 +1,26 @@
-"""Small collectives the distributed attention paths share: size exchange and byte accounting.
+"""Small collectives the distributed paths share: sizes, sequences, one integer, byte accounting.
 
-Each is held by `link.hold` for the bytes it sends when a benchmark emulates a slower link."""
+Every transfer goes through torch.distributed's own functions, looked up when called, so a benchmark
+that wraps them (scripts/emulated_link.py) sees every byte the product sends."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from lvx_app.parallel import link
 from lvx_app.parallel.group import get_world_size
 
-# torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+def _all_gather(out: torch.Tensor, mine: torch.Tensor, group=None) -> None:
+    # torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+        out, mine, group=group
+    )
+
+
+def _reduce_scatter(out: torch.Tensor, stacked: torch.Tensor, group=None) -> None:
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, stacked, group=group)
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -26,8 +34,7 @@ def exchange_sizes(*local: int, group=None, device=None) -> list[list[int]]:
         return [[n] for n in local]
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     every = torch.empty(world * len(local), dtype=torch.int64, device=device)
-    with link.transfer((world - 1) * nbytes(mine)):
-        _all_gather(every, mine, group=group)
+    _all_gather(every, mine, group=group)
     rows = every.view(world, len(local)).tolist()
     return [[row[i] for row in rows] for i in range(len(local))]
 
@@ -54,8 +61,7 @@ def allgather_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.
     longest = max(sizes)
     mine = _pad_seq(x, longest)
     every = mine.new_empty((world * mine.shape[0], *mine.shape[1:]))
-    with link.transfer((world - 1) * nbytes(mine)):
-        _all_gather(every, mine, group=group)
+    _all_gather(every, mine, group=group)
     every = every.view(world, *mine.shape)
     full = torch.cat([every[j, :, : sizes[j]] for j in range(world)], dim=1)
     return full, (world - 1) * nbytes(mine)
@@ -71,7 +77,21 @@ def reduce_scatter_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[t
     parts = [_pad_seq(p, longest) for p in x.split(sizes, dim=1)]
     stacked = torch.cat(parts, dim=0)  # (world * B, longest, ...)
     mine = stacked.new_empty(parts[0].shape)
-    with link.transfer((world - 1) * nbytes(mine)):
-        _reduce_scatter(mine, stacked, group=group)
+    _reduce_scatter(mine, stacked, group=group)
     rank = dist.get_rank(group)
     return mine[:, : sizes[rank]], (world - 1) * nbytes(mine)
+
+
+def on_wire(box: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`box` where the process group can send it: on this rank's GPU under NCCL, as it is under
+    gloo."""
+    return box.to(device) if dist.get_backend() == "nccl" else box
+
+
+def all_min(value: int, device: torch.device) -> int:
+    """The smallest `value` over the ranks (every rank calls this at the same point)."""
+    if get_world_size() == 1:
+        return value
+    box = on_wire(torch.tensor([value], dtype=torch.int64), device)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN)
+    return int(box[0])

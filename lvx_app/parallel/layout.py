@@ -15,6 +15,11 @@ A rank's items are always returned sorted, so the frames a token sees stay a pre
 keys and the tile planner (`lvx_app.attention.masks`) keeps skipping hidden tiles. Masks stay exact
 on every layout because q_vis, k_frame and positions are global. `round_work` counts the visible
 (query, key) pairs each rank computes in each ring round, the balance the layouts are chosen by.
+
+The zigzag of a causal sequence (`zigzag_indices`, `zigzag_shard`, `zigzag_unshard`) is the same
+dealing for text tokens: finetuning shards its text this way, and every rank then does the same
+causal work (ring-flash-attn's zigzag, PyTorch CP's load balancing). Lengths not divisible by 2n
+give uneven chunks (`torch.tensor_split` sizes), very short sequences empty ones.
 """
 
 from __future__ import annotations
@@ -23,11 +28,45 @@ from typing import Sequence
 
 import torch
 
-from lvx_app.attention.layout import zigzag_chunk_sizes
-
-# re-exported; in defaults for the CLI
-from lvx_app.defaults import DEFAULT_LAYOUT, LAYOUTS, check_layout  # noqa: F401
+from lvx_app.defaults import check_layout
 from lvx_app.parallel.shards import shard_bounds
+
+
+def zigzag_chunk_sizes(seq_len: int, world: int) -> list[int]:
+    """Lengths of the 2·world chunks (`torch.tensor_split` rule: the first seq_len mod 2n are one
+    longer)."""
+    base, extra = divmod(seq_len, 2 * world)
+    return [base + (1 if i < extra else 0) for i in range(2 * world)]
+
+
+def zigzag_indices(seq_len: int, rank: int, world: int, device=None) -> torch.Tensor:
+    """Global positions held by `rank`: chunk `rank` then chunk `2·world-1-rank` (use for position
+    ids)."""
+    sizes = zigzag_chunk_sizes(seq_len, world)
+    starts = [sum(sizes[:i]) for i in range(2 * world)]
+    a, b = rank, 2 * world - 1 - rank
+    return torch.cat(
+        [
+            torch.arange(starts[a], starts[a] + sizes[a], device=device),
+            torch.arange(starts[b], starts[b] + sizes[b], device=device),
+        ]
+    )
+
+
+def zigzag_shard(x: torch.Tensor, rank: int, world: int, dim: int = 1) -> torch.Tensor:
+    """This rank's zigzag shard of a full sequence (any length; chunks may be uneven or empty)."""
+    return x.index_select(dim, zigzag_indices(x.shape[dim], rank, world, device=x.device))
+
+
+def zigzag_unshard(shards: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """Inverse of `zigzag_shard`: the full sequence from every rank's shard (in rank order)."""
+    world = len(shards)
+    seq_len = sum(s.shape[dim] for s in shards)
+    idx = torch.cat(
+        [zigzag_indices(seq_len, r, world, device=shards[0].device) for r in range(world)]
+    )
+    every = torch.cat(list(shards), dim=dim)
+    return torch.empty_like(every).index_copy_(dim, idx, every)
 
 
 def owners(total: int, world: int, layout: str) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""The distributed finetuning step and loop (each rank runs it through `lvx_app.train.worker`).
+"""The distributed finetuning step and loop (each rank runs it through `lvx_app.train.train_rank`).
 
 Every rank works on the same sample (sequence parallelism, not data parallelism):
-- frames: each rank ingests the frames `cfg.layout` deals it (`lvx_app.parallel.layout`: zigzag by
+- frames: each rank ingests the frames `--layout` deals it (`lvx_app.parallel.layout`: zigzag by
 default; cached
   features, since the vision tower stays frozen) and keeps ONE copy E_local that every hyper layer
   reads;
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -41,59 +41,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
+from lvx_app.config import Config, TrainConfig
 from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
-from lvx_app.parallel.layout import DEFAULT_LAYOUT, rank_tokens
-from lvx_app.train.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
+from lvx_app.parallel.layout import rank_tokens
+from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
-from lvx_app.video.cache import encoder_identity
-from lvx_app.video.ingest import ingest
+from lvx_app.video.feature_cache import encoder_identity
+from lvx_app.video.ingest import Encoder, ingest
 from lvx_models.mplug_owl3.loader import load_model
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run needs; JSON-serialisable so torchrun workers get it on the command line."""
-
-    data: str
-    model: str
-    out: str
-    video_dir: Optional[str] = None
-    fps: float = 1.0
-    max_frames: Optional[int] = None
-    recompute: bool = True
-    train: str = "hyper"  # "lora" | "hyper" | "all"
-    lora_rank: int = 16
-    lora_alpha: Optional[float] = None  # default 2 * rank
-    lr: float = 1e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: Optional[int] = None  # default 5 % of steps
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    steps: int = 100
-    save_every: int = 50  # also save every N steps (0: only at the end), so a crash loses little
-    checkpoint_lm: bool = False
-    resume: bool = False
-    seed: int = 0
-    dtype: str = "auto"  # weights: auto (bf16 on GPU, float32 on CPU) or one of WEIGHT_DTYPES
-    cuda: Optional[bool] = None
-    cache_dir: Optional[str] = None
-    decode_workers: Optional[int] = None
-    progress: Optional[bool] = (
-        None  # None: a live bar when stdout is a terminal, else one line per step
-    )
-    plot: bool = True
-    timeout_s: float = 600.0
-    # a chunk of frames that takes longer to decode is killed and retried
-    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S
-    layout: str = (
-        DEFAULT_LAYOUT  # contiguous | striped | zigzag: which frames and tokens each rank holds
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,24 +61,24 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------------
 
 
-def configure_trainable(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, nn.Parameter]]:
+def configure_trainable(model: nn.Module, train: TrainConfig) -> list[tuple[str, nn.Parameter]]:
     """Freeze everything, then enable (and create, for LoRA) the chosen set; returns the trainable
     parameters."""
     model.requires_grad_(False)
-    if cfg.train == "lora":
-        add_lora(model, cfg.lora_rank, cfg.lora_alpha)
+    if train.trains == "lora":
+        add_lora(model, train.lora_rank, train.lora_alpha)
         pick = lambda n: ".lora_" in n  # noqa: E731
-    elif cfg.train == "hyper":
+    elif train.trains == "hyper":
         # gate_proj: the 7B-240728 G1 gate
         hyper = (".self_attn.v_kv_proj.", ".self_attn.gate_proj.")
         pick = lambda n: any(h in n for h in hyper) or n.endswith(".self_attn.gate")  # noqa: E731
-    elif cfg.train == "all":
+    elif train.trains == "all":
         pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
     else:
-        raise ValueError(f"--train must be hyper or all (or use --lora R), not {cfg.train!r}")
+        raise ValueError(f"--train must be hyper or all (or use --lora R), not {train.trains!r}")
     params = [(n, p) for n, p in model.named_parameters() if pick(n)]
     if not params:
-        raise ValueError(f"the {cfg.train} set selects no parameter in this model")
+        raise ValueError(f"the {train.trains} set selects no parameter in this model")
     for _, p in params:
         p.requires_grad_(True)
     return params
@@ -159,18 +119,23 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        run: Config,
         device: Optional[torch.device] = None,
         state: Optional[dict[str, Any]] = None,
     ):
-        self.cfg = cfg
+        self.run, cfg = run, run.train
         self.rank, self.world = get_rank(), get_world_size()
         self.device = device or torch.device("cpu")
-        dtype = resolve_dtype(cfg.dtype, self.device, WEIGHT_DTYPES)
+        dtype = resolve_dtype(run.model.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
         # the feature cache's key
-        self.model_key, self.encoder_id = encoder_identity(cfg.model, None, cfg.cache_dir)
-        model, self.config, self.processor = load_model(cfg.model, dtype=dtype, device=self.device)
+        self.model_key, self.encoder_id = encoder_identity(
+            run.model.path, run.model.revision, run.video.cache_dir
+        )
+        loaded = load_model(
+            run.model.path, dtype=dtype, device=self.device, revision=run.model.revision
+        )
+        model, self.model_config, self.processor = loaded
         self.model = model
         self.params = configure_trainable(model, cfg)
         for _, p in self.params:  # float32 master weights under bf16 autocast
@@ -238,8 +203,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
             "history": self.history,
-            "base_model": self.cfg.model,
-            "config": asdict(self.cfg),
+            "base_model": self.run.model.path,
+            "config": self.run.to_dict(),
         }
 
     # ---- data
@@ -256,22 +221,17 @@ class Trainer:
         key = str(path)
         if key not in self._videos:
             p = self.model.vision_model.embeddings.patch_embedding.weight
-            shard = ingest(
-                path,
+            encoder = Encoder(
                 self._encode,
-                fps=self.cfg.fps,
-                max_frames=self.cfg.max_frames,
                 image_size=self.processor.image_size,
-                device=self.device,
-                dtype=p.dtype,
                 model_id=f"{self.model_key}#{'siglip' if self.projector_trains else 'projector'}",
-                encoder_id=self.encoder_id,
-                cache=True,
-                cache_dir=self.cfg.cache_dir,
-                decode_workers=self.cfg.decode_workers,
-                decode_timeout_s=self.cfg.decode_timeout_s,
-                progress=False,
-                layout=self.cfg.layout,
+                revision=self.run.model.revision or "",
+                fingerprint=self.encoder_id,
+            )
+            video = replace(self.run.video, cache=True)
+            layout = self.run.parallel.layout
+            shard = ingest(
+                path, encoder, video, device=self.device, dtype=p.dtype, layout=layout, progress=False
             )
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))
@@ -297,7 +257,7 @@ class Trainer:
         # from here on every token sees every frame
         tail = int(starts[-1]) + 1 if starts.numel() else 0
         positions = rank_tokens(
-            tok.input_ids.numel(), starts, self.world, self.rank, self.cfg.layout, tail_from=tail
+            tok.input_ids.numel(), starts, self.world, self.rank, self.run.parallel.layout, tail_from=tail
         )
         ids = tok.input_ids[positions].to(self.device).view(1, -1)
         labels = tok.labels[positions].to(self.device)
@@ -331,7 +291,7 @@ class Trainer:
     def optimizer_step(self) -> float:
         params = [p for _, p in self.params]
         norm = torch.nn.utils.clip_grad_norm_(
-            params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+            params, self.run.train.grad_clip if self.run.train.grad_clip > 0 else float("inf")
         )
         self.optimizer.step()
         self.scheduler.step()
@@ -385,7 +345,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------
     def save(self) -> None:
         if self.rank == 0:
-            save_checkpoint(self.cfg.out, self.model, self.cfg.model, self.state())
+            save_checkpoint(self.run.train.out, self.model, self.run.model.path, self.state())
         if self.world > 1:
             dist.barrier()
 
@@ -462,21 +422,22 @@ def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def run_training(
-    cfg: TrainConfig,
+    run: Config,
     device: Optional[torch.device] = None,
     on_step: Optional[Callable[[StepStats], None]] = None,
 ) -> Trainer:
-    """Train `cfg.steps` steps (from the saved step with `cfg.resume`), save OUT, plot the losses on
-    rank 0."""
+    """Train `run.train.steps` steps (from the saved step with `--resume`), save OUT, plot the
+    losses on rank 0."""
+    cfg = run.train
     samples = load_jsonl(cfg.data, cfg.video_dir)
     state = load_state(cfg.out) if cfg.resume else None
-    if state is not None and state.get("base_model") != cfg.model:
+    model = run.model.path
+    if state is not None and state.get("base_model") != model:
         raise ValueError(
-            f"{cfg.out} was trained from {state.get('base_model')}, not {cfg.model}; pass that "
-            "--model "
-            f"to resume"
+            f"{cfg.out} was trained from {state.get('base_model')}, not {model}; pass that "
+            "--model to resume"
         )
-    trainer = Trainer(cfg, device, state)
+    trainer = Trainer(run, device, state)
     if state is not None:
         set_rng_state(state["rng"])
     report = _Reporter(cfg.steps, trainer.step, cfg.progress) if trainer.rank == 0 else None

@@ -3,12 +3,11 @@ cache.
 
     from lvx_app.video import ingest, VisualShard, VideoError, format_timestamp
 
-    shard = ingest("movie.mp4", encode_fn, fps=1, model_id=..., model_revision=...)
+    shard = ingest("movie.mp4", Encoder(model.encode_images, model_id=...), VideoConfig(fps=1))
 
 decord itself is imported only inside decode worker processes (see decode.py), never here.
 """
 
-from lvx_app.video.cache import CacheKey, FeatureCache, default_cache_dir, file_identity
 from lvx_app.video.decode import DecodePool, check_video_path
 from lvx_app.video.encode import ShardEncoder
 from lvx_app.video.errors import (
@@ -23,7 +22,15 @@ from lvx_app.video.errors import (
     VideoNotFoundError,
     VideoWarning,
 )
-from lvx_app.video.ingest import IngestProgress, RichProgress, VisualShard, ingest
+from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
+from lvx_app.video.ingest import (
+    Encoder,
+    IngestProgress,
+    IngestTuning,
+    RichProgress,
+    VisualShard,
+    ingest,
+)
 from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp
 
 __all__ = [
@@ -32,8 +39,10 @@ __all__ = [
     "CorruptVideoError",
     "DecodePool",
     "DecodeTimeoutError",
+    "Encoder",
     "FeatureCache",
     "IngestProgress",
+    "IngestTuning",
     "NoVideoStreamError",
     "NotAVideoError",
     "PlanShard",

@@ -1,14 +1,15 @@
 """`ingest()`: the one call that turns a video file into this rank's resident visual features.
 
-    shard = ingest("movie.mp4", encode_fn, fps=1, model_id="mPLUG/mPLUG-Owl3-7B-241101")
+    encoder = Encoder(model.encode_images, image_size=384, model_id="mPLUG/mPLUG-Owl3-7B-241101")
+    shard = ingest("movie.mp4", encoder, VideoConfig(fps=1))
     shard.features        # (n_local, T, H) on the rank's device: E_local, the rank's K/V source
     shard.plan            # the whole video's plan (every rank's frames and timestamps)
 
 Every rank of the group calls it with the same arguments. Each rank:
 1. checks the inputs (one-line `VideoError`s), looks up its shard in the cache;
-2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes its
-contiguous run;
-3. decodes its chunks in worker processes and streams them through `encode_fn` into E_local;
+2. on a miss, opens the video in a decode worker, builds the (deterministic) plan and takes the
+frames its layout deals it;
+3. decodes its chunks in worker processes and streams them through the encoder into E_local;
 4. writes its shard to the cache.
 With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it
 carries the progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on
@@ -33,19 +34,15 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lvx_app.config import VideoConfig
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
-from lvx_app.video.cache import CachedShard, CacheKey, FeatureCache
-from lvx_app.video.decode import (
-    DEFAULT_CHUNK_FRAMES,
-    DEFAULT_TIMEOUT_S,
-    DecodePool,
-    check_video_path,
-)
+from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
-from lvx_app.video.plan import SamplingPlan, check_fps, check_memory, format_timestamp
+from lvx_app.video.feature_cache import CachedShard, CacheKey, FeatureCache
+from lvx_app.video.plan import SamplingPlan, check_memory, format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -211,36 +208,50 @@ class _Sync:
         counts[:] = reduced[1:]
 
 
+@dataclass(frozen=True)
+class Encoder:
+    """What turns frames into features, and what names it in the feature cache (another encoder
+    never hits: its id, revision and weights' fingerprint are in the key)."""
+
+    fn: EncodeFn  # pixel values (n, 3, S, S) on the device in the dtype -> features (n, T, H)
+    image_size: int = 384  # S
+    model_id: str = "unknown"
+    revision: str = ""
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class IngestTuning:
+    """Knobs of the decode-and-encode pipeline that benchmarks and tests turn; the defaults are what
+    the product runs."""
+
+    over_max: str = "thin"  # a plan over --max-frames is thinned uniformly, or "error" refuses it
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES  # frames decoded per request to a decode worker
+    decode_threads: int | None = None  # decord threads per worker (default: by the cores)
+    encode_batch: int | None = None  # frames per encoder call (default: the encoder's choice)
+    # per rank: "auto" = free GPU memory - 2 GiB (80 % of free RAM on CPU); None = no check
+    memory_budget_bytes: int | None | str = "auto"
+
+
 @dataclass
 class _RankIngest:
     """One rank's part of `ingest()` as named steps; every rank runs them in the same order (they
     meet in `_Sync`)."""
 
     path: str | os.PathLike
-    encode_fn: EncodeFn
-    fps: float
-    max_frames: int | None
-    over_max: str
-    image_size: int
+    encoder: Encoder
+    video: VideoConfig
+    tuning: IngestTuning
     device: torch.device
     dtype: torch.dtype
-    model_id: str
-    model_revision: str
-    encoder_id: str
+    layout: str
     store: FeatureCache | None
     pool: DecodePool | None
-    decode_workers: int | None
-    decode_threads: int | None
-    chunk_frames: int
-    decode_timeout_s: float
-    encode_batch: int | None
-    memory_budget_bytes: int | None | str
     report: ProgressFn | None
     sync: _Sync
     rank: int
     world: int
-    t0: float
-    layout: str = "contiguous"
+    t0: float = field(default_factory=time.monotonic)
     own_pool: bool = field(init=False)
     vpath: Path | None = None
     key: CacheKey | None = None
@@ -261,59 +272,53 @@ class _RankIngest:
 
     # 1. check the inputs, look the shard up in the cache, plan on a miss
     def look_up(self) -> None:
-        fps = check_fps(self.fps)
         self.vpath = check_video_path(self.path)
+        enc, video = self.encoder, self.video
         if self.store is not None:
             self.key = CacheKey.make(
                 self.vpath,
-                fps=fps,
-                max_frames=self.max_frames,
-                model_id=self.model_id,
-                model_revision=self.model_revision,
+                fps=video.fps,
+                max_frames=video.max_frames,
+                model_id=enc.model_id,
+                model_revision=enc.revision,
                 dtype=self.dtype,
                 world_size=self.world,
                 rank=self.rank,
-                image_size=self.image_size,
-                over_max=self.over_max,
-                encoder=self.encoder_id,
+                image_size=enc.image_size,
+                over_max=self.tuning.over_max,
+                encoder=enc.fingerprint,
                 layout=self.layout,
             )
             self.cached = self.store.load(self.key, device=self.device)
         if self.cached is not None:
             self.plan = self.cached.plan
         else:
-            self._plan(fps)
+            self._plan()
 
-    def _plan(self, fps: float) -> None:
+    def _plan(self) -> None:
         self._progress("open", 0, 0)
+        size, tuning, video = self.encoder.image_size, self.tuning, self.video
         if self.pool is None:
             self.pool = DecodePool(
-                self.decode_workers, threads=self.decode_threads, image_size=self.image_size
+                video.decode_workers, threads=tuning.decode_threads, image_size=size
             )
-        elif self.pool.image_size != self.image_size:
-            raise ValueError(
-                f"the DecodePool resizes to {self.pool.image_size}, ingest wants {self.image_size}"
-            )
+        elif self.pool.image_size != size:
+            raise ValueError(f"the DecodePool resizes to {self.pool.image_size}, ingest wants {size}")
         plan, _ = self.pool.plan(
             self.vpath,
-            fps,
-            self.max_frames,
-            over_max=self.over_max,
-            timeout_s=self.decode_timeout_s,
+            video.fps,
+            video.max_frames,
+            over_max=tuning.over_max,
+            timeout_s=video.decode_timeout_s,
         )
         self.plan = plan
-        budget = (
-            auto_memory_budget(self.device)
-            if self.memory_budget_bytes == "auto"
-            else self.memory_budget_bytes
-        )
+        budget = tuning.memory_budget_bytes
+        budget = auto_memory_budget(self.device) if budget == "auto" else budget
         if budget is not None:
-            shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
-            per_frame = (
-                int(torch.Size(shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
-            )
+            shape = feature_shape(self.encoder.fn, size, self.device, self.dtype)
+            per_frame = torch.Size(shape).numel() * self.dtype.itemsize
             check_memory(len(plan), plan.fps, self.world, per_frame, int(budget))
-        self.chunks = plan.shard(self.rank, self.world, self.layout).chunks(self.chunk_frames)
+        self.chunks = plan.shard(self.rank, self.world, self.layout).chunks(tuning.chunk_frames)
 
     def plan_counts(self) -> list[int]:
         """[chunks to decode, plan length, plan digest, -length, -digest]: under MAX, -max(-x) =
@@ -340,12 +345,12 @@ class _RankIngest:
             None
             if self.cached is not None
             else ShardEncoder(
-                self.encode_fn,
+                self.encoder.fn,
                 len(shard),
-                image_size=self.image_size,
+                image_size=self.encoder.image_size,
                 device=self.device,
                 dtype=self.dtype,
-                batch_size=self.encode_batch,
+                batch_size=self.tuning.encode_batch,
             )
         )
         stream = iter(())
@@ -354,7 +359,7 @@ class _RankIngest:
             stream = self.pool.decode(
                 self.vpath,
                 self.chunks,
-                timeout_s=self.decode_timeout_s,
+                timeout_s=self.video.decode_timeout_s,
                 time_of=lambda off: shard.timestamps[off],
             )
         done = 0
@@ -427,82 +432,43 @@ class _RankIngest:
 
 def ingest(
     path: str | os.PathLike,
-    encode_fn: EncodeFn,
+    encoder: Encoder,
+    video: VideoConfig = VideoConfig(),
     *,
-    fps: float = 1.0,
-    max_frames: int | None = None,
-    over_max: str = "thin",
-    image_size: int = 384,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    model_id: str = "unknown",
-    model_revision: str = "",
-    encoder_id: str = "",
-    cache: bool | FeatureCache = True,
-    cache_dir: str | os.PathLike | None = None,
-    group: dist.ProcessGroup | None = None,
-    decode_workers: int | None = None,
-    decode_threads: int | None = None,
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-    decode_timeout_s: float = DEFAULT_TIMEOUT_S,
-    encode_batch: int | None = None,
-    memory_budget_bytes: int | None | str = "auto",
-    progress: bool | ProgressFn | None = None,
-    pool: DecodePool | None = None,
     layout: str = "contiguous",
+    group: dist.ProcessGroup | None = None,
+    pool: DecodePool | None = None,
+    progress: bool | ProgressFn | None = None,
+    tuning: IngestTuning = IngestTuning(),
 ) -> VisualShard:
-    # long: to be split: it mixes several steps
-    """Decode, encode (or load from the cache) this rank's frames of `path` sampled at `fps`.
+    """Decode and encode (or load from the cache) this rank's frames of `path`, sampled as `video`
+    says (fps, max_frames, the decode timeout and workers, the cache and its folder).
 
-    encode_fn: pixel values (n, 3, image_size, image_size) on `device` in `dtype` -> features (n, T,
-    H). max_frames / over_max: cap the plan; "thin" samples max_frames frames uniformly, "error"
-    refuses. model_id / model_revision / encoder_id (its weights' fingerprint): the encoder in the
-    cache key (another never hits). cache: True (default folder or `cache_dir`), False, or a
-    FeatureCache. memory_budget_bytes: per rank; "auto" = free GPU memory - 2 GiB (80 % of free RAM
-    on CPU); None = no check. progress: None = rich bar on rank 0 when stderr is a terminal,
-    True/False, or a callable taking IngestProgress (global counts; called on each rank that passes
-    one).
-    pool: reuse a DecodePool across calls (it must have image_size set); else one is made and closed
-    here. layout: which plan positions this rank decodes and encodes (contiguous | striped | zigzag;
-    in the cache key). Raises a VideoError subclass, on every rank, for anything the user can fix.
+    `layout`: which plan positions this rank holds (contiguous | striped | zigzag; in the cache
+    key). `pool`: a DecodePool reused across calls (it must resize to the encoder's image size);
+    else one is made and closed here. `progress`: None = a rich bar on rank 0 when stderr is a
+    terminal, True/False, or a callable taking IngestProgress (global counts). Raises a VideoError
+    subclass, on every rank, for anything the user can fix.
     """
-    rank, world, device = (
-        get_rank(group),
-        get_world_size(group),
-        torch.device(device) if device else default_device(),
-    )
+    rank, world = get_rank(group), get_world_size(group)
+    device = torch.device(device) if device else default_device()
+    title = f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else "")
     job = _RankIngest(
         path=path,
-        encode_fn=encode_fn,
-        fps=fps,
-        max_frames=max_frames,
-        over_max=over_max,
-        image_size=image_size,
+        encoder=encoder,
+        video=video,
+        tuning=tuning,
         device=device,
         dtype=dtype or default_dtype(device),
-        model_id=model_id,
-        model_revision=model_revision,
-        encoder_id=encoder_id,
+        layout=check_layout(layout),
+        store=FeatureCache(video.cache_dir) if video.cache else None,
         pool=pool,
-        store=cache
-        if isinstance(cache, FeatureCache)
-        else (FeatureCache(cache_dir) if cache else None),
-        decode_workers=decode_workers,
-        decode_threads=decode_threads,
-        chunk_frames=chunk_frames,
-        decode_timeout_s=decode_timeout_s,
-        encode_batch=encode_batch,
-        memory_budget_bytes=memory_budget_bytes,
-        report=_reporter(
-            progress,
-            rank,
-            f"Ingesting {Path(path).name}" + (f" on {world} ranks" if world > 1 else ""),
-        ),
+        report=_reporter(progress, rank, title),
         sync=_Sync(group),
         rank=rank,
         world=world,
-        t0=time.monotonic(),
-        layout=check_layout(layout),
     )
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
@@ -511,7 +477,7 @@ def ingest(
                 warnings.warn(note, VideoWarning, stacklevel=2)
             agreed[:] = job.plan_counts()
         job.check_same_plan(agreed)
-        encoder = job.decode_and_encode(steps=agreed[0])
-        return job.result(encoder)
+        shard_encoder = job.decode_and_encode(steps=agreed[0])
+        return job.result(shard_encoder)
     finally:
         job.close()

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from lvx_app.parallel.group import get_rank
-from lvx_app.parallel.ring import RingComm
+from lvx_app.parallel.ring_comm import RingComm
 
 Block = list  # the travelling tensors of one shard: [k, v] or [k, v, k_frame]
 

@@ -32,10 +32,10 @@ from lvx_app.attention.baselines.pass_kv import (
     pass_kv_forward,
 )
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.attention.layout import zigzag_chunk_sizes
 from lvx_app.attention.merge import merge_
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
 from lvx_app.parallel.group import get_rank
+from lvx_app.parallel.layout import zigzag_chunk_sizes
 
 # ---------------------------------------------------------------- cross-attention
 

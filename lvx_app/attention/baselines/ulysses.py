@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.parallel import link
 from lvx_app.parallel.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
 from lvx_app.parallel.group import get_rank, get_world_size
 
@@ -51,10 +50,9 @@ def _seq_to_heads(x: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     )
     recv = x.new_empty((sum(sizes), b, h // world, d))
     sent = nbytes(send) * (world - 1) // world
-    with link.transfer(sent):
-        dist.all_to_all_single(
-            recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group
-        )
+    dist.all_to_all_single(
+        recv, send, output_split_sizes=sizes, input_split_sizes=[s] * world, group=group
+    )
     return recv.permute(1, 0, 2, 3), sent
 
 
@@ -68,10 +66,9 @@ def _heads_to_seq(y: torch.Tensor, sizes: list[int], group) -> tuple[torch.Tenso
     send = y.permute(1, 0, 2, 3).contiguous()  # (S, B, H/n, D), split by the ranks' sequence shards
     recv = y.new_empty((world * mine, b, h, d))
     sent = (sum(sizes) - mine) * b * h * d * y.element_size()
-    with link.transfer(sent):
-        dist.all_to_all_single(
-            recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group
-        )
+    dist.all_to_all_single(
+        recv, send, output_split_sizes=[mine] * world, input_split_sizes=sizes, group=group
+    )
     out = recv.view(world, mine, b, h, d).permute(2, 1, 0, 3, 4).reshape(b, mine, world * h, d)
     return out, sent
 

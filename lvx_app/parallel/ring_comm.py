@@ -4,20 +4,16 @@ Post the next round's transfers with `post` before computing this round, then `w
 every ring here relies on. Transfers are one-sided: each side skips empty tensors, so blocks may be
 uneven or empty as long as both sides know the lengths. `bytes_sent` counts payload so tests can
 prove what travels (and what never does). On CUDA (device given, world > 1) the P2P runs on a side
-stream that first waits for the compute stream; `wait` makes the compute stream wait for it. Under
-`link.emulated_link` (benchmarks only) `wait` also holds until the batch's bytes would have crossed
-the emulated link.
+stream that first waits for the compute stream; `wait` makes the compute stream wait for it.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
-from lvx_app.parallel import link
 from lvx_app.parallel.group import get_rank, get_world_size
 
 
@@ -38,7 +34,6 @@ class RingComm:
         self.bytes_sent = 0
         self._reqs: list = []
         # when the open batch was posted, its larger direction
-        self._posted, self._link_bytes = (0.0, 0)
         device = None if device is None else torch.device(device)
         cuda = device is not None and device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda and self.world_size > 1 else None
@@ -52,7 +47,7 @@ class RingComm:
         if self._reqs:
             raise RuntimeError("RingComm.post called twice without wait")
         ops: list[dist.P2POp] = []
-        sent = received = 0
+        sent = 0
         for send, recv in pairs:
             if send is not None and send.numel():
                 send = send.contiguous()
@@ -60,11 +55,9 @@ class RingComm:
                 sent += send.numel() * send.element_size()
             if recv is not None and recv.numel():
                 ops.append(dist.P2POp(dist.irecv, recv, self.recv_from, self.group))
-                received += recv.numel() * recv.element_size()
         self.bytes_sent += sent
         if not ops:
             return
-        self._posted, self._link_bytes = time.perf_counter(), max(sent, received)
         if self.stream is None:
             self._reqs = dist.batch_isend_irecv(ops)
             return
@@ -77,8 +70,6 @@ class RingComm:
         them)."""
         for req in self._reqs:
             req.wait()
-        if self._reqs:
-            link.hold(self._posted, self._link_bytes)
         self._reqs = []
         if self.stream is not None:
             torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)

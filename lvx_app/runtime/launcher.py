@@ -22,26 +22,15 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from lvx_app.config import Config
 from lvx_app.engine.api import (
-    AnswerStats,
     EngineError,
     EngineWarning,
-    GenerationParams,
     GroupFailed,
     ProgressFn,
     VideoSummary,
     error_from_link,
 )
-from lvx_app.engine.commands import (
-    ASK,
-    INTERRUPT,
-    LOAD_VIDEO,
-    SHUTDOWN,
-    STATS,
-    Command,
-    value_command,
-)
-from lvx_app.engine.link import answer_stats
 from lvx_app.parallel.failures import (
     FAILURE_PREFIX,
     RUN_DIR_ENV,
@@ -51,6 +40,9 @@ from lvx_app.parallel.failures import (
     pid_file,
 )
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
+from lvx_app.runtime.commands import INTERRUPT, LOAD_VIDEO, SHUTDOWN, Command
+from lvx_app.runtime.engine_handle import Engine
+from lvx_app.runtime.socket_link import answer_stats
 
 __all__ = [
     "LINK_ENV",
@@ -64,8 +56,9 @@ __all__ = [
 
 LINK_ENV = "LVX_LINK"
 LINK_KEY_ENV = "LVX_LINK_KEY"
-# The module every rank runs (the frontend layer owns it: rank 0 may run the terminal chat itself).
-WORKER_MODULE = "lvx_app.frontends.worker"
+# What every rank runs (after `python`): the product's rank entry point; a benchmark passes its own
+# script, which calls `rank_main.run_rank_session` with its own `parallelize`
+RANK_ENTRY = ("-m", "lvx_app.runtime.rank_main")
 
 
 def describe_failure(run_dir: Path, returncode: int | None) -> str:
@@ -83,18 +76,18 @@ def describe_failure(run_dir: Path, returncode: int | None) -> str:
     return f"the worker group exited (code {returncode}); see {log}"
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     """An `Engine` whose ranks run under torchrun; this process keeps the terminal."""
 
     def __init__(
         self,
-        worker_config: dict[str, Any],
+        config: Config,
         nproc: int,
         *,
-        cuda: bool,
+        entry: Sequence[str] = RANK_ENTRY,
         start_timeout_s: float = 600.0,
     ) -> None:
-        self.last_answer: AnswerStats | None = None
+        self.config, self.last_answer = config, None
         self.run_dir = Path(tempfile.mkdtemp(prefix="lvx-run-"))
         key = secrets.token_bytes(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=key)
@@ -105,22 +98,15 @@ class RemoteEngine:
         )
         if threading.current_thread() is threading.main_thread():
             mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
-        # the kernel's parent-death signal follows the thread that started a child, not the process
-        else:
+        else:  # the kernel's parent-death signal follows the thread that started a child
             env.pop(LAUNCHER_PID_ENV, None)
-        if not cuda:
+        if not config.parallel.cuda:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [
-            sys.executable,
-            "-m",
-            "lvx_app.parallel.torchrun",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "--monitor-interval=0.5",
-            "-m",
-            WORKER_MODULE,
-            "--config",
-            json.dumps(worker_config),
+            *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
+            *(f"--nproc-per-node={nproc}", "--monitor-interval=0.5"),
+            *entry,
+            *("--config", json.dumps(config.to_dict())),
         ]
         self._log = open(self.run_dir / "group.log", "wb")
         self.proc = subprocess.Popen(
@@ -172,9 +158,9 @@ class RemoteEngine:
         except (EOFError, OSError):
             raise self._group_failed() from None
 
-    def _send(self, command: Command, **kwargs: Any) -> None:
+    def _send(self, command: Command, **args: Any) -> None:
         try:
-            self.conn.send(command.message(**kwargs))
+            self.conn.send(command.message(**args))
         except OSError:
             raise self._group_failed() from None
 
@@ -187,43 +173,22 @@ class RemoteEngine:
             self._kill()
         return GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
 
-    def _request(self, command: Command, **kwargs: Any) -> Any:
-        self._send(command, **kwargs)
-        while True:
-            kind, value = self._recv()
-            if kind == "done":
-                return value
-            if kind == "error":
-                raise error_from_link(value)
-            raise EngineError(f"unexpected message {kind!r} from rank 0")
-
-    def load_video(
-        self,
-        path: str,
-        fps: float,
-        max_frames: int | None = None,
-        progress: ProgressFn | None = None,
-        subtitles: Sequence[Any] | None = None,
-    ) -> VideoSummary:
-        self._send(
-            LOAD_VIDEO,
-            path=path,
-            fps=fps,
-            max_frames=max_frames,
-            subtitles=list(subtitles) if subtitles else None,
-        )
+    def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
+        self._send(command, **args)
         while True:
             kind, value = self._recv()
             if kind == "progress":
                 if progress is not None:
                     progress(*value)
             elif kind == "done":
-                return VideoSummary(**value)
+                return VideoSummary(**value) if command is LOAD_VIDEO else value
             elif kind == "error":
                 raise error_from_link(value)
+            else:
+                raise EngineError(f"unexpected message {kind!r} from rank 0")
 
-    def ask(self, question: str, params: GenerationParams = GenerationParams()) -> Iterator[str]:
-        self._send(ASK, question=question, params=params)
+    def stream(self, command: Command, **args: Any) -> Iterator[str]:
+        self._send(command, **args)
         finished = False
         try:
             while True:
@@ -238,17 +203,18 @@ class RemoteEngine:
                     finished = True
                     raise error_from_link(value)
         finally:
-            if (
-                not finished
-            ):  # the caller stopped reading: stop the group, drain to the end of the turn
+            if not finished:  # the caller stopped reading: stop the group, drain the turn
                 self.interrupt()
-                while True:
-                    kind, value = self._recv()
-                    if kind == "done":
-                        self.last_answer = answer_stats(value)
-                        break
-                    if kind == "error":
-                        break
+                self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            kind, value = self._recv()
+            if kind == "done":
+                self.last_answer = answer_stats(value)
+                return
+            if kind == "error":
+                return
 
     def interrupt(self) -> None:
         try:
@@ -256,22 +222,20 @@ class RemoteEngine:
         except OSError:
             pass  # the group is gone; the next receive reports why
 
-    def stats(self) -> dict[str, Any]:
-        return self._request(STATS)
+    def describe(self) -> dict[str, Any]:
+        return self.info
 
     def dead(self) -> str | None:
         """Which rank failed, if torchrun has already ended the group (a rank died between
         requests); else None."""
-        return (
-            None
-            if self.proc.poll() is None
-            else describe_failure(self.run_dir, self.proc.returncode)
-        )
+        if self.proc.poll() is None:
+            return None
+        return describe_failure(self.run_dir, self.proc.returncode)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self._request(SHUTDOWN)
+                self.call(SHUTDOWN, None)
                 self.proc.wait(timeout=30)
             except (EngineError, OSError, subprocess.TimeoutExpired):
                 self._kill()
@@ -286,12 +250,6 @@ class RemoteEngine:
         while loading)."""
         self._kill()
         self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        """Any other command of the table (`reset`, ...) as a method: one request to rank 0, its
-        reply."""
-        command = value_command(name)
-        return lambda **kwargs: self._request(command, **kwargs)
 
     def _kill(self) -> None:
         try:

@@ -14,12 +14,12 @@ sharded) and the feature entry with its world size, and must match it exactly.
 
 Visual K/V are not part of a saved prompt (they do not depend on it): they are recomputed from the
 cached features when the video is opened, or read back from their own files when the first open
-measured that cheaper (`lvx_app.video.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`;
+measured that cheaper (`lvx_app.engine.visual_kv_cache`, decided by `lvx_app.engine.visual_kv`;
 docs/benchmarks.md).
 
 Writes are atomic and a file that fails any check is reported in one warning line, deleted (by rank
 0, which also names a prompt saved only for another number of ranks), and the prompt is prefilled
-again, as for the feature cache (`lvx_app.video.cache`).
+again, as for the feature cache (`lvx_app.video.feature_cache`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from lvx_app.video.cache import (
+from lvx_app.video.feature_cache import (
     CacheKey,
     CorruptEntry,
     FeatureCache,

@@ -11,7 +11,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from lvx_app.engine.api import AnswerStats, EngineError, error_over_link
-from lvx_app.engine.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
+from lvx_app.runtime.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
+from lvx_app.runtime.driver import GroupDriver
 
 
 def relay_warnings(conn: Connection) -> None:
@@ -29,7 +30,7 @@ def relay_warnings(conn: Connection) -> None:
     warnings.showwarning = show
 
 
-def serve_link(driver: Any, conn: Connection) -> None:
+def serve_link(driver: GroupDriver, conn: Connection) -> None:
     """Rank 0: answer the frontend's requests until it says shutdown or goes away."""
     relay_warnings(conn)
     while True:
@@ -53,16 +54,10 @@ def serve_link(driver: Any, conn: Connection) -> None:
             conn.send(("error", error_over_link(exc)))
 
 
-def _run(driver: Any, conn: Connection, command: Command, kwargs: dict) -> Any:
+def _run(driver: GroupDriver, conn: Connection, command: Command, args: dict) -> Any:
     """Run `command` on the driver, streaming what it streams; returns its result as plain data."""
-    run = getattr(driver, command.name)
-    if command.reply == "progress":
-        result = run(
-            **kwargs,
-            progress=lambda stage, done, total: conn.send(("progress", (stage, done, total))),
-        )
-    elif command.reply == "pieces":
-        for piece in run(**kwargs):
+    if command.reply == "pieces":
+        for piece in driver.stream(command, **args):
             conn.send(("piece", piece))
             while conn.poll():
                 extra, _ = conn.recv()
@@ -70,7 +65,11 @@ def _run(driver: Any, conn: Connection, command: Command, kwargs: dict) -> Any:
                     driver.interrupt()
         result = driver.last_answer
     else:
-        result = run(**kwargs)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            conn.send(("progress", (stage, done, total)))
+
+        result = driver.call(command, progress if command.reply == "progress" else None, **args)
     return result.to_dict() if hasattr(result, "to_dict") else result
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lvx_app.cli_options import new_app
+from lvx_app.cli.options import new_app
 
 cache_app = new_app(
     "cache",
@@ -19,7 +19,7 @@ cache_app = new_app(
 )
 
 DirOption = typer.Option(
-    None, "--dir", help="Cache folder (default: $LVX_CACHE_DIR or ~/.cache/lvx)."
+    None, "--cache-dir", "--dir", help="Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx."
 )
 
 
@@ -32,7 +32,7 @@ def _human(n: float) -> str:
 
 
 def _cache(dir: Optional[Path]):
-    from lvx_app.video.cache import FeatureCache
+    from lvx_app.video.feature_cache import FeatureCache
 
     return FeatureCache(dir)
 
@@ -40,8 +40,8 @@ def _cache(dir: Optional[Path]):
 def _saved(dir: Optional[Path]) -> dict:
     """The stores next to the features, by the title `lvx cache ls` gives them: saved prompts, saved
     visual K/V."""
-    from lvx_app.video.prefix_cache import PrefixCache
-    from lvx_app.video.visual_kv_cache import VisualKVCache
+    from lvx_app.engine.prefix_cache import PrefixCache
+    from lvx_app.engine.visual_kv_cache import VisualKVCache
 
     return {"saved video prompts": PrefixCache(dir), "saved visual K/V": VisualKVCache(dir)}
 

@@ -1,15 +1,19 @@
-"""The terminal chat (`lvx chat`): load a video, then answer questions with streamed tokens.
+"""`lvx chat`: load a video, then answer questions in the terminal with streamed tokens.
 
 Works with any `Engine` (in-process or a torchrun group). Ctrl-C during an answer stops that answer
-only; the video and the conversation stay.
+only; the video and the conversation stay. Under a torchrun you start yourself (several machines),
+the same command runs as one rank of the group: rank 0 reads the questions, the others follow it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence, TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -23,11 +27,16 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from lvx_app.engine.api import Engine, EngineError, GenerationParams, GroupFailed, VideoSummary
+from lvx_app.config import Config
+from lvx_app.engine.api import EngineError, GroupFailed, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable
-from lvx_app.engine.launch import RemoteEngine
-from lvx_app.engine.open import open_engine, session_config
-from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
+from lvx_app.parallel.group import run_rank
+from lvx_app.runtime.driver import GroupDriver, worker_loop
+from lvx_app.runtime.engine_handle import Engine
+from lvx_app.runtime.launcher import RemoteEngine
+from lvx_app.runtime.open import open_engine
+from lvx_app.runtime.rank_main import join_group
+from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
 from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
@@ -49,9 +58,8 @@ def load_with_progress(
     engine: Engine,
     console: Console,
     path: str,
-    fps: float,
-    max_frames: int | None,
-    subtitles: Sequence[Cue] = (),
+    subtitles: Sequence[Cue] | None = None,
+    **video: Any,
 ) -> VideoSummary:
     """Load a video showing one progress bar per stage (decode, encode, ...)."""
     columns = (
@@ -61,19 +69,15 @@ def load_with_progress(
         RateColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(
-        *columns, console=console, transient=True, disable=not console.is_terminal
-    ) as bar:
-        tasks: dict[str, int] = {}
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        tasks: dict[str, Any] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        return engine.load_video(
-            path, fps, max_frames, progress=on_progress, subtitles=list(subtitles) or None
-        )
+        return engine.load_video(path, subtitles=subtitles, progress=on_progress, **video)
 
 
 @contextmanager
@@ -85,15 +89,15 @@ def _interrupts_go_to(engine: Engine) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stream_answer(engine: Engine, console: Console, question: str, params: GenerationParams) -> str:
+def stream_answer(engine: Engine, console: Console, question: str) -> str:
     pieces: list[str] = []
     with _interrupts_go_to(engine):
-        for piece in engine.ask(question, params):
+        for piece in engine.ask(question):
             pieces.append(piece)
             console.out(printable(piece), end="", highlight=False)
             console.file.flush()
     console.out("")
-    console.print(f"[dim]{describe_answer(engine)}[/dim]")
+    console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
     return "".join(pieces)
 
 
@@ -126,7 +130,7 @@ def read_line(console: Console, stdin: TextIO) -> str | None:
     return line.rstrip("\n")
 
 
-def _command(engine: Engine, console: Console, line: str, params: GenerationParams) -> None:
+def _command(engine: Engine, console: Console, line: str) -> None:
     """Run one line the user typed: a /command or a question."""
     if line == "/help":
         console.print(HELP)
@@ -139,37 +143,31 @@ def _command(engine: Engine, console: Console, line: str, params: GenerationPara
         console.print(f"unknown command {line.split()[0]}; /help lists them")
     else:
         console.out("lvx › ", end="", highlight=False)
-        stream_answer(engine, console, line, params)
+        stream_answer(engine, console, line)
 
 
 def run_chat(
     engine: Engine,
     *,
     video: str | None,
-    fps: float,
-    max_frames: int | None = None,
-    params: GenerationParams = GenerationParams(),
+    subtitles: Sequence[Cue] | None = None,
     console: Console | None = None,
     stdin: TextIO | None = None,
-    subtitles: SubtitleTrack | None = None,
 ) -> int:
-    """The REPL. Returns a process exit code."""
+    """Load `video` (if given), then the REPL. Returns a process exit code."""
     console = console or Console(highlight=False)
     stdin = stdin or sys.stdin
     if video:
         try:
-            summary = load_with_progress(
-                engine, console, video, fps, max_frames, subtitles.cues if subtitles else ()
-            )
+            summary = load_with_progress(engine, console, video, subtitles)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2
         console.print(f"[green]video:[/green] {describe_video(summary)}")
-        if subtitles is not None and subtitles.source:
+        if summary.subtitle_source:
             console.print(
-                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
-                "frames, from "
-                f"{subtitles.source}",
+                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled frames,"
+                f" from {summary.subtitle_source}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")
@@ -185,62 +183,66 @@ def run_chat(
         if not line:
             continue
         try:
-            _command(engine, console, line, params)
+            _command(engine, console, line)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
             if isinstance(exc, GroupFailed):
                 return 1
 
 
-def run_chat_command(
-    *,
-    video: str,
-    gpus: int | None,
-    ranks: int | None,
-    params: GenerationParams,
-    console: Console | None = None,
-    subtitles: str = "auto",
-    subtitle_lang: str | None = None,
-    subtitle_encoding: str | None = None,
-    **config_args: Any,
-) -> int:
-    """`lvx chat`: returns the process exit code."""
-    console = console or Console(highlight=False)
-    try:
-        config = session_config(**config_args)
-        check_video_path(video)  # fail before spending minutes loading a model
-        track = resolve_subtitles(video, subtitles, subtitle_lang, subtitle_encoding)
-    except (EngineError, VideoError, SubtitleError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+def _subtitles(video: str, config: Config, console: Console) -> tuple[list[Cue], str]:
+    """The cues `--subtitles` asks for, resolved before the model loads (a bad file fails fast)."""
+    v = config.video
+    track = resolve_subtitles(video, v.subtitles, v.subtitle_lang, v.subtitle_encoding)
     for note in track.notes:
         console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
+    return list(track.cues), track.source
+
+
+def run_chat_command(video: str, config: Config, console: Console | None = None) -> int:
+    """`lvx chat`: returns the process exit code."""
+    console = console or Console(highlight=False)
+    if under_torchrun():
+        return run_rank(lambda: _chat_as_rank(video, config, console), "lvx chat")
     try:
-        engine = open_engine(config, gpus, ranks, console)
+        check_video_path(video)  # fail before spending minutes loading a model
+        cues, source = _subtitles(video, config, console)
+    except (VideoError, SubtitleError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    try:
+        engine = open_engine(config, console)
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C while the model loads: the group is already gone (RemoteEngine kills it)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads: RemoteEngine already killed the group
         return 130
     try:
-        code = run_chat(
-            engine,
-            video=video,
-            fps=config.fps,
-            max_frames=config.max_frames,
-            params=params,
-            console=console,
-            subtitles=track,
-        )
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C while the video loads: stop now, quietly, no rank left behind
+        code = run_chat(engine, video=video, subtitles=cues, console=console)
+    except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, no rank left behind
         (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
         return 130
-    except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        code = 2
     engine.close()
     return code
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank of a torchrun group the user started (several machines)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LVX_LINK" not in os.environ
+
+
+def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
+    """One rank of a user-started torchrun group: rank 0 runs the chat, the others follow it."""
+    session, channel = join_group(config)
+    if session.info.rank != 0:
+        worker_loop(session, channel)
+        return None
+    driver = GroupDriver(session, channel, config)
+    try:
+        cues, _ = _subtitles(video, config, console) if Path(video).exists() else ([], "")
+        return run_chat(driver, video=video, subtitles=cues, console=console)
+    except SubtitleError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    finally:
+        driver.close()

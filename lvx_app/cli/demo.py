@@ -9,17 +9,18 @@ every stage runs and how long each takes.
 from __future__ import annotations
 
 import time
-from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from lvx_app.engine.api import EngineError, GenerationParams
+from lvx_app.cli.chat import load_with_progress
+from lvx_app.config import Config, GenerationConfig, ModelConfig
+from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video
-from lvx_app.engine.open import open_engine, session_config
-from lvx_app.frontends.terminal import load_with_progress
+from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.config import FORMS
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
@@ -39,35 +40,27 @@ def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
 
 
 def run_demo(
-    *,
-    gpus: int | None,
-    ranks: int | None,
-    workdir: Path | None,
-    generation: str,
-    console: Console | None = None,
+    config: Config, *, workdir: Path | None, generation: str, console: Console | None = None
 ) -> int:
-    # long: the demo's steps in order, each printed as it runs
+    """`lvx demo`: returns the process exit code."""
     console = console or Console(highlight=False)
     if generation not in FORMS:
         console.print(f"[red]error:[/red] --generation must be one of {', '.join(FORMS)}")
         return 2
-    if ranks is None and not torch.cuda.is_available() and not gpus:
-        ranks = 2
+    parallel = config.parallel
+    if parallel.ranks is None and not torch.cuda.is_available() and not parallel.gpus:
+        parallel = replace(parallel, ranks=2)  # the demo shows sharding, even on a CPU
     workdir = Path(workdir or Path.home() / ".cache" / "lvx" / "demo")
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     checkpoint, video = prepare(workdir, generation)
     timings = {"make checkpoint + video": time.perf_counter() - t0}
-    config = session_config(
-        model=str(checkpoint),
-        revision=None,
-        fps=1.0,
-        max_frames=None,
-        dtype="auto",
-        kv_cache=None,
-        timeout=120.0,
-        use_cache=False,
-        cache_dir=None,
+    config = replace(
+        config,
+        model=ModelConfig(path=str(checkpoint)),
+        video=replace(config.video, cache=False, subtitles="none"),
+        parallel=replace(parallel, timeout_s=120.0),
+        generation=GenerationConfig(max_new_tokens=24),
     )
     console.print(
         f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
@@ -77,29 +70,37 @@ def run_demo(
         "runs.[/yellow]"
     )
     try:
-        t = time.perf_counter()
-        with closing(open_engine(config, gpus, ranks, console)) as engine:
-            timings["start ranks + load model"] = time.perf_counter() - t
-            summary = load_with_progress(engine, console, str(video), 1.0, None)
-            timings["decode + encode video"] = summary.seconds
-            console.print(f"[green]video:[/green] {describe_video(summary)}")
-            for i, question in enumerate(QUESTIONS, 1):
-                console.print(f"[bold cyan]you ›[/] {question}")
-                answer = "".join(engine.ask(question, GenerationParams(max_new_tokens=24)))
-                console.print(f"[bold]lvx ›[/] {answer}", highlight=False)
-                console.print(f"[dim]{describe_answer(engine)}[/dim]")
-                timings[f"answer {i} (TTFT)"] = engine.last_answer.ttft_s
-                timings[f"answer {i} (total)"] = engine.last_answer.total_s
-            stats = engine.stats()
+        stats = _converse(config, video, timings, console)
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    table = Table(
-        title=f"lvx demo timings ({stats['world size']} {stats['device'].split(':')[0]} rank(s))"
-    )
+    console.print(_timings_table(timings, stats))
+    return 0
+
+
+def _converse(config: Config, video: Path, timings: dict[str, float], console: Console) -> dict:
+    """Open the engine, load the video, ask the demo's questions; `timings` gets each step's."""
+    t = time.perf_counter()
+    with open_engine(config, console) as engine:
+        timings["start ranks + load model"] = time.perf_counter() - t
+        summary = load_with_progress(engine, console, str(video))
+        timings["decode + encode video"] = summary.seconds
+        console.print(f"[green]video:[/green] {describe_video(summary)}")
+        for i, question in enumerate(QUESTIONS, 1):
+            console.print(f"[bold cyan]you ›[/] {question}")
+            answer = "".join(engine.ask(question))
+            console.print(f"[bold]lvx ›[/] {answer}", highlight=False)
+            console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
+            timings[f"answer {i} (TTFT)"] = engine.last_answer.ttft_s
+            timings[f"answer {i} (total)"] = engine.last_answer.total_s
+        return engine.stats()
+
+
+def _timings_table(timings: dict[str, float], stats: dict) -> Table:
+    where = f"{stats['world size']} {stats['device'].split(':')[0]} rank(s)"
+    table = Table(title=f"lvx demo timings ({where})")
     table.add_column("step")
     table.add_column("seconds", justify="right")
     for step, seconds in timings.items():
         table.add_row(step, f"{seconds:.2f}")
-    console.print(table)
-    return 0
+    return table

@@ -13,7 +13,7 @@ checkpoint's identity (it holds the hyper layers' `v_kv_proj` and norm weights),
 frame's placeholder start (the MI-RoPE positions of K), the device type, the dtype and the format
 version; each file's manifest holds the whole key and the rank and must match it exactly. Writes are
 atomic; a file that fails any check is reported in one warning line, deleted, and the K/V are
-recomputed, as for the feature cache (`lvx_app.video.cache`).
+recomputed, as for the feature cache (`lvx_app.video.feature_cache`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from lvx_app.video.cache import CacheKey, CorruptEntry, FeatureCache, atomic_save, load_or_discard
-from lvx_app.video.prefix_cache import SavedEntries, checksum, load_checked, stable_hash
+from lvx_app.video.feature_cache import CacheKey, CorruptEntry, FeatureCache, atomic_save, load_or_discard
+from lvx_app.engine.prefix_cache import SavedEntries, checksum, load_checked, stable_hash
 
 VISUAL_KV_VERSION = 1
 

@@ -1,0 +1,1 @@
+"""The `lvx` command line: one module per command, thin over importable work."""

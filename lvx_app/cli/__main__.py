@@ -1,0 +1,5 @@
+"""`python -m lvx_app.cli ...` is `lvx ...`."""
+
+from lvx_app.cli.main import app
+
+app()

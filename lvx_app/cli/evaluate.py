@@ -1,0 +1,102 @@
+"""`lvx eval …`: Video-MME runs, shard merging and reports. Thin commands over `lvx_app.eval`.
+
+`lvx eval merge` and `lvx eval report` never import torch: only `videomme` starts the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from lvx_app.cli.options import config_options, new_app
+from lvx_app.config import Config
+from lvx_app.eval.dataset import DatasetError
+from lvx_app.eval.extract import SCORING_MODES
+from lvx_app.eval.report import report_file
+from lvx_app.eval.results import ResultsError, merge_results
+
+eval_app = new_app(
+    "eval", "Batch evaluation on Video-MME: run (resumable, shardable), merge shard files, report."
+)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def open_engine_session(config: Config):
+    """The engine behind an eval: each question is answered on a fresh conversation."""
+    # imported here: `lvx eval merge/report` run without torch
+    from lvx_app.eval.runner import EngineEvalSession
+    from lvx_app.runtime.open import open_engine
+
+    return EngineEvalSession(open_engine(config))
+
+
+@eval_app.command()
+@config_options(
+    "model",
+    "video",
+    "parallel",
+    "generation",
+    "eval",
+    include=(
+        *("path", "revision", "dtype", "fps", "max_frames", "kv_mode", "cache", "cache_dir"),
+        *("decode_timeout_s", "gpus", "ranks", "layout", "xattn_schedule", "timeout_s"),
+        *("max_new_tokens", "data", "out", "questions", "eval.subtitles", "limit"),
+        *("durations", "shard", "scoring"),
+    ),
+    defaults={"max_new_tokens": 16},
+)
+def videomme(*, config: Config) -> None:
+    """Answer Video-MME with the model, resumably; report accuracy by duration, domain,
+    sub-category, task."""
+    from lvx_app.engine.api import EngineError
+    from lvx_app.eval.videomme import run_videomme
+
+    try:
+        run_videomme(config, lambda: open_engine_session(config))
+    except (DatasetError, ResultsError, EngineError) as e:  # one sentence, no traceback
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@eval_app.command()
+def merge(
+    out: Path = typer.Argument(..., help="New merged results file."),
+    inputs: list[Path] = typer.Argument(..., help="Shard results files."),
+    keep_first: bool = typer.Option(
+        False, "--keep-first", help="On a question answered twice keep the first file's answer."
+    ),
+    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+) -> None:
+    """Combine shard JSONL files (same settings, no question twice) and report the whole."""
+    if scoring not in SCORING_MODES:
+        raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
+    try:
+        merged = merge_results(inputs, out, keep_first=keep_first)
+    except ResultsError as e:
+        raise _fail(str(e)) from None
+    Console().print(f"merged {merged.records} answers from {len(inputs)} file(s) into {merged.out}")
+    report_file(merged.out, scoring)
+
+
+@eval_app.command()
+def report(
+    results: Path = typer.Argument(..., help="Results JSONL."),
+    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+) -> None:
+    """Re-score a results file (either scoring mode) and rewrite its summary, plot and official
+    JSON."""
+    if scoring not in SCORING_MODES:
+        raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
+    if not results.is_file():
+        raise _fail(f"{results} does not exist.")
+    try:
+        report_file(results, scoring)
+    except ResultsError as e:
+        raise _fail(str(e)) from None

@@ -1,0 +1,97 @@
+"""Command-line options made from the config's fields, and the one way to make a typer app.
+
+`@config_options(...)` gives a command every option of the config sections it names (a field's
+`flag` and `help`), checks them once by building the `Config` (a bad value is one line, exit 2) and
+calls the command with `config=`. A new config field is a new option of every command that takes
+its section, with no code here.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Any, Callable
+
+import typer
+
+from lvx_app.config import SECTIONS, Config, ConfigError, cli_fields, field_default
+
+
+def new_app(name: str, help: str) -> typer.Typer:
+    """A typer app (or sub-app) as every lvx command group has it: help when called bare, no
+    shell-completion commands, plain Python tracebacks."""
+    return typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one error line on stderr; raise the returned Exit."""
+    typer.secho(f"error: {message}", err=True, fg="red")
+    return typer.Exit(code)
+
+
+def _option(f: Any, default: Any) -> typer.models.OptionInfo:
+    extra = {k: v for k, v in f.metadata.items() if k not in ("flag", "help", "required")}
+    default = ... if f.metadata.get("required") else default
+    return typer.Option(default, f.metadata["flag"], help=f.metadata["help"], **extra)
+
+
+def config_options(
+    *sections: str,
+    include: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give the decorated command the options of `sections` (only `include` when given, minus
+    `exclude`; a name is a field's, or "section.field"), with `defaults` overriding the config's for
+    this command; it is called with `config: Config` instead."""
+    defaults = defaults or {}
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "config"]
+        hints = typing.get_type_hints(command)
+        chosen: list[tuple[str, Any]] = []
+        params, annotations = list(own), {p.name: hints.get(p.name, Any) for p in own}
+        for name in sections:
+            types = typing.get_type_hints(SECTIONS[name])
+            for f in cli_fields(SECTIONS[name]):
+                names = {f.name, f"{name}.{f.name}"}  # a bare field name, or section.field
+                if names & set(exclude) or (include is not None and not names & set(include)):
+                    continue
+                if f.name in annotations:
+                    raise TypeError(f"option {f.name!r} is declared twice in {command.__name__}")
+                default = defaults.get(f.name, field_default(f))
+                params.append(
+                    inspect.Parameter(
+                        f.name,
+                        inspect.Parameter.KEYWORD_ONLY,
+                        default=_option(f, default),
+                        annotation=types[f.name],
+                    )
+                )
+                annotations[f.name] = types[f.name]
+                chosen.append((name, f.name))
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            by_section: dict[str, dict[str, Any]] = {}
+            for name, key in chosen:
+                by_section.setdefault(name, {})[key] = values.pop(key)
+            try:
+                config = Config.from_dict(by_section)
+            except ConfigError as exc:
+                raise fail(str(exc)) from None
+            return command(**values, config=config)
+
+        del run.__wrapped__  # typer reads the signature below, not the command's own
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = annotations
+        return run
+
+    return decorate

@@ -1,0 +1,25 @@
+"""`lvx serve`: the browser chat (Gradio) in front of the same engine as `lvx chat`."""
+
+from __future__ import annotations
+
+import typer
+
+from lvx_app.cli.options import config_options
+from lvx_app.config import Config
+
+
+@config_options(
+    "model",
+    "video",
+    "parallel",
+    "generation",
+    "serve",
+    exclude=("subtitles", "subtitle_lang", "subtitle_encoding", "seed"),
+)
+def serve_command(*, config: Config) -> None:
+    """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`. The page's fps,
+    max frames and max new tokens start at the options' values."""
+    # imported here: the CLI registers this command without loading torch or gradio
+    from lvx_ui.server import run_serve
+
+    raise typer.Exit(run_serve(config))

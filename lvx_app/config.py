@@ -1,0 +1,450 @@
+"""The one typed configuration of a run, parsed once and passed whole.
+
+Each command builds a `Config` from its options (the options themselves are made from the fields
+below: a field's `flag` and `help` are its command-line option), and hands it to the engine, to the
+ranks (as JSON, `Config.to_dict` / `Config.from_dict`), to ingest, eval and finetuning. Every field
+is checked once, here, when its section is made: a bad value is one `ConfigError` line that names
+the option. Adding an option is one field here plus the code that uses it.
+
+A leaf module: it imports nothing of ours but the defaults, so the CLI can build a config without
+importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
+
+from lvx_app.defaults import (
+    DEFAULT_DECODE_TIMEOUT_S,
+    DEFAULT_LAYOUT,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_SUBTITLE_TOKENS,
+    DEFAULT_TIMEOUT_S,
+    LAYOUTS,
+)
+
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+KV_MODES = ("auto", "cache", "recompute")
+SCHEDULES = ("auto", "ring", "gather")
+SAVE_VISUAL_KV = ("auto", "always", "never")
+TRAIN_MODES = ("hyper", "all", "lora")
+SCORING_MODES = ("official", "strict")
+
+
+class ConfigError(ValueError):
+    """A bad option value: one line that names the option and says what to use."""
+
+
+def option(default: Any, flag: str, help: str, *, factory: Any = None, **cli: Any) -> Any:
+    """A config field that is also a command-line option (`flag`, e.g. "--fps" or
+    "--cache/--no-cache";
+    `cli` holds extra typer settings such as `metavar` or `hidden`)."""
+    meta = {"flag": flag, "help": help, **cli}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _choice(value: str, choices: tuple[str, ...], flag: str) -> None:
+    _require(value in choices, f"unknown {flag} {value!r}; use one of {', '.join(choices)}")
+
+
+def _positive(value: float, flag: str, what: str = "a number above 0") -> None:
+    _require(
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        f"{flag} must be {what} (got {value!r})",
+    )
+
+
+@dataclass
+class ModelConfig:
+    """Which checkpoint, and in which dtype."""
+
+    path: str = option(
+        DEFAULT_MODEL, "--model", "Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id."
+    )
+    revision: str | None = option(None, "--revision", "Hub revision (branch, tag or commit).")
+    dtype: str = option(
+        "auto", "--dtype", "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16."
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(str(self.path).strip()), "--model must name a checkpoint folder or hub id")
+        _choice(self.dtype, DTYPES, "--dtype")
+
+
+@dataclass
+class VideoConfig:
+    """How a video becomes visual tokens: sampling, decoding, subtitles, caches, K/V memory."""
+
+    fps: float = option(1.0, "--fps", "Frames sampled per second of video.")
+    max_frames: int | None = option(
+        None,
+        "--max-frames",
+        "Most frames to use; a longer plan is thinned uniformly. Default: all.",
+    )
+    subtitles: str = option(
+        "auto",
+        "--subtitles",
+        "auto: a subtitle file next to the video with its name (movie.en.srt too), else a text "
+        "subtitle stream inside it; none; or a subtitle FILE. Only the lines at the sampled frames "
+        "are used.",
+        metavar="auto|none|FILE",
+    )
+    subtitle_lang: str | None = option(
+        None, "--subtitle-lang", "Language of the subtitles --subtitles auto picks (en, fr, ...)."
+    )
+    subtitle_encoding: str | None = option(
+        None,
+        "--subtitle-encoding",
+        "Text encoding of the subtitle file. Default: UTF-8, else detected.",
+    )
+    subtitle_tokens: int = option(
+        DEFAULT_SUBTITLE_TOKENS,
+        "--subtitle-tokens",
+        "Most tokens the subtitle lines may take; beyond it lines are dropped evenly over the "
+        "video.",
+    )
+    kv_mode: str = option(
+        "auto",
+        "--kv-mode",
+        "cache: keep each hyper layer's visual K/V resident; recompute: keep one copy of the "
+        "features and recompute K/V per turn (less memory); auto: cache when it fits.",
+        metavar="auto|cache|recompute",
+    )
+    cache: bool = option(
+        True, "--cache/--no-cache", "Read and write the cache of frame features and saved prompts."
+    )
+    cache_dir: str | None = option(
+        None, "--cache-dir", "Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx."
+    )
+    decode_timeout_s: float = option(
+        DEFAULT_DECODE_TIMEOUT_S,
+        "--decode-timeout",
+        "Seconds one chunk of frames may take to decode before it is retried frame by frame.",
+    )
+    decode_workers: int | None = None  # decode processes per rank (None: by the cores)
+    save_visual_kv: str = "auto"  # auto (when reading back beats computing) | always | never
+
+    def __post_init__(self) -> None:
+        _positive(self.fps, "--fps", "above 0, e.g. --fps 1, or --fps 0.2 for a frame every 5 s")
+        _require(
+            self.max_frames is None or self.max_frames >= 1,
+            f"--max-frames must be 1 or more (got {self.max_frames})",
+        )
+        _require(
+            self.subtitle_tokens >= 0,
+            f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens})",
+        )
+        _choice(self.kv_mode, KV_MODES, "--kv-mode")
+        _positive(self.decode_timeout_s, "--decode-timeout", "a number of seconds above 0")
+        _require(
+            self.decode_workers is None or self.decode_workers >= 1,
+            "decode_workers must be 1 or more",
+        )
+        _choice(self.save_visual_kv, SAVE_VISUAL_KV, "save_visual_kv")
+
+
+@dataclass
+class ParallelConfig:
+    """Where the ranks run and how the video and queries are dealt over them."""
+
+    gpus: int | None = option(
+        None, "--gpus", "GPUs to use, one rank each. Default: 1 if a GPU is visible, else 0 (CPU)."
+    )
+    ranks: int | None = option(
+        None, "--ranks", "CPU ranks (gloo) when there is no GPU or with --gpus 0. Default: 1."
+    )
+    layout: str = option(
+        DEFAULT_LAYOUT,
+        "--layout",
+        "How frames and their prompt tokens are dealt over the ranks: zigzag (balanced), striped "
+        "or contiguous. The answers are the same on every layout.",
+    )
+    xattn_schedule: str = option(
+        "auto",
+        "--xattn-schedule",
+        "A question's cross-attention over the ranks: gather (short questions), ring (long ones) "
+        "or "
+        "auto (by the measured crossover). The video prompt always takes the ring.",
+    )
+    timeout_s: float = option(
+        DEFAULT_TIMEOUT_S,
+        "--timeout",
+        "Seconds a rank waits for a dead or hung peer during work before the group stops.",
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            self.gpus is None or self.gpus >= 0,
+            "--gpus must be 0 (CPU) or a positive number of GPUs",
+        )
+        _require(self.ranks is None or self.ranks >= 1, "--ranks must be at least 1")
+        _choice(self.layout, LAYOUTS, "--layout")
+        _choice(self.xattn_schedule, SCHEDULES, "--xattn-schedule")
+        _positive(self.timeout_s, "--timeout", "a number of seconds above 0")
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the ranks use GPUs (decided when the group opens: `gpus` is then set)."""
+        return bool(self.gpus)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How an answer is generated; greedy by default, so answers are reproducible."""
+
+    max_new_tokens: int = option(
+        DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", "Longest answer, in tokens."
+    )
+    temperature: float = option(0.0, "--temperature", "0 = greedy (reproducible); above 0 samples.")
+    top_p: float = option(1.0, "--top-p", "Nucleus sampling mass (0 < p <= 1) when sampling.")
+    seed: int = option(0, "--seed", "Seed of sampling (answers repeat for the same seed).")
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            f"--max-new-tokens must be 1 or more (got {self.max_new_tokens!r})",
+        )
+        _require(
+            isinstance(self.temperature, (int, float))
+            and math.isfinite(self.temperature)
+            and self.temperature >= 0,
+            "--temperature must be 0 (greedy) or a finite number above 0 (got "
+            f"{self.temperature!r})",
+        )
+        _require(
+            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+            f"--top-p must be above 0 and at most 1 (got {self.top_p!r})",
+        )
+
+
+@dataclass
+class ServeConfig:
+    """The browser page: where it listens and what it accepts."""
+
+    host: str = option(
+        "127.0.0.1", "--host", "Address to bind; other machines can connect only if you change it."
+    )
+    port: int = option(7860, "--port", "Port to serve on.")
+    allow_paths: list[str] = option(
+        None,
+        "--allow-paths",
+        "Folder whose videos may be opened by path instead of uploaded (repeatable).",
+        factory=list,
+        metavar="DIR",
+    )
+    max_upload_mb: float = option(4096.0, "--max-upload-mb", "Largest upload accepted, in MB.")
+    auth: str | None = option(None, "--auth", "Require a login, given as user:password.")
+    share: bool = option(False, "--share/--no-share", "Also open a public Gradio share link.")
+    queue_size: int = option(8, "--queue-size", "Requests that may wait; more are turned away.")
+
+    def __post_init__(self) -> None:
+        _require(0 < self.port < 65536, f"--port must be 1..65535 (got {self.port})")
+        _positive(self.max_upload_mb, "--max-upload-mb")
+        _require(self.queue_size >= 1, "--queue-size must be at least 1")
+        if self.auth is not None:
+            user, sep, password = self.auth.partition(":")
+            _require(
+                bool(sep and user and password),
+                "--auth takes user:password, for example --auth alice:s3cret",
+            )
+
+
+@dataclass
+class TrainConfig:
+    """Finetuning: data, what is trained, the schedule and checkpoints."""
+
+    data: str = option(
+        "", "--data", "JSONL file: one {video, question, answer} sample per line.", required=True
+    )
+    out: str = option(
+        "", "--out", "Output checkpoint folder (loadable with lvx chat --model OUT).", required=True
+    )
+    video_dir: str | None = option(
+        None, "--video-dir", "Folder the samples' video names are relative to. Default: the data's."
+    )
+    mode: str | None = option(
+        None,
+        "--train",
+        "What to train: hyper (v_kv_proj and the gates, the default) or all (language model and "
+        "projector; the vision tower stays frozen). Or use --lora R.",
+        metavar="hyper|all",
+    )
+    lora_rank: int | None = option(
+        None,
+        "--lora",
+        "Train LoRA adapters of rank R on the attention projections instead.",
+        metavar="R",
+    )
+    lora_alpha: float | None = None  # default 2 * rank
+    recompute: bool = option(
+        True,
+        "--recompute/--no-recompute",
+        "Recompute each hyper layer's visual K/V in backward from one copy of the features.",
+    )
+    checkpoint_lm: bool = option(
+        False, "--checkpoint-lm", "Checkpoint the decoder layers (less activation memory)."
+    )
+    lr: float = option(1e-4, "--lr", "Peak learning rate (AdamW, warm-up then cosine).")
+    min_lr_ratio: float = 0.1
+    warmup_steps: int | None = None  # default 5 % of steps
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    steps: int = option(100, "--steps", "Optimizer steps (one sample each).")
+    save_every: int = option(
+        50, "--save-every", "Also save every N steps, so a crash loses little (0: only at the end)."
+    )
+    resume: bool = option(False, "--resume", "Continue the run saved in --out.")
+    seed: int = option(0, "--seed", "Seed of the LoRA initialisation and the sample order.")
+    progress: bool | None = None  # None: a live bar on a terminal, else a line per step
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        _require(
+            self.mode is None or self.lora_rank is None,
+            "use either --lora R or --train hyper|all, not both",
+        )
+        if self.mode is not None:
+            _choice(self.mode, TRAIN_MODES[:2], "--train")
+        _require(self.lora_rank is None or self.lora_rank >= 1, "--lora must be at least 1")
+        _require(self.steps >= 1, "--steps must be at least 1")
+        _require(self.save_every >= 0, "--save-every must be 0 (only at the end) or more")
+        _positive(self.lr, "--lr")
+
+    @property
+    def trains(self) -> str:
+        """What is trained: "lora", "hyper" or "all"."""
+        return "lora" if self.lora_rank is not None else (self.mode or "hyper")
+
+
+@dataclass
+class EvalConfig:
+    """A Video-MME run: the data, which questions, how answers are scored."""
+
+    data: str = option(
+        "", "--data", "Folder with videomme/test-*.parquet, data/, subtitle/.", required=True
+    )
+    out: str | None = option(
+        None, "--out", "Results JSONL (resumed if it exists). Default: under runs/."
+    )
+    questions: str | None = option(
+        None, "--questions", "Question file, if not under --data/videomme/."
+    )
+    subtitles: bool = option(
+        False, "--subtitles/--no-subtitles", "The official with-subtitles setting."
+    )
+    limit: int | None = option(None, "--limit", "Only the first K selected questions.")
+    durations: str | None = option(
+        None, "--durations", "Comma list of short,medium,long.", metavar="LIST"
+    )
+    shard: str | None = option(
+        None, "--shard", "i/k: this machine's share (0-based), split by video.", metavar="I/K"
+    )
+    scoring: str = option(
+        "official",
+        "--scoring",
+        "official (unparsed replies dropped) or strict (unparsed = wrong).",
+        metavar="official|strict",
+    )
+
+    def __post_init__(self) -> None:
+        _choice(self.scoring, SCORING_MODES, "--scoring")
+        _require(self.limit is None or self.limit >= 1, "--limit must be 1 or more")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "video": VideoConfig,
+    "parallel": ParallelConfig,
+    "generation": GenerationConfig,
+    "serve": ServeConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+}
+ENGINE_SECTIONS = ("model", "video", "parallel", "generation")  # what `lvx_app.open` takes
+
+
+@dataclass
+class Config:
+    """Every option of a run, by section."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain data (JSON-ready), as `from_dict` reads it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Config:
+        """The config a `to_dict` (or a hand-written JSON) describes; a missing key keeps its
+        default,
+        an unknown one is a ConfigError that lists the valid keys."""
+        if not isinstance(data, dict):
+            raise ConfigError("a config is a JSON object with the sections " + ", ".join(SECTIONS))
+        unknown = sorted(set(data) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(
+                f"unknown config section {unknown[0]!r}; valid: {', '.join(SECTIONS)}"
+            )
+        return cls(**{name: section(SECTIONS[name], data.get(name, {})) for name in SECTIONS})
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Config:
+        """A config from flat option names of the engine's sections (`lvx_app.open(model, fps=1,
+        ranks=2)`): each name is the field of the one section that has it (`model` is the
+        checkpoint)."""
+        by_section: dict[str, dict[str, Any]] = {name: {} for name in ENGINE_SECTIONS}
+        owners = {f.name: name for name in ENGINE_SECTIONS for f in fields(SECTIONS[name])}
+        owners["model"] = "model"
+        for key, value in options.items():
+            _require(key in owners, f"unknown option {key!r}; valid: {', '.join(sorted(owners))}")
+            by_section[owners[key]]["path" if key == "model" else key] = value
+        return cls.from_dict(by_section)
+
+
+def section(cls: type, values: dict[str, Any]) -> Any:
+    """One section from a dict: an unknown key is a ConfigError listing the valid ones."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"config section {cls.__name__} must be an object, not {values!r}")
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}; valid: {', '.join(names)}")
+    return cls(**values)
+
+
+def updated(config: Any, **changes: Any) -> Any:
+    """A copy of one section with some fields changed (checked like any new section); an unknown
+    name is a ConfigError listing the valid ones."""
+    names = [f.name for f in fields(config)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(names)}")
+    return replace(config, **changes)
+
+
+def cli_fields(cls: type) -> list[Any]:
+    """The fields of a section that are command-line options, in declaration order."""
+    return [f for f in fields(cls) if "flag" in f.metadata]
+
+
+def field_default(f: Any) -> Any:
+    """A field's default value (its factory's value for lists)."""
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory()

@@ -1,0 +1,286 @@
+"""The video a rank holds: its frames' visual K/V (or features) and the prefilled video prompt.
+
+Loading a video: ingest this rank's frames (decode and encode, or the feature cache), place the
+subtitle lines at the sampled frames after them, open the visual K/V (read back, or computed and
+maybe saved), then read back the saved video prompt or prefill it (the frames, each frame's
+placeholder tokens on the rank holding the frame, then the subtitle block) into the conversation.
+A question then only prefills its own tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lvx_app.config import Config, VideoConfig
+from lvx_app.devices import memory_report
+from lvx_app.engine.api import EngineError, EngineWarning, ProgressFn, VideoSummary
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
+from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
+from lvx_app.parallel.collectives import all_min
+from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
+from lvx_app.video.errors import VideoError, VideoWarning
+from lvx_app.video.ingest import Encoder, VisualShard, ingest
+
+# bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
+# 2: every rank holds (and saves) the whole replicated text cache
+PROMPT_FORMAT = 2
+
+
+def video_text(block: str, question: str = "") -> str:
+    """The first user turn: the video, the subtitle block (the text the eval prompt starts with),
+    the question."""
+    if not block:
+        return "<|video|>\n" + question
+    return "<|video|>\n" + block + "\n" + question.lstrip()
+
+
+def oom_message(rank: int, device: torch.device, stage: str) -> str:
+    """The one line a user sees when a rank runs out of GPU memory, with what to try."""
+    return (
+        f"rank {rank} ran out of GPU memory while {stage} ({memory_report(device)}); "
+        "use more GPUs (--gpus), a lower --fps or --max-frames, or --kv-mode recompute"
+    )
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What names the weights in the caches (empty when the caches are off)."""
+
+    model_key: str  # the resolved checkpoint path (or hub id)
+    encoder: str  # fingerprint of the vision tower and projector weights
+    checkpoint: str  # fingerprint of every weight file
+
+
+@dataclass
+class LoadedVideo:
+    """What a loaded video left on this rank."""
+
+    summary: VideoSummary
+    subtitle_block: str  # the subtitle text in the prefilled prompt ("" = none)
+    prefix_ids: torch.Tensor  # the prompt prefilled at load
+    kv_mode: str  # cache | recompute
+    local_frames: int  # the frames this rank holds
+    visual_kv: VisualKVChoice
+    features: torch.Tensor | None  # E_local, kept only to recompute K/V
+    prefill_s: float
+
+
+class VideoContext:
+    """Loads a video onto this rank's `Conversation`; every rank calls `load` at the same point."""
+
+    def __init__(
+        self,
+        model,
+        processor,
+        config: Config,
+        conversation: Conversation,
+        identity: Identity,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model, self.processor, self.config, self.dtype = model, processor, config, dtype
+        self.conversation, self.identity = conversation, identity
+        self.info = conversation.info
+        video = config.video
+        self.prefixes = PrefixCache(video.cache_dir) if video.cache else None
+        kv_store = VisualKVCache(video.cache_dir) if video.cache else None
+        device = self.info.device
+        self.visual_opener = VisualKVOpener(
+            model, kv_store, lambda v: all_min(v, device), video.save_visual_kv
+        )
+        self.loaded: LoadedVideo | None = None
+
+    def load(
+        self,
+        path: str,
+        video: VideoConfig,
+        subtitles: Sequence[Cue] | None,
+        progress: ProgressFn | None = None,
+    ) -> VideoSummary:
+        """Make the video resident and prefill its prompt; `subtitles`: the cues of the whole video
+        (the feature cache never depends on them)."""
+        t0 = time.perf_counter()
+        shard = self._ingest(path, video, progress)
+        plan, n_frames = shard.plan, len(shard.plan)
+        block, placed, dropped = self._place_subtitles(subtitles or [], plan.timestamps)
+        prompt = self.processor.build_chat_prompt(
+            [{"role": "user", "content": video_text(block)}],
+            videos=[n_frames],
+            add_generation_prompt=False,
+        )
+        starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
+        prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
+        kv_mode = self._kv_mode(n_frames)
+        visual, choice = self.visual_opener.open(
+            shard,
+            starts,
+            self._visual_kv_key(shard, starts),
+            resident=kv_mode == "cache",
+            video=path,
+        )
+        self.loaded = None  # from here on a failure leaves no video loaded
+        conversation = self.conversation
+        conversation.clear()
+        conversation.visual = visual
+        t_prefill = time.perf_counter()
+        tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
+        restored = self._open_prefix(shard, path, prefix_ids, starts, tail_from)
+        prefill_s = time.perf_counter() - t_prefill
+        summary = VideoSummary(
+            path=str(path),
+            frames=n_frames,
+            fps=float(plan.fps),
+            duration_s=float(plan.duration_s),
+            visual_tokens=n_frames * self.model.config.vision.num_patches,
+            from_cache=shard.from_cache,
+            seconds=time.perf_counter() - t0,
+            timestamps=[float(t) for t in plan.timestamps],
+            subtitle_lines=placed,
+            subtitles_dropped=dropped,
+            prompt_from_cache=restored,
+            visual_kv_from_cache=choice.source == "read back",
+        )
+        # in kv mode cache the K/V hold everything needed; E stays on disk in the feature cache
+        features = shard.features if kv_mode == "recompute" else None
+        self.loaded = LoadedVideo(
+            summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, prefill_s
+        )
+        return summary
+
+    def _ingest(self, path: str, video: VideoConfig, progress: ProgressFn | None) -> VisualShard:
+        def report(p) -> None:
+            progress("frames", p.done, p.total)
+
+        encoder = Encoder(
+            self.model.encode_images,
+            image_size=self.processor.image_size,
+            model_id=self.identity.model_key or self.config.model.path,
+            revision=self.config.model.revision or "",
+            fingerprint=self.identity.encoder,
+        )
+        device = self.info.device
+        try:
+            return ingest(
+                path,
+                encoder,
+                video,
+                device=device,
+                dtype=self.dtype,
+                layout=self.conversation.layout,
+                progress=report if progress is not None else False,
+            )
+        except VideoError as exc:
+            raise EngineError(str(exc)) from None
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, device, "encoding frames")) from exc
+
+    def _place_subtitles(
+        self, cues: Sequence[Cue], timestamps: Sequence[float]
+    ) -> tuple[str, int, int]:
+        """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
+        budget."""
+        budget = self.config.video.subtitle_tokens
+        lines = select_lines(cues, timestamps)
+        kept = fit_lines(lines, budget, lambda text: len(self.processor.encode(text)))
+        dropped = len(lines) - len(kept)
+        if dropped and self.info.rank == 0:
+            warnings.warn(
+                EngineWarning(
+                    f"{dropped} of {len(lines)} subtitle lines dropped to fit the {budget:,}-token "
+                    "subtitle budget; the kept lines are spread over the whole video"
+                )
+            )
+        return subtitle_block(kept), len(kept), dropped
+
+    def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
+        """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end
+        (not <|im_end|>)."""
+        if not n_frames:
+            return 0
+        if not block:
+            return int(prompt.media_starts[-1]) + prompt.placeholder_len
+        if int(prompt.input_ids[-1]) != self.processor.stop_ids[0]:
+            raise RuntimeError("the video prompt does not end with <|im_end|>")
+        return int(prompt.input_ids.numel()) - 1
+
+    def _kv_mode(self, n_frames: int) -> str:
+        """cache or recompute: `--kv-mode`, or for auto whether the resident K/V take under half the
+        free GPU memory (always cache on a CPU)."""
+        mode = self.config.video.kv_mode
+        if mode != "auto":
+            return mode
+        device = self.info.device
+        if device.type != "cuda":
+            return "cache"
+        cfg = self.model.config
+        local = -(-n_frames // self.info.world_size)
+        kv_bytes = local * cfg.vision.num_patches * 2 * cfg.num_key_value_heads * cfg.head_dim
+        kv_bytes *= len(cfg.hyper_layer_indices) * self.dtype.itemsize
+        free, _ = torch.cuda.mem_get_info(device)
+        return "cache" if kv_bytes < 0.5 * free else "recompute"
+
+    def _visual_kv_key(self, shard: VisualShard, starts: torch.Tensor) -> VisualKVKey | None:
+        if shard.cache_key is None:
+            return None
+        return VisualKVKey.make(
+            shard.cache_key,
+            checkpoint=self.identity.checkpoint,
+            media_starts=starts,
+            device=self.info.device.type,
+            dtype=self.dtype,
+        )
+
+    def _open_prefix(
+        self,
+        shard: VisualShard,
+        path: str,
+        prefix_ids: torch.Tensor,
+        starts: torch.Tensor,
+        tail_from: int,
+    ) -> bool:
+        """Read back the prompt K/V an earlier run saved, when every rank has them and its features
+        came from the cache (they were made from those features); else prefill the prompt and save
+        it. True when read back."""
+        key = None
+        if self.prefixes is not None and shard.cache_key is not None:
+            key = PrefixKey.make(
+                shard.cache_key,
+                checkpoint=self.identity.checkpoint,
+                prompt_format=PROMPT_FORMAT,
+                prompt_ids=prefix_ids,
+                device=self.info.device.type,
+            )
+        rank0 = self.info.rank == 0
+        device = self.info.device
+        saved = self.prefixes.load(key, device, owner=rank0) if key is not None else None
+        conversation = self.conversation
+        if all_min(int(saved is not None and shard.from_cache), device):
+            conversation.restore(saved.layers, saved.key_positions)
+            return True
+        try:
+            conversation.prefill(prefix_ids, media_starts=starts, tail_from=tail_from)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
+        if key is not None and rank0:  # every rank holds the same whole cache: one file for all
+            self._save_prefix(key, path)
+        return False
+
+    def _save_prefix(self, key: PrefixKey, path: str) -> None:
+        conversation = self.conversation
+        saved = SavedPrefix(conversation.cache.layer_kv(), conversation.key_positions())
+        try:
+            self.prefixes.save(key, saved, video=Path(path).resolve())
+        except OSError as exc:
+            warnings.warn(
+                f"could not save the video prompt in {self.prefixes.root} ({exc}); the next open "
+                "will prefill it again. Free some space or set LVX_CACHE_DIR.",
+                VideoWarning,
+                stacklevel=2,
+            )

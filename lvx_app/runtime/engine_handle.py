@@ -1,0 +1,110 @@
+"""The `Engine` a frontend holds: the same calls whether the ranks run in this process or under
+torchrun.
+
+    import lvx_app as lvx
+    with lvx.open("mPLUG/mPLUG-Owl3-7B-241101", gpus=8) as engine:
+        engine.load_video("movie.mp4", fps=1)
+        for piece in engine.ask("What happens after the storm?"):
+            print(piece, end="")
+        print(engine.last_answer)
+
+`load_video` and `ask` take the fields of the video and generation options as keyword overrides of
+the engine's config (`fps=`, `max_frames=`; `max_new_tokens=`, `temperature=`, ...). Subclasses
+carry the commands: `GroupDriver` runs them here (this process is rank 0), `RemoteEngine` sends them
+to rank 0 of a torchrun group.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from lvx_app.config import Config, ConfigError, updated
+from lvx_app.engine.api import AnswerStats, EngineError, EngineWarning, ProgressFn, VideoSummary
+from lvx_app.runtime.commands import ASK, LOAD_VIDEO, RESET, STATS, Command
+from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
+
+
+class Engine:
+    """A model held by a group of ranks, one video and one conversation at a time."""
+
+    config: Config
+    last_answer: AnswerStats | None = None
+
+    def load_video(
+        self,
+        path: str,
+        *,
+        subtitles: Sequence[Cue] | None = None,
+        progress: ProgressFn | None = None,
+        **video: Any,
+    ) -> VideoSummary:
+        """Make the video resident (decode and encode, or the caches) and prefill its prompt; the
+        conversation starts afresh. `subtitles`: cues to place after the video (None: as the
+        config's `--subtitles` says; [] for none). `progress(stage, done, total)` is called as
+        frames arrive."""
+        try:
+            options = updated(self.config.video, **video)
+        except ConfigError as exc:
+            raise EngineError(str(exc)) from None
+        source = ""
+        if subtitles is None:
+            subtitles, source = _subtitles_for(path, options)
+        cues = list(subtitles) or None
+        args = dict(path=str(path), video=options, subtitles=cues)
+        summary: VideoSummary = self.call(LOAD_VIDEO, progress, **args)
+        summary.subtitle_source = source if summary.subtitle_lines else ""
+        return summary
+
+    def ask(self, question: str, **generation: Any) -> Iterator[str]:
+        """Stream the answer as text pieces; `last_answer` holds its stats afterwards."""
+        try:
+            options = updated(self.config.generation, **generation)
+        except ConfigError as exc:
+            raise EngineError(str(exc)) from None
+        return self.stream(ASK, question=question, generation=options)
+
+    def reset(self) -> None:
+        """Forget the conversation, keep the video."""
+        self.call(RESET, None)
+
+    def stats(self) -> dict[str, Any]:
+        """Memory per rank, cached tokens, timings."""
+        return self.call(STATS, None)
+
+    def interrupt(self) -> None:
+        """Stop the answer being generated (safe from a signal handler or another thread)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Shut the ranks down."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- what a transport provides -------------------------------------------------------------
+    def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
+        """Run `command` on every rank; rank 0's result (`progress` gets its progress messages)."""
+        raise NotImplementedError
+
+    def stream(self, command: Command, **args: Any) -> Iterator[str]:
+        """Run a streaming `command` on every rank; rank 0's pieces as they come."""
+        raise NotImplementedError
+
+
+def _subtitles_for(path: str, video) -> tuple[list[Cue], str]:
+    """(cues, where they came from) as `--subtitles` auto|none|FILE finds them; notes as warnings."""
+    try:
+        track = resolve_subtitles(
+            str(path), video.subtitles, video.subtitle_lang, video.subtitle_encoding
+        )
+    except SubtitleError as exc:
+        raise EngineError(str(exc)) from None
+    for note in track.notes:
+        warnings.warn(note, EngineWarning, stacklevel=3)
+    return list(track.cues), track.source or ""

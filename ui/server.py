@@ -1,0 +1,98 @@
+"""`lvx serve`: open the engine once, put the browser chat in front of it, close the engine on
+exit."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from rich.console import Console
+
+from lvx_app.config import Config
+from lvx_app.engine.api import EngineError
+from lvx_app.runtime.engine_handle import Engine
+from lvx_app.runtime.open import open_engine
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_allow_paths(paths: list[str]) -> list[str]:
+    """The folders whose videos may be opened by path, resolved; a missing one is one line."""
+    out = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if not path.is_dir():
+            raise EngineError(
+                f"--allow-paths {p} is not a directory; name a folder that holds your videos"
+            )
+        out.append(str(path.resolve()))
+    return out
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends Gradio's wait loop like Ctrl-C does, so the engine is closed and the group shut
+    down."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run_serve(config: Config, console: Console | None = None) -> int:
+    """Serve until Ctrl-C or SIGTERM; returns the process exit code."""
+    console = console or Console(highlight=False)
+    try:
+        folders = check_allow_paths(config.serve.allow_paths)
+        _stop_on_sigterm()
+        engine = open_engine(config, console)
+        _serve(engine, config, folders, console)
+        return 0
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the model was still loading
+        console.print("stopped")
+        return 130
+    except OSError as exc:  # e.g. the port is taken
+        console.print(f"[red]error:[/red] {exc}; pick another --port")
+        return 2
+
+
+def _serve(engine: Engine, config: Config, folders: list[str], console: Console) -> None:
+    """Put the page in front of `engine` until Ctrl-C; the engine the page holds at the end (a dead
+    group is replaced by a fresh one) is closed."""
+    close = engine.close
+    try:
+        from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
+
+        demo = build_app(engine, config, allow_paths=folders, reopen=lambda: open_engine(config))
+        close = demo.lvx_close
+        serve = config.serve
+        demo.queue(max_size=serve.queue_size, default_concurrency_limit=1)
+        if serve.host not in LOOPBACK and serve.auth is None:
+            console.print(
+                f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
+                " reach this port can use the model and read the allowed folders"
+            )
+        user, _, password = (serve.auth or "").partition(":")
+        _, url, share_url = demo.launch(
+            server_name=serve.host,
+            server_port=serve.port,
+            share=serve.share,
+            auth=(user, password) if serve.auth else None,
+            show_error=True,
+            quiet=True,
+            prevent_thread_lock=True,
+            ssr_mode=False,
+            footer_links=[],
+            **demo.lvx_launch,
+        )
+        console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
+        console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
+        try:
+            demo.block_thread()
+        finally:
+            demo.close()
+    finally:
+        close()
