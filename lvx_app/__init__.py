@@ -1,21 +1,23 @@
 """lvx: chat with hour-long videos using mPLUG-Owl3 and LV-XAttn.
 
-    import lvx_app as lvx
+import lvx_app as lvx
 
-    with lvx.open("mPLUG/mPLUG-Owl3-7B-241101", gpus=8) as engine:
-        engine.load_video("movie.mp4", fps=1)
-        for piece in engine.ask("What happens after the storm?"):
-            print(piece, end="")
+with lvx.open("mPLUG/mPLUG-Owl3-7B-241101", gpus=8) as engine:
+    engine.load_video("movie.mp4", fps=1)
+    for piece in engine.ask("What happens after the storm?"):
+        print(piece, end="")
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lvx_app.version import __version__
+
+__all__ = ["__version__", "open"]
+
 if TYPE_CHECKING:
     from lvx_app.runtime.engine_handle import Engine
-
-__version__ = "0.1.0"
 
 
 def open(model: str, **options: Any) -> Engine:  # noqa: A001 - the API's verb, as in lvx.open

@@ -36,13 +36,6 @@ def check_layout(layout: str) -> str:
     return layout
 
 
-def check_seconds(options: dict[str, float]) -> None:
-    """Raise ValueError naming the first option (e.g. "--timeout") that is not a positive number of
-    seconds."""
-    for name, value in options.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be a number of seconds above 0 (got {value:g})")
-
 
 # Saved visual K/V (lvx_app/engine/visual_kv.py): the first open of a video in kv mode "cache" times
 # the hyper layers' K/V projection and saves the K/V next to the features only when recomputing them

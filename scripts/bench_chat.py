@@ -6,7 +6,7 @@ Two measurements, both printed as a rich table and written as JSON:
 world
   sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode
   tok/s). At every world size > 1 the same chat runs once per entry of `ATTENTIONS` (LV-XAttn, Ring
-  pass-KV, all-gather K/V; the engine's benchmark-only `SessionConfig.attention`), with the
+  pass-KV, all-gather K/V, installed in the engine from outside by scripts/baselines.py), with the
   video-prompt prefill time and the attention bytes each rank sent while loading and while
   answering.
 * `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights,
@@ -49,18 +49,19 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lvx_app.engine.api import GenerationParams  # noqa: E402
+from baselines import baseline_entry  # noqa: E402
 
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
-# One entry per engine variant compared: its label and the SessionConfig fields that select it.
+# One entry per engine variant compared: its label, the attention scripts/baselines.py installs and
+# the config options that select it.
 # Adding a row (e.g. another schedule option) is one entry here.
 ATTENTIONS = {
-    "LV-XAttn (auto)": {"attention": "lv_xattn", "xattn_schedule": "auto"},
-    "LV-XAttn ring only": {"attention": "lv_xattn", "xattn_schedule": "ring"},
-    "Ring pass-KV": {"attention": "ring"},
-    "all-gather K/V": {"attention": "allgather"},
+    "LV-XAttn (auto)": ("LV-XAttn", {"xattn_schedule": "auto"}),
+    "LV-XAttn ring only": ("LV-XAttn", {"xattn_schedule": "ring"}),
+    "Ring pass-KV": ("Ring pass-KV", {}),
+    "all-gather K/V": ("all-gather K/V", {}),
 }
 
 
@@ -73,16 +74,16 @@ def _engine_row(engine, video: Path, fps: float, new_tokens: int, repeats: int =
     and tok/s, all
     answers must agree); bytes are the most any rank sent while loading and in the first timed
     answer."""
-    summary = engine.load_video(str(video), fps)
+    summary = engine.load_video(str(video), subtitles=[], fps=fps)
     stats = engine.stats()["ranks"]
     after_load = [int(r.get("attention bytes sent", 0)) for r in stats]
     prefill_s = max(float(r.get("video prompt prefill s", 0.0)) for r in stats)
-    "".join(engine.ask("warm-up?", GenerationParams(max_new_tokens=4)))
+    "".join(engine.ask("warm-up?", max_new_tokens=4))
     answers, ttfts, speeds, sent = [], [], [], []
     for _ in range(repeats):
         engine.reset()
         before = _bytes_sent(engine)
-        answers.append("".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens))))
+        answers.append("".join(engine.ask(QUESTION, max_new_tokens=new_tokens)))
         sent.append(max(a - b for a, b in zip(_bytes_sent(engine), before)))
         ttfts.append(engine.last_answer.ttft_s)
         speeds.append(engine.last_answer.tokens_per_s)
@@ -114,8 +115,8 @@ def bench_engine(
     attentions: list[str] | None = None,
     repeats: int = 1,
 ) -> list[dict]:
+    from lvx_app.config import Config
     from lvx_app.runtime.open import open_engine
-    from lvx_app.engine.session import SessionConfig
     from lvx_app.video.synthetic import make_video
     from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
@@ -126,9 +127,12 @@ def bench_engine(
     rows = []
     for n in ranks:
         for name in (attentions or list(ATTENTIONS)) if n > 1 else ["LV-XAttn (auto)"]:
-            config = SessionConfig(model=str(checkpoint), cache=False, **ATTENTIONS[name])
+            attention, options = ATTENTIONS[name]
+            config = Config.from_options(
+                model=str(checkpoint), cache=False, gpus=0, ranks=n, **options
+            )
             t0 = time.perf_counter()
-            engine = open_engine(config, gpus=0, ranks=n)
+            engine = open_engine(config, entry=baseline_entry(attention))
             start_s = time.perf_counter() - t0
             try:
                 row = _engine_row(engine, video, fps, new_tokens, repeats)

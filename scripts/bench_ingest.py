@@ -32,7 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lvx_app.video import DecodePool, ingest  # noqa: E402
+from lvx_app.config import VideoConfig  # noqa: E402
+from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest  # noqa: E402
 from lvx_app.video.plan import time_indices  # noqa: E402
 from lvx_app.video.synthetic import concat_video, make_video, read_index  # noqa: E402
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
@@ -214,15 +215,12 @@ def cuda_main(args) -> None:
         t = time.perf_counter()
         shard = ingest(
             path,
-            encode_fn,
-            fps=args.fps,
+            Encoder(encode_fn, model_id="bench-random"),
+            VideoConfig(fps=args.fps, cache=False, decode_workers=workers),
             device=dev,
             dtype=torch.bfloat16,
-            cache=False,
-            decode_workers=workers,
-            chunk_frames=args.chunk,
             progress=True,
-            model_id="bench-random",
+            tuning=IngestTuning(chunk_frames=args.chunk),
         )
         torch.cuda.synchronize()
         dt = time.perf_counter() - t

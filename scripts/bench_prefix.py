@@ -38,7 +38,6 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lvx_app.engine.api import GenerationParams  # noqa: E402
 
 QUESTION = "What happens in the video, and when does the scene change?"
 
@@ -75,22 +74,24 @@ def small_checkpoint(directory: Path) -> Path:
 def _open(
     checkpoint: Path, video: Path, cache_dir: Path, ranks: int, new_tokens: int, save_visual_kv: str
 ) -> tuple[float, bool, bool, str, bool, str]:
+    from lvx_app.config import Config
     from lvx_app.runtime.open import open_engine
-    from lvx_app.engine.session import SessionConfig
 
-    config = SessionConfig(
+    config = Config.from_options(
         model=str(checkpoint),
         cache_dir=str(cache_dir),
         dtype="float32",
         save_visual_kv=save_visual_kv,
+        gpus=0,
+        ranks=ranks,
     )
-    engine = open_engine(config, gpus=0, ranks=ranks)
+    engine = open_engine(config)
     try:
         t0 = time.perf_counter()
-        summary = engine.load_video(str(video), 1.0)
+        summary = engine.load_video(str(video), subtitles=[])
         load_s = time.perf_counter() - t0
         why = str(engine.stats().get("visual K/V", "?"))
-        answer = "".join(engine.ask(QUESTION, GenerationParams(max_new_tokens=new_tokens)))
+        answer = "".join(engine.ask(QUESTION, max_new_tokens=new_tokens))
     finally:
         engine.close()
     return (

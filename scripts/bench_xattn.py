@@ -50,6 +50,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from emulated_link import emulated_link  # noqa: E402
+
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
 from lvx_app.attention.backends import can_run  # noqa: E402
 from lvx_app.attention.baselines import (
@@ -58,8 +60,8 @@ from lvx_app.attention.baselines import (
     ulysses_supported,
     ulysses_xattn,
 )  # noqa: E402
-from lvx_app.parallel.layout import LAYOUTS, balance, owners, round_work, token_owners  # noqa: E402
-from emulated_link import emulated_link  # noqa: E402
+from lvx_app.defaults import LAYOUTS  # noqa: E402
+from lvx_app.parallel.layout import balance, owners, round_work, token_owners  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
@@ -682,8 +684,7 @@ def run_cuda(args) -> dict:
 A100_BF16_FLOPS = 312e12  # dense bf16 peak
 PAPER_LINK_BYTES_PER_S = 25e9  # Table 3's inter-node bandwidth
 PAPER_ELEMENT_BYTES = 2  # bf16
-# What the LV-XAttn paper states, as quoted in issue #14 (our reference notes did not extract
-# per-row values).
+# What the LV-XAttn paper states about its cross-attention speed-ups (ranges over its rows).
 PAPER_FIGURES = {
     "table3": "16 A100s, 25 GB/s: cross-attention 7-15x over Ring (range of the rows)",
     "table4": "A30s, 1.25 GB/s: 20-46x over Ring",

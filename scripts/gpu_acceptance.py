@@ -254,6 +254,7 @@ def compare_chat(out: Path) -> list[dict]:
         return []
     sys.path.insert(0, str(ROOT))
     from memory_plan import Workload, memory_plan, time_plan
+
     from lvx_models.mplug_owl3.config import Owl3Config
 
     cfg, rows = Owl3Config(), []

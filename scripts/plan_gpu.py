@@ -40,9 +40,10 @@ from memory_plan import (  # noqa: E402
     plan_rows,
     time_plan,
 )
+
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
 
-# what one H100 "80 GB" shows to torch (the device tool reports about 78 GiB)
+# what one H100 "80 GB" shows to torch (about 78 GiB)
 GPU_BYTES = 78 * 2**30
 MINUTES = [10, 30, 60, 180]
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss

@@ -10,27 +10,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lvx_app.engine.api import GenerationParams
+from lvx_app.config import Config
 from lvx_app.runtime.open import open_engine
-from lvx_app.engine.session import SessionConfig
-from lvx_app.video.feature_cache import FeatureCache
 from lvx_app.video.errors import VideoWarning
+from lvx_app.video.feature_cache import FeatureCache
 from lvx_models.mplug_owl3 import fingerprint
 from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
-PARAMS = GenerationParams(max_new_tokens=6)
-
 
 def _answer(checkpoint, video, cache_dir, *, cache=True):
     """(from_cache, answer) of one in-process engine that loads `video` and answers one question."""
-    config = SessionConfig(
+    config = Config.from_options(
         model=str(checkpoint), cache_dir=str(cache_dir), cache=cache, decode_workers=1
     )
-    engine = open_engine(config, gpus=0, ranks=1)
+    engine = open_engine(config)
     try:
-        summary = engine.load_video(video, 1.0)
-        return summary.from_cache, "".join(engine.ask("what happens?", PARAMS))
+        summary = engine.load_video(video, subtitles=[])
+        return summary.from_cache, "".join(engine.ask("what happens?", max_new_tokens=6))
     finally:
         engine.close()
 

@@ -108,25 +108,22 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(
     """The parent-death signal follows the thread that started the launcher: a server request thread
     must not take the group with it when it ends."""
     import threading
-    from dataclasses import asdict
 
+    from lvx_app.config import Config
     from lvx_app.runtime.launcher import RemoteEngine
-    from lvx_app.engine.session import SessionConfig
 
     box: list[RemoteEngine] = []
-    config = SessionConfig(
+    config = Config.from_options(
         model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1
     )
-    thread = threading.Thread(
-        target=lambda: box.append(RemoteEngine(asdict(config), 2, cuda=False))
-    )
+    thread = threading.Thread(target=lambda: box.append(RemoteEngine(config, 2)))
     thread.start()
     thread.join()
     (engine,) = box
     try:
         time.sleep(1.0)  # a parent-death SIGKILL would have ended the launcher by now
         assert engine.proc.poll() is None, "the group died with the thread that started it"
-        assert engine.load_video(short_video, 1.0).frames == 10
+        assert engine.load_video(short_video, subtitles=[]).frames == 10
     finally:
         engine.close()
 

@@ -1,136 +1,130 @@
 """Decoding without a collective of its own for the token: the ranks feed their own sampled token
 and agree on rank 0's inside the step's first visual combine (`Carry` on `decode_xattn`). The loop
-must end with the same tokens and the same cache as agreeing first, and ranks that sampled
-differently must be put back on rank 0's token."""
+must end with the same tokens and the same cache as one process agreeing with itself, and ranks that
+sampled differently must be put back on rank 0's token."""
 
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
-from test_engine import QUESTIONS, _config
-from test_generation_cache import _setup
+from engine_configs import engine_config
+from test_engine import QUESTIONS
+from test_generation_cache import ONE_PROCESS, _setup
 
 from lvx_app.attention import Carry, decode_xattn
-from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.generator import LoopOutcome, token_loop
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.parallel.testing import run_ranks
 
 
-def _loop(
-    model,
-    ids,
-    visual,
-    params,
-    stop_ids=(),
-    *,
-    carried: bool,
-    stop_at: int | None = None,
-    disagree_at=None,
-    leader: bool = False,
-    carry_first: bool = False,
-):
-    """The token loop on one model, agreeing first or carried (a carried step may 'disagree' once,
-    at step
-    `disagree_at`: rank 0's token then differs from the one fed, as when another rank sampled
-    differently)."""
-    cache = model.new_cache()
-    calls = {"stop": 0, "carried": 0}
+class RidingStandIn:
+    """The part of `ShardedAttention` the generator uses, for one process: the token rides and
+    comes back as rank 0's, which differs from the one fed at step `disagree_at` (as when another
+    rank sampled differently)."""
 
-    def step(token: int) -> torch.Tensor:
-        return model(torch.tensor([[token]]), cache=cache, visual=visual, last_only=True)[0, -1]
+    def __init__(self, vocab: int, disagree_at: int | None = None) -> None:
+        self.vocab, self.disagree_at, self.steps = vocab, disagree_at, 0
 
-    def unfeed() -> None:
-        cache.truncate(cache.length - 1)
+    def begin(self, positions, *, replicated, sizes=None) -> None:
+        pass
 
-    def carry(token: int, stop: bool):
-        calls["carried"] += 1
-        logits = step(token)
-        agreed = token
-        if calls["carried"] == disagree_at and not stop:
-            # "rank 0" had another token: redo the step with it
-            agreed = (token + 1) % model.config.vocab_size
-            unfeed()
-            logits = step(agreed)
-        return logits, agreed, stop
+    def truncate(self, length: int) -> None:
+        pass
+
+    @contextmanager
+    def riding(self, numbers: torch.Tensor):
+        self.steps += 1
+        carry = Carry(numbers)
+        token, stop = int(numbers[0]), int(numbers[1])
+        if self.steps == self.disagree_at and not stop:
+            carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
+        else:
+            carry.received = torch.tensor([[token, stop]])
+        yield carry
+
+
+def _answer(model, ids, visual, generation, stop_ids=(), *, rides, stop_at=None, **kw):
+    """(tokens, cache length, outcome) of one answer; `rides`: through the riding agreement."""
+    attn = RidingStandIn(model.config.vocab_size, kw.pop("disagree_at", None)) if rides else None
+    conversation = Conversation(model, ONE_PROCESS, attn)
+    conversation.visual = visual
+    logits, _ = conversation.prefill(ids.view(-1), whole=True)
+    calls = [0]
 
     def should_stop() -> bool:
-        calls["stop"] += 1
-        return stop_at is not None and calls["stop"] > stop_at
+        calls[0] += 1
+        return stop_at is not None and calls[0] > stop_at
 
+    generator = Generator(conversation, stop_ids)
+    generator.leader = kw.pop("leader", True)
     outcome = LoopOutcome()
-    with torch.no_grad():
-        logits = model(ids, cache=cache, visual=visual, last_only=True)[0, -1]
-        tokens = list(
-            token_loop(
-                logits,
-                step,
-                params,
-                set(stop_ids),
-                outcome,
-                should_stop=should_stop,
-                carried=carry if carried else None,
-                unfeed=unfeed,
-                leader=leader,
-                carry_first=carry_first,
-            )
-        )
-    return tokens, cache.length, outcome
+    tokens = list(
+        generator.answer(logits, kw.pop("first_src", None), generation, outcome, should_stop)
+    )
+    return tokens, conversation.cache.length, outcome
 
 
-@pytest.mark.parametrize(
-    "leader,carry_first", [(False, False), (True, False), (True, True), (False, True)]
-)
-@pytest.mark.parametrize(
-    "case", ["truncated", "stop token", "interrupted", "one token", "two tokens", "sampled"]
-)
-def test_carried_loop_yields_and_caches_what_agreeing_first_does(case, leader, carry_first):
+CASES = ["truncated", "stop token", "interrupted", "one token", "two tokens", "sampled"]
+VARIANTS = [(leader, src) for leader in (False, True) for src in (None, 0)]
+
+
+def _every_case(rank: int, world: int) -> list:
+    """Every case and variant, riding and not: run in a world of one (the explicit agreement of a
+    first or last token is a real broadcast)."""
     model, ids, visual = _setup("g2")
-    params = GenerationParams(
-        max_new_tokens={"one token": 1, "two tokens": 2}.get(case, 8),
-        temperature=0.8 if case == "sampled" else 0.0,
-        seed=5,
+    out = []
+    for case in CASES:
+        generation = GenerationConfig(
+            max_new_tokens={"one token": 1, "two tokens": 2}.get(case, 8),
+            temperature=0.8 if case == "sampled" else 0.0,
+            seed=5,
+        )
+        first = _answer(model, ids, visual, generation, rides=False)[0]
+        stop_ids = [first[3]] if case == "stop token" else []
+        stop_at = 4 if case == "interrupted" else None
+        plain = _answer(model, ids, visual, generation, stop_ids, rides=False, stop_at=stop_at)
+        for leader, src in VARIANTS:
+            kw = dict(leader=leader, first_src=src, stop_at=stop_at)
+            riding = _answer(model, ids, visual, generation, stop_ids, rides=True, **kw)
+            out.append((case, leader, src, first, plain, riding))
+    return out
+
+
+def test_riding_loop_yields_and_caches_what_one_process_does():
+    for case, leader, src, first, plain, riding in run_ranks(_every_case, 1)[0]:
+        where = (case, leader, src)
+        assert riding[0] == plain[0] and riding[1] == plain[1], where
+        same = vars(riding[2]) | {"first_token_at": 0} == vars(plain[2]) | {"first_token_at": 0}
+        assert same, where
+        if case == "stop token":
+            assert plain[0][-1] == first[3] and len(plain[0]) == 4
+        if case == "interrupted":
+            assert plain[2].interrupted and len(plain[0]) == 4
+
+
+def _disagreeing(rank: int, world: int) -> tuple:
+    model, ids, visual = _setup("g2")
+    generation = GenerationConfig(max_new_tokens=8)
+    # as a rank other than 0: its token is put back on rank 0's
+    tokens, length, _ = _answer(
+        model, ids, visual, generation, rides=True, disagree_at=2, leader=False
     )
-    first = _loop(model, ids, visual, params, carried=False)[0]
-    stop_ids = [first[3]] if case == "stop token" else []
-    stop_at = 4 if case == "interrupted" else None
-    plain = _loop(model, ids, visual, params, stop_ids, carried=False, stop_at=stop_at)
-    carried = _loop(
-        model,
-        ids,
-        visual,
-        params,
-        stop_ids,
-        carried=True,
-        stop_at=stop_at,
-        leader=leader,
-        carry_first=carry_first,
-    )
-    assert carried[0] == plain[0] and carried[1] == plain[1], case
-    assert vars(carried[2]) | {"first_token_at": 0} == vars(plain[2]) | {"first_token_at": 0}
-    if case == "stop token":
-        assert plain[0][-1] == first[3] and len(plain[0]) == 4
-    if case == "interrupted":
-        assert plain[2].interrupted and len(plain[0]) == 4
+    greedy = _answer(model, ids, visual, generation, rides=False)[0]
+    # what follows is the model's continuation of the agreed tokens: recompute it from the prompt
+    full = torch.cat([ids, torch.tensor([tokens[:2]])], dim=1)
+    rest = _answer(model, full, visual, GenerationConfig(max_new_tokens=6), rides=False)[0]
+    return tokens, length, greedy, rest, ids.shape[1], model.config.vocab_size
 
 
 def test_a_disagreeing_step_continues_from_rank_0s_token():
-    model, ids, visual = _setup("g2")
-    params = GenerationParams(max_new_tokens=8)
-    tokens, length, _ = _loop(
-        model, ids, visual, params, carried=True, disagree_at=2, carry_first=True
-    )
-    greedy = _loop(model, ids, visual, params, carried=False)[0]
-    assert tokens[:1] == greedy[:1] and tokens[1] == (greedy[1] + 1) % model.config.vocab_size
-    # what follows is the model's continuation of the agreed tokens: recompute it from the prompt
-    # and those tokens
-    full = torch.cat([ids, torch.tensor([tokens[:2]])], dim=1)
-    assert (
-        _loop(model, full, visual, GenerationParams(max_new_tokens=6), carried=False)[0]
-        == tokens[2:]
-    )
-    assert length == ids.shape[1] + len(tokens) - 1  # the truncated answer's last token is not fed
+    tokens, length, greedy, rest, prompt, vocab = run_ranks(_disagreeing, 1)[0]
+    assert tokens[:1] == greedy[:1] and tokens[1] == (greedy[1] + 1) % vocab
+    assert rest == tokens[2:]
+    assert length == prompt + len(tokens) - 1  # the truncated answer's last token is not fed
 
 
 def _carry_rank(rank: int, world: int) -> list:
@@ -140,7 +134,7 @@ def _carry_rank(rank: int, world: int) -> list:
     v = torch.randn(1, 3 * world, 2, 8, generator=g)
     mine = slice(3 * rank, 3 * rank + 3)
     plain = decode_xattn(q, k[:, mine], v[:, mine])
-    carry = Carry(torch.tensor([100.0 + rank, float(rank == 0)]))
+    carry = Carry(torch.tensor([2**31 - 7 - rank, int(rank == 0)]))  # any int32 rides exactly
     first = decode_xattn(q, k[:, mine], v[:, mine], carry=carry)
     received = carry.received.clone()
     # already exchanged: rides no further
@@ -156,7 +150,7 @@ def _carry_rank(rank: int, world: int) -> list:
 @pytest.mark.parametrize("world", [1, 3])
 def test_decode_xattn_carries_every_ranks_numbers_in_rank_order(world):
     for received, same_first, same_second, unchanged in run_ranks(_carry_rank, world):
-        assert received == [[100.0 + r, float(r == 0)] for r in range(world)]
+        assert received == [[2**31 - 7 - r, int(r == 0)] for r in range(world)]
         assert same_first and same_second and unchanged
 
 
@@ -165,47 +159,44 @@ def _interrupted_conversation(
 ):
     """Rank 0 stops the first answer after three pieces, then asks a follow-up; with `diverge`, rank
     1 samples another token once (as if its logits differed)."""
-    from lvx_app.engine import generation
+    from lvx_app.engine import generator
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
     from lvx_app.runtime.control import ControlChannel
     from lvx_app.runtime.driver import GroupDriver, worker_loop
-    from lvx_app.engine.session import Session
-    from lvx_app.parallel.group import init_distributed
 
     if diverge and rank == 1:
-        real, calls = generation.sample_next, [0]
+        real, calls = generator.sample_token, [0]
 
-        def other_token_once(logits, **kw):
+        def other_token_once(logits, generation, i):
             calls[0] += 1
-            token = real(logits, **kw)
+            token = real(logits, generation, i)
             return (token + 1) % logits.numel() if calls[0] == 2 else token
 
-        generation.sample_next = other_token_once
-    session = Session(_config(checkpoint, cache_dir), init_distributed(cuda=False))
+        generator.sample_token = other_token_once
+    config = engine_config(checkpoint, cache_dir)
+    session = RankSession(config, init_distributed(cuda=False))
     channel = ControlChannel()
 
     def text_cache():
-        return torch.cat(
-            [
-                t[:, : layer.length].flatten()
-                for layer in session.cache.layers
-                for t in (layer.k, layer.v)
-            ]
-        ).numpy()
+        layers = session.conversation.cache.layers
+        kv = [t[:, : layer.length].flatten() for layer in layers for t in (layer.k, layer.v)]
+        return torch.cat(kv).numpy()
 
     if rank != 0:
         worker_loop(session, channel)
         return text_cache()
-    engine = GroupDriver(session, channel)
-    engine.load_video(video, 1.0)
+    engine = GroupDriver(session, channel, config)
+    engine.load_video(video)
     pieces = []
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        for piece in engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=12)):
+        for piece in engine.ask(QUESTIONS[0], max_new_tokens=12):
             pieces.append(piece)
             if len(pieces) == 3:
                 engine.interrupt()
         interrupted = engine.last_answer.interrupted
-        follow = "".join(engine.ask(QUESTIONS[1], GenerationParams(max_new_tokens=8)))
+        follow = "".join(engine.ask(QUESTIONS[1], max_new_tokens=8))
     cache = text_cache()
     engine.close()
     return "".join(pieces), interrupted, follow, [str(w.message) for w in seen], cache
@@ -215,21 +206,12 @@ def _interrupted_conversation(
 def test_sharded_interrupt_and_divergence_leave_the_conversation_of_one_process(
     tiny_checkpoints, short_video, tmp_path, diverge
 ):
+    checkpoint = tiny_checkpoints["g2"]
     one = run_ranks(
-        _interrupted_conversation,
-        1,
-        tiny_checkpoints["g2"],
-        short_video,
-        str(tmp_path / "1"),
-        False,
+        _interrupted_conversation, 1, checkpoint, short_video, str(tmp_path / "1"), False
     )[0]
     two, rank1_cache = run_ranks(
-        _interrupted_conversation,
-        2,
-        tiny_checkpoints["g2"],
-        short_video,
-        str(tmp_path / "2"),
-        diverge,
+        _interrupted_conversation, 2, checkpoint, short_video, str(tmp_path / "2"), diverge
     )
     assert one[1] and two[1], "the first answer was interrupted"
     assert two[:3] == one[:3]

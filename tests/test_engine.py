@@ -11,21 +11,24 @@ import time
 
 import pytest
 import torch
+from baselines import baseline_parallelize
+from engine_configs import engine_config
 from test_generation_cache import generate
 
-from lvx_app.engine.api import EngineError, GenerationParams, GroupFailed
-from lvx_app.runtime.control import ControlChannel
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.api import EngineError, GroupFailed
 from lvx_app.engine.describe import printable
-from lvx_app.runtime.driver import GroupDriver, worker_loop
-from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.engine.session import RankSession
 from lvx_app.parallel.testing import run_ranks
+from lvx_app.runtime.control import ControlChannel
+from lvx_app.runtime.driver import GroupDriver, worker_loop
 
 QUESTIONS = ("what happens in the video?", "and after that?")
-PARAMS = GenerationParams(max_new_tokens=10)
+PARAMS = GenerationConfig(max_new_tokens=10)
 
 
-def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
-    return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
+def _config(checkpoint: str, cache_dir: str, **kw):
+    return engine_config(checkpoint, cache_dir, max_new_tokens=PARAMS.max_new_tokens, **kw)
 
 
 def _conversation(
@@ -36,26 +39,24 @@ def _conversation(
     cache_dir: str,
     kv_mode: str,
     schedule: str = "auto",
-    attention: str = "lv_xattn",
+    attention: str = "LV-XAttn",
 ):
     """Every rank runs the SPMD session; rank 0 drives two turns, a reset, one more turn, and a
     reload."""
     from lvx_app.parallel.group import init_distributed
 
-    config = _config(
-        checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule, attention=attention
-    )
-    session = Session(config, init_distributed(cuda=False))
+    config = _config(checkpoint, cache_dir, kv_mode=kv_mode, xattn_schedule=schedule)
+    session = RankSession(config, init_distributed(cuda=False), baseline_parallelize(attention))
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)
         return None
-    engine = GroupDriver(session, channel)
-    first = engine.load_video(video, 1.0)
-    answers = ["".join(engine.ask(q, PARAMS)) for q in QUESTIONS]
+    engine = GroupDriver(session, channel, config)
+    first = engine.load_video(video)
+    answers = ["".join(engine.ask(q)) for q in QUESTIONS]
     engine.reset()
-    answers.append("".join(engine.ask(QUESTIONS[0], PARAMS)))
-    again = engine.load_video(video, 1.0)
+    answers.append("".join(engine.ask(QUESTIONS[0])))
+    again = engine.load_video(video)
     stats = engine.stats()
     engine.close()
     sent = [r.get("attention bytes sent", 0) for r in stats["ranks"]]
@@ -73,20 +74,15 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
     """One process, one model, the token loop over the whole conversation, re-prefilled from scratch
     each turn (stopping at the checkpoint's eos token). `subtitles` (cues): their lines at the
     sampled frames follow the video."""
+    from lvx_app.config import VideoConfig
     from lvx_app.subtitles import select_lines, subtitle_block
-    from lvx_app.video import ingest
+    from lvx_app.video import Encoder, ingest
     from lvx_models.mplug_owl3.loader import load_model
 
     model, _, proc = load_model(checkpoint)
-    shard = ingest(
-        video,
-        model.encode_images,
-        fps=1.0,
-        image_size=proc.image_size,
-        cache=False,
-        progress=False,
-        decode_workers=1,
-    )
+    encoder = Encoder(model.encode_images, image_size=proc.image_size)
+    video_config = VideoConfig(fps=1.0, cache=False, decode_workers=1)
+    shard = ingest(video, encoder, video_config, progress=False)
     n = shard.num_frames
     block = subtitle_block(select_lines(subtitles or [], shard.plan.timestamps))
     content = "<|video|>\n" + (block + "\n" if block else "") + QUESTIONS[0]
@@ -142,65 +138,47 @@ def test_sharded_engine_answers_like_one_process(
 
 
 @pytest.mark.parametrize("generation", ["g1", "g2"])
-def test_ring_and_allgather_engine_options_answer_like_one_process(
+def test_ring_and_allgather_baselines_answer_like_one_process(
     tiny_checkpoints, short_video, tmp_path, generation
 ):
-    """The benchmarks' baselines (SessionConfig.attention) run the same chat: same tokens, and K/V
-    really travel."""
+    """The benchmarks' baselines, installed from outside (scripts/baselines.py), run the same chat:
+    same tokens, and K/V really travel."""
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
     sent = {}
-    for attention in ("ring", "allgather", "lv_xattn"):
+    for attention in ("Ring pass-KV", "all-gather K/V", "LV-XAttn"):
+        cache = str(tmp_path / attention.replace(" ", "_").replace("/", ""))
         answers, _, _, _, _, sent[attention] = run_ranks(
-            _conversation,
-            2,
-            checkpoint,
-            short_video,
-            str(tmp_path / attention),
-            "cache",
-            "auto",
-            attention,
+            _conversation, 2, checkpoint, short_video, cache, "cache", "auto", attention
         )[0]
         assert answers[:2] == expected, attention
         assert answers[2] == expected[0], attention
-    for attention in (
-        "ring",
-        "allgather",
-    ):  # K/V of the whole video and prompt move, not just queries and outputs
-        assert min(sent[attention]) > max(sent["lv_xattn"]) > 0, sent
-
-
-def test_unknown_attention_option_is_one_line(tiny_checkpoints, tmp_path):
-    from lvx_app.parallel.group import DistInfo
-
-    info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    with pytest.raises(
-        EngineError, match="unknown attention 'ulysses'; use one of lv_xattn, ring, allgather"
-    ):
-        Session(_config(tiny_checkpoints["g2"], str(tmp_path), attention="ulysses"), info)
+    # K/V of the whole video and prompt move, not just queries and outputs
+    for attention in ("Ring pass-KV", "all-gather K/V"):
+        assert min(sent[attention]) > max(sent["LV-XAttn"]) > 0, sent
 
 
 def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.runtime.open import open_engine
 
-    config = _config(tiny_checkpoints["g2"], str(tmp_path), cuda=True)
-    engine = open_engine(config, gpus=0, ranks=1)
-    assert config.cuda and not engine.session.config.cuda, (
-        "the ranks get a copy; the caller's config stays as it was"
+    config = _config(tiny_checkpoints["g2"], str(tmp_path), gpus=None, ranks=1)
+    engine = open_engine(config)
+    assert config.parallel.gpus is None and engine.session.config.parallel.gpus == 0, (
+        "the ranks get a copy with the devices resolved; the caller's config stays as it was"
     )
     with pytest.raises(EngineError, match="no video is loaded"):
         list(engine.ask("hello?"))
     with pytest.raises(EngineError, match="not found"):
-        engine.load_video(str(tmp_path / "missing.mp4"), 1.0)
-    engine.load_video(short_video, 1.0)
+        engine.load_video(str(tmp_path / "missing.mp4"))
+    engine.load_video(short_video)
     with pytest.raises(EngineError, match="empty"):
         list(engine.ask("   "))
     pieces = []
-    for piece in engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=50)):
+    for piece in engine.ask(QUESTIONS[0], max_new_tokens=50):
         pieces.append(piece)
         engine.interrupt()
     assert engine.last_answer.interrupted and engine.last_answer.new_tokens == len(pieces) >= 1
-    full = "".join(engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=5)))
+    full = "".join(engine.ask(QUESTIONS[0], max_new_tokens=5))
     assert full and not engine.last_answer.interrupted
     engine.close()
 
@@ -277,9 +255,8 @@ def test_lvx_chat_decode_timeout_reaches_the_decoder(tiny_checkpoints, short_vid
     ), result.stdout
     assert "Traceback" not in result.stdout + result.stderr
     bad = _lvx("chat", short_video, "--decode-timeout", "0")
-    assert (
-        bad.returncode == 2 and "--decode-timeout must be a number of seconds above 0" in bad.stdout
-    )
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "--decode-timeout must be a number of seconds above 0" in bad.stderr
 
 
 @pytest.mark.slow
@@ -294,15 +271,15 @@ def test_lvx_demo_runs(tmp_path):
 def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.runtime.launcher import RemoteEngine, pid_file
 
-    config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=30)
-    engine = RemoteEngine(config.__dict__, 2, cuda=False)
+    config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=30, gpus=0)
+    engine = RemoteEngine(config, 2)
     try:
-        engine.load_video(short_video, 1.0)
+        engine.load_video(short_video)
         os.kill(int(pid_file(engine.run_dir, 1).read_text()), signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(GroupFailed, match=r"rank 1 failed"):
             for _ in range(3):  # the first request may still be answered before torchrun notices
-                list(engine.ask(QUESTIONS[0], GenerationParams(max_new_tokens=50)))
+                list(engine.ask(QUESTIONS[0], max_new_tokens=50))
                 time.sleep(1)
         assert time.monotonic() - t0 < 60
     finally:

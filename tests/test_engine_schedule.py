@@ -2,11 +2,12 @@
 and every decoded token cost one collective per hyper layer (the visual combine), nothing per text
 layer."""
 
+import pytest
 import torch.distributed as dist
+from engine_configs import engine_config
 
-from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.session import Session, SessionConfig
-from lvx_app.parallel import collectives
+from lvx_app.config import ConfigError
+from lvx_app.engine.session import RankSession
 from lvx_app.parallel.testing import run_ranks
 
 COLLECTIVES = (
@@ -34,14 +35,10 @@ def _collectives_per_step(rank, world, checkpoint, video, cache_dir):
     each token."""
     from lvx_app.parallel.group import init_distributed
 
-    session = Session(
-        SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1),
-        init_distributed(cuda=False),
-    )
+    session = RankSession(engine_config(checkpoint, cache_dir), init_distributed(cuda=False))
     calls: list = []
     for name in COLLECTIVES:
         setattr(dist, name, _counted(calls, name, getattr(dist, name)))
-    collectives._all_gather = _counted(calls, "all_gather_into_tensor", collectives._all_gather)
     steps: dict = {"prefill": [], "token": []}
 
     def phase(key, fn):
@@ -53,10 +50,12 @@ def _collectives_per_step(rank, world, checkpoint, video, cache_dir):
 
         return run
 
-    session._prefill = phase("prefill", session._prefill)
-    session._feed_token = phase("token", session._feed_token)
-    session.load_video(video, 1.0, None)
-    answer = "".join(session.ask("what happens in the video?", GenerationParams(max_new_tokens=6)))
+    conversation = session.conversation
+    conversation.prefill = phase("prefill", conversation.prefill)
+    conversation.feed = phase("token", conversation.feed)
+    session.load_video(video, session.config.video)
+    generation = session.config.generation.__class__(max_new_tokens=6)
+    answer = "".join(session.ask("what happens in the video?", generation))
     return (
         steps,
         len(session.model.config.hyper_layer_indices),
@@ -81,38 +80,8 @@ def test_question_and_tokens_cost_one_collective_per_hyper_layer(
 
 
 def test_an_unknown_schedule_is_one_line_naming_the_choices():
-    import pytest
-
-    from lvx_app.engine.api import EngineError
-    from lvx_app.runtime.open import session_config
-
     with pytest.raises(
-        EngineError, match="unknown cross-attention schedule 'tree'; use one of auto, ring, gather"
+        ConfigError, match="unknown --xattn-schedule 'tree'; use one of auto, ring, gather"
     ):
-        session_config(
-            model="m",
-            revision=None,
-            fps=1.0,
-            max_frames=None,
-            dtype="auto",
-            kv_cache=None,
-            timeout=60.0,
-            use_cache=False,
-            cache_dir=None,
-            xattn_schedule="tree",
-        )
-    assert (
-        session_config(
-            model="m",
-            revision=None,
-            fps=1.0,
-            max_frames=None,
-            dtype="auto",
-            kv_cache=None,
-            timeout=60.0,
-            use_cache=False,
-            cache_dir=None,
-            xattn_schedule="ring",
-        ).xattn_schedule
-        == "ring"
-    )
+        engine_config("m", xattn_schedule="tree")
+    assert engine_config("m", xattn_schedule="ring").parallel.xattn_schedule == "ring"

@@ -8,13 +8,15 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from engine_configs import engine_config
 from test_engine import PARAMS, QUESTIONS, _reference
 
 from lvx_app.engine.api import EngineWarning
+from lvx_app.engine.session import RankSession
+from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
-from lvx_app.engine.session import Session, SessionConfig
-from lvx_app.parallel.testing import run_ranks
+from lvx_app.runtime.open import open_engine
 from lvx_app.subtitles import Cue
 
 CUES = [
@@ -25,8 +27,8 @@ CUES = [
 OTHER = [Cue(0.0, 9.5, "something else entirely")]
 
 
-def _config(checkpoint: str, cache_dir: str, **kw) -> SessionConfig:
-    return SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1, **kw)
+def _config(checkpoint: str, cache_dir: str, **kw):
+    return engine_config(checkpoint, cache_dir, max_new_tokens=PARAMS.max_new_tokens, **kw)
 
 
 def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str):
@@ -34,29 +36,22 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     and one turn."""
     from lvx_app.parallel.group import init_distributed
 
-    session = Session(_config(checkpoint, cache_dir), init_distributed(cuda=False))
+    config = _config(checkpoint, cache_dir)
+    session = RankSession(config, init_distributed(cuda=False))
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)
         return None
-    engine = GroupDriver(session, channel)
-    first = engine.load_video(video, 1.0, subtitles=CUES)
-    prefix = session.processor.decode(session.prefix_ids, skip_special_tokens=False)
-    answers = ["".join(engine.ask(q, PARAMS)) for q in QUESTIONS]
-    block, digest = session.subtitle_block, session.subtitle_hash
-    again = engine.load_video(video, 1.0, subtitles=OTHER)
-    answers.append("".join(engine.ask(QUESTIONS[0], PARAMS)))
-    out = (
-        answers,
-        first.subtitle_lines,
-        first.timestamps,
-        prefix,
-        block,
-        digest,
-        again.from_cache,
-        session.subtitle_block,
-        session.subtitle_hash,
-    )
+    engine = GroupDriver(session, channel, config)
+    first = engine.load_video(video, subtitles=CUES)
+    loaded = session.video.loaded
+    prefix = session.processor.decode(loaded.prefix_ids, skip_special_tokens=False)
+    answers = ["".join(engine.ask(q)) for q in QUESTIONS]
+    block = loaded.subtitle_block
+    again = engine.load_video(video, subtitles=OTHER)
+    answers.append("".join(engine.ask(QUESTIONS[0])))
+    block2 = session.video.loaded.subtitle_block
+    out = (answers, first.subtitle_lines, first.timestamps, prefix, block, again.from_cache, block2)
     engine.close()
     return out
 
@@ -67,7 +62,7 @@ def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(
 ):
     checkpoint = tiny_checkpoints["g2"]
     expected = _reference(checkpoint, short_video, CUES)
-    answers, placed, timestamps, prefix, block, digest, from_cache, block2, digest2 = run_ranks(
+    answers, placed, timestamps, prefix, block, from_cache, block2 = run_ranks(
         _conversation, world, checkpoint, short_video, str(tmp_path / "cache")
     )[0]
     assert (
@@ -78,26 +73,24 @@ def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(
         "the block is prefilled at load, after the video"
     )
     assert answers[:2] == expected
-    assert from_cache and block2.endswith("something else entirely") and digest2 != digest
+    assert from_cache and block2.endswith("something else entirely") and block2 != block
     assert answers[2] == _reference(checkpoint, short_video, OTHER)[0], (
         "other subtitles: the prompt is re-prefilled"
     )
 
 
 def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.runtime.open import open_engine
-
     many = [
         Cue(t, t + 0.9, f"spoken line number {t} with several more words in it") for t in range(10)
     ]
-    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=60), 0, 1)
+    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=60))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            summary = engine.load_video(short_video, 1.0, subtitles=many)
-        block = engine.session.subtitle_block
+            summary = engine.load_video(short_video, subtitles=many)
+        block = engine.session.video.loaded.subtitle_block
         tokens = len(engine.session.processor.encode(block))
-        answer = "".join(engine.ask("what is said?", PARAMS))
+        answer = "".join(engine.ask("what is said?"))
     finally:
         engine.close()
     dropped = [str(w.message) for w in caught if issubclass(w.category, EngineWarning)]

@@ -62,17 +62,14 @@ def test_json_forms_load_the_same(mini, tmp_path):
 
 
 def test_missing_video_reported_once_and_run_continues(mini, capsys):
+    from engine_configs import eval_config
     from videomme_fixtures import LookupSession, answers_for
 
-    from lvx_app.cli.evaluate import run_videomme
+    from lvx_app.eval.videomme import run_videomme
 
     session = LookupSession(answers_for(mini.rows))
-    run = run_videomme(
-        data=mini.root,
-        session_factory=lambda: session,
-        out=mini.root / "runs" / "r.jsonl",
-        show_progress=False,
-    )
+    config = eval_config(mini.root, mini.root / "runs" / "r.jsonl")
+    run = run_videomme(config, lambda: session, show_progress=False)
     out = capsys.readouterr().out
     assert out.count("vidMissingE") == 1 and "1 video(s) missing, 3 question(s) skipped" in out
     assert run.missing_videos == ["vidMissingE"]

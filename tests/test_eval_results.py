@@ -2,15 +2,16 @@
 CLI."""
 
 import json
-import sys
 
 import pytest
+from engine_configs import eval_config
 from typer.testing import CliRunner
 from videomme_fixtures import LookupSession, answers_for, make_mini_videomme
 
+from lvx_app.cli.evaluate import eval_app
 from lvx_app.engine.api import QuestionTooLong
-from lvx_app.cli.evaluate import eval_app, run_videomme
 from lvx_app.eval.results import ResultsError, merge_results, read_results
+from lvx_app.eval.videomme import run_videomme
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +20,7 @@ def mini(tmp_path_factory):
 
 
 def _run(mini, out, session, **kw):
-    return run_videomme(
-        data=mini.root, session_factory=lambda: session, out=out, show_progress=False, **kw
-    )
+    return run_videomme(eval_config(mini.root, out, **kw), lambda: session, show_progress=False)
 
 
 def _answer_ids(path):
@@ -187,17 +186,6 @@ def test_cli_merge_and_report(mini, tmp_path):
     )
 
 
-def test_cli_without_engine_says_so_and_exits_2(mini, tmp_path, monkeypatch):
-    # as if the engine were not in this build
-    monkeypatch.setitem(sys.modules, "lvx_app.engine", None)
-    result = CliRunner().invoke(
-        eval_app, ["videomme", "--data", str(mini.root), "--out", str(tmp_path / "r.jsonl")]
-    )
-    assert result.exit_code == 2
-    assert "engine" in result.output and "not available in this build" in result.output
-    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
-
-
 def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
     from types import SimpleNamespace
 
@@ -207,11 +195,15 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
         def to_dict(self):
             return {"new_tokens": 2, "truncated": False}
 
-    class FakeEngine:  # the shape of lvx_app.engine's Engine: streaming ask, reset keeps the video
+    class FakeEngine:  # the shape of lvx_app's Engine: streaming ask, reset keeps the video
         def __init__(self):
             self.history, self.closed, self.last_answer, self.params = [], False, None, []
 
-        def load_video(self, path, fps, max_frames=None, progress=None):
+        def describe(self):
+            return {"world size": 2, "dtype": "float32"}
+
+        def load_video(self, path, *, subtitles=None, progress=None, fps=1.0, max_frames=None):
+            assert subtitles == [], "the eval's prompt carries its own subtitle lines"
             return SimpleNamespace(
                 path=path,
                 frames=2,
@@ -223,10 +215,10 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
                 timestamps=[0.0, 1.0],
             )
 
-        def ask(self, question, params):
+        def ask(self, question, **generation):
             assert not self.history, "history carried between questions"
             self.history.append(question)
-            self.params.append(params)
+            self.params.append(generation)
             self.last_answer = Stats()
             yield from ["The answer", " is B."]
 
@@ -238,20 +230,17 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
 
     engine = FakeEngine()
     out = tmp_path / "run.jsonl"
-    run_videomme(
-        data=mini.root,
-        out=out,
-        show_progress=False,
-        max_new_tokens=8,
-        session_factory=lambda: EngineEvalSession(engine, lambda n: {"max_new_tokens": n}),
-    )
+    config = eval_config(mini.root, out, max_new_tokens=8)
+    run_videomme(config, lambda: EngineEvalSession(engine), show_progress=False)
     r = read_results(out).records[0]
+    assert read_results(out).headers[0]["engine"] == {"world size": 2, "dtype": "float32"}
     assert r["response"] == "The answer is B." and r["pred"] == "B" and r["frames"] == 2
     assert r["engine"]["visual_tokens"] == 1458 and r["answer_info"] == {
         "new_tokens": 2,
         "truncated": False,
     }
-    assert engine.closed and engine.params == [{"max_new_tokens": 8}] * 12
+    assert engine.closed
+    assert engine.params == [{"max_new_tokens": 8, "temperature": 0.0}] * 12
 
 
 def test_engine_that_cannot_load_anything_stops_the_run(mini, tmp_path):
@@ -270,8 +259,8 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
 
     made = []
 
-    def open_engine_session(**kwargs):
-        made.append(kwargs)
+    def open_engine_session(config):
+        made.append(config)
         return LookupSession(answers_for(mini.rows))
 
     monkeypatch.setattr(lvx_app.cli.evaluate, "open_engine_session", open_engine_session)
@@ -295,16 +284,10 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
     ]
     result = CliRunner().invoke(eval_app, args)
     assert result.exit_code == 0, result.output
-    assert made == [
-        {
-            "model": "tiny",
-            "revision": None,
-            "gpus": 0,
-            "ranks": 2,
-            "timeout": 300.0,
-            "decode_timeout": 120.0,
-        }
-    ]
+    (config,) = made
+    assert (config.model.path, config.model.revision) == ("tiny", None)
+    assert (config.parallel.gpus, config.parallel.ranks, config.parallel.timeout_s) == (0, 2, 300.0)
+    assert config.video.decode_timeout_s == 120.0 and config.generation.max_new_tokens == 16
     assert len(read_results(out).records) == 6 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, [*args, "--fps", "3"])
     assert (

@@ -1,10 +1,8 @@
-"""The gather schedule and the ring-or-gather entry point on 1..4 gloo ranks vs the float64
-reference.
+"""The gather schedule on 1..4 gloo ranks vs the float64 reference, and the ring-or-gather choice.
 
 The same cases as LV-XAttn's test (uneven blocks, a rank with no queries, a rank with no keys, GQA
 8/2, media masks with rows that see nothing, a loss through out and lse), plus float64 inputs held
-to 1e-12, forward and backward, and the schedule chosen by `xattn_with_lse` for a few and for many
-rows.
+to 1e-12, forward and backward.
 """
 
 import pytest
@@ -12,8 +10,7 @@ import torch
 from attn_reference import reference_attention
 from test_lv_xattn import CASES, HQ, SK, SQ, TOL, B, D, _case_data, _cuts
 
-from lvx_app.attention import choose_schedule, gather_xattn_with_lse, masks, xattn_with_lse
-from lvx_app.attention import schedule as schedule_module
+from lvx_app.attention import choose_schedule, gather_xattn_with_lse, masks
 from lvx_app.parallel.testing import run_ranks
 
 GATHER_CASES = CASES + [("media_fp64", torch.float64, True, True, 1, 2, False, None, None)]
@@ -102,27 +99,6 @@ def test_gather_matches_reference_forward_and_backward(world):
             assert (res["fwd"], res["bwd"]) == want, (
                 f"{where}: bytes {(res['fwd'], res['bwd'])} != {want}"
             )
-
-
-def _entry_cases(rank, world):
-    """xattn_with_lse on the same problem with a crossover below and above the rows: the bytes tell
-    which ran."""
-    out = []
-    for limit in (SQ, SQ - 1):
-        schedule_module.GATHER_MAX_ROWS = {world: limit}
-        out.append(_one_case(rank, world, 1, CASES[1], xattn_with_lse))
-    return out
-
-
-def test_entry_point_picks_gather_for_few_rows_and_ring_for_many():
-    for rank, (few, many) in enumerate(run_ranks(_entry_cases, 3)):
-        for res in (few, many):
-            assert all(e <= res["tol"] * (name != "lse_mask") for name, e in res["errs"].items()), (
-                res["errs"]
-            )
-        gather_bytes = _expected_bytes(3, few["sizes"], few["esz"], few["media"])
-        assert (few["fwd"], few["bwd"]) == gather_bytes
-        assert (many["fwd"], many["bwd"]) != gather_bytes, f"rank {rank}: the ring should have run"
 
 
 def test_choose_schedule():

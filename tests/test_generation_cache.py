@@ -2,8 +2,8 @@
 equal to one prefill (absolute positions: the official top-left mask gets this wrong), the >32768
 warning, sampling.
 
-Generation runs the engine's own token loop (`lvx_app.engine.generator.token_loop`) over one model
-in one process.
+Generation runs the engine's own conversation and token loop (`lvx_app.engine.conversation`,
+`lvx_app.engine.generator`) over one model in one process.
 """
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ import pytest
 import torch
 from test_hyper_attention import P, tiny_config, tiny_model
 
-from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.generator import LoopOutcome, sample_next, token_loop
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_app.engine.sampling import sample_next
+from lvx_app.parallel.group import DistInfo
+
+ONE_PROCESS = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
 
 
 def generate(
@@ -33,17 +38,16 @@ def generate(
     """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh
     one), then sample and feed one token at a time. The stop token is included; a truncated answer's
     last token is not fed."""
-    cache = cache if cache is not None else model.new_cache()
-    params = GenerationParams(
+    conversation = Conversation(model, ONE_PROCESS, None)
+    if cache is not None:
+        conversation.cache, conversation.position = cache, cache.length
+    conversation.visual = visual
+    generation = GenerationConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
-
-    def step(token: int) -> torch.Tensor:
-        return model(torch.tensor([[token]]), cache=cache, visual=visual, last_only=True)[0, -1]
-
-    with torch.no_grad():
-        logits = model(input_ids, cache=cache, visual=visual, last_only=True)[0, -1]
-        return list(token_loop(logits, step, params, set(stop_ids), LoopOutcome()))
+    logits, _ = conversation.prefill(input_ids.view(-1), whole=True)
+    answer = Generator(conversation, stop_ids).answer(logits, None, generation, LoopOutcome())
+    return list(answer)
 
 
 def _setup(generation: str, n_frames: int = 3):
@@ -167,16 +171,13 @@ def test_sampling():
     logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
     assert int(sample_next(logits)) == 1
     g = torch.Generator().manual_seed(0)
-    # top_p small keeps only the best token; top_k=2 never picks 0 or 3
+    # top_p small keeps only the best token; a wider nucleus draws its two best ones
     assert {
         int(sample_next(logits, temperature=1.0, top_p=0.1, generator=g)) for _ in range(20)
     } == {1}
-    assert {int(sample_next(logits, temperature=1.0, top_k=2, generator=g)) for _ in range(50)} == {
-        1,
-        2,
-    }
-    # repetition penalty turns the greedy choice away from a seen token
-    assert int(sample_next(logits, repetition_penalty=1.5, seen=torch.tensor([1]))) == 2
+    assert {
+        int(sample_next(logits, temperature=1.0, top_p=0.8, generator=g)) for _ in range(50)
+    } == {1, 2}
     model, ids, visual = _setup("g1")
     a = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)
     b = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)

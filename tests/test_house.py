@@ -21,20 +21,21 @@ WHY_LONG = "# long:"
 # (layer, module prefixes), top first; the first matching prefix wins, so list the specific ones
 # before their package.
 LAYERS = [
-    (5, ["lvx_ui", "lvx_app.cli", "lvx_app.cli.serve", "lvx_app.cli.options", "lvx_app.frontends",
-         "lvx_app.cli.demo", "lvx_app.cli.info", "lvx_app.cli.evaluate", "lvx_app.cli.finetune",
-         "lvx_app.cli.cache"]),
-    (4, ["lvx_app.engine", "lvx_app.eval", "lvx_app.train"]),
+    (7, ["lvx_ui", "lvx_app.cli"]),
+    (6, ["lvx_app.eval", "lvx_app.train"]),
+    (5, ["lvx_app.runtime"]),
+    (4, ["lvx_app.engine"]),
     (3, ["lvx_app.video", "lvx_app.subtitles"]),
     (2, ["lvx_models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
-    (0, ["lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines", "lvx_app.interrupts"]),
+    (0, ["lvx_app.config", "lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines",
+         "lvx_app.interrupts", "lvx_app.version"]),
 ]  # fmt: skip
 
 
 def layer_of(module: str) -> int:
     if module == "lvx_app":
-        return 0  # the package root holds only the version
+        return 7  # the package root is the Python API (`lvx_app.open`), a frontend
     for layer, prefixes in LAYERS:
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return layer
@@ -158,9 +159,10 @@ def test_import_reader_resolves_absolute_relative_and_function_level_imports(
     assert _imported("lvx_models.mplug_owl3.x", path) == expected
 
 
-def test_specific_prefixes_win_over_their_package():
-    assert layer_of("lvx_app.cli.cache") == 5 and layer_of("lvx_app.video.ingest") == 3
+def test_layers_of_modules():
+    assert layer_of("lvx_app.cli.cache") == 7 and layer_of("lvx_app.video.ingest") == 3
     assert layer_of("lvx_app.engine.session") == 4 and layer_of("lvx_app.defaults") == 0
+    assert layer_of("lvx_app.runtime.open") == 5 and layer_of("lvx_app.config") == 0
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("lvx_app.new_module")
 

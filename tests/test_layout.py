@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvx_app.parallel.layout import (
-    LAYOUTS,
-    balance,
-    owned,
-    owners,
-    rank_tokens,
-    round_work,
-    token_owners,
-)
+from lvx_app.defaults import LAYOUTS
+from lvx_app.parallel.layout import balance, owned, owners, rank_tokens, round_work, token_owners
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.video.feature_cache import CacheKey
 from lvx_app.video.plan import build_plan
@@ -104,16 +97,17 @@ def test_plan_shards_follow_the_layout_and_cache_keys_differ():
 def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, layout: str):
     """Load the video, prefill one question and decode two tokens; return the logits and this rank's
     frames."""
-    from lvx_app.engine.session import Session, SessionConfig
+    from lvx_app.config import Config
+    from lvx_app.engine.session import RankSession
     from lvx_app.parallel.group import init_distributed
 
-    cfg = SessionConfig(
+    cfg = Config.from_options(
         model=checkpoint, cache_dir=cache_dir, decode_workers=1, layout=layout, dtype="float32"
     )
-    session = Session(cfg, init_distributed(cuda=False))
-    session.load_video(video, 1.0, None)
-    frames = sorted(set(session.visual.k_frame.flatten().tolist()))
-    logits, owner = session._prefill(session._turn_ids("what happens?"))
+    session = RankSession(cfg, init_distributed(cuda=False))
+    session.load_video(video, session.config.video)
+    frames = sorted(set(session.conversation.visual.k_frame.flatten().tolist()))
+    logits, owner = session.conversation.prefill(session._turn_ids("what happens?"))
     box = torch.zeros(logits.shape[-1] if logits is not None else session.model.config.vocab_size)
     if rank == owner:
         box = logits.float()
@@ -121,8 +115,8 @@ def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: s
         torch.distributed.all_reduce(box)
     steps = [box]
     for _ in range(2):
-        steps.append(session._feed_token(int(steps[-1].argmax())).float())
-    return [s.numpy() for s in steps], frames, session.local_prefix_len
+        steps.append(session.conversation.feed(int(steps[-1].argmax())).float())
+    return [s.numpy() for s in steps], frames, int(session.video.loaded.prefix_ids.numel())
 
 
 @pytest.mark.parametrize("layout", ["striped", "zigzag"])
@@ -182,20 +176,17 @@ def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
 def _ingest_rank(rank: int, world: int, path: str, cache_dir: str, layout: str):
     from videos import IndexEncoder
 
-    from lvx_app.video import ingest
+    from lvx_app.config import VideoConfig
+    from lvx_app.video import Encoder, IngestTuning, ingest
 
     shard = ingest(
         path,
-        IndexEncoder(),
-        fps=1.0,
-        image_size=32,
+        Encoder(IndexEncoder(), image_size=32),
+        VideoConfig(fps=1.0, cache_dir=cache_dir, decode_workers=1),
         device="cpu",
-        cache_dir=cache_dir,
-        decode_workers=1,
-        decode_threads=1,
-        chunk_frames=2,
         progress=False,
         layout=layout,
+        tuning=IngestTuning(decode_threads=1, chunk_frames=2),
     )
     return (
         shard.features.numpy(),
@@ -238,30 +229,13 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
 
     seen = {}
 
-    def fake_chat(
-        **kwargs,
-    ):  # the real run_chat_command checks the options, then would load a model
-        seen["chat"] = terminal.session_config(
-            **{
-                k: v
-                for k, v in kwargs.items()
-                if k
-                not in (
-                    "video",
-                    "gpus",
-                    "ranks",
-                    "params",
-                    "subtitles",
-                    "subtitle_lang",
-                    "subtitle_encoding",
-                )
-            }
-        ).layout
+    def fake_chat(video, config, console=None):  # the real one would load a model
+        seen["chat"] = config.parallel.layout
         return 0
 
     bad = CliRunner().invoke(app, ["chat", str(tmp_path / "v.mp4"), "--layout", "diagonal"])
     assert bad.exit_code == 2
-    assert bad.output.strip().splitlines() == [
+    assert bad.stderr.strip().splitlines() == [
         "error: unknown --layout 'diagonal'; use one of contiguous, striped, zigzag"
     ]
     monkeypatch.setattr(terminal, "run_chat_command", fake_chat)
@@ -275,8 +249,8 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
     data.write_text(json.dumps({"video": "v.mp4", "question": "What?", "answer": "This."}) + "\n")
     monkeypatch.setattr(
         train_cli,
-        "run_finetune",
-        lambda cfg, world, keep_fds: seen.setdefault("train", cfg.layout) and 0,
+        "_run_alone",
+        lambda config: seen.setdefault("train", config.parallel.layout) and 0,
     )
     args = [
         "finetune",
@@ -292,7 +266,5 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
     assert CliRunner().invoke(app, [*args, "--layout", "contiguous"]).exit_code == 0, "finetune ran"
     assert seen["train"] == "contiguous"
     bad = CliRunner().invoke(app, [*args, "--layout", "diagonal"])
-    assert (
-        bad.exit_code == 1
-        and "unknown --layout 'diagonal'; use one of contiguous, striped, zigzag" in bad.output
-    )
+    assert bad.exit_code == 2
+    assert "unknown --layout 'diagonal'; use one of contiguous, striped, zigzag" in bad.stderr

@@ -5,10 +5,10 @@ import time
 
 import pytest
 import torch
+from emulated_link import emulated_link
 
 from lvx_app.parallel import RingComm
 from lvx_app.parallel.collectives import allgather_seq
-from emulated_link import emulated_link
 from lvx_app.parallel.testing import run_ranks
 
 GBPS = 1 / 300  # 3.3 MB/s: 1 MB takes 0.3 s, wide margins for a loaded 2-core machine

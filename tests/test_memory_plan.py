@@ -11,15 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from memory_plan import GB, Workload, largest_minutes, memory_plan, param_counts, time_plan
 
-from memory_plan import (
-    GB,
-    Workload,
-    largest_minutes,
-    memory_plan,
-    param_counts,
-    time_plan,
-)
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.tiny import tiny_config
@@ -117,8 +110,8 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     one token at a
     time ends with the buffer the plan names (with the growth before it)."""
     import torch
-
     from memory_plan import _text_buffer
+
     from lvx_models.mplug_owl3 import qwen2
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)

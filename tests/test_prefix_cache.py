@@ -14,26 +14,29 @@ import torch
 from cache_damage import DAMAGES, check_damage_is_discarded, damage
 from typer.testing import CliRunner
 
-from lvx_app.engine.api import GenerationParams
-from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.cli.cache import cache_app
+from lvx_app.config import Config, GenerationConfig
+from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.video.feature_cache import CacheKey
-from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
-from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.video.feature_cache import CacheKey
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
 
-PARAMS = GenerationParams(max_new_tokens=8)
+PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"
 
 
-def _open_and_ask(session: Session, video: str) -> tuple[bool, list, list]:
+def _open_and_ask(session: RankSession, video: str) -> tuple[bool, list, list]:
     """Load the video, note the prompt's K/V, answer one question (every rank runs this in the same
     order)."""
-    summary = session.load_video(video, 1.0, None)
-    kv = [[float(k.double().sum()), float(v.double().sum())] for k, v in session.cache.layer_kv()]
-    positions = session.attn.key_positions.tolist() if session.sharded else []
+    summary = session.load_video(video, session.config.video)
+    kv = [
+        [float(k.double().sum()), float(v.double().sum())]
+        for k, v in session.conversation.cache.layer_kv()
+    ]
+    positions = session.attn.key_positions.tolist() if session.attn is not None else []
     answer = "".join(session.ask(QUESTION, PARAMS))
     return summary.prompt_from_cache, [answer, session.last_answer.new_tokens], kv + [positions]
 
@@ -42,7 +45,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
     """First open, reopen with the saved prompt, then (optionally corrupt it) and reopen again;
     fresh sessions."""
     info = init_distributed(cuda=False)
-    config = SessionConfig(model=checkpoint, cache_dir=cache_dir, decode_workers=1)
+    config = Config.from_options(model=checkpoint, cache_dir=cache_dir, decode_workers=1)
     runs = []
     for i in range(3):
         if i == 2 and corrupt and rank == 0:
@@ -54,7 +57,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
             torch.distributed.barrier()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            restored, tokens, kv = _open_and_ask(Session(config, info), video)
+            restored, tokens, kv = _open_and_ask(RankSession(config, info), video)
         lines = [
             str(w.message)
             for w in caught
@@ -108,9 +111,9 @@ def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(
 
 def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monkeypatch):
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "default"))
-    config = SessionConfig(model=tiny_checkpoints["g2"], cache=False, decode_workers=1)
-    session = Session(config, init_distributed(cuda=False))
-    assert session.load_video(short_video, 1.0, None).prompt_from_cache is False
+    config = Config.from_options(model=tiny_checkpoints["g2"], cache=False, decode_workers=1)
+    session = RankSession(config, init_distributed(cuda=False))
+    assert session.load_video(short_video, session.config.video).prompt_from_cache is False
     assert not (tmp_path / "default").exists()
 
 

@@ -4,14 +4,14 @@ it."""
 from __future__ import annotations
 
 import pytest
-from test_engine import PARAMS, QUESTIONS, _config, _lvx
+from test_engine import QUESTIONS, _config, _lvx
 
 from lvx_app.engine import limits
 from lvx_app.engine.api import EngineError
+from lvx_app.engine.session import RankSession
+from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
-from lvx_app.engine.session import Session
-from lvx_app.parallel.testing import run_ranks
 from lvx_models.mplug_owl3.config import Owl3Config
 
 HUGE = "why? " * 200_000  # 1,000,000 characters
@@ -26,27 +26,30 @@ def _long_then_normal(
     from lvx_app.parallel.group import init_distributed
 
     session_module.auto_memory_budget = lambda device: budgets[rank]
-    session = Session(_config(checkpoint, cache_dir), init_distributed(cuda=False))
-    prefill = session._prefill
+    config = _config(checkpoint, cache_dir)
+    session = RankSession(config, init_distributed(cuda=False))
+    prefill = session.conversation.prefill
     calls: list[int] = []
-    session._prefill = lambda ids, *args, **kw: (
-        calls.append(int(ids.numel())),
-        prefill(ids, *args, **kw),
-    )[1]
+
+    def counted(ids, *args, **kw):
+        calls.append(int(ids.numel()))
+        return prefill(ids, *args, **kw)
+
+    session.conversation.prefill = counted
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)
         return calls
-    engine = GroupDriver(session, channel)
-    engine.load_video(video, 1.0)
+    engine = GroupDriver(session, channel, config)
+    engine.load_video(video)
     loaded = len(calls)
     try:
-        "".join(engine.ask(question, PARAMS))
+        "".join(engine.ask(question))
         refused = None
     except EngineError as exc:
         refused = str(exc)
     refused_calls = len(calls) - loaded
-    answer = "".join(engine.ask(QUESTIONS[0], PARAMS))
+    answer = "".join(engine.ask(QUESTIONS[0]))
     engine.close()
     return refused, refused_calls, answer
 

@@ -363,27 +363,16 @@ def test_timestamps_become_seek_links_only_inside_the_video():
 
 def test_bad_options_fail_fast_with_one_line(tmp_path):
     """Checked before any model is loaded; exit code 2 and a line saying what to do."""
-    import io
+    from typer.testing import CliRunner
 
-    from rich.console import Console
+    from lvx_app.cli.main import app
 
-    from lvx_app.engine.session import SessionConfig
-    from lvx_ui.server import parse_auth, run_serve
-
-    assert parse_auth("alice:pass:word") == ("alice", "pass:word")
-    for kwargs, message in (
-        ({"auth": "alice"}, "--auth takes user:password"),
-        ({"allow_paths": [str(tmp_path / "nope")]}, "is not a directory"),
-        ({"max_upload_mb": 0}, "--max-upload-mb must be above 0"),
+    for args, message in (
+        (["--auth", "alice"], "--auth takes user:password"),
+        (["--allow-paths", str(tmp_path / "nope")], "is not a directory"),
+        (["--max-upload-mb", "0"], "--max-upload-mb must be a number above 0"),
+        (["--port", "70000"], "--port must be 1..65535"),
     ):
-        out = io.StringIO()
-        code = run_serve(
-            config=SessionConfig(model=str(tmp_path)),
-            gpus=0,
-            ranks=None,
-            console=Console(file=out, width=200),
-            **kwargs,
-        )
-        assert code == 2 and message in out.getvalue() and "Traceback" not in out.getvalue(), (
-            out.getvalue()
-        )
+        result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path), *args])
+        said = (result.stdout + result.stderr).strip().splitlines()
+        assert result.exit_code == 2 and len(said) == 1 and message in said[0], said

@@ -14,7 +14,8 @@ import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import ask, client, last_answer, start_server, stop_server
 
-from lvx_app.engine.api import GenerationParams, VideoSummary
+from lvx_app.config import Config
+from lvx_app.engine.api import VideoSummary
 from lvx_app.engine.describe import printable
 from lvx_app.video.synthetic import make_video
 from lvx_ui.app import ChatApp, link_timestamps, message_text
@@ -159,7 +160,7 @@ class ReloadingEngine:
     def __init__(self) -> None:
         self.loads: list[str] = []
 
-    def load_video(self, path, fps, max_frames=None, progress=None, subtitles=()):
+    def load_video(self, path, *, subtitles=None, progress=None, fps=1.0, max_frames=None):
         self.loads.append(path)
         for done in (0, 5, 10):
             progress("frames", done, 10)
@@ -168,7 +169,7 @@ class ReloadingEngine:
 
 def test_a_reload_shows_its_progress_to_the_session_that_asked():
     engine = ReloadingEngine()
-    app = ChatApp(engine, allow_paths=None, max_upload_mb=10, params=GenerationParams())
+    app = ChatApp(engine, Config(), allow_paths=None)
     mine, theirs = ("a.mp4", 1.0, None, ()), ("b.mp4", 1.0, None, ())
     # another session's video is the one loaded now
     app.videos["session A"], app.loaded = (mine, theirs)

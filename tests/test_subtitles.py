@@ -194,19 +194,18 @@ def test_token_budget_drops_lines_evenly():
 
 def test_chat_block_is_the_eval_prompts(tiny_checkpoints, short_video, tmp_path):
     """The same video and .srt: chat's prefilled block is the text the eval prompt starts with."""
+    from engine_configs import engine_config
+
     from lvx_app.runtime.open import open_engine
-    from lvx_app.engine.session import SessionConfig
 
     srt = tmp_path / "movie.srt"
     srt.write_text(SRT)
-    engine = open_engine(
-        SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1
-    )
+    engine = open_engine(engine_config(tiny_checkpoints["g2"], tmp_path))
     try:
         summary = engine.load_video(
-            short_video, 1.0, subtitles=resolve_subtitles(short_video, str(srt)).cues
+            short_video, subtitles=resolve_subtitles(short_video, str(srt)).cues
         )
-        block = engine.session.subtitle_block
+        block = engine.session.video.loaded.subtitle_block
     finally:
         engine.close()
     eval_prompt = build_prompt(
@@ -221,49 +220,29 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
     placed."""
     import io
 
+    from engine_configs import engine_config
     from rich.console import Console
 
-    from lvx_app.engine.api import GenerationParams
-    from lvx_app.runtime.open import open_engine
-    from lvx_app.engine.session import SessionConfig
     from lvx_app.cli.chat import run_chat, run_chat_command
+    from lvx_app.runtime.open import open_engine
 
     bad = tmp_path / "bad.srt"
     bad.write_bytes(b"\x00\x01" * 100)
     out = io.StringIO()
-    code = run_chat_command(
-        video=short_video,
-        gpus=0,
-        ranks=1,
-        params=GenerationParams(),
-        subtitles=str(bad),
-        console=Console(file=out, width=200),
-        model="/nonexistent/checkpoint",
-        revision=None,
-        fps=1.0,
-        max_frames=None,
-        dtype="auto",
-        kv_cache=None,
-        timeout=60.0,
-        use_cache=False,
-        cache_dir=None,
-    )
+    config = engine_config("/nonexistent/checkpoint", subtitles=str(bad))
+    code = run_chat_command(short_video, config, Console(file=out, width=200))
     assert code == 2 and out.getvalue().strip().splitlines() == [
         f"error: {bad.name} is binary, not a text subtitle "
         "file; pass an .srt or .vtt file, or --subtitles none"
     ]
     good = tmp_path / "good.srt"
     good.write_text(SRT)
-    engine = open_engine(
-        SessionConfig(model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1), 0, 1
-    )
+    engine = open_engine(engine_config(tiny_checkpoints["g2"], tmp_path, max_new_tokens=4))
     out = io.StringIO()
     try:
         code = run_chat(
             engine,
             video=short_video,
-            fps=1.0,
-            params=GenerationParams(max_new_tokens=4),
             console=Console(file=out, width=200),
             stdin=io.StringIO("what is said?\n/quit\n"),
             subtitles=resolve_subtitles(short_video, str(good)),
@@ -278,38 +257,28 @@ def test_lvx_chat_subtitles(tiny_checkpoints, short_video, tmp_path):
     )
 
 
-def test_multi_node_chat_entry_point_takes_subtitles(
+def test_chat_under_a_users_torchrun_takes_subtitles(
     tiny_checkpoints, short_video, tmp_path, capsys, monkeypatch
 ):
-    """`python -m lvx_app.runtime.rank_main --frontend chat VIDEO --subtitles FILE` (rank 0 of a
-    torchrun job)."""
+    """`lvx chat VIDEO --subtitles FILE` as a rank of a torchrun group the user started (here a
+    group of one): rank 0 runs the chat with the subtitles; a missing file is one line."""
     import io
     import sys
 
-    from lvx_app.runtime.rank_main import main
+    from engine_configs import engine_config
+    from rich.console import Console
+
+    from lvx_app.cli.chat import run_chat_command
 
     good = tmp_path / "good.srt"
     good.write_text(SRT)
-    config = (
-        f'{{"model": "{tiny_checkpoints["g2"]}", "cache_dir": "{tmp_path}", "decode_workers": 1}}'
-    )
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setattr(sys, "stdin", io.StringIO("/quit\n"))
-    assert (
-        main(["--config", config, "--frontend", "chat", short_video, "--subtitles", str(good)]) == 0
-    )
-    assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in capsys.readouterr().out
-    assert (
-        main(
-            [
-                "--config",
-                config,
-                "--frontend",
-                "chat",
-                short_video,
-                "--subtitles",
-                str(tmp_path / "no.srt"),
-            ]
-        )
-        == 2
-    )
-    assert "error: subtitle file not found" in capsys.readouterr().err
+    config = engine_config(tiny_checkpoints["g2"], tmp_path, subtitles=str(good))
+    out = io.StringIO()
+    assert run_chat_command(short_video, config, Console(file=out, width=200)) == 0
+    assert "subtitles: 2 line(s) at the sampled frames, from good.srt" in out.getvalue()
+    missing = engine_config(tiny_checkpoints["g2"], tmp_path, subtitles=str(tmp_path / "no.srt"))
+    out = io.StringIO()
+    assert run_chat_command(short_video, missing, Console(file=out, width=200)) == 2
+    assert "error: subtitle file not found" in out.getvalue()

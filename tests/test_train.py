@@ -11,11 +11,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from engine_configs import engine_config, train_config
 
 from lvx_app.parallel.layout import owned
 from lvx_app.parallel.testing import run_ranks
 from lvx_app.train.data import IGNORE, DataError, load_jsonl, tokenize
-from lvx_app.train.loop import TrainConfig, Trainer, run_training
+from lvx_app.train.loop import Trainer, run_training
 
 MESSAGES = [
     {"role": "user", "content": "<|video|>\nwhat color is the square?"},
@@ -27,10 +28,8 @@ N_FRAMES = 5
 VARIANTS = [(False, False), (True, False), (True, True)]  # (recompute, checkpoint_lm)
 
 
-def _cfg(checkpoint: str, **kw) -> TrainConfig:
-    return TrainConfig(
-        data="-", model=checkpoint, out="-", **{"dtype": "float64", "lora_rank": 4, **kw}
-    )
+def _cfg(checkpoint: str, **kw):
+    return train_config(checkpoint, **{"dtype": "float64", "lora_rank": 4, **kw})
 
 
 def _grads(
@@ -56,8 +55,8 @@ def _grads(
     tok = tokenize(tr.processor, MESSAGES, N_FRAMES)
     e = torch.randn(
         N_FRAMES,
-        tr.config.vision.num_patches,
-        tr.config.vision.hidden_size if train == "all" else tr.config.hidden_size,
+        tr.model_config.vision.num_patches,
+        tr.model_config.vision.hidden_size if train == "all" else tr.model_config.hidden_size,
         generator=torch.Generator().manual_seed(1),
         dtype=torch.float64,
     )
@@ -153,8 +152,8 @@ def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
         )
     )
     tok = tokenize(tr.processor, MESSAGES, N_FRAMES)
-    e = torch.randn(N_FRAMES, tr.config.vision.num_patches, tr.config.hidden_size)
-    s_kv = N_FRAMES * tr.config.vision.num_patches
+    e = torch.randn(N_FRAMES, tr.model_config.vision.num_patches, tr.model_config.hidden_size)
+    s_kv = N_FRAMES * tr.model_config.vision.num_patches
     saved = []
     calls = []
     inner = rc.lv_xattn_forward
@@ -187,7 +186,7 @@ def test_recompute_keeps_no_visual_kv_and_checkpointing_runs_attention_once(tiny
     saved_rec, calls_rec = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=False)
     saved_lm, calls_lm = _saved_and_forwards(ckpt, recompute=True, checkpoint_lm=True)
     # without recompute, normed E and K/V of every hyper layer are kept
-    assert cfg.recompute and saved_plain > 0
+    assert cfg.train.recompute and saved_plain > 0
     # with it, nothing of visual-token length but the one shared E
     assert saved_rec == 0 and saved_lm == 0
     # checkpointed layers replay attention
@@ -264,9 +263,7 @@ def _write_data(tmp_path, video: str):
 
 
 def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_path):
-    from lvx_app.engine.api import GenerationParams
     from lvx_app.runtime.open import open_engine
-    from lvx_app.engine.session import SessionConfig
     from lvx_app.train.saving import official_state_dict
     from lvx_models.mplug_owl3.loader import load_model
 
@@ -274,7 +271,6 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     common = dict(
         data=str(data),
         video_dir=os.path.dirname(short_video),
-        model=tiny_checkpoints["g2"],
         lr=1e-2,
         train="lora",
         lora_rank=8,
@@ -282,7 +278,8 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
         decode_workers=1,
         progress=False,
     )
-    full = run_training(TrainConfig(out=str(tmp_path / "full"), steps=6, **common))
+    ckpt = tiny_checkpoints["g2"]
+    full = run_training(train_config(ckpt, out=str(tmp_path / "full"), steps=6, **common))
     losses = [h["loss"] for h in full.history]
     assert len(losses) == 6 and np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.05, losses
     assert (tmp_path / "full" / "loss.png").stat().st_size > 0
@@ -299,16 +296,10 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
     base = load_model(tiny_checkpoints["g2"])[0].state_dict()
     assert not torch.equal(base[q], loaded[q])
 
-    engine = open_engine(
-        SessionConfig(
-            model=str(tmp_path / "full"), cache_dir=str(tmp_path / "cache"), decode_workers=1
-        ),
-        gpus=0,
-        ranks=1,
-    )
+    engine = open_engine(engine_config(tmp_path / "full", tmp_path / "cache"))
     try:
-        engine.load_video(short_video, 1.0)
-        answer = "".join(engine.ask("What is shown?", GenerationParams(max_new_tokens=6)))
+        engine.load_video(short_video)
+        answer = "".join(engine.ask("What is shown?", max_new_tokens=6))
         assert engine.last_answer.new_tokens >= 1 and isinstance(answer, str)
     finally:
         engine.close()
@@ -323,10 +314,10 @@ def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_pa
             raise Killed
 
     with pytest.raises(Killed):
-        run_training(
-            TrainConfig(out=str(tmp_path / "part"), steps=6, save_every=3, **common), on_step=die
-        )
-    resumed = run_training(TrainConfig(out=str(tmp_path / "part"), steps=6, resume=True, **common))
+        part = train_config(ckpt, out=str(tmp_path / "part"), steps=6, save_every=3, **common)
+        run_training(part, on_step=die)
+    again = train_config(ckpt, out=str(tmp_path / "part"), steps=6, resume=True, **common)
+    resumed = run_training(again)
     assert [h["step"] for h in resumed.history] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose([h["loss"] for h in resumed.history], losses, rtol=1e-5)
     for n, t in full.trainable_state().items():
@@ -338,7 +329,8 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     """`lvx finetune`'s function through a torchrun group of 2 CPU ranks."""
     data = _write_data(tmp_path, short_video)
     script = (
-        "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
+        "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = "
+        "typer.Typer()\n"
         "app.command()(finetune_command)\napp(sys.argv[1:])\n"
     )
     args = [
@@ -379,7 +371,7 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 1 and "use either --lora R or --train" in bad.stderr
+    assert bad.returncode == 2 and "use either --lora R or --train" in bad.stderr
     again = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
     )

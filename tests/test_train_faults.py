@@ -16,8 +16,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from lvx_app.parallel.failures import pid_file
 from lvx_app.cli.finetune import finetune_command
+from lvx_app.parallel.failures import pid_file
 from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output
 
 SCRIPT = (

@@ -7,9 +7,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
 from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
+from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
 from lvx_app.video.plan import build_plan
 
 

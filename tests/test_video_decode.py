@@ -6,6 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from decode_faults import AlwaysFails, AlwaysHangs, HangsInBatch
 from videos import (
     make_audio_only,
     make_not_a_video,
@@ -92,7 +93,7 @@ def test_two_processes_decode_disjoint_parts(vids):
 
 
 def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
-    with DecodePool(1, threads=1, _fault={"hang_batch": 60}) as pool:
+    with DecodePool(1, threads=1, worker_class=HangsInBatch) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
         pid = pool.pids()[0]
         frames = decode_all(pool, vids["a"], plan.shard(0, 1).chunks(6), timeout_s=2.0)
@@ -102,7 +103,7 @@ def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
 
 
 def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
-    with DecodePool(1, threads=1, _fault={"hang_batch": 60, "hang_frames": 60}) as pool:
+    with DecodePool(1, threads=1, worker_class=AlwaysHangs) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
         shard = plan.shard(0, 1)
         with pytest.raises(DecodeTimeoutError) as e:
@@ -119,7 +120,7 @@ def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
 
 
 def test_decode_error_names_file_and_time_range(vids):
-    with DecodePool(1, threads=1, _fault={"fail_batch": 90, "fail_frames": 90}) as pool:
+    with DecodePool(1, threads=1, worker_class=AlwaysFails) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
         shard = plan.shard(0, 1)
         with pytest.raises(

@@ -18,32 +18,35 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import lvx_app.engine.visual_kv as visual_kv
-from lvx_app.engine.api import EngineError, GenerationParams
-from lvx_app.engine.session import Session, SessionConfig
+from lvx_app.cli.cache import cache_app
+from lvx_app.config import Config, ConfigError, GenerationConfig
+from lvx_app.engine.session import RankSession
 from lvx_app.engine.visual_kv import should_save
+from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.group import init_distributed
 from lvx_app.parallel.testing import run_ranks
-from lvx_app.video.feature_cache import CacheKey
-from lvx_app.cli.cache import cache_app
 from lvx_app.video.errors import VideoWarning
-from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
+from lvx_app.video.feature_cache import CacheKey
 
-PARAMS = GenerationParams(max_new_tokens=8)
+PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"
 
 
-def _open_and_ask(session: Session, video: str) -> dict:
-    summary = session.load_video(video, 1.0, None)
+def _open_and_ask(session: RankSession, video: str) -> dict:
+    summary = session.load_video(video, session.config.video)
     visual = {
         layer: [float(k.double().sum()), float(v.double().sum())]
-        for layer, (k, v) in session.visual.kv.items()
+        for layer, (k, v) in session.conversation.visual.kv.items()
     }
-    text = [[float(k.double().sum()), float(v.double().sum())] for k, v in session.cache.layer_kv()]
+    text = [
+        [float(k.double().sum()), float(v.double().sum())]
+        for k, v in session.conversation.cache.layer_kv()
+    ]
     answer = "".join(session.ask(QUESTION, PARAMS))
     return {
         "read back": summary.visual_kv_from_cache,
         "prompt read back": summary.prompt_from_cache,
-        "saved": session.visual_kv.saved,
+        "saved": session.video.loaded.visual_kv.saved,
         "tokens": [answer, session.last_answer.new_tokens],
         "visual": visual,
         "text": text,
@@ -55,7 +58,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
     prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
     sessions."""
     info = init_distributed(cuda=False)
-    config = SessionConfig(
+    config = Config.from_options(
         model=checkpoint,
         cache_dir=cache_dir,
         decode_workers=1,
@@ -75,7 +78,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
             torch.distributed.barrier()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            run = _open_and_ask(Session(config, info), video)
+            run = _open_and_ask(RankSession(config, info), video)
         run["warnings"] = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
         runs.append(run)
     return runs
@@ -146,12 +149,12 @@ def test_auto_saves_only_when_reading_back_is_cheaper(
     tiny_checkpoints, short_video, tmp_path, monkeypatch, bytes_per_s, saves
 ):
     monkeypatch.setattr(visual_kv, "VISUAL_KV_READ_BYTES_PER_S", bytes_per_s)
-    config = SessionConfig(
+    config = Config.from_options(
         model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1, kv_mode="cache"
     )
-    session = Session(config, init_distributed(cuda=False))
-    session.load_video(short_video, 1.0, None)
-    choice = session.visual_kv
+    session = RankSession(config, init_distributed(cuda=False))
+    session.load_video(short_video, session.config.video)
+    choice = session.video.loaded.visual_kv
     assert choice.saved is saves and choice.compute_s > 0 and choice.nbytes > 0
     assert choice.read_s == pytest.approx(choice.nbytes / bytes_per_s)
     assert (tmp_path / "visual-kv").is_dir() is saves
@@ -161,8 +164,8 @@ def test_auto_saves_only_when_reading_back_is_cheaper(
         and "compute" in line
         and "read" in line
     )
-    again = Session(config, init_distributed(cuda=False))
-    assert again.load_video(short_video, 1.0, None).visual_kv_from_cache is saves
+    again = RankSession(config, init_distributed(cuda=False))
+    assert again.load_video(short_video, again.config.video).visual_kv_from_cache is saves
 
 
 def test_recompute_mode_and_no_cache_save_nothing(
@@ -170,14 +173,14 @@ def test_recompute_mode_and_no_cache_save_nothing(
 ):
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "default"))
     for config in (
-        SessionConfig(
+        Config.from_options(
             model=tiny_checkpoints["g2"],
             cache_dir=str(tmp_path / "c"),
             decode_workers=1,
             kv_mode="recompute",
             save_visual_kv="always",
         ),
-        SessionConfig(
+        Config.from_options(
             model=tiny_checkpoints["g2"],
             cache=False,
             decode_workers=1,
@@ -185,41 +188,39 @@ def test_recompute_mode_and_no_cache_save_nothing(
             save_visual_kv="always",
         ),
     ):
-        session = Session(config, init_distributed(cuda=False))
-        session.load_video(short_video, 1.0, None)
-        assert not session.visual_kv.saved
+        session = RankSession(config, init_distributed(cuda=False))
+        session.load_video(short_video, session.config.video)
+        assert not session.video.loaded.visual_kv.saved
     assert not (tmp_path / "c" / "visual-kv").exists() and not (tmp_path / "default").exists()
-    with pytest.raises(EngineError, match="unknown save_visual_kv 'maybe'"):
-        Session(
-            SessionConfig(model=tiny_checkpoints["g2"], cache=False, save_visual_kv="maybe"),
-            init_distributed(cuda=False),
-        )
+    with pytest.raises(ConfigError, match="unknown save_visual_kv 'maybe'"):
+        Config.from_options(model=tiny_checkpoints["g2"], cache=False, save_visual_kv="maybe")
 
 
 def test_changed_hyper_weights_are_not_reused(tiny_checkpoints, short_video, tmp_path):
     """Same features (the encoder is unchanged), other v_kv_proj: the K/V are computed again with
     the new weights."""
     checkpoint = shutil.copytree(tiny_checkpoints["g2"], tmp_path / "ck")
-    config = SessionConfig(
+    config = Config.from_options(
         model=str(checkpoint),
         cache_dir=str(tmp_path / "cache"),
         decode_workers=1,
         kv_mode="cache",
         save_visual_kv="always",
     )
-    Session(config, init_distributed(cuda=False)).load_video(short_video, 1.0, None)
+    RankSession(config, init_distributed(cuda=False)).load_video(short_video, config.video)
     weights = load_file(str(checkpoint / "model.safetensors"))
     name = next(n for n in weights if n.endswith("v_kv_proj.weight"))
     weights[name] = weights[name] * 2
     save_file(weights, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
-    session = Session(config, init_distributed(cuda=False))
-    summary = session.load_video(short_video, 1.0, None)
+    session = RankSession(config, init_distributed(cuda=False))
+    summary = session.load_video(short_video, session.config.video)
     assert summary.from_cache and not summary.visual_kv_from_cache
-    fresh = Session(dataclasses.replace(config, cache=False), init_distributed(cuda=False))
-    fresh.load_video(short_video, 1.0, None)
-    for layer, (k, v) in fresh.visual.kv.items():
-        assert torch.equal(session.visual.kv[layer][0], k) and torch.equal(
-            session.visual.kv[layer][1], v
+    no_cache = dataclasses.replace(config, video=dataclasses.replace(config.video, cache=False))
+    fresh = RankSession(no_cache, init_distributed(cuda=False))
+    fresh.load_video(short_video, fresh.config.video)
+    for layer, (k, v) in fresh.conversation.visual.kv.items():
+        assert torch.equal(session.conversation.visual.kv[layer][0], k) and torch.equal(
+            session.conversation.visual.kv[layer][1], v
         )
 
 

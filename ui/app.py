@@ -346,14 +346,7 @@ class ChatApp:
         yield history, "", owner, status
 
     def _answer(
-        self,
-        message: str,
-        max_new_tokens: int,
-        part: dict,
-        owner: str,
-        *,
-        fresh: bool,
-        progress,
+        self, message: str, max_new_tokens: int, part: dict, owner: str, *, fresh: bool, progress
     ):
         """Fill `part` with the answer (under the lock); yields after each piece. Errors become one
         line in it."""

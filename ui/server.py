@@ -41,7 +41,7 @@ def _stop_on_sigterm() -> None:
 
 def run_serve(config: Config, console: Console | None = None) -> int:
     """Serve until Ctrl-C or SIGTERM; returns the process exit code."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)
     try:
         folders = check_allow_paths(config.serve.allow_paths)
         _stop_on_sigterm()
@@ -88,7 +88,9 @@ def _serve(engine: Engine, config: Config, folders: list[str], console: Console)
             footer_links=[],
             **demo.lvx_launch,
         )
-        console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
+        console.print(
+            f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else "")
+        )
         console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
         try:
             demo.block_thread()

@@ -25,8 +25,9 @@ from lvx_app.parallel.collectives import count_bytes, nbytes
 
 
 class Carry:
-    """Integers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m): every
-    rank's, in rank order, once that call has run. They ride bit for bit inside the float partials
+    """Integers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m):
+    every rank's, in rank order, once that call has run. They ride bit for bit inside the float
+    partials
     (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly."""
 
     def __init__(self, send: Tensor) -> None:

@@ -86,7 +86,7 @@ def lv_xattn_forward(
     group: dist.ProcessGroup | None,
     q_sizes: list[int] | None,
 ) -> tuple[Tensor, Tensor, list[int], int]:
-    # long: the ring's rounds in one place, as the paper's Algorithm 1
+    # long: the ring's rounds in one place, in the four steps the module docstring names
     """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block
     length, bytes sent).
 
@@ -181,7 +181,7 @@ def lv_xattn_backward(
     with_lse: bool,
     sizes: list[int],
 ) -> tuple[Tensor, Tensor, Tensor, int]:
-    # long: the backward ring's rounds in one place, as the paper's Algorithm 2
+    # long: the backward ring's rounds in one place, in the same four steps
     """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and
     the sizes of `lv_xattn_forward`. `with_lse`: carry dlse (zeros where None) around the ring, on
     every rank."""

@@ -36,7 +36,7 @@ from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.launcher import RemoteEngine
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.rank_main import join_group
-from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
+from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
@@ -69,7 +69,9 @@ def load_with_progress(
         RateColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:
@@ -150,24 +152,27 @@ def run_chat(
     engine: Engine,
     *,
     video: str | None,
-    subtitles: Sequence[Cue] | None = None,
+    subtitles: SubtitleTrack | None = None,
     console: Console | None = None,
     stdin: TextIO | None = None,
 ) -> int:
-    """Load `video` (if given), then the REPL. Returns a process exit code."""
-    console = console or Console(highlight=False)
+    """Load `video` (if given; with `subtitles`, or those the config's `--subtitles` finds), then
+    the REPL. Returns a process exit code."""
+    console = console or Console(highlight=False, soft_wrap=True)
     stdin = stdin or sys.stdin
     if video:
         try:
-            summary = load_with_progress(engine, console, video, subtitles)
+            cues = subtitles.cues if subtitles is not None else None
+            summary = load_with_progress(engine, console, video, cues)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2
         console.print(f"[green]video:[/green] {describe_video(summary)}")
-        if summary.subtitle_source:
+        source = subtitles.source if subtitles is not None else summary.subtitle_source
+        if source:
             console.print(
                 f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled frames,"
-                f" from {summary.subtitle_source}",
+                f" from {source}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")
@@ -190,23 +195,24 @@ def run_chat(
                 return 1
 
 
-def _subtitles(video: str, config: Config, console: Console) -> tuple[list[Cue], str]:
-    """The cues `--subtitles` asks for, resolved before the model loads (a bad file fails fast)."""
+def _subtitles(video: str, config: Config, console: Console) -> SubtitleTrack:
+    """The subtitles `--subtitles` asks for, resolved before the model loads (a bad file fails
+    fast)."""
     v = config.video
     track = resolve_subtitles(video, v.subtitles, v.subtitle_lang, v.subtitle_encoding)
     for note in track.notes:
         console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
-    return list(track.cues), track.source
+    return track
 
 
 def run_chat_command(video: str, config: Config, console: Console | None = None) -> int:
     """`lvx chat`: returns the process exit code."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)
     if under_torchrun():
         return run_rank(lambda: _chat_as_rank(video, config, console), "lvx chat")
     try:
         check_video_path(video)  # fail before spending minutes loading a model
-        cues, source = _subtitles(video, config, console)
+        track = _subtitles(video, config, console)
     except (VideoError, SubtitleError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -218,7 +224,7 @@ def run_chat_command(video: str, config: Config, console: Console | None = None)
     except KeyboardInterrupt:  # Ctrl-C while the model loads: RemoteEngine already killed the group
         return 130
     try:
-        code = run_chat(engine, video=video, subtitles=cues, console=console)
+        code = run_chat(engine, video=video, subtitles=track, console=console)
     except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, no rank left behind
         (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
         return 130
@@ -239,8 +245,8 @@ def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
         return None
     driver = GroupDriver(session, channel, config)
     try:
-        cues, _ = _subtitles(video, config, console) if Path(video).exists() else ([], "")
-        return run_chat(driver, video=video, subtitles=cues, console=console)
+        track = _subtitles(video, config, console) if Path(video).exists() else None
+        return run_chat(driver, video=video, subtitles=track, console=console)
     except SubtitleError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2

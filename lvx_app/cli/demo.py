@@ -43,7 +43,7 @@ def run_demo(
     config: Config, *, workdir: Path | None, generation: str, console: Console | None = None
 ) -> int:
     """`lvx demo`: returns the process exit code."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)
     if generation not in FORMS:
         console.print(f"[red]error:[/red] --generation must be one of {', '.join(FORMS)}")
         return 2

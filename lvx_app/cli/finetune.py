@@ -66,7 +66,9 @@ def finetune_command(*, config: Config) -> None:
         typer.secho(f"error: the finetuning group failed (exit {code})", err=True, fg="red")
     if code:
         raise typer.Exit(code)
-    typer.echo(f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out}/loss.png")
+    typer.echo(
+        f"saved {out} (load it with: lvx chat VIDEO --model {out}); loss curve: {out}/loss.png"
+    )
 
 
 def _run_alone(config: Config) -> int:

@@ -60,7 +60,8 @@ class Conversation:
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, *, replicated: bool, sizes=None
     ) -> torch.Tensor:
-        """The model on this rank's tokens `ids` at `positions`; the last token's logits (1, 1, V)."""
+        """The model on this rank's tokens `ids` at `positions`; the last token's logits (1, 1,
+        V)."""
         if self.attn is not None:
             self.attn.begin(positions, replicated=replicated, sizes=sizes)
         device = self.info.device

@@ -63,11 +63,11 @@ class Generator:
     ) -> Iterator[int]:
         """Yield the answer's token ids, a final stop token included. `logits` (V,): the prompt's
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
-        does (None: all do). `should_stop` is read on rank 0 only."""
+        does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
         last = generation.max_new_tokens - 1
         for i in range(generation.max_new_tokens):
             mine = None if logits is None else sample_token(logits, generation, i)
-            flag = should_stop() if self.leader else False
+            flag = should_stop()
             ride = self.rides and i < last and (i > 0 or first_src is None)
             early = ride and self.leader and not flag  # rank 0's token is the agreed one
             if early:

@@ -18,7 +18,8 @@ Text causality becomes the media mask: a key at position p is visible to a query
 keys count on rank 0 only; elsewhere they carry a position no query can reach.
 
 Benchmarks compare other schedules by subclassing `ShardedAttention` (its `sharded` and
-`replicated` functions) and passing their own `parallelize` to the rank entry point.
+`replicated` functions) and passing it to `parallelize` through the rank entry point
+(scripts/baselines.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention import Carry, attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
+from lvx_app.config import ParallelConfig
 from lvx_app.parallel.collectives import allgather_seq, exchange_sizes
+from lvx_app.parallel.group import DistInfo
 
 HIDDEN = 1 << 60  # a key position that no query position reaches
 
@@ -55,7 +58,7 @@ class ShardedAttention:
         self.query_sizes: list[int] | None = None  # every rank's query rows in a sharded forward
         self.is_replicated = False
         self._ring_keys: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._rider: Carry | None = None
+        self.rider: Carry | None = None
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than
@@ -88,7 +91,8 @@ class ShardedAttention:
 
     def replicate(self, cache, start: int) -> None:
         """After a sharded prefill: every rank's cached text K/V from `start` on, gathered in rank
-        order (one all_gather for all layers' K/V, one for their positions), replace this rank's own,
+        order (one all_gather for all layers' K/V, one for their positions), replace this rank's
+        own,
         so the whole cache is the same on every rank."""
         layers = cache.layers
         new = torch.cat(
@@ -113,11 +117,11 @@ class ShardedAttention:
     def riding(self, numbers: torch.Tensor) -> Iterator[Carry]:
         """Within the block, `numbers` ride on the first replicated visual combine: the `Carry`
         yielded holds every rank's numbers once the forward has run."""
-        self._rider = Carry(numbers)
+        self.rider = Carry(numbers)
         try:
-            yield self._rider
+            yield self.rider
         finally:
-            self._rider = None
+            self.rider = None
 
     def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
         if not causal:
@@ -150,15 +154,19 @@ class ShardedAttention:
     ):
         kw = dict(group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
         if self.is_replicated:
-            return self.replicated(q, k, v, carry=self._rider, **kw)
+            return self.replicated(q, k, v, carry=self.rider, **kw)
         return self.sharded(q, k, v, q_sizes=self.query_sizes, **kw)
 
 
 def parallelize(
-    model, group: dist.ProcessGroup | None, rank: int, world: int, schedule: str
+    model,
+    info: DistInfo,
+    parallel: ParallelConfig,
+    attention: type[ShardedAttention] = ShardedAttention,
 ) -> ShardedAttention:
-    """Install LV-XAttn as `model`'s attention over the ranks; returns the installed hooks."""
-    attn = ShardedAttention(group, rank, world, schedule)
+    """Install `attention` (LV-XAttn) as `model`'s attention over the default group; returns the
+    installed hooks."""
+    attn = attention(None, info.rank, info.world_size, parallel.xattn_schedule)
     model.hooks.text = attn.text
     model.hooks.visual = attn.visual
     return attn

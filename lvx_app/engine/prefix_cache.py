@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import (
     CacheKey,
     CorruptEntry,
@@ -45,7 +46,6 @@ from lvx_app.video.feature_cache import (
     target_matcher,
     tensor_crc,
 )
-from lvx_app.video.errors import VideoWarning
 
 PREFIX_VERSION = 2  # 2: one file for all ranks (1 had one identical file per rank)
 

@@ -37,16 +37,11 @@ from lvx_models.mplug_owl3.loader import load_model
 Parallelize = Callable[..., ShardedAttention]
 
 
-def lv_xattn_parallelize(model, info: DistInfo, config: Config) -> ShardedAttention:
-    """The product's parallelization: LV-XAttn on the default process group."""
-    return parallelize(model, None, info.rank, info.world_size, config.parallel.xattn_schedule)
-
-
 class RankSession:
     """This rank's share of the engine."""
 
     def __init__(
-        self, config: Config, info: DistInfo, parallelize: Parallelize = lv_xattn_parallelize
+        self, config: Config, info: DistInfo, parallelize: Parallelize = parallelize
     ) -> None:
         self.config, self.info = config, info
         model_config = config.model
@@ -65,7 +60,8 @@ class RankSession:
             raise EngineError(str(exc)) from None
         self.model, self.processor = loaded.model, loaded.processor
         self.model.eval()
-        self.attn = parallelize(self.model, info, config) if info.world_size > 1 else None
+        sharded = info.world_size > 1
+        self.attn = parallelize(self.model, info, config.parallel) if sharded else None
         layout = config.parallel.layout
         self.conversation = Conversation(self.model, info, self.attn, layout)
         self.video = VideoContext(
@@ -74,7 +70,8 @@ class RankSession:
         self.generator = Generator(self.conversation, self.processor.stop_ids)
         self.last_answer: AnswerStats | None = None
 
-    # ---- commands (every rank, same order) --------------------------------------------------------
+    # ---- commands (every rank, same order)
+    # --------------------------------------------------------
     def load_video(
         self,
         path: str,

@@ -1,6 +1,6 @@
 """Resident visual K/V on opening a video: read back the ones an earlier open saved, or compute them
-from the features and save them when that measured cheaper (issue #17: "recomputed from the
-features, which is cheap, unless resident K/V are cheaper to read back — measure and pick").
+from the features and save them when that measured cheaper (recomputing is cheap on a GPU, reading
+back can win on a CPU: measure and pick).
 
 The first open times the hyper layers' K/V projection of this rank's frames and estimates reading
 them back as their bytes / `VISUAL_KV_READ_BYTES_PER_S`; it saves them only when computing took more
@@ -21,10 +21,10 @@ from typing import Callable, Mapping
 import torch
 
 from lvx_app.defaults import VISUAL_KV_READ_BYTES_PER_S, VISUAL_KV_SAVE_MARGIN
+from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.collectives import nbytes
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.ingest import VisualShard
-from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_models.mplug_owl3.hyper import VisualInputs
 
 SAVE_MODES = ("auto", "always", "never")

@@ -25,8 +25,14 @@ from pathlib import Path
 
 import torch
 
-from lvx_app.video.feature_cache import CacheKey, CorruptEntry, FeatureCache, atomic_save, load_or_discard
 from lvx_app.engine.prefix_cache import SavedEntries, checksum, load_checked, stable_hash
+from lvx_app.video.feature_cache import (
+    CacheKey,
+    CorruptEntry,
+    FeatureCache,
+    atomic_save,
+    load_or_discard,
+)
 
 VISUAL_KV_VERSION = 1
 

@@ -59,10 +59,10 @@ class EvalSession(Protocol):
     also calls ``reset`` before giving up on a video whose load failed. It never calls ``ask``
     without a loaded video.
 
-    Optional extras, used when present: ``close()`` (called by :func:`lvx_app.eval.videomme.run_videomme`
-    at the end), ``describe() -> dict`` (kept in the results header), and an ``answer_info``
-    attribute (a dict about the last ``ask``: tokens, time to first token, truncated…) kept in each
-    answer record.
+    Optional extras, used when present: ``close()`` (called by
+    :func:`lvx_app.eval.videomme.run_videomme` at the end), ``describe() -> dict`` (kept in the
+    results header), and an ``answer_info`` attribute (a dict about the last ``ask``: tokens, time
+    to first token, truncated…) kept in each answer record.
     """
 
     def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:

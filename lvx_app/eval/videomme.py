@@ -15,7 +15,6 @@ from typing import Any
 
 from rich.console import Console
 
-import lvx_app
 from lvx_app.config import Config
 from lvx_app.eval.dataset import (
     Dataset,
@@ -29,6 +28,7 @@ from lvx_app.eval.prompt import PROMPT_VERSION
 from lvx_app.eval.report import report_file
 from lvx_app.eval.results import ResultsWriter, RunManifest
 from lvx_app.eval.runner import EvalSession, RunStats, run_eval
+from lvx_app.version import __version__
 
 SessionFactory = Callable[[], EvalSession]
 
@@ -70,7 +70,7 @@ def manifest_for(config: Config, ds: Dataset, durations: Sequence[str] | None) -
         max_new_tokens=config.generation.max_new_tokens,
         dataset_file=str(ds.question_file),
         dataset_sha256=ds.sha256,
-        lvx_version=lvx_app.__version__,
+        lvx_version=__version__,
         durations=list(durations) if durations else None,
         limit=ev.limit,
         shard=ev.shard,
@@ -163,5 +163,3 @@ def _answer_pending(
         close = getattr(session, "close", None)
         if callable(close):
             close()
-
-

@@ -32,7 +32,9 @@ class Command:
     def message(self, **kwargs: Any) -> tuple[str, dict[str, Any]]:
         """(name, arguments) to send, once the arguments are checked against the declared ones."""
         if set(kwargs) != set(self.args):
-            raise TypeError(f"engine command {self.name!r} takes {list(self.args)}, got {list(kwargs)}")
+            raise TypeError(
+                f"engine command {self.name!r} takes {list(self.args)}, got {list(kwargs)}"
+            )
         return self.name, kwargs
 
 
@@ -41,9 +43,7 @@ LOAD_VIDEO = Command(
 )
 ASK = Command("ask", RankSession.ask, ("question", "generation"), reply="pieces")
 RESET = Command("reset", RankSession.reset)
-STATS = Command(
-    "stats", RankSession.local_stats, gathered=True, finish=RankSession.summarize_stats
-)
+STATS = Command("stats", RankSession.local_stats, gathered=True, finish=RankSession.summarize_stats)
 SHUTDOWN = Command("shutdown", None)
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (LOAD_VIDEO, ASK, RESET, STATS, SHUTDOWN)}

@@ -98,7 +98,8 @@ class Engine:
 
 
 def _subtitles_for(path: str, video) -> tuple[list[Cue], str]:
-    """(cues, where they came from) as `--subtitles` auto|none|FILE finds them; notes as warnings."""
+    """(cues, where they came from) as `--subtitles` auto|none|FILE finds them; notes as
+    warnings."""
     try:
         track = resolve_subtitles(
             str(path), video.subtitles, video.subtitle_lang, video.subtitle_encoding

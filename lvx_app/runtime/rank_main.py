@@ -15,7 +15,8 @@ import sys
 from multiprocessing.connection import Client
 
 from lvx_app.config import Config, ConfigError
-from lvx_app.engine.session import Parallelize, RankSession, lv_xattn_parallelize
+from lvx_app.engine.parallelize import parallelize
+from lvx_app.engine.session import Parallelize, RankSession
 from lvx_app.parallel.group import init_distributed, run_rank
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
@@ -24,7 +25,7 @@ from lvx_app.runtime.socket_link import serve_link
 
 
 def join_group(
-    config: Config, parallelize: Parallelize = lv_xattn_parallelize
+    config: Config, parallelize: Parallelize = parallelize
 ) -> tuple[RankSession, ControlChannel]:
     """Join the group torchrun described and load this rank's session."""
     info = init_distributed(cuda=config.parallel.cuda, timeout_s=config.parallel.timeout_s)
@@ -32,7 +33,7 @@ def join_group(
     return RankSession(config, info, parallelize), channel
 
 
-def run_rank_session(config: Config, parallelize: Parallelize = lv_xattn_parallelize) -> None:
+def run_rank_session(config: Config, parallelize: Parallelize = parallelize) -> None:
     """This rank's part: rank 0 serves the frontend's link, the others follow its commands."""
     session, channel = join_group(config, parallelize)
     if session.info.rank != 0:
@@ -44,7 +45,7 @@ def run_rank_session(config: Config, parallelize: Parallelize = lv_xattn_paralle
     serve_link(GroupDriver(session, channel, config), conn)
 
 
-def main(argv: list[str] | None = None, parallelize: Parallelize = lv_xattn_parallelize) -> int:
+def main(argv: list[str] | None = None, parallelize: Parallelize = parallelize) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="the Config as JSON")
     args = parser.parse_args(argv)

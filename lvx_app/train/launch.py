@@ -1,9 +1,9 @@
 """Start a finetuning run: in this process for one rank, else a local torchrun group; checks that
 need no ranks come first, and the output folder is locked for the run's whole life.
 
-The group's launcher (`python -m lvx_app.parallel.torchrun`, torch's own minus its failure traceback)
-inherits the lock and dies with this process, its ranks with it. Several machines: run `lvx
-finetune` itself under your torchrun (`lvx_app.cli.finetune` notices and runs as one rank).
+The group's launcher (`python -m lvx_app.parallel.torchrun`, torch's own minus its failure
+traceback) inherits the lock and dies with this process, its ranks with it. Several machines: run
+`lvx finetune` itself under your torchrun (`lvx_app.cli.finetune` notices and runs as one rank).
 """
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ from lvx_app.config import Config, TrainConfig
 from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import rank_tokens
-from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.video.feature_cache import encoder_identity
 from lvx_app.video.ingest import Encoder, ingest
 from lvx_models.mplug_owl3.loader import load_model
@@ -231,7 +231,13 @@ class Trainer:
             video = replace(self.run.video, cache=True)
             layout = self.run.parallel.layout
             shard = ingest(
-                path, encoder, video, device=self.device, dtype=p.dtype, layout=layout, progress=False
+                path,
+                encoder,
+                video,
+                device=self.device,
+                dtype=p.dtype,
+                layout=layout,
+                progress=False,
             )
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))
@@ -257,7 +263,12 @@ class Trainer:
         # from here on every token sees every frame
         tail = int(starts[-1]) + 1 if starts.numel() else 0
         positions = rank_tokens(
-            tok.input_ids.numel(), starts, self.world, self.rank, self.run.parallel.layout, tail_from=tail
+            tok.input_ids.numel(),
+            starts,
+            self.world,
+            self.rank,
+            self.run.parallel.layout,
+            tail_from=tail,
         )
         ids = tok.input_ids[positions].to(self.device).view(1, -1)
         labels = tok.labels[positions].to(self.device)

@@ -44,7 +44,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: --config: {exc}", file=sys.stderr)
         return 2
     return run_rank(
-        lambda: train_as_rank(config), "lvx finetune", user_errors=user_errors(), finish_together=True
+        lambda: train_as_rank(config),
+        "lvx finetune",
+        user_errors=user_errors(),
+        finish_together=True,
     )
 
 

@@ -232,7 +232,7 @@ def _native_stderr_dropped() -> Iterator[None]:
 class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
-    def __init__(self, threads: int, image_size: int | None, fault: dict | None) -> None:
+    def __init__(self, threads: int, image_size: int | None) -> None:
         # only ever in a worker process: never in the engine (see the module docstring)
         import decord
 
@@ -243,7 +243,6 @@ class _Worker:
         self.decord = decord
         self.threads = threads
         self.image_size = image_size
-        self.fault = fault or {}
         self.path: str | None = None
         self.vr = None
         if image_size is not None:
@@ -290,12 +289,6 @@ class _Worker:
         return {"plan": plan.to_dict(), "height": int(first[0]), "width": int(first[1])}
 
     def decode(self, path: str, indices: list[int], mode: str) -> np.ndarray:
-        if self.fault.get(f"hang_{mode}") in indices:  # test hook: behave like decord#375
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            while True:
-                time.sleep(3600)
-        if self.fault.get(f"fail_{mode}") in indices:
-            raise RuntimeError("injected decode failure")
         vr = self.reader(path)
         if mode == "batch":
             frames = vr.get_batch(indices).asnumpy()
@@ -313,17 +306,18 @@ class _Worker:
         return resize_uint8(frames, self.image_size).numpy()
 
 
-def _worker_main(conn, threads: int, image_size: int | None, fault: dict | None) -> None:
+def _worker_main(conn, threads: int, image_size: int | None, worker_class: type[_Worker]) -> None:
     """Serve (req_id, op, kwargs) requests until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us
-    worker = _Worker(threads, image_size, fault)
+    worker = worker_class(threads, image_size)
+    ops = {"plan": worker.plan, "decode": worker.decode}
     while True:
         try:
             req_id, op, kwargs = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            result = getattr(worker, op)(**kwargs)
+            result = ops[op](**kwargs)
             conn.send((req_id, True, result))
         except VideoError as exc:
             conn.send((req_id, False, (type(exc).__name__, str(exc))))
@@ -359,11 +353,11 @@ def default_workers(local_world_size: int | None = None) -> int:
 
 
 class _Proc:
-    def __init__(self, ctx, threads: int, image_size: int | None, fault: dict | None) -> None:
+    def __init__(self, ctx, threads: int, image_size: int | None, worker_class: type) -> None:
         parent, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
-            args=(child, threads, image_size, fault),
+            args=(child, threads, image_size, worker_class),
             daemon=not mp.current_process().daemon,
             name="lvx-decode",
         )
@@ -393,7 +387,7 @@ class DecodePool:
         *,
         threads: int | None = None,
         image_size: int | None = None,
-        _fault: dict | None = None,
+        worker_class: type[_Worker] = _Worker,
     ) -> None:
         self.num_workers = max(1, int(workers or default_workers()))
         cores = (
@@ -403,7 +397,7 @@ class DecodePool:
         )
         self.threads = int(threads) if threads else max(1, min(4, cores // self.num_workers))
         self.image_size = image_size
-        self._fault = _fault
+        self.worker_class = worker_class  # what each worker process runs (tests pass faulty ones)
         self._ctx = _context()
         self._procs: list[_Proc | None] = [None] * self.num_workers
         self._ids = itertools.count()
@@ -418,7 +412,7 @@ class DecodePool:
         if p is None or not p.proc.is_alive():
             if p is not None:
                 p.kill()
-            p = self._procs[w] = _Proc(self._ctx, self.threads, self.image_size, self._fault)
+            p = self._procs[w] = _Proc(self._ctx, self.threads, self.image_size, self.worker_class)
         return p
 
     def _restart(self, w: int) -> _Proc:

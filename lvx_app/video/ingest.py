@@ -303,7 +303,9 @@ class _RankIngest:
                 video.decode_workers, threads=tuning.decode_threads, image_size=size
             )
         elif self.pool.image_size != size:
-            raise ValueError(f"the DecodePool resizes to {self.pool.image_size}, ingest wants {size}")
+            raise ValueError(
+                f"the DecodePool resizes to {self.pool.image_size}, ingest wants {size}"
+            )
         plan, _ = self.pool.plan(
             self.vpath,
             video.fps,

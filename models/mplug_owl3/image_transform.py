@@ -19,9 +19,8 @@ frames never go through PIL:
   clip differs by up to ~20 levels on noise, because PIL clips the overshoot after the first pass.)
 - Which Pillow: lvx follows Pillow <= 12 (horizontal pass first, a pass skipped when its side keeps
   its size), the library the official processor used in 2024, so the frames look like the ones the
-  weights were trained on. Pillow 13 changed the pass order when only the height shrinks (reported
-  in issue #13; not re-measured here, the venv has Pillow 12.3); lvx keeps the older order on
-  purpose, and a comparison against Pillow 13 may then differ by more than the 1-2 levels above on
+  weights were trained on. Pillow 13 is reported to change the pass order when only the height
+  shrinks (not measured against Pillow 13); lvx keeps the older order on purpose, and a comparison against Pillow 13 may then differ by more than the 1-2 levels above on
   such frames.
 """
 

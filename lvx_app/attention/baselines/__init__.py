@@ -1,7 +1,6 @@
-"""The baselines LV-XAttn is measured against (benchmarks and tests; the engine runs them only when
-a benchmark asks,
-`SessionConfig.attention`): Ring Attention (pass-KV) cross- and causal self-attention,
-DeepSpeed-Ulysses and all-gather cross-attention."""
+"""The baselines LV-XAttn is measured against, for benchmarks and tests (the product never runs
+them; scripts/baselines.py installs them in the engine): Ring Attention (pass-KV) cross- and causal
+self-attention, DeepSpeed-Ulysses and all-gather cross-attention."""
 
 from lvx_app.attention.baselines.allgather import allgather_xattn, allgather_xattn_with_lse
 from lvx_app.attention.baselines.ring import ring_self_attn, ring_xattn, ring_xattn_with_lse

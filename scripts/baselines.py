@@ -1,0 +1,82 @@
+"""The baselines LV-XAttn is compared with, installed in the real engine from outside.
+
+`ATTENTIONS` maps a benchmark's label to a `ShardedAttention` subclass: Ring Attention (pass-KV) and
+all-gather move the visual K/V instead of the queries. Every rank holds the whole text cache as with
+LV-XAttn (replicated after each sharded prefill), so the comparison is the cross-attention and a
+sharded prefill's text attention; a decoded token's agreement, which rides on LV-XAttn's decode
+combine, costs these baselines one small all-gather of its own.
+
+    engine = open_engine(config, entry=baseline_entry("Ring pass-KV"))   # a group of ranks
+    session = RankSession(config, info, baseline_parallelize("Ring pass-KV"))  # one rank, in tests
+
+Run as a script it is the rank entry point: `python scripts/baselines.py --attention LABEL
+--config JSON`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse  # noqa: E402
+from lvx_app.engine.parallelize import ShardedAttention, parallelize  # noqa: E402
+from lvx_app.runtime import rank_main  # noqa: E402
+
+
+class _KVMoving(ShardedAttention):
+    """A baseline: one K/V-moving function for sharded and replicated queries alike."""
+
+    fn = staticmethod(ring_xattn_with_lse)
+
+    def visual(self, q, k, v, q_vis, k_frame):
+        out = self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
+        rider = self.rider
+        if self.is_replicated and rider is not None and rider.received is None:
+            every = [torch.empty_like(rider.send) for _ in range(self.world)]
+            dist.all_gather(every, rider.send, group=self.group)
+            rider.received = torch.stack(every).to(torch.int64)
+        return out
+
+
+class RingPassKV(_KVMoving):
+    fn = staticmethod(ring_xattn_with_lse)
+
+
+class AllGatherKV(_KVMoving):
+    fn = staticmethod(allgather_xattn_with_lse)
+
+
+ATTENTIONS: dict[str, type[ShardedAttention] | None] = {
+    "LV-XAttn": None,  # the product's own
+    "Ring pass-KV": RingPassKV,
+    "all-gather K/V": AllGatherKV,
+}
+
+
+def baseline_parallelize(label: str):
+    """The `parallelize` that installs the attention `label` names."""
+    attention = ATTENTIONS[label]
+    return parallelize if attention is None else partial(parallelize, attention=attention)
+
+
+def baseline_entry(label: str) -> list[str]:
+    """What each rank runs (after `python`) for the attention `label` names."""
+    return [str(Path(__file__).resolve()), "--attention", label]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--attention", choices=list(ATTENTIONS), required=True)
+    args, rest = parser.parse_known_args(argv)
+    return rank_main.main(rest, parallelize=baseline_parallelize(args.attention))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
