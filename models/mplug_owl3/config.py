@@ -11,7 +11,7 @@ softmax;
 - `projector`: "linear" (`vision2text_model.{weight,bias}`) or "mlp" (`vision2text_model.{0,2}.*`).
 - `gate_form` (G1 only): "proj", the input-dependent `self_attn.gate_proj` of the official 7B-240728
 code, or
-  "channel", the constant per-channel `self_attn.gate` (most likely the 1B/2B-241014 code). `form`
+  "channel", the constant per-channel `self_attn.gate` (the 1B/2B-241014 code). `form`
   names the three checkpoint generations as one label: "g1-gateproj", "g1", "g2" (`lvx demo
   --generation`).
 
@@ -47,6 +47,11 @@ FORM_NOTES = {
 # The trained context of every released checkpoint; positions beyond it work (RoPE is computed on
 # the fly) but the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
+
+
+def form_of(generation: str, gate_form: str) -> str:
+    """The checkpoint generation label of a (generation, G1 gate form) pair (`FORMS` inverted)."""
+    return "g1-gateproj" if generation == "g1" and gate_form == "proj" else generation
 
 
 def split_form(form: str) -> tuple[Generation, GateForm]:
@@ -220,11 +225,7 @@ class Owl3Config:
     def form(self) -> str:
         """The checkpoint generation as one label: "g1-gateproj" (7B-240728), "g1" (241014) or "g2"
         (241101)."""
-        return (
-            "g1-gateproj"
-            if self.generation == "g1" and self.gate_form == "proj"
-            else self.generation
-        )
+        return form_of(self.generation, self.gate_form)
 
     @property
     def num_kv_groups(self) -> int:

@@ -14,8 +14,10 @@ its keys imply)
 - Facts the reference marks unverified are read, not assumed: hyper_layers and all sizes from
 config.json (§10.2),
   the `<|image|>` token count from the tokenizer (§10.3), the image size from
-  `vision_config.image_size` and the cut template from the checkpoint's own
-  `image_processing_mplugowl3.py` when present (§10.4; read as text, never executed).
+  `vision_config.image_size`, and the prompt rules (video span, cut beside videos, cut prompt) from
+  the checkpoint's own `processing_mplugowl3.py` / `image_processing_mplugowl3.py` when they state
+  them, else the published default of the weights' release (`prompt_rules.py`; read as text, never
+  executed).
 - Reads only the tensors a caller asks for (`parts=`) with `safe_open`, straight onto the target
 device and dtype.
 """
@@ -47,7 +49,8 @@ from .checkpoint import (
 )
 from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model
-from .processor import DEFAULT_CUT_TEMPLATE, Owl3Processor, detect_cut_template
+from .processor import Owl3Processor
+from .prompt_rules import PromptRules, differences, read_prompt_rules
 from .tokenizer import Owl3Tokenizer
 
 log = logging.getLogger(__name__)
@@ -71,8 +74,7 @@ class CheckpointInfo:
         str
     ]  # the keys the model loads (official minus unused vision keys, minus tied lm_head)
     ignored_keys: list[str]
-    cut_template: str
-    cut_template_source: str
+    prompt_rules: PromptRules  # video span, cut beside videos, cut prompt, and where each came from
     image_placeholder_len: int = 0  # how many BPE tokens "<|image|>" is (never hard-coded; §10.3)
     notes: list[str] = field(default_factory=list)
 
@@ -149,9 +151,8 @@ def inspect_checkpoint(
     notes: list[str] = []
     n_img = _check_tokenizer(d, cfg, notes)
     used, ignored = check_layout(d, cfg, shapes)
-    cut, cut_src = detect_cut_template(d, generation)
-    if cut != DEFAULT_CUT_TEMPLATE[generation]:
-        notes.append(f"cut template {cut} (from {cut_src}) differs from the {generation} default")
+    rules = read_prompt_rules(d, cfg.form)
+    notes.extend(differences(rules, cfg.form))
     return CheckpointInfo(
         path=d,
         config=cfg,
@@ -159,8 +160,7 @@ def inspect_checkpoint(
         shapes=shapes,
         used_keys=used,
         ignored_keys=ignored,
-        cut_template=cut,
-        cut_template_source=cut_src,
+        prompt_rules=rules,
         image_placeholder_len=n_img,
         notes=notes,
     )
