@@ -1,8 +1,10 @@
-"""Memory and time plan of mPLUG-Owl3-7B on an hour-long video, from the model's real shapes (every
-figure projected).
+"""Memory and time plan of a released mPLUG-Owl3 on an hour-long video, from the model's real
+shapes (every figure projected).
 
-    # the tables (memory per rank, largest video, times, 3-hour verdict)
+    # the tables (memory per rank, largest video, times, 3-hour verdict) for 7B-241101
     python scripts/plan_gpu.py
+    # the same for another release (the configs are lvx_models/mplug_owl3/published.py)
+    python scripts/plan_gpu.py --model mPLUG-Owl3-2B-241014
     # the formula against measured peak RSS on this CPU, small shapes
     python scripts/plan_gpu.py --check-rss
     python scripts/plan_gpu.py --json runs/plan.json
@@ -41,6 +43,7 @@ from lvx_app.engine.memory_plan import (  # noqa: E402
     time_plan,
 )
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
+from lvx_models.mplug_owl3.published import RELEASES  # noqa: E402
 
 GPU_BYTES = (
     78 * 2**30
@@ -273,6 +276,12 @@ def main() -> None:
         metavar=("FRAMES", "MODE", "ANSWER_TOKENS"),
         help=argparse.SUPPRESS,
     )
+    parser.add_argument(
+        "--model",
+        choices=list(RELEASES),
+        default="mPLUG-Owl3-7B-241101",
+        help="the released checkpoint to plan for",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)"
@@ -287,8 +296,8 @@ def main() -> None:
     def show(title: str, rows: list[dict]) -> None:
         print(_markdown(title, rows)) if args.markdown else console.print(_table(title, rows))
 
-    cfg = Owl3Config()  # mPLUG-Owl3-7B-241101
-    out = {"gpu_bytes": GPU_BYTES}
+    cfg = RELEASES[args.model]
+    out = {"model": args.model, "gpu_bytes": GPU_BYTES}
     if args.check_rss:
         out["rss_check"] = check_rss()
         show("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
@@ -298,10 +307,10 @@ def main() -> None:
         out["stages_60min"] = stage_rows(cfg, 60)
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
-        show("projected memory per rank, 7B bf16, 1 fps", out["memory"])
+        show(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
         show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
         show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
-        show("projected times, 60 min at 1 fps, H100", out["times_60min"])
+        show(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
         print(out["three_hours"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
