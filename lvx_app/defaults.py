@@ -36,7 +36,6 @@ def check_layout(layout: str) -> str:
     return layout
 
 
-
 # Saved visual K/V (lvx_app/engine/visual_kv.py): the first open of a video in kv mode "cache" times
 # the hyper layers' K/V projection and saves the K/V next to the features only when recomputing them
 # is clearly slower than reading them back. Reading back is estimated as bytes /

@@ -17,7 +17,7 @@ random visual
   small` runs the same path at small shapes so it can be exercised on a CPU.
 
     python scripts/bench_chat.py --out runs/bench_chat_cpu.json
-    python scripts/bench_chat.py --ranks 1 2 4 --plot docs/bench_chat_attention.png --out
+    python scripts/bench_chat.py --ranks 1 2 4 --plot runs/bench_chat_attention.png --out
     runs/bench_chat_attention.json
     python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out
     runs/bench_chat_h100.json # prefill per layout (lvx_app/parallel/layout.py)

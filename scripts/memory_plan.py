@@ -7,22 +7,19 @@ building
 the code as it stands allocates, named after where it is made:
 
 - weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and
-language model);
-- E: this rank's features (frames, 729, H) (`ingest`); kept only with `--recompute-kv`;
+  language model);
+- E: this rank's features (frames, 729, H) (`ingest`); kept only with `--kv-mode recompute`;
 - visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 *
-n_kv * d
-  values per visual token;
+  n_kv * d values per visual token;
 - its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm`
-in float32
-  (two float32 copies of the chunk), then the projection, then K's float32 rotation;
+  in float32 (two float32 copies of the chunk), then the projection, then K's float32 rotation;
 - text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question
-and its answer
-  usually fit without a copy; with several ranks it is replicated after the video prompt's sharded
-  prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the
-  local slice for a moment), so every rank holds the whole;
+  and its answer usually fit without a copy; with several ranks it is replicated after the video
+  prompt's sharded prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live
+  next to the local slice for a moment), so every rank holds the whole;
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in
-each hyper
-  layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles' band masks;
+  each hyper layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
+  band masks;
 - vision tower: `encode_images` runs 16 images at a time.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
@@ -71,9 +68,8 @@ class Workload:
     minutes: float
     fps: float = 1.0
     ranks: int = 1
-    kv_mode: str = (
-        "cache"  # cache (resident visual K/V) | recompute (--recompute-kv: keep E, recompute K/V)
-    )
+    # cache (resident visual K/V) | recompute (--kv-mode recompute: keep E, recompute K/V)
+    kv_mode: str = "cache"
     dtype_bytes: int = 2  # bf16 on GPU, 4 for the CPU's float32
     question_tokens: int = 24
     answer_tokens: int = 256
@@ -152,8 +148,7 @@ def _visual_kv_transient(
     cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
 ) -> int:
     """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
-    visual tokens
-    (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
+    visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
     h, kvw, kd = (
         cfg.hidden_size,
         2 * cfg.num_key_value_heads * cfg.head_dim,
@@ -170,9 +165,8 @@ def _visual_kv_transient(
 
 def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
     """(tokens each layer's text K/V buffer holds after the prompt, the question in one forward and
-    `answer` tokens
-    one at a time; the buffer's length before its last growth, or 0), as `_LayerKV` grows: to
-    `kv_capacity`."""
+    `answer` tokens one at a time; the buffer's length before its last growth, or 0), as `_LayerKV`
+    grows: to `kv_capacity`."""
     cap, before = kv_capacity(prompt), 0
     if prompt + question > cap:
         before, cap = cap, kv_capacity(prompt + question)
@@ -186,9 +180,8 @@ def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
 
     Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames
     some of its rows see and others do not (capped by the `keys` this rank holds), its rows those
-    that see at least one frame. Tiles
-    are cut as `masks.tile_plans` cuts them: after MIN_TILE tokens where the frames seen change, at
-    most Q_TILE."""
+    that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after MIN_TILE
+    tokens where the frames seen change, at most Q_TILE."""
     p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
 
     def q_vis(t: int) -> int:
@@ -220,8 +213,8 @@ def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: 
 
     It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is
     split, merges the parts into float32 accumulators. Tiles are planned as they run, so at most two
-    bool band masks live together
-    (a tile's and the next one's); the running band adds its additive bias and negated mask."""
+    bool band masks live together (a tile's and the next one's); the running band adds its additive
+    bias and negated mask."""
     q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
     if not masked:
         return 2 * q_bytes * b  # the packed copy and the output
@@ -348,8 +341,7 @@ def time_plan(
     # long: one line per stage, in the order they run
     """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split
     evenly over the ranks, the weights are not: every forward reads all of them on every rank).
-    Matmul, attention and memory times add up
-    (no overlap assumed); communication is not counted."""
+    Matmul, attention and memory times add up (no overlap assumed); communication is not counted."""
     cfg, b, n = config, work.dtype_bytes, work.ranks
     counts = counts or param_counts(cfg)
     v, t = cfg.vision, cfg.vision.num_patches

@@ -1,15 +1,15 @@
-"""Memory and time plan of mPLUG-Owl3-7B on an hour-long video, from the model's real shapes (every
-figure projected).
+"""Memory and time plan of a released mPLUG-Owl3 on an hour-long video, from the model's real shapes
+(every figure projected).
 
-    # the tables (memory per rank, largest video, times, 3-hour verdict)
-    python scripts/plan_gpu.py
-    # the formula against measured peak RSS on this CPU, small shapes
-    python scripts/plan_gpu.py --check-rss
-    python scripts/plan_gpu.py --json runs/plan.json
+    # the tables (memory per rank, largest video, times, 3-hour verdict) for 7B-241101 python
+    scripts/plan_gpu.py # the same for another release (the configs are
+    lvx_models/mplug_owl3/published.py) python scripts/plan_gpu.py --model mPLUG-Owl3-2B-241014 #
+    the formula against measured peak RSS on this CPU, small shapes python scripts/plan_gpu.py
+    --check-rss python scripts/plan_gpu.py --json runs/plan.json
 
-The formula is `scripts/memory_plan.py`; `--check-rss` runs the model code the engine runs on
-one rank (random weights, float32, random features) in a subprocess per case and compares its peak
-RSS growth with the plan.
+The formula is `scripts/memory_plan.py`; `--check-rss` runs the model code the engine runs on one
+rank (random weights, float32, random features) in a subprocess per case and compares its peak RSS
+growth with the plan.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from memory_plan import (  # noqa: E402
 )
 
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
+from lvx_models.mplug_owl3.published import RELEASES  # noqa: E402
 
 # what one H100 "80 GB" shows to torch (about 78 GiB)
 GPU_BYTES = 78 * 2**30
@@ -88,9 +89,8 @@ def _anon_now() -> int:
 
 def _anon_peak() -> int:
     """Peak resident memory less the file-backed pages (library code) resident now: under memory
-    pressure the kernel
-    evicts torch's library pages and faults them back in, which would count as growth in a plain RSS
-    difference."""
+    pressure the kernel evicts torch's library pages and faults them back in, which would count as
+    growth in a plain RSS difference."""
     return _status_bytes("VmHWM") - _status_bytes("RssFile")
 
 
@@ -131,8 +131,7 @@ def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
 
 def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
     """Measure each case in its own process and put the plan's prediction beside it (encode is not
-    run: the
-    features are random, so the plan's peak over the other stages is compared)."""
+    run: the features are random, so the plan's peak over the other stages is compared)."""
     cfg = small_config()
     counts = param_counts(cfg)
     # glibc returns a freed block to the OS only if it was mmapped; a fixed threshold keeps its
@@ -233,8 +232,8 @@ def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
 
 
 def three_hours(cfg: Owl3Config) -> str:
-    """Whether 3 h at 1 fps fits one GPU with --recompute-kv, and the recommendation (the plan's own
-    numbers)."""
+    """Whether 3 h at 1 fps fits one GPU with --kv-mode recompute, and the recommendation (the
+    plan's own numbers)."""
     work = Workload(minutes=180, kv_mode="recompute")
     plan = memory_plan(cfg, work)
     tokens = work.frames * cfg.vision.num_patches
@@ -244,7 +243,7 @@ def three_hours(cfg: Owl3Config) -> str:
     kv_layer = tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 / GB
     masks = live_band_masks(band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
-        f"3 h at 1 fps with --recompute-kv on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} "
+        f"3 h at 1 fps with --kv-mode recompute on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} "
         "(projected): E alone is "
         f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and "
         "every forward recomputes "
@@ -273,6 +272,12 @@ def main() -> None:
         metavar=("FRAMES", "MODE", "ANSWER_TOKENS"),
         help=argparse.SUPPRESS,
     )
+    parser.add_argument(
+        "--model",
+        choices=list(RELEASES),
+        default="mPLUG-Owl3-7B-241101",
+        help="the released checkpoint to plan for",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)"
@@ -287,8 +292,8 @@ def main() -> None:
     def show(title: str, rows: list[dict]) -> None:
         print(_markdown(title, rows)) if args.markdown else console.print(_table(title, rows))
 
-    cfg = Owl3Config()  # mPLUG-Owl3-7B-241101
-    out = {"gpu_bytes": GPU_BYTES}
+    cfg = RELEASES[args.model]
+    out = {"model": args.model, "gpu_bytes": GPU_BYTES}
     if args.check_rss:
         out["rss_check"] = check_rss()
         show("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
@@ -298,10 +303,10 @@ def main() -> None:
         out["stages_60min"] = stage_rows(cfg, 60)
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
-        show("projected memory per rank, 7B bf16, 1 fps", out["memory"])
+        show(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
         show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
         show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
-        show("projected times, 60 min at 1 fps, H100", out["times_60min"])
+        show(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
         print(out["three_hours"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,84 @@ def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
     assert bad.exit_code == 1 and "no config.json" in bad.output and "Traceback" not in bad.output
 
 
+def test_info_model_names_the_prompt_rules_and_where_they_came_from(tiny_checkpoints, tmp_path):
+    import shutil
+
+    from lvx_app.cli.info import checkpoint_rows
+
+    rows = checkpoint_rows(tiny_checkpoints["g1"])
+    assert rows["video prompt"] == (
+        "<|start_video_frame|> + <|image|> per frame + <|end_video_frame|> "
+        "(processing_mplugowl3.py)"
+    )
+    assert rows["images beside a video"] == "cut as asked (processing_mplugowl3.py)"
+    assert rows["cut prompt"] == "v3_global (image_processing_mplugowl3.py)"
+    assert rows["published as"].startswith("no published mPLUG-Owl3 checkpoint")
+    bare = tmp_path / "no-processor-files"
+    shutil.copytree(tiny_checkpoints["g1-gateproj"], bare)
+    for name in ("processing_mplugowl3.py", "image_processing_mplugowl3.py"):
+        (bare / name).unlink()
+    rows = checkpoint_rows(str(bare))
+    assert rows["video prompt"] == "<|image|> per frame, no span (published default of 7B-240728)"
+    assert rows["images beside a video"].startswith("never cut")
+    assert rows["cut prompt"] == "v2_global (published default of 7B-240728)"
+    result = CliRunner().invoke(app, ["info", "--model", str(bare)])
+    assert result.exit_code == 0 and "published default of" in result.output, result.output
+
+
+# config.json of mPLUG/mPLUG-Owl3-2B-241014 (reference mplug_owl3.md §10.2)
+CONFIG_2B_241014 = {
+    "architectures": ["mPLUGOwl3Model"],
+    "hidden_act": "silu",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "max_position_embeddings": 32768,
+    "model_type": "mplugowl3",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151851,
+    "hyper_layers": [7, 15, 23, 26],
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 384,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+    },
+}
+
+
+def test_info_recognizes_the_2b_241014_checkpoint(tiny_checkpoints, monkeypatch):
+    """The weights' form (constant gate, linear projector) and config.json name the release."""
+    import dataclasses
+
+    from lvx_app.cli.info import checkpoint_rows
+    from lvx_models.mplug_owl3 import loader
+    from lvx_models.mplug_owl3.config import Owl3Config
+    from lvx_models.mplug_owl3.published import RELEASES, recognize
+
+    keys = {"generation": "g1", "projector": "linear", "gate_form": "channel"}
+    cfg = Owl3Config.from_dict(CONFIG_2B_241014, **keys)
+    assert recognize(cfg) == "mPLUG-Owl3-2B-241014"
+    assert recognize(dataclasses.replace(cfg, gate_form="proj")) is None  # not how 2B was published
+    assert recognize(dataclasses.replace(cfg, hyper_layers=[6, 13, 20, 22])) is None
+    assert [recognize(c) for c in RELEASES.values()] == list(RELEASES)
+    real = loader.inspect_checkpoint  # the tiny g1 checkpoint, with the 2B config in its place
+    monkeypatch.setattr(
+        loader, "inspect_checkpoint", lambda model: dataclasses.replace(real(model), config=cfg)
+    )
+    rows = checkpoint_rows(tiny_checkpoints["g1"])
+    assert rows["published as"] == "this looks like mPLUG-Owl3-2B-241014"
+    assert rows["sizes"].startswith("hidden 1536, 28 layers, 12 heads / 2 kv heads")
+
+
 def test_lvx_warnings_are_one_line_and_others_keep_their_format(capsys):
     import warnings
     from pathlib import Path

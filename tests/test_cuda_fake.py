@@ -25,7 +25,7 @@ correctly;
   `tests/test_cuda_adapters_cpu.py`);
 - flash-attn (`flash_attn_func`, `_flash_attn_backward`): a separate CUDA package, not installable
 on CPU;
-- the stream overlap in `lvx_app/parallel/ring.py` and NCCL: `torch.cuda.Stream` needs a real
+- the stream overlap in `lvx_app/parallel/ring_comm.py` and NCCL: `torch.cuda.Stream` needs a real
 device.
 """
 

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from lvx_models.mplug_owl3 import loader
 from lvx_models.mplug_owl3.checkpoint import CheckpointError, detect_architecture, detect_gate_form
 from lvx_models.mplug_owl3.loader import PartNotLoadedError, inspect_checkpoint, load_model
+from lvx_models.mplug_owl3.prompt_rules import published_rules
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 # a hyper layer of the tiny G2 checkpoint (hyper_layers [2, 4])
@@ -147,17 +148,28 @@ def test_unused_vision_keys_are_optional_and_tied_head_ignored(base, tmp_path):
 
 
 def test_cut_template_read_from_the_checkpoint(base, tmp_path):
-    d = tmp_path / "g1"
-    shutil.copytree(base["g1"], d)
+    d = tmp_path / "g1-gateproj"
+    shutil.copytree(base["g1-gateproj"], d)  # a 240728-form checkpoint: v2_global by default
     (d / "image_processing_mplugowl3.py").write_text(
         'class CutMixin:\n    def __init__(self, cut_cfg={"anchors": "grid_squ_6", '
         '"anchor_strategy": "docowl", '
         '"cut_prompt": "v3", "add_global": True, "cut_prob": 1.0}):\n        pass\n'
     )
     info = inspect_checkpoint(d)
-    assert info.cut_template == "v3_global" and info.notes
+    assert info.prompt_rules.cut_template == "v3_global"
+    assert info.notes == [
+        "cut prompt: v3_global (image_processing_mplugowl3.py), not the 7B-240728 default"
+    ]
     _, _, proc = load_model(d)
-    assert proc.cut_template == "v3_global"
+    assert proc.cut_template == "v3_global" and proc.rules == info.prompt_rules
+
+
+def test_prompt_rules_follow_the_weights_form(base):
+    for form in ("g1-gateproj", "g1", "g2"):
+        info = inspect_checkpoint(base[form])
+        assert info.prompt_rules == published_rules(form) and info.notes == []
+        _, _, proc = load_model(base[form], parts=("lm",))
+        assert proc.rules == info.prompt_rules and proc.form == form
 
 
 # ---- hub ids

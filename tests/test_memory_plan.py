@@ -1,7 +1,7 @@
-"""The memory and time plan (scripts/memory_plan.py): parameter counts from the meta device
-equal a real model's, the terms scale as the tensors they name, the largest-video search is tight,
-and the formula agrees with
-the measured peak RSS of the model code on this CPU within 15% (scripts/plan_gpu.py --check-rss)."""
+"""The memory and time plan (scripts/memory_plan.py): parameter counts from the meta device equal a
+real model's, the terms scale as the tensors they name, the largest-video search is tight, and the
+formula agrees with the measured peak RSS of the model code on this CPU within 15%
+(scripts/plan_gpu.py --check-rss)."""
 
 from __future__ import annotations
 
@@ -107,8 +107,7 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     monkeypatch, prompt, question, answer, room
 ) -> None:
     """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then
-    one token at a
-    time ends with the buffer the plan names (with the growth before it)."""
+    one token at a time ends with the buffer the plan names (with the growth before it)."""
     import torch
     from memory_plan import _text_buffer
 

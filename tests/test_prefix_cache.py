@@ -117,6 +117,40 @@ def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monke
     assert not (tmp_path / "default").exists()
 
 
+def test_a_changed_video_prompt_misses_the_saved_one(
+    tiny_checkpoints, short_video, tmp_path, monkeypatch
+):
+    """The same video, checkpoint files and features, but the video prompt written another way (the
+    bare frames lvx once wrote for 241014, now in its span): the old saved prompt is never read for
+    the new one; it is prefilled again and answers as a fresh prefill does."""
+    from lvx_models.mplug_owl3.processor import Owl3Processor
+
+    info = init_distributed(cuda=False)
+    config = Config.from_options(
+        model=tiny_checkpoints["g1"], cache_dir=str(tmp_path / "cache"), decode_workers=1
+    )
+    from_checkpoint = Owl3Processor.from_checkpoint.__func__
+
+    def bare_frames(cls, checkpoint):
+        processor = from_checkpoint(cls, checkpoint)
+        processor.rules = dataclasses.replace(processor.rules, video_span=False)
+        return processor
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Owl3Processor, "from_checkpoint", classmethod(bare_frames))
+        old = RankSession(config, info)
+        assert old.processor.rules.video_span is False
+        assert _open_and_ask(old, short_video)[0] is False  # prefilled and saved
+    span = RankSession(config, info)
+    assert span.processor.rules.video_span is True
+    restored, tokens, kv = _open_and_ask(span, short_video)
+    no_cache = dataclasses.replace(config, video=dataclasses.replace(config.video, cache=False))
+    fresh = _open_and_ask(RankSession(no_cache, info), short_video)
+    assert restored is False and tokens == fresh[1] and kv == fresh[2]
+    assert len(PrefixCache(tmp_path / "cache").entries()) == 2, "each prompt has its own entry"
+    assert _open_and_ask(RankSession(config, info), short_video)[0] is True  # its own entry is read
+
+
 # ---- the store: keys, damage, world size
 # --------------------------------------------------------------------------------------------------
 def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:

@@ -1,27 +1,50 @@
-"""Processor: ChatML template, placeholders, media_starts / media_offset per generation, cut logic,
-the one image
-transform (vs PIL bicubic), tokenizer streaming."""
+"""Processor: ChatML template, placeholders, media_starts / media_offset per generation, the prompt
+rules of each release (video span, cut beside videos, cut prompt) and where they are read from, cut
+logic, the one image transform (vs PIL bicubic), tokenizer streaming."""
+
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from lvx_models.mplug_owl3.checkpoint import CheckpointError
 from lvx_models.mplug_owl3.image_transform import _resize_two_pass, resize_uint8, to_pixel_values
-from lvx_models.mplug_owl3.processor import GRID_SQU_6, NO_MEDIA, Owl3Processor, select_cut_grid
-from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3.processor import (
+    CUT_PROMPTS,
+    GRID_SQU_6,
+    NO_MEDIA,
+    Owl3Processor,
+    select_cut_grid,
+)
+from lvx_models.mplug_owl3.prompt_rules import (
+    CUT_TEMPLATES,
+    IMAGE_PROCESSING_FILE,
+    PROCESSING_FILE,
+    cut_beside_video_in,
+    cut_template_in,
+    published_rules,
+    read_prompt_rules,
+    video_span_in,
+)
+from lvx_models.mplug_owl3.tiny import processor_files, write_tiny_checkpoint
 
 PIL = pytest.importorskip("PIL.Image")
 
 SYS = "<|im_start|>system\n<|im_end|>"
 ASSISTANT = "\n<|im_start|>assistant\n"
+FORMS = ("g1-gateproj", "g1", "g2")  # as published: 7B-240728, 1B/2B-241014, 7B-241101
 
 
 @pytest.fixture(scope="module")
-def procs(tmp_path_factory):
+def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_proc")
-    return {
-        g: Owl3Processor.from_pretrained(write_tiny_checkpoint(root / g, g)) for g in ("g1", "g2")
-    }
+    return {g: write_tiny_checkpoint(root / g, g) for g in FORMS}
+
+
+@pytest.fixture(scope="module")
+def procs(ckpts):
+    return {g: Owl3Processor.from_pretrained(d) for g, d in ckpts.items()}
 
 
 def rand_img(h, w, seed=0):
@@ -94,7 +117,7 @@ def test_placeholder_is_its_own_chunk(procs):
 
 # ---- video
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("g", ["g1", "g2"])
+@pytest.mark.parametrize("g", FORMS)
 def test_video_placeholders_and_media_offset(procs, g):
     p = procs[g]
     frames = np.stack([rand_img(24, 40, s) for s in range(5)])
@@ -102,7 +125,7 @@ def test_video_placeholders_and_media_offset(procs, g):
         [{"role": "user", "content": "<|video|>\nWhat happens?"}], videos=[frames]
     )
     body = "<|image|>" * 5
-    if g == "g2":
+    if g != "g1-gateproj":
         body = f"<|start_video_frame|>{body}<|end_video_frame|>"
     assert pi.text == f"{SYS}\n<|im_start|>user\n{body}\nWhat happens?<|im_end|>{ASSISTANT}"
     ids = pi.input_ids.tolist()
@@ -112,7 +135,7 @@ def test_video_placeholders_and_media_offset(procs, g):
     assert torch.equal(pi.pixel_values, to_pixel_values(frames, p.image_size))
     assert pi.pixel_values.shape == (5, 3, p.image_size, p.image_size)
     mo = pi.media_offset()
-    if g == "g2":
+    if p.generation == "g2":
         assert mo[0].tolist() == pi.media_starts
     else:  # [0, #{j : t > start_j}]
         want = [sum(t > s for s in pi.media_starts) for t in range(len(ids))]
@@ -169,7 +192,7 @@ def test_cut_grid_rule():
     assert select_cut_grid(100, 1000, s) == (1, 4) and select_cut_grid(1000, 100, s) == (4, 1)
 
 
-@pytest.mark.parametrize("g", ["g1", "g2"])
+@pytest.mark.parametrize("g", FORMS)
 def test_cut_image_prompt_and_pixels(procs, g):
     p = procs[g]
     S = p.image_size
@@ -177,12 +200,12 @@ def test_cut_image_prompt_and_pixels(procs, g):
     pi = p.build_chat_prompt([{"role": "user", "content": "<|image|>Describe."}], images=[img])
     (item,) = pi.media
     assert item.cut == (1, 3) == select_cut_grid(40, 90, S) and item.num_placeholders == 4
-    if g == "g1":
+    if g == "g1-gateproj":  # 240728: v2_global
         cut = (
             "Cut to 1 rows 3 columns with a global view\nsubimg(0,0)<|image|> subimg(0,1)<|image|> "
             "subimg(0,2)<|image|>\nglobal_view<|image|>"
         )
-    else:
+    else:  # 241014 and 241101: v3_global
         cut = "<|start_cut|>1*3\n<|image|> <|image|> <|image|>\n<|image|><|end_cut|>"
     assert pi.text == f"{SYS}\n<|im_start|>user\n{cut}Describe.<|im_end|>{ASSISTANT}"
     assert pi.num_placeholders == 4
@@ -193,7 +216,7 @@ def test_cut_image_prompt_and_pixels(procs, g):
 
 
 def test_each_image_uses_its_own_grid(procs):
-    p = procs["g1"]  # the 240728 processor reads the wrong grid after the first image; we do not
+    p = procs["g1-gateproj"]  # the 240728 processor reads the wrong grid after the first image
     pi = p.build_chat_prompt(
         [{"role": "user", "content": "<|image|><|image|>"}],
         images=[rand_img(40, 90), rand_img(90, 40)],
@@ -203,11 +226,102 @@ def test_each_image_uses_its_own_grid(procs):
     assert pi.num_placeholders == 8 and pi.pixel_values.shape[0] == 8
 
 
-def test_g1_videos_disable_cut_like_official(procs):
-    pi = procs["g1"].build_chat_prompt(
+# ---- the prompt rules of each release
+# --------------------------------------------------------------------------------------------------
+def video_ids(p, span: bool, question: str = "What happens?") -> tuple[str, list[int], list[int]]:
+    """(text, ids, media_starts) of a 3-frame video prompt, built here chunk by chunk."""
+    head = "\n<|im_start|>user\n" + ("<|start_video_frame|>" if span else "")
+    tail = ("<|end_video_frame|>" if span else "") + f"\n{question}<|im_end|>"
+    ids, starts = enc(p, SYS, head), []
+    for _ in range(3):
+        starts.append(len(ids))
+        ids += enc(p, "<|image|>")
+    ids += enc(p, tail, ASSISTANT)
+    return f"{SYS}{head}{'<|image|>' * 3}{tail}{ASSISTANT}", ids, starts
+
+
+@pytest.mark.parametrize("g, span", [("g1-gateproj", False), ("g1", True), ("g2", True)])
+def test_three_frame_video_prompt_per_release(procs, g, span):
+    p = procs[g]
+    pi = p.build_chat_prompt([{"role": "user", "content": "<|video|>\nWhat happens?"}], videos=[3])
+    text, ids, starts = video_ids(p, span)
+    assert pi.text == text and pi.input_ids.tolist() == ids and pi.media_starts == starts
+    if span:
+        assert "<|start_video_frame|><|image|><|image|><|image|><|end_video_frame|>" in pi.text
+    else:
+        assert "<|start_video_frame|>" not in pi.text and "<|image|>" * 3 + "\n" in pi.text
+
+
+@pytest.mark.parametrize("g, cut", [("g1-gateproj", False), ("g1", True), ("g2", True)])
+def test_image_beside_a_video_is_cut_as_the_release_did(procs, g, cut):
+    p = procs[g]
+    pi = p.build_chat_prompt(
         [{"role": "user", "content": "<|video|><|image|>"}], videos=[2], images=[rand_img(40, 90)]
     )
-    assert pi.media[1].cut is None and pi.num_placeholders == 3
+    assert pi.media[1].cut == ((1, 3) if cut else None)
+    assert pi.num_placeholders == 2 + (4 if cut else 1)
+    alone = p.build_chat_prompt(
+        [{"role": "user", "content": "<|image|>"}], images=[rand_img(40, 90)]
+    )
+    assert alone.media[0].cut == (1, 3), "without a video every release cuts"
+    asked = p.build_chat_prompt(
+        [{"role": "user", "content": "<|video|><|image|>"}],
+        videos=[2],
+        images=[rand_img(40, 90)],
+        cut=False,
+    )
+    assert asked.media[1].cut is None, "cut=False is always obeyed"
+
+
+def test_processor_files_win_over_the_published_default(ckpts, tmp_path):
+    d = tmp_path / "g1"
+    shutil.copytree(ckpts["g1"], d)
+    assert Owl3Processor.from_pretrained(d).rules == published_rules("g1")
+    for name, text in processor_files(published_rules("g1-gateproj")).items():
+        (d / name).write_text(text)  # a 241014-form checkpoint whose files state 240728's rules
+    p = Owl3Processor.from_pretrained(d)
+    assert (p.rules.video_span, p.rules.cut_beside_video, p.cut_template) == (
+        False,
+        False,
+        "v2_global",
+    )
+    assert p.rules.sources["video_span"] == PROCESSING_FILE
+    assert p.rules.sources["cut_template"] == IMAGE_PROCESSING_FILE
+    pi = p.build_chat_prompt([{"role": "user", "content": "<|video|>\nWhat happens?"}], videos=[3])
+    assert pi.input_ids.tolist() == video_ids(p, span=False)[1]
+    (d / PROCESSING_FILE).unlink()
+    (d / IMAGE_PROCESSING_FILE).unlink()
+    bare = read_prompt_rules(d, "g1")
+    assert bare == published_rules("g1")
+    assert set(bare.sources.values()) == {"published default of 1B/2B-241014"}
+
+
+def test_processor_text_is_read_as_the_official_files_state_it():
+    # the 240728 form: cut off by a statement when videos are present, frames written bare
+    old = (
+        "    if videos:\n        cut_enable = False  # no cut with videos\n"
+        "        text = content.split('<|video|>')\n"
+        "    out = self.image_processor(images, cut_enable=cut_enable)\n"
+    )
+    assert video_span_in(old) is False and cut_beside_video_in(old) is False
+    # the 241014 / 241101 form: every video entry marks the span; each image gets the call's cut
+    new = (
+        "    media = [{'type': 'video', 'content': v, 'use_video_span': True} for v in videos]\n"
+        "    out = self.image_processor([image], cut_enable=cut_enable)\n"
+        "    frames = self.image_processor(video,\n        cut_enable=False)['pixel_values']\n"
+    )
+    assert video_span_in(new) is True and cut_beside_video_in(new) is True
+    silent = "def helper():\n    return 1\n"
+    assert video_span_in(silent) is None and cut_beside_video_in(silent) is None
+    cfg = '{"anchors": "grid_squ_6", "cut_prompt": "%s", "add_global": %s}'
+    assert cut_template_in(cfg % ("v2", "True")) == "v2_global"
+    assert cut_template_in(cfg % ("v3", "True")) == "v3_global"
+    assert cut_template_in(silent) is None
+    with pytest.raises(CheckpointError, match="only v2_global, v3_global"):
+        cut_template_in(cfg % ("v3", "False"))
+    with pytest.raises(CheckpointError, match="anchors 'grid_33'"):
+        cut_template_in(cfg.replace("grid_squ_6", "grid_33") % ("v3", "True"))
+    assert set(CUT_PROMPTS) == set(CUT_TEMPLATES)
 
 
 def test_media_count_errors(procs):

@@ -1,6 +1,5 @@
 """Tiny checkpoints: the official file layout for both generations, loaded back through the public
-loader, and a
-forward + short generation on them."""
+loader, and a forward + short generation on them."""
 
 import importlib.util
 import json
@@ -14,6 +13,12 @@ from test_generation_cache import generate
 
 from lvx_models.mplug_owl3.checkpoint import official_shapes
 from lvx_models.mplug_owl3.loader import load_model
+from lvx_models.mplug_owl3.prompt_rules import (
+    IMAGE_PROCESSING_FILE,
+    PROCESSING_FILE,
+    published_rules,
+    read_prompt_rules,
+)
 from lvx_models.mplug_owl3.tiny import MARKERS, SPECIALS, write_tiny_checkpoint
 
 # config.json of mPLUG/mPLUG-Owl3-7B-241101 (reference §4): the tiny one must have the same keys and
@@ -80,11 +85,29 @@ def test_files_and_config_layout(ckpts, g):
         "vocab.json",
         "merges.txt",
         "generation_config.json",
+        "processing_mplugowl3.py",
+        "image_processing_mplugowl3.py",
     } <= names
     raw = json.loads((d / "config.json").read_text())
     assert set(raw) == OFFICIAL_TOP_KEYS and set(raw["vision_config"]) == OFFICIAL_VISION_KEYS
     assert raw["model_type"] == "mplugowl3" and raw["architectures"] == ["mPLUGOwl3Model"]
     assert all(1 <= x <= raw["num_hidden_layers"] for x in raw["hyper_layers"])  # 1-based
+
+
+@pytest.mark.parametrize("g", ["g1-gateproj", "g1", "g2"])
+def test_processor_files_state_the_release_prompt_rules(ckpts, g):
+    """g1's files carry the 241014 rules (video span, cut beside videos, v3_global), read from the
+    files themselves, not from the published default."""
+    rules = read_prompt_rules(ckpts[g], g)
+    assert rules == published_rules(g)
+    assert set(rules.sources.values()) == {PROCESSING_FILE, IMAGE_PROCESSING_FILE}
+    if g == "g1":
+        assert (rules.video_span, rules.cut_beside_video, rules.cut_template) == (
+            True,
+            True,
+            "v3_global",
+        )
+    assert load_model(ckpts[g], parts=("lm",)).processor.rules == rules
 
 
 @pytest.mark.parametrize("g", ["g1-gateproj", "g1", "g2"])

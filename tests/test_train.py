@@ -193,11 +193,17 @@ def test_recompute_keeps_no_visual_kv_and_checkpointing_runs_attention_once(tiny
     assert calls_plain == calls_rec == calls_lm == layers + hyper
 
 
-def test_tokenize_puts_loss_on_answers_only(tiny_checkpoints):
+@pytest.mark.parametrize("form", ["g1-gateproj", "g1", "g2"])
+def test_tokenize_puts_loss_on_answers_only(tiny_checkpoints, form):
     from lvx_models.mplug_owl3.processor import Owl3Processor
 
-    proc = Owl3Processor.from_pretrained(tiny_checkpoints["g2"])
+    proc = Owl3Processor.from_pretrained(tiny_checkpoints[form])
     tok = tokenize(proc, MESSAGES, 3)
+    chat = proc.build_chat_prompt(MESSAGES[:1], videos=[3])  # the video prompt chat would ask
+    video_turn = chat.input_ids[: chat.media_starts[-1] + chat.placeholder_len]
+    assert torch.equal(tok.input_ids[: len(video_turn)], video_turn)
+    text = proc.decode(tok.input_ids, skip_special_tokens=False)
+    assert ("<|start_video_frame|>" in text) == proc.rules.video_span == (form != "g1-gateproj")
     targets = [int(x) for x in tok.labels if x != IGNORE]
     expected = (
         proc.encode("red and blue<|im_end|>")

@@ -1,6 +1,5 @@
 """`lvx info`: what this install can use, in one table; with `--model`, what a checkpoint is (from
-its config.json
-and safetensors headers, no weights read)."""
+its config.json and safetensors headers, no weights read)."""
 
 from __future__ import annotations
 
@@ -51,21 +50,27 @@ def collect_info() -> dict[str, str]:
 
 
 def checkpoint_rows(model: str) -> dict[str, str]:
-    """Generation, gate form, projector and sizes of a checkpoint directory or hub id (raises
-    CheckpointError)."""
+    """Generation, gate form, projector, sizes, the release it matches and its prompt rules (with
+    where each came from) of a checkpoint directory or hub id (raises CheckpointError)."""
     from lvx_models.mplug_owl3.config import FORM_NOTES
     from lvx_models.mplug_owl3.loader import inspect_checkpoint
+    from lvx_models.mplug_owl3.published import recognize
 
     info = inspect_checkpoint(model)
     cfg = info.config
+    release = recognize(cfg)
     return {
         "model": str(info.path),
+        "published as": f"this looks like {release}"
+        if release
+        else "no published mPLUG-Owl3 checkpoint has these sizes and weight form",
         "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
         "projector": cfg.projector,
         "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
         "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
         f"{cfg.num_attention_heads} heads / "
         f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
+        **info.prompt_rules.describe(),
         **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
     }
 

@@ -157,8 +157,8 @@ def official_shapes(cfg: Owl3Config, *, include_unused: bool = True) -> dict[str
     return s
 
 
-# the files we read from a hub repo (the official *.py are fetched as text for the cut-template
-# check only)
+# the files we read from a hub repo (the official processor *.py are fetched as text, for the prompt
+# rules only; never run)
 HUB_FILES = [
     "config.json",
     "*.safetensors",
@@ -168,6 +168,7 @@ HUB_FILES = [
     "vocab.json",
     "merges.txt",
     "generation_config.json",
+    "processing_mplugowl3.py",
     "image_processing_mplugowl3.py",
 ]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

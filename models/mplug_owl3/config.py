@@ -6,12 +6,10 @@ architecture generation the weights are, nor which projector they use; the loade
 the safetensors keys and passes it in:
 
 - `generation`: "g1" (separate cross-attention + sigmoid gate; 7B-240728, 241014) or "g2" (one fused
-softmax;
-  7B-241101).
+  softmax; 7B-241101).
 - `projector`: "linear" (`vision2text_model.{weight,bias}`) or "mlp" (`vision2text_model.{0,2}.*`).
 - `gate_form` (G1 only): "proj", the input-dependent `self_attn.gate_proj` of the official 7B-240728
-code, or
-  "channel", the constant per-channel `self_attn.gate` (most likely the 1B/2B-241014 code). `form`
+  code, or "channel", the constant per-channel `self_attn.gate` (the 1B/2B-241014 code). `form`
   names the three checkpoint generations as one label: "g1-gateproj", "g1", "g2" (`lvx demo
   --generation`).
 
@@ -47,6 +45,11 @@ FORM_NOTES = {
 # The trained context of every released checkpoint; positions beyond it work (RoPE is computed on
 # the fly) but the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
+
+
+def form_of(generation: str, gate_form: str) -> str:
+    """The checkpoint generation label of a (generation, G1 gate form) pair (`FORMS` inverted)."""
+    return "g1-gateproj" if generation == "g1" and gate_form == "proj" else generation
 
 
 def split_form(form: str) -> tuple[Generation, GateForm]:
@@ -220,11 +223,7 @@ class Owl3Config:
     def form(self) -> str:
         """The checkpoint generation as one label: "g1-gateproj" (7B-240728), "g1" (241014) or "g2"
         (241101)."""
-        return (
-            "g1-gateproj"
-            if self.generation == "g1" and self.gate_form == "proj"
-            else self.generation
-        )
+        return form_of(self.generation, self.gate_form)
 
     @property
     def num_kv_groups(self) -> int:
@@ -272,8 +271,7 @@ class Owl3Config:
         gate_form: GateForm | None = None,
     ) -> "Owl3Config":
         """Parse an official config.json dict. `generation`/`projector`/`gate_form` come from the
-        checkpoint keys;
-        when not given they default to the G2 pair ("g2", "mlp")."""
+        checkpoint keys; when not given they default to the G2 pair ("g2", "mlp")."""
         d = dict(d)
         vision = SiglipVisionConfig.from_dict(d.pop("vision_config", None) or {})
         known = {k: d.pop(k) for k in cls._TOP_KEYS if k in d}

@@ -20,8 +20,8 @@ frames never go through PIL:
 - Which Pillow: lvx follows Pillow <= 12 (horizontal pass first, a pass skipped when its side keeps
   its size), the library the official processor used in 2024, so the frames look like the ones the
   weights were trained on. Pillow 13 is reported to change the pass order when only the height
-  shrinks (not measured against Pillow 13); lvx keeps the older order on purpose, and a comparison against Pillow 13 may then differ by more than the 1-2 levels above on
-  such frames.
+  shrinks (not measured against Pillow 13); lvx keeps the older order on purpose, and a comparison
+  against Pillow 13 may then differ by more than the 1-2 levels above on such frames.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """Load an official mPLUG-Owl3 checkpoint (local directory or Hugging Face hub id) into `Owl3Model`.
 
 - Inspects the checkpoint (`checkpoint.py`: where it is, its safetensors headers, the architecture
-its keys imply)
-  and checks it against the official layout (§3) computed from its own config.json: a missing key, a
-  key of the wrong shape, an unknown hyper-attention or gate key (the G1 gates are
-  `self_attn.gate_proj.0.*`, 240728, and
-  `self_attn.gate`, 241014), hyper keys on layers config.json does not list, a tokenizer
-  whose specials disagree with config.json: each is a `CheckpointError` with one line naming the
-  problem and key.
+  its keys imply) and checks it against the official layout (§3) computed from its own config.json:
+  a missing key, a key of the wrong shape, an unknown hyper-attention or gate key (the G1 gates are
+  `self_attn.gate_proj.0.*`, 240728, and `self_attn.gate`, 241014), hyper keys on layers config.json
+  does not list, a tokenizer whose specials disagree with config.json: each is a `CheckpointError`
+  with one line naming the problem and key.
 - Ignores the vision keys the model never uses (last encoder layer, post_layernorm, pooling head;
-§10.6: they may or
-  may not be stored), and `lm_head.weight` when embeddings are tied.
+  §10.6: they may or may not be stored), and `lm_head.weight` when embeddings are tied.
 - Facts the reference marks unverified are read, not assumed: hyper_layers and all sizes from
-config.json (§10.2),
-  the `<|image|>` token count from the tokenizer (§10.3), the image size from
-  `vision_config.image_size` and the cut template from the checkpoint's own
-  `image_processing_mplugowl3.py` when present (§10.4; read as text, never executed).
+  config.json (§10.2), the `<|image|>` token count from the tokenizer (§10.3), the image size from
+  `vision_config.image_size`, and the prompt rules (video span, cut beside videos, cut prompt) from
+  the checkpoint's own `processing_mplugowl3.py` / `image_processing_mplugowl3.py` when they state
+  them, else the published default of the weights' release (`prompt_rules.py`; read as text, never
+  executed).
 - Reads only the tensors a caller asks for (`parts=`) with `safe_open`, straight onto the target
-device and dtype.
+  device and dtype.
 """
 
 from __future__ import annotations
@@ -47,7 +45,8 @@ from .checkpoint import (
 )
 from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model
-from .processor import DEFAULT_CUT_TEMPLATE, Owl3Processor, detect_cut_template
+from .processor import Owl3Processor
+from .prompt_rules import PromptRules, differences, read_prompt_rules
 from .tokenizer import Owl3Tokenizer
 
 log = logging.getLogger(__name__)
@@ -70,8 +69,7 @@ class CheckpointInfo:
     # the keys the model loads (official minus unused vision keys, minus tied lm_head)
     used_keys: list[str]
     ignored_keys: list[str]
-    cut_template: str
-    cut_template_source: str
+    prompt_rules: PromptRules  # video span, cut beside videos, cut prompt, and where each came from
     image_placeholder_len: int = 0  # how many BPE tokens "<|image|>" is (never hard-coded; §10.3)
     notes: list[str] = field(default_factory=list)
 
@@ -148,9 +146,8 @@ def inspect_checkpoint(
     notes: list[str] = []
     n_img = _check_tokenizer(d, cfg, notes)
     used, ignored = check_layout(d, cfg, shapes)
-    cut, cut_src = detect_cut_template(d, generation)
-    if cut != DEFAULT_CUT_TEMPLATE[generation]:
-        notes.append(f"cut template {cut} (from {cut_src}) differs from the {generation} default")
+    rules = read_prompt_rules(d, cfg.form)
+    notes.extend(differences(rules, cfg.form))
     return CheckpointInfo(
         path=d,
         config=cfg,
@@ -158,8 +155,7 @@ def inspect_checkpoint(
         shapes=shapes,
         used_keys=used,
         ignored_keys=ignored,
-        cut_template=cut,
-        cut_template_source=cut_src,
+        prompt_rules=rules,
         image_placeholder_len=n_img,
         notes=notes,
     )
@@ -208,8 +204,7 @@ class PartNotLoadedError(AttributeError):
 
 class _NotLoaded(torch.nn.Module):
     """Stands in for a part a rank did not load (`load_model(parts=...)`): calling it or reaching
-    into it raises
-    one clear error."""
+    into it raises one clear error."""
 
     def __init__(self, part: str):
         super().__init__()

@@ -1,38 +1,39 @@
 """mPLUG-Owl3 processor: ChatML prompt, media placeholders, `media_starts` / `media_offset`, image
 cutting.
 
-Follows the official processors (reference mplug_owl3.md §5) for both generations:
+Follows the official processors (reference mplug_owl3.md §5) for every release:
 
 - Template (§5.2): chunks `<|im_start|>system\\n<|im_end|>` (empty system turn unless the first
-message is a system
-  message), `\\n<|im_start|>user\\n{content}<|im_end|>` split so every `<|image|>` is its own chunk,
-  `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` + `<|endoftext|>` for past answers. Every
-  chunk is tokenized on its own (no BPE merges across chunk borders); `media_starts[j]` is where
-  placeholder j's ids begin.
-- Videos (§5.4): one `<|image|>` per frame, no cut. G1: `<|video|>` -> `<|image|>`*N. G2:
-  `<|start_video_frame|>` + `<|image|>`*N + `<|end_video_frame|>`. Frames go through
+  message is a system message), `\\n<|im_start|>user\\n{content}<|im_end|>` split so every
+  `<|image|>` is its own chunk, `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` +
+  `<|endoftext|>` for past answers. Every chunk is tokenized on its own (no BPE merges across chunk
+  borders); `media_starts[j]` is where placeholder j's ids begin.
+- Videos (§5.4): one `<|image|>` per frame, no cut; wrapped in `<|start_video_frame|>` ...
+  `<|end_video_frame|>` or bare, as the checkpoint's `PromptRules` say. Frames go through
   `image_transform`.
 - Still images (§5.3): with `cut=True` the image is resized to the best `grid_squ_6` anchor (docowl
-ranking),
-  split row-major into rows*cols crops, plus a global view last; the placeholder becomes the
-  generation's cut prompt (`v2_global` for G1, `v3_global` for G2; `detect_cut_template` reads the
-  checkpoint's own choice when it can).
+  ranking), split row-major into rows*cols crops, plus a global view last; the placeholder becomes
+  the rules' cut prompt (`v2_global` or `v3_global`). Beside a video they are cut or not as the
+  rules say.
 - `media_offset()` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without images);
-G2
-  `[tensor(starts)]`.
+  G2 `[tensor(starts)]`.
+
+The rules (video span, cut beside videos, cut prompt) are read from the checkpoint's own processor
+files, else the published default of its release (`prompt_rules.py`).
 
 Deliberate differences from the official code, all where the official one is broken or refuses:
 - Images and videos are matched to their own markers in order (`images[k]` to the k-th `<|image|>`,
-`videos[k]` to
-  the k-th `<|video|>`). The official G2 processor takes one list "videos first, then images" in
-  marker order, so it only works when every video marker comes before every image marker; for those
-  prompts the result is identical. The official G1 processor refuses images together with videos; we
-  accept them and, like it, disable cut.
-- Multi-image G1 cut prompts use each image's own grid (the 240728 processor reads the wrong grid
-after the first
-  image; ms-swift fixes it the same way, §5.3).
+  `videos[k]` to the k-th `<|video|>`). The 241014 and 241101 processors take one list "videos
+  first, then images" in marker order, so they only work when every video marker comes before every
+  image marker; for those prompts the result is identical. The 240728 processor refuses images
+  together with videos; we accept them and, like it, do not cut them.
+- A still image sent with cut off keeps its pixels. The 241014 processor (as read, reference §10.1)
+  appends an image's pixels only when it was cut, so there such an image has a placeholder and no
+  pixels; the 241101 one appends them, as lvx does.
+- Multi-image 240728 cut prompts use each image's own grid (its processor reads the wrong grid after
+  the first image; ms-swift fixes it the same way, §5.3).
 - A final assistant message with content is kept as the start of the answer (official code drops
-it).
+  it).
 """
 
 from __future__ import annotations
@@ -45,9 +46,16 @@ from typing import Any, Sequence
 
 import torch
 
-from .checkpoint import CheckpointError, detect_architecture, resolve_checkpoint, safetensors_files
-from .config import SiglipVisionConfig
+from .checkpoint import (
+    CheckpointError,
+    detect_architecture,
+    detect_gate_form,
+    resolve_checkpoint,
+    safetensors_files,
+)
+from .config import SiglipVisionConfig, form_of, split_form
 from .image_transform import _as_uint8_nhwc, normalize, resize_uint8, to_pixel_values
+from .prompt_rules import PromptRules, published_rules, read_prompt_rules
 from .tokenizer import ENDOFTEXT, IM_END, IM_START, Owl3Tokenizer, StreamDecoder
 
 IMAGE = "<|image|>"
@@ -71,31 +79,8 @@ CUT_PROMPTS = {
         + f"\n{IMAGE}<|end_cut|>"
     ),
 }
-# the checkpoint's own image processor may override
-DEFAULT_CUT_TEMPLATE = {"g1": "v2_global", "g2": "v3_global"}
 _MEDIA_SPLIT = re.compile(f"({re.escape(IMAGE)}|{re.escape(VIDEO)})")
 _IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE)})")
-
-
-def detect_cut_template(d: Path, generation: str) -> tuple[str, str]:
-    """(template, source). The checkpoint's own image processor says which cut prompt it was trained
-    with."""
-    f = d / "image_processing_mplugowl3.py"
-    if f.exists():
-        text = f.read_text(errors="replace")
-        m = re.search(r"""["']cut_prompt["']\s*:\s*["'](\w+)["']""", text)
-        g = re.search(r"""["']add_global["']\s*:\s*(True|False)""", text)
-        if m:
-            name = m.group(1) + ("_global" if g and g.group(1) == "True" else "")
-            if name not in CUT_PROMPTS:
-                raise CheckpointError(
-                    f"{f.name} uses cut prompt {name!r}; only {', '.join(CUT_PROMPTS)} are "
-                    f"implemented"
-                )
-            return name, f"{f.name}"
-    return DEFAULT_CUT_TEMPLATE[
-        generation
-    ], f"default for {generation} (no cut_prompt found in the checkpoint)"
 
 
 def select_cut_grid(
@@ -187,61 +172,57 @@ class PromptInputs:
 
 
 class Owl3Processor:
-    """Tokenizer + template + media handling for one checkpoint generation ("g1" or "g2")."""
+    """Tokenizer + template + media handling for one checkpoint form ("g1-gateproj", "g1", "g2")."""
 
     def __init__(
         self,
         tokenizer: Owl3Tokenizer,
-        generation: str,
+        form: str,
         image_size: int,
         *,
         patch_size: int = 14,
-        cut_template: str | None = None,
+        rules: PromptRules | None = None,
         path: Path | None = None,
     ):
-        if generation not in ("g1", "g2"):
-            raise ValueError(f"generation must be 'g1' or 'g2', not {generation!r}")
+        self.generation = split_form(form)[0]  # "g1" | "g2": the media_offset format
+        self.form = form
         self.tokenizer = tokenizer
-        self.generation = generation
         self.image_size = int(image_size)
-        # visual tokens per placeholder
-        self.tokens_per_image = (self.image_size // patch_size) ** 2
-        self.cut_template = cut_template or DEFAULT_CUT_TEMPLATE[generation]
-        if self.cut_template not in CUT_PROMPTS:
+        self.tokens_per_image = (self.image_size // patch_size) ** 2  # tokens per placeholder
+        self.rules = rules or published_rules(form)
+        if self.rules.cut_template not in CUT_PROMPTS:
             raise ValueError(
-                f"cut_template must be one of {tuple(CUT_PROMPTS)}, not {self.cut_template!r}"
+                f"cut template must be one of {tuple(CUT_PROMPTS)}, not {self.rules.cut_template!r}"
             )
         self.path = path
         self._image_ids = tokenizer.encode(IMAGE)
 
+    @property
+    def cut_template(self) -> str:
+        return self.rules.cut_template
+
     # ---- construction
     # ----------------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(
-        cls,
-        path_or_id: str | Path,
-        generation: str | None = None,
-        *,
-        cut_template: str | None = None,
-    ) -> "Owl3Processor":
-        """From a checkpoint directory (or hub id). Without `generation`, it is detected from the
-        weight keys."""
+    def from_pretrained(cls, path_or_id: str | Path, form: str | None = None) -> "Owl3Processor":
+        """From a checkpoint directory (or hub id). Without `form`, it is detected from the
+        weight keys; the prompt rules come from the checkpoint's processor files, else the form's
+        release."""
         d = resolve_checkpoint(path_or_id)
         if not (d / "config.json").exists():
             raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
         vision = SiglipVisionConfig.from_dict(
             json.loads((d / "config.json").read_text()).get("vision_config") or {}
         )
-        if generation is None:
-            generation = detect_architecture(safetensors_files(d))[0]
-        if cut_template is None:
-            cut_template = detect_cut_template(d, generation)[0]
+        if form is None:
+            keys = list(safetensors_files(d))
+            form = form_of(detect_architecture(keys)[0], detect_gate_form(keys))
         return cls(
             Owl3Tokenizer.from_pretrained(d),
-            generation,
+            form,
             vision.image_size,
             patch_size=vision.patch_size,
-            cut_template=cut_template,
+            rules=read_prompt_rules(d, form),
             path=d,
         )
 
@@ -251,10 +232,10 @@ class Owl3Processor:
         v = info.config.vision
         return cls(
             Owl3Tokenizer.from_pretrained(info.path),
-            info.config.generation,
+            info.config.form,
             v.image_size,
             patch_size=v.patch_size,
-            cut_template=info.cut_template,
+            rules=info.prompt_rules,
             path=info.path,
         )
 
@@ -309,7 +290,7 @@ class Owl3Processor:
                     raise ValueError("more <|image|> markers in the messages than images given")
                 pv, grid = self.process_image(images.pop(0), cut)
                 media.append(MediaItem("image", pv.shape[0], pv, grid))
-                out.append(CUT_PROMPTS[self.cut_template](*grid) if grid else IMAGE)
+                out.append(CUT_PROMPTS[self.rules.cut_template](*grid) if grid else IMAGE)
             elif part == VIDEO:
                 if not videos:
                     raise ValueError("more <|video|> markers in the messages than videos given")
@@ -322,10 +303,11 @@ class Owl3Processor:
                 if n < 1:
                     raise ValueError("a video needs at least one frame")
                 media.append(MediaItem("video", n, pv))
+                # The 241014 and 241101 processors (mPLUG/mPLUG-Owl3-2B-241014 and -7B-241101,
+                # processing_mplugowl3.py, mPLUGOwl3Processor.__call__) mark every video
+                # use_video_span and wrap its frames; the 240728 one writes them bare.
                 frames = IMAGE * n
-                out.append(
-                    f"{VIDEO_START}{frames}{VIDEO_END}" if self.generation == "g2" else frames
-                )
+                out.append(f"{VIDEO_START}{frames}{VIDEO_END}" if self.rules.video_span else frames)
             else:
                 out.append(part)
         return "".join(out)
@@ -340,8 +322,10 @@ class Owl3Processor:
         add_generation_prompt: bool,
         system_turn: bool,
     ) -> list[str]:
-        if self.generation == "g1" and videos:
-            # the official G1 processor disables cut for the whole call when videos are present
+        if videos and not self.rules.cut_beside_video:
+            # The 240728 processor (mPLUG/mPLUG-Owl3-7B-240728, processing_mplugowl3.py,
+            # mPLUGOwl3Processor.__call__) turns cut off for the whole call when videos are present;
+            # the 241014 and 241101 ones cut each still image with the call's cut_enable.
             cut = False
         chunks: list[str] = []
         for n, msg in enumerate(messages):
@@ -411,12 +395,11 @@ class Owl3Processor:
         """Tokenize a conversation from its start.
 
         messages: [{"role": "system"|"user"|"assistant", "content": str}], user content may hold
-        `<|image|>` and
-        `<|video|>` markers. images[k] fills the k-th `<|image|>` (PIL image or uint8 (H,W,3)
-        array/tensor); videos[k] fills the k-th `<|video|>`: uint8 frames (N,H,W,3) (pixel values
-        are made here) or an int frame count (placeholders only; the caller makes the pixel values,
-        e.g. sharded over ranks). cut: cut still images (official default). The prompt ends with
-        `\\n<|im_start|>assistant\\n` unless add_generation_prompt is False.
+        `<|image|>` and `<|video|>` markers. images[k] fills the k-th `<|image|>` (PIL image or
+        uint8 (H,W,3) array/tensor); videos[k] fills the k-th `<|video|>`: uint8 frames (N,H,W,3)
+        (pixel values are made here) or an int frame count (placeholders only; the caller makes the
+        pixel values, e.g. sharded over ranks). cut: cut still images (official default). The prompt
+        ends with `\\n<|im_start|>assistant\\n` unless add_generation_prompt is False.
         """
         media: list[MediaItem] = []
         chunks = self._chunks(

@@ -15,7 +15,11 @@ regex, NFC,
   ordinary token, which the official "drop id 0" decode relies on). `<|image|>` and the cut / video
   markers are plain text as in the real tokenizer (reference §5.1): they occur in the training text,
   so BPE gives them a few tokens, never one id;
-- `tokenizer_config.json` (Qwen2-Instruct style) and `generation_config.json`.
+- `tokenizer_config.json` (Qwen2-Instruct style) and `generation_config.json`;
+- `processing_mplugowl3.py` and `image_processing_mplugowl3.py` stating the prompt rules of the
+  release the form was published as (video span, cut beside videos, cut prompt; `prompt_rules.py`),
+  in the form lvx reads them from a published checkpoint. They are settings, not a processor: lvx
+  reads them as text and never runs them.
 
 Tiny sizes: text hidden 64, 4 layers (2 hyper), 4 heads / 2 kv heads (head_dim 16); SigLIP hidden
 32, 3 layers (2 used), patch 14 and image_size 28 (G2) / 30 (G1, like 384 it is not a multiple of
@@ -47,6 +51,7 @@ from tokenizers import (
 
 from .checkpoint import official_shapes
 from .config import FORMS, Owl3Config, SiglipVisionConfig, split_form
+from .prompt_rules import IMAGE_PROCESSING_FILE, PROCESSING_FILE, PromptRules, published_rules
 
 # Qwen2's pre-tokenizer split (from its tokenizer.json).
 QWEN2_SPLIT = (
@@ -176,8 +181,7 @@ def random_weights(
 ) -> dict[str, torch.Tensor]:
     """Every official key with a random tensor: N(0, 0.02) matrices, N(0, 0.02) biases, norms ~ 1 +
     N(0, 0.1), the G1 gate and gate_proj ~ N(0, 1) (so both the text and the visual path matter, and
-    for gate_proj the gate
-    depends on the token)."""
+    for gate_proj the gate depends on the token)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for key, shape in official_shapes(cfg).items():
@@ -223,6 +227,32 @@ def _tokenizer_config(tok: Tokenizer) -> dict:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
+
+
+_SETTINGS_HEADER = (
+    "# Processor settings of a tiny random-weight mPLUG-Owl3 checkpoint, stated as a published\n"
+    "# checkpoint's processor files state them. lvx reads this file as text; it is never run.\n"
+)
+
+
+def processor_files(rules: PromptRules) -> dict[str, str]:
+    """{file name: text} of the two processor files that state `rules` (what lvx reads back)."""
+    cut_off = "    if videos:\n        cut_enable = False\n" if not rules.cut_beside_video else ""
+    processing = (
+        f"{_SETTINGS_HEADER}\n\n"
+        "def media_entries(videos, images, cut_enable=True):\n"
+        f"{cut_off}"
+        f'    video = {{"type": "video", "use_video_span": {rules.video_span}}}\n'
+        '    image = dict(type="image", cut_enable=cut_enable)\n'
+        "    return [video] * len(videos) + [image] * len(images)\n"
+    )
+    prompt, _, scope = rules.cut_template.partition("_")
+    image_processing = (
+        f"{_SETTINGS_HEADER}\n"
+        f'CUT_CFG = {{"anchors": "grid_squ_6", "cut_prompt": "{prompt}", '
+        f'"add_global": {scope == "global"}}}\n'
+    )
+    return {PROCESSING_FILE: processing, IMAGE_PROCESSING_FILE: image_processing}
 
 
 def write_tiny_checkpoint(
@@ -274,6 +304,8 @@ def write_tiny_checkpoint(
         "transformers_version": "4.41.2",
     }
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for name, text in processor_files(published_rules(generation)).items():
+        (d / name).write_text(text)
 
     weights = random_weights(cfg, seed, dtype)
     meta = {"format": "pt"}
