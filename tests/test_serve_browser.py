@@ -16,6 +16,8 @@ from test_serve import start_server, stop_server
 
 from lvx_app.engine.describe import printable
 
+pytest.importorskip("playwright.sync_api")  # a bare GPU image has no Playwright: skip there
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
