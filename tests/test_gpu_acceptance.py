@@ -405,7 +405,7 @@ def test_a_rehearsal_killed_after_its_first_item_leaves_a_valid_report(tmp_path:
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--rehearse", "--part", "1", "--out", str(out)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, TAG: str(tmp_path)},
+            env={**os.environ, TAG: str(tmp_path), "TMPDIR": str(tmp_path)},  # its scratch too
         )  # fmt: skip
     try:
         while proc.poll() is None:
