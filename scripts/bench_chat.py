@@ -3,31 +3,30 @@
 Two measurements, both printed as a rich table and written as JSON:
 
 * `engine` (default, CPU): the real `lvx` engine — tiny random-weight checkpoint, a synthetic video,
-world
-  sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode
+  world sizes 1/2/4 CPU ranks under torchrun — load the video, then time one question (TTFT, decode
   tok/s). At every world size > 1 the same chat runs once per entry of `ATTENTIONS` (LV-XAttn, Ring
   pass-KV, all-gather K/V, installed in the engine from outside by scripts/baselines.py), with the
   video-prompt prefill time and the attention bytes each rank sent while loading and while
   answering.
 * `model` (`--mode model`, meant for one GPU): mPLUG-Owl3-7B-241101 shapes with random weights,
-random visual
-  features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder tokens per
-  frame), the same model code the engine runs on one rank: visual K/V preparation, prefill of the
-  video prompt, TTFT of a question prefilled on top of that cache, and decode tokens/s. `--shape
-  small` runs the same path at small shapes so it can be exercised on a CPU.
+  random visual features for a 10/30/60-minute video at 1 fps (729 tokens per frame, 5 placeholder
+  tokens per frame), the same model code the engine runs on one rank: visual K/V preparation,
+  prefill of the video prompt, TTFT of a question prefilled on top of that cache (the median of 3,
+  after one warm-up question; a short text forward before anything is timed), and decode tokens/s.
+  The weights are allocated directly in bf16 on the GPU. Every row lists the attention kernels each
+  phase ran and any fallback (also gathered under "fallbacks" in the JSON). `--shape small` runs the
+  same path at small shapes so it can be exercised on a CPU.
 
-    python scripts/bench_chat.py --out runs/bench_chat_cpu.json
-    python scripts/bench_chat.py --ranks 1 2 4 --plot runs/bench_chat_attention.png --out
-    runs/bench_chat_attention.json
-    python scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out
-    runs/bench_chat_h100.json # prefill per layout (lvx_app/parallel/layout.py)
-    python scripts/bench_chat.py --mode layouts --ranks 2 --minutes 10
+    python scripts/bench_chat.py --out runs/bench_chat_cpu.json python scripts/bench_chat.py --ranks
+    1 2 4 --plot runs/bench_chat_attention.png --out runs/bench_chat_attention.json python
+    scripts/bench_chat.py --mode model --device cuda --minutes 10 30 60 --out
+    runs/bench_chat_h100.json # prefill per layout (lvx_app/parallel/layout.py) python
+    scripts/bench_chat.py --mode layouts --ranks 2 --minutes 10
 
 * `layouts` (`--mode layouts`): the video-prompt prefill of the engine's sharded forward (its hooks,
-small shapes,
-  random weights and features) on gloo CPU ranks with frames and their placeholder tokens dealt by
-  each layout, layouts interleaved; the last token's logits are compared with the contiguous
-  layout's.
+  small shapes, random weights and features) on gloo CPU ranks with frames and their placeholder
+  tokens dealt by each layout, layouts interleaved; the last token's logits are compared with the
+  contiguous layout's.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ import sys
 import tempfile
 import time
 import zlib
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,12 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines import baseline_entry  # noqa: E402
 
+from lvx_app.attention.backends import kernel_tally  # noqa: E402
+
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
 # One entry per engine variant compared: its label, the attention scripts/baselines.py installs and
-# the config options that select it.
-# Adding a row (e.g. another schedule option) is one entry here.
+# the config options that select it. Adding a row (e.g. another schedule option) is one entry here.
 ATTENTIONS = {
     "LV-XAttn (auto)": ("LV-XAttn", {"xattn_schedule": "auto"}),
     "LV-XAttn ring only": ("LV-XAttn", {"xattn_schedule": "ring"}),
@@ -71,9 +72,8 @@ def _bytes_sent(engine) -> list[int]:
 
 def _engine_row(engine, video: Path, fps: float, new_tokens: int, repeats: int = 1) -> dict:
     """Load the video, warm up, then `repeats` timed questions (a reset before each; medians of TTFT
-    and tok/s, all
-    answers must agree); bytes are the most any rank sent while loading and in the first timed
-    answer."""
+    and tok/s, all answers must agree); bytes are the most any rank sent while loading and in the
+    first timed answer."""
     summary = engine.load_video(str(video), subtitles=[], fps=fps)
     stats = engine.stats()["ranks"]
     after_load = [int(r.get("attention bytes sent", 0)) for r in stats]
@@ -212,12 +212,14 @@ def _sync(device: torch.device) -> None:
 
 
 def _random_model(shape: str, device: torch.device, dtype: torch.dtype):
-    """mPLUG-Owl3 at `shape` with random weights (the same on every process: seeded)."""
+    """mPLUG-Owl3 at `shape` with random weights (the same on every process: seeded), allocated
+    directly in `dtype` on `device` (built on meta and cast there, so the 7B never exists in float32
+    on the GPU)."""
     from lvx_models.mplug_owl3.modeling import Owl3Model
 
     with torch.device("meta"):
         model = Owl3Model(_config(shape))
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -225,73 +227,113 @@ def _random_model(shape: str, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
+TTFT_REPEATS = 3  # timed questions per video length, after one warm-up question; TTFT is the median
+
+
+def _timed(fn, device: torch.device) -> tuple:
+    """(fn(), seconds) with the device synchronised on both sides, no autograd."""
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        result = fn()
+    _sync(device)
+    return result, time.perf_counter() - t0
+
+
+def _next_token(model, ids, cache, visual) -> torch.Tensor:
+    return model(ids, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+
+
+def _ask(model, question, cache, visual, prefix_len: int, device: torch.device) -> tuple:
+    """One question prefilled on the video prompt's cache (any earlier turn dropped first):
+    (its first answer token, TTFT)."""
+    cache.truncate(prefix_len)
+    return _timed(partial(_next_token, model, question, cache, visual), device)
+
+
+def _decode(model, token, cache, visual, n: int) -> torch.Tensor:
+    for _ in range(n):
+        token = _next_token(model, token, cache, visual)
+    return token
+
+
+def _model_row(model, minutes: float, fps: float, new_tokens: int, device, dtype) -> dict:
+    """One video length: visual K/V, the video prompt, a warm-up question (with a few decoded
+    tokens), TTFT_REPEATS timed questions and a timed decode, with the kernels each phase ran."""
+    cfg, header = model.config, 18
+    frames = int(minutes * 60 * fps)
+    starts = header + 5 * torch.arange(frames)
+    prefix_len = int(starts[-1]) + 5
+    ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
+    shape = (frames, cfg.vision.num_patches, cfg.hidden_size)
+    cache, question, seen = model.new_cache(), ids[:, prefix_len:], {}
+    with kernel_tally() as seen["visual K/V"]:
+        features = torch.randn(shape, device=device, dtype=dtype)
+        visual, kv_s = _timed(partial(model.prepare_visual, features, starts), device)
+        del features
+    with kernel_tally() as seen["video prompt prefill"]:
+        prompt = partial(model, ids[:, :prefix_len], cache=cache, visual=visual, last_only=True)
+        _, prefix_s = _timed(prompt, device)
+    with kernel_tally() as seen["warm-up question"]:
+        token, _ = _ask(model, question, cache, visual, prefix_len, device)
+        _timed(partial(_decode, model, token, cache, visual, 2), device)
+    with kernel_tally() as seen["question (TTFT)"]:
+        asked = [
+            _ask(model, question, cache, visual, prefix_len, device) for _ in range(TTFT_REPEATS)
+        ]
+    with kernel_tally() as seen["decode"]:
+        _, decode_s = _timed(
+            partial(_decode, model, asked[-1][0], cache, visual, new_tokens), device
+        )
+    ttfts = [t for _, t in asked]
+    return {
+        "minutes": minutes,
+        "frames": frames,
+        "visual_tokens": frames * cfg.vision.num_patches,
+        "prompt_tokens": prefix_len + 24,
+        "visual_kv_s": kv_s,
+        "video_prompt_prefill_s": prefix_s,
+        "ttft_s": statistics.median(ttfts),
+        "ttft_s_all": ttfts,
+        "tokens_per_s": new_tokens / decode_s,
+        "kernels": {phase: dict(tally.calls) for phase, tally in seen.items()},
+        "fallbacks": sorted({f"{p}: {f}" for p, t in seen.items() for f in t.fallbacks}),
+    }
+
+
 def bench_model(
     minutes: list[float], fps: float, new_tokens: int, device: torch.device, shape: str
 ) -> list[dict]:
+    """One model for every video length; a short text forward first so that kernel start-up and
+    library initialisation land in no timed figure."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = _random_model(shape, device, dtype)
-    cfg = model.config
-    tokens_per_frame, header = cfg.vision.num_patches, 18
+    _timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
     rows = []
     for m in minutes:
-        frames = int(m * 60 * fps)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        starts = header + 5 * torch.arange(frames)
-        prefix_len = int(starts[-1]) + 5
-        ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
-        features = torch.randn(
-            frames, tokens_per_frame, cfg.hidden_size, device=device, dtype=dtype
-        )
-        _sync(device)
-        t0 = time.perf_counter()
-        visual = model.prepare_visual(features, starts)
-        del features
-        _sync(device)
-        kv_s = time.perf_counter() - t0
-        cache = model.new_cache()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model(ids[:, :prefix_len], cache=cache, visual=visual, last_only=True)
-        _sync(device)
-        prefix_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            logits = model(ids[:, prefix_len:], cache=cache, visual=visual, last_only=True)
-            token = logits[0, -1].argmax().view(1, 1)
-        _sync(device)
-        ttft_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            for _ in range(new_tokens):
-                token = (
-                    model(token, cache=cache, visual=visual, last_only=True)[0, -1]
-                    .argmax()
-                    .view(1, 1)
-                )
-        _sync(device)
-        decode_s = time.perf_counter() - t0
-        peak = (
+        row = _model_row(model, m, fps, new_tokens, device, dtype)
+        row["peak_gib"] = (
             torch.cuda.max_memory_allocated(device) / 2**30
             if device.type == "cuda"
             else float("nan")
         )
-        rows.append(
-            {
-                "minutes": m,
-                "frames": frames,
-                "visual_tokens": frames * tokens_per_frame,
-                "prompt_tokens": prefix_len + 24,
-                "visual_kv_s": kv_s,
-                "video_prompt_prefill_s": prefix_s,
-                "ttft_s": ttft_s,
-                "tokens_per_s": new_tokens / decode_s,
-                "peak_gib": peak,
-            }
-        )
-        del visual, cache
+        rows.append({"shape": shape, **row})
     return rows
+
+
+def model_mode(args, console: Console) -> tuple[list[dict], str, dict]:
+    """`--mode model`: (rows, title, {"fallbacks": every kernel fallback, also printed})."""
+    device = torch.device(args.device)
+    shape = args.shape or ("7b" if device.type == "cuda" else "small")
+    rows = bench_model(args.minutes or [10.0, 30.0, 60.0], args.fps, args.new_tokens, device, shape)
+    title = f"mPLUG-Owl3 {shape} shapes, random weights, one {device.type} rank"
+    fallbacks = sorted({f"{r['minutes']:g} min {f}" for r in rows for f in r["fallbacks"]})
+    for line in fallbacks:
+        console.print(f"FALLBACK {line}")
+    return rows, title, {"fallbacks": fallbacks}
 
 
 def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
@@ -378,8 +420,8 @@ def bench_layouts(
 
 def _table(title: str, rows: list[dict]) -> Table:
     table = Table(title=title)
-    # per-repeat lists go to the JSON only
-    keys = [k for k, v in rows[0].items() if not isinstance(v, list)]
+    # per-repeat lists and per-phase kernels go to the JSON only
+    keys = [k for k, v in rows[0].items() if not isinstance(v, (list, dict))]
     for key in keys:
         table.add_column(key, justify="right")
     for row in rows:
@@ -437,7 +479,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    console = Console(width=200)
+    console, extra = Console(width=200), {}
     meta = {
         "command": " ".join(sys.argv),
         "python": platform.python_version(),
@@ -471,16 +513,12 @@ def main() -> None:
             f"fps, {ranks} CPU ranks"
         )
     else:
-        device = torch.device(args.device)
-        shape = args.shape or ("7b" if device.type == "cuda" else "small")
-        rows = bench_model(
-            args.minutes or [10.0, 30.0, 60.0], args.fps, args.new_tokens, device, shape
-        )
-        title = f"mPLUG-Owl3 {shape} shapes, random weights, one {device.type} rank"
+        rows, title, extra = model_mode(args, console)
     console.print(_table(title, rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "title": title, "rows": rows}, indent=2))
+        report = {"meta": meta, "title": title, "rows": rows, **extra}
+        args.out.write_text(json.dumps(report, indent=2))
         console.print(f"wrote {args.out}")
 
 

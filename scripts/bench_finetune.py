@@ -41,7 +41,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lvx_app.train.loop import TrainConfig, configure_trainable  # noqa: E402
+from lvx_app.config import TrainConfig  # noqa: E402
+from lvx_app.train.loop import configure_trainable  # noqa: E402
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks  # noqa: E402
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
 from lvx_models.mplug_owl3.modeling import Owl3Model  # noqa: E402
@@ -87,7 +88,10 @@ def build(
     with torch.device(device):
         model = Owl3Model(cfg).to(dtype)
     params = configure_trainable(
-        model, TrainConfig(data="-", model="-", out="-", train=train, lora_rank=16)
+        model,
+        TrainConfig(
+            mode=None if train == "lora" else train, lora_rank=16 if train == "lora" else None
+        ),
     )
     for _, p in params:
         if p.dtype != torch.float32:

@@ -1,10 +1,9 @@
 #!/usr/bin/env python
 """Distributed cross-attention side by side: LV-XAttn vs Ring vs Ulysses vs all-gather.
 
-CPU (default): N gloo ranks on this machine at Video-MME proportions scaled
-down (729 visual tokens per frame, S_KV/S_Q ≈ 145, GQA 7:1, the mPLUG-Owl3
-media mask), timing forward and forward+backward of every path plus a
-no-communication run of LV-XAttn's per-rank kernel work. Prints a table and
+CPU (default): N gloo ranks on this machine at Video-MME proportions scaled down (729 visual tokens
+per frame, S_KV/S_Q ≈ 145, GQA 7:1, the mPLUG-Owl3 media mask), timing forward and forward+backward
+of every path plus a no-communication run of LV-XAttn's per-rank kernel work. Prints a table and
 writes JSON.
 
     python scripts/bench_xattn.py                      # 4 ranks
@@ -16,22 +15,25 @@ writes JSON.
 (lvx_app/parallel/layout.py), layouts interleaved in one run, and prints each round's busiest rank's
 visible work against the mean, from the plan, at --ranks, 4 and 8 ranks.
 
-A GPU cluster's regime on this machine (`--link-gbps X`, `--paper`): every
-P2P batch and collective of every schedule completes no earlier than its
-bytes / X after it was posted (scripts/emulated_link.py; compute proceeds
-meanwhile, as with a NIC). An emulation, not a network model: no latency,
-contention or topology. `--paper` sets X so that this machine's measured
-per-rank attention FLOP/s over X (in elements/s) equals the LV-XAttn paper's
-A100 cluster (bf16 dense at --paper-efficiency of 312 TFLOP/s, 25 GB/s
-between nodes), runs scaled-down rows (forward only, no mask, LV-XAttn vs
-Ring vs no-comm) and prints the paper's figures next to ours.
+A GPU cluster's regime on this machine (`--link-gbps X`, `--paper`): every P2P batch and collective
+of every schedule completes no earlier than its bytes / X after it was posted
+(scripts/emulated_link.py; compute proceeds meanwhile, as with a NIC). An emulation, not a network
+model: no latency, contention or topology. `--paper` sets X so that this machine's measured per-rank
+attention FLOP/s over X (in elements/s) equals the LV-XAttn paper's A100 cluster (bf16 dense at
+--paper-efficiency of 312 TFLOP/s, 25 GB/s between nodes), runs scaled-down rows (forward only, no
+mask, LV-XAttn vs Ring vs no-comm) and prints the paper's figures next to ours.
 
-    python scripts/bench_xattn.py --ranks 2 --link-gbps 0.01
-    python scripts/bench_xattn.py --paper --ranks 2 --out runs/bench_paper.json
+    python scripts/bench_xattn.py --ranks 2 --link-gbps 0.01 python scripts/bench_xattn.py --paper
+    --ranks 2 --out runs/bench_paper.json
 
-CUDA (`--device cuda`): one process times the per-rank block kernel of every
-available backend at real per-rank shapes (mPLUG-Owl3-7B: 28 query heads,
-4 KV heads, d=128; an hour of video at 1 fps over 8 GPUs) in TFLOP/s.
+CUDA (`--device cuda`, or `--kernels` on any device): one process times the per-rank block kernel of
+every available backend at real per-rank shapes (mPLUG-Owl3-7B: 28 query heads, 4 KV heads, d=128;
+an hour of video at 1 fps over 8 GPUs) in TFLOP/s. Every row names the kernels each call site really
+ran (cuDNN's backward is the memory-efficient kernel's) and every fallback, which the JSON also
+lists under "fallbacks"; the CPU rank benchmark records the same per path.
+
+    python scripts/bench_xattn.py --device cuda --out runs/bench_xattn_gpu.json python
+    scripts/bench_xattn.py --kernels --device cpu --cuda-frames 16 --iters 1
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from emulated_link import emulated_link  # noqa: E402
 
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
-from lvx_app.attention.backends import can_run  # noqa: E402
+from lvx_app.attention.backends import can_run, kernel_tally  # noqa: E402
 from lvx_app.attention.baselines import (
     allgather_xattn,
     ring_xattn,
@@ -103,8 +105,8 @@ def nocomm(q_blocks, k, v, qv_blocks, k_frame, rank, world, dout_blocks=None):
     """LV-XAttn's per-rank kernel work without any P2P: round t computes block (rank - t) against
     the local shard.
 
-    Every query block is already local (the benchmark made them all), so the
-    same attn_fwd / merge / attn_bwd calls run, just with nothing travelling.
+    Every query block is already local (the benchmark made them all), so the same attn_fwd / merge /
+    attn_bwd calls run, just with nothing travelling.
     """
     acc = {}
     for t in range(world):
@@ -144,8 +146,8 @@ def _timed_rounds(cases: dict, warmup: int, iters: int) -> dict:
     """Per-iteration wall time of every case, the slowest rank's; all ranks start each after a
     barrier.
 
-    Interleaved: every iteration runs every case once, so load that comes and
-    goes on a shared machine hits all of them alike.
+    Interleaved: every iteration runs every case once, so load that comes and goes on a shared
+    machine hits all of them alike.
     """
     times: dict = {name: [] for name in cases}
     for it in range(warmup + iters):
@@ -220,18 +222,11 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
     # Bytes and agreement, from one untimed call of each path.
     reference_out = None
     for name, fn in paths.items():
-        stats: dict = {}
-        out = fwd(fn, stats).float()
-        row = {"fwd_bytes": stats.get("fwd_bytes", 0)}
-        stats = {}
-        if cfg.get("backward", True):
-            fwd_bwd(fn, stats, [t.detach().clone().requires_grad_() for t in (q, k, v)])
-        row["bwd_bytes"] = stats.get("bwd_bytes", 0)
+        out, results[name] = _untimed_row(fn, fwd, fwd_bwd, (q, k, v), cfg.get("backward", True))
         reference_out = out if reference_out is None else reference_out
         err = torch.tensor([(out - reference_out).abs().max().item() if out.numel() else 0.0])
         dist.all_reduce(err, op=dist.ReduceOp.MAX)
-        row["max_abs_diff_vs_lv"] = float(err)
-        results[name] = row
+        results[name]["max_abs_diff_vs_lv"] = float(err)
     results["no-comm"] = {"fwd_bytes": 0, "bwd_bytes": 0}
 
     cases = {}
@@ -250,6 +245,22 @@ def _bench_rank_on_link(rank: int, world: int, cfg: dict) -> dict:
     order = ["lv_xattn", "ring_xattn", "ulysses_xattn", "allgather_xattn", "no-comm"]
     results = {name: results[name] for name in order if name in results}
     return {"rank": rank, "s_q": s_q, "s_kv": s_kv, "results": results, "loadavg": os.getloadavg()}
+
+
+def _untimed_row(fn, fwd, fwd_bwd, qkv: tuple, backward: bool) -> tuple[torch.Tensor, dict]:
+    """One untimed call of a path: (its output, its row: bytes sent, the block kernels that really
+    ran and any fallback)."""
+    stats: dict = {}
+    with kernel_tally() as seen:
+        out = fwd(fn, stats).float()
+        row = {"fwd_bytes": stats.get("fwd_bytes", 0)}
+        stats = {}
+        if backward:
+            fwd_bwd(fn, stats, [t.detach().clone().requires_grad_() for t in qkv])
+    row["bwd_bytes"] = stats.get("bwd_bytes", 0)
+    row["ran"] = {"fwd": seen.ran("fwd"), "bwd": seen.ran("bwd")}
+    row["fallbacks"] = sorted(seen.fallbacks)
+    return out, row
 
 
 # ------------------------------------------------------------------ layouts
@@ -287,8 +298,7 @@ def _round_cpu(full, q_vis, k_frame, cfg: dict, layout: str, rank: int, world: i
     filled in by it.
 
     CPU time, not wall time: on a machine shared with other jobs it still shows what each rank
-    computes per round,
-    and a round on dedicated cores lasts as long as its busiest rank."""
+    computes per round, and a round on dedicated cores lasts as long as its busiest rank."""
     tokens, keys = layout_shard(cfg, layout, rank, world)
     k, v = full[1].index_select(1, keys), full[2].index_select(1, keys)
     kf = k_frame[:, keys]
@@ -445,6 +455,10 @@ def _summarise(per_rank: list[dict]) -> dict:
                 r["results"][name]["fwd_bytes"] + r["results"][name]["bwd_bytes"] for r in per_rank
             ),
             "max_abs_diff_vs_lv": row.get("max_abs_diff_vs_lv"),
+            "ran": row.get("ran", {}),
+            "fallbacks": sorted(
+                {f for r in per_rank for f in r["results"][name].get("fallbacks", ())}
+            ),
         }
     ring, free = summary.get("ring_xattn", {}), summary["no-comm"]
     for row in summary.values():
@@ -585,15 +599,16 @@ def run_cpu(args) -> dict:
 
 def bench_kernels(
     device: str, s_q: int, s_kv: int, hq: int, hkv: int, d: int, dtype, iters: int, warmup: int
-):
-    """Time attn_fwd / attn_bwd of every backend that can run one unmasked (fully visible) block."""
+) -> dict:
+    """Time attn_fwd / attn_bwd of every backend that can run one unmasked (fully visible) block;
+    each row names the kernels that really ran (cuDNN's backward is "efficient") and any
+    fallback."""
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(1, s_q, hq, d, device=dev, dtype=dtype, generator=g)
     k = torch.randn(1, s_kv, hkv, d, device=dev, dtype=dtype, generator=g)
     v = torch.randn(1, s_kv, hkv, d, device=dev, dtype=dtype, generator=g)
     dout = torch.randn_like(q)
-    flops_fwd = 4 * s_q * s_kv * hq * d
     rows = {}
     for backend in available_backends(dev):
         if backend == "math" or not can_run(backend, q, False, d):
@@ -601,21 +616,39 @@ def bench_kernels(
                 "skipped": "materialises the score matrix" if backend == "math" else "cannot run"
             }
             continue
+        rows[backend] = _bench_backend(backend, (q, k, v, dout), dev, iters, warmup)
+    return rows
+
+
+def _bench_backend(backend: str, qkvd: tuple, dev: torch.device, iters: int, warmup: int) -> dict:
+    """One backend's forward and backward times, with the kernels each call site ran."""
+    q, k, v, dout = qkvd
+    flops_fwd = 4 * q.shape[1] * k.shape[1] * q.shape[2] * q.shape[3]
+    with kernel_tally() as fwd_seen:
         out, lse = attn_fwd(q, k, v, backend=backend)
         fwd = _device_time(lambda: attn_fwd(q, k, v, backend=backend), dev, iters, warmup)
+    with kernel_tally() as bwd_seen:
         bwd = _device_time(
             lambda: attn_bwd(dout, q, k, v, out, lse, backend=backend), dev, iters, warmup
         )
-        rows[backend] = {
-            "fwd_ms": 1e3 * fwd,
-            "bwd_ms": 1e3 * bwd,
-            "fwd_tflops": flops_fwd / fwd / 1e12,
-            "bwd_tflops": 2.5
-            * flops_fwd
-            / bwd
-            / 1e12,  # flash-attn's convention: bwd = 2.5 x fwd FLOPs
-        }
-    return rows
+    return {
+        "fwd_ms": 1e3 * fwd,
+        "bwd_ms": 1e3 * bwd,
+        "fwd_tflops": flops_fwd / fwd / 1e12,
+        "bwd_tflops": 2.5 * flops_fwd / bwd / 1e12,  # flash-attn's convention: bwd = 2.5 x fwd
+        "ran": {"attn_fwd": fwd_seen.ran("fwd"), "attn_bwd": bwd_seen.ran("bwd")},
+        "fallbacks": {"attn_fwd": dict(fwd_seen.fallbacks), "attn_bwd": dict(bwd_seen.fallbacks)},
+    }
+
+
+def fallback_lines(rows: dict) -> list[str]:
+    """Every fallback of the kernel rows, one line each: "backend site: what (n calls)"."""
+    return [
+        f"{name} {site}: {what} ({n} calls)"
+        for name, row in rows.items()
+        for site, seen in row.get("fallbacks", {}).items()
+        for what, n in seen.items()
+    ]
 
 
 def _device_time(fn, dev: torch.device, iters: int, warmup: int) -> float:
@@ -637,46 +670,57 @@ def _device_time(fn, dev: torch.device, iters: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def run_cuda(args) -> dict:
-    if not torch.cuda.is_available():
+def run_kernels(args) -> dict:
+    """The per-rank block kernel of every backend at one rank's share of the 7B problem."""
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
             "--device cuda needs a CUDA GPU; run without --device for the CPU rank benchmark"
         )
     s_q, s_kv = shapes(args.cuda_frames, args.keys_per_frame, args.ratio)
     s_q, s_kv = -(-s_q // args.cuda_gpus), -(-s_kv // args.cuda_gpus)
     dtype = DTYPES[args.dtype if args.dtype != "float32" else "bfloat16"]
+    name = torch.cuda.get_device_name() if args.device == "cuda" else _machine()["processor"]
     print(
-        f"{torch.cuda.get_device_name()}: one block per rank of {args.cuda_gpus}: S_q={s_q}, "
-        f"S_kv={s_kv}, "
+        f"{name}: one block per rank of {args.cuda_gpus}: S_q={s_q}, S_kv={s_kv}, "
         f"heads 28/4, d=128, {dtype}, no mask (a fully visible block)"
     )
-    rows = bench_kernels("cuda", s_q, s_kv, 28, 4, 128, dtype, args.iters, args.warmup)
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="Per-rank block kernel")
-    for col in ("backend", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for name, row in rows.items():
-        if "skipped" in row:
-            table.add_row(name, f"skipped: {row['skipped']}", "", "", "")
-        else:
-            table.add_row(
-                name,
-                f"{row['fwd_ms']:.2f}",
-                f"{row['fwd_tflops']:.0f}",
-                f"{row['bwd_ms']:.2f}",
-                f"{row['bwd_tflops']:.0f}",
-            )
-    Console(width=200).print(table)
-    machine = _machine() | {"gpu": torch.cuda.get_device_name()}
+    rows = bench_kernels(args.device, s_q, s_kv, 28, 4, 128, dtype, args.iters, args.warmup)
+    _print_kernels(rows)
+    fallbacks = fallback_lines(rows)
+    for line in fallbacks:
+        print(f"FALLBACK {line}")
     return {
         "s_q_block": s_q,
         "s_kv_shard": s_kv,
         "dtype": str(dtype),
-        "machine": machine,
+        "machine": _machine() | {"device": name},
         "results": rows,
+        "fallbacks": fallbacks,
     }
+
+
+def _print_kernels(rows: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Per-rank block kernel")
+    for col in ("backend", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s", "kernels that ran"):
+        table.add_column(col, justify="left" if col in ("backend", "kernels that ran") else "right")
+    for name, row in rows.items():
+        if "skipped" in row:
+            table.add_row(name, f"skipped: {row['skipped']}", "", "", "", "")
+            continue
+        ran = ", ".join(f"{site} {'/'.join(kernels)}" for site, kernels in row["ran"].items())
+        fell = sum(n for seen in row["fallbacks"].values() for n in seen.values())
+        table.add_row(
+            name,
+            f"{row['fwd_ms']:.2f}",
+            f"{row['fwd_tflops']:.0f}",
+            f"{row['bwd_ms']:.2f}",
+            f"{row['bwd_tflops']:.0f}",
+            ran + (f" ({fell} calls fell back)" if fell else ""),
+        )
+    Console(width=200).print(table)
 
 
 # ------------------------------------------------------------------ the paper's regime, emulated
@@ -859,10 +903,15 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument(
-        "--cuda-frames", type=int, default=3600, help="--device cuda: frames (an hour at 1 fps)"
+        "--kernels",
+        action="store_true",
+        help="time the per-rank block kernel of every backend on --device (the cuda default)",
     )
     p.add_argument(
-        "--cuda-gpus", type=int, default=8, help="--device cuda: ranks the problem is split over"
+        "--cuda-frames", type=int, default=3600, help="--kernels: frames (an hour at 1 fps)"
+    )
+    p.add_argument(
+        "--cuda-gpus", type=int, default=8, help="--kernels: ranks the problem is split over"
     )
     p.add_argument(
         "--link-gbps",
@@ -889,14 +938,10 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.layout:
         report = run_layouts(args)
+    elif args.kernels or args.device == "cuda":
+        report = run_kernels(args)
     else:
-        report = (
-            run_cuda(args)
-            if args.device == "cuda"
-            else run_paper(args)
-            if args.paper
-            else run_cpu(args)
-        )
+        report = run_paper(args) if args.paper else run_cpu(args)
     report["command"] = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,11 @@
 output conventions.
 
 Each stand-in takes the arguments the real op takes (aten: (B, H, S, D); flash-attn:
-(B, S, H, D)), checks what the real kernel would reject (K/V heads, dtype, bias row
-alignment, lse padding), computes in float64 by the math path and returns outputs in
-the real layout: efficient's lse padded to a multiple of 32, cudnn's with a trailing 1,
-flash-attn's padded to 128, 9-tuples where aten returns them. Every call is recorded
+(B, S, H, D)), checks what the real kernel would reject (K/V heads, dtype, head_dim, bias
+shape and row alignment, lse padding, packed rows of out in the efficient backward),
+computes in float64 by the math path and returns outputs in the real layout: efficient's
+lse padded to a multiple of 32, cudnn's with a trailing 1, flash-attn's padded to 128,
+9-tuples where aten returns them. Every call is recorded
 (op name, q/k/v/bias shapes, K storage) so tests can assert what reached the ops.
 """
 
@@ -97,6 +98,25 @@ def _half(q):
         raise RuntimeError("stand-in: flash kernels take fp16/bf16 only")
 
 
+def _check_cudnn(q, k, bias):
+    """What cuDNN attention refuses: other dtypes than fp16/bf16, head_dim over 128, and a bias
+    other than (B, 1, Sq, Sk) (PyTorch's own path never sends one expanded over heads)."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("stand-in: cuDNN attention takes fp16/bf16 only")
+    if q.shape[-1] > 128:
+        raise RuntimeError(f"stand-in: cuDNN attention takes head_dim <= 128, not {q.shape[-1]}")
+    if bias is not None and tuple(bias.shape) != (q.shape[0], 1, q.shape[2], k.shape[2]):
+        raise RuntimeError(f"stand-in: cuDNN takes a (B, 1, Sq, Sk) bias, not {tuple(bias.shape)}")
+
+
+def _check_packed_out(out):
+    """The mem-efficient backward reads out with packed (B, S, H, D) rows whatever its strides."""
+    b, h, s, d = out.shape
+    assert out.transpose(1, 2).stride()[1:] == (h * d, d, 1), (
+        f"mem-efficient backward needs out's rows packed, got strides {out.stride()}"
+    )
+
+
 def _pad(lse, mult):
     n = -(-lse.shape[-1] // mult) * mult
     return torch.cat([lse, lse.new_full((*lse.shape[:-1], n - lse.shape[-1]), PAD)], -1)
@@ -136,6 +156,7 @@ def install(rec: Recorder) -> dict:
     ):
         rec.add("efficient_bwd", q, k, v, attn_bias)
         _check_bias(attn_bias, q, k)
+        _check_packed_out(out)
         assert logsumexp.shape[-1] % 32 == 0 and logsumexp.shape[-1] >= q.shape[2], (
             "lse must come padded to 32"
         )
@@ -198,7 +219,7 @@ def install(rec: Recorder) -> dict:
         scale=None,
     ):
         rec.add("cudnn_fwd", q, k, v, attn_bias)
-        _check_bias(attn_bias, q, k)
+        _check_cudnn(q, k, attn_bias)
         o, lse = _fwd(q, k, v, attn_bias, is_causal, scale)
         return o, lse.unsqueeze(-1), None, None, q.shape[2], k.shape[2], None, None, None
 

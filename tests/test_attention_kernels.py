@@ -1,7 +1,9 @@
 """Block kernels (attn_fwd / attn_bwd / attention) and the log-sum-exp merge vs the float64
 reference."""
 
+import contextlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -18,6 +20,30 @@ CPU_BACKENDS = ["cpu", "math"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """A kernel falling back to another is an error inside, and nothing inside inherits a backend
+    that an earlier call in this process marked broken."""
+    broken, backends._broken = backends._broken, {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", backends.BackendFallbackWarning)
+            yield
+        assert not backends._broken, f"backends fell back: {sorted(backends._broken)}"
+    finally:
+        backends._broken = broken
+
+
+@pytest.fixture(autouse=True)
+def _cuda_tests_hide_no_fallback(request):
+    """The CUDA tests check the kernel they name: one that falls back to another fails."""
+    if request.node.get_closest_marker("cuda") is None:
+        yield
+        return
+    with no_fallback():
+        yield
 
 
 def _inputs(
@@ -449,7 +475,7 @@ def test_cuda_fp32_efficient():
 def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch):
     """flash / flash_attn / cudnn calls are written from signatures; a rejecting call falls back
     exactly."""
-    monkeypatch.setattr(backends, "_broken", set())
+    monkeypatch.setattr(backends, "_broken", {})
 
     def reject(*a, **k):
         raise RuntimeError("unexpected argument")
@@ -472,11 +498,34 @@ def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch)
     assert ("fwd", "flash") in backends._broken and ("bwd", "flash") in backends._broken
 
 
+def test_under_no_fallback_a_rejected_call_fails_and_earlier_breakage_is_forgotten(monkeypatch):
+    """What every CUDA test runs under: a backend that rejects a call raises instead of handing the
+    call to "efficient", and a backend an earlier test broke is tried again."""
+    calls = []
+
+    def flash(q, k, v, scale, mask, causal):
+        calls.append(q.shape)
+        return backends._math_fwd(q, k, v, scale, mask, causal)
+
+    def reject(*a, **k):
+        raise RuntimeError("unexpected argument")
+
+    monkeypatch.setattr(backends, "_broken", {("fwd", "flash"): "an earlier test"})
+    monkeypatch.setitem(backends._FWD, "flash", flash)
+    q, k, v, _, _ = _inputs(1, 4, 6, 4, 4, 8)
+    with no_fallback():
+        backends.kernel_fwd("flash", q, k, v, 0.5, None, False)
+    assert len(calls) == 1 and list(backends._broken) == [("fwd", "flash")]
+    monkeypatch.setitem(backends._FWD, "flash", reject)
+    with pytest.raises(backends.BackendFallbackWarning, match="unexpected argument"):
+        with no_fallback():
+            backends.kernel_fwd("flash", q, k, v, 0.5, None, False)
+
+
 def test_band_masks_live_only_with_their_tile(monkeypatch):
     """attn_fwd / attn_bwd plan tiles as they run: when a tile is planned, at most the two before it
-    still hold
-    their band masks (the first two are looked at together), not every tile of the block (GPU memory
-    at an hour)."""
+    still hold their band masks (the first two are looked at together), not every tile of the block
+    (GPU memory at an hour)."""
     import weakref
 
     monkeypatch.setattr(masks, "Q_TILE", 4)

@@ -1,13 +1,15 @@
 """The CUDA adapters (efficient, cudnn, flash, flash-attn) run on CPU against stand-in ops with the
 real conventions.
 
-Their argument plumbing, GQA row packing, mask band and lse handling are checked
-against the float64 reference, forward and backward, with and without masks, at GQA
-7:1, on uneven and empty shards; and no op ever gets a K/V with more than Hkv heads.
-The real kernels run in the CUDA-marked tests of test_attention_kernels.py.
+Their argument plumbing, GQA row packing, mask band and lse handling are checked against the float64
+reference, forward and backward, with and without masks, at GQA 7:1, on uneven and empty shards; and
+no op ever gets a K/V with more than Hkv heads. The real kernels run in the CUDA-marked tests of
+test_attention_kernels.py.
 """
 
+import importlib.util
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +28,7 @@ OPS = {
 }
 DTYPE = {
     "efficient": torch.float32,
-    "cudnn": torch.float32,
+    "cudnn": torch.bfloat16,
     "flash": torch.bfloat16,
     "flash_attn": torch.bfloat16,
 }
@@ -39,7 +41,7 @@ def standins(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
     monkeypatch.setattr(backends, "_flash_attn", lambda: object())
-    monkeypatch.setattr(backends, "_broken", set())
+    monkeypatch.setattr(backends, "_broken", {})
     for name, fn in install(rec).items():
         monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
     with warnings.catch_warnings():
@@ -79,6 +81,8 @@ def test_cuda_adapter_matches_reference_on_cpu(standins, backend, causal, media,
         assert masked and all(c.bias[-1] < 23 for c in masked), (
             "every mask covers a band, never all keys"
         )
+    for c in masked:  # heads broadcast: expanded (stride 0) for efficient, a size-1 dim for cuDNN
+        assert c.bias[1] == (1 if c.op == "cudnn_fwd" else c.q[1]), c
 
 
 @pytest.mark.parametrize("backend", list(OPS))
@@ -97,3 +101,112 @@ def test_forward_reads_the_resident_kv_in_place(standins):
     attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame)
     assert standins.ops() == {"fa_fwd", "efficient_fwd"}
     assert all(c.k_storage == k.untyped_storage().data_ptr() for c in standins.calls)
+
+
+def _cuda_q(dtype: torch.dtype, d: int = 16) -> torch.Tensor:
+    return torch.zeros(1, 4, HKV, d, dtype=dtype)
+
+
+def test_can_run_cudnn_only_in_half_precision_up_to_head_dim_128(standins):
+    """cuDNN attention is fp16/bf16 only and takes head_dim <= 128: other calls go to another
+    backend before any op sees them, so no fallback is needed."""
+    assert backends.can_run("cudnn", _cuda_q(torch.bfloat16), True, 128)
+    assert backends.can_run("cudnn", _cuda_q(torch.float16), False, 64)
+    assert not backends.can_run("cudnn", _cuda_q(torch.float32), False, 64)
+    assert not backends.can_run("cudnn", _cuda_q(torch.bfloat16), False, 256)
+    assert backends.can_run("efficient", _cuda_q(torch.float32), True, 64)
+    q, k, v, q_vis, k_frame = _inputs(1, 4, 9, HQ, HKV, 256, dtype=torch.bfloat16, media=True)
+    attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend="cudnn")
+    assert "cudnn_fwd" not in standins.ops() and standins.calls
+
+
+def test_efficient_backward_packs_out_and_dout(standins):
+    """An `out` whose rows are not packed (a slice of a wider tensor) is packed before the kernel,
+    which reads it with packed rows whatever its strides."""
+    q, k, v, _, _ = _inputs(2, 5, 7, HKV, HKV, 16)
+    wide = torch.randn(2, 5, HKV, 24)
+    out, dout = wide[..., :16], wide[..., 8:]
+    assert not out.is_contiguous()
+    got = backends._efficient_bwd(dout, q, k, v, out, torch.zeros(2, HKV, 5), 0.25, None, False)
+    want = backends._math_bwd(dout, q, k, v, out, torch.zeros(2, HKV, 5), None, 0.25, None, False)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+    ],
+    ids=["oom", "device_fault"],
+)
+def test_running_out_of_memory_never_marks_a_backend_broken(standins, monkeypatch, error):
+    """Only an op refusing the call's arguments may send later calls to "efficient": an OOM or a
+    device fault is the caller's to see, and the backend stays in use."""
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "cudnn_fwd", fail)
+    q, k, v, _, _ = _inputs(1, 4, 9, HKV, HKV, 16, dtype=torch.bfloat16)
+    with pytest.raises(type(error)):
+        backends.kernel_fwd("cudnn", q, k, v, 0.25, None, False)
+    assert not backends._broken and "efficient_fwd" not in standins.ops()
+
+
+def test_a_rejected_call_falls_back_and_the_tally_says_so(standins, monkeypatch):
+    """A shape/dtype rejection marks the backend broken, warns once with its own category, and every
+    tally open at the time records the kernel that ran and the fallback with its reason."""
+
+    def reject(*args, **kwargs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "cudnn_fwd", reject)
+    q, k, v, _, _ = _inputs(1, 4, 9, HKV, HKV, 16, dtype=torch.bfloat16)
+    with backends.kernel_tally() as outer:
+        with pytest.warns(backends.BackendFallbackWarning, match="No available kernel"):
+            with backends.kernel_tally() as inner:
+                backends.kernel_fwd("cudnn", q, k, v, 0.25, None, False)
+        backends.kernel_fwd("cudnn", q, k, v, 0.25, None, False)  # broken now: no second warning
+        backends.kernel_bwd("cudnn", q, q, k, v, q, torch.zeros(1, HKV, 4), None, 0.25, None, False)
+    assert list(backends._broken) == [("fwd", "cudnn")]
+    assert inner.calls == {"fwd efficient": 1}
+    assert inner.fallbacks == {
+        "fwd cudnn -> efficient: No available kernel. Aborting execution.": 1
+    }
+    assert outer.calls == {"fwd efficient": 2, "bwd efficient": 1}
+    assert outer.ran("fwd") == ["efficient"] and outer.ran("bwd") == ["efficient"]
+    assert outer.fallbacks == {
+        "fwd cudnn -> efficient: No available kernel. Aborting execution.": 2
+    }
+
+
+def _bench_xattn():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_xattn.py"
+    spec = importlib.util.spec_from_file_location("bench_xattn", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_xattn_names_the_kernels_that_ran_and_every_fallback(standins, monkeypatch):
+    """cuDNN's row says its backward ran on "efficient"; a backend whose op rejects the call is
+    timed on "efficient" and its row and the JSON's fallback lines say so."""
+    bench = _bench_xattn()
+    q, k, v, _, _ = _inputs(1, 6, 40, HQ, HKV, 16, dtype=torch.bfloat16)
+    cpu = torch.device("cpu")
+    row = bench._bench_backend("cudnn", (q, k, v, torch.ones_like(q)), cpu, 1, 0)
+    assert row["ran"] == {"attn_fwd": ["cudnn"], "attn_bwd": ["efficient"]}
+    assert row["fallbacks"] == {"attn_fwd": {}, "attn_bwd": {}}
+
+    def reject(*args, **kwargs):
+        raise RuntimeError("flash: unsupported head_dim")
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "flash_fwd", reject)
+    with pytest.warns(backends.BackendFallbackWarning):
+        row = bench._bench_backend("flash", (q, k, v, torch.ones_like(q)), cpu, 2, 1)
+    assert row["ran"] == {"attn_fwd": ["efficient"], "attn_bwd": ["flash"]}
+    assert bench.fallback_lines({"flash": row}) == [
+        "flash attn_fwd: fwd flash -> efficient: flash: unsupported head_dim (4 calls)"
+    ]

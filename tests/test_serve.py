@@ -1,8 +1,8 @@
 """`lvx serve` end to end: a real server process on 1 and 2 CPU ranks, driven with gradio_client.
 
-The answers streamed into the chat must be exactly the model's own greedy answers
-(computed in this process by test_engine's reference), and failures must come back
-as readable messages while the server keeps serving.
+The answers streamed into the chat must be exactly the model's own greedy answers (computed in this
+process by test_engine's reference), and failures must come back as readable messages while the
+server keeps serving.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import gradio_client
 import pytest
-from test_engine import PARAMS, QUESTIONS, _reference
 
-from lvx_app.engine.describe import printable
-from lvx_ui.app import link_timestamps, message_text
+# a bare GPU image has neither: this file (and the serve tests importing it) skip there
+gradio_client = pytest.importorskip("gradio_client")
+pytest.importorskip("gradio")
+
+from test_engine import PARAMS, QUESTIONS, _reference  # noqa: E402
+
+from lvx_app.engine.describe import printable  # noqa: E402
+from lvx_ui.app import link_timestamps, message_text  # noqa: E402
 
 LVX = [sys.executable, "-m", "lvx_app.cli"]
 MAX_UPLOAD_MB = 1
@@ -317,8 +321,8 @@ def test_dead_rank_is_a_readable_error_and_the_page_keeps_answering(server):
 @pytest.mark.slow
 def test_subtitles_from_the_video_or_an_upload(server, short_video):
     """The checkbox uses the text stream inside the video, an upload replaces it, a bad upload is
-    one line; the status
-    says how many lines were placed; switching subtitles reloads from the feature cache."""
+    one line; the status says how many lines were placed; switching subtitles reloads from the
+    feature cache."""
     from videos import add_subtitle_stream
 
     talk = add_subtitle_stream(

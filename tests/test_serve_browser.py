@@ -1,9 +1,9 @@
 """`lvx serve` in a real browser: headless Chromium (Debian's /usr/bin/chromium) driven by
 Playwright.
 
-Loads the page, uploads a video, loads it, asks a question, waits for the streamed
-answer (the model's greedy one) and its TTFT line, clicks a timestamp link to seek the
-player, and saves a screenshot. CI installs Chromium; without it this test fails.
+Loads the page, uploads a video, loads it, asks a question, waits for the streamed answer (the
+model's greedy one) and its TTFT line, clicks a timestamp link to seek the player, and saves a
+screenshot. CI installs Chromium; without it this test fails.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import start_server, stop_server
 
 from lvx_app.engine.describe import printable
+
+pytest.importorskip("playwright.sync_api")  # a bare GPU image has no Playwright: skip there
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -7,9 +7,10 @@ given call, e.g. flash with a mask, falls back to the automatic choice):
 - "flash": aten._scaled_dot_product_flash_attention (CUDA, fp16/bf16, no mask).
 - "efficient": aten._scaled_dot_product_efficient_attention (CUDA, any mask
   as an additive bias; lse comes padded to a multiple of 32 and is sliced).
-- "cudnn": aten._scaled_dot_product_cudnn_attention forward (lse has a trailing
-  1 that is squeezed); its backward runs on "efficient" (block backward only
-  needs the final out/lse, so this is exact).
+- "cudnn": aten._scaled_dot_product_cudnn_attention forward (fp16/bf16, head_dim
+  up to 128; the mask goes in as a (B, 1, Sq, Sk) bias, heads broadcast as PyTorch's
+  own path passes it; lse has a trailing 1 that is squeezed); its backward runs on
+  "efficient" (block backward only needs the final out/lse, so this is exact).
 - "cpu": aten._scaled_dot_product_flash_attention_for_cpu and its backward op
   (float additive mask in the query dtype; causal only where top-left ==
   bottom-right; never called with Sk == 0, which SIGFPE-kills the process;
@@ -18,12 +19,15 @@ given call, e.g. flash with a mask, falls back to the automatic choice):
   takes grouped-query heads natively (einsum over (Hkv, G), no K/V copy).
 Automatic choice: CUDA -> flash_attn/flash without mask, else efficient;
 CPU -> cpu; float64 -> math. The CUDA adapters other than "efficient" were
-written from the published signatures: one that rejects our arguments falls
-back (exactly) to "efficient" from then on, with one warning.
+written from the published signatures: one that rejects our arguments (shape,
+dtype, argument list) falls back (exactly) to "efficient" from then on, with one
+`BackendFallbackWarning`; running out of memory or a device fault is raised, never
+taken for a rejection. `kernel_tally()` records which kernel ran each call and
+every fallback, so benchmarks can say what they timed.
 
-GQA: `attn_fwd` / `attn_bwd` pack the query groups into rows (`gqa`), so the
-aten and flash-attn adapters get as many query heads as K/V heads and pass the
-caller's K/V slices as views; `_heads_first` refuses unpacked queries.
+GQA: `attn_fwd` / `attn_bwd` pack the query groups into rows (`gqa`), so the aten and flash-attn
+adapters get as many query heads as K/V heads and pass the caller's K/V slices as views;
+`_heads_first` refuses unpacked queries.
 
 Every aten / flash-attn kernel call goes through one table, `KERNEL_OPS`
 (op name -> function with the op's own signature). The CUDA-only functions and
@@ -45,10 +49,13 @@ dout' = [dO, dlse, 0..] (`AUG_COLS` extra columns keep head_dim a multiple of
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
-from typing import Callable, TypeVar
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +64,7 @@ from lvx_app.attention.masks import causal_visibility
 from lvx_app.attention.merge import NEG_INF, acc_dtype
 
 AUG_COLS = 8  # extra head-dim columns used to carry dlse through the aten backward ops
+CUDNN_MAX_HEAD_DIM = 128  # cuDNN attention takes up to 128 everywhere (more on some GPUs only)
 
 _flash_attn_cache: list = []
 
@@ -137,7 +145,9 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
         )
     if name == "flash":
         return cuda and half and not has_mask and head_dim % 8 == 0 and head_dim <= 256
-    if name in ("efficient", "cudnn"):
+    if name == "cudnn":  # cuDNN attention is fp16/bf16 only
+        return cuda and half and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
+    if name == "efficient":
         return (
             cuda and q.dtype in (torch.float32, torch.float16, torch.bfloat16) and head_dim % 8 == 0
         )
@@ -146,11 +156,11 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
     )
 
 
-# ----------------------------------------------------------------------------- adapters
-# All take q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask
-# (B,Sq,Sk) or None, and `causal` = native top-left causal (only used with Sq == Sk).
-# Forward returns (out (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) fp32). Rows that see nothing
-# are fixed up by the caller. Backward gets lse with -inf already replaced by 0.
+# ----------------------------------------------------------------------------- adapters All take q
+# (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask (B,Sq,Sk) or None, and
+# `causal` = native top-left causal (only used with Sq == Sk). Forward returns (out (B,Sq,Hq,D) q
+# dtype, lse (B,Hq,Sq) fp32). Rows that see nothing are fixed up by the caller. Backward gets lse
+# with -inf already replaced by 0.
 
 
 def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -209,9 +219,9 @@ def _additive(mask: torch.Tensor, dtype, align: int = 1) -> torch.Tensor:
     return bias
 
 
-# ----------------------------------------------------------------------------- the op table
-# Every aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the
-# CUDA ops for CPU stand-ins with the same signatures and run the adapters on CPU.
+# ----------------------------------------------------------------------------- the op table Every
+# aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the CUDA ops for CPU
+# stand-ins with the same signatures and run the adapters on CPU.
 
 
 def _aten(name: str) -> Callable:
@@ -226,8 +236,8 @@ def _fa_forward(*args, **kw):
 
 def _fa_backward(**kw):
     fn = _flash_attn()._flash_attn_backward
-    # absorbs the 2.5 .. 2.8 API drift; from 2.6 the function is a torch custom op whose
-    # Python signature lives on `_init_fn` (as ring-flash-attn does)
+    # absorbs the 2.5 .. 2.8 API drift; from 2.6 the function is a torch custom op whose Python
+    # signature lives on `_init_fn` (as ring-flash-attn does)
     params = inspect.signature(getattr(fn, "_init_fn", fn)).parameters
     return fn(**{name: val for name, val in kw.items() if name in params})
 
@@ -283,11 +293,18 @@ def _cpu_bwd(dout, q, k, v, out, lse, scale, mask, causal):
 
 
 def _cuda_bias(mask, q):
+    """The mem-efficient kernel's bias: (B, H, Sq, Sk), heads broadcast with stride 0, rows
+    16-element aligned (as PyTorch's own SDPA path expands it)."""
     if mask is None:
         return None
     b, sq, sk = mask.shape
-    # mem-efficient kernels want the bias row stride 16-element aligned; heads broadcast.
     return _additive(mask, q.dtype, align=16).expand(b, q.shape[2], sq, sk)
+
+
+def _cudnn_bias(mask, q):
+    """cuDNN's bias: (B, 1, Sq, Sk) unexpanded, as PyTorch's own path passes it (a stride-0 head
+    dimension is not a layout cuDNN is asked for there)."""
+    return None if mask is None else _additive(mask, q.dtype, align=16)
 
 
 def _heads_first(q, k, v):
@@ -314,13 +331,14 @@ def _efficient_bwd(dout, q, k, v, out, lse, scale, mask, causal):
     sq = q.shape[1]
     lse_p = F.pad(lse.float(), (0, -(-sq // 32) * 32 - sq)).contiguous()
     dummy = torch.zeros((), dtype=torch.int64, device=q.device)
+    # the kernel reads out with packed (B, S, H, D) rows whatever its strides: pack it (and dout)
     dq, dk, dv, _db = KERNEL_OPS["efficient_bwd"](
-        dout.transpose(1, 2),
+        dout.contiguous().transpose(1, 2),
         qt,
         kt,
         vt,
         _cuda_bias(mask, q),
-        out.transpose(1, 2),
+        out.contiguous().transpose(1, 2),
         lse_p,
         dummy,
         dummy,
@@ -368,7 +386,7 @@ def _flash_bwd(dout, q, k, v, out, lse, scale, mask, causal):
 def _cudnn_fwd(q, k, v, scale, mask, causal):
     qt, kt, vt = _heads_first(q, k, v)
     res = KERNEL_OPS["cudnn_fwd"](
-        qt, kt, vt, _cuda_bias(mask, q), True, 0.0, causal, False, scale=scale
+        qt, kt, vt, _cudnn_bias(mask, q), True, 0.0, causal, False, scale=scale
     )
     b, sq, h, _ = q.shape
     return res[0].transpose(1, 2), res[1].float().reshape(b, h, sq)
@@ -440,32 +458,97 @@ _BWD = {
 # ----------------------------------------------------------------------------- dispatch with
 # fallback
 
-# CUDA (direction, backend) pairs that raised once; then "efficient"
-_broken: set[tuple[str, str]] = set()
+# CUDA (direction, backend) pairs whose op rejected our arguments once -> the op's error line;
+# "efficient" runs their calls from then on
+_broken: dict[tuple[str, str], str] = {}
 # cudnn's bwd is "efficient"
 _UNVERIFIED = {"fwd": ("flash", "flash_attn", "cudnn"), "bwd": ("flash", "flash_attn")}
+_KERNEL = {("bwd", "cudnn"): "efficient"}  # the kernel a backend's direction really runs
 _DIRECTION = {"fwd": "forward", "bwd": "backward"}
+# errors any kernel would hit as well: raised, never taken for an op rejecting our arguments
+_DEVICE_ERRORS = tuple(
+    e for e in (torch.cuda.OutOfMemoryError, getattr(torch, "AcceleratorError", None)) if e
+)
 
 _T = TypeVar("_T")
+
+
+class BackendFallbackWarning(UserWarning):
+    """An attention backend rejected a call and another kernel ran it (exactly, but not the one
+    asked for)."""
+
+
+@dataclass(eq=False)  # each tally is its own record, whatever it holds
+class KernelTally:
+    """What ran inside `kernel_tally()`: calls per "direction kernel" (e.g. "bwd efficient"), and
+    each fallback ("fwd cudnn -> efficient: why") with its count."""
+
+    calls: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+
+    def ran(self, direction: str) -> list[str]:
+        """The kernels that ran calls in `direction` ("fwd" or "bwd"), sorted."""
+        return sorted({key.split(" ", 1)[1] for key in self.calls if key.startswith(direction)})
+
+
+_tallies: list[KernelTally] = []
+
+
+@contextlib.contextmanager
+def kernel_tally() -> Iterator[KernelTally]:
+    """Record every block kernel call made inside the block (nested tallies all see them)."""
+    tally = KernelTally()
+    _tallies.append(tally)
+    try:
+        yield tally
+    finally:
+        _tallies.remove(tally)
+
+
+def _note(direction: str, kernel: str, fallback: str | None = None) -> None:
+    for tally in _tallies:
+        tally.calls[f"{direction} {kernel}"] += 1
+        if fallback is not None:
+            tally.fallbacks[f"{direction} {fallback}"] += 1
+
+
+def _rejects_arguments(exc: BaseException) -> bool:
+    """Whether an op's error says it does not take this call (shape, dtype, argument list), rather
+    than that the device ran out of memory or faulted."""
+    text = str(exc)
+    return not isinstance(exc, _DEVICE_ERRORS) and not any(
+        word in text for word in ("out of memory", "CUDA error")
+    )
 
 
 def _with_fallback(
     direction: str, be: str, q: torch.Tensor, has_mask: bool, run: Callable[[str], _T]
 ) -> _T:
-    """`run(be)`; an unverified CUDA backend that rejects our arguments is marked broken (one
+    """`run(be)`; an unverified CUDA backend whose op rejects our arguments is marked broken (one
     warning) and this call and every later one run exactly on "efficient" (or "math") instead."""
     if be not in _UNVERIFIED[direction]:
-        return run(be)
+        result = run(be)
+        _note(direction, _KERNEL.get((direction, be), be))
+        return result
     if (direction, be) not in _broken:
         try:
-            return run(be)
+            result = run(be)
+            _note(direction, be)
+            return result
         except (RuntimeError, TypeError) as exc:
-            _broken.add((direction, be))
+            if not _rejects_arguments(exc):
+                raise
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            _broken[(direction, be)] = why
             warnings.warn(
-                f"attention {_DIRECTION[direction]} on {be!r} failed ({exc}); using 'efficient'",
+                f"attention {_DIRECTION[direction]} on {be!r} failed ({why}); using 'efficient'",
+                BackendFallbackWarning,
                 stacklevel=3,
             )
-    return run("efficient" if can_run("efficient", q, has_mask, q.shape[-1]) else "math")
+    alt = "efficient" if can_run("efficient", q, has_mask, q.shape[-1]) else "math"
+    result = run(alt)
+    _note(direction, alt, f"{be} -> {alt}: {_broken[(direction, be)]}")
+    return result
 
 
 def kernel_fwd(be, q, k, v, scale, mask, causal):
