@@ -69,11 +69,19 @@ class ModelConfig:
     """Which checkpoint, and in which dtype."""
 
     path: str = option(
-        DEFAULT_MODEL, "--model", "Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id."
+        DEFAULT_MODEL,
+        "--model",
+        "Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.",
+        metavar="DIR|HUB_ID",
     )
-    revision: str | None = option(None, "--revision", "Hub revision (branch, tag or commit).")
+    revision: str | None = option(
+        None, "--revision", "Hub revision (branch, tag or commit).", metavar="REV"
+    )
     dtype: str = option(
-        "auto", "--dtype", "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16."
+        "auto",
+        "--dtype",
+        "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16.",
+        metavar="auto|float32|bfloat16|float16",
     )
 
     def __post_init__(self) -> None:
@@ -85,7 +93,7 @@ class ModelConfig:
 class VideoConfig:
     """How a video becomes visual tokens: sampling, decoding, subtitles, caches, K/V memory."""
 
-    fps: float = option(1.0, "--fps", "Frames sampled per second of video.")
+    fps: float = option(1.0, "--fps", "Frames sampled per second of video.", metavar="FPS")
     max_frames: int | None = option(
         None,
         "--max-frames",
@@ -100,12 +108,16 @@ class VideoConfig:
         metavar="auto|none|FILE",
     )
     subtitle_lang: str | None = option(
-        None, "--subtitle-lang", "Language of the subtitles --subtitles auto picks (en, fr, ...)."
+        None,
+        "--subtitle-lang",
+        "Language of the subtitles --subtitles auto picks (en, fr, ...).",
+        metavar="LANG",
     )
     subtitle_encoding: str | None = option(
         None,
         "--subtitle-encoding",
         "Text encoding of the subtitle file. Default: UTF-8, else detected.",
+        metavar="ENCODING",
     )
     subtitle_tokens: int = option(
         DEFAULT_SUBTITLE_TOKENS,
@@ -124,12 +136,16 @@ class VideoConfig:
         True, "--cache/--no-cache", "Read and write the cache of frame features and saved prompts."
     )
     cache_dir: str | None = option(
-        None, "--cache-dir", "Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx."
+        None,
+        "--cache-dir",
+        "Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx.",
+        metavar="DIR",
     )
     decode_timeout_s: float = option(
         DEFAULT_DECODE_TIMEOUT_S,
         "--decode-timeout",
         "Seconds one chunk of frames may take to decode before it is retried frame by frame.",
+        metavar="SECONDS",
     )
     decode_workers: int | None = None  # decode processes per rank (None: by the cores)
     save_visual_kv: str = "auto"  # auto (when reading back beats computing) | always | never
@@ -168,6 +184,7 @@ class ParallelConfig:
         "--layout",
         "How frames and their prompt tokens are dealt over the ranks: zigzag (balanced), striped "
         "or contiguous. The answers are the same on every layout.",
+        metavar="zigzag|striped|contiguous",
     )
     xattn_schedule: str = option(
         "auto",
@@ -175,11 +192,13 @@ class ParallelConfig:
         "A question's cross-attention over the ranks: gather (short questions), ring (long ones) "
         "or "
         "auto (by the measured crossover). The video prompt always takes the ring.",
+        metavar="auto|ring|gather",
     )
     timeout_s: float = option(
         DEFAULT_TIMEOUT_S,
         "--timeout",
         "Seconds a rank waits for a dead or hung peer during work before the group stops.",
+        metavar="SECONDS",
     )
 
     def __post_init__(self) -> None:
@@ -202,16 +221,24 @@ class ParallelConfig:
 class GenerationConfig:
     """How an answer is generated; greedy by default, so answers are reproducible."""
 
-    max_new_tokens: int = option(
-        DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", "Longest answer, in tokens."
+    max_new_tokens: int | None = option(
+        None,
+        "--max-new-tokens",
+        "Longest answer, in tokens. Default: the checkpoint's own (max_new_tokens in its "
+        f"generation_config.json), else {DEFAULT_MAX_NEW_TOKENS}.",
     )
-    temperature: float = option(0.0, "--temperature", "0 = greedy (reproducible); above 0 samples.")
-    top_p: float = option(1.0, "--top-p", "Nucleus sampling mass (0 < p <= 1) when sampling.")
+    temperature: float = option(
+        0.0, "--temperature", "0 = greedy (reproducible); above 0 samples.", metavar="T"
+    )
+    top_p: float = option(
+        1.0, "--top-p", "Nucleus sampling mass (0 < p <= 1) when sampling.", metavar="P"
+    )
     seed: int = option(0, "--seed", "Seed of sampling (answers repeat for the same seed).")
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            self.max_new_tokens is None
+            or (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1),
             f"--max-new-tokens must be 1 or more (got {self.max_new_tokens!r})",
         )
         _require(
@@ -232,9 +259,12 @@ class ServeConfig:
     """The browser page: where it listens and what it accepts."""
 
     host: str = option(
-        "127.0.0.1", "--host", "Address to bind; other machines can connect only if you change it."
+        "127.0.0.1",
+        "--host",
+        "Address to bind; other machines can connect only if you change it.",
+        metavar="ADDRESS",
     )
-    port: int = option(7860, "--port", "Port to serve on.")
+    port: int = option(7860, "--port", "Port to serve on.", metavar="PORT")
     allow_paths: list[str] = option(
         None,
         "--allow-paths",
@@ -242,8 +272,12 @@ class ServeConfig:
         factory=list,
         metavar="DIR",
     )
-    max_upload_mb: float = option(4096.0, "--max-upload-mb", "Largest upload accepted, in MB.")
-    auth: str | None = option(None, "--auth", "Require a login, given as user:password.")
+    max_upload_mb: float = option(
+        4096.0, "--max-upload-mb", "Largest upload accepted, in MB.", metavar="MB"
+    )
+    auth: str | None = option(
+        None, "--auth", "Require a login, given as user:password.", metavar="USER:PASSWORD"
+    )
     share: bool = option(False, "--share/--no-share", "Also open a public Gradio share link.")
     queue_size: int = option(8, "--queue-size", "Requests that may wait; more are turned away.")
 
@@ -264,13 +298,24 @@ class TrainConfig:
     """Finetuning: data, what is trained, the schedule and checkpoints."""
 
     data: str = option(
-        "", "--data", "JSONL file: one {video, question, answer} sample per line.", required=True
+        "",
+        "--data",
+        "JSONL file: one {video, question, answer} sample per line.",
+        required=True,
+        metavar="FILE",
     )
     out: str = option(
-        "", "--out", "Output checkpoint folder (loadable with lvx chat --model OUT).", required=True
+        "",
+        "--out",
+        "Output checkpoint folder (loadable with lvx chat --model OUT).",
+        required=True,
+        metavar="DIR",
     )
     video_dir: str | None = option(
-        None, "--video-dir", "Folder the samples' video names are relative to. Default: the data's."
+        None,
+        "--video-dir",
+        "Folder the samples' video names are relative to. Default: the data's.",
+        metavar="DIR",
     )
     mode: str | None = option(
         None,
@@ -294,7 +339,9 @@ class TrainConfig:
     checkpoint_lm: bool = option(
         False, "--checkpoint-lm", "Checkpoint the decoder layers (less activation memory)."
     )
-    lr: float = option(1e-4, "--lr", "Peak learning rate (AdamW, warm-up then cosine).")
+    lr: float = option(
+        1e-4, "--lr", "Peak learning rate (AdamW, warm-up then cosine).", metavar="RATE"
+    )
     min_lr_ratio: float = 0.1
     warmup_steps: int | None = None  # default 5 % of steps
     weight_decay: float = 0.0
@@ -331,13 +378,17 @@ class EvalConfig:
     """A Video-MME run: the data, which questions, how answers are scored."""
 
     data: str = option(
-        "", "--data", "Folder with videomme/test-*.parquet, data/, subtitle/.", required=True
+        "",
+        "--data",
+        "Folder with videomme/test-*.parquet, data/, subtitle/.",
+        required=True,
+        metavar="DIR",
     )
     out: str | None = option(
-        None, "--out", "Results JSONL (resumed if it exists). Default: under runs/."
+        None, "--out", "Results JSONL (resumed if it exists). Default: under runs/.", metavar="FILE"
     )
     questions: str | None = option(
-        None, "--questions", "Question file, if not under --data/videomme/."
+        None, "--questions", "Question file, if not under --data/videomme/.", metavar="FILE"
     )
     subtitles: bool = option(
         False, "--subtitles/--no-subtitles", "The official with-subtitles setting."

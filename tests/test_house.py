@@ -177,3 +177,11 @@ def test_every_package_folder_is_installed_under_its_import_name():
     )
     folders = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert listed == folders
+
+
+def test_ci_runs_the_readmes_test_line_word_for_word():
+    """The README's two copy-paste lines come first; CI runs the second as it is."""
+    lines = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("\n```", 1)[0]
+    demo, tests = lines.splitlines()
+    assert demo.endswith("lvx demo") and tests.endswith("python -m pytest -q")
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()

@@ -335,7 +335,8 @@ class ChatApp:
         part = {"type": "text", "text": ""}
         history.append({"role": "assistant", "content": [part]})
         yield history, "", owner, gr.skip()
-        limit = max(1, int(max_new_tokens or self.config.generation.max_new_tokens))
+        # the box's number, else the engine's own default
+        limit = max(1, int(max_new_tokens)) if max_new_tokens else None
         with self.lock:
             self.stop.clear()
             for _ in self._answer(
@@ -346,7 +347,14 @@ class ChatApp:
         yield history, "", owner, status
 
     def _answer(
-        self, message: str, max_new_tokens: int, part: dict, owner: str, *, fresh: bool, progress
+        self,
+        message: str,
+        max_new_tokens: int | None,
+        part: dict,
+        owner: str,
+        *,
+        fresh: bool,
+        progress,
     ):
         """Fill `part` with the answer (under the lock); yields after each piece. Errors become one
         line in it."""
@@ -515,7 +523,7 @@ def _chat_column(ui: ChatApp) -> tuple:
                 gr.Button("Stats", elem_id="lvx-stats-btn"),
             )
         with gr.Accordion("Generation", open=False):
-            limit = ui.config.generation.max_new_tokens
+            limit = ui.config.generation.max_new_tokens or ui.engine.describe()["max new tokens"]
             max_new = gr.Number(limit, label="max new tokens", precision=0)
         stats_box = gr.Markdown("", elem_id="lvx-stats")
     return chatbot, message, buttons, max_new, stats_box

@@ -19,8 +19,40 @@ cache_app = new_app(
 )
 
 DirOption = typer.Option(
-    None, "--cache-dir", "--dir", help="Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx."
+    None,
+    "--cache-dir",
+    help="Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx.",
+    metavar="DIR",
 )
+# the older name of --cache-dir, still accepted
+OldDirOption = typer.Option(None, "--dir", hidden=True)
+
+
+def _folder(cache_dir: Optional[Path], old: Optional[Path]) -> Optional[Path]:
+    return cache_dir or old
+
+
+def distinct_paths(paths: list[str]) -> dict[str, str]:
+    """Each path's shortest tail of folders that no other path shares (`a/shapes.mp4` beside
+    `b/shapes.mp4`), so rows of different videos with the same file name tell apart."""
+    parts = {p: Path(p).parts for p in paths}
+    shown = {}
+    for path, mine in parts.items():
+        for n in range(1, len(mine) + 1):
+            tail = mine[-n:]
+            if not any(o[-n:] == tail for q, o in parts.items() if q != path and o != mine):
+                shown[path] = str(Path(*tail))
+                break
+        else:
+            shown[path] = path
+    return shown
+
+
+def model_name(model: str) -> str:
+    """A checkpoint as a reader knows it: its folder's name, and what a finetuning run cached."""
+    name, _, part = model.partition("#")
+    short = Path(name.rstrip("/")).name or name
+    return f"{short} ({part} features, finetuning)" if part else short
 
 
 def _human(n: float) -> str:
@@ -63,11 +95,12 @@ def _saved_tables(console: Console, dir: Optional[Path]) -> int:
             "status",
         ):
             table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
+        videos = distinct_paths([e.video for e in entries if e.video != "?"])
         for e in entries:
             tokens = [str(e.tokens)] if store.has_tokens else []
             table.add_row(
                 e.entry_id[:12],
-                Path(e.video).name if e.video != "?" else "?",
+                videos.get(e.video, "?"),
                 "/".join(map(str, e.world_sizes)) or "?",
                 *tokens,
                 _human(e.bytes),
@@ -79,9 +112,11 @@ def _saved_tables(console: Console, dir: Optional[Path]) -> int:
 
 
 @cache_app.command("ls")
-def ls(dir: Optional[Path] = DirOption) -> None:
-    """List cached videos (settings, shards present, frames, size), the saved video prompts and
-    visual K/V."""
+def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOption) -> None:
+    """List the cache's entries.
+
+    Cached videos (settings, shards present, frames, size), saved video prompts and visual K/V."""
+    dir = _folder(cache_dir, old_dir)
     cache = _cache(dir)
     entries = cache.entries()
     console = Console()
@@ -108,6 +143,7 @@ def ls(dir: Optional[Path] = DirOption) -> None:
             col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left"
         )
     total = 0
+    videos = distinct_paths([e.video for e in entries if e.video != "?"])
     for e in entries:
         total += e.bytes
         shards = f"{e.shards}/{e.world_size}" if e.world_size else "0/?"
@@ -115,10 +151,10 @@ def ls(dir: Optional[Path] = DirOption) -> None:
             shards += " [red](damaged)[/red]"
         table.add_row(
             e.entry_id[:12],
-            Path(e.video).name if e.video != "?" else "?",
+            videos.get(e.video, "?"),
             f"{e.fps:g}",
             "-" if e.max_frames is None else str(e.max_frames),
-            e.model,
+            model_name(e.model),
             e.dtype,
             shards,
             str(e.frames),
@@ -138,15 +174,18 @@ def ls(dir: Optional[Path] = DirOption) -> None:
 @cache_app.command("rm")
 def rm(
     targets: List[str] = typer.Argument(
-        None, help="Entry ids (or their first 4+ characters) or video paths."
+        None, help="Entry ids (or their first 4+ characters) or video paths.", metavar="ID|VIDEO..."
     ),
     stale: bool = typer.Option(
         False, "--stale", help="Remove entries whose video is missing or has changed."
     ),
-    dir: Optional[Path] = DirOption,
+    cache_dir: Optional[Path] = DirOption,
+    old_dir: Optional[Path] = OldDirOption,
 ) -> None:
-    """Remove the entries (features, saved prompts and visual K/V) of some videos (by path) or some
-    entry ids."""
+    """Remove some entries.
+
+    The features, saved prompts and visual K/V of videos (by path) or entry ids."""
+    dir = _folder(cache_dir, old_dir)
     cache = _cache(dir)
     console = Console()
     if stale:
@@ -180,11 +219,18 @@ def rm(
 @cache_app.command("clear")
 def clear(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    dir: Optional[Path] = DirOption,
+    cache_dir: Optional[Path] = DirOption,
+    old_dir: Optional[Path] = OldDirOption,
 ) -> None:
-    """Remove every cached video, saved prompt and saved visual K/V."""
+    """Remove every entry.
+
+    Every cached video, saved prompt and saved visual K/V."""
+    dir = _folder(cache_dir, old_dir)
     cache, saved = _cache(dir), list(_saved(dir).values())
     size = cache.size_bytes() + sum(store.size_bytes() for store in saved)
+    if not cache.entries() and not any(store.entries() for store in saved):
+        Console().print(f"The cache at {cache.root} is empty: nothing to remove.")
+        return
     if not yes and not typer.confirm(
         f"Delete all cached features, saved prompts and visual K/V in {cache.root} "
         f"({_human(size)})?"

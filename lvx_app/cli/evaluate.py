@@ -52,8 +52,9 @@ def open_engine_session(config: Config):
     defaults={"max_new_tokens": 16},
 )
 def videomme(*, config: Config) -> None:
-    """Answer Video-MME with the model, resumably; report accuracy by duration, domain,
-    sub-category, task."""
+    """Answer Video-MME, resumably, and report it.
+
+    Accuracy by duration, domain, sub-category and task type."""
     from lvx_app.engine.api import EngineError
     from lvx_app.eval.videomme import run_videomme
 
@@ -67,14 +68,18 @@ def videomme(*, config: Config) -> None:
 
 @eval_app.command()
 def merge(
-    out: Path = typer.Argument(..., help="New merged results file."),
-    inputs: list[Path] = typer.Argument(..., help="Shard results files."),
+    out: Path = typer.Argument(..., help="New merged results file.", metavar="OUT"),
+    inputs: list[Path] = typer.Argument(..., help="Shard results files.", metavar="SHARD..."),
     keep_first: bool = typer.Option(
         False, "--keep-first", help="On a question answered twice keep the first file's answer."
     ),
-    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+    scoring: str = typer.Option(
+        "official", "--scoring", help="official or strict.", metavar="official|strict"
+    ),
 ) -> None:
-    """Combine shard JSONL files (same settings, no question twice) and report the whole."""
+    """Combine shard results files and report them.
+
+    The files must share their settings and answer no question twice."""
     if scoring not in SCORING_MODES:
         raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
     try:
@@ -87,11 +92,14 @@ def merge(
 
 @eval_app.command()
 def report(
-    results: Path = typer.Argument(..., help="Results JSONL."),
-    scoring: str = typer.Option("official", "--scoring", help="official or strict."),
+    results: Path = typer.Argument(..., help="Results JSONL.", metavar="RESULTS"),
+    scoring: str = typer.Option(
+        "official", "--scoring", help="official or strict.", metavar="official|strict"
+    ),
 ) -> None:
-    """Re-score a results file (either scoring mode) and rewrite its summary, plot and official
-    JSON."""
+    """Re-score a results file.
+
+    Rewrites its summary, plot and official JSON in either scoring mode."""
     if scoring not in SCORING_MODES:
         raise _fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
     if not results.is_file():

@@ -38,8 +38,10 @@ def _interrupted(out: str) -> int:
     defaults={"timeout_s": 600.0},
 )
 def finetune_command(*, config: Config) -> None:
-    """Finetune mPLUG-Owl3 on long videos with LV-XAttn (K/V recomputed from one copy of the
-    features)."""
+    """Finetune on video conversations.
+
+    LV-XAttn in forward and backward; with --recompute (the default) each hyper layer's visual K/V
+    are recomputed in backward from one copy of the features."""
     # imported here: the CLI registers this command without loading torch
     from lvx_app.cli.chat import under_torchrun
     from lvx_app.train.launch import FinetuneError, check_run, lock_out, run_group

@@ -10,14 +10,25 @@ import typer
 from lvx_app.cli.options import config_options, new_app
 from lvx_app.config import Config
 from lvx_app.interrupts import ctrl_c_deferred
+from lvx_app.version import __version__
 
 app = new_app(
     "lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention."
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lvx {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: bool = typer.Option(
+        False, "--version", help="Print lvx's version and exit.", is_eager=True, callback=_version
+    ),
+) -> None:
     """lvx: long-video question answering."""
     from lvx_app.warning_lines import install
 
@@ -31,9 +42,12 @@ def info(
         "--model",
         help="Also say what this checkpoint (directory or hub id) is: "
         "its generation and G1 gate form, projector, sizes.",
+        metavar="DIR|HUB_ID",
     ),
 ) -> None:
-    """Versions, devices, attention backends and the cache location."""
+    """Versions, devices, backends, the cache folder.
+
+    With --model, what a checkpoint is: its release, prompt rules, sizes."""
     from lvx_app.cli.info import print_info
 
     raise typer.Exit(print_info(model))
@@ -46,7 +60,9 @@ def chat(
     *,
     config: Config,
 ) -> None:
-    """Chat about a video in the terminal; answers stream token by token."""
+    """Chat about a video in the terminal.
+
+    Answers stream token by token; /help lists the chat's commands."""
     try:  # Ctrl-C while torch loads: exit quietly, like Ctrl-C anywhere before the chat starts
         # imported here: `lvx --help`, `lvx eval report` and the like start without torch
         with ctrl_c_deferred():
@@ -57,22 +73,36 @@ def chat(
 
 
 @app.command()
-@config_options("parallel", include=("gpus", "ranks"))
+@config_options(
+    "parallel",
+    include=("gpus", "ranks"),
+    helps={
+        "ranks": "CPU ranks when there is no GPU or with --gpus 0. Default: 2, to show the "
+        "frames sharded over ranks."
+    },
+)
 def demo(
     workdir: Optional[Path] = typer.Option(
-        None, "--workdir", help="Where to write the demo video and checkpoint."
+        None,
+        "--workdir",
+        help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
+        metavar="DIR",
     ),
     generation: str = typer.Option(
         "g2",
         "--generation",
         help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 (1B/2B-241014, constant "
         "gate) or g1-gateproj (7B-240728, input-dependent gate).",
+        metavar="g2|g1|g1-gateproj",
     ),
     *,
     config: Config,
 ) -> None:
-    """Run the whole pipeline on a synthetic video with a tiny random-weight model (no
-    downloads)."""
+    """Try the whole pipeline, no download needed.
+
+    A synthetic video and a tiny random-weight checkpoint in the official layout go through decode,
+    encode, sharded visual tokens and LV-XAttn answers; then the paths made and ready-to-run lines
+    for every command are printed."""
     from lvx_app.cli.demo import run_demo
 
     raise typer.Exit(run_demo(config, workdir=workdir, generation=generation))

@@ -14,19 +14,58 @@ import typing
 from typing import Any, Callable
 
 import typer
+from typer.core import TyperCommand
 
 from lvx_app.config import SECTIONS, Config, ConfigError, cli_fields, field_default
 
 
+class PlainUsage(TyperCommand):
+    """A command whose usage line and help name its arguments as users write them (`VIDEO`,
+    `[OUT]`), without a type beside them."""
+
+    def format_options(self, ctx, formatter) -> None:
+        args = [
+            (param.metavar or param.name.upper(), param.help or "")
+            for param in self.get_params(ctx)
+            if param.param_type_name == "argument"
+        ]
+        opts = [
+            record
+            for param in self.get_params(ctx)
+            if param.param_type_name == "option" and (record := param.get_help_record(ctx))
+        ]
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or param.name.upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
+class LvxTyper(typer.Typer):
+    """Every command of lvx has the plain usage line."""
+
+    def command(self, *args: Any, cls: type | None = None, **kwargs: Any):
+        return super().command(*args, cls=cls or PlainUsage, **kwargs)
+
+
 def new_app(name: str, help: str) -> typer.Typer:
-    """A typer app (or sub-app) as every lvx command group has it: help when called bare, no
-    shell-completion commands, plain Python tracebacks."""
-    return typer.Typer(
+    """A typer app (or sub-app) as every lvx command group has it: help when called bare, plain
+    help text that fits 80 columns and a pipe (no boxes, flags without values), no shell-completion
+    commands, plain Python tracebacks."""
+    return LvxTyper(
         name=name,
         help=help,
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        rich_markup_mode=None,
     )
 
 
@@ -36,10 +75,21 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _option(f: Any, default: Any) -> typer.models.OptionInfo:
+def _metavar(annotation: Any) -> str | None:
+    """What an option's value is called in help when its field names none: N, X, TEXT."""
+    names = {int: "N", float: "X", str: "TEXT"}
+    for kind in typing.get_args(annotation) or (annotation,):
+        if kind in names:
+            return names[kind]
+    return None
+
+
+def _option(f: Any, default: Any, annotation: Any, help: str | None) -> typer.models.OptionInfo:
     extra = {k: v for k, v in f.metadata.items() if k not in ("flag", "help", "required")}
+    if "/" not in f.metadata["flag"] and annotation is not bool:
+        extra.setdefault("metavar", _metavar(annotation))
     default = ... if f.metadata.get("required") else default
-    return typer.Option(default, f.metadata["flag"], help=f.metadata["help"], **extra)
+    return typer.Option(default, f.metadata["flag"], help=help or f.metadata["help"], **extra)
 
 
 def config_options(
@@ -47,11 +97,12 @@ def config_options(
     include: tuple[str, ...] | None = None,
     exclude: tuple[str, ...] = (),
     defaults: dict[str, Any] | None = None,
+    helps: dict[str, str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give the decorated command the options of `sections` (only `include` when given, minus
-    `exclude`; a name is a field's, or "section.field"), with `defaults` overriding the config's for
-    this command; it is called with `config: Config` instead."""
-    defaults = defaults or {}
+    `exclude`; a name is a field's, or "section.field"), with `defaults` and `helps` overriding the
+    config's for this command; it is called with `config: Config` instead."""
+    defaults, helps = defaults or {}, helps or {}
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(command).parameters.values() if p.name != "config"]
@@ -71,7 +122,7 @@ def config_options(
                     inspect.Parameter(
                         f.name,
                         inspect.Parameter.KEYWORD_ONLY,
-                        default=_option(f, default),
+                        default=_option(f, default, types[f.name], helps.get(f.name)),
                         annotation=types[f.name],
                     )
                 )

@@ -17,8 +17,10 @@ from lvx_app.config import Config
     exclude=("subtitles", "subtitle_lang", "subtitle_encoding", "seed"),
 )
 def serve_command(*, config: Config) -> None:
-    """Chat about videos in the browser (Gradio), on the same engine as `lvx chat`. The page's fps,
-    max frames and max new tokens start at the options' values."""
+    """Chat about videos in the browser.
+
+    The Gradio page runs on the same engine as `lvx chat`; its fps, max frames and max new tokens
+    start at the options' values."""
     # imported here: the CLI registers this command without loading torch or gradio
     from lvx_ui.server import run_serve
 

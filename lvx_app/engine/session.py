@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from lvx_app.config import Config, GenerationConfig, VideoConfig
+from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
 from lvx_app.devices import memory_report, resolve_dtype
 from lvx_app.engine.api import AnswerStats, EngineError, ProgressFn, QuestionTooLong, VideoSummary
 from lvx_app.engine.conversation import Conversation
@@ -69,6 +71,8 @@ class RankSession:
         )
         self.generator = Generator(self.conversation, self.processor.stop_ids)
         self.last_answer: AnswerStats | None = None
+        # the longest answer when the options name none: the checkpoint's own, else lvx's
+        self.answer_length = self.processor.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
 
     # ---- commands (every rank, same order)
     # --------------------------------------------------------
@@ -98,6 +102,8 @@ class RankSession:
     ) -> Iterator[str]:
         """Answer one turn; yields text pieces on rank 0 (other ranks yield nothing)."""
         conversation, leader = self.conversation, self.info.rank == 0
+        if generation.max_new_tokens is None:
+            generation = replace(generation, max_new_tokens=self.answer_length)
         ids = self._turn_ids(question)
         self._check_length(int(ids.numel()))
         t0 = time.perf_counter()
@@ -159,6 +165,7 @@ class RankSession:
             "device": str(self.info.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "layout": self.config.parallel.layout,
+            "max new tokens": self.config.generation.max_new_tokens or self.answer_length,
         }
 
     def summarize_stats(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class CheckpointInfo:
     prompt_rules: PromptRules  # video span, cut beside videos, cut prompt, and where each came from
     image_placeholder_len: int = 0  # how many BPE tokens "<|image|>" is (never hard-coded; §10.3)
     notes: list[str] = field(default_factory=list)
+    max_new_tokens: int | None = None  # the answer length its generation_config.json asks for
 
 
 def _check_tokenizer(d: Path, cfg: Owl3Config, info_notes: list[str]) -> int:
@@ -127,6 +128,15 @@ def _read_config_json(d: Path) -> dict[str, Any]:
     return raw
 
 
+def _answer_length(d: Path) -> int | None:
+    """`max_new_tokens` of the checkpoint's generation_config.json, when it names a positive one."""
+    try:
+        value = json.loads((d / "generation_config.json").read_text()).get("max_new_tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def inspect_checkpoint(
     path_or_id: str | os.PathLike, revision: str | None = None
 ) -> CheckpointInfo:
@@ -158,6 +168,7 @@ def inspect_checkpoint(
         prompt_rules=rules,
         image_placeholder_len=n_img,
         notes=notes,
+        max_new_tokens=_answer_length(d),
     )
 
 

@@ -183,6 +183,7 @@ class Owl3Processor:
         patch_size: int = 14,
         rules: PromptRules | None = None,
         path: Path | None = None,
+        max_new_tokens: int | None = None,
     ):
         self.generation = split_form(form)[0]  # "g1" | "g2": the media_offset format
         self.form = form
@@ -195,6 +196,7 @@ class Owl3Processor:
                 f"cut template must be one of {tuple(CUT_PROMPTS)}, not {self.rules.cut_template!r}"
             )
         self.path = path
+        self.max_new_tokens = max_new_tokens  # the checkpoint's own answer length, if it has one
         self._image_ids = tokenizer.encode(IMAGE)
 
     @property
@@ -237,6 +239,7 @@ class Owl3Processor:
             patch_size=v.patch_size,
             rules=info.prompt_rules,
             path=info.path,
+            max_new_tokens=info.max_new_tokens,
         )
 
     # ---- tokens

@@ -301,6 +301,7 @@ def write_tiny_checkpoint(
         "temperature": 0.7,
         "top_k": 20,
         "top_p": 0.8,
+        "max_new_tokens": 32,  # random weights: a short answer shows the pipeline runs
         "transformers_version": "4.41.2",
     }
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
