@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from timing import scaled
 
 from lvx_app.parallel.failures import pid_file
 
@@ -56,7 +57,7 @@ def _chat(tmp_path: Path, model: str, video: str) -> subprocess.Popen:
 def _ctrl_c(proc: subprocess.Popen) -> tuple[int, str, float]:
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=scaled(60))
     return proc.returncode, out, time.monotonic() - t0
 
 
@@ -74,7 +75,7 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
     proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
             pids = [
                 int(p.read_text())
@@ -86,8 +87,8 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
         assert len(pids) == 2, "the ranks did not start"
         code, out, took = _ctrl_c(proc)
         assert code == 130 and "Traceback" not in out and "Aborted" not in out, out
-        assert took < 10, took
-        deadline = time.monotonic() + 5
+        assert took < scaled(10), took
+        deadline = time.monotonic() + scaled(5)
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(p) for p in pids), "a rank outlived lvx chat"

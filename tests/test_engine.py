@@ -14,6 +14,7 @@ import torch
 from baselines import baseline_parallelize
 from engine_configs import engine_config
 from test_generation_cache import generate
+from timing import scaled
 
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineError, GroupFailed
@@ -190,7 +191,7 @@ def _lvx(*args: str, stdin: str = "", timeout: float = 240) -> subprocess.Comple
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
         env=env,
     )
 
@@ -281,7 +282,7 @@ def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_v
             for _ in range(3):  # the first request may still be answered before torchrun notices
                 list(engine.ask(QUESTIONS[0], max_new_tokens=50))
                 time.sleep(1)
-        assert time.monotonic() - t0 < 60
+        assert time.monotonic() - t0 < scaled(60)
     finally:
         engine.close()
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from timing import scaled
 
 from lvx_app.parallel import RingComm, get_rank, get_world_size
 from lvx_app.parallel.testing import RankFailed, run_ranks
@@ -130,7 +131,7 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert res.returncode == 1, res.stderr
     assert "rank 1 failed: killed by SIGKILL" in res.stderr, res.stderr
@@ -148,7 +149,7 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert ok.returncode == 0, ok.stderr
 
@@ -186,7 +187,7 @@ def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
             ],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=scaled(120),
             env=dict(os.environ, OMP_NUM_THREADS="1"),
         )
 

@@ -13,6 +13,7 @@ import os
 import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import start_server, stop_server
+from timing import scaled
 
 from lvx_app.engine.describe import printable
 
@@ -29,7 +30,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-TIMEOUT_MS = 120_000
+TIMEOUT_MS = int(scaled(120) * 1000)
 
 
 @pytest.mark.slow

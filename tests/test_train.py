@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from engine_configs import engine_config, train_config
+from timing import scaled
 
 from lvx_app.parallel.layout import owned
 from lvx_app.parallel.testing import run_ranks
@@ -363,11 +364,11 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
         [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=scaled(240),
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "step 2: loss" in proc.stdout
+    assert "step 2/2  loss" in proc.stdout
     assert (tmp_path / "out" / "model.safetensors").exists() and (
         tmp_path / "out" / "loss.png"
     ).exists()
@@ -375,10 +376,33 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
         [sys.executable, "-c", script, *args[:-2], "--train", "all"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert bad.returncode == 2 and "use either --lora R or --train" in bad.stderr
     again = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=scaled(60)
     )
     assert again.returncode == 1 and "already holds a finetuning run; pass --resume" in again.stderr
+
+
+def test_a_resumed_run_with_more_steps_never_raises_the_learning_rate_again():
+    """Planned for 6 steps and resumed with --steps 10 (or 20 from step 4): the rate goes on down
+    from where it was, to the floor, as the warm-up and cosine of the first plan left it."""
+    from lvx_app.config import TrainConfig
+    from lvx_app.train.loop import lr_schedule, planned_steps
+
+    for planned, resumed_at, steps in ((6, 6, 10), (10, 4, 20), (6, 3, 4)):
+        first = lr_schedule(TrainConfig(steps=planned))
+        again = lr_schedule(TrainConfig(steps=steps), planned=planned, resumed_at=resumed_at)
+        before = [first(s) for s in range(resumed_at)]
+        after = [again(s) for s in range(resumed_at, steps)]
+        assert [again(s) for s in range(resumed_at)] == before, "the steps already run keep theirs"
+        assert all(b <= a + 1e-12 for a, b in zip([first(resumed_at - 1), *after], after)), after
+        assert after[-1] == pytest.approx(0.1, abs=0.05) or steps == 4
+    unchanged = lr_schedule(TrainConfig(steps=6), planned=6, resumed_at=3)
+    assert [unchanged(s) for s in range(6)] == [
+        lr_schedule(TrainConfig(steps=6))(s) for s in range(6)
+    ]
+    assert planned_steps({"planned_steps": 6}) == 6
+    assert planned_steps({"config": {"train": {"steps": 7}}}) == 7
+    assert planned_steps({"config": {"steps": 8}}) == 8 and planned_steps({}) is None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from timing import scaled
 from typer.testing import CliRunner
 
 from lvx_app.cli.finetune import finetune_command
@@ -71,7 +72,7 @@ def _alive(pid: int) -> bool:
 
 
 def _wait(what, timeout_s: float, every_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if what():
             return True
@@ -133,7 +134,7 @@ def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(
             ],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=scaled(120),
         )
         assert second.returncode == 1, second.stderr
         assert f"is in use by another lvx finetune run (pid {proc.pid})" in second.stderr, (
@@ -165,7 +166,7 @@ def test_a_killed_rank_is_named_in_one_line(tiny_checkpoints, short_video, tmp_p
     pids = _rank_pids(run_dir)
     try:
         os.kill(pids[1], signal.SIGKILL)
-        assert proc.wait(timeout=120) == 1
+        assert proc.wait(timeout=scaled(120)) == 1
         err = err_log.read_text()
         lines = [line for line in err.splitlines() if line.strip()]
         assert lines == [
@@ -222,7 +223,7 @@ def test_a_lock_whose_launcher_exited_is_waited_for_a_moment(tmp_path):
     threading.Timer(0.5, os.close, (fd,)).start()  # the agent lets go half a second later
     started = time.monotonic()
     os.close(lock_output(tmp_path / "out", holder_gone_wait_s=10))
-    assert 0.4 < time.monotonic() - started < 5
+    assert 0.4 < time.monotonic() - started < scaled(5)
 
 
 def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wait(tmp_path):
@@ -232,12 +233,12 @@ def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wai
         started = time.monotonic()
         with pytest.raises(OutputBusy, match="in use by another lvx finetune run"):
             lock_output(tmp_path / "out", holder_gone_wait_s=0.3)
-        assert 0.25 < time.monotonic() - started < 3
+        assert 0.25 < time.monotonic() - started < scaled(3)
         started = time.monotonic()
         # a live holder: refused at once, no wait
         os.pwrite(fd, str(os.getpid()).encode().ljust(16), 0)
         with pytest.raises(OutputBusy, match=rf"\(pid {os.getpid()}\)"):
             lock_output(tmp_path / "out", holder_gone_wait_s=10)
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < scaled(1)
     finally:
         os.close(fd)

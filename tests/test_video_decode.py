@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from decode_faults import AlwaysFails, AlwaysHangs, HangsInBatch
+from timing import scaled
 from videos import (
     make_audio_only,
     make_not_a_video,
@@ -200,7 +201,10 @@ def test_decord_native_open_errors_do_not_reach_the_terminal(tmp_path):
         "    except VideoError as exc:\n        print(exc)\n"
     )
     res = subprocess.run(
-        [sys.executable, "-c", script, str(fake)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script, str(fake)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
     )
     assert res.returncode == 0, res.stderr
     assert "fake.mp4 is not a video decord can read" in res.stdout

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from timing import scaled
 from videos import (
     IndexEncoder,
     index_from_features,
@@ -184,7 +185,11 @@ def _rank_ingest_bad_on_one(rank, world, good, bad):
 def test_an_error_on_one_rank_is_raised_on_every_rank(vids, tmp_path):
     with pytest.raises(RankFailed) as e:
         run_ranks(
-            _rank_ingest_bad_on_one, 2, str(vids["a"]), str(tmp_path / "missing.mp4"), timeout_s=60
+            _rank_ingest_bad_on_one,
+            2,
+            str(vids["a"]),
+            str(tmp_path / "missing.mp4"),
+            timeout_s=scaled(60),
         )
     # rank 0 re-raises rank 1's error, no hang
     assert "VideoNotFoundError: Video not found" in str(e.value)

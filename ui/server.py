@@ -4,6 +4,7 @@ exit."""
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +28,21 @@ def check_allow_paths(paths: list[str]) -> list[str]:
             )
         out.append(str(path.resolve()))
     return out
+
+
+def _wait_for_a_stop_signal() -> str:
+    """Serve until Ctrl-C or SIGTERM arrives; its name (the log says which one stopped us)."""
+    stop, got = threading.Event(), []
+
+    def handler(signum, frame) -> None:
+        got.append(signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    while not stop.wait(0.5):
+        pass
+    return "Ctrl-C" if got[0] == "SIGINT" else got[0]
 
 
 def _stop_on_sigterm() -> None:
@@ -93,7 +109,7 @@ def _serve(engine: Engine, config: Config, folders: list[str], console: Console)
         )
         console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
         try:
-            demo.block_thread()
+            console.print(f"lvx serve: stopped by {_wait_for_a_stop_signal()}")
         finally:
             demo.close()
     finally:

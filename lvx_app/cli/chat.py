@@ -103,19 +103,33 @@ def stream_answer(engine: Engine, console: Console, question: str) -> str:
     return "".join(pieces)
 
 
+RANKS_PER_TABLE = 4  # keeps a table of ranks within 80 columns
+
+
+def rank_tables(ranks: list[dict[str, Any]]) -> list[Table]:
+    """The ranks' rows of `/stats`, one row per figure and a column per rank (up to four ranks a
+    table), so the table fits 80 columns however many figures a rank reports."""
+    keys = list(dict.fromkeys(k for row in ranks for k in row if k != "rank"))
+    tables = []
+    for first in range(0, len(ranks), RANKS_PER_TABLE):
+        group = ranks[first : first + RANKS_PER_TABLE]
+        table = Table(title="per rank" if first == 0 else None)
+        table.add_column("", overflow="fold")
+        for row in group:
+            table.add_column(f"rank {row.get('rank', '?')}", justify="right", no_wrap=True)
+        for key in keys:
+            table.add_row(key, *(str(row.get(key, "")) for row in group))
+        tables.append(table)
+    return tables
+
+
 def print_stats(engine: Engine, console: Console) -> None:
     stats = engine.stats()
-    table = Table(title="session")
-    ranks = stats.get("ranks", [])
-    if ranks:
-        for key in ranks[0]:
-            table.add_column(key)
-        for row in ranks:
-            table.add_row(*(str(v) for v in row.values()))
-    console.print(table)
     for key, value in stats.items():
         if key != "ranks":
-            console.print(f"{key}: {value}")
+            console.print(f"{key}: {value}", highlight=False)
+    for table in rank_tables(stats.get("ranks", [])):
+        console.print(table)
 
 
 def read_line(console: Console, stdin: TextIO) -> str | None:
@@ -123,7 +137,8 @@ def read_line(console: Console, stdin: TextIO) -> str | None:
     if stdin.isatty():
         try:
             return console.input("[bold cyan]you ›[/] ")
-        except EOFError:
+        except EOFError:  # Ctrl-D: leave the shell's prompt on a line of its own
+            console.out("")
             return None
     line = stdin.readline()
     if not line:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lvx_app.cli.chat import load_with_progress
+from lvx_app.cli.examples import ready_lines, write_examples
 from lvx_app.config import Config, GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video
@@ -40,7 +41,12 @@ def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
 
 
 def run_demo(
-    config: Config, *, workdir: Path | None, generation: str, console: Console | None = None
+    config: Config,
+    *,
+    workdir: Path | None,
+    generation: str,
+    examples: Path | None = None,
+    console: Console | None = None,
 ) -> int:
     """`lvx demo`: returns the process exit code."""
     console = console or Console(highlight=False, soft_wrap=True)
@@ -65,17 +71,28 @@ def run_demo(
     console.print(
         f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
     )
-    console.print(
-        "[yellow]The weights are random, so the answers are gibberish: this shows the pipeline "
-        "runs.[/yellow]"
-    )
+    console.print("[yellow]Random weights: the answers are gibberish; the pipeline runs.[/yellow]")
     try:
         stats = _converse(config, video, timings, console)
     except EngineError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     console.print(_timings_table(timings, stats))
+    files = write_examples(examples) if examples is not None else None
+    _print_next_steps(console, checkpoint, video, files)
     return 0
+
+
+def _print_next_steps(
+    console: Console, checkpoint: Path, video: Path, files: dict[str, Path] | None
+) -> None:
+    """The paths the demo made and a ready-to-run line for every command on them."""
+    console.print(f"\n[bold]made[/bold]\n  checkpoint  {checkpoint}\n  video       {video}")
+    for name, path in (files or {}).items():
+        console.print(f"  {name:<11} {path}")
+    console.print("[bold]try next[/bold] (on this CPU; answers are short: random weights)")
+    for line in ready_lines(checkpoint, video, files):
+        console.out(f"  {line}", highlight=False)
 
 
 def _converse(config: Config, video: Path, timings: dict[str, float], console: Console) -> dict:

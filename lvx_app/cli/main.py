@@ -95,6 +95,13 @@ def demo(
         "gate) or g1-gateproj (7B-240728, input-dependent gate).",
         metavar="g2|g1|g1-gateproj",
     ),
+    examples: Optional[Path] = typer.Option(
+        None,
+        "--examples",
+        help="Also write small files to try every command on (a video with subtitles, a "
+        "4-question Video-MME folder, a finetuning file) into DIR.",
+        metavar="DIR",
+    ),
     *,
     config: Config,
 ) -> None:
@@ -105,7 +112,7 @@ def demo(
     for every command are printed."""
     from lvx_app.cli.demo import run_demo
 
-    raise typer.Exit(run_demo(config, workdir=workdir, generation=generation))
+    raise typer.Exit(run_demo(config, workdir=workdir, generation=generation, examples=examples))
 
 
 def _register_subcommands() -> None:

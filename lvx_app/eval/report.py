@@ -87,21 +87,19 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+GROUP_NAMES = {"sub_category": "subcategory", "task_type": "task type"}
+
+
 def report_table(summary: dict[str, Any], title: str = "Video-MME") -> Table:
     """One rich table: overall, then a section per group; one decimal as the official script
     prints."""
-    other = "acc/asked %" if summary["scoring"] == "official" else "acc/answered %"
+    other = "% of asked" if summary["scoring"] == "official" else "% of answered"
     table = Table(title=f"{title} — scoring: {summary['scoring']}")
-    for col, justify in (
-        ("group", "left"),
-        ("", "left"),
-        ("asked", "right"),
-        ("unparsed", "right"),
-        ("correct", "right"),
-        ("accuracy %", "right"),
-        (other, "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    # fits 80 columns: names wrap between words, numbers and group names never break
+    table.add_column("group", no_wrap=True)
+    table.add_column("", overflow="fold")
+    for col in ("asked", "unparsed", "correct", "accuracy %", other):
+        table.add_column(col, justify="right", no_wrap=True)
 
     def row(group: str, name: str, s: dict[str, Any], style: str | None = None) -> None:
         alt = s["accuracy_asked"] if summary["scoring"] == "official" else s["accuracy_answered"]
@@ -120,7 +118,7 @@ def report_table(summary: dict[str, Any], title: str = "Video-MME") -> Table:
     for g in GROUPS:
         table.add_section()
         for i, (name, s) in enumerate(summary[f"by_{g}"].items()):
-            row(g if i == 0 else "", name, s)
+            row(GROUP_NAMES.get(g, g) if i == 0 else "", name, s)
     return table
 
 
@@ -168,7 +166,9 @@ def plot_duration_domain(
     ax.set_xticks(range(len(domains)), [k.replace(" & ", " &\n") for k in domains], fontsize=7)
     ax.set_ylim(0, 105)
     ax.set_ylabel(f"accuracy % ({summary['scoring']})")
-    ax.set_title(f"{title}: overall {_fmt(summary['overall']['accuracy'])}%")
+    overall = summary["overall"]["accuracy"]
+    said = "no answer parsed" if overall is None else f"{overall:.1f}%"
+    ax.set_title(f"{title}: overall {said}")
     if durations:
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -55,6 +56,35 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         destroy_distributed()
 
 
+def _load_per_core() -> float:
+    """How many times busier than one process per core the machine is now (at least 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1.0, os.getloadavg()[0] / max(1, cores or 1))
+
+
+def _collect(procs: list, queue, results: dict, errors: list[str], guard_s: float) -> None:
+    """Wait for every rank's result; stop at the first failure, at a rank that died without one,
+    or after `guard_s`."""
+    deadline = time.monotonic() + guard_s
+    while len(results) < len(procs) and not errors:
+        try:
+            rank, ok, payload = queue.get(timeout=0.5)
+        except queue_module.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in results]
+            if dead and queue.empty():
+                codes = ", ".join(f"rank {r}: exit {procs[r].exitcode}" for r in dead)
+                raise RankFailed(f"ranks died without a result ({codes})") from None
+            if time.monotonic() > deadline:
+                raise RankFailed(
+                    f"ranks did not finish within {guard_s:.0f}s (got {sorted(results)})"
+                ) from None
+            continue
+        if ok:
+            results[rank] = payload
+        else:
+            errors.append(f"rank {rank} failed:\n{payload}")
+
+
 class RankFailed(RuntimeError):
     """A spawned rank raised; the message carries its traceback."""
 
@@ -66,7 +96,8 @@ def run_ranks(
 
     `fn` must be importable (module-level) and its arguments and result picklable. Return numpy
     arrays or plain Python values, not torch tensors: a tensor's shared memory dies with the rank
-    that made it.
+    that made it. A rank that dies without a result fails the call at once; `timeout_s` (stretched
+    by the machine's load per core) only guards against a hang.
     """
     ctx = _context()
     queue = ctx.Queue()
@@ -80,18 +111,7 @@ def run_ranks(
     results: dict[int, Any] = {}
     errors: list[str] = []
     try:
-        for _ in range(world_size):
-            try:
-                rank, ok, payload = queue.get(timeout=timeout_s)
-            except queue_module.Empty as exc:
-                raise RankFailed(
-                    f"ranks did not finish within {timeout_s:.0f}s (got {sorted(results)})"
-                ) from exc
-            if ok:
-                results[rank] = payload
-            else:
-                errors.append(f"rank {rank} failed:\n{payload}")
-                break
+        _collect(procs, queue, results, errors, timeout_s * _load_per_core())
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -97,6 +98,37 @@ def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def planned_steps(state: dict[str, Any]) -> int | None:
+    """The --steps a saved run's schedule was made for (older states keep it in their config)."""
+    if "planned_steps" in state:
+        return int(state["planned_steps"])
+    config = state.get("config") or {}
+    steps = (config.get("train") or {}).get("steps", config.get("steps"))
+    return None if steps is None else int(steps)
+
+
+def lr_schedule(
+    cfg: TrainConfig, planned: int | None = None, resumed_at: int = 0
+) -> Callable[[int], float]:
+    """The learning-rate factor of each step: warm-up, then cosine down to `min_lr_ratio` at
+    `cfg.steps`. A run resumed after its warm-up with other --steps than it was `planned` for goes
+    on down from the rate it reached to `min_lr_ratio` over the steps left: never back up."""
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
+    if planned is None or planned == cfg.steps or resumed_at < warmup or resumed_at >= cfg.steps:
+        return lambda s: lr_lambda(s, cfg.steps, warmup, cfg.min_lr_ratio)
+    old_warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, planned // 20)
+    reached = lr_lambda(resumed_at, planned, old_warmup, cfg.min_lr_ratio)
+    low, left = cfg.min_lr_ratio, cfg.steps - resumed_at
+
+    def resumed(s: int) -> float:
+        if s < resumed_at:
+            return lr_lambda(s, planned, old_warmup, low)
+        t = min(1.0, (s - resumed_at) / left)
+        return low + (reached - low) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return resumed
+
+
 @dataclass
 class StepStats:
     step: int
@@ -163,9 +195,9 @@ class Trainer:
             weight_decay=cfg.weight_decay,
             foreach=False if dtype == torch.float64 else None,
         )
-        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
+        resumed_at, planned = (int(state["step"]), planned_steps(state)) if state else (0, None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, cfg.steps, warmup, cfg.min_lr_ratio)
+            self.optimizer, lr_schedule(cfg, planned, resumed_at)
         )
         self.step = 0
         self.history: list[dict[str, Any]] = []
@@ -205,6 +237,7 @@ class Trainer:
             "history": self.history,
             "base_model": self.run.model.path,
             "config": self.run.to_dict(),
+            "planned_steps": self.run.train.steps,  # what the learning-rate schedule was made for
         }
 
     # ---- data
@@ -369,15 +402,22 @@ def sample_order(n: int, step: int, seed: int) -> int:
     return int(torch.randperm(n, generator=g)[i])
 
 
+def _count(x: float) -> str:
+    """1234 as is, 180000 as 180k: short enough for one progress line."""
+    return f"{x:.0f}" if x < 10_000 else f"{x / 1000:.0f}k"
+
+
 def _fmt_mem(mem: list[int]) -> str:
-    return "/".join(f"{m / 2**30:.1f}" for m in mem) + " GiB"
+    """The largest rank's peak memory (one number, however many ranks)."""
+    return f"{max(mem, default=0) / 2**30:.1f} GiB"
 
 
 class _Reporter:
     """Rank 0's progress: a live rich bar on a terminal, else one plain line per step."""
 
     def __init__(self, total: int, start: int, live: Optional[bool]):
-        self.console = Console(stderr=False)
+        self.console = Console(stderr=False, soft_wrap=True)
+        self.total = total
         self.live = self.console.is_terminal if live is None else live
         self.bar = None
         if self.live:
@@ -393,16 +433,17 @@ class _Reporter:
             self.task = self.bar.add_task("finetune", total=total, completed=start, info="")
 
     def __call__(self, st: StepStats) -> None:
-        info = (
-            f"loss {st.loss:.4f}  {st.tokens_per_s:,.0f} tok/s  {st.frames} frames  "
-            f"peak mem/rank {_fmt_mem(st.peak_mem)}"
-        )
+        """One step in under 80 columns: loss, gradient norm, rate, speed, frames, memory."""
+        info = f"loss {st.loss:.4f}  {st.tokens_per_s:,.0f} tok/s  {_fmt_mem(st.peak_mem)}/rank"
         if self.bar is not None:
             self.bar.update(self.task, completed=st.step, info=info)
         else:
-            self.console.print(
-                f"step {st.step}: {info}  lr {st.lr:.2e}  |g| {st.grad_norm:.3f}", highlight=False
+            line = (
+                f"step {st.step}/{self.total}  loss {st.loss:.4f}  |g| {st.grad_norm:.4g}  "
+                f"lr {st.lr:.1e}  {_count(st.tokens_per_s)} tok/s  {st.frames} fr  "
+                f"{_fmt_mem(st.peak_mem)}"
             )
+            self.console.print(line, highlight=False)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -432,6 +473,20 @@ def plot_losses(history: list[dict[str, Any]], path: str | Path) -> Path:
     return Path(path)
 
 
+def _say_if_replanned(trainer: Trainer, planned: int | None) -> None:
+    """One line when a resumed run's --steps differ from the ones its schedule was made for."""
+    steps = trainer.run.train.steps
+    if trainer.rank != 0 or planned in (None, steps) or trainer.step >= steps:
+        return
+    lr = trainer.optimizer.param_groups[0]["lr"]
+    low = trainer.run.train.lr * trainer.run.train.min_lr_ratio
+    warnings.warn(
+        f"resuming at step {trainer.step} a run planned for {planned} steps, now {steps}: the "
+        f"learning rate goes on from {lr:.1e} down to {low:.1e} over the steps left",
+        stacklevel=2,
+    )
+
+
 def run_training(
     run: Config,
     device: Optional[torch.device] = None,
@@ -451,6 +506,7 @@ def run_training(
     trainer = Trainer(run, device, state)
     if state is not None:
         set_rng_state(state["rng"])
+        _say_if_replanned(trainer, planned_steps(state))
     report = _Reporter(cfg.steps, trainer.step, cfg.progress) if trainer.rank == 0 else None
     try:
         while trainer.step < cfg.steps:

@@ -1,0 +1,115 @@
+"""Small files to try every command on a CPU (`lvx demo --examples DIR`), and the ready-to-run lines
+the demo prints for them.
+
+    DIR/clip.mp4, DIR/clip.srt      a 12-second synthetic video and its subtitles (a sidecar file)
+    DIR/videomme/                    a 4-question Video-MME folder in the official layout:
+        videomme/test-00000-of-00001.parquet, data/<videoID>.mp4, subtitle/<videoID>.srt
+    DIR/train.jsonl                  3 finetuning samples about clip.mp4
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lvx_app.video.synthetic import make_video
+
+SRT = """1
+00:00:00,500 --> 00:00:03,000
+A red square moves to the right.
+
+2
+00:00:04,000 --> 00:00:07,500
+Now it turns blue.
+
+3
+00:00:08,000 --> 00:00:11,500
+The square stops in the corner.
+"""
+
+QUESTIONS = [  # (question, options, answer): the official columns' shape
+    ("What colour is the square at first?", ["red", "blue", "green", "black"], "A"),
+    ("What colour does it turn?", ["yellow", "blue", "white", "red"], "B"),
+    ("Where does the square stop?", ["in the middle", "at the top", "in the corner", "off"], "C"),
+    ("How many squares are there?", ["three", "two", "none", "one"], "D"),
+]
+
+SAMPLES = [
+    {"video": "clip.mp4", "question": "What moves?", "answer": "A square."},
+    {"video": "clip.mp4", "question": "What colour does it turn?", "answer": "Blue."},
+    {
+        "video": "clip.mp4",
+        "conversations": [
+            {"from": "human", "value": "Where does it stop?"},
+            {"from": "gpt", "value": "In the corner."},
+        ],
+    },
+]
+
+
+def write_examples(folder: Path) -> dict[str, Path]:
+    """Write the example files (kept if already there); returns them by name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    clip = folder / "clip.mp4"
+    if not clip.exists():
+        make_video(clip, num_frames=120, fps=10, width=160, height=96)
+    (folder / "clip.srt").write_text(SRT)
+    videomme = _write_videomme(folder / "videomme", clip)
+    train = folder / "train.jsonl"
+    train.write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
+    return {"example": clip, "subtitles": folder / "clip.srt", "videomme": videomme, "train": train}
+
+
+def _write_videomme(root: Path, clip: Path) -> Path:
+    """One short video, four questions, its subtitles: the layout `lvx eval videomme` reads."""
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    (root / "subtitle").mkdir(exist_ok=True)
+    video = root / "data" / "exampleClip.mp4"
+    if not video.exists():
+        video.write_bytes(clip.read_bytes())
+    (root / "subtitle" / "exampleClip.srt").write_text(SRT)
+    rows = [
+        {
+            "video_id": "001",
+            "duration": "short",
+            "domain": "Knowledge",
+            "sub_category": "Example",
+            "url": "https://example.invalid/exampleClip",
+            "videoID": "exampleClip",
+            "question_id": f"001-{n}",
+            "task_type": "Object Recognition",
+            "question": question,
+            "options": [f"{letter}. {text}." for letter, text in zip("ABCD", options)],
+            "answer": answer,
+        }
+        for n, (question, options, answer) in enumerate(QUESTIONS, start=1)
+    ]
+    (root / "videomme").mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), root / "videomme" / "test-00000-of-00001.parquet")
+    return root
+
+
+def ready_lines(checkpoint: Path, video: Path, examples: dict[str, Path] | None) -> list[str]:
+    """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint)."""
+    q = shlex.quote
+    model = f"--model {q(str(checkpoint))}"
+    lines = [
+        f"lvx chat {q(str(video))} {model} --gpus 0 --ranks 2",
+        f"lvx serve {model} --gpus 0 --allow-paths {q(str(video.parent))}",
+        f"lvx info --model {q(str(checkpoint))}",
+        "lvx cache ls",
+    ]
+    if examples is None:
+        return lines + ["lvx demo --examples DIR   # files for eval and finetune, then their lines"]
+    out = examples["train"].parent / "finetuned"
+    return lines + [
+        f"lvx chat {q(str(examples['example']))} {model} --gpus 0 --subtitles auto",
+        f"lvx eval videomme --data {q(str(examples['videomme']))} {model} --gpus 0 "
+        f"--out {q(str(examples['train'].parent / 'videomme.jsonl'))} --subtitles",
+        f"lvx finetune --data {q(str(examples['train']))} {model} --gpus 0 --steps 3 --lora 4 "
+        f"--out {q(str(out))}",
+    ]
