@@ -39,6 +39,8 @@ def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     assert sorted(r["question_id"] for r in records) == sorted(r["question_id"] for r in answerable)
     assert all("response" in r or "raw" in r or "output" in r for r in records)
     assert out.with_suffix(".summary.json").exists() and out.with_suffix(".png").exists()
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["engine"]["world size"] == 1 and header["engine"]["dtype"], header["engine"]
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert len(_records(out)) == len(records), "a rerun must not answer anything twice"
