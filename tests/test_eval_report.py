@@ -125,3 +125,17 @@ def test_empty_report_does_not_crash(tmp_path):
     assert s["overall"]["asked"] == 0 and s["overall"]["accuracy"] is None
     plot_duration_domain(s, tmp_path / "empty.png")
     print_report(s, Console(record=True))
+
+
+@pytest.mark.parametrize("scoring", ["official", "strict"])
+def test_the_table_fits_80_columns_without_breaking_a_word(scoring):
+    """Video-MME's longest names at 80 columns: lines fit, every word is whole on one line."""
+    names = ("Multilingual", "Humanity & History", "Information Synopsis", "Sports Competition")
+    records = [rec(f"{i}-1", "medium", n, n, n, "A", "A") for i, n in enumerate(names)]
+    console = Console(record=True, width=80)
+    print_report(summarize(records, scoring), console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = {w for line in lines for w in line.replace("│", " ").split()}
+    for name in names:
+        assert set(name.split()) <= words, (name, "\n".join(lines))

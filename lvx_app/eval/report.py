@@ -93,12 +93,13 @@ GROUP_NAMES = {"sub_category": "subcategory", "task_type": "task type"}
 def report_table(summary: dict[str, Any], title: str = "Video-MME") -> Table:
     """One rich table: overall, then a section per group; one decimal as the official script
     prints."""
-    other = "% of asked" if summary["scoring"] == "official" else "% of answered"
-    table = Table(title=f"{title} — scoring: {summary['scoring']}")
-    # fits 80 columns: names wrap between words, numbers and group names never break
+    other = "% of\nasked" if summary["scoring"] == "official" else "% of\nanswered"
+    table = Table(title=f"{title} — scoring: {summary['scoring']}", show_edge=False)
+    # fits 80 columns with 13 for the names (Video-MME's longest word is 12 letters): names wrap
+    # between words, numbers and group names never break
     table.add_column("group", no_wrap=True)
     table.add_column("", overflow="fold")
-    for col in ("asked", "unparsed", "correct", "accuracy %", other):
+    for col in ("asked", "unparsed", "correct", "accuracy\n%", other):
         table.add_column(col, justify="right", no_wrap=True)
 
     def row(group: str, name: str, s: dict[str, Any], style: str | None = None) -> None:
