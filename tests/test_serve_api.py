@@ -388,3 +388,49 @@ def test_a_reachable_host_needs_a_key(tmp_path, monkeypatch):
         assert runner.invoke(app, args, env=env).exit_code == 0
     assert seen[0].insecure and seen[0].api_key is None
     assert seen[1].api_key == "from-env" and not seen[1].insecure
+
+
+def test_stop_strings_hold_back_what_may_start_one():
+    from lvx_ui.openai_api import StopStrings
+
+    stops = StopStrings(["END", "xy"])
+    assert [stops.push(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "EN"]
+    assert stops.push("z") == "xz" and not stops.hit
+    assert stops.push("wE") == "w" and stops.push("ND tail") == "" and stops.hit
+    plain = StopStrings([])
+    assert plain.push("a") == "a" and plain.flush() == ""
+
+
+def test_messages_keep_their_order_around_the_video():
+    from lvx_app.engine.api import VideoOpening
+    from lvx_ui.openai_request import ApiError, read_request
+
+    url = {"type": "video_url", "video_url": {"url": "file:///v.mp4"}}
+    body = {
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Look:"},
+                    url,
+                    {"type": "text", "text": "What"},
+                    {"type": "text", "text": "happens?"},
+                ],
+            },
+        ],
+        "max_completion_tokens": 5,
+        "max_tokens": 9,
+        "fps": 2,
+        "max_frames": 0,
+    }
+    req = read_request(body)
+    assert req.turns[1] == {"role": "user", "content": "Look:\n<|video|>What\nhappens?"}
+    assert req.video.opening == VideoOpening(system="Be brief.", before="Look:\n")
+    assert req.video.options == {"fps": 2.0, "max_frames": None}
+    assert req.generation == {"max_new_tokens": 5} and not req.stream
+    late = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [url]}]}
+    with pytest.raises(ApiError, match="first user message"):
+        read_request(late)
+    with pytest.raises(ApiError, match="images are not supported"):
+        read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})

@@ -313,9 +313,9 @@ class OpenAIApi:
             raise self._failed(GroupFailed(why))
         try:
             return self.host.lend()
-        except BaseException as exc:
+        except Exception as exc:  # the group died and could not be started again
             self.host.lock.release()
-            raise self._failed(exc) from None
+            raise self._failed(GroupFailed(str(exc))) from None
 
     def _wait_for(self, lock: threading.Lock) -> None:
         """Wait for the engine behind the request using it, unless --queue-size requests wait."""

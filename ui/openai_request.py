@@ -187,7 +187,7 @@ def read_generation(body: dict) -> dict[str, Any]:
         raise bad("n must be 1: one answer per request", "n")
     if body.get("logprobs") or body.get("tools"):
         raise bad(
-            "logprobs and tools are not supported", "logprobs" if body["logprobs"] else "tools"
+            "logprobs and tools are not supported", "logprobs" if body.get("logprobs") else "tools"
         )
     out: dict[str, Any] = {}
     for name in ("max_completion_tokens", "max_tokens"):
