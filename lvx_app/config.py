@@ -32,6 +32,7 @@ SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")
 TRAIN_MODES = ("hyper", "all", "lora")
 SCORING_MODES = ("official", "strict")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine can reach
 
 
 class ConfigError(ValueError):
@@ -256,7 +257,7 @@ class GenerationConfig:
 
 @dataclass
 class ServeConfig:
-    """The browser page: where it listens and what it accepts."""
+    """The browser page and the OpenAI-compatible API: where they listen and what they accept."""
 
     host: str = option(
         "127.0.0.1",
@@ -280,9 +281,26 @@ class ServeConfig:
     )
     share: bool = option(False, "--share/--no-share", "Also open a public Gradio share link.")
     queue_size: int = option(8, "--queue-size", "Requests that may wait; more are turned away.")
+    api_key: str | None = option(
+        None,
+        "--api-key",
+        "Key the OpenAI-compatible API (/v1) requires as a Bearer token.",
+        envvar="LVX_API_KEY",
+        show_default=False,
+    )
+    no_ui: bool = option(False, "--no-ui", "Serve the OpenAI-compatible API alone, no page.")
+    insecure: bool = option(
+        False, "--insecure", "Allow a --host other machines can reach without --api-key."
+    )
 
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"--port must be 1..65535 (got {self.port})")
+        where = "--share" if self.share else f"--host {self.host}"
+        _require(
+            (self.host in LOOPBACK and not self.share) or bool(self.api_key) or self.insecure,
+            f"{where} lets other machines use the API: give --api-key KEY (or set LVX_API_KEY), "
+            "or --insecure to serve it without a key",
+        )
         _positive(self.max_upload_mb, "--max-upload-mb")
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
         if self.auth is not None:

@@ -27,6 +27,7 @@ pytest.importorskip("gradio")
 from test_engine import PARAMS, QUESTIONS, _reference  # noqa: E402
 
 from lvx_app.engine.describe import printable  # noqa: E402
+from lvx_app.video.synthetic import make_video  # noqa: E402
 from lvx_ui.app import link_timestamps, message_text  # noqa: E402
 
 LVX = [sys.executable, "-m", "lvx_app.cli"]
@@ -388,9 +389,10 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
 def test_a_server_side_video_plays_in_place_without_a_copy(server):
     """A video opened by path under --allow-paths is shown by the player from where it is: an hour
     of video is not copied into the server's temporary folder."""
-    source = server.videos / "short.mp4"
-    status, _, player = client(server).predict(None, str(source), 1.0, 0, api_name="/load")
-    assert "short.mp4" in status
+    # a video of its own: no earlier test has uploaded these bytes into the temporary folder
+    source = make_video(server.videos / "in-place.mp4", num_frames=30, fps=10, width=80, height=48)
+    status, _, _ = client(server).predict(None, str(source), 1.0, 0, api_name="/load")
+    assert "in-place.mp4" in status
     size = source.stat().st_size
     copies = [
         p

@@ -256,6 +256,14 @@ class ChatApp:
     def close(self) -> None:
         self.engine.close()
 
+    def lend(self) -> Engine:
+        """The engine for a request from beside the page (the OpenAI-compatible API), with `lock`
+        held; a dead group is restarted first. The page's sessions then reload their video and
+        start their conversations afresh."""
+        self._heal()
+        self.loaded, self.video, self.owner = None, None, None
+        return self.engine
+
     # ---- video
     # ----------------------------------------------------------------------------------------------
     def load(
@@ -578,4 +586,5 @@ def build_app(
         "allowed_paths": [str(p) for p in ui.allow_paths],
     }
     demo.lvx_close = ui.close  # type: ignore[attr-defined]
+    demo.lvx_host = ui  # type: ignore[attr-defined]  # the engine and its lock, for the API
     return demo

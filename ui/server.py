@@ -1,20 +1,21 @@
-"""`lvx serve`: open the engine once, put the browser chat in front of it, close the engine on
-exit."""
+"""`lvx serve`: open the engine once, put the browser chat and the OpenAI-compatible API in front
+of it (the API alone with --no-ui), close the engine on exit."""
 
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
-from lvx_app.config import Config
+from lvx_app.config import LOOPBACK, Config
 from lvx_app.engine.api import EngineError
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.open import open_engine
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def check_allow_paths(paths: list[str]) -> list[str]:
@@ -30,8 +31,9 @@ def check_allow_paths(paths: list[str]) -> list[str]:
     return out
 
 
-def _wait_for_a_stop_signal() -> str:
-    """Serve until Ctrl-C or SIGTERM arrives; its name (the log says which one stopped us)."""
+def _wait_for_a_stop_signal(serving: Callable[[], bool] = lambda: True) -> str | None:
+    """Serve until Ctrl-C or SIGTERM arrives (its name: the log says which one stopped us) or
+    `serving()` turns false (None)."""
     stop, got = threading.Event(), []
 
     def handler(signum, frame) -> None:
@@ -40,8 +42,10 @@ def _wait_for_a_stop_signal() -> str:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
-    while not stop.wait(0.5):
+    while serving() and not stop.wait(0.5):
         pass
+    if not got:
+        return None
     return "Ctrl-C" if got[0] == "SIGINT" else got[0]
 
 
@@ -75,9 +79,70 @@ def run_serve(config: Config, console: Console | None = None) -> int:
         return 2
 
 
+def _api(host, config: Config, folders: list[str], uploads: str, console: Console):
+    """The OpenAI-compatible API on the engine `host` holds; data: URL videos go to `uploads`."""
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    files = VideoFiles(folders, config.serve.max_upload_mb, Path(uploads))
+    return OpenAIApi(host, config, files, report=lambda line: console.print(line, markup=False))
+
+
 def _serve(engine: Engine, config: Config, folders: list[str], console: Console) -> None:
-    """Put the page in front of `engine` until Ctrl-C; the engine the page holds at the end (a dead
-    group is replaced by a fresh one) is closed."""
+    with tempfile.TemporaryDirectory(prefix="lvx-api-videos-") as uploads:
+        if config.serve.no_ui:
+            _serve_api_alone(engine, config, folders, uploads, console)
+        else:
+            _serve_page(engine, config, folders, uploads, console)
+
+
+def _serve_api_alone(
+    engine: Engine, config: Config, folders: list[str], uploads: str, console: Console
+) -> None:
+    """The API alone under uvicorn (no gradio) until Ctrl-C; a dead group is restarted by the next
+    request."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from lvx_ui.openai_api import SoleEngine
+
+    host = SoleEngine(engine, reopen=lambda: open_engine(config))
+    try:
+        app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
+        _api(host, config, folders, uploads, console).mount(app)
+        serve = config.serve
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=serve.host,
+                port=serve.port,
+                log_level="warning",
+                timeout_graceful_shutdown=5,
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)  # signals stay with this thread
+        thread.start()
+        while not server.started:
+            if not thread.is_alive():
+                raise OSError(f"could not listen on {serve.host}:{serve.port}")
+            time.sleep(0.05)
+        name = f"[{serve.host}]" if ":" in serve.host else serve.host
+        console.print(f"lvx serve: ready on http://{name}:{serve.port}/ (the API at /v1, no page)")
+        console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
+        stopped_by = _wait_for_a_stop_signal(thread.is_alive)
+        server.should_exit = True
+        thread.join()
+        if stopped_by:
+            console.print(f"lvx serve: stopped by {stopped_by}")
+    finally:
+        host.close()
+
+
+def _serve_page(
+    engine: Engine, config: Config, folders: list[str], uploads: str, console: Console
+) -> None:
+    """Put the page (and the API beside it) in front of `engine` until Ctrl-C; the engine the page
+    holds at the end (a dead group is replaced by a fresh one) is closed."""
     close = engine.close
     try:
         from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
@@ -92,7 +157,7 @@ def _serve(engine: Engine, config: Config, folders: list[str], console: Console)
                 " reach this port can use the model and read the allowed folders"
             )
         user, _, password = (serve.auth or "").partition(":")
-        _, url, share_url = demo.launch(
+        app, url, share_url = demo.launch(
             server_name=serve.host,
             server_port=serve.port,
             share=serve.share,
@@ -104,9 +169,11 @@ def _serve(engine: Engine, config: Config, folders: list[str], console: Console)
             footer_links=[],
             **demo.lvx_launch,
         )
+        _api(demo.lvx_host, config, folders, uploads, console).mount(app)
         console.print(
             f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else "")
         )
+        console.print(f"OpenAI-compatible API: {url.rstrip('/')}/v1")
         console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
         try:
             console.print(f"lvx serve: stopped by {_wait_for_a_stop_signal()}")

@@ -64,9 +64,19 @@ class VideoSummary:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class VideoOpening:
+    """What comes before the video in a conversation: the system message ("" is the empty one the
+    chat template writes anyway) and the text before the video in the first user message."""
+
+    system: str = ""
+    before: str = ""
+
+
 @dataclass
 class AnswerStats:
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # of the prompt tokens, those this answer fed (the rest were held)
     new_tokens: int = 0
     ttft_s: float = 0.0
     total_s: float = 0.0

@@ -8,6 +8,8 @@ fed whole on every rank (a short question, each decoded token: every rank then h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from lvx_app.engine.parallelize import ShardedAttention
@@ -32,6 +34,7 @@ class Conversation:
         self.cache = self.model.new_cache()
         self.position = 0
         self.pending: list[int] = []
+        self.fed: list[int] = []  # the id of every token in the cache, in order
         if self.attn is not None:
             self.attn.truncate(0)
 
@@ -42,14 +45,31 @@ class Conversation:
             self.attn.truncate(length)
         self.position = length
         self.pending = []
+        del self.fed[length:]
 
-    def restore(self, layers: list[tuple[torch.Tensor, torch.Tensor]], positions) -> None:
-        """Take a saved prompt's whole text cache (every layer's k, v and their positions)."""
+    def restore(
+        self, layers: list[tuple[torch.Tensor, torch.Tensor]], positions, ids: Sequence[int] = ()
+    ) -> None:
+        """Take a saved prompt's whole text cache (every layer's k, v and their positions);
+        `ids`: its tokens."""
         for i, (k, v) in enumerate(layers):
             self.cache.update(i, k, v)
         if self.attn is not None:
             self.attn.restore(positions)
         self.position = self.cache.length
+        self.fed = [int(t) for t in ids]
+
+    def held_prefix(self, ids: Sequence[int]) -> int:
+        """How many of `ids`, from the first, the cache already holds (0 when the tokens it holds
+        are not known)."""
+        if len(self.fed) != self.position:
+            return 0
+        held = 0
+        for mine, theirs in zip(self.fed, ids):
+            if mine != theirs:
+                break
+            held += 1
+        return held
 
     def key_positions(self) -> torch.Tensor:
         """(1, length) global position of every cached key."""
@@ -95,6 +115,7 @@ class Conversation:
         if self.attn is not None and not whole:
             self.attn.replicate(self.cache, cached)
         self.position += n
+        self.fed.extend(ids.tolist())
         return (logits[0, -1] if mine.numel() else None), owner
 
     def _share(
@@ -121,11 +142,13 @@ class Conversation:
         position = torch.tensor([self.position])
         logits = self.forward(torch.tensor([token]), position, replicated=True)[0, -1]
         self.position += 1
+        self.fed.append(int(token))
         return logits
 
     def unfeed(self) -> None:
         """Take back the last token fed."""
         self.position -= 1
+        del self.fed[self.position :]
         self.cache.truncate(self.cache.length - 1)
         if self.attn is not None:
             self.attn.truncate(self.cache.length)

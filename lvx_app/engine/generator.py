@@ -65,10 +65,12 @@ class Generator:
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
         does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
         last = generation.max_new_tokens - 1
+        # without a video the hyper layers make no visual combine to ride on
+        rides = self.rides and self.conversation.visual is not None
         for i in range(generation.max_new_tokens):
             mine = None if logits is None else sample_token(logits, generation, i)
             flag = should_stop()
-            ride = self.rides and i < last and (i > 0 or first_src is None)
+            ride = rides and i < last and (i > 0 or first_src is None)
             early = ride and self.leader and not flag  # rank 0's token is the agreed one
             if early:
                 outcome.first_token_at = outcome.first_token_at or time.perf_counter()
@@ -115,7 +117,7 @@ class Generator:
 
     def _agree(self, token: int | None, stop: bool, src: int) -> tuple[int, bool]:
         """Every rank takes rank `src`'s token and rank 0's stop flag (a collective of its own)."""
-        if not self.rides:
+        if self.conversation.attn is None:  # one rank
             return int(token), stop
         device = self.conversation.info.device
         box = on_wire(torch.tensor([-1 if token is None else token, int(stop)]), device)

@@ -19,12 +19,20 @@ import torch
 from lvx_app.config import Config, GenerationConfig, VideoConfig
 from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
 from lvx_app.devices import memory_report, resolve_dtype
-from lvx_app.engine.api import AnswerStats, EngineError, ProgressFn, QuestionTooLong, VideoSummary
+from lvx_app.engine.api import (
+    AnswerStats,
+    EngineError,
+    ProgressFn,
+    QuestionTooLong,
+    VideoOpening,
+    VideoSummary,
+)
+from lvx_app.engine.chat_prompt import Answers, conversation_ids
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome, never_stop
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
-from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_text
+from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_messages
 from lvx_app.engine.visual_kv import kv_nbytes
 from lvx_app.parallel.collectives import all_min, nbytes
 from lvx_app.parallel.group import DistInfo
@@ -73,6 +81,7 @@ class RankSession:
         self.last_answer: AnswerStats | None = None
         # the longest answer when the options name none: the checkpoint's own, else lvx's
         self.answer_length = self.processor.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+        self.answers = Answers()
 
     # ---- commands (every rank, same order)
     # --------------------------------------------------------
@@ -82,17 +91,19 @@ class RankSession:
         video: VideoConfig,
         subtitles: Sequence[Cue] | None = None,
         progress: ProgressFn | None = None,
+        opening: VideoOpening = VideoOpening(),
     ) -> VideoSummary:
         """Make the video resident and prefill its prompt; the conversation starts afresh."""
-        return self.video.load(path, video, subtitles, progress)
+        return self.video.load(path, video, subtitles, progress, opening)
 
     def reset(self) -> None:
         """Forget the conversation; keep the video and its prefilled prompt."""
         loaded = self.video.loaded
         if loaded is None:
             self.conversation.clear()
-        else:
-            self.conversation.truncate(int(loaded.prefix_ids.numel()))
+        else:  # a text-only chat may have replaced the video prompt: it is prefilled again
+            self._show_video(True)
+            self._hold(loaded.prefix_ids)
 
     def ask(
         self,
@@ -101,14 +112,37 @@ class RankSession:
         should_stop: Callable[[], bool] = never_stop,
     ) -> Iterator[str]:
         """Answer one turn; yields text pieces on rank 0 (other ranks yield nothing)."""
-        conversation, leader = self.conversation, self.info.rank == 0
+        self._show_video(True)
+        yield from self._answer(self._turn_ids(question), generation, should_stop)
+
+    def chat(
+        self,
+        turns: Sequence[dict],
+        generation: GenerationConfig,
+        should_stop: Callable[[], bool] = never_stop,
+    ) -> Iterator[str]:
+        """Answer the last user message of a whole conversation (the OpenAI-compatible API's
+        messages: role and content of each; the first user message may hold the loaded video as
+        `<|video|>`). The cache keeps the longest prefix of its tokens it holds; only the rest is
+        prefilled."""
+        ids, with_video = conversation_ids(self.processor, turns, self.video.loaded, self.answers)
+        self._show_video(with_video)
+        keep = min(self.conversation.held_prefix(ids.tolist()), int(ids.numel()) - 1)
+        self.conversation.truncate(keep)
+        yield from self._answer(ids[keep:], generation, should_stop)
+
+    def _answer(
+        self, ids: torch.Tensor, generation: GenerationConfig, should_stop: Callable[[], bool]
+    ) -> Iterator[str]:
+        """Prefill `ids` after what the cache holds, then generate the answer; yields text pieces
+        on rank 0. The answer's text and tokens are remembered for a later `chat`."""
+        conversation, leader, n = self.conversation, self.info.rank == 0, int(ids.numel())
         if generation.max_new_tokens is None:
             generation = replace(generation, max_new_tokens=self.answer_length)
-        ids = self._turn_ids(question)
-        self._check_length(int(ids.numel()))
+        self._check_length(n)
         t0 = time.perf_counter()
-        stats = AnswerStats(prompt_tokens=conversation.position + int(ids.numel()))
-        whole = self.attn is None or self.attn.replicate_queries(int(ids.numel()))
+        stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
+        whole = self._whole(n)
         try:
             logits, owner = conversation.prefill(ids, whole=whole)
         except torch.cuda.OutOfMemoryError as exc:
@@ -117,16 +151,21 @@ class RankSession:
         conversation.pending = []
         outcome, decoder = LoopOutcome(), self.processor.stream()
         stops = set(self.processor.stop_ids)
+        tokens, text = [], []
         for token in self.generator.answer(
             logits, None if whole else owner, generation, outcome, should_stop
         ):
             stats.new_tokens += 1
             piece = decoder.push(token) if token not in stops else ""
+            tokens += [] if token in stops else [token]
+            text.append(piece)
             if piece and leader:
                 yield piece
         tail = decoder.flush()
+        text.append(tail)
         if tail and leader:
             yield tail
+        self.answers.remember("".join(text), tokens)
         if outcome.unfed is not None:
             conversation.pending = [outcome.unfed]
         conversation.pending.append(self.processor.stop_ids[0])  # close the turn with <|im_end|>
@@ -187,6 +226,24 @@ class RankSession:
         return out
 
     # ---- the question ----------------------------------------------------------------------------
+    def _whole(self, n: int) -> bool:
+        """Whether `n` new tokens are fed alike on every rank (else sharded over the ranks)."""
+        return self.attn is None or self.attn.replicate_queries(n)
+
+    def _show_video(self, shown: bool) -> None:
+        """Let the hyper layers attend to the loaded video or not (a conversation without it must
+        not see it: a token sees every frame whose place in the loaded prompt comes before its
+        position)."""
+        loaded = self.video.loaded
+        self.conversation.visual = loaded.visual if shown and loaded is not None else None
+
+    def _hold(self, ids: torch.Tensor) -> None:
+        """Make the cache hold exactly `ids`: keep the longest prefix it holds, prefill the rest."""
+        keep = self.conversation.held_prefix(ids.tolist())
+        self.conversation.truncate(keep)
+        if keep < ids.numel():
+            self.conversation.prefill(ids[keep:], whole=self._whole(int(ids.numel()) - keep))
+
     def _turn_ids(self, question: str) -> torch.Tensor:
         loaded, conversation = self.video.loaded, self.conversation
         if loaded is None:
@@ -194,9 +251,13 @@ class RankSession:
         if not question.strip():
             raise EngineError("the question is empty")
         prefix = loaded.prefix_ids
-        if conversation.position == prefix.numel():  # the first turn after load or reset
+        if (
+            conversation.position == prefix.numel()
+            or conversation.held_prefix(prefix.tolist()) < prefix.numel()
+        ):  # the first turn after load or reset (or after a chat without the video)
+            self._hold(prefix)
             full = self.processor.build_chat_prompt(
-                [{"role": "user", "content": video_text(loaded.subtitle_block, question)}],
+                video_messages(loaded.opening, loaded.subtitle_block, question),
                 videos=[loaded.summary.frames],
             ).input_ids
             if not torch.equal(full[: prefix.numel()], prefix):

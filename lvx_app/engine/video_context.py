@@ -14,12 +14,13 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from lvx_app.config import Config, VideoConfig
 from lvx_app.devices import memory_report
-from lvx_app.engine.api import EngineError, EngineWarning, ProgressFn, VideoSummary
+from lvx_app.engine.api import EngineError, EngineWarning, ProgressFn, VideoOpening, VideoSummary
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
@@ -40,6 +41,13 @@ def video_text(block: str, question: str = "") -> str:
     if not block:
         return "<|video|>\n" + question
     return "<|video|>\n" + block + "\n" + question.lstrip()
+
+
+def video_messages(opening: VideoOpening, block: str, question: str = "") -> list[dict]:
+    """The conversation's first messages: the system message, then the first user turn with the
+    text before the video, the video, the subtitle block and the question."""
+    system = [{"role": "system", "content": opening.system}] if opening.system else []
+    return system + [{"role": "user", "content": opening.before + video_text(block, question)}]
 
 
 def oom_message(rank: int, device: torch.device, stage: str) -> str:
@@ -71,6 +79,8 @@ class LoadedVideo:
     visual_kv: VisualKVChoice
     features: torch.Tensor | None  # E_local, kept only to recompute K/V
     prefill_s: float
+    opening: VideoOpening = VideoOpening()  # what the conversation says before the video
+    visual: Any = None  # the conversation's visual inputs while it holds the video
 
 
 class VideoContext:
@@ -103,17 +113,17 @@ class VideoContext:
         video: VideoConfig,
         subtitles: Sequence[Cue] | None,
         progress: ProgressFn | None = None,
+        opening: VideoOpening = VideoOpening(),
     ) -> VideoSummary:
         """Make the video resident and prefill its prompt; `subtitles`: the cues of the whole video
-        (the feature cache never depends on them)."""
+        (the feature cache never depends on them); `opening`: what the conversation says before the
+        video."""
         t0 = time.perf_counter()
         shard = self._ingest(path, video, progress)
         plan, n_frames = shard.plan, len(shard.plan)
         block, placed, dropped = self._place_subtitles(subtitles or [], plan.timestamps)
         prompt = self.processor.build_chat_prompt(
-            [{"role": "user", "content": video_text(block)}],
-            videos=[n_frames],
-            add_generation_prompt=False,
+            video_messages(opening, block), videos=[n_frames], add_generation_prompt=False
         )
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
@@ -152,6 +162,7 @@ class VideoContext:
         self.loaded = LoadedVideo(
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, prefill_s
         )
+        self.loaded.opening, self.loaded.visual = opening, visual
         return summary
 
     def _ingest(self, path: str, video: VideoConfig, progress: ProgressFn | None) -> VisualShard:
@@ -262,7 +273,7 @@ class VideoContext:
         saved = self.prefixes.load(key, device, owner=rank0) if key is not None else None
         conversation = self.conversation
         if all_min(int(saved is not None and shard.from_cache), device):
-            conversation.restore(saved.layers, saved.key_positions)
+            conversation.restore(saved.layers, saved.key_positions, prefix_ids.tolist())
             return True
         try:
             conversation.prefill(prefix_ids, media_starts=starts, tail_from=tail_from)

@@ -21,8 +21,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from lvx_app.config import Config, ConfigError, updated
-from lvx_app.engine.api import AnswerStats, EngineError, EngineWarning, ProgressFn, VideoSummary
-from lvx_app.runtime.commands import ASK, LOAD_VIDEO, RESET, STATS, Command
+from lvx_app.engine.api import (
+    AnswerStats,
+    EngineError,
+    EngineWarning,
+    ProgressFn,
+    VideoOpening,
+    VideoSummary,
+)
+from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, RESET, STATS, Command
 from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
 
 
@@ -31,6 +38,9 @@ class Engine:
 
     config: Config
     last_answer: AnswerStats | None = None
+    # how the video the ranks hold was asked for: (path, video options, the cues given or None,
+    # opening); None when no load has succeeded on this engine yet
+    held_video: tuple | None = None
 
     def load_video(
         self,
@@ -38,22 +48,27 @@ class Engine:
         *,
         subtitles: Sequence[Cue] | None = None,
         progress: ProgressFn | None = None,
+        opening: VideoOpening | None = None,
         **video: Any,
     ) -> VideoSummary:
         """Make the video resident (decode and encode, or the caches) and prefill its prompt; the
         conversation starts afresh. `subtitles`: cues to place after the video (None: as the
         config's `--subtitles` says; [] for none). `progress(stage, done, total)` is called as
-        frames arrive."""
+        frames arrive. `opening`: what `chat` conversations say before the video."""
         try:
             options = updated(self.config.video, **video)
         except ConfigError as exc:
             raise EngineError(str(exc)) from None
+        asked = (str(path), options, None if subtitles is None else tuple(subtitles))
         source = ""
         if subtitles is None:
             subtitles, source = _subtitles_for(path, options)
         cues = list(subtitles) or None
-        args = dict(path=str(path), video=options, subtitles=cues)
+        opening = opening or VideoOpening()
+        args = dict(path=str(path), video=options, subtitles=cues, opening=opening)
+        self.held_video = None  # a failed load may have dropped the video held before
         summary: VideoSummary = self.call(LOAD_VIDEO, progress, **args)
+        self.held_video = (*asked, opening)
         summary.subtitle_source = source if summary.subtitle_lines else ""
         return summary
 
@@ -64,6 +79,18 @@ class Engine:
         except ConfigError as exc:
             raise EngineError(str(exc)) from None
         return self.stream(ASK, question=question, generation=options)
+
+    def chat(self, turns: Sequence[dict], **generation: Any) -> Iterator[str]:
+        """Stream the answer to the last user message of a whole conversation (`turns`: the
+        {"role", "content"} of each message; the first user message may hold the loaded video as
+        `<|video|>`); the ranks keep the longest prefix of it they hold and prefill only the rest.
+        `last_answer.prefill_tokens` says how many tokens that was."""
+        try:
+            options = updated(self.config.generation, **generation)
+        except ConfigError as exc:
+            raise EngineError(str(exc)) from None
+        turns = [{"role": str(t["role"]), "content": str(t["content"])} for t in turns]
+        return self.stream(CHAT, turns=turns, generation=options)
 
     def reset(self) -> None:
         """Forget the conversation, keep the video."""

@@ -18,11 +18,12 @@ import tempfile
 import threading
 import time
 import warnings
+from dataclasses import replace
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from lvx_app.config import Config
+from lvx_app.config import Config, ServeConfig
 from lvx_app.engine.api import (
     EngineError,
     EngineWarning,
@@ -106,7 +107,8 @@ class RemoteEngine(Engine):
             *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
             *(f"--nproc-per-node={nproc}", "--monitor-interval=0.5"),
             *entry,
-            *("--config", json.dumps(config.to_dict())),
+            # the page's login and the API key stay off the ranks' command line
+            *("--config", json.dumps(replace(config, serve=ServeConfig()).to_dict())),
         ]
         self._log = open(self.run_dir / "group.log", "wb")
         self.proc = subprocess.Popen(

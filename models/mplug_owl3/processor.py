@@ -438,3 +438,10 @@ class Owl3Processor:
             False,
         )
         return self._encode_chunks(chunks, media, offset)
+
+    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> PromptInputs:
+        """The ids to append after a generated answer that ended with <|im_end|>, for the next
+        messages (text only): `build_followup` for any run of user and system messages, as the
+        template lays them out after that answer."""
+        chunks = [ENDOFTEXT] + self._chunks(messages, [], [], True, [], True, False)
+        return self._encode_chunks(chunks, [], offset)
