@@ -137,6 +137,17 @@ def _reporter(progress: bool | ProgressFn | None, rank: int, title: str) -> Prog
     return RichProgress(title) if progress and rank == 0 else None
 
 
+def idle_ranks_note(frames: int, world: int) -> str | None:
+    """The warning for more ranks than frames: the extra ranks hold an empty shard and only take
+    part in the collectives."""
+    if frames >= world:
+        return None
+    return (
+        f"{world} ranks for {frames} frame(s): {world - frames} rank(s) hold no frames and idle; "
+        f"use {frames} rank(s) (--gpus/--ranks), or sample more frames (--fps, --max-frames)"
+    )
+
+
 def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -475,7 +486,8 @@ def ingest(
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
             job.look_up()
-            for note in job.plan.notes if rank == 0 else ():
+            notes = [*job.plan.notes, idle_ranks_note(len(job.plan), world)]
+            for note in filter(None, notes) if rank == 0 else ():
                 warnings.warn(note, VideoWarning, stacklevel=2)
             agreed[:] = job.plan_counts()
         job.check_same_plan(agreed)
