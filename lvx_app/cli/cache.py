@@ -31,6 +31,33 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _attempt(removals: list) -> tuple[int, Exception | None]:
+    """Run each removal (returning the ids or the number removed): (entries removed, the first
+    failure). A failure still counts the entries it removed."""
+    from lvx_app.video.cache_files import CacheRemovalError
+
+    n, failure = 0, None
+    for remove in removals:
+        try:
+            done = remove()
+            n += done if isinstance(done, int) else len(done)
+        except CacheRemovalError as exc:
+            n += len(exc.removed)
+            failure = failure or exc
+    return n, failure
+
+
+def _fail_on(console: Console, failure: Exception | None) -> None:
+    """What could not be deleted, in one line, and exit code 1."""
+    if failure is not None:
+        console.print(f"[red]error:[/red] {failure}", highlight=False)
+        raise typer.Exit(1)
+
+
 def _cache(dir: Optional[Path]):
     from lvx_app.video.feature_cache import FeatureCache
 
@@ -150,8 +177,9 @@ def rm(
     cache = _cache(dir)
     console = Console()
     if stale:
-        removed = cache.remove_stale()
-        console.print(f"Removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}.")
+        n, failure = _attempt([cache.remove_stale])
+        console.print(f"Removed {n} stale entr{'y' if n == 1 else 'ies'}.")
+        _fail_on(console, failure)
     elif not targets:
         console.print(
             "[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or "
@@ -159,15 +187,13 @@ def rm(
         )
         raise typer.Exit(2)
     missing = []
+    stores = [cache, *_saved(dir).values()]
     for target in targets or []:
-        removed = cache.remove(target) + [
-            e for store in _saved(dir).values() for e in store.remove(target)
-        ]
-        if removed:
-            console.print(
-                f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}."
-            )
-        else:
+        n, failure = _attempt([lambda store=store: store.remove(target) for store in stores])
+        if n:
+            console.print(f"Removed {_entries(n)} for {target}.")
+        _fail_on(console, failure)
+        if not n:
             missing.append(target)
     if missing:
         console.print(
@@ -190,5 +216,11 @@ def clear(
         f"({_human(size)})?"
     ):
         raise typer.Exit(1)
-    n = cache.clear() + sum(store.clear() for store in saved)
-    Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")
+    console = Console()
+    n, failure = _attempt([store.clear for store in (cache, *saved)])
+    freed = "" if failure else f" ({_human(size)})"
+    console.print(f"Removed {n} entries{freed} from {cache.root}.")
+    _fail_on(console, failure)
+    left = [f for store in (cache, *saved) for f in store.leftovers()]
+    if left:
+        console.print(f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.")

@@ -38,6 +38,7 @@ from lvx_app.config import VideoConfig
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
+from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
@@ -428,13 +429,8 @@ class _RankIngest:
                 self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath
             )
         except OSError as exc:
-            # _save < result < ingest < caller
-            warnings.warn(
-                f"could not write the visual-feature cache in {self.store.root} ({exc}); "
-                f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
-                VideoWarning,
-                stacklevel=4,
-            )
+            then = "the next run will decode again"
+            warn_not_saved(self.store.root, exc, "the visual features", then)
 
     def close(self) -> None:
         if isinstance(self.report, RichProgress):
