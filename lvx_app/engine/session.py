@@ -20,7 +20,13 @@ from lvx_app.devices import memory_report, resolve_dtype
 from lvx_app.engine.api import AnswerStats, EngineError, ProgressFn, QuestionTooLong, VideoSummary
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome, never_stop
-from lvx_app.engine.limits import PrefillShape, question_limit, too_long
+from lvx_app.engine.limits import (
+    MAX_QUESTION_CHARS,
+    PrefillShape,
+    question_char_limit,
+    question_limit,
+    too_long,
+)
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
 from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_text
 from lvx_app.engine.visual_kv import kv_nbytes
@@ -69,6 +75,9 @@ class RankSession:
         )
         self.generator = Generator(self.conversation, self.processor.stop_ids)
         self.last_answer: AnswerStats | None = None
+        longest = self.processor.tokenizer.longest_token_bytes()
+        context = int(self.model.config.max_position_embeddings)
+        self.question_chars = question_char_limit(context, longest)
 
     # ---- commands (every rank, same order)
     # --------------------------------------------------------
@@ -115,6 +124,8 @@ class RankSession:
             logits, None if whole else owner, generation, outcome, should_stop
         ):
             stats.new_tokens += 1
+            if token not in stops:
+                stats.tokens.append(token)
             piece = decoder.push(token) if token not in stops else ""
             if piece and leader:
                 yield piece
@@ -129,6 +140,17 @@ class RankSession:
         stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
+
+    def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Feed earlier turns (a question, the token ids of its answer: `AnswerStats.tokens`) after
+        the video prompt, generating nothing: a conversation rebuilt exactly as it was answered."""
+        conversation = self.conversation
+        for question, answer in turns:
+            ids = self._turn_ids(question)
+            self._check_length(int(ids.numel()))
+            whole = self.attn is None or self.attn.replicate_queries(int(ids.numel()))
+            conversation.prefill(ids, whole=whole)
+            conversation.pending = [*map(int, answer), self.processor.stop_ids[0]]
 
     def local_stats(self) -> dict[str, Any]:
         """This rank's row of `/stats`: its frames, memory and traffic."""
@@ -159,6 +181,7 @@ class RankSession:
             "device": str(self.info.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "layout": self.config.parallel.layout,
+            MAX_QUESTION_CHARS: self.question_chars,
         }
 
     def summarize_stats(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
