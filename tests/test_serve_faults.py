@@ -268,3 +268,15 @@ def test_forgotten_tabs_are_asked_to_load_again():
     assert app.tabs["A"].video is None and app.tabs["C"].video is not None
     with pytest.raises(Exception, match="load a video in this browser tab first"):
         app.shared.ready_for("A", app.tabs["A"])
+
+
+def test_a_pasted_book_is_refused_by_its_characters_before_any_rank(served):
+    c = client(served)
+    _load(c, served, "a.mp4")
+    paste = "why? " * 1_999_999 + "why?!"  # 10,000,000 characters
+    history, _ = ask(c, paste, [], TOKENS)
+    question, answer = (message_text(m["content"]) for m in history[-2:])
+    assert answer.startswith("⚠️ error: the question is 10,000,000 characters, more than"), answer
+    assert len(question) < 300 and question.endswith("… (10,000,000 characters)"), question[:300]
+    history, _ = ask(c, QUESTIONS[0], [], TOKENS)
+    assert last_answer(history)[0] == served.expected["a.mp4"]
