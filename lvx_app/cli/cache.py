@@ -35,26 +35,25 @@ def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-def _attempt(removals: list) -> tuple[int, Exception | None]:
-    """Run each removal (returning the ids or the number removed): (entries removed, the first
-    failure). A failure still counts the entries it removed."""
-    from lvx_app.video.cache_files import CacheRemovalError
+def _attempt(removals: list, root: Path) -> tuple[int, str | None]:
+    """Run each removal (returning the ids or the number removed): (entries removed, the line for
+    those that could not be, or None). A failure still counts the entries it removed."""
+    from lvx_app.video.cache_files import CacheRemovalError, removal_failed
 
-    n, failure = 0, None
+    n, failed, why = 0, 0, ""
     for remove in removals:
         try:
             done = remove()
             n += done if isinstance(done, int) else len(done)
         except CacheRemovalError as exc:
-            n += len(exc.removed)
-            failure = failure or exc
-    return n, failure
+            n, failed, why = n + len(exc.removed), failed + exc.failed, why or exc.why
+    return n, removal_failed(failed, why, root) if failed else None
 
 
-def _fail_on(console: Console, failure: Exception | None) -> None:
+def _fail_on(console: Console, failure: str | None) -> None:
     """What could not be deleted, in one line, and exit code 1."""
     if failure is not None:
-        console.print(f"[red]error:[/red] {failure}", highlight=False)
+        console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -177,7 +176,7 @@ def rm(
     cache = _cache(dir)
     console = Console()
     if stale:
-        n, failure = _attempt([cache.remove_stale])
+        n, failure = _attempt([cache.remove_stale], cache.root)
         console.print(f"Removed {n} stale entr{'y' if n == 1 else 'ies'}.")
         _fail_on(console, failure)
     elif not targets:
@@ -189,7 +188,9 @@ def rm(
     missing = []
     stores = [cache, *_saved(dir).values()]
     for target in targets or []:
-        n, failure = _attempt([lambda store=store: store.remove(target) for store in stores])
+        n, failure = _attempt(
+            [lambda store=store: store.remove(target) for store in stores], cache.root
+        )
         if n:
             console.print(f"Removed {_entries(n)} for {target}.")
         _fail_on(console, failure)
@@ -217,10 +218,12 @@ def clear(
     ):
         raise typer.Exit(1)
     console = Console()
-    n, failure = _attempt([store.clear for store in (cache, *saved)])
+    n, failure = _attempt([store.clear for store in (cache, *saved)], cache.root)
     freed = "" if failure else f" ({_human(size)})"
     console.print(f"Removed {n} entries{freed} from {cache.root}.")
     _fail_on(console, failure)
     left = [f for store in (cache, *saved) for f in store.leftovers()]
     if left:
-        console.print(f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.")
+        console.print(
+            f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.", soft_wrap=True
+        )

@@ -35,11 +35,18 @@ _said_not_writable: set[str] = set()
 
 
 class CacheRemovalError(OSError):
-    """Cache files that could not be deleted; `removed` holds the entries that were."""
+    """Entries whose files could not be deleted (`failed` of them, `why`); `removed` holds the ids
+    of those that were."""
 
-    def __init__(self, message: str, removed: list[str]) -> None:
-        super().__init__(message)
-        self.removed = removed
+    def __init__(self, failed: int, why: str, where: Path, removed: list[str]) -> None:
+        super().__init__(removal_failed(failed, why, where))
+        self.failed, self.why, self.removed = failed, why, removed
+
+
+def removal_failed(failed: int, why: str, where: Path) -> str:
+    """The one line for entries that could not be deleted."""
+    entries = f"{failed} entr{'y' if failed == 1 else 'ies'}"
+    return f"could not delete {entries} in {where} ({why}); make it writable, then run it again"
 
 
 def has_lvx_header(path: Path) -> bool:
@@ -103,13 +110,8 @@ def remove_entries(folders: list[Path], names: re.Pattern) -> list[str]:
         if deleted:
             removed.append(folder.name)
     if failed:
-        n, why = len(failed), failed[0].strerror or str(failed[0])
-        where = Path(failed[0].filename or folders[0]).parent.parent
-        raise CacheRemovalError(
-            f"could not delete {n} entr{'y' if n == 1 else 'ies'} in {where} ({why}); "
-            "run it as a user who may change that folder",
-            removed,
-        )
+        why = failed[0].strerror or str(failed[0])
+        raise CacheRemovalError(len(failed), why, folders[0].parent, removed)
     return removed
 
 
