@@ -56,6 +56,19 @@ _LANGUAGES = {
 }  # fmt: skip
 
 
+# Code pages of Latin script charset detection may name for a subtitle file; for those, Western
+# European text is read as cp1252 first (`western_text`)
+LATIN_CODE_PAGES = frozenset(
+    "cp1250 cp1252 cp1254 cp1257 cp1258 latin_1 iso8859_2 iso8859_3 iso8859_4 iso8859_9 "
+    "iso8859_10 iso8859_13 iso8859_14 iso8859_15 iso8859_16 mac_roman mac_latin2 mac_iceland "
+    "mac_turkish hp_roman8 cp437 cp850 cp852 cp857 cp858 cp860 cp861 cp863 cp865 cp775".split()
+)
+_WESTERN = frozenset(
+    "àâäáãåæçèéêëìíîïñòóôõöøœùúûüÿßÀÂÄÁÃÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØŒÙÚÛÜŸ"
+    "«»‹›“”„‘’‚–—…°ºª¿¡€·•×£©®™§\u00a0\u00ad"
+)
+
+
 class SubtitleError(ValueError):
     """A subtitle file or option that cannot be used; the message is one line that says what to
     do."""
@@ -175,11 +188,31 @@ def decode_bytes(data: bytes, name: str, encoding: str | None = None) -> tuple[s
             f"{name} is not text in any encoding found; pass --subtitle-encoding, or --subtitles "
             "none"
         )
+    text, encoding = str(best), best.encoding
+    western = western_text(data) if encoding in LATIN_CODE_PAGES else None
+    if western is not None:
+        text, encoding = western, "cp1252"
     return (
-        str(best),
-        f"{name} is not UTF-8; read it as {best.encoding} (detected); pass --subtitle-encoding to "
+        text,
+        f"{name} is not UTF-8; read it as {encoding} (detected); pass --subtitle-encoding to "
         "choose",
     )
+
+
+def western_text(data: bytes) -> str | None:
+    """`data` as cp1252 (Latin-1's superset) when it reads as Western European text: every
+    character beyond ASCII is a letter or mark of French, German, Spanish, Portuguese, Italian,
+    Dutch, the Nordic languages or Catalan. Detection alone often picks a rarer Latin code page that
+    differs only in a few letters (cp1257: château -> chāteau, très -> trčs); those letters then
+    read as something no Western text holds (Polish ł as ³, Turkish ş as þ)."""
+    try:
+        text = data.decode("cp1252")
+    except UnicodeDecodeError:
+        return None
+    found = {c for c in text if ord(c) > 127}
+    if not found <= _WESTERN or {"õ", "û"} <= found:  # both: Hungarian's ő and ű in cp1250
+        return None
+    return text
 
 
 def read_subtitle_file(path: Path | str, encoding: str | None = None) -> SubtitleTrack:
@@ -187,6 +220,11 @@ def read_subtitle_file(path: Path | str, encoding: str | None = None) -> Subtitl
     cues is no error
     here: callers decide)."""
     path = Path(path)
+    if path.is_dir():
+        raise SubtitleError(
+            f"{path} is a folder, not a subtitle file; name an .srt, .vtt or .ass file in it, or "
+            "--subtitles auto to find the one next to the video"
+        )
     if not path.is_file():
         raise SubtitleError(f"subtitle file not found: {path}")
     size_mb = path.stat().st_size / 2**20

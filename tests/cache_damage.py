@@ -11,13 +11,18 @@ import pytest
 
 from lvx_app.video.errors import VideoWarning
 
-DAMAGES = ["header", "data", "truncated", "other key"]
+DAMAGES = ["header", "data", "truncated", "other key", "a folder"]
 
 
 def damage(path: Path, how: str, other_entry: Callable[[], Path]) -> None:
-    """Rewrite `path`: a flipped header byte, a flipped data byte, cut in half, or (`other key`)
-    the bytes of another entry's file (`other_entry` saves one and returns its path) put in its
-    place."""
+    """Rewrite `path`: a flipped header byte, a flipped data byte, cut in half, (`other key`) the
+    bytes of another entry's file (`other_entry` saves one and returns its path) put in its place,
+    or a folder in its place."""
+    if how == "a folder":
+        path.unlink()
+        path.mkdir()
+        (path / "inside").write_text("x")
+        return
     data = bytearray(path.read_bytes())
     if how == "header":
         data[12] ^= 0xFF
@@ -34,12 +39,14 @@ def check_damage_is_discarded(
     store: Any, key: Any, saved: Any, video: Path, how: str, warning: str
 ) -> None:
     """Save `saved` under `key`, damage the file `how`, and check that loading it gives None with
-    one warning that matches `warning`, and deletes the file (the "other key" bytes come from the
-    same entry under another checkpoint)."""
+    one warning that matches `warning`, deletes the file (the "other key" bytes come from the
+    same entry under another checkpoint), and that it is saved and read again afterwards."""
     path = store.save(key, saved, video=video)
     damage(
         path, how, lambda: store.save(dataclasses.replace(key, checkpoint="x"), saved, video=video)
     )
-    with pytest.warns(VideoWarning, match=warning):
+    with pytest.warns(VideoWarning, match=warning) as caught:
         assert store.load(key) is None
-    assert not path.exists()
+    assert len(caught) == 1 and not path.exists()
+    store.save(key, saved, video=video)
+    assert store.load(key) is not None

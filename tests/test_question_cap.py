@@ -14,7 +14,8 @@ from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_models.mplug_owl3.config import Owl3Config
 
-HUGE = "why? " * 200_000  # 1,000,000 characters
+HUGE = "why? " * 40_000  # 200,000 characters: under the character cap, over the context in tokens
+PASTE = "why? " * 1_999_999 + "why?!"  # 10,000,000 characters: over the character cap
 
 
 def _long_then_normal(
@@ -72,6 +73,67 @@ def test_a_huge_question_is_refused_by_the_context(tiny_checkpoints, short_video
     assert "\n" not in refused
     assert refused_calls == 0, "no prefill may start for a refused question"
     assert answer, "the group keeps answering"
+
+
+def _paste_then_normal(rank: int, world: int, checkpoint: str, video: str, cache_dir: str):
+    """Rank 0 asks a 10M-character question (refused), then a normal one; every rank records the
+    questions it tokenized and rank 0 the commands it sent."""
+    from lvx_app.parallel.group import init_distributed
+
+    config = _config(checkpoint, cache_dir)
+    session = RankSession(config, init_distributed(cuda=False))
+    tokenized: list[int] = []
+    turn_ids = session._turn_ids
+    session._turn_ids = lambda question: tokenized.append(len(question)) or turn_ids(question)
+    channel = ControlChannel()
+    if rank != 0:
+        worker_loop(session, channel)
+        return tokenized
+    sent: list[str] = []
+    broadcast = channel.broadcast
+    channel.broadcast = lambda message=None: sent.append(message[0]) or broadcast(message)
+    engine = GroupDriver(session, channel, config)
+    engine.load_video(video)
+    try:
+        "".join(engine.ask(PASTE))
+        refused = None
+    except EngineError as exc:
+        refused = (type(exc).__name__, str(exc))
+    answer = "".join(engine.ask(QUESTIONS[0]))
+    engine.close()
+    return refused, sent, tokenized, answer
+
+
+def test_a_question_over_the_character_cap_never_reaches_a_rank(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """Refused by its length in characters before it is tokenized or sent: no rank holds a 10 MB
+    question's token ids."""
+    first, other = run_ranks(
+        _paste_then_normal, 2, tiny_checkpoints["g2"], short_video, str(tmp_path)
+    )
+    refused, sent, tokenized, answer = first
+    assert refused is not None and refused[0] == "QuestionTooLong", refused
+    assert refused[1].startswith("the question is 10,000,000 characters, more than the"), refused
+    assert sent == ["load_video", "ask", "shutdown"], "only the next question was sent"
+    assert tokenized == other == [len(QUESTIONS[0])] and answer
+
+
+def test_the_character_cap_never_refuses_what_the_token_cap_allows(tiny_checkpoints):
+    """A question at the character cap made of the longest token still needs more tokens than the
+    context: the cap only refuses what the token cap would."""
+    from lvx_models.mplug_owl3.tokenizer import Owl3Tokenizer
+
+    tokenizer = Owl3Tokenizer.from_pretrained(tiny_checkpoints["g2"])
+    longest = tokenizer.longest_token_bytes()
+    vocab = tokenizer.tk.get_vocab(with_added_tokens=True)
+    spelled = {i: tokenizer.decode([i], skip_special_tokens=False) for i in vocab.values()}
+    assert longest == max(len(text.encode()) for text in spelled.values())
+    context = Owl3Config().max_position_embeddings
+    limit = limits.question_char_limit(context, longest)
+    piece = next(text for text in spelled.values() if len(text.encode()) == longest)
+    text = piece * (limit // longest + 1)
+    assert len(text) > limit and len(tokenizer.encode(text)) > context
 
 
 def test_the_smallest_rank_budget_caps_every_rank(tiny_checkpoints, short_video, tmp_path):
@@ -133,4 +195,18 @@ def test_lvx_chat_refuses_a_huge_question_in_one_line_and_goes_on(
     errors = [line for line in result.stdout.splitlines() if "error:" in line]
     assert len(errors) == 1 and "tokens a question may have here" in errors[0], result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+    assert result.stdout.count("TTFT") == 1, "the next question is answered"
+
+
+@pytest.mark.slow
+def test_lvx_chat_refuses_a_pasted_book_by_its_characters_and_does_not_echo_it(
+    tiny_checkpoints, short_video, tmp_path
+):
+    stdin = "\n".join([PASTE, QUESTIONS[0], "/quit"]) + "\n"
+    chat = ["chat", short_video, "--model", tiny_checkpoints["g2"], "--gpus", "0", "--ranks", "2"]
+    result = _lvx(*chat, "--max-new-tokens", "4", "--cache-dir", str(tmp_path), stdin=stdin)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    errors = [line for line in result.stdout.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: the question is 10,000,000 characters")
+    assert "… (10,000,000 characters)" in result.stdout and len(result.stdout) < 10_000
     assert result.stdout.count("TTFT") == 1, "the next question is answered"

@@ -228,6 +228,7 @@ def test_failures_are_readable_and_the_server_keeps_serving(server, expected):
         ("/etc/hostname", "outside the allowed folders"),
         (str(server.videos / "missing.mp4"), "not found"),
         ("", "upload a video first"),
+        (str(server.videos / "a\x00b.mp4"), "is not a path"),
     ):
         status, _, _ = c.predict(None, path, 1.0, 0, api_name="/load")
         assert status.startswith("⚠️ error:") and message in status, status
@@ -250,10 +251,19 @@ def test_failures_are_readable_and_the_server_keeps_serving(server, expected):
     assert Path(player["path"]).resolve() == in_place, (
         "allowed videos are played in place, not copied"
     )
-    history, _ = ask(c, "   ", [])
+    history, _ = ask(raw, "   ", [])
     assert history == []
-    history, _ = ask(c, QUESTIONS[0], [])
+    history, _ = ask(raw, QUESTIONS[0], [])
     assert last_answer(history)[0] == expected[0]
+    # another tab (c) has no video of its own: it is asked to load one, not answered about raw's
+    history, _ = ask(c, QUESTIONS[0], [])
+    assert message_text(history[-1]["content"]).startswith(
+        "⚠️ error: load a video in this browser tab first"
+    ), history
+    for bad in (0, -3):  # the box rounds a fraction itself
+        history, _ = ask(raw, QUESTIONS[0], [], bad)
+        line = message_text(history[-1]["content"])
+        assert line == f"⚠️ error: max new tokens must be a whole number of 1 or more (got {bad})"
 
 
 @pytest.mark.slow
@@ -278,8 +288,10 @@ def test_stop_and_cancel_leave_the_group_in_step(server, short_video, expected):
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.1)
 
-    # Another browser session (a new client) starts its own conversation; answers stay exact.
+    # Another browser tab (a new client) loads its video and starts its own conversation; answers
+    # stay exact.
     other = client(server)
+    other.predict(None, str(server.videos / "short.mp4"), 1.0, 0, api_name="/load")
     history, _ = ask(other, QUESTIONS[0], [])
     assert last_answer(history)[0] == expected[0]
     history, _ = ask(other, QUESTIONS[1], history)
@@ -288,9 +300,11 @@ def test_stop_and_cancel_leave_the_group_in_step(server, short_video, expected):
 
 @pytest.mark.slow
 def test_two_sessions_at_once_are_served_one_after_the_other(server, expected):
-    """One engine: the second request waits in Gradio's queue; each new session starts its own
+    """One engine: the second request waits in Gradio's queue; each tab starts its own
     conversation."""
     clients = [client(server), client(server)]
+    for c in clients:
+        c.predict(None, str(server.videos / "short.mp4"), 1.0, 0, api_name="/load")
     jobs = [c.submit(QUESTIONS[0], [], PARAMS.max_new_tokens, api_name="/chat") for c in clients]
     for job in jobs:
         assert last_answer(job.result()[0])[0] == expected[0]
@@ -356,6 +370,7 @@ def test_subtitles_from_the_video_or_an_upload(server, short_video):
         None, str(talk), 1.0, 0, gradio_client.handle_file(str(junk)), True, api_name="/load"
     )
     assert status.startswith("⚠️ error: junk.srt is binary"), status
+    assert "--" not in status and "or remove it" in status, "the page's words, not a flag's"
 
 
 def test_timestamps_become_seek_links_only_inside_the_video():

@@ -1,12 +1,13 @@
-"""`lvx serve` under faults, on 2 CPU ranks driven with gradio_client: two browser sessions with
-different videos never get answers about each other's video, and a dead rank is healed by the next
-request (the workers restart and
-the asking session's video comes back from the feature cache); a rank death mid-answer keeps the
-partial answer."""
+"""`lvx serve` under faults, on 2 CPU ranks driven with gradio_client: browser tabs stay apart (each
+is answered about its own video, in its own conversation, a tab without a video is asked to load
+one, Stop stops only its own answer), and a dead rank is healed by the next request (the workers
+restart and the asking tab's video comes back from the feature cache); a rank death mid-answer
+keeps the partial answer."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 
@@ -18,7 +19,9 @@ from lvx_app.config import Config
 from lvx_app.engine.api import VideoSummary
 from lvx_app.engine.describe import printable
 from lvx_app.video.synthetic import make_video
-from lvx_ui.app import ChatApp, link_timestamps, message_text
+from lvx_ui.app import ChatApp, _progress_reporter, link_timestamps, message_text
+from lvx_ui.shared_engine import SharedEngine
+from lvx_ui.tabs import Tab
 
 pytestmark = pytest.mark.slow
 TOKENS = PARAMS.max_new_tokens  # the reference answers are this long
@@ -34,10 +37,11 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
         videos / "b.mp4", num_frames=60, fps=10, width=64, height=96, start_index=500, noise=0.5
     )
     checkpoint = tiny_checkpoints["g2"]
-    expected = {}
+    expected, follow_ups = {}, {}
     for name in ("a.mp4", "b.mp4"):
-        answer = _reference(checkpoint, str(videos / name))[0]
-        expected[name] = link_timestamps(printable(answer), 10.0)
+        first, second = _reference(checkpoint, str(videos / name))
+        expected[name] = link_timestamps(printable(first), 10.0)
+        follow_ups[name] = link_timestamps(printable(second), 10.0)
     log = root / "serve.log"
     args = [
         "--gpus",
@@ -55,7 +59,17 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
     ]
     proc, url = start_server(args, log)
     server = type(
-        "Served", (), dict(url=url, videos=videos, root=root, log=log, auth=None, expected=expected)
+        "Served",
+        (),
+        dict(
+            url=url,
+            videos=videos,
+            root=root,
+            log=log,
+            auth=None,
+            expected=expected,
+            follow_ups=follow_ups,
+        ),
     )
     yield server
     stop_server(proc, log)
@@ -82,7 +96,7 @@ def test_two_sessions_each_get_answers_about_their_own_video(served):
     )
 
     # the reload's progress is checked in-process
-    # (test_a_reload_shows_its_progress_to_the_session_that_asked): with the saved video prompt it
+    # (test_a_reload_shows_its_progress_to_the_tab_that_asked): with the saved video prompt it
     # lasts milliseconds, too short for polling the client's latest status to see
     result = a.predict(QUESTIONS[0], [], TOKENS, api_name="/chat")
     answer, footer = last_answer(result[0])
@@ -90,17 +104,16 @@ def test_two_sessions_each_get_answers_about_their_own_video(served):
         "A's question must be answered about A's video, not B's"
     )
     assert (
-        "about a.mp4" in footer
-        and "reloaded a.mp4 for this session from the feature cache" in footer
+        "about a.mp4" in footer and "reloaded your video a.mp4 from the feature cache" in footer
     ), footer
-    assert "a.mp4" in result[-1], "the status shows the video the engine holds now"
+    assert "a.mp4" in result[-1], "the status shows the tab's own video"
 
     history, _ = ask(b, QUESTIONS[0], [], TOKENS)
     answer, footer = last_answer(history)
     assert (
         answer == served.expected["b.mp4"]
         and "about b.mp4" in footer
-        and "reloaded b.mp4" in footer
+        and "reloaded your video b.mp4" in footer
     ), footer
     history, _ = ask(b, QUESTIONS[0], [], TOKENS)
     answer, footer = last_answer(history)
@@ -127,7 +140,7 @@ def test_a_dead_rank_is_healed_by_the_next_request(served):
     answer, footer = last_answer(history)
     assert answer == served.expected["a.mp4"], texts
     assert "the workers restarted after: rank 1 failed" in "".join(texts), texts
-    assert "reloaded a.mp4 for this session from the feature cache" in footer, footer
+    assert "reloaded your video a.mp4 from the feature cache" in footer, footer
     stats = c.predict(api_name="/stats")
     assert "a.mp4" in stats and "world size: 2" in stats and "⚠️" not in stats, stats
 
@@ -149,16 +162,65 @@ def test_a_rank_death_mid_answer_keeps_the_partial_answer(served):
     ), text
     history, _ = ask(c, QUESTIONS[0], [], TOKENS)
     assert last_answer(history)[0] == served.expected["a.mp4"]
-    status = client(served).predict(None, "", 1.0, 0, api_name="/load")[0]
-    assert "a.mp4" in status, "the status shows the video the restarted workers hold"
+    status = c.predict(None, "", 1.0, 0, api_name="/load")[0]
+    assert "a.mp4" in status, "the status shows the tab's own video, back on the restarted workers"
+
+
+def test_a_tab_without_its_own_video_is_asked_to_load_one(served):
+    """Never answered about another tab's video: not its content, not its name."""
+    _load(client(served), served, "a.mp4")
+    stranger = client(served)
+    history, _ = ask(stranger, QUESTIONS[0], [], TOKENS)
+    text = message_text(history[-1]["content"])
+    assert text == (
+        "⚠️ error: load a video in this browser tab first: each tab asks about its own video"
+    ), text
+    status = stranger.predict(None, "", 1.0, 0, api_name="/load")[0]
+    stats = stranger.predict(api_name="/stats")
+    assert "No video loaded in this browser tab yet" in status and "a.mp4" not in status, status
+    assert "a.mp4" not in stats and "world size: 2" in stats, stats
+
+
+def test_a_follow_up_keeps_its_own_conversation_when_another_tab_spoke(served):
+    a, b = client(served), client(served)
+    _load(a, served, "a.mp4")
+    history, _ = ask(a, QUESTIONS[0], [], TOKENS)
+    assert last_answer(history)[0] == served.expected["a.mp4"]
+    _load(b, served, "b.mp4")
+    theirs, _ = ask(b, QUESTIONS[0], [], TOKENS)
+    history, _ = ask(a, QUESTIONS[1], history, TOKENS)
+    answer, footer = last_answer(history)
+    assert answer == served.follow_ups["a.mp4"], "A's follow-up is answered in A's conversation"
+    assert "reloaded your video a.mp4" in footer, footer
+    assert "your conversation was rebuilt from its 1 earlier turn" in footer, footer
+    theirs, _ = ask(b, QUESTIONS[1], theirs, TOKENS)
+    answer, footer = last_answer(theirs)
+    assert answer == served.follow_ups["b.mp4"] and "rebuilt from its 1 earlier turn" in footer
+
+
+def test_stop_stops_only_the_answer_of_its_own_tab(served):
+    a, b = client(served), client(served)
+    _load(a, served, "a.mp4")
+    _load(b, served, "a.mp4")
+    job = a.submit(QUESTIONS[0], [], 2000, api_name="/chat")
+    for seen, _ in enumerate(job):
+        if seen == 2:
+            b.predict(api_name="/stop")  # another tab's Stop: A's answer goes on
+            assert not job.done()
+        if seen == 40:
+            a.predict(api_name="/stop")
+    answer, footer = last_answer(job.result()[0])
+    tokens = int(re.search(r"(\d+) tokens", footer).group(1))
+    assert "interrupted" in footer and 40 <= tokens < 2000, footer
 
 
 class ReloadingEngine:
     """Just enough of an Engine for a reload: it reports decode progress as the real one does, then
-    a summary."""
+    a summary; it records the conversations it is asked to rebuild."""
 
     def __init__(self) -> None:
         self.loads: list[str] = []
+        self.replays: list[list] = []
 
     def load_video(self, path, *, subtitles=None, progress=None, fps=1.0, max_frames=None):
         self.loads.append(path)
@@ -166,24 +228,55 @@ class ReloadingEngine:
             progress("frames", done, 10)
         return VideoSummary(path, 10, fps, 10.0, 40, True, 0.01)
 
+    def reset(self) -> None:
+        pass
 
-def test_a_reload_shows_its_progress_to_the_session_that_asked():
+    def replay(self, turns) -> None:
+        self.replays.append(list(turns))
+
+
+def test_a_reload_shows_its_progress_to_the_tab_that_asked():
     engine = ReloadingEngine()
-    app = ChatApp(engine, Config(), allow_paths=None)
-    mine, theirs = ("a.mp4", 1.0, None, ()), ("b.mp4", 1.0, None, ())
-    # another session's video is the one loaded now
-    app.videos["session A"], app.loaded = (mine, theirs)
+    shared = SharedEngine(engine)
+    mine = Tab(video=("a.mp4", 1.0, None, ()), turns=[("what?", [5, 6])])
+    shared.loaded, shared.talking = ("b.mp4", 1.0, None, ()), "tab B"  # another tab's, now
     shown = []
-    note = app._ensure_video("session A", lambda value, desc=None, unit=None: shown.append(desc))
-    assert (
-        engine.loads == ["a.mp4"]
-        and note == "reloaded a.mp4 for this session from the feature cache"
-    )
+    report = _progress_reporter(lambda value, desc=None, unit=None: shown.append(desc))
+    notes = shared.ready_for("tab A", mine, report)
+    assert engine.loads == ["a.mp4"] and engine.replays == [[("what?", [5, 6])]]
+    assert notes == [
+        "reloaded your video a.mp4 from the feature cache",
+        "your conversation was rebuilt from its 1 earlier turn: another tab used the model in "
+        "between",
+    ]
     assert (
         len(shown) == 3
         and all(d.startswith("frames: ") for d in shown)
         and shown[-1].startswith("frames: 10/10")
     ), shown
-    assert app._ensure_video("session A", shown.append) == "", (
-        "its own video is loaded now: nothing to reload"
-    )
+    assert shared.ready_for("tab A", mine, report) == [], "its own video and conversation: as is"
+
+
+def test_forgotten_tabs_are_asked_to_load_again():
+    """Past the number of tabs remembered, the one unused longest is forgotten: it gets no answer
+    about whatever the engine holds."""
+    engine = ReloadingEngine()
+    app = ChatApp(engine, Config(), allow_paths=None)
+    app.tabs.limit = 2
+    for owner, name in (("A", "a.mp4"), ("B", "b.mp4"), ("C", "c.mp4")):
+        app.tabs[owner].video = (name, 1.0, None, ())
+    assert app.tabs["A"].video is None and app.tabs["C"].video is not None
+    with pytest.raises(Exception, match="load a video in this browser tab first"):
+        app.shared.ready_for("A", app.tabs["A"])
+
+
+def test_a_pasted_book_is_refused_by_its_characters_before_any_rank(served):
+    c = client(served)
+    _load(c, served, "a.mp4")
+    paste = "why? " * 1_999_999 + "why?!"  # 10,000,000 characters
+    history, _ = ask(c, paste, [], TOKENS)
+    question, answer = (message_text(m["content"]) for m in history[-2:])
+    assert answer.startswith("⚠️ error: the question is 10,000,000 characters, more than"), answer
+    assert len(question) < 300 and question.endswith("… (10,000,000 characters)"), question[:300]
+    history, _ = ask(c, QUESTIONS[0], [], TOKENS)
+    assert last_answer(history)[0] == served.expected["a.mp4"]

@@ -169,6 +169,45 @@ def test_encodings_detected_stated_and_refused(tmp_path):
     assert resolve_subtitles(video, str(wide)).cues == track.cues
 
 
+WESTERN = {
+    "fr": "Le château\nTrès bien, merci. Où est la fenêtre ? Ça va, garçon.",
+    "de": "Die Straße ist schön.\nGröße, Übung: Mädchen laufen über die Brücke.",
+    "es": "¿Dónde está el niño?\nMañana vamos a la montaña. ¡Qué difícil es la canción!",
+    "pt": "A informação não está disponível.\nSão Paulo é uma cidade. As lições põem-se.",
+}
+OTHERS = {  # Latin text of other code pages, and other scripts: as detected
+    "cp1250": "Zażółć gęślą jaźń. Łódź jest dużym miastem w Polsce, pięknym i starym.",
+    "cp1251": "Привет, как дела? Это пример субтитров на русском языке.",
+    "cp1253": "Καλημέρα, τι κάνετε; Αυτό είναι ένα παράδειγμα υποτίτλων.",
+}
+
+
+def test_a_folder_given_as_subtitles_is_named_a_folder(tmp_path):
+    with pytest.raises(SubtitleError, match=r"is a folder, not a subtitle file; name an \.srt"):
+        resolve_subtitles(tmp_path / "movie.mp4", str(tmp_path))
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "latin-1"])
+@pytest.mark.parametrize("lang", sorted(WESTERN))
+def test_western_files_are_read_as_cp1252_before_rarer_code_pages(tmp_path, lang, encoding):
+    path = tmp_path / f"{lang}.srt"
+    path.write_bytes(SRT.replace("hello", WESTERN[lang]).encode(encoding))
+    track = resolve_subtitles(tmp_path / "movie.mp4", str(path))
+    assert track.cues[0].text == " ".join(WESTERN[lang].split("\n")) + " there"
+    assert track.notes == [
+        f"{lang}.srt is not UTF-8; read it as cp1252 (detected); pass --subtitle-encoding to choose"
+    ]
+
+
+@pytest.mark.parametrize("encoding", sorted(OTHERS))
+def test_other_code_pages_keep_their_detection(tmp_path, encoding):
+    path = tmp_path / "other.srt"
+    path.write_bytes(SRT.replace("hello", OTHERS[encoding]).encode(encoding))
+    track = resolve_subtitles(tmp_path / "movie.mp4", str(path))
+    assert track.cues[0].text == OTHERS[encoding] + " there"
+    assert f"read it as {encoding}" in track.notes[0]
+
+
 def test_reversed_and_overlapping_cues(tmp_path):
     path = tmp_path / "odd.srt"
     path.write_text(

@@ -111,7 +111,7 @@ def corrupt_byte(path, where):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["data", "header", "truncate", "empty", "other_key"])
+@pytest.mark.parametrize("damage", ["data", "header", "truncate", "empty", "other_key", "a folder"])
 def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, damage):
     cache = FeatureCache(tmp_path / "cache")
     key = key_for(video)
@@ -125,6 +125,9 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "empty":
         path.write_bytes(b"")
+    elif damage == "a folder":  # a file replaced by a folder never healed
+        path.unlink()
+        (path / "inside").mkdir(parents=True)
     else:  # a valid file of another key renamed into place
         other = key_for(video, fps=2.0)
         save_shard(cache, other, video)

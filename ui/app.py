@@ -1,15 +1,17 @@
 """The browser chat: a Gradio Blocks app around any `Engine` (in-process or a torchrun group).
 
-There is one engine and one video per server, so every event that touches the
-engine (load, chat, reset, stats) shares one Gradio concurrency slot and one
-lock: requests reach rank 0 one at a time, in order, and a second user waits
-in Gradio's queue with a visible position. Stop does not wait in that queue:
-it only raises a flag that the streaming answer checks between tokens.
+There is one engine and one video per server, so every event that touches the engine (load, chat,
+stats) shares one Gradio concurrency slot and one lock: requests reach rank 0 one at a time, in
+order, and a second user waits in Gradio's queue with a visible position. Stop does not wait in that
+queue: it only raises the flag of its own tab, which that tab's streaming answer checks between
+tokens.
 
-Each browser session remembers the video it loaded. When another session has loaded a different one
-since, its next question first reloads its own video (from the feature cache, with progress), and
-every answer names its video. A dead worker group is restarted by the next request (`reopen`), which
-then reloads the asking session's video the same way.
+Browser tabs stay apart (`lvx_ui.tabs`): a tab asks only about the video it loaded itself (a tab
+without one is asked to load one), and in its own conversation. When another tab used the engine
+since, its next question first gets its video back (from the feature cache, with progress) and its
+conversation rebuilt from its own turns, and the answer's footer says so; every answer names its
+video. A dead worker group is restarted by the next request (`lvx_ui.shared_engine`), which then
+brings the asking tab back the same way.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import re
 import threading
 import time
 import uuid
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,17 +33,20 @@ from typing import Any
 import gradio as gr
 
 from lvx_app.config import Config
-from lvx_app.engine.api import EngineError, GroupFailed, VideoSummary
-from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.engine.api import EngineError
+from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.subtitles import SIDECAR_EXTENSIONS, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.warning_lines import is_lvx_source
+from lvx_ui.shared_engine import SharedEngine
+from lvx_ui.tabs import Tab, Tabs, VideoSpec
 
 log = logging.getLogger("lvx.ui")
 
 GPU = "gpu"  # the concurrency id every engine event shares
 SEEK_PREFIX = "#lvx-seek-"
-MAX_SESSIONS = 256  # browser sessions whose video is remembered (the oldest is forgotten first)
+# what `/stats` says about the video and the answers the engine holds: not shown to another tab
+ANOTHER_TABS = ("video", "prompt tokens", "last answer")
 _TIMESTAMP = re.compile(r"(?<![\d:.])(?:(\d{1,2}):)?(\d{1,3}):([0-5]\d)(?![\d:])")
 
 # Clicking an answer's timestamp link seeks the player instead of navigating (installed once per
@@ -109,6 +114,11 @@ def answer_footer(engine: Engine) -> str:
     return line.replace("hit --max-new-tokens", "hit the max new tokens limit")
 
 
+def _text(text: str) -> dict[str, str]:
+    """A chat message part shown verbatim."""
+    return {"type": "text", "text": text}
+
+
 def _error(exc: BaseException) -> str:
     """One readable line; engine errors are already phrased for the user."""
     if isinstance(exc, EngineError):
@@ -117,8 +127,25 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc} (details in the server log)"
 
 
-# (path, fps, max frames, subtitle cues) as a session loaded it
-VideoSpec = tuple[str, float, int | None, tuple]
+# What the subtitle errors and notes tell a terminal user to type, and what a browser user does
+# instead (the page has no flags)
+PAGE_WORDS = (
+    ("pass an .srt or .vtt file, or --subtitles none", "upload an .srt or .vtt file, or remove it"),
+    ("pass --subtitle-encoding, or --subtitles none", "save it as UTF-8, or remove it"),
+    ("pass --subtitle-encoding to choose", "save it as UTF-8 to be sure"),
+    ("pass the right file, or --subtitles none", "upload the right file, or remove it"),
+    ("pass an .srt file with --subtitles FILE", "upload an .srt file"),
+    ("pass --subtitles FILE or --subtitles none", "upload a subtitle file, or untick the box"),
+    ("pass another file or --subtitles none", "upload another file, or remove it"),
+    (" (choose with --subtitle-lang)", ""),
+)  # fmt: skip
+
+
+def for_the_page(message: str) -> str:
+    """A subtitle message with the command line's advice put in the page's words."""
+    for cli, page in PAGE_WORDS:
+        message = message.replace(cli, page)
+    return message
 
 
 def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
@@ -130,8 +157,23 @@ def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack
     return resolve_subtitles(video, "auto" if found else "none")
 
 
+def max_new_tokens(value: Any, default: int | None) -> int | None:
+    """The page's "max new tokens" box: empty means the server's default (None: the checkpoint's
+    own); anything but a whole number of 1 or more is one EngineError line."""
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number.is_integer() and number >= 1):
+        raise EngineError(f"max new tokens must be a whole number of 1 or more (got {value})")
+    return int(number)
+
+
 class ChatApp:
-    """The handlers behind the page; holds the engine, its lock and who owns the conversation."""
+    """The handlers behind the page: each browser tab (`Tabs`) asks the shared engine about its own
+    video, in its own conversation."""
 
     def __init__(
         self,
@@ -141,19 +183,16 @@ class ChatApp:
         allow_paths: Sequence[str] | None,
         reopen: Callable[[], Engine] | None = None,
     ) -> None:
-        self.engine, self.config = engine, config
-        # starts a fresh engine with the same options after the worker group died
-        self.reopen = reopen
-        self.failed: str | None = None  # why the group died; the next request restarts it
-        self.loaded: VideoSpec | None = None  # what the engine holds
-        # browser session -> the video it loaded
-        self.videos: OrderedDict[str, VideoSpec] = OrderedDict()
+        self.shared = SharedEngine(engine, reopen)
+        self.tabs = Tabs()
+        self.config = config
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
         self.max_upload_mb = config.serve.max_upload_mb
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.video: VideoSummary | None = None
-        self.owner: str | None = None  # browser session whose conversation the engine holds
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the page holds now (a dead group is replaced by a fresh one)."""
+        return self.shared.engine
 
     # ---- video
     # ----------------------------------------------------------------------------------------------
@@ -166,7 +205,10 @@ class ChatApp:
                 raise EngineError(
                     "server paths are off; upload the video, or restart with --allow-paths DIR"
                 )
-            path = Path(server_path).expanduser().resolve()
+            try:
+                path = Path(server_path).expanduser().resolve()
+            except (ValueError, OSError):  # a NUL byte, a loop of links
+                raise EngineError(f"{shortened(server_path)!r} is not a path") from None
             if not any(path.is_relative_to(root) for root in self.allow_paths):
                 allowed = ", ".join(str(p) for p in self.allow_paths)
                 raise EngineError(f"{server_path} is outside the allowed folders ({allowed})")
@@ -189,83 +231,23 @@ class ChatApp:
             )
         return upload, False
 
-    def status(self, note: str = "") -> str:
+    def status(self, tab: Tab | None = None, note: str = "") -> str:
+        """The status line of a tab: a note, then its own video (never another tab's)."""
         parts = [note] if note else []
-        if self.video is not None:
-            parts.append(f"**{Path(self.video.path).name}**: {describe_video(self.video)}")
+        if tab is not None and tab.summary is not None:
+            summary = tab.summary
+            parts.append(f"**{Path(summary.path).name}**: {describe_video(summary)}")
         else:
-            parts.append("No video loaded yet.")
+            parts.append("No video loaded in this browser tab yet.")
         return "\n\n".join(parts)
 
-    # ---- the engine's health and which video it holds
-    # ----------------------------------------------------------------------------------------------
-    def _fail(self, exc: BaseException) -> str:
-        """The user's line for `exc`; a dead group is remembered so the next request restarts it."""
-        if isinstance(exc, GroupFailed):
-            self.failed, self.video, self.loaded = str(exc), None, None
-            return f"{exc}; the workers restart on the next request" if self.reopen else str(exc)
-        return _error(exc)
-
-    def _heal(self) -> str:
-        """Restart a worker group that died (or was found dead); returns a note for the page, "" if
-        it was alive."""
-        # a torchrun group that exited since the last request
-        dead = getattr(self.engine, "dead", lambda: None)()
-        if dead and self.failed is None:
-            self._fail(GroupFailed(dead))
-        if self.failed is None:
-            return ""
-        if self.reopen is None:
-            raise GroupFailed(self.failed)
-        why = self.failed
-        with contextlib.suppress(Exception):
-            self.engine.close()
-        self.engine = self.reopen()  # an error here leaves `failed` set: the request after retries
-        self.failed = None
-        return f"the workers restarted after: {why}"
-
-    def _remember(self, owner: str, spec: VideoSpec) -> None:
-        self.videos[owner] = spec
-        self.videos.move_to_end(owner)
-        while len(self.videos) > MAX_SESSIONS:
-            self.videos.popitem(last=False)
-
-    def _ensure_video(self, owner: str, progress) -> str:
-        """Make the engine hold the video this session loaded (another session may have loaded its
-        own since)."""
-        spec = self.videos.get(owner)
-        if spec is None or spec == self.loaded:
-            return ""
-        path, fps, cap, cues = spec
-        try:
-            report = _progress_reporter(progress)
-            summary = self.engine.load_video(
-                path, subtitles=cues, progress=report, fps=fps, max_frames=cap
-            )
-        except GroupFailed:
-            raise
-        except EngineError as exc:
-            raise EngineError(
-                f"your video {Path(spec[0]).name} could not be loaded again ({exc}); load it again"
-            )
-        self.video, self.loaded, self.owner = summary, spec, None
-        return f"reloaded {Path(spec[0]).name} for this session" + (
-            " from the feature cache" if summary.from_cache else ""
-        )
+    def _error(self, exc: BaseException) -> str:
+        """One readable line; a dead group is remembered so the next request restarts it."""
+        return self.shared.fail(exc) or _error(exc)
 
     def close(self) -> None:
-        self.engine.close()
+        self.shared.engine.close()
 
-    def lend(self) -> Engine:
-        """The engine for a request from beside the page (the OpenAI-compatible API), with `lock`
-        held; a dead group is restarted first. The page's sessions then reload their video and
-        start their conversations afresh."""
-        self._heal()
-        self.loaded, self.video, self.owner = None, None, None
-        return self.engine
-
-    # ---- video
-    # ----------------------------------------------------------------------------------------------
     def load(
         self,
         upload,
@@ -277,49 +259,48 @@ class ChatApp:
         owner=None,
         progress=gr.Progress(),
     ):
-        """Decode and encode the video on every rank, with live progress; clears the conversation.
-        Subtitles (an uploaded file, or those found with the video) go into the prompt after the
-        video."""
+        """Decode and encode the video on every rank, with live progress; this tab's conversation
+        starts afresh. Subtitles (an uploaded file, or those found with the video) go into the
+        prompt after the video."""
         owner = owner or uuid.uuid4().hex
+        tab = self.tabs[owner]
         try:
             path, from_server = self._resolve(upload, server_path)
             fps = float(fps or 0)
-            if fps <= 0:
+            if not fps > 0:
                 raise EngineError("fps must be above 0")
             cap = int(max_frames or 0)
             if cap < 0:
                 raise EngineError("max frames must be 0 (no cap) or a positive number")
-            cap = cap or None
             track = page_subtitles(path, subtitle_file, bool(found_subtitles))
         except (EngineError, SubtitleError) as exc:
-            return self.status(f"⚠️ error: {exc}"), gr.skip(), gr.skip(), owner
-        report = _progress_reporter(progress)
-        notes: list[str] = list(track.notes)
-        with self.lock:
-            try:
-                notes.extend(filter(None, [self._heal()]))
-                progress(0.0, desc="starting")
-                with _warnings_into(notes):
-                    summary = self.engine.load_video(
-                        path, subtitles=track.cues, progress=report, fps=fps, max_frames=cap
-                    )
-                stats = self.engine.stats()
-            except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
-                # The engine keeps the previous video when loading fails before replacing it.
-                return self.status(f"⚠️ error: {self._fail(exc)}"), gr.skip(), gr.skip(), owner
-            self.video, self.loaded, self.owner = (
-                summary,
-                (path, fps, cap, tuple(track.cues)),
+            return (
+                self.status(tab, f"⚠️ error: {for_the_page(str(exc))}"),
+                gr.skip(),
+                gr.skip(),
                 owner,
             )
-            self._remember(owner, self.loaded)
+        spec: VideoSpec = (path, fps, cap or None, tuple(track.cues))
+        notes: list[str] = [for_the_page(note) for note in track.notes]
+        shared = self.shared
+        with shared.lock:
+            try:
+                notes.extend(filter(None, [shared.heal()]))
+                progress(0.0, desc="starting")
+                with _warnings_into(notes):
+                    summary = shared.load(owner, spec, _progress_reporter(progress))
+                stats = shared.engine.stats()
+            except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
+                return self.status(tab, f"⚠️ error: {self._error(exc)}"), gr.skip(), gr.skip(), owner
+            tab.video, tab.summary = spec, summary
+            tab.start_over()
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if track.source:
             note = (
                 f"subtitles: {summary.subtitle_lines} line(s) placed, from {track.source} · {note}"
             )
         body = "\n\n".join(
-            filter(None, [self.status(), _warning_lines(notes), note, memory_table(stats)])
+            filter(None, [self.status(tab), _warning_lines(notes), note, memory_table(stats)])
         )
         player = path if from_server else gr.skip()
         return body, [], player, owner
@@ -327,106 +308,104 @@ class ChatApp:
     # ---- chat
     # ----------------------------------------------------------------------------------------------
     def chat(
-        self, message: str, history: list, max_new_tokens, owner, progress=gr.Progress()
+        self, message: str, history: list, max_new, owner, progress=gr.Progress()
     ) -> Iterator[tuple]:
-        """Stream one answer into the chat; a new browser session starts a new conversation on the
-        engine."""
+        """Stream one answer into the chat, about this tab's video, in this tab's conversation."""
         owner = owner or uuid.uuid4().hex
+        tab = self.tabs[owner]
         message = (message or "").strip()
         if not message:
             yield history, "", owner, gr.skip()
             return
         history = list(history or [])
-        history.append({"role": "user", "content": link_timestamps(message, self._duration())})
+        try:
+            limit = max_new_tokens(max_new, self.config.generation.max_new_tokens)
+            self.shared.engine.check_question(message)  # a pasted book never reaches a rank
+        except EngineError as exc:
+            history.append({"role": "user", "content": shortened(message)})
+            history.append({"role": "assistant", "content": [_text(f"⚠️ error: {exc}")]})
+            yield history, "", owner, gr.skip()
+            return
+        fresh = not history  # a new chat (the browser cleared its own)
+        duration = tab.summary.duration_s if tab.summary is not None else None
+        history.append({"role": "user", "content": link_timestamps(message, duration)})
         # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc,
         # which strips the answer's leading space and dedents code blocks.
-        part = {"type": "text", "text": ""}
+        part = _text("")
         history.append({"role": "assistant", "content": [part]})
         yield history, "", owner, gr.skip()
-        # the box's number, else the engine's own default
-        limit = max(1, int(max_new_tokens)) if max_new_tokens else None
-        with self.lock:
-            self.stop.clear()
-            for _ in self._answer(
-                message, limit, part, owner, fresh=len(history) == 2, progress=progress
-            ):
+        with self.shared.lock:
+            tab.stop.clear()
+            if fresh:
+                tab.start_over()
+                self.shared.left(owner)
+            for _ in self._answer(message, limit, part, owner, tab, progress):
                 yield history, "", owner, gr.skip()
-            status = self.status()
-        yield history, "", owner, status
+        yield history, "", owner, self.status(tab)
 
-    def _answer(
-        self,
-        message: str,
-        max_new_tokens: int | None,
-        part: dict,
-        owner: str,
-        *,
-        fresh: bool,
-        progress,
-    ):
+    def _answer(self, message: str, limit: int, part: dict, owner: str, tab: Tab, progress):
         """Fill `part` with the answer (under the lock); yields after each piece. Errors become one
         line in it."""
-        pieces, text, notes = None, "", []
+        shared, pieces, text, notes, finished = self.shared, None, "", [], False
+        duration = None
         try:
-            notes = [n for n in (self._heal(), self._ensure_video(owner, progress)) if n]
-            if self.owner != owner or fresh:
-                # this browser session has not seen the engine's current conversation
-                self.engine.reset()
-                self.owner = owner
-            duration, about = self._duration(), self._about()
-            pieces = self.engine.ask(message, max_new_tokens=max_new_tokens)
+            report = _progress_reporter(progress)
+            notes = [n for n in [shared.heal(), *shared.ready_for(owner, tab, report)] if n]
+            duration = tab.summary.duration_s
+            pieces = shared.engine.ask(message, max_new_tokens=limit)
             warned: list[str] = []
             with _warnings_into(warned):
                 for piece in pieces:
                     text += printable(piece)
                     part["text"] = link_timestamps(text, duration)
                     yield
-                    if self.stop.is_set():
-                        # from this thread: one request on the link at a time
-                        self.engine.interrupt()
-            footer = f"*{' · '.join([about, *notes, answer_footer(self.engine)])}*"
+                    if tab.stop.is_set():  # this tab's Stop; from this thread: one request at once
+                        shared.engine.interrupt()
+            tab.turns.append((message, list(shared.engine.last_answer.tokens)))
+            finished = True
+            about = f"about {Path(tab.summary.path).name}"
+            footer = f"*{' · '.join([about, *notes, answer_footer(shared.engine)])}*"
             part["text"] = "\n\n".join(
                 filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)])
             )
         except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
             # a group that died mid-answer keeps the partial answer
-            line = f"⚠️ error: {self._fail(exc)}"
+            line = f"⚠️ error: {self._error(exc)}"
             part["text"] = "\n\n".join(
-                filter(None, [link_timestamps(text, self._duration()), *notes, line])
+                filter(None, [link_timestamps(text, duration), *notes, line])
             )
         finally:
+            if not finished:  # the engine's conversation and this tab's turns differ
+                shared.left(owner)
             if pieces is not None:
                 with contextlib.suppress(Exception):  # a dead group has nothing left to drain
                     # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
                     pieces.close()
 
-    def _about(self) -> str:
-        return f"about {Path(self.video.path).name}" if self.video is not None else ""
-
-    def _duration(self) -> float | None:
-        return self.video.duration_s if self.video is not None else None
-
-    def request_stop(self) -> None:
-        self.stop.set()
+    def request_stop(self, owner=None) -> None:
+        """This tab's Stop: only its own answer stops (it does not wait in the engine's queue)."""
+        self.tabs.stop(owner)
 
     def reset(self, owner):
         owner = owner or uuid.uuid4().hex
-        with self.lock:
-            try:
-                note = self._heal()
-                self.engine.reset()
-                self.owner = owner
-            except Exception as exc:  # noqa: BLE001
-                return gr.skip(), self.status(f"⚠️ error: {self._fail(exc)}"), owner
-        return [], self.status(note or "Conversation cleared; the video stays loaded."), owner
+        tab = self.tabs[owner]
+        tab.start_over()
+        with self.shared.lock:
+            self.shared.left(owner)  # the next question starts from the video prompt
+        note = "Conversation cleared; your video stays loaded." if tab.video else ""
+        return [], self.status(tab, note), owner
 
-    def stats(self) -> str:
-        with self.lock:
+    def stats(self, owner=None) -> str:
+        tab = self.tabs[owner] if owner else None
+        with self.shared.lock:
             try:
-                note = self._heal()
-                stats = self.engine.stats()
+                note = self.shared.heal()
+                stats = self.shared.engine.stats()
+                theirs = tab is None or tab.video != self.shared.loaded
             except Exception as exc:  # noqa: BLE001
-                return f"⚠️ error: {self._fail(exc)}"
+                return f"⚠️ error: {self._error(exc)}"
+        if theirs:  # another tab's video: its name and answers are not this tab's to see
+            stats = {k: v for k, v in stats.items() if k not in ANOTHER_TABS}
         lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
         return "\n".join(filter(None, [note, *lines])) + "\n\n" + memory_table(stats)
 
@@ -575,16 +554,16 @@ def build_app(
         message.submit(api_name="chat", **chat_io)
         send_btn.click(api_name=False, **chat_io)
         stop = dict(api_name="stop", queue=False, concurrency_limit=None)
-        stop_btn.click(ui.request_stop, None, None, **stop)
+        stop_btn.click(ui.request_stop, [owner], None, **stop)
         reset_io = ([owner], [chatbot, status, owner])
         reset_btn.click(ui.reset, *reset_io, api_name="reset", **engine_event)
         chatbot.clear(ui.reset, *reset_io, api_name=False, **engine_event)  # its trash icon
-        stats_btn.click(ui.stats, None, [stats_box], api_name="stats", **engine_event)
+        stats_btn.click(ui.stats, [owner], [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]
         "max_file_size": f"{config.serve.max_upload_mb:g}mb",
         "allowed_paths": [str(p) for p in ui.allow_paths],
     }
     demo.lvx_close = ui.close  # type: ignore[attr-defined]
-    demo.lvx_host = ui  # type: ignore[attr-defined]  # the engine and its lock, for the API
+    demo.lvx_host = ui.shared  # type: ignore[attr-defined]  # the engine and its lock, for the API
     return demo

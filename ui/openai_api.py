@@ -38,7 +38,7 @@ LEFT = "the client went away"  # why an answer stopped early
 
 
 class EngineHost(Protocol):
-    """Who holds the engine: the page's `ChatApp`, or `SoleEngine` with --no-ui."""
+    """Who holds the engine: the page's `SharedEngine`, or `SoleEngine` with --no-ui."""
 
     lock: threading.Lock
     engine: Engine

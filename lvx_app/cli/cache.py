@@ -63,6 +63,32 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _attempt(removals: list, root: Path) -> tuple[int, str | None]:
+    """Run each removal (returning the ids or the number removed): (entries removed, the line for
+    those that could not be, or None). A failure still counts the entries it removed."""
+    from lvx_app.video.cache_files import CacheRemovalError, removal_failed
+
+    n, failed, why = 0, 0, ""
+    for remove in removals:
+        try:
+            done = remove()
+            n += done if isinstance(done, int) else len(done)
+        except CacheRemovalError as exc:
+            n, failed, why = n + len(exc.removed), failed + exc.failed, why or exc.why
+    return n, removal_failed(failed, why, root) if failed else None
+
+
+def _fail_on(console: Console, failure: str | None) -> None:
+    """What could not be deleted, in one line, and exit code 1."""
+    if failure is not None:
+        console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 def _cache(dir: Optional[Path]):
     from lvx_app.video.feature_cache import FeatureCache
 
@@ -189,8 +215,9 @@ def rm(
     cache = _cache(dir)
     console = Console()
     if stale:
-        removed = cache.remove_stale()
-        console.print(f"Removed {len(removed)} stale entr{'y' if len(removed) == 1 else 'ies'}.")
+        n, failure = _attempt([cache.remove_stale], cache.root)
+        console.print(f"Removed {n} stale entr{'y' if n == 1 else 'ies'}.")
+        _fail_on(console, failure)
     elif not targets:
         console.print(
             "[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or "
@@ -198,15 +225,15 @@ def rm(
         )
         raise typer.Exit(2)
     missing = []
+    stores = [cache, *_saved(dir).values()]
     for target in targets or []:
-        removed = cache.remove(target) + [
-            e for store in _saved(dir).values() for e in store.remove(target)
-        ]
-        if removed:
-            console.print(
-                f"Removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} for {target}."
-            )
-        else:
+        n, failure = _attempt(
+            [lambda store=store: store.remove(target) for store in stores], cache.root
+        )
+        if n:
+            console.print(f"Removed {_entries(n)} for {target}.")
+        _fail_on(console, failure)
+        if not n:
             missing.append(target)
     if missing:
         console.print(
@@ -236,5 +263,13 @@ def clear(
         f"({_human(size)})?"
     ):
         raise typer.Exit(1)
-    n = cache.clear() + sum(store.clear() for store in saved)
-    Console().print(f"Removed {n} entries ({_human(size)}) from {cache.root}.")
+    console = Console()
+    n, failure = _attempt([store.clear for store in (cache, *saved)], cache.root)
+    freed = "" if failure else f" ({_human(size)})"
+    console.print(f"Removed {n} entries{freed} from {cache.root}.")
+    _fail_on(console, failure)
+    left = [f for store in (cache, *saved) for f in store.leftovers()]
+    if left:
+        console.print(
+            f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.", soft_wrap=True
+        )

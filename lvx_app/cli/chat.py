@@ -29,7 +29,7 @@ from rich.text import Text
 
 from lvx_app.config import Config
 from lvx_app.engine.api import EngineError, GroupFailed, VideoSummary
-from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine
@@ -143,7 +143,7 @@ def read_line(console: Console, stdin: TextIO) -> str | None:
     line = stdin.readline()
     if not line:
         return None
-    console.print(f"you › {line.rstrip()}", highlight=False)
+    console.print(f"you › {printable(shortened(line.rstrip()))}", highlight=False)
     return line.rstrip("\n")
 
 
@@ -159,6 +159,7 @@ def _command(engine: Engine, console: Console, line: str) -> None:
     elif line.startswith("/"):
         console.print(f"unknown command {line.split()[0]}; /help lists them")
     else:
+        engine.check_question(line)  # a pasted book is refused before anything is printed
         console.out("lvx › ", end="", highlight=False)
         stream_answer(engine, console, line)
 

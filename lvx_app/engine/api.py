@@ -82,6 +82,9 @@ class AnswerStats:
     total_s: float = 0.0
     interrupted: bool = False
     truncated: bool = False
+    # the answer's token ids as the conversation holds them (a stop token left out): what
+    # `Engine.replay` feeds to rebuild the conversation
+    tokens: list[int] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_s(self) -> float:

@@ -8,12 +8,20 @@ import re
 from lvx_app.engine.api import AnswerStats, VideoSummary
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+ECHO_CHARS = 200  # a question echoed back is cut to this many characters
 
 
 def printable(text: str) -> str:
     """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the
     terminal."""
     return _CONTROL.sub("", text)
+
+
+def shortened(text: str, keep: int = ECHO_CHARS) -> str:
+    """`text`, or its first `keep` characters and its length: a pasted book is not printed back."""
+    if len(text) <= keep:
+        return text
+    return f"{text[:keep]}… ({len(text):,} characters)"
 
 
 def describe_video(summary: VideoSummary) -> str:

@@ -7,6 +7,10 @@ and a ring step's score (or additive mask) block of its local queries against on
 the text keys, fp32 per head as the math and masked kernels hold it, grows with the conversation.
 Visual tokens are left out: the question sees every frame, so those tiles take the unmasked kernels.
 The budget is the free memory `ingest` also plans with.
+
+Before any of that, every frontend refuses a question by its characters alone
+(`question_char_limit`), so that a pasted 10 MB text is never tokenized on every rank (gigabytes of
+token ids per rank, held after the refusal) nor sent to them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,26 @@ class PrefillShape:
     world: int  # ranks the question is split over
     position: int  # text tokens already in the conversation
     element_bytes: int  # bytes per activation element (the model dtype)
+
+
+# the key of `RankSession.describe()` that carries `question_char_limit` to the frontends
+MAX_QUESTION_CHARS = "max question chars"
+
+
+def question_char_limit(context: int, longest_token_bytes: int) -> int:
+    """The most characters a question may have, checked before it is tokenized: a character is at
+    least one byte, so a question of more characters than the context holds tokens times the most
+    bytes one token stands for needs more tokens than the context, and the token cap would refuse it
+    anyway. No question the token cap allows is refused."""
+    return context * longest_token_bytes
+
+
+def too_many_chars(chars: int, limit: int) -> str:
+    """The one line a user sees for a question over the character cap."""
+    return (
+        f"the question is {chars:,} characters, more than the {limit:,} any question may have "
+        "with this model; shorten it, or ask about a part of it at a time"
+    )
 
 
 def prefill_bytes(n: int, cfg: Owl3Config, shape: PrefillShape) -> int:

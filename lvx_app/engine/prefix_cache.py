@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import re
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,8 +35,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from lvx_app.video.cache_files import entry_folders, leftovers, remove_entries, touch
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import (
+    SHARD_FILES,
     CacheKey,
     CorruptEntry,
     FeatureCache,
@@ -158,10 +160,7 @@ def load_checked(
         raise CorruptEntry("tensor shapes do not match the manifest")
     if checksum(tensors) != manifest["crc32"]:
         raise CorruptEntry("checksum mismatch")
-    try:
-        os.utime(path)  # "last used"
-    except OSError:
-        pass  # a read-only cache folder is still readable
+    touch(path)  # "last used"
     return manifest, tensors
 
 
@@ -171,6 +170,7 @@ class SavedEntries:
     entries_dir: Path
     required: frozenset[str] = frozenset()  # tensors every file must hold
     files = "shard-*.safetensors"  # one per rank, or one for all ranks
+    names = SHARD_FILES  # the same, exactly: what `rm` and `clear` may delete
     has_tokens = False  # `lvx cache ls` shows a token count (saved prompts)
 
     def _describe(self, manifest: dict) -> tuple[str, int, str, int]:
@@ -179,9 +179,7 @@ class SavedEntries:
 
     def entries(self) -> list[PrefixInfo]:
         out: list[PrefixInfo] = []
-        if not self.entries_dir.is_dir():
-            return out
-        for d in sorted(p for p in self.entries_dir.iterdir() if p.is_dir()):
+        for d in entry_folders(self.entries_dir):
             info = PrefixInfo(
                 d.name,
                 "?",
@@ -204,20 +202,19 @@ class SavedEntries:
 
     def remove(self, target: str) -> list[str]:
         """Delete entries whose id starts with `target` (4+ characters) or made from the video at
-        `target`."""
+        `target`; the ids removed (CacheRemovalError when some could not be)."""
         matches = target_matcher(target)
-        removed = []
-        for e in self.entries():
-            if matches(e.entry_id, e.file_id, e.video):
-                shutil.rmtree(self.entries_dir / e.entry_id, ignore_errors=True)
-                removed.append(e.entry_id)
-        return removed
+        chosen = [e.entry_id for e in self.entries() if matches(e.entry_id, e.file_id, e.video)]
+        return remove_entries([self.entries_dir / entry for entry in chosen], self.names)
 
     def clear(self) -> int:
-        """Delete every entry. Returns how many were removed."""
-        n = len(self.entries())
-        shutil.rmtree(self.entries_dir, ignore_errors=True)
-        return n
+        """Delete every entry; how many were removed (CacheRemovalError when some could not be).
+        Files lvx did not write stay."""
+        return len(remove_entries(entry_folders(self.entries_dir), self.names))
+
+    def leftovers(self) -> list[Path]:
+        """Files in this store's folder that are no entry of lvx's (what `clear` leaves)."""
+        return leftovers(self.entries_dir)
 
     def size_bytes(self) -> int:
         return sum(e.bytes for e in self.entries())
@@ -228,6 +225,7 @@ class PrefixCache(SavedEntries):
 
     required = frozenset({"key_positions"})
     files = "prompt-of-*.safetensors"
+    names = re.compile(r"prompt-of-\d{5}\.safetensors")
     has_tokens = True
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
@@ -260,10 +258,9 @@ class PrefixCache(SavedEntries):
         corrupt file with one warning and names, in one line, a prompt saved only for another number
         of ranks; the others say nothing."""
         path = self.path(key)
-        if not path.is_file():
-            others = sorted(
-                {int(p.name.split("-of-")[1].split(".")[0]) for p in path.parent.glob(self.files)}
-            )
+        if not os.path.lexists(path):
+            saved = {p for p in path.parent.glob(self.files) if p.is_file()}
+            others = sorted({int(p.name.split("-of-")[1].split(".")[0]) for p in saved})
             if others and owner:
                 warnings.warn(
                     f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), "

@@ -30,7 +30,13 @@ from lvx_app.engine.api import (
 from lvx_app.engine.chat_prompt import Answers, conversation_ids
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome, never_stop
-from lvx_app.engine.limits import PrefillShape, question_limit, too_long
+from lvx_app.engine.limits import (
+    MAX_QUESTION_CHARS,
+    PrefillShape,
+    question_char_limit,
+    question_limit,
+    too_long,
+)
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
 from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_messages
 from lvx_app.engine.visual_kv import kv_nbytes
@@ -82,6 +88,9 @@ class RankSession:
         # the longest answer when the options name none: the checkpoint's own, else lvx's
         self.answer_length = self.processor.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         self.answers = Answers()
+        longest = self.processor.tokenizer.longest_token_bytes()
+        context = int(self.model.config.max_position_embeddings)
+        self.question_chars = question_char_limit(context, longest)
 
     # ---- commands (every rank, same order)
     # --------------------------------------------------------
@@ -151,13 +160,14 @@ class RankSession:
         conversation.pending = []
         outcome, decoder = LoopOutcome(), self.processor.stream()
         stops = set(self.processor.stop_ids)
-        tokens, text = [], []
+        text = []
         for token in self.generator.answer(
             logits, None if whole else owner, generation, outcome, should_stop
         ):
             stats.new_tokens += 1
+            if token not in stops:
+                stats.tokens.append(token)
             piece = decoder.push(token) if token not in stops else ""
-            tokens += [] if token in stops else [token]
             text.append(piece)
             if piece and leader:
                 yield piece
@@ -165,7 +175,7 @@ class RankSession:
         text.append(tail)
         if tail and leader:
             yield tail
-        self.answers.remember("".join(text), tokens)
+        self.answers.remember("".join(text), stats.tokens)
         if outcome.unfed is not None:
             conversation.pending = [outcome.unfed]
         conversation.pending.append(self.processor.stop_ids[0])  # close the turn with <|im_end|>
@@ -174,6 +184,18 @@ class RankSession:
         stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
+
+    def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Feed earlier turns (a question, the token ids of its answer: `AnswerStats.tokens`) after
+        the video prompt, generating nothing: a conversation rebuilt exactly as it was answered."""
+        conversation = self.conversation
+        self._show_video(True)
+        for question, answer in turns:
+            ids = self._turn_ids(question)
+            n = int(ids.numel())
+            self._check_length(n)
+            conversation.prefill(ids, whole=self._whole(n))
+            conversation.pending = [*map(int, answer), self.processor.stop_ids[0]]
 
     def local_stats(self) -> dict[str, Any]:
         """This rank's row of `/stats`: its frames, memory and traffic."""
@@ -205,6 +227,7 @@ class RankSession:
             "dtype": str(self.dtype).removeprefix("torch."),
             "layout": self.config.parallel.layout,
             "max new tokens": self.config.generation.max_new_tokens or self.answer_length,
+            MAX_QUESTION_CHARS: self.question_chars,
         }
 
     def summarize_stats(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:

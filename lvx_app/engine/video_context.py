@@ -27,7 +27,8 @@ from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
-from lvx_app.video.errors import VideoError, VideoWarning
+from lvx_app.video.cache_files import warn_not_saved
+from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
@@ -289,9 +290,5 @@ class VideoContext:
         try:
             self.prefixes.save(key, saved, video=Path(path).resolve())
         except OSError as exc:
-            warnings.warn(
-                f"could not save the video prompt in {self.prefixes.root} ({exc}); the next open "
-                "will prefill it again. Free some space or set LVX_CACHE_DIR.",
-                VideoWarning,
-                stacklevel=2,
-            )
+            then = "the next open will prefill it again"
+            warn_not_saved(self.prefixes.root, exc, "the video prompt", then)

@@ -13,7 +13,6 @@ K/V were made from those features).
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -23,7 +22,7 @@ import torch
 from lvx_app.defaults import VISUAL_KV_READ_BYTES_PER_S, VISUAL_KV_SAVE_MARGIN
 from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.collectives import nbytes
-from lvx_app.video.errors import VideoWarning
+from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.ingest import VisualShard
 from lvx_models.mplug_owl3.hyper import VisualInputs
 
@@ -154,12 +153,7 @@ class VisualKVOpener:
         try:
             self.store.save(key, dict(visual.kv), video=Path(video).resolve())
         except OSError as exc:
-            warnings.warn(
-                f"could not save the visual K/V in {self.store.root} ({exc}); the next open will "
-                "compute "
-                "them again. Free some space or set LVX_CACHE_DIR.",
-                VideoWarning,
-                stacklevel=3,
-            )
+            then = "the next open will compute them again"
+            warn_not_saved(self.store.root, exc, "the visual K/V", then)
             return False
         return True

@@ -123,7 +123,7 @@ class VisualKVCache(SavedEntries):
     def load(self, key: VisualKVKey, device: torch.device | str = "cpu") -> VisualKV | None:
         """This rank's saved visual K/V, or None. A corrupt file is deleted with one warning."""
         path = self.path(key)
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
         return load_or_discard(
             path,

@@ -328,7 +328,8 @@ class EngineEvalSession:
         self.engine.reset()
         text = "".join(self.engine.ask(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
         stats = getattr(self.engine, "last_answer", None)
-        self.answer_info = stats.to_dict() if hasattr(stats, "to_dict") else None
+        info = stats.to_dict() if hasattr(stats, "to_dict") else None
+        self.answer_info = {k: v for k, v in info.items() if k != "tokens"} if info else None
         return text
 
     def reset(self) -> None:

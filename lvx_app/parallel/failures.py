@@ -4,8 +4,10 @@ of ours.
 When one rank dies, its peers fail too (gloo "Connection reset by peer", NCCL timeouts) and torchrun
 sends the rest SIGTERM; those are consequences. The cause is a rank whose own error is not a lost
 peer, or one killed by a signal other than torchrun's SIGTERM (the out-of-memory killer, a segfault,
-`kill -9`). Ranks started through `lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write
-their error to `error_file(run_dir, rank)`.
+`kill -9`). When no rank's failure is a cause, a rank that gave up waiting for a peer (a collective
+past the group's `--timeout`: a peer hung) says more than the ranks torchrun then stopped. Ranks
+started through `lvx_app.parallel.group.run_rank` with `RUN_DIR_ENV` set write their error to
+`error_file(run_dir, rank)`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ PEER_LOST = re.compile(
     r"Connection (reset|closed) by peer|Broken pipe|remote process exited|peer "
     r"(rank|process).*(died|exited)"
     r"|NCCL.*(remote|peer)|Socket Timeout|Timed out waiting",
+    re.IGNORECASE,
+)
+# gloo's and NCCL's words for a collective past its timeout (with the milliseconds waited)
+TIMED_OUT = re.compile(
+    r"Timed out waiting (\d+)ms|ran for (\d+) milliseconds before timing out|Socket Timeout"
+    r"|Timed out waiting",
     re.IGNORECASE,
 )
 
@@ -60,28 +68,46 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, bool]:
-    """(what happened to the rank, whether that explains the group's death rather than follows from
-    it)."""
+def timed_out(text: str) -> str | None:
+    """The line for a rank whose collective gave up waiting for a peer (gloo's or NCCL's timeout
+    message), or None when `text` is something else."""
+    found = TIMED_OUT.search(text)
+    if found is None:
+        return None
+    ms = next((int(g) for g in found.groups() if g), None)
+    after = f" {ms / 1000:g} s" if ms is not None else ""
+    return (
+        f"gave up after waiting{after} for another rank (--timeout): a rank hung or is far slower "
+        "than the others"
+    )
+
+
+def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, int]:
+    """(what happened to the rank, how well that explains the group's death: 2 a cause, 1 a rank
+    that waited for a hung peer in vain, 0 a consequence of another rank's failure)."""
     own = error_file(run_dir, f.rank) if run_dir is not None else None
     if own is not None and own.exists():
         text = _last_line(own)
-        return text, not PEER_LOST.search(text)
+        waited = timed_out(text)
+        if waited is not None:
+            return waited, 1
+        return text, 0 if PEER_LOST.search(text) else 2
     if f.exitcode is not None and f.exitcode < 0:
         why = f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
-        return why, f.exitcode != -signal.SIGTERM  # torchrun stops the survivors with SIGTERM
-    return f"exit code {f.exitcode}", False
+        return why, 2 * (f.exitcode != -signal.SIGTERM)  # torchrun stops the rest with SIGTERM
+    return f"exit code {f.exitcode}", 0
 
 
 def first_failure(
     failures: list[RankFailure], run_dir: Path | None
 ) -> tuple[RankFailure, str] | None:
     """The rank that failed first and why: the first whose failure is a cause, not a peer that lost
-    it."""
+    it; else the first that waited for a hung peer in vain; else the first."""
     if not failures:
         return None
     reasons = [(f, *_reason(f, run_dir)) for f in failures]
-    failure, why, _ = next((r for r in reasons if r[2]), reasons[0])
+    best = max(weight for _, _, weight in reasons)
+    failure, why, _ = next(r for r in reasons if r[2] == best)
     return failure, why
 
 

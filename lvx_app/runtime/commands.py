@@ -47,10 +47,13 @@ LOAD_VIDEO = Command(
 ASK = Command("ask", RankSession.ask, ("question", "generation"), reply="pieces")
 CHAT = Command("chat", RankSession.chat, ("turns", "generation"), reply="pieces")
 RESET = Command("reset", RankSession.reset)
+REPLAY = Command("replay", RankSession.replay, ("turns",))
 STATS = Command("stats", RankSession.local_stats, gathered=True, finish=RankSession.summarize_stats)
 SHUTDOWN = Command("shutdown", None)
 
-COMMANDS: dict[str, Command] = {c.name: c for c in (LOAD_VIDEO, ASK, CHAT, RESET, STATS, SHUTDOWN)}
+COMMANDS: dict[str, Command] = {
+    c.name: c for c in (LOAD_VIDEO, ASK, CHAT, RESET, REPLAY, STATS, SHUTDOWN)
+}
 
 # Not a command: a link message rank 0 looks for between the tokens of an answer (it never reaches
 # the group).

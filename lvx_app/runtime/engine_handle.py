@@ -26,10 +26,12 @@ from lvx_app.engine.api import (
     EngineError,
     EngineWarning,
     ProgressFn,
+    QuestionTooLong,
     VideoOpening,
     VideoSummary,
 )
-from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, RESET, STATS, Command
+from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
+from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
 from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
 
 
@@ -73,7 +75,9 @@ class Engine:
         return summary
 
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
-        """Stream the answer as text pieces; `last_answer` holds its stats afterwards."""
+        """Stream the answer as text pieces; `last_answer` holds its stats afterwards. A question
+        longer than any the model could take is refused here, before it reaches a rank."""
+        self.check_question(question)
         try:
             options = updated(self.config.generation, **generation)
         except ConfigError as exc:
@@ -90,11 +94,31 @@ class Engine:
         except ConfigError as exc:
             raise EngineError(str(exc)) from None
         turns = [{"role": str(t["role"]), "content": str(t["content"])} for t in turns]
+        self.check_question("".join(t["content"] for t in turns))
         return self.stream(CHAT, turns=turns, generation=options)
+
+    def check_question(self, question: str) -> None:
+        """Raise QuestionTooLong (one line) for a question of more characters than the model could
+        take (`lvx_app.engine.limits.question_char_limit`): no rank tokenizes or receives it."""
+        limit = self.describe().get(MAX_QUESTION_CHARS)
+        if isinstance(limit, int) and len(question) > limit:
+            raise QuestionTooLong(too_many_chars(len(question), limit))
 
     def reset(self) -> None:
         """Forget the conversation, keep the video."""
         self.call(RESET, None)
+
+    def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Rebuild a conversation after the video prompt from its turns (question, the answer's
+        `last_answer.tokens`), generating nothing: it goes on as if it had never been left."""
+        for question, _ in turns:
+            self.check_question(question)
+        self.call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
+
+    def describe(self) -> dict[str, Any]:
+        """The model and the group: checkpoint, world size, device, dtype, layout, the longest
+        question (characters)."""
+        raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
         """Memory per rank, cached tokens, timings."""

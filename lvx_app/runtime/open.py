@@ -7,6 +7,8 @@ Every frontend (terminal chat, browser, Video-MME eval, demo, the Python API) st
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import replace
@@ -15,7 +17,7 @@ import torch
 from rich.console import Console
 
 from lvx_app.config import Config
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.api import EngineError, EngineWarning
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_app.runtime.control import ControlChannel
@@ -44,12 +46,33 @@ def resolve_world(gpus: int | None, ranks: int | None) -> tuple[int, int]:
     return ranks or 1, 0
 
 
+def crowded_cores(ranks: int, cores: int) -> str | None:
+    """The warning for more CPU ranks than cores: every rank loads its own copy of the model and
+    they take turns on the cores, so the start takes long and every answer is slow."""
+    if ranks <= cores:
+        return None
+    return (
+        f"{ranks} CPU ranks on {cores} core(s): every rank loads the model and they take turns on "
+        f"the cores, so starting takes long and answers are slow; use --ranks {cores} or fewer"
+    )
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def open_engine(
     config: Config, console: Console | None = None, entry: Sequence[str] = RANK_ENTRY
 ) -> Engine:
     """Start the model on the ranks `config.parallel` asks for (with a spinner on `console`); the
     caller closes it. `entry`: what each rank of a group runs (benchmarks pass their own)."""
     nproc, gpus = resolve_world(config.parallel.gpus, config.parallel.ranks)
+    crowded = None if gpus else crowded_cores(nproc, _usable_cores())
+    if crowded:
+        warnings.warn(crowded, EngineWarning, stacklevel=2)
     config = replace(config, parallel=replace(config.parallel, gpus=gpus, ranks=nproc))
     where = f"{nproc} GPU rank(s)" if gpus else f"{nproc} CPU rank(s)"
     spinner = console.status(f"loading {config.model.path} on {where} ...") if console else None

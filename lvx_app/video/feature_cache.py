@@ -12,7 +12,9 @@ byte count and CRC-32 of the tensor data).
 
 Writes are atomic: the file is written under a temporary name in the same folder, fsynced and
 renamed, so a reader sees a complete file or none. A file that fails any check on load (header, key,
-shapes, byte count, checksum) is reported in one warning line, deleted and rebuilt, never used.
+shapes, byte count, checksum; a folder in its place) is reported in one warning line, deleted and
+rebuilt, never used. A cache folder that cannot be written is read all the same, and removing
+entries deletes only the files lvx wrote (`lvx_app.video.cache_files`).
 
 The cache folder is `$LVX_CACHE_DIR` when set, else `~/.cache/lvx`.
 """
@@ -23,7 +25,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import shutil
+import re
 import uuid
 import warnings
 import zlib
@@ -35,6 +37,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from lvx_app.video.cache_files import discard, entry_folders, leftovers, remove_entries, touch
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
 from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
@@ -42,6 +45,7 @@ from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
 
 CACHE_ENV = "LVX_CACHE_DIR"
 CACHE_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
+SHARD_FILES = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")  # the names of an entry's files
 _BLOCK = 1 << 20
 
 
@@ -242,17 +246,17 @@ def target_matcher(target: str) -> Callable[[str, str, str], bool]:
 def load_or_discard(
     path: Path, load: Callable[[], Any], what: str, instead: str, *, owner: bool = True
 ) -> Any:
-    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry. A
-    file several ranks read has one `owner` that reports and deletes it; the others return None
-    quietly (also when the owner deleted it under them)."""
+    """`load()`, or None after one warning line and deleting `path` when it raises CorruptEntry (or
+    is not a file: a folder in its place). A file several ranks read has one `owner` that reports
+    and deletes it; the others return None quietly (also when the owner deleted it under them)."""
     try:
+        if not path.is_file():
+            raise CorruptEntry("a folder, not a file")
         return load()
     except CorruptEntry as exc:
         if owner:
-            warnings.warn(
-                f"{what} was corrupt ({exc}); deleted it and {instead}", VideoWarning, stacklevel=3
-            )
-            path.unlink(missing_ok=True)
+            gone = discard(path)
+            warnings.warn(f"{what} was corrupt ({exc}); {gone} and {instead}", VideoWarning, 3)
         return None
     except OSError:
         if owner:
@@ -276,7 +280,7 @@ class FeatureCache:
         """The cached shard for `key`, or None on a miss. A corrupt file is deleted and reported
         (returns None)."""
         path = self.shard_path(key)
-        if not path.is_file():
+        if not os.path.lexists(path):
             return None
         return load_or_discard(
             path,
@@ -309,7 +313,7 @@ class FeatureCache:
         crc = tensor_crc(ts, tensor_crc(idx, tensor_crc(feats)))
         if crc != manifest["crc32"]:
             raise CorruptEntry("checksum mismatch")
-        os.utime(path)  # "last used", for `lvx cache ls`
+        touch(path)  # "last used", for `lvx cache ls`
         return CachedShard(
             feats.to(device),
             idx,
@@ -355,11 +359,7 @@ class FeatureCache:
     # manage
     def entries(self) -> list[EntryInfo]:
         out: list[EntryInfo] = []
-        if not self.features_dir.is_dir():
-            return out
-        for d in sorted(self.features_dir.iterdir()):
-            if not d.is_dir():
-                continue
+        for d in entry_folders(self.features_dir):
             files = sorted(d.glob("shard-*.safetensors"))
             size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
             info = EntryInfo(
@@ -408,34 +408,24 @@ class FeatureCache:
 
     def remove_stale(self) -> list[str]:
         """Delete entries whose video is gone or changed since they were made (they can never be
-        hit)."""
-        removed = []
-        for e in self.entries():
-            if self.is_stale(e):
-                shutil.rmtree(e.path, ignore_errors=True)
-                removed.append(e.entry_id)
-        return removed
+        hit); the ids removed (CacheRemovalError when some could not be)."""
+        return remove_entries([e.path for e in self.entries() if self.is_stale(e)], SHARD_FILES)
 
     def remove(self, target: str) -> list[str]:
         """Delete entries whose id starts with `target`, or that were made from the video at path
-        `target`."""
-        removed: list[str] = []
+        `target`; the ids removed (CacheRemovalError when some could not be)."""
         matches = target_matcher(target)
-        for e in self.entries():
-            if matches(e.entry_id, e.file_id, e.video):
-                shutil.rmtree(e.path, ignore_errors=True)
-                removed.append(e.entry_id)
-        return removed
+        chosen = [e.path for e in self.entries() if matches(e.entry_id, e.file_id, e.video)]
+        return remove_entries(chosen, SHARD_FILES)
 
     def clear(self) -> int:
-        """Delete every entry (and stray temporary files). Returns how many entries were removed."""
-        n = (
-            len([d for d in self.features_dir.iterdir() if d.is_dir()])
-            if self.features_dir.is_dir()
-            else 0
-        )
-        shutil.rmtree(self.features_dir, ignore_errors=True)
-        return n
+        """Delete every entry (and stray temporary files of lvx's); how many entries were removed
+        (CacheRemovalError when some could not be). Files lvx did not write stay."""
+        return len(remove_entries(entry_folders(self.features_dir), SHARD_FILES))
+
+    def leftovers(self) -> list[Path]:
+        """Files in the features folder that are no entry of lvx's (what `clear` leaves)."""
+        return leftovers(self.features_dir)
 
     def size_bytes(self) -> int:
         if not self.features_dir.is_dir():

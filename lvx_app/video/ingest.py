@@ -38,6 +38,7 @@ from lvx_app.config import VideoConfig
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
+from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
@@ -135,6 +136,17 @@ def _reporter(progress: bool | ProgressFn | None, rank: int, title: str) -> Prog
     if progress is None:
         progress = sys.stderr.isatty()
     return RichProgress(title) if progress and rank == 0 else None
+
+
+def idle_ranks_note(frames: int, world: int) -> str | None:
+    """The warning for more ranks than frames: the extra ranks hold an empty shard and only take
+    part in the collectives."""
+    if frames >= world:
+        return None
+    return (
+        f"{world} ranks for {frames} frame(s): {world - frames} rank(s) hold no frames and idle; "
+        f"use {frames} rank(s) (--gpus/--ranks), or sample more frames (--fps, --max-frames)"
+    )
 
 
 def default_device() -> torch.device:
@@ -417,13 +429,8 @@ class _RankIngest:
                 self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath
             )
         except OSError as exc:
-            # _save < result < ingest < caller
-            warnings.warn(
-                f"could not write the visual-feature cache in {self.store.root} ({exc}); "
-                f"the next run will decode again. Free some space or set LVX_CACHE_DIR.",
-                VideoWarning,
-                stacklevel=4,
-            )
+            then = "the next run will decode again"
+            warn_not_saved(self.store.root, exc, "the visual features", then)
 
     def close(self) -> None:
         if isinstance(self.report, RichProgress):
@@ -475,7 +482,8 @@ def ingest(
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
             job.look_up()
-            for note in job.plan.notes if rank == 0 else ():
+            notes = [*job.plan.notes, idle_ranks_note(len(job.plan), world)]
+            for note in filter(None, notes) if rank == 0 else ():
                 warnings.warn(note, VideoWarning, stacklevel=2)
             agreed[:] = job.plan_counts()
         job.check_same_plan(agreed)

@@ -219,4 +219,4 @@ class HyperAttention(Qwen2Attention):
                 out = out.to(ct)
                 mixed = (1 - g) * out + g * out_v.to(ct)
                 out = torch.where((vis.q_vis > 0)[..., None, None], mixed, out)
-        return self.o_proj(out.reshape(*x.shape[:2], -1).to(x.dtype))
+        return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0

@@ -175,7 +175,7 @@ class Qwen2Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         q, k, v = self.project(x, ctx)
         out, _ = ctx.hooks.text(q, k, v, causal=True)
-        return self.o_proj(out.reshape(*x.shape[:2], -1).to(x.dtype))
+        return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -240,7 +240,8 @@ class Qwen2LM(nn.Module):
             last = start + l - 1
         else:
             positions = positions.to(input_ids.device).expand(b, l)
-            last = None if self._warned_positions else int(positions.max())
+            empty = self._warned_positions or positions.numel() == 0  # a rank without tokens
+            last = None if empty else int(positions.max())
         if not self._warned_positions and last is not None and last >= TRAINED_POSITIONS:
             self._warned_positions = True
             warnings.warn(

@@ -55,6 +55,13 @@ class Owl3Tokenizer:
     def special_ids(self) -> frozenset[int]:
         return frozenset(i for i, t in self.tk.get_added_tokens_decoder().items() if t.special)
 
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token stands for: byte-level BPE spells each byte as one
+        character of its vocabulary; an added token stands for its own text."""
+        added = {t.content for t in self.tk.get_added_tokens_decoder().values()}
+        vocab = self.tk.get_vocab(with_added_tokens=True)
+        return max(len(t.encode()) if t in added else len(t) for t in vocab)
+
     def encode(self, text: str) -> list[int]:
         return self.tk.encode(text, add_special_tokens=False).ids if text else []
 
