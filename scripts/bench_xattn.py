@@ -734,35 +734,11 @@ def _print_kernels(rows: dict) -> None:
 # ------------------------------------------------------------------ the paper's regime, emulated
 
 
-def _round_kernel_s(scaled: dict, dtype, iters: int = 3) -> float:
-    """Seconds of one ring round's kernels on this rank (forward and backward of one block), the
-    median of `iters` after one warm-up."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, scaled["rows"], scaled["q_heads"], scaled["head_dim"], generator=g)
-    k, v = (
-        torch.randn(1, scaled["keys"], scaled["kv_heads"], scaled["head_dim"], generator=g).to(
-            dtype
-        )
-        for _ in range(2)
-    )
-    q = q.to(dtype)
-    dout = torch.randn_like(q)
-
-    def round_() -> None:
-        out, lse = attn_fwd(q, k, v)
-        attn_bwd(dout, q, k, v, out, lse)
-
-    return _device_time(round_, torch.device("cpu"), iters, 1)
-
-
 def _paper_rank(rank: int, world: int, cfg: dict) -> dict:
-    """One paper row on this rank: the round's kernel time (every rank computing at once, the
-    slowest), then LV-XAttn, Ring and no communication over the emulated link of each efficiency."""
+    """One paper row on this rank: the time of a ring round without communication (LV-XAttn's
+    kernels and merges alone, the slowest rank's median), then LV-XAttn, Ring and no communication
+    over the emulated link of each efficiency."""
     scaled = scale(TABLE3[cfg["row"]], cfg["round_gflop"])
-    dtype = DTYPES[cfg["dtype"]]
-    slowest = torch.tensor([_round_kernel_s(vars(scaled), dtype)])
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    cpu_round_s = float(slowest)
     bench = {
         **{k: cfg[k] for k in ("dtype", "warmup", "iters", "keys_per_frame")},
         "frames": 1,
@@ -773,19 +749,19 @@ def _paper_rank(rank: int, world: int, cfg: dict) -> dict:
         "head_dim": scaled.head_dim,
         "mask": False,
         "s_q_kv": (world * scaled.rows, world * scaled.keys),
-        "paths": ["lv_xattn", "ring_xattn"],
         "backward": True,
     }
+    alone = _bench_rank_on_link(rank, world, {**bench, "paths": []})["results"]["no-comm"]
+    cpu_round_s = statistics.median(alone["fwd_bwd_s"]) / world
     out = {"cpu_round_s": cpu_round_s, "by_efficiency": {}}
     for label, efficiency in cfg["efficiencies"].items():
         gbps, latency_s, tau = emulated_link_for(scaled, efficiency, cpu_round_s)
         with emulated_link(gbps, latency_s):
-            result = _bench_rank_on_link(rank, world, bench)
-        link = {"gbps": gbps, "latency_s": latency_s, "tau": tau}
-        out["by_efficiency"][label] = {
-            "link": link | {"efficiency": efficiency},
-            "per_rank": result,
-        }
+            result = _bench_rank_on_link(
+                rank, world, {**bench, "paths": ["lv_xattn", "ring_xattn"]}
+            )
+        link = {"gbps": gbps, "latency_s": latency_s, "tau": tau, "efficiency": efficiency}
+        out["by_efficiency"][label] = {"link": link, "per_rank": result}
     return out
 
 

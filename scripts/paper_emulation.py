@@ -8,9 +8,10 @@ CPU ranks, over `emulated_link.py`, with every ratio that decides the race kept 
 - shapes: each rank holds the row's keys per query row, with as many rows as make one ring round's
   kernels about 3 GFLOP; query over K/V heads as in the model (mPLUG-Owl3-7B 28/4 → 7/1), d 64;
   bf16 queries and K/V, as the product sends them (LV-XAttn's partial outputs travel in float32);
-- time: the CPU ranks' measured kernel time of one ring round (forward and backward of one block,
-  all ranks computing at once) over the A100's for the row's real per-rank block at an assumed
-  kernel efficiency (a fraction of 312 bf16 TFLOP/s) is the time scale τ; the link then runs at
+- time: the CPU ranks' measured time of one ring round without communication (forward and backward
+  of one block with its merges, all ranks computing at once) over the A100's kernel time for the
+  row's real per-rank block at an assumed kernel efficiency (a fraction of 312 bf16 TFLOP/s) is the
+  time scale τ; the link then runs at
   25 GB/s × (bytes per rank scaled / the row's) / τ, and each message pays NCCL's network latency ×
   τ, so transfer time over compute time is the row's on the A100s.
 
