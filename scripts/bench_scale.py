@@ -22,10 +22,11 @@ fresh process (so peak RSS is that row's) and records:
 
 Growth exponents (log of the ratio over log of the length ratio) between consecutive lengths are
 printed and stored; linear costs give about 1, the video prompt's prefill up to 2 (every frame's
-placeholder tokens attend to every earlier frame).
+placeholder tokens attend to every earlier frame). `--repeats N` runs each row N times and keeps
+each time's fastest, the least disturbed by other work on a shared machine.
 
-    python scripts/bench_scale.py --minutes 1,10,60 --ranks 1,2 --out runs/scale.json
-    python scripts/bench_scale.py --minutes 180 --ranks 1 --out runs/scale_180.json
+    python scripts/bench_scale.py --minutes 1,10,60 --ranks 1,2 --repeats 2 --out runs/scale.json
+    python scripts/bench_scale.py --minutes 180 --ranks 1,2 --out runs/scale_180.json
     # tables and the log-log plot from saved runs
     python scripts/bench_scale.py --report runs/scale.json runs/scale_180.json \\
         --plot docs/scale.png
@@ -149,7 +150,6 @@ def _folder_mb(path: Path) -> float:
 
 
 def measure_row(checkpoint: str, video: str, ranks: int, cache: str) -> dict:
-    # long: one timed step after another, in the order a user meets them
     """One (video, ranks) row: first open, the stats, a question and its answer, a reopen."""
     from lvx_app.config import Config
     from lvx_app.runtime.open import open_engine
@@ -268,7 +268,7 @@ def exponents(rows: list[dict]) -> list[dict]:
                 return math.log(y / x) / span if x > 0 and y > 0 else float("nan")
 
             item = {"ranks": n, "from_min": a["minutes"], "to_min": b["minutes"]}
-            item.update({m: growth(a[m], b[m]) for m in METRICS})
+            item.update({m: growth(a.get(m, math.nan), b.get(m, math.nan)) for m in METRICS})
             item["plan_7b_prefill_s"] = growth(a["plan_7b"]["prefill_s"], b["plan_7b"]["prefill_s"])
             out.append(item)
     return out
@@ -320,37 +320,40 @@ def _load(load_avg: list) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Log-log: seconds per stage (left) and memory, cache (right) against minutes of video."""
+    """Log-log: seconds per stage (left) and memory, cache (right) against minutes of video; one
+    colour per cost, solid for one rank, dashed for two; grey guides of slope 1 and 2."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=90)
-    for n, style in ((1, "-o"), (2, "--s")):
-        mine = sorted((r for r in rows if r["ranks"] == n), key=lambda r: r["minutes"])
-        if not mine:
-            continue
-        x = [r["minutes"] for r in mine]
-        for key, label in (
-            ("ingest_s", "ingest"),
-            ("prefill_s", "prefill"),
-            ("reopen_s", "reopen"),
-            ("ttft_s", "TTFT"),
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
+    costs = {
+        left: [
+            ("ingest_s", "ingest s"),
+            ("prefill_s", "prefill s"),
+            ("reopen_s", "reopen s"),
+            ("ttft_s", "TTFT s"),
             ("decode_ms", "decode ms/token"),
-        ):
-            left.plot(x, [r[key] for r in mine], style, label=f"{label}, {n} rank(s)", ms=3)
-        right.plot(x, [r["cache_mb"] for r in mine], style, label=f"cache MB, {n} rank(s)", ms=3)
-        right.plot(
-            x, [1e3 * r["peak_rss_gb"] for r in mine], style, label=f"peak RSS MB, {n}", ms=3
-        )
-    for ax, title in ((left, "seconds (decode: ms per token)"), (right, "MB")):
+        ],
+        right: [("cache_mb", "cache MB"), ("peak_rss_gb", "peak RSS GB")],
+    }
+    for ax, keys in costs.items():
+        for colour, (key, label) in enumerate(keys):
+            for n, style in ((1, "-o"), (2, "--s")):
+                mine = sorted((r for r in rows if r["ranks"] == n), key=lambda r: r["minutes"])
+                if mine:
+                    x, y = [r["minutes"] for r in mine], [r[key] for r in mine]
+                    name = f"{label}, {n} rank{'s' if n > 1 else ''}"
+                    ax.plot(x, y, style, color=f"C{colour}", label=name, ms=3)
+        span = [min(r["minutes"] for r in rows), max(r["minutes"] for r in rows)]
+        for slope in (1, 2):
+            ax.plot(span, [1e-2 * (m / span[0]) ** slope for m in span], ":", color="grey", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("minutes of video (1 fps)")
-        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("minutes of video (1 fps); dotted: slope 1 and 2")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, ncol=2)
     fig.suptitle("lvx, tiny g2 checkpoint, CPU ranks: cost against video length", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
