@@ -1,11 +1,25 @@
 """Defaults shared by the commands and the library, and the check of the timeouts, in a module that
-imports nothing.
+imports nothing of lvx (nor torch).
 
 `lvx eval` keeps its CLI free of torch and the engine (so `lvx eval merge/report` work without
 them), yet its defaults must match `lvx chat`'s: both read them from here.
 """
 
+import os
+from pathlib import Path
+
 DEFAULT_MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
+
+# The cache folder (features, saved prompts and visual K/V, encoder fingerprints, this machine's
+# calibration) unless --cache-dir names another.
+CACHE_ENV = "LVX_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """`$LVX_CACHE_DIR` if set, else `~/.cache/lvx`."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lvx"
+
 
 # Seconds one chunk of frames may take to decode before its worker process is killed and the chunk
 # retried frame by frame (decord can hang forever on some H.264 files and then ignores SIGTERM).

@@ -278,11 +278,9 @@ def select_lines(cues: Sequence[Cue], timestamps: Sequence[float]) -> list[str]:
             i -= 1  # an earlier, longer cue still covers t
         if i >= 0 and cues[i].end >= t:
             picked.add(i)
-    lines: list[str] = []
-    for i in sorted(picked):
-        if cues[i].text not in lines:
-            lines.append(cues[i].text)
-    return lines
+    # each text in the place of its first cue; searching the lines kept so far instead would be
+    # quadratic in a film's thousands of lines
+    return list(dict.fromkeys(cues[i].text for i in sorted(picked)))
 
 
 def subtitle_block(lines: Sequence[str]) -> str:

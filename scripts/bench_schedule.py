@@ -1,15 +1,24 @@
 #!/usr/bin/env python
 """Ring or gather by query size: where the gather schedule stops beating the LV-XAttn ring.
 
-N gloo ranks on this machine, one question's worth of query rows (every row after the whole video,
-so it sees every frame), the visual K/V of `--frames` frames of 729 tokens split over the ranks, GQA
-14:2, d 64, float32, forward only (what a question's prefill runs). For each total of query rows it
-times the ring (`lv_xattn_with_lse`), the gather schedule (`gather_xattn_with_lse`) and the same
-local kernel work with no communication, interleaved, median of the slowest rank; prints a table,
-the crossover (the most rows for which gather is faster) and writes JSON.
-`lvx_app/attention/schedule.py` GATHER_MAX_ROWS holds the crossovers measured.
+N ranks, one question's worth of query rows (every row after the whole video, so it sees every
+frame), the visual K/V of `--frames` frames of 729 tokens split over the ranks, GQA 14:2, d 64,
+forward only (what a question's prefill runs). For each total of query rows it times the ring
+(`lv_xattn_with_lse`), the gather schedule (`gather_xattn_with_lse`) and the same local kernel work
+with no communication, interleaved, median of the slowest rank; prints a table, the crossover (the
+most rows up to which gather was faster at every size) and writes JSON.
+
+CPU: gloo ranks spawned here, one per `--ranks` entry in turn. GPU: start it under torchrun, one
+rank per GPU (NCCL), with `--device cuda`; the ranks are then torchrun's.
+
+`--calibrate` writes the crossovers measured to this machine's calibration file
+(`$LVX_CACHE_DIR/calibration.json`, else ~/.cache/lvx/calibration.json; `--calibration-file` names
+another), which the engine reads once at start in place of `lvx_app/attention/schedule.py`'s
+built-in GATHER_MAX_ROWS for the numbers of ranks measured.
 
     python scripts/bench_schedule.py --ranks 2 4 --rows 8 24 64 128 256 --out runs/schedule.json
+    python scripts/bench_schedule.py --ranks 2 4 --calibrate
+    torchrun --nproc-per-node 8 scripts/bench_schedule.py --device cuda --calibrate
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -28,86 +39,155 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_xattn import _slices, _timed_rounds  # noqa: E402
 
 from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse  # noqa: E402
+from lvx_app.attention.schedule import CALIBRATION_VERSION, calibration_path, read_calibration  # noqa: E402
 from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 KEYS_PER_FRAME = 729
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _bench_rank(rank: int, world: int, cfg: dict) -> dict:
+def _bench_rank(rank: int, world: int, cfg: dict, device: str = "cpu") -> dict:
     torch.manual_seed(0)
+    dev, dtype = torch.device(device), DTYPES[cfg["dtype"]]
     hq, hkv, d, frames = cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], cfg["frames"]
     s_kv = frames * KEYS_PER_FRAME
     ks = _slices(s_kv, world)[rank]
     g = torch.Generator().manual_seed(1000 + rank)
-    k = torch.randn(1, ks.stop - ks.start, hkv, d, generator=g)
-    v = torch.randn(k.shape, generator=g)
-    k_frame = (torch.arange(ks.start, ks.stop) // KEYS_PER_FRAME).view(1, -1).to(torch.int32)
-    cases, sizes_of = {}, {}
+    k = torch.randn(1, ks.stop - ks.start, hkv, d, generator=g).to(dev, dtype)
+    v = torch.randn(k.shape, generator=g).to(dev, dtype)
+    k_frame = (torch.arange(ks.start, ks.stop) // KEYS_PER_FRAME).view(1, -1).to(dev, torch.int32)
+    cases = {}
     for rows in cfg["rows"]:
         qs = _slices(rows, world)
         sizes = [s.stop - s.start for s in qs]
-        q_all = torch.randn(1, rows, hq, d)
-        q, q_vis = (
-            q_all[:, qs[rank]].contiguous(),
-            torch.full((1, sizes[rank]), frames, dtype=torch.int32),
-        )
-        vis_all = torch.full((1, rows), frames, dtype=torch.int32)
+        q_all = torch.randn(1, rows, hq, d).to(dev, dtype)
+        q = q_all[:, qs[rank]].contiguous()
+        q_vis = torch.full((1, sizes[rank]), frames, dtype=torch.int32, device=dev)
+        vis_all = torch.full((1, rows), frames, dtype=torch.int32, device=dev)
         kw = dict(q_vis=q_vis, k_frame=k_frame, q_sizes=sizes)
         cases[(rows, "ring")] = lambda q=q, kw=kw: lv_xattn_with_lse(q, k, v, **kw)
         cases[(rows, "gather")] = lambda q=q, kw=kw: gather_xattn_with_lse(q, k, v, **kw)
         cases[(rows, "no-comm")] = lambda q=q_all, vis=vis_all: attn_fwd(
             q, k, v, q_vis=vis, k_frame=k_frame
         )
-        sizes_of[rows] = sizes
     with torch.no_grad():
-        times = _timed_rounds(cases, cfg["warmup"], cfg["iters"])
+        times = _timed_rounds(cases, cfg["warmup"], cfg["iters"], device=dev)
     return {f"{rows}/{name}": 1e3 * statistics.median(t) for (rows, name), t in times.items()}
 
 
 def _crossover(row_ms: dict, rows: list[int]) -> int:
-    """The most query rows for which gather beat the ring, 0 if it never did."""
-    wins = [r for r in rows if row_ms[f"{r}/gather"] < row_ms[f"{r}/ring"]]
-    return max(wins, default=0)
+    """The most query rows up to which gather beat the ring at every size measured (0 if it lost
+    at the fewest): a noisy win beyond a loss does not count."""
+    best = 0
+    for r in sorted(rows):
+        if row_ms[f"{r}/gather"] >= row_ms[f"{r}/ring"]:
+            break
+        best = r
+    return best
+
+
+def write_calibration(
+    crossovers: dict[int, int], machine: dict, command: str, path: Path | None = None
+) -> Path:
+    """Write `crossovers` ({ranks: most gather rows}) to the calibration file, over the ranks an
+    earlier calibration of this machine measured; atomically (a reader sees the old file or the
+    new). Returns its path."""
+    path = Path(path) if path else calibration_path()
+    table = {**read_calibration(path), **crossovers}
+    data = {
+        "version": CALIBRATION_VERSION,
+        "gather_max_rows": {str(n): int(rows) for n, rows in sorted(table.items())},
+        "machine": machine,
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _machine(device: str) -> dict:
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
+    return {
+        "device": name or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+    }
+
+
+def _print_rows(world: int, rows: list[int], ms: dict) -> None:
+    for r in rows:
+        ring, gather, free = ms[f"{r}/ring"], ms[f"{r}/gather"], ms[f"{r}/no-comm"]
+        print(f"| {world} | {r} | {ring:.1f} | {gather:.1f} | {free:.1f} | {ring / gather:.2f}x |")
+    print(f"crossover at {world} ranks: gather up to {_crossover(ms, rows)} query rows")
+
+
+def _under_torchrun(args, cfg: dict) -> dict[int, dict] | None:
+    """This process as one rank of torchrun's group; the measurement on rank 0, None elsewhere."""
+    from lvx_app.parallel.group import destroy_distributed, init_distributed
+
+    info = init_distributed(cuda=args.device == "cuda")
+    try:
+        ms = _bench_rank(info.rank, info.world_size, cfg, str(info.device))
+    finally:
+        destroy_distributed()
+    return {info.world_size: ms} if info.rank == 0 else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--rows", type=int, nargs="+", default=[8, 24, 64, 128, 256])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="CPU: gloo ranks")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--rows", type=int, nargs="+", default=None, help="query rows in total")
     ap.add_argument("--frames", type=int, default=48, help="48 frames x 729 = S_KV 34,992")
     ap.add_argument("--q-heads", type=int, default=14)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="cpu: float32; cuda: bf16"
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--calibrate", action="store_true", help="write the crossovers (see above)")
+    ap.add_argument("--calibration-file", type=Path, help="--calibrate: write here instead")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    default_rows = [8, 24, 64, 128, 256, 512, 1024] if args.calibrate else [8, 24, 64, 128, 256]
+    args.rows = sorted(args.rows or default_rows)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     cfg = {
         k: getattr(args, k)
-        for k in ("rows", "frames", "q_heads", "kv_heads", "head_dim", "warmup", "iters")
+        for k in ("rows", "frames", "q_heads", "kv_heads", "head_dim", "dtype", "warmup", "iters")
     }
-    report = {
-        "command": " ".join(sys.argv),
-        "cpus": os.cpu_count(),
-        "load_avg_before": os.getloadavg(),
-        "ranks": {},
-    }
+    load_before = os.getloadavg()
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        measured = _under_torchrun(args, cfg)
+        if measured is None:  # not rank 0: rank 0 reports
+            return
+    elif args.device == "cuda":
+        raise SystemExit("--device cuda runs under torchrun, one rank per GPU (see --help)")
+    else:
+        measured = {n: run_ranks(_bench_rank, n, cfg, timeout_s=1800)[0] for n in args.ranks}
     print("| ranks | query rows | ring ms | gather ms | no-comm ms | ring / gather |")
     print("|---|---|---|---|---|---|")
-    for world in args.ranks:
-        ms = run_ranks(_bench_rank, world, cfg, timeout_s=1800)[0]
-        for rows in args.rows:
-            ring, gather, free = ms[f"{rows}/ring"], ms[f"{rows}/gather"], ms[f"{rows}/no-comm"]
-            print(
-                f"| {world} | {rows} | {ring:.1f} | {gather:.1f} | {free:.1f} | "
-                f"{ring / gather:.2f}x |"
-            )
-        report["ranks"][world] = {"ms": ms, "crossover_rows": _crossover(ms, args.rows)}
-        print(
-            f"crossover at {world} ranks: gather up to {report['ranks'][world]['crossover_rows']} "
-            "query rows"
-        )
-    report["load_avg_after"] = os.getloadavg()
+    for world, ms in measured.items():
+        _print_rows(world, args.rows, ms)
+    report = {
+        "command": " ".join(sys.argv),
+        "machine": _machine(args.device),
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+        "ranks": {
+            w: {"ms": ms, "crossover_rows": _crossover(ms, args.rows)} for w, ms in measured.items()
+        },
+    }
+    if args.calibrate:
+        found = {w: r["crossover_rows"] for w, r in report["ranks"].items()}
+        path = write_calibration(found, report["machine"], report["command"], args.calibration_file)
+        report["calibration_file"] = str(path)
+        print(f"wrote {path}: the engine gathers up to {found} query rows (by ranks)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

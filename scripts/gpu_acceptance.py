@@ -1,11 +1,15 @@
 """The first run on a GPU machine: every CUDA path, in parts that each fit a 10-minute command, with
 one report that is rewritten after every item.
 
-    # 1: CUDA tests, adapter checks, bench_xattn, bench_chat at 10 min python
-    scripts/gpu_acceptance.py --part 1 --out DIR # 2: bench_chat at 30 and 60 min python
-    scripts/gpu_acceptance.py --part 2 --out DIR # 3: bench_finetune; lvx demo and bench_ingest
-    (need decord and PyAV); NCCL (2+ GPUs) python scripts/gpu_acceptance.py --part 3 --out DIR # the
-    same harness on CPU at small shapes python scripts/gpu_acceptance.py --rehearse --out DIR
+    # 1: CUDA tests, adapter checks, bench_xattn, bench_chat at 10 min
+    python scripts/gpu_acceptance.py --part 1 --out DIR
+    # 2: bench_chat at 30 and 60 min
+    python scripts/gpu_acceptance.py --part 2 --out DIR
+    # 3: bench_finetune; lvx demo and bench_ingest (need decord and PyAV); NCCL and the ring/gather
+    # crossover calibrated for the engine (2+ GPUs)
+    python scripts/gpu_acceptance.py --part 3 --out DIR
+    # the same harness on CPU at small shapes
+    python scripts/gpu_acceptance.py --rehearse --out DIR
 
 Point `--out` at the folder that is kept after the command: everything goes there, and nothing else
 is written outside a temporary folder. `acceptance.json` and `acceptance.md` list every item
@@ -213,7 +217,28 @@ def part_three(out: Path, scratch: Path, gpus: int, rehearse: bool) -> list[Item
             3,
             min_gpus=2,
         ),
+        _calibrate(out, nccl, rehearse),
     ]
+
+
+def _calibrate(out: Path, ranks: str, rehearse: bool) -> Item:
+    """The ring-or-gather crossover measured on this machine's GPUs (NCCL) and written to its
+    calibration file, which the engine reads at start; the rehearsal writes it under --out."""
+    shape = ["--rows", "8", "64", "--frames", "4", "--iters", "1"] if rehearse else []
+    where = ["--calibration-file", str(out / "calibration.json")] if rehearse else []
+    run = _py(
+        "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", "scripts/bench_schedule.py"
+    )
+    return Item(
+        "ring/gather crossover calibrated" + (" (gloo)" if rehearse else ""),
+        run
+        + ([] if rehearse else ["--device", "cuda"])
+        + ["--calibrate", *shape, *where, "--out", str(out / "bench_schedule.json")],
+        180,
+        3,
+        min_gpus=2,
+        writes=("bench_schedule.json",),
+    )
 
 
 def default_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:

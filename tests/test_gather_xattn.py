@@ -11,6 +11,7 @@ from attn_reference import reference_attention
 from test_lv_xattn import CASES, HQ, SK, SQ, TOL, B, D, _case_data, _cuts
 
 from lvx_app.attention import choose_schedule, gather_xattn_with_lse, masks
+from lvx_app.attention.schedule import crossovers
 from lvx_app.parallel.testing import run_ranks
 
 GATHER_CASES = CASES + [("media_fp64", torch.float64, True, True, 1, 2, False, None, None)]
@@ -101,7 +102,9 @@ def test_gather_matches_reference_forward_and_backward(world):
             )
 
 
-def test_choose_schedule():
+def test_choose_schedule(tmp_path, monkeypatch):
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path))  # no calibration: the built-in table
+    crossovers.cache_clear()
     assert choose_schedule(24, 4) == "gather"
     assert choose_schedule(10_000, 4) == "ring"
     assert choose_schedule(24, 1) == "ring"

@@ -1,11 +1,13 @@
-"""The emulated link of the benchmarks: a transfer of N bytes at X GB/s takes at least N/X, and
-nothing changes outside it."""
+"""The emulated link of the benchmarks: a transfer of N bytes at X GB/s takes at least N/X, the
+transfers of one rank share its NIC (one per direction), every message pays the latency, and nothing
+changes outside it."""
 
 import time
 
 import pytest
 import torch
-from emulated_link import emulated_link
+import torch.distributed as dist
+from emulated_link import Nic, emulated_link
 
 from lvx_app.parallel import RingComm
 from lvx_app.parallel.collectives import allgather_seq
@@ -58,6 +60,47 @@ def test_decode_combine_counts_its_bytes_and_is_held_for_them():
         assert seconds >= sent / 1e4
 
 
+def _two_batches(rank: int, world: int, gbps: float, latency_s: float, tensors: int):
+    """Rank 0 posts two batches at once, each sending `tensors` tensors of 1 MB / `tensors`; rank 1
+    posts the matching receives. Returns the seconds until both batches are done."""
+    parts = [torch.zeros(250_000 // tensors) for _ in range(tensors)]
+    with emulated_link(gbps, latency_s):
+        dist.barrier()
+        t0 = time.perf_counter()
+        batches = []
+        for _ in range(2):
+            op, peer = (dist.isend, 1) if rank == 0 else (dist.irecv, 0)
+            batches.append(dist.batch_isend_irecv([dist.P2POp(op, t, peer) for t in parts]))
+        for requests in batches:
+            for request in requests:
+                request.wait()
+        return time.perf_counter() - t0
+
+
+def test_two_transfers_of_one_rank_take_the_sum_of_their_times():
+    one = 1_000_000 / (GBPS * 1e9)  # 0.3 s
+    for seconds in run_ranks(_two_batches, 2, GBPS, 0.0, 1):
+        # sender and receiver alike: the second transfer queues behind the first on the NIC
+        assert seconds >= 2 * one
+        assert seconds < 3 * one  # and is not held once more on top
+
+
+def test_every_message_pays_the_latency():
+    latency = 0.15
+    # 2 batches x 2 messages of ~0 bytes at 1 TB/s: 4 latencies on each rank's NIC
+    for seconds in run_ranks(_two_batches, 2, 1000.0, latency, 2):
+        assert seconds >= 4 * latency
+        assert seconds < 6 * latency
+
+
+def test_a_nic_queues_transfers_and_frees_up():
+    nic = Nic(rate=1e6, latency_s=0.01)  # 1 MB/s
+    assert nic.book(0.0, 500_000) == pytest.approx(0.51)
+    assert nic.book(0.1, 500_000, messages=2) == pytest.approx(0.51 + 0.52)  # queued behind
+    assert nic.book(5.0, 0, messages=1) == pytest.approx(5.01)  # idle NIC: from its post
+    assert nic.book(6.0, 10, messages=0) == 6.0  # nothing to send
+
+
 def test_without_the_link_transfers_are_not_held():
     for ring_s, gather_s, _, _ in run_ranks(_timed_transfers, 2, None):
         assert ring_s < COMPUTE_S + 0.09 and gather_s < 0.2  # held, they would take >= 0.3 s more
@@ -66,4 +109,7 @@ def test_without_the_link_transfers_are_not_held():
 def test_emulated_link_refuses_a_rate_that_is_not_positive():
     with pytest.raises(ValueError, match="positive"):
         with emulated_link(0):
+            pass
+    with pytest.raises(ValueError, match="latency"):
+        with emulated_link(1.0, -1e-6):
             pass

@@ -12,6 +12,7 @@ import lvx_app.subtitles as subs
 from lvx_app.eval.prompt import build_prompt
 from lvx_app.subtitles import (
     SUBTITLE_HEADER,
+    Cue,
     SubtitleError,
     fit_lines,
     load_srt,
@@ -217,6 +218,30 @@ def test_reversed_and_overlapping_cues(tmp_path):
     track = read_subtitle_file(path)
     assert "1 cue(s) end before they start" in track.notes[0]
     assert select_lines(track.cues, [1.0, 2.5, 5.0, 8.0]) == ["long", "short", "backwards"]
+
+
+class _CountedText(str):
+    """A cue's text that counts how often it is compared with another."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountedText.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_selecting_a_films_lines_compares_each_line_a_bounded_number_of_times():
+    # three hours with a cue every 2.4 s: deduplicating by a search of the lines kept so far would
+    # compare each line with all before it (about ten million comparisons)
+    n = 4500
+    cues = [Cue(2.4 * i, 2.4 * i + 2.0, _CountedText(f"line {i}")) for i in range(n)]
+    cues.append(Cue(2.4 * n, 2.4 * n + 2.0, _CountedText("line 7")))  # a repeated line
+    _CountedText.compared = 0
+    lines = select_lines(cues, [2.4 * i + 1.0 for i in range(n + 1)])
+    assert lines == [f"line {i}" for i in range(n)]
+    assert _CountedText.compared <= 2 * n
 
 
 def test_token_budget_drops_lines_evenly():

@@ -209,3 +209,21 @@ def test_decord_native_open_errors_do_not_reach_the_terminal(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "fake.mp4 is not a video decord can read" in res.stdout
     assert ".cc:" not in res.stderr and "ERROR opening" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "cores, local_ranks, workers, threads",
+    [(2, 1, 2, 1), (2, 2, 1, 1), (16, 1, 8, 2), (16, 8, 2, 1), (64, 8, 8, 1), (8, 1, 8, 1)],
+)
+def test_decode_processes_and_their_threads_share_the_nodes_cores(
+    monkeypatch, cores, local_ranks, workers, threads
+):
+    # every rank of the node starts its own workers: together they use the cores once
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+    pool = DecodePool()
+    try:
+        assert (pool.num_workers, pool.threads) == (workers, threads)
+        assert local_ranks * pool.num_workers * pool.threads <= cores
+    finally:
+        pool.close()

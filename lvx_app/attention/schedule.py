@@ -3,17 +3,35 @@ rows and the ranks.
 
 The ring (`lv_xattn_with_lse`) costs n-1 dependent rounds of latency but sends each query block once
 per hop; the gather schedule (`gather_xattn_with_lse`) costs two collectives whatever n but sends
-all rows to every rank. Below a crossover number of query rows in total the gather wins. The
-crossover was measured by `scripts/bench_schedule.py` (docs/benchmarks.md, "Ring or gather by query
-size") on 2 and 4 CPU ranks over gloo; on GPUs with a fast link the kernel time shrinks and the
-crossover moves, so measure there and override with `--xattn-schedule`.
+all rows to every rank. Below a crossover number of query rows in total the gather wins. Where it
+lies depends on the machine (kernel time against collective latency), so a machine measures its own
+with `scripts/bench_schedule.py --calibrate`, which writes `calibration.json` in the default cache
+folder (`$LVX_CACHE_DIR`, else ~/.cache/lvx); the engine reads it once and otherwise uses the
+built-in table, measured on 2 and 4 CPU ranks over gloo (docs/benchmarks.md, "Ring or gather by
+query size"). `--xattn-schedule ring|gather` overrides both.
 """
 
 from __future__ import annotations
 
-from lvx_app.config import SCHEDULES
+import functools
+import json
+import warnings
+from pathlib import Path
 
-__all__ = ["GATHER_MAX_ROWS", "SCHEDULES", "choose_schedule"]
+from lvx_app.config import SCHEDULES
+from lvx_app.defaults import default_cache_dir
+
+__all__ = [
+    "CALIBRATION_FILE",
+    "GATHER_MAX_ROWS",
+    "SCHEDULES",
+    "CalibrationWarning",
+    "calibration_path",
+    "choose_schedule",
+    "crossovers",
+    "gather_limit",
+    "read_calibration",
+]
 
 # most query rows in total (over all ranks) for which gather beat the ring, by number of ranks
 # measured; other numbers of ranks take the entry of the most ranks measured not above theirs.
@@ -22,11 +40,61 @@ __all__ = ["GATHER_MAX_ROWS", "SCHEDULES", "choose_schedule"]
 # the ring, which sends each row once per hop instead of all rows to every rank, is kept there for
 # links slower than loopback.
 GATHER_MAX_ROWS = {2: 256, 4: 256}
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_VERSION = 1
 
 
-def choose_schedule(rows: int, ranks: int, schedule: str = "auto") -> str:
+class CalibrationWarning(UserWarning):
+    """This machine's calibration file could not be used; the built-in crossovers apply."""
+
+
+def calibration_path() -> Path:
+    """Where this machine's measured crossovers live: next to the default cache folder's
+    contents."""
+    return default_cache_dir() / CALIBRATION_FILE
+
+
+def read_calibration(path: Path) -> dict[int, int]:
+    """{ranks: most gather rows} from a calibration file ({} when there is none); a file that cannot
+    be used is named in one warning and ignored."""
+    try:
+        data = json.loads(path.read_text())
+        table = {int(n): int(rows) for n, rows in data["gather_max_rows"].items()}
+        if data.get("version") != CALIBRATION_VERSION or any(
+            n < 2 or rows < 0 for n, rows in table.items()
+        ):
+            raise ValueError("not a calibration this version writes")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(
+            f"ignoring {path} ({exc}); measure again (scripts/bench_schedule.py --calibrate) or "
+            "delete it",
+            CalibrationWarning,
+            stacklevel=2,
+        )
+        return {}
+    return table
+
+
+@functools.cache
+def crossovers() -> dict[int, int]:
+    """The crossovers in force: the built-in table, with the numbers of ranks this machine measured
+    replaced by its own (read once per process)."""
+    return {**GATHER_MAX_ROWS, **read_calibration(calibration_path())}
+
+
+def gather_limit(ranks: int, table: dict[int, int] | None = None) -> int:
+    """Most query rows the gather schedule takes at `ranks` ranks: the entry of the most ranks
+    measured not above `ranks` (the fewest measured below all of them)."""
+    table = crossovers() if table is None else table
+    return table[max((r for r in table if r <= ranks), default=min(table))]
+
+
+def choose_schedule(rows: int, ranks: int, schedule: str = "auto", limit: int | None = None) -> str:
     """'ring' or 'gather' for `rows` query rows in total over `ranks` ranks; `schedule` other than
-    auto forces it."""
+    auto forces it. `limit`: the most rows to gather (default: `gather_limit(ranks)`; the engine
+    passes the one its ranks agreed on)."""
     if schedule not in SCHEDULES:
         raise ValueError(
             f"unknown cross-attention schedule {schedule!r}; use one of {', '.join(SCHEDULES)}"
@@ -35,7 +103,4 @@ def choose_schedule(rows: int, ranks: int, schedule: str = "auto") -> str:
         return schedule
     if ranks <= 1:
         return "ring"  # one rank: both are the same local kernel call
-    limit = GATHER_MAX_ROWS[
-        max((r for r in GATHER_MAX_ROWS if r <= ranks), default=min(GATHER_MAX_ROWS))
-    ]
-    return "gather" if rows <= limit else "ring"
+    return "gather" if rows <= (gather_limit(ranks) if limit is None else limit) else "ring"

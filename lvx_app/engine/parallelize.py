@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention import Carry, attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
+from lvx_app.attention.schedule import gather_limit
 from lvx_app.config import ParallelConfig
-from lvx_app.parallel.collectives import allgather_seq, exchange_sizes
+from lvx_app.parallel.collectives import all_min, allgather_seq, exchange_sizes
 from lvx_app.parallel.group import DistInfo
 
 HIDDEN = 1 << 60  # a key position that no query position reaches
@@ -59,11 +60,13 @@ class ShardedAttention:
         self.is_replicated = False
         self._ring_keys: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rider: Carry | None = None
+        # most query rows to gather, the same on every rank (None: this machine's own crossover)
+        self.gather_rows: int | None = None
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than
         sharded (ring)."""
-        return choose_schedule(rows, self.world, self.schedule) == "gather"
+        return choose_schedule(rows, self.world, self.schedule, self.gather_rows) == "gather"
 
     def begin(
         self, positions: torch.Tensor, *, replicated: bool, sizes: list[int] | None = None
@@ -165,8 +168,10 @@ def parallelize(
     attention: type[ShardedAttention] = ShardedAttention,
 ) -> ShardedAttention:
     """Install `attention` (LV-XAttn) as `model`'s attention over the default group; returns the
-    installed hooks."""
+    installed hooks. Every rank calls it: the ranks agree on the smallest of their machines'
+    ring-or-gather crossovers, so a question takes the same schedule on every rank."""
     attn = attention(None, info.rank, info.world_size, parallel.xattn_schedule)
+    attn.gather_rows = all_min(gather_limit(info.world_size), info.device)
     model.hooks.text = attn.text
     model.hooks.visual = attn.visual
     return attn

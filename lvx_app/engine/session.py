@@ -210,7 +210,7 @@ class RankSession:
                 row["visual K/V"] = f"{kv_nbytes(visual.kv) / 2**20:.1f} MiB"
             if loaded.visual_kv.compute_s is not None:
                 row["visual K/V compute s"] = round(loaded.visual_kv.compute_s, 4)
-            row["video prompt prefill s"] = round(loaded.prefill_s, 4)
+            row.update({name: round(seconds, 4) for name, seconds in loaded.timings.items()})
         row["text tokens"] = self.conversation.cache.length
         if self.attn is not None:
             row["attention bytes sent"] = self.attn.stats.get("fwd_bytes", 0)

@@ -79,7 +79,9 @@ class LoadedVideo:
     local_frames: int  # the frames this rank holds
     visual_kv: VisualKVChoice
     features: torch.Tensor | None  # E_local, kept only to recompute K/V
-    prefill_s: float
+    # seconds of this rank's load steps, as `/stats` names them: its ingest (frames decoded,
+    # encoded and saved, or read from the cache), the prompt's prefill (wall and this process's CPU)
+    timings: dict[str, float]
     opening: VideoOpening = VideoOpening()  # what the conversation says before the video
     visual: Any = None  # the conversation's visual inputs while it holds the video
 
@@ -121,6 +123,7 @@ class VideoContext:
         video."""
         t0 = time.perf_counter()
         shard = self._ingest(path, video, progress)
+        timings = {"ingest s": time.perf_counter() - t0}
         plan, n_frames = shard.plan, len(shard.plan)
         block, placed, dropped = self._place_subtitles(subtitles or [], plan.timestamps)
         prompt = self.processor.build_chat_prompt(
@@ -140,10 +143,11 @@ class VideoContext:
         conversation = self.conversation
         conversation.clear()
         conversation.visual = visual
-        t_prefill = time.perf_counter()
+        t_prefill, cpu_prefill = time.perf_counter(), time.process_time()
         tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
         restored = self._open_prefix(shard, path, prefix_ids, starts, tail_from)
-        prefill_s = time.perf_counter() - t_prefill
+        timings["video prompt prefill s"] = time.perf_counter() - t_prefill
+        timings["video prompt prefill CPU s"] = time.process_time() - cpu_prefill
         summary = VideoSummary(
             path=str(path),
             frames=n_frames,
@@ -161,7 +165,7 @@ class VideoContext:
         # in kv mode cache the K/V hold everything needed; E stays on disk in the feature cache
         features = shard.features if kv_mode == "recompute" else None
         self.loaded = LoadedVideo(
-            summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, prefill_s
+            summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
         self.loaded.opening, self.loaded.visual = opening, visual
         return summary

@@ -343,13 +343,26 @@ def _context():
     return ctx
 
 
-def default_workers(local_world_size: int | None = None) -> int:
-    """Decode processes per rank: the CPU cores shared by the ranks on this node, at most 8."""
-    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = (
+def _cores() -> int:
+    return (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
-    return max(1, min(8, cores // max(1, local)))
+
+
+def _local_ranks(local_world_size: int | None = None) -> int:
+    return max(1, local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def default_workers(local_world_size: int | None = None) -> int:
+    """Decode processes per rank: the CPU cores shared by the ranks on this node, at most 8."""
+    return max(1, min(8, _cores() // _local_ranks(local_world_size)))
+
+
+def default_threads(workers: int, local_world_size: int | None = None) -> int:
+    """Decoder threads per decode process: the node's cores shared by every rank's workers, at most
+    4. (Each rank's workers taking all the cores oversubscribes a node of several ranks, and frame
+    threading then costs about twice the CPU per frame.)"""
+    return max(1, min(4, _cores() // (max(1, workers) * _local_ranks(local_world_size))))
 
 
 class _Proc:
@@ -390,12 +403,7 @@ class DecodePool:
         worker_class: type[_Worker] = _Worker,
     ) -> None:
         self.num_workers = max(1, int(workers or default_workers()))
-        cores = (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else (os.cpu_count() or 1)
-        )
-        self.threads = int(threads) if threads else max(1, min(4, cores // self.num_workers))
+        self.threads = int(threads) if threads else default_threads(self.num_workers)
         self.image_size = image_size
         self.worker_class = worker_class  # what each worker process runs (tests pass faulty ones)
         self._ctx = _context()

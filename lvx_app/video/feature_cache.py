@@ -37,22 +37,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from lvx_app.defaults import default_cache_dir
 from lvx_app.video.cache_files import discard, entry_folders, leftovers, remove_entries, touch
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan
 from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
 from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
 
-CACHE_ENV = "LVX_CACHE_DIR"
 CACHE_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
 SHARD_FILES = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")  # the names of an entry's files
 _BLOCK = 1 << 20
-
-
-def default_cache_dir() -> Path:
-    """`$LVX_CACHE_DIR` if set, else `~/.cache/lvx`."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lvx"
 
 
 def file_identity(path: str | os.PathLike) -> str:
