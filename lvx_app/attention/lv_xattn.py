@@ -44,6 +44,7 @@ from torch import Tensor
 
 from lvx_app.attention.backends import augment_kv
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
+from lvx_app.attention.masks import host_copy, keep_host_copy
 from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
@@ -60,6 +61,16 @@ def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
         return known
     (sizes,) = exchange_sizes(q.shape[1], group=group, device=q.device)
     return sizes
+
+
+def _travelling(q_vis: Tensor | None) -> Tensor | None:
+    """This rank's q_vis as it travels (int32), still carrying its host copy (`masks`), so the
+    first round plans its tiles without reading the device."""
+    if q_vis is None:
+        return None
+    wire = q_vis.to(torch.int32).contiguous()
+    copy = host_copy(q_vis)
+    return keep_host_copy(wire, copy) if copy is not None else wire
 
 
 def _out_lse_buffer(q: Tensor, rows: int) -> Tensor:
@@ -98,7 +109,7 @@ def lv_xattn_forward(
     rank = q_ring.rank
     sizes = query_sizes(q, group, n, rank, q_sizes)
     held_q = q
-    held_q_vis = q_vis.to(torch.int32).contiguous() if q_vis is not None else None
+    held_q_vis = _travelling(q_vis)
     running = None  # the held block's running (O, lse), one `_out_lse_buffer`
     for t in range(n):
         held = (rank - t) % n

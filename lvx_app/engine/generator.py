@@ -95,14 +95,16 @@ class Generator:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag; leave
         the agreed token fed, unless it stops the answer."""
         conversation = self.conversation
-        with conversation.attn.riding(torch.tensor([token, int(stop)])) as carry:
+        with conversation.attn.riding([token, int(stop)]) as carry:
             logits = conversation.feed(token)
-        got = carry.received.cpu()  # (ranks, 2); every decoding step runs the hyper layers
-        agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
-        if not agreed_stop and bool((got[:, 0] != agreed).any()):
+        # (ranks, 2), every decoding step runs the hyper layers: the step's one read of the group
+        got = carry.received.tolist()
+        (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]
+        agreed_stop = bool(agreed_stop)
+        if not agreed_stop and any(t != agreed for t in tokens):
             if self.leader and not self.diverged:  # once: such ranks may differ at every token
                 warnings.warn(
-                    f"the ranks decoded different tokens ({got[:, 0].tolist()}); rank 0's is used:"
+                    f"the ranks decoded different tokens ({tokens}); rank 0's is used:"
                     " their logits differ, so answers may differ from one process's",
                     EngineWarning,
                 )

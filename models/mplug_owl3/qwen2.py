@@ -238,9 +238,9 @@ class Qwen2LM(nn.Module):
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + l, device=input_ids.device).expand(b, l)
             last = start + l - 1
-        else:
-            positions = positions.to(input_ids.device).expand(b, l)
+        else:  # read where the caller keeps them (the engine: on the host), then moved
             last = None if self._warned_positions else int(positions.max())
+            positions = positions.to(input_ids.device).expand(b, l)
         if not self._warned_positions and last is not None and last >= TRAINED_POSITIONS:
             self._warned_positions = True
             warnings.warn(
