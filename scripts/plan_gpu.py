@@ -105,7 +105,9 @@ def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
     torch.set_num_threads(1)
     cfg = small_config()
     model = Owl3Model(cfg).eval()
-    work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens)
+    work = Workload(
+        minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens, device="cpu"
+    )
     starts = 18 + 5 * torch.arange(frames)
     prefix = work.prompt_tokens
     ids = torch.randint(0, cfg.vocab_size, (1, prefix + work.question_tokens))

@@ -63,9 +63,12 @@ def per_token(short: int, long: int, counts: list[int]) -> float:
     return (counts[1] - counts[0]) / (long - short)
 
 
-def decode_reads(rank: int, world: int, checkpoint: str, video: str, short: int, long: int):
+def decode_reads(
+    rank: int, world: int, checkpoint: str, video: str, short: int, long: int, sampling=None
+):
     """Host reads per decoded token on this rank, over the engine of `world` ranks (one process when
-    1): a video loaded, then an answer of `short` and one of `long` tokens."""
+    1): a video loaded, then an answer of `short` and one of `long` tokens (`sampling`: temperature,
+    top_p). Rank 0 also returns the answers and their lengths."""
     from engine_configs import engine_config
 
     from lvx_app.engine.session import RankSession
@@ -85,7 +88,8 @@ def decode_reads(rank: int, world: int, checkpoint: str, video: str, short: int,
         engine.load_video(video)
         texts, tokens = [], []
         for n in (short, long):
-            texts.append("".join(engine.ask("what happens in the video?", max_new_tokens=n)))
+            answer = engine.ask("what happens in the video?", max_new_tokens=n, **(sampling or {}))
+            texts.append("".join(answer))
             tokens.append(engine.last_answer.new_tokens)
         engine.close()
     return per_token(short, long, answers), texts, tokens

@@ -249,12 +249,19 @@ def _media_tiles(
 
 
 def tile_plans(
-    q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    q_vis,
+    k_frame,
+    group: int = 1,
+    min_tokens: int | None = None,
 ) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
     q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows), its host
-    copy (if any) with them (`pack_vis`)."""
+    copy (if any) with them (`pack_vis`). `min_tokens`: the tiles of another device than q's
+    (`min_tile`; a plan counted on the meta device)."""
     rows, sk = q.shape[1], k.shape[1]
     if not rows or not sk:
         return
@@ -275,7 +282,8 @@ def tile_plans(
     if int(qv_c.amin()) > int(kf_c.amax()):
         yield _whole(rows, sk)  # every row sees every key
         return
-    for t0, t1, first in _media_tiles(rows, group, qv_c, kf_c, min_tile(q.device)):
+    shortest = min_tokens or min_tile(q.device)
+    for t0, t1, first in _media_tiles(rows, group, qv_c, kf_c, shortest):
         if first is not None:
             yield from _square(t0, t1, first, group)
         else:
