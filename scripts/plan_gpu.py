@@ -105,9 +105,7 @@ def measure_rss(frames: int, mode: str, answer_tokens: int) -> dict:
     torch.set_num_threads(1)
     cfg = small_config()
     model = Owl3Model(cfg).eval()
-    work = Workload(
-        minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens, device="cpu"
-    )
+    work = Workload(minutes=frames / 60, kv_mode=mode, dtype_bytes=4, answer_tokens=answer_tokens)
     starts = 18 + 5 * torch.arange(frames)
     prefix = work.prompt_tokens
     ids = torch.randint(0, cfg.vocab_size, (1, prefix + work.question_tokens))
@@ -164,6 +162,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
             dtype_bytes=4,
             answer_tokens=answer_tokens,
             visual_kv_chunk_bytes=RSS_CHUNK_BYTES,
+            device="cpu",  # the CPU kernel's tiles
         )
         plan = memory_plan(cfg, work, counts)
         row["planned_bytes"] = (
