@@ -111,13 +111,17 @@ class RankSession:
         conversation.pending = []
         outcome, decoder = LoopOutcome(), self.processor.stream()
         stops = set(self.processor.stop_ids)
-        for token in self.generator.answer(
+        tokens = self.generator.answer(
             logits, None if whole else owner, generation, outcome, should_stop
-        ):
-            stats.new_tokens += 1
-            piece = decoder.push(token) if token not in stops else ""
-            if piece and leader:
-                yield piece
+        )
+        try:
+            for token in tokens:
+                stats.new_tokens += 1
+                piece = decoder.push(token) if token not in stops else ""
+                if piece and leader:
+                    yield piece
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, "answering")) from exc
         tail = decoder.flush()
         if tail and leader:
             yield tail
