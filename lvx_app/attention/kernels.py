@@ -20,7 +20,13 @@ import math
 import torch
 from torch import Tensor
 
-from lvx_app.attention.backends import AUG_COLS, choose_backend, kernel_bwd, kernel_fwd
+from lvx_app.attention.backends import (
+    AUG_COLS,
+    augments_head_dim,
+    choose_backend,
+    kernel_bwd,
+    kernel_fwd,
+)
 from lvx_app.attention.gqa import (
     broadcast_kv,
     fold,
@@ -153,6 +159,7 @@ def attn_bwd(
     qp, dop, outp, lsep = pack_rows(q, g), pack_rows(dout, g), pack_rows(out, g), pack_lse(lse, g)
     dlp = None if dlse is None else pack_lse(dlse, g)
     rows_all, sk = qp.shape[1], k.shape[1]
+    widened = dlp is not None and augments_head_dim(q.dtype)  # dlse as extra head_dim columns
 
     def one(p: TilePlan):
         rows, ks = slice(p.q0, p.q1), slice(p.k0, p.k1)
@@ -164,9 +171,7 @@ def attn_bwd(
         l_ = l_.masked_fill(dead, 0.0)
         do = dop[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
         dl = None if dl is None else dl.masked_fill(dead, 0.0)
-        be = choose_backend(
-            backend, qp, p.mask is not None, d + (AUG_COLS if dl is not None else 0)
-        )
+        be = choose_backend(backend, qp, p.mask is not None, d + (AUG_COLS if widened else 0))
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
         args = (do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl)
         if p.causal and g > 1:

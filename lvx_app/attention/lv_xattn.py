@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lvx_app.attention.backends import augment_kv
+from lvx_app.attention.backends import augment_kv, augments_head_dim
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
 from lvx_app.attention.masks import host_copy, keep_host_copy
 from lvx_app.attention.merge import acc_dtype, merge_
@@ -226,8 +226,10 @@ def lv_xattn_backward(
     rank = q_ring.rank
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
-    # dlse rides through the aten backward ops as extra K/V columns: build them once, not per round
-    kv_aug = augment_kv(k, v) if with_lse and k.shape[1] and k.dtype != torch.float64 else None
+    # in fp16 dlse rides through the aten backward ops as extra K/V columns: built once, not per
+    # round (bf16 and float32 fold it into O, `backends.fold_dlse`)
+    widened = with_lse and k.shape[1] and augments_head_dim(k.dtype)
+    kv_aug = augment_kv(k, v) if widened else None
     held_qdo, held_lses, held_q_vis = _backward_block(q, dout, out, lse, dlse, q_vis, with_lse)
     running_dq = None  # the held block's dQ accumulator (float32)
     for t in range(n):
