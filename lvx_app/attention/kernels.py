@@ -105,6 +105,30 @@ def attn_fwd(
     return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
 
 
+def attn_fwd_upto(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    last: Tensor,
+    *,
+    scale: float | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One decoded token's attention against the keys [0, last] of (k, v), `last` a (1,) int64
+    tensor on their device: one masked kernel call whose plan reads nothing, so a decode step on
+    buffers of a fixed size can be captured as a CUDA graph. (out, lse) as `attn_fwd`."""
+    check_inputs(q, k, v)
+    if q.shape[1] != 1:
+        raise ValueError(f"attn_fwd_upto takes one query token, got {q.shape[1]}")
+    g = q.shape[2] // k.shape[2]
+    qp = pack_rows(q, g)
+    seen = torch.arange(k.shape[1], device=k.device) <= last
+    mask = seen.view(1, 1, -1).expand(q.shape[0], qp.shape[1], -1)
+    plan = TilePlan(0, qp.shape[1], 0, k.shape[1], mask, False, None)
+    o, l_ = _run_fwd(plan, qp, k, v, _resolve_scale(scale, q), backend, g)
+    return unpack_rows(o, g), unpack_lse(l_, g)
+
+
 def _run_fwd(
     p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, g: int
 ) -> tuple[Tensor, Tensor]:

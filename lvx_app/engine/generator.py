@@ -24,6 +24,7 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.sampling import sample_token
+from lvx_app.engine.static_decode import DecodeStep, StaticDecode
 from lvx_app.parallel.collectives import on_wire
 
 
@@ -44,8 +45,10 @@ class LoopOutcome:
 class Generator:
     """The answer loop of this rank over its `Conversation`."""
 
-    def __init__(self, conversation: Conversation, stop_ids: Collection[int]) -> None:
-        self.conversation = conversation
+    def __init__(
+        self, conversation: Conversation, stop_ids: Collection[int], step: DecodeStep = DecodeStep()
+    ) -> None:
+        self.conversation, self.step = conversation, step
         self.stop_ids = set(stop_ids)
         info = conversation.info
         self.leader = info.rank == 0
@@ -65,8 +68,12 @@ class Generator:
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
         does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
         last = generation.max_new_tokens - 1
+        static = None
+        if self.step.used_for(generation) and not self.rides:
+            static = StaticDecode(self.conversation, generation.max_new_tokens, self.step)
+        chosen = None  # the next token, once the static step chose it on the device
         for i in range(generation.max_new_tokens):
-            mine = None if logits is None else sample_token(logits, generation, i)
+            mine = chosen if chosen is not None else self._sampled(logits, generation, i)
             flag = should_stop()
             ride = self.rides and i < last and (i > 0 or first_src is None)
             early = ride and self.leader and not flag  # rank 0's token is the agreed one
@@ -88,8 +95,14 @@ class Generator:
             if i == last:
                 outcome.truncated, outcome.unfed = True, token
                 return
-            if not ride:
+            if static is not None:
+                chosen = static.next_token(token)
+            elif not ride:
                 logits = self.conversation.feed(token)
+
+    @staticmethod
+    def _sampled(logits: torch.Tensor | None, generation: GenerationConfig, i: int) -> int | None:
+        return None if logits is None else sample_token(logits, generation, i)
 
     def _feed_agreeing(self, token: int, stop: bool) -> tuple[torch.Tensor, int, bool]:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag; leave

@@ -22,6 +22,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome, never_stop
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.engine.static_decode import decode_step
 from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_text
 from lvx_app.engine.visual_kv import kv_nbytes
 from lvx_app.parallel.collectives import all_min, nbytes
@@ -67,7 +68,8 @@ class RankSession:
         self.video = VideoContext(
             self.model, self.processor, config, self.conversation, identity, self.dtype
         )
-        self.generator = Generator(self.conversation, self.processor.stop_ids)
+        step = decode_step(model_config, info.device, info.world_size)
+        self.generator = Generator(self.conversation, self.processor.stop_ids, step)
         self.last_answer: AnswerStats | None = None
 
     # ---- commands (every rank, same order)
