@@ -1,43 +1,15 @@
-"""Host reads of tensors counted from outside, per decoded token, the way a GPU would feel them.
-
-Every `Tensor.item / tolist / cpu / numpy` and every `int() / float() / bool()` or index use of a
-tensor made while decoding is one point where a GPU process would wait for the device. The engine is
-not told: the methods are wrapped on `torch.Tensor` for the whole process (every thread, every
-module), and the count over an answer of `short` tokens is taken from the count over one of `long`
-tokens, so what a question costs once cancels out and the slope per token is left.
+"""Host reads of tensors per decoded token, counted from outside (`host_reads`, every thread and
+module of the process): the count over an answer of `short` tokens is taken from the count over one
+of `long` tokens, so what a question costs once cancels out and the slope per token is left.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from typing import Iterator
 
-import torch
+from host_reads import counting_host_reads
 
-READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
-
-
-@contextlib.contextmanager
-def counting_host_reads() -> Iterator[Counter]:
-    """Within the block every host read of a tensor adds one to the yielded counter (by name)."""
-    counts: Counter = Counter()
-    saved = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def wrap(name, real):
-        def read(self, *args, **kwargs):
-            counts[name] += 1
-            return real(self, *args, **kwargs)
-
-        return read
-
-    for name, real in saved.items():
-        setattr(torch.Tensor, name, wrap(name, real))
-    try:
-        yield counts
-    finally:
-        for name, real in saved.items():
-            setattr(torch.Tensor, name, real)
+__all__ = ["counting_host_reads", "counted_answers", "decode_reads", "per_token"]
 
 
 def counted_answers(session, counts: Counter) -> list[int]:

@@ -133,11 +133,11 @@ def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
 
 @pytest.mark.parametrize("rehearse", [False, True], ids=["gpu", "rehearsal"])
 def test_each_part_fits_one_command_and_one_kept_folder(tmp_path: Path, rehearse: bool) -> None:
-    """Three presets cover every item; each writes its figures under --out only, at most 8 files
+    """Four presets cover every item; each writes its figures under --out only, at most 8 files
     (with the report's three), and the default budget is 9 minutes."""
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     items = acc.default_items(out, scratch, gpus=2, rehearse=rehearse)
-    names = {p: [i.name for i in acc.of_part(items, p)] for p in ("1", "2", "3")}
+    names = {p: [i.name for i in acc.of_part(items, p)] for p in ("1", "2", "3", "4")}
     assert names["1"][:2] == ["cuda tests", "adapter checks (fake CUDA tensors, CPU stand-ins)"]
     assert names["1"][2:] == ["bench_xattn kernels", "bench_chat --mode model 10 min"]
     assert names["2"] == ["bench_chat --mode model 30 min", "bench_chat --mode model 60 min"]
@@ -147,6 +147,7 @@ def test_each_part_fits_one_command_and_one_kept_folder(tmp_path: Path, rehearse
         "bench_ingest",
         "nccl",
     ]
+    assert names["4"] == ["bench_decode syncs, launches, tok/s"]
     assert sum(map(len, names.values())) == len(items)
     for part in names:
         writes = [w for i in acc.of_part(items, part) for w in i.writes]
@@ -442,16 +443,22 @@ def test_the_whole_rehearsal_runs_every_part(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "acceptance.json").read_text())
     status = {r["name"]: r["status"] for r in report["results"]}
-    assert report["finished"] and len(status) == 10
+    assert report["finished"] and len(status) == 11
     assert {n for n, s in status.items() if s == "skipped"} == {"lvx demo", "bench_ingest"}
     assert {n for n, s in status.items() if s != "skipped"} == {
         n for n, s in status.items() if s == "passed"
     }
-    for name in ("bench_xattn", "bench_chat_10min", "bench_chat_60min", "bench_finetune"):
+    for name in (
+        "bench_xattn",
+        "bench_chat_10min",
+        "bench_chat_60min",
+        "bench_finetune",
+        "bench_decode",
+    ):
         data = json.loads((out / f"{name}.json").read_text())
         assert data.get("fallbacks", []) == []
     chat = json.loads((out / "bench_chat_30min.json").read_text())["rows"][0]
     assert len(chat["ttft_s_all"]) == 3 and chat["kernels"]["question (TTFT)"]
     assert (
-        "[10/10] nccl" in done.stdout and "===== cuda tests" in (out / "acceptance.log").read_text()
+        "[10/11] nccl" in done.stdout and "===== cuda tests" in (out / "acceptance.log").read_text()
     )
