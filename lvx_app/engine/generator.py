@@ -7,7 +7,8 @@ own per token, which measured 1.17x faster decoding on 2 CPU ranks than a broadc
 step whose token was not rank 0's is redone alike on every rank; a token fed but not wanted (a stop
 flag, the final stop token) is taken back. Rank 0 shows its token before that step (it is the agreed
 one by definition). The first token when a long question's prefill ended on another rank, and the
-last token of a truncated answer (never fed), are agreed by a broadcast of their own.
+last token of a truncated answer (never fed), are agreed by a broadcast of their own. One process
+asked for `--cuda-graphs` or `--compile-decode` runs a greedy answer's steps on `StaticDecode`.
 """
 
 from __future__ import annotations
