@@ -84,6 +84,16 @@ class ModelConfig:
         "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16.",
         metavar="auto|float32|bfloat16|float16",
     )
+    cuda_graphs: bool = option(
+        False,
+        "--cuda-graphs/--no-cuda-graphs",
+        "Replay each decoded token's step as one CUDA graph (one GPU, greedy answers).",
+    )
+    compile_decode: bool = option(
+        False,
+        "--compile-decode/--no-compile-decode",
+        "Run each decoded token's step through torch.compile (one GPU, greedy answers).",
+    )
 
     def __post_init__(self) -> None:
         _require(bool(str(self.path).strip()), "--model must name a checkpoint folder or hub id")

@@ -8,6 +8,9 @@ one report that is rewritten after every item.
     # 3: bench_finetune; lvx demo and bench_ingest (need decord and PyAV); NCCL and the ring/gather
     # crossover calibrated for the engine (2+ GPUs)
     python scripts/gpu_acceptance.py --part 3 --out DIR
+    # 4: decoding: syncs and launches per token, tok/s eager, with CUDA graphs and compiled, next
+    # to the plan
+    python scripts/gpu_acceptance.py --part 4 --out DIR
     # the same harness on CPU at small shapes
     python scripts/gpu_acceptance.py --rehearse --out DIR
 
@@ -241,12 +244,25 @@ def _calibrate(out: Path, ranks: str, rehearse: bool) -> Item:
     )
 
 
+def part_four(out: Path, rehearse: bool) -> list[Item]:
+    """Decoding on one GPU: host syncs per token (`torch.cuda.set_sync_debug_mode`), launches per
+    token (the profiler) and tokens/s, eager, with CUDA graphs, compiled and both, next to the
+    plan's projection (bench_decode.py)."""
+    shape = ["--device", "cpu", "--minutes", "0.1", "--new-tokens", "8", "--modes", "eager"]
+    args = shape if rehearse else ["--device", "cuda", "--minutes", "10"]
+    command = _py("scripts/bench_decode.py", *args, "--out", str(out / "bench_decode.json"))
+    return [
+        Item("bench_decode syncs, launches, tok/s", command, 480, 4, writes=("bench_decode.json",))
+    ]
+
+
 def default_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
     """Every item of every part, in the order they run (per part: the quick ones first)."""
     return [
         *part_one(out, rehearse),
         *(_bench_chat(m, 2, out, rehearse) for m in CHAT_MINUTES[2]),
         *part_three(out, scratch, gpus, rehearse),
+        *part_four(out, rehearse),
     ]
 
 
@@ -573,6 +589,31 @@ def compare_chat(out: Path) -> list[dict]:
     return rows
 
 
+def decode_note(out: Path) -> str | None:
+    """bench_decode's syncs, launches and tokens/s per mode beside the plan's projection, as one
+    note of the report (None when it did not run)."""
+    path = out / "bench_decode.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    modes = [
+        f"{r['mode']}: {r['skipped']}"
+        if "skipped" in r
+        else f"{r['mode']}: {r['syncs_per_token']:.2f} syncs, {r['launches_per_token']:.0f} "
+        f"launches, {r['tokens_per_s']:.1f} tok/s"
+        for r in data["rows"]
+    ]
+    plan = data["projected"]
+    projected = f"{plan['attention_calls_per_token']} attention kernel calls per token"
+    if plan["tokens_per_s"] is not None:
+        projected += f", {plan['tokens_per_s']:.1f} tok/s"
+    return (
+        f"Decoding ({data['shape']}, {data['frames']} frames, per token): "
+        + "; ".join(modes)
+        + f". Planned: {projected}. Same answers in every mode: {data['same_answers']}."
+    )
+
+
 def _md_row(r: Result) -> str:
     counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
     why = "; ".join(x for x in (r.reason, counts) if x).replace("|", "/")
@@ -667,6 +708,7 @@ def _close(report: Report, out: Path) -> int:
     """The measured-vs-projected table, the finished report, the exit code."""
     try:
         report.comparison = compare_chat(out)
+        report.notes += [n for n in (decode_note(out),) if n]
     except Exception as exc:  # noqa: BLE001 - the items' results matter more than this table
         report.notes.append(f"Measured vs projected not computed: {type(exc).__name__}: {exc}")
     report.finished = True
@@ -717,7 +759,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, required=True, help="the folder the report goes to (the kept one)"
     )
     parser.add_argument(
-        "--part", choices=["1", "2", "3", "all"], default="all", help="one preset (default: all)"
+        "--part",
+        choices=["1", "2", "3", "4", "all"],
+        default="all",
+        help="one preset (default: all)",
     )
     parser.add_argument(
         "--budget-min", type=float, default=9.0, help="total time for the items (default 9)"

@@ -36,7 +36,18 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from lvx_app.attention.masks import MIN_TILE, Q_TILE
+from lvx_app.attention.masks import (
+    MIN_TILE_CUDA,
+    Q_TILE,
+    HostCopy,
+    TilePlan,
+    keep_host_copy,
+    min_tile,
+    pack_vis,
+    tile_plans,
+)
+from lvx_app.defaults import DEFAULT_LAYOUT
+from lvx_app.parallel.layout import owned, rank_tokens
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
 from lvx_models.mplug_owl3.modeling import Owl3Model
@@ -71,6 +82,7 @@ class Workload:
     # cache (resident visual K/V) | recompute (--kv-mode recompute: keep E, recompute K/V)
     kv_mode: str = "cache"
     dtype_bytes: int = 2  # bf16 on GPU, 4 for the CPU's float32
+    device: str = "cuda"  # whose attention tiles (`masks.min_tile`)
     question_tokens: int = 24
     answer_tokens: int = 256
     vision_batch: int = 16  # images per `encode_images` batch
@@ -175,13 +187,15 @@ def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
     return cap, before
 
 
-def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
+def band_tiles(
+    cfg: Owl3Config, rows: int, keys: int, tile: int = MIN_TILE_CUDA
+) -> list[tuple[int, int]]:
     """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
     Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames
     some of its rows see and others do not (capped by the `keys` this rank holds), its rows those
-    that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after MIN_TILE
-    tokens where the frames seen change, at most Q_TILE."""
+    that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after `tile` tokens
+    (the device's `min_tile`) where the frames seen change, at most Q_TILE."""
     p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
 
     def q_vis(t: int) -> int:
@@ -189,7 +203,7 @@ def band_tiles(cfg: Owl3Config, rows: int, keys: int) -> list[tuple[int, int]]:
 
     tiles, t0 = [], 0
     while t0 < rows:
-        t1 = min(rows, t0 + MIN_TILE)
+        t1 = min(rows, t0 + tile)
         while t1 < min(rows, t0 + Q_TILE) and q_vis(t1) == q_vis(t1 - 1):
             t1 += 1
         seeing = t1 - max(t0, PROMPT_HEADER_TOKENS)  # the header's tokens see no frame
@@ -207,7 +221,9 @@ def live_band_masks(tiles: list[tuple[int, int]]) -> int:
     return max((a + b for a, b in zip(sizes, sizes[1:])), default=sum(sizes))
 
 
-def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
+def _attention_transient(
+    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
+) -> int:
     """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local
     visual keys.
 
@@ -218,19 +234,21 @@ def _attention_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: 
     q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
     if not masked:
         return 2 * q_bytes * b  # the packed copy and the output
-    tiles = band_tiles(cfg, rows, keys)
+    tiles = band_tiles(cfg, rows, keys, tile)
     masks = live_band_masks(tiles)
     running = max((r * k for r, k in tiles), default=0) * (1 + b)
     return q_bytes * (b + 4) + masks + running
 
 
-def _layer_transient(cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool) -> int:
+def _layer_transient(
+    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
+) -> int:
     """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual
     attention."""
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     # SwiGLU + residual stream
     mlp = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)
-    return max(mlp, _attention_transient(cfg, rows, keys, b, masked))
+    return max(mlp, _attention_transient(cfg, rows, keys, b, masked, tile))
 
 
 def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
@@ -290,7 +308,7 @@ def memory_plan(
         kept
         + local
         + max(
-            _layer_transient(cfg, prompt, visible, b, masked=True) + kv_in_use,
+            _layer_transient(cfg, prompt, visible, b, True, min_tile(work.device)) + kv_in_use,
             kv_make,
             text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)),
         )
@@ -428,3 +446,71 @@ def plan_rows(
                     }
                 )
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# kernel calls, from the attention's own tile planner
+# --------------------------------------------------------------------------------------------------
+
+
+def _planned(cfg: Owl3Config, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: int) -> list:
+    """`masks.tile_plans` of one query block (its tokens' q_vis) against one key shard (its
+    k_frame), on meta tensors with host copies: what a GPU kernel call of this shape would run."""
+    g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
+    q = torch.empty(1, q_vis.numel() * g, h, d, device="meta")
+    k = torch.empty(1, k_frame.numel(), h, d, device="meta")
+
+    def on_meta(t: torch.Tensor) -> torch.Tensor:
+        host = t.view(1, -1)
+        return keep_host_copy(host.to("meta"), HostCopy(values=host))
+
+    plans = tile_plans(q, k, False, pack_vis(on_meta(q_vis), g), on_meta(k_frame), g, tile)
+    return list(plans)
+
+
+def _tally(plans: list[TilePlan]) -> tuple[int, int]:
+    """(kernel calls, those with a mask)."""
+    return len(plans), sum(p.mask is not None for p in plans)
+
+
+@dataclass(frozen=True)
+class KernelCalls:
+    """Attention kernel calls on one rank, counted from the plan of its tiles: per decoder layer's
+    text attention and per hyper layer's visual attention in the video-prompt prefill (all ring
+    rounds), and per decoded token."""
+
+    prefill_text: int
+    prefill_text_masked: int
+    prefill_visual: int
+    prefill_visual_masked: int
+    decode_text: int
+    decode_visual: int
+
+
+def kernel_calls(
+    config: Owl3Config, work: Workload, rank: int, layout: str = DEFAULT_LAYOUT
+) -> KernelCalls:
+    """Kernel calls per layer on `rank` for `work` (the video prompt sharded in `layout`, frames
+    travelling with their placeholders, G2 visibility), planned for `work.device`'s tiles. A ring
+    round's query block is another rank's tokens; its keys are this rank's own text tokens (text
+    attention: key position < query position + 1) or frames (visual)."""
+    cfg, n, p = config, work.ranks, config.vision.num_patches
+    tile = min_tile(work.device)
+    tokens = work.prompt_tokens
+    starts = PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * torch.arange(work.frames)
+    positions = [rank_tokens(tokens, starts, n, r, layout) for r in range(n)]
+    frames = torch.tensor(owned(work.frames, n, rank, layout), dtype=torch.int64)
+    k_frame = frames.repeat_interleave(p)
+    text = visual = (0, 0)
+    for t in range(n):
+        block = positions[(rank - t) % n]
+        seen = torch.searchsorted(starts, block, right=True)  # G2: frames placed at or before
+        text = tuple(map(sum, zip(text, _tally(_planned(cfg, block + 1, positions[rank], tile)))))
+        visual = tuple(map(sum, zip(visual, _tally(_planned(cfg, seen, k_frame, tile)))))
+    # a decoded token: causal text attention over the whole cache, and every frame visible
+    g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
+    one = torch.empty(1, g, h, d, device="meta")
+    cache = torch.empty(1, tokens + work.question_tokens + 1, h, d, device="meta")
+    decode_text = len(list(tile_plans(one, cache, True, None, None, g)))
+    decode_visual = len(_planned(cfg, torch.tensor([work.frames]), k_frame, tile))
+    return KernelCalls(*text, *visual, decode_text, decode_visual)

@@ -33,6 +33,7 @@ from memory_plan import (  # noqa: E402
     GB,
     Workload,
     band_tiles,
+    kernel_calls,
     largest_minutes,
     live_band_masks,
     memory_plan,
@@ -162,6 +163,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
             dtype_bytes=4,
             answer_tokens=answer_tokens,
             visual_kv_chunk_bytes=RSS_CHUNK_BYTES,
+            device="cpu",  # the CPU kernel's tiles
         )
         plan = memory_plan(cfg, work, counts)
         row["planned_bytes"] = (
@@ -229,6 +231,25 @@ def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
         for k, v in t.items()
         if isinstance(v, dict)
     ]
+
+
+def kernel_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
+    """Attention kernel calls per layer on the busiest rank (the attention's own planner, GPU
+    tiles): the video-prompt prefill and a decoded token, on 1 and 8 GPUs."""
+    rows = []
+    for n in (1, 8):
+        work = Workload(minutes=minutes, ranks=n)
+        calls = [kernel_calls(cfg, work, rank) for rank in range(n)]
+        c = max(calls, key=lambda c: c.prefill_text + c.prefill_visual)  # the busiest rank's
+        rows.append(
+            {
+                "GPUs": n,
+                "prefill, text layer (masked)": f"{c.prefill_text} ({c.prefill_text_masked})",
+                "prefill, visual (masked)": f"{c.prefill_visual} ({c.prefill_visual_masked})",
+                "decoded token, text / visual": f"{c.decode_text} / {c.decode_visual}",
+            }
+        )
+    return rows
 
 
 def three_hours(cfg: Owl3Config) -> str:
@@ -303,11 +324,13 @@ def main() -> None:
         out["stages_60min"] = stage_rows(cfg, 60)
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
+        out["kernel_calls_60min"] = kernel_rows(cfg, 60)
         show(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
         show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
         show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
         show(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
         print(out["three_hours"])
+        show("planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))

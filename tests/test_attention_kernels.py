@@ -185,10 +185,12 @@ def test_tiles_skip_hidden_work_and_stay_exact(backend, monkeypatch):
     out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
     _close("out", out, ro, 1e-5)
     _check_lse(lse, rl, 1e-5)
-    # tile 0 hidden; tile 1 rows 5..7 see frame 0 -> keys 0..3 with no mask needed; tile 2 keys
-    # 0..7; tile 3 (rows 12..15) sees up to frame 5 (all keys) with a mask. 8 query heads on 2 K/V
-    # heads: each token is 4 packed rows.
-    assert calls == [(3 * 4, 4, False), (4 * 4, 8, False), (4 * 4, 24, True)], calls
+    # tile 0 (rows 0..4, which see the same keys: not cut at Q_TILE) hidden; tile 1 rows 5..8: keys
+    # 0..3 seen by all with no mask, the band 4..7 masked; tile 2 rows 9..12: keys 0..7 unmasked,
+    # the band 8..23; tile 3 (rows 13..15) sees up to frame 5 (all keys) with a mask. 8 query heads
+    # on 2 K/V heads: each token is 4 packed rows.
+    want = [(16, 4, False), (16, 4, True), (16, 8, False), (16, 16, True), (12, 24, True)]
+    assert calls == want, calls
     for got, want in zip(
         attn_bwd(
             w.float(),

@@ -69,6 +69,7 @@ def _no_kv_copies(rec: Recorder):
 def test_cuda_adapter_matches_reference_on_cpu(standins, backend, causal, media, monkeypatch):
     # several tiles, each with an unmasked part and a masked band
     monkeypatch.setattr(masks, "Q_TILE", 3)
+    monkeypatch.setattr(masks, "MIN_TILE", 3)
     _run_case((2, 10, 23, HQ, HKV, 16), DTYPE[backend], backend, causal, media)
     _no_kv_copies(standins)
     fwd, bwd = OPS[backend]

@@ -69,3 +69,35 @@ def test_decode_matches_reference_and_is_identical_on_every_rank(world):
             assert c["o_dtype"] == c["dtype"] and c["l_dtype"] == torch.float32
             # bit-identical on every rank (tensors cross processes as numpy arrays)
             assert (c["o"] == per_rank[0][i]["o"]).all() and (c["l"] == per_rank[0][i]["l"]).all()
+
+
+def _combine_twice(rank, world):
+    """Two decode steps through one `CombineBuffers`, as a session runs them, against fresh
+    buffers: the same results, the same buffers, one all_gather_into_tensor per call."""
+    import torch.distributed as dist
+
+    from lvx_app.attention.decode_xattn import CombineBuffers
+
+    calls, gather = [], getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    name = gather.__name__
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return gather(*args, **kwargs)
+
+    setattr(dist, name, counted)
+    kept, same, storage = CombineBuffers(), [], set()
+    for step in range(2):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        q = torch.randn(1, 1, HQ, D, generator=torch.Generator().manual_seed(step))
+        k, v = (torch.randn(1, 5 + rank, HKV, D, generator=g) for _ in range(2))
+        o, l_ = decode_xattn(q, k, v, buffers=kept)
+        storage.add((kept.send.data_ptr(), kept.every.data_ptr()))
+        fresh_o, fresh_l = decode_xattn(q, k, v)
+        same.append(torch.equal(o, fresh_o) and torch.equal(l_, fresh_l))
+    return all(same), len(storage), calls
+
+
+def test_the_combine_reuses_its_buffers_and_gathers_once_per_call():
+    for same, storages, calls in run_ranks(_combine_twice, 2):
+        assert same and storages == 1 and len(calls) == 4, (same, storages, calls)

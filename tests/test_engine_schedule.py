@@ -13,6 +13,7 @@ from lvx_app.parallel.testing import run_ranks
 COLLECTIVES = (
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "all_reduce",
     "broadcast",
     "batch_isend_irecv",
@@ -20,6 +21,14 @@ COLLECTIVES = (
     "send",
     "recv",
 )
+
+
+# the decode combine's one collective into a kept buffer (torch >= 2.10 names it all_gather_single)
+COMBINE = {"all_gather_single", "all_gather_into_tensor"}
+
+
+def _one_combine_per_hyper_layer(step: list, hyper: int) -> bool:
+    return len(step) == hyper and set(step) <= COMBINE
 
 
 def _counted(calls: list, name: str, fn):
@@ -72,10 +81,14 @@ def test_question_and_tokens_cost_one_collective_per_hyper_layer(
     ):
         assert hyper < layers
         video_prompt, question = steps["prefill"]
-        assert question == ["all_gather"] * hyper, f"rank {rank}: question prefill ran {question}"
+        assert _one_combine_per_hyper_layer(question, hyper), (
+            f"rank {rank}: question prefill ran {question}"
+        )
         assert len(steps["token"]) == 5
         for token in steps["token"]:
-            assert token == ["all_gather"] * hyper, f"rank {rank}: one decoded token ran {token}"
+            assert _one_combine_per_hyper_layer(token, hyper), (
+                f"rank {rank}: one decoded token ran {token}"
+            )
         assert len(video_prompt) > 2 * layers  # the video prompt still goes round the rings
 
 

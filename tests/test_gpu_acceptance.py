@@ -133,11 +133,11 @@ def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
 
 @pytest.mark.parametrize("rehearse", [False, True], ids=["gpu", "rehearsal"])
 def test_each_part_fits_one_command_and_one_kept_folder(tmp_path: Path, rehearse: bool) -> None:
-    """Three presets cover every item; each writes its figures under --out only, at most 8 files
+    """Four presets cover every item; each writes its figures under --out only, at most 8 files
     (with the report's three), and the default budget is 9 minutes."""
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     items = acc.default_items(out, scratch, gpus=2, rehearse=rehearse)
-    names = {p: [i.name for i in acc.of_part(items, p)] for p in ("1", "2", "3")}
+    names = {p: [i.name for i in acc.of_part(items, p)] for p in ("1", "2", "3", "4")}
     assert names["1"][:2] == ["cuda tests", "adapter checks (fake CUDA tensors, CPU stand-ins)"]
     assert names["1"][2:] == ["bench_xattn kernels", "bench_chat --mode model 10 min"]
     assert names["2"] == ["bench_chat --mode model 30 min", "bench_chat --mode model 60 min"]
@@ -148,6 +148,7 @@ def test_each_part_fits_one_command_and_one_kept_folder(tmp_path: Path, rehearse
         "nccl",
         "ring/gather",
     ]
+    assert names["4"] == ["bench_decode syncs, launches, tok/s"]
     assert sum(map(len, names.values())) == len(items)
     for part in names:
         writes = [w for i in acc.of_part(items, part) for w in i.writes]
@@ -448,7 +449,13 @@ def test_the_whole_rehearsal_runs_every_part(tmp_path: Path) -> None:
     assert {n for n, s in status.items() if s != "skipped"} == {
         n for n, s in status.items() if s == "passed"
     }
-    for name in ("bench_xattn", "bench_chat_10min", "bench_chat_60min", "bench_finetune"):
+    for name in (
+        "bench_xattn",
+        "bench_chat_10min",
+        "bench_chat_60min",
+        "bench_finetune",
+        "bench_decode",
+    ):
         data = json.loads((out / f"{name}.json").read_text())
         assert data.get("fallbacks", []) == []
     chat = json.loads((out / "bench_chat_30min.json").read_text())["rows"][0]

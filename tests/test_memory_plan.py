@@ -11,7 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from memory_plan import GB, Workload, largest_minutes, memory_plan, param_counts, time_plan
+from memory_plan import (
+    GB,
+    Workload,
+    kernel_calls,
+    largest_minutes,
+    memory_plan,
+    param_counts,
+    time_plan,
+)
 
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
@@ -132,3 +140,14 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
         lengths[-1],
         lengths[-2] if len(lengths) > 1 else 0,
     )
+
+
+def test_kernel_calls_per_layer_at_an_hour_on_8_ranks_from_the_plan() -> None:
+    """7B, one hour at 1 fps on 8 ranks (zigzag), counted by the attention's own planner: a text
+    layer's ring is one call per round (the rank's own tokens are one causal square, each other
+    block sees all or none of its keys), a hyper layer's a few band tiles a round; a decoded token
+    is one call per layer."""
+    calls = kernel_calls(Owl3Config(), Workload(minutes=60, ranks=8), rank=3)
+    assert (calls.prefill_text, calls.prefill_text_masked) == (8, 0)
+    assert calls.prefill_visual <= 48 and calls.prefill_visual_masked <= 20, calls
+    assert (calls.decode_text, calls.decode_visual) == (1, 1)

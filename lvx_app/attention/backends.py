@@ -41,10 +41,14 @@ how each is tested without a GPU:
   tests/test_attention_kernels.py, on a GPU only.
 
 dlse (the gradient w.r.t. lse) on the aten backward ops: they compute
-D = rowsum(dO * O) themselves, so dlse enters by augmenting the head
-dimension: q' = [q, 0], k' = [k, 0], v' = [v, 1, 0..], out' = [O, 0],
-dout' = [dO, dlse, 0..] (`AUG_COLS` extra columns keep head_dim a multiple of
-8); the extra gradient columns are dropped.
+D = rowsum(dO * O) themselves and use O nowhere else, so in bf16 and float32
+dlse goes into the O they are given: O' = O - dlse * dO / |dO|^2 has
+rowsum(dO * O') = D - dlse, and head_dim stays the model's (a row whose dO is
+zero gets dO = tau * e_0 and O' = -(dlse / tau) * e_0, exact up to tau in dP;
+`fold_dlse`). In fp16, whose range cannot hold dlse / tau, it enters by
+augmenting the head dimension: q' = [q, 0], k' = [k, 0], v' = [v, 1, 0..],
+out' = [O, 0], dout' = [dO, dlse, 0..] (`AUG_COLS` extra columns keep head_dim
+a multiple of 8); the extra gradient columns are dropped.
 """
 
 from __future__ import annotations
@@ -581,12 +585,43 @@ def augment_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return torch.cat([k, zk], -1), torch.cat([v, v1], -1)
 
 
+# the dtypes whose range holds `fold_dlse`'s O' (fp16 augments the head dimension instead)
+FOLDS_DLSE = (torch.bfloat16, torch.float32)
+FOLD_TAU = 2.0**-40  # dO of a row whose dO is zero, in `fold_dlse`
+
+
+def augments_head_dim(dtype: torch.dtype) -> bool:
+    """Whether a backward with dlse on an aten/flash-attn kernel widens head_dim by AUG_COLS."""
+    return dtype not in FOLDS_DLSE and dtype != torch.float64
+
+
+def fold_dlse(
+    dout: torch.Tensor, out: torch.Tensor, dlse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dO', O') in dout's dtype with rowsum(dO' * O') = rowsum(dO * O) - dlse, so a backward op
+    that computes D itself takes dlse without a wider head_dim. dO' = dO except on rows where it is
+    zero (tau * e_0 there)."""
+    do, o = dout.float(), out.float()
+    dl = dlse.float().transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
+    norm2 = (do * do).sum(-1, keepdim=True)
+    zero = norm2 == 0
+    e0 = torch.zeros_like(do[..., :1]).expand_as(do).clone()
+    e0[..., 0] = FOLD_TAU
+    do = torch.where(zero, e0, do)
+    norm2 = torch.where(zero, torch.full_like(norm2, FOLD_TAU**2), norm2)
+    o = torch.where(zero, torch.zeros_like(o), o) - dl * do / norm2
+    return do.to(dout.dtype), o.to(dout.dtype)
+
+
 def _kernel_bwd_on(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):
     if be == "math":
         return _math_bwd(dout, q, k, v, out, lse, dlse, scale, mask, causal)
     dt = q.dtype
     dout = dout.to(dt)
     out = out.to(dt)
+    if dlse is not None and not augments_head_dim(dt):
+        dout, out = fold_dlse(dout, out, dlse)
+        dlse = None
     if dlse is None:
         return _BWD[be](dout, q, k, v, out, lse, scale, mask, causal)
     d = q.shape[-1]

@@ -1,18 +1,23 @@
 """Decoding against sharded visual K/V: one local attention and one collective, no ring.
 
 Every rank passes the SAME query (the one or few new text tokens) and its own K/V shard (may be
-empty). Each rank computes the partial (out, lse) against its shard, one all_gather of the packed
-[out | lse] (float32) brings all n partials to every rank, and the exact log-sum-exp merge combines
-them in rank order, so every rank gets a bit-identical result (Tree-Attention style, one collective
-instead of three all-reduces). Forward only (runs under
-no_grad): decoding never needs gradients.
+empty). Each rank computes the partial (out, lse) against its shard, writes it into one flat float32
+buffer ([out | lse | carry]), one `all_gather_into_tensor` brings all n buffers to every rank, and
+one exact log-sum-exp merge (`merge_many`) combines them in rank order, so every rank gets a
+bit-identical result (Tree-Attention style, one collective instead of three all-reduces). The two
+buffers are kept for the session (`CombineBuffers`), so a decoded token allocates nothing for them.
+The partials travel in float32 whatever the model's dtype: a token's are a few kilobytes, so the
+call costs the collective's latency, not its bytes, and the merge stays exact. Forward only (runs
+under no_grad): decoding never needs gradients.
 
 A `Carry` rides along: a few numbers each rank appends to the packed partials of one call, and gets
 back from every rank. The engine uses it to agree on the decoded token inside a step's first hyper
-layer instead of a collective of its own (lvx_app/engine/session.py).
+layer instead of a collective of its own (lvx_app/engine/generator.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,29 +26,50 @@ from torch import Tensor
 from lvx_app.attention.kernels import attn_fwd
 from lvx_app.attention.merge import acc_dtype, merge_many
 from lvx_app.parallel import get_world_size
-from lvx_app.parallel.collectives import count_bytes, nbytes
+from lvx_app.parallel.collectives import all_gather_flat, count_bytes, nbytes
 
 
 class Carry:
-    """Integers (1-D tensor) this rank adds to the next `decode_xattn` call; `received` (n, m):
-    every rank's, in rank order, once that call has run. They ride bit for bit inside the float
-    partials
-    (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly."""
+    """Integers this rank adds to the next `decode_xattn` call; `received` (n, m) int64: every
+    rank's, in rank order, once that call has run. They ride bit for bit inside the float partials
+    (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly; they are
+    written on the device from the host's integers (no host-to-device copy to wait for)."""
 
-    def __init__(self, send: Tensor) -> None:
-        self.send = send.flatten()
+    def __init__(self, send: Tensor | Sequence[int]) -> None:
+        self.numbers = send.flatten().tolist() if isinstance(send, Tensor) else list(send)
+        self.send = torch.tensor(self.numbers, dtype=torch.int64)  # the numbers as a host tensor
         self.received: Tensor | None = None
 
-    def packed(self, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """`send` as `dtype` elements holding its integers' bits."""
-        return self.send.to(device=device, dtype=_BITS[dtype]).view(dtype)
+    def write(self, slots: Tensor) -> None:
+        """Put the numbers' bits into `slots` (float32 or float64, one per number)."""
+        bits = slots.view(_BITS[slots.dtype])
+        for i, number in enumerate(self.numbers):
+            bits[i] = number
 
     def unpack(self, gathered: Tensor) -> None:
-        """Keep every rank's integers from their packed rows (n, m)."""
-        self.received = gathered.contiguous().view(_BITS[gathered.dtype]).to(torch.int64)
+        """Keep every rank's integers from their packed rows (n, m), as a copy of their own."""
+        self.received = gathered.contiguous().view(_BITS[gathered.dtype]).to(torch.int64).clone()
 
 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+class CombineBuffers:
+    """The decode combine's two flat buffers, what this rank sends and what every rank sent, kept
+    between calls and made again only when a call needs another size, dtype or device."""
+
+    def __init__(self) -> None:
+        self.send: Tensor | None = None
+        self.every: Tensor | None = None
+
+    def get(self, numel: int, ranks: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        send = self.send
+        if send is None or (send.numel(), send.dtype, send.device) != (numel, dtype, device):
+            self.send = torch.empty(numel, dtype=dtype, device=device)
+            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
+        elif self.every.shape[0] != ranks:
+            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
+        return self.send, self.every
 
 
 @torch.no_grad()
@@ -58,33 +84,33 @@ def decode_xattn(
     k_frame: Tensor | None = None,
     stats: dict | None = None,
     carry: Carry | None = None,
+    buffers: CombineBuffers | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
 
     `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged
-    in this call's collective unless it already was."""
+    in this call's collective unless it already was. `buffers`: the session's (default: fresh)."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
     n = get_world_size(group)
     ride = carry is not None and carry.received is None
     if n == 1:
         if ride:
-            carry.received = carry.send.view(1, -1).to(torch.int64)
+            carry.received = carry.send.view(1, -1)
         return out, lse
-    b, sq, hq, d = q.shape
-    ct = acc_dtype(q)
-    parts = [out.to(ct).flatten(), lse.to(ct).flatten()]
+    n_out, n_lse = out.numel(), lse.numel()
+    extra = len(carry.numbers) if ride else 0
+    send, every = (buffers or CombineBuffers()).get(
+        n_out + n_lse + extra, n, acc_dtype(q), out.device
+    )
+    send[:n_out].view(out.shape).copy_(out)
+    send[n_out : n_out + n_lse].view(lse.shape).copy_(lse)
     if ride:
-        parts.append(carry.packed(ct, out.device))
-    packed = torch.cat(parts)
-    gathered = [torch.empty_like(packed) for _ in range(n)]
-    sent = (n - 1) * nbytes(packed)
-    dist.all_gather(gathered, packed, group=group)
-    count_bytes(stats, "fwd_bytes", sent)
-    allp = torch.stack(gathered)  # (n, B*Sq*Hq*D + B*Hq*Sq)
-    n1 = b * sq * hq * d
-    outs = allp[:, :n1].reshape(n, b, sq, hq, d)
-    lses = allp[:, n1 : n1 + b * hq * sq].reshape(n, b, hq, sq)
+        carry.write(send[n_out + n_lse :])
+    all_gather_flat(every.view(-1), send, group)
+    count_bytes(stats, "fwd_bytes", (n - 1) * nbytes(send))
     if ride:
-        carry.unpack(allp[:, n1 + b * hq * sq :])
+        carry.unpack(every[:, n_out + n_lse :])
+    outs = every[:, :n_out].view(n, *out.shape)
+    lses = every[:, n_out : n_out + n_lse].view(n, *lse.shape)
     merged_out, merged_lse = merge_many(outs, lses)
     return merged_out.to(q.dtype), merged_lse

@@ -20,9 +20,25 @@ import math
 import torch
 from torch import Tensor
 
-from lvx_app.attention.backends import AUG_COLS, choose_backend, kernel_bwd, kernel_fwd
-from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
-from lvx_app.attention.masks import TilePlan, lone_plan, tile_plans
+from lvx_app.attention.backends import (
+    AUG_COLS,
+    augments_head_dim,
+    choose_backend,
+    kernel_bwd,
+    kernel_fwd,
+)
+from lvx_app.attention.gqa import (
+    broadcast_kv,
+    fold,
+    fold_lse,
+    pack_lse,
+    pack_rows,
+    unfold,
+    unfold_lse,
+    unpack_lse,
+    unpack_rows,
+)
+from lvx_app.attention.masks import TilePlan, lone_plan, pack_vis, tile_plans
 from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
 
 
@@ -75,38 +91,63 @@ def attn_fwd(
     scale = _resolve_scale(scale, q)
     qp = pack_rows(q, g)
     # planned as they run
-    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
+    lone, plans = lone_plan(tile_plans(qp, k, causal, pack_vis(q_vis, g), k_frame, group=g))
     if lone is not None and lone.q0 == 0 and lone.q1 == sq * g:
-        o, l_ = _run_fwd(lone, qp, k, v, scale, backend, d)
+        o, l_ = _run_fwd(lone, qp, k, v, scale, backend, g)
         return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
     ct = acc_dtype(q)
     out = torch.zeros(qp.shape, dtype=ct, device=q.device)  # partial results of a row merge here
     lse = torch.full((b, qp.shape[2], sq * g), NEG_INF, dtype=ct, device=q.device)
     for p in plans:
         merge_(
-            out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, d)
+            out[:, p.q0 : p.q1], lse[:, :, p.q0 : p.q1], *_run_fwd(p, qp, k, v, scale, backend, g)
         )
     return unpack_rows(out, g).to(q.dtype), unpack_lse(lse, g)
 
 
+def attn_fwd_upto(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    last: Tensor,
+    *,
+    scale: float | None = None,
+    backend: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One decoded token's attention against the keys [0, last] of (k, v), `last` a (1,) int64
+    tensor on their device: one masked kernel call whose plan reads nothing, so a decode step on
+    buffers of a fixed size can be captured as a CUDA graph. (out, lse) as `attn_fwd`."""
+    check_inputs(q, k, v)
+    if q.shape[1] != 1:
+        raise ValueError(f"attn_fwd_upto takes one query token, got {q.shape[1]}")
+    g = q.shape[2] // k.shape[2]
+    qp = pack_rows(q, g)
+    seen = torch.arange(k.shape[1], device=k.device) <= last
+    mask = seen.view(1, 1, -1).expand(q.shape[0], qp.shape[1], -1)
+    plan = TilePlan(0, qp.shape[1], 0, k.shape[1], mask, False, None)
+    o, l_ = _run_fwd(plan, qp, k, v, _resolve_scale(scale, q), backend, g)
+    return unpack_rows(o, g), unpack_lse(l_, g)
+
+
 def _run_fwd(
-    p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, d: int
+    p: TilePlan, qp: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, g: int
 ) -> tuple[Tensor, Tensor]:
     """One tile's (out, lse float32-or-wider) from its kernel, rows that see nothing zeroed."""
+    d = qp.shape[-1]
     be = choose_backend(backend, qp, p.mask is not None, d)
-    o, l_ = kernel_fwd(
-        be, qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1], scale, p.mask, p.causal
-    )
+    q, k, v = qp[:, p.q0 : p.q1], k[:, p.k0 : p.k1], v[:, p.k0 : p.k1]
+    if p.causal and g > 1:  # a causal square: the query groups go to the batch, K/V broadcast
+        o, l_ = kernel_fwd(
+            be, fold(q, g), *(broadcast_kv(t, g, be) for t in (k, v)), scale, None, True
+        )
+        o, l_ = unfold(o, g), unfold_lse(l_, g)
+    else:
+        o, l_ = kernel_fwd(be, q, k, v, scale, p.mask, p.causal)
     l_ = l_.to(acc_dtype(qp))
     if p.dead is not None:
         o = o.masked_fill(p.dead[:, :, None, None], 0)
         l_ = l_.masked_fill(p.dead[:, None, :], NEG_INF)
     return o, l_
-
-
-def _pack_vis(q_vis: Tensor | None, g: int) -> Tensor | None:
-    """Each packed query row keeps its token's visible-frame count."""
-    return q_vis if q_vis is None or g == 1 else q_vis.repeat_interleave(g, dim=1)
 
 
 def attn_bwd(
@@ -142,6 +183,7 @@ def attn_bwd(
     qp, dop, outp, lsep = pack_rows(q, g), pack_rows(dout, g), pack_rows(out, g), pack_lse(lse, g)
     dlp = None if dlse is None else pack_lse(dlse, g)
     rows_all, sk = qp.shape[1], k.shape[1]
+    widened = dlp is not None and augments_head_dim(q.dtype)  # dlse as extra head_dim columns
 
     def one(p: TilePlan):
         rows, ks = slice(p.q0, p.q1), slice(p.k0, p.k1)
@@ -153,27 +195,15 @@ def attn_bwd(
         l_ = l_.masked_fill(dead, 0.0)
         do = dop[:, rows].masked_fill(dead.transpose(1, 2).unsqueeze(-1), 0)
         dl = None if dl is None else dl.masked_fill(dead, 0.0)
-        be = choose_backend(
-            backend, qp, p.mask is not None, d + (AUG_COLS if dl is not None else 0)
-        )
+        be = choose_backend(backend, qp, p.mask is not None, d + (AUG_COLS if widened else 0))
         aug = None if kv_aug is None else (kv_aug[0][:, ks], kv_aug[1][:, ks])
-        return kernel_bwd(
-            be,
-            do,
-            qp[:, rows],
-            k[:, ks],
-            v[:, ks],
-            outp[:, rows],
-            l_,
-            dl,
-            scale,
-            p.mask,
-            p.causal,
-            aug,
-        )
+        args = (do, qp[:, rows], k[:, ks], v[:, ks], outp[:, rows], l_, dl)
+        if p.causal and g > 1:
+            return _folded_bwd(be, args, aug, scale, g)
+        return kernel_bwd(be, *args, scale, p.mask, p.causal, aug)
 
     # planned as they run
-    lone, plans = lone_plan(tile_plans(qp, k, causal, _pack_vis(q_vis, g), k_frame, group=g))
+    lone, plans = lone_plan(tile_plans(qp, k, causal, pack_vis(q_vis, g), k_frame, group=g))
     if lone is not None and (lone.q0, lone.q1, lone.k0, lone.k1) == (0, rows_all, 0, sk):
         gq, gk, gv = one(lone)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
@@ -188,6 +218,20 @@ def attn_bwd(
         dk[:, p.k0 : p.k1] += gk
         dv[:, p.k0 : p.k1] += gv
     return unpack_rows(dq, g).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _folded_bwd(be: str, args: tuple, aug, scale: float, g: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of a causal square with packed query groups: the groups go to the batch (as in
+    `_run_fwd`), and each K/V gradient is the sum of its groups' (float32)."""
+    do, q, k, v, out, lse, dl = args
+    kv = [broadcast_kv(t, g, be) for t in (k, v)]
+    aug = None if aug is None else tuple(broadcast_kv(t, g, be) for t in aug)
+    dl = None if dl is None else fold_lse(dl, g)
+    dq, dk, dv = kernel_bwd(
+        be, fold(do, g), fold(q, g), *kv, fold(out, g), fold_lse(lse, g), dl, scale, None, True, aug
+    )
+    ct = acc_dtype(k)
+    return unfold(dq, g), *(t.view(-1, g, *t.shape[1:]).to(ct).sum(1) for t in (dk, dv))
 
 
 class _Attention(torch.autograd.Function):

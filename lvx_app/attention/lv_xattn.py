@@ -20,7 +20,7 @@ forward, round t on rank r (it holds block j = r - t, `held_len` = S_j rows):
 After n rounds every block has seen every shard and its (O, lse) is home:
 n-1 Q transfers and n (O, lse) transfers per rank, no K/V transfer. Bytes
 sent by rank r, with S_j the length of block j held in round t:
-  forward  sum_{t<n-1} S_j*B*(Hq*D*esize + 4*[mask]) + sum_t S_j*B*Hq*(D+1)*4
+  forward  sum_{t<n-1} S_j*B*(Hq*D*esize + 4*[mask]) + sum_t S_j*B*Hq*(D*esize + 4)
   backward sum_{t<n-1} S_j*B*(3*Hq*D*esize + n_l*Hq*4 + 4*[mask]) + sum_t S_j*B*Hq*D*4
 (n_l = 2 with lse, 1 for `lv_xattn`); pass `stats={}` to get them added up as fwd_bytes / bwd_bytes.
 Empty blocks are never sent (one-sided P2P instead of padding).
@@ -32,8 +32,10 @@ locally (float32) and are exact because every block backward uses the final (O, 
 `lv_xattn_forward` / `lv_xattn_backward` are the two rings without autograd, for callers that run
 their own backward (recompute in finetuning).
 
-On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.) Float64 inputs keep
-O/lse in float64 (exact tests); otherwise they travel in float32 whatever the input dtype.
+On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.) The running O travels
+in the model's dtype when it computes in bf16/fp16 (`wire_dtype`; a quarter fewer forward bytes at
+7B's head_dim than float32) and is merged in float32 at each hop; lse travels in float32. Float64
+inputs keep O/lse in float64 (exact tests); float32 inputs send float32.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lvx_app.attention.backends import augment_kv
+from lvx_app.attention.backends import augment_kv, augments_head_dim
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
+from lvx_app.attention.masks import host_copy, keep_host_copy
 from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
@@ -62,18 +65,50 @@ def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
     return sizes
 
 
+def _travelling(q_vis: Tensor | None) -> Tensor | None:
+    """This rank's q_vis as it travels (int32), still carrying its host copy (`masks`), so the
+    first round plans its tiles without reading the device."""
+    if q_vis is None:
+        return None
+    wire = q_vis.to(torch.int32).contiguous()
+    copy = host_copy(q_vis)
+    return keep_host_copy(wire, copy) if copy is not None else wire
+
+
+def wire_dtype(q: Tensor) -> torch.dtype:
+    """The dtype the running O travels in: the model's when it computes in bf16/fp16 (the partial
+    O comes out of the kernel in it anyway), else float32 (float64 for float64 inputs)."""
+    return q.dtype if q.dtype in (torch.bfloat16, torch.float16) else acc_dtype(q)
+
+
 def _out_lse_buffer(q: Tensor, rows: int) -> Tensor:
-    """One flat buffer for a block's running (O, lse) of `rows` query rows, so it travels as one
-    message."""
+    """One flat byte buffer for a block's running (O, lse) of `rows` query rows, so it travels as
+    one message: lse in float32 (float64) first, then O in `wire_dtype`."""
     b, _, hq, d = q.shape
-    return torch.empty(b * rows * hq * (d + 1), dtype=acc_dtype(q), device=q.device)
+    lse_bytes = b * hq * rows * acc_dtype(q).itemsize
+    return torch.empty(
+        lse_bytes + b * rows * hq * d * wire_dtype(q).itemsize, dtype=torch.uint8, device=q.device
+    )
 
 
 def _out_lse_views(buf: Tensor, q: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     """The (O (B, rows, Hq, D), lse (B, Hq, rows)) views of an `_out_lse_buffer`."""
     b, _, hq, d = q.shape
-    n_out = b * rows * hq * d
-    return buf[:n_out].view(b, rows, hq, d), buf[n_out:].view(b, hq, rows)
+    lse_bytes = b * hq * rows * acc_dtype(q).itemsize
+    lse = buf[:lse_bytes].view(acc_dtype(q)).view(b, hq, rows)
+    return buf[lse_bytes:].view(wire_dtype(q)).view(b, rows, hq, d), lse
+
+
+def _merge_running(running: Tensor, q: Tensor, rows: int, out: Tensor, lse: Tensor) -> None:
+    """Merge a partial (out, lse) into a block's running buffer, in float32 whatever O travels
+    in."""
+    run_out, run_lse = _out_lse_views(running, q, rows)
+    if run_out.dtype == run_lse.dtype:
+        merge_(run_out, run_lse, out, lse)
+        return
+    wide = run_out.to(run_lse.dtype)
+    merge_(wide, run_lse, out, lse)
+    run_out.copy_(wide)
 
 
 def lv_xattn_forward(
@@ -98,7 +133,7 @@ def lv_xattn_forward(
     rank = q_ring.rank
     sizes = query_sizes(q, group, n, rank, q_sizes)
     held_q = q
-    held_q_vis = q_vis.to(torch.int32).contiguous() if q_vis is not None else None
+    held_q_vis = _travelling(q_vis)
     running = None  # the held block's running (O, lse), one `_out_lse_buffer`
     for t in range(n):
         held = (rank - t) % n
@@ -122,7 +157,7 @@ def lv_xattn_forward(
                 out_view.copy_(partial_out)
                 lse_view.copy_(partial_lse)
             else:
-                merge_(*_out_lse_views(running, q, held_len), partial_out, partial_lse)
+                _merge_running(running, q, held_len, partial_out, partial_lse)
         if n == 1:
             break
         # 4. pass (O, lse) on; the last round's send brings every block home
@@ -191,8 +226,10 @@ def lv_xattn_backward(
     rank = q_ring.rank
     dk = torch.zeros(k.shape, dtype=acc_dtype(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype(v), device=v.device)
-    # dlse rides through the aten backward ops as extra K/V columns: build them once, not per round
-    kv_aug = augment_kv(k, v) if with_lse and k.shape[1] and k.dtype != torch.float64 else None
+    # in fp16 dlse rides through the aten backward ops as extra K/V columns: built once, not per
+    # round (bf16 and float32 fold it into O, `backends.fold_dlse`)
+    widened = with_lse and k.shape[1] and augments_head_dim(k.dtype)
+    kv_aug = augment_kv(k, v) if widened else None
     held_qdo, held_lses, held_q_vis = _backward_block(q, dout, out, lse, dlse, q_vis, with_lse)
     running_dq = None  # the held block's dQ accumulator (float32)
     for t in range(n):

@@ -3,8 +3,7 @@
 - `causal=True` is bottom-right aligned like flash-attn: query i sees key j iff j <= i + (Sk - Sq).
 - Media mask: `q_vis` (B, Sq) int = how many frames query t may see; `k_frame` (B, Sk) int = frame
   index of key s; visible iff k_frame < q_vis.
-- Both may be combined. Work that is fully hidden is skipped: queries are processed in tiles of
-  `Q_TILE` tokens (media mask, or causal with packed query groups) and each tile is trimmed to the
+- Both may be combined. Work that is fully hidden is skipped: each query tile is trimmed to the
   first..last query that sees something and the first..last key that some query sees, so hidden
   tiles never reach a kernel.
 - A partly visible tile is split in two: the keys every row sees (no mask) and the band some rows
@@ -13,10 +12,19 @@
   pair.
 - Rows may be packed query groups (`gqa`): `group` rows per token, row r has the causal position r
   // group and its token's `q_vis`.
-- Media-mask tiles are cut where their rows start to see another local key once they hold `MIN_TILE`
-  tokens, so a tile's band spans few frames and the triangle is not computed as its rectangle. Local
-  keys sorted by frame (every layout of lvx_app/parallel/layout.py) keep each row's visible keys a
-  prefix.
+- A causal square (each token one key more than the one before, as the diagonal block of a sharded
+  text self-attention, or plain causal attention) is one native causal kernel call (`causal` plan:
+  token i sees key j iff j <= i), after one unmasked call for the keys every row sees; packed
+  query groups are folded into the batch for it by the kernels. No mask, no tiling.
+- Media-mask tiles are cut where their rows start to see another local key once they hold
+  `min_tile(device)` tokens (longer on a GPU, where every call is a launch and a merge), so a
+  tile's band spans few frames and the triangle is not computed as its rectangle; a tile whose
+  rows all see the same keys needs no mask and is never cut. Local keys sorted by frame (every
+  layout of lvx_app/parallel/layout.py) keep each row's visible keys a prefix.
+- Host copies: planning decides on the host. A q_vis or k_frame made where the host knows its
+  values (the engine's positions, a video's frames) carries them (`keep_host_copy`), so planning
+  reads no device memory; a decoded token, which sees every frame, is planned from two integers.
+  A tensor without one is copied to the host once per call.
 """
 
 from __future__ import annotations
@@ -26,11 +34,70 @@ from typing import Iterator
 
 import torch
 
-# Query tokens per tile (x group rows when query groups are packed); tests shrink it.
+# Query tokens per tile (x group rows when query groups are packed) of a tile with a band mask;
+# tests shrink it.
 Q_TILE = 256
 # Fewest query tokens of a media-mask tile that is cut early, where its rows start to see another
-# key.
+# key: on the CPU kernel short tiles (narrow bands) measured fastest; on a GPU each call also costs
+# a launch and a merge.
 MIN_TILE = 32
+MIN_TILE_CUDA = 128
+
+
+def min_tile(device: torch.device | str) -> int:
+    """Fewest tokens of a media-mask tile cut early, for a kernel on `device`."""
+    return MIN_TILE_CUDA if torch.device(device).type == "cuda" else MIN_TILE
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """What the host knows of a q_vis or k_frame tensor without reading the device: its smallest
+    and largest value (None when unknown) and every value, on the CPU (None when unknown)."""
+
+    low: int | None = None
+    high: int | None = None
+    values: torch.Tensor | None = None
+
+
+_HOST = "lvx_host_copy"  # the attribute a tensor carries its HostCopy in
+
+
+def keep_host_copy(t: torch.Tensor, copy: HostCopy) -> torch.Tensor:
+    """`t`, carrying what the host knows of it (the tensor's own object: the hooks' signature
+    stays (q_vis, k_frame) tensors)."""
+    setattr(t, _HOST, copy)
+    return t
+
+
+def host_copy(t: torch.Tensor | None) -> HostCopy | None:
+    """The `HostCopy` `t` carries, if any."""
+    return getattr(t, _HOST, None) if t is not None else None
+
+
+def pack_vis(q_vis: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """Each packed query row keeps its token's visible-frame count (its host copy too)."""
+    if q_vis is None or group == 1:
+        return q_vis
+    packed = q_vis.repeat_interleave(group, dim=1)
+    copy = host_copy(q_vis)
+    if copy is not None:
+        values = None if copy.values is None else copy.values.repeat_interleave(group, dim=1)
+        keep_host_copy(packed, HostCopy(copy.low, copy.high, values))
+    return packed
+
+
+def _host_values(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values on the host: its host copy, or one copy from the device."""
+    copy = host_copy(t)
+    if copy is not None and copy.values is not None:
+        return copy.values.to(torch.long)
+    return t.to(torch.long).cpu()
+
+
+def _sees_every_key(q_vis: torch.Tensor, k_frame: torch.Tensor) -> bool:
+    """Whether the host copies alone say every row sees every key (no device read)."""
+    q, k = host_copy(q_vis), host_copy(k_frame)
+    return bool(q and k and q.low is not None and k.high is not None and q.low > k.high)
 
 
 @dataclass
@@ -42,7 +109,9 @@ class TilePlan:
     k0: int
     k1: int
     mask: torch.Tensor | None  # bool (B, q1-q0, k1-k0), True = visible; None = all visible
-    causal: bool  # native causal on the slice: key j visible iff j <= i (slice-local)
+    # native causal on a square slice: the token of row r (r // group, slice-local) sees key j iff
+    # j <= r // group
+    causal: bool
     dead: torch.Tensor | None  # bool (B, q1-q0) rows that see no key in the slice
 
 
@@ -66,35 +135,27 @@ def _leading(flags: torch.Tensor) -> int:
     return int(flags.long().cumprod(0).sum())
 
 
-def _plan_causal(
-    t0: int, t1: int, sk: int, coff: int, group: int, batch: int, device
-) -> list[TilePlan]:
-    """Causal only: row r (token r // group) sees keys j <= r // group + coff.
+def _square(q0: int, q1: int, first: int, group: int) -> list[TilePlan]:
+    """Rows [q0, q1) whose i-th token sees keys [0, first + i]: the keys before `first`, which
+    every row sees, unmasked, and a square causal block; no mask."""
+    tokens = (q1 - q0) // group
+    if tokens == 1:  # one token (a decoded one) sees every key up to its own: one unmasked call
+        return [TilePlan(q0, q1, 0, first + 1, None, False, None)]
+    parts = [TilePlan(q0, q1, 0, first, None, False, None)] if first > 0 else []
+    return parts + [TilePlan(q0, q1, first, first + tokens, None, True, None)]
 
-    Keys [0, lo) are seen by every row of the tile; the band [lo, hi) gets a mask of the rows that
-    see some of it. One token per row with Sq == Sk keeps the native causal."""
-    q0 = max(t0, -coff * group)
-    hi = min(sk, (t1 - 1) // group + coff + 1)
-    if q0 >= t1 or hi <= 0:
+
+def _plan_causal(t0: int, t1: int, coff: int, group: int) -> list[TilePlan]:
+    """Causal only: row r (token r // group) sees keys j <= r // group + coff. The rows that see a
+    key are one `_square` (tokens before -coff see none)."""
+    u0 = max(t0 // group, -coff)
+    if u0 * group >= t1:
         return []
-    lo = min(hi, q0 // group + coff + 1)
-    if group == 1 and lo == 1 and t1 - q0 == hi:
-        return [TilePlan(q0, t1, 0, hi, None, True, None)]
-    parts = [TilePlan(q0, t1, 0, lo, None, False, None)] if lo > 0 else []
-    if lo < hi:
-        b0 = max(q0, (lo - coff) * group)  # first row that sees key lo
-        pos = torch.arange(b0, t1, device=device) // group + coff
-        vis = (
-            (torch.arange(lo, hi, device=device).unsqueeze(0) <= pos.unsqueeze(1))
-            .unsqueeze(0)
-            .expand(batch, -1, -1)
-        )
-        parts.append(TilePlan(b0, t1, lo, hi, vis, False, None))
-    return parts
+    return _square(u0 * group, t1, u0 + coff, group)
 
 
-def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device) -> list[TilePlan]:
-    """Media mask only: every decision is taken on small CPU copies (no device syncs); the keys
+def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu) -> list[TilePlan]:
+    """Media mask only: every decision is taken on the host copies (no device syncs); the keys
     every row sees go unmasked, and only the band some rows see gets a mask, built on the device."""
     qv_c, kf_c = q_vis_cpu[:, t0:t1], k_frame_cpu
     rs = _span((qv_c > kf_c.amin(1, keepdim=True)).any(0))
@@ -107,11 +168,10 @@ def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device
     kb = k0 + _leading((kf_c[:, k0:k1] < qv_c.amin(1, keepdim=True)).all(0))
     parts = [TilePlan(q0, q1, k0, kb, None, False, None)] if kb > k0 else []
     if kb < k1:
-        dead = qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)  # (B, rows): sees no key of the band
         vis = k_frame[:, kb:k1].unsqueeze(1) < q_vis[:, q0:q1].unsqueeze(2)
-        parts.append(
-            TilePlan(q0, q1, kb, k1, vis, False, dead.to(device) if bool(dead.any()) else None)
-        )
+        # rows that see no key of the band: decided on the host, marked on the device
+        dead = bool((qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)).any())
+        parts.append(TilePlan(q0, q1, kb, k1, vis, False, ~vis.any(2) if dead else None))
     return parts
 
 
@@ -141,71 +201,102 @@ def _plan_media_causal(
     return parts
 
 
-def _plan_tile(
-    t0, t1, sk, coff, group, q_vis, k_frame, q_vis_cpu, k_frame_cpu, batch, device
-) -> list[TilePlan]:
-    """Plan query rows [t0, t1) against all sk keys. coff: causal offset (j <= r // group + coff) or
-    None.
-
-    q_vis / k_frame: int64 on the device, one q_vis per row; *_cpu: the same on the CPU."""
-    if t1 <= t0 or sk == 0:
-        return []
-    if q_vis is None and coff is None:
-        return [TilePlan(t0, t1, 0, sk, None, False, None)]
-    if q_vis is None:
-        return _plan_causal(t0, t1, sk, coff, group, batch, device)
-    if coff is None:
-        return _plan_media(t0, t1, q_vis, k_frame, q_vis_cpu, k_frame_cpu, device)
-    return _plan_media_causal(t0, t1, sk, coff, group, q_vis, k_frame, device)
+def _keys_seen(group: int, qv_c: torch.Tensor, kf_c: torch.Tensor) -> tuple[list[int], bool]:
+    """(how many local keys each token sees, at most over the batch; whether each token sees a
+    prefix of the keys and the same one in every batch row, so a run where that count grows by one
+    per token is a causal square)."""
+    every = torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous())
+    seen = every.amax(0)
+    prefix = bool((kf_c[:, 1:] >= kf_c[:, :-1]).all()) and bool((every == seen).all())
+    return seen.tolist(), prefix
 
 
-def _tiles(rows: int, tiled: bool, group: int) -> list[tuple[int, int]]:
-    step = Q_TILE * group
-    if not tiled or rows <= step:
-        return [(0, rows)]
-    return [(t, min(rows, t + step)) for t in range(0, rows, step)]
+def _squares_from(seen: list[int], shortest: int) -> list[int]:
+    """For each token, the length of the causal square starting there (each following token sees
+    exactly one key more), or 0 when shorter than `shortest` or when its first token sees no key."""
+    run = [1] * len(seen)
+    for t in range(len(seen) - 2, -1, -1):
+        if seen[t + 1] == seen[t] + 1:
+            run[t] = run[t + 1] + 1
+    return [n if n >= shortest and seen[t] >= 1 else 0 for t, n in enumerate(run)]
 
 
 def _media_tiles(
-    rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor
-) -> list[tuple[int, int]]:
-    """Row tiles of at most Q_TILE tokens, cut early (after MIN_TILE tokens) where the keys a token
-    sees change."""
-    # keys per token
-    seen = torch.searchsorted(kf_c.contiguous(), qv_c[:, ::group].contiguous()).amax(0).tolist()
-    tiles, t0 = [], 0
-    for t in range(1, len(seen)):
-        if t - t0 >= Q_TILE or (t - t0 >= MIN_TILE and seen[t] != seen[t - 1]):
-            tiles.append((t0 * group, t * group))
-            t0 = t
-    return tiles + [(t0 * group, rows)]
+    rows: int, group: int, qv_c: torch.Tensor, kf_c: torch.Tensor, shortest: int
+) -> list[tuple[int, int, int | None]]:
+    """(first row, end row, the first key of its causal square or None) of each tile: causal
+    squares of at least `shortest` tokens whole; other tiles cut after `shortest` tokens where the
+    keys a token sees change, and after Q_TILE tokens where the next token would give them a band
+    (a tile whose rows all see the same keys runs on)."""
+    seen, prefix = _keys_seen(group, qv_c, kf_c)
+    squares = _squares_from(seen, shortest) if prefix else [0] * len(seen)
+    tiles, t0, tokens = [], 0, len(seen)
+    while t0 < tokens:
+        if squares[t0]:
+            t1 = t0 + squares[t0]
+            tiles.append((t0 * group, t1 * group, seen[t0] - 1))
+            t0 = t1
+            continue
+        t1 = t0 + 1
+        while t1 < tokens and not squares[t1]:
+            grows, long = seen[t1] != seen[t1 - 1], t1 - t0
+            if (grows and long >= shortest) or (long >= Q_TILE and seen[t1] != seen[t0]):
+                break
+            t1 += 1
+        tiles.append((t0 * group, min(t1 * group, rows), None))
+        t0 = t1
+    return tiles
 
 
 def tile_plans(
-    q: torch.Tensor, k: torch.Tensor, causal: bool, q_vis, k_frame, group: int = 1
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    q_vis,
+    k_frame,
+    group: int = 1,
+    min_tokens: int | None = None,
 ) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
-    q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows)."""
+    q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows), its host
+    copy (if any) with them (`pack_vis`). `min_tokens`: the tiles of another device than q's
+    (`min_tile`; a plan counted on the meta device)."""
     rows, sk = q.shape[1], k.shape[1]
-    coff = (sk - rows // group) if causal else None
-    qv_c = kf_c = None
-    if q_vis is not None and rows and sk:
-        q_vis = q_vis.to(device=q.device, dtype=torch.long)
-        k_frame = k_frame.to(device=q.device, dtype=torch.long)
-        qv_c, kf_c = q_vis.cpu(), k_frame.cpu()
-    if qv_c is not None and not causal and int(qv_c.amin()) > int(kf_c.amax()):
-        # every row sees every key (a question, a decoded token)
-        yield TilePlan(0, rows, 0, sk, None, False, None)
+    if not rows or not sk:
         return
-    if qv_c is not None and not causal:
-        tiles = _media_tiles(rows, group, qv_c, kf_c)
-    else:
-        tiles = _tiles(rows, q_vis is not None or (causal and group > 1), group)
-    for t0, t1 in tiles:
-        yield from _plan_tile(
-            t0, t1, sk, coff, group, q_vis, k_frame, qv_c, kf_c, q.shape[0], q.device
-        )
+    coff = (sk - rows // group) if causal else None
+    if q_vis is None:
+        yield from (_plan_causal(0, rows, coff, group) if causal else [_whole(rows, sk)])
+        return
+    if not causal and _sees_every_key(q_vis, k_frame):
+        yield _whole(rows, sk)  # a question, a decoded token: decided without a device read
+        return
+    qv_c, kf_c = _host_values(q_vis), _host_values(k_frame)
+    q_vis = q_vis.to(device=q.device, dtype=torch.long)
+    k_frame = k_frame.to(device=q.device, dtype=torch.long)
+    if causal:
+        for t0, t1 in _tiles(rows, group):
+            yield from _plan_media_causal(t0, t1, sk, coff, group, q_vis, k_frame, q.device)
+        return
+    if int(qv_c.amin()) > int(kf_c.amax()):
+        yield _whole(rows, sk)  # every row sees every key
+        return
+    shortest = min_tokens or min_tile(q.device)
+    for t0, t1, first in _media_tiles(rows, group, qv_c, kf_c, shortest):
+        if first is not None:
+            yield from _square(t0, t1, first, group)
+        else:
+            yield from _plan_media(t0, t1, q_vis, k_frame, qv_c, kf_c)
+
+
+def _whole(rows: int, sk: int) -> TilePlan:
+    return TilePlan(0, rows, 0, sk, None, False, None)
+
+
+def _tiles(rows: int, group: int) -> list[tuple[int, int]]:
+    step = Q_TILE * group
+    return [(t, min(rows, t + step)) for t in range(0, rows, step)]
 
 
 def lone_plan(plans: Iterator[TilePlan]) -> tuple[TilePlan | None, Iterator[TilePlan]]:

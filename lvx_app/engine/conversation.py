@@ -78,17 +78,21 @@ class Conversation:
         return torch.arange(self.cache.length).view(1, -1)
 
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, *, replicated: bool, sizes=None
+        self, ids: torch.Tensor, positions: torch.Tensor | None, *, replicated: bool, sizes=None
     ) -> torch.Tensor:
-        """The model on this rank's tokens `ids` at `positions`; the last token's logits (1, 1,
-        V)."""
+        """The model on this rank's tokens `ids` at `positions` (a host tensor; None: the next
+        positions after the cache, made on the device without a copy); the last token's logits (1,
+        1, V)."""
         if self.attn is not None:
-            self.attn.begin(positions, replicated=replicated, sizes=sizes)
+            held = torch.arange(self.position, self.position + ids.numel())
+            self.attn.begin(
+                held if positions is None else positions, replicated=replicated, sizes=sizes
+            )
         device = self.info.device
         with torch.no_grad():
             return self.model(
                 ids.view(1, -1).to(device),
-                positions.view(1, -1).to(device),
+                None if positions is None else positions.view(1, -1),
                 cache=self.cache,
                 visual=self.visual,
                 last_only=True,
@@ -111,7 +115,9 @@ class Conversation:
         else:
             mine, owner, sizes = self._share(n, media_starts, tail_from)
         cached = self.cache.length
-        logits = self.forward(ids[mine], self.position + mine, replicated=whole, sizes=sizes)
+        # fed whole, the tokens follow the cache (every rank holds all of it)
+        positions = None if whole or self.attn is None else self.position + mine
+        logits = self.forward(ids[mine], positions, replicated=whole, sizes=sizes)
         if self.attn is not None and not whole:
             self.attn.replicate(self.cache, cached)
         self.position += n
@@ -138,9 +144,10 @@ class Conversation:
         return torch.arange(*bounds[rank]), owner, sizes
 
     def feed(self, token: int) -> torch.Tensor:
-        """One decoding step, alike on every rank: feed `token`, return the next logits (V,)."""
-        position = torch.tensor([self.position])
-        logits = self.forward(torch.tensor([token]), position, replicated=True)[0, -1]
+        """One decoding step, alike on every rank: feed `token` (written on the device, not copied
+        there), return the next logits (V,)."""
+        ids = torch.full((1, 1), token, dtype=torch.int64, device=self.info.device)
+        logits = self.forward(ids, None, replicated=True)[0, -1]
         self.position += 1
         self.fed.append(int(token))
         return logits

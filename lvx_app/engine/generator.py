@@ -7,7 +7,8 @@ own per token, which measured 1.17x faster decoding on 2 CPU ranks than a broadc
 step whose token was not rank 0's is redone alike on every rank; a token fed but not wanted (a stop
 flag, the final stop token) is taken back. Rank 0 shows its token before that step (it is the agreed
 one by definition). The first token when a long question's prefill ended on another rank, and the
-last token of a truncated answer (never fed), are agreed by a broadcast of their own.
+last token of a truncated answer (never fed), are agreed by a broadcast of their own. One process
+asked for `--cuda-graphs` or `--compile-decode` runs a greedy answer's steps on `StaticDecode`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.sampling import sample_token
+from lvx_app.engine.static_decode import DecodeStep, StaticDecode
 from lvx_app.parallel.collectives import on_wire
 
 
@@ -44,8 +46,10 @@ class LoopOutcome:
 class Generator:
     """The answer loop of this rank over its `Conversation`."""
 
-    def __init__(self, conversation: Conversation, stop_ids: Collection[int]) -> None:
-        self.conversation = conversation
+    def __init__(
+        self, conversation: Conversation, stop_ids: Collection[int], step: DecodeStep = DecodeStep()
+    ) -> None:
+        self.conversation, self.step = conversation, step
         self.stop_ids = set(stop_ids)
         info = conversation.info
         self.leader = info.rank == 0
@@ -67,8 +71,12 @@ class Generator:
         last = generation.max_new_tokens - 1
         # without a video the hyper layers make no visual combine to ride on
         rides = self.rides and self.conversation.visual is not None
+        static = None
+        if self.step.used_for(generation) and not self.rides:
+            static = StaticDecode(self.conversation, generation.max_new_tokens, self.step)
+        chosen = None  # the next token, once the static step chose it on the device
         for i in range(generation.max_new_tokens):
-            mine = None if logits is None else sample_token(logits, generation, i)
+            mine = chosen if chosen is not None else self._sampled(logits, generation, i)
             flag = should_stop()
             ride = rides and i < last and (i > 0 or first_src is None)
             early = ride and self.leader and not flag  # rank 0's token is the agreed one
@@ -90,21 +98,29 @@ class Generator:
             if i == last:
                 outcome.truncated, outcome.unfed = True, token
                 return
-            if not ride:
+            if static is not None:
+                chosen = static.next_token(token)
+            elif not ride:
                 logits = self.conversation.feed(token)
+
+    @staticmethod
+    def _sampled(logits: torch.Tensor | None, generation: GenerationConfig, i: int) -> int | None:
+        return None if logits is None else sample_token(logits, generation, i)
 
     def _feed_agreeing(self, token: int, stop: bool) -> tuple[torch.Tensor, int, bool]:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag; leave
         the agreed token fed, unless it stops the answer."""
         conversation = self.conversation
-        with conversation.attn.riding(torch.tensor([token, int(stop)])) as carry:
+        with conversation.attn.riding([token, int(stop)]) as carry:
             logits = conversation.feed(token)
-        got = carry.received.cpu()  # (ranks, 2); every decoding step runs the hyper layers
-        agreed, agreed_stop = int(got[0, 0]), bool(got[0, 1])
-        if not agreed_stop and bool((got[:, 0] != agreed).any()):
+        # (ranks, 2), every decoding step runs the hyper layers: the step's one read of the group
+        got = carry.received.tolist()
+        (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]
+        agreed_stop = bool(agreed_stop)
+        if not agreed_stop and any(t != agreed for t in tokens):
             if self.leader and not self.diverged:  # once: such ranks may differ at every token
                 warnings.warn(
-                    f"the ranks decoded different tokens ({got[:, 0].tolist()}); rank 0's is used:"
+                    f"the ranks decoded different tokens ({tokens}); rank 0's is used:"
                     " their logits differ, so answers may differ from one process's",
                     EngineWarning,
                 )

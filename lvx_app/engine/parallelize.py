@@ -15,7 +15,10 @@ The decoded token's agreement rides on the first of those (`riding`).
 
 Text causality becomes the media mask: a key at position p is visible to a query at position t iff p
 < t + 1, i.e. `k_frame = key positions` and `q_vis = query positions + 1`. In a ring the replicated
-keys count on rank 0 only; elsewhere they carry a position no query can reach.
+keys count on rank 0 only; elsewhere they are left out of the rank's keys. Positions live on the
+host (the engine knows them); the mask tensors carry their host copies, so planning a tile reads no
+device memory, and a rank's own tokens against its own keys (the diagonal of the causal triangle)
+are planned as one causal kernel call per contiguous run.
 
 Benchmarks compare other schedules by subclassing `ShardedAttention` (its `sharded` and
 `replicated` functions) and passing it to `parallelize` through the rank entry point
@@ -25,18 +28,18 @@ Benchmarks compare other schedules by subclassing `ShardedAttention` (its `shard
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from lvx_app.attention import Carry, attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
+from lvx_app.attention.decode_xattn import CombineBuffers
+from lvx_app.attention.masks import HostCopy, keep_host_copy
 from lvx_app.attention.schedule import gather_limit
 from lvx_app.config import ParallelConfig
 from lvx_app.parallel.collectives import all_min, allgather_seq, exchange_sizes
 from lvx_app.parallel.group import DistInfo
-
-HIDDEN = 1 << 60  # a key position that no query position reaches
 
 
 class ShardedAttention:
@@ -62,6 +65,7 @@ class ShardedAttention:
         self.rider: Carry | None = None
         # most query rows to gather, the same on every rank (None: this machine's own crossover)
         self.gather_rows: int | None = None
+        self.combine = CombineBuffers()  # the decode combine's buffers, kept for the session
 
     def replicate_queries(self, rows: int) -> bool:
         """Whether a question of `rows` tokens is fed whole on every rank (gather) rather than
@@ -71,9 +75,10 @@ class ShardedAttention:
     def begin(
         self, positions: torch.Tensor, *, replicated: bool, sizes: list[int] | None = None
     ) -> None:
-        """Called before each forward with this rank's token positions (1, L); `replicated`: every
-        rank feeds them; `sizes`: every rank's number of tokens in a sharded forward."""
-        positions = positions.to(torch.int64).cpu().view(1, -1)
+        """Called before each forward with this rank's token positions (1, L), a host tensor;
+        `replicated`: every rank feeds them; `sizes`: every rank's number of tokens in a sharded
+        forward."""
+        positions = positions.to(torch.int64).view(1, -1)
         self.key_positions = torch.cat([self.key_positions, positions], dim=1)
         self.query_vis = positions + 1
         self.query_sizes = sizes
@@ -117,7 +122,7 @@ class ShardedAttention:
         self.shared = self.key_positions.shape[1]
 
     @contextmanager
-    def riding(self, numbers: torch.Tensor) -> Iterator[Carry]:
+    def riding(self, numbers: Sequence[int]) -> Iterator[Carry]:
         """Within the block, `numbers` ride on the first replicated visual combine: the `Carry`
         yielded holds every rank's numbers once the forward has run."""
         self.rider = Carry(numbers)
@@ -133,18 +138,22 @@ class ShardedAttention:
             # the whole cache is here, in position order (as `replicate` leaves it): plain causal
             # attention, as in one process; no collective, no mask
             return attn_fwd(q, k, v, causal=True)
-        return self.visual(q, k, v, *self._ring_positions(k.shape[1], q.device))
+        # in a ring the replicated keys count on rank 0 only
+        first = self.shared if self.rank != 0 else 0
+        q_vis, k_frame = self._ring_positions(first, k.shape[1], q.device)
+        return self.visual(q, k[:, first:], v[:, first:], q_vis, k_frame)
 
-    def _ring_positions(self, keys: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q_vis, k_frame) of text attention in a ring, on `device`: the same in every layer of a
-        forward, so made once. Replicated keys count on rank 0 only."""
+    def _ring_positions(
+        self, first: int, keys: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_vis, k_frame) of text attention in a ring for the keys [first, keys), on `device`
+        with their host copies: the same in every layer of a forward, so made once."""
         made = self._ring_keys
-        if made is None or made[1].shape[1] != keys or made[1].device != device:
-            k_pos = self.key_positions[:, :keys]
-            if self.rank != 0 and self.shared:
-                k_pos = k_pos.clone()
-                k_pos[:, : self.shared] = HIDDEN
-            self._ring_keys = (self.query_vis.to(device), k_pos.to(device))
+        if made is None or made[1].shape[1] != keys - first or made[1].device != device:
+            k_pos = self.key_positions[:, first:keys]
+            self._ring_keys = tuple(
+                keep_host_copy(t.to(device), HostCopy(values=t)) for t in (self.query_vis, k_pos)
+            )
         return self._ring_keys
 
     def visual(
@@ -157,7 +166,7 @@ class ShardedAttention:
     ):
         kw = dict(group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
         if self.is_replicated:
-            return self.replicated(q, k, v, carry=self.rider, **kw)
+            return self.replicated(q, k, v, carry=self.rider, buffers=self.combine, **kw)
         return self.sharded(q, k, v, q_sizes=self.query_sizes, **kw)
 
 

@@ -38,6 +38,7 @@ from lvx_app.engine.limits import (
     too_long,
 )
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.engine.static_decode import decode_step
 from lvx_app.engine.video_context import Identity, VideoContext, oom_message, video_messages
 from lvx_app.engine.visual_kv import kv_nbytes
 from lvx_app.parallel.collectives import all_min, nbytes
@@ -83,7 +84,8 @@ class RankSession:
         self.video = VideoContext(
             self.model, self.processor, config, self.conversation, identity, self.dtype
         )
-        self.generator = Generator(self.conversation, self.processor.stop_ids)
+        step = decode_step(model_config, info.device, info.world_size)
+        self.generator = Generator(self.conversation, self.processor.stop_ids, step)
         self.last_answer: AnswerStats | None = None
         # the longest answer when the options name none: the checkpoint's own, else lvx's
         self.answer_length = self.processor.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
@@ -161,16 +163,20 @@ class RankSession:
         outcome, decoder = LoopOutcome(), self.processor.stream()
         stops = set(self.processor.stop_ids)
         text = []
-        for token in self.generator.answer(
+        tokens = self.generator.answer(
             logits, None if whole else owner, generation, outcome, should_stop
-        ):
-            stats.new_tokens += 1
-            if token not in stops:
-                stats.tokens.append(token)
-            piece = decoder.push(token) if token not in stops else ""
-            text.append(piece)
-            if piece and leader:
-                yield piece
+        )
+        try:
+            for token in tokens:
+                stats.new_tokens += 1
+                if token not in stops:
+                    stats.tokens.append(token)
+                piece = decoder.push(token) if token not in stops else ""
+                text.append(piece)
+                if piece and leader:
+                    yield piece
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, "answering")) from exc
         tail = decoder.flush()
         text.append(tail)
         if tail and leader:

@@ -18,6 +18,12 @@ def _all_gather(out: torch.Tensor, mine: torch.Tensor, group=None) -> None:
     )
 
 
+def all_gather_flat(every: torch.Tensor, mine: torch.Tensor, group=None) -> None:
+    """Every rank's flat `mine` into the flat `every` (ranks x its length), rank order: one
+    collective into a buffer the caller keeps."""
+    _all_gather(every, mine, group=group)
+
+
 def _reduce_scatter(out: torch.Tensor, stacked: torch.Tensor, group=None) -> None:
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     fn(out, stacked, group=group)

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lvx_app.attention.kernels import check_inputs
 from lvx_app.attention.lv_xattn import lv_xattn_backward, lv_xattn_forward
+from lvx_app.parallel.collectives import exchange_sizes
 
 # --------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
@@ -82,7 +83,7 @@ def _attend(
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame)
     out, lse, sizes, _sent = lv_xattn_forward(
-        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, None
+        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes
     )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
@@ -99,6 +100,7 @@ class _Spec:
     scale: Optional[float] = None
     project: Optional[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = None
     params: list[nn.Parameter] = field(default_factory=list)
+    q_sizes: Optional[list[int]] = None  # every rank's query rows (exchanged once per step)
 
 
 def _autocast_state() -> list[tuple[str, torch.dtype]]:
@@ -238,6 +240,7 @@ class TrainAttention:
         self.q_vis: Optional[torch.Tensor] = None
         self.k_pos: Optional[torch.Tensor] = None
         self._pending: dict[int, tuple[int, torch.Tensor]] = {}
+        self.q_sizes: Optional[list[int]] = None
         self._visual = None  # (E, frame positions, k_frame) of the current step
 
     def begin(self, positions: torch.Tensor) -> None:
@@ -245,6 +248,10 @@ class TrainAttention:
         self.k_pos = positions
         self.q_vis = positions + 1
         self._pending.clear()
+        # every rank's token count, once per step: the rings of every layer reuse it
+        (self.q_sizes,) = exchange_sizes(
+            positions.shape[1], group=self.group, device=positions.device
+        )
 
     # ---- text
     # ----------------------------------------------------------------------------------------------
@@ -257,7 +264,10 @@ class TrainAttention:
                 "forward (no text KV cache in training)"
             )
         spec = _Spec(
-            q_vis=self.q_vis.to(q.device), k_frame=self.k_pos.to(q.device), group=self.group
+            q_vis=self.q_vis.to(q.device),
+            k_frame=self.k_pos.to(q.device),
+            group=self.group,
+            q_sizes=self.q_sizes,
         )
         return _SavedKVAttn.apply(spec, q, k, v)
 
@@ -299,7 +309,7 @@ class TrainAttention:
         k_frame: torch.Tensor,
     ):
         pending = self._pending.pop(id(k), None) if k.shape[1] == 0 else None
-        spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group)
+        spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=self.q_sizes)
         if pending is None:  # K/V given (no-recompute path)
             return _SavedKVAttn.apply(spec, q, k, v)
         layer = pending[0]

@@ -26,6 +26,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from lvx_app.attention.masks import HostCopy, host_copy, keep_host_copy
+
 from .config import Owl3Config
 from .hyper import (
     HyperAttention,
@@ -38,6 +40,13 @@ from .hyper import (
 )
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
 from .vision import SiglipVisionTower, build_projector
+
+
+def _host_copy(values: torch.Tensor) -> HostCopy:
+    """The host copy of an index tensor made once per video (its bounds read once)."""
+    if not values.numel():
+        return HostCopy(values=values)
+    return HostCopy(int(values.min()), int(values.max()), values)
 
 
 class Owl3Model(nn.Module):
@@ -126,10 +135,12 @@ class Owl3Model(nn.Module):
         (differentiable w.r.t. E and v_kv_proj)."""
         n, p, _ = e_local.shape
         dev = e_local.device
-        media_starts = torch.as_tensor(media_starts, dtype=torch.int64).to(dev)
+        starts_host = torch.as_tensor(media_starts, dtype=torch.int64, device="cpu")
+        media_starts = starts_host.to(dev)
         if frame_ids is None:
-            frame_ids = torch.arange(n, device=dev)
-        frame_ids = torch.as_tensor(frame_ids, dtype=torch.int64).to(dev)
+            frame_ids = torch.arange(n)
+        ids_host = torch.as_tensor(frame_ids, dtype=torch.int64, device="cpu")
+        frame_ids = ids_host.to(dev)
         if frame_ids.numel() != n:
             raise ValueError(f"{n} local frames but {frame_ids.numel()} frame ids")
         positions = self.frame_rope_positions(media_starts)[frame_ids]
@@ -139,9 +150,35 @@ class Owl3Model(nn.Module):
                 kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
         else:
             kv = LazyVisualKV(lambda l: self.visual_kv(l, e_local, positions), layers)
+        k_frame = frame_ids.repeat_interleave(p).view(1, n * p)
         return VisualInputs(
-            kv=kv, k_frame=frame_ids.repeat_interleave(p).view(1, n * p), media_starts=media_starts
+            kv=kv,
+            k_frame=keep_host_copy(k_frame, _host_copy(ids_host.repeat_interleave(p).view(1, -1))),
+            media_starts=keep_host_copy(media_starts, _host_copy(starts_host)),
         )
+
+    def _q_vis_on_host(
+        self, positions: Optional[torch.Tensor], start: int, length: int, media_starts
+    ) -> Optional[HostCopy]:
+        """What the host knows of the forward's q_vis, so the attention plans its tiles without
+        reading the device: tokens after every placeholder (a question, a decoded token) see every
+        frame; host positions give every value; positions on the device, nothing."""
+        starts = host_copy(media_starts)
+        if starts is None or starts.values is None:
+            return None
+        if positions is None:
+            last = starts.high
+            if last is not None and (start > last or (start == last and self._sees_at_start())):
+                frames = int(starts.values.numel())
+                return HostCopy(low=frames, high=frames)
+            positions = torch.arange(start, start + length).view(1, -1)
+        if positions.device.type != "cpu":
+            return None
+        return HostCopy(values=self.visible_frames(positions.view(1, -1), starts.values))
+
+    def _sees_at_start(self) -> bool:
+        """Whether a token at a frame's placeholder start sees that frame (G2: t >= start_j)."""
+        return self.config.generation == "g2"
 
     # ---- language side
     # ----------------------------------------------------------------------------------------------
@@ -162,15 +199,19 @@ class Owl3Model(nn.Module):
         cache: the text KV cache to extend (None = no cache, the tokens are the whole sequence);
         visual: frames to attend to in the hyper layers (B must be 1), None = text only."""
         lm = self.language_model
+        given = positions
+        start = cache.length if cache is not None else 0
         positions = lm.resolve_positions(input_ids, positions, cache)
         step = None
         if visual is not None and visual.num_frames > 0:
             if input_ids.shape[0] != 1:
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
+            q_vis = self.visible_frames(positions, visual.media_starts)
+            host = self._q_vis_on_host(given, start, input_ids.shape[1], visual.media_starts)
             step = VisualStep(
                 kv=visual.kv,
                 k_frame=visual.k_frame,
-                q_vis=self.visible_frames(positions, visual.media_starts),
+                q_vis=q_vis if host is None else keep_host_copy(q_vis, host),
             )
         return lm(
             input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only

@@ -87,17 +87,26 @@ class _LayerKV:
             or self.k.dtype != k.dtype
             or self.k.device != k.device
         ):
-            cap = kv_capacity(n)
-            new_k = k.new_empty((k.shape[0], cap, *k.shape[2:]))
-            new_v = v.new_empty((v.shape[0], cap, *v.shape[2:]))
-            if self.length:
-                new_k[:, : self.length] = self.k[:, : self.length]
-                new_v[:, : self.length] = self.v[:, : self.length]
-            self.k, self.v = new_k, new_v
+            self._grow(kv_capacity(n), k, v)
         self.k[:, self.length : n] = k
         self.v[:, self.length : n] = v
         self.length = n
         return self.k[:, :n], self.v[:, :n]
+
+    def _grow(self, cap: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """New buffers of `cap` tokens, like k and v, holding what is cached."""
+        new_k = k.new_empty((k.shape[0], cap, *k.shape[2:]))
+        new_v = v.new_empty((v.shape[0], cap, *v.shape[2:]))
+        if self.length:
+            new_k[:, : self.length] = self.k[:, : self.length]
+            new_v[:, : self.length] = self.v[:, : self.length]
+        self.k, self.v = new_k, new_v
+
+    def reserve(self, more: int) -> None:
+        """Room for `more` tokens past the cached ones now, so they append in place (buffers that
+        stay put, as a captured decode step needs)."""
+        if self.k is not None and self.length + more > self.k.shape[1]:
+            self._grow(self.length + more, self.k, self.v)
 
 
 class TextKVCache:
@@ -125,6 +134,11 @@ class TextKVCache:
         """Every layer's cached (k, v), (B, length, kv_heads, D) views; `update` of an empty cache
         restores them."""
         return [(l.k[:, : l.length], l.v[:, : l.length]) for l in self.layers]
+
+    def reserve(self, more: int) -> None:
+        """Room in every layer's buffer for `more` tokens past the cached ones."""
+        for l in self.layers:
+            l.reserve(more)
 
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (e.g. to drop a turn)."""
@@ -238,10 +252,10 @@ class Qwen2LM(nn.Module):
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + l, device=input_ids.device).expand(b, l)
             last = start + l - 1
-        else:
-            positions = positions.to(input_ids.device).expand(b, l)
+        else:  # read where the caller keeps them (the engine: on the host), then moved
             empty = self._warned_positions or positions.numel() == 0  # a rank without tokens
             last = None if empty else int(positions.max())
+            positions = positions.to(input_ids.device).expand(b, l)
         if not self._warned_positions and last is not None and last >= TRAINED_POSITIONS:
             self._warned_positions = True
             warnings.warn(

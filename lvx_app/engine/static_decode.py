@@ -1,0 +1,171 @@
+"""One process's decode step on buffers that stay put, so it can be replayed as a CUDA graph or
+compiled.
+
+The eager step appends to the text cache at host-side offsets and plans its attention on the host;
+a captured CUDA graph would replay both frozen. Here the fed token, its position and the next token
+live in device buffers: every layer writes its new K/V at that position (`index_copy_`), text
+attention runs over the whole buffer with the keys past the position masked on the device
+(`attn_fwd_upto`), the visual attention is planned from host copies that hold for every decoded
+token (it sees every frame), and the greedy next id is taken on the device. The step reads nothing
+on the host and allocates the same every time; the host reads the next id once per token, as the
+eager loop does. The text cache gets room for the whole answer before the first step
+(`TextKVCache.reserve`), its unused tail zeroed (masked keys must hold finite values).
+
+`--compile-decode` runs the step through torch.compile; `--cuda-graphs` runs two steps eagerly on a
+side stream, captures the third and replays it from then on (CUDA only; the compiled step when both
+are asked); `decode_step` reads them. One process and greedy answers
+only: the ranks of a group agree on each token inside the step's collective, and sampling draws from
+a generator seeded per token on the host.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from lvx_app.attention.kernels import attn_fwd_upto
+from lvx_app.attention.masks import HostCopy, keep_host_copy
+from lvx_app.config import GenerationConfig, ModelConfig
+from lvx_app.engine.api import EngineWarning
+from lvx_app.engine.conversation import Conversation
+from lvx_models.mplug_owl3.hyper import VisualStep
+from lvx_models.mplug_owl3.qwen2 import AttentionHooks
+
+WARMUP_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisation happens there)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """How one process runs a greedy decoded token: compiled, replayed as a CUDA graph, both, or
+    neither (the eager loop)."""
+
+    compiled: bool = False
+    graphs: bool = False
+
+    def used_for(self, generation: GenerationConfig) -> bool:
+        """Whether an answer runs on `StaticDecode` (greedy, and something asked for)."""
+        return (self.compiled or self.graphs) and generation.temperature <= 0
+
+
+def decode_step(model: ModelConfig, device: torch.device, world: int) -> DecodeStep:
+    """The options' decode step for this process; what cannot run here says so once."""
+    graphs = model.cuda_graphs and device.type == "cuda" and world == 1
+    if model.cuda_graphs and not graphs:
+        warnings.warn(
+            "--cuda-graphs needs one process on a GPU; decoding runs without them", EngineWarning
+        )
+    if model.compile_decode and world > 1:
+        warnings.warn("--compile-decode needs one process; decoding runs without it", EngineWarning)
+    return DecodeStep(model.compile_decode and world == 1, graphs)
+
+
+class _FixedCache:
+    """The text cache as a decode step on fixed buffers sees it: a layer's new K/V are written at
+    the device-side `position`, and attention gets the layer's whole buffer."""
+
+    def __init__(self, cache, position: torch.Tensor) -> None:
+        self.cache, self.position = cache, position
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def truncate(self, length: int) -> None:
+        """Nothing to cut: the host keeps the lengths (`StaticDecode.next_token`)."""
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        layer = self.cache.layers[layer_idx]
+        layer.k.index_copy_(1, self.position, k.detach())
+        layer.v.index_copy_(1, self.position, v.detach())
+        return layer.k, layer.v
+
+
+class StaticDecode:
+    """The greedy decode step of one process's `Conversation`, for an answer of up to `tokens`
+    more tokens, run as `how` says (module docstring)."""
+
+    def __init__(self, conversation: Conversation, tokens: int, how: DecodeStep) -> None:
+        model, device = conversation.model, conversation.info.device
+        cache = conversation.cache
+        cache.reserve(tokens)
+        for layer in cache.layers:
+            layer.k[:, layer.length :].zero_()
+            layer.v[:, layer.length :].zero_()
+        self.conversation, self.how, self.lm = conversation, how, model.language_model
+        self.position = torch.full((1,), cache.length, dtype=torch.int64, device=device)
+        self.token = torch.zeros(1, 1, dtype=torch.int64, device=device)
+        self.next = torch.zeros((), dtype=torch.int64, device=device)
+        self.cache = _FixedCache(cache, self.position)
+        self.hooks = AttentionHooks(text=self._text, visual=model.hooks.visual)
+        self.visual = _decode_visual(conversation.visual, device)
+        self.run: Callable[[], None] = torch.compile(self.step) if how.compiled else self.step
+        self.graph = None
+        self.steps = 0
+
+    def _text(self, q, k, v, *, causal: bool = True):
+        return attn_fwd_upto(q, k, v, self.position)
+
+    def step(self) -> None:
+        """One decoded token on the device: the fed token's K/V written at `position`, the next
+        token's id into `next`, the position advanced."""
+        logits = self.lm(
+            self.token,
+            self.position.view(1, 1),
+            hooks=self.hooks,
+            cache=self.cache,
+            visual=self.visual,
+            last_only=True,
+        )
+        self.next.copy_(logits[0, -1].argmax())
+        self.position.add_(1)
+
+    def next_token(self, token: int) -> int:
+        """Feed `token` and return the greedy next token (the step's one host read)."""
+        self.token.fill_(token)
+        self._run_once()
+        for layer in self.conversation.cache.layers:
+            layer.length += 1
+        self.conversation.position += 1
+        return int(self.next)
+
+    def _run_once(self) -> None:
+        if not self.how.graphs:
+            self.run()
+        elif self.graph is not None:
+            self.graph.replay()
+        elif self.steps < WARMUP_STEPS:
+            _on_side_stream(self.run)
+        else:
+            self.graph = _capture(self.run)
+            self.graph.replay()
+        self.steps += 1
+
+
+def _decode_visual(visual, device: torch.device) -> VisualStep | None:
+    """A decoded token's visual step: every frame visible, and the host knows it."""
+    if visual is None or visual.num_frames == 0:
+        return None
+    frames = visual.num_frames
+    q_vis = torch.full((1, 1), frames, dtype=torch.int64, device=device)
+    return VisualStep(visual.kv, visual.k_frame, keep_host_copy(q_vis, HostCopy(frames, frames)))
+
+
+def _on_side_stream(fn: Callable[[], None]) -> None:
+    """Run `fn` on a side stream, ordered after and before the current one (how a step runs before
+    its capture, as PyTorch's CUDA graph notes ask)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _capture(fn: Callable[[], None]):
+    """`fn` captured as one CUDA graph (recorded, not run)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph

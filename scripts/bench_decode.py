@@ -1,0 +1,217 @@
+"""Decoding on one device: host syncs, launches and tokens/s per decoded token, for the eager loop,
+CUDA graphs (`--cuda-graphs`), torch.compile (`--compile-decode`) and both, next to the plan.
+
+The engine's own token loop (`Conversation`, `Generator`, `StaticDecode`) on a random-weight model
+(7B-241101 shapes on a GPU, small ones on a CPU) with a video's random visual K/V: the video prompt
+is prefilled once; each mode then answers a warm-up question (compiles, captures) and a timed one,
+greedy, to `--new-tokens`. Per mode:
+
+- syncs per token: on a GPU, what `torch.cuda.set_sync_debug_mode("warn")` reports; on a CPU, the
+  host reads of tensors (`host_reads`), what a GPU would wait for;
+- launches per token: on a GPU, the kernel and graph launches the profiler sees (cudaLaunchKernel,
+  cudaGraphLaunch and the like); on a CPU, the aten ops dispatched (each one kernel on a GPU);
+- tokens/s of the timed answer;
+
+and the plan's projection (`memory_plan.time_plan` tokens/s, `memory_plan.kernel_calls` attention
+calls per token) for the same model and video.
+
+    python scripts/bench_decode.py --device cuda --minutes 10 --out runs/bench_decode_h100.json
+    python scripts/bench_decode.py --device cpu --minutes 0.1 --modes eager --out /tmp/d.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_chat import _random_model  # noqa: E402
+from host_reads import counting_host_reads  # noqa: E402
+from memory_plan import Workload, kernel_calls, time_plan  # noqa: E402
+
+from lvx_app.attention.backends import kernel_tally  # noqa: E402
+from lvx_app.config import GenerationConfig  # noqa: E402
+from lvx_app.engine.conversation import Conversation  # noqa: E402
+from lvx_app.engine.generator import Generator, LoopOutcome  # noqa: E402
+from lvx_app.engine.static_decode import DecodeStep  # noqa: E402
+from lvx_app.parallel.group import DistInfo  # noqa: E402
+
+MODES = {
+    "eager": DecodeStep(),
+    "cuda-graphs": DecodeStep(graphs=True),
+    "compile": DecodeStep(compiled=True),
+    "compile+cuda-graphs": DecodeStep(compiled=True, graphs=True),
+}
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaLaunchCooperativeKernel")
+
+
+class _AtenOps(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it (a CPU run's stand-in for kernel launches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
+    """A one-process conversation holding a video prompt of `minutes` at 1 fps (random features),
+    and its last logits."""
+    cfg = model.config
+    frames = max(1, int(minutes * 60))
+    starts = 18 + 5 * torch.arange(frames)
+    ids = torch.randint(0, cfg.vocab_size, (int(starts[-1]) + 5 + 24,))
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend=None)
+    conversation = Conversation(model, info, None)
+    with torch.no_grad():
+        features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size, dtype=dtype)
+        conversation.visual = model.prepare_visual(features.to(device), starts)
+        logits, _ = conversation.prefill(ids, whole=True)
+    return conversation, logits, frames
+
+
+def _answer(conversation, logits, step: DecodeStep, tokens: int) -> list[int]:
+    generator = Generator(conversation, (), step)
+    with torch.no_grad():
+        return list(generator.answer(logits, None, GenerationConfig(tokens), LoopOutcome()))
+
+
+def _syncs(conversation, logits, step, tokens, device) -> int:
+    """Host syncs of one answer: CUDA's own count on a GPU, host reads of tensors on a CPU."""
+    if device.type != "cuda":
+        with counting_host_reads() as reads:
+            _answer(conversation, logits, step, tokens)
+        return sum(reads.values())
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _answer(conversation, logits, step, tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return sum("synchronizing" in str(w.message) for w in seen)
+
+
+def _launches(conversation, logits, step, tokens, device) -> int:
+    """Kernel (and graph) launches of one answer: the profiler's on a GPU, aten ops on a CPU."""
+    if device.type != "cuda":
+        with _AtenOps() as ops:
+            _answer(conversation, logits, step, tokens)
+        return ops.count
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _answer(conversation, logits, step, tokens)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith(LAUNCHES))
+
+
+def _mode_row(conversation, logits, prefix: int, step: DecodeStep, tokens: int, device) -> dict:
+    """One mode: a warm-up answer, then the slope of syncs and launches between a short and a
+    `tokens` answer, and a timed answer."""
+    short = max(2, tokens // 4)
+
+    def slope(count) -> float:
+        counts = []
+        for n in (short, tokens):
+            conversation.truncate(prefix)
+            counts.append(count(conversation, logits, step, n, device))
+        return (counts[1] - counts[0]) / (tokens - short)
+
+    conversation.truncate(prefix)
+    _answer(conversation, logits, step, tokens)  # compiles, captures, warms up
+    syncs, launches = slope(_syncs), slope(_launches)
+    conversation.truncate(prefix)
+    with kernel_tally() as tally:
+        _sync(device)
+        t0 = time.perf_counter()
+        answer = _answer(conversation, logits, step, tokens)
+        _sync(device)
+    seconds = time.perf_counter() - t0
+    return {
+        "syncs_per_token": syncs,
+        "launches_per_token": launches,
+        "tokens_per_s": (len(answer) - 1) / seconds,
+        "answer": answer,
+        "fallbacks": sorted(tally.fallbacks),
+    }
+
+
+def bench(device: torch.device, shape: str, minutes: float, tokens: int, modes: list[str]) -> dict:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _random_model(shape, device, dtype)
+    conversation, logits, frames = _prompt(model, minutes, device, dtype)
+    prefix = conversation.position
+    work = Workload(minutes=frames / 60, ranks=1, device=device.type, answer_tokens=tokens)
+    calls = kernel_calls(model.config, work, rank=0)
+    layers, hyper = model.config.num_hidden_layers, len(model.config.hyper_layer_indices)
+    rows = []
+    for name in modes:
+        if MODES[name].graphs and device.type != "cuda":
+            rows.append({"mode": name, "skipped": "CUDA graphs need a GPU"})
+            continue
+        rows.append(
+            {"mode": name, **_mode_row(conversation, logits, prefix, MODES[name], tokens, device)}
+        )
+    return {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor(),
+        "shape": shape,
+        "frames": frames,
+        "new_tokens": tokens,
+        "rows": rows,
+        "projected": {
+            "tokens_per_s": time_plan(model.config, work)["tokens/s"] if shape == "7b" else None,
+            "attention_calls_per_token": layers * calls.decode_text + hyper * calls.decode_visual,
+        },
+        "fallbacks": sorted({f for row in rows for f in row.get("fallbacks", [])}),
+        "torch": torch.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--shape", choices=["7b", "small"], default=None, help="default: 7b on a GPU"
+    )
+    parser.add_argument("--minutes", type=float, default=10.0, help="video length at 1 fps")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    shape = args.shape or ("7b" if device.type == "cuda" else "small")
+    result = bench(device, shape, args.minutes, args.new_tokens, args.modes)
+    answers = {tuple(r["answer"]) for r in result["rows"] if "answer" in r}
+    result["same_answers"] = len(answers) <= 1
+    for row in result["rows"]:
+        print({k: v for k, v in row.items() if k != "answer"})
+    print("projected:", result["projected"], "same answers in every mode:", result["same_answers"])
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0 if result["same_answers"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

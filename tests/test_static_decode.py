@@ -1,0 +1,87 @@
+"""The decode step on buffers that stay put (`StaticDecode`, what `--cuda-graphs` captures and
+`--compile-decode` compiles) answers token for token as the eager loop, leaves the same text cache,
+and reads nothing on the host inside the step: only the next id, once per token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from host_syncs import counting_host_reads
+from test_generation_cache import ONE_PROCESS, _setup
+
+from lvx_app.config import GenerationConfig, ModelConfig
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_app.engine.static_decode import DecodeStep, StaticDecode, decode_step
+
+TOKENS = 9
+
+
+def _conversation(model, ids, visual) -> tuple[Conversation, torch.Tensor]:
+    conversation = Conversation(model, ONE_PROCESS, None)
+    conversation.visual = visual
+    logits, _ = conversation.prefill(ids.view(-1), whole=True)
+    return conversation, logits
+
+
+def _cache(conversation: Conversation) -> list[torch.Tensor]:
+    return [t[:, : layer.length] for layer in conversation.cache.layers for t in (layer.k, layer.v)]
+
+
+@pytest.mark.parametrize("generation", ["g1", "g2"])
+def test_the_static_step_answers_and_caches_as_the_eager_loop(generation):
+    model, ids, visual = _setup(generation)
+    eager, logits = _conversation(model, ids, visual)
+    want = list(Generator(eager, ()).answer(logits, None, GenerationConfig(TOKENS), LoopOutcome()))
+    static, logits = _conversation(model, ids, visual)
+    step = StaticDecode(static, TOKENS, DecodeStep())
+    got = [int(logits.argmax())]
+    for _ in range(TOKENS - 1):
+        got.append(step.next_token(got[-1]))
+    assert got == want
+    assert static.position == eager.position and static.cache.length == eager.cache.length
+    for a, b in zip(_cache(static), _cache(eager)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_static_step_reads_nothing_on_the_host():
+    model, ids, visual = _setup("g2")
+    conversation, logits = _conversation(model, ids, visual)
+    step = StaticDecode(conversation, 4, DecodeStep())
+    step.token.fill_(int(logits.argmax()))
+    with counting_host_reads() as reads:
+        step.step()
+    assert not reads, dict(reads)
+
+
+def test_the_generator_runs_a_greedy_answer_on_the_static_step(monkeypatch):
+    """With a decode step asked for, a greedy answer goes through `StaticDecode` (compiled here on
+    torch.compile's eager backend: the wiring, not the compiler), a sampled one does not."""
+    model, ids, visual = _setup("g2")
+    made = []
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn: made.append(fn) or real_compile(fn, backend="eager")
+    )
+    compiled = DecodeStep(compiled=True)
+    for temperature, runs in ((0.0, 1), (0.7, 0)):
+        generation = GenerationConfig(TOKENS, temperature=temperature, seed=3)
+        answers = []
+        for step in (DecodeStep(), compiled):
+            conversation, logits = _conversation(model, ids, visual)
+            generator = Generator(conversation, (), step)
+            answers.append(list(generator.answer(logits, None, generation, LoopOutcome())))
+        assert answers[0] == answers[1] and len(made) == runs
+        made.clear()
+
+
+def test_cuda_graphs_need_one_process_on_a_gpu():
+    asked = ModelConfig(cuda_graphs=True, compile_decode=True)
+    with pytest.warns(UserWarning, match="--cuda-graphs needs one process on a GPU"):
+        assert decode_step(asked, torch.device("cpu"), 1) == DecodeStep(compiled=True)
+    with pytest.warns(UserWarning) as seen:
+        assert decode_step(asked, torch.device("cuda"), 2) == DecodeStep()
+    said = " ".join(str(w.message) for w in seen)
+    assert "--cuda-graphs needs one process" in said and "--compile-decode needs one" in said
+    assert decode_step(asked, torch.device("cuda"), 1) == DecodeStep(True, True)
+    assert decode_step(ModelConfig(), torch.device("cuda"), 1) == DecodeStep()
