@@ -444,7 +444,7 @@ def test_the_whole_rehearsal_runs_every_part(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "acceptance.json").read_text())
     status = {r["name"]: r["status"] for r in report["results"]}
-    assert report["finished"] and len(status) == 11
+    assert report["finished"] and len(status) == 12
     assert {n for n, s in status.items() if s == "skipped"} == {"lvx demo", "bench_ingest"}
     assert {n for n, s in status.items() if s != "skipped"} == {
         n for n, s in status.items() if s == "passed"
@@ -461,7 +461,7 @@ def test_the_whole_rehearsal_runs_every_part(tmp_path: Path) -> None:
     chat = json.loads((out / "bench_chat_30min.json").read_text())["rows"][0]
     assert len(chat["ttft_s_all"]) == 3 and chat["kernels"]["question (TTFT)"]
     assert (
-        "[10/11] nccl" in done.stdout and "===== cuda tests" in (out / "acceptance.log").read_text()
+        "[10/12] nccl" in done.stdout and "===== cuda tests" in (out / "acceptance.log").read_text()
     )
     calibration = json.loads((out / "calibration.json").read_text())
     assert set(calibration["gather_max_rows"]) == {"2"}  # the rehearsal's two ranks, under --out
