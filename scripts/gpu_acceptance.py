@@ -1,5 +1,5 @@
-"""The first run on a GPU machine: every CUDA path, in parts that each fit a 10-minute command, with
-one report that is rewritten after every item.
+"""The first run on a GPU machine: every CUDA path, in parts of under 9 minutes each, with one
+report that is rewritten after every item.
 
     # 1: CUDA tests, adapter checks, bench_xattn, bench_chat at 10 min
     python scripts/gpu_acceptance.py --part 1 --out DIR

@@ -3,6 +3,7 @@ death."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,9 +93,11 @@ def _start(tmp_path: Path, args: list[str], run_dir: Path) -> tuple[subprocess.P
         env=env,
         start_new_session=True,
     )
-    assert _wait(lambda: "step 1:" in out_log.read_text() or proc.poll() is not None, 240), (
-        "no training step"
-    )
+    stepped = _wait(lambda: "step 1/" in out_log.read_text() or proc.poll() is not None, 240)
+    if not stepped or proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the run and its ranks: nothing outlives the test
+    assert stepped, f"no training step\n{out_log.read_text()}\n{err_log.read_text()}"
     assert proc.poll() is None, err_log.read_text()
     return proc, out_log, err_log
 
