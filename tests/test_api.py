@@ -11,6 +11,7 @@ from lvx_app.config import ConfigError
 from lvx_app.engine.api import EngineError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_open_load_ask_reset_close(tiny_checkpoints, short_video, tmp_path, ranks):
     checkpoint = tiny_checkpoints["g2"]

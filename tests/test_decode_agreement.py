@@ -202,6 +202,7 @@ def _interrupted_conversation(
     return "".join(pieces), interrupted, follow, [str(w.message) for w in seen], cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("diverge", [False, True])
 def test_sharded_interrupt_and_divergence_leave_the_conversation_of_one_process(
     tiny_checkpoints, short_video, tmp_path, diverge

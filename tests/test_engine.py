@@ -108,6 +108,7 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
     return answers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("generation", ["g1-gateproj", "g1", "g2"])
 def test_sharded_engine_answers_like_one_process(
     tiny_checkpoints, short_video, tmp_path, generation
@@ -138,6 +139,7 @@ def test_sharded_engine_answers_like_one_process(
         assert ranks == list(range(world))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("generation", ["g1", "g2"])
 def test_ring_and_allgather_baselines_answer_like_one_process(
     tiny_checkpoints, short_video, tmp_path, generation

@@ -56,6 +56,7 @@ def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_subtitles_in_the_prefilled_prompt_answer_like_one_process(
     tiny_checkpoints, short_video, tmp_path, world

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 from videomme_fixtures import make_mini_videomme
 
@@ -46,6 +47,7 @@ def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     assert len(_records(out)) == len(records), "a rerun must not answer anything twice"
 
 
+@pytest.mark.slow
 def test_eval_of_a_gateproj_checkpoint_is_the_same_on_one_and_two_ranks(
     tiny_checkpoints, tmp_path, monkeypatch
 ):

@@ -366,6 +366,7 @@ def test_the_bare_image_hides_packages_and_distributions(bare_image, tmp_path: P
     assert done.stdout.strip().startswith(str(tmp_path / "site" / "lvx_models"))
 
 
+@pytest.mark.slow
 def test_every_test_file_collects_on_a_bare_image(bare_image) -> None:
     """`pytest -m cuda tests/` where gradio, gradio_client, playwright and PyAV are missing: the
     files that need them skip, and the CUDA tests are collected (skipped without a GPU)."""
@@ -399,6 +400,7 @@ def _report(out: Path) -> dict | None:
         return None
 
 
+@pytest.mark.slow
 def test_a_rehearsal_killed_after_its_first_item_leaves_a_valid_report(tmp_path: Path) -> None:
     """SIGKILL (nothing to catch) right after the first item: acceptance.json is whole and lists it,
     with the CUDA tests collected on the mimicked GPU image and counted."""

@@ -24,6 +24,7 @@ def test_one_process_reads_the_host_once_per_decoded_token(tiny_checkpoints, sho
     assert reads <= 1, f"{reads} host reads per decoded token (the sampled id is the one needed)"
 
 
+@pytest.mark.slow
 def test_each_rank_of_a_group_reads_the_host_twice_per_decoded_token_and_answers_alike(
     tiny_checkpoints, short_video
 ):

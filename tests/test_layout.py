@@ -119,6 +119,7 @@ def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: s
     return [s.numpy() for s in steps], frames, int(session.video.loaded.prefix_ids.numel())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["striped", "zigzag"])
 def test_sharded_session_on_every_layout_matches_one_process(
     tiny_checkpoints, short_video, tmp_path, layout
@@ -196,6 +197,7 @@ def _ingest_rank(rank: int, world: int, path: str, cache_dir: str, layout: str):
     )
 
 
+@pytest.mark.slow
 def test_ingest_decodes_the_layouts_frames_and_the_cache_never_hands_another_layouts_shard(
     short_video, tmp_path
 ):

@@ -103,6 +103,7 @@ def test_time_plan_decode_reads_weights_and_keys() -> None:
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc and glibc's malloc settings"
 )
+@pytest.mark.slow
 def test_formula_matches_measured_peak_rss_on_cpu() -> None:
     for row in plan_gpu.check_rss():
         assert abs(row["error"]) <= plan_gpu.RSS_TOLERANCE, row

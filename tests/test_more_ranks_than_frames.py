@@ -41,6 +41,7 @@ def _two_loads(rank: int, world: int, checkpoint: str, video: str, cache_dir: st
 @pytest.mark.parametrize(
     "world, max_frames, schedule", [(3, 2, "auto"), (3, 1, "ring"), (4, 3, "gather")]
 )
+@pytest.mark.slow
 def test_ranks_without_frames_answer_like_one_rank(
     tiny_checkpoints, short_video, tmp_path, world, max_frames, schedule
 ):

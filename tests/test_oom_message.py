@@ -4,6 +4,7 @@ CUDA kernels are the CPU stand-ins of `cuda_standins`, one of which runs out of 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from engine_configs import engine_config
 
@@ -58,6 +59,7 @@ def _out_of_memory_once(rank: int, world: int, checkpoint: str, video: str, when
     return line, dict(backends._broken), tally.ran("fwd"), bool(answer)
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_the_sessions_line_and_the_backend_stays(tiny_checkpoints, short_video):
     for when, stage in (("question", "reading the question"), ("answer", "answering")):
         line, broken, ran, answered = run_ranks(

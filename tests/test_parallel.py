@@ -109,6 +109,7 @@ def test_first_failure_is_the_cause_not_a_consequence(tmp_path):
     assert describe_failures([], tmp_path) is None
 
 
+@pytest.mark.slow
 def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     import subprocess
     import sys
@@ -154,6 +155,7 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow
 def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
     """A rank that dies (SIGABRT, as gloo's teardown has done) after every rank met in run_rank's
     last barrier lost

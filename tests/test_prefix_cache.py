@@ -67,6 +67,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_reopen_reads_the_prompt_back_and_answers_the_same(
     tiny_checkpoints, short_video, tmp_path, world
@@ -87,6 +88,7 @@ def test_reopen_reads_the_prompt_back_and_answers_the_same(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_corrupt_saved_prompt_is_prefilled_again_with_one_warning(
     tiny_checkpoints, short_video, tmp_path, world

@@ -55,6 +55,7 @@ def _long_then_normal(
     return refused, refused_calls, answer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_huge_question_is_refused_by_the_context(tiny_checkpoints, short_video, tmp_path, world):
     results = run_ranks(
@@ -104,6 +105,7 @@ def _paste_then_normal(rank: int, world: int, checkpoint: str, video: str, cache
     return refused, sent, tokenized, answer
 
 
+@pytest.mark.slow
 def test_a_question_over_the_character_cap_never_reaches_a_rank(
     tiny_checkpoints, short_video, tmp_path
 ):
@@ -136,6 +138,7 @@ def test_the_character_cap_never_refuses_what_the_token_cap_allows(tiny_checkpoi
     assert len(text) > limit and len(tokenizer.encode(text)) > context
 
 
+@pytest.mark.slow
 def test_the_smallest_rank_budget_caps_every_rank(tiny_checkpoints, short_video, tmp_path):
     """Rank 1 has little free memory: every rank refuses a long question the same way (no rank is
     left waiting)."""

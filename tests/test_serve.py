@@ -401,6 +401,7 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
         assert result.exit_code == 2 and len(said) == 1 and message in said[0], said
 
 
+@pytest.mark.slow
 def test_a_server_side_video_plays_in_place_without_a_copy(server):
     """A video opened by path under --allow-paths is shown by the player from where it is: an hour
     of video is not copied into the server's temporary folder."""

@@ -54,6 +54,7 @@ def test_the_static_step_reads_nothing_on_the_host():
     assert not reads, dict(reads)
 
 
+@pytest.mark.slow
 def test_the_generator_runs_a_greedy_answer_on_the_static_step(monkeypatch):
     """With a decode step asked for, a greedy answer goes through `StaticDecode` (compiled here on
     torch.compile's eager backend: the wiring, not the compiler), a sampled one does not."""

@@ -87,6 +87,7 @@ def _assert_same(got, ref, what: str):
         ("g1-gateproj", "hyper", 2, "contiguous"),
     ],
 )
+@pytest.mark.slow
 def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, train, world, layout):
     ckpt = tiny_checkpoints[generation]
     single = _all_variants(0, 1, ckpt, train)

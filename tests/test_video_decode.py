@@ -187,6 +187,7 @@ def test_pool_is_reusable_after_an_abandoned_stream(raw_pool, vids):
     assert [read_index(f) for f in frames] == list(plan.indices)
 
 
+@pytest.mark.slow
 def test_decord_native_open_errors_do_not_reach_the_terminal(tmp_path):
     """decord's C++ logger prints '[hh:mm:ss] .../video_reader.cc:83: ERROR opening' even at QUIET;
     the user should see only our one-line error."""

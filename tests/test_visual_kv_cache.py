@@ -84,6 +84,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_reopen_reads_the_visual_kv_back_and_answers_the_same(
     tiny_checkpoints, short_video, tmp_path, world
@@ -103,6 +104,7 @@ def test_reopen_reads_the_visual_kv_back_and_answers_the_same(
     assert saved == [f"shard-{r:05d}-of-{world:05d}.safetensors" for r in range(world)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_corrupt_saved_visual_kv_is_recomputed_with_one_warning(
     tiny_checkpoints, short_video, tmp_path, world
@@ -144,6 +146,7 @@ def test_should_save_compares_the_measured_compute_with_the_read_estimate():
         should_save("sometimes", 1.0, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bytes_per_s, saves", [(1e18, True), (1.0, False)])
 def test_auto_saves_only_when_reading_back_is_cheaper(
     tiny_checkpoints, short_video, tmp_path, monkeypatch, bytes_per_s, saves
