@@ -394,7 +394,7 @@ def bench_layouts(
     weights)."""
     import statistics
 
-    from lvx_app.parallel.testing import run_ranks
+    from gloo_ranks import run_ranks
 
     cfg = {"layouts": layouts, "frames": int(minutes * 60 * fps), "iters": iters}
     out = run_ranks(_layout_prefill_rank, ranks, cfg, timeout_s=3600)[0]

@@ -37,10 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_xattn import _slices, _timed_rounds  # noqa: E402
+from gloo_ranks import run_ranks  # noqa: E402
 
 from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse  # noqa: E402
 from lvx_app.attention.schedule import CALIBRATION_VERSION, calibration_path, read_calibration  # noqa: E402
-from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 KEYS_PER_FRAME = 729
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -56,6 +56,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emulated_link import NCCL_NET_LATENCY_S, emulated_link  # noqa: E402
+from gloo_ranks import run_ranks  # noqa: E402
 from paper_emulation import TABLE3, emulated_link_for, implied_efficiency, scale  # noqa: E402
 
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
@@ -68,7 +69,6 @@ from lvx_app.attention.baselines import (
 )  # noqa: E402
 from lvx_app.defaults import LAYOUTS  # noqa: E402
 from lvx_app.parallel.layout import balance, owners, round_work, token_owners  # noqa: E402
-from lvx_app.parallel.testing import run_ranks  # noqa: E402
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

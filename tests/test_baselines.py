@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_reference import reference_attention
+from gloo_ranks import run_ranks
 
 from lvx_app.attention.baselines import (
     allgather_xattn,
@@ -17,7 +18,6 @@ from lvx_app.attention.baselines import (
     ulysses_supported,
     ulysses_xattn,
 )
-from lvx_app.parallel.testing import run_ranks
 
 PATHS = {"ring": ring_xattn, "ulysses": ulysses_xattn, "allgather": allgather_xattn}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

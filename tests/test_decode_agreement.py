@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from engine_configs import engine_config
+from gloo_ranks import run_ranks
 from test_engine import QUESTIONS
 from test_generation_cache import ONE_PROCESS, _setup
 
@@ -18,7 +19,6 @@ from lvx_app.attention import Carry, decode_xattn
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
-from lvx_app.parallel.testing import run_ranks
 
 
 class RidingStandIn:

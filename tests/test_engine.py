@@ -13,6 +13,7 @@ import pytest
 import torch
 from baselines import baseline_parallelize
 from engine_configs import engine_config
+from gloo_ranks import run_ranks
 from test_generation_cache import generate
 from timing import scaled
 
@@ -20,7 +21,6 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineError, GroupFailed
 from lvx_app.engine.describe import printable
 from lvx_app.engine.session import RankSession
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 

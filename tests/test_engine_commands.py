@@ -8,10 +8,10 @@ import threading
 from multiprocessing import Pipe
 
 import pytest
+from gloo_ranks import run_ranks
 
 from lvx_app.config import Config
 from lvx_app.engine.api import QuestionTooLong
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime import commands
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop

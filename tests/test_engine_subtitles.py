@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 from engine_configs import engine_config
+from gloo_ranks import run_ranks
 from test_engine import PARAMS, QUESTIONS, _reference
 
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.session import RankSession
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.open import open_engine

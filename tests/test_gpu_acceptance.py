@@ -317,7 +317,7 @@ def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
 def test_the_nccl_check_passes_over_gloo() -> None:
     """The acceptance's NCCL item, run over gloo on 2 CPU ranks: the same comparison with one
     process."""
-    from lvx_app.parallel.testing import run_ranks
+    from gloo_ranks import run_ranks
 
     for result in run_ranks(_nccl_check_rank, 2, "float32"):
         assert (

@@ -6,9 +6,8 @@ longer answer."""
 from __future__ import annotations
 
 import pytest
+from gloo_ranks import run_ranks
 from host_syncs import decode_reads
-
-from lvx_app.parallel.testing import run_ranks
 
 SHORT, LONG = 6, 22
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from gloo_ranks import run_ranks
 from test_engine import QUESTIONS, _config
 
 from lvx_app.engine.session import RankSession
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cache_damage import DAMAGES, check_damage_is_discarded, damage
+from gloo_ranks import run_ranks
 from typer.testing import CliRunner
 
 from lvx_app.cli.cache import cache_app
@@ -19,7 +20,6 @@ from lvx_app.config import Config, GenerationConfig
 from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import CacheKey
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity

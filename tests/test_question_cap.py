@@ -4,12 +4,12 @@ it."""
 from __future__ import annotations
 
 import pytest
+from gloo_ranks import run_ranks
 from test_engine import QUESTIONS, _config, _lvx
 
 from lvx_app.engine import limits
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.session import RankSession
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_models.mplug_owl3.config import Owl3Config

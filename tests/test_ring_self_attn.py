@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_reference import reference_attention
+from gloo_ranks import run_ranks
 
 from lvx_app.attention.baselines import ring_self_attn
 from lvx_app.parallel.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
-from lvx_app.parallel.testing import run_ranks
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from bench_schedule import write_calibration
+from gloo_ranks import run_ranks
 
 from lvx_app.attention import schedule
 from lvx_app.attention.schedule import (
@@ -22,7 +23,6 @@ from lvx_app.attention.schedule import (
     read_calibration,
 )
 from lvx_app.config import ParallelConfig
-from lvx_app.parallel.testing import run_ranks
 
 
 @pytest.fixture(autouse=True)

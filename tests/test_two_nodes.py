@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lvx_app.parallel.testing import free_port
+from gloo_ranks import free_port
 
 pytestmark = pytest.mark.slow
 

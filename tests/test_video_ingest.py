@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from gloo_ranks import RankFailed, run_ranks
 from timing import scaled
 from videos import (
     IndexEncoder,
@@ -18,7 +19,6 @@ from videos import (
 )
 
 from lvx_app.config import ConfigError, VideoConfig
-from lvx_app.parallel.testing import RankFailed, run_ranks
 from lvx_app.video import (
     CorruptVideoError,
     DecodePool,

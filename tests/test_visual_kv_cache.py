@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cache_damage import DAMAGES, check_damage_is_discarded
+from gloo_ranks import run_ranks
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -24,7 +25,6 @@ from lvx_app.engine.session import RankSession
 from lvx_app.engine.visual_kv import should_save
 from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.group import init_distributed
-from lvx_app.parallel.testing import run_ranks
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import CacheKey
 

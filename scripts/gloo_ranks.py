@@ -1,4 +1,4 @@
-"""Spawn N gloo ranks on CPU and run a function on each; used by pytest and benchmarks.
+"""Spawn N gloo ranks on CPU and run a function on each: the tests' and benchmarks' local group.
 
 Uses a forkserver that has already imported torch, so each rank starts in milliseconds instead of
 re-importing torch. A failure on any rank re-raises in the parent with that rank's traceback; a hang
