@@ -201,8 +201,7 @@ class ParallelConfig:
         "auto",
         "--xattn-schedule",
         "A question's cross-attention over the ranks: gather (short questions), ring (long ones) "
-        "or "
-        "auto (by the measured crossover). The video prompt always takes the ring.",
+        "or auto (by the measured crossover). The video prompt always takes the ring.",
         metavar="auto|ring|gather",
     )
     timeout_s: float = option(

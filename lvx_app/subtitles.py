@@ -159,14 +159,12 @@ def decode_bytes(data: bytes, name: str, encoding: str | None = None) -> tuple[s
         except LookupError:
             raise SubtitleError(
                 f"unknown encoding {encoding!r} (--subtitle-encoding); e.g. utf-8, cp1252, "
-                "gb18030, "
-                "shift_jis"
+                "gb18030, shift_jis"
             ) from None
         except UnicodeDecodeError:
             raise SubtitleError(
                 f"{name} is not valid {encoding} text; name another --subtitle-encoding, or leave "
-                "it "
-                "out to detect one"
+                "it out to detect one"
             ) from None
     for bom, codec in _BOMS:
         if data.startswith(bom):
@@ -231,8 +229,7 @@ def read_subtitle_file(path: Path | str, encoding: str | None = None) -> Subtitl
     if size_mb > MAX_SUBTITLE_MB:
         raise SubtitleError(
             f"{path.name} is {size_mb:.0f} MB, over the {MAX_SUBTITLE_MB} MB a subtitle file may "
-            "be; "
-            "pass the right file, or --subtitles none"
+            "be; pass the right file, or --subtitles none"
         )
     text, note = decode_bytes(path.read_bytes(), path.name, encoding)
     parse = parse_ass if path.suffix.lower() in (".ass", ".ssa") else parse_cues
@@ -435,7 +432,6 @@ def resolve_subtitles(
     if not track.cues:
         raise SubtitleError(
             f"{track.source} has no subtitle cues (SRT/WebVTT '00:00:01,000 --> 00:00:02,000' "
-            "lines, "
-            "or ASS 'Dialogue:' lines); pass another file or --subtitles none"
+            "lines, or ASS 'Dialogue:' lines); pass another file or --subtitles none"
         )
     return track

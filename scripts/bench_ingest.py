@@ -160,15 +160,12 @@ def cpu_main(args) -> None:
     rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]
     print(
         f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of "
-        f"{args.chunk}, resize to "
-        f"{args.image_size}; {cores} cores ({platform.processor() or platform.machine()}), load "
-        "avg "
-        f"{os.getloadavg()[0]:.1f}"
+        f"{args.chunk}, resize to {args.image_size}; {cores} cores "
+        f"({platform.processor() or platform.machine()}), load avg {os.getloadavg()[0]:.1f}"
     )
     print(
         "| decode processes | decord threads each | sampled frames | start (s) | decode (s) | "
-        "sampled fr/s "
-        "| video fr/s | decoder CPU-s | video fr per CPU-s | index check |"
+        "sampled fr/s | video fr/s | decoder CPU-s | video fr per CPU-s | index check |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

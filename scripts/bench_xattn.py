@@ -830,8 +830,7 @@ def run_paper(args) -> dict:
         "An emulation of the paper's regime, not a reproduction: one cross-attention call, "
         f"forward and backward, bf16, no mask, on {args.ranks} CPU ranks over an emulated link "
         "(one NIC per rank and direction, NCCL's per-message latency), scaled per row to the 16 "
-        "A100s' "
-        f"transfer-to-compute ratio at kernel efficiency {main_eff} (sensitivity: "
+        f"A100s' transfer-to-compute ratio at kernel efficiency {main_eff} (sensitivity: "
         f"{', '.join(sensitivity)})"
     )
     rows = []

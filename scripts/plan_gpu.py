@@ -265,17 +265,13 @@ def three_hours(cfg: Owl3Config) -> str:
     masks = live_band_masks(band_tiles(cfg, work.prompt_tokens, tokens)) / GB
     return (
         f"3 h at 1 fps with --kv-mode recompute on one {GPU_BYTES / 2**30:.0f} GiB GPU {verdict} "
-        "(projected): E alone is "
-        f"{e:.1f} GB of bf16 features, the weights {plan.resident['weights'] / GB:.1f} GB, and "
-        "every forward recomputes "
-        f"one hyper layer's K/V at a time ({kv_layer:.1f} GB), so the planned peak is "
-        f"{plan.peak / GB:.0f} GB "
+        f"(projected): E alone is {e:.1f} GB of bf16 features, the weights "
+        f"{plan.resident['weights'] / GB:.1f} GB, and every forward recomputes one hyper layer's "
+        f"K/V at a time ({kv_layer:.1f} GB), so the planned peak is {plan.peak / GB:.0f} GB "
         f"({plan.peak_stage}; attn_fwd's band masks, two tiles' at a time, are {masks * 1000:.0f} "
-        "MB of it). Recommendation, in "
-        "order: (1) keep E in pinned CPU memory and stream it per hyper layer, or store E "
-        f"({e / 2:.1f} GB) and K/V in "
-        "fp8; (2) otherwise fewer frames (--max-frames, --fps 0.5) or more GPUs: with 8 the "
-        "plan's peak is "
+        "MB of it). Recommendation, in order: (1) keep E in pinned CPU memory and stream it per "
+        f"hyper layer, or store E ({e / 2:.1f} GB) and K/V in fp8; (2) otherwise fewer frames "
+        "(--max-frames, --fps 0.5) or more GPUs: with 8 the plan's peak is "
         f"{memory_plan(cfg, replace(work, ranks=8)).peak / GB:.0f} GB per rank."
     )
 

@@ -192,8 +192,7 @@ def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOp
     total += _saved_tables(console, dir)
     console.print(
         f"{len(entries)} entries, {_human(total)} with the saved prompts and visual K/V. Remove "
-        "with "
-        f"`lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`."
+        "with `lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`."
     )
 
 

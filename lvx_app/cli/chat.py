@@ -187,8 +187,8 @@ def run_chat(
         source = subtitles.source if subtitles is not None else summary.subtitle_source
         if source:
             console.print(
-                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled frames,"
-                f" from {source}",
+                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
+                f"frames, from {source}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")

@@ -85,6 +85,5 @@ def too_long(tokens: int, limit: int, why: str) -> str:
     """The one line a user sees for a question over the cap."""
     return (
         f"the question is {tokens:,} tokens, over the {limit:,} tokens a question may have here "
-        f"({why}); "
-        f"shorten it, or ask about a part of it at a time"
+        f"({why}); shorten it, or ask about a part of it at a time"
     )

@@ -264,8 +264,7 @@ class PrefixCache(SavedEntries):
             if others and owner:
                 warnings.warn(
                     f"the saved video prompt was made on {'/'.join(map(str, others))} rank(s), "
-                    "this run has "
-                    f"{key.world_size}; prefilling it again",
+                    f"this run has {key.world_size}; prefilling it again",
                     VideoWarning,
                     stacklevel=2,
                 )

@@ -185,8 +185,7 @@ def run_eval(
     if stats.refused:
         console.print(
             f"[yellow]{stats.refused} question(s) were refused as too long to prefill; they are "
-            "recorded with "
-            "an empty response (scored wrong) and a 'refused' field saying why."
+            "recorded with an empty response (scored wrong) and a 'refused' field saying why."
         )
     return stats
 

@@ -117,9 +117,8 @@ def _report_missing_videos(
         n_q = sum(ds.video_path(q) is None for q in selected)
         shown = ", ".join(missing[:8]) + (" …" if len(missing) > 8 else "")
         console.print(
-            f"[yellow]{len(missing)} video(s) missing, {n_q} question(s) skipped: {shown} "
-            f"(looked in {ds.root}/data/ and video/ for <videoID>.mp4|.MP4|.mkv); continuing with "
-            "the rest."
+            f"[yellow]{len(missing)} video(s) missing, {n_q} question(s) skipped: {shown} (looked "
+            f"in {ds.root}/data/ and video/ for <videoID>.mp4|.MP4|.mkv); continuing with the rest."
         )
     return missing
 

@@ -57,8 +57,7 @@ def _messages(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
             if role not in _ROLES or not isinstance(text, str):
                 raise DataError(
                     f"{where}: each turn needs 'from'/'role' (human, gpt, user, assistant, system) "
-                    "and "
-                    f"'value'/'content' text, got {turn!r:.120}"
+                    f"and 'value'/'content' text, got {turn!r:.120}"
                 )
             out.append({"role": _ROLES[role], "content": text})
     elif "question" in obj and "answer" in obj:

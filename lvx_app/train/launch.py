@@ -57,8 +57,8 @@ def lock_out(config: Config) -> int:
     if not config.train.resume and (out / STATE_FILE).exists():
         os.close(lock)
         raise FinetuneError(
-            f"{out} already holds a finetuning run; pass --resume to continue it, or choose another"
-            " --out"
+            f"{out} already holds a finetuning run; pass --resume to continue it, or choose "
+            "another --out"
         )
     return lock
 

@@ -220,8 +220,7 @@ class Trainer:
         if set(tensors) != set(have):
             raise ValueError(
                 "the resume state was saved with a different trainable set (--lora/--train); "
-                "resume "
-                "with the same options"
+                "resume with the same options"
             )
         with torch.no_grad():
             for n, t in tensors.items():

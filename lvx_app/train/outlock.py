@@ -35,8 +35,7 @@ def check_out_is_not_model(out: Path, model: str) -> None:
     if target == base or base in target.parents:
         raise OutputBusy(
             f"--out {out} is inside the --model checkpoint {model}; saving would overwrite the "
-            "weights "
-            "the run starts from: choose another --out"
+            "weights the run starts from: choose another --out"
         )
 
 
@@ -83,8 +82,7 @@ def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> in
         os.close(fd)
         raise OutputBusy(
             f"{out} is in use by another lvx finetune run (pid {holder}); wait for it to end, stop "
-            "it, "
-            "or choose another --out"
+            "it, or choose another --out"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -346,8 +346,7 @@ class _RankIngest:
         if agreed[1] != -agreed[3] or agreed[2] != -agreed[4]:
             raise VideoError(
                 f"the ranks planned different frames for {self.path}: every node must see the same "
-                "file "
-                f"(same size and content); copy it to each node or use a shared file system."
+                "file (same size and content); copy it to each node or use a shared file system."
             )
 
     # 3. decode and encode in lockstep: one agreement per step, as many steps as the busiest rank

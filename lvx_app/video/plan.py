@@ -293,9 +293,7 @@ def check_memory(
     more = f" or --gpus {gpus}" if gpus else ""
     raise PlanTooLargeError(
         f"{plan_len} frames at {fps:g} fps need {per_rank * bytes_per_frame / gib:.1f} GiB of "
-        "visual features per rank "
-        f"on {world_size} rank(s), but {budget_bytes / gib:.1f} GiB is free: {fit} frames fit per "
-        "rank "
-        f"({fit * world_size} in all); use --fps "
+        f"visual features per rank on {world_size} rank(s), but {budget_bytes / gib:.1f} GiB is "
+        f"free: {fit} frames fit per rank ({fit * world_size} in all); use --fps "
         f"{_suggest_fps(fps, fit * world_size, plan_len)}{more}."
     )

@@ -228,8 +228,7 @@ def resolve_checkpoint(path_or_id: str | os.PathLike, revision: str | None = Non
         why = (str(e).strip().splitlines() or [""])[0][:200]
         raise CheckpointError(
             f"{s}: no such local directory, and downloading it from the Hugging Face hub failed "
-            f"({type(e).__name__}: {why}); check the id and the network, or pass a local "
-            f"directory"
+            f"({type(e).__name__}: {why}); check the id and the network, or pass a local directory"
         ) from None
 
 
@@ -288,7 +287,7 @@ def tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
                     if k not in present:
                         raise CheckpointError(
                             f"model.safetensors.index.json maps {k} to {f.name}, which does not "
-                            f"hold it"
+                            "hold it"
                         )
                     out[k] = tuple(h.get_slice(k).get_shape())
         except CheckpointError:

@@ -72,8 +72,7 @@ def _check_types(cls, known: dict[str, Any], where: str) -> None:
         if not isinstance(v, want[f.type]) or (f.type in ("int", "float") and isinstance(v, bool)):
             raise ValueError(
                 f"{where}{f.name} is {v!r} ({type(v).__name__}); expected "
-                f"a{'n' * (f.type == 'int')} "
-                f"{f.type}"
+                f"a{'n' * (f.type == 'int')} {f.type}"
             )
 
 

@@ -260,8 +260,7 @@ class Qwen2LM(nn.Module):
             self._warned_positions = True
             warnings.warn(
                 f"prompt reaches position {last}, beyond the {TRAINED_POSITIONS} positions "
-                "mPLUG-Owl3 was "
-                "trained on; answers may degrade (use fewer frames or a lower fps)",
+                "mPLUG-Owl3 was trained on; answers may degrade (use fewer frames or a lower fps)",
                 stacklevel=3,
             )
         return positions

@@ -70,12 +70,9 @@ MARKERS = (
 
 _WORDS = (
     "the a video frame person man woman dog cat car red blue green walks runs sits holds opens "
-    "what who where "
-    "when why how many is are was does did in on at of to with and or not answer question option "
-    "best "
-    "describe happens scene first last time second minute hour image picture global view cut rows "
-    "columns "
-    "subimg system user assistant yes no A B C D please letter only"
+    "what who where when why how many is are was does did in on at of to with and or not answer "
+    "question option best describe happens scene first last time second minute hour image picture "
+    "global view cut rows columns subimg system user assistant yes no A B C D please letter only"
 ).split()
 _UNICODE = ("é", "ü", "ß", "中文", "日本", "☃", "→", "😀", "Ω", "ñ")
 

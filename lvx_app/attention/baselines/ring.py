@@ -120,8 +120,8 @@ def _self_attn_plan(sizes: Sequence[int], rank: int, layout: str):
         if sizes[r] != chunks[r] + chunks[2 * world - 1 - r]:
             raise ValueError(
                 f"rank {r} holds {sizes[r]} tokens, but a zigzag shard of {sum(sizes)} tokens over "
-                f"{world} "
-                "ranks has a different length; shard the sequence with zigzag_shard(x, rank, world)"
+                f"{world} ranks has a different length; shard the sequence with zigzag_shard(x, "
+                "rank, world)"
             )
     first = chunks[rank]  # local rows [0, first) are chunk `rank`, the rest chunk 2n-1-rank
     plan = []
