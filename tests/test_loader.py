@@ -3,10 +3,13 @@ checkpoints."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from timing import scaled
 
 from lvx_models.mplug_owl3 import loader
 from lvx_models.mplug_owl3.checkpoint import CheckpointError, detect_architecture, detect_gate_form
@@ -117,6 +120,23 @@ def test_parts_and_dtype(base, monkeypatch):
         model.encode_images(torch.zeros(1, 3, 28, 28))
     with pytest.raises(ValueError):
         load_model(base["g2"], parts=("text",))
+
+
+def test_loading_skips_initialisation_and_never_imports_dynamo(base):
+    """The skeleton is not initialised (that alone imported torch._dynamo: over a second of every
+    rank's start), the weights are the checkpoint's, and nn.init works as before afterwards."""
+    code = (
+        "import sys, torch\n"
+        "from safetensors.torch import load_file\n"
+        "from lvx_models.mplug_owl3.loader import load_model\n"
+        f"model = load_model({str(base['g2'])!r}).model\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+        f"stored = load_file({str(base['g2'] / 'model.safetensors')!r})\n"
+        "w = model.vision_model.embeddings.position_embedding.weight\n"
+        "assert torch.equal(w, stored['vision_model.embeddings.position_embedding.weight'])\n"
+        "assert torch.nn.Embedding(4, 3).weight.std() > 0\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=scaled(120))
 
 
 def test_unused_vision_keys_are_optional_and_tied_head_ignored(base, tmp_path):

@@ -6,13 +6,12 @@ length incl. 0; media mask; GQA; out and lse of this rank's rows), but no ring o
 rounds:
 
 forward   one all_gather of every rank's query rows (+ q_vis), one local kernel call over all rows
-against the local
-          shard, then `decode_xattn`'s one all_gather of the packed (O, lse) partials and the
-          log-sum-exp merge in rank order; each rank keeps its own rows. 2 collectives whatever the
-          number of ranks.
+          against the local shard, then `decode_xattn`'s one all_gather of the packed (O, lse)
+          partials and the log-sum-exp merge in rank order; each rank keeps its own rows. 2
+          collectives whatever the number of ranks.
 backward  every rank already holds the merged (O, lse) of all rows: one all_gather of (dO, dlse),
-one local block
-          backward (dK, dV exact and local), one reduce_scatter of the dQ shares. 2 collectives.
+          one local block backward (dK, dV exact and local), one reduce_scatter of the dQ shares. 2
+          collectives.
 
 It sends n-1 copies of all rows' Q and (O, lse) instead of the ring's one per block, so it wins only
 while the rows are few; `schedule.choose_schedule` picks between the two from a measured crossover.

@@ -2,27 +2,24 @@
 
 Every rank works on the same sample (sequence parallelism, not data parallelism):
 - frames: each rank ingests the frames `--layout` deals it (`lvx_app.parallel.layout`: zigzag by
-default; cached
-  features, since the vision tower stays frozen) and keeps ONE copy E_local that every hyper layer
-  reads;
+  default; cached features, since the vision tower stays frozen) and keeps ONE copy E_local that
+  every hyper layer reads;
 - text: each frame's placeholder tokens go with the frame, and the text after the last placeholder
-(it sees every
-  frame) is dealt by the same layout, so the media-masked and causal work are both balanced; each
-  rank runs the language model on its tokens at their true positions;
+  (it sees every frame) is dealt by the same layout, so the media-masked and causal work are both
+  balanced; each rank runs the language model on its tokens at their true positions;
 - attention: `recompute.TrainAttention` (LV-XAttn rings for text and visual attention, K/V
-recomputed in backward);
+  recomputed in backward);
 - loss: cross-entropy summed over the rank's assistant tokens, divided by the GLOBAL number of
-assistant tokens;
-  each rank's backward then yields its share of every replicated weight's gradient, and torch DDP
-  all-reduces them (its mean is undone by scaling the local loss by the world size).
+  assistant tokens; each rank's backward then yields its share of every replicated weight's
+  gradient, and torch DDP all-reduces them (its mean is undone by scaling the local loss by the
+  world size).
 Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU
 with float32 master copies of the trainable weights.
 
 Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj and
-the G1 gate_proj Linear included; peft is
-not a dependency: `lora.LoRALinear` is the whole adapter), `hyper` (v_kv_proj and, for G1, the gate
-or gate_proj of every hyper layer), `all` (language model + projector; the vision tower stays frozen
-so its features can be cached).
+the G1 gate_proj Linear included; peft is not a dependency: `lora.LoRALinear` is the whole adapter),
+`hyper` (v_kv_proj and, for G1, the gate or gate_proj of every hyper layer), `all` (language model +
+projector; the vision tower stays frozen so its features can be cached).
 """
 
 from __future__ import annotations

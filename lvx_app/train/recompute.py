@@ -13,19 +13,17 @@ norm weight, LoRA adapters and E itself (when the projector trains) get their gr
 
 Pieces:
 - `TrainAttention`: the `AttentionHooks` the model calls. Text self-attention is sharded causal
-attention over the
-  ranks' token slices, done by the LV-XAttn ring with causality expressed as the media mask (k_frame
-  = key positions, q_vis = query positions + 1), so it returns the lse G2 hyper layers need and
-  works for any token layout (`lvx_app.parallel.layout` deals them with their frames). Visual
-  attention is LV-XAttn, with (`recompute=True`) or without (K/V saved per layer) the recompute
-  scheme.
+  attention over the ranks' token slices, done by the LV-XAttn ring with causality expressed as the
+  media mask (k_frame = key positions, q_vis = query positions + 1), so it returns the lse G2 hyper
+  layers need and works for any token layout (`lvx_app.parallel.layout` deals them with their
+  frames). Visual attention is LV-XAttn, with (`recompute=True`) or without (K/V saved per layer)
+  the recompute scheme.
 - `TrainAttention.visual_inputs(...)`: the matching `VisualInputs` for `Owl3Model.forward`.
 - `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the
-decoder layers.
-  Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of the first
-  forward are kept, and the re-forward in backward replays them instead of running the attention
-  ring again (no communication, no attention FLOPs twice). Everything else of the layer (norms,
-  projections, MLP) is recomputed.
+  decoder layers. Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of
+  the first forward are kept, and the re-forward in backward replays them instead of running the
+  attention ring again (no communication, no attention FLOPs twice). Everything else of the layer
+  (norms, projections, MLP) is recomputed.
 """
 
 from __future__ import annotations

@@ -5,13 +5,12 @@ Why processes, and why a forkserver:
 - decord's `get_batch` can hang forever at 100 % CPU on some H.264 files and then ignores SIGTERM
   (dmlc/decord#375, #269), and its memory grows with the request size. Only a separate process can
   be stopped: the parent waits on a pipe with a deadline and SIGKILLs a worker that misses it.
-- decord (FFmpeg) is never imported into the engine process. That process has CUDA, NCCL and OpenMP
-threads,
-  and `fork()` from a multi-threaded process copies locks held by other threads (deadlocks) while
-  CUDA state cannot be forked at all. Workers therefore come from a *forkserver*: a small
-  single-threaded server started once per engine process (with numpy, torch and decord preloaded)
-  that forks clean workers in ~10 ms.
-  `spawn` would also be safe but re-imports torch in every worker (~1 s each).
+- decord (FFmpeg) is never imported into the engine process. That process has CUDA, NCCL and
+  OpenMP threads, and `fork()` from a multi-threaded process copies locks held by other threads
+  (deadlocks) while CUDA state cannot be forked at all. Workers therefore come from a *forkserver*:
+  a small single-threaded server started once per engine process (with numpy, torch and decord
+  preloaded) that forks clean workers in ~10 ms. `spawn` would also be safe but re-imports torch in
+  every worker (~1 s each).
 - A segfault in FFmpeg kills one worker, not the rank: it is reported like any other decode failure.
 
 The rank's frames are split into chunks of at most `chunk_frames`; worker w of W decodes a

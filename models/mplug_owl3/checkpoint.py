@@ -2,10 +2,10 @@
 what they imply.
 
 - Resolves a directory or a hub id (`huggingface_hub.snapshot_download`, only the files we read;
-with
-  HF_HUB_OFFLINE set only the local cache is tried and the error says to pass a local directory).
+  with HF_HUB_OFFLINE set only the local cache is tried and the error says to pass a local
+  directory).
 - Reads the safetensors headers (`model.safetensors` or the shards of
-`model.safetensors.index.json`): keys, shapes.
+  `model.safetensors.index.json`): keys, shapes.
 - Detects the architecture from the keys, never from the repo name (reference mplug_owl3.md §0):
   `self_attn.gate_proj.0.*` -> G1 with the input-dependent gate (7B-240728), `self_attn.gate` -> G1
   with the constant per-channel gate (241014), `self_attn.v_kv_proj` without a gate -> G2;

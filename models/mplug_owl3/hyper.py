@@ -10,18 +10,18 @@ tokens x H):
 
 Per generation:
   - G2 (7B-241101): p_j = start_j; token t sees frame j iff t >= start_j. The output is ONE softmax
-  over
-    [visual keys; text keys], computed here exactly as text attention (out, lse) merged with visual
-    attention (out, lse) by log-sum-exp.
+    over [visual keys; text keys], computed here exactly as text attention (out, lse) merged with
+    visual attention (out, lse) by log-sum-exp.
   - G1 (240728, 241014): p_j = start_j + 1; token t sees frame j iff start_j < t. Text
-  self-attention C_sa and
-    visual cross-attention C_ca (per head, before o_proj) are mixed as (1 - g) * C_sa + g * C_ca,
-    only on rows that see at least one frame. The gate g has two forms, picked by the checkpoint
-    keys (`config.gate_form`): "proj" (official 7B-240728 code): g = sigmoid(C_sa[.., h, :] @ W.T +
-    b), `gate_proj = Sequential(Linear(hd, hd), Sigmoid())`, the same Linear for every head, so g
-    depends on the token; "channel" (241014): a constant g = sigmoid(gate), one value per channel of
-    the hidden size. Either needs only the row's own C_sa, so a rank mixes its query rows without
-    any communication, in prefill, decoding and training alike.
+    self-attention C_sa and visual cross-attention C_ca (per head, before o_proj) are mixed as (1 -
+    g) * C_sa + g * C_ca, only on rows that see at least one frame. The gate g has two forms, picked
+    by the checkpoint keys (`config.gate_form`): "proj" (official 7B-240728 code): g =
+    sigmoid(C_sa[.., h, :] @ W.T + b), `gate_proj = Sequential(Linear(hd, hd), Sigmoid())`, the same
+    Linear for every head, so g depends on the token; "channel" (241014): a constant g =
+    sigmoid(gate), one value per channel of the hidden size. Either needs only the row's own C_sa,
+    so a rank mixes its query rows without any communication, in prefill, decoding and training
+    alike.
+
 start_j is the token index where frame j's `<|image|>` placeholder begins (`media_starts`). Visible
 frames always form a prefix 0..q_vis-1, so a query carries one integer q_vis and a visual key its
 frame index k_frame; the attention kernels mask with `k_frame < q_vis`. A decode token comes after
@@ -155,13 +155,11 @@ class VisualInputs:
     """The visual side of a request, as one process (rank) holds it.
 
     kv:           hyper layer index (0-based) -> (k, v), each (1, S_kv, n_kv, hd) for this rank's
-    frames; any
-                  Mapping works (a dict of precomputed K/V, or a lazy mapping that recomputes them
-                  from E).
+                  frames; any Mapping works (a dict of precomputed K/V, or a lazy mapping that
+                  recomputes them from E).
     k_frame:      (1, S_kv) int64, global frame index of each local visual key.
     media_starts: (N_total,) int64, placeholder start token index of EVERY frame of the request (all
-    ranks'),
-                  sorted; it defines which frames each token sees.
+                  ranks'), sorted; it defines which frames each token sees.
     """
 
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]

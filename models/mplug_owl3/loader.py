@@ -29,6 +29,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from .checkpoint import (
     LM,
@@ -242,6 +243,27 @@ class LoadedModel(NamedTuple):
     processor: Owl3Processor
 
 
+class _SkipInit(TorchFunctionMode):
+    """Skips nn.init's fills (this thread only): the checkpoint overwrites every weight, and
+    `normal_` on a meta tensor alone imports torch._dynamo, over a second of every rank's start."""
+
+    FILLS = {
+        getattr(torch.nn.init, name)
+        for name in "normal_ uniform_ kaiming_uniform_ trunc_normal_ zeros_ ones_ constant_".split()
+    }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.FILLS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def _empty_model(cfg: Owl3Config) -> Owl3Model:
+    """The model's skeleton on the meta device, not initialised (the checkpoint fills it)."""
+    with torch.device("meta"), _SkipInit():
+        return Owl3Model(cfg)
+
+
 def load_model(
     path_or_id: str | os.PathLike,
     *,
@@ -265,8 +287,7 @@ def load_model(
     log.info("%s: %s (%s)", info.path, cfg.form, FORM_NOTES[cfg.form])
     for note in info.notes:
         log.info("%s: %s", info.path, note)
-    with torch.device("meta"):
-        model = Owl3Model(cfg)
+    model = _empty_model(cfg)
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     layout = official_shapes(cfg, include_unused=False)
     if (

@@ -4,17 +4,14 @@ well under a second.
 `write_tiny_checkpoint(dir, generation)` writes what an official repo holds and the loader reads:
 - `config.json`: the official keys and nesting (reference §4), tiny sizes;
 - `model.safetensors` (or shards + `model.safetensors.index.json`): EVERY official key of the
-generation (§3),
-  the unused vision keys included (last encoder layer, post_layernorm, pooling head), in bfloat16
-  like the real files;
+  generation (§3), the unused vision keys included (last encoder layer, post_layernorm, pooling
+  head), in bfloat16 like the real files;
 - `tokenizer.json` + `vocab.json` + `merges.txt`: a Qwen2-style byte-level BPE (Qwen2 pre-tokenizer
-regex, NFC,
-  byte-level decoder) trained with `tokenizers` on generated chat text; `<|endoftext|>`,
-  `<|im_start|>`,
-  `<|im_end|>` are added special tokens AFTER the BPE vocabulary, as in Qwen2 (so id 0 is an
-  ordinary token, which the official "drop id 0" decode relies on). `<|image|>` and the cut / video
-  markers are plain text as in the real tokenizer (reference §5.1): they occur in the training text,
-  so BPE gives them a few tokens, never one id;
+  regex, NFC, byte-level decoder) trained with `tokenizers` on generated chat text; `<|endoftext|>`,
+  `<|im_start|>`, `<|im_end|>` are added special tokens AFTER the BPE vocabulary, as in Qwen2 (so id
+  0 is an ordinary token, which the official "drop id 0" decode relies on). `<|image|>` and the cut
+  / video markers are plain text as in the real tokenizer (reference §5.1): they occur in the
+  training text, so BPE gives them a few tokens, never one id;
 - `tokenizer_config.json` (Qwen2-Instruct style) and `generation_config.json`;
 - `processing_mplugowl3.py` and `image_processing_mplugowl3.py` stating the prompt rules of the
   release the form was published as (video span, cut beside videos, cut prompt; `prompt_rules.py`),
