@@ -38,7 +38,7 @@ DEFAULT_MAX_NEW_TOKENS = 512
 
 # How frames (and each frame's placeholder tokens) are dealt over the ranks
 # (lvx_app.parallel.layout): zigzag balances the media-masked prefill best, by measurement
-# (docs/benchmarks.md, "Balanced prefill layouts").
+# (docs/design-measurements.md, "Balanced prefill layouts").
 LAYOUTS = ("contiguous", "striped", "zigzag")
 DEFAULT_LAYOUT = "zigzag"
 

@@ -7,8 +7,8 @@ all rows to every rank. Below a crossover number of query rows in total the gath
 lies depends on the machine (kernel time against collective latency), so a machine measures its own
 with `scripts/bench_schedule.py --calibrate`, which writes `calibration.json` in the default cache
 folder (`$LVX_CACHE_DIR`, else ~/.cache/lvx); the engine reads it once and otherwise uses the
-built-in table, measured on 2 and 4 CPU ranks over gloo (docs/benchmarks.md, "Ring or gather by
-query size"). `--xattn-schedule ring|gather` overrides both.
+built-in table, measured on 2 and 4 CPU ranks over gloo (docs/design-measurements.md, "Ring or
+gather by query size"). `--xattn-schedule ring|gather` overrides both.
 """
 
 from __future__ import annotations
