@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -361,15 +360,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def machine() -> dict:
-    import torch
+    from bench_xattn import machine as measured_on  # imports torch, which the parent avoids
 
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
+    return measured_on()
 
 
 def report(rows: list[dict], args) -> dict:

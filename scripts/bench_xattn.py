@@ -438,7 +438,7 @@ def run_layouts(args) -> dict:
         print(f"{'':>10}  busiest rank / mean, summed over rounds: {bal}")
         per_round = ", ".join(f"{x:.2f}" for x in row[f"round_max_over_mean_{args.ranks}"])
         print(f"{'':>10}  per round at {args.ranks} ranks: {per_round}")
-    return {"config": cfg, "machine": _machine(), "results": rows}
+    return {"config": cfg, "machine": machine(), "results": rows}
 
 
 # ------------------------------------------------------------------ CPU report
@@ -540,7 +540,8 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _machine() -> dict:
+def machine() -> dict:
+    """The machine a result was measured on, for a benchmark's JSON."""
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -596,7 +597,7 @@ def run_cpu(args) -> dict:
         "config": cfg,
         "s_q": s_q,
         "s_kv": s_kv,
-        "machine": _machine(),
+        "machine": machine(),
         "loadavg": load,
         "results": summary,
     }
@@ -687,7 +688,7 @@ def run_kernels(args) -> dict:
     s_q, s_kv = shapes(args.cuda_frames, args.keys_per_frame, args.ratio)
     s_q, s_kv = -(-s_q // args.cuda_gpus), -(-s_kv // args.cuda_gpus)
     dtype = DTYPES[args.dtype if args.dtype != "float32" else "bfloat16"]
-    name = torch.cuda.get_device_name() if args.device == "cuda" else _machine()["processor"]
+    name = torch.cuda.get_device_name() if args.device == "cuda" else machine()["processor"]
     print(
         f"{name}: one block per rank of {args.cuda_gpus}: S_q={s_q}, S_kv={s_kv}, "
         f"heads 28/4, d=128, {dtype}, no mask (a fully visible block)"
@@ -701,7 +702,7 @@ def run_kernels(args) -> dict:
         "s_q_block": s_q,
         "s_kv_shard": s_kv,
         "dtype": str(dtype),
-        "machine": _machine() | {"device": name},
+        "machine": machine() | {"device": name},
         "results": rows,
         "fallbacks": fallbacks,
     }
@@ -842,7 +843,7 @@ def run_paper(args) -> dict:
         "efficiencies": efficiencies,
         "main_efficiency": main_eff,
         "rows": rows,
-        "machine": _machine(),
+        "machine": machine(),
         "emulation": "emulated regime at scaled shapes, not a reproduction of the paper's runs",
     }
 
