@@ -68,30 +68,28 @@ def test_ctrl_c_while_torch_loads_exits_quietly(tiny_checkpoints, short_video, t
     assert code == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out
 
 
-@pytest.mark.slow
-def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
-    tiny_checkpoints, short_video, tmp_path
-):
-    proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
+def _ctrl_c_once_the_ranks_run(proc: subprocess.Popen, run_root: Path) -> tuple[int, str, list]:
+    """Ctrl-C as soon as both ranks have written their pids; (exit code, output, rank pids), every
+    rank gone or killed before it returns."""
     pids: list[int] = []
     try:
         deadline = time.monotonic() + scaled(120)
         while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
             pids = [
                 int(p.read_text())
-                for run in tmp_path.glob("lvx-run-*")
+                for run in run_root.glob("lvx-run-*")
                 for p in (pid_file(run, 0), pid_file(run, 1))
                 if p.exists() and p.read_text()
             ]
-            time.sleep(0.1)
+            time.sleep(0.01)
         assert len(pids) == 2, "the ranks did not start"
         code, out, took = _ctrl_c(proc)
-        assert code == 130 and "Traceback" not in out and "Aborted" not in out, out
         assert took < scaled(10), took
         deadline = time.monotonic() + scaled(5)
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(p) for p in pids), "a rank outlived lvx chat"
+        return code, out, pids
     finally:
         for pid in pids:
             try:
@@ -100,6 +98,25 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
                 pass
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """A start takes a second or two after the ranks are up; on a busy machine the Ctrl-C can land
+    after it, at the prompt, so such a try is repeated (no rank may outlive it either)."""
+    for attempt in range(3):
+        run_root = tmp_path / f"try{attempt}"
+        run_root.mkdir()
+        proc = _chat(run_root, tiny_checkpoints["g2"], short_video)
+        code, out, _ = _ctrl_c_once_the_ranks_run(proc, run_root)
+        assert "Traceback" not in out and "Aborted" not in out, out
+        if "Ask about the video" not in out:  # the Ctrl-C landed while the group started
+            assert code == 130, out
+            return
+        assert code in (0, 130), out
+    pytest.fail("every Ctrl-C landed after the group had started; the start case never ran")
 
 
 @pytest.mark.slow
