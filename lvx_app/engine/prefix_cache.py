@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from lvx_app.video.cache_files import entry_folders, leftovers, remove_entries, touch
 from lvx_app.video.errors import VideoWarning
@@ -44,6 +43,7 @@ from lvx_app.video.feature_cache import (
     FeatureCache,
     atomic_save,
     load_or_discard,
+    read_entry,
     read_manifest,
     target_matcher,
     tensor_crc,
@@ -149,13 +149,7 @@ def load_checked(
     """(manifest, tensors) of a saved file whose manifest holds `key` and `version` and whose
     tensors match the manifest's shapes and checksum; raises CorruptEntry otherwise. Touches the
     file ("last used")."""
-    manifest = read_manifest(path, set(required))
-    if manifest.get("version") != version or manifest.get("key") != key:
-        raise CorruptEntry("key in the manifest does not match")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
-        raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+    manifest, tensors = read_entry(path, key, version, set(required))
     if {name: list(t.shape) for name, t in tensors.items()} != manifest["shapes"]:
         raise CorruptEntry("tensor shapes do not match the manifest")
     if checksum(tensors) != manifest["crc32"]:

@@ -215,9 +215,26 @@ def read_manifest(path: Path, tensors: set[str]) -> dict:
     return manifest
 
 
+def read_entry(path: Path, key: dict, version: int, tensors: set[str]) -> tuple[dict, dict]:
+    """(manifest, tensors on CPU) of a saved file whose manifest holds `version` and `key`; raises
+    CorruptEntry otherwise. Each kind of file then checks its tensors against its manifest."""
+    manifest = read_manifest(path, tensors)
+    if manifest.get("version") != version:
+        raise CorruptEntry(f"cache version {manifest.get('version')} != {version}")
+    if manifest.get("key") != key:
+        raise CorruptEntry("key in the manifest does not match")
+    try:
+        return manifest, load_file(str(path), device="cpu")
+    except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
+        raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+
+
+_SHARD_TENSORS = {"features", "frame_indices", "timestamps"}
+
+
 def _read_header(path: Path) -> dict:
     """The manifest stored in a shard file's safetensors header (raises CorruptEntry)."""
-    return read_manifest(path, {"features", "frame_indices", "timestamps"})
+    return read_manifest(path, _SHARD_TENSORS)
 
 
 def target_matcher(target: str) -> Callable[[str, str, str], bool]:
@@ -284,15 +301,7 @@ class FeatureCache:
         )
 
     def _load(self, path: Path, key: CacheKey, device: torch.device | str) -> CachedShard:
-        manifest = _read_header(path)
-        if manifest.get("version") != CACHE_VERSION:
-            raise CorruptEntry(f"cache version {manifest.get('version')} != {CACHE_VERSION}")
-        if manifest.get("key") != asdict(key):
-            raise CorruptEntry("key in the manifest does not match")
-        try:
-            tensors = load_file(str(path), device="cpu")
-        except Exception as exc:  # noqa: BLE001
-            raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
+        manifest, tensors = read_entry(path, asdict(key), CACHE_VERSION, _SHARD_TENSORS)
         feats, idx, ts = tensors["features"], tensors["frame_indices"], tensors["timestamps"]
         info = manifest["features"]
         if list(feats.shape) != info["shape"] or _dtype_name(feats.dtype) != info["dtype"]:
