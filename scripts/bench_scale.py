@@ -84,20 +84,12 @@ def make_clip(path: Path, fps: int, width: int, height: int) -> Path:
 
 def write_cues(path: Path, seconds: float) -> Path:
     """A sidecar SRT with one cue per CUE_EVERY_S seconds, each a different line."""
+    from lvx_app.video.synthetic import write_srt
 
-    def stamp(t: float) -> str:
-        h, rem = divmod(int(t), 3600)
-        return f"{h:02d}:{rem // 60:02d}:{rem % 60:02d},{int(round(t % 1 * 1000)):03d}"
-
-    blocks = []
-    for i in range(int(seconds // CUE_EVERY_S)):
-        start = i * CUE_EVERY_S
-        blocks.append(
-            f"{i + 1}\n{stamp(start)} --> {stamp(start + CUE_EVERY_S - 1)}\n"
-            f"Scene {i}: someone says line {i} of the film.\n"
-        )
-    path.write_text("\n".join(blocks), encoding="utf-8")
-    return path
+    line = "Scene {0}: someone says line {0} of the film."
+    n = int(seconds // CUE_EVERY_S)
+    cues = [(i * CUE_EVERY_S, (i + 1) * CUE_EVERY_S - 1, line.format(i)) for i in range(n)]
+    return write_srt(path, cues)
 
 
 def make_inputs(workdir: Path, minutes: float, clip: Path) -> Path:
