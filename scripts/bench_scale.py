@@ -115,25 +115,20 @@ def _rank_max(ranks: list[dict], key: str) -> float:
 def tree_cpu_s(root: int) -> float:
     """CPU seconds of process `root` and every process below it, with the children they reaped
     (Linux /proc; decode workers hang off a forkserver, the ranks off torchrun)."""
-    tick, children = os.sysconf("SC_CLK_TCK"), {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    stats, children = {}, {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(pid))
-        if int(pid) == root:
-            own = fields
-    total, todo = sum(int(x) for x in own[11:15]), list(children.get(root, []))
+        stats[pid] = fields
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        total += sum(int(x) for x in stats[pid][11:15])  # utime, stime, cutime, cstime
         todo.extend(children.get(pid, []))
-    return total / tick
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _folder_mb(path: Path) -> float:
