@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gloo_ranks import free_port
 from rich.console import Console
 from rich.table import Table
 
@@ -44,7 +44,7 @@ def _first_piece(pieces, t0: float) -> tuple[float, str]:
 def bench_api(checkpoint: Path, video: Path, ranks: int, tokens: int, repeats: int) -> list[dict]:
     import openai
 
-    port = _free_port()
+    port = free_port()
     log = video.parent / "serve.log"
     args = [sys.executable, "-m", "lvx_app.cli", "serve", "--no-ui", "--gpus", "0"]
     args += ["--ranks", str(ranks), "--model", str(checkpoint), "--port", str(port)]
@@ -124,12 +124,6 @@ def bench_engine(checkpoint: Path, video: Path, ranks: int, tokens: int, repeats
 
 def _prefilled(stats) -> tuple[int, int]:
     return stats.prefill_tokens, stats.prompt_tokens
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def summarize(name: str, rows: list[dict]) -> list[dict]:

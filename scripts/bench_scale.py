@@ -84,20 +84,12 @@ def make_clip(path: Path, fps: int, width: int, height: int) -> Path:
 
 def write_cues(path: Path, seconds: float) -> Path:
     """A sidecar SRT with one cue per CUE_EVERY_S seconds, each a different line."""
+    from lvx_app.video.synthetic import write_srt
 
-    def stamp(t: float) -> str:
-        h, rem = divmod(int(t), 3600)
-        return f"{h:02d}:{rem // 60:02d}:{rem % 60:02d},{int(round(t % 1 * 1000)):03d}"
-
-    blocks = []
-    for i in range(int(seconds // CUE_EVERY_S)):
-        start = i * CUE_EVERY_S
-        blocks.append(
-            f"{i + 1}\n{stamp(start)} --> {stamp(start + CUE_EVERY_S - 1)}\n"
-            f"Scene {i}: someone says line {i} of the film.\n"
-        )
-    path.write_text("\n".join(blocks), encoding="utf-8")
-    return path
+    line = "Scene {0}: someone says line {0} of the film."
+    n = int(seconds // CUE_EVERY_S)
+    cues = [(i * CUE_EVERY_S, (i + 1) * CUE_EVERY_S - 1, line.format(i)) for i in range(n)]
+    return write_srt(path, cues)
 
 
 def make_inputs(workdir: Path, minutes: float, clip: Path) -> Path:
@@ -123,25 +115,20 @@ def _rank_max(ranks: list[dict], key: str) -> float:
 def tree_cpu_s(root: int) -> float:
     """CPU seconds of process `root` and every process below it, with the children they reaped
     (Linux /proc; decode workers hang off a forkserver, the ranks off torchrun)."""
-    tick, children = os.sysconf("SC_CLK_TCK"), {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    stats, children = {}, {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(pid))
-        if int(pid) == root:
-            own = fields
-    total, todo = sum(int(x) for x in own[11:15]), list(children.get(root, []))
+        stats[pid] = fields
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        total += sum(int(x) for x in stats[pid][11:15])  # utime, stime, cutime, cstime
         todo.extend(children.get(pid, []))
-    return total / tick
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _folder_mb(path: Path) -> float:

@@ -23,14 +23,9 @@ from rich.table import Table  # noqa: E402
 
 from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS  # noqa: E402
 from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines  # noqa: E402
-from lvx_app.video.synthetic import add_subtitle_stream, make_video  # noqa: E402
+from lvx_app.video.synthetic import add_subtitle_stream, make_video, write_srt  # noqa: E402
 from lvx_models.mplug_owl3.processor import Owl3Processor  # noqa: E402
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
-
-
-def _srt_time(t: float) -> str:
-    h, m, s, ms = int(t // 3600), int(t % 3600 // 60), int(t % 60), int(t * 1000) % 1000
-    return f"{h:02d}:{m:02d}:{s:02d},{ms:03d}"
 
 
 def _timed(fn):
@@ -66,12 +61,7 @@ def main() -> None:
         plain = make_video(work / f"plain{minutes:g}.mp4", seconds, fps=1, width=64, height=64)
         video = add_subtitle_stream(plain, work / f"talk{minutes:g}.mp4", cues)
         embedded, demux_s = _timed(lambda: read_embedded(video))
-        (work / f"talk{minutes:g}.srt").write_text(
-            "".join(
-                f"{i + 1}\n{_srt_time(a)} --> {_srt_time(b)}\n{text}\n\n"
-                for i, (a, b, text) in enumerate(cues)
-            )
-        )
+        write_srt(work / f"talk{minutes:g}.srt", cues)
         sidecar, parse_s = _timed(lambda: resolve_subtitles(video, "auto"))
         assert sidecar.source.endswith(".srt") and len(sidecar.cues) == len(embedded.cues) == len(
             cues

@@ -24,6 +24,7 @@ from lvx_app.subtitles import (
     select_lines,
     subtitle_block,
 )
+from lvx_app.video.synthetic import write_srt
 
 SRT = (
     '1\n00:00:00,500 --> 00:00:02,500\n<font color="white">hello</font> there\n\n2\n00:00:03,000 '
@@ -218,6 +219,12 @@ def test_reversed_and_overlapping_cues(tmp_path):
     track = read_subtitle_file(path)
     assert "1 cue(s) end before they start" in track.notes[0]
     assert select_lines(track.cues, [1.0, 2.5, 5.0, 8.0]) == ["long", "short", "backwards"]
+
+
+def test_written_srt_reads_back_to_the_millisecond(tmp_path):
+    cues = [(i * 2.4, i * 2.4 + 2.2, f"line {i}") for i in range(4)] + [(3599.9996, 3725.5, "end")]
+    track = read_subtitle_file(write_srt(tmp_path / "w.srt", cues))
+    assert [(round(a, 3), round(b, 3), t) for a, b, t in cues] == _texts(track)
 
 
 class _CountedText(str):

@@ -3,9 +3,9 @@ selection.
 
 ``--data DIR`` is laid out as the Hugging Face ``lmms-lab/Video-MME`` dataset unpacks::
 
-    DIR/videomme/test-*.parquet      2,700 questions (or a JSON file, see
-    :func:`find_question_file`) DIR/data/<videoID>.mp4           also .MP4 / .mkv; VLMEvalKit's
-    DIR/video/ is searched too DIR/subtitle/<videoID>.srt       optional
+    DIR/videomme/test-*.parquet      2,700 questions (or a JSON file: `find_question_file`)
+    DIR/data/<videoID>.mp4           also .MP4 / .mkv; VLMEvalKit's DIR/video/ is searched too
+    DIR/subtitle/<videoID>.srt       optional
 """
 
 from __future__ import annotations

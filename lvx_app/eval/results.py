@@ -7,9 +7,9 @@ shard files.
 
 Lines::
 
-    # each session start {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps":
-    ..., ...} {"type": "answer", "question_id": "001-1", "response": "B", "pred": "B", "correct":
-    true, ...}
+    # each session start
+    {"type": "header", "format": 1, "task": "videomme", "model": ..., "fps": ..., ...}
+    {"type": "answer", "question_id": "001-1", "response": "B", "pred": "B", "correct": true, ...}
 """
 
 from __future__ import annotations

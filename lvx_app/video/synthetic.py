@@ -163,6 +163,19 @@ _ASS_HEADER = (
 )
 
 
+def write_srt(path: str | os.PathLike, cues: list[tuple[float, float, str]]) -> Path:
+    """A sidecar .srt file holding `cues` (start s, end s, text), to the millisecond."""
+
+    def stamp(t: float) -> str:
+        s, ms = divmod(round(t * 1000), 1000)
+        return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d},{ms:03d}"
+
+    blocks = (f"{i}\n{stamp(a)} --> {stamp(b)}\n{text}\n" for i, (a, b, text) in enumerate(cues, 1))
+    path = Path(path)
+    path.write_text("\n".join(blocks), encoding="utf-8")
+    return path
+
+
 def add_subtitle_stream(
     src: str | os.PathLike,
     dst: str | os.PathLike,
