@@ -160,11 +160,11 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
     )
 
 
-# ----------------------------------------------------------------------------- adapters All take q
-# (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask (B,Sq,Sk) or None, and
-# `causal` = native top-left causal (only used with Sq == Sk). Forward returns (out (B,Sq,Hq,D) q
-# dtype, lse (B,Hq,Sq) fp32). Rows that see nothing are fixed up by the caller. Backward gets lse
-# with -inf already replaced by 0.
+# ----------------------------------------------------------------------------- adapters
+# All take q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask (B,Sq,Sk) or
+# None, and `causal` = native top-left causal (only used with Sq == Sk). Forward returns (out
+# (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) fp32). Rows that see nothing are fixed up by the caller.
+# Backward gets lse with -inf already replaced by 0.
 
 
 def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -223,9 +223,9 @@ def _additive(mask: torch.Tensor, dtype, align: int = 1) -> torch.Tensor:
     return bias
 
 
-# ----------------------------------------------------------------------------- the op table Every
-# aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the CUDA ops for CPU
-# stand-ins with the same signatures and run the adapters on CPU.
+# ----------------------------------------------------------------------------- the op table
+# Every aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the CUDA ops for
+# CPU stand-ins with the same signatures and run the adapters on CPU.
 
 
 def _aten(name: str) -> Callable:
