@@ -605,11 +605,11 @@ def fold_dlse(
     dl = dlse.float().transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
     norm2 = (do * do).sum(-1, keepdim=True)
     zero = norm2 == 0
-    e0 = torch.zeros_like(do[..., :1]).expand_as(do).clone()
+    e0 = torch.zeros_like(do)
     e0[..., 0] = FOLD_TAU
     do = torch.where(zero, e0, do)
-    norm2 = torch.where(zero, torch.full_like(norm2, FOLD_TAU**2), norm2)
-    o = torch.where(zero, torch.zeros_like(o), o) - dl * do / norm2
+    norm2 = norm2.masked_fill(zero, FOLD_TAU**2)
+    o = o.masked_fill(zero, 0) - dl * do / norm2
     return do.to(dout.dtype), o.to(dout.dtype)
 
 
