@@ -160,11 +160,11 @@ def can_run(name: str, q: torch.Tensor, has_mask: bool, head_dim: int) -> bool:
     )
 
 
-# ----------------------------------------------------------------------------- adapters All take q
-# (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask (B,Sq,Sk) or None, and
-# `causal` = native top-left causal (only used with Sq == Sk). Forward returns (out (B,Sq,Hq,D) q
-# dtype, lse (B,Hq,Sq) fp32). Rows that see nothing are fixed up by the caller. Backward gets lse
-# with -inf already replaced by 0.
+# ----------------------------------------------------------------------------- adapters
+# All take q (B,Sq,Hq,D), k/v (B,Sk,Hkv,D) with Sq, Sk > 0, a bool visibility mask (B,Sq,Sk) or
+# None, and `causal` = native top-left causal (only used with Sq == Sk). Forward returns (out
+# (B,Sq,Hq,D) q dtype, lse (B,Hq,Sq) fp32). Rows that see nothing are fixed up by the caller.
+# Backward gets lse with -inf already replaced by 0.
 
 
 def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -223,9 +223,9 @@ def _additive(mask: torch.Tensor, dtype, align: int = 1) -> torch.Tensor:
     return bias
 
 
-# ----------------------------------------------------------------------------- the op table Every
-# aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the CUDA ops for CPU
-# stand-ins with the same signatures and run the adapters on CPU.
+# ----------------------------------------------------------------------------- the op table
+# Every aten / flash-attn kernel call goes through KERNEL_OPS, so tests can swap the CUDA ops for
+# CPU stand-ins with the same signatures and run the adapters on CPU.
 
 
 def _aten(name: str) -> Callable:
@@ -605,11 +605,11 @@ def fold_dlse(
     dl = dlse.float().transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
     norm2 = (do * do).sum(-1, keepdim=True)
     zero = norm2 == 0
-    e0 = torch.zeros_like(do[..., :1]).expand_as(do).clone()
+    e0 = torch.zeros_like(do)
     e0[..., 0] = FOLD_TAU
     do = torch.where(zero, e0, do)
-    norm2 = torch.where(zero, torch.full_like(norm2, FOLD_TAU**2), norm2)
-    o = torch.where(zero, torch.zeros_like(o), o) - dl * do / norm2
+    norm2 = norm2.masked_fill(zero, FOLD_TAU**2)
+    o = o.masked_fill(zero, 0) - dl * do / norm2
     return do.to(dout.dtype), o.to(dout.dtype)
 
 

@@ -11,17 +11,12 @@ import torch.distributed as dist
 from lvx_app.parallel.group import get_world_size
 
 
-def _all_gather(out: torch.Tensor, mine: torch.Tensor, group=None) -> None:
-    # torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
-        out, mine, group=group
-    )
-
-
 def all_gather_flat(every: torch.Tensor, mine: torch.Tensor, group=None) -> None:
-    """Every rank's flat `mine` into the flat `every` (ranks x its length), rank order: one
-    collective into a buffer the caller keeps."""
-    _all_gather(every, mine, group=group)
+    """Every rank's `mine` into `every`, concatenated along dim 0 in rank order (for flat tensors:
+    ranks x its length): one collective into a buffer the caller keeps."""
+    # torch >= 2.10 renamed the tensor collectives; keep working on torch 2.5
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(every, mine, group=group)
 
 
 def _reduce_scatter(out: torch.Tensor, stacked: torch.Tensor, group=None) -> None:
@@ -40,7 +35,7 @@ def exchange_sizes(*local: int, group=None, device=None) -> list[list[int]]:
         return [[n] for n in local]
     mine = torch.tensor(local, dtype=torch.int64, device=device)
     every = torch.empty(world * len(local), dtype=torch.int64, device=device)
-    _all_gather(every, mine, group=group)
+    all_gather_flat(every, mine, group=group)
     rows = every.view(world, len(local)).tolist()
     return [[row[i] for row in rows] for i in range(len(local))]
 
@@ -67,7 +62,7 @@ def allgather_seq(x: torch.Tensor, sizes: list[int], group=None) -> tuple[torch.
     longest = max(sizes)
     mine = _pad_seq(x, longest)
     every = mine.new_empty((world * mine.shape[0], *mine.shape[1:]))
-    _all_gather(every, mine, group=group)
+    all_gather_flat(every, mine, group=group)
     every = every.view(world, *mine.shape)
     full = torch.cat([every[j, :, : sizes[j]] for j in range(world)], dim=1)
     return full, (world - 1) * nbytes(mine)

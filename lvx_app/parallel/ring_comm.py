@@ -33,7 +33,6 @@ class RingComm:
         self.recv_from = to_global((self.rank - 1) % self.world_size)
         self.bytes_sent = 0
         self._reqs: list = []
-        # when the open batch was posted, its larger direction
         device = None if device is None else torch.device(device)
         cuda = device is not None and device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if cuda and self.world_size > 1 else None
