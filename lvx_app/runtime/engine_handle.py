@@ -132,6 +132,15 @@ class Engine:
         """Shut the ranks down."""
         raise NotImplementedError
 
+    def abort(self) -> None:
+        """Stop the ranks now, even mid-command (Ctrl-C while a video loads)."""
+        self.close()
+
+    def dead(self) -> str | None:
+        """Why the ranks have already exited, if they have; None while they run (always, for ranks
+        in this process)."""
+        return None
+
     def __enter__(self) -> Engine:
         return self
 
