@@ -430,3 +430,13 @@ def test_messages_keep_their_order_around_the_video():
         read_request(late)
     with pytest.raises(ApiError, match="images are not supported"):
         read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+
+
+def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
+    """A NUL byte in a file:// URL is refused in one line, as the page refuses it, not a 500."""
+    from lvx_ui.openai_request import ApiError, VideoFiles
+
+    files = VideoFiles([str(tmp_path)], 10.0, tmp_path / "uploads")
+    with pytest.raises(ApiError, match="is not a path") as refused:
+        files.video(f"file://{tmp_path}/a%00b.mp4")
+    assert refused.value.status == 400 and refused.value.param == "video_url"

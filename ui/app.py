@@ -38,6 +38,7 @@ from lvx_app.engine.describe import describe_answer, describe_video, printable, 
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.subtitles import SIDECAR_EXTENSIONS, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.warning_lines import is_lvx_source
+from lvx_ui.openai_request import allowed_path
 from lvx_ui.shared_engine import SharedEngine
 from lvx_ui.tabs import Tab, Tabs, VideoSpec
 
@@ -206,12 +207,9 @@ class ChatApp:
                     "server paths are off; upload the video, or restart with --allow-paths DIR"
                 )
             try:
-                path = Path(server_path).expanduser().resolve()
-            except (ValueError, OSError):  # a NUL byte, a loop of links
-                raise EngineError(f"{shortened(server_path)!r} is not a path") from None
-            if not any(path.is_relative_to(root) for root in self.allow_paths):
-                allowed = ", ".join(str(p) for p in self.allow_paths)
-                raise EngineError(f"{server_path} is outside the allowed folders ({allowed})")
+                path = allowed_path(server_path, self.allow_paths)
+            except ValueError as exc:
+                raise EngineError(str(exc)) from None
             if not path.is_file():
                 raise EngineError(f"video not found: {server_path}")
             return str(path), True

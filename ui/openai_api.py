@@ -55,7 +55,7 @@ class SoleEngine:
         self.engine, self.reopen, self.lock = engine, reopen, threading.Lock()
 
     def lend(self) -> Engine:
-        if group_died(self.engine):
+        if self.engine.dead():
             with contextlib.suppress(Exception):
                 self.engine.close()
             self.engine = self.reopen()
@@ -63,11 +63,6 @@ class SoleEngine:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def group_died(engine: Engine) -> str | None:
-    """Why the engine's torchrun group exited, if it did (an in-process engine never does)."""
-    return getattr(engine, "dead", lambda: None)()
 
 
 class StopStrings:
@@ -307,7 +302,7 @@ class OpenAIApi:
             raise ApiError(503, "the worker group is restarting; try again shortly", "restarting")
         if not self.host.lock.acquire(blocking=False):
             self._wait_for(self.host.lock)
-        why = group_died(self.host.engine)
+        why = self.host.engine.dead()
         if why:
             self.host.lock.release()
             raise self._failed(GroupFailed(why))

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from lvx_app.engine.api import VideoOpening
+from lvx_app.engine.describe import shortened
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -238,6 +239,19 @@ def _number(body: dict, name: str, above: float | None, most: float | None = Non
     return float(value)
 
 
+def allowed_path(text: str, roots: list[Path]) -> Path:
+    """The path `text` names, resolved, when it lies under one of `roots` (--allow-paths): the rule
+    of the page and the API for files opened by path. A ValueError says, in one line, why not."""
+    try:
+        path = Path(text).expanduser().resolve()
+    except (ValueError, OSError):  # a NUL byte, a loop of links
+        raise ValueError(f"{shortened(text)!r} is not a path") from None
+    if not any(path.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(p) for p in roots)
+        raise ValueError(f"{text} is outside the allowed folders ({allowed})")
+    return path
+
+
 class VideoFiles:
     """Where a request's video (and subtitle file) is on this machine: a file under --allow-paths,
     or a data: URL saved under `folder` (named by its content, so the same video sent again is the
@@ -271,10 +285,10 @@ class VideoFiles:
                 "--allow-paths DIR",
                 param,
             )
-        path = Path(path_text).expanduser().resolve()
-        if not any(path.is_relative_to(root) for root in self.roots):
-            allowed = ", ".join(str(p) for p in self.roots)
-            raise bad(f"{path_text} is outside the allowed folders ({allowed})", param)
+        try:
+            path = allowed_path(path_text, self.roots)
+        except ValueError as exc:
+            raise bad(str(exc), param) from None
         if not path.is_file():
             raise bad(
                 f"{'video' if param == 'video_url' else 'file'} not found: {path_text}", param

@@ -45,7 +45,7 @@ class SharedEngine:
     def heal(self) -> str:
         """Restart a worker group that died (or was found dead); a note for the page, "" if it was
         alive."""
-        dead = getattr(self.engine, "dead", lambda: None)()  # a group that exited meanwhile
+        dead = self.engine.dead()  # a group that exited meanwhile
         if dead and self.failed is None:
             self.fail(GroupFailed(dead))
         if self.failed is None:

@@ -33,7 +33,6 @@ from lvx_app.engine.describe import describe_answer, describe_video, printable, 
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine
-from lvx_app.runtime.launcher import RemoteEngine
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.rank_main import join_group
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
@@ -242,7 +241,7 @@ def run_chat_command(video: str, config: Config, console: Console | None = None)
     try:
         code = run_chat(engine, video=video, subtitles=track, console=console)
     except KeyboardInterrupt:  # Ctrl-C while the video loads: stop now, no rank left behind
-        (engine.abort if isinstance(engine, RemoteEngine) else engine.close)()
+        engine.abort()
         return 130
     engine.close()
     return code

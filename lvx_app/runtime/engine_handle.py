@@ -57,10 +57,7 @@ class Engine:
         conversation starts afresh. `subtitles`: cues to place after the video (None: as the
         config's `--subtitles` says; [] for none). `progress(stage, done, total)` is called as
         frames arrive. `opening`: what `chat` conversations say before the video."""
-        try:
-            options = updated(self.config.video, **video)
-        except ConfigError as exc:
-            raise EngineError(str(exc)) from None
+        options = _overridden(self.config.video, video)
         asked = (str(path), options, None if subtitles is None else tuple(subtitles))
         source = ""
         if subtitles is None:
@@ -78,10 +75,7 @@ class Engine:
         """Stream the answer as text pieces; `last_answer` holds its stats afterwards. A question
         longer than any the model could take is refused here, before it reaches a rank."""
         self.check_question(question)
-        try:
-            options = updated(self.config.generation, **generation)
-        except ConfigError as exc:
-            raise EngineError(str(exc)) from None
+        options = _overridden(self.config.generation, generation)
         return self.stream(ASK, question=question, generation=options)
 
     def chat(self, turns: Sequence[dict], **generation: Any) -> Iterator[str]:
@@ -89,10 +83,7 @@ class Engine:
         {"role", "content"} of each message; the first user message may hold the loaded video as
         `<|video|>`); the ranks keep the longest prefix of it they hold and prefill only the rest.
         `last_answer.prefill_tokens` says how many tokens that was."""
-        try:
-            options = updated(self.config.generation, **generation)
-        except ConfigError as exc:
-            raise EngineError(str(exc)) from None
+        options = _overridden(self.config.generation, generation)
         turns = [{"role": str(t["role"]), "content": str(t["content"])} for t in turns]
         self.check_question("".join(t["content"] for t in turns))
         return self.stream(CHAT, turns=turns, generation=options)
@@ -132,6 +123,15 @@ class Engine:
         """Shut the ranks down."""
         raise NotImplementedError
 
+    def abort(self) -> None:
+        """Stop the ranks now, even mid-command (Ctrl-C while a video loads)."""
+        self.close()
+
+    def dead(self) -> str | None:
+        """Why the ranks have already exited, if they have; None while they run (always, for ranks
+        in this process)."""
+        return None
+
     def __enter__(self) -> Engine:
         return self
 
@@ -146,6 +146,14 @@ class Engine:
     def stream(self, command: Command, **args: Any) -> Iterator[str]:
         """Run a streaming `command` on every rank; rank 0's pieces as they come."""
         raise NotImplementedError
+
+
+def _overridden(options: Any, changes: dict[str, Any]) -> Any:
+    """`options` (a config section) with a call's keyword overrides; a bad one is an EngineError."""
+    try:
+        return updated(options, **changes)
+    except ConfigError as exc:
+        raise EngineError(str(exc)) from None
 
 
 def _subtitles_for(path: str, video) -> tuple[list[Cue], str]:
