@@ -1,5 +1,5 @@
-"""Device rules shared by chat, ingestion and finetuning: which dtype "auto" means, and how memory
-is reported.
+"""Device rules shared by chat, ingestion and finetuning: which dtype "auto" means, how memory is
+reported, and how many CPU cores this process may use.
 
 A leaf module (torch only), so the engine, the video pipeline and the trainer read one rule instead
 of three copies.
@@ -7,6 +7,7 @@ of three copies.
 
 from __future__ import annotations
 
+import os
 import resource
 
 import torch
@@ -59,3 +60,10 @@ def memory_report(device: torch.device) -> dict[str, str]:
             "free": f"{free / 2**30:.1f} of {total / 2**30:.0f} GiB",
         }
     return {"peak RSS": f"{peak_memory_bytes(device) / 2**30:.2f} GiB"}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

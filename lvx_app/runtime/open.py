@@ -7,7 +7,6 @@ Every frontend (terminal chat, browser, Video-MME eval, demo, the Python API) st
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -17,6 +16,7 @@ import torch
 from rich.console import Console
 
 from lvx_app.config import Config
+from lvx_app.devices import usable_cores
 from lvx_app.engine.api import EngineError, EngineWarning
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
@@ -57,20 +57,13 @@ def crowded_cores(ranks: int, cores: int) -> str | None:
     )
 
 
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity, where the system has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def open_engine(
     config: Config, console: Console | None = None, entry: Sequence[str] = RANK_ENTRY
 ) -> Engine:
     """Start the model on the ranks `config.parallel` asks for (with a spinner on `console`); the
     caller closes it. `entry`: what each rank of a group runs (benchmarks pass their own)."""
     nproc, gpus = resolve_world(config.parallel.gpus, config.parallel.ranks)
-    crowded = None if gpus else crowded_cores(nproc, _usable_cores())
+    crowded = None if gpus else crowded_cores(nproc, usable_cores())
     if crowded:
         warnings.warn(crowded, EngineWarning, stacklevel=2)
     config = replace(config, parallel=replace(config.parallel, gpus=gpus, ranks=nproc))

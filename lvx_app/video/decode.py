@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
+from lvx_app.devices import usable_cores
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.video.errors import (
     CorruptVideoError,
@@ -342,26 +343,20 @@ def _context():
     return ctx
 
 
-def _cores() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-
-
 def _local_ranks(local_world_size: int | None = None) -> int:
     return max(1, local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def default_workers(local_world_size: int | None = None) -> int:
     """Decode processes per rank: the CPU cores shared by the ranks on this node, at most 8."""
-    return max(1, min(8, _cores() // _local_ranks(local_world_size)))
+    return max(1, min(8, usable_cores() // _local_ranks(local_world_size)))
 
 
 def default_threads(workers: int, local_world_size: int | None = None) -> int:
     """Decoder threads per decode process: the node's cores shared by every rank's workers, at most
     4. (Each rank's workers taking all the cores oversubscribes a node of several ranks, and frame
     threading then costs about twice the CPU per frame.)"""
-    return max(1, min(4, _cores() // (max(1, workers) * _local_ranks(local_world_size))))
+    return max(1, min(4, usable_cores() // (max(1, workers) * _local_ranks(local_world_size))))
 
 
 class _Proc:
