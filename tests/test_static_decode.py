@@ -44,6 +44,20 @@ def test_the_static_step_answers_and_caches_as_the_eager_loop(generation):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_the_static_step_leaves_the_tokens_held_known():
+    """A follow-up question keeps the conversation only when the cache's tokens are known."""
+    model, ids, visual = _setup("g2")
+    eager, logits = _conversation(model, ids, visual)
+    want = list(Generator(eager, ()).answer(logits, None, GenerationConfig(4), LoopOutcome()))
+    static, logits = _conversation(model, ids, visual)
+    step = StaticDecode(static, 4, DecodeStep())
+    token = int(logits.argmax())
+    for _ in range(3):
+        token = step.next_token(token)
+    assert static.fed == eager.fed and token == want[-1]
+    assert static.held_prefix(eager.fed) == eager.position
+
+
 def test_the_static_step_reads_nothing_on_the_host():
     model, ids, visual = _setup("g2")
     conversation, logits = _conversation(model, ids, visual)

@@ -148,9 +148,19 @@ class Conversation:
         there), return the next logits (V,)."""
         ids = torch.full((1, 1), token, dtype=torch.int64, device=self.info.device)
         logits = self.forward(ids, None, replicated=True)[0, -1]
+        self._count(token)
+        return logits
+
+    def fed_in_place(self, token: int) -> None:
+        """Count `token` as fed when a step outside `forward` has written its K/V in place at the
+        next position (`StaticDecode`)."""
+        for layer in self.cache.layers:
+            layer.length += 1
+        self._count(token)
+
+    def _count(self, token: int) -> None:
         self.position += 1
         self.fed.append(int(token))
-        return logits
 
     def unfeed(self) -> None:
         """Take back the last token fed."""

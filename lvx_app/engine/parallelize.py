@@ -38,7 +38,7 @@ from lvx_app.attention.decode_xattn import CombineBuffers
 from lvx_app.attention.masks import HostCopy, keep_host_copy
 from lvx_app.attention.schedule import gather_limit
 from lvx_app.config import ParallelConfig
-from lvx_app.parallel.collectives import all_min, allgather_seq, exchange_sizes
+from lvx_app.parallel.collectives import all_min, allgather_seq
 from lvx_app.parallel.group import DistInfo
 
 
@@ -100,13 +100,13 @@ class ShardedAttention:
     def replicate(self, cache, start: int) -> None:
         """After a sharded prefill: every rank's cached text K/V from `start` on, gathered in rank
         order (one all_gather for all layers' K/V, one for their positions), replace this rank's
-        own,
-        so the whole cache is the same on every rank."""
+        own, so the whole cache is the same on every rank. Every rank's share is the prefill's
+        `query_sizes`, known to all."""
         layers = cache.layers
         new = torch.cat(
             [t[:, start : layer.length] for layer in layers for t in (layer.k, layer.v)], dim=-1
         )
-        (sizes,) = exchange_sizes(new.shape[1], group=self.group, device=new.device)
+        sizes = self.query_sizes
         full, _ = allgather_seq(new.contiguous(), sizes, self.group)
         # NCCL: the positions go over the device too
         mine = self.key_positions[:, start:].to(new.device).contiguous()

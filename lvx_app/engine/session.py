@@ -161,7 +161,6 @@ class RankSession:
             raise RuntimeError(message) from exc
         conversation.pending = []
         outcome, decoder = LoopOutcome(), self.processor.stream()
-        stops = set(self.processor.stop_ids)
         text = []
         tokens = self.generator.answer(
             logits, None if whole else owner, generation, outcome, should_stop
@@ -169,9 +168,10 @@ class RankSession:
         try:
             for token in tokens:
                 stats.new_tokens += 1
-                if token not in stops:
-                    stats.tokens.append(token)
-                piece = decoder.push(token) if token not in stops else ""
+                if token in self.generator.stop_ids:  # the answer's last token: not shown
+                    continue
+                stats.tokens.append(token)
+                piece = decoder.push(token)
                 text.append(piece)
                 if piece and leader:
                     yield piece

@@ -126,9 +126,7 @@ class StaticDecode:
         """Feed `token` and return the greedy next token (the step's one host read)."""
         self.token.fill_(token)
         self._run_once()
-        for layer in self.conversation.cache.layers:
-            layer.length += 1
-        self.conversation.position += 1
+        self.conversation.fed_in_place(token)
         return int(self.next)
 
     def _run_once(self) -> None:

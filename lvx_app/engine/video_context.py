@@ -30,6 +30,7 @@ from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
+from lvx_models.mplug_owl3.processor import VIDEO
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
 # 2: every rank holds (and saves) the whole replicated text cache
@@ -40,8 +41,8 @@ def video_text(block: str, question: str = "") -> str:
     """The first user turn: the video, the subtitle block (the text the eval prompt starts with),
     the question."""
     if not block:
-        return "<|video|>\n" + question
-    return "<|video|>\n" + block + "\n" + question.lstrip()
+        return VIDEO + "\n" + question
+    return VIDEO + "\n" + block + "\n" + question.lstrip()
 
 
 def video_messages(opening: VideoOpening, block: str, question: str = "") -> list[dict]:
