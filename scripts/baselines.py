@@ -39,8 +39,9 @@ class _KVMoving(ShardedAttention):
         out = self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
         rider = self.rider
         if self.is_replicated and rider is not None and rider.received is None:
-            every = [torch.empty_like(rider.send) for _ in range(self.world)]
-            dist.all_gather(every, rider.send, group=self.group)
+            mine = torch.tensor(rider.numbers, dtype=torch.int64)
+            every = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(every, mine, group=self.group)
             rider.received = torch.stack(every).to(torch.int64)
         return out
 
