@@ -129,3 +129,19 @@ def test_lvx_warnings_are_one_line_and_others_keep_their_format(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "warning: --fps 100 is above the video's own 10 fps"
     assert err[1].startswith(f"{theirs}:7: UserWarning: something deprecated")
+
+
+def test_brackets_in_a_path_or_an_answer_are_printed_as_they_are(tmp_path, capsys):
+    """Rich reads `[...]` as markup: a path like `/data/[final]/x.mp4` lost its folder in an error
+    line, and `[/x]` in a path or a model's answer stopped the command with a traceback."""
+    from rich.console import Console
+
+    from lvx_app.cli.chat import run_chat_command
+    from lvx_app.config import Config
+
+    console = Console(width=200, force_terminal=False)
+    for folder in ("[final]", "[/x]"):
+        video = tmp_path / folder / "movie.mp4"
+        assert run_chat_command(str(video), Config(), console) == 2
+        out = capsys.readouterr().out
+        assert f"Video not found: {video}" in out, out

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from lvx_app.config import LOOPBACK, Config
 from lvx_app.engine.api import EngineError
@@ -69,13 +70,13 @@ def run_serve(config: Config, console: Console | None = None) -> int:
         _serve(engine, config, folders, console)
         return 0
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the model was still loading
         console.print("stopped")
         return 130
     except OSError as exc:  # e.g. the port is taken
-        console.print(f"[red]error:[/red] {exc}; pick another --port")
+        console.print(f"[red]error:[/red] {escape(str(exc))}; pick another --port")
         return 2
 
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lvx_app.cli.options import new_app
@@ -85,7 +86,7 @@ def _attempt(removals: list, root: Path) -> tuple[int, str | None]:
 def _fail_on(console: Console, failure: str | None) -> None:
     """What could not be deleted, in one line, and exit code 1."""
     if failure is not None:
-        console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(failure)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -149,7 +150,7 @@ def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOp
     if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=200)
     if not entries and not any(store.entries() for store in _saved(dir).values()):
-        console.print(f"The cache at {cache.root} is empty.")
+        console.print(f"The cache at {cache.root} is empty.", markup=False)
         return
     table = Table(title=f"lvx cache: {cache.root}")
     for col in (
@@ -230,14 +231,14 @@ def rm(
             [lambda store=store: store.remove(target) for store in stores], cache.root
         )
         if n:
-            console.print(f"Removed {_entries(n)} for {target}.")
+            console.print(f"Removed {_entries(n)} for {target}.", markup=False)
         _fail_on(console, failure)
         if not n:
             missing.append(target)
     if missing:
         console.print(
-            f"[red]Nothing cached matches {', '.join(missing)}[/red]; see `lvx cache ls` for the "
-            "ids."
+            f"[red]Nothing cached matches {escape(', '.join(missing))}[/red]; see `lvx cache ls` "
+            "for the ids."
         )
         raise typer.Exit(1)
 
@@ -265,10 +266,12 @@ def clear(
     console = Console()
     n, failure = _attempt([store.clear for store in (cache, *saved)], cache.root)
     freed = "" if failure else f" ({_human(size)})"
-    console.print(f"Removed {n} entries{freed} from {cache.root}.")
+    console.print(f"Removed {n} entries{freed} from {cache.root}.", markup=False)
     _fail_on(console, failure)
     left = [f for store in (cache, *saved) for f in store.leftovers()]
     if left:
         console.print(
-            f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.", soft_wrap=True
+            f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.",
+            soft_wrap=True,
+            markup=False,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -126,7 +127,7 @@ def print_stats(engine: Engine, console: Console) -> None:
     stats = engine.stats()
     for key, value in stats.items():
         if key != "ranks":
-            console.print(f"{key}: {value}", highlight=False)
+            console.print(f"{key}: {value}", highlight=False, markup=False)
     for table in rank_tables(stats.get("ranks", [])):
         console.print(table)
 
@@ -142,7 +143,7 @@ def read_line(console: Console, stdin: TextIO) -> str | None:
     line = stdin.readline()
     if not line:
         return None
-    console.print(f"you › {printable(shortened(line.rstrip()))}", highlight=False)
+    console.print(f"you › {printable(shortened(line.rstrip()))}", highlight=False, markup=False)
     return line.rstrip("\n")
 
 
@@ -156,7 +157,7 @@ def _command(engine: Engine, console: Console, line: str) -> None:
     elif line == "/stats":
         print_stats(engine, console)
     elif line.startswith("/"):
-        console.print(f"unknown command {line.split()[0]}; /help lists them")
+        console.print(f"unknown command {line.split()[0]}; /help lists them", markup=False)
     else:
         engine.check_question(line)  # a pasted book is refused before anything is printed
         console.out("lvx › ", end="", highlight=False)
@@ -180,14 +181,14 @@ def run_chat(
             cues = subtitles.cues if subtitles is not None else None
             summary = load_with_progress(engine, console, video, cues)
         except EngineError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 2
-        console.print(f"[green]video:[/green] {describe_video(summary)}")
+        console.print(f"[green]video:[/green] {escape(describe_video(summary))}")
         source = subtitles.source if subtitles is not None else summary.subtitle_source
         if source:
             console.print(
                 f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
-                f"frames, from {source}",
+                f"frames, from {escape(str(source))}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")
@@ -205,7 +206,7 @@ def run_chat(
         try:
             _command(engine, console, line)
         except EngineError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             if isinstance(exc, GroupFailed):
                 return 1
 
@@ -216,7 +217,7 @@ def _subtitles(video: str, config: Config, console: Console) -> SubtitleTrack:
     v = config.video
     track = resolve_subtitles(video, v.subtitles, v.subtitle_lang, v.subtitle_encoding)
     for note in track.notes:
-        console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False)
     return track
 
 
@@ -229,12 +230,12 @@ def run_chat_command(video: str, config: Config, console: Console | None = None)
         check_video_path(video)  # fail before spending minutes loading a model
         track = _subtitles(video, config, console)
     except (VideoError, SubtitleError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     try:
         engine = open_engine(config, console)
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C while the model loads: RemoteEngine already killed the group
         return 130
@@ -263,7 +264,7 @@ def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
         track = _subtitles(video, config, console) if Path(video).exists() else None
         return run_chat(driver, video=video, subtitles=track, console=console)
     except SubtitleError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     finally:
         driver.close()

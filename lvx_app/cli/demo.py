@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lvx_app.cli.chat import load_with_progress
@@ -75,7 +76,7 @@ def run_demo(
     try:
         stats = _converse(config, video, timings, console)
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 1
     console.print(_timings_table(timings, stats))
     files = write_examples(examples) if examples is not None else None
@@ -87,9 +88,10 @@ def _print_next_steps(
     console: Console, checkpoint: Path, video: Path, files: dict[str, Path] | None
 ) -> None:
     """The paths the demo made and a ready-to-run line for every command on them."""
-    console.print(f"\n[bold]made[/bold]\n  checkpoint  {checkpoint}\n  video       {video}")
+    console.print("\n[bold]made[/bold]")
+    console.print(f"  checkpoint  {checkpoint}\n  video       {video}", markup=False)
     for name, path in (files or {}).items():
-        console.print(f"  {name:<11} {path}")
+        console.print(f"  {name:<11} {path}", markup=False)
     console.print("[bold]try next[/bold] (on this CPU; answers are short: random weights)")
     for line in ready_lines(checkpoint, video, files):
         console.out(f"  {line}", highlight=False)
@@ -102,11 +104,11 @@ def _converse(config: Config, video: Path, timings: dict[str, float], console: C
         timings["start ranks + load model"] = time.perf_counter() - t
         summary = load_with_progress(engine, console, str(video))
         timings["decode + encode video"] = summary.seconds
-        console.print(f"[green]video:[/green] {describe_video(summary)}")
+        console.print(f"[green]video:[/green] {escape(describe_video(summary))}")
         for i, question in enumerate(QUESTIONS, 1):
-            console.print(f"[bold cyan]you ›[/] {question}")
+            console.print(f"[bold cyan]you ›[/] {escape(question)}")
             answer = "".join(engine.ask(question))
-            console.print(f"[bold]lvx ›[/] {answer}", highlight=False)
+            console.print(f"[bold]lvx ›[/] {escape(answer)}", highlight=False)
             console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
             timings[f"answer {i} (TTFT)"] = engine.last_answer.ttft_s
             timings[f"answer {i} (total)"] = engine.last_answer.total_s

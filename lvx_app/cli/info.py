@@ -8,6 +8,7 @@ import os
 import platform
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -86,7 +87,7 @@ def print_info(model: str | None = None) -> int:
         try:
             rows.update(checkpoint_rows(model))
         except CheckpointError as e:
-            console.print(f"[red]error:[/red] {e}", highlight=False)
+            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
             return 1
     table = Table(title="lvx info", show_header=False)
     for key, value in rows.items():
