@@ -1,0 +1,106 @@
+"""The README is short and every command and Python line in it works as written: each `lvx`
+line parses with the real command's options, each Python block compiles and calls lvx with option
+names the config knows, and every link points at a page (and heading) that exists."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from lvx_app.cli.main import app
+from lvx_app.config import ENGINE_SECTIONS, SECTIONS, Config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+MAX_LINES = 150
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)\n```", README, flags=re.S)
+
+
+def _lvx_lines() -> list[list[str]]:
+    """The argument lists after `lvx` (or `-m lvx_app.cli`) in the README's bash blocks."""
+    found = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            for start in ("lvx", "lvx_app.cli"):
+                if start in words:
+                    found.append(words[words.index(start) + 1 :])
+                    break
+    return found
+
+
+def _command(words: list[str]):
+    command = typer.main.get_command(app)
+    while hasattr(command, "commands") and words and words[0] in command.commands:
+        command, words = command.commands[words[0]], words[1:]
+    return command, words
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.splitlines()) <= MAX_LINES
+
+
+def test_the_readme_shows_every_command() -> None:
+    shown = {" ".join(words[:2]) if words[0] == "eval" else words[0] for words in _lvx_lines()}
+    expected = {"demo", "chat", "serve", "eval videomme", "eval report", "finetune"}
+    assert expected <= shown
+
+
+@pytest.mark.parametrize("words", _lvx_lines(), ids=lambda w: " ".join(w)[:60])
+def test_every_lvx_line_parses_with_the_real_options(words: list[str]) -> None:
+    command, args = _command(list(words))
+    assert not hasattr(command, "commands"), f"`lvx {' '.join(words)}` names no command"
+    command.make_context(command.name, args)  # an unknown option or a bad value raises
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+    ]
+
+
+def test_python_blocks_compile_and_name_real_options() -> None:
+    fields = {name: {f for f in SECTIONS[name].__dataclass_fields__} for name in SECTIONS}
+    engine_options = set().union(*(fields[name] for name in ENGINE_SECTIONS))
+    for block in _blocks("python"):
+        tree = ast.parse(block)
+        for call in _calls(tree, "open"):
+            names = {k.arg for k in call.keywords}
+            Config.from_options(model="m", **{n: _literal(call, n) for n in names})
+            assert names <= engine_options
+        for call in _calls(tree, "load_video"):
+            assert {k.arg for k in call.keywords} <= fields["video"]
+        for call in _calls(tree, "ask"):
+            assert {k.arg for k in call.keywords} <= fields["generation"]
+
+
+def _literal(call: ast.Call, name: str):
+    return next(ast.literal_eval(k.value) for k in call.keywords if k.arg == name)
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_link_points_at_a_page_and_heading_that_exist() -> None:
+    for target in re.findall(r"\]\(([^)]+)\)", README):
+        if target.startswith("http"):
+            continue
+        page, _, anchor = target.partition("#")
+        path = ROOT / page
+        assert path.exists(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+            assert anchor in {_anchor(h) for h in headings}, target
