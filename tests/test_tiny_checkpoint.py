@@ -3,14 +3,18 @@ loader, and a forward + short generation on them."""
 
 import importlib.util
 import json
+import re
+import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from engine_configs import engine_config
 from safetensors import safe_open
 from test_generation_cache import generate
 
+from lvx_app.runtime.open import open_engine
 from lvx_models.mplug_owl3.checkpoint import official_shapes
 from lvx_models.mplug_owl3.loader import load_model
 from lvx_models.mplug_owl3.prompt_rules import (
@@ -245,3 +249,17 @@ def test_transformers_reads_the_tiny_tokenizer_the_same_way(ckpts):
         "\n<|im_start|>assistant\n",
     ):
         assert hf(text).input_ids == ours.encode(text), text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("g", ["g1-gateproj", "g1", "g2"])
+def test_greedy_answers_of_the_random_weights_show_words(tiny_checkpoints, short_video, g):
+    """A random-weight demo still shows that text came out: visible words, no control
+    character and no half of a UTF-8 character."""
+    config = engine_config(tiny_checkpoints[g], gpus=0, max_new_tokens=12)
+    with open_engine(config) as engine:
+        engine.load_video(short_video)
+        answer = "".join(engine.ask("What happens in this video?"))
+    assert re.search(r"[A-Za-z]{2,}", answer), repr(answer)
+    assert not any(unicodedata.category(c) == "Cc" and c not in "\n\t" for c in answer)
+    assert "\ufffd" not in answer

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -46,7 +47,7 @@ from tokenizers import (
     trainers,
 )
 
-from .checkpoint import official_shapes
+from .checkpoint import LM, official_shapes
 from .config import FORMS, Owl3Config, SiglipVisionConfig, split_form
 from .prompt_rules import IMAGE_PROCESSING_FILE, PROCESSING_FILE, PromptRules, published_rules
 
@@ -191,6 +192,23 @@ def random_weights(
     return out
 
 
+WORD = re.compile(r" [A-Za-z]{2,}")  # a token that shows as a word after a space
+WORD_GAIN = 4.0  # how much louder a word's output row is than the others
+
+
+def favour_words(weights: dict[str, torch.Tensor], tok: Tokenizer, cfg: Owl3Config) -> None:
+    """Make the output rows of word tokens louder, so that greedy decoding of the random weights
+    writes visible words instead of newlines, control bytes or halves of a UTF-8 character (the
+    answers stay gibberish, but a user sees that text came out)."""
+    key = f"{LM}lm_head.weight"
+    if cfg.tie_word_embeddings:
+        key = f"{LM}model.embed_tokens.weight"
+    rows = weights[key]
+    for token, i in tok.get_vocab(with_added_tokens=False).items():
+        if WORD.fullmatch(tok.decode([i])):
+            rows[i] = (rows[i].float() * WORD_GAIN).to(rows.dtype)
+
+
 def _tokenizer_config(tok: Tokenizer) -> dict:
     return {
         "add_prefix_space": False,
@@ -303,6 +321,7 @@ def write_tiny_checkpoint(
         (d / name).write_text(text)
 
     weights = random_weights(cfg, seed, dtype)
+    favour_words(weights, tok, cfg)
     meta = {"format": "pt"}
     for old in list(d.glob("model*.safetensors")) + list(d.glob("model.safetensors.index.json")):
         old.unlink()
