@@ -102,7 +102,7 @@ def test_clear_and_rm_delete_only_what_lvx_wrote(tmp_path):
     store = FeatureCache(tmp_path / "cache")
     save_shard(store, key_for(video, world_size=1), video)
     save_shard(store, key_for(video, world_size=1, fps=2.0), video)
-    entry = store.shard_path(key_for(video, world_size=1)).parent
+    entry = store.path(key_for(video, world_size=1)).parent
     theirs = [
         store.features_dir / "notes.txt",  # next to the entries
         store.features_dir / "photos" / "shard-00000-of-00001.safetensors",  # in another folder
