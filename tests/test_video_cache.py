@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from cache_damage import check_a_folder_holding_files_is_left_alone
 from typer.testing import CliRunner
 
 import lvx_app.cache.files as cache_files
@@ -152,6 +153,26 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
     assert len(caught) == 1 and not path.exists()
     save_shard(cache, key, video)  # rebuilt
     assert cache.load(key) is not None
+
+
+def test_a_folder_holding_someones_files_where_features_belong_is_left_alone(tmp_path, video):
+    cache, key = FeatureCache(tmp_path / "cache"), key_for(video)
+    plan = build_plan(300, 30.0, 1.0, path=str(video), warn=False)
+    shard = plan.shard(key.rank, key.world_size)
+    feats = torch.zeros(len(shard), 3, 8)
+    check_a_folder_holding_files_is_left_alone(
+        cache.path(key),
+        lambda: cache.save(
+            key,
+            feats,
+            shard.indices,
+            shard.timestamps,
+            plan=plan.to_dict(),
+            frame_offset=shard.start,
+            video=video,
+        ),
+        lambda: cache.load(key),
+    )
 
 
 def test_writes_are_atomic(tmp_path, video, monkeypatch):
@@ -313,7 +334,7 @@ def test_rm_of_a_features_id_removes_what_is_listed_under_it(tmp_path, video):
     assert sorted(e.kind for e in left) == ["features", "prompt", "visual K/V"]
     assert all(e.entry_id == twos.entry_id() or e.made_from == twos.entry_id() for e in left)
     shutil.rmtree(root / "features" / twos.entry_id())  # what was made from them is of no use
-    assert "features gone" in _ls(root, 80)
+    assert "no features" in _ls(root, 80)
     out = CliRunner().invoke(cache_app, ["rm", "--stale", "--dir", str(root)])
     assert "Removed 2 stale entries" in out.output and CacheFolder(root).entries() == []
 

@@ -63,7 +63,7 @@ class CacheFolder:
 
     def stale(self, entries: list[Entry]) -> dict[int, str]:
         """Why each entry (by its index in `entries`) can never be used again: damaged, old format,
-        video missing, video changed, features gone."""
+        video missing, video changed, no features."""
         features = {e.entry_id for e in entries if e.kind == "features"}
         versions = {store.kind: store.version for store in self.stores}
         videos: dict[tuple[str, str], str | None] = {}
@@ -79,7 +79,7 @@ class CacheFolder:
                     videos[made_from] = _video_state(*made_from)
                 why = videos[made_from]
                 if why is None and e.kind != "features" and e.made_from not in features:
-                    why = "features gone"
+                    why = "no features"
             if why:
                 out[i] = why
         return out

@@ -8,12 +8,15 @@ fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every 
 tower reads ~0.8 GB, so each file's digest is remembered in a small JSON memo keyed by the file's
 identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even when mtime is set
 back), and a later start only stats the files. The memo lives in the cache folder
-(`encoder-fingerprints.json`) and is written as every cache file is (`lvx_app.cache`): atomically,
-and a folder it cannot be written to costs a re-hash next time, with one warning.
+(`encoder-fingerprints.json`) and is written as every cache file is (`lvx_app.cache`): atomically.
+A folder that cannot be written or is full only costs a re-hash next time, said by the cache
+entries that cannot be saved there either (a start-up of a group has no user to tell yet); a folder
+of someone's in the memo's place is said once.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -69,8 +72,9 @@ def _write_memo(memo: Path, table: dict[str, str]) -> None:
     try:
         atomic_write_text(memo, json.dumps(table, indent=0))
     except OSError as exc:  # only costs a re-hash next time
-        then = "the next start hashes them again"
-        warn_not_saved(memo.parent, exc, "the encoder weights' fingerprints", then)
+        if exc.errno == errno.EISDIR:
+            then = "the next start hashes them again"
+            warn_not_saved(memo.parent, exc, "the encoder weights' fingerprints", then)
 
 
 def encoder_fingerprint(
