@@ -20,25 +20,29 @@ from gloo_ranks import run_ranks
 from safetensors import SafetensorError
 from test_engine import _lvx
 from test_video_cache import key_for, save_made_from, save_shard
+from test_visual_kv_cache import saving_config
 from typer.testing import CliRunner
 
 import lvx_app.cache.files as cache_files
 from lvx_app.cache import CacheFolder, CacheWarning, FeatureCache, PrefixCache, VisualKVCache
 from lvx_app.cli.cache import cache_app
-from lvx_app.config import Config, GenerationConfig
+from lvx_app.config import GenerationConfig
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_identity
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
+READ_ONLY = 'mount --bind -o ro "$0" "$0"'
+TINY = 'mount -t tmpfs -o size=4k tmpfs "$0"'  # room for the fingerprints, not for features
+
 
 @functools.cache
-def _can_mount_read_only() -> bool:
-    """Whether this machine lets a test mount a folder read-only in its own namespace."""
+def _can_mount(mount: str) -> bool:
+    """Whether this machine lets a test `mount` a folder in a namespace of its own."""
     if shutil.which("unshare") is None:
         return False
     with tempfile.TemporaryDirectory() as folder:
-        probe = ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0"', folder]
+        probe = ["unshare", "-rm", "sh", "-c", mount, folder]
         return subprocess.run(probe, capture_output=True).returncode == 0
 
 
@@ -47,9 +51,8 @@ def _read_only(folder: Path, *args: str, stdin: str = "") -> subprocess.Complete
     or (not root) the folder's write permission taken away for the run."""
     env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "lvx_app.cli", *args]
-    if _can_mount_read_only():
-        mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-        command = ["unshare", "-rm", "sh", "-c", mount, str(folder), *command]
+    if _can_mount(READ_ONLY):
+        command = ["unshare", "-rm", "sh", "-c", READ_ONLY + ' && exec "$@"', str(folder), *command]
         return subprocess.run(command, input=stdin, capture_output=True, text=True, env=env)
     if os.geteuid() == 0:
         pytest.skip("root may write anywhere, and this machine lets no test mount read-only")
@@ -63,31 +66,11 @@ def _read_only(folder: Path, *args: str, stdin: str = "") -> subprocess.Complete
             path.chmod(0o755)
 
 
-@functools.cache
-def _can_mount_a_tiny_filesystem() -> bool:
-    """Whether this machine lets a test mount a small tmpfs in a namespace of its own."""
-    if shutil.which("unshare") is None:
-        return False
-    with tempfile.TemporaryDirectory() as folder:
-        probe = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$0"', folder]
-        return subprocess.run(probe, capture_output=True).returncode == 0
-
-
 def _on_a_tiny_filesystem(folder: Path, *args: str, stdin: str) -> subprocess.CompletedProcess:
     """`lvx ARGS` with a 4 KiB file system mounted at `folder`: room for the fingerprints, not for
     a shard of features."""
-    mount = 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$@"'
-    command = [
-        "unshare",
-        "-rm",
-        "sh",
-        "-c",
-        mount,
-        str(folder),
-        sys.executable,
-        "-m",
-        "lvx_app.cli",
-    ]
+    mount = ["unshare", "-rm", "sh", "-c", TINY + ' && exec "$@"', str(folder)]
+    command = [*mount, sys.executable, "-m", "lvx_app.cli"]
     env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
     return subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, env=env)
 
@@ -262,13 +245,7 @@ def _loads_on_a_full_disk(rank: int, world: int, checkpoint: str, video: str, ca
     """Two loads while `kinds` cannot be written (fresh sessions, one process), then two once the
     disk has room: what each load read back, its answer and its cache warnings."""
     info = init_distributed(cuda=False)
-    config = Config.from_options(
-        model=checkpoint,
-        cache_dir=cache,
-        decode_workers=1,
-        kv_mode="cache",
-        save_visual_kv="always",
-    )
+    config = saving_config(checkpoint, cache)
     runs = []
     fill_the_disk(kinds)
     for i in range(4):
@@ -320,7 +297,7 @@ def test_a_load_on_a_full_disk_succeeds_with_one_warning_and_the_next_load_works
 def test_chat_on_two_ranks_with_a_full_cache_disk_answers_with_one_warning(
     tiny_checkpoints, short_video, tmp_path
 ):
-    if not _can_mount_a_tiny_filesystem():
+    if not _can_mount(TINY):
         pytest.skip("this machine lets no test mount a file system")
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -157,22 +157,12 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
 
 def test_a_folder_holding_someones_files_where_features_belong_is_left_alone(tmp_path, video):
     cache, key = FeatureCache(tmp_path / "cache"), key_for(video)
-    plan = build_plan(300, 30.0, 1.0, path=str(video), warn=False)
-    shard = plan.shard(key.rank, key.world_size)
-    feats = torch.zeros(len(shard), 3, 8)
-    check_a_folder_holding_files_is_left_alone(
-        cache.path(key),
-        lambda: cache.save(
-            key,
-            feats,
-            shard.indices,
-            shard.timestamps,
-            plan=plan.to_dict(),
-            frame_offset=shard.start,
-            video=video,
-        ),
-        lambda: cache.load(key),
-    )
+
+    def save():
+        save_shard(cache, key, video)
+        return cache.path(key) if cache.path(key).is_file() else None
+
+    check_a_folder_holding_files_is_left_alone(cache.path(key), save, lambda: cache.load(key))
 
 
 def test_writes_are_atomic(tmp_path, video, monkeypatch):
@@ -357,19 +347,7 @@ def test_files_of_the_previous_release_stay_readable_and_list_under_their_featur
     video = tmp_path / "movie.mp4"
     video.write_bytes(bytes(range(256)) * 40)
     os.utime(video, ns=(10**18, 10**18))
-    key = FeatureKey.make(
-        video,
-        fps=1.0,
-        max_frames=None,
-        model_id="tiny",
-        model_revision="r1",
-        dtype=torch.bfloat16,
-        world_size=1,
-        rank=0,
-        image_size=32,
-        encoder="enc",
-        plan_version=PLAN_VERSION,
-    )
+    key = key_for(video, world_size=1, encoder="enc")
     prompt, visual = save_made_from(tmp_path / "cache", key, video)
     assert key.file_id == "d47a961d3560f48ef160c05ba66e205f"
     assert key.entry_id() == "ea635982e6dd5e91fee4"

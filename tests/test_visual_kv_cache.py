@@ -55,18 +55,23 @@ def _open_and_ask(session: RankSession, video: str) -> dict:
     }
 
 
-def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
-    """First open (saves the K/V), reopen (reads them and the prompt back), then without the saved
-    prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
-    sessions."""
-    info = init_distributed(cuda=False)
-    config = Config.from_options(
+def saving_config(checkpoint: str, cache_dir: str) -> Config:
+    """Resident visual K/V, saved at every first open."""
+    return Config.from_options(
         model=checkpoint,
         cache_dir=cache_dir,
         decode_workers=1,
         kv_mode="cache",
         save_visual_kv="always",
     )
+
+
+def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
+    """First open (saves the K/V), reopen (reads them and the prompt back), then without the saved
+    prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
+    sessions."""
+    info = init_distributed(cuda=False)
+    config = saving_config(checkpoint, cache_dir)
     runs = []
     for i in range(3):
         if i == 2 and rank == 0:

@@ -16,15 +16,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lvx_app.cache.faults import CorruptEntry
-from lvx_app.cache.store import Entry, Store, stable_hash
+from lvx_app.cache.store import SHARD_FILES, Entry, PerRankKey, Store
 
 FEATURES_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
 _BLOCK = 1 << 20
@@ -48,7 +47,7 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 
 @dataclass(frozen=True)
-class FeatureKey:
+class FeatureKey(PerRankKey):
     """Everything that determines one rank's features."""
 
     file_id: str
@@ -100,14 +99,6 @@ class FeatureKey:
             plan_version=int(plan_version),
         )
 
-    def entry_id(self) -> str:
-        d = asdict(self)
-        d.pop("rank")
-        return stable_hash(d)
-
-    def file_name(self) -> str:
-        return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
-
 
 @dataclass
 class CachedShard:
@@ -128,7 +119,7 @@ class FeatureCache(Store):
     kind = "features"
     folder_name = "features"
     version = FEATURES_VERSION
-    names = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")
+    names = SHARD_FILES
     required = frozenset(_TENSORS)
     noun = "the visual-feature cache file"
     content = "the visual features"

@@ -50,6 +50,24 @@ def checksum(tensors: dict[str, torch.Tensor]) -> int:
     return crc
 
 
+SHARD_FILES = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")  # one file per rank
+
+
+class PerRankKey:
+    """A key whose entry holds one file per rank (`SHARD_FILES`): its id leaves the rank out."""
+
+    rank: int
+    world_size: int
+
+    def entry_id(self) -> str:
+        d = asdict(self)
+        d.pop("rank")
+        return stable_hash(d)
+
+    def file_name(self) -> str:
+        return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
+
+
 def cache_root(root: str | os.PathLike | None) -> Path:
     """The cache folder: `root`, else `$LVX_CACHE_DIR`, else `~/.cache/lvx`."""
     return Path(root).expanduser() if root else default_cache_dir()

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lvx_app.cache.faults import CorruptEntry
 from lvx_app.cache.features import FeatureKey
-from lvx_app.cache.store import Entry, Store, stable_hash
+from lvx_app.cache.store import SHARD_FILES, Entry, PerRankKey, Store
 
 VISUAL_KV_VERSION = 1
 
@@ -33,7 +32,7 @@ VisualKV = dict[int, tuple[torch.Tensor, torch.Tensor]]  # hyper layer index -> 
 
 
 @dataclass(frozen=True)
-class VisualKVKey:
+class VisualKVKey(PerRankKey):
     """Everything that decides one rank's visual K/V."""
 
     features: str  # the feature entry id, with its world size and layout
@@ -69,14 +68,6 @@ class VisualKVKey:
             feature_key.file_id,
         )
 
-    def entry_id(self) -> str:
-        d = asdict(self)
-        d.pop("rank")
-        return stable_hash(d)
-
-    def file_name(self) -> str:
-        return f"shard-{self.rank:05d}-of-{self.world_size:05d}.safetensors"
-
 
 class VisualKVCache(Store):
     """Visual K/V on disk, one safetensors file per (feature entry, checkpoint, rank)."""
@@ -84,7 +75,7 @@ class VisualKVCache(Store):
     kind = "visual K/V"
     folder_name = "visual-kv"
     version = VISUAL_KV_VERSION
-    names = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")
+    names = SHARD_FILES
     noun = "the saved visual K/V"
     content = "the visual K/V"
     instead = "recomputing them from the features"
