@@ -154,7 +154,7 @@ def visual_kv_choice(minutes: float, checkpoint: Path, workdir: Path) -> dict:
     a file."""
     from safetensors.torch import load_file
 
-    from lvx_app.video.feature_cache import tensor_crc
+    from lvx_app.cache import tensor_crc
     from lvx_models.mplug_owl3.loader import load_model
 
     model = load_model(str(checkpoint), dtype=torch.float32).model

@@ -1,32 +1,48 @@
-"""A cache folder that cannot be written is still read; `lvx cache rm|clear` delete only what lvx
-wrote, and say so when they cannot delete it."""
+"""A cache folder that cannot be written is still read, and a full one is like it: one warning, the
+load goes on; `lvx cache rm|clear` delete only what lvx wrote, and say so when they cannot delete
+it."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
+from gloo_ranks import run_ranks
+from safetensors import SafetensorError
 from test_engine import _lvx
-from test_video_cache import key_for, save_shard
+from test_video_cache import key_for, save_made_from, save_shard
+from test_visual_kv_cache import saving_config
 from typer.testing import CliRunner
 
+import lvx_app.cache.files as cache_files
+from lvx_app.cache import CacheFolder, CacheWarning, FeatureCache, PrefixCache, VisualKVCache
 from lvx_app.cli.cache import cache_app
-from lvx_app.video.feature_cache import FeatureCache
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.session import RankSession
+from lvx_app.parallel.group import init_distributed
+from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_identity
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+
+READ_ONLY = 'mount --bind -o ro "$0" "$0"'
+TINY = 'mount -t tmpfs -o size=4k tmpfs "$0"'  # room for the fingerprints, not for features
 
 
 @functools.cache
-def _can_mount_read_only() -> bool:
-    """Whether this machine lets a test mount a folder read-only in its own namespace."""
+def _can_mount(mount: str) -> bool:
+    """Whether this machine lets a test `mount` a folder in a namespace of its own."""
     if shutil.which("unshare") is None:
         return False
     with tempfile.TemporaryDirectory() as folder:
-        probe = ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0"', folder]
+        probe = ["unshare", "-rm", "sh", "-c", mount, folder]
         return subprocess.run(probe, capture_output=True).returncode == 0
 
 
@@ -35,9 +51,8 @@ def _read_only(folder: Path, *args: str, stdin: str = "") -> subprocess.Complete
     or (not root) the folder's write permission taken away for the run."""
     env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "lvx_app.cli", *args]
-    if _can_mount_read_only():
-        mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-        command = ["unshare", "-rm", "sh", "-c", mount, str(folder), *command]
+    if _can_mount(READ_ONLY):
+        command = ["unshare", "-rm", "sh", "-c", READ_ONLY + ' && exec "$@"', str(folder), *command]
         return subprocess.run(command, input=stdin, capture_output=True, text=True, env=env)
     if os.geteuid() == 0:
         pytest.skip("root may write anywhere, and this machine lets no test mount read-only")
@@ -49,6 +64,15 @@ def _read_only(folder: Path, *args: str, stdin: str = "") -> subprocess.Complete
     finally:
         for path in folders:
             path.chmod(0o755)
+
+
+def _on_a_tiny_filesystem(folder: Path, *args: str, stdin: str) -> subprocess.CompletedProcess:
+    """`lvx ARGS` with a 4 KiB file system mounted at `folder`: room for the fingerprints, not for
+    a shard of features."""
+    mount = ["unshare", "-rm", "sh", "-c", TINY + ' && exec "$@"', str(folder)]
+    command = [*mount, sys.executable, "-m", "lvx_app.cli"]
+    env = dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1")
+    return subprocess.run([*command, *args], input=stdin, capture_output=True, text=True, env=env)
 
 
 def _files(folder: Path) -> dict[str, int]:
@@ -102,12 +126,12 @@ def test_clear_and_rm_delete_only_what_lvx_wrote(tmp_path):
     store = FeatureCache(tmp_path / "cache")
     save_shard(store, key_for(video, world_size=1), video)
     save_shard(store, key_for(video, world_size=1, fps=2.0), video)
-    entry = store.shard_path(key_for(video, world_size=1)).parent
+    entry = store.path(key_for(video, world_size=1)).parent
     theirs = [
-        store.features_dir / "notes.txt",  # next to the entries
-        store.features_dir / "photos" / "shard-00000-of-00001.safetensors",  # in another folder
+        store.folder / "notes.txt",  # next to the entries
+        store.folder / "photos" / "shard-00000-of-00001.safetensors",  # in another folder
         entry / "README",  # inside an entry of lvx's
-        store.features_dir / ("0" * 20) / "shard-00000-of-00001.safetensors",  # not lvx's header
+        store.folder / ("0" * 20) / "shard-00000-of-00001.safetensors",  # not lvx's header
     ]
     for path in theirs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,3 +146,166 @@ def test_clear_and_rm_delete_only_what_lvx_wrote(tmp_path):
     assert "Left 4 file(s) lvx did not write" in out.output, out.output
     assert all(path.read_text() == "someone else's" for path in theirs)
     assert store.entries()[0].entry_id == "0" * 20 and store.entries()[0].problems
+
+
+# ---- a full disk
+# --------------------------------------------------------------------------------------------------
+KINDS = ("features", "prefixes", "visual-kv", MEMO_NAME)
+FULL = re.escape("is full (No space left on device): what it holds is used")
+# what safetensors raises when the disk fills under it
+SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def fill_the_disk(kinds: tuple[str, ...], how: str = "safetensors") -> None:
+    """From now on in this process, writes of these kinds fail as on a full disk: safetensors'
+    own error for tensors (`how` "safetensors"), or the OSError the flush to disk raises."""
+    save_file, fsync = cache_files.save_file, cache_files.os.fsync
+
+    def full(path: str) -> bool:
+        name = Path(path).name
+        return any(
+            kind in (Path(path).parent.parent.name, name.split(".tmp-")[0][1:]) for kind in kinds
+        )
+
+    def failing_save_file(tensors, filename, metadata=None):
+        if how == "safetensors" and full(filename):
+            raise SafetensorError(SAFETENSORS_FULL)
+        return save_file(tensors, filename, metadata=metadata)
+
+    def failing_fsync(fd):
+        if (how == "fsync" or MEMO_NAME in kinds) and full(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+
+    cache_files.save_file, cache_files.os.fsync = failing_save_file, failing_fsync
+    fill_the_disk.undo = lambda: (
+        setattr(cache_files, "save_file", save_file) or setattr(cache_files.os, "fsync", fsync)
+    )
+
+
+@pytest.fixture
+def full_disk():
+    yield fill_the_disk
+    fill_the_disk.undo()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if not p.is_dir())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["safetensors", "fsync"])
+def test_a_full_disk_saves_nothing_says_so_once_and_leaves_no_file(
+    tmp_path, full_disk, tiny_checkpoints, kind, how
+):
+    if kind == MEMO_NAME and how == "safetensors":
+        pytest.skip("the fingerprints are JSON, not safetensors")
+    root = tmp_path / "cache"
+    video = tmp_path / "movie.mp4"
+    video.write_bytes(os.urandom(3000))
+    key = key_for(video, world_size=1)
+
+    def save() -> bool:
+        """Whether every entry of `kind` was written (the others are written all along)."""
+        feature = FeatureCache(root).path(key)
+        save_shard(FeatureCache(root), key, video)
+        prompt, visual = save_made_from(root, key, video)
+        paths = {
+            "features": [feature],
+            "prefixes": [PrefixCache(root).path(prompt)],
+            "visual-kv": [VisualKVCache(root).path(visual)],
+            MEMO_NAME: [root / MEMO_NAME],
+        }
+        encoder_identity(tiny_checkpoints["g2"], None, root)
+        return all(p.is_file() for p in paths[kind])
+
+    full_disk((kind,), how)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert save() is False
+        assert save() is False
+    said = [str(w.message) for w in caught]
+    if kind == MEMO_NAME:  # only a re-hash: said by the entries that cannot be saved either
+        assert said == []
+    else:
+        assert len(said) == 1 and re.search(FULL, said[0]), said
+    assert not any(".tmp-" in p.name for p in _files(root)), _files(root)
+    assert not (root / kind).exists() or kind == MEMO_NAME, "no empty entry folder is left"
+    fill_the_disk.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert save() is True
+    assert len(CacheFolder(root).entries()) == 3
+
+
+PARAMS = GenerationConfig(max_new_tokens=6)
+
+
+def _loads_on_a_full_disk(rank: int, world: int, checkpoint: str, video: str, cache: str, kinds):
+    """Two loads while `kinds` cannot be written (fresh sessions, one process), then two once the
+    disk has room: what each load read back, its answer and its cache warnings."""
+    info = init_distributed(cuda=False)
+    config = saving_config(checkpoint, cache)
+    runs = []
+    fill_the_disk(kinds)
+    for i in range(4):
+        if i == 2:
+            fill_the_disk.undo()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            session = RankSession(config, info)
+            summary = session.load_video(video, config.video)
+            answer = "".join(session.ask("what happens?", PARAMS))
+        said = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+        read_back = (summary.from_cache, summary.prompt_from_cache, summary.visual_kv_from_cache)
+        runs.append((read_back, answer, said))
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize(
+    "kinds",
+    [("features",), ("prefixes",), ("visual-kv",), KINDS],
+    ids=["features", "prompt", "visual-kv", "every-kind"],
+)
+def test_a_load_on_a_full_disk_succeeds_with_one_warning_and_the_next_load_works(
+    tmp_path, world, kinds
+):
+    checkpoint = str(write_tiny_checkpoint(tmp_path / "ckpt", "g2", seed=0))
+    video = str(tmp_path / "short.mp4")
+    from lvx_app.video.synthetic import make_video
+
+    make_video(video, num_frames=60, fps=10, width=64, height=48)
+    runs = run_ranks(_loads_on_a_full_disk, world, checkpoint, video, str(tmp_path / "c"), kinds)
+    for rank, (first, again, freed, hit) in enumerate(runs):
+        answers = {first[1], again[1], freed[1], hit[1]}
+        assert len(answers) == 1, "every load answers alike"
+        assert len(first[2]) == (1 if rank == 0 or kinds != ("prefixes",) else 0), first[2]
+        assert (
+            all(re.search(FULL, line) for line in first[2]) and again[2] == [] == freed[2] == hit[2]
+        )
+        assert again[0] == (
+            "features" not in kinds,
+            not {"features", "prefixes"} & set(kinds),
+            not {"features", "visual-kv"} & set(kinds),
+        ), "what could be saved is read back"
+        assert hit[0] == (True, True, True), "with room again, everything is saved and read back"
+
+
+@pytest.mark.slow
+def test_chat_on_two_ranks_with_a_full_cache_disk_answers_with_one_warning(
+    tiny_checkpoints, short_video, tmp_path
+):
+    if not _can_mount(TINY):
+        pytest.skip("this machine lets no test mount a file system")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    chat = ["chat", short_video, "--model", tiny_checkpoints["g2"], "--gpus", "0", "--ranks", "2"]
+    chat += ["--cache-dir", str(cache), "--max-new-tokens", "4"]
+    for _ in range(2):  # the next run (its own process, the disk still full) works alike
+        run = _on_a_tiny_filesystem(cache, *chat, stdin="what happens?\nwhy?\n/quit\n")
+        said = run.stdout + run.stderr
+        assert run.returncode == 0 and "Traceback" not in said and "failed" not in said, said
+        assert "10 frames at 1 fps" in run.stdout and run.stdout.count("lvx › ") == 2, said
+        assert len(re.findall(f"cache folder {cache} {FULL}", said)) == 1, said

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import lvx_app.cache.faults as cache_faults
+from lvx_app.cache import CacheWarning, FeatureCache
 from lvx_app.config import Config
 from lvx_app.runtime.open import open_engine
-from lvx_app.video.errors import VideoWarning
-from lvx_app.video.feature_cache import FeatureCache
 from lvx_models.mplug_owl3 import fingerprint
-from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_fingerprint, encoder_identity
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 
@@ -88,7 +88,7 @@ def test_a_corrupt_cache_file_is_one_warning_line(tmp_path, short_video):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         from_cache, _ = _answer(checkpoint, short_video, cache)
-    lines = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
+    lines = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert from_cache is False
     assert (
         len(lines) == 1
@@ -97,6 +97,31 @@ def test_a_corrupt_cache_file_is_one_warning_line(tmp_path, short_video):
         and "\n" not in lines[0]
     ), lines
     assert len(FeatureCache(cache).entries()) == 1
+
+
+def test_a_folder_where_the_fingerprints_belong_is_left_alone_and_gathers_no_temporary_files(
+    tmp_path, monkeypatch
+):
+    """Each run (a process: the warning is said once per process) hashes the weights again, says
+    once that the memo cannot be kept, and leaves the cache folder as it found it."""
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "g2", seed=0)
+    cache = tmp_path / "cache"
+    (cache / MEMO_NAME).mkdir(parents=True)
+    (cache / MEMO_NAME / "notes.txt").write_text("someone's")
+    before = sorted(p.name for p in cache.rglob("*"))
+    fingerprints = set()
+    for _ in range(3):
+        monkeypatch.setattr(cache_faults, "_said", set())  # a new run
+        with pytest.warns(CacheWarning, match=f"{MEMO_NAME} is a folder holding files") as caught:
+            fingerprints.add(encoder_identity(str(checkpoint), None, cache)[1])
+        assert len(caught) == 1
+        assert sorted(p.name for p in cache.rglob("*")) == before, "no temporary file is left"
+    assert len(fingerprints) == 1 and (cache / MEMO_NAME / "notes.txt").read_text() == "someone's"
+    (cache / MEMO_NAME / "notes.txt").unlink()  # an empty folder there is lvx's to replace
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert encoder_identity(str(checkpoint), None, cache)[1] in fingerprints
+    assert (cache / MEMO_NAME).is_file()
 
 
 @pytest.fixture(autouse=True)

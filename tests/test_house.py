@@ -28,6 +28,7 @@ LAYERS = [
     (3, ["lvx_app.video", "lvx_app.subtitles"]),
     (2, ["lvx_models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
+    (1, ["lvx_app.cache"]),
     (0, ["lvx_app.config", "lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines",
          "lvx_app.interrupts", "lvx_app.version"]),
 ]  # fmt: skip

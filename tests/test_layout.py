@@ -7,9 +7,9 @@ import pytest
 import torch
 from gloo_ranks import run_ranks
 
+from lvx_app.cache import FeatureKey
 from lvx_app.defaults import LAYOUTS
 from lvx_app.parallel.layout import balance, owned, owners, rank_tokens, round_work, token_owners
-from lvx_app.video.feature_cache import CacheKey
 from lvx_app.video.plan import build_plan
 
 
@@ -88,7 +88,9 @@ def test_plan_shards_follow_the_layout_and_cache_keys_differ():
             assert list(s.indices) == [plan.indices[p] for p in s.positions]
             assert s.positions == tuple(owned(len(plan), 3, s.rank, layout))
     ids = {
-        layout: CacheKey("f", 1.0, None, "m", "", "float32", 2, 0, layout=layout).entry_id()
+        layout: FeatureKey(
+            "f", 1.0, None, "m", "", "float32", 2, 0, layout=layout, plan_version=1
+        ).entry_id()
         for layout in LAYOUTS
     }
     assert len(set(ids.values())) == len(LAYOUTS)

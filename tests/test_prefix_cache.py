@@ -11,17 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_damage import DAMAGES, check_damage_is_discarded, damage
+from cache_damage import (
+    DAMAGES,
+    check_a_folder_holding_files_is_left_alone,
+    check_damage_is_discarded,
+    damage,
+)
 from gloo_ranks import run_ranks
 from typer.testing import CliRunner
 
+from lvx_app.cache import CacheWarning, FeatureKey, PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, GenerationConfig
-from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
-from lvx_app.video.errors import VideoWarning
-from lvx_app.video.feature_cache import CacheKey
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
 
 PARAMS = GenerationConfig(max_new_tokens=8)
@@ -61,7 +64,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
         lines = [
             str(w.message)
             for w in caught
-            if issubclass(w.category, VideoWarning) and "prompt" in str(w.message)
+            if issubclass(w.category, CacheWarning) and "prompt" in str(w.message)
         ]
         runs.append((restored, tokens, kv, lines))
     return runs
@@ -156,7 +159,7 @@ def test_a_changed_video_prompt_misses_the_saved_one(
 # ---- the store: keys, damage, world size
 # --------------------------------------------------------------------------------------------------
 def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:
-    feature = CacheKey.make(
+    feature = FeatureKey.make(
         video,
         fps=1.0,
         max_frames=None,
@@ -165,6 +168,7 @@ def _key(video: Path, world: int = 1, rank: int = 0, **changes) -> PrefixKey:
         world_size=world,
         rank=rank,
         encoder="enc",
+        plan_version=1,
     )
     key = PrefixKey.make(
         feature, checkpoint="ck", prompt_format=1, prompt_ids=torch.arange(40), device="cpu"
@@ -217,7 +221,7 @@ def test_every_key_component_invalidates(tmp_path, video):
             warnings.simplefilter("ignore")
             assert store.load(dataclasses.replace(key, **{name: value})) is None, name
     other_ids = PrefixKey.make(
-        CacheKey.make(
+        FeatureKey.make(
             video,
             fps=1.0,
             max_frames=None,
@@ -226,6 +230,7 @@ def test_every_key_component_invalidates(tmp_path, video):
             world_size=1,
             rank=0,
             encoder="enc",
+            plan_version=1,
         ),
         checkpoint="ck",
         prompt_format=1,
@@ -240,7 +245,7 @@ def test_every_key_component_invalidates(tmp_path, video):
         ("max_frames", 9),
     ):
         feature = dataclasses.replace(
-            CacheKey.make(
+            FeatureKey.make(
                 video,
                 fps=1.0,
                 max_frames=None,
@@ -249,6 +254,7 @@ def test_every_key_component_invalidates(tmp_path, video):
                 world_size=1,
                 rank=0,
                 encoder="enc",
+                plan_version=1,
             ),
             **{field: value},
         )
@@ -263,7 +269,7 @@ def test_another_world_size_is_named_in_one_line(tmp_path, video):
     store = PrefixCache(tmp_path)
     store.save(_key(video), _saved(), video=video)
     with pytest.warns(
-        VideoWarning, match=r"made on 1 rank\(s\), this run has 2; prefilling it again"
+        CacheWarning, match=r"made on 1 rank\(s\), this run has 2; prefilling it again"
     ):
         assert store.load(_key(video, world=2)) is None
     with warnings.catch_warnings():
@@ -283,6 +289,13 @@ def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
     )
 
 
+def test_a_folder_holding_someones_files_where_a_prompt_belongs_is_left_alone(tmp_path, video):
+    store, key = PrefixCache(tmp_path), _key(video)
+    check_a_folder_holding_files_is_left_alone(
+        store.path(key), lambda: store.save(key, _saved(), video=video), lambda: store.load(key)
+    )
+
+
 def test_one_file_for_all_ranks_and_only_rank_0_discards_it(tmp_path, video):
     store = PrefixCache(tmp_path)
     assert _key(video, world=2, rank=1) == _key(video, world=2, rank=0), (
@@ -295,7 +308,7 @@ def test_one_file_for_all_ranks_and_only_rank_0_discards_it(tmp_path, video):
         warnings.simplefilter("error")
         assert store.load(_key(video, world=2), owner=False) is None
     assert path.exists(), "another rank leaves the damaged file to rank 0"
-    with pytest.warns(VideoWarning, match="was corrupt"):
+    with pytest.warns(CacheWarning, match="was corrupt"):
         assert store.load(_key(video, world=2)) is None
     assert not path.exists()
 
@@ -314,16 +327,19 @@ def test_cache_cli_lists_and_removes_saved_prompts(tmp_path, video):
     store = PrefixCache(tmp_path)
     store.save(_key(video), _saved(), video=video.resolve())
     store.save(_key(video, world=2), _saved(), video=video.resolve())
-    entry = store.entries()[0]
+    entries = store.entries()  # one row per number of ranks, one entry id
+    assert [e.world_size for e in entries] == [1, 2] and len({e.entry_id for e in entries}) == 1
     d = ["--dir", str(tmp_path)]
     out = CliRunner().invoke(cache_app, ["ls", *d])
-    assert out.exit_code == 0 and "saved video prompts" in out.output, out.output
-    assert entry.entry_id[:12] in out.output and "1/2" in out.output and "movie.mp4" in out.output
-    assert entry.bytes == sum(
-        f.stat().st_size for f in (tmp_path / "prefixes" / entry.entry_id).iterdir()
+    assert out.exit_code == 0 and "prompt" in out.output, out.output
+    assert entries[0].entry_id[:8] in out.output and "movie.mp4" in out.output
+    assert "1 rank" in out.output and "2 ranks" in out.output
+    assert out.output.count("no features") == 2, "no features: they are never read back"
+    assert sum(e.bytes for e in entries) == sum(
+        f.stat().st_size for f in (tmp_path / "prefixes" / entries[0].entry_id).iterdir()
     )
-    out = CliRunner().invoke(cache_app, ["rm", entry.entry_id[:6], *d])
-    assert out.exit_code == 0 and "Removed 1 entry" in out.output and store.entries() == []
+    out = CliRunner().invoke(cache_app, ["rm", entries[0].entry_id[:6], *d])
+    assert out.exit_code == 0 and "Removed 2 entries" in out.output and store.entries() == []
     store.save(_key(video), _saved(), video=video.resolve())
     assert "Removed 1 entry" in CliRunner().invoke(cache_app, ["rm", str(video), *d]).output
     store.save(_key(video), _saved(), video=video.resolve())

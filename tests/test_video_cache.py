@@ -1,16 +1,32 @@
 """The visual-feature cache: keys, hits and misses, corruption, atomic writes, and `lvx cache`."""
 
+import dataclasses
+import errno
 import os
-import sys
+import re
+import shutil
 
 import pytest
 import torch
+from cache_damage import check_a_folder_holding_files_is_left_alone
 from typer.testing import CliRunner
 
+import lvx_app.cache.files as cache_files
+from lvx_app.cache import (
+    CacheFolder,
+    CacheWarning,
+    FeatureCache,
+    FeatureKey,
+    PrefixCache,
+    PrefixKey,
+    SavedPrefix,
+    VisualKVCache,
+    VisualKVKey,
+    file_identity,
+)
 from lvx_app.cli.cache import cache_app
-from lvx_app.video.errors import VideoWarning
-from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
-from lvx_app.video.plan import build_plan
+from lvx_app.defaults import default_cache_dir
+from lvx_app.video.plan import PLAN_VERSION, build_plan
 
 
 @pytest.fixture
@@ -32,7 +48,7 @@ def key_for(video, **kw):
         image_size=32,
     )
     args.update(kw)
-    return CacheKey.make(video, **args)
+    return FeatureKey.make(video, plan_version=PLAN_VERSION, **args)
 
 
 def save_shard(cache, key, video, n=5, seed=0):
@@ -45,7 +61,7 @@ def save_shard(cache, key, video, n=5, seed=0):
         feats,
         shard.indices,
         shard.timestamps,
-        plan=plan,
+        plan=plan.to_dict(),
         frame_offset=shard.start,
         video=video,
     )
@@ -88,7 +104,7 @@ def test_hit_and_misses(tmp_path, video):
         and torch.equal(got.features, feats)
         and got.features.dtype == torch.bfloat16
     )
-    assert got.plan == plan and got.frame_offset == shard.start == 0
+    assert got.plan == plan.to_dict() and got.frame_offset == shard.start == 0
     assert got.frame_indices.tolist() == list(shard.indices)
     assert got.timestamps.tolist() == pytest.approx(shard.timestamps)
     for other in (
@@ -116,7 +132,7 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
     cache = FeatureCache(tmp_path / "cache")
     key = key_for(video)
     save_shard(cache, key, video)
-    path = cache.shard_path(key)
+    path = cache.path(key)
     if damage == "data":
         corrupt_byte(path, path.stat().st_size - 7)  # inside the tensor bytes
     elif damage == "header":
@@ -131,34 +147,43 @@ def test_corrupt_entries_are_detected_deleted_and_never_used(tmp_path, video, da
     else:  # a valid file of another key renamed into place
         other = key_for(video, fps=2.0)
         save_shard(cache, other, video)
-        os.replace(cache.shard_path(other), path)
-    with pytest.warns(VideoWarning, match="corrupt") as caught:
+        os.replace(cache.path(other), path)
+    with pytest.warns(CacheWarning, match="corrupt") as caught:
         assert cache.load(key) is None
     assert len(caught) == 1 and not path.exists()
     save_shard(cache, key, video)  # rebuilt
     assert cache.load(key) is not None
 
 
+def test_a_folder_holding_someones_files_where_features_belong_is_left_alone(tmp_path, video):
+    cache, key = FeatureCache(tmp_path / "cache"), key_for(video)
+
+    def save():
+        save_shard(cache, key, video)
+        return cache.path(key) if cache.path(key).is_file() else None
+
+    check_a_folder_holding_files_is_left_alone(cache.path(key), save, lambda: cache.load(key))
+
+
 def test_writes_are_atomic(tmp_path, video, monkeypatch):
     cache = FeatureCache(tmp_path / "cache")
     key = key_for(video)
     good, _, _ = save_shard(cache, key, video, seed=1)
-    cache_mod = sys.modules["lvx_app.video.feature_cache"]
 
     def crash(src, dst):
-        raise OSError("disk died during rename")
+        raise OSError(errno.EIO, "disk died during rename")
 
-    monkeypatch.setattr(cache_mod.os, "replace", crash)
-    with pytest.raises(OSError, match="disk died"):
-        save_shard(cache, key, video, seed=2)
+    monkeypatch.setattr(cache_files.os, "replace", crash)
+    with pytest.warns(CacheWarning, match="could not save the visual features .*disk died"):
+        assert save_shard(cache, key, video, seed=2)[0] is not None  # the load goes on
     monkeypatch.undo()
-    folder = cache.shard_path(key).parent
+    folder = cache.path(key).parent
     # no temp file left behind
-    assert [p.name for p in folder.iterdir()] == [cache.shard_path(key).name]
+    assert [p.name for p in folder.iterdir()] == [cache.path(key).name]
     got = cache.load(key)
     assert got is not None and torch.equal(got.features, good)  # the old entry is intact
 
-    real = cache_mod.save_file
+    real = cache_files.save_file
 
     def half_write(tensors, filename, metadata=None):
         real(tensors, filename, metadata=metadata)
@@ -166,7 +191,7 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
             f.truncate(os.path.getsize(filename) // 2)
         raise KeyboardInterrupt  # killed mid-write
 
-    monkeypatch.setattr(cache_mod, "save_file", half_write)
+    monkeypatch.setattr(cache_files, "save_file", half_write)
     with pytest.raises(KeyboardInterrupt):
         save_shard(cache, key, video, seed=3)
     monkeypatch.undo()
@@ -176,6 +201,7 @@ def test_writes_are_atomic(tmp_path, video, monkeypatch):
 
 def test_entries_remove_clear(tmp_path, video):
     cache = FeatureCache(tmp_path / "cache")
+    folder = CacheFolder(tmp_path / "cache")
     for rank in range(2):
         save_shard(cache, key_for(video, rank=rank), video)
     other = tmp_path / "other.mp4"
@@ -184,12 +210,12 @@ def test_entries_remove_clear(tmp_path, video):
     entries = {e.video: e for e in cache.entries()}
     e = entries[str(video)]
     assert (e.shards, e.world_size, e.frames, e.model, e.dtype) == (2, 2, 10, "tiny@r1", "bfloat16")
-    assert cache.remove(str(video)) == [e.entry_id]
+    assert [x.entry_id for x in folder.remove(str(video)).entries] == [e.entry_id]
     assert [x.video for x in cache.entries()] == [str(other)]
-    assert cache.remove(cache.entries()[0].entry_id[:6])
-    assert cache.entries() == [] and cache.remove("zzzz") == []
+    assert folder.remove(cache.entries()[0].entry_id[:6]).entries
+    assert cache.entries() == [] and folder.remove("zzzz").entries == []
     save_shard(cache, key_for(video), video)
-    assert cache.clear() == 1 and cache.entries() == []
+    assert len(folder.clear().entries) == 1 and cache.entries() == []
 
 
 def test_cli(tmp_path, video):
@@ -199,7 +225,7 @@ def test_cli(tmp_path, video):
     d = ["--dir", str(cache.root)]
     out = run(cache_app, ["ls", *d])
     assert out.exit_code == 0, out.output
-    assert "movie.mp4" in out.output and "tiny@r1" in out.output and "1/1" in out.output
+    assert "movie.mp4" in out.output and "tiny@r1" in out.output and "1/1 shards" in out.output
     entry = cache.entries()[0].entry_id
     out = run(cache_app, ["rm", "nothing-here", *d])
     assert out.exit_code == 1 and "Nothing cached matches" in out.output
@@ -207,14 +233,128 @@ def test_cli(tmp_path, video):
     assert out.exit_code == 0 and "Removed 1 entry" in out.output
     assert "is empty" in run(cache_app, ["ls", *d]).output
     save_shard(cache, key_for(video, world_size=1), video)
-    assert run(cache_app, ["clear", *d], input="n\n").exit_code == 1
+    out = run(cache_app, ["clear", *d], input="n\n")
+    assert out.exit_code == 1 and out.output.endswith("Nothing removed.\n"), repr(out.output)
     assert len(cache.entries()) == 1
     out = run(cache_app, ["clear", "--yes", *d])
     assert out.exit_code == 0 and "Removed 1 entries" in out.output and cache.entries() == []
     assert run(cache_app, ["rm", *d]).exit_code == 2
     save_shard(cache, key_for(video, world_size=1), video)
-    assert "ok" in run(cache_app, ["ls", *d]).output
+    assert "video changed" not in run(cache_app, ["ls", *d]).output
     os.utime(video, ns=(0, 10**9))  # the video changed since: its entry can never be hit again
     assert "video changed" in run(cache_app, ["ls", *d]).output
     out = run(cache_app, ["rm", "--stale", *d])
     assert "Removed 1 stale entry" in out.output and cache.entries() == []
+
+
+# ---- `lvx cache ls | rm` over every kind of entry
+# --------------------------------------------------------------------------------------------------
+def save_made_from(root, key, video, tokens=40):
+    """A saved prompt and this rank's visual K/V made from the feature entry of `key`."""
+    prompt = PrefixKey.make(
+        key, checkpoint="ck", prompt_format=2, prompt_ids=torch.arange(tokens), device="cpu"
+    )
+    kv = (torch.ones(1, 6, 2, 4), torch.full((1, 6, 2, 4), 2.0))
+    PrefixCache(root).save(prompt, SavedPrefix([kv], torch.arange(6).view(1, -1)), video=video)
+    visual = VisualKVKey.make(
+        key, checkpoint="ck", media_starts=torch.arange(4) * 7, device="cpu", dtype=torch.float32
+    )
+    VisualKVCache(root).save(visual, {1: kv}, video=video)
+    return prompt, visual
+
+
+def _ls(root, columns: int) -> str:
+    out = CliRunner().invoke(cache_app, ["ls", "--dir", str(root)], env={"COLUMNS": str(columns)})
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
+def _shown_ids(text: str) -> list[str]:
+    return re.findall(r"^  ([0-9a-f]+)  ", text, flags=re.MULTILINE)
+
+
+def test_ls_fits_the_columns_and_every_id_shown_can_be_pasted_into_rm(tmp_path):
+    video = tmp_path / "a-lecture-on-long-video-question-answering.mp4"
+    video.write_bytes(os.urandom(3000))
+    cache = FeatureCache(tmp_path / "cache")
+    model = "/models/mPLUG-Owl3-7B-241101"
+    key = key_for(video, world_size=1, model_id=model, model_revision="")
+    save_shard(cache, key, video)
+    save_shard(cache, key_for(video, world_size=1, fps=2.0, max_frames=64), video)
+    save_made_from(cache.root, key, video)
+    text = _ls(cache.root, 80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert "…" not in text and "mPLUG-Owl3-7B-241101" in text and video.name in text, text
+    assert "max-frames=64" in text, text
+    assert max(len(line) for line in _ls(cache.root, 160).splitlines()) > 80, "COLUMNS honoured"
+    shown = _shown_ids(text)
+    entries = CacheFolder(cache.root).entries()
+    assert len(shown) == len(entries) == 4
+    for short in shown:
+        assert (
+            len(short) >= 4
+            and len({e.entry_id for e in entries if e.entry_id.startswith(short)}) == 1
+        )
+    for short in reversed(shown):  # what is listed under a features id first: each is one entry
+        out = CliRunner().invoke(cache_app, ["rm", short, "--dir", str(cache.root)])
+        assert out.exit_code == 0 and "Removed 1 entry" in out.output, out.output
+    assert CacheFolder(cache.root).entries() == []
+
+
+def test_rm_of_a_features_id_removes_what_is_listed_under_it(tmp_path, video):
+    root = tmp_path / "cache"
+    ones, twos = key_for(video, world_size=1), key_for(video, world_size=1, fps=2.0)
+    for key in (ones, twos):
+        save_shard(FeatureCache(root), key, video)
+        save_made_from(root, key, video, tokens=40 if key is ones else 50)
+    text = _ls(root, 80)
+    rows = re.findall(r"^  ([0-9a-f]+)  (└ )?(features|prompt|visual K/V)", text, re.MULTILINE)
+    assert [(under, kind) for _, under, kind in rows] == [
+        ("", "features"),
+        ("└ ", "prompt"),
+        ("└ ", "visual K/V"),
+    ] * 2, text
+    short = _shown_ids(text)[0]
+    assert ones.entry_id().startswith(short)
+    out = CliRunner().invoke(cache_app, ["rm", short, "--dir", str(root)])
+    assert out.exit_code == 0, out.output
+    assert f"Removed 3 entries for {short} (features, prompt, visual K/V)." in out.output
+    left = CacheFolder(root).entries()
+    assert sorted(e.kind for e in left) == ["features", "prompt", "visual K/V"]
+    assert all(e.entry_id == twos.entry_id() or e.made_from == twos.entry_id() for e in left)
+    shutil.rmtree(root / "features" / twos.entry_id())  # what was made from them is of no use
+    assert "no features" in _ls(root, 80)
+    out = CliRunner().invoke(cache_app, ["rm", "--stale", "--dir", str(root)])
+    assert "Removed 2 stale entries" in out.output and CacheFolder(root).entries() == []
+
+
+def test_entries_of_an_older_format_are_stale(tmp_path, video, monkeypatch):
+    cache = FeatureCache(tmp_path / "cache")
+    monkeypatch.setattr(FeatureCache, "version", 1)
+    save_shard(cache, dataclasses.replace(key_for(video, world_size=1), format_version=1), video)
+    monkeypatch.undo()
+    save_shard(cache, key_for(video, world_size=1), video)
+    assert "old format" in _ls(cache.root, 80)
+    out = CliRunner().invoke(cache_app, ["rm", "--stale", "--dir", str(cache.root)])
+    assert "Removed 1 stale entry" in out.output
+    assert [e.version for e in cache.entries()] == [FeatureCache.version]
+
+
+def test_files_of_the_previous_release_stay_readable_and_list_under_their_features(tmp_path):
+    """The format is unchanged: the same ids name the same files (these ids are the previous
+    release's for this video and these keys), and a load reads what it wrote."""
+    video = tmp_path / "movie.mp4"
+    video.write_bytes(bytes(range(256)) * 40)
+    os.utime(video, ns=(10**18, 10**18))
+    key = key_for(video, world_size=1, encoder="enc")
+    prompt, visual = save_made_from(tmp_path / "cache", key, video)
+    assert key.file_id == "d47a961d3560f48ef160c05ba66e205f"
+    assert key.entry_id() == "ea635982e6dd5e91fee4"
+    assert (prompt.entry_id(), visual.entry_id()) == (
+        "b9ffe4a032090c286ba3",
+        "0c78e0d78b1a50008b4a",
+    )
+    save_shard(FeatureCache(tmp_path / "cache"), key, video)
+    text = _ls(tmp_path / "cache", 80)
+    assert _shown_ids(text) == ["ea635982", "b9ffe4a0", "0c78e0d7"] and "└ prompt" in text

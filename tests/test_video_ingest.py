@@ -18,6 +18,7 @@ from videos import (
     make_zero_length,
 )
 
+from lvx_app.cache import CacheWarning
 from lvx_app.config import ConfigError, VideoConfig
 from lvx_app.video import (
     CorruptVideoError,
@@ -120,7 +121,7 @@ def test_corrupt_cache_entry_is_rebuilt(vids, pool, tmp_path):
     data = bytearray(f.read_bytes())
     data[-5] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.warns(VideoWarning, match="was corrupt .*re-encoding the frames"):
+    with pytest.warns(CacheWarning, match="was corrupt .*re-encoding the frames"):
         again = run(vids["a"], pool, fps=3.0, cache_dir=tmp_path)
     assert not again.from_cache and torch.equal(again.features, first.features)
     assert run(vids["a"], pool, fps=3.0, cache_dir=tmp_path).from_cache

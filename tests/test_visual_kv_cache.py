@@ -13,20 +13,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_damage import DAMAGES, check_damage_is_discarded
+from cache_damage import (
+    DAMAGES,
+    check_a_folder_holding_files_is_left_alone,
+    check_damage_is_discarded,
+)
 from gloo_ranks import run_ranks
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import lvx_app.engine.visual_kv as visual_kv
+from lvx_app.cache import CacheWarning, FeatureKey, VisualKVCache, VisualKVKey
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, ConfigError, GenerationConfig
 from lvx_app.engine.session import RankSession
 from lvx_app.engine.visual_kv import should_save
-from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.group import init_distributed
-from lvx_app.video.errors import VideoWarning
-from lvx_app.video.feature_cache import CacheKey
 
 PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"
@@ -53,18 +55,23 @@ def _open_and_ask(session: RankSession, video: str) -> dict:
     }
 
 
-def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
-    """First open (saves the K/V), reopen (reads them and the prompt back), then without the saved
-    prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
-    sessions."""
-    info = init_distributed(cuda=False)
-    config = Config.from_options(
+def saving_config(checkpoint: str, cache_dir: str) -> Config:
+    """Resident visual K/V, saved at every first open."""
+    return Config.from_options(
         model=checkpoint,
         cache_dir=cache_dir,
         decode_workers=1,
         kv_mode="cache",
         save_visual_kv="always",
     )
+
+
+def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, corrupt: bool):
+    """First open (saves the K/V), reopen (reads them and the prompt back), then without the saved
+    prompt (its prefill runs on the read-back K/V; optionally with rank 0's K/V file damaged); fresh
+    sessions."""
+    info = init_distributed(cuda=False)
+    config = saving_config(checkpoint, cache_dir)
     runs = []
     for i in range(3):
         if i == 2 and rank == 0:
@@ -79,7 +86,7 @@ def _three_opens(rank: int, world: int, checkpoint: str, video: str, cache_dir: 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             run = _open_and_ask(RankSession(config, info), video)
-        run["warnings"] = [str(w.message) for w in caught if issubclass(w.category, VideoWarning)]
+        run["warnings"] = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
         runs.append(run)
     return runs
 
@@ -237,7 +244,7 @@ def video(tmp_path):
 
 
 def _key(video: Path, world: int = 1, rank: int = 0) -> VisualKVKey:
-    feature = CacheKey.make(
+    feature = FeatureKey.make(
         video,
         fps=1.0,
         max_frames=None,
@@ -246,6 +253,7 @@ def _key(video: Path, world: int = 1, rank: int = 0) -> VisualKVKey:
         world_size=world,
         rank=rank,
         encoder="enc",
+        plan_version=1,
     )
     return VisualKVKey.make(
         feature,
@@ -292,7 +300,7 @@ def test_every_key_component_invalidates(tmp_path, video):
             assert store.load(dataclasses.replace(key, **{name: value})) is None, name
     assert store.load(_key(video, world=2)) is None, "another world size is another feature entry"
     moved = VisualKVKey.make(
-        CacheKey.make(
+        FeatureKey.make(
             video,
             fps=1.0,
             max_frames=None,
@@ -302,6 +310,7 @@ def test_every_key_component_invalidates(tmp_path, video):
             rank=0,
             encoder="enc",
             layout="zigzag",
+            plan_version=1,
         ),
         checkpoint="ck",
         media_starts=torch.arange(4) * 7,
@@ -326,16 +335,23 @@ def test_damaged_files_are_deleted_and_never_used(tmp_path, video, how):
     )
 
 
+def test_a_folder_holding_someones_files_where_visual_kv_belong_is_left_alone(tmp_path, video):
+    store, key = VisualKVCache(tmp_path), _key(video)
+    check_a_folder_holding_files_is_left_alone(
+        store.path(key), lambda: store.save(key, _kv(), video=video), lambda: store.load(key)
+    )
+
+
 def test_cache_cli_lists_and_removes_saved_visual_kv(tmp_path, video):
     store = VisualKVCache(tmp_path)
     store.save(_key(video), _kv(), video=video.resolve())
     store.save(_key(video, world=2), _kv(), video=video.resolve())
     entries = store.entries()
-    assert len(entries) == 2 and sorted(e.world_sizes for e in entries) == [[1], [2]]
+    assert len(entries) == 2 and sorted(e.world_size for e in entries) == [1, 2]
     d = ["--dir", str(tmp_path)]
     out = CliRunner().invoke(cache_app, ["ls", *d])
-    assert out.exit_code == 0 and "saved visual K/V" in out.output, out.output
-    assert all(e.entry_id[:12] in out.output for e in entries) and "movie.mp4" in out.output
+    assert out.exit_code == 0 and "visual K/V" in out.output, out.output
+    assert all(e.entry_id[:8] in out.output for e in entries) and "movie.mp4" in out.output
     assert entries[0].bytes == sum(
         f.stat().st_size for f in (tmp_path / "visual-kv" / entries[0].entry_id).iterdir()
     )

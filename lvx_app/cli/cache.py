@@ -1,4 +1,10 @@
-"""`lvx cache ls | rm | clear`: look at and prune the visual-feature cache."""
+"""`lvx cache ls | rm | clear`: look at and prune the cache (frame features, saved video prompts and
+visual K/V).
+
+`ls` lists each video's entries, a saved prompt or visual K/V under the features it was made from,
+in as many columns as the terminal has (a pipe: $COLUMNS, else 80); every id it shows can be pasted
+into `rm`, and `rm` of a features id takes what is listed under it along.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,16 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from lvx_app.cli.options import new_app
 
 cache_app = new_app(
     "cache",
-    "The visual-feature cache (encoded videos and their prefilled prompts, so a second chat on a "
-    "video starts at once).",
+    "The cache: encoded videos with their saved prompts and visual K/V, so a second chat on a "
+    "video starts at once.",
 )
 
 DirOption = typer.Option(
@@ -27,10 +34,14 @@ DirOption = typer.Option(
 )
 # the older name of --cache-dir, still accepted
 OldDirOption = typer.Option(None, "--dir", hidden=True)
+_ENTRY_WIDTH = len("└ visual K/V")
+_SIZE_WIDTH = len("1023.9 MB")
 
 
-def _folder(cache_dir: Optional[Path], old: Optional[Path]) -> Optional[Path]:
-    return cache_dir or old
+def _folder(cache_dir: Optional[Path], old: Optional[Path]):
+    from lvx_app.cache import CacheFolder
+
+    return CacheFolder(cache_dir or old)
 
 
 def distinct_paths(paths: list[str]) -> dict[str, str]:
@@ -68,156 +79,136 @@ def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-def _attempt(removals: list, root: Path) -> tuple[int, str | None]:
-    """Run each removal (returning the ids or the number removed): (entries removed, the line for
-    those that could not be, or None). A failure still counts the entries it removed."""
-    from lvx_app.video.cache_files import CacheRemovalError, removal_failed
-
-    n, failed, why = 0, 0, ""
-    for remove in removals:
-        try:
-            done = remove()
-            n += done if isinstance(done, int) else len(done)
-        except CacheRemovalError as exc:
-            n, failed, why = n + len(exc.removed), failed + exc.failed, why or exc.why
-    return n, removal_failed(failed, why, root) if failed else None
-
-
-def _fail_on(console: Console, failure: str | None) -> None:
-    """What could not be deleted, in one line, and exit code 1."""
-    if failure is not None:
-        console.print(f"[red]error:[/red] {escape(failure)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+def _about(e, why: str | None) -> Text:
+    """What is wrong with an entry (first: it never wraps, the column is wider), then what it holds
+    in words that wrap."""
+    ranks = f"{e.shards}/{e.world_size} shards" if e.world_size else "? shards"
+    if e.kind == "features":
+        limit = f", max-frames={e.max_frames}" if e.max_frames is not None else ""
+        words = (
+            f"{model_name(e.model)}, {e.dtype}, {e.fps:g} fps{limit}, {e.frames} frames, {ranks}"
+        )
+    elif e.kind == "prompt":
+        words = f"{e.tokens} tokens, {e.world_size} rank{'' if e.world_size == 1 else 's'}"
+    else:
+        words = f"{e.dtype}, {ranks}"
+    if e.problems:
+        return Text("damaged", style="red") + Text(f": {words}")
+    return Text(why, style="yellow") + Text(f": {words}") if why else Text(words)
 
 
-def _cache(dir: Optional[Path]):
-    from lvx_app.video.feature_cache import FeatureCache
-
-    return FeatureCache(dir)
-
-
-def _saved(dir: Optional[Path]) -> dict:
-    """The stores next to the features, by the title `lvx cache ls` gives them: saved prompts, saved
-    visual K/V."""
-    from lvx_app.engine.prefix_cache import PrefixCache
-    from lvx_app.engine.visual_kv_cache import VisualKVCache
-
-    return {"saved video prompts": PrefixCache(dir), "saved visual K/V": VisualKVCache(dir)}
+def _in_order(entries: list) -> list[tuple[object, bool]]:
+    """(entry, listed under features) in the order `ls` shows one video's entries: each features
+    entry followed by what was made from it, then the rest."""
+    features = [e for e in entries if e.kind == "features"]
+    ids = {e.entry_id for e in features}
+    out = []
+    for f in sorted(features, key=lambda e: e.modified):
+        out.append((f, False))
+        out += [(e, True) for e in entries if e.kind != "features" and e.made_from == f.entry_id]
+    return out + [(e, False) for e in entries if e.kind != "features" and e.made_from not in ids]
 
 
-def _saved_tables(console: Console, dir: Optional[Path]) -> int:
-    """Print the saved video prompts and visual K/V; return their total size."""
-    total = 0
-    for title, store in _saved(dir).items():
-        entries = store.entries()
-        if not entries:
-            continue
-        table = Table(title=title)
-        for col in (
-            "id",
-            "video",
-            "ranks",
-            *(("tokens",) if store.has_tokens else ()),
-            "size",
-            "status",
-        ):
-            table.add_column(col, justify="right" if col in ("tokens", "size") else "left")
-        videos = distinct_paths([e.video for e in entries if e.video != "?"])
-        for e in entries:
-            tokens = [str(e.tokens)] if store.has_tokens else []
-            table.add_row(
-                e.entry_id[:12],
-                videos.get(e.video, "?"),
-                "/".join(map(str, e.world_sizes)) or "?",
-                *tokens,
-                _human(e.bytes),
-                "[red]damaged[/red]" if e.problems else "ok",
-            )
-        console.print(table)
-        total += sum(e.bytes for e in entries)
-    return total
+def _video_table(rows: list, ids: dict, stale: dict, width: int) -> Table:
+    """One video's entries in columns that fit `width` (the description wraps between words)."""
+    stamp = "%Y-%m-%d %H:%M" if width >= 100 else "%Y-%m-%d"
+    used_width = len(_dt.datetime.now().strftime(stamp))
+    id_width = max(len(ids[e.entry_id]) for e, _ in rows)
+    fixed = 2 + id_width + _ENTRY_WIDTH + _SIZE_WIDTH + used_width + 8  # indent, 4 gaps of 2
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1), expand=False)
+    table.add_column(width=id_width, no_wrap=True)
+    table.add_column(width=_ENTRY_WIDTH, no_wrap=True)
+    table.add_column(width=max(16, width - fixed), overflow="fold")
+    table.add_column(width=_SIZE_WIDTH, justify="right", no_wrap=True)
+    table.add_column(width=used_width, no_wrap=True)
+    for e, under in rows:
+        table.add_row(
+            ids[e.entry_id],
+            ("└ " if under else "") + e.kind,
+            _about(e, stale.get(id(e))),
+            _human(e.bytes),
+            _dt.datetime.fromtimestamp(e.modified).strftime(stamp),
+        )
+    return table
 
 
 @cache_app.command("ls")
 def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOption) -> None:
     """List the cache's entries.
 
-    Cached videos (settings, shards present, frames, size), saved video prompts and visual K/V."""
-    dir = _folder(cache_dir, old_dir)
-    cache = _cache(dir)
-    entries = cache.entries()
-    console = Console()
-    if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
-        console = Console(width=200)
-    if not entries and not any(store.entries() for store in _saved(dir).values()):
-        console.print(f"The cache at {cache.root} is empty.", markup=False)
+    Per video: its features (model, settings, frames), the saved prompts and visual K/V made from
+    them, their sizes and when each was last used."""
+    from lvx_app.cache import short_ids
+
+    folder = _folder(cache_dir, old_dir)
+    entries = folder.entries()
+    console = Console(highlight=False)  # the terminal's width; piped: $COLUMNS, else 80
+    if not entries:
+        console.print(f"The cache at {folder.root} is empty.", markup=False)
         return
-    table = Table(title=f"lvx cache: {cache.root}")
-    for col in (
-        "id",
-        "video",
-        "fps",
-        "max",
-        "model",
-        "dtype",
-        "shards",
-        "frames",
-        "size",
-        "last used",
-        "status",
-    ):
-        table.add_column(
-            col, justify="right" if col in ("fps", "max", "shards", "frames", "size") else "left"
-        )
-    total = 0
-    videos = distinct_paths([e.video for e in entries if e.video != "?"])
-    for e in entries:
-        total += e.bytes
-        shards = f"{e.shards}/{e.world_size}" if e.world_size else "0/?"
-        if e.problems:
-            shards += " [red](damaged)[/red]"
-        table.add_row(
-            e.entry_id[:12],
-            videos.get(e.video, "?"),
-            f"{e.fps:g}",
-            "-" if e.max_frames is None else str(e.max_frames),
-            model_name(e.model),
-            e.dtype,
-            shards,
-            str(e.frames),
-            _human(e.bytes),
-            _dt.datetime.fromtimestamp(e.modified).strftime("%Y-%m-%d %H:%M"),
-            f"[yellow]{stale}[/yellow]" if (stale := cache.is_stale(e)) else "ok",
-        )
-    console.print(table)
-    total += _saved_tables(console, dir)
+    stale = {id(entries[i]): why for i, why in folder.stale(entries).items()}
+    ids = short_ids([e.entry_id for e in entries])
+    videos = distinct_paths(sorted({e.video for e in entries if e.video != "?"}))
+    total = sum(e.bytes for e in entries)
     console.print(
-        f"{len(entries)} entries, {_human(total)} with the saved prompts and visual K/V. Remove "
-        "with `lvx cache rm ID|VIDEO`, `lvx cache rm --stale` or `lvx cache clear`."
+        f"lvx cache in {folder.root}: {_entries(len(entries))} for {len(videos)} video(s), "
+        f"{_human(total)}",
+        markup=False,
     )
+    for video in sorted({e.video for e in entries}, key=lambda v: videos.get(v, "~")):
+        console.print()
+        name = videos.get(video, "? (damaged files)")
+        console.print(Text(name, style="bold") + Text(f"  {video}" if name != video else ""))
+        rows = _in_order([e for e in entries if e.video == video])
+        console.print(Padding(_video_table(rows, ids, stale, console.width), (0, 0, 0, 2)))
+    console.print()
+    stale_count = f" ({_entries(len(stale))})" if stale else ""
+    console.print(
+        "Remove with `lvx cache rm ID|VIDEO` (a features id takes what is listed under it along), "
+        f"`lvx cache rm --stale`{stale_count} or `lvx cache clear`.",
+        markup=False,
+    )
+
+
+def _fail_on(console: Console, removed) -> None:
+    """What could not be deleted, in one line, and exit code 1."""
+    if removed.failure is not None:
+        console.print(Text("error: ", style="red") + Text(str(removed.failure)), soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _kinds(entries: list) -> str:
+    kinds = [e.kind for e in entries]
+    return ", ".join(dict.fromkeys(kinds))
 
 
 @cache_app.command("rm")
 def rm(
     targets: List[str] = typer.Argument(
-        None, help="Entry ids (or their first 4+ characters) or video paths.", metavar="ID|VIDEO..."
+        None,
+        help="Entry ids as `lvx cache ls` shows them (4+ characters) or video paths.",
+        metavar="ID|VIDEO...",
     ),
     stale: bool = typer.Option(
-        False, "--stale", help="Remove entries whose video is missing or has changed."
+        False,
+        "--stale",
+        help="Remove what can never be used again: entries whose video is missing or changed, of "
+        "an older format, or whose features are gone.",
     ),
     cache_dir: Optional[Path] = DirOption,
     old_dir: Optional[Path] = OldDirOption,
 ) -> None:
     """Remove some entries.
 
-    The features, saved prompts and visual K/V of videos (by path) or entry ids."""
-    dir = _folder(cache_dir, old_dir)
-    cache = _cache(dir)
-    console = Console()
+    A features id removes the saved prompts and visual K/V made from it too; a video path removes
+    everything made from that video."""
+    folder = _folder(cache_dir, old_dir)
+    console = Console(highlight=False)
     if stale:
-        n, failure = _attempt([cache.remove_stale], cache.root)
+        removed = folder.remove_stale()
+        n = len(removed.entries)
         console.print(f"Removed {n} stale entr{'y' if n == 1 else 'ies'}.")
-        _fail_on(console, failure)
+        _fail_on(console, removed)
     elif not targets:
         console.print(
             "[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or "
@@ -225,20 +216,18 @@ def rm(
         )
         raise typer.Exit(2)
     missing = []
-    stores = [cache, *_saved(dir).values()]
     for target in targets or []:
-        n, failure = _attempt(
-            [lambda store=store: store.remove(target) for store in stores], cache.root
-        )
-        if n:
-            console.print(f"Removed {_entries(n)} for {target}.", markup=False)
-        _fail_on(console, failure)
-        if not n:
+        removed = folder.remove(target)
+        if removed.entries:
+            what = f"Removed {_entries(len(removed.entries))} for {target}"
+            console.print(f"{what} ({_kinds(removed.entries)}).", markup=False)
+        _fail_on(console, removed)
+        if not removed.entries:
             missing.append(target)
     if missing:
         console.print(
-            f"[red]Nothing cached matches {escape(', '.join(missing))}[/red]; see `lvx cache ls` "
-            "for the ids."
+            Text(f"Nothing cached matches {', '.join(missing)}", style="red")
+            + Text("; see `lvx cache ls` for the ids.")
         )
         raise typer.Exit(1)
 
@@ -252,23 +241,25 @@ def clear(
     """Remove every entry.
 
     Every cached video, saved prompt and saved visual K/V."""
-    dir = _folder(cache_dir, old_dir)
-    cache, saved = _cache(dir), list(_saved(dir).values())
-    size = cache.size_bytes() + sum(store.size_bytes() for store in saved)
-    if not cache.entries() and not any(store.entries() for store in saved):
-        Console().print(f"The cache at {cache.root} is empty: nothing to remove.")
+    folder = _folder(cache_dir, old_dir)
+    console = Console(highlight=False)
+    entries = folder.entries()
+    size = sum(e.bytes for e in entries)
+    if not entries:
+        console.print(f"The cache at {folder.root} is empty: nothing to remove.", markup=False)
         return
     if not yes and not typer.confirm(
-        f"Delete all cached features, saved prompts and visual K/V in {cache.root} "
+        f"Delete all cached features, saved prompts and visual K/V in {folder.root} "
         f"({_human(size)})?"
     ):
+        console.print("Nothing removed.")
         raise typer.Exit(1)
-    console = Console()
-    n, failure = _attempt([store.clear for store in (cache, *saved)], cache.root)
-    freed = "" if failure else f" ({_human(size)})"
-    console.print(f"Removed {n} entries{freed} from {cache.root}.", markup=False)
-    _fail_on(console, failure)
-    left = [f for store in (cache, *saved) for f in store.leftovers()]
+    removed = folder.clear()
+    freed = "" if removed.failure else f" ({_human(size)})"
+    n = len(removed.entries)
+    console.print(f"Removed {n} entries{freed} from {folder.root}.", markup=False)
+    _fail_on(console, removed)
+    left = folder.leftovers()
     if left:
         console.print(
             f"Left {len(left)} file(s) lvx did not write, such as {left[0]}.",

@@ -42,7 +42,7 @@ def collect_info() -> dict[str, str]:
     except ImportError:
         pass
     try:
-        from lvx_app.video.feature_cache import default_cache_dir
+        from lvx_app.defaults import default_cache_dir
 
         rows["cache"] = str(default_cache_dir())
     except ImportError:

@@ -44,10 +44,9 @@ from lvx_app.engine.visual_kv import kv_nbytes
 from lvx_app.parallel.collectives import all_min, nbytes
 from lvx_app.parallel.group import DistInfo
 from lvx_app.subtitles import Cue
-from lvx_app.video.feature_cache import encoder_identity
 from lvx_app.video.ingest import auto_memory_budget
 from lvx_models.mplug_owl3.checkpoint import CheckpointError
-from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
+from lvx_models.mplug_owl3.fingerprint import checkpoint_identity, encoder_identity
 from lvx_models.mplug_owl3.loader import load_model
 
 # (model, this rank's group info, the parallel options) -> the attention installed on the model

@@ -18,16 +18,21 @@ from typing import Any
 
 import torch
 
+from lvx_app.cache import (
+    PrefixCache,
+    PrefixKey,
+    SavedPrefix,
+    VisualKVCache,
+    VisualKVKey,
+    warn_not_saved,
+)
 from lvx_app.config import Config, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.api import EngineError, EngineWarning, ProgressFn, VideoOpening, VideoSummary
 from lvx_app.engine.conversation import Conversation
-from lvx_app.engine.prefix_cache import PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
-from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
-from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
 from lvx_models.mplug_owl3.processor import VIDEO

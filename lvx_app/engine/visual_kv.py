@@ -19,10 +19,9 @@ from typing import Callable, Mapping
 
 import torch
 
+from lvx_app.cache import VisualKVCache, VisualKVKey
 from lvx_app.defaults import VISUAL_KV_READ_BYTES_PER_S, VISUAL_KV_SAVE_MARGIN
-from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.collectives import nbytes
-from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.ingest import VisualShard
 from lvx_models.mplug_owl3.hyper import VisualInputs
 
@@ -150,10 +149,5 @@ class VisualKVOpener:
         return visual, choice
 
     def _save(self, key: VisualKVKey, visual: VisualInputs, video: str) -> bool:
-        try:
-            self.store.save(key, dict(visual.kv), video=Path(video).resolve())
-        except OSError as exc:
-            then = "the next open will compute them again"
-            warn_not_saved(self.store.root, exc, "the visual K/V", then)
-            return False
-        return True
+        """Whether they were saved (a store that cannot write says so once and goes on)."""
+        return self.store.save(key, dict(visual.kv), video=Path(video).resolve()) is not None

@@ -47,8 +47,8 @@ from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
-from lvx_app.video.feature_cache import encoder_identity
 from lvx_app.video.ingest import Encoder, ingest
+from lvx_models.mplug_owl3.fingerprint import encoder_identity
 from lvx_models.mplug_owl3.loader import load_model
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto

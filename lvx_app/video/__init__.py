@@ -1,5 +1,5 @@
-"""Video ingestion: decord sampling at a chosen fps, sharded decode and encode, the visual-feature
-cache.
+"""Video ingestion: decord sampling at a chosen fps, sharded decode and encode (the features are
+cached by `lvx_app.cache`).
 
     from lvx_app.video import ingest, VisualShard, VideoError, format_timestamp
 
@@ -8,6 +8,8 @@ cache.
 decord itself is imported only inside decode worker processes (see decode.py), never here.
 """
 
+from lvx_app.cache import FeatureCache, FeatureKey, file_identity
+from lvx_app.defaults import default_cache_dir
 from lvx_app.video.decode import DecodePool, check_video_path
 from lvx_app.video.encode import ShardEncoder
 from lvx_app.video.errors import (
@@ -22,7 +24,6 @@ from lvx_app.video.errors import (
     VideoNotFoundError,
     VideoWarning,
 )
-from lvx_app.video.feature_cache import CacheKey, FeatureCache, default_cache_dir, file_identity
 from lvx_app.video.ingest import (
     Encoder,
     IngestProgress,
@@ -35,12 +36,12 @@ from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_times
 
 __all__ = [
     "BadFpsError",
-    "CacheKey",
     "CorruptVideoError",
     "DecodePool",
     "DecodeTimeoutError",
     "Encoder",
     "FeatureCache",
+    "FeatureKey",
     "IngestProgress",
     "IngestTuning",
     "NoVideoStreamError",

@@ -34,16 +34,15 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lvx_app.cache import CachedShard, FeatureCache, FeatureKey
 from lvx_app.config import VideoConfig
 from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
-from lvx_app.video.cache_files import warn_not_saved
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
-from lvx_app.video.feature_cache import CachedShard, CacheKey, FeatureCache
-from lvx_app.video.plan import SamplingPlan, check_memory, format_timestamp
+from lvx_app.video.plan import PLAN_VERSION, SamplingPlan, check_memory, format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,9 @@ class VisualShard:
     from_cache: bool
     plan: SamplingPlan  # the whole plan: all ranks' frames, in order
     frame_offset: int  # plan position of this rank's first frame (its global frame number)
-    cache_key: CacheKey | None = None  # this shard's feature-cache key (None when the cache is off)
+    cache_key: FeatureKey | None = (
+        None  # this shard's feature-cache key (None when the cache is off)
+    )
     layout: str = (
         "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
     )
@@ -266,7 +267,7 @@ class _RankIngest:
     t0: float = field(default_factory=time.monotonic)
     own_pool: bool = field(init=False)
     vpath: Path | None = None
-    key: CacheKey | None = None
+    key: FeatureKey | None = None
     cached: CachedShard | None = None
     plan: SamplingPlan | None = None
     chunks: list = field(default_factory=list)
@@ -287,7 +288,7 @@ class _RankIngest:
         self.vpath = check_video_path(self.path)
         enc, video = self.encoder, self.video
         if self.store is not None:
-            self.key = CacheKey.make(
+            self.key = FeatureKey.make(
                 self.vpath,
                 fps=video.fps,
                 max_frames=video.max_frames,
@@ -300,10 +301,11 @@ class _RankIngest:
                 over_max=self.tuning.over_max,
                 encoder=enc.fingerprint,
                 layout=self.layout,
+                plan_version=PLAN_VERSION,
             )
             self.cached = self.store.load(self.key, device=self.device)
         if self.cached is not None:
-            self.plan = self.cached.plan
+            self.plan = SamplingPlan.from_dict(self.cached.plan)
         else:
             self._plan()
 
@@ -423,13 +425,10 @@ class _RankIngest:
     ) -> None:
         if self.store is None or self.key is None:
             return
-        try:
-            self.store.save(
-                self.key, features, idx, ts, plan=self.plan, frame_offset=offset, video=self.vpath
-            )
-        except OSError as exc:
-            then = "the next run will decode again"
-            warn_not_saved(self.store.root, exc, "the visual features", then)
+        plan = self.plan.to_dict()  # a store that cannot write says so once and goes on
+        self.store.save(
+            self.key, features, idx, ts, plan=plan, frame_offset=offset, video=self.vpath
+        )
 
     def close(self) -> None:
         if isinstance(self.report, RichProgress):

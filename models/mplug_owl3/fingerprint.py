@@ -7,18 +7,28 @@ fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every 
 `vision2text_model.*` tensor, read straight from the safetensors files. Hashing a 7B checkpoint's
 tower reads ~0.8 GB, so each file's digest is remembered in a small JSON memo keyed by the file's
 identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even when mtime is set
-back), and a later start only stats the files.
+back), and a later start only stats the files. The memo lives in the cache folder
+(`encoder-fingerprints.json`) and is written as every cache file is (`lvx_app.cache`): atomically.
+A folder that cannot be written or is full only costs a re-hash next time, said by the cache
+entries that cannot be saved there either (a start-up of a group has no user to tell yet); a folder
+of someone's in the memo's place is said once.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import uuid
 from pathlib import Path
 
+from lvx_app.cache.faults import warn_not_saved
+from lvx_app.cache.files import atomic_write_text
+from lvx_app.cache.store import cache_root
+
 from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint, safetensors_files
+
+MEMO_NAME = "encoder-fingerprints.json"
 
 _READ = 16 << 20
 
@@ -52,19 +62,19 @@ def _tensor_digest(f: Path, keys: list[str]) -> str:
 
 def _read_memo(memo: Path | None) -> dict[str, str]:
     try:
-        return json.loads(memo.read_text()) if memo is not None else {}
+        table = json.loads(memo.read_text()) if memo is not None else {}
     except (OSError, ValueError):
         return {}  # missing or damaged: digests are recomputed
+    return table if isinstance(table, dict) else {}
 
 
 def _write_memo(memo: Path, table: dict[str, str]) -> None:
     try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        tmp.write_text(json.dumps(table, indent=0))
-        os.replace(tmp, memo)
-    except OSError:
-        pass  # a read-only cache folder only costs a re-hash next time
+        atomic_write_text(memo, json.dumps(table, indent=0))
+    except OSError as exc:  # only costs a re-hash next time
+        if exc.errno == errno.EISDIR:
+            then = "the next start hashes them again"
+            warn_not_saved(memo.parent, exc, "the encoder weights' fingerprints", then)
 
 
 def encoder_fingerprint(
@@ -95,6 +105,17 @@ def encoder_fingerprint(
     if changed and memo is not None:
         _write_memo(memo, table)
     return h.hexdigest()[:32]
+
+
+def encoder_identity(
+    model: str, revision: str | None, cache_dir: str | os.PathLike | None
+) -> tuple[str, str]:
+    """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for the
+    feature cache's key; compute it before loading the weights, so features are never filed under
+    weights newer than the model's. The fingerprints are remembered in the cache folder (raises
+    CheckpointError for an unreadable checkpoint)."""
+    path = str(resolve_checkpoint(model, revision).resolve())
+    return path, encoder_fingerprint(path, memo=cache_root(cache_dir) / MEMO_NAME)
 
 
 def checkpoint_identity(path_or_id: str | os.PathLike, revision: str | None = None) -> str:
