@@ -5,6 +5,10 @@ layers, because the model reads `hidden_states[-2]` (the residual stream after 2
 last layer, `post_layernorm` and the pooling head are never run, so they are not parameters here
 (the loader skips their keys). Parameter names match HF's `SiglipVisionTransformer` under
 `vision_model.`.
+
+The residual stream is kept contiguous (N, P, C) from the patch embedding on: the conv's output read
+as patches-by-channels is a transposed view, and adding to it keeps that layout, so every layer norm
+would copy it again and every residual add would stride through memory.
 """
 
 from __future__ import annotations
@@ -14,6 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Owl3Config, SiglipVisionConfig
+
+# The widest activation (tokens x MLP width) one tower call may hold when the caller does not say:
+# what 16 so400m frames make (16 x 729 x 4304, ~200 MB in float32). A small tower then runs
+# thousands of frames per call instead of paying a call's fixed cost every 16 frames.
+BATCH_ACTIVATION_ELEMENTS = 16 * 729 * 4304
+
+
+def frames_per_batch(cfg: SiglipVisionConfig, budget: int = BATCH_ACTIVATION_ELEMENTS) -> int:
+    """Frames per tower call whose widest activation stays within `budget` elements (at least 1)."""
+    widest = cfg.num_patches * max(cfg.hidden_size, cfg.intermediate_size)
+    return max(1, budget // widest)
 
 
 class SiglipEmbeddings(nn.Module):
@@ -28,8 +43,8 @@ class SiglipEmbeddings(nn.Module):
         # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels
         # right/bottom)
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
-        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major
-        return x + self.position_embedding.weight
+        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major, a transposed view
+        return (x + self.position_embedding.weight).contiguous()
 
 
 class SiglipAttention(nn.Module):
