@@ -149,15 +149,17 @@ def contenders(
 
 def time_interleaved(
     fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], px: torch.Tensor, repeats: int
-) -> dict[str, list[float]]:
-    """Wall seconds of each fn on px, `repeats` rounds, the order turned by one every round."""
+) -> dict[str, tuple[list[float], list[float]]]:
+    """(wall s, process CPU s) of each fn on px, `repeats` rounds, the order turned by one every
+    round. CPU seconds count what the process ran, not the time other processes took the cores."""
     names = list(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
     for r in range(repeats):
         for n in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fns[n](px)
-            times[n].append(time.perf_counter() - t0)
+            times[n][0].append(time.perf_counter() - t0)
+            times[n][1].append(time.process_time() - c0)
     return times
 
 
@@ -176,20 +178,23 @@ def bench_shape(shape: str, frames: int, repeats: int, seed: int = 0) -> list[di
         torch.testing.assert_close(got, want, **TOLERANCE, msg=lambda m, n=name: f"{n}: {m}")
         diffs[name] = float((got - want).abs().max())
     times = time_interleaved(fns, px, repeats)
-    ref = statistics.median(times[REFERENCE])
+    ref_wall, ref_cpu = (statistics.median(t) for t in times[REFERENCE])
     rows = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    for name, (wall, cpu) in times.items():
+        med, med_cpu = statistics.median(wall), statistics.median(cpu)
         rows.append(
             {
                 "shape": shape,
                 "frames": frames,
                 "impl": name,
                 "median_s": med,
-                "min_s": min(ts),
-                "times_s": ts,
+                "min_s": min(wall),
+                "median_cpu_s": med_cpu,
+                "times_s": wall,
+                "cpu_times_s": cpu,
                 "frames_per_s": frames / med,
-                "reference_over_this": ref / med,
+                "reference_over_this": ref_wall / med,
+                "reference_over_this_cpu": ref_cpu / med_cpu,
                 "max_abs_diff_vs_reference": diffs[name],
             }
         )
@@ -220,12 +225,16 @@ def environment(threads: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"| shape | frames | implementation | median s | min s | frames/s | {REFERENCE} ÷ this |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shape | frames | implementation | median s | min s | median CPU s | frames/s "
+        "| speed-up, wall | speed-up, CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['shape']} | {r['frames']} | {r['impl']} | {r['median_s']:.4f} | "
-            f"{r['min_s']:.4f} | {r['frames_per_s']:.1f} | {r['reference_over_this']:.2f}× |"
+            f"{r['min_s']:.4f} | {r['median_cpu_s']:.4f} | {r['frames_per_s']:.3g} | "
+            f"{r['reference_over_this']:.2f}× | {r['reference_over_this_cpu']:.2f}× |"
         )
     return "\n".join(lines)
 
@@ -253,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_shape(shape, frames, args.repeats)
     env["load_average_after"] = os.getloadavg()
     print(table(rows))
+    print(f"speed-up: the median time of `{REFERENCE}` over this row's (above 1: faster)")
     print(
         f"{env['cpu']}, {env['threads']} threads, torch {env['torch']}, transformers "
         f"{env['transformers']}, {env['date']}, load average {env['load_average'][0]:.1f} before, "

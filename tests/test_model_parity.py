@@ -253,3 +253,39 @@ def test_bench_vision_compares_equal_outputs(tmp_path):
     assert [r["impl"] for r in rows] == names and all(r["frames"] == 40 for r in rows)
     assert all(r["max_abs_diff_vs_reference"] < 1e-4 for r in rows)
     assert next(r for r in rows if r["impl"] == REFERENCE)["reference_over_this"] == 1.0
+
+
+def test_tower_at_onednn_sizes_matches_transformers(monkeypatch):
+    """Where the tower's linears are oneDNN calls with the GELU and residual adds fused (hidden 256,
+    256 patches, 2 frames), the features still equal transformers' within float tolerance: every
+    row of the benchmark's comparison, through the same key mapping."""
+    import dataclasses
+
+    from bench_vision import REFERENCE, contenders, random_visual_weights
+    from test_vision import CountingOneDNN
+
+    from lvx_models.mplug_owl3 import vision
+    from lvx_models.mplug_owl3.tiny import tiny_config
+
+    if vision._ONEDNN_LINEAR is None:
+        pytest.skip("this torch build has no oneDNN")
+    counting = CountingOneDNN(vision._ONEDNN_LINEAR)
+    monkeypatch.setattr(vision, "_ONEDNN_LINEAR", counting)
+    v = SiglipVisionConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+        image_size=224, patch_size=14,
+    )  # fmt: skip
+    cfg = dataclasses.replace(tiny_config("g2"), vision=v)
+    # weights large enough that every layer changes the residual stream
+    weights = {
+        k: t * 5 if t.dim() == 2 and "position" not in k else t
+        for k, t in random_visual_weights(cfg).items()
+    }
+    fns = contenders(cfg, weights, chunked=False)
+    px = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    want = fns[REFERENCE](px)
+    got = fns["lvx"](px)
+    assert counting.calls.count("add") == 2 * v.num_used_layers
+    assert counting.calls.count("gelu") == v.num_used_layers
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fns["transformers"](px), want, **TOL)
