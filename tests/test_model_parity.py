@@ -207,3 +207,85 @@ def test_state_dict_has_the_official_keys(generation, projector, tied, gate_form
         assert sd["language_model.model.layers.0.self_attn.gate_proj.0.bias"].shape == (hd,)
     elif generation == "g1":
         assert sd["language_model.model.layers.0.self_attn.gate"].shape == (h,)
+
+
+@pytest.mark.parametrize("form", ["g1-gateproj", "g2"])
+def test_loaded_tower_and_projector_match_transformers(tiny_checkpoints, form):
+    """The tiny official checkpoint through lvx's loader against `transformers.SiglipVisionModel`
+    holding every `vision_model.*` tensor of the same file (the unused last layer, post_layernorm
+    and head included), built as `scripts/bench_vision.py` builds it: the tower equals
+    `hidden_states[-2]`, and `encode_images` (any batch size) the same projector after it."""
+    from bench_vision import siglip_model
+    from safetensors.torch import load_file
+
+    from lvx_models.mplug_owl3.loader import load_model
+
+    model, cfg, _ = load_model(tiny_checkpoints[form], parts=("vision", "projector"))
+    tensors = {
+        k: v.float() for k, v in load_file(f"{tiny_checkpoints[form]}/model.safetensors").items()
+    }
+    hf = siglip_model(cfg, tensors)
+    s = cfg.vision.image_size
+    px = torch.rand(5, 3, s, s, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        want = hf(pixel_values=px, output_hidden_states=True).hidden_states[-2]
+        torch.testing.assert_close(model.vision_model(px), want, **TOL)
+        features = model.vision2text_model(want)
+    assert features.shape == (5, cfg.tokens_per_image, cfg.hidden_size)
+    for batch_size in (None, 2):
+        torch.testing.assert_close(model.encode_images(px, batch_size), features, **TOL)
+
+
+def test_bench_vision_compares_equal_outputs(tmp_path):
+    """The benchmark's contenders compute the same features (it checks before timing) and it writes
+    one row per contender with the ratio against transformers on the used layers."""
+    import json
+
+    from bench_vision import REFERENCE, main
+
+    out = tmp_path / "vision.json"
+    assert (
+        main(["--tiny-frames", "40", "--real-frames", "0", "--repeats", "1", "--json", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    names = ["lvx", "lvx, ingest chunks", "transformers", REFERENCE]
+    assert [r["impl"] for r in rows] == names and all(r["frames"] == 40 for r in rows)
+    assert all(r["max_abs_diff_vs_reference"] < 1e-4 for r in rows)
+    assert next(r for r in rows if r["impl"] == REFERENCE)["reference_over_this"] == 1.0
+
+
+def test_tower_at_onednn_sizes_matches_transformers(monkeypatch):
+    """Where the tower's linears are oneDNN calls with the GELU and residual adds fused (hidden 256,
+    256 patches, 2 frames), the features still equal transformers' within float tolerance: every
+    row of the benchmark's comparison, through the same key mapping."""
+    import dataclasses
+
+    from bench_vision import REFERENCE, contenders, random_visual_weights
+    from test_vision import CountingOneDNN
+
+    from lvx_models.mplug_owl3 import vision
+    from lvx_models.mplug_owl3.tiny import tiny_config
+
+    if vision._ONEDNN_LINEAR is None:
+        pytest.skip("this torch build has no oneDNN")
+    counting = CountingOneDNN(vision._ONEDNN_LINEAR)
+    monkeypatch.setattr(vision, "_ONEDNN_LINEAR", counting)
+    v = SiglipVisionConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+        image_size=224, patch_size=14,
+    )  # fmt: skip
+    cfg = dataclasses.replace(tiny_config("g2"), vision=v)
+    # weights large enough that every layer changes the residual stream
+    weights = {
+        k: t * 5 if t.dim() == 2 and "position" not in k else t
+        for k, t in random_visual_weights(cfg).items()
+    }
+    fns = contenders(cfg, weights, chunked=False)
+    px = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    want = fns[REFERENCE](px)
+    got = fns["lvx"](px)
+    assert counting.calls.count("add") == 2 * v.num_used_layers
+    assert counting.calls.count("gelu") == v.num_used_layers
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fns["transformers"](px), want, **TOL)

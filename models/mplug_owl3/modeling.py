@@ -39,7 +39,7 @@ from .hyper import (
     visual_kv,
 )
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
-from .vision import SiglipVisionTower, build_projector
+from .vision import SiglipVisionTower, build_projector, frames_per_batch
 
 
 def _host_copy(values: torch.Tensor) -> HostCopy:
@@ -66,20 +66,24 @@ class Owl3Model(nn.Module):
     # ---- visual side
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def encode_images(self, pixel_values: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
+    def encode_images(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> torch.Tensor:
         """pixel_values (N, 3, S, S) (normalised to [-1, 1]) -> E (N, 729, H) in the model's dtype.
 
         Runs the SigLIP tower (output after all but its last layer) and the projector, `batch_size`
-        images at a time to bound activation memory. No autograd (training the projector would call
+        images at a time to bound activation memory (default: `vision.frames_per_batch`, 16 frames
+        at so400m shapes). No autograd (training the projector would call
         `vision2text_model(vision_model(px))` directly)."""
         p = self.vision_model.embeddings.patch_embedding.weight
+        step = batch_size or frames_per_batch(self.config.vision)
         outs = [
             self.vision2text_model(self.vision_model(chunk.to(p.device, p.dtype)))
-            for chunk in pixel_values.split(batch_size)
+            for chunk in pixel_values.split(step)
         ]
         if not outs:
             return p.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
-        return torch.cat(outs)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: torch.Tensor):
         """K/V of hyper layer `layer_idx` (0-based) for the frames in e_local (N, 729, H): each (1,

@@ -5,6 +5,13 @@ layers, because the model reads `hidden_states[-2]` (the residual stream after 2
 last layer, `post_layernorm` and the pooling head are never run, so they are not parameters here
 (the loader skips their keys). Parameter names match HF's `SiglipVisionTransformer` under
 `vision_model.`.
+
+Speed without changing the result beyond float rounding:
+- the residual stream is contiguous (N, P, C) from the patch embedding on: the conv's output read as
+  patches-by-channels is a transposed view, and adding to it keeps that layout, so every layer norm
+  would copy it again and every residual add would stride through memory;
+- on CPU in float32 without autograd each linear is one oneDNN call with its bias and the GELU or
+  the residual add done as the output is written (`fused_linear`); elsewhere the plain ops.
 """
 
 from __future__ import annotations
@@ -14,6 +21,65 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Owl3Config, SiglipVisionConfig
+
+# The widest activation (tokens x MLP width) one tower call may hold when the caller does not say:
+# what 16 so400m frames make (16 x 729 x 4304, ~200 MB in float32). A small tower then runs
+# thousands of frames per call instead of paying a call's fixed cost every 16 frames.
+BATCH_ACTIVATION_ELEMENTS = 16 * 729 * 4304
+
+
+def _onednn_linear():
+    """oneDNN's linear with a fused epilogue (`mkldnn::_linear_pointwise`, the op torch's own CPU
+    compiler emits), or None where this torch build has no oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_ONEDNN_LINEAR = _onednn_linear()
+# Below this many multiply-adds a oneDNN call costs more than its faster matmul saves (a tiny
+# tower's linears): those take the plain ops.
+ONEDNN_MIN_MACS = 1 << 25
+
+
+def fused_linear(
+    x: torch.Tensor,
+    linear: nn.Linear,
+    *,
+    gelu: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`linear(x)`, then `F.gelu(approximate=gelu)` if `gelu` is given, or `residual +` it.
+
+    On CPU in float32 without autograd, from `ONEDNN_MIN_MACS` multiply-adds, it is one oneDNN call
+    that adds the bias and applies the GELU or the residual add while writing the output: one pass
+    over the widest activations instead of three, and oneDNN's matmul where MKL's is slower (AMD
+    CPUs). Elsewhere (GPU, autograd, other dtypes, small matmuls) the plain ops."""
+    if (
+        _ONEDNN_LINEAR is not None
+        and x.device.type == "cpu"
+        and x.dtype == linear.weight.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and x.numel() * linear.out_features >= ONEDNN_MIN_MACS
+    ):
+        if residual is not None:
+            return _ONEDNN_LINEAR.binary(x, residual, linear.weight, linear.bias, "add")
+        if gelu is not None:
+            return _ONEDNN_LINEAR(x, linear.weight, linear.bias, "gelu", [], gelu)
+        return _ONEDNN_LINEAR(x, linear.weight, linear.bias, "none", [], "")
+    y = linear(x)
+    if gelu is not None:
+        y = F.gelu(y, approximate=gelu)
+    return y if residual is None else residual + y
+
+
+def frames_per_batch(cfg: SiglipVisionConfig, budget: int = BATCH_ACTIVATION_ELEMENTS) -> int:
+    """Frames per tower call whose widest activation stays within `budget` elements (at least 1)."""
+    widest = cfg.num_patches * max(cfg.hidden_size, cfg.intermediate_size)
+    return max(1, budget // widest)
 
 
 class SiglipEmbeddings(nn.Module):
@@ -28,8 +94,8 @@ class SiglipEmbeddings(nn.Module):
         # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels
         # right/bottom)
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
-        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major
-        return x + self.position_embedding.weight
+        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major, a transposed view
+        return (x + self.position_embedding.weight).contiguous()
 
 
 class SiglipAttention(nn.Module):
@@ -40,14 +106,15 @@ class SiglipAttention(nn.Module):
         self.q_proj, self.k_proj = nn.Linear(c, c), nn.Linear(c, c)
         self.v_proj, self.out_proj = nn.Linear(c, c), nn.Linear(c, c)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x): the add is fused into the output projection."""
         n, p, c = x.shape
         q, k, v = (
-            proj(x).view(n, p, self.heads, -1).transpose(1, 2)
+            fused_linear(x, proj).view(n, p, self.heads, -1).transpose(1, 2)
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         o = F.scaled_dot_product_attention(q, k, v)  # scale head_dim^-0.5, no mask
-        return self.out_proj(o.transpose(1, 2).reshape(n, p, c))
+        return fused_linear(o.transpose(1, 2).reshape(n, p, c), self.out_proj, residual=residual)
 
 
 class SiglipMLP(nn.Module):
@@ -61,8 +128,9 @@ class SiglipMLP(nn.Module):
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + MLP(x): the GELU is fused into fc1, the add into fc2."""
+        return fused_linear(fused_linear(x, self.fc1, gelu="tanh"), self.fc2, residual=residual)
 
 
 class SiglipEncoderLayer(nn.Module):
@@ -74,8 +142,8 @@ class SiglipEncoderLayer(nn.Module):
         self.mlp = SiglipMLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x))
-        return x + self.mlp(self.layer_norm2(x))
+        x = self.self_attn(self.layer_norm1(x), residual=x)
+        return self.mlp(self.layer_norm2(x), residual=x)
 
 
 class SiglipEncoder(nn.Module):
