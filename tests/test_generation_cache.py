@@ -40,8 +40,8 @@ def generate(
     last token is not fed."""
     conversation = Conversation(model, ONE_PROCESS, None)
     if cache is not None:
-        conversation.cache, conversation.position = cache, cache.length
-    conversation.visual = visual
+        conversation.cache = cache
+    conversation.show_video(visual)
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
