@@ -40,6 +40,7 @@ from lvx_app.attention.schedule import gather_limit
 from lvx_app.config import ParallelConfig
 from lvx_app.parallel.collectives import all_min, allgather_seq
 from lvx_app.parallel.group import DistInfo
+from lvx_models.mplug_owl3.qwen2 import StepContext
 
 
 class ShardedHooks:
@@ -67,7 +68,9 @@ class ShardedHooks:
             text_k_frame=_known(keys, device),
         )
 
-    def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, layer: int):
+    def text(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext, layer: int
+    ):
         feed: Feed = step.feed
         if feed.replicated:
             # the whole cache is here, in position order (as `replicate` leaves it): plain causal
@@ -77,7 +80,7 @@ class ShardedHooks:
         kept = k[:, first:], v[:, first:]
         return self.ring(q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer)
 
-    def visual(self, q: torch.Tensor, step, layer: int):
+    def visual(self, q: torch.Tensor, step: StepContext, layer: int):
         vis = step.visual
         k, v = vis.kv[layer]
         if step.feed.replicated:
@@ -91,7 +94,7 @@ class ShardedHooks:
         v: torch.Tensor,
         q_vis: MaskIndex,
         k_frame: MaskIndex,
-        step,
+        step: StepContext,
         layer: int,
     ):
         """This rank's share of a sharded forward's queries against its keys (text or visual), as

@@ -47,6 +47,7 @@ from lvx_app.engine.parallelize import ShardedHooks
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import exchange_sizes
 from lvx_models.mplug_owl3.hyper import LazyVisualKV
+from lvx_models.mplug_owl3.qwen2 import StepContext
 
 # --------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
@@ -220,12 +221,14 @@ class TrainAttention(ShardedHooks):
         (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
         return self.sharded_feed(positions, sizes, device)
 
-    def ring(self, q, k, v, q_vis, k_frame, step, layer: int):
+    def ring(self, q, k, v, q_vis, k_frame, step: StepContext, layer: int):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute)."""
         spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=step.feed.sizes)
         return _SavedKVAttn.apply(spec, q, k, v)
 
-    def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, layer: int):
+    def text(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext, layer: int
+    ):
         if step.feed.replicated or k.shape[1] != q.shape[1]:
             raise RuntimeError(
                 "a training forward is sharded and has no text KV cache: pass "
@@ -233,7 +236,7 @@ class TrainAttention(ShardedHooks):
             )
         return super().text(q, k, v, step, layer)
 
-    def visual(self, q: torch.Tensor, step, layer: int):
+    def visual(self, q: torch.Tensor, step: StepContext, layer: int):
         vis = step.visual
         if not (self.recompute and isinstance(vis.kv, LazyVisualKV)):
             return super().visual(q, step, layer)
