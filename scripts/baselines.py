@@ -26,6 +26,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse  # noqa: E402
+from lvx_app.attention.masks import device_tensor  # noqa: E402
 from lvx_app.engine.parallelize import ShardedAttention, parallelize  # noqa: E402
 from lvx_app.runtime import rank_main  # noqa: E402
 
@@ -35,10 +36,17 @@ class _KVMoving(ShardedAttention):
 
     fn = staticmethod(ring_xattn_with_lse)
 
-    def visual(self, q, k, v, q_vis, k_frame):
-        out = self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
-        rider = self.rider
-        if self.is_replicated and rider is not None and rider.received is None:
+    def _moving(self, q, k, v, q_vis, k_frame):
+        q_vis, k_frame = device_tensor(q_vis), device_tensor(k_frame)
+        return self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
+
+    def ring(self, q, k, v, q_vis, k_frame, step, layer):
+        return self._moving(q, k, v, q_vis, k_frame)
+
+    def combine(self, q, k, v, q_vis, k_frame, feed):
+        out = self._moving(q, k, v, q_vis, k_frame)
+        rider = feed.carry
+        if rider is not None and rider.received is None:
             mine = torch.tensor(rider.numbers, dtype=torch.int64)
             every = [torch.empty_like(mine) for _ in range(self.world)]
             dist.all_gather(every, mine, group=self.group)

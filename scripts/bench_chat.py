@@ -365,7 +365,8 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
             tokens = torch.nonzero(who == rank).flatten()
             hooks = ShardedAttention(None, rank, world)
             model.hooks.text, model.hooks.visual = hooks.text, hooks.visual
-            hooks.begin(tokens, replicated=False)
+            sizes = torch.bincount(who, minlength=world).tolist()
+            feed = hooks.sharded_feed(tokens.view(1, -1), sizes, torch.device("cpu"))
             dist.barrier()
             t0 = time.perf_counter()
             with torch.no_grad():
@@ -375,6 +376,7 @@ def _layout_prefill_rank(rank: int, world: int, cfg: dict) -> dict:
                     cache=model.new_cache(),
                     visual=visual,
                     last_only=True,
+                    feed=feed,
                 )
             times[layout].append(time.perf_counter() - t0)
             box = (

@@ -82,7 +82,7 @@ def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
     conversation = Conversation(model, info, None)
     with torch.no_grad():
         features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size, dtype=dtype)
-        conversation.visual = model.prepare_visual(features.to(device), starts)
+        conversation.show_video(model.prepare_visual(features.to(device), starts))
         logits, _ = conversation.prefill(ids, whole=True)
     return conversation, logits, frames
 

@@ -132,9 +132,9 @@ def one_step(
 
     ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count_saved else _null()
     with ctx, torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        hooks.begin(pos)
-        visual = hooks.visual_inputs(e, starts, torch.arange(frames))
-        logits = model(ids, pos, visual=visual)
+        feed = hooks.feed(pos.cpu(), device)
+        visual = model.prepare_visual(e, starts, torch.arange(frames), precompute=False)
+        logits = model(ids, pos, visual=visual, feed=feed)
         loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
     loss.backward()
     for p in model.parameters():

@@ -39,9 +39,8 @@ import torch
 from lvx_app.attention.masks import (
     MIN_TILE_CUDA,
     Q_TILE,
-    HostCopy,
+    Indices,
     TilePlan,
-    keep_host_copy,
     min_tile,
     pack_vis,
     tile_plans,
@@ -460,9 +459,9 @@ def _planned(cfg: Owl3Config, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: 
     q = torch.empty(1, q_vis.numel() * g, h, d, device="meta")
     k = torch.empty(1, k_frame.numel(), h, d, device="meta")
 
-    def on_meta(t: torch.Tensor) -> torch.Tensor:
+    def on_meta(t: torch.Tensor) -> Indices:
         host = t.view(1, -1)
-        return keep_host_copy(host.to("meta"), HostCopy(values=host))
+        return Indices(host.to("meta"), values=host)
 
     plans = tile_plans(q, k, False, pack_vis(on_meta(q_vis), g), on_meta(k_frame), g, tile)
     return list(plans)

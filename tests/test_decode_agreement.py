@@ -6,7 +6,8 @@ sampled differently must be put back on rank 0's token."""
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -22,49 +23,57 @@ from lvx_app.engine.generator import Generator, LoopOutcome
 
 
 class RidingStandIn:
-    """The part of `ShardedAttention` the generator uses, for one process: the token rides and
-    comes back as rank 0's, which differs from the one fed at step `disagree_at` (as when another
-    rank sampled differently)."""
+    """A group's visual attention as the generator relies on it, for one process: the numbers that
+    ride on a decoded step's first visual combine (the step's `Feed.carry`) come back as rank 0's,
+    whose token differs from the one fed at step `disagree_at` (as when another rank sampled
+    differently)."""
 
-    def __init__(self, vocab: int, disagree_at: int | None = None) -> None:
-        self.vocab, self.disagree_at, self.steps = vocab, disagree_at, 0
+    def __init__(self, model, disagree_at: int | None = None) -> None:
+        self.vocab, self.disagree_at, self.steps = model.config.vocab_size, disagree_at, 0
+        self.local = model.hooks.visual
 
-    def begin(self, positions, *, replicated, sizes=None) -> None:
-        pass
+    def visual(self, q, step, layer: int):
+        carry = step.feed.carry
+        if carry is not None and carry.received is None:
+            self.steps += 1
+            token, stop = carry.numbers
+            if self.steps == self.disagree_at and not stop:
+                carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
+            else:
+                carry.received = torch.tensor([[token, stop]])
+        return self.local(q, step, layer)
 
-    def truncate(self, length: int) -> None:
-        pass
 
-    @contextmanager
-    def riding(self, numbers: torch.Tensor):
-        self.steps += 1
-        carry = Carry(numbers)
-        token, stop = int(numbers[0]), int(numbers[1])
-        if self.steps == self.disagree_at and not stop:
-            carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
-        else:
-            carry.received = torch.tensor([[token, stop]])
-        yield carry
+@contextmanager
+def _riding(model, disagree_at: int | None) -> Iterator[RidingStandIn]:
+    """The model's visual attention replaced by a `RidingStandIn` within the block."""
+    stand_in = RidingStandIn(model, disagree_at)
+    model.hooks.visual = stand_in.visual
+    try:
+        yield stand_in
+    finally:
+        model.hooks.visual = stand_in.local
 
 
 def _answer(model, ids, visual, generation, stop_ids=(), *, rides, stop_at=None, **kw):
     """(tokens, cache length, outcome) of one answer; `rides`: through the riding agreement."""
-    attn = RidingStandIn(model.config.vocab_size, kw.pop("disagree_at", None)) if rides else None
-    conversation = Conversation(model, ONE_PROCESS, attn)
-    conversation.visual = visual
-    logits, _ = conversation.prefill(ids.view(-1), whole=True)
-    calls = [0]
+    disagree_at = kw.pop("disagree_at", None)
+    with _riding(model, disagree_at) if rides else nullcontext() as attn:
+        conversation = Conversation(model, ONE_PROCESS, attn)
+        conversation.show_video(visual)
+        logits, _ = conversation.prefill(ids.view(-1), whole=True)
+        calls = [0]
 
-    def should_stop() -> bool:
-        calls[0] += 1
-        return stop_at is not None and calls[0] > stop_at
+        def should_stop() -> bool:
+            calls[0] += 1
+            return stop_at is not None and calls[0] > stop_at
 
-    generator = Generator(conversation, stop_ids)
-    generator.leader = kw.pop("leader", True)
-    outcome = LoopOutcome()
-    tokens = list(
-        generator.answer(logits, kw.pop("first_src", None), generation, outcome, should_stop)
-    )
+        generator = Generator(conversation, stop_ids)
+        generator.leader = kw.pop("leader", True)
+        outcome = LoopOutcome()
+        tokens = list(
+            generator.answer(logits, kw.pop("first_src", None), generation, outcome, should_stop)
+        )
     return tokens, conversation.cache.length, outcome
 
 

@@ -40,8 +40,8 @@ def generate(
     last token is not fed."""
     conversation = Conversation(model, ONE_PROCESS, None)
     if cache is not None:
-        conversation.cache, conversation.position = cache, cache.length
-    conversation.visual = visual
+        conversation.cache = cache
+    conversation.show_video(visual)
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
@@ -182,3 +182,44 @@ def test_sampling():
     a = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)
     b = generate(model, ids, visual=visual, max_new_tokens=4, temperature=0.8, top_p=0.9, seed=5)
     assert a == b and len(a) == 4
+
+
+def test_a_failed_forward_leaves_the_conversation_where_it_was():
+    """The text cache is the one count of the tokens fed: a forward that fails after every layer
+    appended its K/V (here in the final norm) takes them back, so the next question is read at the
+    right positions and answered as if the failure had not happened."""
+    model, ids, visual = _setup("g2")
+    conversation = Conversation(model, ONE_PROCESS, None)
+    conversation.show_video(visual)
+    conversation.prefill(ids.view(-1), whole=True)
+    fed = list(conversation.fed)
+    norm = model.language_model.model.norm
+    model.language_model.model.norm = None  # every layer has run when calling it fails
+    with pytest.raises(TypeError):
+        conversation.prefill(torch.tensor([5, 6, 7]), whole=True)
+    model.language_model.model.norm = norm
+    assert conversation.position == ids.numel() == conversation.cache.length
+    assert conversation.fed == fed and conversation.held_prefix(fed) == len(fed)
+    logits, _ = conversation.prefill(torch.tensor([5, 6, 7]), whole=True)
+    whole = torch.cat([ids.view(-1), torch.tensor([5, 6, 7])])
+    want = model(whole.view(1, -1), visual=visual)[0, -1]
+    torch.testing.assert_close(logits, want, rtol=1e-10, atol=1e-10)
+
+
+def test_turn_endings_wait_for_the_next_prefill_and_saved_keys_sit_at_their_positions():
+    """What ends an answer's turn is kept until the next prefill feeds it; a whole saved cache is
+    taken back only with its keys at positions 0, 1, 2, ..."""
+    model, ids, _ = _setup("g2")
+    conversation = Conversation(model, ONE_PROCESS, None)
+    conversation.prefill(ids.view(-1), whole=True)
+    conversation.end_turn([7, 2])
+    assert conversation.pending == [7, 2]
+    conversation.prefill(torch.tensor([7, 2, 9]), whole=True)
+    assert conversation.pending == []
+    layers, positions = conversation.cache.layer_kv(), conversation.key_positions()
+    assert positions.tolist() == [list(range(ids.numel() + 3))]
+    again = Conversation(model, ONE_PROCESS, None)
+    with pytest.raises(ValueError, match="positions 0, 1, 2"):
+        again.restore(layers, positions + 1)
+    again.restore(layers, positions, conversation.fed)
+    assert again.position == conversation.position and again.fed == conversation.fed

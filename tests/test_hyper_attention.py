@@ -349,22 +349,30 @@ def test_visual_kv_in_chunks_equals_one_pass_and_keeps_no_projection_alive(monke
 
 def test_injected_visual_attention_is_used():
     """The engine swaps `hooks.visual`; the model must route every hyper layer's visual attention
-    through it."""
+    through it, with the forward's step context (its feed, its visual inputs with what the host
+    knows of them) and the calling layer's index."""
+    from lvx_app.attention.feed import Feed
     from lvx_app.attention.kernels import attention
+    from lvx_app.attention.masks import Indices
 
     cfg = tiny_config("g2")
     model = tiny_model(cfg)
     calls = []
+    feed = Feed(sizes=(6,))
 
-    def spy(q, k, v, q_vis, k_frame):
-        calls.append((tuple(q.shape), tuple(k.shape), q_vis.tolist(), k_frame.shape[1]))
-        return attention(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    def spy(q, step, layer):
+        vis = step.visual
+        k, v = vis.kv[layer]
+        assert step.feed is feed and isinstance(vis.q_vis, Indices)
+        calls.append((layer, tuple(q.shape), tuple(k.shape), vis.q_vis.values.tolist()))
+        return attention(q, k, v, q_vis=vis.q_vis, k_frame=vis.k_frame)
 
     model.hooks.visual = spy
     E = torch.randn(2, P, cfg.hidden_size, dtype=torch.float64)
-    model(torch.randint(0, 97, (1, 6)), visual=model.prepare_visual(E, torch.tensor([1, 3])))
-    assert len(calls) == len(cfg.hyper_layers)
-    assert calls[0] == ((1, 6, 4, 16), (1, 2 * P, 2, 16), [[0, 1, 1, 2, 2, 2]], 2 * P)
+    ids, visual = torch.randint(0, 97, (1, 6)), model.prepare_visual(E, torch.tensor([1, 3]))
+    model(ids, torch.arange(6).view(1, -1), visual=visual, feed=feed)
+    assert [c[0] for c in calls] == cfg.hyper_layer_indices
+    assert calls[0][1:] == ((1, 6, 4, 16), (1, 2 * P, 2, 16), [[0, 1, 1, 2, 2, 2]])
 
 
 def test_recomputed_visual_kv_equals_precomputed_and_has_gradients():

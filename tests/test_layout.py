@@ -108,7 +108,7 @@ def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: s
     )
     session = RankSession(cfg, init_distributed(cuda=False))
     session.load_video(video, session.config.video)
-    frames = sorted(set(session.conversation.visual.k_frame.flatten().tolist()))
+    frames = sorted(set(session.conversation.visual.k_frame.values.flatten().tolist()))
     logits, owner = session.conversation.prefill(session._turn_ids("what happens?"))
     box = torch.zeros(logits.shape[-1] if logits is not None else session.model.config.vocab_size)
     if rank == owner:

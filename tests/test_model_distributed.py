@@ -29,11 +29,13 @@ def _inputs(generation: str, n_frames: int):
     return model, ids, starts, E
 
 
-def _distributed_visual(q, k, v, *, q_vis, k_frame):
+def _distributed_visual(q, step, layer):
     from lvx_app.attention import decode_xattn, lv_xattn_with_lse
 
-    fn = decode_xattn if q.shape[1] == 1 else lv_xattn_with_lse  # the functions plug in as they are
-    return fn(q, k, v, q_vis=q_vis, k_frame=k_frame)
+    vis = step.visual
+    k, v = vis.kv[layer]
+    fn = decode_xattn if q.shape[1] == 1 else lv_xattn_with_lse
+    return fn(q, k, v, q_vis=vis.q_vis, k_frame=vis.k_frame)
 
 
 def _run(rank: int, world: int, n_frames: int):

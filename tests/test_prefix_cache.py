@@ -39,7 +39,7 @@ def _open_and_ask(session: RankSession, video: str) -> tuple[bool, list, list]:
         [float(k.double().sum()), float(v.double().sum())]
         for k, v in session.conversation.cache.layer_kv()
     ]
-    positions = session.attn.key_positions.tolist() if session.attn is not None else []
+    positions = session.conversation.key_positions().tolist()
     answer = "".join(session.ask(QUESTION, PARAMS))
     return summary.prompt_from_cache, [answer, session.last_answer.new_tokens], kv + [positions]
 

@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from lvx_models.mplug_owl3.chat_template import CUT_PROMPTS
 from lvx_models.mplug_owl3.checkpoint import CheckpointError
+from lvx_models.mplug_owl3.image_cut import GRID_SQU_6, select_cut_grid
 from lvx_models.mplug_owl3.image_transform import _resize_two_pass, resize_uint8, to_pixel_values
-from lvx_models.mplug_owl3.processor import (
-    CUT_PROMPTS,
-    GRID_SQU_6,
-    NO_MEDIA,
-    Owl3Processor,
-    select_cut_grid,
-)
+from lvx_models.mplug_owl3.processor import Owl3Processor
+from lvx_models.mplug_owl3.prompt_inputs import NO_MEDIA
 from lvx_models.mplug_owl3.prompt_rules import (
     CUT_TEMPLATES,
     IMAGE_PROCESSING_FILE,

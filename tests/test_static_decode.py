@@ -19,7 +19,7 @@ TOKENS = 9
 
 def _conversation(model, ids, visual) -> tuple[Conversation, torch.Tensor]:
     conversation = Conversation(model, ONE_PROCESS, None)
-    conversation.visual = visual
+    conversation.show_video(visual)
     logits, _ = conversation.prefill(ids.view(-1), whole=True)
     return conversation, logits
 

@@ -12,7 +12,7 @@ from host_syncs import counting_host_reads
 
 from lvx_app.attention import backends, masks
 from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.attention.masks import HostCopy, keep_host_copy
+from lvx_app.attention.masks import Indices
 
 CPU_BACKENDS = ["cpu", "math"]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -136,17 +136,16 @@ def test_gpu_tiles_are_longer_than_cpu_tiles():
 
 
 def test_a_decoded_token_is_planned_without_reading_a_tensor():
-    """q_vis and k_frame carrying what the host knows (the engine's positions, the video's frames):
-    a decoded token, which sees every frame, costs no host read; without the host copies the plan
-    reads both tensors."""
+    """q_vis and k_frame given with what the host knows (`Indices`: the engine's positions, the
+    video's frames): a decoded token, which sees every frame, costs no host read; given as bare
+    tensors, the plan reads both."""
     k_frame = torch.arange(6).repeat_interleave(4).view(1, -1)
     q_vis = torch.full((1, 1), 6)
     q, k = torch.empty(1, 3, 2, 8), torch.empty(1, 24, 2, 8)
     with counting_host_reads() as reads:
         bare = list(masks.tile_plans(q, k, False, masks.pack_vis(q_vis, 3), k_frame, 3))
     assert sum(reads.values()) >= 2 and len(bare) == 1
-    keep_host_copy(k_frame, HostCopy(0, 5, k_frame))
-    keep_host_copy(q_vis, HostCopy(6, 6))
+    k_frame, q_vis = Indices(k_frame, 0, 5, k_frame), Indices(q_vis, 6, 6)
     with counting_host_reads() as reads:
         plans = list(masks.tile_plans(q, k, False, masks.pack_vis(q_vis, 3), k_frame, 3))
     assert not reads and [(p.q0, p.q1, p.k0, p.k1, p.mask) for p in plans] == [(0, 3, 0, 24, None)]

@@ -195,6 +195,24 @@ def test_recompute_keeps_no_visual_kv_and_checkpointing_runs_attention_once(tiny
     assert calls_plain == calls_rec == calls_lm == layers + hyper
 
 
+def test_a_training_forward_without_its_feed_is_refused(tiny_checkpoints):
+    """Training attention gets how the ranks feed a forward's tokens with the forward
+    (`TrainAttention.feed`); a forward without it (read as replicated) would attend without
+    gradients through the rings: refused in one line."""
+    from lvx_models.mplug_owl3.qwen2 import AttentionHooks
+
+    tr = Trainer(_cfg(tiny_checkpoints["g2"], train="hyper", dtype="float32"))
+    ids = torch.randint(0, tr.model_config.vocab_size, (1, 6))
+    pos = torch.arange(6).view(1, -1)
+    with pytest.raises(RuntimeError, match="feed=TrainAttention.feed"):
+        tr.model(ids, pos)
+    feed = tr.hooks.feed(pos, torch.device("cpu"))
+    got = tr.model(ids, pos, feed=feed)
+    tr.model.hooks = AttentionHooks()  # one process's own attention
+    assert feed.sizes == (6,)
+    torch.testing.assert_close(got, tr.model(ids, pos), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("form", ["g1-gateproj", "g1", "g2"])
 def test_tokenize_puts_loss_on_answers_only(tiny_checkpoints, form):
     from lvx_models.mplug_owl3.processor import Owl3Processor

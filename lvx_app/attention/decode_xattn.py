@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lvx_app.attention.kernels import attn_fwd
+from lvx_app.attention.masks import MaskIndex
 from lvx_app.attention.merge import acc_dtype, merge_many
 from lvx_app.parallel import get_world_size
 from lvx_app.parallel.collectives import all_gather_flat, count_bytes, nbytes
@@ -79,8 +80,8 @@ def decode_xattn(
     *,
     group: dist.ProcessGroup | None = None,
     scale: float | None = None,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     stats: dict | None = None,
     carry: Carry | None = None,
     buffers: CombineBuffers | None = None,

@@ -26,6 +26,7 @@ from torch import Tensor
 from lvx_app.attention.decode_xattn import decode_xattn
 from lvx_app.attention.kernels import attention, attn_bwd, check_inputs
 from lvx_app.attention.lv_xattn import query_sizes
+from lvx_app.attention.masks import MaskIndex, device_tensor
 from lvx_app.attention.merge import acc_dtype
 from lvx_app.parallel import get_world_size
 from lvx_app.parallel.collectives import allgather_seq, count_bytes, reduce_scatter_seq
@@ -41,8 +42,11 @@ class _GatherXAttn(torch.autograd.Function):
     def forward(ctx, q, k, v, scale, q_vis, k_frame, group, sizes, stats):
         rank = dist.get_rank(group)
         q_all, sent_q = allgather_seq(q.contiguous(), sizes, group)
+        mine_vis = device_tensor(q_vis)
         vis_all, sent_v = (
-            allgather_seq(q_vis.to(torch.int32), sizes, group) if q_vis is not None else (None, 0)
+            allgather_seq(mine_vis.to(torch.int32), sizes, group)
+            if mine_vis is not None
+            else (None, 0)
         )
         out_all, lse_all = decode_xattn(
             q_all, k, v, group=group, scale=scale, q_vis=vis_all, k_frame=k_frame
@@ -93,8 +97,8 @@ def gather_xattn_with_lse(
     *,
     group: dist.ProcessGroup | None = None,
     scale: float | None = None,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
 ) -> tuple[Tensor, Tensor]:

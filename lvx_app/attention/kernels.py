@@ -38,12 +38,23 @@ from lvx_app.attention.gqa import (
     unpack_lse,
     unpack_rows,
 )
-from lvx_app.attention.masks import TilePlan, lone_plan, pack_vis, tile_plans
+from lvx_app.attention.masks import (
+    MaskIndex,
+    TilePlan,
+    device_tensor,
+    lone_plan,
+    pack_vis,
+    tile_plans,
+)
 from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
 
 
 def check_inputs(
-    q: Tensor, k: Tensor, v: Tensor, q_vis: Tensor | None = None, k_frame: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
 ) -> None:
     """Raise a one-line ValueError for shapes the kernels (and the rings) cannot take."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -59,6 +70,7 @@ def check_inputs(
     if (q_vis is None) != (k_frame is None):
         raise ValueError("q_vis and k_frame go together (media mask): pass both or neither")
     if q_vis is not None:
+        q_vis, k_frame = device_tensor(q_vis), device_tensor(k_frame)
         if tuple(q_vis.shape) != tuple(q.shape[:2]) or tuple(k_frame.shape) != tuple(k.shape[:2]):
             raise ValueError(
                 f"q_vis must be (batch, Sq) = {tuple(q.shape[:2])} and k_frame (batch, Sk) = "
@@ -78,8 +90,8 @@ def attn_fwd(
     *,
     scale: float | None = None,
     causal: bool = False,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q against (k, v): returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32).
@@ -160,8 +172,8 @@ def attn_bwd(
     *,
     scale: float | None = None,
     causal: bool = False,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     dlse: Tensor | None = None,
     backend: str | None = None,
     kv_aug: tuple[Tensor, Tensor] | None = None,
@@ -275,8 +287,8 @@ def attention(
     *,
     scale: float | None = None,
     causal: bool = False,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Single-device attention, differentiable through both outputs: returns (out, lse).

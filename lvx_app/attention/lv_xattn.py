@@ -46,7 +46,7 @@ from torch import Tensor
 
 from lvx_app.attention.backends import augment_kv, augments_head_dim
 from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
-from lvx_app.attention.masks import host_copy, keep_host_copy
+from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
 from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
@@ -65,14 +65,12 @@ def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:
     return sizes
 
 
-def _travelling(q_vis: Tensor | None) -> Tensor | None:
-    """This rank's q_vis as it travels (int32), still carrying its host copy (`masks`), so the
-    first round plans its tiles without reading the device."""
-    if q_vis is None:
-        return None
-    wire = q_vis.to(torch.int32).contiguous()
-    copy = host_copy(q_vis)
-    return keep_host_copy(wire, copy) if copy is not None else wire
+def _travelling(q_vis: MaskIndex | None) -> MaskIndex | None:
+    """This rank's q_vis as it travels (int32), with what the host knows of it (`masks.Indices`),
+    so the first round plans its tiles without reading the device."""
+    if isinstance(q_vis, Indices):
+        return q_vis.as_type(torch.int32)
+    return None if q_vis is None else q_vis.to(torch.int32).contiguous()
 
 
 def wire_dtype(q: Tensor) -> torch.dtype:
@@ -116,8 +114,8 @@ def lv_xattn_forward(
     k: Tensor,
     v: Tensor,
     scale: float | None,
-    q_vis: Tensor | None,
-    k_frame: Tensor | None,
+    q_vis: MaskIndex | None,
+    k_frame: MaskIndex | None,
     group: dist.ProcessGroup | None,
     q_sizes: list[int] | None,
 ) -> tuple[Tensor, Tensor, list[int], int]:
@@ -139,9 +137,10 @@ def lv_xattn_forward(
         held = (rank - t) % n
         held_len, next_len = sizes[held], sizes[(held - 1) % n]
         if t < n - 1:  # 1. pass the held query block on, receive the next round's
+            wire_vis = device_tensor(held_q_vis)
             next_q = q.new_empty(b, next_len, hq, d)
-            next_q_vis = held_q_vis.new_empty(b, next_len) if held_q_vis is not None else None
-            q_ring.post([(held_q, next_q), (held_q_vis, next_q_vis)])
+            next_q_vis = wire_vis.new_empty(b, next_len) if wire_vis is not None else None
+            q_ring.post([(held_q, next_q), (wire_vis, next_q_vis)])
         if held_len:  # 2. partial result against the local shard (overlaps the transfers)
             partial_out, partial_lse = attn_fwd(
                 held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame
@@ -187,7 +186,7 @@ def _backward_block(
     out: Tensor,
     lse: Tensor,
     dlse: Tensor | None,
-    q_vis: Tensor | None,
+    q_vis: MaskIndex | None,
     with_lse: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """What of this rank's query block travels in backward: (Q, dO, O) stacked in q's dtype, (lse[,
@@ -198,6 +197,7 @@ def _backward_block(
     lses[0] = lse
     if with_lse:
         lses[1] = 0 if dlse is None else dlse
+    q_vis = device_tensor(q_vis)
     return qdo, lses, q_vis.to(torch.int32).contiguous() if q_vis is not None else None
 
 
@@ -210,8 +210,8 @@ def lv_xattn_backward(
     out: Tensor,
     lse: Tensor,
     scale: float | None,
-    q_vis: Tensor | None,
-    k_frame: Tensor | None,
+    q_vis: MaskIndex | None,
+    k_frame: MaskIndex | None,
     group: dist.ProcessGroup | None,
     with_lse: bool,
     sizes: list[int],
@@ -318,8 +318,8 @@ def lv_xattn_with_lse(
     *,
     group: dist.ProcessGroup | None = None,
     scale: float | None = None,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -345,8 +345,8 @@ def lv_xattn(
     *,
     group: dist.ProcessGroup | None = None,
     scale: float | None = None,
-    q_vis: Tensor | None = None,
-    k_frame: Tensor | None = None,
+    q_vis: MaskIndex | None = None,
+    k_frame: MaskIndex | None = None,
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
 ) -> Tensor:

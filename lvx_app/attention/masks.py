@@ -22,14 +22,14 @@
   rows all see the same keys needs no mask and is never cut. Local keys sorted by frame (every
   layout of lvx_app/parallel/layout.py) keep each row's visible keys a prefix.
 - Host copies: planning decides on the host. A q_vis or k_frame made where the host knows its
-  values (the engine's positions, a video's frames) carries them (`keep_host_copy`), so planning
-  reads no device memory; a decoded token, which sees every frame, is planned from two integers.
-  A tensor without one is copied to the host once per call.
+  values (the engine's positions, a video's frames) is passed as `Indices`: the tensor and what the
+  host knows of it, so planning reads no device memory; a decoded token, which sees every frame, is
+  planned from two integers. A plain tensor is copied to the host once per call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -50,54 +50,61 @@ def min_tile(device: torch.device | str) -> int:
 
 
 @dataclass(frozen=True)
-class HostCopy:
-    """What the host knows of a q_vis or k_frame tensor without reading the device: its smallest
-    and largest value (None when unknown) and every value, on the CPU (None when unknown)."""
+class Indices:
+    """Integer indices on their device (a q_vis, a k_frame, the frames' placeholder starts) and
+    what the host knows of them without reading the device: their smallest and largest value (None
+    when unknown) and every value, on the CPU (None when unknown). The kernels take one wherever
+    they take a q_vis or k_frame tensor."""
 
+    tensor: torch.Tensor
     low: int | None = None
     high: int | None = None
     values: torch.Tensor | None = None
 
+    @classmethod
+    def of_host(cls, values: torch.Tensor, device: torch.device | str) -> "Indices":
+        """`values` (on the host) on `device`, with both bounds read once here."""
+        if not values.numel():
+            return cls(values.to(device), values=values)
+        return cls(values.to(device), int(values.min()), int(values.max()), values)
 
-_HOST = "lvx_host_copy"  # the attribute a tensor carries its HostCopy in
-
-
-def keep_host_copy(t: torch.Tensor, copy: HostCopy) -> torch.Tensor:
-    """`t`, carrying what the host knows of it (the tensor's own object: the hooks' signature
-    stays (q_vis, k_frame) tensors)."""
-    setattr(t, _HOST, copy)
-    return t
-
-
-def host_copy(t: torch.Tensor | None) -> HostCopy | None:
-    """The `HostCopy` `t` carries, if any."""
-    return getattr(t, _HOST, None) if t is not None else None
+    def as_type(self, dtype: torch.dtype) -> "Indices":
+        """The same indices as `dtype` (what the host knows still holds)."""
+        return replace(self, tensor=self.tensor.to(dtype).contiguous())
 
 
-def pack_vis(q_vis: torch.Tensor | None, group: int) -> torch.Tensor | None:
-    """Each packed query row keeps its token's visible-frame count (its host copy too)."""
+MaskIndex = torch.Tensor | Indices  # what the kernels take as q_vis or k_frame
+
+
+def device_tensor(t: MaskIndex | None) -> torch.Tensor | None:
+    """The tensor of `t` on its device."""
+    return t.tensor if isinstance(t, Indices) else t
+
+
+def pack_vis(q_vis: MaskIndex | None, group: int) -> MaskIndex | None:
+    """Each packed query row keeps its token's visible-frame count (what the host knows too)."""
     if q_vis is None or group == 1:
         return q_vis
-    packed = q_vis.repeat_interleave(group, dim=1)
-    copy = host_copy(q_vis)
-    if copy is not None:
-        values = None if copy.values is None else copy.values.repeat_interleave(group, dim=1)
-        keep_host_copy(packed, HostCopy(copy.low, copy.high, values))
-    return packed
+    if not isinstance(q_vis, Indices):
+        return q_vis.repeat_interleave(group, dim=1)
+    values = None if q_vis.values is None else q_vis.values.repeat_interleave(group, dim=1)
+    packed = q_vis.tensor.repeat_interleave(group, dim=1)
+    return Indices(packed, q_vis.low, q_vis.high, values)
 
 
-def _host_values(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s values on the host: its host copy, or one copy from the device."""
-    copy = host_copy(t)
-    if copy is not None and copy.values is not None:
-        return copy.values.to(torch.long)
-    return t.to(torch.long).cpu()
+def _host_values(t: MaskIndex) -> torch.Tensor:
+    """`t`'s values on the host: what the host knows, or one copy from the device."""
+    if isinstance(t, Indices) and t.values is not None:
+        return t.values.to(torch.long)
+    return device_tensor(t).to(torch.long).cpu()
 
 
-def _sees_every_key(q_vis: torch.Tensor, k_frame: torch.Tensor) -> bool:
-    """Whether the host copies alone say every row sees every key (no device read)."""
-    q, k = host_copy(q_vis), host_copy(k_frame)
-    return bool(q and k and q.low is not None and k.high is not None and q.low > k.high)
+def _sees_every_key(q_vis: MaskIndex, k_frame: MaskIndex) -> bool:
+    """Whether what the host knows alone says every row sees every key (no device read)."""
+    if not (isinstance(q_vis, Indices) and isinstance(k_frame, Indices)):
+        return False
+    known = q_vis.low is not None and k_frame.high is not None
+    return known and q_vis.low > k_frame.high
 
 
 @dataclass
@@ -259,9 +266,9 @@ def tile_plans(
 ) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
-    q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows), its host
-    copy (if any) with them (`pack_vis`). `min_tokens`: the tiles of another device than q's
-    (`min_tile`; a plan counted on the meta device)."""
+    q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows), packed
+    with them (`pack_vis`, what the host knows too). `min_tokens`: the tiles of another device than
+    q's (`min_tile`; a plan counted on the meta device)."""
     rows, sk = q.shape[1], k.shape[1]
     if not rows or not sk:
         return
@@ -273,8 +280,8 @@ def tile_plans(
         yield _whole(rows, sk)  # a question, a decoded token: decided without a device read
         return
     qv_c, kf_c = _host_values(q_vis), _host_values(k_frame)
-    q_vis = q_vis.to(device=q.device, dtype=torch.long)
-    k_frame = k_frame.to(device=q.device, dtype=torch.long)
+    q_vis = device_tensor(q_vis).to(device=q.device, dtype=torch.long)
+    k_frame = device_tensor(k_frame).to(device=q.device, dtype=torch.long)
     if causal:
         for t0, t1 in _tiles(rows, group):
             yield from _plan_media_causal(t0, t1, sk, coff, group, q_vis, k_frame, q.device)

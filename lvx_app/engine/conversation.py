@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from lvx_app.attention.decode_xattn import Carry
+from lvx_app.attention.feed import REPLICATED, Feed
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.layout import token_owners
@@ -19,44 +21,64 @@ from lvx_app.parallel.shards import shard_bounds
 
 
 class Conversation:
-    """The text cache, the position of the next token, and what waits to be fed before the next
-    user turn (the closing `<|im_end|>`, a truncated answer's last token)."""
+    """The text cache (its length is the one count of the tokens fed), the video the hyper layers
+    attend to, and what waits to be fed before the next user turn (the closing `<|im_end|>`, a
+    truncated answer's last token)."""
 
     def __init__(
         self, model, info: DistInfo, attn: ShardedAttention | None, layout: str = "zigzag"
     ) -> None:
         self.model, self.info, self.attn, self.layout = model, info, attn, layout
-        self.visual = None  # the video's visual inputs (`VisualInputs`), set when a video loads
+        self._visual = None
         self.clear()
+
+    @property
+    def position(self) -> int:
+        """The global number of tokens fed, the position of the next: the text cache's length
+        (every rank holds the whole cache)."""
+        return self.cache.length
+
+    @property
+    def visual(self):
+        """The visual inputs (`VisualInputs`) the hyper layers attend to, or None."""
+        return self._visual
+
+    def show_video(self, visual) -> None:
+        """Let the hyper layers attend to `visual` from the next forward on (None: to nothing)."""
+        self._visual = visual
+
+    @property
+    def pending(self) -> list[int]:
+        """The tokens that end the last answer's turn, fed in front of the next question."""
+        return list(self._pending)
+
+    def end_turn(self, ids: Sequence[int]) -> None:
+        """Keep `ids` (a truncated answer's last token, `<|im_end|>`) to feed before the next
+        question; the next prefill feeds them with it."""
+        self._pending = [int(t) for t in ids]
 
     def clear(self) -> None:
         """Forget every token."""
         self.cache = self.model.new_cache()
-        self.position = 0
-        self.pending: list[int] = []
+        self._pending: list[int] = []
         self.fed: list[int] = []  # the id of every token in the cache, in order
-        if self.attn is not None:
-            self.attn.truncate(0)
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens (every rank holds the whole cache: local = global)."""
         self.cache.truncate(length)
-        if self.attn is not None:
-            self.attn.truncate(length)
-        self.position = length
-        self.pending = []
+        self._pending = []
         del self.fed[length:]
 
     def restore(
         self, layers: list[tuple[torch.Tensor, torch.Tensor]], positions, ids: Sequence[int] = ()
     ) -> None:
-        """Take a saved prompt's whole text cache (every layer's k, v and their positions);
-        `ids`: its tokens."""
+        """Take a saved prompt's whole text cache (every layer's k, v and their positions, which a
+        whole cache holds at 0, 1, 2, ...); `ids`: its tokens."""
+        length = layers[0][0].shape[1] if layers else 0
+        if not torch.equal(torch.as_tensor(positions).view(-1).cpu(), torch.arange(length)):
+            raise ValueError("a saved prompt's keys must sit at positions 0, 1, 2, ...")
         for i, (k, v) in enumerate(layers):
             self.cache.update(i, k, v)
-        if self.attn is not None:
-            self.attn.restore(positions)
-        self.position = self.cache.length
         self.fed = [int(t) for t in ids]
 
     def held_prefix(self, ids: Sequence[int]) -> int:
@@ -73,30 +95,26 @@ class Conversation:
 
     def key_positions(self) -> torch.Tensor:
         """(1, length) global position of every cached key."""
-        if self.attn is not None:
-            return self.attn.key_positions
         return torch.arange(self.cache.length).view(1, -1)
 
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor | None, *, replicated: bool, sizes=None
-    ) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor | None, feed: Feed):
         """The model on this rank's tokens `ids` at `positions` (a host tensor; None: the next
-        positions after the cache, made on the device without a copy); the last token's logits (1,
-        1, V)."""
-        if self.attn is not None:
-            held = torch.arange(self.position, self.position + ids.numel())
-            self.attn.begin(
-                held if positions is None else positions, replicated=replicated, sizes=sizes
-            )
-        device = self.info.device
-        with torch.no_grad():
-            return self.model(
-                ids.view(1, -1).to(device),
-                None if positions is None else positions.view(1, -1),
-                cache=self.cache,
-                visual=self.visual,
-                last_only=True,
-            )
+        positions after the cache, made on the device without a copy), fed as `feed` says; the
+        last token's logits (1, 1, V). A forward that fails leaves the cache as it was."""
+        start = self.cache.length
+        try:
+            with torch.no_grad():
+                return self.model(
+                    ids.view(1, -1).to(self.info.device),
+                    positions,
+                    cache=self.cache,
+                    visual=self._visual,
+                    last_only=True,
+                    feed=feed,
+                )
+        except BaseException:
+            self.cache.truncate(start)
+            raise
 
     def prefill(
         self,
@@ -106,21 +124,25 @@ class Conversation:
         media_starts: torch.Tensor | None = None,
         tail_from: int | None = None,
     ) -> tuple[torch.Tensor | None, int]:
-        """Feed `ids` (global); return (this rank's last logits or None, the rank owning the last
-        token). `whole`: fed alike on every rank; else sharded over the ranks, then the new text
-        K/V are replicated."""
-        n = int(ids.numel())
+        """Feed `ids` (global), the pending tokens' turn over; return (this rank's last logits or
+        None, the rank owning the last token). `whole`: fed alike on every rank; else sharded over
+        the ranks, then the new text K/V are replicated."""
+        n, cached = int(ids.numel()), self.cache.length
         if whole or self.attn is None:
-            mine, owner, sizes = torch.arange(n), 0, None
+            # fed whole, the tokens follow the cache (every rank holds all of it)
+            mine, owner, positions, feed = torch.arange(n), 0, None, REPLICATED
         else:
             mine, owner, sizes = self._share(n, media_starts, tail_from)
-        cached = self.cache.length
-        # fed whole, the tokens follow the cache (every rank holds all of it)
-        positions = None if whole or self.attn is None else self.position + mine
-        logits = self.forward(ids[mine], positions, replicated=whole, sizes=sizes)
-        if self.attn is not None and not whole:
-            self.attn.replicate(self.cache, cached)
-        self.position += n
+            positions = (cached + mine).view(1, -1)
+            feed = self.attn.sharded_feed(positions, sizes, self.info.device, cached)
+        logits = self._forward(ids[mine], positions, feed)
+        if not feed.replicated:
+            try:
+                self.attn.replicate(self.cache, cached, positions, feed.sizes)
+            except BaseException:
+                self.cache.truncate(cached)
+                raise
+        self._pending = []
         self.fed.extend(ids.tolist())
         return (logits[0, -1] if mine.numel() else None), owner
 
@@ -143,29 +165,23 @@ class Conversation:
         owner = max((r for r in range(world) if sizes[r]), default=0)
         return torch.arange(*bounds[rank]), owner, sizes
 
-    def feed(self, token: int) -> torch.Tensor:
+    def feed(self, token: int, carry: Carry | None = None) -> torch.Tensor:
         """One decoding step, alike on every rank: feed `token` (written on the device, not copied
-        there), return the next logits (V,)."""
+        there), return the next logits (V,). `carry`: numbers that ride on the step's first visual
+        combine."""
         ids = torch.full((1, 1), token, dtype=torch.int64, device=self.info.device)
-        logits = self.forward(ids, None, replicated=True)[0, -1]
-        self._count(token)
+        feed = REPLICATED if carry is None else Feed(carry=carry)
+        logits = self._forward(ids, None, feed)[0, -1]
+        self.fed.append(int(token))
         return logits
 
     def fed_in_place(self, token: int) -> None:
         """Count `token` as fed when a step outside `forward` has written its K/V in place at the
         next position (`StaticDecode`)."""
-        for layer in self.cache.layers:
-            layer.length += 1
-        self._count(token)
-
-    def _count(self, token: int) -> None:
-        self.position += 1
+        self.cache.count_written(1)
         self.fed.append(int(token))
 
     def unfeed(self) -> None:
         """Take back the last token fed."""
-        self.position -= 1
-        del self.fed[self.position :]
         self.cache.truncate(self.cache.length - 1)
-        if self.attn is not None:
-            self.attn.truncate(self.cache.length)
+        del self.fed[self.position :]

@@ -2,8 +2,8 @@
 
 Every rank computes the same logits, so every rank samples the same token and feeds it at once; the
 ranks agree on rank 0's token (and rank 0's stop flag, set by Ctrl-C or Stop) inside that step's
-first visual combine, where the token rides along (`ShardedAttention.riding`): no collective of its
-own per token, which measured 1.17x faster decoding on 2 CPU ranks than a broadcast per token. A
+first visual combine, where the token rides along (a `Carry` fed with the step): no collective of
+its own per token, which measured 1.17x faster decoding on 2 CPU ranks than a broadcast per token. A
 step whose token was not rank 0's is redone alike on every rank; a token fed but not wanted (a stop
 flag, the final stop token) is taken back. Rank 0 shows its token before that step (it is the agreed
 one by definition). The first token when a long question's prefill ended on another rank, and the
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lvx_app.attention.decode_xattn import Carry
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
@@ -111,8 +112,8 @@ class Generator:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag; leave
         the agreed token fed, unless it stops the answer."""
         conversation = self.conversation
-        with conversation.attn.riding([token, int(stop)]) as carry:
-            logits = conversation.feed(token)
+        carry = Carry([token, int(stop)])
+        logits = conversation.feed(token, carry)
         # (ranks, 2), every decoding step runs the hyper layers: the step's one read of the group
         got = carry.received.tolist()
         (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]

@@ -158,7 +158,6 @@ class RankSession:
         except torch.cuda.OutOfMemoryError as exc:
             message = oom_message(self.info.rank, self.info.device, "reading the question")
             raise RuntimeError(message) from exc
-        conversation.pending = []
         outcome, decoder = LoopOutcome(), self.processor.stream()
         text = []
         tokens = self.generator.answer(
@@ -181,9 +180,8 @@ class RankSession:
         if tail and leader:
             yield tail
         self.answers.remember("".join(text), stats.tokens)
-        if outcome.unfed is not None:
-            conversation.pending = [outcome.unfed]
-        conversation.pending.append(self.processor.stop_ids[0])  # close the turn with <|im_end|>
+        unfed = [] if outcome.unfed is None else [outcome.unfed]
+        conversation.end_turn([*unfed, self.processor.stop_ids[0]])  # closed with <|im_end|>
         if outcome.first_token_at is not None:
             stats.ttft_s = outcome.first_token_at - t0
         stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
@@ -200,7 +198,7 @@ class RankSession:
             n = int(ids.numel())
             self._check_length(n)
             conversation.prefill(ids, whole=self._whole(n))
-            conversation.pending = [*map(int, answer), self.processor.stop_ids[0]]
+            conversation.end_turn([*answer, self.processor.stop_ids[0]])
 
     def local_stats(self) -> dict[str, Any]:
         """This rank's row of `/stats`: its frames, memory and traffic."""
@@ -263,7 +261,7 @@ class RankSession:
         not see it: a token sees every frame whose place in the loaded prompt comes before its
         position)."""
         loaded = self.video.loaded
-        self.conversation.visual = loaded.visual if shown and loaded is not None else None
+        self.conversation.show_video(loaded.visual if shown and loaded is not None else None)
 
     def _hold(self, ids: torch.Tensor) -> None:
         """Make the cache hold exactly `ids`: keep the longest prefix it holds, prefill the rest."""

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from lvx_app.attention.kernels import attn_fwd_upto
-from lvx_app.attention.masks import HostCopy, keep_host_copy
+from lvx_app.attention.masks import Indices
 from lvx_app.config import GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
@@ -105,7 +105,7 @@ class StaticDecode:
         self.graph = None
         self.steps = 0
 
-    def _text(self, q, k, v, *, causal: bool = True):
+    def _text(self, q, k, v, step, layer: int):
         return attn_fwd_upto(q, k, v, self.position)
 
     def step(self) -> None:
@@ -148,7 +148,7 @@ def _decode_visual(visual, device: torch.device) -> VisualStep | None:
         return None
     frames = visual.num_frames
     q_vis = torch.full((1, 1), frames, dtype=torch.int64, device=device)
-    return VisualStep(visual.kv, visual.k_frame, keep_host_copy(q_vis, HostCopy(frames, frames)))
+    return VisualStep(visual.kv, visual.k_frame, Indices(q_vis, frames, frames))
 
 
 def _on_side_stream(fn: Callable[[], None]) -> None:

@@ -148,7 +148,7 @@ class VideoContext:
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
         conversation.clear()
-        conversation.visual = visual
+        conversation.show_video(visual)
         t_prefill, cpu_prefill = time.perf_counter(), time.process_time()
         tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
         restored = self._open_prefix(shard, path, prefix_ids, starts, tail_from)

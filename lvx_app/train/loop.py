@@ -302,11 +302,12 @@ class Trainer:
         ids = tok.input_ids[positions].to(self.device).view(1, -1)
         labels = tok.labels[positions].to(self.device)
         pos = positions.to(self.device).view(1, -1)
+        feed = self.hooks.feed(positions.view(1, -1), self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
             e = self.model.vision2text_model(features) if self.projector_trains else features
-            self.hooks.begin(pos)
-            visual = self.hooks.visual_inputs(e, tok.media_starts, frame_ids)
-            logits = self.ddp(ids, pos, visual=visual)
+            # one copy of E; the hooks make each layer's K/V from it (and again in backward)
+            visual = self.model.prepare_visual(e, tok.media_starts, frame_ids, precompute=False)
+            logits = self.ddp(ids, pos, visual=visual, feed=feed)
         ce = F.cross_entropy(
             logits[0].to(torch.promote_types(logits.dtype, torch.float32)),
             labels,

@@ -12,13 +12,15 @@ distributed_attention.md §1.4) it pushes dK/dV back through the projection, so 
 norm weight, LoRA adapters and E itself (when the projector trains) get their gradients.
 
 Pieces:
-- `TrainAttention`: the `AttentionHooks` the model calls. Text self-attention is sharded causal
-  attention over the ranks' token slices, done by the LV-XAttn ring with causality expressed as the
-  media mask (k_frame = key positions, q_vis = query positions + 1), so it returns the lse G2 hyper
-  layers need and works for any token layout (`lvx_app.parallel.layout` deals them with their
-  frames). Visual attention is LV-XAttn, with (`recompute=True`) or without (K/V saved per layer)
-  the recompute scheme.
-- `TrainAttention.visual_inputs(...)`: the matching `VisualInputs` for `Owl3Model.forward`.
+- `TrainAttention`: the `AttentionHooks` the model calls, the sharded hooks inference uses too
+  (lvx_app/engine/parallelize.py: `ShardedHooks`). Text self-attention is sharded causal attention
+  over the ranks' token slices, done by the LV-XAttn ring with causality expressed as the media mask
+  (k_frame = key positions, q_vis = query positions + 1), so it returns the lse G2 hyper layers need
+  and works for any token layout (`lvx_app.parallel.layout` deals them with their frames). Visual
+  attention is LV-XAttn, with (`recompute=True`) or without (K/V saved per layer) the recompute
+  scheme. Each forward gets its `Feed` (`TrainAttention.feed`) and visual inputs that keep one copy
+  of E (`Owl3Model.prepare_visual(..., precompute=False)`); the hooks get the layer's index with
+  every call.
 - `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the
   decoder layers. Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of
   the first forward are kept, and the re-forward in backward replays them instead of running the
@@ -30,16 +32,22 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lvx_app.attention.feed import Feed
 from lvx_app.attention.kernels import check_inputs
 from lvx_app.attention.lv_xattn import lv_xattn_backward, lv_xattn_forward
+from lvx_app.attention.masks import MaskIndex
+from lvx_app.engine.parallelize import ShardedHooks
+from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import exchange_sizes
+from lvx_models.mplug_owl3.hyper import LazyVisualKV
+from lvx_models.mplug_owl3.qwen2 import StepContext
 
 # --------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
@@ -92,8 +100,8 @@ def _attend(
 class _Spec:
     """What one attention call needs besides tensors autograd tracks."""
 
-    q_vis: torch.Tensor
-    k_frame: torch.Tensor
+    q_vis: MaskIndex
+    k_frame: MaskIndex
     group: Optional[dist.ProcessGroup]
     scale: Optional[float] = None
     project: Optional[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = None
@@ -193,128 +201,60 @@ class _RecomputeXAttn(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------------
 
 
-class _Handles(Mapping):
-    """layer -> (k, v) stand-ins for `VisualInputs.kv` in recompute mode.
-
-    The model passes what it gets here straight to `hooks.visual`; an empty tensor pair stands for
-    "the K/V of layer l", and `TrainAttention.visual` makes the real K/V inside `_RecomputeXAttn`
-    (or not at all when the attention result is replayed). Only valid together with the
-    `TrainAttention` that made it."""
-
-    def __init__(
-        self, owner: "TrainAttention", layers: list[int], like: torch.Tensor, kv_heads: int, hd: int
-    ):
-        self.owner, self.layers = owner, list(layers)
-        self._like = (like, kv_heads, hd)
-
-    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer not in self.layers:
-            raise KeyError(layer)
-        like, h, d = self._like
-        k = like.new_empty(1, 0, h, d)
-        self.owner._pending[id(k)] = (layer, k)
-        return k, k
-
-    def __iter__(self):
-        return iter(self.layers)
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-
-class TrainAttention:
-    """`AttentionHooks`-compatible text and visual attention for training over `group` (None = one
-    process).
-
-    Call `begin(positions)` with this rank's token positions (1, L_local) before each forward; every
-    rank of the group must run every layer (also with no frames or no tokens)."""
+class TrainAttention(ShardedHooks):
+    """The model's attention hooks in training over `group` (None = one process): every forward is
+    sharded (`feed` makes its `Feed`), and every rank of the group must run every layer (also with
+    no frames or no tokens). Text attention is the LV-XAttn ring with causality as the media mask,
+    as in inference's sharded prefill; visual attention is LV-XAttn with (`recompute=True`) or
+    without (K/V saved per layer) the recompute scheme, given visual inputs whose K/V are made from
+    one copy of E (`Owl3Model.prepare_visual(..., precompute=False)`)."""
 
     def __init__(
         self, model: nn.Module, *, group: Optional[dist.ProcessGroup] = None, recompute: bool = True
     ):
-        self.model = model
-        self.group = group
-        self.recompute = recompute
-        self.q_vis: Optional[torch.Tensor] = None
-        self.k_pos: Optional[torch.Tensor] = None
-        self._pending: dict[int, tuple[int, torch.Tensor]] = {}
-        self.q_sizes: Optional[list[int]] = None
-        self._visual = None  # (E, frame positions, k_frame) of the current step
+        super().__init__(group, get_rank(group), get_world_size(group))
+        self.model, self.recompute = model, recompute
 
-    def begin(self, positions: torch.Tensor) -> None:
-        positions = positions.to(torch.int64).view(1, -1)
-        self.k_pos = positions
-        self.q_vis = positions + 1
-        self._pending.clear()
-        # every rank's token count, once per step: the rings of every layer reuse it
-        (self.q_sizes,) = exchange_sizes(
-            positions.shape[1], group=self.group, device=positions.device
-        )
+    def feed(self, positions: torch.Tensor, device: torch.device) -> Feed:
+        """The feed of one training forward: this rank's token positions (1, L_local), on the host,
+        and every rank's token count (one all_gather per step: every layer's rings reuse it)."""
+        (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
+        return self.sharded_feed(positions, sizes, device)
 
-    # ---- text
-    # ----------------------------------------------------------------------------------------------
-    def text(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
-        if not causal:
-            raise ValueError("training text attention is always causal")
-        if self.k_pos is None or self.k_pos.shape[1] != q.shape[1] or k.shape[1] != q.shape[1]:
-            raise RuntimeError(
-                "call TrainAttention.begin(positions) with this rank's token positions before the "
-                "forward (no text KV cache in training)"
-            )
-        spec = _Spec(
-            q_vis=self.q_vis.to(q.device),
-            k_frame=self.k_pos.to(q.device),
-            group=self.group,
-            q_sizes=self.q_sizes,
-        )
+    def ring(self, q, k, v, q_vis, k_frame, step: StepContext, layer: int):
+        """LV-XAttn that saves its K/V (text attention, and the visual one without recompute)."""
+        spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=step.feed.sizes)
         return _SavedKVAttn.apply(spec, q, k, v)
 
-    # ---- visual
-    # ----------------------------------------------------------------------------------------------
-    def visual_inputs(
-        self, e_local: torch.Tensor, media_starts: torch.Tensor, frame_ids: torch.Tensor
+    def text(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext, layer: int
     ):
-        """`VisualInputs` for this rank's frames: e_local (N_local, 729, H) is the one shared copy
-        of E (it may require grad, e.g. when the projector trains); media_starts (N_total,) every
-        frame's placeholder start; frame_ids (N_local,) the global indices of the local frames."""
-        from lvx_models.mplug_owl3.hyper import VisualInputs
+        if step.feed.replicated or k.shape[1] != q.shape[1]:
+            raise RuntimeError(
+                "a training forward is sharded and has no text KV cache: pass "
+                "feed=TrainAttention.feed(positions, device) to the model"
+            )
+        return super().text(q, k, v, step, layer)
 
-        model = self.model
-        if not self.recompute:
-            return model.prepare_visual(e_local, media_starts, frame_ids, precompute=False)
-        cfg = model.config
-        dev = e_local.device
-        media_starts = torch.as_tensor(media_starts, dtype=torch.int64).to(dev)
-        frame_ids = torch.as_tensor(frame_ids, dtype=torch.int64).to(dev)
-        n, p, _ = e_local.shape
-        positions = model.frame_rope_positions(media_starts)[frame_ids]
-        k_frame = frame_ids.repeat_interleave(p).view(1, n * p)
-        self._visual = (e_local, positions, k_frame)
-        kv = _Handles(self, cfg.hyper_layer_indices, e_local, cfg.num_key_value_heads, cfg.head_dim)
-        return VisualInputs(kv=kv, k_frame=k_frame, media_starts=media_starts)
+    def visual(self, q: torch.Tensor, step: StepContext, layer: int):
+        vis = step.visual
+        if not (self.recompute and isinstance(vis.kv, LazyVisualKV)):
+            return super().visual(q, step, layer)
+        kv = vis.kv
+        spec = _Spec(
+            q_vis=vis.q_vis,
+            k_frame=vis.k_frame,
+            group=self.group,
+            project=lambda e: kv.project(layer, e),
+            params=self._layer_params(layer),
+            q_sizes=step.feed.sizes,
+        )
+        return _RecomputeXAttn.apply(spec, q, kv.features, *spec.params)
 
     def _layer_params(self, layer: int) -> list[nn.Parameter]:
         blk = self.model.language_model.model.layers[layer]
         mods = [blk.input_layernorm, blk.self_attn.v_kv_proj]
         return [p for m in mods for p in m.parameters() if p.requires_grad]
-
-    def visual(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        q_vis: torch.Tensor,
-        k_frame: torch.Tensor,
-    ):
-        pending = self._pending.pop(id(k), None) if k.shape[1] == 0 else None
-        spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=self.q_sizes)
-        if pending is None:  # K/V given (no-recompute path)
-            return _SavedKVAttn.apply(spec, q, k, v)
-        layer = pending[0]
-        e, positions, _ = self._visual
-        spec.project = lambda e_: self.model.visual_kv(layer, e_, positions)
-        spec.params = self._layer_params(layer)
-        return _RecomputeXAttn.apply(spec, q, e, *spec.params)
 
 
 # --------------------------------------------------------------------------------------------------

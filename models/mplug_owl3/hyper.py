@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from lvx_app.attention import merge
+from lvx_app.attention.masks import MaskIndex, device_tensor
 
 from .config import Owl3Config
 from .layers import apply_rope, rms_norm, rope_cos_sin
@@ -132,16 +133,22 @@ def visual_kv(
 
 
 class LazyVisualKV(Mapping):
-    """layer -> (k, v) computed on every access by `fn(layer)` (recompute from one copy of E,
-    nothing cached)."""
+    """layer -> (k, v) made on every access from one copy of E (`features`), nothing cached:
+    `project(layer, features)` is the layer's K/V, differentiable w.r.t. E and the layer's weights
+    (finetuning remakes them in its backward from the same two)."""
 
-    def __init__(self, fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], layers: list[int]):
-        self.fn, self.layers = fn, list(layers)
+    def __init__(
+        self,
+        project: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        features: torch.Tensor,
+        layers: list[int],
+    ):
+        self.project, self.features, self.layers = project, features, list(layers)
 
     def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         if layer not in self.layers:
             raise KeyError(layer)
-        return self.fn(layer)
+        return self.project(layer, self.features)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.layers)
@@ -157,27 +164,30 @@ class VisualInputs:
     kv:           hyper layer index (0-based) -> (k, v), each (1, S_kv, n_kv, hd) for this rank's
                   frames; any Mapping works (a dict of precomputed K/V, or a lazy mapping that
                   recomputes them from E).
-    k_frame:      (1, S_kv) int64, global frame index of each local visual key.
+    k_frame:      (1, S_kv) int64, global frame index of each local visual key (`Indices` when
+                  the host knows them, so the kernels plan from the host).
     media_starts: (N_total,) int64, placeholder start token index of EVERY frame of the request (all
-                  ranks'), sorted; it defines which frames each token sees.
+                  ranks'), sorted; it defines which frames each token sees (`Indices` when the host
+                  knows them: a forward's q_vis is then known there too).
     """
 
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
-    k_frame: torch.Tensor
-    media_starts: torch.Tensor
+    k_frame: MaskIndex
+    media_starts: MaskIndex
 
     @property
     def num_frames(self) -> int:
-        return int(self.media_starts.numel())
+        return int(device_tensor(self.media_starts).numel())
 
 
 @dataclass
 class VisualStep:
-    """VisualInputs bound to one forward's tokens: adds q_vis (B, L) int64."""
+    """VisualInputs bound to one forward's tokens: adds q_vis (B, L) int64 (`Indices` when the host
+    knows it)."""
 
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
-    k_frame: torch.Tensor
-    q_vis: torch.Tensor
+    k_frame: MaskIndex
+    q_vis: MaskIndex
 
 
 class HyperAttention(Qwen2Attention):
@@ -202,11 +212,10 @@ class HyperAttention(Qwen2Attention):
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         q, k, v = self.project(x, ctx)
-        out, lse = ctx.hooks.text(q, k, v, causal=True)
+        out, lse = ctx.hooks.text(q, k, v, ctx, self.layer_idx)
         vis: VisualStep | None = ctx.visual
         if vis is not None:
-            k_vis, v_vis = vis.kv[self.layer_idx]
-            out_v, lse_v = ctx.hooks.visual(q, k_vis, v_vis, q_vis=vis.q_vis, k_frame=vis.k_frame)
+            out_v, lse_v = ctx.hooks.visual(q, ctx, self.layer_idx)
             if (
                 self.generation == "g2"
             ):  # one softmax over [visual; text] == LSE merge of the two parts
@@ -216,5 +225,6 @@ class HyperAttention(Qwen2Attention):
                 g = self.g1_gate(out, ct)
                 out = out.to(ct)
                 mixed = (1 - g) * out + g * out_v.to(ct)
-                out = torch.where((vis.q_vis > 0)[..., None, None], mixed, out)
+                seen = device_tensor(vis.q_vis) > 0
+                out = torch.where(seen[..., None, None], mixed, out)
         return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0

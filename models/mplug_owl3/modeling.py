@@ -13,10 +13,10 @@ Typical single-process use:
     # prefill; then one token per forward
     logits = model(input_ids, cache=cache, visual=visual, last_only=True)
 
-Distributed use (the engine): each rank encodes its own contiguous slice of frames, calls
+Distributed use (the engine): each rank encodes its own slice of frames, calls
 `prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets
-`model.hooks.visual` to a distributed cross-attention with the same signature; text queries may stay
-replicated on every rank.
+`model.hooks` to a distributed attention (lvx_app/engine/parallelize.py); each forward then says how
+the ranks feed its tokens (`feed=`), which the hooks get with every call.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lvx_app.attention.masks import HostCopy, host_copy, keep_host_copy
+from lvx_app.attention.feed import REPLICATED, Feed
+from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
 
 from .config import Owl3Config
 from .hyper import (
@@ -40,13 +41,6 @@ from .hyper import (
 )
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
 from .vision import SiglipVisionTower, build_projector, frames_per_batch
-
-
-def _host_copy(values: torch.Tensor) -> HostCopy:
-    """The host copy of an index tensor made once per video (its bounds read once)."""
-    if not values.numel():
-        return HostCopy(values=values)
-    return HostCopy(int(values.min()), int(values.max()), values)
 
 
 class Owl3Model(nn.Module):
@@ -140,45 +134,41 @@ class Owl3Model(nn.Module):
         n, p, _ = e_local.shape
         dev = e_local.device
         starts_host = torch.as_tensor(media_starts, dtype=torch.int64, device="cpu")
-        media_starts = starts_host.to(dev)
+        starts = Indices.of_host(starts_host, dev)
         if frame_ids is None:
             frame_ids = torch.arange(n)
         ids_host = torch.as_tensor(frame_ids, dtype=torch.int64, device="cpu")
         frame_ids = ids_host.to(dev)
         if frame_ids.numel() != n:
             raise ValueError(f"{n} local frames but {frame_ids.numel()} frame ids")
-        positions = self.frame_rope_positions(media_starts)[frame_ids]
+        positions = self.frame_rope_positions(starts.tensor)[frame_ids]
         layers = self.config.hyper_layer_indices
         if precompute:
             with torch.no_grad():
                 kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
         else:
-            kv = LazyVisualKV(lambda l: self.visual_kv(l, e_local, positions), layers)
-        k_frame = frame_ids.repeat_interleave(p).view(1, n * p)
-        return VisualInputs(
-            kv=kv,
-            k_frame=keep_host_copy(k_frame, _host_copy(ids_host.repeat_interleave(p).view(1, -1))),
-            media_starts=keep_host_copy(media_starts, _host_copy(starts_host)),
-        )
+            kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e, positions), e_local, layers)
+        k_frame = Indices.of_host(ids_host.repeat_interleave(p).view(1, n * p), dev)
+        return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
 
-    def _q_vis_on_host(
-        self, positions: Optional[torch.Tensor], start: int, length: int, media_starts
-    ) -> Optional[HostCopy]:
-        """What the host knows of the forward's q_vis, so the attention plans its tiles without
-        reading the device: tokens after every placeholder (a question, a decoded token) see every
-        frame; host positions give every value; positions on the device, nothing."""
-        starts = host_copy(media_starts)
-        if starts is None or starts.values is None:
-            return None
+    def _q_vis_known(
+        self, q_vis: torch.Tensor, positions: Optional[torch.Tensor], start: int, media_starts
+    ) -> MaskIndex:
+        """The forward's q_vis with what the host knows of it, so the attention plans its tiles
+        without reading the device: tokens after every placeholder (a question, a decoded token) see
+        every frame; positions given on the host give every value; on the device, nothing."""
+        if not isinstance(media_starts, Indices) or media_starts.values is None:
+            return q_vis
         if positions is None:
-            last = starts.high
+            last = media_starts.high
             if last is not None and (start > last or (start == last and self._sees_at_start())):
-                frames = int(starts.values.numel())
-                return HostCopy(low=frames, high=frames)
-            positions = torch.arange(start, start + length).view(1, -1)
+                frames = int(media_starts.values.numel())
+                return Indices(q_vis, low=frames, high=frames)
+            positions = torch.arange(start, start + q_vis.shape[1]).view(1, -1)
         if positions.device.type != "cpu":
-            return None
-        return HostCopy(values=self.visible_frames(positions.view(1, -1), starts.values))
+            return q_vis
+        values = self.visible_frames(positions.view(1, -1), media_starts.values)
+        return Indices(q_vis, values=values)
 
     def _sees_at_start(self) -> bool:
         """Whether a token at a frame's placeholder start sees that frame (G2: t >= start_j)."""
@@ -196,12 +186,15 @@ class Owl3Model(nn.Module):
         cache: Optional[TextKVCache] = None,
         visual: Optional[VisualInputs] = None,
         last_only: bool = False,
+        feed: Feed = REPLICATED,
     ) -> torch.Tensor:
         """Text forward -> logits (B, L, V) float in the model dtype ((B, 1, V) with last_only).
 
-        input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L);
-        cache: the text KV cache to extend (None = no cache, the tokens are the whole sequence);
-        visual: frames to attend to in the hyper layers (B must be 1), None = text only."""
+        input_ids (B, L); positions (B, L) absolute token indices, default cache.length + arange(L)
+        (given on the host, the host knows which frames each token sees); cache: the text KV cache
+        to extend (None = no cache, the tokens are the whole sequence); visual: frames to attend to
+        in the hyper layers (B must be 1), None = text only; feed: how the ranks feed these tokens
+        (for the attention hooks, `lvx_app.attention.feed`)."""
         lm = self.language_model
         given = positions
         start = cache.length if cache is not None else 0
@@ -210,13 +203,16 @@ class Owl3Model(nn.Module):
         if visual is not None and visual.num_frames > 0:
             if input_ids.shape[0] != 1:
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
-            q_vis = self.visible_frames(positions, visual.media_starts)
-            host = self._q_vis_on_host(given, start, input_ids.shape[1], visual.media_starts)
-            step = VisualStep(
-                kv=visual.kv,
-                k_frame=visual.k_frame,
-                q_vis=q_vis if host is None else keep_host_copy(q_vis, host),
-            )
+            starts = visual.media_starts
+            q_vis = self.visible_frames(positions, device_tensor(starts))
+            q_vis = self._q_vis_known(q_vis, given, start, starts)
+            step = VisualStep(kv=visual.kv, k_frame=visual.k_frame, q_vis=q_vis)
         return lm(
-            input_ids, positions, hooks=self.hooks, cache=cache, visual=step, last_only=last_only
+            input_ids,
+            positions,
+            hooks=self.hooks,
+            cache=cache,
+            visual=step,
+            last_only=last_only,
+            feed=feed,
         )

@@ -3,7 +3,8 @@
 Attention goes through injectable callables (`AttentionHooks`), so the engine can run it distributed
 without this package importing torch.distributed. Every attention call returns (out, lse) in the
 layout q (B, L, heads, D), k/v (B, S, kv_heads, D) -> out (B, L, heads, D), lse float32 (B, heads,
-L).
+L). A hook gets the forward's `StepContext` and the calling layer's index with its tensors: what it
+needs to know of the forward (how the ranks feed its tokens, its visual inputs) travels with it.
 
 Text causality is by order: every cached token precedes every new token, and the new tokens are
 causal among themselves (bottom-right aligned causal mask). That is what makes a second prefill on
@@ -22,36 +23,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from lvx_app.attention import attention
+from lvx_app.attention.feed import REPLICATED, Feed
 
 from .config import TRAINED_POSITIONS, Owl3Config
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 
-# called as text(q, k, v, causal=True) -> (out, lse)
+# called as text(q, k, v, step, layer) -> (out, lse): causal self-attention over the text cache
 TextAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-# called as visual(q, k_vis, v_vis, q_vis=..., k_frame=...) -> (out, lse)
+# called as visual(q, step, layer) -> (out, lse): attention to the layer's visual K/V
+# (`step.visual.kv[layer]`) under the media mask (`step.visual.q_vis`, `step.visual.k_frame`)
 VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True):
+def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, layer: int):
     """Local text self-attention: lvx_app.attention.kernels.attention, causal bottom-right
     aligned."""
-    return attention(q, k, v, causal=causal)
+    return attention(q, k, v, causal=True)
 
 
-def default_visual_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_vis: torch.Tensor, k_frame: torch.Tensor
-):
-    """Local masked cross-attention to visual keys: query t sees key s iff k_frame[s] < q_vis[t]."""
-    return attention(q, k, v, q_vis=q_vis, k_frame=k_frame)
+def default_visual_attn(q: torch.Tensor, step, layer: int):
+    """Local masked cross-attention to the layer's visual keys: query t sees key s iff k_frame[s] <
+    q_vis[t]."""
+    vis = step.visual
+    k, v = vis.kv[layer]
+    return attention(q, k, v, q_vis=vis.q_vis, k_frame=vis.k_frame)
 
 
 @dataclass
 class AttentionHooks:
-    """The two attention callables every layer uses (called with the keyword names above, so
-    lvx_app.attention functions plug in directly). Swap them to distribute attention, e.g. `visual =
-    functools.partial(lv_xattn_with_lse, group=g)` for prefill and `functools.partial(decode_xattn,
-    group=g)` for one-token steps. Every rank must call `visual` in every hyper layer, also with an
-    empty visual shard."""
+    """The two attention callables every layer uses. Swap them to distribute attention
+    (lvx_app/engine/parallelize.py); every rank must call `visual` in every hyper layer, also with
+    an empty visual shard."""
 
     text: TextAttn = default_text_attn
     visual: VisualAttn = default_visual_attn
@@ -140,6 +142,12 @@ class TextKVCache:
         for l in self.layers:
             l.reserve(more)
 
+    def count_written(self, tokens: int = 1) -> None:
+        """Count `tokens` more cached tokens that a step outside `update` wrote in place after the
+        cached ones (a decode step on buffers that stay put)."""
+        for l in self.layers:
+            l.length += tokens
+
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (e.g. to drop a turn)."""
         for l in self.layers:
@@ -148,13 +156,14 @@ class TextKVCache:
 
 @dataclass
 class StepContext:
-    """What one forward hands to every layer."""
+    """What one forward hands to every layer, and every layer to its attention hooks."""
 
     cos: torch.Tensor  # (B, L, D), float32 (float64 for float64 models)
     sin: torch.Tensor
     hooks: AttentionHooks
     cache: Optional[TextKVCache] = None
     visual: Any = None  # hyper.VisualStep or None; only hyper layers read it
+    feed: Feed = REPLICATED  # how the ranks feed this forward's tokens
 
 
 class Qwen2Attention(nn.Module):
@@ -188,7 +197,7 @@ class Qwen2Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         q, k, v = self.project(x, ctx)
-        out, _ = ctx.hooks.text(q, k, v, causal=True)
+        out, _ = ctx.hooks.text(q, k, v, ctx, self.layer_idx)
         return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0
 
 
@@ -274,9 +283,10 @@ class Qwen2LM(nn.Module):
         cache: Optional[TextKVCache] = None,
         visual: Any = None,
         last_only: bool = False,
+        feed: Feed = REPLICATED,
     ) -> torch.Tensor:
         """input_ids (B, L), absolute positions (B, L) -> logits (B, L, V) (or (B, 1, V) with
-        last_only)."""
+        last_only). `feed`: how the ranks feed these tokens, for the attention hooks."""
         cfg = self.config
         if (
             cache is not None
@@ -285,7 +295,7 @@ class Qwen2LM(nn.Module):
         cos, sin = rope_cos_sin(
             positions, cfg.head_dim, cfg.rope_theta, self.model.embed_tokens.weight.dtype
         )
-        ctx = StepContext(cos=cos, sin=sin, hooks=hooks, cache=cache, visual=visual)
+        ctx = StepContext(cos, sin, hooks, cache, visual, feed)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)

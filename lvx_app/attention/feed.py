@@ -1,0 +1,34 @@
+"""How one forward's tokens lie over the ranks: what a sharded attention needs besides its tensors,
+handed to it with the forward (as gpt-fast hands `input_pos`), never set on it before.
+
+- Replicated (`sizes` None): every rank feeds the same tokens (a short question, each decoded
+  token). Text attention is local over the whole text cache; the visual partials are combined in
+  one collective (`decode_xattn`), on which `carry` rides.
+- Sharded: each rank feeds its own tokens, `sizes` lists every rank's count (in rank order), and
+  the causal text attention runs as an LV-XAttn ring whose media mask is `text_q_vis` (query
+  position + 1) and `text_k_frame` (key positions): the same in every layer, so made once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lvx_app.attention.decode_xattn import Carry
+from lvx_app.attention.masks import MaskIndex
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One forward's tokens as the ranks feed them (module docstring)."""
+
+    sizes: tuple[int, ...] | None = None  # every rank's token count; None: replicated
+    text_q_vis: MaskIndex | None = None  # (1, L) this rank's query positions + 1
+    text_k_frame: MaskIndex | None = None  # (1, S) positions of the keys this rank's ring attends
+    carry: Carry | None = None  # numbers riding on the first replicated visual combine
+
+    @property
+    def replicated(self) -> bool:
+        return self.sizes is None
+
+
+REPLICATED = Feed()
