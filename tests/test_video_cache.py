@@ -23,6 +23,7 @@ from lvx_app.cache import (
     VisualKVCache,
     VisualKVKey,
     file_identity,
+    short_ids,
 )
 from lvx_app.cli.cache import cache_app
 from lvx_app.defaults import default_cache_dir
@@ -300,6 +301,15 @@ def test_ls_fits_the_columns_and_every_id_shown_can_be_pasted_into_rm(tmp_path):
         out = CliRunner().invoke(cache_app, ["rm", short, "--dir", str(cache.root)])
         assert out.exit_code == 0 and "Removed 1 entry" in out.output, out.output
     assert CacheFolder(cache.root).entries() == []
+
+
+def test_the_ids_shown_are_8_characters_or_as_many_as_tell_them_apart():
+    ids = ["0123456789abcdef0123", "0123456789abffff0000", "fedcba98765432100000"]
+    assert short_ids(ids + ids[:1]) == {
+        ids[0]: "0123456789abc",
+        ids[1]: "0123456789abf",
+        ids[2]: "fedcba98",
+    }
 
 
 def test_rm_of_a_features_id_removes_what_is_listed_under_it(tmp_path, video):

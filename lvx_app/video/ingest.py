@@ -59,9 +59,7 @@ class VisualShard:
     from_cache: bool
     plan: SamplingPlan  # the whole plan: all ranks' frames, in order
     frame_offset: int  # plan position of this rank's first frame (its global frame number)
-    cache_key: FeatureKey | None = (
-        None  # this shard's feature-cache key (None when the cache is off)
-    )
+    cache_key: FeatureKey | None = None  # its feature-cache key (None when the cache is off)
     layout: str = (
         "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
     )

@@ -82,11 +82,19 @@ class Owl3Processor:
         self.tokenizer = tokenizer
         self.image_size = int(image_size)
         self.tokens_per_image = (self.image_size // patch_size) ** 2  # tokens per placeholder
-        self.rules = rules or published_rules(form)
-        self.template = ChatTemplate(self.rules, self.image_size)
+        self.rules = rules or published_rules(form)  # makes the template
         self.path = path
         self.max_new_tokens = max_new_tokens  # the checkpoint's own answer length, if it has one
         self._image_ids = tokenizer.encode(IMAGE)
+
+    @property
+    def rules(self) -> PromptRules:
+        """The checkpoint's prompt rules (video span, cut beside videos, cut prompt)."""
+        return self.template.rules
+
+    @rules.setter
+    def rules(self, rules: PromptRules) -> None:
+        self.template = ChatTemplate(rules, self.image_size)
 
     @property
     def cut_template(self) -> str:
