@@ -11,7 +11,6 @@ decord itself is imported only inside decode worker processes (see decode.py), n
 from lvx_app.video.decode import DecodePool, check_video_path
 from lvx_app.video.encode import ShardEncoder
 from lvx_app.video.errors import (
-    BadFpsError,
     CorruptVideoError,
     DecodeTimeoutError,
     NotAVideoError,
@@ -34,7 +33,6 @@ from lvx_app.video.ingest import (
 from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp
 
 __all__ = [
-    "BadFpsError",
     "CacheKey",
     "CorruptVideoError",
     "DecodePool",
