@@ -31,7 +31,7 @@ from starlette.background import BackgroundTask
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
-from lvx_app.runtime.service import Busy, EngineService, Lease
+from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_ui.openai_request import ApiError, ChatRequest, VideoAsk, VideoFiles, bad, read_request
 
 log = logging.getLogger("lvx.api")
@@ -137,6 +137,8 @@ def api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, Busy):
         return ApiError(429, str(exc), "queue_full")
+    if isinstance(exc, Restarting):
+        return ApiError(503, str(exc), "restarting")
     if isinstance(exc, GroupFailed):
         return ApiError(503, f"{exc}; the workers are restarting, try again shortly", "restarting")
     if isinstance(exc, QuestionTooLong):
@@ -244,11 +246,9 @@ class OpenAIApi:
         """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
         another, start the answer and take its first text: errors so far get their own status."""
         request = self._request(req.video) if req.video is not None else None
-        if self.service.restarting:
-            raise ApiError(503, "the worker group is restarting; try again shortly", "restarting")
         try:
             lease = self.service.lease(CLIENT, on_dead="refuse")
-        except EngineError as exc:  # 429: the queue is full
+        except EngineError as exc:  # 429: the queue is full; 503: the group restarts
             raise api_error(exc) from None
         try:
             pieces = lease.chat(request, req.turns, **req.generation)

@@ -37,6 +37,10 @@ class Busy(EngineError):
     shortly."""
 
 
+class Restarting(GroupFailed):
+    """The worker group is being restarted; a refusing client is told to come back shortly."""
+
+
 class NoVideo(EngineError):
     """A client asked about its video before loading one (it never sees another client's)."""
 
@@ -110,7 +114,9 @@ class EngineService:
         """The engine for client `client_id` once the leases before it are given back: `Busy` when
         `queue_size` leases wait already, or after `timeout` seconds (None: as long as it takes).
         `on_dead`: a dead group is restarted in this lease ("restart") or behind it while this one
-        is refused with GroupFailed ("refuse")."""
+        is refused with GroupFailed, and while it restarts with `Restarting` ("refuse")."""
+        if on_dead == "refuse" and self.restarting:
+            raise Restarting("the worker group is restarting; try again shortly")
         lease = Lease(self, client_id, self.client(client_id), on_dead)
         self._take(lease, timeout, limited=True)
         return lease
