@@ -142,10 +142,10 @@ PAGE_WORDS = (
 
 
 def for_the_page(message: str) -> str:
-    """A message with the command line's advice and flags put in the page's words."""
+    """A subtitle message with the command line's advice put in the page's words."""
     for cli, page in PAGE_WORDS:
         message = message.replace(cli, page)
-    return frontend_words(message, VideoConfig, "page")[0]
+    return message
 
 
 def page_request(
@@ -243,6 +243,8 @@ class ChatApp:
             return NO_VIDEO
         if isinstance(exc, GroupFailed) and self.service.can_restart():
             return f"{exc}; the workers restart on the next request"
+        if isinstance(exc, ConfigError):  # a box of the page: named as the page names it
+            return frontend_words(str(exc), VideoConfig, "page")[0]
         return for_the_page(_error(exc))
 
     def load(
