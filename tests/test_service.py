@@ -5,8 +5,10 @@ dead group however many clients find it dead."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from timing import scaled
@@ -253,3 +255,17 @@ def test_without_a_way_to_restart_a_dead_group_is_one_line():
     engine.died = "rank 1 failed: killed"
     with EngineService(engine).lease("eval") as lease, pytest.raises(GroupFailed, match="rank 1"):
         lease.engine  # noqa: B018
+
+
+def test_the_product_restarts_a_group_and_takes_the_engine_in_one_place():
+    """No frontend restarts the group or queues for the engine itself: the service does."""
+    root = Path(__file__).resolve().parents[1]
+    found: dict[str, list[str]] = {"reopen": [], "lock": []}
+    for path in [*(root / "lvx_app").rglob("*.py"), *(root / "ui").rglob("*.py")]:
+        text = path.read_text()
+        name = str(path.relative_to(root))
+        if re.search(r"\breopen\(\)", text):
+            found["reopen"].append(name)
+        if re.search(r"\block\.(acquire|release)\(", text):
+            found["lock"].append(name)
+    assert found == {"reopen": ["lvx_app/runtime/service.py"], "lock": []}, found
