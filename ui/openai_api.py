@@ -261,13 +261,12 @@ class OpenAIApi:
         """The load the request asks for: its video file, the video options it sets (checked as
         the command line's are; the API names them by field) and a subtitle file under
         --allow-paths."""
-        path = self.files.video(ask.url)
         try:
             video = updated(self.config.video, by="api", **ask.options)
         except ConfigError as exc:
             raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
         video = replace(video, subtitles=self.files.subtitles(video.subtitles))
-        return VideoRequest(path, video, opening=ask.opening)
+        return VideoRequest(self.files.video(ask.url), video, opening=ask.opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------

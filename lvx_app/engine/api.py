@@ -63,7 +63,7 @@ class VideoSummary:
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
-    subtitle_source: str = ""  # where the subtitle lines came from ("" = none)
+    subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
