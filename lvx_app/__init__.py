@@ -27,6 +27,9 @@ def open(model: str, **options: Any) -> Engine:  # noqa: A001 - the API's verb, 
     `options` are the command line's, by field name: `gpus`, `ranks`, `dtype`, `fps`, `max_frames`,
     `kv_mode`, `cache_dir`, `layout`, `max_new_tokens`, `temperature`, ... (`lvx_app.config`). A bad
     name or value raises `lvx_app.config.ConfigError`; a model or device problem `EngineError`.
+    `engine.load_video(path, ...)` and `engine.ask(question, ...)` take the video and generation
+    options again for one call (`kv_mode="recompute"`, `subtitles="none"`, `max_new_tokens=64`);
+    each is honoured, or refused in one `EngineError` line.
     """
     # imported here: `import lvx_app` (and the CLI's start) stays free of torch
     from lvx_app.config import Config

@@ -35,15 +35,38 @@ SCORING_MODES = ("official", "strict")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine can reach
 
 
+FRONTENDS = ("page", "api")  # the frontends that let their users set some video options per video
+# A field's metadata beyond its command-line option (never passed to typer):
+#   set_by: the frontends whose users may set it for one video (`updated(..., by=...)`); the command
+#           line and the Python API set every field
+#   key: it changes what a load makes, so a video held with another value is another load
+#        (`load_key`); the fields without it say how a video is loaded (decode workers, caches)
+#   none_as: what a frontend sends for None (max frames: 0, no cap)
+NOT_CLI = ("set_by", "key", "none_as")
+
+
 class ConfigError(ValueError):
     """A bad option value: one line that names the option and says what to use."""
 
 
-def option(default: Any, flag: str, help: str, *, factory: Any = None, **cli: Any) -> Any:
+def option(
+    default: Any,
+    flag: str,
+    help: str,
+    *,
+    factory: Any = None,
+    set_by: tuple[str, ...] = (),
+    key: bool = False,
+    none_as: Any = None,
+    **cli: Any,
+) -> Any:
     """A config field that is also a command-line option (`flag`, e.g. "--fps" or
-    "--cache/--no-cache";
-    `cli` holds extra typer settings such as `metavar` or `hidden`)."""
+    "--cache/--no-cache"; `cli` holds extra typer settings such as `metavar` or `hidden`).
+    `set_by` and `key`: see `NOT_CLI`."""
     meta = {"flag": flag, "help": help, **cli}
+    meta.update({"set_by": set_by} if set_by else {})
+    meta.update({"key": True} if key else {})
+    meta.update({"none_as": none_as} if none_as is not None else {})
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -58,9 +81,16 @@ def _choice(value: str, choices: tuple[str, ...], flag: str) -> None:
     _require(value in choices, f"unknown {flag} {value!r}; use one of {', '.join(choices)}")
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _positive(value: float, flag: str, what: str = "a number above 0") -> None:
     _require(
-        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0,
         f"{flag} must be {what} (got {value!r})",
     )
 
@@ -100,15 +130,26 @@ class ModelConfig:
         _choice(self.dtype, DTYPES, "--dtype")
 
 
-@dataclass
+@dataclass(frozen=True)
 class VideoConfig:
-    """How a video becomes visual tokens: sampling, decoding, subtitles, caches, K/V memory."""
+    """How a video becomes visual tokens: sampling, decoding, subtitles, caches, K/V memory. One
+    load's options travel in a `lvx_app.engine.api.VideoRequest`."""
 
-    fps: float = option(1.0, "--fps", "Frames sampled per second of video.", metavar="FPS")
+    fps: float = option(
+        1.0,
+        "--fps",
+        "Frames sampled per second of video.",
+        set_by=FRONTENDS,
+        key=True,
+        metavar="FPS",
+    )
     max_frames: int | None = option(
         None,
         "--max-frames",
         "Most frames to use; a longer plan is thinned uniformly. Default: all.",
+        set_by=FRONTENDS,
+        key=True,
+        none_as=0,
     )
     subtitles: str = option(
         "auto",
@@ -116,18 +157,22 @@ class VideoConfig:
         "auto: a subtitle file next to the video with its name (movie.en.srt too), else a text "
         "subtitle stream inside it; none; or a subtitle FILE. Only the lines at the sampled frames "
         "are used.",
+        set_by=FRONTENDS,
+        key=True,
         metavar="auto|none|FILE",
     )
     subtitle_lang: str | None = option(
         None,
         "--subtitle-lang",
         "Language of the subtitles --subtitles auto picks (en, fr, ...).",
+        key=True,
         metavar="LANG",
     )
     subtitle_encoding: str | None = option(
         None,
         "--subtitle-encoding",
         "Text encoding of the subtitle file. Default: UTF-8, else detected.",
+        key=True,
         metavar="ENCODING",
     )
     subtitle_tokens: int = option(
@@ -135,12 +180,14 @@ class VideoConfig:
         "--subtitle-tokens",
         "Most tokens the subtitle lines may take; beyond it lines are dropped evenly over the "
         "video.",
+        key=True,
     )
     kv_mode: str = option(
         "auto",
         "--kv-mode",
         "cache: keep each hyper layer's visual K/V resident; recompute: keep one copy of the "
         "features and recompute K/V per turn (less memory); auto: cache when it fits.",
+        key=True,
         metavar="auto|cache|recompute",
     )
     cache: bool = option(
@@ -164,17 +211,26 @@ class VideoConfig:
     def __post_init__(self) -> None:
         _positive(self.fps, "--fps", "above 0, e.g. --fps 1, or --fps 0.2 for a frame every 5 s")
         _require(
-            self.max_frames is None or self.max_frames >= 1,
-            f"--max-frames must be 1 or more (got {self.max_frames})",
+            self.max_frames is None or (_whole(self.max_frames) and self.max_frames >= 1),
+            f"--max-frames must be 1 or more (got {self.max_frames!r})",
         )
         _require(
-            self.subtitle_tokens >= 0,
-            f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens})",
+            isinstance(self.subtitles, str) and bool(self.subtitles.strip()),
+            f"--subtitles takes auto, none or a subtitle FILE (got {self.subtitles!r})",
+        )
+        for name, value in (("lang", self.subtitle_lang), ("encoding", self.subtitle_encoding)):
+            _require(value is None or isinstance(value, str), f"--subtitle-{name} takes a name")
+        _require(
+            _whole(self.subtitle_tokens) and self.subtitle_tokens >= 0,
+            f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens!r})",
         )
         _choice(self.kv_mode, KV_MODES, "--kv-mode")
+        _require(isinstance(self.cache, bool), "--cache is true or false")
+        _require(self.cache_dir is None or isinstance(self.cache_dir, str), "--cache-dir is a path")
         _positive(self.decode_timeout_s, "--decode-timeout", "a number of seconds above 0")
         _require(
-            self.decode_workers is None or self.decode_workers >= 1,
+            self.decode_workers is None
+            or (_whole(self.decode_workers) and self.decode_workers >= 1),
             "decode_workers must be 1 or more",
         )
         _choice(self.save_visual_kv, SAVE_VISUAL_KV, "save_visual_kv")
@@ -506,14 +562,43 @@ def section(cls: type, values: dict[str, Any]) -> Any:
     return cls(**values)
 
 
-def updated(config: Any, **changes: Any) -> Any:
+def updated(config: Any, *, by: str | None = None, **changes: Any) -> Any:
     """A copy of one section with some fields changed (checked like any new section); an unknown
-    name is a ConfigError listing the valid ones."""
-    names = [f.name for f in fields(config)]
+    name is a ConfigError listing the valid ones. `by`: the frontend ("page", "api") whose user
+    asked: only the fields it may set (`settable`)."""
+    names = [f.name for f in fields(config)] if by is None else list(settable(type(config), by))
     unknown = sorted(set(changes) - set(names))
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(names)}")
+    if by is not None:  # a frontend's stand-in for None (0 max frames: no cap)
+        for f in fields(config):
+            none_as = f.metadata.get("none_as")
+            value = changes.get(f.name)
+            if none_as is not None and type(value) is type(none_as) and value == none_as:
+                changes[f.name] = None
     return replace(config, **changes)
+
+
+def settable(cls: type, frontend: str) -> tuple[str, ...]:
+    """The fields of a section that `frontend`'s users may set for one video (their `set_by`)."""
+    return tuple(f.name for f in fields(cls) if frontend in f.metadata.get("set_by", ()))
+
+
+def load_key(config: Any) -> tuple[tuple[str, Any], ...]:
+    """(name, value) of the fields of a section that change what a load makes (their `key`)."""
+    return tuple((f.name, getattr(config, f.name)) for f in fields(config) if f.metadata.get("key"))
+
+
+def frontend_words(message: str, cls: type, frontend: str) -> tuple[str, str | None]:
+    """(a ConfigError's line with the flags of the fields `frontend` sets put as it names them (the
+    API by the field, max_frames; the page in words, max frames), the first such field named)."""
+    named = None
+    for f in fields(cls):
+        flag = f.metadata.get("flag", "")
+        if frontend in f.metadata.get("set_by", ()) and flag in message:
+            word = f.name if frontend == "api" else f.name.replace("_", " ")
+            message, named = message.replace(flag, word), named or f.name
+    return message, named
 
 
 def cli_fields(cls: type) -> list[Any]:

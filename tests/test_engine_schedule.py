@@ -8,6 +8,7 @@ from engine_configs import engine_config
 from gloo_ranks import run_ranks
 
 from lvx_app.config import ConfigError
+from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 
 COLLECTIVES = (
@@ -62,7 +63,7 @@ def _collectives_per_step(rank, world, checkpoint, video, cache_dir):
     conversation = session.conversation
     conversation.prefill = phase("prefill", conversation.prefill)
     conversation.feed = phase("token", conversation.feed)
-    session.load_video(video, session.config.video)
+    session.load_video(VideoRequest(video, session.config.video))
     generation = session.config.generation.__class__(max_new_tokens=6)
     answer = "".join(session.ask("what happens in the video?", generation))
     return (

@@ -12,6 +12,7 @@ from lvx_app.cli.evaluate import eval_app
 from lvx_app.engine.api import QuestionTooLong
 from lvx_app.eval.results import ResultsError, merge_results, read_results
 from lvx_app.eval.videomme import run_videomme
+from lvx_app.runtime.engine_handle import Engine
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +125,10 @@ def test_resume_with_other_settings_is_refused(mini, tmp_path):
 
 def test_failed_video_is_skipped_and_retried(mini, tmp_path):
     class Flaky(LookupSession):
-        def load_video(self, path, fps, max_frames):
-            if path.endswith(".mkv"):
+        def load_video(self, request):
+            if request.path.endswith(".mkv"):
                 raise OSError("cannot decode")
-            return super().load_video(path, fps, max_frames)
+            return super().load_video(request)
 
     out = tmp_path / "run.jsonl"
     run = _run(mini, out, Flaky(answers_for(mini.rows)))
@@ -192,22 +193,25 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
     from lvx_app.eval.runner import EngineEvalSession
 
     class Stats:
+        tokens = [7, 8]
+
         def to_dict(self):
             return {"new_tokens": 2, "truncated": False}
 
-    class FakeEngine:  # the shape of lvx_app's Engine: streaming ask, reset keeps the video
+    class FakeEngine(Engine):  # lvx_app's Engine: streaming ask, reset keeps the video
         def __init__(self):
             self.history, self.closed, self.last_answer, self.params = [], False, None, []
 
         def describe(self):
             return {"world size": 2, "dtype": "float32"}
 
-        def load_video(self, path, *, subtitles=None, progress=None, fps=1.0, max_frames=None):
-            assert subtitles == [], "the eval's prompt carries its own subtitle lines"
+        def load_video(self, request, *, progress=None):
+            assert request.video.subtitles == "none", "the eval's prompt carries its subtitles"
+            self.held = request
             return SimpleNamespace(
-                path=path,
+                path=request.path,
                 frames=2,
-                fps=fps,
+                fps=request.video.fps,
                 duration_s=2.0,
                 visual_tokens=1458,
                 from_cache=False,
@@ -245,7 +249,7 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
 
 def test_engine_that_cannot_load_anything_stops_the_run(mini, tmp_path):
     class Broken(LookupSession):
-        def load_video(self, path, fps, max_frames):
+        def load_video(self, request):
             raise RuntimeError("workers gone")
 
     session = Broken({})

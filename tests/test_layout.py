@@ -9,6 +9,7 @@ from gloo_ranks import run_ranks
 
 from lvx_app.cache import FeatureKey
 from lvx_app.defaults import LAYOUTS
+from lvx_app.engine.api import VideoRequest
 from lvx_app.parallel.layout import balance, owned, owners, rank_tokens, round_work, token_owners
 from lvx_app.video.plan import build_plan
 
@@ -107,9 +108,9 @@ def _first_turn(rank: int, world: int, checkpoint: str, video: str, cache_dir: s
         model=checkpoint, cache_dir=cache_dir, decode_workers=1, layout=layout, dtype="float32"
     )
     session = RankSession(cfg, init_distributed(cuda=False))
-    session.load_video(video, session.config.video)
+    session.load_video(VideoRequest(video, session.config.video))
     frames = sorted(set(session.conversation.visual.k_frame.values.flatten().tolist()))
-    logits, owner = session.conversation.prefill(session._turn_ids("what happens?"))
+    logits, owner = session.conversation.prefill(session.turns.question_ids("what happens?"))
     box = torch.zeros(logits.shape[-1] if logits is not None else session.model.config.vocab_size)
     if rank == owner:
         box = logits.float()

@@ -10,6 +10,7 @@ from engine_configs import engine_config
 from gloo_ranks import run_ranks
 
 from lvx_app.config import GenerationConfig
+from lvx_app.engine.api import VideoRequest
 
 OOM = "CUDA out of memory. Tried to allocate 20.00 GiB"
 
@@ -36,7 +37,7 @@ def _out_of_memory_once(rank: int, world: int, checkpoint: str, video: str, when
         return real(*args, **kwargs)
 
     session = RankSession(engine_config(checkpoint, dtype="bfloat16"), init_distributed(cuda=False))
-    session.load_video(video, session.config.video)
+    session.load_video(VideoRequest(video, session.config.video))
     generation = GenerationConfig(max_new_tokens=4)
     backends.KERNEL_OPS["flash_fwd"] = flaky
     if when == "question":

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from lvx_app.cache import CacheWarning, FeatureKey, PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, GenerationConfig
+from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
@@ -34,7 +35,7 @@ QUESTION = "what happens in the video?"
 def _open_and_ask(session: RankSession, video: str) -> tuple[bool, list, list]:
     """Load the video, note the prompt's K/V, answer one question (every rank runs this in the same
     order)."""
-    summary = session.load_video(video, session.config.video)
+    summary = session.load_video(VideoRequest(video, session.config.video))
     kv = [
         [float(k.double().sum()), float(v.double().sum())]
         for k, v in session.conversation.cache.layer_kv()
@@ -118,7 +119,10 @@ def test_no_cache_saves_no_prompt(tiny_checkpoints, short_video, tmp_path, monke
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "default"))
     config = Config.from_options(model=tiny_checkpoints["g2"], cache=False, decode_workers=1)
     session = RankSession(config, init_distributed(cuda=False))
-    assert session.load_video(short_video, session.config.video).prompt_from_cache is False
+    assert (
+        session.load_video(VideoRequest(short_video, session.config.video)).prompt_from_cache
+        is False
+    )
     assert not (tmp_path / "default").exists()
 
 

@@ -23,10 +23,10 @@ def _long_then_normal(
 ):
     """Rank 0 asks `question` (refused), then a normal one (answered); rank r sees `budgets[r]`
     bytes free."""
-    from lvx_app.engine import session as session_module
+    from lvx_app.engine import turns as turns_module
     from lvx_app.parallel.group import init_distributed
 
-    session_module.auto_memory_budget = lambda device: budgets[rank]
+    turns_module.auto_memory_budget = lambda device: budgets[rank]
     config = _config(checkpoint, cache_dir)
     session = RankSession(config, init_distributed(cuda=False))
     prefill = session.conversation.prefill
@@ -84,8 +84,9 @@ def _paste_then_normal(rank: int, world: int, checkpoint: str, video: str, cache
     config = _config(checkpoint, cache_dir)
     session = RankSession(config, init_distributed(cuda=False))
     tokenized: list[int] = []
-    turn_ids = session._turn_ids
-    session._turn_ids = lambda question: tokenized.append(len(question)) or turn_ids(question)
+    turns = session.turns
+    question_ids = turns.question_ids
+    turns.question_ids = lambda question: tokenized.append(len(question)) or question_ids(question)
     channel = ControlChannel()
     if rank != 0:
         worker_loop(session, channel)

@@ -234,7 +234,7 @@ def test_failures_are_readable_and_the_server_keeps_serving(server, expected):
         assert status.startswith("⚠️ error:") and message in status, status
     for fps, max_frames, message in (
         (0, 0, "fps must be above 0"),
-        (1.0, -3, "max frames must be 0"),
+        (1.0, -3, "max frames must be 1 or more (got -3)"),
     ):
         status, _, _ = c.predict(
             None, str(server.videos / "short.mp4"), fps, max_frames, api_name="/load"

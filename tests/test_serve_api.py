@@ -305,9 +305,9 @@ def test_a_client_that_leaves_mid_stream_stops_its_answer(server, expected):
 
 @pytest.mark.slow
 def test_the_page_and_the_api_share_the_engine(server, expected):
-    """The page is served on the same port; after the API used the engine, the page's tab reloads
-    its video and rebuilds its conversation (as when another browser tab took the engine): its next
-    answer is the one an uninterrupted conversation gives."""
+    """The page is served on the same port; after the API used the engine, the page's tab rebuilds
+    its conversation (as when another browser tab took the engine), and reloads its video when the
+    API loaded another: its next answer is the one an uninterrupted conversation gives."""
     gradio_client = pytest.importorskip("gradio_client")
     from test_serve import ask as page_ask
     from test_serve import last_answer
@@ -327,7 +327,12 @@ def test_the_page_and_the_api_share_the_engine(server, expected):
     history, _ = page_ask(page, QUESTIONS[1], history)
     answer, footer = last_answer(history)
     assert answer == shown(expected[1]), footer
-    assert "reloaded your video short.mp4" in footer and "conversation was rebuilt" in footer
+    assert "conversation was rebuilt" in footer and "reloaded" not in footer, "the same video"
+    video = video_message(f"file://{server.videos / 'short.mp4'}")
+    client(server).chat.completions.create(model="m", messages=[video], extra_body={"fps": 2})
+    history, _ = page_ask(page, QUESTIONS[0], [])
+    answer, footer = last_answer(history)
+    assert answer == shown(expected[0]) and "reloaded your video short.mp4" in footer, footer
 
 
 @pytest.mark.slow
@@ -345,7 +350,7 @@ def test_a_dead_group_is_503_while_it_restarts(server, expected):
     assert httpx.get(server.url + "health").json()["status"] == "ok"
     reply = c.chat.completions.create(model="m", messages=video)
     assert reply.choices[0].message.content == expected[0]
-    assert any("restarted after" in line for line in log_lines(server))
+    assert "lvx serve: the workers restarted after: rank 1" in server.log.read_text()
 
 
 @pytest.mark.slow
@@ -423,7 +428,7 @@ def test_messages_keep_their_order_around_the_video():
     req = read_request(body)
     assert req.turns[1] == {"role": "user", "content": "Look:\n<|video|>What\nhappens?"}
     assert req.video.opening == VideoOpening(system="Be brief.", before="Look:\n")
-    assert req.video.options == {"fps": 2.0, "max_frames": None}
+    assert req.video.options == {"fps": 2, "max_frames": 0}  # checked when the load is built
     assert req.generation == {"max_new_tokens": 5} and not req.stream
     late = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [url]}]}
     with pytest.raises(ApiError, match="first user message"):
@@ -440,3 +445,68 @@ def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
     with pytest.raises(ApiError, match="is not a path") as refused:
         files.video(f"file://{tmp_path}/a%00b.mp4")
     assert refused.value.status == 400 and refused.value.param == "video_url"
+
+
+@pytest.fixture
+def api_here(tiny_checkpoints, short_video, tmp_path):
+    """The API on an engine in this process (the page's engine service, no server): a clip with a
+    subtitle file beside it and another one, under --allow-paths."""
+    from engine_configs import engine_config
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from lvx_app.runtime.open import open_engine
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    clip = shutil.copy(short_video, folder / "clip.mp4")
+    (folder / "clip.srt").write_text("1\n00:00:00,000 --> 00:00:09,500\nbeside the clip\n")
+    (folder / "other.srt").write_text("1\n00:00:00,000 --> 00:00:09,500\nfrom another file\n")
+    config = engine_config(tiny_checkpoints["g2"], tmp_path / "cache", subtitles="auto")
+    engine = open_engine(config)
+    service = EngineService(engine)
+    files = VideoFiles([str(folder)], 10.0, tmp_path / "uploads")
+    app = FastAPI()
+    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    try:
+        yield TestClient(app), engine, f"file://{clip}", folder
+    finally:
+        service.close()
+
+
+def test_the_subtitles_field_loads_as_the_option_says(api_here):
+    """The documented `subtitles` field (auto, none, a file under --allow-paths) loads the video
+    with those subtitles; a bad value is a 400 naming it, and the engine goes on."""
+    client, engine, url, folder = api_here
+
+    def ask(**fields):
+        body = {"model": "m", "messages": [video_message(url)], "max_tokens": 2, **fields}
+        return client.post("/v1/chat/completions", json=body)
+
+    tokens = {}
+    for choice, line in (
+        ("none", None),
+        ("auto", "beside the clip"),
+        (str(folder / "other.srt"), "from another file"),
+    ):
+        reply = ask(subtitles=choice)
+        assert reply.status_code == 200, reply.text
+        tokens[choice] = reply.json()["usage"]["prompt_tokens"]
+        block = engine.session.video.loaded.subtitle_block
+        assert (line in block) if line else block == "", (choice, block)
+    assert tokens["none"] < tokens["auto"] and len(set(tokens.values())) == 3
+    for fields, param, says in (
+        ({"subtitles": "/etc/hostname"}, "subtitles", "outside the allowed folders"),
+        ({"subtitles": 5}, "subtitles", "subtitles takes auto, none or a subtitle FILE"),
+        ({"fps": "2"}, "fps", "fps must be above 0"),
+        ({"max_frames": -1}, "max_frames", "max_frames must be 1 or more"),
+    ):
+        reply = ask(**fields)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == param, (fields, error)
+        assert says in error["message"] and "--" not in error["message"], error
+    reply = ask(max_frames=0, fps=2)  # 0: no cap
+    assert reply.status_code == 200 and engine.session.video.loaded.summary.frames == 20

@@ -15,13 +15,13 @@ import pytest
 from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import ask, client, last_answer, start_server, stop_server
 
-from lvx_app.config import Config
-from lvx_app.engine.api import VideoSummary
+from lvx_app.config import Config, VideoConfig
+from lvx_app.engine.api import VideoRequest, VideoSummary
 from lvx_app.engine.describe import printable
+from lvx_app.runtime.engine_handle import Engine
+from lvx_app.runtime.service import EngineService
 from lvx_app.video.synthetic import make_video
 from lvx_ui.app import ChatApp, _progress_reporter, link_timestamps, message_text
-from lvx_ui.shared_engine import SharedEngine
-from lvx_ui.tabs import Tab
 
 pytestmark = pytest.mark.slow
 TOKENS = PARAMS.max_new_tokens  # the reference answers are this long
@@ -214,19 +214,21 @@ def test_stop_stops_only_the_answer_of_its_own_tab(served):
     assert "interrupted" in footer and 40 <= tokens < 2000, footer
 
 
-class ReloadingEngine:
+class ReloadingEngine(Engine):
     """Just enough of an Engine for a reload: it reports decode progress as the real one does, then
     a summary; it records the conversations it is asked to rebuild."""
 
     def __init__(self) -> None:
+        self.config = Config()
         self.loads: list[str] = []
         self.replays: list[list] = []
 
-    def load_video(self, path, *, subtitles=None, progress=None, fps=1.0, max_frames=None):
-        self.loads.append(path)
-        for done in (0, 5, 10):
+    def load_video(self, request, *, progress=None):
+        self.loads.append(request.path)
+        for done in (0, 5, 10) if progress else ():
             progress("frames", done, 10)
-        return VideoSummary(path, 10, fps, 10.0, 40, True, 0.01)
+        self.held = request
+        return VideoSummary(request.path, 10, request.video.fps, 10.0, 40, True, 0.01)
 
     def reset(self) -> None:
         pass
@@ -234,16 +236,26 @@ class ReloadingEngine:
     def replay(self, turns) -> None:
         self.replays.append(list(turns))
 
+    def describe(self) -> dict:
+        return {}
+
+
+def _request(path: str) -> VideoRequest:
+    return VideoRequest(path, VideoConfig())
+
 
 def test_a_reload_shows_its_progress_to_the_tab_that_asked():
     engine = ReloadingEngine()
-    shared = SharedEngine(engine)
-    mine = Tab(video=("a.mp4", 1.0, None, ()), turns=[("what?", [5, 6])])
-    shared.loaded, shared.talking = ("b.mp4", 1.0, None, ()), "tab B"  # another tab's, now
+    service = EngineService(engine)
+    mine = service.client("tab A")
+    mine.request, mine.turns = _request("a.mp4"), [("what?", [5, 6])]
+    with service.lease("tab B") as theirs:  # another tab's video and conversation, now
+        theirs.load(_request("b.mp4"))
     shown = []
     report = _progress_reporter(lambda value, desc=None, unit=None: shown.append(desc))
-    notes = shared.ready_for("tab A", mine, report)
-    assert engine.loads == ["a.mp4"] and engine.replays == [[("what?", [5, 6])]]
+    with service.lease("tab A") as lease:
+        notes = lease.ready(report)
+    assert engine.loads == ["b.mp4", "a.mp4"] and engine.replays == [[("what?", [5, 6])]]
     assert notes == [
         "reloaded your video a.mp4 from the feature cache",
         "your conversation was rebuilt from its 1 earlier turn: another tab used the model in "
@@ -254,20 +266,22 @@ def test_a_reload_shows_its_progress_to_the_tab_that_asked():
         and all(d.startswith("frames: ") for d in shown)
         and shown[-1].startswith("frames: 10/10")
     ), shown
-    assert shared.ready_for("tab A", mine, report) == [], "its own video and conversation: as is"
+    with service.lease("tab A") as lease:
+        assert lease.ready(report) == [], "its own video and conversation: as is"
 
 
 def test_forgotten_tabs_are_asked_to_load_again():
     """Past the number of tabs remembered, the one unused longest is forgotten: it gets no answer
     about whatever the engine holds."""
-    engine = ReloadingEngine()
-    app = ChatApp(engine, Config(), allow_paths=None)
-    app.tabs.limit = 2
+    service = EngineService(ReloadingEngine(), clients_kept=2)
+    app = ChatApp(service, Config(), allow_paths=None)
     for owner, name in (("A", "a.mp4"), ("B", "b.mp4"), ("C", "c.mp4")):
-        app.tabs[owner].video = (name, 1.0, None, ())
-    assert app.tabs["A"].video is None and app.tabs["C"].video is not None
-    with pytest.raises(Exception, match="load a video in this browser tab first"):
-        app.shared.ready_for("A", app.tabs["A"])
+        service.client(owner).request = _request(name)
+    assert service.client("A").request is None and service.client("C").request is not None
+    history = list(app.chat("what?", [], 5, "A"))[-1][0]
+    assert message_text(history[-1]["content"]) == (
+        "⚠️ error: load a video in this browser tab first: each tab asks about its own video"
+    )
 
 
 def test_a_pasted_book_is_refused_by_its_characters_before_any_rank(served):

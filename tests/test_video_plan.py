@@ -5,8 +5,9 @@ from fractions import Fraction
 
 import pytest
 
+from lvx_app.config import ConfigError, VideoConfig
 from lvx_app.parallel.shards import shard_bounds
-from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
+from lvx_app.video.errors import CorruptVideoError, PlanTooLargeError, VideoWarning
 from lvx_app.video.plan import (
     SamplingPlan,
     build_plan,
@@ -95,10 +96,12 @@ def test_fps_equal_to_video_fps_takes_every_frame():
     assert plan(45, 29.97, 29.97).indices == tuple(range(45))
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "abc", None])
-def test_bad_fps(bad):
-    with pytest.raises(BadFpsError, match="--fps"):
-        plan(300, 30.0, bad)
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "abc", None, True])
+def test_bad_fps_is_refused_by_its_one_validator(bad):
+    """The plan takes the fps the config checked; the config is the one place a bad one is
+    refused."""
+    with pytest.raises(ConfigError, match="--fps must be above 0"):
+        VideoConfig(fps=bad)
 
 
 def test_empty_or_rateless_video():

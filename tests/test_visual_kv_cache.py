@@ -26,6 +26,7 @@ import lvx_app.engine.visual_kv as visual_kv
 from lvx_app.cache import CacheWarning, FeatureKey, VisualKVCache, VisualKVKey
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, ConfigError, GenerationConfig
+from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.engine.visual_kv import should_save
 from lvx_app.parallel.group import init_distributed
@@ -35,7 +36,7 @@ QUESTION = "what happens in the video?"
 
 
 def _open_and_ask(session: RankSession, video: str) -> dict:
-    summary = session.load_video(video, session.config.video)
+    summary = session.load_video(VideoRequest(video, session.config.video))
     visual = {
         layer: [float(k.double().sum()), float(v.double().sum())]
         for layer, (k, v) in session.conversation.visual.kv.items()
@@ -163,7 +164,7 @@ def test_auto_saves_only_when_reading_back_is_cheaper(
         model=tiny_checkpoints["g2"], cache_dir=str(tmp_path), decode_workers=1, kv_mode="cache"
     )
     session = RankSession(config, init_distributed(cuda=False))
-    session.load_video(short_video, session.config.video)
+    session.load_video(VideoRequest(short_video, session.config.video))
     choice = session.video.loaded.visual_kv
     assert choice.saved is saves and choice.compute_s > 0 and choice.nbytes > 0
     assert choice.read_s == pytest.approx(choice.nbytes / bytes_per_s)
@@ -175,7 +176,10 @@ def test_auto_saves_only_when_reading_back_is_cheaper(
         and "read" in line
     )
     again = RankSession(config, init_distributed(cuda=False))
-    assert again.load_video(short_video, again.config.video).visual_kv_from_cache is saves
+    assert (
+        again.load_video(VideoRequest(short_video, again.config.video)).visual_kv_from_cache
+        is saves
+    )
 
 
 def test_recompute_mode_and_no_cache_save_nothing(
@@ -199,7 +203,7 @@ def test_recompute_mode_and_no_cache_save_nothing(
         ),
     ):
         session = RankSession(config, init_distributed(cuda=False))
-        session.load_video(short_video, session.config.video)
+        session.load_video(VideoRequest(short_video, session.config.video))
         assert not session.video.loaded.visual_kv.saved
     assert not (tmp_path / "c" / "visual-kv").exists() and not (tmp_path / "default").exists()
     with pytest.raises(ConfigError, match="unknown save_visual_kv 'maybe'"):
@@ -217,17 +221,19 @@ def test_changed_hyper_weights_are_not_reused(tiny_checkpoints, short_video, tmp
         kv_mode="cache",
         save_visual_kv="always",
     )
-    RankSession(config, init_distributed(cuda=False)).load_video(short_video, config.video)
+    RankSession(config, init_distributed(cuda=False)).load_video(
+        VideoRequest(short_video, config.video)
+    )
     weights = load_file(str(checkpoint / "model.safetensors"))
     name = next(n for n in weights if n.endswith("v_kv_proj.weight"))
     weights[name] = weights[name] * 2
     save_file(weights, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
     session = RankSession(config, init_distributed(cuda=False))
-    summary = session.load_video(short_video, session.config.video)
+    summary = session.load_video(VideoRequest(short_video, session.config.video))
     assert summary.from_cache and not summary.visual_kv_from_cache
     no_cache = dataclasses.replace(config, video=dataclasses.replace(config.video, cache=False))
     fresh = RankSession(no_cache, init_distributed(cuda=False))
-    fresh.load_video(short_video, fresh.config.video)
+    fresh.load_video(VideoRequest(short_video, fresh.config.video))
     for layer, (k, v) in fresh.conversation.visual.kv.items():
         assert torch.equal(session.conversation.visual.kv[layer][0], k) and torch.equal(
             session.conversation.visual.kv[layer][1], v

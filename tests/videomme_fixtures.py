@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lvx_app.engine.api import VideoRequest
 from lvx_app.eval.runner import VideoInfo
 from lvx_app.video.synthetic import make_video
 
@@ -116,8 +117,9 @@ class LookupSession:
     asked: list[str] = field(default_factory=list)
     loaded: str | None = None
 
-    def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
+    def load_video(self, request: VideoRequest) -> VideoInfo:
         assert self.loaded is None, "load_video on a session that was not reset"
+        path, fps, max_frames = request.path, request.video.fps, request.video.max_frames
         with av.open(path) as c:
             stream = c.streams.video[0]
             duration = (

@@ -1,17 +1,18 @@
 """The browser chat: a Gradio Blocks app around any `Engine` (in-process or a torchrun group).
 
 There is one engine and one video per server, so every event that touches the engine (load, chat,
-stats) shares one Gradio concurrency slot and one lock: requests reach rank 0 one at a time, in
-order, and a second user waits in Gradio's queue with a visible position. Stop does not wait in that
-queue: it only raises the flag of its own tab, which that tab's streaming answer checks between
-tokens.
+stats) shares one Gradio concurrency slot and leases the engine from the service: requests reach
+rank 0 one at a time, in order, and a second user waits in Gradio's queue with a visible position.
+Stop does not wait in that queue: it only raises the flag of its own tab, which that tab's
+streaming answer checks between tokens.
 
-Browser tabs stay apart (`lvx_ui.tabs`): a tab asks only about the video it loaded itself (a tab
-without one is asked to load one), and in its own conversation. When another tab used the engine
-since, its next question first gets its video back (from the feature cache, with progress) and its
+Each browser tab is a client of the engine service (`lvx_app.runtime.service`), by the id it keeps
+in its page state: a tab asks only about the video it loaded itself (a tab without one is asked to
+load one), and in its own conversation. When another tab (or the API) used the engine since, its
+next question first gets its video back (from the feature cache, with progress) and its
 conversation rebuilt from its own turns, and the answer's footer says so; every answer names its
-video. A dead worker group is restarted by the next request (`lvx_ui.shared_engine`), which then
-brings the asking tab back the same way.
+video. A dead worker group is restarted by the next request, which then brings the asking tab back
+the same way.
 """
 
 from __future__ import annotations
@@ -26,28 +27,26 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
-from lvx_app.config import Config
-from lvx_app.engine.api import EngineError
+from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
+from lvx_app.engine.api import EngineError, GroupFailed, VideoRequest
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
 from lvx_app.runtime.engine_handle import Engine
-from lvx_app.subtitles import SIDECAR_EXTENSIONS, SubtitleError, SubtitleTrack, resolve_subtitles
+from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
+from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
 from lvx_ui.openai_request import allowed_path
-from lvx_ui.shared_engine import SharedEngine
-from lvx_ui.tabs import Tab, Tabs, VideoSpec
 
 log = logging.getLogger("lvx.ui")
 
 GPU = "gpu"  # the concurrency id every engine event shares
 SEEK_PREFIX = "#lvx-seek-"
-# what `/stats` says about the video and the answers the engine holds: not shown to another tab
-ANOTHER_TABS = ("video", "prompt tokens", "last answer")
+NO_VIDEO = "load a video in this browser tab first: each tab asks about its own video"
 _TIMESTAMP = re.compile(r"(?<![\d:.])(?:(\d{1,2}):)?(\d{1,3}):([0-5]\d)(?![\d:])")
 
 # Clicking an answer's timestamp link seeks the player instead of navigating (installed once per
@@ -121,8 +120,8 @@ def _text(text: str) -> dict[str, str]:
 
 
 def _error(exc: BaseException) -> str:
-    """One readable line; engine errors are already phrased for the user."""
-    if isinstance(exc, EngineError):
+    """One readable line; engine and option errors are already phrased for the user."""
+    if isinstance(exc, (EngineError, ConfigError)):
         return str(exc)
     log.exception("request failed")
     return f"{type(exc).__name__}: {exc} (details in the server log)"
@@ -149,13 +148,18 @@ def for_the_page(message: str) -> str:
     return message
 
 
-def page_subtitles(video: str, upload: str | None, found: bool) -> SubtitleTrack:
-    """The page's choice: an uploaded subtitle file, else (box ticked) what `--subtitles auto`
-    finds: a file next to a server-side video or a text stream inside the video; else none. A bad
-    upload is a SubtitleError."""
-    if upload:
-        return resolve_subtitles(video, upload)
-    return resolve_subtitles(video, "auto" if found else "none")
+def page_request(
+    config: VideoConfig, path: str, fps: Any, max_frames: Any, upload: str | None, found: bool
+) -> VideoRequest:
+    """The load the page's controls ask for: fps, max frames (0: no cap) and the subtitles (an
+    uploaded file, else with the box ticked what `--subtitles auto` finds: a file next to a
+    server-side video or a text stream inside the video; else none), each checked as the command
+    line's option is (a ConfigError line)."""
+    subtitles = upload or ("auto" if found else "none")
+    cap = int(max_frames or 0)  # the box's 0: no cap
+    return VideoRequest(
+        path, updated(config, by="page", fps=fps or 0, max_frames=cap, subtitles=subtitles)
+    )
 
 
 def max_new_tokens(value: Any, default: int | None) -> int | None:
@@ -173,27 +177,21 @@ def max_new_tokens(value: Any, default: int | None) -> int | None:
 
 
 class ChatApp:
-    """The handlers behind the page: each browser tab (`Tabs`) asks the shared engine about its own
-    video, in its own conversation."""
+    """The handlers behind the page: each browser tab is a client of the engine service, asking
+    about its own video in its own conversation."""
 
     def __init__(
-        self,
-        engine: Engine,
-        config: Config,
-        *,
-        allow_paths: Sequence[str] | None,
-        reopen: Callable[[], Engine] | None = None,
+        self, service: EngineService, config: Config, *, allow_paths: Sequence[str] | None
     ) -> None:
-        self.shared = SharedEngine(engine, reopen)
-        self.tabs = Tabs()
+        self.service = service
         self.config = config
         self.allow_paths = [Path(p).resolve() for p in (allow_paths or [])]
         self.max_upload_mb = config.serve.max_upload_mb
 
     @property
     def engine(self) -> Engine:
-        """The engine the page holds now (a dead group is replaced by a fresh one)."""
-        return self.shared.engine
+        """The engine the page uses now (a dead group is replaced by a fresh one)."""
+        return self.service.engine
 
     # ---- video
     # ----------------------------------------------------------------------------------------------
@@ -229,22 +227,25 @@ class ChatApp:
             )
         return upload, False
 
-    def status(self, tab: Tab | None = None, note: str = "") -> str:
+    def status(self, client: Client | None = None, note: str = "") -> str:
         """The status line of a tab: a note, then its own video (never another tab's)."""
         parts = [note] if note else []
-        if tab is not None and tab.summary is not None:
-            summary = tab.summary
+        if client is not None and client.summary is not None:
+            summary = client.summary
             parts.append(f"**{Path(summary.path).name}**: {describe_video(summary)}")
         else:
             parts.append("No video loaded in this browser tab yet.")
         return "\n\n".join(parts)
 
     def _error(self, exc: BaseException) -> str:
-        """One readable line; a dead group is remembered so the next request restarts it."""
-        return self.shared.fail(exc) or _error(exc)
-
-    def close(self) -> None:
-        self.shared.engine.close()
+        """One readable line in the page's words."""
+        if isinstance(exc, NoVideo):
+            return NO_VIDEO
+        if isinstance(exc, GroupFailed) and self.service.can_restart():
+            return f"{exc}; the workers restart on the next request"
+        if isinstance(exc, ConfigError):  # a box of the page: named as the page names it
+            return frontend_words(str(exc), VideoConfig, "page")[0]
+        return for_the_page(_error(exc))
 
     def load(
         self,
@@ -261,44 +262,28 @@ class ChatApp:
         starts afresh. Subtitles (an uploaded file, or those found with the video) go into the
         prompt after the video."""
         owner = owner or uuid.uuid4().hex
-        tab = self.tabs[owner]
+        client = self.service.client(owner)
+        notes: list[str] = []
         try:
             path, from_server = self._resolve(upload, server_path)
-            fps = float(fps or 0)
-            if not fps > 0:
-                raise EngineError("fps must be above 0")
-            cap = int(max_frames or 0)
-            if cap < 0:
-                raise EngineError("max frames must be 0 (no cap) or a positive number")
-            track = page_subtitles(path, subtitle_file, bool(found_subtitles))
-        except (EngineError, SubtitleError) as exc:
-            return (
-                self.status(tab, f"⚠️ error: {for_the_page(str(exc))}"),
-                gr.skip(),
-                gr.skip(),
-                owner,
+            request = page_request(
+                self.config.video, path, fps, max_frames, subtitle_file, bool(found_subtitles)
             )
-        spec: VideoSpec = (path, fps, cap or None, tuple(track.cues))
-        notes: list[str] = [for_the_page(note) for note in track.notes]
-        shared = self.shared
-        with shared.lock:
-            try:
-                notes.extend(filter(None, [shared.heal()]))
+            with self.service.lease(owner) as lease:
                 progress(0.0, desc="starting")
                 with _warnings_into(notes):
-                    summary = shared.load(owner, spec, _progress_reporter(progress))
-                stats = shared.engine.stats()
-            except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
-                return self.status(tab, f"⚠️ error: {self._error(exc)}"), gr.skip(), gr.skip(), owner
-            tab.video, tab.summary = spec, summary
-            tab.start_over()
+                    summary = lease.load(request, _progress_reporter(progress))
+                stats = lease.stats()
+                notes[:0] = lease.notes
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
+            return self.status(client, f"⚠️ error: {self._error(exc)}"), gr.skip(), gr.skip(), owner
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
-        if track.source:
-            note = (
-                f"subtitles: {summary.subtitle_lines} line(s) placed, from {track.source} · {note}"
-            )
+        if summary.subtitle_source:
+            source = summary.subtitle_source
+            note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {source} · {note}"
+        notes = [for_the_page(n) for n in notes]
         body = "\n\n".join(
-            filter(None, [self.status(tab), _warning_lines(notes), note, memory_table(stats)])
+            filter(None, [self.status(client), _warning_lines(notes), note, memory_table(stats)])
         )
         player = path if from_server else gr.skip()
         return body, [], player, owner
@@ -310,7 +295,7 @@ class ChatApp:
     ) -> Iterator[tuple]:
         """Stream one answer into the chat, about this tab's video, in this tab's conversation."""
         owner = owner or uuid.uuid4().hex
-        tab = self.tabs[owner]
+        client = self.service.client(owner)
         message = (message or "").strip()
         if not message:
             yield history, "", owner, gr.skip()
@@ -318,51 +303,51 @@ class ChatApp:
         history = list(history or [])
         try:
             limit = max_new_tokens(max_new, self.config.generation.max_new_tokens)
-            self.shared.engine.check_question(message)  # a pasted book never reaches a rank
+            self.engine.check_question(message)  # a pasted book never reaches a rank
         except EngineError as exc:
             history.append({"role": "user", "content": shortened(message)})
             history.append({"role": "assistant", "content": [_text(f"⚠️ error: {exc}")]})
             yield history, "", owner, gr.skip()
             return
         fresh = not history  # a new chat (the browser cleared its own)
-        duration = tab.summary.duration_s if tab.summary is not None else None
+        duration = client.summary.duration_s if client.summary is not None else None
         history.append({"role": "user", "content": link_timestamps(message, duration)})
         # A typed text part is shown verbatim; a plain string would go through inspect.cleandoc,
         # which strips the answer's leading space and dedents code blocks.
         part = _text("")
         history.append({"role": "assistant", "content": [part]})
         yield history, "", owner, gr.skip()
-        with self.shared.lock:
-            tab.stop.clear()
-            if fresh:
-                tab.start_over()
-                self.shared.left(owner)
-            for _ in self._answer(message, limit, part, owner, tab, progress):
-                yield history, "", owner, gr.skip()
-        yield history, "", owner, self.status(tab)
-
-    def _answer(self, message: str, limit: int, part: dict, owner: str, tab: Tab, progress):
-        """Fill `part` with the answer (under the lock); yields after each piece. Errors become one
-        line in it."""
-        shared, pieces, text, notes, finished = self.shared, None, "", [], False
-        duration = None
         try:
-            report = _progress_reporter(progress)
-            notes = [n for n in [shared.heal(), *shared.ready_for(owner, tab, report)] if n]
-            duration = tab.summary.duration_s
-            pieces = shared.engine.ask(message, max_new_tokens=limit)
+            lease = self.service.lease(owner)
+        except EngineError as exc:  # the queue is full
+            part["text"] = f"⚠️ error: {self._error(exc)}"
+            yield history, "", owner, gr.skip()
+            return
+        with lease:
+            if fresh:
+                lease.start_over()
+            for _ in self._answer(message, limit, part, lease, progress):
+                yield history, "", owner, gr.skip()
+        yield history, "", owner, self.status(client)
+
+    def _answer(self, message: str, limit: int, part: dict, lease: Lease, progress):
+        """Fill `part` with the answer (the engine leased); yields after each piece. Errors become
+        one line in it."""
+        text, notes, duration = "", [], None
+        try:
+            notes = lease.ready(_progress_reporter(progress))
+            summary = lease.client.summary
+            duration = summary.duration_s
             warned: list[str] = []
-            with _warnings_into(warned):
+            pieces = lease.ask(message, max_new_tokens=limit)
+            # on Gradio's cancel (GeneratorExit) closing stops the group and drains the turn
+            with _warnings_into(warned), contextlib.closing(pieces):
                 for piece in pieces:
                     text += printable(piece)
                     part["text"] = link_timestamps(text, duration)
                     yield
-                    if tab.stop.is_set():  # this tab's Stop; from this thread: one request at once
-                        shared.engine.interrupt()
-            tab.turns.append((message, list(shared.engine.last_answer.tokens)))
-            finished = True
-            about = f"about {Path(tab.summary.path).name}"
-            footer = f"*{' · '.join([about, *notes, answer_footer(shared.engine)])}*"
+            about = f"about {Path(summary.path).name}"
+            footer = f"*{' · '.join([about, *notes, answer_footer(lease.engine)])}*"
             part["text"] = "\n\n".join(
                 filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)])
             )
@@ -372,38 +357,29 @@ class ChatApp:
             part["text"] = "\n\n".join(
                 filter(None, [link_timestamps(text, duration), *notes, line])
             )
-        finally:
-            if not finished:  # the engine's conversation and this tab's turns differ
-                shared.left(owner)
-            if pieces is not None:
-                with contextlib.suppress(Exception):  # a dead group has nothing left to drain
-                    # on Gradio's cancel (GeneratorExit) this stops the group and drains the turn
-                    pieces.close()
 
     def request_stop(self, owner=None) -> None:
         """This tab's Stop: only its own answer stops (it does not wait in the engine's queue)."""
-        self.tabs.stop(owner)
+        self.service.stop(owner)
 
     def reset(self, owner):
         owner = owner or uuid.uuid4().hex
-        tab = self.tabs[owner]
-        tab.start_over()
-        with self.shared.lock:
-            self.shared.left(owner)  # the next question starts from the video prompt
-        note = "Conversation cleared; your video stays loaded." if tab.video else ""
-        return [], self.status(tab, note), owner
+        client = self.service.client(owner)
+        try:
+            with self.service.lease(owner) as lease:
+                lease.start_over()  # the next question starts from the video prompt
+        except EngineError as exc:  # the queue is full
+            return gr.skip(), self.status(client, f"⚠️ error: {self._error(exc)}"), owner
+        note = "Conversation cleared; your video stays loaded." if client.request else ""
+        return [], self.status(client, note), owner
 
     def stats(self, owner=None) -> str:
-        tab = self.tabs[owner] if owner else None
-        with self.shared.lock:
-            try:
-                note = self.shared.heal()
-                stats = self.shared.engine.stats()
-                theirs = tab is None or tab.video != self.shared.loaded
-            except Exception as exc:  # noqa: BLE001
-                return f"⚠️ error: {self._error(exc)}"
-        if theirs:  # another tab's video: its name and answers are not this tab's to see
-            stats = {k: v for k, v in stats.items() if k not in ANOTHER_TABS}
+        try:
+            with self.service.lease(owner or "") as lease:
+                stats = lease.stats()  # another tab's video and answers left out
+                note = "\n".join(lease.notes)
+        except Exception as exc:  # noqa: BLE001
+            return f"⚠️ error: {self._error(exc)}"
         lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
         return "\n".join(filter(None, [note, *lines])) + "\n\n" + memory_table(stats)
 
@@ -515,20 +491,19 @@ def _chat_column(ui: ChatApp) -> tuple:
 
 
 def build_app(
-    engine: Engine,
+    service: EngineService,
     config: Config,
     *,
     allow_paths: Sequence[str] | None = None,
     title: str = "lvx: chat with a long video",
-    reopen: Callable[[], Engine] | None = None,
 ) -> gr.Blocks:
-    """The page: video and load controls on the left, the chat on the right. Launch options ride
-    along in `demo.lvx_launch` (upload limit, folders the player may read); `demo.lvx_close` closes
-    the engine the page holds now (`reopen` may have replaced the one passed in)."""
+    """The page on the engine `service` shares: video and load controls on the left, the chat on
+    the right. Launch options ride along in `demo.lvx_launch` (upload limit, folders the player may
+    read)."""
     if allow_paths:
         # the player reads those videos in place instead of copying them
         gr.set_static_paths(list(allow_paths))
-    ui = ChatApp(engine, config, allow_paths=allow_paths, reopen=reopen)
+    ui = ChatApp(service, config, allow_paths=allow_paths)
     video_defaults = (config.video.fps, config.video.max_frames)
     with gr.Blocks(title="lvx") as demo:
         owner = gr.State(None)
@@ -562,6 +537,4 @@ def build_app(
         "max_file_size": f"{config.serve.max_upload_mb:g}mb",
         "allowed_paths": [str(p) for p in ui.allow_paths],
     }
-    demo.lvx_close = ui.close  # type: ignore[attr-defined]
-    demo.lvx_host = ui.shared  # type: ignore[attr-defined]  # the engine and its lock, for the API
     return demo

@@ -2,13 +2,14 @@
 JSON answer, or server-sent events: `data: {chunk}` ... `data: [DONE]`) and `GET /health`, on the
 page's port and engine (or alone, `--no-ui`).
 
-One engine holds one video and one conversation, so a request waits for the engine with the page's
-requests (their lock; at most --queue-size API requests wait, more get 429), loads the video it
-names when the engine holds another (or the same one opened differently), and hands the whole
-`messages` array to `Engine.chat`: the ranks keep the longest prefix of its tokens they hold and
-prefill only the rest, so a follow-up costs its new tokens (`usage.prompt_tokens_details.
-cached_tokens` says how many were reused). A worker group found dead answers 503 while it restarts.
-A client that goes away mid-stream stops its answer: the ranks finish the step they are in.
+One engine holds one video and one conversation, so a request is a client of the engine service
+(`lvx_app.runtime.service`) with the page's tabs: it waits in the service's queue (at most
+--queue-size wait, more get 429), loads the video it names when the engine holds another (or the
+same one opened differently), and hands the whole `messages` array to `Engine.chat`: the ranks keep
+the longest prefix of its tokens they hold and prefill only the rest, so a follow-up costs its new
+tokens (`usage.prompt_tokens_details.cached_tokens` says how many were reused). A worker group found
+dead answers 503 while the service restarts it. A client that goes away mid-stream stops its
+answer: the ranks finish the step they are in.
 """
 
 from __future__ import annotations
@@ -17,52 +18,25 @@ import contextlib
 import hmac
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from lvx_app.config import Config, ConfigError, updated
-from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong
-from lvx_app.runtime.engine_handle import Engine
+from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
+from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
+from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_ui.openai_request import ApiError, ChatRequest, VideoAsk, VideoFiles, bad, read_request
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
-
-
-class EngineHost(Protocol):
-    """Who holds the engine: the page's `SharedEngine`, or `SoleEngine` with --no-ui."""
-
-    lock: threading.Lock
-    engine: Engine
-
-    def lend(self) -> Engine:
-        """With `lock` held: the engine, its group restarted first if it died."""
-        ...
-
-
-class SoleEngine:
-    """The engine when the API is served alone: one lock, a dead group restarted by `lend`."""
-
-    def __init__(self, engine: Engine, reopen: Callable[[], Engine]) -> None:
-        self.engine, self.reopen, self.lock = engine, reopen, threading.Lock()
-
-    def lend(self) -> Engine:
-        if self.engine.dead():
-            with contextlib.suppress(Exception):
-                self.engine.close()
-            self.engine = self.reopen()
-        return self.engine
-
-    def close(self) -> None:
-        self.engine.close()
+CLIENT = "api"  # the service's client id of every API request: it keeps no video or turns
 
 
 class StopStrings:
@@ -90,19 +64,13 @@ class StopStrings:
 
 
 class Answer:
-    """An answer being generated; it holds the engine (the lock) until `close`, which reports one
-    line about it."""
+    """An answer being generated; it holds the engine's lease until `close`, which reports one
+    line about it and gives the lease back."""
 
     def __init__(
-        self,
-        engine: Engine,
-        pieces: Iterator[str],
-        stops: StopStrings,
-        release: Callable[[], None],
-        report: Callable[[str], None],
+        self, lease: Lease, pieces: Iterator[str], stops: StopStrings, report: Callable[[str], None]
     ) -> None:
-        self.engine, self.pieces, self.stops = engine, pieces, stops
-        self.release, self.report = release, report
+        self.lease, self.pieces, self.stops, self.report = lease, pieces, stops, report
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self._texts = self._cut()
         self.first = self.next()
@@ -135,10 +103,10 @@ class Answer:
         try:
             with contextlib.suppress(Exception):  # a dead group has nothing left to drain
                 self.pieces.close()
-            self.stats = self.engine.last_answer or AnswerStats()  # before another answer's
+            self.stats = self.lease.engine.last_answer or AnswerStats()  # before another answer's
             self.report(self.line())
         finally:
-            self.release()
+            self.lease.close()
 
     @property
     def finish_reason(self) -> str:
@@ -167,6 +135,10 @@ def api_error(exc: BaseException) -> ApiError:
     """An engine failure as the client sees it."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, Busy):
+        return ApiError(429, str(exc), "queue_full")
+    if isinstance(exc, Restarting):
+        return ApiError(503, str(exc), "restarting")
     if isinstance(exc, GroupFailed):
         return ApiError(503, f"{exc}; the workers are restarting, try again shortly", "restarting")
     if isinstance(exc, QuestionTooLong):
@@ -187,14 +159,14 @@ def sse(data: Any) -> str:
 
 
 class OpenAIApi:
-    """The routes and what they do with the engine `host` holds."""
+    """The routes and what they do with the engine `service` shares."""
 
-    def __init__(self, host: EngineHost, config: Config, files: VideoFiles, report=None) -> None:
-        self.host, self.config, self.files = host, config, files
+    def __init__(
+        self, service: EngineService, config: Config, files: VideoFiles, report=None
+    ) -> None:
+        self.service, self.config, self.files = service, config, files
         self.report: Callable[[str], None] = report or log.info
         self.model_id, self.created = config.model.path, int(time.time())
-        self.waiting, self._count = 0, threading.Lock()
-        self.restarting = threading.Event()
 
     def mount(self, app: FastAPI) -> None:
         """Add `/v1` and `/health` to `app` (also to a Gradio app that already serves)."""
@@ -207,7 +179,7 @@ class OpenAIApi:
     # ---- routes
     # ----------------------------------------------------------------------------------------------
     async def health(self) -> JSONResponse:
-        if self.restarting.is_set():
+        if self.service.restarting:
             return JSONResponse({"status": "restarting"}, status_code=503)
         return JSONResponse({"status": "ok", "model": self.model_id})
 
@@ -273,89 +245,28 @@ class OpenAIApi:
     def _begin(self, req: ChatRequest) -> Answer:
         """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
         another, start the answer and take its first text: errors so far get their own status."""
-        video = self._resolve(req.video) if req.video is not None else None
-        engine = self._take_engine()
+        request = self._request(req.video) if req.video is not None else None
         try:
-            if video is not None:
-                self._load(engine, *video)
-            pieces = engine.chat(req.turns, **req.generation)
+            lease = self.service.lease(CLIENT, on_dead="refuse")
+        except EngineError as exc:  # 429: the queue is full; 503: the group restarts
+            raise api_error(exc) from None
+        try:
+            pieces = lease.chat(request, req.turns, **req.generation)
         except BaseException as exc:
-            self.host.lock.release()
-            raise self._failed(exc) from None
-        try:
-            stops = StopStrings(req.stop)
-            return Answer(engine, pieces, stops, self.host.lock.release, self.report)
-        except ApiError as err:
-            raise self._failed(err) from None
+            lease.close()
+            raise api_error(exc) from None
+        return Answer(lease, pieces, StopStrings(req.stop), self.report)
 
-    def _resolve(self, ask: VideoAsk) -> tuple[str, VideoAsk]:
-        """(the video file, the request's video with its subtitle file checked)."""
-        path = self.files.video(ask.url)
-        options = dict(ask.options)
-        if "subtitles" in options:
-            options["subtitles"] = self.files.subtitles(options["subtitles"])
-        return path, VideoAsk(ask.url, ask.opening, options)
-
-    def _take_engine(self) -> Engine:
-        """The engine, with the lock held: 429 when too many wait, 503 while the group restarts."""
-        if self.restarting.is_set():
-            raise ApiError(503, "the worker group is restarting; try again shortly", "restarting")
-        if not self.host.lock.acquire(blocking=False):
-            self._wait_for(self.host.lock)
-        why = self.host.engine.dead()
-        if why:
-            self.host.lock.release()
-            raise self._failed(GroupFailed(why))
+    def _request(self, ask: VideoAsk) -> VideoRequest:
+        """The load the request asks for: its video file, the video options it sets (checked as
+        the command line's are; the API names them by field) and a subtitle file under
+        --allow-paths."""
         try:
-            return self.host.lend()
-        except Exception as exc:  # the group died and could not be started again
-            self.host.lock.release()
-            raise self._failed(GroupFailed(str(exc))) from None
-
-    def _wait_for(self, lock: threading.Lock) -> None:
-        """Wait for the engine behind the request using it, unless --queue-size requests wait."""
-        with self._count:
-            if self.waiting >= self.config.serve.queue_size:
-                raise ApiError(
-                    429,
-                    f"the server is busy ({self.waiting} requests wait); try again shortly",
-                    "queue_full",
-                )
-            self.waiting += 1
-        try:
-            lock.acquire()
-        finally:
-            with self._count:
-                self.waiting -= 1
-
-    def _load(self, engine: Engine, path: str, ask: VideoAsk) -> None:
-        """Load the video unless the engine holds it, opened the same way."""
-        try:
-            wanted = updated(engine.config.video, **ask.options)
+            video = updated(self.config.video, by="api", **ask.options)
         except ConfigError as exc:
-            raise bad(str(exc)) from None
-        if engine.held_video != (path, wanted, None, ask.opening):
-            engine.load_video(path, opening=ask.opening, **ask.options)
-
-    def _failed(self, exc: BaseException) -> ApiError:
-        """`exc` for the client; a dead group starts restarting in the background."""
-        err = api_error(exc)
-        if err.code == "restarting" and not self.restarting.is_set():
-            self.restarting.set()
-            threading.Thread(target=self._restart, args=(str(exc),), daemon=True).start()
-        return err
-
-    def _restart(self, why: str) -> None:
-        try:
-            with self.host.lock:
-                self.host.lend()
-            self.report(f"api: the worker group restarted after: {why}")
-        except Exception as exc:  # noqa: BLE001 - the next request tries again
-            self.report(
-                f"api: the worker group could not restart ({exc}); the next request retries"
-            )
-        finally:
-            self.restarting.clear()
+            raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
+        video = replace(video, subtitles=self.files.subtitles(video.subtitles))
+        return VideoRequest(self.files.video(ask.url), video, opening=ask.opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------
@@ -366,8 +277,6 @@ class OpenAIApi:
             while text is not None:
                 parts.append(text)
                 text = answer.next()
-        except ApiError as err:
-            raise self._failed(err) from None
         finally:
             answer.close()
         message = {"role": "assistant", "content": "".join(parts)}
@@ -399,7 +308,7 @@ class OpenAIApi:
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event
-            yield sse(self._failed(err).body())
+            yield sse(err.body())
         finally:
             if not answer.closed:
                 with anyio.CancelScope(shield=True):

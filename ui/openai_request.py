@@ -4,8 +4,10 @@ The body's `messages` become the turns `Engine.chat` takes (the video as `<|vide
 user message, what comes before it as the video's `VideoOpening`); `video_url` parts point to a file
 under --allow-paths (`file:///abs/path`, the page's rule and messages) or carry the video
 (`data:video/mp4;base64,...`, saved once under the server's upload folder, named by its content);
-the generation fields become the engine's overrides. Every problem is an `ApiError`: the HTTP
-status and the one line the client sees, in OpenAI's error shape.
+the video fields the config lets the API set (`settable(VideoConfig, "api")`) become the video's
+options, checked once, as the command line's are, when the request is built; the generation fields
+become the engine's overrides. Every problem is an `ApiError`: the HTTP status and the one line the
+client sees, in OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from lvx_app.config import VideoConfig, settable
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
 
@@ -50,11 +53,11 @@ def bad(message: str, param: str | None = None) -> ApiError:
 
 @dataclass(frozen=True)
 class VideoAsk:
-    """The video a request asks about, as the engine loads it."""
+    """The video a request asks about, as sent: made a `VideoRequest` once its file is found."""
 
     url: str
     opening: VideoOpening
-    options: dict[str, Any] = field(default_factory=dict)  # fps, max_frames, subtitles
+    options: dict[str, Any] = field(default_factory=dict)  # the video fields it sets, unchecked
 
 
 @dataclass
@@ -164,21 +167,10 @@ def _url(video_url: Any, where: str) -> str:
 
 
 def read_video_options(body: dict) -> dict[str, Any]:
-    """The fields beyond OpenAI's that say how to sample the video (`extra_body` of the `openai`
-    client): fps, max_frames (0 or null: no cap), subtitles (auto, none or a file)."""
-    out: dict[str, Any] = {}
-    if body.get("fps") is not None:
-        out["fps"] = _number(body, "fps", above=0)
-    if "max_frames" in body:
-        cap = body["max_frames"]
-        if cap is not None and (not _is_int(cap) or cap < 0):
-            raise bad("max_frames must be 0 (no cap) or a positive whole number", "max_frames")
-        out["max_frames"] = cap or None
-    if body.get("subtitles") is not None:
-        if not isinstance(body["subtitles"], str) or not body["subtitles"].strip():
-            raise bad("subtitles must be auto, none or a subtitle file's path", "subtitles")
-        out["subtitles"] = body["subtitles"].strip()
-    return out
+    """The fields beyond OpenAI's that say how to load the video (`extra_body` of the `openai`
+    client): the video options the API may set, fps, max_frames (0: no cap) and subtitles (auto,
+    none or a file under --allow-paths); null or absent: the server's own."""
+    return {name: body[name] for name in settable(VideoConfig, "api") if body.get(name) is not None}
 
 
 def read_generation(body: dict) -> dict[str, Any]:
@@ -273,8 +265,9 @@ class VideoFiles:
         return self.server_file(unquote(urlparse(url).path), "video_url")
 
     def subtitles(self, choice: str) -> str:
-        if choice.lower() in ("auto", "none"):
-            return choice.lower()
+        """auto, none, or a subtitle file under --allow-paths."""
+        if choice.strip().lower() in ("auto", "none"):
+            return choice.strip().lower()
         return self.server_file(choice, "subtitles")
 
     def server_file(self, path_text: str, param: str) -> str:

@@ -1,5 +1,5 @@
-"""`lvx serve`: open the engine once, put the browser chat and the OpenAI-compatible API in front
-of it (the API alone with --no-ui), close the engine on exit."""
+"""`lvx serve`: open the engine once, share it through one engine service between the browser chat
+and the OpenAI-compatible API (the API alone with --no-ui), close it on exit."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from rich.markup import escape
 
 from lvx_app.config import LOOPBACK, Config
 from lvx_app.engine.api import EngineError
-from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.open import open_engine
+from lvx_app.runtime.service import EngineService
 
 
 def check_allow_paths(paths: list[str]) -> list[str]:
@@ -67,7 +67,16 @@ def run_serve(config: Config, console: Console | None = None) -> int:
         folders = check_allow_paths(config.serve.allow_paths)
         _stop_on_sigterm()
         engine = open_engine(config, console)
-        _serve(engine, config, folders, console)
+        service = EngineService(
+            engine,
+            reopen=lambda: open_engine(config),
+            queue_size=config.serve.queue_size,
+            report=lambda line: console.print(f"lvx serve: {line}", markup=False),
+        )
+        try:
+            _serve(service, config, folders, console)
+        finally:
+            service.close()  # the engine it holds now (a dead group is replaced by a fresh one)
         return 0
     except EngineError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
@@ -80,105 +89,91 @@ def run_serve(config: Config, console: Console | None = None) -> int:
         return 2
 
 
-def _api(host, config: Config, folders: list[str], uploads: str, console: Console):
-    """The OpenAI-compatible API on the engine `host` holds; data: URL videos go to `uploads`."""
+def _api(
+    service: EngineService, config: Config, folders: list[str], uploads: str, console: Console
+):
+    """The OpenAI-compatible API on the engine `service` shares; data: URL videos go to
+    `uploads`."""
     from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
 
     files = VideoFiles(folders, config.serve.max_upload_mb, Path(uploads))
-    return OpenAIApi(host, config, files, report=lambda line: console.print(line, markup=False))
+    return OpenAIApi(service, config, files, report=lambda line: console.print(line, markup=False))
 
 
-def _serve(engine: Engine, config: Config, folders: list[str], console: Console) -> None:
+def _serve(service: EngineService, config: Config, folders: list[str], console: Console) -> None:
     with tempfile.TemporaryDirectory(prefix="lvx-api-videos-") as uploads:
         if config.serve.no_ui:
-            _serve_api_alone(engine, config, folders, uploads, console)
+            _serve_api_alone(service, config, folders, uploads, console)
         else:
-            _serve_page(engine, config, folders, uploads, console)
+            _serve_page(service, config, folders, uploads, console)
 
 
 def _serve_api_alone(
-    engine: Engine, config: Config, folders: list[str], uploads: str, console: Console
+    service: EngineService, config: Config, folders: list[str], uploads: str, console: Console
 ) -> None:
     """The API alone under uvicorn (no gradio) until Ctrl-C; a dead group is restarted by the next
     request."""
     import uvicorn
     from fastapi import FastAPI
 
-    from lvx_ui.openai_api import SoleEngine
-
-    host = SoleEngine(engine, reopen=lambda: open_engine(config))
-    try:
-        app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
-        _api(host, config, folders, uploads, console).mount(app)
-        serve = config.serve
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=serve.host,
-                port=serve.port,
-                log_level="warning",
-                timeout_graceful_shutdown=5,
-            )
+    app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
+    _api(service, config, folders, uploads, console).mount(app)
+    serve = config.serve
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=serve.host, port=serve.port, log_level="warning", timeout_graceful_shutdown=5
         )
-        thread = threading.Thread(target=server.run, daemon=True)  # signals stay with this thread
-        thread.start()
-        while not server.started:
-            if not thread.is_alive():
-                raise OSError(f"could not listen on {serve.host}:{serve.port}")
-            time.sleep(0.05)
-        name = f"[{serve.host}]" if ":" in serve.host else serve.host
-        console.print(f"lvx serve: ready on http://{name}:{serve.port}/ (the API at /v1, no page)")
-        console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
-        stopped_by = _wait_for_a_stop_signal(thread.is_alive)
-        server.should_exit = True
-        thread.join()
-        if stopped_by:
-            console.print(f"lvx serve: stopped by {stopped_by}")
-    finally:
-        host.close()
+    )
+    thread = threading.Thread(target=server.run, daemon=True)  # signals stay with this thread
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise OSError(f"could not listen on {serve.host}:{serve.port}")
+        time.sleep(0.05)
+    name = f"[{serve.host}]" if ":" in serve.host else serve.host
+    console.print(f"lvx serve: ready on http://{name}:{serve.port}/ (the API at /v1, no page)")
+    console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
+    stopped_by = _wait_for_a_stop_signal(thread.is_alive)
+    server.should_exit = True
+    thread.join()
+    if stopped_by:
+        console.print(f"lvx serve: stopped by {stopped_by}")
 
 
 def _serve_page(
-    engine: Engine, config: Config, folders: list[str], uploads: str, console: Console
+    service: EngineService, config: Config, folders: list[str], uploads: str, console: Console
 ) -> None:
-    """Put the page (and the API beside it) in front of `engine` until Ctrl-C; the engine the page
-    holds at the end (a dead group is replaced by a fresh one) is closed."""
-    close = engine.close
-    try:
-        from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
+    """Put the page (and the API beside it) in front of the engine `service` shares until
+    Ctrl-C."""
+    from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
 
-        demo = build_app(engine, config, allow_paths=folders, reopen=lambda: open_engine(config))
-        close = demo.lvx_close
-        serve = config.serve
-        demo.queue(max_size=serve.queue_size, default_concurrency_limit=1)
-        if serve.host not in LOOPBACK and serve.auth is None:
-            console.print(
-                f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
-                " reach this port can use the model and read the allowed folders"
-            )
-        user, _, password = (serve.auth or "").partition(":")
-        app, url, share_url = demo.launch(
-            server_name=serve.host,
-            server_port=serve.port,
-            share=serve.share,
-            auth=(user, password) if serve.auth else None,
-            show_error=True,
-            quiet=True,
-            prevent_thread_lock=True,
-            ssr_mode=False,
-            footer_links=[],
-            **demo.lvx_launch,
-        )
-        _api(demo.lvx_host, config, folders, uploads, console).mount(app)
+    demo = build_app(service, config, allow_paths=folders)
+    serve = config.serve
+    demo.queue(max_size=serve.queue_size, default_concurrency_limit=1)
+    if serve.host not in LOOPBACK and serve.auth is None:
         console.print(
-            f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else "")
+            f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
+            " reach this port can use the model and read the allowed folders"
         )
-        console.print(f"OpenAI-compatible API: {url.rstrip('/')}/v1")
-        console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
-        try:
-            console.print(f"lvx serve: stopped by {_wait_for_a_stop_signal()}")
-        finally:
-            demo.close()
+    user, _, password = (serve.auth or "").partition(":")
+    app, url, share_url = demo.launch(
+        server_name=serve.host,
+        server_port=serve.port,
+        share=serve.share,
+        auth=(user, password) if serve.auth else None,
+        show_error=True,
+        quiet=True,
+        prevent_thread_lock=True,
+        ssr_mode=False,
+        footer_links=[],
+        **demo.lvx_launch,
+    )
+    _api(service, config, folders, uploads, console).mount(app)
+    console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
+    console.print(f"OpenAI-compatible API: {url.rstrip('/')}/v1")
+    console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
+    try:
+        console.print(f"lvx serve: stopped by {_wait_for_a_stop_signal()}")
     finally:
-        close()
+        demo.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,14 +29,14 @@ from rich.table import Table
 from rich.text import Text
 
 from lvx_app.config import Config
-from lvx_app.engine.api import EngineError, GroupFailed, VideoSummary
+from lvx_app.engine.api import EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.rank_main import join_group
-from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
+from lvx_app.subtitles import SubtitleTrack
 from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
@@ -54,14 +54,9 @@ class RateColumn(ProgressColumn):
         return Text(f"{task.speed:6.1f} fr/s" if task.speed else "", style="progress.data.speed")
 
 
-def load_with_progress(
-    engine: Engine,
-    console: Console,
-    path: str,
-    subtitles: Sequence[Cue] | None = None,
-    **video: Any,
-) -> VideoSummary:
-    """Load a video showing one progress bar per stage (decode, encode, ...)."""
+def load_with_progress(engine: Engine, console: Console, video: str | VideoRequest) -> VideoSummary:
+    """Load a video (a path: the engine's options) showing one progress bar per stage (decode,
+    encode, ...)."""
     columns = (
         TextColumn("{task.description:>8}"),
         BarColumn(),
@@ -79,7 +74,7 @@ def load_with_progress(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        return engine.load_video(path, subtitles=subtitles, progress=on_progress, **video)
+        return engine.load_video(video, progress=on_progress)
 
 
 @contextmanager
@@ -177,9 +172,10 @@ def run_chat(
     console = console or Console(highlight=False, soft_wrap=True)
     stdin = stdin or sys.stdin
     if video:
+        cues = tuple(subtitles.cues) if subtitles is not None else None
+        request = VideoRequest(video, engine.config.video, cues)
         try:
-            cues = subtitles.cues if subtitles is not None else None
-            summary = load_with_progress(engine, console, video, cues)
+            summary = load_with_progress(engine, console, request)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 2
@@ -214,8 +210,7 @@ def run_chat(
 def _subtitles(video: str, config: Config, console: Console) -> SubtitleTrack:
     """The subtitles `--subtitles` asks for, resolved before the model loads (a bad file fails
     fast)."""
-    v = config.video
-    track = resolve_subtitles(video, v.subtitles, v.subtitle_lang, v.subtitle_encoding)
+    track = VideoRequest(video, config.video).subtitle_track()
     for note in track.notes:
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False)
     return track
@@ -229,7 +224,7 @@ def run_chat_command(video: str, config: Config, console: Console | None = None)
     try:
         check_video_path(video)  # fail before spending minutes loading a model
         track = _subtitles(video, config, console)
-    except (VideoError, SubtitleError) as exc:
+    except (VideoError, EngineError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     try:
@@ -263,7 +258,7 @@ def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
     try:
         track = _subtitles(video, config, console) if Path(video).exists() else None
         return run_chat(driver, video=video, subtitles=track, console=console)
-    except SubtitleError as exc:
+    except EngineError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     finally:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import typer
 from typer.core import TyperCommand
 
-from lvx_app.config import SECTIONS, Config, ConfigError, cli_fields, field_default
+from lvx_app.config import NOT_CLI, SECTIONS, Config, ConfigError, cli_fields, field_default
 
 
 class PlainUsage(TyperCommand):
@@ -85,7 +85,7 @@ def _metavar(annotation: Any) -> str | None:
 
 
 def _option(f: Any, default: Any, annotation: Any, help: str | None) -> typer.models.OptionInfo:
-    extra = {k: v for k, v in f.metadata.items() if k not in ("flag", "help", "required")}
+    extra = {k: v for k, v in f.metadata.items() if k not in ("flag", "help", "required", *NOT_CLI)}
     if "/" not in f.metadata["flag"] and annotation is not bool:
         extra.setdefault("metavar", _metavar(annotation))
     default = ... if f.metadata.get("required") else default

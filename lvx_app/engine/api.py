@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
+
+from lvx_app.config import VideoConfig, load_key, updated
+from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
 
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -58,7 +63,7 @@ class VideoSummary:
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
-    subtitle_source: str = ""  # where the subtitle lines came from ("" = none)
+    subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +76,56 @@ class VideoOpening:
 
     system: str = ""
     before: str = ""
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    """One load of a video, as every frontend asks for it and as the engine holds it: the file,
+    its options (the config's video section with this load's changes), its subtitles and what the
+    conversation says before it. The ranks read every per-video choice from it."""
+
+    path: str
+    video: VideoConfig
+    cues: tuple[Cue, ...] | None = None  # the subtitle cues to place; None: as video.subtitles says
+    opening: VideoOpening = VideoOpening()
+
+    @classmethod
+    def of(
+        cls,
+        path: str | Path,
+        video: VideoConfig,
+        *,
+        subtitles: str | Sequence[Cue] | None = None,
+        opening: VideoOpening | None = None,
+        **changes: Any,
+    ) -> VideoRequest:
+        """The request for `path` with `video`'s options and `changes` to them, each checked as
+        the command line's is (a ConfigError line); `subtitles`: auto, none or a FILE (the option),
+        or the cues themselves ([] for none)."""
+        if isinstance(subtitles, str):
+            changes["subtitles"] = subtitles
+        cues = None if subtitles is None or isinstance(subtitles, str) else tuple(subtitles)
+        return cls(str(path), updated(video, **changes), cues, opening or VideoOpening())
+
+    @property
+    def key(self) -> tuple:
+        """What makes two requests the same load (the options that change what is loaded)."""
+        return self.path, load_key(self.video), self.cues, self.opening
+
+    def subtitle_track(self) -> SubtitleTrack:
+        """The cues to place and where they came from: those given, else what `video.subtitles`
+        (auto|none|FILE) finds; a file that cannot be used is an EngineError line."""
+        if self.cues is not None:
+            return SubtitleTrack(list(self.cues))
+        v = self.video
+        try:
+            return resolve_subtitles(self.path, v.subtitles, v.subtitle_lang, v.subtitle_encoding)
+        except SubtitleError as exc:
+            raise EngineError(str(exc)) from None
+
+    def resolved(self, track: SubtitleTrack) -> VideoRequest:
+        """This request with `track`'s cues: what the ranks load (they read no subtitle file)."""
+        return replace(self, cues=tuple(track.cues))
 
 
 @dataclass

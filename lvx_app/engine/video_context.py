@@ -26,15 +26,23 @@ from lvx_app.cache import (
     VisualKVKey,
     warn_not_saved,
 )
-from lvx_app.config import Config, VideoConfig
+from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
-from lvx_app.engine.api import EngineError, EngineWarning, ProgressFn, VideoOpening, VideoSummary
+from lvx_app.engine.api import (
+    EngineError,
+    EngineWarning,
+    ProgressFn,
+    VideoOpening,
+    VideoRequest,
+    VideoSummary,
+)
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
+from lvx_models.mplug_owl3.fingerprint import checkpoint_identity, encoder_identity
 from lvx_models.mplug_owl3.processor import VIDEO
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
@@ -74,6 +82,44 @@ class Identity:
     checkpoint: str  # fingerprint of every weight file
 
 
+class WeightNames:
+    """The loaded weights' names in the caches. Taken before the weights load, so that nothing is
+    filed under weights newer than the model's; for an engine opened without the cache, at the
+    first load that turns it on, if the checkpoint's files are still those it loaded."""
+
+    def __init__(self, model: ModelConfig, video: VideoConfig) -> None:
+        self.model = model
+        self.checkpoint = checkpoint_identity(model.path, model.revision)  # file stats only
+        self._named = self._name(video.cache_dir) if video.cache else None
+
+    def of(self, video: VideoConfig) -> Identity:
+        """The names a load with `video`'s options files its cache entries under."""
+        if not video.cache:
+            return Identity(self.model.path, "", "")
+        if self._named is None:
+            if checkpoint_identity(self.model.path, self.model.revision) != self.checkpoint:
+                raise EngineError(
+                    f"the checkpoint {self.model.path} changed on disk since it was loaded, so the "
+                    "cache cannot name its weights; load without the cache, or open it again"
+                )
+            self._named = self._name(video.cache_dir)
+        return self._named
+
+    def _name(self, cache_dir: str | None) -> Identity:
+        model_key, encoder = encoder_identity(self.model.path, self.model.revision, cache_dir)
+        return Identity(model_key, encoder, self.checkpoint)
+
+
+@dataclass(frozen=True)
+class LoadCaches:
+    """The caches one load reads and writes, as its options say (`--cache`, `--cache-dir`,
+    save_visual_kv)."""
+
+    names: Identity
+    prefixes: PrefixCache | None  # saved video prompts
+    visual_kv: VisualKVOpener  # the visual K/V: read back, or computed and maybe saved
+
+
 @dataclass
 class LoadedVideo:
     """What a loaded video left on this rank."""
@@ -88,60 +134,68 @@ class LoadedVideo:
     # seconds of this rank's load steps, as `/stats` names them: its ingest (frames decoded,
     # encoded and saved, or read from the cache), the prompt's prefill (wall and this process's CPU)
     timings: dict[str, float]
-    opening: VideoOpening = VideoOpening()  # what the conversation says before the video
+    request: VideoRequest | None = None  # how it was asked for (its opening: what comes before it)
     visual: Any = None  # the conversation's visual inputs while it holds the video
+
+    @property
+    def opening(self) -> VideoOpening:
+        """What the conversation says before the video."""
+        return self.request.opening if self.request is not None else VideoOpening()
 
 
 class VideoContext:
-    """Loads a video onto this rank's `Conversation`; every rank calls `load` at the same point."""
+    """Loads a video onto this rank's `Conversation`; every rank calls `load` at the same point.
+    Every choice about one video comes from its `VideoRequest`."""
 
     def __init__(
         self,
         model,
         processor,
-        config: Config,
+        model_config: ModelConfig,
         conversation: Conversation,
-        identity: Identity,
+        names: WeightNames,
         dtype: torch.dtype,
     ) -> None:
-        self.model, self.processor, self.config, self.dtype = model, processor, config, dtype
-        self.conversation, self.identity = conversation, identity
-        self.info = conversation.info
-        video = config.video
-        self.prefixes = PrefixCache(video.cache_dir) if video.cache else None
-        kv_store = VisualKVCache(video.cache_dir) if video.cache else None
-        device = self.info.device
-        self.visual_opener = VisualKVOpener(
-            model, kv_store, lambda v: all_min(v, device), video.save_visual_kv
+        self.model, self.processor, self.model_config, self.dtype = (
+            model,
+            processor,
+            model_config,
+            dtype,
         )
+        self.conversation, self.names = conversation, names
+        self.info = conversation.info
         self.loaded: LoadedVideo | None = None
 
-    def load(
-        self,
-        path: str,
-        video: VideoConfig,
-        subtitles: Sequence[Cue] | None,
-        progress: ProgressFn | None = None,
-        opening: VideoOpening = VideoOpening(),
-    ) -> VideoSummary:
-        """Make the video resident and prefill its prompt; `subtitles`: the cues of the whole video
-        (the feature cache never depends on them); `opening`: what the conversation says before the
-        video."""
-        t0 = time.perf_counter()
-        shard = self._ingest(path, video, progress)
+    def _caches(self, video: VideoConfig) -> LoadCaches:
+        """The caches of one load: those in `video.cache_dir`, or none with the cache off."""
+        names = self.names.of(video)
+        kv_store = VisualKVCache(video.cache_dir) if video.cache else None
+        device = self.info.device
+        opener = VisualKVOpener(
+            self.model, kv_store, lambda v: all_min(v, device), video.save_visual_kv
+        )
+        return LoadCaches(names, PrefixCache(video.cache_dir) if video.cache else None, opener)
+
+    def load(self, request: VideoRequest, progress: ProgressFn | None = None) -> VideoSummary:
+        """Make the video resident and prefill its prompt (its opening, the video, the subtitle
+        lines at the sampled frames); the feature cache never depends on the subtitles."""
+        t0, video, path = time.perf_counter(), request.video, request.path
+        cues = self._cues(request)
+        caches = self._caches(video)
+        shard = self._ingest(path, video, caches.names, progress)
         timings = {"ingest s": time.perf_counter() - t0}
         plan, n_frames = shard.plan, len(shard.plan)
-        block, placed, dropped = self._place_subtitles(subtitles or [], plan.timestamps)
+        block, placed, dropped = self._place_subtitles(cues, plan.timestamps, video.subtitle_tokens)
         prompt = self.processor.build_chat_prompt(
-            video_messages(opening, block), videos=[n_frames], add_generation_prompt=False
+            video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
         )
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
-        kv_mode = self._kv_mode(n_frames)
-        visual, choice = self.visual_opener.open(
+        kv_mode = self._kv_mode(video.kv_mode, n_frames)
+        visual, choice = caches.visual_kv.open(
             shard,
             starts,
-            self._visual_kv_key(shard, starts),
+            self._visual_kv_key(shard, starts, caches.names),
             resident=kv_mode == "cache",
             video=path,
         )
@@ -151,7 +205,7 @@ class VideoContext:
         conversation.show_video(visual)
         t_prefill, cpu_prefill = time.perf_counter(), time.process_time()
         tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
-        restored = self._open_prefix(shard, path, prefix_ids, starts, tail_from)
+        restored = self._open_prefix(caches, shard, path, prefix_ids, starts, tail_from)
         timings["video prompt prefill s"] = time.perf_counter() - t_prefill
         timings["video prompt prefill CPU s"] = time.process_time() - cpu_prefill
         summary = VideoSummary(
@@ -173,19 +227,30 @@ class VideoContext:
         self.loaded = LoadedVideo(
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
-        self.loaded.opening, self.loaded.visual = opening, visual
+        self.loaded.request, self.loaded.visual = request, visual
         return summary
 
-    def _ingest(self, path: str, video: VideoConfig, progress: ProgressFn | None) -> VisualShard:
+    def _cues(self, request: VideoRequest) -> Sequence[Cue]:
+        """The request's cues; a frontend sends them resolved, else they are found here (its notes
+        as warnings from rank 0)."""
+        track = request.subtitle_track()
+        if request.cues is None and self.info.rank == 0:
+            for note in track.notes:
+                warnings.warn(EngineWarning(note))
+        return track.cues
+
+    def _ingest(
+        self, path: str, video: VideoConfig, names: Identity, progress: ProgressFn | None
+    ) -> VisualShard:
         def report(p) -> None:
             progress("frames", p.done, p.total)
 
         encoder = Encoder(
             self.model.encode_images,
             image_size=self.processor.image_size,
-            model_id=self.identity.model_key or self.config.model.path,
-            revision=self.config.model.revision or "",
-            fingerprint=self.identity.encoder,
+            model_id=names.model_key or self.model_config.path,
+            revision=self.model_config.revision or "",
+            fingerprint=names.encoder,
         )
         device = self.info.device
         try:
@@ -204,11 +269,10 @@ class VideoContext:
             raise RuntimeError(oom_message(self.info.rank, device, "encoding frames")) from exc
 
     def _place_subtitles(
-        self, cues: Sequence[Cue], timestamps: Sequence[float]
+        self, cues: Sequence[Cue], timestamps: Sequence[float], budget: int
     ) -> tuple[str, int, int]:
         """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
-        budget."""
-        budget = self.config.video.subtitle_tokens
+        budget (`--subtitle-tokens`)."""
         lines = select_lines(cues, timestamps)
         kept = fit_lines(lines, budget, lambda text: len(self.processor.encode(text)))
         dropped = len(lines) - len(kept)
@@ -232,10 +296,9 @@ class VideoContext:
             raise RuntimeError("the video prompt does not end with <|im_end|>")
         return int(prompt.input_ids.numel()) - 1
 
-    def _kv_mode(self, n_frames: int) -> str:
+    def _kv_mode(self, mode: str, n_frames: int) -> str:
         """cache or recompute: `--kv-mode`, or for auto whether the resident K/V take under half the
         free GPU memory (always cache on a CPU)."""
-        mode = self.config.video.kv_mode
         if mode != "auto":
             return mode
         device = self.info.device
@@ -248,12 +311,14 @@ class VideoContext:
         free, _ = torch.cuda.mem_get_info(device)
         return "cache" if kv_bytes < 0.5 * free else "recompute"
 
-    def _visual_kv_key(self, shard: VisualShard, starts: torch.Tensor) -> VisualKVKey | None:
+    def _visual_kv_key(
+        self, shard: VisualShard, starts: torch.Tensor, names: Identity
+    ) -> VisualKVKey | None:
         if shard.cache_key is None:
             return None
         return VisualKVKey.make(
             shard.cache_key,
-            checkpoint=self.identity.checkpoint,
+            checkpoint=names.checkpoint,
             media_starts=starts,
             device=self.info.device.type,
             dtype=self.dtype,
@@ -261,6 +326,7 @@ class VideoContext:
 
     def _open_prefix(
         self,
+        caches: LoadCaches,
         shard: VisualShard,
         path: str,
         prefix_ids: torch.Tensor,
@@ -270,18 +336,18 @@ class VideoContext:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features
         came from the cache (they were made from those features); else prefill the prompt and save
         it. True when read back."""
-        key = None
-        if self.prefixes is not None and shard.cache_key is not None:
+        key, prefixes = None, caches.prefixes
+        if prefixes is not None and shard.cache_key is not None:
             key = PrefixKey.make(
                 shard.cache_key,
-                checkpoint=self.identity.checkpoint,
+                checkpoint=caches.names.checkpoint,
                 prompt_format=PROMPT_FORMAT,
                 prompt_ids=prefix_ids,
                 device=self.info.device.type,
             )
         rank0 = self.info.rank == 0
         device = self.info.device
-        saved = self.prefixes.load(key, device, owner=rank0) if key is not None else None
+        saved = prefixes.load(key, device, owner=rank0) if key is not None else None
         conversation = self.conversation
         if all_min(int(saved is not None and shard.from_cache), device):
             conversation.restore(saved.layers, saved.key_positions, prefix_ids.tolist())
@@ -291,14 +357,14 @@ class VideoContext:
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
         if key is not None and rank0:  # every rank holds the same whole cache: one file for all
-            self._save_prefix(key, path)
+            self._save_prefix(prefixes, key, path)
         return False
 
-    def _save_prefix(self, key: PrefixKey, path: str) -> None:
+    def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:
         conversation = self.conversation
         saved = SavedPrefix(conversation.cache.layer_kv(), conversation.key_positions())
         try:
-            self.prefixes.save(key, saved, video=Path(path).resolve())
+            prefixes.save(key, saved, video=Path(path).resolve())
         except OSError as exc:
             then = "the next open will prefill it again"
-            warn_not_saved(self.prefixes.root, exc, "the video prompt", then)
+            warn_not_saved(prefixes.root, exc, "the video prompt", then)

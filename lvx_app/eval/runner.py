@@ -2,7 +2,8 @@
 against it.
 
 The loop talks to the engine only through :class:`EvalSession`, so it runs the same against the real
-torchrun worker group, an in-process engine, or a test double. Every answer is written (flushed,
+torchrun worker group, an in-process engine, or a test double; each video is one `VideoRequest`
+built from the run's config. Every answer is written (flushed,
 fsynced) before the next question is asked: Ctrl-C or an exception loses nothing already answered,
 and a rerun skips it.
 """
@@ -23,12 +24,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lvx_app.config import Config
-from lvx_app.engine.api import QuestionTooLong
+from lvx_app.config import Config, updated
+from lvx_app.engine.api import QuestionTooLong, VideoRequest
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt
 from lvx_app.eval.results import ResultsWriter
+from lvx_app.runtime.service import EngineService
 from lvx_app.subtitles import load_srt, select_lines
 
 
@@ -65,11 +67,11 @@ class EvalSession(Protocol):
     to first token, truncated…) kept in each answer record.
     """
 
-    def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
-        """Decode ``path`` at ``fps`` frames per second (at most ``max_frames``, thinned uniformly
-        over the whole video when there are more; None = no cap), encode the frames and keep the
-        visual tokens resident for the following ``ask`` calls. Raise an exception if the file
-        cannot be used."""
+    def load_video(self, request: VideoRequest) -> VideoInfo:
+        """Decode ``request.path`` at ``request.video.fps`` frames per second (at most
+        ``max_frames``, thinned uniformly over the whole video when there are more; None = no cap),
+        encode the frames and keep the visual tokens resident for the following ``ask`` calls.
+        Raise an exception if the file cannot be used."""
         ...
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
@@ -144,6 +146,7 @@ def run_eval(
     stats = RunStats()
     start = time.perf_counter()
     groups = group_by_video(_pending(dataset, questions, writer, stats))
+    video = updated(config.video, subtitles="none")  # the prompt carries the subtitle lines
     failures_in_a_row = 0
     with _progress(console, show_progress) as progress:
         q_task = progress.add_task("questions", total=sum(len(qs) for qs in groups.values()))
@@ -157,7 +160,7 @@ def run_eval(
             path = dataset.video_paths[video_key]
             t0 = time.perf_counter()
             try:
-                info = session.load_video(str(path), config.video.fps, config.video.max_frames)
+                info = session.load_video(VideoRequest(str(path), video))
             except Exception as e:  # noqa: BLE001 - one bad file must not end a 2,700-question run
                 _skip_video(session, stats, console, video_key, path, len(qs), e)
                 failures_in_a_row += 1
@@ -303,20 +306,21 @@ def answer_record(
 
 
 class EngineEvalSession:
-    """:class:`EvalSession` over an `lvx_app.runtime` `Engine`: each question is asked on a fresh
-    conversation (the engine is reset before every ``ask``), greedily, with no subtitles of the
-    engine's own (the eval's prompt carries its subtitle lines)."""
+    """:class:`EvalSession` as a client of the engine service over an `lvx_app.runtime` `Engine`:
+    each question is asked on a fresh conversation, greedily."""
+
+    CLIENT = "eval"
 
     def __init__(self, engine: Any):
-        self.engine = engine
+        self.service = EngineService(engine)
         self.answer_info: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
-        return dict(self.engine.describe())
+        return dict(self.service.engine.describe())
 
-    def load_video(self, path: str, fps: float, max_frames: int | None) -> VideoInfo:
-        summary = self.engine.load_video(path, subtitles=[], fps=fps, max_frames=max_frames)
-        self.engine.reset()
+    def load_video(self, request: VideoRequest) -> VideoInfo:
+        with self.service.lease(self.CLIENT) as lease:
+            summary = lease.load(request)
         drop = ("path", "timestamps", "duration_s", "subtitle_source")
         extra = {k: v for k, v in vars(summary).items() if k not in drop}
         return VideoInfo(
@@ -324,15 +328,19 @@ class EngineEvalSession:
         )
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
-        self.engine.reset()
-        text = "".join(self.engine.ask(prompt, max_new_tokens=max_new_tokens, temperature=0.0))
-        stats = getattr(self.engine, "last_answer", None)
+        with self.service.lease(self.CLIENT) as lease:
+            lease.start_over()  # every question as if first
+            lease.ready()
+            pieces = lease.ask(prompt, max_new_tokens=max_new_tokens, temperature=0.0)
+            text = "".join(pieces)
+            stats = lease.engine.last_answer
         info = stats.to_dict() if hasattr(stats, "to_dict") else None
         self.answer_info = {k: v for k, v in info.items() if k != "tokens"} if info else None
         return text
 
     def reset(self) -> None:
-        self.engine.reset()
+        with self.service.lease(self.CLIENT) as lease:
+            lease.start_over()
 
     def close(self) -> None:
-        self.engine.close()
+        self.service.close()

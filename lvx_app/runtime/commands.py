@@ -38,12 +38,7 @@ class Command:
         return self.name, kwargs
 
 
-LOAD_VIDEO = Command(
-    "load_video",
-    RankSession.load_video,
-    ("path", "video", "subtitles", "opening"),
-    reply="progress",
-)
+LOAD_VIDEO = Command("load_video", RankSession.load_video, ("request",), reply="progress")
 ASK = Command("ask", RankSession.ask, ("question", "generation"), reply="pieces")
 CHAT = Command("chat", RankSession.chat, ("turns", "generation"), reply="pieces")
 RESET = Command("reset", RankSession.reset)

@@ -9,7 +9,8 @@ torchrun.
         print(engine.last_answer)
 
 `load_video` and `ask` take the fields of the video and generation options as keyword overrides of
-the engine's config (`fps=`, `max_frames=`; `max_new_tokens=`, `temperature=`, ...). Subclasses
+the engine's config (`fps=`, `max_frames=`, `kv_mode=`, ...; `max_new_tokens=`, `temperature=`,
+...): a load is one `VideoRequest`, which the engine keeps as `held`. Subclasses
 carry the commands: `GroupDriver` runs them here (this process is rank 0), `RemoteEngine` sends them
 to rank 0 of a torchrun group.
 """
@@ -20,19 +21,18 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from lvx_app.config import Config, ConfigError, updated
+from lvx_app.config import Config, ConfigError, VideoConfig, updated
 from lvx_app.engine.api import (
     AnswerStats,
     EngineError,
     EngineWarning,
     ProgressFn,
     QuestionTooLong,
-    VideoOpening,
+    VideoRequest,
     VideoSummary,
 )
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
 from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
-from lvx_app.subtitles import Cue, SubtitleError, resolve_subtitles
 
 
 class Engine:
@@ -40,35 +40,30 @@ class Engine:
 
     config: Config
     last_answer: AnswerStats | None = None
-    # how the video the ranks hold was asked for: (path, video options, the cues given or None,
-    # opening); None when no load has succeeded on this engine yet
-    held_video: tuple | None = None
+    held: VideoRequest | None = None  # the video the ranks hold, as it was asked for (None: none)
 
     def load_video(
-        self,
-        path: str,
-        *,
-        subtitles: Sequence[Cue] | None = None,
-        progress: ProgressFn | None = None,
-        opening: VideoOpening | None = None,
-        **video: Any,
+        self, video: str | VideoRequest, *, progress: ProgressFn | None = None, **options: Any
     ) -> VideoSummary:
         """Make the video resident (decode and encode, or the caches) and prefill its prompt; the
-        conversation starts afresh. `subtitles`: cues to place after the video (None: as the
-        config's `--subtitles` says; [] for none). `progress(stage, done, total)` is called as
-        frames arrive. `opening`: what `chat` conversations say before the video."""
-        options = _overridden(self.config.video, video)
-        asked = (str(path), options, None if subtitles is None else tuple(subtitles))
-        source = ""
-        if subtitles is None:
-            subtitles, source = _subtitles_for(path, options)
-        cues = list(subtitles) or None
-        opening = opening or VideoOpening()
-        args = dict(path=str(path), video=options, subtitles=cues, opening=opening)
-        self.held_video = None  # a failed load may have dropped the video held before
-        summary: VideoSummary = self.call(LOAD_VIDEO, progress, **args)
-        self.held_video = (*asked, opening)
-        summary.subtitle_source = source if summary.subtitle_lines else ""
+        conversation starts afresh. `video`: a `VideoRequest`, or a path with the keyword
+        overrides of the config's video options (`fps=`, `kv_mode=`, ...), `subtitles=` (auto,
+        none, a FILE, or the cues themselves; [] for none) and `opening=` (what `chat`
+        conversations say before the video). `progress(stage, done, total)` is called as frames
+        arrive."""
+        if isinstance(video, VideoRequest):
+            if options:
+                raise EngineError(f"give {', '.join(options)} in the VideoRequest, not beside it")
+            request = video
+        else:
+            request = _request(self.config.video, video, options)
+        track = request.subtitle_track()  # read here: the ranks get the cues
+        for note in track.notes:
+            warnings.warn(note, EngineWarning, stacklevel=2)
+        self.held = None  # a failed load may have dropped the video held before
+        summary: VideoSummary = self.call(LOAD_VIDEO, progress, request=request.resolved(track))
+        self.held = request
+        summary.subtitle_source = track.source
         return summary
 
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
@@ -156,15 +151,9 @@ def _overridden(options: Any, changes: dict[str, Any]) -> Any:
         raise EngineError(str(exc)) from None
 
 
-def _subtitles_for(path: str, video) -> tuple[list[Cue], str]:
-    """(cues, where they came from) as `--subtitles` auto|none|FILE finds them; notes as
-    warnings."""
+def _request(video: VideoConfig, path: str, options: dict[str, Any]) -> VideoRequest:
+    """The request a call's path and keyword overrides make; a bad one is an EngineError."""
     try:
-        track = resolve_subtitles(
-            str(path), video.subtitles, video.subtitle_lang, video.subtitle_encoding
-        )
-    except SubtitleError as exc:
+        return VideoRequest.of(path, video, **options)
+    except ConfigError as exc:
         raise EngineError(str(exc)) from None
-    for note in track.notes:
-        warnings.warn(note, EngineWarning, stacklevel=3)
-    return list(track.cues), track.source or ""

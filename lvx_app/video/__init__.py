@@ -13,7 +13,6 @@ from lvx_app.defaults import default_cache_dir
 from lvx_app.video.decode import DecodePool, check_video_path
 from lvx_app.video.encode import ShardEncoder
 from lvx_app.video.errors import (
-    BadFpsError,
     CorruptVideoError,
     DecodeTimeoutError,
     NotAVideoError,
@@ -35,7 +34,6 @@ from lvx_app.video.ingest import (
 from lvx_app.video.plan import PlanShard, SamplingPlan, build_plan, format_timestamp
 
 __all__ = [
-    "BadFpsError",
     "CorruptVideoError",
     "DecodePool",
     "DecodeTimeoutError",

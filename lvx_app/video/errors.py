@@ -28,10 +28,6 @@ class CorruptVideoError(VideoError):
     """A video that is empty, has no frames, or fails to decode (truncated or damaged)."""
 
 
-class BadFpsError(VideoError):
-    """fps <= 0 (or not a number)."""
-
-
 class PlanTooLargeError(VideoError):
     """The sampling plan has more frames than --max-frames allows (in strict mode) or than memory
     holds."""
@@ -58,7 +54,6 @@ _BY_NAME = {
         NotAVideoError,
         NoVideoStreamError,
         CorruptVideoError,
-        BadFpsError,
         PlanTooLargeError,
         DecodeTimeoutError,
         RemoteRankError,

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from lvx_app.parallel.layout import owned
 from lvx_app.parallel.shards import shard_bounds
-from lvx_app.video.errors import BadFpsError, CorruptVideoError, PlanTooLargeError, VideoWarning
+from lvx_app.video.errors import CorruptVideoError, PlanTooLargeError, VideoWarning
 
 PLAN_VERSION = 1  # bump when the index maths change: it is part of the cache key
 
@@ -38,22 +38,6 @@ def format_timestamp(seconds: float) -> str:
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def check_fps(fps: float) -> float:
-    """Return fps as a float or raise BadFpsError for <= 0 / not a number."""
-    try:
-        value = float(fps)
-    except (TypeError, ValueError):
-        raise BadFpsError(
-            f"--fps must be a positive number (got {fps!r}); e.g. --fps 1, "
-            f"or --fps 0.2 for a frame every 5 s."
-        ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise BadFpsError(
-            f"--fps must be > 0 (got {fps}); e.g. --fps 1, or --fps 0.2 for a frame every 5 s."
-        )
-    return value
 
 
 def num_samples(num_frames: int, video_fps: float, fps: float) -> int:
@@ -239,7 +223,7 @@ def build_plan(
     `get_frame_timestamp`); without it a frame's time is index / video_fps. `over_max` is "thin"
     (uniform fallback) or "error".
     """
-    requested = check_fps(fps)
+    requested = float(fps)  # checked once, where it is an option (lvx_app.config.VideoConfig)
     name = path or "the video"
     _check_settings(num_frames, video_fps, max_frames, over_max, name)
     notes: list[str] = []

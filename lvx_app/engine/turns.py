@@ -1,0 +1,162 @@
+"""The turns of a rank's conversation: a question's token ids after the video prompt, the checks
+before it is fed, and its answer streamed token by token (every rank, same order).
+
+A question first makes the cache hold the video prompt (the first turn after a load or a reset, or
+after a chat without the video), then continues it; a later one follows the last answer. A question
+too long to prefill is refused on every rank alike before anything is fed. The answer's tokens are
+remembered, so a conversation can be rebuilt exactly (`replay`) and an assistant message of a chat
+matched to the tokens generated for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+
+import torch
+
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.api import AnswerStats, EngineError, QuestionTooLong
+from lvx_app.engine.chat_prompt import Answers
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_app.engine.limits import PrefillShape, question_limit, too_long
+from lvx_app.engine.parallelize import ShardedAttention
+from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
+from lvx_app.parallel.collectives import all_min
+from lvx_app.video.ingest import auto_memory_budget
+
+
+class Turns:
+    """Feeds questions and earlier turns to the conversation and streams the answers."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        video: VideoContext,
+        generator: Generator,
+        processor,
+        attn: ShardedAttention | None,
+        answer_length: int,
+    ) -> None:
+        self.conversation, self.video, self.generator = conversation, video, generator
+        self.processor, self.attn, self.info = processor, attn, conversation.info
+        self.answer_length = answer_length  # the longest answer when the options name none
+        self.answers = Answers()  # the latest answers' tokens, by their text
+        self.last_answer: AnswerStats | None = None
+
+    def answer(
+        self, ids: torch.Tensor, generation: GenerationConfig, should_stop: Callable[[], bool]
+    ) -> Iterator[str]:
+        """Prefill `ids` after what the cache holds, then generate the answer; yields text pieces
+        on rank 0. The answer's text and tokens are remembered for a later `chat`."""
+        conversation, leader, n = self.conversation, self.info.rank == 0, int(ids.numel())
+        if generation.max_new_tokens is None:
+            generation = replace(generation, max_new_tokens=self.answer_length)
+        self.check_length(n)
+        t0 = time.perf_counter()
+        stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
+        whole = self.whole(n)
+        try:
+            logits, owner = conversation.prefill(ids, whole=whole)
+        except torch.cuda.OutOfMemoryError as exc:
+            message = oom_message(self.info.rank, self.info.device, "reading the question")
+            raise RuntimeError(message) from exc
+        outcome, decoder = LoopOutcome(), self.processor.stream()
+        text = []
+        tokens = self.generator.answer(
+            logits, None if whole else owner, generation, outcome, should_stop
+        )
+        try:
+            for token in tokens:
+                stats.new_tokens += 1
+                if token in self.generator.stop_ids:  # the answer's last token: not shown
+                    continue
+                stats.tokens.append(token)
+                piece = decoder.push(token)
+                text.append(piece)
+                if piece and leader:
+                    yield piece
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, "answering")) from exc
+        tail = decoder.flush()
+        text.append(tail)
+        if tail and leader:
+            yield tail
+        self.answers.remember("".join(text), stats.tokens)
+        unfed = [] if outcome.unfed is None else [outcome.unfed]
+        conversation.end_turn([*unfed, self.processor.stop_ids[0]])  # closed with <|im_end|>
+        if outcome.first_token_at is not None:
+            stats.ttft_s = outcome.first_token_at - t0
+        stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
+        stats.total_s = time.perf_counter() - t0
+        self.last_answer = stats
+
+    def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
+        """Feed earlier turns (a question, the token ids of its answer: `AnswerStats.tokens`) after
+        the video prompt, generating nothing: a conversation rebuilt exactly as it was answered."""
+        conversation = self.conversation
+        self.show_video(True)
+        for question, answer in turns:
+            ids = self.question_ids(question)
+            n = int(ids.numel())
+            self.check_length(n)
+            conversation.prefill(ids, whole=self.whole(n))
+            conversation.end_turn([*answer, self.processor.stop_ids[0]])
+
+    def whole(self, n: int) -> bool:
+        """Whether `n` new tokens are fed alike on every rank (else sharded over the ranks)."""
+        return self.attn is None or self.attn.replicate_queries(n)
+
+    def show_video(self, shown: bool) -> None:
+        """Let the hyper layers attend to the loaded video or not (a conversation without it must
+        not see it: a token sees every frame whose place in the loaded prompt comes before its
+        position)."""
+        loaded = self.video.loaded
+        self.conversation.show_video(loaded.visual if shown and loaded is not None else None)
+
+    def hold(self, ids: torch.Tensor) -> None:
+        """Make the cache hold exactly `ids`: keep the longest prefix it holds, prefill the rest."""
+        keep = self.conversation.held_prefix(ids.tolist())
+        self.conversation.truncate(keep)
+        if keep < ids.numel():
+            self.conversation.prefill(ids[keep:], whole=self.whole(int(ids.numel()) - keep))
+
+    def question_ids(self, question: str) -> torch.Tensor:
+        """The ids to feed for `question`: the rest of the video prompt's first turn, or a
+        follow-up after the last answer (its unfed tokens first)."""
+        loaded, conversation = self.video.loaded, self.conversation
+        if loaded is None:
+            raise EngineError("no video is loaded; load one first")
+        if not question.strip():
+            raise EngineError("the question is empty")
+        prefix = loaded.prefix_ids
+        if (
+            conversation.position == prefix.numel()
+            or conversation.held_prefix(prefix.tolist()) < prefix.numel()
+        ):  # the first turn after load or reset (or after a chat without the video)
+            self.hold(prefix)
+            full = self.processor.build_chat_prompt(
+                video_messages(loaded.opening, loaded.subtitle_block, question),
+                videos=[loaded.summary.frames],
+            ).input_ids
+            if not torch.equal(full[: prefix.numel()], prefix):
+                raise RuntimeError("the prompt prefix changed between load and ask (tokenizer)")
+            return full[prefix.numel() :]
+        offset = conversation.position + len(conversation.pending)
+        follow = self.processor.build_followup(question, offset=offset).input_ids
+        return torch.cat([torch.tensor(conversation.pending, dtype=torch.int64), follow])
+
+    def check_length(self, n: int) -> None:
+        """Refuse a question too long to prefill, on every rank alike: the ranks agree on the
+        smallest budget first."""
+        info = self.info
+        budget = auto_memory_budget(info.device)
+        if info.world_size > 1:
+            budget = all_min(budget if budget is not None else 2**62, info.device)
+        dtype = self.video.dtype
+        shape = PrefillShape(info.world_size, self.conversation.position, dtype.itemsize)
+        limit, why = question_limit(self.video.model.config, shape, budget)
+        if n > limit:
+            raise QuestionTooLong(too_long(n, limit, why))
