@@ -45,7 +45,8 @@ def _name(cls: type) -> str:
 
 
 class WireError(Exception):
-    """An error that crosses processes as its own type; it is rebuilt from its message alone."""
+    """An error that crosses processes as its own type, rebuilt from its message alone (a subclass
+    that needs more arrives as its nearest base that does not)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -136,7 +137,10 @@ class Failure:
         for name in self.types:
             cls = _KNOWN.get(name)
             if cls is not None and issubclass(cls, within):
-                return cls(self.message)
+                try:
+                    return cls(self.message)
+                except TypeError:  # made from more than a message: its nearest base will do
+                    continue
         return None
 
 

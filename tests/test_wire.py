@@ -109,9 +109,16 @@ def test_a_new_error_type_crosses_with_no_registration():
     class Refused(EngineError):
         pass
 
+    class Counted(QuestionTooLong):
+        def __init__(self, tokens: int, limit: int) -> None:
+            super().__init__(f"the question is {tokens:,} tokens, over the {limit:,} cap")
+
     assert issubclass(EngineError, WireError) and issubclass(VideoError, WireError)
     again = decode(encode(Failure.of(Refused("no")))).error(EngineError)
     assert type(again) is Refused and isinstance(again, EngineError)
+    counted = decode(encode(Failure.of(Counted(9000, 8192)))).error()
+    assert type(counted) is QuestionTooLong  # made from more than a message: its base
+    assert str(counted) == "the question is 9,000 tokens, over the 8,192 cap"
 
 
 # -- the frontend's link to rank 0 -----------------------------------------------------------------
