@@ -27,6 +27,8 @@ from lvx_app.defaults import (
 )
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+# the attention kernels (lvx_app/attention/backends.py); auto picks the best one for each call
+ATTN_BACKENDS = ("auto", "flash_attn", "cudnn", "flash", "efficient", "cpu", "math")
 KV_MODES = ("auto", "cache", "recompute")
 SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")
@@ -124,10 +126,19 @@ class ModelConfig:
         "--compile-decode/--no-compile-decode",
         "Run each decoded token's step through torch.compile (one GPU, greedy answers).",
     )
+    attn_backend: str = option(
+        "auto",
+        "--attn-backend",
+        "Attention kernel: auto (the best for each call), or one to prefer wherever it can run "
+        "the call: " + ", ".join(ATTN_BACKENDS[1:]) + ".",
+        envvar="LVX_ATTN_BACKEND",
+        metavar="auto|NAME",
+    )
 
     def __post_init__(self) -> None:
         _require(bool(str(self.path).strip()), "--model must name a checkpoint folder or hub id")
         _choice(self.dtype, DTYPES, "--dtype")
+        _choice(self.attn_backend, ATTN_BACKENDS, "--attn-backend")
 
 
 @dataclass(frozen=True)
@@ -276,11 +287,6 @@ class ParallelConfig:
         _choice(self.layout, LAYOUTS, "--layout")
         _choice(self.xattn_schedule, SCHEDULES, "--xattn-schedule")
         _positive(self.timeout_s, "--timeout", "a number of seconds above 0")
-
-    @property
-    def cuda(self) -> bool:
-        """Whether the ranks use GPUs (decided when the group opens: `gpus` is then set)."""
-        return bool(self.gpus)
 
 
 @dataclass(frozen=True)

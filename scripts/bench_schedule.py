@@ -11,13 +11,13 @@ most rows up to which gather was faster at every size) and writes JSON.
 CPU: gloo ranks spawned here, one per `--ranks` entry in turn. GPU: start it under torchrun, one
 rank per GPU (NCCL), with `--device cuda`; the ranks are then torchrun's.
 
-`--calibrate` writes the crossovers measured to this machine's calibration file
-(`$LVX_CACHE_DIR/calibration.json`, else ~/.cache/lvx/calibration.json; `--calibration-file` names
-another), which the engine reads once at start in place of `lvx_app/attention/schedule.py`'s
-built-in GATHER_MAX_ROWS for the numbers of ranks measured.
+`--calibrate` writes the crossovers measured to this machine's calibration file in the cache folder
+(`--cache-dir DIR`, else `$LVX_CACHE_DIR`, else ~/.cache/lvx; `--calibration-file` names another
+file), which an engine run with the same cache folder reads once at start in place of
+`lvx_app/attention/schedule.py`'s built-in GATHER_MAX_ROWS for the numbers of ranks measured.
 
     python scripts/bench_schedule.py --ranks 2 4 --rows 8 24 64 128 256 --out runs/schedule.json
-    python scripts/bench_schedule.py --ranks 2 4 --calibrate
+    python scripts/bench_schedule.py --ranks 2 4 --calibrate [--cache-dir DIR]
     torchrun --nproc-per-node 8 scripts/bench_schedule.py --device cuda --calibrate
 """
 
@@ -29,7 +29,6 @@ import os
 import platform
 import statistics
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -40,7 +39,7 @@ from bench_xattn import _slices, _timed_rounds  # noqa: E402
 from gloo_ranks import run_ranks  # noqa: E402
 
 from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse  # noqa: E402
-from lvx_app.attention.schedule import CALIBRATION_VERSION, calibration_path, read_calibration  # noqa: E402
+from lvx_app.attention.schedule import calibration_path, write_calibration  # noqa: E402
 
 KEYS_PER_FRAME = 729
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -86,28 +85,6 @@ def _crossover(row_ms: dict, rows: list[int]) -> int:
     return best
 
 
-def write_calibration(
-    crossovers: dict[int, int], machine: dict, command: str, path: Path | None = None
-) -> Path:
-    """Write `crossovers` ({ranks: most gather rows}) to the calibration file, over the ranks an
-    earlier calibration of this machine measured; atomically (a reader sees the old file or the
-    new). Returns its path."""
-    path = Path(path) if path else calibration_path()
-    table = {**read_calibration(path), **crossovers}
-    data = {
-        "version": CALIBRATION_VERSION,
-        "gather_max_rows": {str(n): int(rows) for n, rows in sorted(table.items())},
-        "machine": machine,
-        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-    return path
-
-
 def _machine(device: str) -> dict:
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
     return {
@@ -151,7 +128,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--calibrate", action="store_true", help="write the crossovers (see above)")
-    ap.add_argument("--calibration-file", type=Path, help="--calibrate: write here instead")
+    ap.add_argument("--cache-dir", type=Path, help="--calibrate: the cache folder to write it in")
+    ap.add_argument("--calibration-file", type=Path, help="--calibrate: write this file instead")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     default_rows = [8, 24, 64, 128, 256, 512, 1024] if args.calibrate else [8, 24, 64, 128, 256]
@@ -185,7 +163,8 @@ def main() -> None:
     }
     if args.calibrate:
         found = {w: r["crossover_rows"] for w, r in report["ranks"].items()}
-        path = write_calibration(found, report["machine"], report["command"], args.calibration_file)
+        path = args.calibration_file or calibration_path(args.cache_dir)
+        path = write_calibration(found, report["machine"], report["command"], path)
         report["calibration_file"] = str(path)
         print(f"wrote {path}: the engine gathers up to {found} query rows (by ranks)")
     if args.out:

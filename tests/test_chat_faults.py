@@ -128,13 +128,14 @@ def test_a_group_started_from_a_passing_thread_outlives_that_thread(
     import threading
 
     from lvx_app.config import Config
+    from lvx_app.parallel.world import World
     from lvx_app.runtime.launcher import RemoteEngine
 
     box: list[RemoteEngine] = []
     config = Config.from_options(
         model=tiny_checkpoints["g2"], cache_dir=str(tmp_path / "cache"), decode_workers=1
     )
-    thread = threading.Thread(target=lambda: box.append(RemoteEngine(config, 2)))
+    thread = threading.Thread(target=lambda: box.append(RemoteEngine(config, World(2))))
     thread.start()
     thread.join()
     (engine,) = box

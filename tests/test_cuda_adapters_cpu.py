@@ -211,3 +211,54 @@ def test_bench_xattn_names_the_kernels_that_ran_and_every_fallback(standins, mon
     assert bench.fallback_lines({"flash": row}) == [
         "flash attn_fwd: fwd flash -> efficient: flash: unsupported head_dim (4 calls)"
     ]
+
+
+@pytest.fixture
+def run_backend():
+    """The run's --attn-backend, put back as it was after the test."""
+    before = backends.prefer_backend("auto")
+    yield backends.prefer_backend
+    backends.prefer_backend(before)
+
+
+def test_the_runs_attn_backend_is_taken_wherever_it_can_run(standins, run_backend, monkeypatch):
+    """`--attn-backend cudnn`, handed over once as a rank sets up, moves an unmasked bf16 call from
+    flash-attn to cuDNN; a call cuDNN cannot run (float32) keeps the automatic choice; nothing reads
+    the environment per call any more."""
+    q, k, v, _, _ = _inputs(1, 4, 9, HQ, HKV, 16, dtype=torch.bfloat16)
+    with backends.kernel_tally() as automatic:
+        attn_fwd(q, k, v)
+    assert automatic.ran("fwd") == ["flash_attn"]
+    assert run_backend("cudnn") == "auto"
+    monkeypatch.setenv("LVX_ATTN_BACKEND", "flash")
+    with backends.kernel_tally() as chosen:
+        attn_fwd(q, k, v)
+        attn_fwd(q.float(), k.float(), v.float())
+    assert chosen.calls == {"fwd cudnn": 1, "fwd efficient": 1}
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
+        run_backend("nope")
+
+
+def test_a_rank_set_up_from_the_config_prefers_its_attn_backend(run_backend):
+    """`set_up_rank` hands the config's backend to the kernels; `--attn-backend` is an option of
+    the commands that load a model, with LVX_ATTN_BACKEND as its environment variable."""
+    from lvx_app.cli.main import app
+    from lvx_app.config import Config, ConfigError
+    from lvx_app.parallel.world import World
+    from lvx_app.runtime.rank_main import set_up_rank
+
+    q = torch.zeros(1, 4, HKV, 16)  # a CPU float32 call: automatically the "cpu" kernel
+    assert backends.choose_backend(None, q, False, 16) == "cpu"
+    set_up_rank(Config.from_options(attn_backend="math"), World(1))
+    assert backends.choose_backend(None, q, False, 16) == "math"
+    with pytest.raises(ConfigError, match="--attn-backend"):
+        Config.from_options(attn_backend="nope")
+    import typer
+
+    click_app = typer.main.get_command(app)
+    for name in ("chat", "serve", "eval", "finetune"):
+        command = click_app.commands[name]
+        if name == "eval":
+            command = command.commands["videomme"]
+        (option,) = [p for p in command.params if "--attn-backend" in p.opts]
+        assert option.envvar == "LVX_ATTN_BACKEND", name

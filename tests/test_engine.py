@@ -21,6 +21,7 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineError, GroupFailed
 from lvx_app.engine.describe import printable
 from lvx_app.engine.session import RankSession
+from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 
@@ -166,8 +167,8 @@ def test_local_engine_interrupt_and_errors(tiny_checkpoints, short_video, tmp_pa
 
     config = _config(tiny_checkpoints["g2"], str(tmp_path), gpus=None, ranks=1)
     engine = open_engine(config)
-    assert config.parallel.gpus is None and engine.session.config.parallel.gpus == 0, (
-        "the ranks get a copy with the devices resolved; the caller's config stays as it was"
+    assert engine.session.config is config and config.parallel.gpus is None, (
+        "the devices are resolved into a World of their own; the config stays as it was"
     )
     with pytest.raises(EngineError, match="no video is loaded"):
         list(engine.ask("hello?"))
@@ -275,7 +276,7 @@ def test_killed_rank_ends_the_group_with_a_clear_error(tiny_checkpoints, short_v
     from lvx_app.runtime.launcher import RemoteEngine, pid_file
 
     config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=30, gpus=0)
-    engine = RemoteEngine(config, 2)
+    engine = RemoteEngine(config, World(2))
     try:
         engine.load_video(short_video)
         os.kill(int(pid_file(engine.run_dir, 1).read_text()), signal.SIGKILL)

@@ -17,6 +17,7 @@ from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.launcher import RemoteEngine
 from lvx_app.runtime.socket_link import serve_link
+from lvx_app.wire import Reply, Request, receive, send
 
 
 class EchoSession:
@@ -80,8 +81,8 @@ def test_a_new_entry_travels_over_the_frontend_link(echo_command):
     assert _remote_over(frontend).call(ECHO, None, text="over the link") == (
         "OVER THE LINK from rank 0"
     )
-    frontend.send(commands.SHUTDOWN.message())
-    assert frontend.recv() == ("done", None)
+    send(frontend, Request(commands.SHUTDOWN.name))
+    assert receive(frontend) == Reply(None)
     link.join(5)
     assert not link.is_alive()
 
@@ -102,6 +103,6 @@ def test_an_engine_error_keeps_its_type_over_the_link(monkeypatch):
     link.start()
     with pytest.raises(QuestionTooLong, match="over the cap"):
         _remote_over(frontend).call(REFUSE, None, text="x" * 10)
-    frontend.send(commands.SHUTDOWN.message())
-    assert frontend.recv() == ("done", None)
+    send(frontend, Request(commands.SHUTDOWN.name))
+    assert receive(frontend) == Reply(None)
     link.join(5)

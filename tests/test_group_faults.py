@@ -16,11 +16,12 @@ def test_a_group_quiet_for_longer_than_its_timeout_answers_the_next_question(
 ):
     """The other ranks wait for rank 0's next command without a deadline; the collectives of the
     work keep `--timeout`."""
+    from lvx_app.parallel.world import World
     from lvx_app.runtime.launcher import RemoteEngine
 
     timeout_s = 2.0
     config = _config(tiny_checkpoints["g2"], str(tmp_path), timeout_s=timeout_s, gpus=0)
-    engine = RemoteEngine(config, 2)
+    engine = RemoteEngine(config, World(2))
     try:
         engine.load_video(short_video)
         first = "".join(engine.ask(QUESTIONS[0]))

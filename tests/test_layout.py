@@ -255,7 +255,7 @@ def test_layout_option_reaches_chat_and_finetune_and_a_bad_one_is_one_line(tmp_p
     monkeypatch.setattr(
         train_cli,
         "_run_alone",
-        lambda config: seen.setdefault("train", config.parallel.layout) and 0,
+        lambda config, world: seen.setdefault("train", config.parallel.layout) and 0,
     )
     args = [
         "finetune",

@@ -6,6 +6,8 @@ from gloo_ranks import RankFailed, run_ranks
 from timing import scaled
 
 from lvx_app.parallel import RingComm, get_rank, get_world_size
+from lvx_app.parallel.torchrun import local_group
+from lvx_app.parallel.world import World
 
 
 def _ring_pass(rank: int, world: int, n: int):
@@ -112,7 +114,6 @@ def test_first_failure_is_the_cause_not_a_consequence(tmp_path):
 @pytest.mark.slow
 def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     import subprocess
-    import sys
 
     script = tmp_path / "rank.py"
     script.write_text(
@@ -121,33 +122,13 @@ def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
         "time.sleep(20)\n"
     )
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lvx_app.parallel.torchrun",
-            "--standalone",
-            "--nproc-per-node=2",
-            "--monitor-interval=0.2",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
+        local_group(World(2), [str(script)])[0], capture_output=True, text=True, timeout=scaled(120)
     )
     assert res.returncode == 1, res.stderr
     assert "rank 1 failed: killed by SIGKILL" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr
     ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lvx_app.parallel.torchrun",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "json.tool",
-            "--help",
-        ],
+        local_group(World(2), ["-m", "json.tool", "--help"])[0],
         capture_output=True,
         text=True,
         timeout=scaled(120),
@@ -163,7 +144,6 @@ def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
     names the rank."""
     import os
     import subprocess
-    import sys
 
     from lvx_app.parallel.failures import RankFailure, crashed_after_done, done_file
 
@@ -177,21 +157,8 @@ def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
             "if os.environ['RANK'] == '1':\n    os.abort()\n"
             "sys.exit(code)\n"
         )
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "lvx_app.parallel.torchrun",
-                "--standalone",
-                "--nproc-per-node=2",
-                "--monitor-interval=0.2",
-                str(script),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=scaled(120),
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
+        command, env = local_group(World(2), [str(script)], dict(os.environ, OMP_NUM_THREADS="1"))
+        return subprocess.run(command, capture_output=True, text=True, timeout=scaled(120), env=env)
 
     after = launch("after")
     assert after.returncode == 0, after.stderr

@@ -93,7 +93,7 @@ def _paste_then_normal(rank: int, world: int, checkpoint: str, video: str, cache
         return tokenized
     sent: list[str] = []
     broadcast = channel.broadcast
-    channel.broadcast = lambda message=None: sent.append(message[0]) or broadcast(message)
+    channel.broadcast = lambda message=None: sent.append(message.command) or broadcast(message)
     engine = GroupDriver(session, channel, config)
     engine.load_video(video)
     try:

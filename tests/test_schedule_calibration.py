@@ -1,6 +1,6 @@
 """This machine's ring-or-gather crossovers: the calibration file `bench_schedule.py --calibrate`
-writes, read once over the built-in table, a bad file ignored with one warning, and the ranks of an
-engine agreeing on one crossover."""
+writes in the run's cache folder, read once over the built-in table, a bad file ignored with one
+warning, and the ranks of an engine agreeing on one crossover, each read from its `--cache-dir`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from bench_schedule import write_calibration
 from gloo_ranks import run_ranks
 
 from lvx_app.attention import schedule
@@ -21,17 +20,22 @@ from lvx_app.attention.schedule import (
     crossovers,
     gather_limit,
     read_calibration,
+    write_calibration,
 )
-from lvx_app.config import ParallelConfig
+from lvx_app.config import Config
 
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    """A cache folder of the test's own, and the crossovers read afresh from it."""
+    """A default cache folder of the test's own, and the crossovers read afresh from it."""
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
     crossovers.cache_clear()
     yield tmp_path / "cache"
     crossovers.cache_clear()
+
+
+def _write(rows: dict[int, int], cache_dir=None):
+    return write_calibration(rows, {"device": "test"}, "", calibration_path(cache_dir))
 
 
 def test_without_a_calibration_the_built_in_table_applies():
@@ -42,20 +46,36 @@ def test_without_a_calibration_the_built_in_table_applies():
 
 
 def test_a_calibration_replaces_the_ranks_it_measured(cache_dir):
-    path = write_calibration({2: 96}, {"device": "test"}, "bench_schedule.py --calibrate")
+    path = _write({2: 96})
     assert path == cache_dir / "calibration.json"
+    assert json.loads(path.read_text())["gather_max_rows"] == {"2": 96}
     assert crossovers() == {**GATHER_MAX_ROWS, 2: 96}
     assert choose_schedule(96, 2) == "gather" and choose_schedule(97, 2) == "ring"
     assert gather_limit(4) == GATHER_MAX_ROWS[4]  # 4 ranks were not measured: the table's
     assert gather_limit(3) == 96  # the most ranks measured not above 3
     assert choose_schedule(97, 2, limit=200) == "gather"  # the limit the ranks agreed on
+    _write({4: 32})  # a later calibration of other ranks keeps the ones measured before
+    assert read_calibration(path) == {2: 96, 4: 32}
 
 
 def test_the_file_is_read_once(cache_dir):
-    write_calibration({2: 96}, {}, "")
+    _write({2: 96})
     assert gather_limit(2) == 96
-    write_calibration({2: 8}, {}, "")
+    _write({2: 8})
     assert gather_limit(2) == 96
+
+
+def test_a_run_reads_the_calibration_in_its_own_cache_folder(tmp_path, cache_dir):
+    """`--cache-dir DIR` moves the calibration with the caches: DIR's file, not the default
+    folder's, and the default folder's for a run without one."""
+    _write({2: 96})  # the default folder's
+    own = tmp_path / "elsewhere"
+    assert crossovers(str(own)) == GATHER_MAX_ROWS, "the default folder's file was read"
+    crossovers.cache_clear()
+    assert _write({2: 40}, own) == own / "calibration.json"
+    assert crossovers(str(own)) == {**GATHER_MAX_ROWS, 2: 40}
+    assert crossovers() == {**GATHER_MAX_ROWS, 2: 96}
+    assert gather_limit(2, crossovers(str(own))) == 40
 
 
 @pytest.mark.parametrize(
@@ -77,24 +97,21 @@ def test_a_bad_calibration_is_named_once_and_ignored(cache_dir, text):
 
 
 def _agreed(rank: int, world: int, folders: list[str]) -> tuple[int, bool]:
-    import os
-
     from lvx_app.engine.parallelize import parallelize
     from lvx_app.parallel.group import DistInfo
 
-    os.environ["LVX_CACHE_DIR"] = folders[rank]
     schedule.crossovers.cache_clear()
     model = SimpleNamespace(hooks=SimpleNamespace())
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
-    attn = parallelize(model, info, ParallelConfig())
+    config = Config.from_options(cache_dir=folders[rank])  # each node's run has its own folder
+    attn = parallelize(model, info, config)
     return attn.gather_rows, attn.replicate_queries(100)
 
 
-def test_the_ranks_agree_on_the_smallest_crossover(tmp_path, monkeypatch):
+def test_the_ranks_agree_on_the_smallest_crossover(tmp_path):
     folders = []
     for rank, rows in enumerate((64, 512)):
-        monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / f"node{rank}"))
-        write_calibration({2: rows}, {}, "")
+        _write({2: rows}, tmp_path / f"node{rank}")
         folders.append(str(tmp_path / f"node{rank}"))
     # 100 rows: rank 1's machine alone would gather them, rank 0's would not
     assert run_ranks(_agreed, 2, folders) == [(64, False), (64, False)]

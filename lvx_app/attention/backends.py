@@ -1,8 +1,9 @@
 """Backend adapters: the block kernels behind `attn_fwd` / `attn_bwd`, chosen per call at run time.
 
 Backends, picked per call (`backend=None`), or forced with `backend=` / the
-LVX_ATTN_BACKEND environment variable (a forced backend that cannot run a
-given call, e.g. flash with a mask, falls back to the automatic choice):
+run's `--attn-backend` (`ModelConfig.attn_backend`, handed to `prefer_backend` once
+when a rank sets up; a forced backend that cannot run a given call, e.g. flash with
+a mask, falls back to the automatic choice):
 - "flash_attn": the flash-attn package (CUDA, fp16/bf16, no mask).
 - "flash": aten._scaled_dot_product_flash_attention (CUDA, fp16/bf16, no mask).
 - "efficient": aten._scaled_dot_product_efficient_attention (CUDA, any mask
@@ -55,7 +56,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -66,6 +66,7 @@ import torch.nn.functional as F
 
 from lvx_app.attention.masks import causal_visibility
 from lvx_app.attention.merge import NEG_INF, acc_dtype
+from lvx_app.config import ATTN_BACKENDS
 
 AUG_COLS = 8  # extra head-dim columns used to carry dlse through the aten backward ops
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN attention takes up to 128 everywhere (more on some GPUs only)
@@ -111,10 +112,23 @@ def _on_cuda(q: torch.Tensor) -> bool:
     return q.device.type == "cuda"
 
 
+# the run's --attn-backend ("auto" or a backend every call prefers), set once by `prefer_backend`
+_preferred = ["auto"]
+
+
+def prefer_backend(name: str) -> str:
+    """Make `name` (`--attn-backend`: "auto" or a backend) the run's choice for every kernel call
+    that names none; called once as a rank sets up. Returns the choice it replaces."""
+    if name not in ATTN_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; use one of {ATTN_BACKENDS}")
+    before, _preferred[0] = _preferred[0], name
+    return before
+
+
 def choose_backend(backend: str | None, q: torch.Tensor, has_mask: bool, head_dim: int) -> str:
-    """The backend for one call: the forced one (argument, then LVX_ATTN_BACKEND) if it can run it,
-    else the automatic one."""
-    want = backend or os.environ.get("LVX_ATTN_BACKEND") or None
+    """The backend for one call: the forced one (argument, then the run's `--attn-backend`) if it
+    can run it, else the automatic one."""
+    want = backend or (None if _preferred[0] == "auto" else _preferred[0])
     if want is not None and can_run(want, q, has_mask, head_dim):
         return want
     if q.dtype == torch.float64:

@@ -5,17 +5,20 @@ The ring (`lv_xattn_with_lse`) costs n-1 dependent rounds of latency but sends e
 per hop; the gather schedule (`gather_xattn_with_lse`) costs two collectives whatever n but sends
 all rows to every rank. Below a crossover number of query rows in total the gather wins. Where it
 lies depends on the machine (kernel time against collective latency), so a machine measures its own
-with `scripts/bench_schedule.py --calibrate`, which writes `calibration.json` in the default cache
-folder (`$LVX_CACHE_DIR`, else ~/.cache/lvx); the engine reads it once and otherwise uses the
-built-in table, measured on 2 and 4 CPU ranks over gloo (docs/design-measurements.md, "Ring or
-gather by query size"). `--xattn-schedule ring|gather` overrides both.
+with `scripts/bench_schedule.py --calibrate [--cache-dir DIR]`, which writes `calibration.json`
+(`write_calibration`) in the cache folder (`--cache-dir`, else `$LVX_CACHE_DIR`, else ~/.cache/lvx);
+an engine reads the one in its own run's cache folder once and otherwise uses the built-in table,
+measured on 2 and 4 CPU ranks over gloo (docs/design-measurements.md, "Ring or gather by query
+size"). `--xattn-schedule ring|gather` overrides both.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 from lvx_app.config import SCHEDULES
@@ -31,6 +34,7 @@ __all__ = [
     "crossovers",
     "gather_limit",
     "read_calibration",
+    "write_calibration",
 ]
 
 # most query rows in total (over all ranks) for which gather beat the ring, by number of ranks
@@ -48,10 +52,11 @@ class CalibrationWarning(UserWarning):
     """This machine's calibration file could not be used; the built-in crossovers apply."""
 
 
-def calibration_path() -> Path:
-    """Where this machine's measured crossovers live: next to the default cache folder's
-    contents."""
-    return default_cache_dir() / CALIBRATION_FILE
+def calibration_path(cache_dir: str | Path | None = None) -> Path:
+    """Where this machine's measured crossovers live: in the cache folder a run uses
+    (`--cache-dir`; None: the default one)."""
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return root / CALIBRATION_FILE
 
 
 def read_calibration(path: Path) -> dict[int, int]:
@@ -77,16 +82,37 @@ def read_calibration(path: Path) -> dict[int, int]:
     return table
 
 
+def write_calibration(measured: dict[int, int], machine: dict, command: str, path: Path) -> Path:
+    """Write `measured` crossovers ({ranks: most gather rows}) to the calibration file `path`, over
+    the ranks an earlier calibration there measured; atomically (a reader sees the old file or the
+    new). Returns `path`."""
+    table = {**read_calibration(path), **measured}
+    data = {
+        "version": CALIBRATION_VERSION,
+        "gather_max_rows": {str(n): int(rows) for n, rows in sorted(table.items())},
+        "machine": machine,
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
 @functools.cache
-def crossovers() -> dict[int, int]:
-    """The crossovers in force: the built-in table, with the numbers of ranks this machine measured
-    replaced by its own (read once per process)."""
-    return {**GATHER_MAX_ROWS, **read_calibration(calibration_path())}
+def crossovers(cache_dir: str | None = None) -> dict[int, int]:
+    """The crossovers in force for a run whose cache folder is `cache_dir` (`--cache-dir`; None:
+    the default one): the built-in table, with the numbers of ranks this machine measured replaced
+    by its own (read once per folder and process)."""
+    return {**GATHER_MAX_ROWS, **read_calibration(calibration_path(cache_dir))}
 
 
 def gather_limit(ranks: int, table: dict[int, int] | None = None) -> int:
     """Most query rows the gather schedule takes at `ranks` ranks: the entry of the most ranks
-    measured not above `ranks` (the fewest measured below all of them)."""
+    measured not above `ranks` (the fewest measured below all of them). `table`: the crossovers in
+    force (default: `crossovers()`, the default cache folder's)."""
     table = crossovers() if table is None else table
     return table[max((r for r in table if r <= ranks), default=min(table))]
 

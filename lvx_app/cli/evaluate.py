@@ -42,7 +42,7 @@ def open_engine_session(config: Config):
         *("path", "revision", "dtype", "fps", "max_frames", "kv_mode", "cache", "cache_dir"),
         *("decode_timeout_s", "gpus", "ranks", "layout", "xattn_schedule", "timeout_s"),
         *("max_new_tokens", "data", "out", "questions", "eval.subtitles", "limit"),
-        *("durations", "shard", "scoring"),
+        *("durations", "shard", "scoring", "attn_backend"),
     ),
     defaults={"max_new_tokens": 16},
 )

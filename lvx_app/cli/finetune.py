@@ -8,11 +8,15 @@ process is then one rank of that group.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import typer
 
 from lvx_app.cli.options import config_options, fail
 from lvx_app.config import Config
+
+if TYPE_CHECKING:
+    from lvx_app.parallel.world import World
 
 
 def _interrupted(out: str) -> int:
@@ -31,9 +35,9 @@ def _interrupted(out: str) -> int:
     "parallel",
     "train",
     include=(
-        *("path", "dtype", "fps", "max_frames", "cache_dir", "decode_timeout_s", "gpus", "ranks"),
-        *("layout", "timeout_s", "data", "out", "video_dir", "mode", "lora_rank", "recompute"),
-        *("checkpoint_lm", "lr", "steps", "save_every", "resume", "seed"),
+        *("path", "dtype", "attn_backend", "fps", "max_frames", "cache_dir", "decode_timeout_s"),
+        *("gpus", "ranks", "layout", "timeout_s", "data", "out", "video_dir", "mode", "lora_rank"),
+        *("recompute", "checkpoint_lm", "lr", "steps", "save_every", "resume", "seed"),
     ),
     defaults={"timeout_s": 600.0},
 )
@@ -53,12 +57,13 @@ def finetune_command(*, config: Config) -> None:
         done = run_rank(lambda: train_as_rank(config), "lvx finetune", user_errors=user_errors())
         raise typer.Exit(done or 0)
     try:
-        config, world = check_run(config)
+        world = check_run(config)
         lock = lock_out(config)
     except FinetuneError as exc:
         raise fail(str(exc), code=1) from None
     try:
-        code = _run_alone(config) if world == 1 else run_group(config, world, keep_fds=(lock,))
+        alone = world.ranks == 1
+        code = _run_alone(config, world) if alone else run_group(config, world, keep_fds=(lock,))
     finally:
         os.close(lock)
     out = config.train.out
@@ -73,13 +78,13 @@ def finetune_command(*, config: Config) -> None:
     )
 
 
-def _run_alone(config: Config) -> int:
+def _run_alone(config: Config, world: World) -> int:
     """One rank, in this process; returns the exit code."""
     from lvx_app.parallel.group import destroy_distributed
     from lvx_app.train.train_rank import train_as_rank, user_errors
 
     try:
-        train_as_rank(config)
+        train_as_rank(config, world)
     except user_errors() as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
         return 1

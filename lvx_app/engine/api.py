@@ -9,12 +9,14 @@ from typing import Any, Callable
 
 from lvx_app.config import VideoConfig, load_key, updated
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
+from lvx_app.wire import WireError
 
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
 
-class EngineError(RuntimeError):
-    """A failure the user can act on; its message is shown as is."""
+class EngineError(WireError, RuntimeError):
+    """A failure the user can act on; its message is shown as is. It reaches the frontend process
+    as its own type (`lvx_app.wire`)."""
 
 
 class GroupFailed(EngineError):
@@ -25,22 +27,6 @@ class GroupFailed(EngineError):
 class QuestionTooLong(EngineError):
     """A question over the cap, refused on every rank before any prefill: the engine answers the
     next one."""
-
-
-_ERRORS = {cls.__name__: cls for cls in (EngineError, GroupFailed, QuestionTooLong)}
-
-
-def error_over_link(exc: EngineError) -> tuple[str, str]:
-    """How an engine error travels from rank 0 to the frontend process: its type's name and its
-    message."""
-    return type(exc).__name__, str(exc)
-
-
-def error_from_link(value: tuple[str, str]) -> EngineError:
-    """The error `error_over_link` sent, as the same type (EngineError for a type the frontend does
-    not know)."""
-    name, message = value
-    return _ERRORS.get(name, EngineError)(message)
 
 
 class EngineWarning(UserWarning):

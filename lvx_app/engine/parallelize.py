@@ -36,8 +36,8 @@ from lvx_app.attention import attn_fwd, choose_schedule, decode_xattn, lv_xattn_
 from lvx_app.attention.decode_xattn import CombineBuffers
 from lvx_app.attention.feed import Feed
 from lvx_app.attention.masks import Indices, MaskIndex
-from lvx_app.attention.schedule import gather_limit
-from lvx_app.config import ParallelConfig
+from lvx_app.attention.schedule import crossovers, gather_limit
+from lvx_app.config import Config
 from lvx_app.parallel.collectives import all_min, allgather_seq
 from lvx_app.parallel.group import DistInfo
 from lvx_models.mplug_owl3.qwen2 import StepContext
@@ -179,16 +179,15 @@ def _known(values: torch.Tensor, device: torch.device) -> Indices:
 
 
 def parallelize(
-    model,
-    info: DistInfo,
-    parallel: ParallelConfig,
-    attention: type[ShardedAttention] = ShardedAttention,
+    model, info: DistInfo, config: Config, attention: type[ShardedAttention] = ShardedAttention
 ) -> ShardedAttention:
     """Install `attention` (LV-XAttn) as `model`'s attention over the default group; returns the
     installed hooks. Every rank calls it: the ranks agree on the smallest of their machines'
-    ring-or-gather crossovers, so a question takes the same schedule on every rank."""
-    attn = attention(None, info.rank, info.world_size, parallel.xattn_schedule)
-    attn.gather_rows = all_min(gather_limit(info.world_size), info.device)
+    ring-or-gather crossovers (each read from the run's cache folder), so a question takes the same
+    schedule on every rank."""
+    attn = attention(None, info.rank, info.world_size, config.parallel.xattn_schedule)
+    limit = gather_limit(info.world_size, crossovers(config.video.cache_dir))
+    attn.gather_rows = all_min(limit, info.device)
     model.hooks.text = attn.text
     model.hooks.visual = attn.visual
     return attn

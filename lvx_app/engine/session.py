@@ -31,7 +31,7 @@ from lvx_app.parallel.group import DistInfo
 from lvx_models.mplug_owl3.checkpoint import CheckpointError
 from lvx_models.mplug_owl3.loader import load_model
 
-# (model, this rank's group info, the parallel options) -> the attention installed on the model
+# (model, this rank's group info, the config) -> the attention installed on the model
 Parallelize = Callable[..., ShardedAttention]
 
 
@@ -60,7 +60,7 @@ class RankSession:
         self.model, self.processor = loaded.model, loaded.processor
         self.model.eval()
         sharded = info.world_size > 1
-        self.attn = parallelize(self.model, info, config.parallel) if sharded else None
+        self.attn = parallelize(self.model, info, config) if sharded else None
         layout = config.parallel.layout
         self.conversation = Conversation(self.model, info, self.attn, layout)
         self.video = VideoContext(

@@ -1,6 +1,7 @@
 """Process-group set-up, the ring P2P helper, the test-rank spawner, which items each rank holds
 (shards, layout), and the launcher side of a group: ranks that die with their launcher (lifeline),
-the rank that failed first (failures), torchrun in one line (torchrun)."""
+the rank that failed first (failures), torchrun in one line and the command that starts a local
+group under it (torchrun), the ranks and GPUs a run resolved (world)."""
 
 from lvx_app.parallel.group import (
     DistInfo,

@@ -11,6 +11,9 @@ that one set `LAUNCHER_PID_ENV`), and its ranks die with it (`lvx_app.parallel.l
 Exit codes: 0 when every rank succeeded (also when ranks that had all met in `run_rank`'s last
 barrier crashed while exiting: a warning line says so), 1 when one failed, 130 when stopped by
 Ctrl-C or SIGTERM.
+
+`local_group` builds the command line (and environment) that starts a local group under it: the one
+builder `lvx chat/serve/eval --gpus N` and `lvx finetune` use.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from lvx_app.devices import usable_cores
 from lvx_app.parallel import failures
 from lvx_app.parallel.failures import (
     FAILURE_PREFIX,
@@ -36,6 +41,22 @@ from lvx_app.parallel.failures import (
     first_failure,
 )
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
+from lvx_app.parallel.world import World
+
+
+def local_group(
+    world: World, entry: Sequence[str], env: Mapping[str, str] = os.environ
+) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) that run `entry` (what follows `python`) on `world.ranks` ranks
+    of this machine under this launcher; CPU ranks share the cores (OMP_NUM_THREADS, unless set)."""
+    command = [
+        *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
+        *(f"--nproc-per-node={world.ranks}", "--monitor-interval=0.5", *entry),
+    ]
+    env = dict(env)
+    if not world.cuda:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // world.ranks)))
+    return command, env
 
 
 def failure_line(exc: ChildFailedError, run_dir: Path) -> str:

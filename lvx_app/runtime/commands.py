@@ -49,7 +49,3 @@ SHUTDOWN = Command("shutdown", None)
 COMMANDS: dict[str, Command] = {
     c.name: c for c in (LOAD_VIDEO, ASK, CHAT, RESET, REPLAY, STATS, SHUTDOWN)
 }
-
-# Not a command: a link message rank 0 looks for between the tokens of an answer (it never reaches
-# the group).
-INTERRUPT = "interrupt"

@@ -20,6 +20,12 @@ from lvx_app.engine.session import RankSession
 from lvx_app.runtime.commands import COMMANDS, SHUTDOWN, Command
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.engine_handle import Engine
+from lvx_app.wire import Request
+
+
+def request(command: Command, **args: Any) -> Request:
+    """The `Request` that carries `command` (its arguments checked against the declared ones)."""
+    return Request(*command.message(**args))
 
 
 def run_share(
@@ -46,7 +52,7 @@ class GroupDriver(Engine):
 
     def run(self, command: Command, local: dict[str, Any] | None = None, **args: Any) -> Any:
         """Broadcast `command` to the other ranks, then run rank 0's share."""
-        self.channel.broadcast(command.message(**args))
+        self.channel.broadcast(request(command, **args))
         return run_share(self.session, self.channel, command, args, **(local or {}))
 
     def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
@@ -77,20 +83,20 @@ class GroupDriver(Engine):
         self._stop.set()
 
     def close(self) -> None:
-        self.channel.broadcast(SHUTDOWN.message())
+        self.channel.broadcast(request(SHUTDOWN))
 
 
 def worker_loop(session: RankSession, channel: ControlChannel) -> None:
     """Ranks other than 0: run rank 0's commands until told to shut down."""
     while True:
-        name, args = channel.broadcast()
-        command = COMMANDS.get(name)
+        asked = channel.broadcast()
+        command = COMMANDS.get(asked.command)
         if command is None:
-            raise RuntimeError(f"unknown engine command {name!r}")
+            raise RuntimeError(f"unknown engine command {asked.command!r}")
         if command is SHUTDOWN:
             return
         try:
-            result = run_share(session, channel, command, args)
+            result = run_share(session, channel, command, asked.args)
             if command.reply == "pieces":
                 for _ in result:  # only rank 0 streams; the others run the same steps
                     pass

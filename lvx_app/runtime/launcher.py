@@ -2,7 +2,8 @@
 
 torch's torchrun (through `lvx_app.parallel.torchrun`, which dies with this process and names the
 rank that failed first) starts and watches the ranks; we only add the socket to rank 0, a log file
-for everything the ranks print, and that reason when the group dies.
+for everything the ranks print, and that reason when the group dies. What crosses the socket is
+`lvx_app.wire`'s messages (see `socket_link` for rank 0's side).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,14 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from lvx_app.config import Config, ServeConfig
-from lvx_app.engine.api import (
-    EngineError,
-    EngineWarning,
-    GroupFailed,
-    ProgressFn,
-    VideoSummary,
-    error_from_link,
-)
+from lvx_app.engine.api import EngineError, EngineWarning, GroupFailed, ProgressFn
 from lvx_app.parallel.failures import (
     FAILURE_PREFIX,
     RUN_DIR_ENV,
@@ -41,9 +34,14 @@ from lvx_app.parallel.failures import (
     pid_file,
 )
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
-from lvx_app.runtime.commands import INTERRUPT, LOAD_VIDEO, SHUTDOWN, Command
+from lvx_app.parallel.torchrun import local_group
+from lvx_app.parallel.world import World
+from lvx_app.runtime.commands import SHUTDOWN, Command
+from lvx_app.runtime.driver import request
 from lvx_app.runtime.engine_handle import Engine
-from lvx_app.runtime.socket_link import answer_stats
+from lvx_app.wire import Failure, Interrupt, Message, Piece, Progress, Ready, Reply, Warned
+from lvx_app.wire import receive as receive_message
+from lvx_app.wire import send as send_message
 
 __all__ = [
     "LINK_ENV",
@@ -83,17 +81,25 @@ class RemoteEngine(Engine):
     def __init__(
         self,
         config: Config,
-        nproc: int,
+        world: World,
         *,
         entry: Sequence[str] = RANK_ENTRY,
         start_timeout_s: float = 600.0,
     ) -> None:
-        self.config, self.last_answer = config, None
+        self.config, self.world, self.last_answer = config, world, None
         self.run_dir = Path(tempfile.mkdtemp(prefix="lvx-run-"))
         key = secrets.token_bytes(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = self._listener.address
-        env = dict(os.environ)
+        cmd, env = local_group(
+            world,
+            [
+                *entry,
+                # the page's login and the API key stay off the ranks' command line
+                *("--config", json.dumps(replace(config, serve=ServeConfig()).to_dict())),
+                *("--world", json.dumps(world.to_dict())),
+            ],
+        )
         env.update(
             {LINK_ENV: f"{host}:{port}", LINK_KEY_ENV: key.hex(), RUN_DIR_ENV: str(self.run_dir)}
         )
@@ -101,15 +107,6 @@ class RemoteEngine(Engine):
             mark_launcher(env)  # the group's launcher dies with this process, and the ranks with it
         else:  # the kernel's parent-death signal follows the thread that started a child
             env.pop(LAUNCHER_PID_ENV, None)
-        if not config.parallel.cuda:
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        cmd = [
-            *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
-            *(f"--nproc-per-node={nproc}", "--monitor-interval=0.5"),
-            *entry,
-            # the page's login and the API key stay off the ranks' command line
-            *("--config", json.dumps(replace(config, serve=ServeConfig()).to_dict())),
-        ]
         self._log = open(self.run_dir / "group.log", "wb")
         self.proc = subprocess.Popen(
             cmd,
@@ -121,15 +118,15 @@ class RemoteEngine(Engine):
         )
         try:
             self.conn = self._accept(start_timeout_s)
-            kind, value = self._recv()
+            ready = self._receive()
         except BaseException:  # Ctrl-C or a failed start: no rank outlives this call
             self._kill()
             self._listener.close()
             self._log.close()
             raise
-        if kind != "ready":
-            raise EngineError(f"unexpected first message from rank 0: {kind}")
-        self.info: dict[str, Any] = value
+        if not isinstance(ready, Ready):
+            raise EngineError(f"unexpected first message from rank 0: {ready!r}")
+        self.info: dict[str, Any] = ready.info
 
     def _accept(self, timeout_s: float) -> Connection:
         box: list[Connection] = []
@@ -148,21 +145,23 @@ class RemoteEngine(Engine):
                 )
         return box[0]
 
-    def _recv(self) -> tuple[str, Any]:
+    def _receive(self) -> Message:
         """The next message from rank 0; warnings it relays are re-raised here on the way (as
         EngineWarning)."""
         try:
             while True:
-                kind, value = self.conn.recv()
-                if kind != "warning":
-                    return kind, value
-                warnings.warn(value, EngineWarning)  # shown as one line by lvx_app.warning_lines
+                message = receive_message(self.conn)
+                if not isinstance(message, Warned):
+                    return message
+                # shown as one line by lvx_app.warning_lines
+                warnings.warn(message.message, EngineWarning)
         except (EOFError, OSError):
             raise self._group_failed() from None
 
     def _send(self, command: Command, **args: Any) -> None:
+        asked = request(command, **args)
         try:
-            self.conn.send(command.message(**args))
+            send_message(self.conn, asked)
         except OSError:
             raise self._group_failed() from None
 
@@ -178,32 +177,27 @@ class RemoteEngine(Engine):
     def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
         self._send(command, **args)
         while True:
-            kind, value = self._recv()
-            if kind == "progress":
+            message = self._receive()
+            if isinstance(message, Progress):
                 if progress is not None:
-                    progress(*value)
-            elif kind == "done":
-                return VideoSummary(**value) if command is LOAD_VIDEO else value
-            elif kind == "error":
-                raise error_from_link(value)
+                    progress(message.stage, message.done, message.total)
+            elif isinstance(message, (Reply, Failure)):
+                return _result(message)
             else:
-                raise EngineError(f"unexpected message {kind!r} from rank 0")
+                raise EngineError(f"unexpected message from rank 0: {message!r}")
 
     def stream(self, command: Command, **args: Any) -> Iterator[str]:
         self._send(command, **args)
         finished = False
         try:
             while True:
-                kind, value = self._recv()
-                if kind == "piece":
-                    yield value
-                elif kind == "done":
-                    self.last_answer = answer_stats(value)
+                message = self._receive()
+                if isinstance(message, Piece):
+                    yield message.text
+                elif isinstance(message, (Reply, Failure)):
                     finished = True
+                    self.last_answer = _result(message)
                     return
-                elif kind == "error":
-                    finished = True
-                    raise error_from_link(value)
         finally:
             if not finished:  # the caller stopped reading: stop the group, drain the turn
                 self.interrupt()
@@ -211,16 +205,16 @@ class RemoteEngine(Engine):
 
     def _drain(self) -> None:
         while True:
-            kind, value = self._recv()
-            if kind == "done":
-                self.last_answer = answer_stats(value)
+            message = self._receive()
+            if isinstance(message, Reply):
+                self.last_answer = message.value
                 return
-            if kind == "error":
+            if isinstance(message, Failure):
                 return
 
     def interrupt(self) -> None:
         try:
-            self.conn.send((INTERRUPT, {}))
+            send_message(self.conn, Interrupt())
         except OSError:
             pass  # the group is gone; the next receive reports why
 
@@ -259,3 +253,10 @@ class RemoteEngine(Engine):
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+
+def _result(message: Reply | Failure) -> Any:
+    """A request's result, or its engine error raised again as the type rank 0 raised."""
+    if isinstance(message, Failure):
+        raise message.error(EngineError) or EngineError(message.message)
+    return message.value

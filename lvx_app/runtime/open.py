@@ -10,25 +10,26 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import replace
 
 import torch
 from rich.console import Console
 
-from lvx_app.config import Config
+from lvx_app.config import Config, ParallelConfig
 from lvx_app.devices import usable_cores
 from lvx_app.engine.api import EngineError, EngineWarning
 from lvx_app.engine.session import RankSession
-from lvx_app.parallel.group import init_distributed
+from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.launcher import RANK_ENTRY, RemoteEngine
+from lvx_app.runtime.rank_main import set_up_rank
 
 
-def resolve_world(gpus: int | None, ranks: int | None) -> tuple[int, int]:
-    """(number of ranks, GPUs used: 0 or the number of ranks) from --gpus / --ranks, with errors
-    that say what to do."""
+def resolve_world(parallel: ParallelConfig) -> World:
+    """The ranks and GPUs --gpus / --ranks ask for on this machine, with errors that say what to
+    do."""
+    gpus, ranks = parallel.gpus, parallel.ranks
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus is None:
         gpus = 1 if visible else 0
@@ -42,8 +43,8 @@ def resolve_world(gpus: int | None, ranks: int | None) -> tuple[int, int]:
             raise EngineError(
                 "--ranks only applies to CPU runs (--gpus 0); with GPUs there is one rank per GPU"
             )
-        return gpus, gpus
-    return ranks or 1, 0
+        return World(gpus, gpus)
+    return World(ranks or 1, 0)
 
 
 def crowded_cores(ranks: int, cores: int) -> str | None:
@@ -62,15 +63,14 @@ def open_engine(
 ) -> Engine:
     """Start the model on the ranks `config.parallel` asks for (with a spinner on `console`); the
     caller closes it. `entry`: what each rank of a group runs (benchmarks pass their own)."""
-    nproc, gpus = resolve_world(config.parallel.gpus, config.parallel.ranks)
-    crowded = None if gpus else crowded_cores(nproc, usable_cores())
+    world = resolve_world(config.parallel)
+    crowded = None if world.cuda else crowded_cores(world.ranks, usable_cores())
     if crowded:
         warnings.warn(crowded, EngineWarning, stacklevel=2)
-    config = replace(config, parallel=replace(config.parallel, gpus=gpus, ranks=nproc))
-    where = f"{nproc} GPU rank(s)" if gpus else f"{nproc} CPU rank(s)"
+    where = f"{world.ranks} {'GPU' if world.cuda else 'CPU'} rank(s)"
     spinner = console.status(f"loading {config.model.path} on {where} ...") if console else None
     with spinner or nullcontext():
-        if nproc > 1:
-            return RemoteEngine(config, nproc, entry=entry)
-        info = init_distributed(cuda=bool(gpus), timeout_s=config.parallel.timeout_s)
+        if world.ranks > 1:
+            return RemoteEngine(config, world, entry=entry)
+        info = set_up_rank(config, world)
         return GroupDriver(RankSession(config, info), ControlChannel(), config)

@@ -1,7 +1,9 @@
 """The local socket between the `lvx` frontend process and rank 0 of the group.
 
-The frontend listens; rank 0 connects once its model is loaded and says "ready". Requests go one at
-a time; during an answer rank 0 streams text pieces and polls for an interrupt between tokens.
+The frontend listens; rank 0 connects once its model is loaded and says `Ready`. Requests go one at
+a time; during an answer rank 0 streams `Piece`s and looks for an `Interrupt` between tokens. Every
+message is one of `lvx_app.wire`'s, and an engine error crosses as a `Failure` that the frontend
+raises again as the same type.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from lvx_app.engine.api import AnswerStats, EngineError, error_over_link
-from lvx_app.runtime.commands import COMMANDS, INTERRUPT, SHUTDOWN, Command
+from lvx_app.engine.api import EngineError
+from lvx_app.runtime.commands import COMMANDS, SHUTDOWN, Command
 from lvx_app.runtime.driver import GroupDriver
+from lvx_app.wire import Failure, Interrupt, Piece, Progress, Reply, Request, Warned, receive, send
 
 
 def relay_warnings(conn: Connection) -> None:
@@ -23,7 +26,7 @@ def relay_warnings(conn: Connection) -> None:
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         keep_in_log(message, category, filename, lineno, file, line)
         try:
-            conn.send(("warning", str(message)))
+            send(conn, Warned(str(message)))
         except OSError:
             pass  # the frontend is gone; the request loop notices
 
@@ -35,47 +38,41 @@ def serve_link(driver: GroupDriver, conn: Connection) -> None:
     relay_warnings(conn)
     while True:
         try:
-            name, kwargs = conn.recv()
+            message = receive(conn)
         except (EOFError, OSError):
             driver.close()  # the frontend is gone: release the other ranks
             return
-        if name == SHUTDOWN.name:
-            driver.close()
-            conn.send(("done", None))
-            return
-        if name == INTERRUPT:
+        if isinstance(message, Interrupt):
             continue  # arrived after the answer had already finished
+        if isinstance(message, Request) and message.command == SHUTDOWN.name:
+            driver.close()
+            send(conn, Reply())
+            return
         try:
-            command = COMMANDS.get(name)
-            if command is None:
-                raise EngineError(f"unknown request {name!r}")
-            conn.send(("done", _run(driver, conn, command, kwargs)))
+            send(conn, Reply(_answer(driver, conn, message)))
         except EngineError as exc:
-            conn.send(("error", error_over_link(exc)))
+            send(conn, Failure.of(exc))
+
+
+def _answer(driver: GroupDriver, conn: Connection, message: Any) -> Any:
+    """The result of the frontend's request `message` (an EngineError for one rank 0 cannot run)."""
+    if not isinstance(message, Request) or message.command not in COMMANDS:
+        what = message.command if isinstance(message, Request) else type(message).__name__
+        raise EngineError(f"unknown request {what!r}")
+    return _run(driver, conn, COMMANDS[message.command], message.args)
 
 
 def _run(driver: GroupDriver, conn: Connection, command: Command, args: dict) -> Any:
-    """Run `command` on the driver, streaming what it streams; returns its result as plain data."""
+    """Run `command` on the driver, streaming what it streams; returns its result."""
     if command.reply == "pieces":
         for piece in driver.stream(command, **args):
-            conn.send(("piece", piece))
+            send(conn, Piece(piece))
             while conn.poll():
-                extra, _ = conn.recv()
-                if extra == INTERRUPT:
+                if isinstance(receive(conn), Interrupt):
                     driver.interrupt()
-        result = driver.last_answer
-    else:
+        return driver.last_answer
 
-        def progress(stage: str, done: int, total: int) -> None:
-            conn.send(("progress", (stage, done, total)))
+    def progress(stage: str, done: int, total: int) -> None:
+        send(conn, Progress(stage, done, total))
 
-        result = driver.call(command, progress if command.reply == "progress" else None, **args)
-    return result.to_dict() if hasattr(result, "to_dict") else result
-
-
-def answer_stats(value: dict | None) -> AnswerStats | None:
-    if value is None:
-        return None
-    value = dict(value)
-    value.pop("tokens_per_s", None)
-    return AnswerStats(**value)
+    return driver.call(command, progress if command.reply == "progress" else None, **args)

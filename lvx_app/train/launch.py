@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 from lvx_app.config import Config
 from lvx_app.engine.api import EngineError
 from lvx_app.parallel.lifeline import mark_launcher
+from lvx_app.parallel.torchrun import local_group
+from lvx_app.parallel.world import World
 from lvx_app.runtime.open import resolve_world
 from lvx_app.train.data import DataError, load_jsonl
 from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output
@@ -28,13 +28,13 @@ class FinetuneError(RuntimeError):
     """A run that cannot start; its message says what to do."""
 
 
-def check_run(config: Config) -> tuple[Config, int]:
-    """(the config with the device choice resolved, ranks), once the devices, the data and the
-    output folder are checked: before anything is written."""
+def check_run(config: Config) -> World:
+    """The ranks the run gets, once the devices, the data and the output folder are checked:
+    before anything is written."""
     t = config.train
     try:
         check_out_is_not_model(Path(t.out), config.model.path)
-        world, gpus = resolve_world(config.parallel.gpus, config.parallel.ranks)
+        world = resolve_world(config.parallel)
         load_jsonl(t.data, t.video_dir)  # check the data before starting ranks
     except (EngineError, DataError, OutputBusy) as exc:
         raise FinetuneError(str(exc)) from None
@@ -42,8 +42,7 @@ def check_run(config: Config) -> tuple[Config, int]:
         raise FinetuneError(
             f"no {STATE_FILE} in {t.out} to resume from; run without --resume to start fresh"
         )
-    parallel = replace(config.parallel, gpus=gpus, ranks=world)
-    return replace(config, parallel=parallel), world
+    return world
 
 
 def lock_out(config: Config) -> int:
@@ -63,17 +62,11 @@ def lock_out(config: Config) -> int:
     return lock
 
 
-def run_group(config: Config, world: int, keep_fds: tuple[int, ...] = ()) -> int:
-    """Run `config` on `world` local torchrun ranks; returns the launcher's exit code (1: it printed
-    the line naming the rank that failed first; 130: stopped by Ctrl-C or SIGTERM)."""
-    env = dict(os.environ)
-    if not config.parallel.cuda:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    cmd = [
-        *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
-        *(f"--nproc-per-node={world}", "--monitor-interval=0.5"),
-        *("-m", "lvx_app.train.train_rank", "--config", json.dumps(config.to_dict())),
-    ]
+def run_group(config: Config, world: World, keep_fds: tuple[int, ...] = ()) -> int:
+    """Run `config` on the local torchrun ranks of `world`; returns the launcher's exit code (1: it
+    printed the line naming the rank that failed first; 130: stopped by Ctrl-C or SIGTERM)."""
+    entry = ["-m", "lvx_app.train.train_rank", "--config", json.dumps(config.to_dict())]
+    cmd, env = local_group(world, [*entry, "--world", json.dumps(world.to_dict())])
     proc = subprocess.Popen(cmd, env=mark_launcher(env), pass_fds=keep_fds)
     try:
         proc.wait()

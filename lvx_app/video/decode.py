@@ -55,9 +55,9 @@ from lvx_app.video.errors import (
     NoVideoStreamError,
     VideoError,
     VideoNotFoundError,
-    error_class,
 )
 from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
+from lvx_app.wire import Failure, Reply, Request, receive, send
 from lvx_models.mplug_owl3.image_transform import resize_uint8
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
@@ -307,22 +307,27 @@ class _Worker:
 
 
 def _worker_main(conn, threads: int, image_size: int | None, worker_class: type[_Worker]) -> None:
-    """Serve (req_id, op, kwargs) requests until the parent closes the pipe."""
+    """Answer `Request`s ("plan" or "decode") until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us
     worker = worker_class(threads, image_size)
     ops = {"plan": worker.plan, "decode": worker.decode}
     while True:
         try:
-            req_id, op, kwargs = conn.recv()
+            request = receive(conn)
         except (EOFError, OSError):
             return
-        try:
-            result = ops[op](**kwargs)
-            conn.send((req_id, True, result))
-        except VideoError as exc:
-            conn.send((req_id, False, (type(exc).__name__, str(exc))))
-        except Exception as exc:  # noqa: BLE001 - the parent names the time range
-            conn.send((req_id, False, ("", clean_message(str(exc)) or type(exc).__name__)))
+        send(conn, _answer(ops, request))
+
+
+def _answer(ops: dict[str, Callable[..., Any]], request: Request) -> Reply | Failure:
+    """The worker's answer to one request: its result, or its error as one line."""
+    try:
+        return Reply(ops[request.command](**request.args), id=request.id)
+    except VideoError as exc:
+        return Failure.of(exc, id=request.id)
+    except Exception as exc:  # noqa: BLE001 - the parent names the time range
+        line = clean_message(str(exc)) or type(exc).__name__
+        return Failure.of(exc, id=request.id, message=line)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,8 +450,7 @@ class DecodePool:
     # -- one request, synchronously (probe/plan)
     def _call(self, w: int, op: str, timeout_s: float, what: str, **kwargs) -> Any:
         p = self._proc(w)
-        req = next(self._ids)
-        p.conn.send((req, op, kwargs))
+        send(p.conn, Request(op, kwargs, next(self._ids)))
         if not p.conn.poll(timeout_s):
             self._restart(w)
             raise DecodeTimeoutError(
@@ -454,7 +458,7 @@ class DecodePool:
                 f"file (ffmpeg -i IN -c:v libx264 OUT.mp4) or raise --decode-timeout."
             )
         try:
-            rid, ok, payload = p.conn.recv()
+            answer = receive(p.conn)
         except (EOFError, OSError):
             code = p.proc.exitcode
             self._restart(w)
@@ -462,10 +466,9 @@ class DecodePool:
                 f"{what}: the decoder process crashed (exit code {code}); the file is probably "
                 f"damaged: repair it with ffmpeg -i IN -c:v libx264 OUT.mp4."
             ) from None
-        if not ok:
-            name, msg = payload
-            raise error_class(name)(msg) if name else CorruptVideoError(f"{what}: {msg}")
-        return payload
+        if isinstance(answer, Failure):
+            raise answer.error(VideoError) or CorruptVideoError(f"{what}: {answer.message}")
+        return answer.value
 
     def plan(
         self,
@@ -562,13 +565,8 @@ class _ChunkStream:
             while self.todo[w] and len(p.outstanding) < self.prefetch:
                 cid, mode = self.todo[w].popleft()
                 req = next(self.pool._ids)
-                p.conn.send(
-                    (
-                        req,
-                        "decode",
-                        {"path": self.path, "indices": self.chunks[cid][1], "mode": mode},
-                    )
-                )
+                args = {"path": self.path, "indices": self.chunks[cid][1], "mode": mode}
+                send(p.conn, Request("decode", args, req))
                 if not p.outstanding:
                     p.deadline = now + self.timeout_s
                 p.outstanding.append((req, cid, mode))
@@ -579,7 +577,7 @@ class _ChunkStream:
         req, cid, mode = p.outstanding[0]
         if p.conn in ready:
             try:
-                rid, ok, payload = p.conn.recv()
+                answer = receive(p.conn)
             except (EOFError, OSError):
                 self._fail(
                     w,
@@ -589,16 +587,16 @@ class _ChunkStream:
                     False,
                 )
                 return
-            if rid != req:
-                raise RuntimeError(f"decode worker answered request {rid}, expected {req}")
-            if not ok:
-                self._fail(w, cid, mode, payload[1], False)
+            if answer.id != req:
+                raise RuntimeError(f"decode worker answered request {answer.id}, expected {req}")
+            if isinstance(answer, Failure):
+                self._fail(w, cid, mode, answer.message, False)
                 return
             p.outstanding.popleft()
             p.deadline = time.monotonic() + self.timeout_s
             self.remaining -= 1
             paused = time.monotonic()
-            yield self.chunks[cid][0], payload
+            yield self.chunks[cid][0], answer.value
             pause = time.monotonic() - paused  # the consumer's time does not count against workers
             for q in self.procs.values():
                 if q.deadline is not None:

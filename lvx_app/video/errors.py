@@ -2,12 +2,16 @@
 
 Every class derives from `VideoError`, so the CLI and UI catch one type and print `str(err)`. The
 message names the file (and, for decode failures, the time range) so nothing has to be guessed.
+Raised in a decode worker or on another rank, one crosses to this process as its own type
+(`lvx_app.wire`).
 """
 
 from __future__ import annotations
 
+from lvx_app.wire import WireError
 
-class VideoError(Exception):
+
+class VideoError(WireError):
     """Base class: a problem with the video or the sampling settings, with a one-line fix in the
     message."""
 
@@ -44,24 +48,3 @@ class RemoteRankError(VideoError):
 class VideoWarning(UserWarning):
     """A setting was adjusted (e.g. fps clamped to the video's own fps); the plan records it in
     `notes`."""
-
-
-_BY_NAME = {
-    cls.__name__: cls
-    for cls in (
-        VideoError,
-        VideoNotFoundError,
-        NotAVideoError,
-        NoVideoStreamError,
-        CorruptVideoError,
-        PlanTooLargeError,
-        DecodeTimeoutError,
-        RemoteRankError,
-    )
-}
-
-
-def error_class(name: str) -> type[VideoError]:
-    """The VideoError subclass called `name` (VideoError when unknown): used to re-raise across
-    processes."""
-    return _BY_NAME.get(name, VideoError)

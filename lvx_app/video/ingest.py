@@ -41,8 +41,9 @@ from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
 from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
-from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning, error_class
+from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan, check_memory, format_timestamp
+from lvx_app.wire import Failure
 
 log = logging.getLogger(__name__)
 
@@ -184,19 +185,19 @@ class _Sync:
 
     def raise_all(self, err: BaseException | None) -> None:
         """Every rank calls this after a collective showed an error flag: all raise the first rank's
-        error."""
-        mine = None if err is None else (type(err).__name__, str(err), isinstance(err, VideoError))
+        error (a `VideoError` as its own type, anything else as a `RemoteRankError` naming it)."""
+        mine = None if err is None else Failure.of(err)
         if self.on:
-            every: list = [None] * get_world_size(self.group)
+            every: list[Failure | None] = [None] * get_world_size(self.group)
             dist.all_gather_object(every, mine, group=self.group)
         else:
             every = [mine]
         if err is not None:
             raise err
-        rank, (name, msg, is_video) = next((r, e) for r, e in enumerate(every) if e is not None)
-        if is_video:
-            raise error_class(name)(msg)
-        raise RemoteRankError(f"rank {rank} failed while ingesting the video: {name}: {msg}")
+        rank, first = next((r, e) for r, e in enumerate(every) if e is not None)
+        raise first.error(VideoError) or RemoteRankError(
+            f"rank {rank} failed while ingesting the video: {first.name}: {first.message}"
+        )
 
     @contextlib.contextmanager
     def agreed(self, counts: list[int], op=None) -> Iterator[list[int]]:
