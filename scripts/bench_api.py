@@ -23,9 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from gloo_ranks import free_port
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
+
 from rich.console import Console
 from rich.table import Table
+
+from scripts.gloo_ranks import free_port
 
 QUESTION = "({}) What happens in the video, and when does the scene change?"  # ({}): a new one
 FOLLOW_UP = "And what happens right after that?"

@@ -47,11 +47,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from baselines import baseline_entry  # noqa: E402
-
-from lvx_app.attention.backends import kernel_tally  # noqa: E402
+from lvx_app.attention.backends import kernel_tally
+from scripts.baselines.engine import baseline_entry
 
 QUESTION = "What happens in the video, and when does the scene change?"
 
@@ -394,7 +395,7 @@ def bench_layouts(
     weights)."""
     import statistics
 
-    from gloo_ranks import run_ranks
+    from scripts.gloo_ranks import run_ranks
 
     cfg = {"layouts": layouts, "frames": int(minutes * 60 * fps), "iters": iters}
     out = run_ranks(_layout_prefill_rank, ranks, cfg, timeout_s=3600)[0]

@@ -32,18 +32,19 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from bench_chat import _random_model  # noqa: E402
-from host_reads import counting_host_reads  # noqa: E402
-from memory_plan import Workload, kernel_calls, time_plan  # noqa: E402
-
-from lvx_app.attention.backends import kernel_tally  # noqa: E402
-from lvx_app.config import GenerationConfig  # noqa: E402
-from lvx_app.engine.conversation import Conversation  # noqa: E402
-from lvx_app.engine.generator import Generator, LoopOutcome  # noqa: E402
-from lvx_app.engine.static_decode import DecodeStep  # noqa: E402
-from lvx_app.parallel.group import DistInfo  # noqa: E402
+from lvx_app.attention.backends import kernel_tally
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_app.engine.static_decode import DecodeStep
+from lvx_app.parallel.group import DistInfo
+from scripts.bench_chat import _random_model
+from scripts.host_reads import counting_host_reads
+from scripts.memory_plan import Workload, kernel_calls, time_plan
 
 MODES = {
     "eager": DecodeStep(),

@@ -39,13 +39,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_app.config import TrainConfig  # noqa: E402
-from lvx_app.train.loop import configure_trainable  # noqa: E402
-from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks  # noqa: E402
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.modeling import Owl3Model  # noqa: E402
+from lvx_app.config import TrainConfig
+from lvx_app.train.loop import configure_trainable
+from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.modeling import Owl3Model
 
 PATCHES = 729
 TOKENS_PER_FRAME = 5

@@ -30,15 +30,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
-from lvx_app.config import VideoConfig  # noqa: E402
-from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest  # noqa: E402
-from lvx_app.video.plan import time_indices  # noqa: E402
-from lvx_app.video.synthetic import concat_video, make_video, read_index  # noqa: E402
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.image_transform import normalize  # noqa: E402
-from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector  # noqa: E402
+from lvx_app.config import VideoConfig
+from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest
+from lvx_app.video.plan import time_indices
+from lvx_app.video.synthetic import concat_video, make_video, read_index
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.image_transform import normalize
+from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:

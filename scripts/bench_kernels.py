@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_app.attention import backends, masks  # noqa: E402
-from lvx_app.attention.kernels import attn_fwd  # noqa: E402
+from lvx_app.attention import backends, masks
+from lvx_app.attention.kernels import attn_fwd
 
 HQ, HKV, D = 28, 4, 128
 KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER = 729, 5

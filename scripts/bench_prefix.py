@@ -36,7 +36,9 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
 
 QUESTION = "What happens in the video, and when does the scene change?"

@@ -48,7 +48,9 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
 CLIP_SECONDS = 60
 CUE_EVERY_S = 5.0
@@ -218,9 +220,8 @@ def run_row(checkpoint: Path, video: Path, minutes: float, ranks: int, workdir: 
 def plan_7b(minutes: float, ranks: int) -> dict:
     """mPLUG-Owl3-7B-241101 at the same length on `ranks` H100s, bf16, resident visual K/V (all
     projected by scripts/memory_plan.py; CPU video decoding and communication not counted)."""
-    from memory_plan import Workload, memory_plan, time_plan
-
     from lvx_models.mplug_owl3.published import RELEASES
+    from scripts.memory_plan import Workload, memory_plan, time_plan
 
     cfg, work = RELEASES["mPLUG-Owl3-7B-241101"], Workload(minutes=minutes, ranks=ranks)
     t = time_plan(cfg, work)
@@ -347,7 +348,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def machine() -> dict:
-    from bench_xattn import machine as measured_on  # imports torch, which the parent avoids
+    from scripts.bench_xattn import machine as measured_on  # imports torch, which the parent avoids
 
     return measured_on()
 

@@ -34,13 +34,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from bench_xattn import _slices, _timed_rounds  # noqa: E402
-from gloo_ranks import run_ranks  # noqa: E402
-
-from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse  # noqa: E402
-from lvx_app.attention.schedule import CALIBRATION_VERSION, calibration_path, read_calibration  # noqa: E402
+from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse
+from lvx_app.attention.schedule import CALIBRATION_VERSION, calibration_path, read_calibration
+from scripts.bench_xattn import _slices, _timed_rounds
+from scripts.gloo_ranks import run_ranks
 
 KEYS_PER_FRAME = 729
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

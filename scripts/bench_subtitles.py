@@ -16,16 +16,18 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS  # noqa: E402
-from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines  # noqa: E402
-from lvx_app.video.synthetic import add_subtitle_stream, make_video, write_srt  # noqa: E402
-from lvx_models.mplug_owl3.processor import Owl3Processor  # noqa: E402
-from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
+from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS
+from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines
+from lvx_app.video.synthetic import add_subtitle_stream, make_video, write_srt
+from lvx_models.mplug_owl3.processor import Owl3Processor
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 
 def _timed(fn):

@@ -53,22 +53,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from emulated_link import NCCL_NET_LATENCY_S, emulated_link  # noqa: E402
-from gloo_ranks import run_ranks  # noqa: E402
-from paper_emulation import TABLE3, emulated_link_for, implied_efficiency, scale  # noqa: E402
-
-from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_  # noqa: E402
-from lvx_app.attention.backends import can_run, kernel_tally  # noqa: E402
-from lvx_app.attention.baselines import (
-    allgather_xattn,
-    ring_xattn,
-    ulysses_supported,
-    ulysses_xattn,
-)  # noqa: E402
-from lvx_app.defaults import LAYOUTS  # noqa: E402
-from lvx_app.parallel.layout import balance, owners, round_work, token_owners  # noqa: E402
+from lvx_app.attention import attn_bwd, attn_fwd, available_backends, lv_xattn, merge_
+from lvx_app.attention.backends import can_run, kernel_tally
+from lvx_app.defaults import LAYOUTS
+from lvx_app.parallel.layout import balance, owners, round_work, token_owners
+from scripts.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn
+from scripts.emulated_link import NCCL_NET_LATENCY_S, emulated_link
+from scripts.gloo_ranks import run_ranks
+from scripts.paper_emulation import TABLE3, emulated_link_for, implied_efficiency, scale
 
 TOKENS_PER_PLACEHOLDER = 5  # `<|image|>` is ~5 text tokens; 729/5 ≈ 145 = Video-MME's S_KV/S_Q
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -567,9 +567,8 @@ def compare_chat(out: Path) -> list[dict]:
     if not rows_in:
         return []
     sys.path.insert(0, str(ROOT))
-    from memory_plan import Workload, memory_plan, time_plan
-
     from lvx_models.mplug_owl3.config import Owl3Config
+    from scripts.memory_plan import Workload, memory_plan, time_plan
 
     cfg, rows = Owl3Config(), []
     for row in rows_in:

@@ -27,9 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
-from memory_plan import (  # noqa: E402
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.published import RELEASES
+from scripts.memory_plan import (
     GB,
     Workload,
     band_tiles,
@@ -41,9 +45,6 @@ from memory_plan import (  # noqa: E402
     plan_rows,
     time_plan,
 )
-
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.published import RELEASES  # noqa: E402
 
 # what one H100 "80 GB" shows to torch (about 78 GiB)
 GPU_BYTES = 78 * 2**30

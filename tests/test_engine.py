@@ -11,9 +11,7 @@ import time
 
 import pytest
 import torch
-from baselines import baseline_parallelize
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 from test_generation_cache import generate
 from timing import scaled
 
@@ -23,6 +21,8 @@ from lvx_app.engine.describe import printable
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
+from scripts.baselines.engine import baseline_parallelize
+from scripts.gloo_ranks import run_ranks
 
 QUESTIONS = ("what happens in the video?", "and after that?")
 PARAMS = GenerationConfig(max_new_tokens=10)

@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import gpu_acceptance as acc
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_acceptance.py"
-_spec = importlib.util.spec_from_file_location("gpu_acceptance", SCRIPT)
-acc = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_acceptance"] = acc
-_spec.loader.exec_module(acc)
 CUDA_TESTS = 11  # the CUDA-marked tests of tests/test_attention_kernels.py
 
 
@@ -317,7 +315,7 @@ def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
 def test_the_nccl_check_passes_over_gloo() -> None:
     """The acceptance's NCCL item, run over gloo on 2 CPU ranks: the same comparison with one
     process."""
-    from gloo_ranks import run_ranks
+    from scripts.gloo_ranks import run_ranks
 
     for result in run_ranks(_nccl_check_rank, 2, "float32"):
         assert (

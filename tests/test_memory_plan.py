@@ -11,7 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from memory_plan import (
+
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.tiny import tiny_config
+from scripts.memory_plan import (
     GB,
     Workload,
     kernel_calls,
@@ -20,10 +24,6 @@ from memory_plan import (
     param_counts,
     time_plan,
 )
-
-from lvx_models.mplug_owl3.config import Owl3Config
-from lvx_models.mplug_owl3.modeling import Owl3Model
-from lvx_models.mplug_owl3.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("plan_gpu", ROOT / "scripts" / "plan_gpu.py")
@@ -118,9 +118,9 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then
     one token at a time ends with the buffer the plan names (with the growth before it)."""
     import torch
-    from memory_plan import _text_buffer
 
     from lvx_models.mplug_owl3 import qwen2
+    from scripts.memory_plan import _text_buffer
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
     model = Owl3Model(tiny_config("g2")).eval()

@@ -4,8 +4,9 @@ which transfer time over compute time is the row's on the 16 A100s."""
 from __future__ import annotations
 
 import pytest
-from emulated_link import NCCL_NET_LATENCY_S
-from paper_emulation import (
+
+from scripts.emulated_link import NCCL_NET_LATENCY_S
+from scripts.paper_emulation import (
     MODELS,
     PAPER_LINK_BYTES_PER_S,
     PAPER_RANKS,

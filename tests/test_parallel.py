@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from gloo_ranks import RankFailed, run_ranks
 from timing import scaled
 
 from lvx_app.parallel import RingComm, get_rank, get_world_size
+from scripts.gloo_ranks import RankFailed, run_ranks
 
 
 def _ring_pass(rank: int, world: int, n: int):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from cache_damage import DAMAGES, check_damage_is_discarded, damage
-from gloo_ranks import run_ranks
 from typer.testing import CliRunner
 
 from lvx_app.cli.cache import cache_app
@@ -23,6 +22,7 @@ from lvx_app.parallel.group import init_distributed
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import CacheKey
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
+from scripts.gloo_ranks import run_ranks
 
 PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"

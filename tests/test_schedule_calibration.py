@@ -9,8 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from bench_schedule import write_calibration
-from gloo_ranks import run_ranks
 
 from lvx_app.attention import schedule
 from lvx_app.attention.schedule import (
@@ -23,6 +21,8 @@ from lvx_app.attention.schedule import (
     read_calibration,
 )
 from lvx_app.config import ParallelConfig
+from scripts.bench_schedule import write_calibration
+from scripts.gloo_ranks import run_ranks
 
 
 @pytest.fixture(autouse=True)

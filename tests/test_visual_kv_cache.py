@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 from cache_damage import DAMAGES, check_damage_is_discarded
-from gloo_ranks import run_ranks
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -27,6 +26,7 @@ from lvx_app.engine.visual_kv_cache import VisualKVCache, VisualKVKey
 from lvx_app.parallel.group import init_distributed
 from lvx_app.video.errors import VideoWarning
 from lvx_app.video.feature_cache import CacheKey
+from scripts.gloo_ranks import run_ranks
 
 PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"

@@ -2,9 +2,9 @@
 them; scripts/baselines.py installs them in the engine): Ring Attention (pass-KV) cross- and causal
 self-attention, DeepSpeed-Ulysses and all-gather cross-attention."""
 
-from lvx_app.attention.baselines.allgather import allgather_xattn, allgather_xattn_with_lse
-from lvx_app.attention.baselines.ring import ring_self_attn, ring_xattn, ring_xattn_with_lse
-from lvx_app.attention.baselines.ulysses import ulysses_supported, ulysses_xattn
+from scripts.baselines.allgather import allgather_xattn, allgather_xattn_with_lse
+from scripts.baselines.ring import ring_self_attn, ring_xattn, ring_xattn_with_lse
+from scripts.baselines.ulysses import ulysses_supported, ulysses_xattn
 
 __all__ = [
     "allgather_xattn",

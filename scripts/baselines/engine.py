@@ -23,11 +23,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+    import scripts  # noqa: F401
 
-from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse  # noqa: E402
-from lvx_app.engine.parallelize import ShardedAttention, parallelize  # noqa: E402
-from lvx_app.runtime import rank_main  # noqa: E402
+from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.runtime import rank_main
+from scripts.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
 
 class _KVMoving(ShardedAttention):
