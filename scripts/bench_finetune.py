@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import platform
 import statistics
 import sys
 import time
@@ -48,6 +46,7 @@ from lvx_app.train.loop import configure_trainable
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 from lvx_models.mplug_owl3.modeling import Owl3Model
+from scripts.harness import command_line, machine, sync, write_json
 
 PATCHES = 729
 TOKENS_PER_FRAME = 5
@@ -152,11 +151,6 @@ class _null:
         return False
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(args, frames: int, recompute: bool, steps: Optional[int] = None) -> Optional[dict]:
     """One configuration: None if it ran out of memory (CUDA)."""
     device = torch.device(args.device)
@@ -182,10 +176,10 @@ def measure(args, frames: int, recompute: bool, steps: Optional[int] = None) -> 
             torch.cuda.reset_peak_memory_stats(device)
         times = []
         for _ in range(steps if steps is not None else args.steps):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             one_step(model, hooks, frames, e, device, autocast, count_saved=False)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         row = {
             "frames": frames,
@@ -230,7 +224,7 @@ def largest(args, recompute: bool) -> int:
     return lo
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -266,7 +260,7 @@ def main() -> None:
         "--cpu-budget-mb", type=float, default=512.0, help="CPU --search budget (estimate)"
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but no GPU is visible")
     args.shape = args.shape or ("7b" if args.device == "cuda" else "tiny")
@@ -298,10 +292,8 @@ def main() -> None:
                 f" {over}"
             )
     result = {
-        "device": torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
+        "command": command_line(),
+        "machine": machine(args.device),
         "args": vars(args),
         "rows": rows,
     }
@@ -324,8 +316,7 @@ def main() -> None:
             "method": how,
         }
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ resized to 384x384 as the processor wants.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,6 +40,7 @@ from lvx_app.video.synthetic import concat_video, make_video, read_index
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 from lvx_models.mplug_owl3.image_transform import normalize
 from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
+from scripts.harness import command_line, machine, write_json
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
@@ -132,22 +132,12 @@ def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dic
     )
 
 
-def write_json(args, result: dict) -> None:
+def save(args, result: dict) -> None:
     """Write the settings, the machine and the measured rows to --out (if given)."""
-    if not args.out:
-        return
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    machine = dict(
-        cores=len(os.sched_getaffinity(0)),
-        cpu=platform.processor() or platform.machine(),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        load_avg_end=os.getloadavg()[0],
-    )
-    out.write_text(json.dumps(dict(settings=settings, machine=machine, **result), indent=2) + "\n")
-    print(f"wrote {out}")
+    if args.out:
+        settings = {k: v for k, v in vars(args).items() if k != "out"}
+        report = {"command": command_line(), "settings": settings, "machine": machine(), **result}
+        print(f"wrote {write_json(args.out, report)}")
 
 
 def cpu_main(args) -> None:
@@ -178,7 +168,7 @@ def cpu_main(args) -> None:
             f"{r['sampled_fps']:.1f} | {r['video_fps']:,.0f} | {r['cpu_s']:.1f} | "
             f"{r['video_fps'] * r['decode_s'] / r['cpu_s']:,.0f} | {check} |"
         )
-    write_json(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
+    save(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
 
 
 def cuda_main(args) -> None:
@@ -242,7 +232,7 @@ def cuda_main(args) -> None:
         )
         del shard
         torch.cuda.empty_cache()
-    write_json(
+    save(
         args,
         dict(
             video=str(path),
@@ -254,7 +244,7 @@ def cuda_main(args) -> None:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -282,7 +272,7 @@ def main() -> None:
         "--video-dir", default=os.environ.get("LVX_BENCH_VIDEOS", "/tmp/lvx-bench-videos")
     )
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     gpu = args.device == "cuda"
     args.minutes = args.minutes or (60 if gpu else 10)
     args.height = args.height or (1080 if gpu else 720)

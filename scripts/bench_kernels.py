@@ -19,9 +19,7 @@ rows.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,9 +31,10 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 from lvx_app.attention import backends, masks
 from lvx_app.attention.kernels import attn_fwd
+from scripts.harness import median_seconds
+from scripts.xattn_problem import KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER
 
 HQ, HKV, D = 28, 4, 128
-KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER = 729, 5
 GIB = 2**30
 
 
@@ -43,13 +42,8 @@ GIB = 2**30
 
 
 def _ms(fn, iters: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    """The median of `iters` calls after one warm-up, in milliseconds."""
+    return 1e3 * median_seconds(fn, iters, warmup=1)
 
 
 def cpu_times(keys: list[int], queries: list[int], iters: int) -> list[dict]:

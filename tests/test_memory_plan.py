@@ -5,16 +5,15 @@ formula agrees with the measured peak RSS of the model code on this CPU within 1
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.tiny import tiny_config
+from scripts import plan_gpu
 from scripts.memory_plan import (
     GB,
     Workload,
@@ -24,12 +23,6 @@ from scripts.memory_plan import (
     param_counts,
     time_plan,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("plan_gpu", ROOT / "scripts" / "plan_gpu.py")
-plan_gpu = importlib.util.module_from_spec(_spec)
-sys.modules["plan_gpu"] = plan_gpu
-_spec.loader.exec_module(plan_gpu)
 
 
 def test_meta_counts_equal_a_real_model() -> None:
