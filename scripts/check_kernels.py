@@ -67,8 +67,9 @@ def check_call(backend: str, q, k, v, q_vis, k_frame, reference) -> dict:
         *([f"lse off by {lse_err['max_abs']:.2g}"] if lse_err["max_abs"] > LSE_TOLERANCE else []),
         *(["-inf lse where rows see keys, or not where they see none"]
           if not lse_err["same_inf"] else []),
-        *([f"ran {'/'.join(ran) or 'nothing'}: {'; '.join(seen.fallbacks)}"]
-          if seen.fallbacks or (ran and ran != [backend]) else []),
+        *([f"ran {'/'.join(ran) or 'nothing'} instead of {backend}"
+           + "".join(f"; {f}" for f in seen.fallbacks)]
+          if seen.fallbacks or ran != [backend] else []),
     ]  # fmt: skip
     return {
         "ok": not problems,
