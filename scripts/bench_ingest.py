@@ -40,7 +40,7 @@ from lvx_app.video.synthetic import concat_video, make_video, read_index
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 from lvx_models.mplug_owl3.image_transform import normalize
 from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
-from scripts.harness import command_line, machine, write_json
+from scripts.harness import command_line, machine, median_seconds, timed, write_json
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
@@ -136,7 +136,8 @@ def save(args, result: dict) -> None:
     """Write the settings, the machine and the measured rows to --out (if given)."""
     if args.out:
         settings = {k: v for k, v in vars(args).items() if k != "out"}
-        report = {"command": command_line(), "settings": settings, "machine": machine(), **result}
+        report = {"command": command_line(), "settings": settings, "machine": machine(args.device)}
+        report |= result
         print(f"wrote {write_json(args.out, report)}")
 
 
@@ -171,9 +172,8 @@ def cpu_main(args) -> None:
     save(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
 
 
-def cuda_main(args) -> None:
-    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
-    dev = torch.device("cuda")
+def _encoder(args, dev: torch.device):
+    """A random SigLIP so400m tower and 7B projector in bf16: (encode, frames/s alone, source)."""
     cfg = Owl3Config()
     tower = SiglipVisionTower(SiglipVisionConfig()).to(dev, torch.bfloat16).eval()
     proj = build_projector(cfg).to(dev, torch.bfloat16).eval()
@@ -186,40 +186,26 @@ def cuda_main(args) -> None:
 
     x = torch.randn(args.encode_batch, 3, 384, 384, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
-        for _ in range(2):
-            encode_fn(x)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(5):
-            encode_fn(x)
-        torch.cuda.synchronize()
-    enc_fps = 5 * args.encode_batch / (time.perf_counter() - t)
-    print(
-        f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]",
-        flush=True,
-    )
+        seconds = median_seconds(lambda: encode_fn(x), iters=5, warmup=2, device=dev)
+    return encode_fn, args.encode_batch / seconds, source
+
+
+def cuda_main(args) -> None:
+    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
+    dev = torch.device("cuda")
+    encode_fn, enc_fps, source = _encoder(args, dev)
+    print(f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]")
     rows = []
     for workers in args.workers:
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        shard = ingest(
-            path,
-            Encoder(encode_fn, model_id="bench-random"),
-            VideoConfig(fps=args.fps, cache=False, decode_workers=workers),
-            device=dev,
-            dtype=torch.bfloat16,
-            progress=True,
-            tuning=IngestTuning(chunk_frames=args.chunk),
-        )
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t
-        print(
-            f"| {workers} decode processes | {shard.num_frames} frames | features "
-            f"{tuple(shard.features.shape)} "
-            f"{shard.features.dtype} | ingest {dt:.1f} s | {shard.num_frames / dt:.1f} frames/s | "
-            f"peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |",
-            flush=True,
-        )
+        torch.cuda.reset_peak_memory_stats(dev)
+        shard, dt = timed(
+            lambda: ingest(
+                path, Encoder(encode_fn, model_id="bench-random"),
+                VideoConfig(fps=args.fps, cache=False, decode_workers=workers), device=dev,
+                dtype=torch.bfloat16, progress=True, tuning=IngestTuning(chunk_frames=args.chunk),
+            ),
+            dev,
+        )  # fmt: skip
         rows.append(
             dict(
                 decode_workers=workers,
@@ -230,18 +216,10 @@ def cuda_main(args) -> None:
                 peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30,
             )
         )
+        print(rows[-1], flush=True)
         del shard
         torch.cuda.empty_cache()
-    save(
-        args,
-        dict(
-            video=str(path),
-            device=torch.cuda.get_device_name(),
-            source=source,
-            encoder_frames_per_s=enc_fps,
-            rows=rows,
-        ),
-    )
+        save(args, dict(video=str(path), source=source, encoder_frames_per_s=enc_fps, rows=rows))
 
 
 def main(argv: list[str] | None = None) -> None:

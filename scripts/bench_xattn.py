@@ -235,7 +235,7 @@ def table_rows(summary: dict) -> list[dict]:
                     f"{100 * r.get(f'overhead_vs_nocomm_{p}', float('nan')):+.0f}%"
                     for p in ("fwd", "fwd_bwd")
                 ),
-                "max |Δout| vs LV": "" if diff is None else f"{diff:.1e}",
+                "max abs diff vs LV": "" if diff is None else f"{diff:.1e}",
             }
         )
     return rows
