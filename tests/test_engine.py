@@ -144,8 +144,8 @@ def test_sharded_engine_answers_like_one_process(
 def test_ring_and_allgather_baselines_answer_like_one_process(
     tiny_checkpoints, short_video, tmp_path, generation
 ):
-    """The benchmarks' baselines, installed from outside (scripts/baselines.py), run the same chat:
-    same tokens, and K/V really travel."""
+    """The benchmarks' baselines, installed from outside (scripts/baselines/engine.py), run the same
+    chat: same tokens, and K/V really travel."""
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
     sent = {}

@@ -1,4 +1,4 @@
-"""The scaling of `bench_xattn.py --paper`: each Table 3 row's per-rank proportions, and a link on
+"""The scaling of `bench_paper.py`: each Table 3 row's per-rank proportions, and a link on
 which transfer time over compute time is the row's on the 16 A100s."""
 
 from __future__ import annotations
