@@ -378,6 +378,45 @@ def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_
     assert token.tolist() == [[1]] and reads == {"__int__": 1}
 
 
+def test_decode_writes_each_figure_as_it_exists_and_keeps_them_when_the_profiler_fails(
+    tmp_path, monkeypatch
+) -> None:
+    """tokens/s is on disk before the sync count runs, both before the launch count; a failing
+    launch count (the profiler, under CUDA graphs) is recorded and loses nothing else."""
+    from scripts import bench_decode
+
+    seen = []
+
+    def launches(*args):
+        seen.append(json.loads((tmp_path / "d.json").read_text())["rows"][0])
+        raise RuntimeError("profiler crashed")
+
+    monkeypatch.setattr(bench_decode, "_launches", launches)
+    argv = ["--device", "cpu", "--minutes", "0.02", "--new-tokens", "4", "--modes", "eager"]
+    assert bench_decode.main([*argv, "--out", str(tmp_path / "d.json")]) == 0
+    assert {"tokens_per_s", "syncs_per_token"} <= set(seen[0])
+    row = json.loads((tmp_path / "d.json").read_text())["rows"][0]
+    assert row["launches_error"] == "RuntimeError: profiler crashed" and row["tokens_per_s"] > 0
+    assert "launches_per_token" not in row
+
+
+def test_the_chat_keeps_each_length_it_finished_when_a_later_one_fails(tmp_path, monkeypatch):
+    from scripts import bench_chat_7b
+
+    def length_row(model, minutes, *args):
+        if minutes > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return {"minutes": minutes, "fallbacks": [], "video_prompt_prefill_s": 1.0,
+                "ttft_s": 0.1, "tokens_per_s": 9.0}  # fmt: skip
+
+    monkeypatch.setattr(bench_chat_7b, "length_row", length_row)
+    argv = ["--device", "cpu", "--minutes", "0.5", "60", "--out", str(tmp_path / "chat.json")]
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        bench_chat_7b.main(argv)
+    rows = json.loads((tmp_path / "chat.json").read_text())["rows"]
+    assert [r["minutes"] for r in rows] == [0.5] and rows[0]["peak_gib"] is None
+
+
 def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
     from scripts import nccl_check
 
