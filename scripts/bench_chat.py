@@ -33,8 +33,9 @@ from scripts.harness import Rows, command_line, machine, pyplot, save_figure, sh
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
-# One entry per engine variant compared: its label, the attention scripts/baselines.py installs and
-# the config options that select it. Adding a row (e.g. another schedule option) is one entry here.
+# One entry per engine variant compared: its label, the attention scripts/baselines/engine.py
+# installs and the config options that select it. Adding a row (e.g. another schedule option) is
+# one entry here.
 ATTENTIONS = {
     "LV-XAttn (auto)": ("LV-XAttn", {"xattn_schedule": "auto"}),
     "LV-XAttn ring only": ("LV-XAttn", {"xattn_schedule": "ring"}),

@@ -9,7 +9,7 @@ combine, costs these baselines one small all-gather of its own.
     engine = open_engine(config, entry=baseline_entry("Ring pass-KV"))   # a group of ranks
     session = RankSession(config, info, baseline_parallelize("Ring pass-KV"))  # one rank, in tests
 
-Run as a script it is the rank entry point: `python scripts/baselines.py --attention LABEL
+Run as a script it is the rank entry point: `python scripts/baselines/engine.py --attention LABEL
 --config JSON`.
 """
 
