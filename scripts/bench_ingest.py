@@ -34,6 +34,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.config import VideoConfig
+from lvx_app.devices import usable_cores
 from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest
 from lvx_app.video.plan import time_indices
 from lvx_app.video.synthetic import concat_video, make_video, read_index
@@ -147,7 +148,7 @@ def cpu_main(args) -> None:
         1
     ) as warm:  # start the forkserver once (imports torch + decord), outside the timings
         warm.plan(path, args.fps)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     load_start = os.getloadavg()[0]
     rows = [bench_decord_inline(path, args.fps, args.chunk, min(4, cores))] if args.baseline else []
     rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]

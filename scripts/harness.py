@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def machine(device: Any = None) -> dict:
     """The machine a result was measured on, for a benchmark's JSON; with a CUDA `device`, the
     GPU's name and CUDA's version too."""
     import torch
+
+    from lvx_app.devices import usable_cores
 
     info = {
         "platform": platform.platform(),
