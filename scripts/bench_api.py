@@ -13,9 +13,6 @@ caller: from the request (or `ask`) to the first piece of text.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,9 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from gloo_ranks import free_port
-from rich.console import Console
-from rich.table import Table
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
+
+
+from scripts.gloo_ranks import free_port
+from scripts.harness import command_line, machine, show, write_json
 
 QUESTION = "({}) What happens in the video, and when does the scene change?"  # ({}): a new one
 FOLLOW_UP = "And what happens right after that?"
@@ -143,14 +144,14 @@ def summarize(name: str, rows: list[dict]) -> list[dict]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--minutes", type=float, default=10.0, help="video length, 1 fps")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from lvx_app.video.synthetic import make_video
     from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
@@ -163,20 +164,20 @@ def main() -> None:
         shape = (checkpoint, video, args.ranks, args.new_tokens, args.repeats)
         rows = summarize("OpenAI API (lvx serve --no-ui)", bench_api(*shape))
         rows += summarize("lvx chat's engine (Engine.ask)", bench_engine(*shape))
-    table = Table("through", "turn", "TTFT ms (median)", "prefilled of prompt tokens")
-    for row in rows:
-        fed = f"{row['prefilled_tokens']:g} of {row['prompt_tokens']:g}"
-        table.add_row(row["through"], row["turn"], f"{row['ttft_ms']:.1f}", fed)
-    Console().print(table)
+    shown = [
+        {
+            "through": row["through"],
+            "turn": row["turn"],
+            "TTFT ms (median)": f"{row['ttft_ms']:.1f}",
+            "prefilled of prompt tokens": f"{row['prefilled_tokens']:g} of "
+            f"{row['prompt_tokens']:g}",
+        }
+        for row in rows
+    ]
+    show("time to first token", shown)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
-        args.out.write_text(
-            json.dumps(
-                {"args": vars(args) | {"out": str(args.out)}, "machine": machine, "rows": rows},
-                indent=1,
-            )
-        )
+        report = {"command": command_line(), "args": vars(args), "machine": machine(), "rows": rows}
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,29 @@
-"""Decoding on one device: host syncs, launches and tokens/s per decoded token, for the eager loop,
-CUDA graphs (`--cuda-graphs`), torch.compile (`--compile-decode`) and both, next to the plan.
+"""Decoding on one device: tokens/s, host syncs and launches per decoded token, for the eager
+loop, CUDA graphs (`--cuda-graphs`), torch.compile (`--compile-decode`) and both, next to the plan.
 
 The engine's own token loop (`Conversation`, `Generator`, `StaticDecode`) on a random-weight model
 (7B-241101 shapes on a GPU, small ones on a CPU) with a video's random visual K/V: the video prompt
 is prefilled once; each mode then answers a warm-up question (compiles, captures) and a timed one,
-greedy, to `--new-tokens`. Per mode:
+greedy, to `--new-tokens`. Per mode, in this order, each figure written to `--out` as it exists (a
+crash in a later one keeps the earlier):
 
+- tokens/s of the timed answer (the engine's loop: one host read per token);
 - syncs per token: on a GPU, what `torch.cuda.set_sync_debug_mode("warn")` reports; on a CPU, the
   host reads of tensors (`host_reads`), what a GPU would wait for;
 - launches per token: on a GPU, the kernel and graph launches the profiler sees (cudaLaunchKernel,
   cudaGraphLaunch and the like); on a CPU, the aten ops dispatched (each one kernel on a GPU);
-- tokens/s of the timed answer;
 
 and the plan's projection (`memory_plan.time_plan` tokens/s, `memory_plan.kernel_calls` attention
-calls per token) for the same model and video.
+calls per token) for the same model and video. A mode this device cannot run (CUDA graphs on a CPU)
+is skipped with the reason, and a run whose modes were all skipped says so at the top of its JSON.
 
-    python scripts/bench_decode.py --device cuda --minutes 10 --out runs/bench_decode_h100.json
+    python scripts/bench_decode.py --device cuda --minutes 10 --modes eager --out decode_eager.json
     python scripts/bench_decode.py --device cpu --minutes 0.1 --modes eager --out /tmp/d.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 import warnings
@@ -32,18 +32,20 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from bench_chat import _random_model  # noqa: E402
-from host_reads import counting_host_reads  # noqa: E402
-from memory_plan import Workload, kernel_calls, time_plan  # noqa: E402
-
-from lvx_app.attention.backends import kernel_tally  # noqa: E402
-from lvx_app.config import GenerationConfig  # noqa: E402
-from lvx_app.engine.conversation import Conversation  # noqa: E402
-from lvx_app.engine.generator import Generator, LoopOutcome  # noqa: E402
-from lvx_app.engine.static_decode import DecodeStep  # noqa: E402
-from lvx_app.parallel.group import DistInfo  # noqa: E402
+from lvx_app.attention.backends import kernel_tally
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_app.engine.static_decode import DecodeStep
+from lvx_app.parallel.group import DistInfo
+from scripts.harness import Rows, command_line, machine, sync
+from scripts.host_reads import counting_host_reads
+from scripts.memory_plan import Workload, kernel_calls, time_plan
+from scripts.random_model import random_model
 
 MODES = {
     "eager": DecodeStep(),
@@ -64,11 +66,6 @@ class _AtenOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         return func(*args, **(kwargs or {}))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
@@ -122,73 +119,85 @@ def _launches(conversation, logits, step, tokens, device) -> int:
     return sum(e.count for e in prof.key_averages() if e.key.startswith(LAUNCHES))
 
 
-def _mode_row(conversation, logits, prefix: int, step: DecodeStep, tokens: int, device) -> dict:
-    """One mode: a warm-up answer, then the slope of syncs and launches between a short and a
-    `tokens` answer, and a timed answer."""
-    short = max(2, tokens // 4)
+def _slope(conversation, logits, prefix: int, step, tokens: int, device, count) -> float:
+    """The count per token: its slope between a short and a `tokens` answer."""
+    short, counts = max(2, tokens // 4), []
+    for n in (short, tokens):
+        conversation.truncate(prefix)
+        counts.append(count(conversation, logits, step, n, device))
+    return (counts[1] - counts[0]) / (tokens - short)
 
-    def slope(count) -> float:
-        counts = []
-        for n in (short, tokens):
-            conversation.truncate(prefix)
-            counts.append(count(conversation, logits, step, n, device))
-        return (counts[1] - counts[0]) / (tokens - short)
 
+def mode_row(conversation, logits, prefix: int, step: DecodeStep, tokens: int, device, save):
+    """One mode: a warm-up answer (compiles, captures), a timed answer, then the slopes of syncs and
+    of launches per token; `save(row)` after each figure. A failure of the launch count (the
+    profiler) is recorded in the row; the figures before it stay."""
     conversation.truncate(prefix)
     _answer(conversation, logits, step, tokens)  # compiles, captures, warms up
-    syncs, launches = slope(_syncs), slope(_launches)
     conversation.truncate(prefix)
     with kernel_tally() as tally:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         answer = _answer(conversation, logits, step, tokens)
-        _sync(device)
+        sync(device)
     seconds = time.perf_counter() - t0
-    return {
-        "syncs_per_token": syncs,
-        "launches_per_token": launches,
-        "tokens_per_s": (len(answer) - 1) / seconds,
-        "answer": answer,
-        "fallbacks": sorted(tally.fallbacks),
-    }
+    row = {"tokens_per_s": (len(answer) - 1) / seconds, "answer": answer}
+    row["fallbacks"] = sorted(tally.fallbacks)
+    save(row)
+    row["syncs_per_token"] = _slope(conversation, logits, prefix, step, tokens, device, _syncs)
+    save(row)
+    try:
+        launches = _slope(conversation, logits, prefix, step, tokens, device, _launches)
+        row["launches_per_token"] = launches
+    except Exception as exc:  # noqa: BLE001 - the profiler failing loses only its own figure
+        row["launches_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    save(row)
+    return row
 
 
-def bench(device: torch.device, shape: str, minutes: float, tokens: int, modes: list[str]) -> dict:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = _random_model(shape, device, dtype)
-    conversation, logits, frames = _prompt(model, minutes, device, dtype)
-    prefix = conversation.position
+def projected(model, frames: int, tokens: int, shape: str, device) -> dict:
+    """The plan's tokens/s (7B only) and attention kernel calls per decoded token."""
     work = Workload(minutes=frames / 60, ranks=1, device=device.type, answer_tokens=tokens)
     calls = kernel_calls(model.config, work, rank=0)
     layers, hyper = model.config.num_hidden_layers, len(model.config.hyper_layer_indices)
-    rows = []
-    for name in modes:
-        if MODES[name].graphs and device.type != "cuda":
-            rows.append({"mode": name, "skipped": "CUDA graphs need a GPU"})
-            continue
-        rows.append(
-            {"mode": name, **_mode_row(conversation, logits, prefix, MODES[name], tokens, device)}
-        )
     return {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor(),
-        "shape": shape,
-        "frames": frames,
-        "new_tokens": tokens,
-        "rows": rows,
-        "projected": {
-            "tokens_per_s": time_plan(model.config, work)["tokens/s"] if shape == "7b" else None,
-            "attention_calls_per_token": layers * calls.decode_text + hyper * calls.decode_visual,
-        },
-        "fallbacks": sorted({f for row in rows for f in row.get("fallbacks", [])}),
-        "torch": torch.__version__,
+        "tokens_per_s": time_plan(model.config, work)["tokens/s"] if shape == "7b" else None,
+        "attention_calls_per_token": layers * calls.decode_text + hyper * calls.decode_visual,
     }
+
+
+def bench(args, rows: Rows) -> None:
+    """Every mode in turn, each row saved as its figures come."""
+    device = torch.device(args.device)
+    runnable = [m for m in args.modes if device.type == "cuda" or not MODES[m].graphs]
+    for name in args.modes:
+        if name not in runnable:
+            rows.add({"mode": name, "skipped": "CUDA graphs need a GPU"})
+    if not runnable:
+        rows.save(skipped="every mode asked for needs a GPU")
+        return
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(args.shape, device, dtype)
+    conversation, logits, frames = _prompt(model, args.minutes, device, dtype)
+    rows.save(
+        shape=args.shape, frames=frames, new_tokens=args.new_tokens,
+        projected=projected(model, frames, args.new_tokens, args.shape, device),
+    )  # fmt: skip
+    prefix = conversation.position
+    for name in runnable:
+        row = rows.add({"mode": name})
+
+        def save(figures: dict, row=row) -> None:
+            row.update(figures)
+            rows.save(fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}))
+
+        mode_row(conversation, logits, prefix, MODES[name], args.new_tokens, device, save)
+        print({k: v for k, v in row.items() if k != "answer"}, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -197,20 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="video length at 1 fps")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="the JSON, written as figures come")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    shape = args.shape or ("7b" if device.type == "cuda" else "small")
-    result = bench(device, shape, args.minutes, args.new_tokens, args.modes)
-    answers = {tuple(r["answer"]) for r in result["rows"] if "answer" in r}
-    result["same_answers"] = len(answers) <= 1
-    for row in result["rows"]:
-        print({k: v for k, v in row.items() if k != "answer"})
-    print("projected:", result["projected"], "same answers in every mode:", result["same_answers"])
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-    return 0 if result["same_answers"] else 1
+    args.shape = args.shape or ("7b" if torch.device(args.device).type == "cuda" else "small")
+    rows = Rows(args.out, command=command_line(), machine=machine(args.device), fallbacks=[])
+    bench(args, rows)
+    answers = {tuple(r["answer"]) for r in rows.rows if "answer" in r}
+    rows.save(same_answers=len(answers) <= 1)
+    print(
+        "projected:", rows.extra.get("projected"), "same answers in every mode:", len(answers) <= 1
+    )
+    return 0 if len(answers) <= 1 else 1
 
 
 if __name__ == "__main__":

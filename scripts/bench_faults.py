@@ -21,6 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
+
 from lvx_app.parallel.failures import pid_file
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import platform
 import statistics
 import sys
 import time
@@ -39,13 +37,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_app.config import TrainConfig  # noqa: E402
-from lvx_app.train.loop import configure_trainable  # noqa: E402
-from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks  # noqa: E402
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.modeling import Owl3Model  # noqa: E402
+from lvx_app.config import TrainConfig
+from lvx_app.train.loop import configure_trainable
+from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from scripts.harness import Rows, command_line, machine, sync
 
 PATCHES = 729
 TOKENS_PER_FRAME = 5
@@ -150,11 +151,6 @@ class _null:
         return False
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(args, frames: int, recompute: bool, steps: Optional[int] = None) -> Optional[dict]:
     """One configuration: None if it ran out of memory (CUDA)."""
     device = torch.device(args.device)
@@ -180,10 +176,10 @@ def measure(args, frames: int, recompute: bool, steps: Optional[int] = None) -> 
             torch.cuda.reset_peak_memory_stats(device)
         times = []
         for _ in range(steps if steps is not None else args.steps):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             one_step(model, hooks, frames, e, device, autocast, count_saved=False)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         row = {
             "frames": frames,
@@ -228,19 +224,14 @@ def largest(args, recompute: bool) -> int:
     return lo
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--shape", choices=list(SHAPES), help="default: 7b on cuda, tiny on cpu")
     ap.add_argument(
-        "--shape", default=None, choices=list(SHAPES), help="default: 7b on cuda, tiny on cpu"
-    )
-    ap.add_argument(
-        "--layers",
-        type=int,
-        default=4,
-        help="decoder layers, all hyper (the 7B has 4 hyper layers)",
+        "--layers", type=int, default=4, help="decoder layers, all hyper (the 7B has 4 of them)"
     )
     ap.add_argument(
         "--vocab", type=int, default=4096, help="vocabulary (small: the logits are not the point)"
@@ -250,9 +241,7 @@ def main() -> None:
         "--checkpoint-lm", action="store_true", help="also checkpoint the decoder layers"
     )
     ap.add_argument(
-        "--frames",
-        default=None,
-        help="comma-separated frame counts (default 4,8 cpu; 64,128,256 cuda)",
+        "--frames", help="comma-separated frame counts (default 4,8 cpu; 64,128,256 cuda)"
     )
     ap.add_argument(
         "--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)"
@@ -263,18 +252,12 @@ def main() -> None:
     ap.add_argument(
         "--cpu-budget-mb", type=float, default=512.0, help="CPU --search budget (estimate)"
     )
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
-    args = ap.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda but no GPU is visible")
-    args.shape = args.shape or ("7b" if args.device == "cuda" else "tiny")
-    frames = [
-        int(x)
-        for x in (args.frames or ("64,128,256" if args.device == "cuda" else "4,8")).split(",")
-    ]
-    args.search_start = args.search_start or (64 if args.device == "cuda" else 2)
+    ap.add_argument("--out", help="write the results as JSON here, each row as it is measured")
+    return ap
 
-    rows = []
+
+def run(args, frames: list[int], rows: Rows) -> None:
+    """Both modes at every frame count, each row saved as it is measured."""
     print(f"{'frames':>7} {'mode':>12} {'step s':>8} {'saved GiB':>10} {'peak GiB':>9}  overhead")
     for n in frames:
         pair = {}
@@ -285,45 +268,43 @@ def main() -> None:
                 print(f"{n:>7} {name:>12}      OOM")
                 continue
             pair[rec] = row
-            rows.append(row)
             over = ""
             if rec and False in pair:
                 row["time_overhead"] = row["step_s"] / pair[False]["step_s"] - 1
                 over = f"{100 * row['time_overhead']:+.1f} %"
+            rows.add(row)
             peak = f"{row['peak_bytes'] / 2**30:9.2f}" if "peak_bytes" in row else f"{'-':>9}"
             print(
                 f"{n:>7} {name:>12} {row['step_s']:8.3f} {row['saved_bytes'] / 2**30:10.3f} {peak} "
                 f" {over}"
             )
-    result = {
-        "device": torch.cuda.get_device_name()
+
+
+def search(args) -> dict:
+    """The largest frame count of each mode (CUDA: out of memory; CPU: against a budget)."""
+    best = {rec: largest(args, rec) for rec in (False, True)}
+    ratio = best[True] / best[False] if best[False] else None
+    how = (
+        "out-of-memory search"
         if args.device == "cuda"
-        else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "args": vars(args),
-        "rows": rows,
-    }
+        else f"estimate vs {args.cpu_budget_mb:.0f} MB budget"
+    )
+    print(f"largest frame count ({how}): save K/V {best[False]}, recompute {best[True]}")
+    return {"save_kv": best[False], "recompute": best[True], "ratio": ratio, "method": how}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but no GPU is visible")
+    args.shape = args.shape or ("7b" if args.device == "cuda" else "tiny")
+    frames = args.frames or ("64,128,256" if args.device == "cuda" else "4,8")
+    args.search_start = args.search_start or (64 if args.device == "cuda" else 2)
+    rows = Rows(args.out, command=command_line(), machine=machine(args.device), args=vars(args))
+    run(args, [int(x) for x in frames.split(",")], rows)
     if args.search:
-        best = {rec: largest(args, rec) for rec in (False, True)}
-        ratio = best[True] / best[False] if best[False] else float("inf")
-        how = (
-            "out-of-memory search"
-            if args.device == "cuda"
-            else f"estimate vs {args.cpu_budget_mb:.0f} MB budget"
-        )
-        print(
-            f"largest frame count ({how}): save K/V {best[False]}, recompute {best[True]} "
-            f"({ratio:.2f}x)"
-        )
-        result["largest_frames"] = {
-            "save_kv": best[False],
-            "recompute": best[True],
-            "ratio": ratio,
-            "method": how,
-        }
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        rows.save(largest_frames=search(args))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ resized to 384x384 as the processor wants.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -30,15 +29,19 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
-from lvx_app.config import VideoConfig  # noqa: E402
-from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest  # noqa: E402
-from lvx_app.video.plan import time_indices  # noqa: E402
-from lvx_app.video.synthetic import concat_video, make_video, read_index  # noqa: E402
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.image_transform import normalize  # noqa: E402
-from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector  # noqa: E402
+from lvx_app.config import VideoConfig
+from lvx_app.devices import usable_cores
+from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest
+from lvx_app.video.plan import time_indices
+from lvx_app.video.synthetic import concat_video, make_video, read_index
+from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+from lvx_models.mplug_owl3.image_transform import normalize
+from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
+from scripts.harness import command_line, machine, median_seconds, timed, write_json
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
@@ -130,22 +133,13 @@ def bench_decord_inline(path: Path, fps: float, chunk: int, threads: int) -> dic
     )
 
 
-def write_json(args, result: dict) -> None:
+def save(args, result: dict) -> None:
     """Write the settings, the machine and the measured rows to --out (if given)."""
-    if not args.out:
-        return
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    machine = dict(
-        cores=len(os.sched_getaffinity(0)),
-        cpu=platform.processor() or platform.machine(),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        load_avg_end=os.getloadavg()[0],
-    )
-    out.write_text(json.dumps(dict(settings=settings, machine=machine, **result), indent=2) + "\n")
-    print(f"wrote {out}")
+    if args.out:
+        settings = {k: v for k, v in vars(args).items() if k != "out"}
+        report = {"command": command_line(), "settings": settings, "machine": machine(args.device)}
+        report |= result
+        print(f"wrote {write_json(args.out, report)}")
 
 
 def cpu_main(args) -> None:
@@ -154,7 +148,7 @@ def cpu_main(args) -> None:
         1
     ) as warm:  # start the forkserver once (imports torch + decord), outside the timings
         warm.plan(path, args.fps)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     load_start = os.getloadavg()[0]
     rows = [bench_decord_inline(path, args.fps, args.chunk, min(4, cores))] if args.baseline else []
     rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]
@@ -176,12 +170,11 @@ def cpu_main(args) -> None:
             f"{r['sampled_fps']:.1f} | {r['video_fps']:,.0f} | {r['cpu_s']:.1f} | "
             f"{r['video_fps'] * r['decode_s'] / r['cpu_s']:,.0f} | {check} |"
         )
-    write_json(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
+    save(args, dict(video=str(path), load_avg_start=load_start, rows=rows))
 
 
-def cuda_main(args) -> None:
-    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
-    dev = torch.device("cuda")
+def _encoder(args, dev: torch.device):
+    """A random SigLIP so400m tower and 7B projector in bf16: (encode, frames/s alone, source)."""
     cfg = Owl3Config()
     tower = SiglipVisionTower(SiglipVisionConfig()).to(dev, torch.bfloat16).eval()
     proj = build_projector(cfg).to(dev, torch.bfloat16).eval()
@@ -194,40 +187,26 @@ def cuda_main(args) -> None:
 
     x = torch.randn(args.encode_batch, 3, 384, 384, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
-        for _ in range(2):
-            encode_fn(x)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(5):
-            encode_fn(x)
-        torch.cuda.synchronize()
-    enc_fps = 5 * args.encode_batch / (time.perf_counter() - t)
-    print(
-        f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]",
-        flush=True,
-    )
+        seconds = median_seconds(lambda: encode_fn(x), iters=5, warmup=2, device=dev)
+    return encode_fn, args.encode_batch / seconds, source
+
+
+def cuda_main(args) -> None:
+    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
+    dev = torch.device("cuda")
+    encode_fn, enc_fps, source = _encoder(args, dev)
+    print(f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]")
     rows = []
     for workers in args.workers:
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        shard = ingest(
-            path,
-            Encoder(encode_fn, model_id="bench-random"),
-            VideoConfig(fps=args.fps, cache=False, decode_workers=workers),
-            device=dev,
-            dtype=torch.bfloat16,
-            progress=True,
-            tuning=IngestTuning(chunk_frames=args.chunk),
-        )
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t
-        print(
-            f"| {workers} decode processes | {shard.num_frames} frames | features "
-            f"{tuple(shard.features.shape)} "
-            f"{shard.features.dtype} | ingest {dt:.1f} s | {shard.num_frames / dt:.1f} frames/s | "
-            f"peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |",
-            flush=True,
-        )
+        torch.cuda.reset_peak_memory_stats(dev)
+        shard, dt = timed(
+            lambda: ingest(
+                path, Encoder(encode_fn, model_id="bench-random"),
+                VideoConfig(fps=args.fps, cache=False, decode_workers=workers), device=dev,
+                dtype=torch.bfloat16, progress=True, tuning=IngestTuning(chunk_frames=args.chunk),
+            ),
+            dev,
+        )  # fmt: skip
         rows.append(
             dict(
                 decode_workers=workers,
@@ -238,21 +217,13 @@ def cuda_main(args) -> None:
                 peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30,
             )
         )
+        print(rows[-1], flush=True)
         del shard
         torch.cuda.empty_cache()
-    write_json(
-        args,
-        dict(
-            video=str(path),
-            device=torch.cuda.get_device_name(),
-            source=source,
-            encoder_frames_per_s=enc_fps,
-            rows=rows,
-        ),
-    )
+        save(args, dict(video=str(path), source=source, encoder_frames_per_s=enc_fps, rows=rows))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -280,7 +251,7 @@ def main() -> None:
         "--video-dir", default=os.environ.get("LVX_BENCH_VIDEOS", "/tmp/lvx-bench-videos")
     )
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     gpu = args.device == "cuda"
     args.minutes = args.minutes or (60 if gpu else 10)
     args.height = args.height or (1080 if gpu else 720)

@@ -19,21 +19,22 @@ rows.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_app.attention import backends, masks  # noqa: E402
-from lvx_app.attention.kernels import attn_fwd  # noqa: E402
+from lvx_app.attention import backends, masks
+from lvx_app.attention.kernels import attn_fwd
+from scripts.harness import command_line, machine, markdown, median_seconds, write_json
+from scripts.xattn_problem import KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER
 
 HQ, HKV, D = 28, 4, 128
-KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER = 729, 5
 GIB = 2**30
 
 
@@ -41,13 +42,8 @@ GIB = 2**30
 
 
 def _ms(fn, iters: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    """The median of `iters` calls after one warm-up, in milliseconds."""
+    return 1e3 * median_seconds(fn, iters, warmup=1)
 
 
 def cpu_times(keys: list[int], queries: list[int], iters: int) -> list[dict]:
@@ -215,14 +211,36 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
+def _shown(rows: list[dict], formats: dict) -> list[dict]:
+    """Rows with their figures written as the tables show them."""
+    return [{name: fmt(r) for name, fmt in formats.items()} for r in rows]
+
+
+CPU_TABLE = {
+    "queries": lambda r: r["queries"],
+    "keys": lambda r: f"{r['keys']:,}",
+    "today (ms)": lambda r: f"{r['today_ms']:.0f}",
+    "packed (ms)": lambda r: f"{r['packed_ms']:.0f}",
+    "speed-up": lambda r: f"{r['speedup']:.1f}x",
+}
+CUDA_TABLE = {
+    "call": lambda r: r["call"],
+    "queries": lambda r: f"{r['queries']:,}",
+    "keys": lambda r: f"{r['keys']:,}",
+    "kernel calls": lambda r: r["kernel_calls"],
+    "today": lambda r: _fmt_bytes(r["today_max"]),
+    "packed": lambda r: _fmt_bytes(r["after_max"]),
+    "largest mask today": lambda r: r["today_mask"] or "-",
+    "largest mask packed": lambda r: r["after_mask"] or "-",
+    "K/V heads at ops": lambda r: r["after_kv_heads"],
+    "packed q copy (once per attn_fwd)": lambda r: _fmt_bytes(r["packed_q"]),
+}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--keys",
-        type=int,
-        nargs="+",
-        default=[50_000, 200_000],
-        help="visual keys for the CPU timings",
+        "--keys", type=int, nargs="+", default=[50_000, 200_000], help="keys for the CPU timings"
     )
     p.add_argument(
         "--queries", type=int, nargs="+", default=[1, 24], help="query tokens (1 = a decoded token)"
@@ -235,39 +253,20 @@ def main(argv=None) -> None:
     )
     p.add_argument("--skip-time", action="store_true")
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--out", help="also write the rows as JSON here")
     args = p.parse_args(argv)
+    report = {"command": command_line(), "machine": machine()}
     if not args.skip_time:
-        print(
-            f"CPU, float32, one thread, {HQ} q / {HKV} kv heads, d {D}: ms per attn_fwd call "
-            f"(median of {args.iters})"
-        )
-        print(
-            "| queries | keys | today (ms) | packed (ms) | speed-up |\n|---:|---:|---:|---:|---:|"
-        )
-        for r in cpu_times(args.keys, args.queries, args.iters):
-            print(
-                f"| {r['queries']} | {r['keys']:,} | {r['today_ms']:.0f} | {r['packed_ms']:.0f} | "
-                f"{r['speedup']:.1f}x |"
-            )
+        report["cpu"] = cpu_times(args.keys, args.queries, args.iters)
+        head = f"CPU, float32, one thread, {HQ} q / {HKV} kv heads, d {D}: ms per attn_fwd call"
+        print(f"{head} (median of {args.iters})\n{markdown(_shown(report['cpu'], CPU_TABLE))}")
     if not args.skip_memory:
-        print(
-            f"\nCUDA path, bf16, {args.frames} frames on one GPU: largest allocation per kernel "
-            "call (K/V copies + bias + bool mask)"
-        )
-        print(
-            "| call | queries | keys | kernel calls | today | packed | largest mask today | "
-            "largest mask packed | K/V heads at ops "
-            "| packed q copy (once per attn_fwd) |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---|---|---:|---:|")
-        for r in cuda_bytes(args.frames, 24):
-            print(
-                f"| {r['call']} | {r['queries']:,} | {r['keys']:,} | {r['kernel_calls']} | "
-                f"{_fmt_bytes(r['today_max'])} | "
-                f"{_fmt_bytes(r['after_max'])} | {r['today_mask'] or '-'} | "
-                f"{r['after_mask'] or '-'} | {r['after_kv_heads']} | "
-                f"{_fmt_bytes(r['packed_q'])} |"
-            )
+        report["cuda_bytes"] = cuda_bytes(args.frames, 24)
+        print(f"\nCUDA path, bf16, {args.frames} frames on one GPU: largest allocation per kernel "
+              f"call (K/V copies + bias + bool mask)\n"
+              f"{markdown(_shown(report['cuda_bytes'], CUDA_TABLE))}")  # fmt: skip
+    if args.out:
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,6 @@ the first open's figures (rank 0's).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -32,36 +28,26 @@ import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
+from scripts.harness import command_line, machine, show, write_json
+from scripts.random_model import small_config
 
 QUESTION = "What happens in the video, and when does the scene change?"
 
 
 def small_checkpoint(directory: Path) -> Path:
-    """The tiny checkpoint's tokenizer and files, with bench_chat's small shapes and random
-    weights."""
-    from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
+    """The tiny checkpoint's tokenizer and files, with the small shapes (random_model.py) and
+    random weights."""
+    from lvx_models.mplug_owl3.config import Owl3Config
     from lvx_models.mplug_owl3.tiny import random_weights, write_tiny_checkpoint
 
     write_tiny_checkpoint(directory, "g2")
-    tiny = Owl3Config.from_json(directory / "config.json")
-    cfg = dataclasses.replace(
-        tiny,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        hyper_layers=[2, 4, 6, 8],
-        vision=SiglipVisionConfig(
-            hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2
-        ),
-    )
+    cfg = small_config(Owl3Config.from_json(directory / "config.json"))
     cfg.to_json(directory / "config.json")
     save_file(
         random_weights(cfg, 0, torch.float32),
@@ -186,7 +172,7 @@ def visual_kv_choice(minutes: float, checkpoint: Path, workdir: Path) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -204,7 +190,7 @@ def main() -> None:
         default="auto",
         help="SessionConfig.save_visual_kv of every open (default: auto, measure and pick)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lvx-bench-prefix-"))
     checkpoint = small_checkpoint(workdir / "small-g2")
     if args.visual_kv:
@@ -215,38 +201,22 @@ def main() -> None:
             for m in args.minutes
             for n in args.ranks
         ]
-    table = Table(
-        title="lvx load_video, small shapes, float32 CPU ranks: first open / features cached / "
+    title = (
+        "visual K/V on reopen: recompute from features vs read back"
+        if args.visual_kv
+        else "lvx load_video, small shapes, float32 CPU ranks: first open / features cached / "
         "prompt saved"
-        if not args.visual_kv
-        else "visual K/V on reopen: recompute from features vs read back"
     )
-    columns = [key for key in rows[0] if key != "why"]
-    for key in columns:
-        table.add_column(key, justify="right")
-    for row in rows:
-        table.add_row(
-            *(f"{row[k]:.2f}" if isinstance(row[k], float) else str(row[k]) for k in columns)
-        )
-    console = Console(width=200)
-    console.print(table)
+    show(title, rows, [key for key in rows[0] if key != "why"], digits=4)
     for row in rows:
         if "why" in row:
-            console.print(
+            print(
                 f"{row['minutes']:g} min, {row['ranks']} rank(s), visual K/V at the first open: "
                 f"{row['why']}"
             )
     if args.out:
-        meta = {
-            "command": " ".join(sys.argv),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-            "load_avg": os.getloadavg(),
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        console.print(f"wrote {args.out}")
+        report = {"command": command_line(), "machine": machine(), "rows": rows}
+        print(f"wrote {write_json(args.out, report)}")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,11 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
+
+from scripts.harness import command_line, machine, pyplot, save_figure, write_json
 
 CLIP_SECONDS = 60
 CUE_EVERY_S = 5.0
@@ -218,9 +222,8 @@ def run_row(checkpoint: Path, video: Path, minutes: float, ranks: int, workdir: 
 def plan_7b(minutes: float, ranks: int) -> dict:
     """mPLUG-Owl3-7B-241101 at the same length on `ranks` H100s, bf16, resident visual K/V (all
     projected by scripts/memory_plan.py; CPU video decoding and communication not counted)."""
-    from memory_plan import Workload, memory_plan, time_plan
-
     from lvx_models.mplug_owl3.published import RELEASES
+    from scripts.memory_plan import Workload, memory_plan, time_plan
 
     cfg, work = RELEASES["mPLUG-Owl3-7B-241101"], Workload(minutes=minutes, ranks=ranks)
     t = time_plan(cfg, work)
@@ -251,7 +254,7 @@ def exponents(rows: list[dict]) -> list[dict]:
             span = math.log(b["minutes"] / a["minutes"])
 
             def growth(x: float, y: float) -> float:
-                return math.log(y / x) / span if x > 0 and y > 0 else float("nan")
+                return math.log(y / x) / span if x and y and x > 0 and y > 0 else float("nan")
 
             item = {"ranks": n, "from_min": a["minutes"], "to_min": b["minutes"]}
             item.update({m: growth(a.get(m, math.nan), b.get(m, math.nan)) for m in METRICS})
@@ -308,11 +311,7 @@ def _load(load_avg: list) -> str:
 def plot(rows: list[dict], path: Path) -> None:
     """Log-log: seconds per stage (left) and memory, cache (right) against minutes of video; one
     colour per cost, solid for one rank, dashed for two; grey guides of slope 1 and 2."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
     costs = {
         left: [
@@ -341,15 +340,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle("lvx, tiny g2 checkpoint, CPU ranks: cost against video length", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-
-
-def machine() -> dict:
-    from bench_xattn import machine as measured_on  # imports torch, which the parent avoids
-
-    return measured_on()
+    save_figure(fig, path)
 
 
 def report(rows: list[dict], args) -> dict:
@@ -399,7 +390,7 @@ def _numbers(text: str, kind=float) -> list:
     return [kind(x) for x in text.split(",") if x]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
@@ -414,7 +405,7 @@ def main() -> None:
     p.add_argument("--plot", type=Path, help="write the log-log plot (PNG) here")
     p.add_argument("--report", type=Path, nargs="+", help="report saved runs instead of running")
     p.add_argument("--row", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.row:
         print("ROW " + json.dumps(measure_row(*json.loads(args.row))), flush=True)
         return
@@ -423,11 +414,9 @@ def main() -> None:
         machines = [json.loads(f.read_text()).get("machine") for f in args.report]
     else:
         rows, machines = run(args), [machine()]
-    out = report(rows, args) | {"machine": machines[0], "command": " ".join(sys.argv)}
+    out = report(rows, args) | {"machine": machines[0], "command": command_line()}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.out}")
+        print(f"wrote {write_json(args.out, out)}")
 
 
 if __name__ == "__main__":

@@ -24,25 +24,22 @@ file), which an engine run with the same cache folder reads once at start in pla
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from bench_xattn import _slices, _timed_rounds  # noqa: E402
-from gloo_ranks import run_ranks  # noqa: E402
-
-from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse  # noqa: E402
-from lvx_app.attention.schedule import calibration_path, write_calibration  # noqa: E402
-
-KEYS_PER_FRAME = 729
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse
+from lvx_app.attention.schedule import calibration_path, write_calibration
+from scripts.gloo_ranks import run_ranks
+from scripts.harness import command_line, machine, write_json
+from scripts.xattn_problem import DTYPES, KEYS_PER_FRAME, slices, timed_rounds
 
 
 def _bench_rank(rank: int, world: int, cfg: dict, device: str = "cpu") -> dict:
@@ -50,14 +47,14 @@ def _bench_rank(rank: int, world: int, cfg: dict, device: str = "cpu") -> dict:
     dev, dtype = torch.device(device), DTYPES[cfg["dtype"]]
     hq, hkv, d, frames = cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], cfg["frames"]
     s_kv = frames * KEYS_PER_FRAME
-    ks = _slices(s_kv, world)[rank]
+    ks = slices(s_kv, world)[rank]
     g = torch.Generator().manual_seed(1000 + rank)
     k = torch.randn(1, ks.stop - ks.start, hkv, d, generator=g).to(dev, dtype)
     v = torch.randn(k.shape, generator=g).to(dev, dtype)
     k_frame = (torch.arange(ks.start, ks.stop) // KEYS_PER_FRAME).view(1, -1).to(dev, torch.int32)
     cases = {}
     for rows in cfg["rows"]:
-        qs = _slices(rows, world)
+        qs = slices(rows, world)
         sizes = [s.stop - s.start for s in qs]
         q_all = torch.randn(1, rows, hq, d).to(dev, dtype)
         q = q_all[:, qs[rank]].contiguous()
@@ -70,7 +67,7 @@ def _bench_rank(rank: int, world: int, cfg: dict, device: str = "cpu") -> dict:
             q, k, v, q_vis=vis, k_frame=k_frame
         )
     with torch.no_grad():
-        times = _timed_rounds(cases, cfg["warmup"], cfg["iters"], device=dev)
+        times = timed_rounds(cases, cfg["warmup"], cfg["iters"], device=dev)
     return {f"{rows}/{name}": 1e3 * statistics.median(t) for (rows, name), t in times.items()}
 
 
@@ -85,15 +82,6 @@ def _crossover(row_ms: dict, rows: list[int]) -> int:
     return best
 
 
-def _machine(device: str) -> dict:
-    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
-    return {
-        "device": name or platform.machine(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-    }
-
-
 def _print_rows(world: int, rows: list[int], ms: dict) -> None:
     for r in rows:
         ring, gather, free = ms[f"{r}/ring"], ms[f"{r}/gather"], ms[f"{r}/no-comm"]
@@ -104,7 +92,9 @@ def _print_rows(world: int, rows: list[int], ms: dict) -> None:
 def _under_torchrun(args, cfg: dict) -> dict[int, dict] | None:
     """This process as one rank of torchrun's group; the measurement on rank 0, None elsewhere."""
     from lvx_app.parallel.group import destroy_distributed, init_distributed
+    from lvx_app.parallel.lifeline import die_with_parent
 
+    die_with_parent()  # a rank ends with the torchrun that started it, however that one ended
     info = init_distributed(cuda=args.device == "cuda")
     try:
         ms = _bench_rank(info.rank, info.world_size, cfg, str(info.device))
@@ -113,7 +103,7 @@ def _under_torchrun(args, cfg: dict) -> dict[int, dict] | None:
     return {info.world_size: ms} if info.rank == 0 else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="CPU: gloo ranks")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -131,7 +121,7 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, help="--calibrate: the cache folder to write it in")
     ap.add_argument("--calibration-file", type=Path, help="--calibrate: write this file instead")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     default_rows = [8, 24, 64, 128, 256, 512, 1024] if args.calibrate else [8, 24, 64, 128, 256]
     args.rows = sorted(args.rows or default_rows)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -153,8 +143,8 @@ def main() -> None:
     for world, ms in measured.items():
         _print_rows(world, args.rows, ms)
     report = {
-        "command": " ".join(sys.argv),
-        "machine": _machine(args.device),
+        "command": command_line(),
+        "machine": machine(args.device),
         "load_avg_before": load_before,
         "load_avg_after": os.getloadavg(),
         "ranks": {
@@ -168,8 +158,7 @@ def main() -> None:
         report["calibration_file"] = str(path)
         print(f"wrote {path}: the engine gathers up to {found} query rows (by ranks)")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -16,16 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS  # noqa: E402
-from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines  # noqa: E402
-from lvx_app.video.synthetic import add_subtitle_stream, make_video, write_srt  # noqa: E402
-from lvx_models.mplug_owl3.processor import Owl3Processor  # noqa: E402
-from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
+from lvx_app.defaults import DEFAULT_SUBTITLE_TOKENS
+from lvx_app.subtitles import fit_lines, read_embedded, resolve_subtitles, select_lines
+from lvx_app.video.synthetic import add_subtitle_stream, make_video, write_srt
+from lvx_models.mplug_owl3.processor import Owl3Processor
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+from scripts.harness import show
 
 
 def _timed(fn):
@@ -40,18 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lvx-bench-subs-"))
     processor = Owl3Processor.from_pretrained(write_tiny_checkpoint(work / "tiny", "g2"))
-    table = Table(title="subtitles at load (CPU)")
-    for col in (
-        "minutes",
-        "cues",
-        "embedded demux s",
-        "sidecar parse s",
-        "lines at frames",
-        "select s",
-        f"kept in {DEFAULT_SUBTITLE_TOKENS} tokens",
-        "budget s",
-    ):
-        table.add_column(col)
+    rows = []
     for minutes in args.minutes:
         seconds = int(minutes * 60)
         cues = [
@@ -72,17 +61,19 @@ def main() -> None:
         kept, fit_s = _timed(
             lambda: fit_lines(lines, DEFAULT_SUBTITLE_TOKENS, lambda s: len(processor.encode(s)))
         )
-        table.add_row(
-            f"{minutes:g}",
-            str(len(cues)),
-            f"{demux_s:.3f}",
-            f"{parse_s:.3f}",
-            str(len(lines)),
-            f"{select_s:.4f}",
-            str(len(kept)),
-            f"{fit_s:.3f}",
+        rows.append(
+            {
+                "minutes": minutes,
+                "cues": len(cues),
+                "embedded demux s": demux_s,
+                "sidecar parse s": parse_s,
+                "lines at frames": len(lines),
+                "select s": select_s,
+                f"kept in {DEFAULT_SUBTITLE_TOKENS} tokens": len(kept),
+                "budget s": fit_s,
+            }
         )
-    Console().print(table)
+    show("subtitles at load (CPU)", rows)
 
 
 if __name__ == "__main__":

@@ -41,14 +41,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
-from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES  # noqa: E402
-from lvx_models.mplug_owl3.checkpoint import PROJECTOR, VISION, is_unused, official_shapes  # noqa: E402
-from lvx_models.mplug_owl3.config import Owl3Config  # noqa: E402
-from lvx_models.mplug_owl3.modeling import Owl3Model  # noqa: E402
-from lvx_models.mplug_owl3.published import RELEASES  # noqa: E402
-from lvx_models.mplug_owl3.tiny import tiny_config  # noqa: E402
+from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES
+from lvx_models.mplug_owl3.checkpoint import PROJECTOR, VISION, is_unused, official_shapes
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.published import RELEASES
+from lvx_models.mplug_owl3.tiny import tiny_config
 
 SHAPES: dict[str, Callable[[], Owl3Config]] = {
     "tiny": lambda: tiny_config("g1-gateproj"),

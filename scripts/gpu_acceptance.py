@@ -1,34 +1,23 @@
-"""The first run on a GPU machine: every CUDA path, in parts of under 9 minutes each, with one
-report that is rewritten after every item.
+"""The first short GPU rental in one command: the figures that matter most first, each written to
+the folder you name the moment it exists, with nothing left running afterwards.
 
-    # 1: CUDA tests, adapter checks, bench_xattn, bench_chat at 10 min
-    python scripts/gpu_acceptance.py --part 1 --out DIR
-    # 2: bench_chat at 30 and 60 min
-    python scripts/gpu_acceptance.py --part 2 --out DIR
-    # 3: bench_finetune; lvx demo and bench_ingest (need decord and PyAV); NCCL and the ring/gather
-    # crossover calibrated for the engine (2+ GPUs)
-    python scripts/gpu_acceptance.py --part 3 --out DIR
-    # 4: decoding: syncs and launches per token, tok/s eager, with CUDA graphs and compiled, next
-    # to the plan
-    python scripts/gpu_acceptance.py --part 4 --out DIR
-    # the same harness on CPU at small shapes
-    python scripts/gpu_acceptance.py --rehearse --out DIR
+    python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): ~7 min
+    python3 scripts/gpu_acceptance.py --second --out DIR2 --after DIR/acceptance.json
+    python3 scripts/gpu_acceptance.py --rehearse --out DIR   # the same on a CPU, small shapes
 
-Point `--out` at the folder that is kept after the command: everything goes there, and nothing else
-is written outside a temporary folder. `acceptance.json` and `acceptance.md` list every item
-(pending, running, passed, failed with one line, skipped with the reason; the last lines of its
-output, pytest's counts, and every attention-kernel fallback a benchmark recorded) and are replaced
-atomically after each item, so a run killed at any point leaves a valid report of what it reached;
-`acceptance.log` holds every item's whole output as it is written. Each item runs in its own process
-group within its own time limit and the total `--budget-min` (default 9); an item that fails, hangs
-or crashes is recorded and the next one runs. Without `--part` every item runs in turn until the
-budget is spent.
+What each command runs, in order: scripts/acceptance_items.py (and docs/gpu.md). Everything goes to
+`--out` (the caller's folder; nothing else is needed from the machine afterwards): the report
+(`acceptance.json`, `acceptance.md`, rewritten after every change, and `acceptance.log`, every
+item's whole output as it comes) and each item's figures. Each item runs in its own process group
+under a guard (scripts/guard.py) within its own time limit and the total `--budget-min` (default
+7); an item that fails, hangs or crashes is recorded and the next one runs. However the runner ends
+(SIGTERM, SIGINT, its time limit, SIGKILL) the item running ends with it, and the report it leaves
+is valid. `--second --after REPORT` also runs the first command's items that REPORT does not list as
+passed.
 
-The checkout need not be installed: when `lvx_models` does not import, the harness links the
-checkout's packages into a temporary folder on every child's PYTHONPATH. It installs nothing: a
-missing decord, PyAV or flash-attn is named in the report and the items that need it are skipped.
-
-`--rehearse` runs the same items, parts and report on CPU at small shapes, in children that see
+The checkout need not be installed (scripts/checkout.py links it for every child), and nothing
+needs the network: a missing decord, PyAV or flash-attn is named in the report and the items that
+need it are skipped. `--rehearse` runs the same items on CPU at small shapes, in children that see
 neither gradio, gradio_client, playwright, PyAV, decord nor flash-attn, nor an installed lvx (as on
 a bare GPU image); two CPU ranks stand in for two GPUs. Without CUDA and without `--rehearse` it
 says so in one line and exits 0.
@@ -39,78 +28,54 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = 2
-CHAT_MINUTES = {1: (10,), 2: (30, 60)}  # part -> video lengths of bench_chat --mode model
-LVX_CLI = ("-m", "lvx_app.cli")  # how a child runs the `lvx` command (the checkout's own)
-PACKAGES = {"lvx_app": "lvx_app", "lvx_models": "models", "lvx_ui": "ui"}  # import name -> folder
-WHEELS = "bring the wheel and install it to a folder on PYTHONPATH (README, 'On a GPU machine')"
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
+
+from scripts.acceptance_items import (
+    CHAT_MINUTES,
+    REHEARSAL_GPUS,
+    REHEARSAL_SCALE,
+    ROOT,
+    Item,
+    first_items,
+    second_items,
+    select,
+)  # fmt: skip
+from scripts.acceptance_report import (
+    SCHEMA,
+    Report,
+    Result,
+    compare,
+    decode_answers_note,
+    finish,
+    now,
+    one_line,
+    planned,
+    write_report,
+)  # fmt: skip
+from scripts.checkout import PACKAGES, link_folder, with_path
+from scripts.versions import compiler
+
+WHEELS = "bring the wheel and install it to a folder on PYTHONPATH (docs/gpu.md)"
 OPTIONAL = {  # import name -> what to do when it is missing
     "decord": WHEELS,
     "av": WHEELS,
     "flash_attn": "optional: the aten kernels run without it",
 }
 HIDDEN_IN_REHEARSAL = ("gradio", "gradio_client", "playwright", "av", "decord", "flash_attn")
-REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
-TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024
-
-
-@dataclass
-class Item:
-    """One check: a command run from the repository root, or skipped with `skip` as the reason."""
-
-    name: str
-    command: list[str]
-    timeout_s: int
-    part: int = 1
-    needs: tuple[str, ...] = ()  # optional packages this item cannot run without
-    min_gpus: int = 1
-    skip: str | None = None
-    pytest: bool = False  # read pytest's summary counts from its output
-    writes: tuple[str, ...] = ()  # files it writes under --out (a benchmark's JSON first)
-
-
-@dataclass
-class Result:
-    name: str
-    status: str  # pending | running | passed | failed | skipped
-    reason: str  # one line: why it failed or was skipped, or what a passed item should flag
-    seconds: float
-    command: str
-    tail: str = ""  # the last lines of its output, passed or not
-    counts: dict[str, int] = field(default_factory=dict)  # pytest's: passed, skipped, ...
-    fallbacks: list[str] = field(default_factory=list)  # attention kernels that fell back
-
-
-@dataclass
-class Report:
-    schema: int
-    started: str
-    mode: str  # "gpu" or "rehearsal"
-    part: str  # "1", "2", "3" or "all"
-    machine: dict
-    budget_s: int
-    missing: dict[str, str]
-    checkout: str  # how the children import lvx
-    results: list[Result] = field(default_factory=list)
-    comparison: list[dict] = field(default_factory=list)  # measured vs projected (bench_chat)
-    notes: list[str] = field(default_factory=list)
-    updated: str = ""
-    finished: bool = False  # False: the run was stopped, or is still going
+GUARD = str(ROOT / "scripts" / "guard.py")
+GRACE_S = 15  # from SIGTERM to an item's group to SIGKILL (the guard's own grace is 10 s)
 
 
 class Stopped(BaseException):
@@ -125,158 +90,8 @@ def _on_signal(signum: int, frame) -> None:
     raise Stopped(signum)
 
 
-def _py(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
-def _pytest(*args: str) -> list[str]:
-    return _py("-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *args)
-
-
-def cuda_test_files() -> list[str]:
-    """The test files that carry CUDA marks: only these are collected, so no other file's optional
-    imports can stop the CUDA tests."""
-    files = (ROOT / "tests").glob("test_*.py")
-    return sorted(str(p.relative_to(ROOT)) for p in files if "mark.cuda" in p.read_text())
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _bench_chat(minutes: int, part: int, out: Path, rehearse: bool) -> Item:
-    """bench_chat --mode model at one video length (one item each, so that one length running out of
-    memory or time leaves the others' figures); the plan projects every length to fit one 80 GB GPU
-    (about 57 GB at 60 minutes)."""
-    name = f"bench_chat_{minutes}min.json"
-    shape = ["--device", "cpu", "--shape", "small", "--minutes", f"{minutes / 100:g}"]
-    shape += ["--new-tokens", "4"]
-    args = shape if rehearse else ["--device", "cuda", "--minutes", str(minutes)]
-    command = _py("scripts/bench_chat.py", "--mode", "model", *args, "--out", str(out / name))
-    return Item(f"bench_chat --mode model {minutes} min", command, 300, part, writes=(name,))
-
-
-def part_one(out: Path, rehearse: bool) -> list[Item]:
-    """CUDA tests, the adapters against fake CUDA tensors and stand-ins, the kernel benchmark and a
-    10-minute chat: the items that say most about the CUDA code first."""
-    xattn = ["--kernels", "--device", "cpu", "--cuda-frames", "16", "--iters", "2"]
-    xattn = xattn if rehearse else ["--device", "cuda"]
-    return [
-        Item("cuda tests", _pytest("-m", "cuda", *cuda_test_files()), 240, pytest=True),
-        Item(
-            "adapter checks (fake CUDA tensors, CPU stand-ins)",
-            _pytest("tests/test_cuda_fake.py", "tests/test_cuda_adapters_cpu.py"),
-            180,
-            pytest=True,
-        ),
-        Item(
-            "bench_xattn kernels",
-            _py("scripts/bench_xattn.py", *xattn, "--out", str(out / "bench_xattn.json")),
-            240,
-            writes=("bench_xattn.json",),
-        ),
-        *(_bench_chat(m, 1, out, rehearse) for m in CHAT_MINUTES[1]),
-    ]
-
-
-def part_three(out: Path, scratch: Path, gpus: int, rehearse: bool) -> list[Item]:
-    """Finetuning, the demo and ingest (they decode video: decord and PyAV), and NCCL."""
-    device = ["--device", "cpu" if rehearse else "cuda"]
-    finetune = ["--frames", "4", "--steps", "1"] if rehearse else []
-    ingest = ["--minutes", "1", "--height", "360", "--workers", "1"] if rehearse else []
-    ingest = ingest or ["--minutes", "10"]  # 10 of the default 60 minutes: it fits the part
-    ranks = ["--gpus", "0", "--ranks", "2"] if rehearse else ["--gpus", str(min(gpus, 2))]
-    nccl = str(REHEARSAL_GPUS) if rehearse else str(min(gpus, 8))
-    return [
-        Item(
-            "bench_finetune",
-            _py("scripts/bench_finetune.py", *device, *finetune)
-            + ["--out", str(out / "bench_finetune.json")],
-            300,
-            3,
-            writes=("bench_finetune.json",),
-        ),
-        Item(
-            "lvx demo" + ("" if rehearse else " (bf16 on GPU)"),
-            _py(*LVX_CLI, "demo", *ranks, "--workdir", str(scratch / "demo")),
-            300,
-            3,
-            needs=("decord", "av"),
-        ),
-        Item(
-            "bench_ingest",
-            _py("scripts/bench_ingest.py", *device, *ingest)
-            + ["--video-dir", str(scratch / "videos"), "--out", str(out / "bench_ingest.json")],
-            420,
-            3,
-            needs=("decord", "av"),
-            writes=("bench_ingest.json",),
-        ),
-        Item(
-            "nccl lv_xattn + decode_xattn" + (" (gloo)" if rehearse else ""),
-            _py("-m", "torch.distributed.run", f"--nproc-per-node={nccl}", "scripts/nccl_check.py")
-            + (["--cpu"] if rehearse else []),
-            180,
-            3,
-            min_gpus=2,
-        ),
-        _calibrate(out, nccl, rehearse),
-    ]
-
-
-def _calibrate(out: Path, ranks: str, rehearse: bool) -> Item:
-    """The ring-or-gather crossover measured on this machine's GPUs (NCCL) and written to its
-    calibration file, which the engine reads at start; the rehearsal writes it under --out."""
-    shape = ["--rows", "8", "64", "--frames", "4", "--iters", "1"] if rehearse else []
-    where = ["--calibration-file", str(out / "calibration.json")] if rehearse else []
-    run = _py(
-        "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", "scripts/bench_schedule.py"
-    )
-    return Item(
-        "ring/gather crossover calibrated" + (" (gloo)" if rehearse else ""),
-        run
-        + ([] if rehearse else ["--device", "cuda"])
-        + ["--calibrate", *shape, *where, "--out", str(out / "bench_schedule.json")],
-        180,
-        3,
-        min_gpus=2,
-        writes=("bench_schedule.json",),
-    )
-
-
-def part_four(out: Path, rehearse: bool) -> list[Item]:
-    """Decoding on one GPU: host syncs per token (`torch.cuda.set_sync_debug_mode`), launches per
-    token (the profiler) and tokens/s, eager, with CUDA graphs, compiled and both, next to the
-    plan's projection (bench_decode.py)."""
-    shape = ["--device", "cpu", "--minutes", "0.1", "--new-tokens", "8", "--modes", "eager"]
-    args = shape if rehearse else ["--device", "cuda", "--minutes", "10"]
-    command = _py("scripts/bench_decode.py", *args, "--out", str(out / "bench_decode.json"))
-    return [
-        Item("bench_decode syncs, launches, tok/s", command, 480, 4, writes=("bench_decode.json",))
-    ]
-
-
-def default_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
-    """Every item of every part, in the order they run (per part: the quick ones first)."""
-    return [
-        *part_one(out, rehearse),
-        *(_bench_chat(m, 2, out, rehearse) for m in CHAT_MINUTES[2]),
-        *part_three(out, scratch, gpus, rehearse),
-        *part_four(out, rehearse),
-    ]
-
-
-def select(items: list[Item], only: str) -> None:
-    """`--only a,b`: mark every item whose name contains none of the words as skipped."""
-    words = [w.strip() for w in only.split(",") if w.strip()]
-    for item in items:
-        if words and not any(w in item.name for w in words):
-            item.skip = f"not selected (--only {only})"
-
-
-def of_part(items: list[Item], part: str) -> list[Item]:
-    """The items of `--part N` ("all": every item)."""
-    return items if part == "all" else [i for i in items if str(i.part) == part]
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 # ----------------------------------------------------------------------------- the children's
@@ -321,12 +136,6 @@ sys.meta_path[:] = [
 '''
 
 
-def _with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
-    """`env` with `folder` first on PYTHONPATH."""
-    paths = [str(folder), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
-
-
 def child_env(rehearse: bool, scratch: Path) -> dict[str, str]:
     """The items' environment: unbuffered output; in a rehearsal, no CUDA and a `sitecustomize` that
     hides what a bare GPU image lacks (and the installed lvx)."""
@@ -336,68 +145,62 @@ def child_env(rehearse: bool, scratch: Path) -> dict[str, str]:
     bare = scratch / "bare-image"
     bare.mkdir(parents=True, exist_ok=True)
     (bare / "sitecustomize.py").write_text(BARE_IMAGE.format(hidden=HIDDEN_IN_REHEARSAL))
-    return _with_path({**env, "CUDA_VISIBLE_DEVICES": ""}, bare)
+    return with_path({**env, "CUDA_VISIBLE_DEVICES": ""}, bare)
 
 
 def probe(env: dict[str, str]) -> dict[str, bool]:
-    """Which optional packages and lvx import names a child finds (from the repository root)."""
+    """Which optional packages and lvx import names a child finds (from outside the checkout)."""
     code = (
         "import importlib.util as u, json, sys; "
         "print(json.dumps({n: u.find_spec(n) is not None for n in sys.argv[1:]}))"
     )
     names = [*OPTIONAL, *PACKAGES]
     done = subprocess.run(
-        _py("-c", code, *names), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-c", code, *names], cwd=tempfile.gettempdir(), env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     if done.returncode != 0:
-        raise SystemExit(f"gpu_acceptance: {sys.executable} cannot run: {_one_line(done.stderr)}")
+        raise SystemExit(f"gpu_acceptance: {sys.executable} cannot run: {one_line(done.stderr)}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def importable(env: dict[str, str], scratch: Path) -> tuple[dict[str, str], str, dict]:
     """(env in which the children import lvx, how, what they find). An installed lvx is used as it
     is; otherwise the checkout's packages are linked under their import names into a folder put
-    first on PYTHONPATH (and on this process's path)."""
+    first on the children's PYTHONPATH."""
     found = probe(env)
     if all(found[name] for name in PACKAGES):
         return env, "installed", found
-    site = scratch / "site"
-    site.mkdir(parents=True, exist_ok=True)
-    for name, folder in PACKAGES.items():
-        (site / name).symlink_to(ROOT / folder, target_is_directory=True)
-    env = _with_path(env, site)
+    site = link_folder(scratch / "site")
+    env = with_path(env, site)
     found = probe(env)
     if not all(found[name] for name in PACKAGES):
         raise SystemExit(f"gpu_acceptance: the checkout at {ROOT} does not import from {site}")
-    sys.path.insert(0, str(site))
     return env, f"not installed: the checkout's packages linked into {site}", found
 
 
 # ----------------------------------------------------------------------------- running the items
 
 
-def _one_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "no output")[:300]
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the item's whole process group (torchrun's ranks too), SIGKILL if it lingers."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+def end_group(proc: subprocess.Popen) -> None:
+    """End an item: SIGTERM to its whole process group (the guard then ends the rest), SIGKILL to
+    whatever is left once the guard exits or GRACE_S has passed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
-            proc.wait(grace)
-            return
+            proc.wait(GRACE_S)
         except subprocess.TimeoutExpired:
             continue
+    proc.wait()
 
 
 def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple[int | None, str]]:
-    """A runner that starts an item in its own session with its output appended to `log` as it
-    comes, and returns (exit code or None on timeout, the end of that output)."""
+    """A runner that starts an item under the guard in a session of its own, with its output
+    appended to `log` as it comes, and returns (exit code or None on timeout, the end of that
+    output). Its group is ended when it exits, times out or the runner is stopped."""
 
     def run(item: Item, timeout_s: float) -> tuple[int | None, str]:
         with open(log, "ab") as sink:
@@ -406,8 +209,8 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
             start = sink.tell()
             try:
                 proc = subprocess.Popen(
-                    item.command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    [sys.executable, GUARD, *item.command], cwd=ROOT, env=env, stdout=sink,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )  # fmt: skip
             except OSError as exc:
                 return 1, str(exc)
@@ -416,8 +219,7 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
             except subprocess.TimeoutExpired:
                 code = None
             finally:
-                if proc.poll() is None:
-                    _kill_group(proc)
+                end_group(proc)  # also what a finished item left behind
         return code, _read_from(log, start)
 
     return run
@@ -433,33 +235,12 @@ def _read_from(log: Path, start: int) -> str:
 def run_command(item: Item, timeout_s: float) -> tuple[int | None, str]:
     """Run one item with this process's environment and a throw-away log."""
     with tempfile.TemporaryDirectory() as tmp:
-        return make_runner({**os.environ, "PYTHONUNBUFFERED": "1"}, Path(tmp) / "log")(
-            item, timeout_s
-        )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return make_runner(env, Path(tmp) / "log")(item, timeout_s)
 
 
-_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)\b")
-_PLURAL = {"error": "errors", "warning": "warnings"}
-
-
-def pytest_counts(output: str) -> dict[str, int]:
-    """pytest's closing summary ("11 skipped, 77 deselected in 0.1s") as counts, plural keys."""
-    for line in reversed(output.strip().splitlines()):
-        found = _COUNT.findall(line)
-        if found and " in " in line:
-            return {_PLURAL.get(word, word): int(n) for n, word in found}
-    return {}
-
-
-def fallbacks_in(path: Path) -> list[str]:
-    """The attention-kernel fallbacks a benchmark's JSON lists ("fallbacks"), if it wrote one."""
-    try:
-        return list(json.loads(path.read_text()).get("fallbacks", []))
-    except (OSError, ValueError, AttributeError):
-        return []
-
-
-def _skip_reason(item: Item, gpus: int, missing: dict[str, str], left: float, budget_s: float):
+def skip_reason(item: Item, gpus: int, missing: dict[str, str], left: float, budget_s: float):
+    """Why `item` does not run now, or None."""
     lacking = [m for m in item.needs if m in missing]
     if item.skip:
         return item.skip
@@ -468,27 +249,11 @@ def _skip_reason(item: Item, gpus: int, missing: dict[str, str], left: float, bu
     if lacking:
         hints = "; ".join(dict.fromkeys(missing[m] for m in lacking))
         return f"{', '.join(lacking)} not installed ({hints})"
+    if item.compiler and compiler() is None:
+        return "no C compiler for torch.compile (cc, gcc, clang or $CC)"
+    if item.if_time_left and left < item.timeout_s:
+        return f"its {item.timeout_s} s limit is more than the {left:.0f} s left"
     return f"time budget spent ({budget_s / 60:.0f} min)" if left < 30 else None
-
-
-def _finish(item: Item, result: Result, code: int | None, output: str, out: Path | None) -> None:
-    """Fill in a finished item's result from its exit code and output."""
-    lines = output.strip().splitlines()
-    result.tail = "\n".join(lines[-TAIL_LINES:])
-    result.counts = pytest_counts(output) if item.pytest else {}
-    if out is not None and item.writes:
-        result.fallbacks = fallbacks_in(out / item.writes[0])
-    if code == 0:
-        result.status = "passed"
-        n = len(result.fallbacks)
-        result.reason = f"{n} attention-kernel fallback(s): {result.fallbacks[0]}" if n else ""
-    else:
-        result.status = "failed"
-        result.reason = (
-            f"timed out after {result.seconds:.0f} s"
-            if code is None
-            else f"exit {code}: {_one_line(output)}"
-        )
 
 
 def _run_one(item: Item, result: Result, runner: Callable, timeout_s: float, out: Path | None):
@@ -503,11 +268,7 @@ def _run_one(item: Item, result: Result, runner: Callable, timeout_s: float, out
     except Exception as exc:  # noqa: BLE001 - one item's crash must not stop the run
         code, output = 1, f"the harness failed running this item: {type(exc).__name__}: {exc}"
     result.seconds = round(time.monotonic() - t0, 1)
-    _finish(item, result, code, output, out)
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
+    finish(item, result, code, output, out)
 
 
 def run_items(
@@ -521,13 +282,13 @@ def run_items(
 ) -> list[Result]:
     """Run every item within `budget_s` in total; a failure, timeout or crash is recorded and the
     next item runs. `on_change(results)` is called whenever a result changes (to save the report);
-    `out` is where the items write their JSON."""
+    `out` is where the items write their files."""
     results = [Result(i.name, "pending", "", 0.0, " ".join(i.command)) for i in items]
     on_change(results)
     spent = 0.0
     for n, (item, result) in enumerate(zip(items, results), 1):
         head = f"[{n}/{len(items)}] {item.name}"
-        reason = _skip_reason(item, gpus, missing, budget_s - spent, budget_s)
+        reason = skip_reason(item, gpus, missing, budget_s - spent, budget_s)
         if reason:
             result.status, result.reason = "skipped", reason
             _say(f"{head}: skipped, {reason}")
@@ -551,151 +312,18 @@ def run_items(
     return results
 
 
-# ----------------------------------------------------------------------------- the report
-
-
-def compare_chat(out: Path) -> list[dict]:
-    """bench_chat's measured TTFT, tokens/s and peak memory beside the plan's projection for the
-    same video (7B rows only: small-shape rows have no projection)."""
-    found = sorted(out.glob("bench_chat_*min.json"), key=lambda p: int(p.stem.split("_")[-1][:-3]))
-    rows_in = [
-        row
-        for path in found
-        for row in json.loads(path.read_text())["rows"]
-        if row.get("shape", "7b") == "7b"
-    ]
-    if not rows_in:
-        return []
-    sys.path.insert(0, str(ROOT))
-    from memory_plan import Workload, memory_plan, time_plan
-
-    from lvx_models.mplug_owl3.config import Owl3Config
-
-    cfg, rows = Owl3Config(), []
-    for row in rows_in:
-        work = Workload(minutes=row["minutes"], answer_tokens=64)
-        t = time_plan(cfg, work)
-        rows.append(
-            {
-                "minutes": row["minutes"],
-                "TTFT s measured": row["ttft_s"],
-                "TTFT s projected": t["question prefill (TTFT)"]["seconds"],
-                "tokens/s measured": row["tokens_per_s"],
-                "tokens/s projected": t["tokens/s"],
-                "peak GiB measured": row["peak_gib"],
-                "peak GiB projected": memory_plan(cfg, work).peak / 2**30,
-            }
-        )
-    return rows
-
-
-def decode_note(out: Path) -> str | None:
-    """bench_decode's syncs, launches and tokens/s per mode beside the plan's projection, as one
-    note of the report (None when it did not run)."""
-    path = out / "bench_decode.json"
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    modes = [
-        f"{r['mode']}: {r['skipped']}"
-        if "skipped" in r
-        else f"{r['mode']}: {r['syncs_per_token']:.2f} syncs, {r['launches_per_token']:.0f} "
-        f"launches, {r['tokens_per_s']:.1f} tok/s"
-        for r in data["rows"]
-    ]
-    plan = data["projected"]
-    projected = f"{plan['attention_calls_per_token']} attention kernel calls per token"
-    if plan["tokens_per_s"] is not None:
-        projected += f", {plan['tokens_per_s']:.1f} tok/s"
-    return (
-        f"Decoding ({data['shape']}, {data['frames']} frames, per token): "
-        + "; ".join(modes)
-        + f". Planned: {projected}. Same answers in every mode: {data['same_answers']}."
-    )
-
-
-def _md_row(r: Result) -> str:
-    counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
-    why = "; ".join(x for x in (r.reason, counts) if x).replace("|", "/")
-    return f"| {r.name} | {r.status} | {r.seconds:.0f} | {why} |"
-
-
-def markdown(report: Report) -> str:
-    """The summary a person reads: machine, missing packages, one row per item, every fallback,
-    measured vs projected."""
-    state = "finished" if report.finished else f"NOT FINISHED (last written {report.updated})"
-    lines = [
-        f"# GPU acceptance ({report.mode}, part {report.part}), {report.started}: {state}",
-        "",
-        f"Machine: {report.machine}",
-        "",
-        f"Time budget: {report.budget_s / 60:.0f} min. lvx: {report.checkout}.",
-        "",
-    ]
-    if report.missing:
-        missing = "; ".join(f"{k} ({v})" for k, v in report.missing.items())
-        lines += [f"Not installed (items needing them are skipped): {missing}", ""]
-    lines += ["| item | status | s | reason |", "|---|---|---|---|"]
-    lines += [_md_row(r) for r in report.results]
-    fell = [f"- {r.name}: {f}" for r in report.results for f in r.fallbacks]
-    if fell:
-        lines += ["", "Attention-kernel fallbacks (the figures are the fallback kernel's):", *fell]
-    lines += [f"\n{note}" for note in report.notes]
-    if report.comparison:
-        keys = list(report.comparison[0])
-        lines += [
-            "",
-            "Measured vs projected (`scripts/plan_gpu.py`), one GPU, resident visual K/V:",
-            "",
-            "| " + " | ".join(keys) + " |",
-            "|" + "---|" * len(keys),
-        ]
-        lines += [
-            "| " + " | ".join(f"{row[k]:.3g}" for k in keys) + " |" for row in report.comparison
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically: a reader (or a kill) sees the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_report(report: Report, out: Path) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    report.updated = _now()
-    js, md = out / "acceptance.json", out / "acceptance.md"
-    _replace(js, json.dumps(asdict(report), indent=2))
-    _replace(md, markdown(report))
-    return js, md
-
-
-def machine(rehearse: bool) -> dict:
-    import torch
-
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    info = {
-        "gpus": gpus,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "host": platform.node(),
-    }
-    if rehearse:
-        info["rehearsal"] = f"CPU, {REHEARSAL_GPUS} CPU ranks for GPUs, GPU image mimicked"
-    return info
-
-
 # ----------------------------------------------------------------------------- the command
 
 
-def _saver(report: Report, out: Path) -> Callable[[list[Result]], None]:
-    """Save the report with these results; a failed write is said, not fatal."""
+def _saver(report: Report, out: Path, planned_rows: list[dict]) -> Callable[[list[Result]], None]:
+    """Save the report with these results, the machine the versions item printed and every
+    figure measured so far beside the plan; a failed write is said, not fatal."""
 
     def save(results: list[Result]) -> None:
         report.results = results
+        for r in results:
+            report.machine |= r.figures
+        report.comparison = compare(out, planned_rows)
         try:
             write_report(report, out)
         except OSError as exc:
@@ -704,51 +332,68 @@ def _saver(report: Report, out: Path) -> Callable[[list[Result]], None]:
     return save
 
 
-def _close(report: Report, out: Path) -> int:
-    """The measured-vs-projected table, the finished report, the exit code."""
-    try:
-        report.comparison = compare_chat(out)
-        report.notes += [n for n in (decode_note(out),) if n]
-    except Exception as exc:  # noqa: BLE001 - the items' results matter more than this table
-        report.notes.append(f"Measured vs projected not computed: {type(exc).__name__}: {exc}")
+def _close(report: Report, out: Path, save: Callable) -> int:
+    """The finished report and the exit code."""
+    note = decode_answers_note(out)
+    report.notes += [note] if note else []
     report.finished = True
-    js, md = write_report(report, out)
+    save(report.results)
     for row in report.comparison:
-        _say("  measured vs projected: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
-    _say(f"wrote {js} and {md}: please send us the folder {out}")
+        if row["measured"] is not None:
+            _say(f"  {row['figure']} at {row['minutes']:g} min: measured {row['measured']:.3g}, "
+                 f"planned {row['planned']:.3g}")  # fmt: skip
+    _say(f"wrote {out / 'acceptance.json'} and {out / 'acceptance.md'}: the folder {out} is all")
     return 0 if all(r.status != "failed" for r in report.results) else 1
 
 
+def items_for(args, out: Path, scratch: Path, gpus: int) -> list[Item]:
+    """The command's items; `--second --after REPORT` first reruns the first command's items that
+    REPORT does not list as passed."""
+    first = first_items(out, scratch, args.rehearse)
+    if not args.second:
+        return first
+    items = second_items(out, scratch, gpus, args.rehearse)
+    if args.after is not None:
+        done = {r["name"] for r in json.loads(args.after.read_text())["results"]
+                if r["status"] == "passed"}  # fmt: skip
+        names = {i.name for i in items}
+        items = [i for i in first if i.name not in done and i.name not in names] + items
+    return items
+
+
 def accept(args: argparse.Namespace, out: Path, scratch: Path) -> int:
-    """Run the selected items with the report written after each; `scratch` is temporary."""
+    """Run the command's items with the report written after each change; `scratch` is
+    temporary."""
     import torch
 
     env, checkout, found = importable(child_env(args.rehearse, scratch), scratch)
     missing = {name: how for name, how in OPTIONAL.items() if not found[name]}
     gpus = REHEARSAL_GPUS if args.rehearse else torch.cuda.device_count()
-    items = of_part(default_items(out, scratch, gpus, args.rehearse), args.part)
+    items = items_for(args, out, scratch, gpus)
     select(items, args.only)
-    budget = int(args.budget_min * 60)
-    mode = "rehearsal" if args.rehearse else "gpu"
-    report = Report(
-        SCHEMA, _now(), mode, args.part, machine(args.rehearse), budget, missing, checkout
-    )
+    budget, mode = int(args.budget_min * 60), "rehearsal" if args.rehearse else "gpu"
+    run = "second" if args.second else "first"
+    machine = {"rehearsal": f"CPU, {REHEARSAL_GPUS} CPU ranks for GPUs, GPU image mimicked"}
+    report = Report(SCHEMA, now(), mode, run, machine if args.rehearse else {}, budget, missing,
+                    checkout)  # fmt: skip
+    scale = REHEARSAL_SCALE if args.rehearse else 1
+    rows = planned("small" if args.rehearse else "7b", [m / scale for m in CHAT_MINUTES],
+                   CHAT_MINUTES[0] / scale)  # fmt: skip
+    save = _saver(report, out, rows)
     log = out / "acceptance.log"
     log.write_bytes(b"")
-    _say(
-        f"gpu_acceptance ({mode}, part {args.part}): {len(items)} items, {gpus} GPU(s), time "
-        f"budget {budget / 60:.0f} min, lvx {checkout}; report in {out}"
-    )
+    _say(f"gpu_acceptance ({mode}, {run} command): {len(items)} items, {gpus} GPU(s), time budget "
+         f"{budget / 60:.0f} min, lvx {checkout}; everything goes to {out}")  # fmt: skip
     for name, how in missing.items():
         _say(f"  not installed: {name} ({how})")
     try:
-        run_items(items, budget, gpus, missing, make_runner(env, log), _saver(report, out), out)
+        run_items(items, budget, gpus, missing, make_runner(env, log), save, out)
     except (Stopped, KeyboardInterrupt) as exc:
         report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
-        _saver(report, out)(report.results)
+        save(report.results)
         _say(f"gpu_acceptance: stopped ({exc!r}); the report in {out} lists what ran")
         return 128 + exc.signum if isinstance(exc, Stopped) else 130
-    return _close(report, out)
+    return _close(report, out, save)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -756,16 +401,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--out", type=Path, required=True, help="the folder the report goes to (the kept one)"
+        "--out", type=Path, required=True, help="the folder everything goes to (the kept one)"
     )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--first", action="store_true", help="the first command (the default)")
+    which.add_argument("--second", action="store_true", help="what the first command leaves out")
     parser.add_argument(
-        "--part",
-        choices=["1", "2", "3", "4", "all"],
-        default="all",
-        help="one preset (default: all)",
-    )
+        "--after", type=Path, help="--second: the first command's acceptance.json (its passed "
+        "items are not run again; the others are, before the second's own)",
+    )  # fmt: skip
     parser.add_argument(
-        "--budget-min", type=float, default=9.0, help="total time for the items (default 9)"
+        "--budget-min", type=float, default=7.0, help="total time for the items (default 7)"
     )
     parser.add_argument(
         "--only", default="", help="comma-separated words: run only the items whose names hold one"
@@ -773,7 +419,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rehearse", action="store_true", help="run on CPU at small shapes, GPU image mimicked"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.after is not None and not args.second:
+        parser.error("--after goes with --second")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,10 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_models.mplug_owl3.config import FORMS  # noqa: E402
-from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint  # noqa: E402
+from lvx_models.mplug_owl3.config import FORMS
+from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 
 def main(argv: list[str] | None = None) -> list[Path]:

@@ -18,13 +18,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
 
-from lvx_app.attention import attn_fwd  # noqa: E402
-from lvx_app.attention.decode_xattn import decode_xattn  # noqa: E402
-from lvx_app.attention.lv_xattn import lv_xattn_with_lse  # noqa: E402
-from lvx_app.parallel.group import destroy_distributed, init_distributed  # noqa: E402
-from lvx_app.parallel.shards import shard_bounds  # noqa: E402
+from lvx_app.attention import attn_fwd
+from lvx_app.attention.decode_xattn import decode_xattn
+from lvx_app.attention.lv_xattn import lv_xattn_with_lse
+from lvx_app.parallel.group import destroy_distributed, init_distributed
+from lvx_app.parallel.lifeline import die_with_parent
+from lvx_app.parallel.shards import shard_bounds
 
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 3e-2}  # max |out - float64 reference|
 
@@ -69,6 +72,7 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
 
 
 def main() -> int:
+    die_with_parent()  # a rank ends with the torchrun that started it, however that one ended
     # --cpu: the same check over gloo, to test this script
     info = init_distributed(cuda="--cpu" not in sys.argv)
     try:

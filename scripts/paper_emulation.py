@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulated_link import NCCL_NET_LATENCY_S
+from scripts.emulated_link import NCCL_NET_LATENCY_S
 
 A100_BF16_FLOPS = 312e12  # dense bf16 peak
 PAPER_LINK_BYTES_PER_S = 25e9  # between nodes, Table 3

@@ -23,13 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(ROOT)
+    import scripts  # noqa: F401
 
-from memory_plan import (  # noqa: E402
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.published import RELEASES
+from scripts.harness import markdown, write_json
+from scripts.memory_plan import (
     GB,
     Workload,
     band_tiles,
@@ -41,9 +44,7 @@ from memory_plan import (  # noqa: E402
     plan_rows,
     time_plan,
 )
-
-from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig  # noqa: E402
-from lvx_models.mplug_owl3.published import RELEASES  # noqa: E402
+from scripts.random_model import small_config
 
 # what one H100 "80 GB" shows to torch (about 78 GiB)
 GPU_BYTES = 78 * 2**30
@@ -55,23 +56,6 @@ RSS_TOLERANCE = 0.15
 # float32 work is at its peak (on a GPU they are allocated, and counted, before it); with 8 chunks
 # the last one's peak has almost all of them written.
 RSS_CHUNK_BYTES = 8 * 729 * 256 * 8
-
-
-def small_config() -> Owl3Config:
-    """bench_chat.py's small shapes: the 7B's 729 visual tokens per frame, a small language
-    model."""
-    return Owl3Config(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        hyper_layers=[2, 4, 6, 8],
-        vision=SiglipVisionConfig(
-            hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=2
-        ),
-    )
 
 
 def _status_bytes(*fields: str) -> int:
@@ -137,7 +121,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
     counts = param_counts(cfg)
     # glibc returns a freed block to the OS only if it was mmapped; a fixed threshold keeps its
     # dynamic raise from parking freed tensors in the heap, so RSS follows the live tensors
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     # one process per case, side by side
     procs = [
         subprocess.Popen(
@@ -172,22 +156,6 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
         row["error"] = row["planned_bytes"] / row["measured_bytes"] - 1
         rows.append(row)
     return rows
-
-
-def _markdown(title: str, rows: list[dict]) -> str:
-    keys = list(rows[0])
-    cells = [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()] for row in rows]
-    lines = [f"**{title}**", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
-
-
-def _table(title: str, rows: list[dict]) -> Table:
-    table = Table(title=title)
-    for key in rows[0]:
-        table.add_column(str(key), justify="right")
-    for row in rows:
-        table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()))
-    return table
 
 
 def largest_rows(cfg: Owl3Config) -> list[dict]:
@@ -276,7 +244,7 @@ def three_hours(cfg: Owl3Config) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -299,15 +267,14 @@ def main() -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print Markdown tables (for docs/benchmarks.md)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.measure_rss:
         frames, mode, answer = args.measure_rss
         print(json.dumps(measure_rss(int(frames), mode, int(answer))))
         return
-    console = Console(width=220)
 
     def show(title: str, rows: list[dict]) -> None:
-        print(_markdown(title, rows)) if args.markdown else console.print(_table(title, rows))
+        print(f"**{title}**\n\n{markdown(rows)}\n") if args.markdown else show(title, rows)
 
     cfg = RELEASES[args.model]
     out = {"model": args.model, "gpu_bytes": GPU_BYTES}
@@ -328,8 +295,7 @@ def main() -> None:
         print(out["three_hours"])
         show("planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"])
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
 """Shared fixtures: tiny official-layout checkpoints and a small synthetic video, made once per test
-run. The benchmark scripts' modules (the memory plan, the emulated link, the baseline attentions)
-import as top-level modules, as the scripts themselves import them."""
+run. What lives beside the product (benchmarks, baselines, the memory plan) imports as the package
+`scripts` (pytest's `pythonpath`), which also makes the checkout importable where lvx is not
+installed (a bare GPU image)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
+import scripts  # noqa: F401 - first: links the checkout's packages when lvx is not installed
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 

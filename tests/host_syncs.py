@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from host_reads import counting_host_reads
+from scripts.host_reads import counting_host_reads
 
 __all__ = ["counting_host_reads", "counted_answers", "decode_reads", "per_token"]
 

@@ -18,6 +18,9 @@ from lvx_app.attention.merge import merge, merge_, merge_many
 NEG_INF = float("-inf")
 CPU_BACKENDS = ["cpu", "math"]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+# lse in half precision, absolute: the reference takes the same rounded inputs, so only the kernel's
+# float32 arithmetic differs; a 1% error of the softmax sum (log 1.01 = 0.00995) is caught
+LSE_TOL = 5e-3
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -82,14 +85,15 @@ def _close(name, got, want, tol):
 
 
 def _check_lse(lse, ref_lse, tol):
+    """lse against the reference, `tol` absolute (lse grows with the keys: no relative scale)."""
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse.cpu()), fin), (
         "rows that see nothing must have lse = -inf, others finite"
     )
     assert (lse.cpu()[~fin] == NEG_INF).all()
-    _close(
-        "lse", torch.where(fin, lse.cpu().double(), 0), torch.where(fin, ref_lse.detach(), 0), tol
-    )
+    err = (torch.where(fin, lse.cpu().double(), 0) - torch.where(fin, ref_lse.detach(), 0)).abs()
+    worst = err.max().item() if err.numel() else 0.0
+    assert worst <= tol, f"lse: max error {worst:.3g} > {tol:g}"
 
 
 SHAPES = [  # b, sq, sk, hq, hkv, d
@@ -111,7 +115,7 @@ def _run_case(shape, dtype, backend, causal, media, device="cpu", scale=None):
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert out.shape == q.shape and lse.shape == (q.shape[0], q.shape[2], q.shape[1])
     _close("out", out, ro, tol)
-    _check_lse(lse, rl, 1e-5 if dtype == torch.float32 else tol)
+    _check_lse(lse, rl, 1e-5 if dtype == torch.float32 else LSE_TOL)
     dq, dk, dv = attn_bwd(
         w.to(device, dtype),
         q,
@@ -475,6 +479,22 @@ def test_cuda_backends_match_reference(backend, media):
 @cuda
 def test_cuda_fp32_efficient():
     _run_case((1, 5, 70, 4, 2, 32), torch.float32, "efficient", False, True, device="cuda")
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_kernels_at_7b_shapes_match_float64(tmp_path):
+    """Every CUDA backend at mPLUG-Owl3-7B's head shapes (28/4 heads, d 128) against tens of
+    thousands of keys (48 frames of 729): output and lse against float64, within tolerances a 1%
+    lse error fails (scripts/check_kernels.py, the acceptance run's second item)."""
+    import argparse
+
+    from scripts.check_kernels import check
+    from scripts.harness import Rows
+
+    args = argparse.Namespace(device="cuda", frames=48, rows=256, dtype=None, backends=None)
+    rows = Rows(tmp_path / "kernels.json")
+    assert check(args, rows), [r["why"] for r in rows.rows if not r.get("ok", True)]
 
 
 def test_unverified_cuda_paths_fall_back_when_they_reject_arguments(monkeypatch):

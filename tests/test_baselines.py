@@ -10,14 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_reference import reference_attention
-from gloo_ranks import run_ranks
 
-from lvx_app.attention.baselines import (
-    allgather_xattn,
-    ring_xattn,
-    ulysses_supported,
-    ulysses_xattn,
-)
+from scripts.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn
+from scripts.gloo_ranks import run_ranks
 
 PATHS = {"ring": ring_xattn, "ulysses": ulysses_xattn, "allgather": allgather_xattn}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -199,7 +194,7 @@ def test_ulysses_says_which_heads_work():
 def _with_lse_cases(rank: int, world: int):
     """The engine's forward-only baselines: this rank's (out, lse) against the float64 reference's
     shards."""
-    from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
+    from scripts.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
     results = []
     for case in [c for c in CASES if c[7] == torch.float32]:

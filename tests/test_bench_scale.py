@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from bench_scale import METRICS, TIMES, exponents, fastest, too_fast, tree_cpu_s, write_cues
 
 from lvx_app.subtitles import load_srt
+from scripts.bench_scale import METRICS, TIMES, exponents, fastest, too_fast, tree_cpu_s, write_cues
 
 
 def _row(minutes: float, ranks: int, scale: float, prefill_power: float = 2.0) -> dict:

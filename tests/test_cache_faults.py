@@ -16,7 +16,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from gloo_ranks import run_ranks
 from safetensors import SafetensorError
 from test_engine import _lvx
 from test_video_cache import key_for, save_made_from, save_shard
@@ -31,6 +30,7 @@ from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_identity
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+from scripts.gloo_ranks import run_ranks
 
 READ_ONLY = 'mount --bind -o ro "$0" "$0"'
 TINY = 'mount -t tmpfs -o size=4k tmpfs "$0"'  # room for the fingerprints, not for features

@@ -7,9 +7,7 @@ no op ever gets a K/V with more than Hkv heads. The real kernels run in the CUDA
 test_attention_kernels.py.
 """
 
-import importlib.util
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -183,32 +181,25 @@ def test_a_rejected_call_falls_back_and_the_tally_says_so(standins, monkeypatch)
     }
 
 
-def _bench_xattn():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_xattn.py"
-    spec = importlib.util.spec_from_file_location("bench_xattn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_xattn_names_the_kernels_that_ran_and_every_fallback(standins, monkeypatch):
+def test_bench_xattn_7b_names_the_kernels_that_ran_and_every_fallback(standins, monkeypatch):
     """cuDNN's row says its backward ran on "efficient"; a backend whose op rejects the call is
-    timed on "efficient" and its row and the JSON's fallback lines say so."""
-    bench = _bench_xattn()
-    q, k, v, _, _ = _inputs(1, 6, 40, HQ, HKV, 16, dtype=torch.bfloat16)
-    cpu = torch.device("cpu")
-    row = bench._bench_backend("cudnn", (q, k, v, torch.ones_like(q)), cpu, 1, 0)
+    timed on "efficient" and its row and the JSON's fallback lines say so; both rows' values are
+    checked against float64."""
+    from scripts import bench_xattn_7b as bench
+
+    block = bench.block("cpu", 6, 40, torch.bfloat16)
+    row = bench.bench_backend("cudnn", block, 1, 0)
     assert row["ran"] == {"attn_fwd": ["cudnn"], "attn_bwd": ["efficient"]}
-    assert row["fallbacks"] == {"attn_fwd": {}, "attn_bwd": {}}
+    assert row["fallbacks"] == [] and row["values_ok"], row["values_off"]
 
     def reject(*args, **kwargs):
         raise RuntimeError("flash: unsupported head_dim")
 
     monkeypatch.setitem(backends.KERNEL_OPS, "flash_fwd", reject)
     with pytest.warns(backends.BackendFallbackWarning):
-        row = bench._bench_backend("flash", (q, k, v, torch.ones_like(q)), cpu, 2, 1)
+        row = bench.bench_backend("flash", block, 2, 1)
     assert row["ran"] == {"attn_fwd": ["efficient"], "attn_bwd": ["flash"]}
-    assert bench.fallback_lines({"flash": row}) == [
+    assert row["fallbacks"] == [
         "flash attn_fwd: fwd flash -> efficient: flash: unsupported head_dim (4 calls)"
     ]
 

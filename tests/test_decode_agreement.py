@@ -12,7 +12,6 @@ from contextlib import contextmanager, nullcontext
 import pytest
 import torch
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 from test_engine import QUESTIONS
 from test_generation_cache import ONE_PROCESS, _setup
 
@@ -20,6 +19,7 @@ from lvx_app.attention import Carry, decode_xattn
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
+from scripts.gloo_ranks import run_ranks
 
 
 class RidingStandIn:

@@ -4,9 +4,9 @@ identical."""
 import pytest
 import torch
 from attn_reference import reference_attention
-from gloo_ranks import run_ranks
 
 from lvx_app.attention import decode_xattn
+from scripts.gloo_ranks import run_ranks
 
 B, SK, HQ, HKV, D = 2, 19, 8, 2, 8
 

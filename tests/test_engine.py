@@ -11,9 +11,7 @@ import time
 
 import pytest
 import torch
-from baselines import baseline_parallelize
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 from test_generation_cache import generate
 from timing import scaled
 
@@ -24,6 +22,8 @@ from lvx_app.engine.session import RankSession
 from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
+from scripts.baselines.engine import baseline_parallelize
+from scripts.gloo_ranks import run_ranks
 
 QUESTIONS = ("what happens in the video?", "and after that?")
 PARAMS = GenerationConfig(max_new_tokens=10)
@@ -145,8 +145,8 @@ def test_sharded_engine_answers_like_one_process(
 def test_ring_and_allgather_baselines_answer_like_one_process(
     tiny_checkpoints, short_video, tmp_path, generation
 ):
-    """The benchmarks' baselines, installed from outside (scripts/baselines.py), run the same chat:
-    same tokens, and K/V really travel."""
+    """The benchmarks' baselines, installed from outside (scripts/baselines/engine.py), run the same
+    chat: same tokens, and K/V really travel."""
     checkpoint = tiny_checkpoints[generation]
     expected = _reference(checkpoint, short_video)
     sent = {}

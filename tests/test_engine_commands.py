@@ -8,7 +8,6 @@ import threading
 from multiprocessing import Pipe
 
 import pytest
-from gloo_ranks import run_ranks
 
 from lvx_app.config import Config
 from lvx_app.engine.api import QuestionTooLong
@@ -18,6 +17,7 @@ from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.launcher import RemoteEngine
 from lvx_app.runtime.socket_link import serve_link
 from lvx_app.wire import Reply, Request, receive, send
+from scripts.gloo_ranks import run_ranks
 
 
 class EchoSession:

@@ -5,11 +5,11 @@ layer."""
 import pytest
 import torch.distributed as dist
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 
 from lvx_app.config import ConfigError
 from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
+from scripts.gloo_ranks import run_ranks
 
 COLLECTIVES = (
     "all_gather",

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 from test_engine import PARAMS, QUESTIONS, _reference
 
 from lvx_app.engine.api import EngineWarning
@@ -18,6 +17,7 @@ from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.open import open_engine
 from lvx_app.subtitles import Cue
+from scripts.gloo_ranks import run_ranks
 
 CUES = [
     Cue(0.0, 2.2, "hello and welcome."),

@@ -6,8 +6,9 @@ longer answer."""
 from __future__ import annotations
 
 import pytest
-from gloo_ranks import run_ranks
 from host_syncs import decode_reads
+
+from scripts.gloo_ranks import run_ranks
 
 SHORT, LONG = 6, 22
 

@@ -125,9 +125,12 @@ def test_no_file_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
+BESIDE = sorted((ROOT / "scripts").rglob("*.py"))  # benchmarks, baselines: not the product
+
+
 def _long_functions() -> list[str]:
     out = []
-    for module, path in MODULES.items():
+    for path in [*MODULES.values(), *BESIDE]:
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse("\n".join(lines))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -142,6 +145,29 @@ def _long_functions() -> list[str]:
 
 def test_no_function_over_60_lines_without_a_reason():
     assert not _long_functions(), "\n".join(_long_functions())
+
+
+def _import_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module or "")
+    return names
+
+
+def test_the_product_never_imports_what_lives_beside_it():
+    """scripts/ (benchmarks, the baselines, the acceptance run) sits beside the installed packages:
+    it installs its attention from outside, and nothing in them imports it."""
+    assert not (ROOT / "lvx_app" / "attention" / "baselines").exists()
+    inward = [
+        f"{module} imports {name}"
+        for module, path in MODULES.items()
+        for name in _import_names(path)
+        if name == "scripts" or name.startswith("scripts.")
+    ]
+    assert not inward, "\n".join(inward)
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from emulated_link import Nic, emulated_link
-from gloo_ranks import run_ranks
 
 from lvx_app.parallel import RingComm
 from lvx_app.parallel.collectives import allgather_seq
+from scripts.emulated_link import Nic, emulated_link
+from scripts.gloo_ranks import run_ranks
 
 GBPS = 1 / 300  # 3.3 MB/s: 1 MB takes 0.3 s, wide margins for a loaded 2-core machine
 COMPUTE_S = 0.2

@@ -9,9 +9,9 @@ checked exactly against the Q/O/lse(/dO/dQ) sizes: K/V never travel.
 import pytest
 import torch
 from attn_reference import reference_attention
-from gloo_ranks import run_ranks
 
 from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse, masks
+from scripts.gloo_ranks import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
 # against the float64 reference; bf16: the running O is rounded to bf16 at every hop of the ring

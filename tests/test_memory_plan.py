@@ -5,13 +5,16 @@ formula agrees with the measured peak RSS of the model code on this CPU within 1
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from memory_plan import (
+
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.mplug_owl3.modeling import Owl3Model
+from lvx_models.mplug_owl3.tiny import tiny_config
+from scripts import plan_gpu
+from scripts.memory_plan import (
     GB,
     Workload,
     kernel_calls,
@@ -20,16 +23,6 @@ from memory_plan import (
     param_counts,
     time_plan,
 )
-
-from lvx_models.mplug_owl3.config import Owl3Config
-from lvx_models.mplug_owl3.modeling import Owl3Model
-from lvx_models.mplug_owl3.tiny import tiny_config
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("plan_gpu", ROOT / "scripts" / "plan_gpu.py")
-plan_gpu = importlib.util.module_from_spec(_spec)
-sys.modules["plan_gpu"] = plan_gpu
-_spec.loader.exec_module(plan_gpu)
 
 
 def test_meta_counts_equal_a_real_model() -> None:
@@ -118,9 +111,9 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     """The plan's text K/V buffer follows `_LayerKV`: a real cache fed a prompt, a question, then
     one token at a time ends with the buffer the plan names (with the growth before it)."""
     import torch
-    from memory_plan import _text_buffer
 
     from lvx_models.mplug_owl3 import qwen2
+    from scripts.memory_plan import _text_buffer
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
     model = Owl3Model(tiny_config("g2")).eval()

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
 from test_generation_cache import generate
 from test_hyper_attention import P, tiny_config, tiny_model
+
+from scripts.gloo_ranks import run_ranks
 
 # the three checkpoint generations, each in the same ranks (no extra spawn)
 FORMS = ("g1-gateproj", "g1", "g2")

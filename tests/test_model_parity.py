@@ -215,10 +215,10 @@ def test_loaded_tower_and_projector_match_transformers(tiny_checkpoints, form):
     holding every `vision_model.*` tensor of the same file (the unused last layer, post_layernorm
     and head included), built as `scripts/bench_vision.py` builds it: the tower equals
     `hidden_states[-2]`, and `encode_images` (any batch size) the same projector after it."""
-    from bench_vision import siglip_model
     from safetensors.torch import load_file
 
     from lvx_models.mplug_owl3.loader import load_model
+    from scripts.bench_vision import siglip_model
 
     model, cfg, _ = load_model(tiny_checkpoints[form], parts=("vision", "projector"))
     tensors = {
@@ -241,7 +241,7 @@ def test_bench_vision_compares_equal_outputs(tmp_path):
     one row per contender with the ratio against transformers on the used layers."""
     import json
 
-    from bench_vision import REFERENCE, main
+    from scripts.bench_vision import REFERENCE, main
 
     out = tmp_path / "vision.json"
     assert (
@@ -261,11 +261,11 @@ def test_tower_at_onednn_sizes_matches_transformers(monkeypatch):
     row of the benchmark's comparison, through the same key mapping."""
     import dataclasses
 
-    from bench_vision import REFERENCE, contenders, random_visual_weights
     from test_vision import CountingOneDNN
 
     from lvx_models.mplug_owl3 import vision
     from lvx_models.mplug_owl3.tiny import tiny_config
+    from scripts.bench_vision import REFERENCE, contenders, random_visual_weights
 
     if vision._ONEDNN_LINEAR is None:
         pytest.skip("this torch build has no oneDNN")

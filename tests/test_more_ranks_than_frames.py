@@ -6,12 +6,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from gloo_ranks import run_ranks
 from test_engine import QUESTIONS, _config
 
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
+from scripts.gloo_ranks import run_ranks
 
 
 def _two_loads(rank: int, world: int, checkpoint: str, video: str, cache_dir: str, options: dict):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_configs import engine_config
-from gloo_ranks import run_ranks
 
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import VideoRequest
+from scripts.gloo_ranks import run_ranks
 
 OOM = "CUDA out of memory. Tried to allocate 20.00 GiB"
 

@@ -1,11 +1,12 @@
-"""The scaling of `bench_xattn.py --paper`: each Table 3 row's per-rank proportions, and a link on
+"""The scaling of `bench_paper.py`: each Table 3 row's per-rank proportions, and a link on
 which transfer time over compute time is the row's on the 16 A100s."""
 
 from __future__ import annotations
 
 import pytest
-from emulated_link import NCCL_NET_LATENCY_S
-from paper_emulation import (
+
+from scripts.emulated_link import NCCL_NET_LATENCY_S
+from scripts.paper_emulation import (
     MODELS,
     PAPER_LINK_BYTES_PER_S,
     PAPER_RANKS,

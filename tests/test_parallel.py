@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from gloo_ranks import RankFailed, run_ranks
 from timing import scaled
 
 from lvx_app.parallel import RingComm, get_rank, get_world_size
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
+from scripts.gloo_ranks import RankFailed, run_ranks
 
 
 def _ring_pass(rank: int, world: int, n: int):

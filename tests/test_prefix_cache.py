@@ -17,7 +17,6 @@ from cache_damage import (
     check_damage_is_discarded,
     damage,
 )
-from gloo_ranks import run_ranks
 from typer.testing import CliRunner
 
 from lvx_app.cache import CacheWarning, FeatureKey, PrefixCache, PrefixKey, SavedPrefix
@@ -27,6 +26,7 @@ from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
+from scripts.gloo_ranks import run_ranks
 
 PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"

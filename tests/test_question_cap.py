@@ -4,7 +4,6 @@ it."""
 from __future__ import annotations
 
 import pytest
-from gloo_ranks import run_ranks
 from test_engine import QUESTIONS, _config, _lvx
 
 from lvx_app.engine import limits
@@ -13,6 +12,7 @@ from lvx_app.engine.session import RankSession
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_models.mplug_owl3.config import Owl3Config
+from scripts.gloo_ranks import run_ranks
 
 HUGE = "why? " * 40_000  # 200,000 characters: under the character cap, over the context in tokens
 PASTE = "why? " * 1_999_999 + "why?!"  # 10,000,000 characters: over the character cap

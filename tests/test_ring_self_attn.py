@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from attn_reference import reference_attention
-from gloo_ranks import run_ranks
 
-from lvx_app.attention.baselines import ring_self_attn
 from lvx_app.parallel.layout import zigzag_chunk_sizes, zigzag_indices, zigzag_shard, zigzag_unshard
+from scripts.baselines import ring_self_attn
+from scripts.gloo_ranks import run_ranks
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -103,7 +103,7 @@ def test_zigzag_rejects_a_wrong_layout():
 
 def _balance(rank: int, world: int):
     """Count query-key pairs each rank computes: zigzag keeps them equal."""
-    from lvx_app.attention.baselines import ring
+    from scripts.baselines import ring
 
     done = []
     real = ring.attn_fwd

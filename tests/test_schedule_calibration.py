@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
 
 from lvx_app.attention import schedule
 from lvx_app.attention.schedule import (
@@ -23,6 +22,7 @@ from lvx_app.attention.schedule import (
     write_calibration,
 )
 from lvx_app.config import Config
+from scripts.gloo_ranks import run_ranks
 
 
 @pytest.fixture(autouse=True)

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 from engine_configs import engine_config, train_config
-from gloo_ranks import run_ranks
 from timing import scaled
 
 from lvx_app.parallel.layout import owned
 from lvx_app.train.data import IGNORE, DataError, load_jsonl, tokenize
 from lvx_app.train.loop import Trainer, run_training
+from scripts.gloo_ranks import run_ranks
 
 MESSAGES = [
     {"role": "user", "content": "<|video|>\nwhat color is the square?"},

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gloo_ranks import free_port
+
+from scripts.gloo_ranks import free_port
 
 pytestmark = pytest.mark.slow
 

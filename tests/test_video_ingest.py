@@ -7,7 +7,6 @@ from fractions import Fraction
 
 import pytest
 import torch
-from gloo_ranks import RankFailed, run_ranks
 from timing import scaled
 from videos import (
     IndexEncoder,
@@ -32,6 +31,7 @@ from lvx_app.video import (
     VideoWarning,
     ingest,
 )
+from scripts.gloo_ranks import RankFailed, run_ranks
 
 S = 32  # image size: tiny, the index blocks survive the resize
 

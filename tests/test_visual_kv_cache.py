@@ -18,7 +18,6 @@ from cache_damage import (
     check_a_folder_holding_files_is_left_alone,
     check_damage_is_discarded,
 )
-from gloo_ranks import run_ranks
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -30,6 +29,7 @@ from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.engine.visual_kv import should_save
 from lvx_app.parallel.group import init_distributed
+from scripts.gloo_ranks import run_ranks
 
 PARAMS = GenerationConfig(max_new_tokens=8)
 QUESTION = "what happens in the video?"

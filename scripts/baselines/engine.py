@@ -9,7 +9,7 @@ combine, costs these baselines one small all-gather of its own.
     engine = open_engine(config, entry=baseline_entry("Ring pass-KV"))   # a group of ranks
     session = RankSession(config, info, baseline_parallelize("Ring pass-KV"))  # one rank, in tests
 
-Run as a script it is the rank entry point: `python scripts/baselines.py --attention LABEL
+Run as a script it is the rank entry point: `python scripts/baselines/engine.py --attention LABEL
 --config JSON`.
 """
 
@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+    import scripts  # noqa: F401
 
-from lvx_app.attention.baselines import allgather_xattn_with_lse, ring_xattn_with_lse  # noqa: E402
-from lvx_app.attention.masks import device_tensor  # noqa: E402
-from lvx_app.engine.parallelize import ShardedAttention, parallelize  # noqa: E402
-from lvx_app.runtime import rank_main  # noqa: E402
+from lvx_app.attention.masks import device_tensor
+from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.runtime import rank_main
+from scripts.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
 
 class _KVMoving(ShardedAttention):

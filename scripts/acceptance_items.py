@@ -1,0 +1,159 @@
+"""What the acceptance run runs: the first command's items, in the order of what matters most on a
+short GPU rental, and the second command's, with their time limits and the files each writes.
+
+First (`--first`, about 7 minutes on one H100): versions and device; the attention kernels checked
+at 7B shapes (output and lse against float64); LV-XAttn's block forward and backward at 7B shapes;
+decoding tokens/s eager, then with CUDA graphs (each its own file and limit); time to first token
+and prompt prefill at 10 and 60 minutes of video with peak memory; the compiled decode only when a C
+compiler is there and its whole limit is left. Second (`--second`): the compiled decode (and with
+CUDA graphs), the CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and
+PyAV), NCCL and the ring/gather crossover (2+ GPUs). `--rehearse` gives the same items at small
+shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU time.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT_MINUTES = (10, 60)  # the video lengths of the first command's chat
+REHEARSAL_SCALE = 100  # a rehearsal's video is this many times shorter
+REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
+LVX_CLI = ("-m", "lvx_app.cli")  # how a child runs the `lvx` command (the checkout's own)
+
+
+@dataclass
+class Item:
+    """One check: a command run from the repository root, or skipped with `skip` as the reason."""
+
+    name: str
+    command: list[str]
+    timeout_s: int
+    needs: tuple[str, ...] = ()  # optional packages this item cannot run without
+    min_gpus: int = 1
+    skip: str | None = None
+    pytest: bool = False  # read pytest's summary counts from its output
+    writes: tuple[str, ...] = ()  # the files it writes under --out
+    key: str | None = None  # its figures' entry in the first file it writes, when it shares it
+    compiler: bool = False  # needs a C compiler (torch.compile)
+    if_time_left: bool = False  # runs only when its whole limit is left in the budget
+    reports_machine: bool = False  # its output's last line is the machine's JSON (versions.py)
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def _pytest(*args: str) -> list[str]:
+    return _py("-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *args)
+
+
+def cuda_test_files() -> list[str]:
+    """The test files that carry CUDA marks: only these are collected, so no other file's optional
+    imports can stop the CUDA tests."""
+    files = (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in files if "mark.cuda" in p.read_text())
+
+
+def _decode(mode: str, out: Path, rehearse: bool, **kw) -> Item:
+    """Decoding in one mode (its own process, file and limit): tok/s, syncs and launches per token
+    at 10 minutes of video, beside the plan."""
+    name = f"decode_{mode.replace('+cuda-graphs', '-graphs')}.json"
+    shape = ["--device", "cpu", "--minutes", "0.1", "--new-tokens", "8"]
+    args = shape if rehearse else ["--device", "cuda", "--minutes", str(CHAT_MINUTES[0])]
+    command = _py("scripts/bench_decode.py", *args, "--modes", mode, "--out", str(out / name))
+    return Item(f"decode tok/s, {mode}", command, kw.pop("timeout_s", 150), writes=(name,), **kw)
+
+
+def first_items(out: Path, scratch: Path, rehearse: bool = False) -> list[Item]:
+    """The first command's items, most important first (the module's docstring)."""
+    device = ["--device", "cpu" if rehearse else "cuda"]
+    check = ["--frames", "2", "--rows", "32"] if rehearse else []
+    block = ["--frames", "16", "--iters", "1", "--warmup", "1"] if rehearse else []
+    scale = REHEARSAL_SCALE if rehearse else 1
+    minutes = [f"{m / scale:g}" for m in CHAT_MINUTES]
+    chat = ["--shape", "small", "--new-tokens", "4"] if rehearse else []
+    kernels = str(out / "kernels_7b.json")
+    compile_skip = "compiling for a CPU says nothing of the GPU's" if rehearse else None
+    return [
+        Item("versions and device", _py("scripts/versions.py"), 60, reports_machine=True),
+        Item(
+            "kernels at 7B shapes vs float64 (output, lse)",
+            _py("scripts/check_kernels.py", *device, *check, "--out", kernels, "--out-key",
+                "checks"),
+            150, writes=("kernels_7b.json",), key="checks",
+        ),
+        Item(
+            "LV-XAttn block forward and backward at 7B shapes",
+            _py("scripts/bench_xattn_7b.py", *device, *block, "--out", kernels, "--out-key",
+                "lv_xattn"),
+            150, writes=("kernels_7b.json",), key="lv_xattn",
+        ),
+        _decode("eager", out, rehearse),
+        _decode("cuda-graphs", out, rehearse),
+        Item(
+            f"chat: TTFT and prefill at {' and '.join(minutes)} min",
+            _py("scripts/bench_chat_7b.py", *device, *chat, "--minutes", *minutes,
+                "--out", str(out / "chat_7b.json")),
+            300, writes=("chat_7b.json",),
+        ),
+        _decode("compile", out, rehearse, timeout_s=240, compiler=True, if_time_left=True,
+                skip=compile_skip),
+    ]  # fmt: skip
+
+
+def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
+    """The second command's items: what the first leaves out."""
+    device = ["--device", "cpu" if rehearse else "cuda"]
+    finetune = ["--frames", "4", "--steps", "1"] if rehearse else []
+    ingest = ["--minutes", "1", "--height", "360", "--workers", "1"] if rehearse else []
+    ranks = ["--gpus", "0", "--ranks", "2"] if rehearse else ["--gpus", str(min(gpus, 2))]
+    world = str(REHEARSAL_GPUS) if rehearse else str(min(gpus, 8))
+    torchrun = _py("-m", "torch.distributed.run", f"--nproc-per-node={world}")
+    calibrate = ["--rows", "8", "64", "--frames", "4", "--iters", "1"] if rehearse else device
+    where = ["--calibration-file", str(out / "calibration.json")] if rehearse else []
+    compile_skip = "compiling for a CPU says nothing of the GPU's" if rehearse else None
+    gloo = " (gloo)" if rehearse else ""
+    return [
+        _decode("compile", out, rehearse, timeout_s=240, compiler=True, skip=compile_skip),
+        _decode("compile+cuda-graphs", out, rehearse, timeout_s=240, compiler=True,
+                skip=compile_skip),
+        Item("cuda tests", _pytest("-m", "cuda", *cuda_test_files()), 240, pytest=True),
+        Item(
+            "bench_finetune",
+            _py("scripts/bench_finetune.py", *device, *finetune, "--out",
+                str(out / "bench_finetune.json")),
+            300, writes=("bench_finetune.json",),
+        ),
+        Item(
+            "lvx demo", _py(*LVX_CLI, "demo", *ranks, "--workdir", str(scratch / "demo")), 300,
+            needs=("decord", "av"),
+        ),
+        Item(
+            "bench_ingest",
+            _py("scripts/bench_ingest.py", *device, *(ingest or ["--minutes", "10"]),
+                "--video-dir", str(scratch / "videos"), "--out", str(out / "bench_ingest.json")),
+            420, needs=("decord", "av"), writes=("bench_ingest.json",),
+        ),
+        Item(
+            f"nccl lv_xattn + decode_xattn{gloo}",
+            [*torchrun, "scripts/nccl_check.py", *(["--cpu"] if rehearse else [])], 180,
+            min_gpus=2,
+        ),
+        Item(
+            f"ring/gather crossover calibrated{gloo}",
+            [*torchrun, "scripts/bench_schedule.py", "--calibrate", *calibrate, *where,
+             "--out", str(out / "bench_schedule.json")],
+            180, min_gpus=2, writes=("bench_schedule.json",),
+        ),
+    ]  # fmt: skip
+
+
+def select(items: list[Item], only: str) -> None:
+    """`--only a,b`: mark every item whose name contains none of the words as skipped."""
+    words = [w.strip() for w in only.split(",") if w.strip()]
+    for item in items:
+        if words and not any(w in item.name for w in words):
+            item.skip = f"not selected (--only {only})"

@@ -1,0 +1,255 @@
+"""The acceptance run's report: one row per item (pending, running, passed, failed with one line,
+skipped with the reason; pytest's counts, every attention-kernel fallback, the files it wrote), the
+machine, and the measured-versus-planned table, which exists from the start with the plan's figures
+and fills in as each item's file appears. `acceptance.json` (strict JSON) and `acceptance.md` are
+replaced atomically after every change, so a run killed at any point leaves a valid report.
+
+An item passes only if it ran something: a pytest item whose tests were all skipped is "skipped",
+and so is a benchmark whose JSON says every case it was asked for was skipped (CUDA graphs on a
+CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from scripts.acceptance_items import Item
+from scripts.harness import write_json
+
+SCHEMA = 3
+TAIL_LINES = 40
+DECODE_MODES = ("eager", "cuda-graphs", "compile", "compile-graphs")
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # pending | running | passed | failed | skipped
+    reason: str  # one line: why it failed or was skipped, or what a passed item should flag
+    seconds: float
+    command: str
+    tail: str = ""  # the last lines of its output, passed or not
+    counts: dict[str, int] = field(default_factory=dict)  # pytest's: passed, skipped, ...
+    fallbacks: list[str] = field(default_factory=list)  # attention kernels that fell back
+    files: list[str] = field(default_factory=list)  # what it wrote under the report's folder
+    figures: dict = field(default_factory=dict)  # its JSON output line (versions.py: the machine)
+
+
+@dataclass
+class Report:
+    schema: int
+    started: str
+    mode: str  # "gpu" or "rehearsal"
+    run: str  # "first" or "second"
+    machine: dict
+    budget_s: int
+    missing: dict[str, str]
+    checkout: str  # how the children import lvx
+    results: list[Result] = field(default_factory=list)
+    comparison: list[dict] = field(default_factory=list)  # measured vs planned, per figure
+    notes: list[str] = field(default_factory=list)
+    updated: str = ""
+    finished: bool = False  # False: the run was stopped, or is still going
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def one_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "no output")[:300]
+
+
+# ----------------------------------------------------------------------------- an item's outcome
+
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)\b")
+_PLURAL = {"error": "errors", "warning": "warnings"}
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """pytest's closing summary ("11 skipped, 77 deselected in 0.1s") as counts, plural keys."""
+    for line in reversed(output.strip().splitlines()):
+        found = _COUNT.findall(line)
+        if found and " in " in line:
+            return {_PLURAL.get(word, word): int(n) for n, word in found}
+    return {}
+
+
+def figures(out: Path | None, item: Item) -> dict | None:
+    """What the item wrote to its first file (its entry there when it shares the file), if any."""
+    if out is None or not item.writes:
+        return None
+    try:
+        data = json.loads((out / item.writes[0]).read_text())
+    except (OSError, ValueError):
+        return None
+    data = data.get(item.key) if item.key and isinstance(data, dict) else data
+    return data if isinstance(data, dict) else None
+
+
+def _last_json(output: str) -> dict:
+    try:
+        found = json.loads(output.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def ran_nothing(item: Item, counts: dict[str, int], data: dict | None) -> str | None:
+    """Why an item that exited 0 ran nothing (all its tests skipped, every case skipped), or
+    None."""
+    if item.pytest and not any(counts.get(k) for k in ("passed", "failed", "errors", "xpassed")):
+        return f"ran no test ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'})"
+    if data is not None and data.get("skipped"):
+        return str(data["skipped"])
+    return None
+
+
+def finish(item: Item, result: Result, code: int | None, output: str, out: Path | None) -> None:
+    """Fill in a finished item's result from its exit code, output and files."""
+    result.tail = "\n".join(output.strip().splitlines()[-TAIL_LINES:])
+    result.counts = pytest_counts(output) if item.pytest else {}
+    data = figures(out, item)
+    result.fallbacks = [str(f) for f in (data or {}).get("fallbacks", [])]
+    result.files = [w for w in item.writes if out is not None and (out / w).exists()]
+    if item.reports_machine and code == 0:
+        result.figures = _last_json(output)
+    nothing = ran_nothing(item, result.counts, data) if code == 0 else None
+    if nothing:
+        result.status, result.reason = "skipped", nothing
+    elif code == 0:
+        result.status = "passed"
+        n = len(result.fallbacks)
+        result.reason = f"{n} attention-kernel fallback(s): {result.fallbacks[0]}" if n else ""
+    else:
+        result.status = "failed"
+        why = f"timed out after {result.seconds:.0f} s" if code is None else f"exit {code}"
+        result.reason = why if code is None else f"{why}: {one_line(output)}"
+
+
+# ----------------------------------------------------------------------------- measured vs planned
+
+
+def planned(shape: str, chat_minutes: list[float], decode_minutes: float) -> list[dict]:
+    """The plan's figures (scripts/memory_plan.py) for the model shape the run measures, one row
+    per (figure, minutes), measured cells empty."""
+    from scripts.memory_plan import Workload, memory_plan, time_plan
+    from scripts.random_model import model_config
+
+    cfg, rows = model_config(shape), []
+    for minutes in chat_minutes:
+        work = Workload(minutes=minutes, answer_tokens=64)
+        t = time_plan(cfg, work)
+        for figure, value, source in (
+            ("video-prompt prefill s", t["video-prompt prefill"]["seconds"], "chat_7b.json"),
+            ("TTFT s", t["question prefill (TTFT)"]["seconds"], "chat_7b.json"),
+            ("tokens/s, chat loop", t["tokens/s"], "chat_7b.json"),
+            ("peak GiB", memory_plan(cfg, work).peak / 2**30, "chat_7b.json"),
+        ):
+            rows.append({"figure": figure, "minutes": minutes, "planned": value, "from": source})
+    tokens_s = time_plan(cfg, Workload(minutes=decode_minutes, answer_tokens=64))["tokens/s"]
+    for mode in DECODE_MODES:
+        rows.append({"figure": f"tokens/s, decode {mode}", "minutes": decode_minutes,
+                     "planned": tokens_s, "from": f"decode_{mode}.json"})  # fmt: skip
+    return [row | {"measured": None, "measured/planned": None} for row in rows]
+
+
+_CHAT = {
+    "video-prompt prefill s": "video_prompt_prefill_s",
+    "TTFT s": "ttft_s",
+    "tokens/s, chat loop": "tokens_per_s",
+    "peak GiB": "peak_gib",
+}
+
+
+def _measured(out: Path, row: dict) -> float | None:
+    try:
+        data = json.loads((out / row["from"]).read_text())
+    except (OSError, ValueError):
+        return None
+    for r in data.get("rows", []):
+        if row["figure"] in _CHAT and abs(r.get("minutes", -1) - row["minutes"]) < 1e-9:
+            return r.get(_CHAT[row["figure"]])
+        if row["figure"].startswith("tokens/s, decode") and "tokens_per_s" in r:
+            return r["tokens_per_s"]
+    return None
+
+
+def compare(out: Path, rows: list[dict]) -> list[dict]:
+    """The planned rows with every figure measured so far filled in."""
+    filled = []
+    for row in rows:
+        measured = _measured(out, row)
+        ratio = measured / row["planned"] if measured is not None and row["planned"] else None
+        filled.append(row | {"measured": measured, "measured/planned": ratio})
+    return filled
+
+
+def decode_answers_note(out: Path) -> str | None:
+    """Whether every decode mode that ran gave the same greedy answer (None: fewer than two)."""
+    answers = {}
+    for mode in DECODE_MODES:
+        try:
+            rows = json.loads((out / f"decode_{mode}.json").read_text())["rows"]
+        except (OSError, ValueError, KeyError):
+            continue
+        answers |= {mode: r["answer"] for r in rows if "answer" in r}
+    if len(answers) < 2:
+        return None
+    same = len({tuple(a) for a in answers.values()}) == 1
+    return f"Decoding: {'the same' if same else 'DIFFERENT'} answers in {', '.join(answers)}."
+
+
+# ----------------------------------------------------------------------------- the files
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _md_row(r: Result) -> str:
+    counts = ", ".join(f"{v} {k}" for k, v in r.counts.items())
+    why = "; ".join(x for x in (r.reason, counts) if x).replace("|", "/")
+    return f"| {r.name} | {r.status} | {r.seconds:.0f} | {why} | {', '.join(r.files)} |"
+
+
+def markdown(report: Report) -> str:
+    """The summary a person reads: machine, missing packages, one row per item, every fallback,
+    measured vs planned."""
+    state = "finished" if report.finished else f"NOT FINISHED (last written {report.updated})"
+    lines = [
+        f"# GPU acceptance, {report.run} command ({report.mode}), {report.started}: {state}",
+        "", f"Machine: {json.dumps(report.machine)}", "",
+        f"Time budget: {report.budget_s / 60:.0f} min. lvx: {report.checkout}.", "",
+    ]  # fmt: skip
+    if report.missing:
+        missing = "; ".join(f"{k} ({v})" for k, v in report.missing.items())
+        lines += [f"Not installed (items needing them are skipped): {missing}", ""]
+    lines += ["| item | status | s | reason | files |", "|---|---|---|---|---|"]
+    lines += [_md_row(r) for r in report.results]
+    fell = [f"- {r.name}: {f}" for r in report.results for f in r.fallbacks]
+    if fell:
+        lines += ["", "Attention-kernel fallbacks (the figures are the fallback kernel's):", *fell]
+    lines += [f"\n{note}" for note in report.notes]
+    if report.comparison:
+        keys = ["figure", "minutes", "planned", "measured", "measured/planned"]
+        lines += ["", "Measured vs planned (`scripts/plan_gpu.py`), one device:", ""]
+        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in report.comparison]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: Report, out: Path) -> tuple[Path, Path]:
+    """acceptance.json and acceptance.md, each replaced atomically."""
+    report.updated = now()
+    md = out / "acceptance.md"
+    tmp = md.with_name(".acceptance.md.tmp")
+    js = write_json(out / "acceptance.json", asdict(report))
+    tmp.write_text(markdown(report))
+    tmp.replace(md)
+    return js, md

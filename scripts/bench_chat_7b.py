@@ -1,0 +1,154 @@
+"""One chat on one device at mPLUG-Owl3-7B-241101's shapes, by video length: visual K/V, the video
+prompt's prefill, time to first token, decode tokens/s and peak memory, the figures the memory plan
+projects (scripts/plan_gpu.py).
+
+Random weights allocated directly in bf16 on the GPU, random visual features for each length at
+1 fps (729 tokens per frame, 5 placeholder tokens per frame), the model code the engine runs on one
+rank: visual K/V preparation, prefill of the video prompt, TTFT of a question prefilled on top of
+that cache (the median of 3, after one warm-up question; a short text forward before anything is
+timed), and decode tokens/s. Like the engine, every token is read back to the host before the next
+step (what the plan's tokens/s includes). Every row lists the attention kernels each phase ran and
+any fallback (also gathered under "fallbacks"); the file is rewritten after each length, so a
+length that runs out of memory or time leaves the earlier ones. `--shape small` runs the same path
+at small shapes (the CPU rehearsal).
+
+    python scripts/bench_chat_7b.py --device cuda --minutes 10 60 --out chat_7b.json
+    python scripts/bench_chat_7b.py --device cpu --shape small --minutes 0.1 --new-tokens 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from functools import partial
+from pathlib import Path
+
+if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    import scripts  # noqa: F401
+
+import torch
+
+from lvx_app.attention.backends import kernel_tally
+from scripts.harness import Rows, command_line, machine, show, timed
+from scripts.random_model import random_model
+
+TTFT_REPEATS = 3  # timed questions per video length, after one warm-up question; TTFT is the median
+HEADER_TOKENS = 18  # chat template tokens before the first frame placeholder (as the plan)
+
+
+def next_token(model, ids, cache, visual) -> torch.Tensor:
+    """The greedy next token, read back to the host as the engine reads every token."""
+    token = model(ids, cache=cache, visual=visual, last_only=True)[0, -1].argmax().view(1, 1)
+    int(token)  # the engine's one host read per token: the next step waits for it
+    return token
+
+
+def _ask(model, question, cache, visual, prefix_len: int, device) -> tuple:
+    """One question prefilled on the video prompt's cache (any earlier turn dropped first):
+    (its first answer token, TTFT)."""
+    cache.truncate(prefix_len)
+    return timed(partial(next_token, model, question, cache, visual), device)
+
+
+def _decode(model, token, cache, visual, n: int) -> torch.Tensor:
+    for _ in range(n):
+        token = next_token(model, token, cache, visual)
+    return token
+
+
+def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype) -> dict:
+    """One video length: visual K/V, the video prompt, a warm-up question (with a few decoded
+    tokens), TTFT_REPEATS timed questions and a timed decode, with the kernels each phase ran."""
+    cfg = model.config
+    frames = max(1, int(minutes * 60 * fps))
+    starts = HEADER_TOKENS + 5 * torch.arange(frames)
+    prefix_len = int(starts[-1]) + 5
+    ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
+    cache, question, seen = model.new_cache(), ids[:, prefix_len:], {}
+    with kernel_tally() as seen["visual K/V"]:
+        shape = (frames, cfg.vision.num_patches, cfg.hidden_size)
+        features = torch.randn(shape, device=device, dtype=dtype)
+        visual, kv_s = timed(partial(model.prepare_visual, features, starts), device)
+        del features
+    with kernel_tally() as seen["video prompt prefill"]:
+        prompt = partial(model, ids[:, :prefix_len], cache=cache, visual=visual, last_only=True)
+        _, prefill_s = timed(prompt, device)
+    with kernel_tally() as seen["warm-up question"]:
+        token, _ = _ask(model, question, cache, visual, prefix_len, device)
+        timed(partial(_decode, model, token, cache, visual, 2), device)
+    with kernel_tally() as seen["question (TTFT)"]:
+        asked = [
+            _ask(model, question, cache, visual, prefix_len, device) for _ in range(TTFT_REPEATS)
+        ]
+    with kernel_tally() as seen["decode"]:
+        _, decode_s = timed(
+            partial(_decode, model, asked[-1][0], cache, visual, new_tokens), device
+        )
+    ttfts = [t for _, t in asked]
+    return {
+        "minutes": minutes,
+        "frames": frames,
+        "visual_tokens": frames * cfg.vision.num_patches,
+        "prompt_tokens": prefix_len + 24,
+        "visual_kv_s": kv_s,
+        "video_prompt_prefill_s": prefill_s,
+        "ttft_s": statistics.median(ttfts),
+        "ttft_s_all": ttfts,
+        "tokens_per_s": new_tokens / decode_s,
+        "kernels": {phase: dict(tally.calls) for phase, tally in seen.items()},
+        "fallbacks": sorted({f"{p}: {f}" for p, t in seen.items() for f in t.fallbacks}),
+    }
+
+
+def bench(args, rows: Rows) -> None:
+    """One model for every video length, a row saved after each; a short text forward first so
+    that kernel start-up and library initialisation land in no timed figure."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(args.shape, device, dtype)
+    timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
+    for minutes in args.minutes:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        row = length_row(model, minutes, args.fps, args.new_tokens, device, dtype)
+        cuda = device.type == "cuda"
+        row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+        rows.add({"shape": args.shape, **row})
+        rows.save(fallbacks=sorted({f"{r['minutes']:g} min {f}" for r in rows.rows
+                                    for f in r["fallbacks"]}))  # fmt: skip
+        print(
+            f"{minutes:g} min: prefill {row['video_prompt_prefill_s']:.2f} s, TTFT "
+            f"{row['ttft_s']:.3f} s, {row['tokens_per_s']:.1f} tok/s, peak "
+            + (f"{row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else "-"),
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=["7b", "small"], help="default: 7b on a GPU")
+    parser.add_argument(
+        "--minutes", type=float, nargs="+", default=[10.0, 30.0, 60.0], help="video lengths"
+    )
+    parser.add_argument("--fps", type=float, default=1.0)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here, after each length")
+    args = parser.parse_args(argv)
+    args.shape = args.shape or ("7b" if torch.device(args.device).type == "cuda" else "small")
+    title = f"mPLUG-Owl3 {args.shape} shapes, random weights, one {args.device} rank"
+    rows = Rows(args.out, title=title, command=command_line(), machine=machine(args.device))
+    rows.save(fallbacks=[])
+    bench(args, rows)
+    for line in rows.extra["fallbacks"]:
+        print(f"FALLBACK {line}")
+    show(title, rows.rows)
+
+
+if __name__ == "__main__":
+    main()
