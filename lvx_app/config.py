@@ -13,6 +13,7 @@ importing torch.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -237,7 +238,10 @@ class VideoConfig:
         )
         _choice(self.kv_mode, KV_MODES, "--kv-mode")
         _require(isinstance(self.cache, bool), "--cache is true or false")
-        _require(self.cache_dir is None or isinstance(self.cache_dir, str), "--cache-dir is a path")
+        _require(
+            self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)),
+            "--cache-dir is a folder's path",
+        )
         _positive(self.decode_timeout_s, "--decode-timeout", "a number of seconds above 0")
         _require(
             self.decode_workers is None

@@ -118,7 +118,7 @@ def test_a_bad_override_is_one_line_and_keeps_the_video(engine, clip):
 @pytest.mark.parametrize("choice", ["auto", "none", "FILE"])
 def test_subtitles_by_name_from_python(engine, clip, choice):
     """`load_video(v, subtitles="auto"|"none"|FILE)` is the option, as on the command line."""
-    subtitles = str(clip.with_name("clip.fr.srt")) if choice == "FILE" else choice
+    subtitles = clip.with_name("clip.fr.srt") if choice == "FILE" else choice  # a path too
     summary = engine.load_video(clip, subtitles=subtitles)
     lines = {"auto": "the café is open", "none": "", "FILE": "le chat dort"}[choice]
     assert summary.subtitle_lines == (1 if lines else 0) and lines in _block(engine)

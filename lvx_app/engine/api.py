@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -81,16 +82,17 @@ class VideoRequest:
         path: str | Path,
         video: VideoConfig,
         *,
-        subtitles: str | Sequence[Cue] | None = None,
+        subtitles: str | os.PathLike | Sequence[Cue] | None = None,
         opening: VideoOpening | None = None,
         **changes: Any,
     ) -> VideoRequest:
         """The request for `path` with `video`'s options and `changes` to them, each checked as
         the command line's is (a ConfigError line); `subtitles`: auto, none or a FILE (the option),
         or the cues themselves ([] for none)."""
-        if isinstance(subtitles, str):
-            changes["subtitles"] = subtitles
-        cues = None if subtitles is None or isinstance(subtitles, str) else tuple(subtitles)
+        named = isinstance(subtitles, (str, os.PathLike))
+        if named:
+            changes["subtitles"] = str(subtitles)
+        cues = None if subtitles is None or named else tuple(subtitles)
         return cls(str(path), updated(video, **changes), cues, opening or VideoOpening())
 
     @property
