@@ -22,7 +22,7 @@ linear projector to 3584) at a few frames. float32 on CPU. Outputs are checked e
 tolerance) before anything is timed.
 
     python3 scripts/bench_vision.py --threads 2 --json runs/bench_vision.json
-    python3 scripts/bench_vision.py --tiny-frames 600 --real-frames 0 --repeats 3   # tiny only
+    python3 scripts/bench_vision.py --real-frames 0   # tiny shapes only, a few seconds
 """
 
 from __future__ import annotations
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--tiny-frames", type=int, nargs="*", default=[600, 1800])
     parser.add_argument("--real-frames", type=int, nargs="*", default=[2], help="so400m frames")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per frame count")
+    parser.add_argument("--repeats", type=int, default=30, help="timed rounds, tiny shapes")
+    parser.add_argument("--real-repeats", type=int, default=3, help="timed rounds, so400m")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     runs = [("tiny", n) for n in args.tiny_frames] + [("so400m", n) for n in args.real_frames if n]
     for shape, frames in runs:
-        rows += bench_shape(shape, frames, args.repeats)
+        rows += bench_shape(shape, frames, args.repeats if shape == "tiny" else args.real_repeats)
     env["load_average_after"] = os.getloadavg()
     print(table(rows))
     print(f"speed-up: the median time of `{REFERENCE}` over this row's (above 1: faster)")

@@ -29,6 +29,18 @@ def test_residual_stream_is_contiguous():
     assert out.is_contiguous() and out.shape == (3, 4, 32)
 
 
+def test_patch_embedding_is_the_stride_14_convolution():
+    """The patch matmul equals the conv it stands for (float64), also where the image is not a
+    multiple of the patch (30 px: the conv drops the last 2 pixel rows and columns)."""
+    model = tiny_model(tiny_config("g1"))  # 30 px
+    emb = model.vision_model.embeddings
+    px = torch.rand(3, 3, 30, 30, dtype=torch.float64) * 2 - 1
+    with torch.no_grad():
+        conv = F.conv2d(px, emb.patch_embedding.weight, emb.patch_embedding.bias, stride=14)
+        want = conv.flatten(2).transpose(1, 2) + emb.position_embedding.weight
+        torch.testing.assert_close(emb(px), want, rtol=1e-12, atol=1e-12)
+
+
 def test_default_batch_bounds_the_widest_activation():
     """By default encode_images runs as many frames per tower call as keep tokens x MLP width
     within 16 so400m frames' worth: 16 at the released shapes, all 40 frames of a tiny tower in one
@@ -79,13 +91,14 @@ def test_fused_linear_is_one_onednn_call_with_the_plain_ops_result(onednn):
     linear = nn.Linear(256, 128)
     x = torch.randn(256, 1024, generator=g).t()  # (1024, 256), not contiguous
     residual = torch.randn(1024, 128, generator=g)
+    wb = linear.weight, linear.bias
     assert x.numel() * linear.out_features >= vision.ONEDNN_MIN_MACS
     with torch.no_grad():
         plain = linear(x)
         cases = [
-            (fused_linear(x, linear), plain),
-            (fused_linear(x, linear, gelu="tanh"), F.gelu(plain, approximate="tanh")),
-            (fused_linear(x, linear, residual=residual), residual + plain),
+            (fused_linear(x, *wb), plain),
+            (fused_linear(x, *wb, gelu="tanh"), F.gelu(plain, approximate="tanh")),
+            (fused_linear(x, *wb, residual=residual), residual + plain),
         ]
     assert onednn.calls == ["none", "gelu", "add"]
     for got, want in cases:
@@ -97,12 +110,11 @@ def test_fused_linear_takes_the_plain_ops_elsewhere(onednn):
     linear = nn.Linear(256, 128)
     x = torch.randn(1024, 256)
     with torch.no_grad():
-        fused_linear(x[:8], linear)  # below ONEDNN_MIN_MACS
-    y = fused_linear(x, linear, gelu="tanh", residual=None)
-    y.sum().backward()
+        fused_linear(x[:8], linear.weight, linear.bias)  # below ONEDNN_MIN_MACS
+    fused_linear(x, linear.weight, linear.bias, gelu="tanh").sum().backward()
     assert linear.weight.grad is not None
     l64 = nn.Linear(256, 128).double()
     with torch.no_grad():
-        got = fused_linear(x.double(), l64, residual=x[:, :128].double())
+        got = fused_linear(x.double(), l64.weight, l64.bias, residual=x[:, :128].double())
         assert torch.equal(got, x[:, :128].double() + l64(x.double()))
     assert onednn.calls == []

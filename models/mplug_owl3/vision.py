@@ -7,9 +7,9 @@ last layer, `post_layernorm` and the pooling head are never run, so they are not
 `vision_model.`.
 
 Speed without changing the result beyond float rounding:
-- the residual stream is contiguous (N, P, C) from the patch embedding on: the conv's output read as
-  patches-by-channels is a transposed view, and adding to it keeps that layout, so every layer norm
-  would copy it again and every residual add would stride through memory;
+- the residual stream is contiguous (N, P, C) from the patch embedding on (the conv's output read
+  as patches-by-channels is a transposed view, and carried on, every layer norm would copy it again
+  and every residual add would stride through memory);
 - on CPU in float32 without autograd each linear is one oneDNN call with its bias and the GELU or
   the residual add done as the output is written (`fused_linear`); elsewhere the plain ops.
 """
@@ -47,12 +47,14 @@ ONEDNN_MIN_MACS = 1 << 25
 
 def fused_linear(
     x: torch.Tensor,
-    linear: nn.Linear,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
     *,
     gelu: str | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`linear(x)`, then `F.gelu(approximate=gelu)` if `gelu` is given, or `residual +` it.
+    """`F.linear(x, weight, bias)`, then `F.gelu(approximate=gelu)` if `gelu` is given, or
+    `residual +` it.
 
     On CPU in float32 without autograd, from `ONEDNN_MIN_MACS` multiply-adds, it is one oneDNN call
     that adds the bias and applies the GELU or the residual add while writing the output: one pass
@@ -61,16 +63,16 @@ def fused_linear(
     if (
         _ONEDNN_LINEAR is not None
         and x.device.type == "cpu"
-        and x.dtype == linear.weight.dtype == torch.float32
+        and x.dtype == weight.dtype == torch.float32
         and not torch.is_grad_enabled()
-        and x.numel() * linear.out_features >= ONEDNN_MIN_MACS
+        and x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS
     ):
         if residual is not None:
-            return _ONEDNN_LINEAR.binary(x, residual, linear.weight, linear.bias, "add")
+            return _ONEDNN_LINEAR.binary(x, residual, weight, bias, "add")
         if gelu is not None:
-            return _ONEDNN_LINEAR(x, linear.weight, linear.bias, "gelu", [], gelu)
-        return _ONEDNN_LINEAR(x, linear.weight, linear.bias, "none", [], "")
-    y = linear(x)
+            return _ONEDNN_LINEAR(x, weight, bias, "gelu", [], gelu)
+        return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+    y = F.linear(x, weight, bias)
     if gelu is not None:
         y = F.gelu(y, approximate=gelu)
     return y if residual is None else residual + y
@@ -91,11 +93,18 @@ class SiglipEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(cfg.num_patches, cfg.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        # stride-14 conv without padding: 384 and 378 both give a 27x27 grid (384 drops 6 pixels
-        # right/bottom)
-        x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
-        x = x.flatten(2).transpose(1, 2)  # (N, P, C), patches row-major, a transposed view
-        return (x + self.position_embedding.weight).contiguous()
+        """(N, 3, S, S) -> (N, P, C), contiguous. The stride-14 conv without padding (384 and 378
+        both give a 27x27 grid; 384 drops 6 pixels right/bottom) is computed as what it is, one
+        matmul of each patch's pixels with the kernel: the output comes patches-by-channels
+        directly, and a small batch pays no convolution set-up."""
+        w = self.patch_embedding.weight  # (C, 3, p, p)
+        n, ch, height, width = pixel_values.shape
+        p = w.shape[-1]
+        gh, gw = height // p, width // p
+        x = pixel_values[:, :, : gh * p, : gw * p].to(w.dtype)
+        patches = x.reshape(n, ch, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(n, gh * gw, -1)
+        x = fused_linear(patches, w.flatten(1), self.patch_embedding.bias)  # patches row-major
+        return x + self.position_embedding.weight
 
 
 class SiglipAttention(nn.Module):
@@ -110,11 +119,12 @@ class SiglipAttention(nn.Module):
         """residual + attention(x): the add is fused into the output projection."""
         n, p, c = x.shape
         q, k, v = (
-            fused_linear(x, proj).view(n, p, self.heads, -1).transpose(1, 2)
+            fused_linear(x, proj.weight, proj.bias).view(n, p, self.heads, -1).transpose(1, 2)
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         o = F.scaled_dot_product_attention(q, k, v)  # scale head_dim^-0.5, no mask
-        return fused_linear(o.transpose(1, 2).reshape(n, p, c), self.out_proj, residual=residual)
+        o = o.transpose(1, 2).reshape(n, p, c)
+        return fused_linear(o, self.out_proj.weight, self.out_proj.bias, residual=residual)
 
 
 class SiglipMLP(nn.Module):
@@ -130,7 +140,8 @@ class SiglipMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + MLP(x): the GELU is fused into fc1, the add into fc2."""
-        return fused_linear(fused_linear(x, self.fc1, gelu="tanh"), self.fc2, residual=residual)
+        h = fused_linear(x, self.fc1.weight, self.fc1.bias, gelu="tanh")
+        return fused_linear(h, self.fc2.weight, self.fc2.bias, residual=residual)
 
 
 class SiglipEncoderLayer(nn.Module):
