@@ -125,6 +125,20 @@ def test_no_file_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
+MAX_CLASS_LINES = 250  # a class longer than this does more than one job: split it
+
+
+def test_no_class_in_the_product_is_over_250_lines():
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_CLASS_LINES:
+                    long.append(f"{module}.{node.name}: {length} lines")
+    assert not long, "\n".join(long)
+
+
 BESIDE = sorted((ROOT / "scripts").rglob("*.py"))  # benchmarks, baselines: not the product
 
 
