@@ -1,5 +1,5 @@
 """Load time of a video in the real `lvx` engine: first open, reopen with the cached features only,
-reopen with the saved video prompt (`lvx_app/video/prefix_cache.py`) — side by side in one run, with
+reopen with the saved video prompt (`lvx_app/cache/prompts.py`) — side by side in one run, with
 the first answer of each.
 
 The checkpoint is written in the official layout with the small shapes of `bench_chat.py --shape
