@@ -433,7 +433,9 @@ def test_messages_keep_their_order_around_the_video():
     late = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [url]}]}
     with pytest.raises(ApiError, match="first user message"):
         read_request(late)
-    with pytest.raises(ApiError, match="images are not supported"):
+    with pytest.raises(ApiError, match="unsupported content part 'input_audio'"):
+        read_request({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})
+    with pytest.raises(ApiError, match="an image_url part needs"):
         read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
 
 
