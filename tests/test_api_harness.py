@@ -281,3 +281,21 @@ def test_a_non_ascii_api_key_is_refused_at_start():
     with pytest.raises(ConfigError, match="--api-key must be ASCII"):
         ServeConfig(api_key="clé")
     assert ServeConfig(api_key="k-1").api_key == "k-1"
+
+
+def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, monkeypatch):
+    """`lvx serve --subtitles none` is the default of every request (and of the page); /v1/models
+    says the defaults a request gets."""
+    from typer.testing import CliRunner
+
+    from lvx_app.cli.main import app
+
+    seen = []
+    monkeypatch.setattr("lvx_ui.server.run_serve", lambda config: seen.append(config.video) or 0)
+    args = ["serve", "--model", str(tmp_path), "--subtitles", "none", "--queue-timeout", "60"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stdout
+    assert seen[0].subtitles == "none"
+    url, _, _, _ = served
+    (model,) = httpx.get(url + "/v1/models").json()["data"]
+    assert model["lvx_video_defaults"] == {"fps": 1.0, "max_frames": 0, "subtitles": "none"}

@@ -214,6 +214,12 @@ class OpenAIApi:
         except ApiError as err:
             return error_response(err)
         model = {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "lvx"}
+        video = self.config.video  # lvx's own field: what a request that sets none of them gets
+        model["lvx_video_defaults"] = {
+            "fps": video.fps,
+            "max_frames": video.max_frames or 0,
+            "subtitles": video.subtitles,
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:
