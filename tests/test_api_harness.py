@@ -53,7 +53,8 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
     service = EngineService(engine, queue_size=config.serve.queue_size)
     files = VideoFiles([str(folder)], config.serve.max_upload_mb, root / "uploads")
     app = FastAPI()
-    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    reported = Reports()
+    OpenAIApi(service, config, files, report=reported.add).mount(app)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -62,11 +63,39 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
     while not server.started and thread.is_alive():
         started.wait(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", engine, f"file://{clip}", root / "uploads"
+        Served.reported = reported
+        yield Served(f"http://127.0.0.1:{port}", engine, f"file://{clip}", root / "uploads")
     finally:
         server.should_exit = True
         thread.join()
         service.close()
+
+
+class Reports:
+    """The API's one line per answer, and an event per line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.added = threading.Condition()
+
+    def add(self, line: str) -> None:
+        with self.added:
+            self.lines.append(line)
+            self.added.notify_all()
+
+    def wait_beyond(self, count: int) -> str:
+        with self.added:
+            self.added.wait_for(lambda: len(self.lines) > count)
+            return self.lines[count]
+
+
+class Served(tuple):
+    """(url, engine, the clip's file:// URL, the upload folder); `.reported`: the API's lines."""
+
+    reported: Reports
+
+    def __new__(cls, *items):
+        return super().__new__(cls, items)
 
 
 def client(url: str) -> openai.OpenAI:
@@ -299,3 +328,17 @@ def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, m
     url, _, _, _ = served
     (model,) = httpx.get(url + "/v1/models").json()["data"]
     assert model["lvx_video_defaults"] == {"fps": 1.0, "max_frames": 0, "subtitles": "none"}
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_it(served):
+    """Without streaming too, a client that goes away frees the engine: its answer stops (it would
+    run 4,000 tokens), and the next request is answered."""
+    url, _, _, _ = served
+    before = len(served.reported.lines)
+    body = {"model": "m", "messages": [{"role": "user", "content": "a long story"}]}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 4000}, timeout=1.0)
+    line = served.reported.wait_beyond(before)
+    assert "stopped: the client went away" in line and int(line.split()[1]) < 4000, line
+    reply = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=600)
+    assert reply.status_code == 200
