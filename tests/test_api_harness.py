@@ -342,3 +342,15 @@ def test_a_client_that_leaves_a_whole_answer_stops_it(served):
     assert "stopped: the client went away" in line and int(line.split()[1]) < 4000, line
     reply = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=600)
     assert reply.status_code == 200
+
+
+def test_max_tokens_is_bounded_by_the_models_context(served, tiny_checkpoints):
+    """`max_tokens` beyond the model's positions is one 400 line before the engine is taken."""
+    from lvx_models.mplug_owl3.config import Owl3Config
+
+    url, _, _, _ = served
+    context = Owl3Config.from_json(f"{tiny_checkpoints['g2']}/config.json").max_position_embeddings
+    with pytest.raises(openai.BadRequestError, match=f"max_tokens must be at most {context}"):
+        client(url).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1_000_000_000
+        )

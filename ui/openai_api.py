@@ -33,6 +33,8 @@ from starlette.background import BackgroundTask
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
+from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
+from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_ui.openai_request import (
     ApiError,
     ChatRequest,
@@ -167,6 +169,16 @@ def api_error(exc: BaseException) -> ApiError:
     return ApiError(500, f"{type(exc).__name__}: {exc} (details in the server log)", "internal")
 
 
+def model_context(config: Config) -> int | None:
+    """The checkpoint's `max_position_embeddings` (its config.json, already fetched by the engine);
+    None when it cannot be read."""
+    try:
+        folder = resolve_checkpoint(config.model.path, config.model.revision)
+        return int(Owl3Config.from_json(folder / "config.json").max_position_embeddings)
+    except Exception:  # noqa: BLE001 - the engine has read it; without it no bound is added
+        return None
+
+
 def error_response(err: ApiError) -> JSONResponse:
     retry = {"Retry-After": "2"} if err.status in (429, 503) else None
     return JSONResponse(err.body(), status_code=err.status, headers=retry)
@@ -185,6 +197,7 @@ class OpenAIApi:
         self.service, self.config, self.files = service, config, files
         self.report: Callable[[str], None] = report or log.info
         self.model_id, self.created = config.model.path, int(time.time())
+        self.context = model_context(config)  # the model's positions: no answer is longer
         # the waiting requests, the one answering, and room for the routes' short calls
         self._threads = anyio.CapacityLimiter(config.serve.queue_size + 8)
 
@@ -300,6 +313,12 @@ class OpenAIApi:
     def _begin(self, req: ChatRequest, client: str) -> Answer:
         """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
         another, start the answer and take its first text: errors so far get their own status."""
+        longest = req.generation.get("max_new_tokens", 0)
+        if self.context and longest > self.context:
+            raise bad(
+                f"max_tokens must be at most {self.context}, the model's context (its positions)",
+                "max_tokens",
+            )
         request = self._request(req.video) if req.video is not None else None
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
