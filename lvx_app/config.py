@@ -355,7 +355,18 @@ class ServeConfig:
         None, "--auth", "Require a login, given as user:password.", metavar="USER:PASSWORD"
     )
     share: bool = option(False, "--share/--no-share", "Also open a public Gradio share link.")
-    queue_size: int = option(8, "--queue-size", "Requests that may wait; more are turned away.")
+    queue_size: int = option(
+        64,
+        "--queue-size",
+        "Requests that may wait for the engine; more are turned away (429).",
+        metavar="N",
+    )
+    queue_timeout: float = option(
+        1800.0,
+        "--queue-timeout",
+        "Longest an API request waits for the engine before it is turned away (429), in seconds.",
+        metavar="SECONDS",
+    )
     api_key: str | None = option(
         None,
         "--api-key",
@@ -378,6 +389,12 @@ class ServeConfig:
         )
         _positive(self.max_upload_mb, "--max-upload-mb")
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
+        _positive(self.queue_timeout, "--queue-timeout")
+        _require(
+            not self.api_key or self.api_key.isascii(),
+            "--api-key must be ASCII letters, digits and punctuation: an HTTP header carries no "
+            "other characters",
+        )
         if self.auth is not None:
             user, sep, password = self.auth.partition(":")
             _require(

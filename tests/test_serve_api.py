@@ -319,7 +319,12 @@ def test_the_page_and_the_api_share_the_engine(server, expected):
         return link_timestamps(printable(text), 10.0)
 
     assert "<html" in httpx.get(server.url).text.lower()
-    page = gradio_client.Client(server.url, verbose=False)
+    assert httpx.get(server.url + "health").json() == {"status": "ok"}  # no path without the key
+    health = httpx.get(server.url + "health", headers=_auth()).json()
+    assert health["status"] == "ok" and "model" in health
+    with pytest.raises(Exception):  # noqa: B017 - the key guards the page too
+        gradio_client.Client(server.url, verbose=False)
+    page = gradio_client.Client(server.url, verbose=False, auth=("anyone", KEY))
     status, _, _ = page.predict(None, str(server.videos / "short.mp4"), 1.0, 0, api_name="/load")
     history, _ = page_ask(page, QUESTIONS[0], [])
     assert last_answer(history)[0] == shown(expected[0])
@@ -433,7 +438,9 @@ def test_messages_keep_their_order_around_the_video():
     late = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [url]}]}
     with pytest.raises(ApiError, match="first user message"):
         read_request(late)
-    with pytest.raises(ApiError, match="images are not supported"):
+    with pytest.raises(ApiError, match="unsupported content part 'input_audio'"):
+        read_request({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})
+    with pytest.raises(ApiError, match="an image_url part needs"):
         read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
 
 

@@ -15,6 +15,7 @@ answer: the ranks finish the step they are in.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -32,7 +33,17 @@ from starlette.background import BackgroundTask
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
-from lvx_ui.openai_request import ApiError, ChatRequest, VideoAsk, VideoFiles, bad, read_request
+from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
+from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_ui.openai_request import (
+    ApiError,
+    ChatRequest,
+    VideoAsk,
+    VideoFiles,
+    bad,
+    read_request,
+    sent_as_frames,
+)
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
@@ -68,10 +79,17 @@ class Answer:
     line about it and gives the lease back."""
 
     def __init__(
-        self, lease: Lease, pieces: Iterator[str], stops: StopStrings, report: Callable[[str], None]
+        self,
+        lease: Lease,
+        pieces: Iterator[str],
+        stops: StopStrings,
+        report: Callable[[str], None],
+        done: Callable[[], None] = lambda: None,
     ) -> None:
         self.lease, self.pieces, self.stops, self.report = lease, pieces, stops, report
+        self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
+        self.frames: int | None = None  # the frames of the video the answer is about
         self._texts = self._cut()
         self.first = self.next()
 
@@ -107,6 +125,7 @@ class Answer:
             self.report(self.line())
         finally:
             self.lease.close()
+            self.done()
 
     @property
     def finish_reason(self) -> str:
@@ -119,6 +138,7 @@ class Answer:
             "completion_tokens": s.new_tokens,
             "total_tokens": s.prompt_tokens + s.new_tokens,
             "prompt_tokens_details": {"cached_tokens": s.prompt_tokens - s.prefill_tokens},
+            **({"frames": self.frames} if self.frames is not None else {}),  # lvx's own field
         }
 
     def line(self) -> str:
@@ -149,6 +169,16 @@ def api_error(exc: BaseException) -> ApiError:
     return ApiError(500, f"{type(exc).__name__}: {exc} (details in the server log)", "internal")
 
 
+def model_context(config: Config) -> int | None:
+    """The checkpoint's `max_position_embeddings` (its config.json, already fetched by the engine);
+    None when it cannot be read."""
+    try:
+        folder = resolve_checkpoint(config.model.path, config.model.revision)
+        return int(Owl3Config.from_json(folder / "config.json").max_position_embeddings)
+    except Exception:  # noqa: BLE001 - the engine has read it; without it no bound is added
+        return None
+
+
 def error_response(err: ApiError) -> JSONResponse:
     retry = {"Retry-After": "2"} if err.status in (429, 503) else None
     return JSONResponse(err.body(), status_code=err.status, headers=retry)
@@ -167,6 +197,9 @@ class OpenAIApi:
         self.service, self.config, self.files = service, config, files
         self.report: Callable[[str], None] = report or log.info
         self.model_id, self.created = config.model.path, int(time.time())
+        self.context = model_context(config)  # the model's positions: no answer is longer
+        # the waiting requests, the one answering, and room for the routes' short calls
+        self._threads = anyio.CapacityLimiter(config.serve.queue_size + 8)
 
     def mount(self, app: FastAPI) -> None:
         """Add `/v1` and `/health` to `app` (also to a Gradio app that already serves)."""
@@ -178,9 +211,14 @@ class OpenAIApi:
 
     # ---- routes
     # ----------------------------------------------------------------------------------------------
-    async def health(self) -> JSONResponse:
+    async def health(self, request: Request) -> JSONResponse:
+        """Whether the engine answers; the model's path only to a client that holds the key."""
         if self.service.restarting:
             return JSONResponse({"status": "restarting"}, status_code=503)
+        try:
+            self._check_key(request)
+        except ApiError:
+            return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "ok", "model": self.model_id})
 
     async def models(self, request: Request) -> JSONResponse:
@@ -189,6 +227,12 @@ class OpenAIApi:
         except ApiError as err:
             return error_response(err)
         model = {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "lvx"}
+        video = self.config.video  # lvx's own field: what a request that sets none of them gets
+        model["lvx_video_defaults"] = {
+            "fps": video.fps,
+            "max_frames": video.max_frames or 0,
+            "subtitles": video.subtitles,
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:
@@ -200,9 +244,10 @@ class OpenAIApi:
                 "created": int(time.time()),
                 "model": self.model_id,
             }
-            answer = await anyio.to_thread.run_sync(self._begin, req)
+            client = self._client_id(request, req.user)
+            answer = await self._in_thread(self._begin, req, client)
             if not req.stream:
-                return JSONResponse(await anyio.to_thread.run_sync(self._whole, answer, head))
+                return JSONResponse(await self._whole(answer, head, request))
         except ApiError as err:
             return error_response(err)
         return StreamingResponse(
@@ -210,7 +255,7 @@ class OpenAIApi:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
             # runs after the stream in any case (also when the client left before it began)
-            background=BackgroundTask(anyio.to_thread.run_sync, answer.close, LEFT),
+            background=BackgroundTask(self._in_thread, answer.close, LEFT),
         )
 
     # ---- the request
@@ -221,7 +266,7 @@ class OpenAIApi:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), key.encode()
+            given.strip().encode("latin-1"), key.encode()
         ):
             raise ApiError(
                 401,
@@ -230,55 +275,99 @@ class OpenAIApi:
                 "invalid_api_key",
             )
 
+    @staticmethod
+    def _client_id(request: Request, user: str) -> str:
+        """The engine service's client a request belongs to: its key and its `user` field. Clients
+        never reuse each other's conversations, so the cached count tells nobody another's."""
+        who = request.headers.get("authorization", "") + "\0" + user
+        return CLIENT + ":" + hashlib.sha256(who.encode("utf-8", "replace")).hexdigest()[:16]
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` in a worker thread of the API's own: requests waiting for the engine hold
+        one each, so the queue, not the thread pool, decides who waits."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._threads)
+
     async def _body(self, request: Request) -> Any:
-        limit = self.config.serve.max_upload_mb * 2**20
+        """The JSON body, read no further than the upload limit allows (a chunked body too)."""
+        limit = self.config.serve.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
         size = int(request.headers.get("content-length", "0").strip() or 0)
-        if size * 3 / 4 > limit + 2**20:  # base64 takes 4 bytes for 3, and room for the rest
+        if size > limit:
             async for _ in request.stream():  # read, not kept: the client then reads the answer
                 pass
             self.files.too_large(size * 3 / 4)
+        chunks, got = [], 0
+        async for chunk in request.stream():
+            got += len(chunk)
+            if got > limit:
+                async for _ in request.stream():
+                    pass
+                self.files.too_large(got * 3 / 4)
+            chunks.append(chunk)
         try:
-            return json.loads(await request.body())
+            return json.loads(b"".join(chunks))
+        except RecursionError:
+            raise bad("the body is nested too deeply to be a chat request") from None
         except ValueError:
             raise bad("the body is not valid JSON") from None
 
-    def _begin(self, req: ChatRequest) -> Answer:
+    def _begin(self, req: ChatRequest, client: str) -> Answer:
         """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
         another, start the answer and take its first text: errors so far get their own status."""
+        longest = req.generation.get("max_new_tokens", 0)
+        if self.context and longest > self.context:
+            raise bad(
+                f"max_tokens must be at most {self.context}, the model's context (its positions)",
+                "max_tokens",
+            )
         request = self._request(req.video) if req.video is not None else None
+        release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
-            lease = self.service.lease(CLIENT, on_dead="refuse")
+            lease = self.service.lease(
+                client, on_dead="refuse", timeout=self.config.serve.queue_timeout
+            )
         except EngineError as exc:  # 429: the queue is full; 503: the group restarts
+            release()
             raise api_error(exc) from None
         try:
             pieces = lease.chat(request, req.turns, **req.generation)
         except BaseException as exc:
             lease.close()
+            release()
             raise api_error(exc) from None
-        return Answer(lease, pieces, StopStrings(req.stop), self.report)
+        answer = Answer(lease, pieces, StopStrings(req.stop), self.report, release)
+        loaded = self.service.loaded
+        answer.frames = loaded.frames if request is not None and loaded is not None else None
+        return answer
 
     def _request(self, ask: VideoAsk) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
         the command line's are; the API names them by field) and a subtitle file under
         --allow-paths."""
+        options = dict(ask.options)
+        if sent_as_frames(ask.url):
+            options.setdefault("fps", 1.0)  # frames sent without a rate: one a second
         try:
-            video = updated(self.config.video, by="api", **ask.options)
+            video = updated(self.config.video, by="api", **options)
         except ConfigError as exc:
             raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
         video = replace(video, subtitles=self.files.subtitles(video.subtitles))
-        return VideoRequest(self.files.video(ask.url), video, opening=ask.opening)
+        return VideoRequest(self.files.video(ask.url, video.fps), video, opening=ask.opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------
-    def _whole(self, answer: Answer, head: dict) -> dict[str, Any]:
-        """(In a worker thread.) The whole answer as one chat.completion."""
+    async def _whole(self, answer: Answer, head: dict, request: Request) -> dict[str, Any]:
+        """The whole answer as one chat.completion; a client that left stops it."""
         parts, text = [], answer.first
         try:
             while text is not None:
                 parts.append(text)
-                text = answer.next()
+                if await request.is_disconnected():
+                    answer.why = LEFT
+                    break
+                text = await self._in_thread(answer.next)
         finally:
-            answer.close()
+            with anyio.CancelScope(shield=True):
+                await self._in_thread(answer.close, answer.why)
         message = {"role": "assistant", "content": "".join(parts)}
         choice = {"index": 0, "message": message, "logprobs": None}
         return {
@@ -302,8 +391,8 @@ class OpenAIApi:
             text = answer.first
             while text is not None:
                 yield chunk({"content": text})
-                text = await anyio.to_thread.run_sync(answer.next)
-            await anyio.to_thread.run_sync(answer.close)
+                text = await self._in_thread(answer.next)
+            await self._in_thread(answer.close)
             yield chunk({}, answer.finish_reason)
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
@@ -312,5 +401,5 @@ class OpenAIApi:
         finally:
             if not answer.closed:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(answer.close, LEFT)
+                    await self._in_thread(answer.close, LEFT)
         yield "data: [DONE]\n\n"

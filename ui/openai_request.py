@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import math
 import os
+import re
+import threading
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +30,16 @@ from urllib.parse import unquote, urlparse
 from lvx_app.config import VideoConfig, settable
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
+from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
-KEEP_UPLOADS = 4  # videos sent as data: URLs kept on disk (the oldest is removed first)
+KEEP_UPLOADS = 4  # videos sent as data: URLs kept on disk, beyond those requests still use
+MAX_STOPS, MAX_STOP_CHARS = 16, 256  # each stop string is looked for after every piece
+FRAME_KEYS = {"num_frames": "max_frames", "fps": "fps"}  # vLLM's names: the video options
+FRAME_VIDEOS = ("data:video/jpeg;base64", "data:video/png;base64")  # vLLM's frames as a video
+VIDEO_TYPE = re.compile(r"data:video/([a-z0-9][a-z0-9.+-]{0,31});base64")  # mp4, x-matroska, ...
 
 
 class ApiError(Exception):
@@ -55,7 +65,7 @@ def bad(message: str, param: str | None = None) -> ApiError:
 class VideoAsk:
     """The video a request asks about, as sent: made a `VideoRequest` once its file is found."""
 
-    url: str
+    url: str | tuple[str, ...]  # a video, or its frames (image URLs, in order)
     opening: VideoOpening
     options: dict[str, Any] = field(default_factory=dict)  # the video fields it sets, unchecked
 
@@ -68,6 +78,7 @@ class ChatRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    user: str = ""  # OpenAI's end-user id: with the key, whose conversation this is
 
 
 def read_request(body: Any) -> ChatRequest:
@@ -86,10 +97,21 @@ def read_request(body: Any) -> ChatRequest:
         stop=read_stop(body.get("stop")),
         stream=stream,
         include_usage=stream and _flag(options, "include_usage"),
+        user=_user(body),
     )
 
 
-def read_messages(messages: Any) -> tuple[list[dict[str, str]], tuple[str, VideoOpening] | None]:
+def _user(body: dict) -> str:
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user must be a string", "user")
+    return valid_text(user or "", "user")
+
+
+Media = str | tuple[str, ...]  # a video's URL, or its frames' image URLs
+
+
+def read_messages(messages: Any) -> tuple[list[dict[str, str]], tuple[Media, VideoOpening] | None]:
     """(turns with the video as `<|video|>`, (the video's url, what comes before it) or None)."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list", "messages")
@@ -104,7 +126,11 @@ def read_messages(messages: Any) -> tuple[list[dict[str, str]], tuple[str, Video
         text, url = _content(message.get("content"), role, i)
         if url is not None:
             if video is not None:
-                raise bad("one video per conversation: send a single video_url part", "messages")
+                raise bad(
+                    "one video per conversation: send a single video_url part, or its frames as "
+                    "image_url parts in one message",
+                    "messages",
+                )
             video = (url, _opening(turns, text, i))
         turns.append({"role": role, "content": text})
     if turns[-1]["role"] != "user":
@@ -124,53 +150,125 @@ def _opening(before: list[dict[str, str]], text: str, index: int) -> VideoOpenin
     return VideoOpening(system=system, before=text.partition(VIDEO)[0])
 
 
-def _content(content: Any, role: str, index: int) -> tuple[str, str | None]:
-    """(the text of a message, the video part's url put as `<|video|>`; None without one)."""
+def _content(content: Any, role: str, index: int) -> tuple[str, Media | None]:
+    """(the text of a message with its video as `<|video|>` where the first video or frame part
+    stood, the video's URL or its frames' URLs; None without one)."""
     where = f"messages[{index}].content"
     if content is None and role == "assistant":
         return "", None
     if isinstance(content, str):
+        valid_text(content, where)
         if VIDEO in content or "<|image|>" in content:
             raise bad("send the video as a video_url part, not as a marker in the text", where)
         return content, None
     if not isinstance(content, list) or not content:
         raise bad("content must be a string or a non-empty list of parts", where)
-    before, after, url = [], [], None
+    before, after, url, frames = [], [], None, []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             text, _ = _content(part["text"], role, index)
-            (before if url is None else after).append(text)
-        elif kind == "video_url" and role == "user" and url is None:
-            url = _url(part.get("video_url"), where)
-        elif kind == "video_url":
-            raise bad("one video_url part, in a user message", where)
+            (before if url is None and not frames else after).append(text)
+        elif kind in ("video_url", "video", "image_url") and role != "user":
+            raise bad(f"a {kind} part belongs in a user message", where)
+        elif kind in ("video_url", "video") and url is None and not frames:
+            url = _video_part(part, kind, where)
+        elif kind == "image_url" and url is None:
+            frames.append(_url(part.get("image_url"), where, "image_url"))
+        elif kind in ("video_url", "video", "image_url"):
+            raise bad("one video per message: a video_url part, or its frames as image_url", where)
         else:
-            raise bad(
-                f"unsupported content part {kind!r}: use text and video_url parts "
-                "(images are not supported)",
-                where,
-            )
-    if url is None:
+            raise bad(f"unsupported content part {kind!r}: use text, video_url, image_url", where)
+    if len(frames) == 1:
+        raise bad(
+            "one image is a still picture, which lvx does not take: send the video, or two or "
+            "more of its frames as image_url parts",
+            where,
+        )
+    media = url if url is not None else (tuple(frames) or None)
+    if media is None:
         return "\n".join(before), None
     lead = "\n".join(before) + "\n" if before else ""
-    return lead + VIDEO + "\n".join(after), url
+    return lead + VIDEO + "\n".join(after), media
 
 
-def _url(video_url: Any, where: str) -> str:
+def _video_part(part: dict, kind: str, where: str) -> Media:
+    """A video_url part's URL; a Qwen-style video part's URL or list of frame URLs."""
+    if kind == "video_url":
+        return _url(part.get("video_url"), where)
+    video = part.get("video")
+    if isinstance(video, list) and len(video) > 1 and all(isinstance(v, str) for v in video):
+        return tuple(valid_text(v, where) for v in video)
+    return _url(video, where)
+
+
+def _url(video_url: Any, where: str, kind: str = "video_url") -> str:
     url = video_url.get("url") if isinstance(video_url, dict) else video_url
     if not isinstance(url, str) or not url:
+        media = "video" if kind == "video_url" else "image"
+        article = "a" if kind == "video_url" else "an"
         raise bad(
-            'a video_url part needs {"url": "file:///... or data:video/...;base64,..."}', where
+            f'{article} {kind} part needs {{"url": "file:///... or data:{media}/...;base64,..."}}',
+            where,
         )
-    return url
+    return valid_text(url, where)
+
+
+def sent_as_frames(url: Media) -> bool:
+    """Whether a video comes as its frames (image URLs, or vLLM's data:video/jpeg form)."""
+    return not isinstance(url, str) or url.partition(",")[0].lower() in FRAME_VIDEOS
+
+
+def valid_text(text: str, where: str) -> str:
+    """`text`, when it is Unicode the tokenizer can take: JSON's escapes can spell a lone
+    surrogate (`\\ud800`), which is no character at all."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(
+            f"the text holds {text[exc.start]!r} at character {exc.start}, which is not valid "
+            "Unicode (a lone surrogate): send UTF-8 text",
+            where,
+        ) from None
+    return text
 
 
 def read_video_options(body: dict) -> dict[str, Any]:
     """The fields beyond OpenAI's that say how to load the video (`extra_body` of the `openai`
     client): the video options the API may set, fps, max_frames (0: no cap) and subtitles (auto,
     none or a file under --allow-paths); null or absent: the server's own."""
-    return {name: body[name] for name in settable(VideoConfig, "api") if body.get(name) is not None}
+    options = {n: body[n] for n in settable(VideoConfig, "api") if body.get(n) is not None}
+    for name, value in options.items():
+        if isinstance(value, str):
+            valid_text(value, name)
+    for name, value in frame_options(body).items():
+        if options.setdefault(name, value) != value:
+            raise bad(f"{name} is given twice with different values", name)
+    return options
+
+
+def frame_options(body: dict) -> dict[str, Any]:
+    """vLLM's per-request frame options, `media_io_kwargs: {"video": {"num_frames", "fps"}}` and
+    `mm_processor_kwargs: {"num_frames", "fps"}`, as the video options they mean: num_frames is
+    max_frames (the frames sampled are thinned uniformly to it), fps is fps. Any other key is
+    refused: a result must be what its settings say."""
+    out: dict[str, Any] = {}
+    for name in ("media_io_kwargs", "mm_processor_kwargs"):
+        given = body.get(name)
+        if given is None:
+            continue
+        if name == "media_io_kwargs":
+            if not isinstance(given, dict) or set(given) - {"video"}:
+                raise bad(f'{name} takes {{"video": {{"num_frames": N, "fps": F}}}}', name)
+            given = given.get("video") or {}
+        if not isinstance(given, dict):
+            raise bad(f"{name} must be an object", name)
+        for key, value in given.items():
+            if key not in FRAME_KEYS:
+                raise bad(f"{name}: lvx takes num_frames and fps, not {shortened(key)!r}", name)
+            if out.setdefault(FRAME_KEYS[key], value) != value:
+                raise bad(f"{key} is given twice with different values", name)
+    return out
 
 
 def read_generation(body: dict) -> dict[str, Any]:
@@ -205,7 +303,12 @@ def read_stop(stop: Any) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise bad("stop must be a string or a list of non-empty strings", "stop")
-    return stops
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad(
+            f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each",
+            "stop",
+        )
+    return [valid_text(s, "stop") for s in stops]
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -252,8 +355,17 @@ class VideoFiles:
     def __init__(self, allow_paths: list[str], max_upload_mb: float, folder: Path) -> None:
         self.roots = [Path(p).resolve() for p in allow_paths]
         self.max_upload_mb, self.folder = max_upload_mb, folder
+        self._held: Counter[Path] = Counter()  # uploads the requests in flight (or waiting) use
+        self._lock = threading.Lock()
 
-    def video(self, url: str) -> str:
+    def video(self, url: Media, fps: float = 1.0) -> str:
+        """The file of the video `url` names, or of the frames it carries (image URLs, or vLLM's
+        data:video/jpeg;base64,<f1>,<f2>,...) shown at `fps`; `release` it when done."""
+        if not isinstance(url, str):
+            return self._frames([self._image(u) for u in url], fps)
+        head, _, data = url.partition(",")
+        if head.lower() in FRAME_VIDEOS:
+            return self._frames([self._b64(f, "video_url") for f in data.split(",")], fps)
         if url.startswith("data:"):
             return self._save(url)
         if not url.startswith("file://"):
@@ -263,6 +375,50 @@ class VideoFiles:
                 "video_url",
             )
         return self.server_file(unquote(urlparse(url).path), "video_url")
+
+    def _image(self, url: str) -> bytes:
+        """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
+        head, _, data = url.partition(",")
+        if url.startswith("file://"):
+            return Path(self.server_file(unquote(urlparse(url).path), "image_url")).read_bytes()
+        kind = re.fullmatch(r"data:image/([a-z]+);base64", head.lower())
+        if kind is None or kind.group(1) not in IMAGE_TYPES:
+            raise bad(
+                "an image_url must be data:image/png;base64,... (or jpeg) or file:///... under "
+                "--allow-paths",
+                "image_url",
+            )
+        return self._b64(data, "image_url")
+
+    def _b64(self, data: str, param: str) -> bytes:
+        try:
+            return base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad("a frame's data URL is not valid base64", param) from None
+
+    def _frames(self, frames: list[bytes], fps: float) -> str:
+        """The video file these frames make at `fps` (made once; held until `release`)."""
+        size = sum(len(f) for f in frames)
+        if size > self.max_upload_mb * 2**20:
+            self.too_large(size)
+        path = self.folder / frames_name(frames, fps)
+        with self._lock:
+            self._held[path] += 1
+            if path.exists():
+                path.touch()
+                return str(path)
+        try:
+            images = decode_frames(frames)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_frames(path, images, fps)
+        except FrameError as exc:
+            self.release(str(path))
+            raise bad(str(exc), "image_url") from None
+        except BaseException:
+            self.release(str(path))
+            raise
+        self._forget_old()
+        return str(path)
 
     def subtitles(self, choice: str) -> str:
         """auto, none, or a subtitle file under --allow-paths."""
@@ -289,9 +445,16 @@ class VideoFiles:
         return str(path)
 
     def _save(self, url: str) -> str:
+        """Save the video a data: URL carries; it stays on disk while a request holds it
+        (`release`)."""
         head, _, data = url.partition(",")
-        if not head.startswith("data:video/") or not head.endswith(";base64"):
-            raise bad("a data URL must be data:video/<type>;base64,<the video>", "video_url")
+        kind = VIDEO_TYPE.fullmatch(head.lower())
+        if kind is None:
+            raise bad(
+                "a data URL must be data:video/<type>;base64,<the video>, the type a short name "
+                "such as mp4 or webm",
+                "video_url",
+            )
         limit = self.max_upload_mb * 2**20
         if len(data) * 3 / 4 > limit:
             self.too_large(len(data) * 3 / 4)
@@ -299,17 +462,33 @@ class VideoFiles:
             raw = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise bad("the video's data URL is not valid base64", "video_url") from None
-        suffix = "." + head.removeprefix("data:video/").split(";")[0].removeprefix("x-")
-        path = self.folder / (hashlib.sha256(raw).hexdigest()[:32] + suffix.lower())
-        if path.exists():
-            path.touch()  # the most recently asked about is kept longest
-        else:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            part = path.with_suffix(".part")
+        suffix = "." + kind.group(1).removeprefix("x-")
+        path = self.folder / (hashlib.sha256(raw).hexdigest()[:32] + suffix)
+        with self._lock:
+            self._held[path] += 1
+            if path.exists():
+                path.touch()  # the most recently asked about is kept longest
+                return str(path)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        part = self.folder / f".{uuid.uuid4().hex}.part"
+        try:
             part.write_bytes(raw)
             os.replace(part, path)
-            self._forget_old()
+        except BaseException:
+            part.unlink(missing_ok=True)
+            self.release(str(path))
+            raise
+        self._forget_old()
         return str(path)
+
+    def release(self, path: str) -> None:
+        """A request is done with the video `path` names (an upload may go once none holds it)."""
+        with self._lock:
+            key = Path(path)
+            if self._held.get(key, 0) > 1:
+                self._held[key] -= 1
+            else:
+                self._held.pop(key, None)
 
     def too_large(self, size_bytes: float) -> None:
         limit = f"{self.max_upload_mb:g} MB"
@@ -321,6 +500,12 @@ class VideoFiles:
         )
 
     def _forget_old(self) -> None:
-        saved = sorted(self.folder.glob("*.*"), key=lambda p: p.stat().st_mtime)
-        for old in saved[:-KEEP_UPLOADS]:
-            old.unlink(missing_ok=True)
+        """Remove the oldest uploads beyond `KEEP_UPLOADS`, never one a request still holds."""
+        with self._lock:
+            saved = []
+            for p in self.folder.glob("*.*"):
+                with contextlib.suppress(OSError):  # removed meanwhile
+                    saved.append((p.stat().st_mtime, p))
+            idle = [p for _, p in sorted(saved) if p not in self._held and p.suffix != ".part"]
+            for old in idle[: max(0, len(idle) - KEEP_UPLOADS)]:
+                old.unlink(missing_ok=True)

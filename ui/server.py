@@ -3,6 +3,7 @@ and the OpenAI-compatible API (the API alone with --no-ui), close it on exit."""
 
 from __future__ import annotations
 
+import hmac
 import signal
 import tempfile
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from lvx_app.config import LOOPBACK, Config
+from lvx_app.config import LOOPBACK, Config, ServeConfig
 from lvx_app.engine.api import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
@@ -101,6 +102,22 @@ def _api(
     return OpenAIApi(service, config, files, report=lambda line: console.print(line, markup=False))
 
 
+def page_login(serve: ServeConfig) -> tuple[str, str] | Callable[[str, str], bool] | None:
+    """What the page asks for at login: --auth's user and password; else, with --api-key, the key
+    as the password (any user name), so the key guards the page as it guards the API."""
+    if serve.auth:
+        user, _, password = serve.auth.partition(":")
+        return user, password
+    if not serve.api_key:
+        return None
+    key = serve.api_key.encode()
+
+    def check(user: str, password: str) -> bool:
+        return hmac.compare_digest(str(password).encode("utf-8", "replace"), key)
+
+    return check
+
+
 def _serve(service: EngineService, config: Config, folders: list[str], console: Console) -> None:
     with tempfile.TemporaryDirectory(prefix="lvx-api-videos-") as uploads:
         if config.serve.no_ui:
@@ -151,17 +168,16 @@ def _serve_page(
     demo = build_app(service, config, allow_paths=folders)
     serve = config.serve
     demo.queue(max_size=serve.queue_size, default_concurrency_limit=1)
-    if serve.host not in LOOPBACK and serve.auth is None:
+    if serve.host not in LOOPBACK and serve.auth is None and not serve.api_key:
         console.print(
             f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
             " reach this port can use the model and read the allowed folders"
         )
-    user, _, password = (serve.auth or "").partition(":")
     app, url, share_url = demo.launch(
         server_name=serve.host,
         server_port=serve.port,
         share=serve.share,
-        auth=(user, password) if serve.auth else None,
+        auth=page_login(serve),
         show_error=True,
         quiet=True,
         prevent_thread_lock=True,

@@ -31,12 +31,33 @@ Now it turns blue.
 The square stops in the corner.
 """
 
-QUESTIONS = [  # (question, options, answer): the official columns' shape
-    ("What colour is the square at first?", ["red", "blue", "green", "black"], "A"),
-    ("What colour does it turn?", ["yellow", "blue", "white", "red"], "B"),
-    ("Where does the square stop?", ["in the middle", "at the top", "in the corner", "off"], "C"),
-    ("How many squares are there?", ["three", "two", "none", "one"], "D"),
+QUESTIONS = [  # (question, options, answer, task type): the official columns' shape
+    (
+        "What colour is the square at first?",
+        ["red", "blue", "green", "black"],
+        "A",
+        "Attribute Perception",
+    ),
+    ("What colour does it turn?", ["yellow", "blue", "white", "red"], "B", "Attribute Perception"),
+    (
+        "Where does the square stop?",
+        ["in the middle", "at the top", "in the corner", "off"],
+        "C",
+        "Spatial Perception",
+    ),
+    ("How many squares are there?", ["three", "two", "none", "one"], "D", "Counting Problem"),
 ]
+FONT = '<font color="white" size=".72c">{}</font>'  # how the official subtitle files wrap a line
+
+
+def official_srt(srt: str) -> str:
+    """`srt` as Video-MME's subtitle files are written: each cue's text in their font tag."""
+    cues = []
+    for cue in srt.strip().split("\n\n"):
+        number, stamp, *text = cue.split("\n")
+        cues.append("\n".join([number, stamp, FONT.format("\n".join(text))]))
+    return "\n\n".join(cues) + "\n"
+
 
 SAMPLES = [
     {"video": "clip.mp4", "question": "What moves?", "answer": "A square."},
@@ -65,28 +86,30 @@ def write_examples(folder: Path) -> dict[str, Path]:
 
 
 def _write_videomme(root: Path, clip: Path) -> Path:
-    """One short video, four questions, its subtitles: the layout `lvx eval videomme` reads."""
+    """One short video, four questions, its subtitles: the official layout and values (a real
+    sub-category and task types, the subtitle files' font tag), which `lvx eval videomme` and
+    lmms-eval's `videomme` task read."""
     (root / "data").mkdir(parents=True, exist_ok=True)
     (root / "subtitle").mkdir(exist_ok=True)
     video = root / "data" / "exampleClip.mp4"
     if not video.exists():
         video.write_bytes(clip.read_bytes())
-    (root / "subtitle" / "exampleClip.srt").write_text(SRT)
+    (root / "subtitle" / "exampleClip.srt").write_text(official_srt(SRT))
     rows = [
         {
             "video_id": "001",
             "duration": "short",
             "domain": "Knowledge",
-            "sub_category": "Example",
+            "sub_category": "Technology",  # one of the official 30: harnesses key on them
             "url": "https://example.invalid/exampleClip",
             "videoID": "exampleClip",
             "question_id": f"001-{n}",
-            "task_type": "Object Recognition",
+            "task_type": task_type,
             "question": question,
             "options": [f"{letter}. {text}." for letter, text in zip("ABCD", options)],
             "answer": answer,
         }
-        for n, (question, options, answer) in enumerate(QUESTIONS, start=1)
+        for n, (question, options, answer, task_type) in enumerate(QUESTIONS, start=1)
     ]
     (root / "videomme").mkdir(exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), root / "videomme" / "test-00000-of-00001.parquet")

@@ -14,13 +14,13 @@ from lvx_app.config import Config
     "parallel",
     "generation",
     "serve",
-    exclude=("subtitles", "subtitle_lang", "subtitle_encoding", "seed"),
+    exclude=("subtitle_lang", "subtitle_encoding", "seed"),
 )
 def serve_command(*, config: Config) -> None:
     """Chat about videos in the browser.
 
-    The Gradio page runs on the same engine as `lvx chat`; its fps, max frames and max new tokens
-    start at the options' values."""
+    The Gradio page runs on the same engine as `lvx chat`; its fps, max frames, subtitles and max
+    new tokens start at the options' values, and so do the API's."""
     # imported here: the CLI registers this command without loading torch or gradio
     from lvx_ui.server import run_serve
 

@@ -74,6 +74,7 @@ class EngineService:
         self.clients_kept = clients_kept
         self.failed: str | None = None  # why the group died; the next lease restarts it
         self.talking: str | None = None  # the client whose conversation the engine holds
+        self.loaded: VideoSummary | None = None  # what the load the engine holds said
         self._clients: OrderedDict[str, Client] = OrderedDict()
         self._clients_lock = threading.Lock()  # Stop arrives outside the queue
         self._turn = threading.Condition()
@@ -258,7 +259,7 @@ class Lease:
         engine, service = self.engine, self.service
         service.talking = None  # a load clears the conversation the engine holds
         with self._watch():
-            summary = engine.load_video(request, progress=progress)
+            summary = service.loaded = engine.load_video(request, progress=progress)
         self.client.request, self.client.summary, self.client.turns = request, summary, []
         service.talking = self.client_id
         return summary
@@ -295,7 +296,7 @@ class Lease:
         self.service.talking = None
         try:
             with self._watch():
-                summary = self.engine.load_video(request, progress=progress)
+                summary = self.service.loaded = self.engine.load_video(request, progress=progress)
         except GroupFailed:
             raise
         except EngineError as exc:
@@ -324,13 +325,18 @@ class Lease:
         self, request: VideoRequest | None, turns: Sequence[dict], **generation: Any
     ) -> Iterator[str]:
         """Stream the answer to a whole conversation (`Engine.chat`), with the video `request`
-        names loaded unless the engine holds it already."""
-        engine = self.engine
+        names loaded unless the engine holds it already. Another client's conversation is never
+        reused (what it reused would tell this one what the other said): the engine forgets it
+        first and keeps only the video prompt, itself a whole load this client asked for."""
+        engine, service = self.engine, self.service
         if request is not None and not self._holds(request):
-            self.service.talking = None
+            service.talking = None
             with self._watch():
-                engine.load_video(request)
-        self.service.talking = self.client_id
+                service.loaded = engine.load_video(request)
+        elif service.talking != self.client_id:
+            with self._watch():
+                engine.reset()
+        service.talking = self.client_id
         with self._watch():
             pieces = engine.chat(turns, **generation)
         return self._stream(pieces, None)

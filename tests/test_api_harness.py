@@ -1,0 +1,356 @@
+"""The OpenAI-compatible API as evaluation harnesses drive it (lmms-eval's `openai` model): a video
+sent as its frames (base64 PNG `image_url` parts, text before or after them), vLLM's frame options
+(`media_io_kwargs`), vLLM's `data:video/jpeg;base64,<f1>,<f2>,...` and 32 requests at once with the
+default queue; the official `openai` client against a served tiny checkpoint (one process).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+import socket
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from lvx_app.video.synthetic import frame_image, read_index  # noqa: E402
+
+N_FRAMES = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoints, short_video, tmp_path_factory):
+    """The API on a tiny engine under uvicorn, the default queue settings, a clip under
+    --allow-paths; yields (url, engine, the clip's file:// URL, the upload folder)."""
+    import uvicorn
+    from engine_configs import engine_config
+    from fastapi import FastAPI
+
+    from lvx_app.runtime.open import open_engine
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    root = tmp_path_factory.mktemp("harness")
+    folder = root / "videos"
+    folder.mkdir()
+    clip = shutil.copy(short_video, folder / "clip.mp4")
+    config = engine_config(tiny_checkpoints["g2"], root / "cache", max_new_tokens=2)
+    config = replace(config, serve=replace(config.serve, max_upload_mb=10.0))  # default queue
+    engine = open_engine(config)
+    service = EngineService(engine, queue_size=config.serve.queue_size)
+    files = VideoFiles([str(folder)], config.serve.max_upload_mb, root / "uploads")
+    app = FastAPI()
+    reported = Reports()
+    OpenAIApi(service, config, files, report=reported.add).mount(app)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    started = threading.Event()
+    while not server.started and thread.is_alive():
+        started.wait(0.05)
+    try:
+        Served.reported = reported
+        yield Served(f"http://127.0.0.1:{port}", engine, f"file://{clip}", root / "uploads")
+    finally:
+        server.should_exit = True
+        thread.join()
+        service.close()
+
+
+class Reports:
+    """The API's one line per answer, and an event per line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.added = threading.Condition()
+
+    def add(self, line: str) -> None:
+        with self.added:
+            self.lines.append(line)
+            self.added.notify_all()
+
+    def wait_beyond(self, count: int) -> str:
+        with self.added:
+            self.added.wait_for(lambda: len(self.lines) > count)
+            return self.lines[count]
+
+
+class Served(tuple):
+    """(url, engine, the clip's file:// URL, the upload folder); `.reported`: the API's lines."""
+
+    reported: Reports
+
+    def __new__(cls, *items):
+        return super().__new__(cls, items)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def png(index: int) -> str:
+    """Frame `index` of a synthetic video as lmms-eval sends it: a base64 PNG data URL."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(frame_image(index, 96, 64)).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def frames_message(frames: list[str], before: str = "", after: str = "") -> dict:
+    """lmms-eval's message: the text, then one image_url part per frame (or the other way)."""
+    parts = [{"type": "text", "text": before}] if before else []
+    parts += [{"type": "image_url", "image_url": {"url": f}} for f in frames]
+    parts += [{"type": "text", "text": after}] if after else []
+    return {"role": "user", "content": parts}
+
+
+def _indices(path: str) -> list[int]:
+    import decord
+
+    reader = decord.VideoReader(path)
+    return [read_index(f) for f in reader.get_batch(list(range(len(reader)))).asnumpy()]
+
+
+def test_a_video_sent_as_eight_png_frames_is_one_video_of_eight_frames(served):
+    url, engine, _, uploads = served
+    frames = [png(i) for i in range(N_FRAMES)]
+    question = "What is shown? Answer with the letter."
+    for message, before in (
+        (frames_message(frames, before=question), question + "\n"),
+        (frames_message(frames, after=question), ""),
+    ):
+        reply = client(url).chat.completions.create(model="m", messages=[message], max_tokens=2)
+        assert reply.choices[0].message.content is not None
+        assert reply.usage.model_extra["frames"] == N_FRAMES
+        assert engine.session.video.loaded.summary.frames == N_FRAMES
+        assert _indices(engine.held.path) == list(range(N_FRAMES))  # in the order given
+        assert engine.held.opening.before == before  # the text stays where it stood
+
+
+def test_media_io_kwargs_num_frames_caps_the_frames_and_unknown_keys_are_refused(served):
+    url, engine, clip, _ = served
+    c = client(url)
+    message = {"role": "user", "content": [{"type": "video_url", "video_url": {"url": clip}}]}
+    message["content"].append({"type": "text", "text": "What happens?"})
+    for kwargs, frames in (({"num_frames": 4}, 4), ({"num_frames": 16, "fps": 2}, 16)):
+        reply = c.chat.completions.create(
+            model="m",
+            messages=[message],
+            max_tokens=2,
+            extra_body={"media_io_kwargs": {"video": kwargs}},
+        )
+        assert (
+            reply.usage.model_extra["frames"]
+            == frames
+            == engine.session.video.loaded.summary.frames
+        )
+    for extra, says in (
+        ({"media_io_kwargs": {"video": {"num_frames": 4, "max_pixels": 9}}}, "max_pixels"),
+        ({"mm_processor_kwargs": {"min_pixels": 3}}, "min_pixels"),
+        ({"media_io_kwargs": {"image": {}}}, "media_io_kwargs takes"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=says):
+            c.chat.completions.create(model="m", messages=[message], extra_body=extra)
+
+
+def test_vllm_frames_as_a_jpeg_video_data_url(served):
+    from PIL import Image
+
+    url, engine, _, _ = served
+
+    def jpeg(i: int) -> str:
+        out = io.BytesIO()
+        Image.fromarray(frame_image(i, 96, 64)).save(out, format="JPEG", quality=95)
+        return base64.b64encode(out.getvalue()).decode()
+
+    data = "data:video/jpeg;base64," + ",".join(jpeg(i) for i in range(5))
+    message = {"role": "user", "content": [{"type": "video_url", "video_url": {"url": data}}]}
+    message["content"].append({"type": "text", "text": "What happens?"})
+    reply = client(url).chat.completions.create(model="m", messages=[message], max_tokens=2)
+    assert reply.usage.model_extra["frames"] == 5
+    assert _indices(engine.held.path) == list(range(5))
+
+
+def test_32_requests_at_once_all_answer_with_the_default_queue(served):
+    """lmms-eval's default: 32 concurrent requests (each a video as frames); none is refused."""
+    url, _, _, _ = served
+    c = client(url)
+    start, results = threading.Barrier(32), []
+
+    def one(i: int) -> None:
+        message = frames_message([png(i), png(i + 1)], after=f"Question {i}?")
+        start.wait()
+        try:
+            reply = c.chat.completions.create(model="m", messages=[message], max_tokens=2)
+            results.append(reply.choices[0].finish_reason)
+        except openai.APIStatusError as exc:
+            results.append(exc.status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 32 and all(r in ("stop", "length") for r in results), results
+
+
+def test_one_image_is_refused_and_a_bad_frame_is_a_400_line(served):
+    url, _, _, _ = served
+    c = client(url)
+    with pytest.raises(openai.BadRequestError, match="one image is a still picture"):
+        c.chat.completions.create(model="m", messages=[frames_message([png(0)], after="?")])
+    junk = "data:image/png;base64," + base64.b64encode(b"no image").decode()
+    with pytest.raises(openai.BadRequestError, match="frame 2 is not a PNG or JPEG image"):
+        c.chat.completions.create(model="m", messages=[frames_message([png(0), junk], "?")])
+
+
+def test_another_clients_conversation_is_not_reused(served):
+    """A secret in one client's system prompt: another client's right guess is counted as cached
+    no more than a wrong one (only the chat template's first tokens are shared), while the same
+    client's request sent again reuses its whole prefix."""
+    url, _, _, _ = served
+    c = client(url)
+
+    def cached(user: str, system: str) -> int:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hello"}]
+        reply = c.chat.completions.create(model="m", messages=messages, max_tokens=2, user=user)
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    secret = "The password is swordfish, and the door code is 4711."
+    cached("victim", secret)
+    right = cached("attacker", secret)
+    cached("victim", secret)
+    wrong = cached("attacker", "Something else entirely, of about the same length.")
+    assert right == wrong
+    assert cached("attacker", "Something else entirely, of about the same length.") > right + 10
+
+
+def test_surrogates_deep_nesting_and_a_large_chunked_body_are_400_and_413(served):
+    url, _, _, _ = served
+    post = f"{url}/v1/chat/completions"
+    body = b'{"model":"m","messages":[{"role":"user","content":"caf\\ud800"}]}'
+    reply = httpx.post(post, content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and "not valid Unicode" in reply.json()["error"]["message"]
+    deep = b"[" * 100_000 + b"]" * 100_000
+    reply = httpx.post(post, content=deep)
+    assert reply.status_code == 400 and "nested too deeply" in reply.json()["error"]["message"]
+
+    def chunks():  # 20 MB without a Content-Length: over the 10 MB limit
+        for _ in range(20):
+            yield b" " * 2**20
+
+    reply = httpx.post(post, content=chunks())
+    assert reply.status_code == 413, reply.text
+    reply = httpx.post(post, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 200  # the server goes on
+
+
+@pytest.mark.parametrize(
+    "kind", ["mp4/../../x", "../mp4", "mp\x004", "a" * 300, "", "MP4 "], ids=repr
+)
+def test_a_data_url_type_that_is_no_short_name_is_a_400_line(tmp_path, kind):
+    from lvx_ui.openai_request import ApiError, VideoFiles
+
+    files = VideoFiles([], 10.0, tmp_path / "uploads")
+    url = f"data:video/{kind};base64," + base64.b64encode(b"\0" * 64).decode()
+    with pytest.raises(ApiError, match="data:video/<type>;base64") as refused:
+        files.video(url)
+    assert refused.value.status == 400
+    assert not list(tmp_path.rglob("*.part")) and not list(tmp_path.rglob(".*.part"))
+
+
+def test_uploads_held_by_waiting_requests_are_kept(tmp_path):
+    """Only the newest uploads nobody uses are kept; one a queued request holds stays."""
+    from lvx_ui.openai_request import KEEP_UPLOADS, VideoFiles
+
+    files = VideoFiles([], 10.0, tmp_path / "uploads")
+
+    def upload(i: int) -> str:
+        data = base64.b64encode(np.full(32, i, dtype=np.uint8).tobytes()).decode()
+        return files.video(f"data:video/mp4;base64,{data}")
+
+    waiting = upload(0)
+    done = [upload(i) for i in range(1, KEEP_UPLOADS + 3)]
+    for path in done:
+        files.release(path)
+    files.video(f"data:video/mp4;base64,{base64.b64encode(b'last').decode()}")
+    assert (tmp_path / "uploads" / waiting.rsplit("/", 1)[1]).exists()
+    files.release(waiting)
+    upload(99)
+    assert not (tmp_path / "uploads" / waiting.rsplit("/", 1)[1]).exists()
+
+
+def test_stop_strings_are_bounded():
+    from lvx_ui.openai_request import ApiError, read_stop
+
+    assert read_stop(["a"] * 16) == ["a"] * 16
+    for stops in (["a"] * 17, ["x" * 257], "x" * 4_000_000):
+        with pytest.raises(ApiError, match="stop takes at most 16 strings"):
+            read_stop(stops)
+
+
+def test_a_non_ascii_api_key_is_refused_at_start():
+    from lvx_app.config import ConfigError, ServeConfig
+
+    with pytest.raises(ConfigError, match="--api-key must be ASCII"):
+        ServeConfig(api_key="clé")
+    assert ServeConfig(api_key="k-1").api_key == "k-1"
+
+
+def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, monkeypatch):
+    """`lvx serve --subtitles none` is the default of every request (and of the page); /v1/models
+    says the defaults a request gets."""
+    from typer.testing import CliRunner
+
+    from lvx_app.cli.main import app
+
+    seen = []
+    monkeypatch.setattr("lvx_ui.server.run_serve", lambda config: seen.append(config.video) or 0)
+    args = ["serve", "--model", str(tmp_path), "--subtitles", "none", "--queue-timeout", "60"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stdout
+    assert seen[0].subtitles == "none"
+    url, _, _, _ = served
+    (model,) = httpx.get(url + "/v1/models").json()["data"]
+    assert model["lvx_video_defaults"] == {"fps": 1.0, "max_frames": 0, "subtitles": "none"}
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_it(served):
+    """Without streaming too, a client that goes away frees the engine: its answer stops (it would
+    run 4,000 tokens), and the next request is answered."""
+    url, _, _, _ = served
+    before = len(served.reported.lines)
+    body = {"model": "m", "messages": [{"role": "user", "content": "a long story"}]}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 4000}, timeout=1.0)
+    line = served.reported.wait_beyond(before)
+    assert "stopped: the client went away" in line and int(line.split()[1]) < 4000, line
+    reply = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=600)
+    assert reply.status_code == 200
+
+
+def test_max_tokens_is_bounded_by_the_models_context(served, tiny_checkpoints):
+    """`max_tokens` beyond the model's positions is one 400 line before the engine is taken."""
+    from lvx_models.mplug_owl3.config import Owl3Config
+
+    url, _, _, _ = served
+    context = Owl3Config.from_json(f"{tiny_checkpoints['g2']}/config.json").max_position_embeddings
+    with pytest.raises(openai.BadRequestError, match=f"max_tokens must be at most {context}"):
+        client(url).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1_000_000_000
+        )

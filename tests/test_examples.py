@@ -1,0 +1,40 @@
+"""`lvx demo --examples`' Video-MME folder is in the official format: values harnesses key on (a
+real domain, sub-category and task type) and subtitle files in the official font tag, which
+lmms-eval's parser reads and lvx strips."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow.parquet as pq
+
+from lvx_app.cli.examples import write_examples
+from lvx_app.eval.dataset import DOMAINS, DURATIONS, SUB_CATEGORIES, TASK_TYPES
+from lvx_app.subtitles import load_srt
+
+# lmms-eval's videomme task: the subtitle text it takes, and the keys its scoring counts by
+LMMS_FONT = re.compile(r'<font color="white" size=".72c">(.*?)</font>')
+
+
+def test_the_videomme_folder_has_official_values_and_subtitles(tmp_path):
+    root = write_examples(tmp_path)["videomme"]
+    rows = pq.read_table(root / "videomme" / "test-00000-of-00001.parquet").to_pylist()
+    assert len(rows) == 4
+    keys = {
+        f"{d}_{m}_{s}_{t}"
+        for d in DURATIONS
+        for m in DOMAINS
+        for s in SUB_CATEGORIES
+        for t in TASK_TYPES
+    }
+    for row in rows:
+        key = f"{row['duration']}_{row['domain']}_{row['sub_category']}_{row['task_type']}"
+        assert key in keys, key
+    srt = (root / "subtitle" / "exampleClip.srt").read_text()
+    texts = LMMS_FONT.findall(srt)
+    assert texts == [
+        "A red square moves to the right.",
+        "Now it turns blue.",
+        "The square stops in the corner.",
+    ]
+    assert [c.text for c in load_srt(root / "subtitle" / "exampleClip.srt")] == texts
