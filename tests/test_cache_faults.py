@@ -26,6 +26,7 @@ import lvx_app.cache.files as cache_files
 from lvx_app.cache import CacheFolder, CacheWarning, FeatureCache, PrefixCache, VisualKVCache
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import GenerationConfig
+from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_identity
@@ -254,7 +255,7 @@ def _loads_on_a_full_disk(rank: int, world: int, checkpoint: str, video: str, ca
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             session = RankSession(config, info)
-            summary = session.load_video(video, config.video)
+            summary = session.load_video(VideoRequest(video, config.video))
             answer = "".join(session.ask("what happens?", PARAMS))
         said = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
         read_back = (summary.from_cache, summary.prompt_from_cache, summary.visual_kv_from_cache)
