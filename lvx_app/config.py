@@ -482,7 +482,7 @@ class EvalConfig:
     subtitles: bool = option(
         False, "--subtitles/--no-subtitles", "The official with-subtitles setting."
     )
-    limit: int | None = option(None, "--limit", "Only the first K selected questions.")
+    limit: int | None = option(None, "--limit", "Only the first N selected questions.")
     durations: str | None = option(
         None, "--durations", "Comma list of short,medium,long.", metavar="LIST"
     )

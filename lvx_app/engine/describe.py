@@ -7,14 +7,15 @@ import re
 
 from lvx_app.engine.api import AnswerStats, VideoSummary
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but newline and tab
 ECHO_CHARS = 200  # a question echoed back is cut to this many characters
 
 
 def printable(text: str) -> str:
-    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the
-    terminal."""
-    return _CONTROL.sub("", text)
+    """`text` with each control character a model may emit (backspace, escape, ...) shown as a
+    visible escape (`\\x13`), so it can neither garble the terminal nor vanish: every frontend
+    prints answers through it. Newlines and tabs stay as they are."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def shortened(text: str, keep: int = ECHO_CHARS) -> str:
