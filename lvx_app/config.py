@@ -358,6 +358,7 @@ class ServeConfig:
         "Key the OpenAI-compatible API (/v1) requires as a Bearer token.",
         envvar="LVX_API_KEY",
         show_default=False,
+        metavar="KEY",
     )
     no_ui: bool = option(False, "--no-ui", "Serve the OpenAI-compatible API alone, no page.")
     insecure: bool = option(

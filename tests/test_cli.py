@@ -1,8 +1,12 @@
 """The CLI surface that needs nothing else: help and info."""
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from lvx_app.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_info_lists_versions():
@@ -169,8 +173,6 @@ def test_no_option_states_two_defaults():
     none to show) or typer's `[default: ...]`, never both (they disagreed)."""
     import typer.main
 
-    from lvx_app.cli.main import app
-
     twice = []
     for path, command in _commands(typer.main.get_command(app)):
         ctx = command.context_class(command, info_name=" ".join(path))
@@ -182,11 +184,13 @@ def test_no_option_states_two_defaults():
 
 
 def test_the_command_list_is_whole_at_80_columns():
-    from typer.testing import CliRunner
-
-    from lvx_app.cli.main import app
-
     out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}, terminal_width=80).output
     commands = out[out.index("Commands:") :]
     assert "..." not in commands and "serve" in commands, out
     assert "OpenAI-compatible API" in out, out
+
+
+def test_the_api_key_is_named_as_the_docs_name_it():
+    out = CliRunner().invoke(app, ["serve", "--help"], terminal_width=100).output
+    assert "--api-key KEY" in out and "--api-key TEXT" not in out, out
+    assert "--api-key KEY" in (ROOT / "docs" / "usage.md").read_text()

@@ -42,7 +42,7 @@ from lvx_app.video import VideoError, check_video_path
 HELP = """commands:
   /help    this list
   /reset   forget the conversation, keep the video
-  /stats   memory per rank, cached tokens, timings
+  /stats   memory per rank, prompt and text tokens, timings
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
