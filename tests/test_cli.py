@@ -194,3 +194,18 @@ def test_the_api_key_is_named_as_the_docs_name_it():
     out = CliRunner().invoke(app, ["serve", "--help"], terminal_width=100).output
     assert "--api-key KEY" in out and "--api-key TEXT" not in out, out
     assert "--api-key KEY" in (ROOT / "docs" / "usage.md").read_text()
+
+
+def test_the_video_line_gives_the_rate_the_frames_were_taken_at():
+    """--max-frames 3 on a 12 s video at --fps 1 takes a frame every 4 s: the line says 0.25 fps."""
+    from lvx_app.engine.api import VideoSummary
+    from lvx_app.engine.describe import describe_video
+
+    def line(frames: int, fps: float, duration_s: float) -> str:
+        summary = VideoSummary("v.mp4", frames, fps, duration_s, frames * 4, False, 1.0)
+        return describe_video(summary)
+
+    assert line(3, 1.0, 12.0).startswith("3 frames at 0.25 fps over 12 s")
+    assert line(10, 1.0, 10.0).startswith("10 frames at 1 fps over 10 s")
+    assert line(11, 1.0, 10.5).startswith("11 frames at 1 fps")  # a last frame before the end
+    assert line(4, 0.5, 7.0).startswith("4 frames at 0.5 fps")

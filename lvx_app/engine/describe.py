@@ -25,6 +25,14 @@ def shortened(text: str, keep: int = ECHO_CHARS) -> str:
     return f"{text[:keep]}… ({len(text):,} characters)"
 
 
+def sampled_rate(summary: VideoSummary) -> str:
+    """The rate the frames were taken at: the asked fps, or less where --max-frames thinned them
+    (3 frames over 12 s is 0.25 fps, whatever --fps said)."""
+    if summary.duration_s > 0 and summary.frames / summary.duration_s < summary.fps:
+        return f"{summary.frames / summary.duration_s:.2g}"
+    return f"{summary.fps:g}"
+
+
 def describe_video(summary: VideoSummary) -> str:
     source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
     subtitles = (
@@ -34,7 +42,7 @@ def describe_video(summary: VideoSummary) -> str:
         kv = " and visual K/V" if summary.visual_kv_from_cache else ""
         source = f"from cache with its saved prompt{kv} in {summary.seconds:.1f} s"
     return (
-        f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
+        f"{summary.frames} frames at {sampled_rate(summary)} fps over {summary.duration_s:.0f} s, "
         f"{summary.visual_tokens:,} visual tokens{subtitles}, loaded {source}"
     )
 
