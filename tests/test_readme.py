@@ -153,3 +153,10 @@ def test_the_defaults_the_pages_state_are_the_configs() -> None:
         if not any(_same(value, default) for default in defaults.get(flag, []))
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_demos_answer_length_is_the_one_the_readme_gives() -> None:
+    from lvx_app.cli.demo import ANSWER_TOKENS
+
+    said = re.search(r"two questions with LV-XAttn, at most (\d+)\s+tokens each", README)
+    assert said and int(said.group(1)) == ANSWER_TOKENS

@@ -30,6 +30,9 @@ from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
 
+ANSWER_TOKENS = 24  # each demo answer stops here: random weights rarely end one sooner
+
+
 def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
     """The tiny checkpoint and the synthetic video (made once, reused on later runs)."""
     checkpoint = workdir / f"tiny-{generation}"
@@ -67,7 +70,7 @@ def run_demo(
         model=ModelConfig(path=str(checkpoint)),
         video=replace(config.video, cache=False, subtitles="none"),
         parallel=replace(parallel, timeout_s=120.0),
-        generation=GenerationConfig(max_new_tokens=24),
+        generation=GenerationConfig(max_new_tokens=ANSWER_TOKENS),
     )
     console.print(
         f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
