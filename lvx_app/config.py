@@ -373,6 +373,7 @@ class ServeConfig:
         "Key the OpenAI-compatible API (/v1) requires as a Bearer token.",
         envvar="LVX_API_KEY",
         show_default=False,
+        metavar="KEY",
     )
     no_ui: bool = option(False, "--no-ui", "Serve the OpenAI-compatible API alone, no page.")
     insecure: bool = option(
@@ -503,7 +504,7 @@ class EvalConfig:
     subtitles: bool = option(
         False, "--subtitles/--no-subtitles", "The official with-subtitles setting."
     )
-    limit: int | None = option(None, "--limit", "Only the first K selected questions.")
+    limit: int | None = option(None, "--limit", "Only the first N selected questions.")
     durations: str | None = option(
         None, "--durations", "Comma list of short,medium,long.", metavar="LIST"
     )

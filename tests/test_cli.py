@@ -1,8 +1,12 @@
 """The CLI surface that needs nothing else: help and info."""
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from lvx_app.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_info_lists_versions():
@@ -145,3 +149,63 @@ def test_brackets_in_a_path_or_an_answer_are_printed_as_they_are(tmp_path, capsy
         assert run_chat_command(str(video), Config(), console) == 2
         out = capsys.readouterr().out
         assert f"Video not found: {video}" in out, out
+
+
+def test_control_characters_in_an_answer_are_shown_as_escapes():
+    """A random-weight model emits control tokens: shown as visible escapes, never raw (a raw one
+    garbles the terminal), newlines and tabs kept."""
+    from lvx_app.engine.describe import printable
+
+    shown = printable("a\x13b\n\tc\x1b[31m\x7f\x9b\x00é")
+    assert shown == "a\\x13b\n\tc\\x1b[31m\\x7f\\x9b\\x00é"
+    assert not [c for c in shown if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0)]
+
+
+def _commands(command, path=("lvx",)):
+    """Every command of `lvx` with its path, groups' commands included."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_no_option_states_two_defaults():
+    """An option's help says its default once: in its own words ("Default: ...", when typer has
+    none to show) or typer's `[default: ...]`, never both (they disagreed)."""
+    import typer.main
+
+    twice = []
+    for path, command in _commands(typer.main.get_command(app)):
+        ctx = command.context_class(command, info_name=" ".join(path))
+        for param in command.params:
+            record = param.get_help_record(ctx) if param.param_type_name == "option" else None
+            if record and "Default:" in record[1] and "[default:" in record[1]:
+                twice.append(f"{' '.join(path)} {record[0]}: {record[1]}")
+    assert not twice, "\n".join(twice)
+
+
+def test_the_command_list_is_whole_at_80_columns():
+    out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    commands = out[out.index("Commands:") :]
+    assert "..." not in commands and "serve" in commands, out
+    assert "OpenAI-compatible API" in out, out
+
+
+def test_the_api_key_is_named_as_the_docs_name_it():
+    out = CliRunner().invoke(app, ["serve", "--help"], terminal_width=100).output
+    assert "--api-key KEY" in out and "--api-key TEXT" not in out, out
+    assert "--api-key KEY" in (ROOT / "docs" / "usage.md").read_text()
+
+
+def test_the_video_line_gives_the_rate_the_frames_were_taken_at():
+    """--max-frames 3 on a 12 s video at --fps 1 takes a frame every 4 s: the line says 0.25 fps."""
+    from lvx_app.engine.api import VideoSummary
+    from lvx_app.engine.describe import describe_video
+
+    def line(frames: int, fps: float, duration_s: float) -> str:
+        summary = VideoSummary("v.mp4", frames, fps, duration_s, frames * 4, False, 1.0)
+        return describe_video(summary)
+
+    assert line(3, 1.0, 12.0).startswith("3 frames at 0.25 fps over 12 s")
+    assert line(10, 1.0, 10.0).startswith("10 frames at 1 fps over 10 s")
+    assert line(11, 1.0, 10.5).startswith("11 frames at 1 fps")  # a last frame before the end
+    assert line(4, 0.5, 7.0).startswith("4 frames at 0.5 fps")

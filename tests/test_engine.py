@@ -269,6 +269,8 @@ def test_lvx_demo_runs(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lvx demo timings (2 cpu rank(s))" in result.stdout
     assert "decode + encode video" in result.stdout and "answer 2 (TTFT)" in result.stdout
+    raw = {c for c in result.stdout if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0)}
+    assert not raw, f"raw control characters in the demo's answers: {raw}"
 
 
 @pytest.mark.slow

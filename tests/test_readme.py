@@ -104,3 +104,59 @@ def test_every_link_points_at_a_page_and_heading_that_exist() -> None:
         if anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
             assert anchor in {_anchor(h) for h in headings}, target
+
+
+def _config_defaults() -> dict[str, list[object]]:
+    """Every option's flag (each spelling of a --x/--no-x pair) and the config's defaults (one per
+    section that has the flag)."""
+    from lvx_app.config import cli_fields, field_default
+
+    found: dict[str, list[object]] = {}
+    for section in SECTIONS.values():
+        for f in cli_fields(section):
+            for flag in f.metadata["flag"].split("/"):
+                found.setdefault(flag, []).append(field_default(f))
+    return found
+
+
+# `--flag` ... (default V) / `--flag`, default `V` / `--flag V` (default)
+_STATED = (
+    r"`(--[a-z-]+)(?: [^`]*)?`[^`(\n]{0,20}(?:\(default |, default )`?([\w.]+)`?",
+    r"`(--[a-z-]+) ([\w.]+)` \(default\)",
+)
+
+
+def _stated_defaults() -> list[tuple[str, str, str]]:
+    """(page, flag, value) of every default the README and docs/usage.md state for an option."""
+    found = []
+    for page in ("README.md", "docs/usage.md"):
+        text = (ROOT / page).read_text()
+        for pattern in _STATED:
+            found += [(page, flag, value) for flag, value in re.findall(pattern, text)]
+    return found
+
+
+def _same(stated: str, default: object) -> bool:
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return float(stated) == float(default)
+    return stated == str(default)
+
+
+def test_the_defaults_the_pages_state_are_the_configs() -> None:
+    defaults = _config_defaults()
+    stated = _stated_defaults()
+    flags = {flag for _, flag, _ in stated}
+    assert {"--subtitle-tokens", "--max-upload-mb", "--decode-timeout", "--queue-size"} <= flags
+    wrong = [
+        f"{page}: {flag} (default {value}), the config's: {defaults.get(flag)}"
+        for page, flag, value in stated
+        if not any(_same(value, default) for default in defaults.get(flag, []))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_demos_answer_length_is_the_one_the_readme_gives() -> None:
+    from lvx_app.cli.demo import ANSWER_TOKENS
+
+    said = re.search(r"two questions with LV-XAttn, at most (\d+)\s+tokens each", README)
+    assert said and int(said.group(1)) == ANSWER_TOKENS

@@ -5,6 +5,8 @@ follows it) and `lvx finetune` (both ranks train, rank 0 saves)."""
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +62,15 @@ def test_chat_on_two_nodes(tiny_checkpoints, short_video):
     talks = [out for _, out in results if "you › What is shown?" in out]
     assert len(talks) == 1, "\n".join(out for _, out in results)
     assert "video: 10 frames" in talks[0] and "lvx ›" in talks[0] and "4 tokens" in talks[0]
+    # the other agent's rank says it does not read its input, and where rank 0 reads it
+    other = next(out for _, out in results if out is not talks[0])
+    said = re.search(
+        r"lvx chat: rank 1 on (\S+) follows rank 0; questions are read on (\S+) \(pid (\d+)\)",
+        other,
+    )
+    assert said, other
+    assert said.group(1) == said.group(2) == socket.gethostname()
+    assert int(said.group(3)) != 0 and "follows rank 0" not in talks[0]
 
 
 def test_finetune_on_two_nodes(tiny_checkpoints, short_video, tmp_path):

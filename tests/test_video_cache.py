@@ -368,3 +368,18 @@ def test_files_of_the_previous_release_stay_readable_and_list_under_their_featur
     save_shard(FeatureCache(tmp_path / "cache"), key, video)
     text = _ls(tmp_path / "cache", 80)
     assert _shown_ids(text) == ["ea635982", "b9ffe4a0", "0c78e0d7"] and "└ prompt" in text
+
+
+def test_a_piped_no_to_cache_clear_ends_its_line(tmp_path, video):
+    """`echo n | lvx cache clear`: the answer is not echoed, so the question's line is ended before
+    "Nothing removed." (exit 1: nothing was done)."""
+    import subprocess
+    import sys
+
+    cache = FeatureCache(tmp_path / "cache")
+    save_shard(cache, key_for(video, world_size=1), video)
+    args = [sys.executable, "-m", "lvx_app.cli", "cache", "clear", "--dir", str(cache.root)]
+    out = subprocess.run(args, input="n\n", capture_output=True, text=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.endswith("[y/N]: \nNothing removed.\n"), repr(out.stdout)
+    assert len(cache.entries()) == 1

@@ -8,8 +8,10 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -67,17 +69,19 @@ def run_serve(config: Config, console: Console | None = None) -> int:
     try:
         folders = check_allow_paths(config.serve.allow_paths)
         _stop_on_sigterm()
-        engine = open_engine(config, console)
-        service = EngineService(
-            engine,
-            reopen=lambda: open_engine(config),
-            queue_size=config.serve.queue_size,
-            report=lambda line: console.print(f"lvx serve: {line}", markup=False),
-        )
-        try:
-            _serve(service, config, folders, console)
-        finally:
-            service.close()  # the engine it holds now (a dead group is replaced by a fresh one)
+        health = Health()
+        with _listening(config, health, console) as api_server:
+            engine = open_engine(config, console)  # meanwhile /health answers 503 "starting"
+            service = EngineService(
+                engine,
+                reopen=lambda: open_engine(config),
+                queue_size=config.serve.queue_size,
+                report=lambda line: console.print(f"lvx serve: {line}", markup=False),
+            )
+            try:
+                _serve(service, config, folders, console, health, api_server)
+            finally:
+                service.close()  # the engine it holds now (a dead group is replaced by a fresh one)
         return 0
     except EngineError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
@@ -88,6 +92,77 @@ def run_serve(config: Config, console: Console | None = None) -> int:
     except OSError as exc:  # e.g. the port is taken
         console.print(f"[red]error:[/red] {escape(str(exc))}; pick another --port")
         return 2
+
+
+class Health:
+    """`GET /health` from the moment the port is open: 503 "starting" while the model loads (so a
+    probe tells "not yet" from a wrong URL's 404), then the API's own answer (200 "ok", or 503
+    "restarting" while a dead group is replaced)."""
+
+    def __init__(self) -> None:
+        self.api_health: Callable[[], Awaitable[Any]] | None = None  # set once the API serves
+
+    def route(self):
+        """The route, for any FastAPI app (the first /health route of an app is the one served)."""
+        from fastapi.responses import JSONResponse
+        from fastapi.routing import APIRoute
+
+        async def health() -> JSONResponse:
+            if self.api_health is None:
+                return JSONResponse(
+                    {"status": "starting"}, status_code=503, headers={"Retry-After": "2"}
+                )
+            return await self.api_health()
+
+        return APIRoute("/health", health, methods=["GET"])
+
+
+class _ApiServer:
+    """A FastAPI app under uvicorn in a thread (signals stay with the main thread)."""
+
+    def __init__(self, config: Config, health: Health) -> None:
+        import uvicorn
+        from fastapi import FastAPI
+
+        self.app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
+        self.app.router.routes.append(health.route())
+        serve = config.serve
+        self.where = f"{serve.host}:{serve.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                host=serve.host,
+                port=serve.port,
+                log_level="warning",
+                timeout_graceful_shutdown=5,
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise OSError(f"could not listen on {self.where}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+
+@contextmanager
+def _listening(config: Config, health: Health, console: Console) -> Iterator[_ApiServer]:
+    """The port open from the start, answering /health while the model loads: with --no-ui this
+    server goes on to serve the API; the page's server (gradio's) takes the port over once the
+    model is loaded."""
+    server = _ApiServer(config, health)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.thread.is_alive():
+            server.stop()
 
 
 def _api(
@@ -118,48 +193,47 @@ def page_login(serve: ServeConfig) -> tuple[str, str] | Callable[[str, str], boo
     return check
 
 
-def _serve(service: EngineService, config: Config, folders: list[str], console: Console) -> None:
+def _serve(
+    service: EngineService,
+    config: Config,
+    folders: list[str],
+    console: Console,
+    health: Health,
+    api_server: _ApiServer,
+) -> None:
     with tempfile.TemporaryDirectory(prefix="lvx-api-videos-") as uploads:
+        api = _api(service, config, folders, uploads, console)
         if config.serve.no_ui:
-            _serve_api_alone(service, config, folders, uploads, console)
+            _serve_api_alone(api, config, console, health, api_server)
         else:
-            _serve_page(service, config, folders, uploads, console)
+            api_server.stop()  # gradio's server takes the port over
+            _serve_page(service, api, config, folders, console, health)
 
 
 def _serve_api_alone(
-    service: EngineService, config: Config, folders: list[str], uploads: str, console: Console
+    api, config: Config, console: Console, health: Health, api_server: _ApiServer
 ) -> None:
     """The API alone under uvicorn (no gradio) until Ctrl-C; a dead group is restarted by the next
     request."""
-    import uvicorn
-    from fastapi import FastAPI
-
-    app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
-    _api(service, config, folders, uploads, console).mount(app)
+    api.mount(api_server.app)
+    health.api_health = api.health
     serve = config.serve
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=serve.host, port=serve.port, log_level="warning", timeout_graceful_shutdown=5
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)  # signals stay with this thread
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise OSError(f"could not listen on {serve.host}:{serve.port}")
-        time.sleep(0.05)
     name = f"[{serve.host}]" if ":" in serve.host else serve.host
     console.print(f"lvx serve: ready on http://{name}:{serve.port}/ (the API at /v1, no page)")
     console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")
-    stopped_by = _wait_for_a_stop_signal(thread.is_alive)
-    server.should_exit = True
-    thread.join()
+    stopped_by = _wait_for_a_stop_signal(api_server.thread.is_alive)
+    api_server.stop()
     if stopped_by:
         console.print(f"lvx serve: stopped by {stopped_by}")
 
 
 def _serve_page(
-    service: EngineService, config: Config, folders: list[str], uploads: str, console: Console
+    service: EngineService,
+    api,
+    config: Config,
+    folders: list[str],
+    console: Console,
+    health: Health,
 ) -> None:
     """Put the page (and the API beside it) in front of the engine `service` shares until
     Ctrl-C."""
@@ -183,9 +257,11 @@ def _serve_page(
         prevent_thread_lock=True,
         ssr_mode=False,
         footer_links=[],
+        app_kwargs={"routes": [health.route()]},  # /health answers from the first moment
         **demo.lvx_launch,
     )
-    _api(service, config, folders, uploads, console).mount(app)
+    api.mount(app)
+    health.api_health = api.health
     console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
     console.print(f"OpenAI-compatible API: {url.rstrip('/')}/v1")
     console.print("[dim]Ctrl-C stops the server and the worker group.[/dim]")

@@ -9,6 +9,7 @@ into `rm`, and `rm` of a features id takes what is listed under it along.
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -232,6 +233,14 @@ def rm(
         raise typer.Exit(1)
 
 
+def _confirm(question: str) -> bool:
+    """typer's yes/no question; a piped answer is not echoed, so its line is ended here."""
+    answer = typer.confirm(question)
+    if not sys.stdin.isatty():
+        typer.echo()
+    return answer
+
+
 @cache_app.command("clear")
 def clear(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -248,7 +257,7 @@ def clear(
     if not entries:
         console.print(f"The cache at {folder.root} is empty: nothing to remove.", markup=False)
         return
-    if not yes and not typer.confirm(
+    if not yes and not _confirm(
         f"Delete all cached features, saved prompts and visual K/V in {folder.root} "
         f"({_human(size)})?"
     ):

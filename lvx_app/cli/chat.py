@@ -35,14 +35,14 @@ from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.open import open_engine
-from lvx_app.runtime.rank_main import join_group
+from lvx_app.runtime.rank_main import follower_line, join_group
 from lvx_app.subtitles import SubtitleTrack
 from lvx_app.video import VideoError, check_video_path
 
 HELP = """commands:
   /help    this list
   /reset   forget the conversation, keep the video
-  /stats   memory per rank, cached tokens, timings
+  /stats   memory per rank, prompt and text tokens, timings
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -251,7 +251,9 @@ def under_torchrun() -> bool:
 def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
     """One rank of a user-started torchrun group: rank 0 runs the chat, the others follow it."""
     session, channel = join_group(config)
-    if session.info.rank != 0:
+    line = follower_line("lvx chat", channel)
+    if line is not None:
+        console.print(line, markup=False)
         worker_loop(session, channel)
         return None
     driver = GroupDriver(session, channel, config)

@@ -21,13 +21,16 @@ from lvx_app.cli.chat import load_with_progress
 from lvx_app.cli.examples import ready_lines, write_examples
 from lvx_app.config import Config, GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineError
-from lvx_app.engine.describe import describe_answer, describe_video
+from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.config import FORMS
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
+
+
+ANSWER_TOKENS = 24  # each demo answer stops here: random weights rarely end one sooner
 
 
 def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
@@ -67,7 +70,7 @@ def run_demo(
         model=ModelConfig(path=str(checkpoint)),
         video=replace(config.video, cache=False, subtitles="none"),
         parallel=replace(parallel, timeout_s=120.0),
-        generation=GenerationConfig(max_new_tokens=24),
+        generation=GenerationConfig(max_new_tokens=ANSWER_TOKENS),
     )
     console.print(
         f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
@@ -108,7 +111,7 @@ def _converse(config: Config, video: Path, timings: dict[str, float], console: C
         for i, question in enumerate(QUESTIONS, 1):
             console.print(f"[bold cyan]you ›[/] {escape(question)}")
             answer = "".join(engine.ask(question))
-            console.print(f"[bold]lvx ›[/] {escape(answer)}", highlight=False)
+            console.print(f"[bold]lvx ›[/] {escape(printable(answer))}", highlight=False)
             console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
             timings[f"answer {i} (TTFT)"] = engine.last_answer.ttft_s
             timings[f"answer {i} (total)"] = engine.last_answer.total_s

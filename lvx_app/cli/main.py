@@ -13,7 +13,9 @@ from lvx_app.interrupts import ctrl_c_deferred
 from lvx_app.version import __version__
 
 app = new_app(
-    "lvx", "Chat with hour-long videos: mPLUG-Owl3 with LV-XAttn distributed cross-attention."
+    "lvx",
+    "Chat with hour-long videos in the terminal, the browser or through an OpenAI-compatible API:"
+    " mPLUG-Owl3 with LV-XAttn distributed cross-attention.",
 )
 
 
@@ -123,11 +125,16 @@ def _register_subcommands() -> None:
 
     app.add_typer(eval_app, name="eval", help="Batch evaluation (Video-MME).")
     app.add_typer(cache_app, name="cache", help="List or remove cached visual features.")
+    # short_help: the line `lvx --help` shows, whole at 80 columns
     app.command(
-        "serve", help="Chat with a video in the browser (Gradio) on the same worker group."
+        "serve",
+        short_help="The browser chat and an OpenAI-compatible API.",
+        help="Chat with a video in the browser (Gradio) and serve an OpenAI-compatible API at /v1,"
+        " both on the same worker group.",
     )(serve_command)
     app.command(
         "finetune",
+        short_help="Finetune on video conversations (LV-XAttn).",
         help="Finetune on video conversations with LV-XAttn (K/V recomputed in backward).",
     )(finetune_command)
 

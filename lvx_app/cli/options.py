@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import typing
 from typing import Any, Callable
 
@@ -92,6 +93,12 @@ def _option(f: Any, default: Any, annotation: Any, help: str | None) -> typer.mo
     return typer.Option(default, f.metadata["flag"], help=help or f.metadata["help"], **extra)
 
 
+def _own_default(f: Any) -> str:
+    """A field's help for a command that sets its own default: without the config's "Default: ..."
+    (typer shows the command's)."""
+    return re.sub(r"\s*Default: .*$", "", f.metadata["help"], flags=re.S)
+
+
 def config_options(
     *sections: str,
     include: tuple[str, ...] | None = None,
@@ -118,11 +125,12 @@ def config_options(
                 if f.name in annotations:
                     raise TypeError(f"option {f.name!r} is declared twice in {command.__name__}")
                 default = defaults.get(f.name, field_default(f))
+                help = helps.get(f.name) or (_own_default(f) if f.name in defaults else None)
                 params.append(
                     inspect.Parameter(
                         f.name,
                         inspect.Parameter.KEYWORD_ONLY,
-                        default=_option(f, default, types[f.name], helps.get(f.name)),
+                        default=_option(f, default, types[f.name], help),
                         annotation=types[f.name],
                     )
                 )

@@ -7,14 +7,15 @@ import re
 
 from lvx_app.engine.api import AnswerStats, VideoSummary
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but newline and tab
 ECHO_CHARS = 200  # a question echoed back is cut to this many characters
 
 
 def printable(text: str) -> str:
-    """Drop control characters a model may emit (backspace, escape, ...) so they cannot garble the
-    terminal."""
-    return _CONTROL.sub("", text)
+    """`text` with each control character a model may emit (backspace, escape, ...) shown as a
+    visible escape (`\\x13`), so it can neither garble the terminal nor vanish: every frontend
+    prints answers through it. Newlines and tabs stay as they are."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def shortened(text: str, keep: int = ECHO_CHARS) -> str:
@@ -22,6 +23,14 @@ def shortened(text: str, keep: int = ECHO_CHARS) -> str:
     if len(text) <= keep:
         return text
     return f"{text[:keep]}… ({len(text):,} characters)"
+
+
+def sampled_rate(summary: VideoSummary) -> str:
+    """The rate the frames were taken at: the asked fps, or less where --max-frames thinned them
+    (3 frames over 12 s is 0.25 fps, whatever --fps said)."""
+    if summary.duration_s > 0 and summary.frames / summary.duration_s < summary.fps:
+        return f"{summary.frames / summary.duration_s:.2g}"
+    return f"{summary.fps:g}"
 
 
 def describe_video(summary: VideoSummary) -> str:
@@ -33,7 +42,7 @@ def describe_video(summary: VideoSummary) -> str:
         kv = " and visual K/V" if summary.visual_kv_from_cache else ""
         source = f"from cache with its saved prompt{kv} in {summary.seconds:.1f} s"
     return (
-        f"{summary.frames} frames at {summary.fps:g} fps over {summary.duration_s:.0f} s, "
+        f"{summary.frames} frames at {sampled_rate(summary)} fps over {summary.duration_s:.0f} s, "
         f"{summary.visual_tokens:,} visual tokens{subtitles}, loaded {source}"
     )
 

@@ -107,7 +107,7 @@ class Engine:
         raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
-        """Memory per rank, cached tokens, timings."""
+        """Memory per rank, prompt and text tokens, timings."""
         return self.call(STATS, None)
 
     def interrupt(self) -> None:

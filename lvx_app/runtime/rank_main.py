@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from multiprocessing.connection import Client
+
+import torch.distributed as dist
 
 from lvx_app.attention.backends import prefer_backend
 from lvx_app.config import Config, ConfigError
@@ -43,6 +46,27 @@ def join_group(
     info = set_up_rank(config, world or World.of_torchrun(config.parallel.gpus))
     channel = ControlChannel()
     return RankSession(config, info, parallelize), channel
+
+
+def where_rank0_reads(channel: ControlChannel) -> str:
+    """Rank 0's host and pid, known to every rank (a collective: every rank calls it)."""
+    box = [f"{socket.gethostname()} (pid {os.getpid()})" if channel.rank == 0 else None]
+    if channel.active:
+        dist.broadcast_object_list(box, src=0, group=channel.commands)
+    return box[0]
+
+
+def follower_line(command: str, channel: ControlChannel) -> str | None:
+    """What a rank other than 0 of a group the user started says: its own input is not read, and
+    where to type instead (c10d orders ranks by host, so rank 0 may be on any node). None on rank
+    0. A collective: every rank calls it."""
+    reader = where_rank0_reads(channel)
+    if channel.rank == 0:
+        return None
+    return (
+        f"{command}: rank {channel.rank} on {socket.gethostname()} follows rank 0; questions are "
+        f"read on {reader}, not here"
+    )
 
 
 def run_rank_session(

@@ -1,0 +1,73 @@
+"""`GET /health` of `lvx serve` answers from the first moment its port is open: 503 "starting"
+while the model loads (held here until the probe has seen it), then 200 "ok"; never a 404."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from test_serve import free_port  # noqa: E402
+
+from lvx_app.config import Config  # noqa: E402
+from lvx_app.runtime.open import open_engine  # noqa: E402
+from lvx_ui import server  # noqa: E402
+
+
+def _probe(url: str, seen: list, loading: threading.Event, stop: threading.Event) -> None:
+    """Every answer of /health, in order: until one answers, then until it is 200. The model
+    loads only once the probe has seen the port open."""
+    while True:
+        try:
+            answer = httpx.get(url, timeout=60)
+        except httpx.TransportError:  # the port is not open yet (or between two servers)
+            if stop.wait(0.02):
+                return
+            continue
+        seen.append((answer.status_code, answer.json().get("status")))
+        loading.set()
+        if answer.status_code == 200 or stop.wait(0.02):
+            return
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("no_ui", [True, False], ids=["api-alone", "page"])
+def test_health_says_starting_while_the_model_loads(tiny_checkpoints, monkeypatch, no_ui):
+    port = free_port()
+    config = Config.from_dict(
+        {
+            "model": {"path": tiny_checkpoints["g1"]},
+            "parallel": {"gpus": 0},
+            "serve": {"port": port, "no_ui": no_ui},
+        }
+    )
+    seen: list = []
+    loading, healthy, stop = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_open(config, console=None):
+        assert loading.wait(120), "the port never answered /health while the model loaded"
+        return open_engine(config, console)
+
+    def serve_until_healthy(serving=lambda: True):
+        probe.join(120)
+        healthy.set()
+        return None
+
+    url = f"http://127.0.0.1:{port}/health"
+    probe = threading.Thread(target=_probe, args=(url, seen, loading, stop), daemon=True)
+    monkeypatch.setattr(server, "open_engine", slow_open)
+    monkeypatch.setattr(server, "_wait_for_a_stop_signal", serve_until_healthy)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    probe.start()
+    try:
+        assert server.run_serve(config) == 0
+    finally:
+        stop.set()
+        signal.signal(signal.SIGTERM, sigterm)
+    assert healthy.is_set()
+    assert seen[0] == (503, "starting"), seen
+    assert seen[-1] == (200, "ok"), seen
+    assert {status for status, _ in seen} <= {200, 503}, seen  # never "wrong URL"
