@@ -221,3 +221,64 @@ def test_engine_shares_equal_a_float64_softmax_for_every_generation(
         assert abs(float(got.sum()) - 1) < 1e-9
         top = answer["evidence"][0]  # the moment holding the largest frame share comes first
         assert float(got.max()) - 1e-12 <= top.share <= 1 + 1e-9
+
+
+def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints, short_video):
+    """One process: on, the answer carries its moments and the shares sum to 1; off, the visual
+    hook is never wrapped and the answer carries none."""
+    from dataclasses import replace
+
+    from lvx_app.engine import evidence as engine_evidence
+    from lvx_app.engine.api import VideoRequest
+
+    session, config = _session(tiny_checkpoints["g2"])
+    session.load_video(VideoRequest.of(short_video, config.video))
+    made = []
+    real = engine_evidence.EvidenceRecorder.__init__
+
+    def counted(self, *args):
+        made.append(self)
+        real(self, *args)
+
+    engine_evidence.EvidenceRecorder.__init__ = counted
+    try:
+        off = replace(config.generation, evidence=False)
+        "".join(session.ask(QUESTION, off))
+        assert session.last_answer.evidence is None and not made
+        "".join(session.ask(QUESTION, config.generation))
+    finally:
+        engine_evidence.EvidenceRecorder.__init__ = real
+    assert len(made) == 1 and session.model.hooks.visual is made[0].inner  # unwrapped again
+    assert session.last_answer.evidence and abs(sum(session.turns.last_shares) - 1) < 1e-9
+
+
+def _chat(checkpoint: str, video: str, *flags: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    from timing import scaled
+
+    result = subprocess.run(
+        [sys.executable, "-m", "lvx_app.cli", "chat", video, "--model", checkpoint, "--gpus", "0"]
+        + ["--max-new-tokens", "4", "--no-cache", "--subtitles", "none", *flags],
+        input=f"{QUESTION}\n/evidence\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        env=dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_lvx_chat_prints_the_moments_under_each_answer(tiny_checkpoints, short_video):
+    out = _chat(tiny_checkpoints["g2"], short_video)
+    answer_and_after = out.split("lvx › ", 1)[1].splitlines()
+    assert answer_and_after[1].startswith("seen at 0:0"), out  # the line under the answer
+    assert "%)" in answer_and_after[1]
+    listed = [line for line in out.splitlines() if line.rstrip().endswith("%")]
+    assert listed, out  # /evidence: one line per moment
+    quiet = _chat(tiny_checkpoints["g2"], short_video, "--no-evidence")
+    assert "seen at" not in quiet and "no evidence yet" in quiet
