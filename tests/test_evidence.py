@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from engine_configs import engine_config
+from test_serve_api import api_here  # noqa: F401 - the API on an engine in this process
 
 from lvx_app.attention import evidence as attention_evidence
 from lvx_app.attention.evidence import frame_lse, frame_shares
@@ -282,3 +283,32 @@ def test_lvx_chat_prints_the_moments_under_each_answer(tiny_checkpoints, short_v
     assert listed, out  # /evidence: one line per moment
     quiet = _chat(tiny_checkpoints["g2"], short_video, "--no-evidence")
     assert "seen at" not in quiet and "no evidence yet" in quiet
+
+
+def test_the_api_returns_lvx_evidence_only_when_asked(api_here):  # noqa: F811
+    """Plain OpenAI output unless the body says `"lvx_evidence": true`; then the moments come in
+    the response and in the final stream chunk."""
+    import json
+
+    from test_serve_api import video_message
+
+    client, engine, url, _ = api_here
+    body = {"model": "m", "messages": [video_message(url)], "max_tokens": 3, "subtitles": "none"}
+    plain = client.post("/v1/chat/completions", json=body)
+    assert plain.status_code == 200 and "lvx_evidence" not in plain.json()
+    assert engine.last_answer.evidence is None  # not asked: not made
+    asked = client.post("/v1/chat/completions", json={**body, "lvx_evidence": True}).json()
+    moments_ = asked["lvx_evidence"]
+    assert moments_ and set(moments_[0]) == {"start", "end", "share"}
+    assert 0 < moments_[0]["share"] <= 1 and moments_[0]["start"] <= moments_[0]["end"]
+    streamed = client.post(
+        "/v1/chat/completions", json={**body, "lvx_evidence": True, "stream": True}
+    ).text
+    chunks = [
+        json.loads(line[len("data: ") :])
+        for line in streamed.splitlines()
+        if line.startswith("data: {")
+    ]
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert [c["lvx_evidence"] for c in finals] == [moments_]
+    assert all("lvx_evidence" not in c for c in chunks if c not in finals)

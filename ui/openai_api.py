@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import anyio
@@ -72,6 +72,7 @@ class Answer:
     ) -> None:
         self.lease, self.pieces, self.stops, self.report = lease, pieces, stops, report
         self.closed, self.why, self.stats = False, "", AnswerStats()
+        self.evidence_asked = False
         self._texts = self._cut()
         self.first = self.next()
 
@@ -108,6 +109,12 @@ class Answer:
         finally:
             self.lease.close()
 
+    def extension(self) -> dict[str, Any]:
+        """`lvx_evidence` (each moment's start, end and share) when the request asked for it."""
+        if not self.evidence_asked:
+            return {}
+        return {"lvx_evidence": [asdict(m) for m in self.stats.evidence or []]}
+
     @property
     def finish_reason(self) -> str:
         return "length" if self.stats.truncated and not self.stops.hit else "stop"
@@ -129,6 +136,12 @@ class Answer:
             f"api: {s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
             f"{s.prompt_tokens} prompt tokens{ended}"
         )
+
+
+def evidence_override(req: ChatRequest, config: Config) -> dict[str, bool]:
+    """The answer's evidence is made only when the request asks and the server's --evidence is on:
+    a plain OpenAI client's answer costs nothing extra."""
+    return {"evidence": req.evidence and config.generation.evidence}
 
 
 def api_error(exc: BaseException) -> ApiError:
@@ -250,12 +263,15 @@ class OpenAIApi:
             lease = self.service.lease(CLIENT, on_dead="refuse")
         except EngineError as exc:  # 429: the queue is full; 503: the group restarts
             raise api_error(exc) from None
+        generation = {**req.generation, **evidence_override(req, self.config)}
         try:
-            pieces = lease.chat(request, req.turns, **req.generation)
+            pieces = lease.chat(request, req.turns, **generation)
         except BaseException as exc:
             lease.close()
             raise api_error(exc) from None
-        return Answer(lease, pieces, StopStrings(req.stop), self.report)
+        answer = Answer(lease, pieces, StopStrings(req.stop), self.report)
+        answer.evidence_asked = req.evidence
+        return answer
 
     def _request(self, ask: VideoAsk) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
@@ -286,6 +302,7 @@ class OpenAIApi:
             "object": "chat.completion",
             "choices": [{**choice, "finish_reason": answer.finish_reason}],
             "usage": answer.usage(),
+            **answer.extension(),
         }
 
     async def _events(self, answer: Answer, req: ChatRequest, head: dict) -> AsyncIterator[str]:
@@ -293,9 +310,9 @@ class OpenAIApi:
         head = {**head, "object": "chat.completion.chunk"}
         extra = {"usage": None} if req.include_usage else {}
 
-        def chunk(delta: dict, finish: str | None = None) -> str:
+        def chunk(delta: dict, finish: str | None = None, **more: Any) -> str:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return sse({**head, "choices": [choice], **extra})
+            return sse({**head, "choices": [choice], **extra, **more})
 
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -304,7 +321,7 @@ class OpenAIApi:
                 yield chunk({"content": text})
                 text = await anyio.to_thread.run_sync(answer.next)
             await anyio.to_thread.run_sync(answer.close)
-            yield chunk({}, answer.finish_reason)
+            yield chunk({}, answer.finish_reason, **answer.extension())
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event

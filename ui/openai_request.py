@@ -68,6 +68,7 @@ class ChatRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    evidence: bool = False  # `"lvx_evidence": true`: the moments the answer looked at, returned
 
 
 def read_request(body: Any) -> ChatRequest:
@@ -86,6 +87,7 @@ def read_request(body: Any) -> ChatRequest:
         stop=read_stop(body.get("stop")),
         stream=stream,
         include_usage=stream and _flag(options, "include_usage"),
+        evidence=_flag(body, "lvx_evidence"),
     )
 
 
