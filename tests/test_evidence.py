@@ -312,3 +312,18 @@ def test_the_api_returns_lvx_evidence_only_when_asked(api_here):  # noqa: F811
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert [c["lvx_evidence"] for c in finals] == [moments_]
     assert all("lvx_evidence" not in c for c in chunks if c not in finals)
+
+
+def test_the_page_shows_moments_as_thumbnails_that_seek(short_video, tmp_path):
+    from lvx_ui.app import SEEK_PREFIX
+    from lvx_ui.evidence_view import evidence_markdown
+
+    found = [Moment(3.0, 5.0, 0.5), Moment(8.0, 8.0, 0.25), Moment(0.0, 0.0, 0.1), Moment(1, 1, 0)]
+    text = evidence_markdown(found, short_video, SEEK_PREFIX)
+    assert text.count("data:image/jpeg;base64,") == 3  # the top three, each a thumbnail
+    assert f"]({SEEK_PREFIX}3.00) [0:03–0:05 (50%)]({SEEK_PREFIX}3.00)" in text
+    assert f"[0:08 (25%)]({SEEK_PREFIX}8.00)" in text
+    # an unreadable video still shows the moments, as links
+    plain = evidence_markdown(found[:1], str(tmp_path / "gone.mp4"), SEEK_PREFIX)
+    assert plain == f"seen at: [0:03–0:05 (50%)]({SEEK_PREFIX}3.00)"
+    assert evidence_markdown(None, short_video, SEEK_PREFIX) == ""
