@@ -61,7 +61,11 @@ def _layers(seed: int, frames: int, tokens: int, planted: int | None = None):
 def test_frame_lse_matches_float64_in_chunks(monkeypatch):
     monkeypatch.setattr(attention_evidence, "SCORE_CHUNK_ELEMENTS", 7 * 3 * HQ)  # split frames
     (q, q_vis, k, k_frame), _ = _layers(0, frames=6, tokens=7)
-    got = frame_lse(q, k, q_vis, k_frame, 6)
+    got = frame_lse(q, k, q_vis, k_frame)
+    order = torch.randperm(k.shape[0], generator=torch.Generator().manual_seed(9))
+    shuffled = frame_lse(q, k[order], q_vis, k_frame[order])  # keys in any order: per key
+    assert (shuffled - got).abs().nan_to_num().max() < 1e-5
+    assert torch.equal(torch.isinf(shuffled), torch.isinf(got))
     kr = k.double().repeat_interleave(HQ // HKV, dim=1)
     scores = torch.einsum("thd,shd->ths", q.double(), kr) / math.sqrt(D)
     for f in range(6):

@@ -28,41 +28,71 @@ from lvx_app.parallel.collectives import all_gather_flat
 SCORE_CHUNK_ELEMENTS = 1 << 22
 
 
+def local_frames(k_frame: Tensor) -> tuple[Tensor, int | None]:
+    """(the global index of each frame this rank holds, as `frame_lse` orders them; the keys per
+    frame when each frame's keys are contiguous and every frame has as many, else None: the
+    frames sorted). One host read, once per answer."""
+    ids, counts = torch.unique_consecutive(k_frame.view(-1), return_counts=True)
+    if ids.numel() and ids.unique().numel() == ids.numel() and bool((counts == counts[0]).all()):
+        return ids, int(counts[0])
+    return ids.unique(), None
+
+
 @torch.no_grad()
 def frame_lse(
     q: Tensor,
     k: Tensor,
     q_vis: Tensor,
     k_frame: Tensor,
-    num_frames: int,
+    frames: tuple[Tensor, int | None] | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    """Log-sum-exp of each (query, head)'s scores over each frame's keys: (T, Hq, num_frames),
-    float32 (float64 for float64 inputs), -inf where the query sees no key of the frame.
+    """Log-sum-exp of each (query, head)'s scores over each local frame's keys: (T, Hq, frames
+    held), float32 (float64 for float64 inputs), -inf where the query does not see the frame.
 
     q (T, Hq, D) roped queries; k (S, Hkv, D) this rank's visual keys; q_vis (T,) how many frames
-    (a prefix) each query sees; k_frame (S,) each key's global frame index (< num_frames). Keys are
-    taken in chunks of whole or partial frames; a frame split over chunks is merged exactly."""
+    (a prefix) each query sees; k_frame (S,) each key's global frame index; `frames`: what
+    `local_frames(k_frame)` says (made here when not given). Keys go in chunks of whole frames
+    (a frame's keys in one reshape when every frame has as many); any other layout of keys is
+    taken per key and merged per frame exactly."""
     t, hq, d = q.shape
     s, hkv, _ = k.shape
-    g = hq // hkv
+    ids, per_frame = frames if frames is not None else local_frames(k_frame)
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    qf = (q.to(dt) * scale).view(t, hkv, g, d)  # query heads folded onto their K/V head
+    qf = (q.to(dt) * scale).view(t, hkv, hq // hkv, d)  # query heads folded onto their K/V head
     q_vis = q_vis.to(k.device, torch.int64).view(t, 1, 1, 1)
-    k_frame = k_frame.to(k.device, torch.int64).view(-1)
-    out = torch.full((t, hkv, g, num_frames), -math.inf, dtype=dt, device=k.device)
-    step = max(1, SCORE_CHUNK_ELEMENTS // max(1, t * hq))
-    for lo in range(0, s, step):
-        frames = k_frame[lo : lo + step]
-        scores = torch.einsum("tkgd,skd->tkgs", qf, k[lo : lo + step].to(dt))
-        scores = scores.masked_fill(frames.view(1, 1, 1, -1) >= q_vis, -math.inf)
-        index = frames.view(1, 1, 1, -1).expand_as(scores)
+    if per_frame is None:
+        return _scattered_lse(qf, k, q_vis, k_frame.to(k.device, torch.int64).view(-1), ids)
+    nf = ids.numel()
+    step = max(1, SCORE_CHUNK_ELEMENTS // max(1, t * hq * per_frame))  # frames per chunk
+    parts = []
+    for lo in range(0, nf, step):
+        keys = k[lo * per_frame : (lo + step) * per_frame].to(dt)
+        scores = torch.einsum("tkgd,skd->tkgs", qf, keys).unflatten(-1, (-1, per_frame))
+        lse = torch.logsumexp(scores, dim=-1)  # (T, Hkv, G, frames of the chunk)
+        hidden = ids[lo : lo + step].to(k.device).view(1, 1, 1, -1) >= q_vis
+        parts.append(lse.masked_fill(hidden, -math.inf))
+    if not parts:
+        return qf.new_empty(t, hq, 0)
+    return torch.cat(parts, dim=-1).view(t, hq, nf)
+
+
+def _scattered_lse(qf: Tensor, k: Tensor, q_vis: Tensor, k_frame: Tensor, ids: Tensor) -> Tensor:
+    """`frame_lse` for keys in any order: per key, reduced per frame by scatters."""
+    t, hkv, g, _ = qf.shape
+    slot = torch.searchsorted(ids.to(k_frame.device), k_frame)  # each key's place among `ids`
+    out = qf.new_full((t, hkv, g, ids.numel()), -math.inf)
+    step = max(1, SCORE_CHUNK_ELEMENTS // max(1, t * hkv * g))
+    for lo in range(0, k.shape[0], step):
+        scores = torch.einsum("tkgd,skd->tkgs", qf, k[lo : lo + step].to(qf.dtype))
+        scores = scores.masked_fill(k_frame[lo : lo + step].view(1, 1, 1, -1) >= q_vis, -math.inf)
+        index = slot[lo : lo + step].view(1, 1, 1, -1).expand_as(scores)
         top = torch.full_like(out, -math.inf).scatter_reduce(3, index, scores, "amax")
         safe = torch.where(torch.isfinite(top), top, 0.0)
         mass = torch.zeros_like(out).scatter_add(3, index, (scores - safe.gather(3, index)).exp())
         out = torch.logaddexp(out, safe + mass.log())
-    return out.view(t, hq, num_frames)
+    return out.view(t, hkv * g, -1)
 
 
 def _all_gather(x: Tensor, group) -> Tensor:
@@ -85,21 +115,21 @@ def frame_shares(
     zero when no query saw a frame), on rank 0 (None on the other ranks).
 
     `layers`: per hyper layer (q (T, Hq, D), q_vis (T,), k (S, Hkv, D), k_frame (S,)), the same
-    queries on every rank, this rank's keys. `distributed`: merge over the group (every rank
-    calls, with the same layers in the same order)."""
+    queries on every rank, this rank's keys (every layer's keys lie over the same frames).
+    `distributed`: merge over the group (every rank calls, with the same layers in the same
+    order): one all_gather of every layer's per-row totals, one reduce of the shares."""
     rank = dist.get_rank(group) if distributed else 0
-    device = layers[0][2].device if layers else torch.device("cpu")
-    total = torch.zeros(num_frames, dtype=torch.float64, device=device)
-    counted = 0.0  # (query, head, layer) triples that saw a frame
-    for q, q_vis, k, k_frame in layers:
-        lse = frame_lse(q, k, q_vis, k_frame, num_frames, scale).double()  # (T, Hq, F)
-        local = torch.logsumexp(lse, dim=-1)  # (T, Hq)
-        glob = torch.logsumexp(_all_gather(local, group), 0) if distributed else local
-        seen = torch.isfinite(glob)
-        share = torch.where(seen[..., None], (lse - glob[..., None]).exp(), 0.0)
-        total = total + share.sum(dim=(0, 1))
-        counted += float(seen.sum())
-    total = total / max(counted, 1.0)
+    if not layers:
+        return torch.zeros(num_frames, dtype=torch.float64) if rank == 0 else None
+    frames = local_frames(layers[0][3])
+    lses = [frame_lse(q, k, q_vis, k_frame, frames, scale) for q, q_vis, k, k_frame in layers]
+    lse = torch.stack(lses).double()  # (layers, T, Hq, frames held)
+    local = torch.logsumexp(lse, dim=-1)  # (layers, T, Hq)
+    glob = torch.logsumexp(_all_gather(local, group), 0) if distributed else local
+    seen = torch.isfinite(glob)
+    share = torch.where(seen[..., None], (lse - glob[..., None]).exp(), 0.0).sum(dim=(0, 1, 2))
+    total = torch.zeros(num_frames, dtype=torch.float64, device=share.device)
+    total[frames[0].to(share.device)] = share / max(float(seen.sum()), 1.0)
     if distributed:  # every frame is held by one rank: the others add exact zeros
         dist.reduce(total, dst=0, group=group)
     return total.cpu() if rank == 0 else None
