@@ -3,8 +3,8 @@ in one engine (tiny g2 checkpoint, a synthetic video, CPU ranks under torchrun).
 
 The same greedy question is asked in turns, on and off (so the machine's load falls on both alike);
 the speed of an answer counts its whole decode, the evidence computed at its end included. The
-median of each and their ratio are written as one row; the answers must be the same token for
-token (evidence only reads the queries).
+median of each, their ratio and the median ratio of the neighbouring pairs are written as one row;
+the answers must be the same token for token (evidence only reads the queries).
 
     python scripts/bench_evidence.py --ranks 2 --out runs/bench_evidence.json
 """
@@ -43,10 +43,14 @@ def measure(engine, new_tokens: int, repeats: int) -> dict:
     if answers[True] != answers[False] or len(answers[True]) != 1:
         raise SystemExit(f"the answers with and without evidence differ: {answers}")
     on, off = statistics.median(speeds[True]), statistics.median(speeds[False])
+    # each on answer against the off answer asked beside it: the machine's load falls on both
+    pairs = [a / b for a, b in zip(speeds[True], speeds[False])]
     return {
         "tokens_per_s_on": on,
         "tokens_per_s_off": off,
         "on_over_off": on / off,
+        "pair_ratio_median": statistics.median(pairs),
+        "pair_ratios": [round(r, 3) for r in pairs],
         "answer_s_on": statistics.median(seconds[True]),
         "answer_s_off": statistics.median(seconds[False]),
         "new_tokens": engine.last_answer.new_tokens,
