@@ -117,8 +117,7 @@ def answer_footer(engine: Engine) -> str:
 
 def answer_evidence(engine: Engine, path: str) -> str:
     """The last answer's moments as thumbnails that seek the player ("" without evidence)."""
-    answer = engine.last_answer
-    return evidence_markdown(answer.evidence if answer else None, path, SEEK_PREFIX)
+    return evidence_markdown(getattr(engine.last_answer, "evidence", None), path, SEEK_PREFIX)
 
 
 def _text(text: str) -> dict[str, str]:

@@ -103,14 +103,14 @@ def stream_answer(engine: Engine, console: Console, question: str) -> str:
 
 def print_seen_at(answer: AnswerStats | None, console: Console) -> None:
     """One line under the answer: the moments of the video it looked at most."""
-    line = seen_line(answer.evidence or []) if answer is not None else ""
+    line = seen_line(getattr(answer, "evidence", None) or [])
     if line:
         console.print(line, style="cyan", highlight=False, markup=False)
 
 
 def print_evidence(answer: AnswerStats | None, console: Console) -> None:
     """`/evidence`: every moment the last answer looked at, largest share first."""
-    found = answer.evidence if answer is not None else None
+    found = getattr(answer, "evidence", None)
     if not found:
         console.print("no evidence yet: ask a question about the video (with --evidence)")
         return
