@@ -310,6 +310,11 @@ class GenerationConfig:
         1.0, "--top-p", "Nucleus sampling mass (0 < p <= 1) when sampling.", metavar="P"
     )
     seed: int = option(0, "--seed", "Seed of sampling (answers repeat for the same seed).")
+    evidence: bool = option(
+        True,
+        "--evidence/--no-evidence",
+        "Show where in the video each answer looked (moments with their share of its attention).",
+    )
 
     def __post_init__(self) -> None:
         _require(

@@ -39,6 +39,10 @@ def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     answerable = [r for r in mini.rows if r["videoID"] not in mini.missing]
     assert sorted(r["question_id"] for r in records) == sorted(r["question_id"] for r in answerable)
     assert all("response" in r or "raw" in r or "output" in r for r in records)
+    # where each answer looked (--evidence is on by default): moments with start, end, share
+    assert all(
+        r["evidence"] and set(r["evidence"][0]) == {"start", "end", "share"} for r in records
+    )
     assert out.with_suffix(".summary.json").exists() and out.with_suffix(".png").exists()
     header = json.loads(out.read_text().splitlines()[0])
     assert header["engine"]["world size"] == 1 and header["engine"]["dtype"], header["engine"]

@@ -84,6 +84,15 @@ def test_browser_upload_ask_and_seek(tiny_checkpoints, short_video, tmp_path):
                 expect(chat).to_contain_text(expected)
                 expect(chat).to_contain_text(QUESTIONS[0])
 
+                # Under the answer, its moments as thumbnails; a click seeks the player there.
+                thumb = chat.locator("a[href*='lvx-seek-']:has(img)").first
+                expect(thumb).to_be_visible(timeout=TIMEOUT_MS)
+                at = float(thumb.get_attribute("href").rsplit("-", 1)[1])
+                player = page.locator("#lvx-video video")
+                player.evaluate("(v, t) => { v.currentTime = t; }", 9.5 if at < 9 else 1.5)
+                thumb.locator("img").click()
+                expect(player).to_have_js_property("currentTime", at, timeout=10_000)
+
                 # Times in the chat are links that seek the player (here in the question; answers
                 # use the same).
                 question.fill("what happens at 0:07?")

@@ -40,6 +40,7 @@ from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
 from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
+from lvx_ui.evidence_view import evidence_markdown
 from lvx_ui.openai_request import allowed_path
 
 log = logging.getLogger("lvx.ui")
@@ -112,6 +113,11 @@ def answer_footer(engine: Engine) -> str:
     line."""
     line = describe_answer(engine.last_answer)
     return line.replace("hit --max-new-tokens", "hit the max new tokens limit")
+
+
+def answer_evidence(engine: Engine, path: str) -> str:
+    """The last answer's moments as thumbnails that seek the player ("" without evidence)."""
+    return evidence_markdown(getattr(engine.last_answer, "evidence", None), path, SEEK_PREFIX)
 
 
 def _text(text: str) -> dict[str, str]:
@@ -348,8 +354,11 @@ class ChatApp:
                     yield
             about = f"about {Path(summary.path).name}"
             footer = f"*{' · '.join([about, *notes, answer_footer(lease.engine)])}*"
+            seen = answer_evidence(lease.engine, summary.path)
             part["text"] = "\n\n".join(
-                filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)])
+                filter(
+                    None, [link_timestamps(text, duration), seen, footer, _warning_lines(warned)]
+                )
             )
         except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
             # a group that died mid-answer keeps the partial answer

@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import anyio
@@ -90,6 +90,7 @@ class Answer:
         self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self.frames: int | None = None  # the frames of the video the answer is about
+        self.evidence_asked = False
         self._texts = self._cut()
         self.first = self.next()
 
@@ -127,6 +128,12 @@ class Answer:
             self.lease.close()
             self.done()
 
+    def extension(self) -> dict[str, Any]:
+        """`lvx_evidence` (each moment's start, end and share) when the request asked for it."""
+        if not self.evidence_asked:
+            return {}
+        return {"lvx_evidence": [asdict(m) for m in self.stats.evidence or []]}
+
     @property
     def finish_reason(self) -> str:
         return "length" if self.stats.truncated and not self.stops.hit else "stop"
@@ -149,6 +156,12 @@ class Answer:
             f"api: {s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
             f"{s.prompt_tokens} prompt tokens{ended}"
         )
+
+
+def evidence_override(req: ChatRequest, config: Config) -> dict[str, bool]:
+    """The answer's evidence is made only when the request asks and the server's --evidence is on:
+    a plain OpenAI client's answer costs nothing extra."""
+    return {"evidence": req.evidence and config.generation.evidence}
 
 
 def api_error(exc: BaseException) -> ApiError:
@@ -328,8 +341,9 @@ class OpenAIApi:
         except EngineError as exc:  # 429: the queue is full; 503: the group restarts
             release()
             raise api_error(exc) from None
+        generation = {**req.generation, **evidence_override(req, self.config)}
         try:
-            pieces = lease.chat(request, req.turns, **req.generation)
+            pieces = lease.chat(request, req.turns, **generation)
         except BaseException as exc:
             lease.close()
             release()
@@ -337,6 +351,7 @@ class OpenAIApi:
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, release)
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
+        answer.evidence_asked = req.evidence
         return answer
 
     def _request(self, ask: VideoAsk) -> VideoRequest:
@@ -375,6 +390,7 @@ class OpenAIApi:
             "object": "chat.completion",
             "choices": [{**choice, "finish_reason": answer.finish_reason}],
             "usage": answer.usage(),
+            **answer.extension(),
         }
 
     async def _events(self, answer: Answer, req: ChatRequest, head: dict) -> AsyncIterator[str]:
@@ -382,9 +398,9 @@ class OpenAIApi:
         head = {**head, "object": "chat.completion.chunk"}
         extra = {"usage": None} if req.include_usage else {}
 
-        def chunk(delta: dict, finish: str | None = None) -> str:
+        def chunk(delta: dict, finish: str | None = None, **more: Any) -> str:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return sse({**head, "choices": [choice], **extra})
+            return sse({**head, "choices": [choice], **extra, **more})
 
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -393,7 +409,7 @@ class OpenAIApi:
                 yield chunk({"content": text})
                 text = await self._in_thread(answer.next)
             await self._in_thread(answer.close)
-            yield chunk({}, answer.finish_reason)
+            yield chunk({}, answer.finish_reason, **answer.extension())
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event

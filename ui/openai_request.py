@@ -79,6 +79,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     user: str = ""  # OpenAI's end-user id: with the key, whose conversation this is
+    evidence: bool = False  # `"lvx_evidence": true`: the moments the answer looked at, returned
 
 
 def read_request(body: Any) -> ChatRequest:
@@ -98,6 +99,7 @@ def read_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=stream and _flag(options, "include_usage"),
         user=_user(body),
+        evidence=_flag(body, "lvx_evidence"),
     )
 
 

@@ -29,8 +29,9 @@ from rich.table import Table
 from rich.text import Text
 
 from lvx_app.config import Config
-from lvx_app.engine.api import EngineError, GroupFailed, VideoRequest, VideoSummary
+from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
+from lvx_app.engine.moments import label, seen_line
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine
@@ -43,6 +44,7 @@ HELP = """commands:
   /help    this list
   /reset   forget the conversation, keep the video
   /stats   memory per rank, prompt and text tokens, timings
+  /evidence  every moment of the video the last answer looked at, with its share
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -94,8 +96,26 @@ def stream_answer(engine: Engine, console: Console, question: str) -> str:
             console.out(printable(piece), end="", highlight=False)
             console.file.flush()
     console.out("")
+    print_seen_at(engine.last_answer, console)
     console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
     return "".join(pieces)
+
+
+def print_seen_at(answer: AnswerStats | None, console: Console) -> None:
+    """One line under the answer: the moments of the video it looked at most."""
+    line = seen_line(getattr(answer, "evidence", None) or [])
+    if line:
+        console.print(line, style="cyan", highlight=False, markup=False)
+
+
+def print_evidence(answer: AnswerStats | None, console: Console) -> None:
+    """`/evidence`: every moment the last answer looked at, largest share first."""
+    found = getattr(answer, "evidence", None)
+    if not found:
+        console.print("no evidence yet: ask a question about the video (with --evidence)")
+        return
+    for moment in found:
+        console.print(f"{label(moment):>20}  {moment.share:6.1%}", highlight=False, markup=False)
 
 
 RANKS_PER_TABLE = 4  # keeps a table of ranks within 80 columns
@@ -151,6 +171,8 @@ def _command(engine: Engine, console: Console, line: str) -> None:
         console.print("[dim]conversation cleared; the video stays loaded[/dim]")
     elif line == "/stats":
         print_stats(engine, console)
+    elif line == "/evidence":
+        print_evidence(engine.last_answer, console)
     elif line.startswith("/"):
         console.print(f"unknown command {line.split()[0]}; /help lists them", markup=False)
     else:

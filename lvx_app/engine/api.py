@@ -116,6 +116,17 @@ class VideoRequest:
         return replace(self, cues=tuple(track.cues))
 
 
+@dataclass(frozen=True)
+class Moment:
+    """Neighbouring sampled frames an answer looked at (lvx_app/engine/moments.py): from the first
+    frame's time to the last's, in seconds into the video, and their summed share of the answer's
+    visual attention (0..1)."""
+
+    start: float
+    end: float
+    share: float
+
+
 @dataclass
 class AnswerStats:
     prompt_tokens: int = 0
@@ -128,6 +139,8 @@ class AnswerStats:
     # the answer's token ids as the conversation holds them (a stop token left out): what
     # `Engine.replay` feeds to rebuild the conversation
     tokens: list[int] = field(default_factory=list, repr=False)
+    # where in the video the answer looked, largest share first (None: not asked for, or not known)
+    evidence: list[Moment] | None = None
 
     @property
     def tokens_per_s(self) -> float:

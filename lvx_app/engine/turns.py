@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -20,6 +21,7 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.chat_prompt import Answers
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.evidence import EvidenceRecorder, answer_moments, answer_shares
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.limits import PrefillShape, question_limit, too_long
 from lvx_app.engine.parallelize import ShardedAttention
@@ -45,6 +47,7 @@ class Turns:
         self.answer_length = answer_length  # the longest answer when the options name none
         self.answers = Answers()  # the latest answers' tokens, by their text
         self.last_answer: AnswerStats | None = None
+        self.last_shares: list[float] | None = None  # rank 0: the last answer's share per frame
 
     def answer(
         self, ids: torch.Tensor, generation: GenerationConfig, should_stop: Callable[[], bool]
@@ -58,32 +61,37 @@ class Turns:
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
         whole = self.whole(n)
-        try:
-            logits, owner = conversation.prefill(ids, whole=whole)
-        except torch.cuda.OutOfMemoryError as exc:
-            message = oom_message(self.info.rank, self.info.device, "reading the question")
-            raise RuntimeError(message) from exc
-        outcome, decoder = LoopOutcome(), self.processor.stream()
-        text = []
-        tokens = self.generator.answer(
-            logits, None if whole else owner, generation, outcome, should_stop
-        )
-        try:
-            for token in tokens:
-                stats.new_tokens += 1
-                if token in self.generator.stop_ids:  # the answer's last token: not shown
-                    continue
-                stats.tokens.append(token)
-                piece = decoder.push(token)
-                text.append(piece)
-                if piece and leader:
-                    yield piece
-        except torch.cuda.OutOfMemoryError as exc:
-            raise RuntimeError(oom_message(self.info.rank, self.info.device, "answering")) from exc
-        tail = decoder.flush()
-        text.append(tail)
-        if tail and leader:
-            yield tail
+        recorder = self._recorder(generation, conversation.position + n - 1)
+        with recorder or nullcontext():
+            try:
+                logits, owner = conversation.prefill(ids, whole=whole)
+            except torch.cuda.OutOfMemoryError as exc:
+                message = oom_message(self.info.rank, self.info.device, "reading the question")
+                raise RuntimeError(message) from exc
+            outcome, decoder = LoopOutcome(), self.processor.stream()
+            text = []
+            tokens = self.generator.answer(
+                logits, None if whole else owner, generation, outcome, should_stop
+            )
+            try:
+                for token in tokens:
+                    stats.new_tokens += 1
+                    if token in self.generator.stop_ids:  # the answer's last token: not shown
+                        continue
+                    stats.tokens.append(token)
+                    piece = decoder.push(token)
+                    text.append(piece)
+                    if piece and leader:
+                        yield piece
+            except torch.cuda.OutOfMemoryError as exc:
+                raise RuntimeError(
+                    oom_message(self.info.rank, self.info.device, "answering")
+                ) from exc
+            tail = decoder.flush()
+            text.append(tail)
+            if tail and leader:
+                yield tail
+        stats.evidence = self._evidence(recorder, stats.new_tokens, whole)
         self.answers.remember("".join(text), stats.tokens)
         unfed = [] if outcome.unfed is None else [outcome.unfed]
         conversation.end_turn([*unfed, self.processor.stop_ids[0]])  # closed with <|im_end|>
@@ -92,6 +100,29 @@ class Turns:
         stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
+
+    def _recorder(self, generation: GenerationConfig, start: int) -> EvidenceRecorder | None:
+        """The recorder of this answer's queries from position `start` (its last prompt token) on,
+        or None: evidence off, no video shown, or the one-process static step (no Python runs per
+        token there)."""
+        generator, model = self.generator, self.conversation.model
+        static = generator.step.used_for(generation) and not generator.rides
+        if not generation.evidence or self.conversation.visual is None or static:
+            return None
+        return EvidenceRecorder(model, start)
+
+    def _evidence(self, recorder: EvidenceRecorder | None, tokens: int, whole: bool):
+        """The answer's moments on rank 0 (every rank computes its frames' shares alike), None
+        without a recorder."""
+        if recorder is None:
+            return None
+        layers = self.conversation.model.config.hyper_layer_indices
+        visual, world = self.conversation.visual, self.info.world_size
+        shares = answer_shares(recorder, visual, layers, tokens, not whole, world)
+        if self.info.rank != 0:
+            return None
+        self.last_shares = None if shares is None else shares.tolist()
+        return answer_moments(shares, self.video.loaded.summary.timestamps)
 
     def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Feed earlier turns (a question, the token ids of its answer: `AnswerStats.tokens`) after

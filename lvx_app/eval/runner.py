@@ -262,6 +262,8 @@ def _answer_video(
             record["refused"] = why
         if getattr(session, "answer_info", None):
             record["answer_info"] = dict(session.answer_info)  # type: ignore[attr-defined]
+        if getattr(session, "evidence", None) is not None:  # where in the video it looked
+            record["evidence"] = list(session.evidence)  # type: ignore[attr-defined]
         writer.write(record)
         answered()
     return refused
@@ -314,6 +316,7 @@ class EngineEvalSession:
     def __init__(self, engine: Any):
         self.service = EngineService(engine)
         self.answer_info: dict[str, Any] | None = None
+        self.evidence: list[dict[str, float]] | None = None
 
     def describe(self) -> dict[str, Any]:
         return dict(self.service.engine.describe())
@@ -328,6 +331,7 @@ class EngineEvalSession:
         )
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:
+        self.evidence = None  # a refused question has none
         with self.service.lease(self.CLIENT) as lease:
             lease.start_over()  # every question as if first
             lease.ready()
@@ -335,7 +339,10 @@ class EngineEvalSession:
             text = "".join(pieces)
             stats = lease.engine.last_answer
         info = stats.to_dict() if hasattr(stats, "to_dict") else None
-        self.answer_info = {k: v for k, v in info.items() if k != "tokens"} if info else None
+        drop = ("tokens", "evidence")
+        self.answer_info = {k: v for k, v in info.items() if k not in drop} if info else None
+        # the answer's moments (start, end, share), with --evidence
+        self.evidence = info.get("evidence") if info else None
         return text
 
     def reset(self) -> None:

@@ -1,0 +1,111 @@
+"""Where in the video an answer looked, recorded while it is generated (every rank, in step).
+
+`EvidenceRecorder` wraps the model's visual attention hook for one answer: each hyper layer's call
+hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it keeps
+the rows at the answer's positions, nothing else (a decoded token's is one row per layer). The
+positions are those whose logits produced the answer's tokens: the last prompt token and every fed
+answer token but the last (a token fed and taken back, or fed again after the ranks disagreed,
+leaves the row of its position as last fed). The answer's end (`answer_shares`) turns them into
+each frame's share of the visual attention (lvx_app/attention/evidence.py), against this rank's
+keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over the group.
+
+Off (`--no-evidence`), or on the one-process static decode step (whose captured or compiled step
+runs no Python per token), no recorder is installed and nothing extra runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from lvx_app.attention.evidence import frame_shares
+from lvx_app.attention.masks import device_tensor
+from lvx_app.engine.api import Moment
+from lvx_app.engine.moments import moments
+
+
+class EvidenceRecorder:
+    """The model's visual hook while one answer is generated, keeping the queries of positions
+    `start` and later: {position: {layer: (q (Hq, D), q_vis ())}}."""
+
+    def __init__(self, model, start: int) -> None:
+        self.model, self.start = model, start
+        self.inner = model.hooks.visual
+        self.rows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def __enter__(self) -> EvidenceRecorder:
+        self.model.hooks.visual = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.hooks.visual = self.inner
+
+    def __call__(self, q: torch.Tensor, step, layer: int):
+        for row, position in enumerate(_positions(q, step, layer)):
+            if position >= self.start:
+                q_vis = device_tensor(step.visual.q_vis)[0, row]
+                self.rows.setdefault(position, {})[layer] = (q[0, row].clone(), q_vis.clone())
+        return self.inner(q, step, layer)
+
+
+def _positions(q: torch.Tensor, step, layer: int) -> list[int]:
+    """The global position of each of the forward's query rows on this rank."""
+    feed = step.feed
+    if feed.replicated:  # the tokens follow the cache, whose layer now holds them too
+        end = step.cache.layers[layer].length
+        return list(range(end - q.shape[1], end))
+    return (feed.text_q_vis.values.view(-1) - 1).tolist()
+
+
+def answer_shares(
+    recorder: EvidenceRecorder,
+    visual,
+    layers: Sequence[int],
+    tokens: int,
+    sharded_prefill: bool,
+    world: int,
+) -> torch.Tensor | None:
+    """Each frame's share of the answer's visual attention, (frames,) float64 on rank 0 (None
+    elsewhere, and for an answer of no tokens). Every rank calls it alike. `tokens`: the answer's
+    tokens, so positions start .. start + tokens - 1 produced them; `sharded_prefill`: the last
+    prompt token's row is on one rank only and is summed over the group first."""
+    positions = range(recorder.start, recorder.start + tokens)
+    if not tokens or not layers:
+        return None
+    first = _first_rows(recorder, visual, layers, sharded_prefill and world > 1)
+    parts = []
+    k_frame = device_tensor(visual.k_frame)[0]
+    for i, layer in enumerate(layers):
+        rows = [first[i] if p == recorder.start else recorder.rows[p][layer] for p in positions]
+        q = torch.stack([r[0] for r in rows])
+        q_vis = torch.stack([r[1].to(q.device) for r in rows])
+        k, _ = visual.kv[layer]
+        parts.append((q, q_vis, k[0], k_frame))
+    return frame_shares(parts, visual.num_frames, distributed=world > 1)
+
+
+def _first_rows(recorder: EvidenceRecorder, visual, layers: Sequence[int], summed: bool):
+    """The last prompt token's row per layer; on a sharded prefill it is on one rank only and
+    reaches every rank through one all_reduce (the others add exact zeros)."""
+    held = recorder.rows.get(recorder.start)
+    if not summed:
+        return [held[layer] for layer in layers]
+    config = recorder.model.config
+    k = visual.kv[layers[0]][0]
+    dtype = torch.promote_types(next(recorder.model.parameters()).dtype, torch.float32)
+    shape = (len(layers), config.num_attention_heads, config.head_dim)
+    q = torch.zeros(shape, dtype=dtype, device=k.device)
+    q_vis = torch.zeros(len(layers), dtype=torch.int64, device=k.device)
+    if held is not None:
+        q.copy_(torch.stack([held[layer][0] for layer in layers]))
+        q_vis.copy_(torch.stack([held[layer][1].to(k.device) for layer in layers]))
+    dist.all_reduce(q)
+    dist.all_reduce(q_vis)
+    return [(q[i], q_vis[i]) for i in range(len(layers))]
+
+
+def answer_moments(shares: torch.Tensor | None, timestamps: Sequence[float]) -> list[Moment]:
+    """The moments of rank 0's shares at the sampled frames' timestamps."""
+    return [] if shares is None else moments(shares.tolist(), timestamps)

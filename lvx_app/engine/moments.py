@@ -1,0 +1,59 @@
+"""An answer's evidence as moments: runs of neighbouring frames that drew much of its attention.
+
+Pure functions over the per-frame shares (lvx_app/attention/evidence.py) and the sampled frames'
+real timestamps, so every frontend shows the same moments: `lvx chat` one line under each answer
+(`seen_line`), the page thumbnails, the API's `lvx_evidence`, the eval's results file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lvx_app.engine.api import Moment
+from lvx_app.video.plan import format_timestamp
+
+TOP_MOMENTS = 3  # moments shown under an answer
+# a frame belongs to a moment when its share is at least this fraction of the largest share
+HIGH_SHARE = 0.5
+
+
+def label(moment: Moment) -> str:
+    """ "12:31–12:40" for a span, "47:02" for one time."""
+    first, last = format_timestamp(moment.start), format_timestamp(moment.end)
+    return first if first == last else f"{first}–{last}"
+
+
+def moments(
+    shares: Sequence[float], timestamps: Sequence[float], high: float = HIGH_SHARE
+) -> list[Moment]:
+    """Every moment, largest share first: each maximal run of neighbouring frames whose share is at
+    least `high` times the largest frame's share, from its first frame's timestamp to its last's,
+    with the run's summed share. No frames (or no attention) -> no moments."""
+    if len(shares) != len(timestamps):
+        raise ValueError(f"{len(shares)} shares for {len(timestamps)} frame timestamps")
+    top = max(shares, default=0.0)
+    if top <= 0:
+        return []
+    found, run = [], []
+    for i, share in enumerate([*shares, -1.0]):  # a sentinel closes the last run
+        if share >= high * top:
+            run.append(i)
+            continue
+        if run:
+            found.append(
+                Moment(
+                    float(timestamps[run[0]]),
+                    float(timestamps[run[-1]]),
+                    float(sum(shares[j] for j in run)),
+                )
+            )
+            run = []
+    return sorted(found, key=lambda m: (-m.share, m.start))
+
+
+def seen_line(evidence: Sequence[Moment], top: int = TOP_MOMENTS) -> str:
+    """`seen at 12:31–12:40 (34%), 47:02 (12%)`: the top moments; "" without any."""
+    if not evidence:
+        return ""
+    shown = ", ".join(f"{label(m)} ({m.share:.0%})" for m in evidence[:top])
+    return f"seen at {shown}"

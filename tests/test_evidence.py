@@ -1,0 +1,333 @@
+"""Where an answer looked: per-frame shares of the visual attention, exact against a float64
+softmax on 1, 2 and 4 ranks (every layout, every checkpoint generation), a planted frame found
+first, the moments made from the shares, and no recording when evidence is off."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from engine_configs import engine_config
+from test_serve_api import api_here  # noqa: F401 - the API on an engine in this process
+
+from lvx_app.attention import evidence as attention_evidence
+from lvx_app.attention.evidence import frame_lse, frame_shares
+from lvx_app.engine.api import Moment
+from lvx_app.engine.moments import moments, seen_line
+from lvx_app.parallel.layout import owners
+from scripts.gloo_ranks import run_ranks
+
+HQ, HKV, D, P = 4, 2, 8, 5  # heads, K/V heads, head dim, keys per frame
+
+
+def reference_shares(layers, num_frames: int) -> torch.Tensor:
+    """The same softmax in float64 in one process, the K/V heads repeated per query head: each
+    frame's summed probability, averaged over the (query, head, layer) rows that see a frame."""
+    total, rows = torch.zeros(num_frames, dtype=torch.float64), 0
+    for q, q_vis, k, k_frame in layers:
+        q, k = q.double(), k.double().repeat_interleave(HQ // k.shape[1], dim=1)
+        scores = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
+        hidden = k_frame.view(1, 1, -1) >= q_vis.view(-1, 1, 1)
+        scores = scores.masked_fill(hidden, -math.inf)
+        seen = q_vis > 0
+        prob = torch.softmax(scores[seen], dim=-1)  # (T', H, S)
+        per_frame = torch.zeros(*prob.shape[:2], num_frames, dtype=torch.float64)
+        per_frame.index_add_(2, k_frame, prob)
+        total += per_frame.sum(dim=(0, 1))
+        rows += int(seen.sum()) * q.shape[1]
+    return total / max(rows, 1)
+
+
+def _layers(seed: int, frames: int, tokens: int, planted: int | None = None):
+    """Random queries and keys of two hyper layers; `planted`: that frame's keys are the queries'
+    mean direction, scaled up (a frame the answer must find first)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(2):
+        q = torch.randn(tokens, HQ, D, generator=g)
+        k = torch.randn(frames * P, HKV, D, generator=g)
+        k_frame = torch.arange(frames).repeat_interleave(P)
+        q_vis = torch.randint(0, frames + 1, (tokens,), generator=g)
+        q_vis[-1] = frames  # the answer's tokens see every frame
+        if planted is not None:
+            q_vis[:] = frames
+            mean = q.view(tokens, HKV, HQ // HKV, D).mean(dim=(0, 2))  # (HKV, D)
+            k[planted * P : (planted + 1) * P] = 4 * mean / mean.norm(dim=-1, keepdim=True)
+        out.append((q, q_vis, k, k_frame))
+    return out
+
+
+def test_frame_lse_matches_float64_in_chunks(monkeypatch):
+    monkeypatch.setattr(attention_evidence, "SCORE_CHUNK_ELEMENTS", 7 * 3 * HQ)  # split frames
+    (q, q_vis, k, k_frame), _ = _layers(0, frames=6, tokens=7)
+    got = frame_lse(q, k, q_vis, k_frame)
+    order = torch.randperm(k.shape[0], generator=torch.Generator().manual_seed(9))
+    shuffled = frame_lse(q, k[order], q_vis, k_frame[order])  # keys in any order: per key
+    assert (shuffled - got).abs().nan_to_num().max() < 1e-5
+    assert torch.equal(torch.isinf(shuffled), torch.isinf(got))
+    kr = k.double().repeat_interleave(HQ // HKV, dim=1)
+    scores = torch.einsum("thd,shd->ths", q.double(), kr) / math.sqrt(D)
+    for f in range(6):
+        want = torch.logsumexp(scores[..., f * P : (f + 1) * P], dim=-1)
+        want = torch.where((q_vis > f).view(-1, 1), want, -math.inf)
+        assert torch.equal(torch.isinf(got[..., f]), torch.isinf(want))
+        fin = torch.isfinite(want)
+        assert (got[..., f].double()[fin] - want[fin]).abs().max() < 1e-5
+
+
+def _distributed_shares(rank: int, world: int):
+    """Every layout's shares on this group against the float64 reference, and the planted frame's
+    rank among the shares."""
+    import torch.distributed as dist
+
+    results = []
+    for layout in ("contiguous", "striped", "zigzag"):
+        for seed, planted in ((1, None), (2, 3)):
+            frames = 7
+            layers = _layers(seed, frames, tokens=5, planted=planted)
+            mine = owners(frames, world, layout) == rank
+            local = []
+            for q, q_vis, k, k_frame in layers:
+                keep = mine[k_frame]
+                local.append((q, q_vis, k[keep], k_frame[keep]))
+            got = frame_shares(local, frames, distributed=dist.is_initialized() and world > 1)
+            if rank:
+                assert got is None
+                continue
+            want = reference_shares(layers, frames)
+            results.append(
+                dict(
+                    layout=layout,
+                    err=float((got - want).abs().max()),
+                    total=float(got.sum()),
+                    first=int(got.argmax()),
+                    planted=planted,
+                )
+            )
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_shares_are_exact_and_find_the_planted_frame_on_every_rank_count(world):
+    for row in run_ranks(_distributed_shares, world)[0]:
+        assert row["err"] < 1e-6, row
+        assert abs(row["total"] - 1) < 1e-9, row
+        if row["planted"] is not None:
+            assert row["first"] == row["planted"], row
+
+
+def test_shares_in_one_process_are_exact_and_find_the_planted_frame():
+    layers = _layers(5, frames=6, tokens=4, planted=2)
+    got = frame_shares(layers, 6)
+    assert (got - reference_shares(layers, 6)).abs().max() < 1e-6
+    assert int(got.argmax()) == 2 and abs(float(got.sum()) - 1) < 1e-9
+
+
+def test_queries_that_see_no_frame_count_for_nothing():
+    (q, q_vis, k, k_frame), _ = _layers(3, frames=4, tokens=3)
+    q_vis[:] = torch.tensor([0, 0, 4])
+    both = frame_shares([(q, q_vis, k, k_frame)], 4)
+    last = frame_shares([(q[2:], q_vis[2:], k, k_frame)], 4)
+    assert torch.allclose(both, last, atol=1e-12)
+
+
+def test_moments_merge_neighbouring_high_frames_and_rank_them():
+    shares = [0.02, 0.30, 0.25, 0.03, 0.05, 0.20, 0.10]
+    times = [0.0, 751.0, 760.0, 1200.0, 2000.0, 2822.0, 2823.0]
+    found = moments(shares, times)
+    assert found[0] == Moment(751.0, 760.0, pytest.approx(0.55))
+    assert found[1] == Moment(2822.0, 2822.0, 0.20)
+    assert len(found) == 2  # 0.10 is under half the top share
+    assert seen_line(found) == "seen at 12:31–12:40 (55%), 47:02 (20%)"
+    assert moments([0.0, 0.0], [0.0, 1.0]) == [] and seen_line([]) == ""
+    with pytest.raises(ValueError):
+        moments([1.0], [0.0, 1.0])
+
+
+# the engine: one layout (and K/V mode, schedule) per generation, so three answers cover them all
+ENGINE_CASES = {
+    "g1-gateproj": dict(layout="contiguous", kv_mode="cache", xattn_schedule="auto"),
+    "g1": dict(layout="striped", kv_mode="recompute", xattn_schedule="auto"),
+    "g2": dict(layout="zigzag", kv_mode="cache", xattn_schedule="ring"),  # a sharded question
+}
+QUESTION = "what happens in the video?"
+
+
+def _session(checkpoint: str, **options):
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
+
+    config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4, **options)
+    return RankSession(config, init_distributed(cuda=False)), config
+
+
+def _engine_answers(rank: int, world: int, checkpoints: dict, video: str):
+    """Every rank answers one question per generation (SPMD); rank 0 returns each answer's
+    tokens, per-frame shares and moments."""
+    from lvx_app.engine.api import VideoRequest
+
+    out = {}
+    for generation, options in ENGINE_CASES.items():
+        session, config = _session(checkpoints[generation], **options)
+        session.load_video(VideoRequest.of(video, config.video))
+        "".join(session.ask(QUESTION, config.generation))
+        last = session.last_answer
+        out[generation] = dict(
+            tokens=list(last.tokens),
+            new_tokens=last.new_tokens,
+            shares=session.turns.last_shares,
+            evidence=last.evidence,
+        )
+    return out if rank == 0 else None
+
+
+def _one_process_reference(checkpoint: str, video: str, answer: dict) -> torch.Tensor:
+    """The same answer fed in one process, its queries recorded, their softmax in float64."""
+    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.evidence import EvidenceRecorder
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import DistInfo
+
+    config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4)
+    session = RankSession(config, DistInfo(0, 1, 0, torch.device("cpu"), None))
+    session.load_video(VideoRequest.of(video, config.video))
+    turns, conversation = session.turns, session.conversation
+    turns.show_video(True)
+    ids = turns.question_ids(QUESTION)
+    fed = answer["tokens"][: answer["new_tokens"] - 1]
+    with EvidenceRecorder(session.model, conversation.position + ids.numel() - 1) as recorder:
+        conversation.prefill(ids, whole=True)
+        if fed:
+            conversation.prefill(torch.tensor(fed), whole=True)
+    visual = conversation.visual
+    k_frame = visual.k_frame.tensor[0] if hasattr(visual.k_frame, "tensor") else visual.k_frame[0]
+    layers = []
+    for layer in session.model.config.hyper_layer_indices:
+        rows = [recorder.rows[p][layer] for p in sorted(recorder.rows)]
+        q = torch.stack([r[0] for r in rows])
+        q_vis = torch.stack([r[1] for r in rows])
+        layers.append((q, q_vis, visual.kv[layer][0][0], k_frame))
+    assert len(rows) == answer["new_tokens"]
+    return reference_shares(layers, visual.num_frames)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_engine_shares_equal_a_float64_softmax_for_every_generation(
+    world, tiny_checkpoints, short_video
+):
+    answers = run_ranks(_engine_answers, world, tiny_checkpoints, short_video)[0]
+    for generation, answer in answers.items():
+        want = _one_process_reference(tiny_checkpoints[generation], short_video, answer)
+        got = torch.tensor(answer["shares"], dtype=torch.float64)
+        assert (got - want).abs().max() < 1e-6, (generation, got, want)
+        assert abs(float(got.sum()) - 1) < 1e-9
+        top = answer["evidence"][0]  # the moment holding the largest frame share comes first
+        assert float(got.max()) - 1e-12 <= top.share <= 1 + 1e-9
+
+
+def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints, short_video):
+    """One process: on, the answer carries its moments and the shares sum to 1; off, the visual
+    hook is never wrapped and the answer carries none."""
+    from dataclasses import replace
+
+    from lvx_app.engine import evidence as engine_evidence
+    from lvx_app.engine.api import VideoRequest
+
+    session, config = _session(tiny_checkpoints["g2"])
+    session.load_video(VideoRequest.of(short_video, config.video))
+    made = []
+    real = engine_evidence.EvidenceRecorder.__init__
+
+    def counted(self, *args):
+        made.append(self)
+        real(self, *args)
+
+    engine_evidence.EvidenceRecorder.__init__ = counted
+    try:
+        off = replace(config.generation, evidence=False)
+        "".join(session.ask(QUESTION, off))
+        assert session.last_answer.evidence is None and not made
+        "".join(session.ask(QUESTION, config.generation))
+    finally:
+        engine_evidence.EvidenceRecorder.__init__ = real
+    assert len(made) == 1 and session.model.hooks.visual is made[0].inner  # unwrapped again
+    assert session.last_answer.evidence and abs(sum(session.turns.last_shares) - 1) < 1e-9
+
+
+def _chat(checkpoint: str, video: str, *flags: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    from timing import scaled
+
+    result = subprocess.run(
+        [sys.executable, "-m", "lvx_app.cli", "chat", video, "--model", checkpoint, "--gpus", "0"]
+        + ["--max-new-tokens", "4", "--no-cache", "--subtitles", "none", *flags],
+        input=f"{QUESTION}\n/evidence\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        env=dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_lvx_chat_prints_the_moments_under_each_answer(tiny_checkpoints, short_video):
+    out = _chat(tiny_checkpoints["g2"], short_video)
+    answer_and_after = out.split("lvx › ", 1)[1].splitlines()
+    assert answer_and_after[1].startswith("seen at 0:0"), out  # the line under the answer
+    assert "%)" in answer_and_after[1]
+    listed = [line for line in out.splitlines() if line.rstrip().endswith("%")]
+    assert listed, out  # /evidence: one line per moment
+    quiet = _chat(tiny_checkpoints["g2"], short_video, "--no-evidence")
+    assert "seen at" not in quiet and "no evidence yet" in quiet
+
+
+def test_the_api_returns_lvx_evidence_only_when_asked(api_here):  # noqa: F811
+    """Plain OpenAI output unless the body says `"lvx_evidence": true`; then the moments come in
+    the response and in the final stream chunk."""
+    import json
+
+    from test_serve_api import video_message
+
+    client, engine, url, _ = api_here
+    body = {"model": "m", "messages": [video_message(url)], "max_tokens": 3, "subtitles": "none"}
+    plain = client.post("/v1/chat/completions", json=body)
+    assert plain.status_code == 200 and "lvx_evidence" not in plain.json()
+    assert engine.last_answer.evidence is None  # not asked: not made
+    asked = client.post("/v1/chat/completions", json={**body, "lvx_evidence": True}).json()
+    moments_ = asked["lvx_evidence"]
+    assert moments_ and set(moments_[0]) == {"start", "end", "share"}
+    assert 0 < moments_[0]["share"] <= 1 and moments_[0]["start"] <= moments_[0]["end"]
+    streamed = client.post(
+        "/v1/chat/completions", json={**body, "lvx_evidence": True, "stream": True}
+    ).text
+    chunks = [
+        json.loads(line[len("data: ") :])
+        for line in streamed.splitlines()
+        if line.startswith("data: {")
+    ]
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert [c["lvx_evidence"] for c in finals] == [moments_]
+    assert all("lvx_evidence" not in c for c in chunks if c not in finals)
+
+
+def test_the_page_shows_moments_as_thumbnails_that_seek(short_video, tmp_path):
+    from lvx_ui.app import SEEK_PREFIX
+    from lvx_ui.evidence_view import evidence_markdown
+
+    found = [Moment(3.0, 5.0, 0.5), Moment(8.0, 8.0, 0.25), Moment(0.0, 0.0, 0.1), Moment(1, 1, 0)]
+    text = evidence_markdown(found, short_video, SEEK_PREFIX)
+    assert text.count("data:image/jpeg;base64,") == 3  # the top three, each a thumbnail
+    assert f"]({SEEK_PREFIX}3.00) [0:03–0:05 (50%)]({SEEK_PREFIX}3.00)" in text
+    assert f"[0:08 (25%)]({SEEK_PREFIX}8.00)" in text
+    # an unreadable video still shows the moments, as links
+    plain = evidence_markdown(found[:1], str(tmp_path / "gone.mp4"), SEEK_PREFIX)
+    assert plain == f"seen at: [0:03–0:05 (50%)]({SEEK_PREFIX}3.00)"
+    assert evidence_markdown(None, short_video, SEEK_PREFIX) == ""

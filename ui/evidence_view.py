@@ -1,0 +1,60 @@
+"""The page's view of an answer's evidence: each moment as a small thumbnail (a frame of the video
+at the moment's start) with its time and share under the answer; a click seeks the player there,
+by the same `#lvx-seek-` links that timestamps in answers use (`SEEK_JS` in ui/app.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from collections.abc import Sequence
+
+from lvx_app.engine.api import Moment
+from lvx_app.engine.moments import TOP_MOMENTS, label
+
+log = logging.getLogger("lvx.ui")
+
+THUMB_WIDTH = 120  # pixels; a thumbnail is a reminder of the moment, not a view of it
+
+
+def thumbnails(path: str, times: Sequence[float], width: int = THUMB_WIDTH) -> list[str | None]:
+    """A small JPEG data URI of the video's frame at each of `times` (seconds); None for each one
+    when the video cannot be read (the moments are then shown as text links)."""
+    if not times:
+        return []
+    try:
+        import decord
+        from PIL import Image
+
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+        fps = float(reader.get_avg_fps()) or 1.0
+        last = len(reader) - 1
+        out: list[str | None] = []
+        for t in times:
+            frame = reader[min(last, max(0, round(t * fps)))].asnumpy()
+            image = Image.fromarray(frame)
+            height = max(1, round(image.height * width / image.width))
+            buffer = io.BytesIO()
+            image.resize((width, height)).save(buffer, format="JPEG", quality=80)
+            out.append("data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode())
+        return out
+    except Exception as exc:  # noqa: BLE001 - the answer is shown whatever happens to its thumbnails
+        log.warning("no evidence thumbnails for %s: %s", path, exc)
+        return [None] * len(times)
+
+
+def evidence_markdown(
+    evidence: Sequence[Moment] | None, path: str, seek_prefix: str, top: int = TOP_MOMENTS
+) -> str:
+    """Markdown under an answer: "seen at" and the top moments, each a thumbnail and a caption
+    (time, share) that both link to `seek_prefix` + the moment's start in seconds, which the
+    page's click handler turns into a seek of the player; "" without evidence."""
+    shown = list(evidence or [])[:top]
+    if not shown:
+        return ""
+    cells = []
+    for moment, image in zip(shown, thumbnails(path, [m.start for m in shown])):
+        href = f"{seek_prefix}{moment.start:.2f}"
+        caption = f"[{label(moment)} ({moment.share:.0%})]({href})"
+        cells.append(f"[![{label(moment)}]({image})]({href}) {caption}" if image else caption)
+    return "seen at: " + " · ".join(cells)
