@@ -1,0 +1,64 @@
+"""Hostile values and inputs hold: a tiny temperature samples, an answer never runs past the model's
+context however large its bound, text that is not valid Unicode is a clean error or plain text."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import lvx_app as lvx
+from lvx_app.config import GenerationConfig
+from lvx_app.engine.api import EngineError
+from lvx_app.engine.limits import answer_tokens
+from lvx_app.engine.sampling import sample_next, sample_token
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-30, 1e-45, 5e-324])
+@pytest.mark.parametrize("top_p", [1.0, 0.5])
+def test_a_tiny_temperature_samples_the_best_token(temperature, top_p):
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 30
+    g = torch.Generator().manual_seed(0)
+    chosen = sample_next(logits, temperature=temperature, top_p=top_p, generator=g)
+    assert int(chosen) == int(logits.argmax())
+    generation = GenerationConfig(temperature=temperature, top_p=top_p)
+    assert sample_token(logits.bfloat16(), generation, 3) == int(logits.bfloat16().argmax())
+
+
+def test_an_answer_takes_at_most_the_positions_left():
+    assert answer_tokens(10**9, 256, 200) == 57  # the last token is never fed
+    assert answer_tokens(16, 256, 200) == 16
+    assert answer_tokens(10**9, 256, 256) == 1
+
+
+def _small_context(checkpoint: str, tmp_path, context: int) -> str:
+    small = tmp_path / "small-context"
+    shutil.copytree(checkpoint, small)
+    config = json.loads((small / "config.json").read_text())
+    config["max_position_embeddings"] = context
+    (small / "config.json").write_text(json.dumps(config))
+    return str(small)
+
+
+@pytest.mark.slow
+def test_generation_never_runs_past_the_models_positions(tiny_checkpoints, short_video, tmp_path):
+    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), subtitles="none")
+    with lvx.open(tiny_checkpoints["g2"], **options) as engine:
+        engine.load_video(short_video, fps=1)
+        "".join(engine.ask("what happens?", max_new_tokens=40))
+        prompt, unbounded = engine.last_answer.prompt_tokens, engine.last_answer.new_tokens
+    assert unbounded > 6, "the tiny model must answer past the small context for this test"
+    small = _small_context(tiny_checkpoints["g2"], tmp_path, prompt + 4)
+    with lvx.open(small, **options) as engine:
+        engine.load_video(short_video, fps=1)
+        "".join(engine.ask("what happens?", max_new_tokens=10**9))
+        stats = engine.last_answer
+        assert stats.prompt_tokens == prompt and stats.new_tokens <= 5 and stats.truncated
+        with pytest.raises(EngineError, match="past the .* tokens of the model's context") as e:
+            "".join(engine.ask("and then?"))
+        assert "\n" not in str(e.value)
+        engine.reset()
+        assert "".join(engine.ask("what happens?", max_new_tokens=3)) is not None
+        assert engine.last_answer.new_tokens <= 3
