@@ -3,6 +3,7 @@ context however large its bound, text that is not valid Unicode is a clean error
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
@@ -10,10 +11,13 @@ import pytest
 import torch
 
 import lvx_app as lvx
-from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import EngineError
+from lvx_app.cli.chat import run_chat
+from lvx_app.config import Config, GenerationConfig
+from lvx_app.engine.api import AnswerStats, EngineError
 from lvx_app.engine.limits import answer_tokens
 from lvx_app.engine.sampling import sample_next, sample_token
+from lvx_app.runtime.engine_handle import Engine
+from lvx_models.mplug_owl3.tokenizer import Owl3Tokenizer, valid_text
 
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-30, 1e-45, 5e-324])
@@ -62,3 +66,52 @@ def test_generation_never_runs_past_the_models_positions(tiny_checkpoints, short
         engine.reset()
         assert "".join(engine.ask("what happens?", max_new_tokens=3)) is not None
         assert engine.last_answer.new_tokens <= 3
+
+
+class _Recording(Engine):
+    """An engine whose ranks only record what reaches them."""
+
+    def __init__(self) -> None:
+        self.config, self.sent = Config(model="tiny"), []
+
+    def describe(self):
+        return {}
+
+    def stream(self, command, **args):
+        self.sent.append(args)
+        self.last_answer = AnswerStats(prompt_tokens=1, prefill_tokens=1)
+        return iter(["ok"])
+
+    def call(self, command, progress, **args):
+        self.sent.append(args)
+
+
+def test_text_that_is_not_valid_unicode_reaches_no_rank_as_such(tiny_checkpoints):
+    assert valid_text("caf\ud800") == "caf\ufffd"
+    assert valid_text("\ud83d\ude00") == "\U0001f600"  # a pair of surrogates is its character
+    tokenizer = Owl3Tokenizer.from_pretrained(tiny_checkpoints["g2"])
+    assert tokenizer.encode("a\ud800b") == tokenizer.encode("a\ufffdb")
+    engine = _Recording()
+    "".join(engine.ask("why\ud800?"))
+    "".join(engine.chat([{"role": "user", "content": "x\udfff"}]))
+    engine.replay([("y\ud800", [1])])
+    assert engine.sent[0]["question"] == "why\ufffd?"
+    assert engine.sent[1]["turns"][0]["content"] == "x\ufffd"
+    assert engine.sent[2]["turns"][0][0] == "y\ufffd"
+
+
+@pytest.mark.parametrize("question", [b"hi", 3, None])
+def test_a_question_that_is_not_text_is_one_line(question):
+    engine = _Recording()
+    with pytest.raises(EngineError, match="must be text \\(str\\)") as e:
+        engine.ask(question)
+    assert "\n" not in str(e.value) and not engine.sent
+
+
+def test_lvx_chat_reads_a_latin1_byte_from_a_pipe():
+    stdin = io.TextIOWrapper(io.BytesIO(b"caf\xe9?\n/quit\n"), encoding="utf-8")
+    engine, out = _Recording(), io.StringIO()
+    from rich.console import Console
+
+    assert run_chat(engine, video=None, console=Console(file=out), stdin=stdin) == 0
+    assert engine.sent[0]["question"] == "caf\ufffd?", out.getvalue()

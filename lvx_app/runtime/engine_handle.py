@@ -33,6 +33,7 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
 from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
+from lvx_models.mplug_owl3.tokenizer import valid_text
 
 
 class Engine:
@@ -69,6 +70,7 @@ class Engine:
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
         """Stream the answer as text pieces; `last_answer` holds its stats afterwards. A question
         longer than any the model could take is refused here, before it reaches a rank."""
+        question = _text(question, "the question")
         self.check_question(question)
         options = _overridden(self.config.generation, generation)
         return self.stream(ASK, question=question, generation=options)
@@ -79,7 +81,10 @@ class Engine:
         `<|video|>`); the ranks keep the longest prefix of it they hold and prefill only the rest.
         `last_answer.prefill_tokens` says how many tokens that was."""
         options = _overridden(self.config.generation, generation)
-        turns = [{"role": str(t["role"]), "content": str(t["content"])} for t in turns]
+        turns = [
+            {"role": str(t["role"]), "content": _text(t["content"], "a message's content")}
+            for t in turns
+        ]
         self.check_question("".join(t["content"] for t in turns))
         return self.stream(CHAT, turns=turns, generation=options)
 
@@ -97,6 +102,7 @@ class Engine:
     def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Rebuild a conversation after the video prompt from its turns (question, the answer's
         `last_answer.tokens`), generating nothing: it goes on as if it had never been left."""
+        turns = [(_text(question, "a question"), answer) for question, answer in turns]
         for question, _ in turns:
             self.check_question(question)
         self.call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
@@ -141,6 +147,15 @@ class Engine:
     def stream(self, command: Command, **args: Any) -> Iterator[str]:
         """Run a streaming `command` on every rank; rank 0's pieces as they come."""
         raise NotImplementedError
+
+
+def _text(value: Any, what: str) -> str:
+    """`value` as valid Unicode text (a lone surrogate becomes U+FFFD); bytes or another type is an
+    EngineError, never sent to a rank."""
+    if not isinstance(value, str):
+        hint = "; decode it first (bytes.decode())" if isinstance(value, (bytes, bytearray)) else ""
+        raise EngineError(f"{what} must be text (str), not {type(value).__name__}{hint}")
+    return valid_text(value)
 
 
 def _overridden(options: Any, changes: dict[str, Any]) -> Any:
