@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -84,7 +85,7 @@ class _Recording(Engine):
     def stream(self, command, **args):
         self.sent.append(args)
         self.last_answer = AnswerStats(prompt_tokens=1, prefill_tokens=1)
-        return iter(["ok"])
+        return iter(["ok", "!"])
 
     def call(self, command, progress, **args):
         self.sent.append(args)
@@ -119,6 +120,42 @@ def test_lvx_chat_reads_a_latin1_byte_from_a_pipe():
 
     assert run_chat(engine, video=None, console=Console(file=out), stdin=stdin) == 0
     assert engine.sent[0]["question"] == "caf\ufffd?", out.getvalue()
+
+
+def _in_a_thread(call):
+    result = []
+
+    def run():
+        try:
+            result.append(call())
+        except EngineError as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_one_engine_from_two_threads_says_it_is_busy():
+    engine = _Recording()
+    pieces = engine.ask("first?")
+    assert next(pieces) == "ok"  # the first answer holds the engine until it is read or dropped
+    busy = _in_a_thread(lambda: "".join(engine.ask("second?")))
+    assert isinstance(busy, EngineError) and "busy" in str(busy) and "\n" not in str(busy)
+    assert isinstance(_in_a_thread(engine.stats), EngineError)
+    assert "".join(pieces) == "!"
+    assert _in_a_thread(lambda: "".join(engine.ask("third?"))) == "ok!"
+    half = engine.ask("fourth?")
+    next(half)
+    del half  # a stream dropped half-read gives the engine back
+    assert _in_a_thread(lambda: "".join(engine.ask("fifth?"))) == "ok!"
+    assert [s["question"] for s in engine.sent if "question" in s] == [
+        "first?",
+        "third?",
+        "fourth?",
+        "fifth?",
+    ]
 
 
 README_SCRIPT = """

@@ -17,8 +17,10 @@ to rank 0 of a torchrun group.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from lvx_app.config import Config, ConfigError, VideoConfig, updated
@@ -62,7 +64,9 @@ class Engine:
         for note in track.notes:
             warnings.warn(note, EngineWarning, stacklevel=2)
         self.held = None  # a failed load may have dropped the video held before
-        summary: VideoSummary = self.call(LOAD_VIDEO, progress, request=request.resolved(track))
+        summary: VideoSummary = self._one_call(
+            LOAD_VIDEO, progress, request=request.resolved(track)
+        )
         self.held = request
         summary.subtitle_source = track.source
         return summary
@@ -73,7 +77,7 @@ class Engine:
         question = _text(question, "the question")
         self.check_question(question)
         options = _overridden(self.config.generation, generation)
-        return self.stream(ASK, question=question, generation=options)
+        return self._one_stream(ASK, question=question, generation=options)
 
     def chat(self, turns: Sequence[dict], **generation: Any) -> Iterator[str]:
         """Stream the answer to the last user message of a whole conversation (`turns`: the
@@ -86,7 +90,7 @@ class Engine:
             for t in turns
         ]
         self.check_question("".join(t["content"] for t in turns))
-        return self.stream(CHAT, turns=turns, generation=options)
+        return self._one_stream(CHAT, turns=turns, generation=options)
 
     def check_question(self, question: str) -> None:
         """Raise QuestionTooLong (one line) for a question of more characters than the model could
@@ -97,7 +101,7 @@ class Engine:
 
     def reset(self) -> None:
         """Forget the conversation, keep the video."""
-        self.call(RESET, None)
+        self._one_call(RESET, None)
 
     def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Rebuild a conversation after the video prompt from its turns (question, the answer's
@@ -105,7 +109,7 @@ class Engine:
         turns = [(_text(question, "a question"), answer) for question, answer in turns]
         for question, _ in turns:
             self.check_question(question)
-        self.call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
+        self._one_call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
 
     def describe(self) -> dict[str, Any]:
         """The model and the group: checkpoint, world size, device, dtype, layout, the longest
@@ -114,7 +118,7 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Memory per rank, cached tokens, timings."""
-        return self.call(STATS, None)
+        return self._one_call(STATS, None)
 
     def interrupt(self) -> None:
         """Stop the answer being generated (safe from a signal handler or another thread)."""
@@ -139,6 +143,17 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ---- one command at a time -------------------------------------------------------------------
+    def _one_call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
+        with _alone(self):
+            return self.call(command, progress, **args)
+
+    def _one_stream(self, command: Command, **args: Any) -> Iterator[str]:
+        """The stream, holding the engine from its first piece to its end (or until it is closed:
+        a stream dropped half-read gives the engine back)."""
+        with _alone(self):
+            yield from self.stream(command, **args)
+
     # ---- what a transport provides -------------------------------------------------------------
     def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
         """Run `command` on every rank; rank 0's result (`progress` gets its progress messages)."""
@@ -147,6 +162,27 @@ class Engine:
     def stream(self, command: Command, **args: Any) -> Iterator[str]:
         """Run a streaming `command` on every rank; rank 0's pieces as they come."""
         raise NotImplementedError
+
+
+_LOCKS = threading.Lock()  # guards the making of an engine's own lock
+
+
+@contextmanager
+def _alone(engine: Engine) -> Iterator[None]:
+    """Run one command of `engine` with no other running: the ranks take one at a time, and a
+    second thread's command sent beside the first would leave them out of step (a hang, then the
+    group killed). A thread that finds the engine busy is told so in one line."""
+    with _LOCKS:
+        lock = engine.__dict__.setdefault("_busy", threading.Lock())
+    if not lock.acquire(blocking=False):
+        raise EngineError(
+            "the engine is busy with another call (another thread, or an answer not yet read to "
+            "its end); wait for it, or open one engine per thread"
+        )
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _text(value: Any, what: str) -> str:
