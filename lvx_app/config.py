@@ -284,10 +284,13 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         _require(
-            self.gpus is None or self.gpus >= 0,
-            "--gpus must be 0 (CPU) or a positive number of GPUs",
+            self.gpus is None or (_whole(self.gpus) and self.gpus >= 0),
+            f"--gpus must be 0 (CPU) or a positive number of GPUs (got {self.gpus!r})",
         )
-        _require(self.ranks is None or self.ranks >= 1, "--ranks must be at least 1")
+        _require(
+            self.ranks is None or (_whole(self.ranks) and self.ranks >= 1),
+            f"--ranks must be a whole number, at least 1 (got {self.ranks!r})",
+        )
         _choice(self.layout, LAYOUTS, "--layout")
         _choice(self.xattn_schedule, SCHEDULES, "--xattn-schedule")
         _positive(self.timeout_s, "--timeout", "a number of seconds above 0")
@@ -333,6 +336,7 @@ class GenerationConfig:
             isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
             f"--top-p must be above 0 and at most 1 (got {self.top_p!r})",
         )
+        _require(_whole(self.seed), f"--seed must be a whole number (got {self.seed!r})")
 
 
 @dataclass

@@ -70,6 +70,12 @@ def test_flat_options_find_their_section_and_a_wrong_one_lists_the_valid_names()
         ({"kv_mode": "both"}, "unknown --kv-mode 'both'; use one of auto, cache, recompute"),
         ({"dtype": "int8"}, "unknown --dtype 'int8'"),
         ({"gpus": -1}, "--gpus must be 0 (CPU) or a positive number of GPUs"),
+        ({"gpus": "0"}, "--gpus must be 0 (CPU) or a positive number of GPUs (got '0')"),
+        ({"gpus": True}, "--gpus must be 0 (CPU)"),
+        ({"ranks": 2.5}, "--ranks must be a whole number, at least 1 (got 2.5)"),
+        ({"ranks": "2"}, "--ranks must be a whole number"),
+        ({"max_frames": "3"}, "--max-frames must be 1 or more (got '3')"),
+        ({"seed": "1"}, "--seed must be a whole number"),
         ({"subtitle_tokens": -1}, "--subtitle-tokens must be 0 (no subtitles) or more"),
     ],
 )

@@ -90,6 +90,9 @@ def test_missing_video_reported_once_and_run_continues(mini, capsys):
         (lambda r: r.update(duration="huge"), "'duration' must be one of short, medium, long"),
         (lambda r: r.update(question="  "), "field 'question' must be a non-empty string"),
         (lambda r: r.pop("videoID"), "field 'videoID' must be a non-empty string, got None"),
+        (lambda r: r.update(videoID="../../x"), "'videoID' must name a file in the data folder"),
+        (lambda r: r.update(videoID="/etc/x"), "'videoID' must name a file in the data folder"),
+        (lambda r: r.update(videoID=".."), "'videoID' must name a file in the data folder"),
     ],
 )
 def test_malformed_rows_give_clear_errors(tmp_path, mutate, message):

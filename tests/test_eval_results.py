@@ -113,6 +113,18 @@ def test_truncated_last_line_is_ignored_then_repaired(mini, tmp_path):
         read_results(out)
 
 
+def test_an_out_that_is_a_folder_or_unwritable_is_one_line(mini, tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    with pytest.raises(ResultsError, match="is a folder; --out names a results file") as e:
+        _run(mini, folder, LookupSession({}), limit=1)
+    assert "\n" not in str(e.value)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ResultsError, match="cannot be written"):
+        _run(mini, blocker / "run.jsonl", LookupSession({}), limit=1)
+
+
 def test_resume_with_other_settings_is_refused(mini, tmp_path):
     out = tmp_path / "run.jsonl"
     _run(mini, out, LookupSession({}), limit=3)

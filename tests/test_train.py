@@ -131,7 +131,13 @@ def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints
     with torch.no_grad():
         dict(tr.params)[f"{key}.lora_B"].normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     adapter = dict(tr.model.named_modules())[key]
-    save_checkpoint(tmp_path / "out", tr.model, ckpt, {"step": 0}, dtype=torch.float32)
+    mask = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "out", tr.model, ckpt, {"step": 0}, dtype=torch.float32)
+    finally:
+        os.umask(mask)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "out").iterdir()}
+    assert set(modes.values()) == {0o644}, modes  # readable by others, as any new file
     model, cfg, _ = load_model(tmp_path / "out")
     assert cfg.form == "g1-gateproj"
     w = model.state_dict()[f"{key}.weight"]

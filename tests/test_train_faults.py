@@ -245,3 +245,17 @@ def test_a_lock_whose_launcher_exited_but_never_lets_go_is_refused_after_the_wai
         assert time.monotonic() - started < scaled(1)
     finally:
         os.close(fd)
+
+
+def test_an_out_that_cannot_be_a_folder_is_one_line(tiny_checkpoints, short_video, tmp_path):
+    app = typer.Typer()
+    app.command()(finetune_command)
+    taken = tmp_path / "a-file"
+    taken.write_text("mine")
+    expected = {taken: "is a file, not a folder", taken / "run": "cannot be written"}
+    for out, words in expected.items():
+        args = _args(tmp_path, short_video, tiny_checkpoints["g1"], out)
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 1 and words in res.output, res.output
+        assert isinstance(res.exception, SystemExit), res.output
+    assert taken.read_text() == "mine"

@@ -7,6 +7,7 @@ the same command runs as one rank of the group: rank 0 reads the questions, the 
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -193,6 +194,9 @@ def run_chat(
     the REPL. Returns a process exit code."""
     console = console or Console(highlight=False, soft_wrap=True)
     stdin = stdin or sys.stdin
+    if isinstance(stdin, io.TextIOWrapper) and not stdin.isatty():
+        # a piped byte that is not UTF-8 (Latin-1 "caf\xe9") is read as U+FFFD, not a crash
+        stdin.reconfigure(errors="replace")
     if video:
         cues = tuple(subtitles.cues) if subtitles is not None else None
         request = VideoRequest(video, engine.config.video, cues)

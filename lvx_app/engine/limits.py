@@ -87,3 +87,19 @@ def too_long(tokens: int, limit: int, why: str) -> str:
         f"the question is {tokens:,} tokens, over the {limit:,} tokens a question may have here "
         f"({why}); shorten it, or ask about a part of it at a time"
     )
+
+
+def answer_tokens(requested: int, context: int, filled: int) -> int:
+    """The most tokens an answer may take: its own bound, and the positions the model's context has
+    left after the `filled` ones (an answer's last token is never fed, so it may take one more
+    token than positions are left). However large `--max-new-tokens` or `max_tokens` is, no
+    answer runs past the positions the model was trained for."""
+    return max(1, min(requested, context - filled + 1))
+
+
+def conversation_full(filled: int, context: int) -> str:
+    """The one line a user sees when a question would run past the model's context."""
+    return (
+        f"the conversation would be {filled:,} tokens, past the {context:,} tokens of the model's "
+        "context; start it afresh (reset) or ask a shorter question"
+    )

@@ -24,7 +24,10 @@ def sample_next(
     logits = logits.float()
     if temperature <= 0:
         return logits.argmax()
-    logits = logits / temperature
+    # shifted so the best is 0: a tiny temperature (1e-300) sends the others to -inf, never the best
+    # (an overflow to inf, or 0/0 where the temperature rounds to 0 in float32, made NaNs)
+    shifted = logits - logits.max()
+    logits = torch.where(shifted == 0, shifted, shifted / temperature)
     if top_p < 1.0:
         sorted_logits, order = logits.sort(descending=True)
         probs = sorted_logits.softmax(-1)

@@ -23,7 +23,13 @@ from lvx_app.engine.chat_prompt import Answers
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.evidence import EvidenceRecorder, answer_moments, answer_shares
 from lvx_app.engine.generator import Generator, LoopOutcome
-from lvx_app.engine.limits import PrefillShape, question_limit, too_long
+from lvx_app.engine.limits import (
+    PrefillShape,
+    answer_tokens,
+    conversation_full,
+    question_limit,
+    too_long,
+)
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
 from lvx_app.parallel.collectives import all_min
@@ -58,6 +64,9 @@ class Turns:
         if generation.max_new_tokens is None:
             generation = replace(generation, max_new_tokens=self.answer_length)
         self.check_length(n)
+        context = int(self.video.model.config.max_position_embeddings)
+        bound = answer_tokens(generation.max_new_tokens, context, conversation.position + n)
+        generation = replace(generation, max_new_tokens=bound)
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
         whole = self.whole(n)
@@ -191,3 +200,6 @@ class Turns:
         limit, why = question_limit(self.video.model.config, shape, budget)
         if n > limit:
             raise QuestionTooLong(too_long(n, limit, why))
+        context = int(self.video.model.config.max_position_embeddings)
+        if self.conversation.position + n > context:
+            raise QuestionTooLong(conversation_full(self.conversation.position + n, context))

@@ -215,6 +215,17 @@ def _text(row: dict[str, Any], name: str, where: str) -> str:
     return value.strip()
 
 
+def _file_stem(row: dict[str, Any], name: str, where: str) -> str:
+    """A field that names a file inside the data folder: no folder part, so a question file cannot
+    make lvx read a video (or subtitles) from elsewhere (`"../../x"`)."""
+    value = _text(row, name, where)
+    if "/" in value or "\\" in value or "\0" in value or value.strip(".") == "":
+        raise DatasetError(
+            f"{where}: field {name!r} must name a file in the data folder, got {value!r}."
+        )
+    return value
+
+
 def parse_question(row: Any, where: str) -> Question:
     """One validated :class:`Question` from a raw row; ``where`` names the row in error messages."""
     if not isinstance(row, dict):
@@ -255,7 +266,7 @@ def parse_question(row: Any, where: str) -> Question:
     return Question(
         question_id=qid,
         video_id=_text(row, "video_id", where),
-        videoID=_text(row, "videoID", where),
+        videoID=_file_stem(row, "videoID", where),
         duration=duration,
         domain=_text(row, "domain", where),
         sub_category=_text(row, "sub_category", where),

@@ -88,6 +88,10 @@ def read_results(path: Path | str) -> Results:
     res = Results(headers=[], records=[])
     if not path.exists():
         return res
+    if path.is_dir():
+        raise ResultsError(
+            f"{path} is a folder; --out names a results file, e.g. {path / 'results.jsonl'}"
+        )
     lines = path.read_bytes().split(b"\n")
     seen: set[str] = set()
     for n, raw in enumerate(lines, start=1):
@@ -163,10 +167,16 @@ class ResultsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         if self._f is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.exists():
-                _cut_torn_tail(self.path)
-            self._f = open(self.path, "a", encoding="utf-8")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if self.path.exists():
+                    _cut_torn_tail(self.path)
+                self._f = open(self.path, "a", encoding="utf-8")
+            except OSError as exc:
+                why = exc.strerror or type(exc).__name__
+                raise ResultsError(
+                    f"{self.path} cannot be written ({why}); choose an --out you can write"
+                ) from None
             self._append(self.manifest.header())
         self._append({"type": "answer", **record})
         self.done.add(record["question_id"])

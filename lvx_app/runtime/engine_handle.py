@@ -17,8 +17,10 @@ to rank 0 of a torchrun group.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from lvx_app.config import Config, ConfigError, VideoConfig, updated
@@ -33,6 +35,7 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
 from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
+from lvx_models.mplug_owl3.tokenizer import valid_text
 
 
 class Engine:
@@ -61,7 +64,9 @@ class Engine:
         for note in track.notes:
             warnings.warn(note, EngineWarning, stacklevel=2)
         self.held = None  # a failed load may have dropped the video held before
-        summary: VideoSummary = self.call(LOAD_VIDEO, progress, request=request.resolved(track))
+        summary: VideoSummary = self._one_call(
+            LOAD_VIDEO, progress, request=request.resolved(track)
+        )
         self.held = request
         summary.subtitle_source = track.source
         return summary
@@ -69,9 +74,10 @@ class Engine:
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
         """Stream the answer as text pieces; `last_answer` holds its stats afterwards. A question
         longer than any the model could take is refused here, before it reaches a rank."""
+        question = _text(question, "the question")
         self.check_question(question)
         options = _overridden(self.config.generation, generation)
-        return self.stream(ASK, question=question, generation=options)
+        return self._one_stream(ASK, question=question, generation=options)
 
     def chat(self, turns: Sequence[dict], **generation: Any) -> Iterator[str]:
         """Stream the answer to the last user message of a whole conversation (`turns`: the
@@ -79,9 +85,12 @@ class Engine:
         `<|video|>`); the ranks keep the longest prefix of it they hold and prefill only the rest.
         `last_answer.prefill_tokens` says how many tokens that was."""
         options = _overridden(self.config.generation, generation)
-        turns = [{"role": str(t["role"]), "content": str(t["content"])} for t in turns]
+        turns = [
+            {"role": str(t["role"]), "content": _text(t["content"], "a message's content")}
+            for t in turns
+        ]
         self.check_question("".join(t["content"] for t in turns))
-        return self.stream(CHAT, turns=turns, generation=options)
+        return self._one_stream(CHAT, turns=turns, generation=options)
 
     def check_question(self, question: str) -> None:
         """Raise QuestionTooLong (one line) for a question of more characters than the model could
@@ -92,14 +101,15 @@ class Engine:
 
     def reset(self) -> None:
         """Forget the conversation, keep the video."""
-        self.call(RESET, None)
+        self._one_call(RESET, None)
 
     def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Rebuild a conversation after the video prompt from its turns (question, the answer's
         `last_answer.tokens`), generating nothing: it goes on as if it had never been left."""
+        turns = [(_text(question, "a question"), answer) for question, answer in turns]
         for question, _ in turns:
             self.check_question(question)
-        self.call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
+        self._one_call(REPLAY, None, turns=[(q, [int(t) for t in answer]) for q, answer in turns])
 
     def describe(self) -> dict[str, Any]:
         """The model and the group: checkpoint, world size, device, dtype, layout, the longest
@@ -108,7 +118,7 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Memory per rank, prompt and text tokens, timings."""
-        return self.call(STATS, None)
+        return self._one_call(STATS, None)
 
     def interrupt(self) -> None:
         """Stop the answer being generated (safe from a signal handler or another thread)."""
@@ -133,6 +143,17 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ---- one command at a time -------------------------------------------------------------------
+    def _one_call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
+        with _alone(self):
+            return self.call(command, progress, **args)
+
+    def _one_stream(self, command: Command, **args: Any) -> Iterator[str]:
+        """The stream, holding the engine from its first piece to its end (or until it is closed:
+        a stream dropped half-read gives the engine back)."""
+        with _alone(self):
+            yield from self.stream(command, **args)
+
     # ---- what a transport provides -------------------------------------------------------------
     def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
         """Run `command` on every rank; rank 0's result (`progress` gets its progress messages)."""
@@ -141,6 +162,36 @@ class Engine:
     def stream(self, command: Command, **args: Any) -> Iterator[str]:
         """Run a streaming `command` on every rank; rank 0's pieces as they come."""
         raise NotImplementedError
+
+
+_LOCKS = threading.Lock()  # guards the making of an engine's own lock
+
+
+@contextmanager
+def _alone(engine: Engine) -> Iterator[None]:
+    """Run one command of `engine` with no other running: the ranks take one at a time, and a
+    second thread's command sent beside the first would leave them out of step (a hang, then the
+    group killed). A thread that finds the engine busy is told so in one line."""
+    with _LOCKS:
+        lock = engine.__dict__.setdefault("_busy", threading.Lock())
+    if not lock.acquire(blocking=False):
+        raise EngineError(
+            "the engine is busy with another call (another thread, or an answer not yet read to "
+            "its end); wait for it, or open one engine per thread"
+        )
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _text(value: Any, what: str) -> str:
+    """`value` as valid Unicode text (a lone surrogate becomes U+FFFD); bytes or another type is an
+    EngineError, never sent to a rank."""
+    if not isinstance(value, str):
+        hint = "; decode it first (bytes.decode())" if isinstance(value, (bytes, bytearray)) else ""
+        raise EngineError(f"{what} must be text (str), not {type(value).__name__}{hint}")
+    return valid_text(value)
 
 
 def _overridden(options: Any, changes: dict[str, Any]) -> Any:

@@ -25,6 +25,24 @@ class OutputBusy(Exception):
     """Another run holds the output folder, or the folder is the checkpoint the run starts from."""
 
 
+class OutputUnwritable(OutputBusy):
+    """The output folder cannot be made or written: a file of that name, or no permission."""
+
+
+def _open_lock(out: Path) -> int:
+    """Make `out` and open its lock file; one line when it cannot be (a file, read-only)."""
+    if out.exists() and not out.is_dir():
+        raise OutputUnwritable(f"--out {out} is a file, not a folder; choose a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise OutputUnwritable(
+            f"--out {out} cannot be written ({why}); choose a folder you can write"
+        ) from None
+
+
 def check_out_is_not_model(out: Path, model: str) -> None:
     """Refuse an --out that is the --model checkpoint folder or inside it: saving would overwrite
     the base weights."""
@@ -75,8 +93,7 @@ def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> in
     which dies a step behind it; while the pid in the file names an exited process, this waits up to
     `holder_gone_wait_s`.
     """
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(out)
     holder = _take(fd, holder_gone_wait_s)
     if holder is not None:
         os.close(fd)

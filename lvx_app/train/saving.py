@@ -33,13 +33,21 @@ STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: Path, write) -> None:
-    """Call write(tmp_path) then move it onto `path`."""
+    """Call write(tmp_path) then move it onto `path`, with the mode a plain new file gets (the
+    temporary file is private, 0600, and the model is shared like any other file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -19,6 +19,17 @@ IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: a lone surrogate (`"\\ud800"`, which Python strings and JSON may
+    carry but no tokenizer takes) becomes U+FFFD; a pair written as two surrogates becomes its
+    character."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 class Owl3Tokenizer:
     """Thin wrapper: `encode(text) -> ids` exactly as the official `tokenizer(text).input_ids`
     (Qwen2 adds no BOS)."""
@@ -63,7 +74,7 @@ class Owl3Tokenizer:
         return max(len(t.encode()) if t in added else len(t) for t in vocab)
 
     def encode(self, text: str) -> list[int]:
-        return self.tk.encode(text, add_special_tokens=False).ids if text else []
+        return self.tk.encode(valid_text(text), add_special_tokens=False).ids if text else []
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
