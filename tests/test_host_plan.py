@@ -57,3 +57,15 @@ def test_unsorted_keys_are_still_planned_by_a_scan():
     k_frame = torch.tensor([[3, 0, 2, 1, 0]])
     assert not masks._ordered(k_frame)
     assert masks._scanned_bounds(torch.tensor([[1, 2]]), k_frame) == (0, 2, 1, 2, 5, False)
+
+
+def test_bench_host_plan_times_both_planners_on_the_same_plans(tmp_path):
+    import json
+
+    from scripts.bench_host_plan import main
+
+    out = tmp_path / "plan.json"
+    assert main(["--minutes", "0.5", "--layers", "1", "--scan", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["planner"] for r in rows] == ["search", "scan"]
+    assert rows[0]["plans"] == rows[1]["plans"] > 1 and rows[0]["local_keys"] == 30 * 729
