@@ -77,17 +77,16 @@ def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
     ids = torch.randint(0, cfg.vocab_size, (int(starts[-1]) + 5 + 24,))
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend=None)
     conversation = Conversation(model, info, None)
-    with torch.no_grad():
+    with torch.no_grad():  # as the engine prepares a video (`engine/visual_kv.py`)
         features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size, dtype=dtype)
         conversation.show_video(model.prepare_visual(features.to(device), starts))
-        logits, _ = conversation.prefill(ids, whole=True)
+    logits, _ = conversation.prefill(ids, whole=True)  # the engine's own inference mode
     return conversation, logits, frames
 
 
 def _answer(conversation, logits, step: DecodeStep, tokens: int) -> list[int]:
-    generator = Generator(conversation, (), step)
-    with torch.no_grad():
-        return list(generator.answer(logits, None, GenerationConfig(tokens), LoopOutcome()))
+    generator = Generator(conversation, (), step)  # as the engine answers: nothing wrapped
+    return list(generator.answer(logits, None, GenerationConfig(tokens), LoopOutcome()))
 
 
 def _syncs(conversation, logits, step, tokens, device) -> int:

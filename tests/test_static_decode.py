@@ -100,3 +100,32 @@ def test_cuda_graphs_need_one_process_on_a_gpu():
     assert "--cuda-graphs needs one process" in said and "--compile-decode needs one" in said
     assert decode_step(asked, torch.device("cuda"), 1) == DecodeStep(True, True)
     assert decode_step(ModelConfig(), torch.device("cuda"), 1) == DecodeStep()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_every_decode_output_is_made_in_inference_mode(monkeypatch, static):
+    """The engine's own answer loop, eager and on the static step (its CUDA graph capture stood in
+    on CPU), runs every forward in inference mode: no output carries autograd's `grad_fn`."""
+    from types import SimpleNamespace
+
+    import lvx_app.engine.static_decode as static_decode
+
+    monkeypatch.setattr(static_decode, "_on_side_stream", lambda fn: fn())
+    monkeypatch.setattr(static_decode, "_capture", lambda fn: SimpleNamespace(replay=fn))
+    model, ids, visual = _setup("g2")
+    assert any(p.requires_grad for p in model.parameters())  # grad would be recorded otherwise
+    seen = []
+
+    def record(module, args, output):
+        seen.append((torch.is_inference_mode_enabled(), output.grad_fn, output.is_inference()))
+
+    handle = model.language_model.register_forward_hook(record)
+    try:
+        conversation, logits = _conversation(model, ids, visual)
+        generator = Generator(conversation, (), DecodeStep(graphs=static))
+        answer = list(generator.answer(logits, None, GenerationConfig(TOKENS), LoopOutcome()))
+    finally:
+        handle.remove()
+    assert len(answer) == TOKENS and len(seen) >= TOKENS  # the prefill's and every step's
+    assert logits.grad_fn is None and logits.is_inference()
+    assert all(s == (True, None, True) for s in seen), seen

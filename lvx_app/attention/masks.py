@@ -161,25 +161,63 @@ def _plan_causal(t0: int, t1: int, coff: int, group: int) -> list[TilePlan]:
     return _square(u0 * group, t1, u0 + coff, group)
 
 
-def _plan_media(t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu) -> list[TilePlan]:
+def _plan_media(
+    t0: int, t1: int, q_vis, k_frame, q_vis_cpu, k_frame_cpu, ordered: bool
+) -> list[TilePlan]:
     """Media mask only: every decision is taken on the host copies (no device syncs); the keys
-    every row sees go unmasked, and only the band some rows see gets a mask, built on the device."""
-    qv_c, kf_c = q_vis_cpu[:, t0:t1], k_frame_cpu
-    rs = _span((qv_c > kf_c.amin(1, keepdim=True)).any(0))
-    cs = _span((kf_c < qv_c.amax(1, keepdim=True)).any(0))
-    if rs is None or cs is None:
+    every row sees go unmasked, and only the band some rows see gets a mask, built on the device.
+    Keys sorted by frame (every row then sees a prefix of them) are bounded by a search per tile,
+    so the host work does not grow with the keys (`ordered`: they are, `_ordered`)."""
+    if ordered:
+        bounds = _sorted_bounds(q_vis_cpu[:, t0:t1], k_frame_cpu)
+    else:
+        bounds = _scanned_bounds(q_vis_cpu[:, t0:t1], k_frame_cpu)
+    if bounds is None:
         return []
-    (r0, r1), (k0, k1) = rs, cs
+    r0, r1, k0, kb, k1, dead = bounds
     q0, q1 = t0 + r0, t0 + r1
-    qv_c = qv_c[:, r0:r1]
-    kb = k0 + _leading((kf_c[:, k0:k1] < qv_c.amin(1, keepdim=True)).all(0))
     parts = [TilePlan(q0, q1, k0, kb, None, False, None)] if kb > k0 else []
     if kb < k1:
         vis = k_frame[:, kb:k1].unsqueeze(1) < q_vis[:, q0:q1].unsqueeze(2)
         # rows that see no key of the band: decided on the host, marked on the device
-        dead = bool((qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)).any())
         parts.append(TilePlan(q0, q1, kb, k1, vis, False, ~vis.any(2) if dead else None))
     return parts
+
+
+Bounds = tuple[int, int, int, int, int, bool]  # rows [r0, r1), keys [k0, kb) all seen, [kb, k1)
+
+
+def _ordered(kf_c: torch.Tensor) -> bool:
+    """Whether every batch row's keys are sorted by frame (each query then sees a prefix)."""
+    return kf_c.shape[1] < 2 or bool((kf_c[:, 1:] >= kf_c[:, :-1]).all())
+
+
+def _sorted_bounds(qv_c: torch.Tensor, kf_c: torch.Tensor) -> Bounds | None:
+    """`_scanned_bounds` for keys sorted by frame: a search per batch row, O(tile + log keys)."""
+    rs = _span((qv_c > kf_c[:, :1]).any(0))
+    if rs is None:
+        return None
+    r0, r1 = rs
+    qv_c = qv_c[:, r0:r1]
+    k1 = int(torch.searchsorted(kf_c, qv_c.amax(1, keepdim=True).contiguous()).max())
+    every = torch.searchsorted(kf_c, qv_c.amin(1, keepdim=True).contiguous())
+    kb = min(int(every.min()), k1)
+    dead = kb < k1 and bool((qv_c <= kf_c[:, kb : kb + 1]).any())
+    return r0, r1, 0, kb, k1, dead
+
+
+def _scanned_bounds(qv_c: torch.Tensor, kf_c: torch.Tensor) -> Bounds | None:
+    """(rows [r0, r1) of the tile that see some key; keys [k0, k1) some row sees, of which
+    [k0, kb) every row sees; whether some row sees no key of [kb, k1)), from every key."""
+    rs = _span((qv_c > kf_c.amin(1, keepdim=True)).any(0))
+    cs = _span((kf_c < qv_c.amax(1, keepdim=True)).any(0))
+    if rs is None or cs is None:
+        return None
+    (r0, r1), (k0, k1) = rs, cs
+    qv_c = qv_c[:, r0:r1]
+    kb = k0 + _leading((kf_c[:, k0:k1] < qv_c.amin(1, keepdim=True)).all(0))
+    dead = kb < k1 and bool((qv_c <= kf_c[:, kb:k1].amin(1, keepdim=True)).any())
+    return r0, r1, k0, kb, k1, dead
 
 
 def _plan_media_causal(
@@ -289,12 +327,12 @@ def tile_plans(
     if int(qv_c.amin()) > int(kf_c.amax()):
         yield _whole(rows, sk)  # every row sees every key
         return
-    shortest = min_tokens or min_tile(q.device)
+    shortest, ordered = min_tokens or min_tile(q.device), _ordered(kf_c)
     for t0, t1, first in _media_tiles(rows, group, qv_c, kf_c, shortest):
         if first is not None:
             yield from _square(t0, t1, first, group)
         else:
-            yield from _plan_media(t0, t1, q_vis, k_frame, qv_c, kf_c)
+            yield from _plan_media(t0, t1, q_vis, k_frame, qv_c, kf_c, ordered)
 
 
 def _whole(rows: int, sk: int) -> TilePlan:

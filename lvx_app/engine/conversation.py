@@ -4,6 +4,8 @@ Every rank holds the whole cache (replicated after each sharded prefill) and the
 (the global number of tokens fed). A prefill is either sharded over the ranks (the video prompt,
 whose tokens travel with their frames in the layout; a long question, cut into contiguous runs) or
 fed whole on every rank (a short question, each decoded token: every rank then holds the logits).
+Every forward and every write into the cache runs under `torch.inference_mode()`: no autograd
+bookkeeping per op, and the cache's buffers are inference tensors, written only in that mode.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Conversation:
         self._pending = []
         del self.fed[length:]
 
+    @torch.inference_mode()
     def restore(
         self, layers: list[tuple[torch.Tensor, torch.Tensor]], positions, ids: Sequence[int] = ()
     ) -> None:
@@ -103,7 +106,7 @@ class Conversation:
         last token's logits (1, 1, V). A forward that fails leaves the cache as it was."""
         start = self.cache.length
         try:
-            with torch.no_grad():
+            with torch.inference_mode():
                 return self.model(
                     ids.view(1, -1).to(self.info.device),
                     positions,
@@ -116,6 +119,7 @@ class Conversation:
             self.cache.truncate(start)
             raise
 
+    @torch.inference_mode()
     def prefill(
         self,
         ids: torch.Tensor,
@@ -165,6 +169,7 @@ class Conversation:
         owner = max((r for r in range(world) if sizes[r]), default=0)
         return torch.arange(*bounds[rank]), owner, sizes
 
+    @torch.inference_mode()
     def feed(self, token: int, carry: Carry | None = None) -> torch.Tensor:
         """One decoding step, alike on every rank: feed `token` (written on the device, not copied
         there), return the next logits (V,). `carry`: numbers that ride on the step's first visual

@@ -58,6 +58,7 @@ class Generator:
         self.rides = conversation.attn is not None and bool(conversation.model.config.hyper_layers)
         self.diverged = False  # the ranks once decoded different tokens (warned once)
 
+    @torch.inference_mode()  # each resume of the loop, not only its first
     def answer(
         self,
         logits: torch.Tensor | None,

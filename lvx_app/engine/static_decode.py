@@ -90,10 +90,11 @@ class StaticDecode:
     def __init__(self, conversation: Conversation, tokens: int, how: DecodeStep) -> None:
         model, device = conversation.model, conversation.info.device
         cache = conversation.cache
-        cache.reserve(tokens)
-        for layer in cache.layers:
-            layer.k[:, layer.length :].zero_()
-            layer.v[:, layer.length :].zero_()
+        with torch.inference_mode():  # the cache's buffers are inference tensors
+            cache.reserve(tokens)
+            for layer in cache.layers:
+                layer.k[:, layer.length :].zero_()
+                layer.v[:, layer.length :].zero_()
         self.conversation, self.how, self.lm = conversation, how, model.language_model
         self.position = torch.full((1,), cache.length, dtype=torch.int64, device=device)
         self.token = torch.zeros(1, 1, dtype=torch.int64, device=device)
@@ -108,6 +109,7 @@ class StaticDecode:
     def _text(self, q, k, v, step, layer: int):
         return attn_fwd_upto(q, k, v, self.position)
 
+    @torch.inference_mode()
     def step(self) -> None:
         """One decoded token on the device: the fed token's K/V written at `position`, the next
         token's id into `next`, the position advanced."""
@@ -122,6 +124,7 @@ class StaticDecode:
         self.next.copy_(logits[0, -1].argmax())
         self.position.add_(1)
 
+    @torch.inference_mode()
     def next_token(self, token: int) -> int:
         """Feed `token` and return the greedy next token (the step's one host read)."""
         self.token.fill_(token)
