@@ -2,7 +2,7 @@
 (pass-Q ring cross-attention), the gather schedule and the ring-or-gather choice, and the decode
 combine.
 
-The baselines it is measured against live in `lvx_app.attention.baselines`."""
+The baselines it is measured against live beside the product, in `scripts/baselines/`."""
 
 from lvx_app.attention.backends import available_backends
 from lvx_app.attention.decode_xattn import Carry, decode_xattn

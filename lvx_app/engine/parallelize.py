@@ -1,6 +1,6 @@
 """Shard the model's attention over the ranks, from outside the model (as gpt-fast's `tp.py` does).
 
-`parallelize(model, group, schedule)` installs a `ShardedAttention` as the model's attention hooks;
+`parallelize(model, info, config)` installs a `ShardedAttention` as the model's attention hooks;
 the model itself never imports torch.distributed. Every hook call gets the forward's step context
 and the layer's index: how the ranks feed the forward's tokens (its `Feed`) travels with the
 forward, so the hooks keep nothing per forward.
@@ -24,7 +24,7 @@ causal triangle) are planned as one causal kernel call per contiguous run.
 
 `ShardedHooks` is what inference and finetuning share (lvx_app/train/recompute.py subclasses it);
 benchmarks compare other schedules by subclassing `ShardedAttention` (its `ring` and `combine`)
-and passing it to `parallelize` through the rank entry point (scripts/baselines.py).
+and passing it to `parallelize` through the rank entry point (scripts/baselines/engine.py).
 """
 
 from __future__ import annotations
