@@ -124,7 +124,11 @@ def _register_subcommands() -> None:
     from lvx_app.cli.serve import serve_command
 
     app.add_typer(eval_app, name="eval", help="Batch evaluation (Video-MME).")
-    app.add_typer(cache_app, name="cache", help="List or remove cached visual features.")
+    app.add_typer(
+        cache_app,
+        name="cache",
+        help="List or remove cached features, saved prompts and visual K/V.",
+    )
     # short_help: the line `lvx --help` shows, whole at 80 columns
     app.command(
         "serve",
