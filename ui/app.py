@@ -355,10 +355,9 @@ class ChatApp:
             about = f"about {Path(summary.path).name}"
             footer = f"*{' · '.join([about, *notes, answer_footer(lease.engine)])}*"
             seen = answer_evidence(lease.engine, summary.path)
+            footer = f"{seen}  \n{footer}" if seen else footer  # the footer's paragraph
             part["text"] = "\n\n".join(
-                filter(
-                    None, [link_timestamps(text, duration), seen, footer, _warning_lines(warned)]
-                )
+                filter(None, [link_timestamps(text, duration), footer, _warning_lines(warned)])
             )
         except Exception as exc:  # noqa: BLE001 - shown in the chat, the server keeps going
             # a group that died mid-answer keeps the partial answer

@@ -22,25 +22,37 @@ def thumbnails(path: str, times: Sequence[float], width: int = THUMB_WIDTH) -> l
     when the video cannot be read (the moments are then shown as text links)."""
     if not times:
         return []
-    try:
-        import decord
-        from PIL import Image
+    try:  # PyAV, not decord: decord's threads abort the server process when it exits
+        import av
 
-        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
-        fps = float(reader.get_avg_fps()) or 1.0
-        last = len(reader) - 1
         out: list[str | None] = []
-        for t in times:
-            frame = reader[min(last, max(0, round(t * fps)))].asnumpy()
-            image = Image.fromarray(frame)
-            height = max(1, round(image.height * width / image.width))
-            buffer = io.BytesIO()
-            image.resize((width, height)).save(buffer, format="JPEG", quality=80)
-            out.append("data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode())
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            for t in times:
+                out.append(_jpeg(_frame_at(container, stream, t), width))
         return out
     except Exception as exc:  # noqa: BLE001 - the answer is shown whatever happens to its thumbnails
         log.warning("no evidence thumbnails for %s: %s", path, exc)
         return [None] * len(times)
+
+
+def _frame_at(container, stream, t: float):
+    """The first frame at or after `t` seconds (the last frame before it when none is)."""
+    container.seek(max(0, int(t / stream.time_base)), stream=stream, backward=True)
+    frame = None
+    for frame in container.decode(stream):
+        if frame.time is not None and frame.time >= t - 1e-6:
+            break
+    if frame is None:
+        raise ValueError(f"no frame at {t:.2f} s")
+    return frame.to_image()
+
+
+def _jpeg(image, width: int) -> str:
+    height = max(1, round(image.height * width / image.width))
+    buffer = io.BytesIO()
+    image.resize((width, height)).save(buffer, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def evidence_markdown(
