@@ -100,19 +100,22 @@ class Health:
     "restarting" while a dead group is replaced)."""
 
     def __init__(self) -> None:
-        self.api_health: Callable[[], Awaitable[Any]] | None = None  # set once the API serves
+        self.api_health: Callable[[Any], Awaitable[Any]] | None = None  # set once the API serves
 
     def route(self):
         """The route, for any FastAPI app (the first /health route of an app is the one served)."""
+        from fastapi import Request
         from fastapi.responses import JSONResponse
         from fastapi.routing import APIRoute
 
-        async def health() -> JSONResponse:
+        async def health(request: Request) -> JSONResponse:
             if self.api_health is None:
                 return JSONResponse(
                     {"status": "starting"}, status_code=503, headers={"Retry-After": "2"}
                 )
-            return await self.api_health()
+            return await self.api_health(request)
+
+        health.__annotations__["request"] = Request  # the module defers its annotations
 
         return APIRoute("/health", health, methods=["GET"])
 
