@@ -18,14 +18,7 @@ from typing import Any
 
 import torch
 
-from lvx_app.cache import (
-    PrefixCache,
-    PrefixKey,
-    SavedPrefix,
-    VisualKVCache,
-    VisualKVKey,
-    warn_not_saved,
-)
+from lvx_app.cache import PrefixCache, PrefixKey, SavedPrefix, VisualKVCache, VisualKVKey
 from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.api import (
@@ -363,8 +356,4 @@ class VideoContext:
     def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:
         conversation = self.conversation
         saved = SavedPrefix(conversation.cache.layer_kv(), conversation.key_positions())
-        try:
-            prefixes.save(key, saved, video=Path(path).resolve())
-        except OSError as exc:
-            then = "the next open will prefill it again"
-            warn_not_saved(prefixes.root, exc, "the video prompt", then)
+        prefixes.save(key, saved, video=Path(path).resolve())  # a failed write warns, once
