@@ -32,3 +32,15 @@ def short_video(tmp_path_factory):
             height=64,
         )
     )
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_unchanged():
+    """Ranks and decode processes unpickle test functions by module name through the parent's
+    `sys.path`: a test that changes it breaks every later test that starts one, so it fails
+    itself."""
+    import sys
+
+    before = list(sys.path)
+    yield
+    assert sys.path == before, f"this test changed sys.path: {before[:3]} -> {sys.path[:3]}"

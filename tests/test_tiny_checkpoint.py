@@ -1,7 +1,6 @@
 """Tiny checkpoints: the official file layout for both generations, loaded back through the public
 loader, and a forward + short generation on them."""
 
-import importlib.util
 import json
 import re
 import unicodedata
@@ -214,11 +213,8 @@ def test_deterministic_and_sharded(tmp_path, ckpts):
 
 
 def test_script(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "mtc", Path(__file__).parents[1] / "scripts/make_tiny_checkpoint.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from scripts import make_tiny_checkpoint as mod
+
     paths = mod.main([str(tmp_path / "t")])
     assert [p.name for p in paths] == ["g1", "g2"] and all(
         (p / "model.safetensors").exists() for p in paths

@@ -1,9 +1,6 @@
 """Decoding in worker processes: the right frames come back, in parallel, and hangs/crashes are
 contained."""
 
-import os
-import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -96,25 +93,6 @@ def test_two_processes_decode_disjoint_parts(vids):
     assert shard.indices[0] > 0
 
 
-# The stand-in workers (tests/decode_faults.py) are imported by name in the decode processes; in
-# the whole suite a decode process started earlier under another test's import state cannot find
-# them, so these tests run in a Python of their own (the test below), not beside the others.
-OWN_PROCESS = pytest.mark.skipif(
-    os.environ.get("LVX_DECODE_STANDINS") != "1", reason="runs in its own process, below"
-)
-
-
-def test_the_stand_in_worker_tests_pass_in_a_process_of_their_own():
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-         "hanging or decode_error"],
-        env=dict(os.environ, LVX_DECODE_STANDINS="1"), capture_output=True, text=True,
-        timeout=scaled(600),
-    )  # fmt: skip
-    assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-3000:]
-
-
-@OWN_PROCESS
 def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
     with DecodePool(1, threads=1, worker_class=HangsInBatch) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
@@ -125,7 +103,6 @@ def test_hanging_get_batch_is_killed_and_retried_frame_by_frame(vids):
     assert [read_index(f) for f in frames] == list(plan.indices)
 
 
-@OWN_PROCESS
 def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
     with DecodePool(1, threads=1, worker_class=AlwaysHangs) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
@@ -143,7 +120,6 @@ def test_decode_that_keeps_hanging_names_file_and_time_range(vids):
     assert "re-encode" in msg and "\n" not in msg
 
 
-@OWN_PROCESS
 def test_decode_error_names_file_and_time_range(vids):
     with DecodePool(1, threads=1, worker_class=AlwaysFails) as pool:
         plan, _ = pool.plan(vids["a"], 10.0)
