@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
+from timing import scaled
 
 import lvx_app as lvx
 from lvx_app.cli.chat import run_chat
@@ -152,3 +156,41 @@ def test_one_engine_from_two_threads_says_it_is_busy():
         "fourth?",
         "fifth?",
     ]
+
+
+README_SCRIPT = """
+import lvx_app as lvx
+
+with lvx.open({model!r}, gpus=0, cache_dir={cache!r}, subtitles="none", max_new_tokens=4) as engine:
+    engine.load_video({video!r}, fps=1)
+    for piece in engine.ask("What happens?"):
+        print(piece, end="")
+print("\\nDONE")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_the_readme_example_runs_as_a_plain_script(tiny_checkpoints, short_video, tmp_path, how):
+    """No `if __name__ == "__main__":` guard: decode workers must not run the script again."""
+    script = README_SCRIPT.format(
+        model=tiny_checkpoints["g2"], cache=str(tmp_path / "cache"), video=short_video
+    )
+    path = tmp_path / "example.py"
+    path.write_text(script)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    argv, stdin = (
+        ([sys.executable, str(path)], None) if how == "file" else ([sys.executable, "-"], script)
+    )
+    done = subprocess.run(
+        argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=scaled(600),
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and out.count("DONE") == 1, out
+    assert "damaged" not in out and "bootstrapping" not in out, out

@@ -34,8 +34,10 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
+import types
 import weakref
 from collections import deque
 from multiprocessing.connection import wait as wait_any
@@ -348,6 +350,20 @@ def _context():
     return ctx
 
 
+@contextlib.contextmanager
+def _main_unseen() -> Iterator[None]:
+    """Start processes as if `__main__` were empty: multiprocessing otherwise runs the user's script
+    again in the forkserver and in every worker, and a script without an
+    `if __name__ == "__main__":` guard (the README's example) would open an engine in each. The
+    workers need nothing from it: what they run comes from lvx's own modules."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def _local_ranks(local_world_size: int | None = None) -> int:
     return max(1, local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
@@ -373,7 +389,8 @@ class _Proc:
             daemon=not mp.current_process().daemon,
             name="lvx-decode",
         )
-        self.proc.start()
+        with _main_unseen():
+            self.proc.start()
         child.close()
         self.conn = parent
         self.outstanding: deque = deque()  # (req_id, chunk_id, mode)
