@@ -29,7 +29,7 @@ def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
     result = CliRunner().invoke(app, ["info", "--model", tiny_checkpoints["g1-gateproj"]])
     assert result.exit_code == 0 and "g1-gateproj" in result.output, result.output
     bad = CliRunner().invoke(app, ["info", "--model", str(tmp_path)])
-    assert bad.exit_code == 1 and "no config.json" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and "no config.json" in bad.output and "Traceback" not in bad.output
 
 
 def test_info_model_names_the_prompt_rules_and_where_they_came_from(tiny_checkpoints, tmp_path):
@@ -209,3 +209,32 @@ def test_the_video_line_gives_the_rate_the_frames_were_taken_at():
     assert line(10, 1.0, 10.0).startswith("10 frames at 1 fps over 10 s")
     assert line(11, 1.0, 10.5).startswith("11 frames at 1 fps")  # a last frame before the end
     assert line(4, 0.5, 7.0).startswith("4 frames at 0.5 fps")
+
+
+def _mistakes(tmp: Path, video: str) -> list[list[str]]:
+    return [
+        ["chat"],  # a missing argument (click's own error)
+        ["chat", "--bogus", video],  # an unknown option (click's)
+        ["nosuch"],  # an unknown command (click's)
+        ["chat", "--fps", "abc", video],  # a value of the wrong type (click's)
+        ["chat", "--fps", "-1", video],  # a value out of range (the config's)
+        ["chat", str(tmp / "missing.mp4"), "--gpus", "0"],  # a path that does not exist
+        ["info", "--model", str(tmp)],  # a folder that is no checkpoint
+        ["eval", "report", str(tmp / "missing.jsonl")],
+        ["eval", "report", str(tmp / "missing.jsonl"), "--scoring", "loose"],
+        ["cache", "rm", "--dir", str(tmp / "cache")],  # nothing named
+        ["cache", "rm", "abcd", "--dir", str(tmp / "cache")],  # an id that is not there
+        ["demo", "--generation", "g9", "--workdir", str(tmp / "demo")],
+    ]
+
+
+def test_every_mistake_is_one_error_line_and_exit_2(tmp_path, short_video):
+    """One form for every mistake in a command line, whoever finds it (click or lvx):
+    `error: ...` and exit code 2."""
+    for argv in _mistakes(tmp_path, short_video):
+        result = CliRunner().invoke(app, argv)
+        said = result.output
+        errors = [line for line in said.splitlines() if line.lower().startswith("error")]
+        assert result.exit_code == 2, (argv, said)
+        assert [e[:6] for e in errors] == ["error:"], (argv, said)
+        assert "Traceback" not in said and "Error:" not in said, (argv, said)

@@ -193,7 +193,7 @@ def test_cli_merge_and_report(mini, tmp_path):
     assert result.exit_code == 0 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, ["merge", str(tmp_path / "all.jsonl"), *map(str, parts)])
     assert (
-        result.exit_code == 1
+        result.exit_code == 2
         and "already exists" in result.output
         and "Traceback" not in result.output
     )
@@ -307,7 +307,7 @@ def test_cli_videomme_builds_the_session_through_the_engine(mini, tmp_path, monk
     assert len(read_results(out).records) == 6 and "scoring: strict" in result.output
     result = CliRunner().invoke(eval_app, [*args, "--fps", "3"])
     assert (
-        result.exit_code == 1
+        result.exit_code == 2
         and "different settings" in result.output
         and "Traceback" not in result.output
     )

@@ -407,7 +407,7 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     again = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=scaled(60)
     )
-    assert again.returncode == 1 and "already holds a finetuning run; pass --resume" in again.stderr
+    assert again.returncode == 2 and "already holds a finetuning run; pass --resume" in again.stderr
 
 
 def test_a_resumed_run_with_more_steps_never_raises_the_learning_rate_again():

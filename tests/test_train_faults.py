@@ -139,7 +139,7 @@ def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(
             text=True,
             timeout=scaled(120),
         )
-        assert second.returncode == 1, second.stderr
+        assert second.returncode == 2, second.stderr
         assert f"is in use by another lvx finetune run (pid {proc.pid})" in second.stderr, (
             second.stderr
         )
@@ -191,7 +191,7 @@ def test_out_inside_model_is_refused_before_anything_is_written(tiny_checkpoints
         res = CliRunner().invoke(
             app, ["--data", str(data), "--model", str(model), "--out", str(out), "--gpus", "0"]
         )
-        assert res.exit_code == 1, res.output
+        assert res.exit_code == 2, res.output
         assert (
             "is inside the --model checkpoint" in res.output
             and "choose another --out" in res.output
@@ -256,6 +256,6 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(tiny_checkpoints, short_vide
     for out, words in expected.items():
         args = _args(tmp_path, short_video, tiny_checkpoints["g1"], out)
         res = CliRunner().invoke(app, args)
-        assert res.exit_code == 1 and words in res.output, res.output
+        assert res.exit_code == 2 and words in res.output, res.output
         assert isinstance(res.exception, SystemExit), res.output
     assert taken.read_text() == "mine"

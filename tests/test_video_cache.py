@@ -229,7 +229,7 @@ def test_cli(tmp_path, video):
     assert "movie.mp4" in out.output and "tiny@r1" in out.output and "1/1 shards" in out.output
     entry = cache.entries()[0].entry_id
     out = run(cache_app, ["rm", "nothing-here", *d])
-    assert out.exit_code == 1 and "Nothing cached matches" in out.output
+    assert out.exit_code == 2 and "error: nothing cached matches" in out.output
     out = run(cache_app, ["rm", entry[:8], *d])
     assert out.exit_code == 0 and "Removed 1 entry" in out.output
     assert "is empty" in run(cache_app, ["ls", *d]).output

@@ -19,7 +19,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from lvx_app.cli.options import new_app
+from lvx_app.cli.options import fail, new_app
 
 cache_app = new_app(
     "cache",
@@ -211,11 +211,7 @@ def rm(
         console.print(f"Removed {n} stale entr{'y' if n == 1 else 'ies'}.")
         _fail_on(console, removed)
     elif not targets:
-        console.print(
-            "[red]Name what to remove[/red]: entry ids or video paths (see `lvx cache ls`), or "
-            "--stale."
-        )
-        raise typer.Exit(2)
+        raise fail("name what to remove: entry ids or video paths (see `lvx cache ls`), or --stale")
     missing = []
     for target in targets or []:
         removed = folder.remove(target)
@@ -226,11 +222,7 @@ def rm(
         if not removed.entries:
             missing.append(target)
     if missing:
-        console.print(
-            Text(f"Nothing cached matches {', '.join(missing)}", style="red")
-            + Text("; see `lvx cache ls` for the ids.")
-        )
-        raise typer.Exit(1)
+        raise fail(f"nothing cached matches {', '.join(missing)}; see `lvx cache ls` for the ids.")
 
 
 def _confirm(question: str) -> bool:

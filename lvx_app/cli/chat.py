@@ -29,6 +29,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from lvx_app.cli.options import exit_code
 from lvx_app.config import Config
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
@@ -204,7 +205,7 @@ def run_chat(
             summary = load_with_progress(engine, console, request)
         except EngineError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
-            return 2
+            return exit_code(exc)
         console.print(f"[green]video:[/green] {escape(describe_video(summary))}")
         source = subtitles.source if subtitles is not None else summary.subtitle_source
         if source:
@@ -255,7 +256,7 @@ def run_chat_command(video: str, config: Config, console: Console | None = None)
         return 2
     try:
         engine = open_engine(config, console)
-    except EngineError as exc:
+    except EngineError as exc:  # the model named cannot be used here (a path, its files, memory)
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C while the model loads: RemoteEngine already killed the group
@@ -288,6 +289,6 @@ def _chat_as_rank(video: str, config: Config, console: Console) -> int | None:
         return run_chat(driver, video=video, subtitles=track, console=console)
     except EngineError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 2
+        return exit_code(exc)
     finally:
         driver.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from lvx_app.cli.options import config_options, fail, new_app
+from lvx_app.cli.options import config_options, exit_code, fail, new_app
 from lvx_app.config import Config
 from lvx_app.eval.dataset import DatasetError
 from lvx_app.eval.extract import SCORING_MODES
@@ -56,7 +56,7 @@ def videomme(*, config: Config) -> None:
     try:
         run_videomme(config, lambda: open_engine_session(config))
     except (DatasetError, ResultsError, EngineError) as e:  # one sentence, no traceback
-        raise fail(str(e), code=1) from None
+        raise fail(str(e), exit_code(e)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -76,11 +76,11 @@ def merge(
 
     The files must share their settings and answer no question twice."""
     if scoring not in SCORING_MODES:
-        raise fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.", code=1)
+        raise fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
     try:
         merged = merge_results(inputs, out, keep_first=keep_first)
     except ResultsError as e:
-        raise fail(str(e), code=1) from None
+        raise fail(str(e), exit_code(e)) from None
     Console().print(f"merged {merged.records} answers from {len(inputs)} file(s) into {merged.out}")
     report_file(merged.out, scoring)
 
@@ -96,10 +96,10 @@ def report(
 
     Rewrites its summary, plot and official JSON in either scoring mode."""
     if scoring not in SCORING_MODES:
-        raise fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.", code=1)
+        raise fail(f"--scoring must be one of {', '.join(SCORING_MODES)}.")
     if not results.is_file():
-        raise fail(f"{results} does not exist.", code=1)
+        raise fail(f"{results} does not exist.")
     try:
         report_file(results, scoring)
     except ResultsError as e:
-        raise fail(str(e), code=1) from None
+        raise fail(str(e), exit_code(e)) from None

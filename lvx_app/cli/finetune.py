@@ -60,7 +60,7 @@ def finetune_command(*, config: Config) -> None:
         world = check_run(config)
         lock = lock_out(config)
     except FinetuneError as exc:
-        raise fail(str(exc), code=1) from None
+        raise fail(str(exc)) from None
     try:
         alone = world.ranks == 1
         code = _run_alone(config, world) if alone else run_group(config, world, keep_fds=(lock,))
@@ -87,7 +87,7 @@ def _run_alone(config: Config, world: World) -> int:
         train_as_rank(config, world)
     except user_errors() as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
-        return 1
+        return 2
     except KeyboardInterrupt:
         return 130
     finally:

@@ -77,7 +77,7 @@ def checkpoint_rows(model: str) -> dict[str, str]:
 
 
 def print_info(model: str | None = None) -> int:
-    """Print the table (and the checkpoint's, with `model`); 1 with a one-line error if it cannot be
+    """Print the table (and the checkpoint's, with `model`); 2 with a one-line error if it cannot be
     read."""
     console = Console()
     rows = collect_info()
@@ -88,7 +88,7 @@ def print_info(model: str | None = None) -> int:
             rows.update(checkpoint_rows(model))
         except CheckpointError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
-            return 1
+            return 2
     table = Table(title="lvx info", show_header=False)
     for key, value in rows.items():
         table.add_row(key, value)

@@ -11,16 +11,45 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 import typing
 from typing import Any, Callable
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from lvx_app.config import NOT_CLI, SECTIONS, Config, ConfigError, cli_fields, field_default
 
 
-class PlainUsage(TyperCommand):
+class OneErrorForm:
+    """Every mistake on the command line in one form: click's own (a missing argument, an unknown
+    option or command) prints like lvx's (the usage line, then `error: ...`), with exit 2."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:  # a question answered with Ctrl-D
+            typer.echo(err=True)
+            raise SystemExit(_error_line("aborted", 1)) from None
+        except typer.TyperException as exc:  # click's errors (typer carries its own click)
+            raise SystemExit(_usage_error(exc)) from None
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any) -> int:
+    """Print a click error (its `ctx`, `exit_code`, `format_message`) in lvx's form."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a group called bare: its help
+        exc.show()
+        return exc.exit_code
+    if ctx is not None:
+        typer.echo(f"{ctx.get_usage()}\nTry '{ctx.command_path} --help' for help.\n", err=True)
+    return _error_line(exc.format_message(), exc.exit_code)
+
+
+class PlainUsage(OneErrorForm, TyperCommand):
     """A command whose usage line and help name its arguments as users write them (`VIDEO`,
     `[OUT]`), without a type beside them."""
 
@@ -49,8 +78,15 @@ class PlainUsage(TyperCommand):
         return pieces
 
 
+class LvxGroup(OneErrorForm, TyperGroup):
+    """A command group whose usage mistakes print in lvx's one form."""
+
+
 class LvxTyper(typer.Typer):
-    """Every command of lvx has the plain usage line."""
+    """Every command of lvx has the plain usage line and lvx's one form of errors."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cls=LvxGroup, **kwargs)
 
     def command(self, *args: Any, cls: type | None = None, **kwargs: Any):
         return super().command(*args, cls=cls or PlainUsage, **kwargs)
@@ -70,10 +106,26 @@ def new_app(name: str, help: str) -> typer.Typer:
     )
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print one error line on stderr; raise the returned Exit."""
+def _error_line(message: str, code: int) -> int:
     typer.secho(f"error: {message}", err=True, fg="red")
-    return typer.Exit(code)
+    return code
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for a failure: 2 for a mistake in what the command was given (an option, a
+    path, a file or folder lvx cannot use), 1 when the work itself failed (a rank died, a write
+    failed)."""
+    from lvx_app.engine.api import GroupFailed
+
+    if isinstance(exc, GroupFailed):
+        return 1
+    return 1 if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) else 2
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one error line on stderr; raise the returned Exit. Code 2: a mistake in the command
+    line (an option, a path); 1: the work itself failed."""
+    return typer.Exit(_error_line(message, code))
 
 
 def _metavar(annotation: Any) -> str | None:
