@@ -397,6 +397,7 @@ def test_finetune_command_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
     assert (tmp_path / "out" / "model.safetensors").exists() and (
         tmp_path / "out" / "loss.png"
     ).exists()
+    assert not (tmp_path / "out" / ".lvx-finetune.lock").exists()  # a finished run's lock goes
     bad = subprocess.run(
         [sys.executable, "-c", script, *args[:-2], "--train", "all"],
         capture_output=True,

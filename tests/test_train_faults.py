@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from lvx_app.cli.finetune import finetune_command
 from lvx_app.parallel.failures import pid_file
-from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output
+from lvx_app.train import outlock
+from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output, release_output
 
 SCRIPT = (
     "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
@@ -209,7 +210,28 @@ def test_output_lock_names_its_holder(tmp_path):
     finally:
         os.close(fd)
     os.close(lock_output(tmp_path / "out"))  # free again once closed
-    assert (tmp_path / "out" / LOCK_NAME).exists()
+    assert (tmp_path / "out" / LOCK_NAME).exists()  # closed, not released: a killed run's file
+    release_output(tmp_path / "out", lock_output(tmp_path / "out"))
+    assert not (tmp_path / "out" / LOCK_NAME).exists()  # a run that ends leaves no lock file
+
+
+def test_a_lock_file_removed_by_the_run_before_is_not_the_one_locked(tmp_path, monkeypatch):
+    """A run opened the lock file just before the run that held it ended and removed it: it must
+    lock the current file, or a third run could hold the folder at the same time."""
+    out = tmp_path / "out"
+    first = lock_output(out)
+    stale = os.open(out / LOCK_NAME, os.O_RDWR)  # the second run's open, before the first ends
+    release_output(out, first)
+    opened = iter([stale])
+    real_open = outlock._open_lock
+    monkeypatch.setattr(outlock, "_open_lock", lambda o: next(opened, None) or real_open(o))
+    second = lock_output(out)
+    try:
+        assert second != stale and (out / LOCK_NAME).exists()
+        with pytest.raises(OutputBusy):  # a third run sees the second's lock
+            lock_output(out)
+    finally:
+        release_output(out, second)
 
 
 def _exited_pid() -> int:

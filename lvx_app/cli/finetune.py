@@ -7,7 +7,6 @@ process is then one rank of that group.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import typer
@@ -48,7 +47,7 @@ def finetune_command(*, config: Config) -> None:
     are recomputed in backward from one copy of the features."""
     # imported here: the CLI registers this command without loading torch
     from lvx_app.cli.chat import under_torchrun
-    from lvx_app.train.launch import FinetuneError, check_run, lock_out, run_group
+    from lvx_app.train.launch import FinetuneError, check_run, lock_out, release_out, run_group
     from lvx_app.train.train_rank import train_as_rank, user_errors
 
     if under_torchrun():  # one rank of a group the user started
@@ -65,7 +64,7 @@ def finetune_command(*, config: Config) -> None:
         alone = world.ranks == 1
         code = _run_alone(config, world) if alone else run_group(config, world, keep_fds=(lock,))
     finally:
-        os.close(lock)
+        release_out(config, lock)
     out = config.train.out
     if code == 130:
         code = _interrupted(out)

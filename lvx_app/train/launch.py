@@ -20,7 +20,7 @@ from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
 from lvx_app.runtime.open import resolve_world
 from lvx_app.train.data import DataError, load_jsonl
-from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output
+from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output, release_output
 from lvx_app.train.saving import STATE_FILE
 
 
@@ -60,6 +60,11 @@ def lock_out(config: Config) -> int:
             "another --out"
         )
     return lock
+
+
+def release_out(config: Config, lock: int) -> None:
+    """The run is over: `--out`'s lock file goes, and the lock with it."""
+    release_output(Path(config.train.out), lock)
 
 
 def run_group(config: Config, world: World, keep_fds: tuple[int, ...] = ()) -> int:

@@ -5,7 +5,9 @@ Two runs writing the same folder (a `--resume` started while the first still tra
 checkpoints and resume states. `lock_output` takes `fcntl.flock` on `OUT/.lvx-finetune.lock` and
 writes its pid there; the kernel drops the lock when every process holding the file is gone (the
 launcher passes it to torchrun's agent, which dies with it), so a killed run never leaves a stale
-lock behind. The file itself stays.
+lock behind. A run that ends removes the file while it still holds the lock (`release_output`); a
+killed run leaves the file, unlocked. A run that locked a file another run removed meanwhile opens
+the new one and locks that instead.
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> in
     which dies a step behind it; while the pid in the file names an exited process, this waits up to
     `holder_gone_wait_s`.
     """
-    fd = _open_lock(out)
-    holder = _take(fd, holder_gone_wait_s)
+    while True:
+        fd = _open_lock(out)
+        holder = _take(fd, holder_gone_wait_s)
+        if holder is not None or _still_the_lock_file(fd, out):
+            break
+        os.close(fd)  # locked a file the run before removed as it ended: lock the current one
     if holder is not None:
         os.close(fd)
         raise OutputBusy(
@@ -105,3 +111,25 @@ def lock_output(out: Path, holder_gone_wait_s: float = HOLDER_GONE_WAIT_S) -> in
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     os.set_inheritable(fd, True)
     return fd
+
+
+def _still_the_lock_file(fd: int, out: Path) -> bool:
+    """Whether `fd` is the file at `OUT/LOCK_NAME` now (not one removed since it was opened)."""
+    try:
+        now = os.stat(out / LOCK_NAME)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def release_output(out: Path, fd: int) -> None:
+    """End the run's hold on `out`: its lock file goes (removed while still locked, so no other run
+    holds it), then the lock."""
+    try:
+        if _still_the_lock_file(fd, out):
+            (out / LOCK_NAME).unlink()
+    except OSError:
+        pass  # a folder that became read-only keeps the file; it is unlocked all the same
+    finally:
+        os.close(fd)
