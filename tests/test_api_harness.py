@@ -30,6 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+pytestmark = pytest.mark.slow  # every test here talks to one server
+
+
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, short_video, tmp_path_factory):
     """The API on a tiny engine under uvicorn, the default queue settings, a clip under

@@ -61,6 +61,7 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[int, str, float]:
     return proc.returncode, out, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_torch_loads_exits_quietly(tiny_checkpoints, short_video, tmp_path):
     proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video)
     time.sleep(0.5)  # the CLI is importing torch

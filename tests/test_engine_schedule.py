@@ -74,6 +74,7 @@ def _collectives_per_step(rank, world, checkpoint, video, cache_dir):
     )
 
 
+@pytest.mark.slow
 def test_question_and_tokens_cost_one_collective_per_hyper_layer(
     tiny_checkpoints, short_video, tmp_path
 ):

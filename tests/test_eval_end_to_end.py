@@ -15,6 +15,7 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines() if '"question_id"' in line]
 
 
+@pytest.mark.slow
 def test_eval_runs_and_resumes(tiny_checkpoints, tmp_path, monkeypatch):
     monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
     mini = make_mini_videomme(tmp_path / "videomme")

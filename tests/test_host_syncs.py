@@ -13,6 +13,7 @@ from scripts.gloo_ranks import run_ranks
 SHORT, LONG = 6, 22
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling", [{}, {"temperature": 0.8, "top_p": 0.9}], ids=["greedy", "sampled"]
 )

@@ -122,6 +122,7 @@ def test_parts_and_dtype(base, monkeypatch):
         load_model(base["g2"], parts=("text",))
 
 
+@pytest.mark.slow
 def test_loading_skips_initialisation_and_never_imports_dynamo(base):
     """The skeleton is not initialised (that alone imported torch._dynamo: over a second of every
     rank's start), the weights are the checkpoint's, and nn.init works as before afterwards."""

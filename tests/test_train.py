@@ -294,6 +294,7 @@ def _write_data(tmp_path, video: str):
     return f
 
 
+@pytest.mark.slow
 def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.runtime.open import open_engine
     from lvx_app.train.saving import official_state_dict

@@ -370,6 +370,7 @@ def test_files_of_the_previous_release_stay_readable_and_list_under_their_featur
     assert _shown_ids(text) == ["ea635982", "b9ffe4a0", "0c78e0d7"] and "└ prompt" in text
 
 
+@pytest.mark.slow
 def test_a_piped_no_to_cache_clear_ends_its_line(tmp_path, video):
     """`echo n | lvx cache clear`: the answer is not echoed, so the question's line is ended before
     "Nothing removed." (exit 1: nothing was done)."""
