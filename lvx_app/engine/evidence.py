@@ -15,6 +15,7 @@ runs no Python per token), no recorder is installed and nothing extra runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,12 +29,15 @@ from lvx_app.engine.moments import moments
 
 class EvidenceRecorder:
     """The model's visual hook while one answer is generated, keeping the queries of positions
-    `start` and later: {position: {layer: (q (Hq, D), q_vis ())}}."""
+    `start` and later: {position: {layer: (q (Hq, D), q_vis ())}}. `seconds`: the time this
+    rank spent on the answer's evidence (recording, and `answer_shares` at its end), what a
+    benchmark sets against the answer's decode time."""
 
     def __init__(self, model, start: int) -> None:
         self.model, self.start = model, start
         self.inner = model.hooks.visual
         self.rows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.seconds = 0.0
 
     def __enter__(self) -> EvidenceRecorder:
         self.model.hooks.visual = self
@@ -43,10 +47,12 @@ class EvidenceRecorder:
         self.model.hooks.visual = self.inner
 
     def __call__(self, q: torch.Tensor, step, layer: int):
+        t0 = time.perf_counter()
         for row, position in enumerate(_positions(q, step, layer)):
             if position >= self.start:
                 q_vis = device_tensor(step.visual.q_vis)[0, row]
                 self.rows.setdefault(position, {})[layer] = (q[0, row].clone(), q_vis.clone())
+        self.seconds += time.perf_counter() - t0
         return self.inner(q, step, layer)
 
 
@@ -74,6 +80,7 @@ def answer_shares(
     positions = range(recorder.start, recorder.start + tokens)
     if not tokens or not layers:
         return None
+    t0 = time.perf_counter()
     first = _first_rows(recorder, visual, layers, sharded_prefill and world > 1)
     parts = []
     k_frame = device_tensor(visual.k_frame)[0]
@@ -83,26 +90,29 @@ def answer_shares(
         q_vis = torch.stack([r[1].to(q.device) for r in rows])
         k, _ = visual.kv[layer]
         parts.append((q, q_vis, k[0], k_frame))
-    return frame_shares(parts, visual.num_frames, distributed=world > 1)
+    shares = frame_shares(parts, visual.num_frames, distributed=world > 1)
+    recorder.seconds += time.perf_counter() - t0
+    return shares
 
 
 def _first_rows(recorder: EvidenceRecorder, visual, layers: Sequence[int], summed: bool):
     """The last prompt token's row per layer; on a sharded prefill it is on one rank only and
-    reaches every rank through one all_reduce (the others add exact zeros)."""
+    reaches every rank through one all_reduce (the others add exact zeros): per layer the query's
+    values and, last, its visible-frame count, in float64 (both exact there)."""
     held = recorder.rows.get(recorder.start)
     if not summed:
         return [held[layer] for layer in layers]
     config = recorder.model.config
     k = visual.kv[layers[0]][0]
     dtype = torch.promote_types(next(recorder.model.parameters()).dtype, torch.float32)
-    shape = (len(layers), config.num_attention_heads, config.head_dim)
-    q = torch.zeros(shape, dtype=dtype, device=k.device)
-    q_vis = torch.zeros(len(layers), dtype=torch.int64, device=k.device)
+    heads, dim = config.num_attention_heads, config.head_dim
+    rows = torch.zeros(len(layers), heads * dim + 1, dtype=torch.float64, device=k.device)
     if held is not None:
-        q.copy_(torch.stack([held[layer][0] for layer in layers]))
-        q_vis.copy_(torch.stack([held[layer][1].to(k.device) for layer in layers]))
-    dist.all_reduce(q)
-    dist.all_reduce(q_vis)
+        rows[:, :-1] = torch.stack([held[layer][0].reshape(-1) for layer in layers])
+        rows[:, -1] = torch.stack([held[layer][1].to(k.device) for layer in layers])
+    dist.all_reduce(rows)
+    q = rows[:, :-1].to(dtype).view(len(layers), heads, dim)
+    q_vis = rows[:, -1].to(torch.int64)
     return [(q[i], q_vis[i]) for i in range(len(layers))]
 
 
