@@ -29,15 +29,18 @@ from lvx_app.engine.moments import moments
 
 class EvidenceRecorder:
     """The model's visual hook while one answer is generated, keeping the queries of positions
-    `start` and later: {position: {layer: (q (Hq, D), q_vis ())}}. `seconds`: the time this
-    rank spent on the answer's evidence (recording, and `answer_shares` at its end), what a
-    benchmark sets against the answer's decode time."""
+    `start` and later. Per call it only copies the call's query rows and their visible-frame
+    counts (one copy each); `rows` sorts them by position at the answer's end: {position: {layer:
+    (q (Hq, D), q_vis ())}}, a later call's row of a position replacing an earlier one.
+    `seconds`: the time this rank spent on the answer's evidence (recording, and `answer_shares`
+    at its end), what a benchmark sets against the answer's decode time."""
 
     def __init__(self, model, start: int) -> None:
         self.model, self.start = model, start
         self.inner = model.hooks.visual
-        self.rows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.calls: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = []
         self.seconds = 0.0
+        self._rows: tuple[int, dict] = (0, {})
 
     def __enter__(self) -> EvidenceRecorder:
         self.model.hooks.visual = self
@@ -48,12 +51,29 @@ class EvidenceRecorder:
 
     def __call__(self, q: torch.Tensor, step, layer: int):
         t0 = time.perf_counter()
-        for row, position in enumerate(_positions(q, step, layer)):
-            if position >= self.start:
-                q_vis = device_tensor(step.visual.q_vis)[0, row]
-                self.rows.setdefault(position, {})[layer] = (q[0, row].clone(), q_vis.clone())
+        positions = _positions(q, step, layer)
+        keep = [i for i, position in enumerate(positions) if position >= self.start]
+        if keep:
+            q_vis = device_tensor(step.visual.q_vis)[0]
+            if len(keep) == len(positions):
+                rows, q_vis = q[0].clone(), q_vis.clone()
+            else:
+                index = torch.tensor(keep, device=q.device)
+                rows, q_vis = q[0].index_select(0, index), q_vis.index_select(0, index)
+            self.calls.append((layer, [positions[i] for i in keep], rows, q_vis))
         self.seconds += time.perf_counter() - t0
         return self.inner(q, step, layer)
+
+    @property
+    def rows(self) -> dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        made, rows = self._rows
+        if made != len(self.calls):
+            rows = {}
+            for layer, positions, q, q_vis in self.calls:
+                for i, position in enumerate(positions):
+                    rows.setdefault(position, {})[layer] = (q[i], q_vis[i])
+            self._rows = (len(self.calls), rows)
+        return rows
 
 
 def _positions(q: torch.Tensor, step, layer: int) -> list[int]:
@@ -82,10 +102,10 @@ def answer_shares(
         return None
     t0 = time.perf_counter()
     first = _first_rows(recorder, visual, layers, sharded_prefill and world > 1)
-    parts = []
+    parts, held = [], recorder.rows
     k_frame = device_tensor(visual.k_frame)[0]
     for i, layer in enumerate(layers):
-        rows = [first[i] if p == recorder.start else recorder.rows[p][layer] for p in positions]
+        rows = [first[i] if p == recorder.start else held[p][layer] for p in positions]
         q = torch.stack([r[0] for r in rows])
         q_vis = torch.stack([r[1].to(q.device) for r in rows])
         k, _ = visual.kv[layer]
