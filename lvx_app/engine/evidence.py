@@ -1,8 +1,9 @@
 """Where in the video an answer looked, recorded while it is generated (every rank, in step).
 
 `EvidenceRecorder` wraps the model's visual attention hook for one answer: each hyper layer's call
-hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it keeps
-the rows at the answer's positions, nothing else (a decoded token's is one row per layer). The
+hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it copies
+the rows at the answer's positions, nothing else (a decoded token's is one row per layer: one copy
+of its queries and one of its count; sorting them by position waits for the answer's end). The
 positions are those whose logits produced the answer's tokens: the last prompt token and every fed
 answer token but the last (a token fed and taken back, or fed again after the ranks disagreed,
 leaves the row of its position as last fed). The answer's end (`answer_shares`) turns them into
