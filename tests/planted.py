@@ -14,8 +14,8 @@ keys of a red frame point along every query, while the keys of grey frames are a
   query and a red frame's key stay aligned wherever they sit.
 
 Everything else keeps its random weights (the answers stay gibberish, the values of the visual
-attention included). `make_planted_video` writes grey index frames (tests/videos.py) with the
-frames of one second red.
+attention included). `make_planted_video` writes the grey index frames of
+`lvx_app.video.synthetic`, those of one second red.
 """
 
 from __future__ import annotations
