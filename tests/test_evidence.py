@@ -1,6 +1,7 @@
 """Where an answer looked: per-frame shares of the visual attention, exact against a float64
 softmax on 1, 2 and 4 ranks (every layout, every checkpoint generation), a planted frame found
-first, the moments made from the shares, and no recording when evidence is off."""
+first (in the attention alone, and through the model from checkpoint weights on a video), the
+moments made from the shares, and no recording when evidence is off."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 import pytest
 import torch
 from engine_configs import engine_config
+from planted import make_planted_video, plant_checkpoint
 from test_serve_api import api_here  # noqa: F401 - the API on an engine in this process
 
 from lvx_app.attention import evidence as attention_evidence
@@ -228,6 +230,68 @@ def test_engine_shares_equal_a_float64_softmax_for_every_generation(
         assert float(got.max()) - 1e-12 <= top.share <= 1 + 1e-9
 
 
+PLANTED_SECONDS = (1, 4)  # the red second of each video (6 s at 2 fps, sampled at 1 fps)
+
+
+@pytest.fixture(scope="module")
+def planted(tiny_checkpoints, tmp_path_factory):
+    """({generation: checkpoint whose visual attention finds red frames}, {second: video red
+    there}) (tests/planted.py)."""
+    root = tmp_path_factory.mktemp("planted")
+    checkpoints = {
+        g: str(plant_checkpoint(source, root / f"planted-{g}"))
+        for g, source in tiny_checkpoints.items()
+    }
+    videos = {
+        s: str(make_planted_video(root / f"red-at-{s}.mp4", seconds=6, planted_second=s))
+        for s in PLANTED_SECONDS
+    }
+    return checkpoints, videos
+
+
+def _planted_answers(rank: int, world: int, checkpoints: dict, videos: dict):
+    """Every rank answers one question per (generation, video); rank 0 returns each answer's
+    shares, moments and the sampled frames' timestamps."""
+    from lvx_app.engine.api import VideoRequest
+
+    out = {}
+    for generation, options in ENGINE_CASES.items():
+        session, config = _session(checkpoints[generation], **options)
+        for second, video in videos.items():
+            summary = session.load_video(VideoRequest.of(video, config.video))
+            "".join(session.ask(QUESTION, config.generation))
+            out[generation, second] = dict(
+                shares=session.turns.last_shares,
+                evidence=session.last_answer.evidence,
+                timestamps=list(summary.timestamps),
+            )
+    return out if rank == 0 else None
+
+
+@pytest.mark.parametrize(
+    "world", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
+def test_the_engine_finds_the_planted_frame_for_every_generation(world, planted):
+    """Weights whose visual keys match the queries on red frames only, a video red for one
+    second: the answer's evidence puts that frame first, at its timestamp, on every rank count,
+    and moves with the red second."""
+    checkpoints, videos = planted
+    if world == 1:  # in this process, as `lvx.open` runs a one-rank engine
+        answers = _planted_answers(0, 1, checkpoints, videos)
+    else:
+        answers = run_ranks(_planted_answers, world, checkpoints, videos)[0]
+    assert len(answers) == len(ENGINE_CASES) * len(PLANTED_SECONDS)
+    for (generation, second), answer in answers.items():
+        shares, timestamps = answer["shares"], answer["timestamps"]
+        assert len(shares) == len(timestamps) == 6, (generation, second, timestamps)
+        red = timestamps.index(float(second))
+        assert max(range(len(shares)), key=shares.__getitem__) == red, (generation, second, shares)
+        assert shares[red] > 0.9 and abs(sum(shares) - 1) < 1e-9, (generation, second, shares)
+        top = answer["evidence"][0]
+        assert (top.start, top.end) == (float(second), float(second)), (generation, top)
+        assert top.share == pytest.approx(shares[red], abs=1e-12)
+
+
 def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints, short_video):
     """One process: on, the answer carries its moments and the shares sum to 1; off, the visual
     hook is never wrapped and the answer carries none."""
@@ -254,6 +318,7 @@ def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints,
     finally:
         engine_evidence.EvidenceRecorder.__init__ = real
     assert len(made) == 1 and session.model.hooks.visual is made[0].inner  # unwrapped again
+    assert 0 < made[0].seconds < session.last_answer.total_s  # its own time, within the answer's
     assert session.last_answer.evidence and abs(sum(session.turns.last_shares) - 1) < 1e-9
 
 

@@ -1,8 +1,9 @@
 """Where in the video an answer looked, recorded while it is generated (every rank, in step).
 
 `EvidenceRecorder` wraps the model's visual attention hook for one answer: each hyper layer's call
-hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it keeps
-the rows at the answer's positions, nothing else (a decoded token's is one row per layer). The
+hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it copies
+the rows at the answer's positions, nothing else (a decoded token's is one row per layer: one copy
+of its queries and one of its count; sorting them by position waits for the answer's end). The
 positions are those whose logits produced the answer's tokens: the last prompt token and every fed
 answer token but the last (a token fed and taken back, or fed again after the ranks disagreed,
 leaves the row of its position as last fed). The answer's end (`answer_shares`) turns them into
@@ -15,6 +16,7 @@ runs no Python per token), no recorder is installed and nothing extra runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,12 +30,18 @@ from lvx_app.engine.moments import moments
 
 class EvidenceRecorder:
     """The model's visual hook while one answer is generated, keeping the queries of positions
-    `start` and later: {position: {layer: (q (Hq, D), q_vis ())}}."""
+    `start` and later. Per call it only copies the call's query rows and their visible-frame
+    counts (one copy each); `rows` sorts them by position at the answer's end: {position: {layer:
+    (q (Hq, D), q_vis ())}}, a later call's row of a position replacing an earlier one.
+    `seconds`: the time this rank spent on the answer's evidence (recording, and `answer_shares`
+    at its end), what a benchmark sets against the answer's decode time."""
 
     def __init__(self, model, start: int) -> None:
         self.model, self.start = model, start
         self.inner = model.hooks.visual
-        self.rows: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.calls: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = []
+        self.seconds = 0.0
+        self._rows: tuple[int, dict] = (0, {})
 
     def __enter__(self) -> EvidenceRecorder:
         self.model.hooks.visual = self
@@ -43,11 +51,30 @@ class EvidenceRecorder:
         self.model.hooks.visual = self.inner
 
     def __call__(self, q: torch.Tensor, step, layer: int):
-        for row, position in enumerate(_positions(q, step, layer)):
-            if position >= self.start:
-                q_vis = device_tensor(step.visual.q_vis)[0, row]
-                self.rows.setdefault(position, {})[layer] = (q[0, row].clone(), q_vis.clone())
+        t0 = time.perf_counter()
+        positions = _positions(q, step, layer)
+        keep = [i for i, position in enumerate(positions) if position >= self.start]
+        if keep:
+            q_vis = device_tensor(step.visual.q_vis)[0]
+            if len(keep) == len(positions):
+                rows, q_vis = q[0].clone(), q_vis.clone()
+            else:
+                index = torch.tensor(keep, device=q.device)
+                rows, q_vis = q[0].index_select(0, index), q_vis.index_select(0, index)
+            self.calls.append((layer, [positions[i] for i in keep], rows, q_vis))
+        self.seconds += time.perf_counter() - t0
         return self.inner(q, step, layer)
+
+    @property
+    def rows(self) -> dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
+        made, rows = self._rows
+        if made != len(self.calls):
+            rows = {}
+            for layer, positions, q, q_vis in self.calls:
+                for i, position in enumerate(positions):
+                    rows.setdefault(position, {})[layer] = (q[i], q_vis[i])
+            self._rows = (len(self.calls), rows)
+        return rows
 
 
 def _positions(q: torch.Tensor, step, layer: int) -> list[int]:
@@ -74,35 +101,39 @@ def answer_shares(
     positions = range(recorder.start, recorder.start + tokens)
     if not tokens or not layers:
         return None
+    t0 = time.perf_counter()
     first = _first_rows(recorder, visual, layers, sharded_prefill and world > 1)
-    parts = []
+    parts, held = [], recorder.rows
     k_frame = device_tensor(visual.k_frame)[0]
     for i, layer in enumerate(layers):
-        rows = [first[i] if p == recorder.start else recorder.rows[p][layer] for p in positions]
+        rows = [first[i] if p == recorder.start else held[p][layer] for p in positions]
         q = torch.stack([r[0] for r in rows])
         q_vis = torch.stack([r[1].to(q.device) for r in rows])
         k, _ = visual.kv[layer]
         parts.append((q, q_vis, k[0], k_frame))
-    return frame_shares(parts, visual.num_frames, distributed=world > 1)
+    shares = frame_shares(parts, visual.num_frames, distributed=world > 1)
+    recorder.seconds += time.perf_counter() - t0
+    return shares
 
 
 def _first_rows(recorder: EvidenceRecorder, visual, layers: Sequence[int], summed: bool):
     """The last prompt token's row per layer; on a sharded prefill it is on one rank only and
-    reaches every rank through one all_reduce (the others add exact zeros)."""
+    reaches every rank through one all_reduce (the others add exact zeros): per layer the query's
+    values and, last, its visible-frame count, in float64 (both exact there)."""
     held = recorder.rows.get(recorder.start)
     if not summed:
         return [held[layer] for layer in layers]
     config = recorder.model.config
     k = visual.kv[layers[0]][0]
     dtype = torch.promote_types(next(recorder.model.parameters()).dtype, torch.float32)
-    shape = (len(layers), config.num_attention_heads, config.head_dim)
-    q = torch.zeros(shape, dtype=dtype, device=k.device)
-    q_vis = torch.zeros(len(layers), dtype=torch.int64, device=k.device)
+    heads, dim = config.num_attention_heads, config.head_dim
+    rows = torch.zeros(len(layers), heads * dim + 1, dtype=torch.float64, device=k.device)
     if held is not None:
-        q.copy_(torch.stack([held[layer][0] for layer in layers]))
-        q_vis.copy_(torch.stack([held[layer][1].to(k.device) for layer in layers]))
-    dist.all_reduce(q)
-    dist.all_reduce(q_vis)
+        rows[:, :-1] = torch.stack([held[layer][0].reshape(-1) for layer in layers])
+        rows[:, -1] = torch.stack([held[layer][1].to(k.device) for layer in layers])
+    dist.all_reduce(rows)
+    q = rows[:, :-1].to(dtype).view(len(layers), heads, dim)
+    q_vis = rows[:, -1].to(torch.int64)
     return [(q[i], q_vis[i]) for i in range(len(layers))]
 
 
