@@ -96,3 +96,41 @@ def test_lvx_chat_on_two_ranks_leaves_nothing_in_the_temporary_folder(
     )
     assert chat.returncode == 0 and "tokens" in chat.stdout, chat.stdout + chat.stderr
     assert sorted(p.name for p in run_root.iterdir()) == []
+
+
+def test_kill_tree_kills_descendants_in_sessions_of_their_own(tmp_path):
+    """As torchrun starts ranks: each in a session of its own, out of the launcher's process group;
+    a grandchild too."""
+    from lvx_app.parallel.lifeline import kill_tree
+
+    pids = tmp_path / "pids"
+    spawn = (
+        "import subprocess, sys, time\n"
+        "child = [sys.executable, '-c', "
+        "'import subprocess, sys, time; "
+        'p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], '
+        "start_new_session=True); print(p.pid, flush=True); time.sleep(600)']\n"
+        "kids = [subprocess.Popen(child, start_new_session=True, stdout=subprocess.PIPE, text=True)"
+        " for _ in range(3)]\n"
+        f"open({str(pids)!r}, 'w').write(' '.join("
+        "[str(k.pid) for k in kids] + [k.stdout.readline().strip() for k in kids]))\n"
+        "time.sleep(600)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", spawn], start_new_session=True)
+    deadline = time.monotonic() + scaled(60)
+    while not (pids.exists() and len(pids.read_text().split()) == 6):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.02)
+    below = [int(pid) for pid in pids.read_text().split()]
+    kill_tree(launcher.pid)
+    assert launcher.wait(timeout=scaled(10)) == -9
+    alive = []
+    for pid in below:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+            os.kill(pid, 9)
+    assert alive == []

@@ -9,9 +9,7 @@ for everything the ranks print, and that reason when the group dies. What crosse
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
 import threading
 import time
@@ -31,7 +29,7 @@ from lvx_app.parallel.failures import (
     error_file,
     pid_file,
 )
-from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, kill_tree, mark_launcher
 from lvx_app.parallel.run_dirs import RunDir
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
@@ -258,10 +256,7 @@ class RemoteEngine(Engine):
         self.close()
 
     def _kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid)  # torchrun, and the ranks in sessions of their own
         self.proc.wait()
 
 
