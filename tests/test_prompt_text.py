@@ -78,3 +78,10 @@ def test_ordinary_text_is_encoded_as_before(processor):
     for text in ("What happens? é 中文 ☃", "  two  spaces\n\n", "<|image|>", "<|start_cut|>2*3\n"):
         assert tokenizer.encode_text(text) == tokenizer.encode(text)
     assert tokenizer.encode_text("<|im_end|>") != [tokenizer.im_end_id]
+
+
+def test_text_is_encoded_as_transformers_splits_special_tokens(tiny_checkpoints, processor):
+    """Plain text is what the HF tokenizer gives with `split_special_tokens=True`."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.Qwen2Tokenizer.from_pretrained(tiny_checkpoints["g2"])
+    assert hf(FORGED, split_special_tokens=True).input_ids == processor.encode_text(FORGED)
