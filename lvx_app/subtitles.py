@@ -63,6 +63,36 @@ LATIN_CODE_PAGES = frozenset(
     "iso8859_10 iso8859_13 iso8859_14 iso8859_15 iso8859_16 mac_roman mac_latin2 mac_iceland "
     "mac_turkish hp_roman8 cp437 cp850 cp852 cp857 cp858 cp860 cp861 cp863 cp865 cp775".split()
 )
+_PUNCTUATION = frozenset("«»‹›“”„‘’‚–—…°·•×©®™§\u00a0\u00ad")
+
+
+def _letters(letters: str) -> frozenset[str]:
+    return frozenset(letters + letters.upper())
+
+
+@dataclass(frozen=True)
+class _Alphabet:
+    """The letters beyond ASCII of a language written in a Latin code page: those its words use
+    often, and those only a few words use."""
+
+    code_page: str
+    common: frozenset[str]
+    rare: frozenset[str] = frozenset()
+
+
+# Western European languages are cp1252's (`_WESTERN`); a tie goes to the language listed first
+_ALPHABETS = (
+    _Alphabet("cp1250", _letters("ąćęłńóśźż")),  # Polish
+    _Alphabet("cp1250", _letters("áčéěířšýžů"), _letters("ďňťúó")),  # Czech
+    _Alphabet("cp1250", _letters("áäčďéíľňóôšťúýž"), _letters("ĺŕ")),  # Slovak
+    _Alphabet("cp1250", _letters("áéíóöőúüű")),  # Hungarian
+    _Alphabet("cp1250", _letters("ăâîşţ")),  # Romanian
+    _Alphabet("cp1250", _letters("čćđšž")),  # Croatian, Bosnian, Slovenian
+    _Alphabet("cp1254", _letters("çğıöşü") | {"İ"}, _letters("âîû")),  # Turkish
+    _Alphabet("cp1257", _letters("ąčęėįšųūž")),  # Lithuanian
+    _Alphabet("cp1257", _letters("āčēģīķļņšūž")),  # Latvian
+    _Alphabet("cp1257", _letters("äõöü"), _letters("šž")),  # Estonian
+)
 _WESTERN = frozenset(
     "àâäáãåæçèéêëìíîïñòóôõöøœùúûüÿßÀÂÄÁÃÅÆÇÈÉÊËÌÍÎÏÑÒÓÔÕÖØŒÙÚÛÜŸ"
     "«»‹›“”„‘’‚–—…°ºª¿¡€·•×£©®™§\u00a0\u00ad"
@@ -187,14 +217,33 @@ def decode_bytes(data: bytes, name: str, encoding: str | None = None) -> tuple[s
             "none"
         )
     text, encoding = str(best), best.encoding
-    western = western_text(data) if encoding in LATIN_CODE_PAGES else None
-    if western is not None:
-        text, encoding = western, "cp1252"
+    if encoding in LATIN_CODE_PAGES:
+        text, encoding = latin_text(data) or (text, encoding)
     return (
         text,
         f"{name} is not UTF-8; read it as {encoding} (detected); pass --subtitle-encoding to "
         "choose",
     )
+
+
+def latin_text(data: bytes) -> tuple[str, str] | None:
+    """(text, code page) of `data` in Latin script: Western European text as cp1252 (see
+    `western_text`), else the code page whose reading spells one language's letters, its common
+    ones most often. The Latin code pages share most bytes and differ in a few letters; detection
+    of a short file often names the wrong one (Turkish in cp1254 as cp1250 or mac_latin2: `Ţimdi`,
+    `yapacađýz`), whose reading mixes letters of several languages. None: no language fits."""
+    western = western_text(data)
+    if western is not None:
+        return western, "cp1252"
+    best, best_score = None, 0
+    for alphabet in _ALPHABETS:
+        text = data.decode(alphabet.code_page, errors="replace")
+        found = {c for c in text if ord(c) > 127} - _PUNCTUATION
+        if found <= alphabet.common | alphabet.rare:
+            score = sum(text.count(c) for c in found & alphabet.common)
+            if score > best_score:
+                best, best_score = (text, alphabet.code_page), score
+    return best
 
 
 def western_text(data: bytes) -> str | None:

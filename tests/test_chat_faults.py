@@ -24,9 +24,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _chat(tmp_path: Path, model: str, video: str) -> subprocess.Popen:
-    """`lvx chat` on 2 CPU ranks in a session of its own (Ctrl-C in a terminal goes to that process
-    group)."""
+def _chat(tmp_path: Path, model: str, video: str, ranks: int = 2) -> subprocess.Popen:
+    """`lvx chat` on `ranks` CPU ranks in a session of its own (Ctrl-C in a terminal goes to that
+    process group)."""
     env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
@@ -39,7 +39,7 @@ def _chat(tmp_path: Path, model: str, video: str) -> subprocess.Popen:
         "--gpus",
         "0",
         "--ranks",
-        "2",
+        str(ranks),
         "--cache-dir",
         str(tmp_path / "cache"),
     ]
@@ -118,6 +118,49 @@ def test_ctrl_c_while_the_group_starts_leaves_no_rank_behind(
             return
         assert code in (0, 130), out
     pytest.fail("every Ctrl-C landed after the group had started; the start case never ran")
+
+
+def _started_below(root: Path) -> list[int]:
+    """The processes running with `root` on their command line (torchrun and the ranks: the cache
+    folder under it is in their arguments)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            own = entry.name.isdigit() and str(root).encode() in (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if own and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["while the ranks start", "once the ranks run"])
+def test_ctrl_c_on_eight_ranks_ends_the_launcher_and_every_rank(
+    tiny_checkpoints, short_video, tmp_path, when
+):
+    """Ranks run in sessions of their own and arm their parent-death signal only once torch is
+    imported: the launcher kills each of them itself, so none outlives it and none keeps the cores
+    from its exit."""
+    ranks = 8
+    proc = _chat(tmp_path, tiny_checkpoints["g2"], short_video, ranks)
+    try:
+        deadline = time.monotonic() + scaled(300)
+        while proc.poll() is None and time.monotonic() < deadline:
+            if when == "while the ranks start" and len(_started_below(tmp_path)) > ranks // 2:
+                break
+            if len(list(tmp_path.glob("lvx-run-*/pid-rank*.txt"))) == ranks:
+                break
+            time.sleep(0.02)
+        code, out, _ = _ctrl_c(proc)
+        left = _started_below(tmp_path)
+        assert code == 130 and "Traceback" not in out, out
+        assert left == [], f"{len(left)} process(es) outlived lvx chat"
+    finally:
+        for pid in _started_below(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -182,6 +182,16 @@ OTHERS = {  # Latin text of other code pages, and other scripts: as detected
     "cp1251": "Привет, как дела? Это пример субтитров на русском языке.",
     "cp1253": "Καλημέρα, τι κάνετε; Αυτό είναι ένα παράδειγμα υποτίτλων.",
 }
+LATIN = {  # Latin text of code pages detection confuses with one another: read by their letters
+    ("tr", "cp1254"): "Şimdi ne yapacağız? Işık çok güzel, İstanbul'a gidiyoruz.",
+    ("tr-short", "cp1254"): "Günaydın! Bugün hava çok güzel.",
+    ("tr-two-letters", "cp1254"): "Ben de geliyorum, şimdi değil.",  # or Lithuanian: žimdi dešil
+    ("hr", "cp1250"): "Čovjek je došao kući, đak je bio žedan.",
+    ("cs", "cp1250"): "Příliš žluťoučký kůň úpěl ďábelské ódy.",
+    ("hu", "cp1250"): "Árvíztűrő tükörfúrógép, öt szép szűz lány őrült írót nyúz.",
+    ("lt", "cp1257"): "Labas rytas, kaip sekasi? Ačiū, gerai. Šiandien šalta.",
+    ("lv", "cp1257"): "Labrīt, kā jums klājas? Paldies, labi. Šodien ir auksts.",
+}
 
 
 def test_a_folder_given_as_subtitles_is_named_a_folder(tmp_path):
@@ -207,6 +217,17 @@ def test_other_code_pages_keep_their_detection(tmp_path, encoding):
     path.write_bytes(SRT.replace("hello", OTHERS[encoding]).encode(encoding))
     track = resolve_subtitles(tmp_path / "movie.mp4", str(path))
     assert track.cues[0].text == OTHERS[encoding] + " there"
+    assert f"read it as {encoding}" in track.notes[0]
+
+
+@pytest.mark.parametrize("lang, encoding", sorted(LATIN))
+def test_latin_code_pages_are_chosen_by_the_letters_of_a_language(tmp_path, lang, encoding):
+    """Detection alone takes Turkish for cp1250 or mac_latin2 (`Ţimdi`, `yapacađýz`); the code
+    page whose reading spells one language's letters is chosen."""
+    path = tmp_path / f"{lang}.srt"
+    path.write_bytes(SRT.replace("hello", LATIN[lang, encoding]).encode(encoding))
+    track = resolve_subtitles(tmp_path / "movie.mp4", str(path))
+    assert track.cues[0].text == LATIN[lang, encoding] + " there"
     assert f"read it as {encoding}" in track.notes[0]
 
 

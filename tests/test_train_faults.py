@@ -281,3 +281,55 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(tiny_checkpoints, short_vide
         assert res.exit_code == 2 and words in res.output, res.output
         assert isinstance(res.exception, SystemExit), res.output
     assert taken.read_text() == "mine"
+
+
+def test_a_folder_that_cannot_be_written_beside_a_writable_lock_file_is_one_line(
+    tmp_path, monkeypatch
+):
+    """An earlier run's lock file may be writable in a folder that no longer is (its permission
+    taken away; root may write anywhere, so the folder's refusal is made here)."""
+    import tempfile
+
+    from lvx_app.train.outlock import OutputUnwritable
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    with pytest.raises(OutputUnwritable, match=r"cannot be written \(Permission denied\); choose"):
+        lock_output(out)
+
+
+READ_ONLY = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+
+
+@pytest.mark.slow
+def test_a_read_only_out_is_one_line(tiny_checkpoints, short_video, tmp_path):
+    """`--out` on a read-only file system (a bind mount in a namespace of its own, as the read-only
+    cache test makes one): a new folder there, an empty one, one an earlier run left."""
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY, str(tmp_path), "true"])
+    if probe.returncode != 0:
+        pytest.skip("this machine lets no test mount a folder read-only")
+    folder = tmp_path / "read-only"
+    (folder / "empty").mkdir(parents=True)
+    (folder / "earlier").mkdir()
+    (folder / "earlier" / LOCK_NAME).write_text("")
+    for out in (folder / "new", folder / "empty", folder / "earlier"):
+        args = _args(tmp_path, short_video, tiny_checkpoints["g1"], out, steps=1)
+        command = [sys.executable, "-c", SCRIPT, *args]
+        run = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", READ_ONLY, str(folder), *command],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            timeout=scaled(300),
+        )
+        said = (run.stdout + run.stderr).strip()
+        assert run.returncode == 1 and "Traceback" not in said, said
+        assert said.splitlines()[-1].endswith(
+            f"--out {out} cannot be written (Read-only file system); choose a folder you can write"
+        ), said

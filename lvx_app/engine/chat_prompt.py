@@ -39,7 +39,7 @@ class Answers:
     def ids(self, text: str, processor) -> list[int]:
         """The tokens of an assistant message: those generated for it, else its text tokenized."""
         known = self._ids.get(text)
-        return list(known) if known is not None else processor.encode(text)
+        return list(known) if known is not None else processor.encode_text(text)
 
 
 def conversation_ids(

@@ -267,7 +267,7 @@ class VideoContext:
         """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
         budget (`--subtitle-tokens`)."""
         lines = select_lines(cues, timestamps)
-        kept = fit_lines(lines, budget, lambda text: len(self.processor.encode(text)))
+        kept = fit_lines(lines, budget, lambda text: len(self.processor.encode_text(text)))
         dropped = len(lines) - len(kept)
         if dropped and self.info.rank == 0:
             warnings.warn(

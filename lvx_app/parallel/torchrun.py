@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
@@ -41,6 +39,7 @@ from lvx_app.parallel.failures import (
     first_failure,
 )
 from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
+from lvx_app.parallel.run_dirs import RunDir
 from lvx_app.parallel.world import World
 
 
@@ -86,9 +85,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = get_args_parser().parse_args(argv)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     given = os.environ.get(RUN_DIR_ENV)
-    run_dir = Path(given or tempfile.mkdtemp(prefix="lvx-run-"))
+    own = None if given else RunDir()  # a launcher of ours that gave one removes it itself
+    run_dir = Path(given) if given else own.path
     os.environ[RUN_DIR_ENV] = str(run_dir)
+    if args.log_dir is None:  # torchrun's own logs go with the run, not to a folder of their own
+        args.log_dir = str(run_dir / "torchelastic")
     mark_launcher()
+    code = _run(args, run_dir)
+    if own is not None:
+        own.close(keep=code == 1)  # kept only when a rank failed: its trace is there
+    return code
+
+
+def _run(args, run_dir: Path) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
@@ -107,8 +116,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     except SignalException:
         return 130
-    if not given:
-        shutil.rmtree(run_dir, ignore_errors=True)  # kept only when something went wrong
     return 0
 
 

@@ -9,12 +9,8 @@ for everything the ranks print, and that reason when the group dies. What crosse
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
-import signal
 import subprocess
-import tempfile
 import threading
 import time
 import warnings
@@ -33,7 +29,8 @@ from lvx_app.parallel.failures import (
     error_file,
     pid_file,
 )
-from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, mark_launcher
+from lvx_app.parallel.lifeline import LAUNCHER_PID_ENV, kill_tree, mark_launcher
+from lvx_app.parallel.run_dirs import RunDir
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
 from lvx_app.runtime.commands import SHUTDOWN, Command
@@ -87,7 +84,10 @@ class RemoteEngine(Engine):
         start_timeout_s: float = 600.0,
     ) -> None:
         self.config, self.world, self.last_answer = config, world, None
-        self.run_dir = Path(tempfile.mkdtemp(prefix="lvx-run-"))
+        self._run = RunDir()
+        self.run_dir = self._run.path
+        # the run folder is kept when a failure named in it was reported; a stop asked for is none
+        self._keep_run_dir = self._stopped = False
         key = secrets.token_bytes(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = self._listener.address
@@ -123,6 +123,7 @@ class RemoteEngine(Engine):
             self._kill()
             self._listener.close()
             self._log.close()
+            self._run.close(keep=self._keep_run_dir)
             raise
         if not isinstance(ready, Ready):
             raise EngineError(f"unexpected first message from rank 0: {ready!r}")
@@ -136,9 +137,10 @@ class RemoteEngine(Engine):
         while thread.is_alive():
             thread.join(0.2)
             if self.proc.poll() is not None:
-                raise GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
+                raise GroupFailed(self._failure())
             if time.monotonic() > deadline:
                 self._kill()
+                self._keep_run_dir = True
                 raise EngineError(
                     f"the worker group did not start within {timeout_s:.0f}s; see "
                     f"{self.run_dir}/group.log"
@@ -172,7 +174,12 @@ class RemoteEngine(Engine):
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self._kill()
-        return GroupFailed(describe_failure(self.run_dir, self.proc.returncode))
+        return GroupFailed(self._failure())
+
+    def _failure(self) -> str:
+        """Which rank failed and why; the run folder that says more is kept."""
+        self._keep_run_dir = True
+        return describe_failure(self.run_dir, self.proc.returncode)
 
     def call(self, command: Command, progress: ProgressFn | None, **args: Any) -> Any:
         self._send(command, **args)
@@ -226,7 +233,7 @@ class RemoteEngine(Engine):
         requests); else None."""
         if self.proc.poll() is None:
             return None
-        return describe_failure(self.run_dir, self.proc.returncode)
+        return self._failure()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -238,20 +245,18 @@ class RemoteEngine(Engine):
         self.conn.close()
         self._listener.close()
         self._log.close()
-        if self.proc.returncode == 0:
-            shutil.rmtree(self.run_dir, ignore_errors=True)  # kept only when something went wrong
+        failed = self.proc.returncode != 0 and not self._stopped
+        self._run.close(keep=self._keep_run_dir or failed)  # kept when something went wrong
 
     def abort(self) -> None:
         """Stop the group now, with no goodbye to a rank 0 that may be busy for minutes (Ctrl-C
         while loading)."""
+        self._stopped = True
         self._kill()
         self.close()
 
     def _kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid)  # torchrun, and the ranks in sessions of their own
         self.proc.wait()
 
 

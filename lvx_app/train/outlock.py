@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +38,13 @@ def _open_lock(out: Path) -> int:
         raise OutputUnwritable(f"--out {out} is a file, not a folder; choose a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        return os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # the lock file of an earlier run may be writable in a folder that is not
+            tempfile.TemporaryFile(dir=out).close()
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise OutputUnwritable(

@@ -5,6 +5,9 @@ Chunks: `<|im_start|>system\\n<|im_end|>` (empty system turn unless the first me
 message), `\\n<|im_start|>user\\n{content}<|im_end|>` split so every `<|image|>` is its own chunk,
 `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` + `<|endoftext|>` for past answers. The
 processor tokenizes every chunk on its own (no BPE merges across chunk borders).
+
+A chunk is a tuple of pieces: the control tokens this template places (`Control`) and text. A
+message's content is only ever text, so `<|im_end|>` written in it cannot end its turn.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .image_cut import cut_image
 from .image_transform import to_pixel_values
 from .prompt_inputs import MediaItem
 from .prompt_rules import PromptRules
-from .tokenizer import ENDOFTEXT, IM_END, IM_START
+from .tokenizer import ENDOFTEXT, IM_END, IM_START, Control
 
 IMAGE = "<|image|>"
 VIDEO = "<|video|>"
@@ -37,6 +40,25 @@ CUT_PROMPTS = {
 }
 _MEDIA_SPLIT = re.compile(f"({re.escape(IMAGE)}|{re.escape(VIDEO)})")
 _IMAGE_SPLIT = re.compile(f"({re.escape(IMAGE)})")
+
+Chunk = tuple[str, ...]  # text and `Control` pieces, tokenized together
+IMAGE_CHUNK: Chunk = (IMAGE,)  # one placeholder
+ASSISTANT_HEADER: Chunk = ("\n", IM_START, "assistant\n")
+
+
+def _split_at_images(pieces: Chunk) -> list[Chunk]:
+    """`pieces` as chunks, each `<|image|>` of their text a chunk of its own."""
+    chunks: list[Chunk] = []
+    current: list[str] = []
+    for piece in pieces:
+        parts = [piece] if isinstance(piece, Control) else _IMAGE_SPLIT.split(piece)
+        for part in parts:
+            if part == IMAGE:
+                chunks += [tuple(current), IMAGE_CHUNK]
+                current = []
+            elif part:
+                current.append(part)
+    return chunks + [tuple(current)]
 
 
 class ChatTemplate:
@@ -92,7 +114,7 @@ class ChatTemplate:
         media: list[MediaItem],
         add_generation_prompt: bool,
         system_turn: bool,
-    ) -> list[str]:
+    ) -> list[Chunk]:
         """The chunks of `messages`, consuming `images` and `videos` into `media` in marker order;
         `system_turn`: open with the empty system turn unless the first message is a system one (a
         conversation from its start); `add_generation_prompt`: end with the assistant's turn."""
@@ -101,7 +123,7 @@ class ChatTemplate:
             # mPLUGOwl3Processor.__call__) turns cut off for the whole call when videos are present;
             # the 241014 and 241101 ones cut each still image with the call's cut_enable.
             cut = False
-        chunks: list[str] = []
+        chunks: list[Chunk] = []
         for n, msg in enumerate(messages):
             role, content = msg["role"], msg.get("content") or ""
             if role != "user" and (IMAGE in content or VIDEO in content):
@@ -110,20 +132,18 @@ class ChatTemplate:
                     "message"
                 )
             if n == 0 and role != "system" and system_turn:
-                chunks.append(f"{IM_START}system\n{IM_END}")
+                chunks.append((IM_START, "system\n", IM_END))
             if role == "system":
-                chunks.append(f"{IM_START}system\n{content}{IM_END}")
+                chunks.append((IM_START, "system\n" + content, IM_END))
             elif role == "user":
                 text = self._expand_media(content, images, videos, cut, media)
-                chunks.extend(_IMAGE_SPLIT.split(f"\n{IM_START}user\n{text}{IM_END}"))
+                chunks.extend(_split_at_images(("\n", IM_START, "user\n" + text, IM_END)))
             elif role == "assistant":
-                chunks.append(f"\n{IM_START}assistant\n")
-                if (
-                    n == len(messages) - 1
-                ):  # the answer being generated (its content, if any, starts it)
-                    chunks.append(content)
+                chunks.append(ASSISTANT_HEADER)
+                if n == len(messages) - 1:  # the answer being generated: its content starts it
+                    chunks.append((content,))
                 else:
-                    chunks.extend([f"{content}{IM_END}", ENDOFTEXT])
+                    chunks.extend([(content, IM_END), (ENDOFTEXT,)])
             else:
                 raise ValueError(f"unknown role {role!r} (use system, user or assistant)")
         if images or videos:
@@ -132,5 +152,5 @@ class ChatTemplate:
                 f"<|image|> / <|video|> marker in the user messages"
             )
         if add_generation_prompt and messages and messages[-1]["role"] != "assistant":
-            chunks.append(f"\n{IM_START}assistant\n")
+            chunks.append(ASSISTANT_HEADER)
         return chunks

@@ -8,7 +8,10 @@ Follows the official processors (reference mplug_owl3.md §5) for every release:
   message is a system message), `\\n<|im_start|>user\\n{content}<|im_end|>` split so every
   `<|image|>` is its own chunk, `\\n<|im_start|>assistant\\n` + `{content}<|im_end|>` +
   `<|endoftext|>` for past answers. Every chunk is tokenized on its own (no BPE merges across chunk
-  borders); `media_starts[j]` is where placeholder j's ids begin.
+  borders); `media_starts[j]` is where placeholder j's ids begin. The control tokens are the
+  template's own ids; every text between them, the messages' content included, is encoded as plain
+  text, so a control token typed into a message is text (the official processor would read it as
+  the control token).
 - Videos (§5.4): one `<|image|>` per frame, no cut; wrapped in `<|start_video_frame|>` ...
   `<|end_video_frame|>` or bare, as the checkpoint's `PromptRules` say. Frames go through
   `image_transform`.
@@ -45,7 +48,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .chat_template import IMAGE, VIDEO, ChatTemplate
+from .chat_template import IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
 from .checkpoint import (
     CheckpointError,
     detect_architecture,
@@ -57,7 +60,7 @@ from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
 from .prompt_inputs import MediaItem, PromptInputs
 from .prompt_rules import PromptRules, published_rules, read_prompt_rules
-from .tokenizer import ENDOFTEXT, Owl3Tokenizer, StreamDecoder
+from .tokenizer import ENDOFTEXT, Control, Owl3Tokenizer, StreamDecoder
 
 # the markers a user message holds go with the processor that reads them
 __all__ = ["IMAGE", "VIDEO", "Owl3Processor", "PromptInputs"]
@@ -147,7 +150,12 @@ class Owl3Processor:
         return self.tokenizer.stop_ids
 
     def encode(self, text: str) -> list[int]:
+        """Template text: control tokens written in it become their ids (see `encode_text`)."""
         return self.tokenizer.encode(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text a user wrote (a question, a subtitle line, an answer sent back): plain text."""
+        return self.tokenizer.encode_text(text)
 
     def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(torch.as_tensor(ids).reshape(-1).tolist(), skip_special_tokens)
@@ -166,17 +174,29 @@ class Owl3Processor:
 
     # ---- prompts
     # ----------------------------------------------------------------------------------------------
+    def _encode_chunk(self, chunk: Chunk) -> list[int]:
+        """A chunk's control tokens as their ids, each run of text between them as plain text."""
+        ids: list[int] = []
+        text = ""
+        for piece in chunk:
+            if isinstance(piece, Control):
+                ids += self.tokenizer.encode_text(text) + [self.tokenizer.token_to_id(piece)]
+                text = ""
+            else:
+                text += piece
+        return ids + self.tokenizer.encode_text(text)
+
     def _encode_chunks(
-        self, chunks: list[str], media: list[MediaItem], offset: int
+        self, chunks: list[Chunk], media: list[MediaItem], offset: int
     ) -> PromptInputs:
         ids: list[int] = []
         starts: list[int] = []
-        for c in chunks:
-            if c == IMAGE:
+        for chunk in chunks:
+            if chunk == IMAGE_CHUNK:
                 starts.append(offset + len(ids))
                 ids.extend(self._image_ids)
-            elif c:
-                ids.extend(self.tokenizer.encode(c))
+            else:
+                ids.extend(self._encode_chunk(chunk))
         assert len(starts) == sum(m.num_placeholders for m in media)
         return PromptInputs(
             torch.tensor(ids, dtype=torch.int64),
@@ -184,7 +204,7 @@ class Owl3Processor:
             len(self._image_ids),
             media,
             self.generation,
-            "".join(chunks),
+            "".join("".join(chunk) for chunk in chunks),
             offset,
         )
 
@@ -230,7 +250,7 @@ class Owl3Processor:
         `offset` = tokens already in the conversation (so media_starts are absolute).
         """
         media: list[MediaItem] = []
-        chunks = [ENDOFTEXT] + self.template.chunks(
+        chunks = [(ENDOFTEXT,)] + self.template.chunks(
             [{"role": "user", "content": content}],
             list(images),
             list(videos),
@@ -245,5 +265,5 @@ class Owl3Processor:
         """The ids to append after a generated answer that ended with <|im_end|>, for the next
         messages (text only): `build_followup` for any run of user and system messages, as the
         template lays them out after that answer."""
-        chunks = [ENDOFTEXT] + self.template.chunks(messages, [], [], True, [], True, False)
+        chunks = [(ENDOFTEXT,)] + self.template.chunks(messages, [], [], True, [], True, False)
         return self._encode_chunks(chunks, [], offset)

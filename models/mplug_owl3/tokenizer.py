@@ -5,6 +5,10 @@ No transformers needed. Specials (reference mplug_owl3.md §5.1): `<|endoftext|>
 `<|im_end|>` are added tokens (single ids). `<|image|>`, `<|video|>` and the cut / video-frame
 markers are plain text: BPE splits them into a few ordinary tokens, and nothing here assumes how
 many.
+
+Control tokens come only from the chat template (`Control` pieces); text a user wrote is encoded by
+`encode_text`, where `<|im_end|>` typed into a question is the text it looks like, so no question,
+subtitle line or system prompt can open or close a turn.
 """
 
 from __future__ import annotations
@@ -14,9 +18,15 @@ from typing import Iterable
 
 from tokenizers import Tokenizer
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-ENDOFTEXT = "<|endoftext|>"
+
+class Control(str):
+    """A control token placed by the chat template: encoded as its one id, whereas the same
+    characters in a text piece are encoded as text."""
+
+
+IM_START = Control("<|im_start|>")
+IM_END = Control("<|im_end|>")
+ENDOFTEXT = Control("<|endoftext|>")
 
 
 def valid_text(text: str) -> str:
@@ -36,6 +46,8 @@ class Owl3Tokenizer:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tk = tokenizer
+        self._text_tk = Tokenizer.from_str(tokenizer.to_str())  # special tokens split as text
+        self._text_tk.encode_special_tokens = True
         missing = [t for t in (ENDOFTEXT, IM_START, IM_END) if tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(
@@ -74,7 +86,14 @@ class Owl3Tokenizer:
         return max(len(t.encode()) if t in added else len(t) for t in vocab)
 
     def encode(self, text: str) -> list[int]:
+        """As the official `tokenizer(text).input_ids`: control tokens written in `text` become
+        their ids. For template text only; what a user wrote goes through `encode_text`."""
         return self.tk.encode(valid_text(text), add_special_tokens=False).ids if text else []
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as plain text: a control token written in it is split like any other text.
+        Equal to `encode` for text without control tokens."""
+        return self._text_tk.encode(valid_text(text), add_special_tokens=False).ids if text else []
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
