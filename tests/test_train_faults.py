@@ -329,7 +329,7 @@ def test_a_read_only_out_is_one_line(tiny_checkpoints, short_video, tmp_path):
             timeout=scaled(300),
         )
         said = (run.stdout + run.stderr).strip()
-        assert run.returncode == 1 and "Traceback" not in said, said
+        assert run.returncode == 2 and "Traceback" not in said, said
         assert said.splitlines()[-1].endswith(
             f"--out {out} cannot be written (Read-only file system); choose a folder you can write"
         ), said
