@@ -24,6 +24,12 @@ def _conversation(model, ids, visual) -> tuple[Conversation, torch.Tensor]:
     return conversation, logits
 
 
+def _started(conversation: Conversation, tokens: int) -> StaticDecode:
+    step = StaticDecode(conversation, DecodeStep())
+    step.start(tokens)
+    return step
+
+
 def _cache(conversation: Conversation) -> list[torch.Tensor]:
     return [t[:, : layer.length] for layer in conversation.cache.layers for t in (layer.k, layer.v)]
 
@@ -34,7 +40,7 @@ def test_the_static_step_answers_and_caches_as_the_eager_loop(generation):
     eager, logits = _conversation(model, ids, visual)
     want = list(Generator(eager, ()).answer(logits, None, GenerationConfig(TOKENS), LoopOutcome()))
     static, logits = _conversation(model, ids, visual)
-    step = StaticDecode(static, TOKENS, DecodeStep())
+    step = _started(static, TOKENS)
     got = [int(logits.argmax())]
     for _ in range(TOKENS - 1):
         got.append(step.next_token(got[-1]))
@@ -50,7 +56,7 @@ def test_the_static_step_leaves_the_tokens_held_known():
     eager, logits = _conversation(model, ids, visual)
     want = list(Generator(eager, ()).answer(logits, None, GenerationConfig(4), LoopOutcome()))
     static, logits = _conversation(model, ids, visual)
-    step = StaticDecode(static, 4, DecodeStep())
+    step = _started(static, 4)
     token = int(logits.argmax())
     for _ in range(3):
         token = step.next_token(token)
@@ -61,7 +67,7 @@ def test_the_static_step_leaves_the_tokens_held_known():
 def test_the_static_step_reads_nothing_on_the_host():
     model, ids, visual = _setup("g2")
     conversation, logits = _conversation(model, ids, visual)
-    step = StaticDecode(conversation, 4, DecodeStep())
+    step = _started(conversation, 4)
     step.token.fill_(int(logits.argmax()))
     with counting_host_reads() as reads:
         step.step()

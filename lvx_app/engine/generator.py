@@ -57,6 +57,7 @@ class Generator:
         # a group whose model has hyper layers: tokens ride on the first visual combine
         self.rides = conversation.attn is not None and bool(conversation.model.config.hyper_layers)
         self.diverged = False  # the ranks once decoded different tokens (warned once)
+        self.static: StaticDecode | None = None  # the session's static step, made at first use
 
     @torch.inference_mode()  # each resume of the loop, not only its first
     def answer(
@@ -70,12 +71,31 @@ class Generator:
         """Yield the answer's token ids, a final stop token included. `logits` (V,): the prompt's
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
         does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
+        static = None
+        if self.step.used_for(generation) and not self.rides:
+            if self.static is None:  # one per session: its capture serves every later answer
+                self.static = StaticDecode(self.conversation, self.step)
+            static = self.static
+            static.start(generation.max_new_tokens)
+        try:
+            yield from self._tokens(logits, first_src, generation, outcome, should_stop, static)
+        finally:
+            if static is not None:
+                static.finish()
+
+    def _tokens(
+        self,
+        logits: torch.Tensor | None,
+        first_src: int | None,
+        generation: GenerationConfig,
+        outcome: LoopOutcome,
+        should_stop: Callable[[], bool],
+        static: StaticDecode | None,
+    ) -> Iterator[int]:
+        """`answer`'s token loop; `static`: the step that decodes it, when one does."""
         last = generation.max_new_tokens - 1
         # without a video the hyper layers make no visual combine to ride on
         rides = self.rides and self.conversation.visual is not None
-        static = None
-        if self.step.used_for(generation) and not self.rides:
-            static = StaticDecode(self.conversation, generation.max_new_tokens, self.step)
         chosen = None  # the next token, once the static step chose it on the device
         for i in range(generation.max_new_tokens):
             mine = chosen if chosen is not None else self._sampled(logits, generation, i)
