@@ -135,3 +135,94 @@ def test_every_decode_output_is_made_in_inference_mode(monkeypatch, static):
     assert len(answer) == TOKENS and len(seen) >= TOKENS  # the prefill's and every step's
     assert logits.grad_fn is None and logits.is_inference()
     assert all(s == (True, None, True) for s in seen), seen
+
+
+def _stand_in_graphs(monkeypatch) -> list[int]:
+    """CUDA graph capture stood in on CPU: warm-ups run eagerly, a "capture" is counted and its
+    replay runs the step eagerly. Returns the list each capture appends to."""
+    from types import SimpleNamespace
+
+    import lvx_app.engine.static_decode as static_decode
+
+    captures: list[int] = []
+    monkeypatch.setattr(static_decode, "_on_side_stream", lambda fn: fn())
+    monkeypatch.setattr(
+        static_decode, "_capture", lambda fn: captures.append(1) or SimpleNamespace(replay=fn)
+    )
+    return captures
+
+
+def _play(model, visuals, script, step: DecodeStep, captures: list[int]):
+    """Run a session's turns on one `Generator` (`script`: ("ask", ids, tokens) prefills ids and
+    answers greedily, ("truncate", n), ("video", i) shows visuals[i], ("clear",)); returns every
+    answer and the number of captures after each."""
+    conversation = Conversation(model, ONE_PROCESS, None)
+    conversation.show_video(visuals[0])
+    generator = Generator(conversation, (), step)
+    answers, counts = [], []
+    for action, *args in script:
+        if action == "ask":
+            ids, tokens = args
+            logits, _ = conversation.prefill(ids.view(-1), whole=True)
+            outcome = LoopOutcome()
+            answers.append(list(generator.answer(logits, None, GenerationConfig(tokens), outcome)))
+            counts.append(len(captures))
+        elif action == "truncate":
+            conversation.truncate(*args)
+        elif action == "video":
+            conversation.show_video(visuals[args[0]])
+        else:
+            conversation.clear()
+    return answers, counts
+
+
+def _questions(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return ids[0, 3:6], ids[0, 9:10]
+
+
+def test_cuda_graphs_capture_once_over_two_answers_and_a_follow_up(monkeypatch):
+    """A session's answers reuse one capture: the first question's, a follow-up's, and another
+    question on the same video after the conversation went back to its prompt; each answer is the
+    eager loop's."""
+    captures = _stand_in_graphs(monkeypatch)
+    model, ids, visual = _setup("g2")
+    follow_up, other = _questions(ids)
+    script = [
+        ("ask", ids, TOKENS),
+        ("ask", follow_up, TOKENS),
+        ("truncate", ids.numel()),
+        ("ask", other, TOKENS),
+    ]
+    want, _ = _play(model, [visual], script, DecodeStep(), [])
+    got, counts = _play(model, [visual], script, DecodeStep(graphs=True), captures)
+    assert got == want
+    assert counts == [1, 1, 1]
+
+
+def test_a_new_video_a_grown_cache_or_a_cleared_conversation_capture_again(monkeypatch):
+    """What the captured step reads by address changed: it is captured again (a follow-up that
+    fits in the room reserved past an answer still reuses it), and the answers stay the eager
+    loop's."""
+    import lvx_app.engine.static_decode as static_decode
+    from lvx_models.mplug_owl3 import qwen2
+
+    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 8)
+    monkeypatch.setattr(static_decode, "FOLLOW_UP_ROOM", 6)
+    captures = _stand_in_graphs(monkeypatch)
+    model, ids, visual = _setup("g2")
+    _, _, other_video = _setup("g2", n_frames=2)
+    follow_up, other = _questions(ids)
+    script = [
+        ("ask", ids, TOKENS),  # the cache grows for the answer: captured
+        ("ask", follow_up, 4),  # fits in the room reserved past it: reused
+        ("ask", other, TOKENS),  # does not fit: the cache grows, captured again
+        ("video", 1),
+        ("ask", follow_up, 4),  # another video: captured again
+        ("clear",),
+        ("ask", ids, 4),  # a new cache: captured again
+    ]
+    visuals = [visual, other_video]
+    want, _ = _play(model, visuals, script, DecodeStep(), [])
+    got, counts = _play(model, visuals, script, DecodeStep(graphs=True), captures)
+    assert got == want
+    assert counts == [1, 1, 2, 3, 4]
