@@ -187,13 +187,7 @@ class VideoContext:
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
         kv_mode = self._kv_mode(video.kv_mode, n_frames)
-        visual, choice = caches.visual_kv.open(
-            shard,
-            starts,
-            self._visual_kv_key(shard, starts, caches.names),
-            resident=kv_mode == "cache",
-            video=path,
-        )
+        visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, path)
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
         conversation.clear()
@@ -224,6 +218,21 @@ class VideoContext:
         )
         self.loaded.request, self.loaded.visual = request, visual
         return summary
+
+    def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
+        """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
+        out of GPU memory there is the session's one line."""
+        try:
+            return caches.visual_kv.open(
+                shard,
+                starts,
+                self._visual_kv_key(shard, starts, caches.names),
+                resident=kv_mode == "cache",
+                video=path,
+            )
+        except torch.cuda.OutOfMemoryError as exc:
+            message = oom_message(self.info.rank, self.info.device, "making the visual K/V")
+            raise RuntimeError(message) from exc
 
     def _cues(self, request: VideoRequest) -> Sequence[Cue]:
         """The request's cues; a frontend sends them resolved, else they are found here (its notes

@@ -1,16 +1,20 @@
-"""A video whose prompt would run past the positions the model was trained on is refused at load
-with one line that says how many frames fit; that many load and answer, one more does not."""
+"""Past the largest video a session takes, lvx says so in one line: a prompt that would run past the
+positions the model was trained on is refused at load with the frames that fit (that many load and
+answer, one more does not); running out of GPU memory while making the visual K/V says what to
+try."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+import torch
 from test_input_faults import _small_context
 
 import lvx_app as lvx
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.limits import TURN_ROOM, frames_that_fit
+from lvx_app.engine.visual_kv import VisualKVOpener
 
 
 def test_frames_that_fit_leave_room_for_a_turn():
@@ -37,3 +41,17 @@ def test_a_video_past_the_models_positions_is_one_line_at_load(
             engine.load_video(short_video, fps=1, max_frames=most + 1)
         assert engine.load_video(short_video, fps=1, max_frames=most).frames == most
         assert "".join(engine.ask("what happens?", max_new_tokens=4)) is not None
+
+
+@pytest.mark.slow
+def test_running_out_of_memory_making_the_visual_kv_is_one_line(
+    tiny_checkpoints, short_video, tmp_path, monkeypatch
+):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(VisualKVOpener, "open", out_of_memory)
+    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), subtitles="none")
+    with lvx.open(tiny_checkpoints["g2"], **options) as engine:
+        with pytest.raises(Exception, match="ran out of GPU memory while making the visual K/V"):
+            engine.load_video(short_video, fps=1)
