@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_configs import engine_config
 from host_syncs import counting_host_reads
+from test_engine import QUESTIONS
 from test_generation_cache import ONE_PROCESS, _setup
 
 from lvx_app.config import GenerationConfig, ModelConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.static_decode import DecodeStep, StaticDecode, decode_step
+from scripts.gloo_ranks import run_ranks
 
 TOKENS = 9
 
@@ -96,16 +99,28 @@ def test_the_generator_runs_a_greedy_answer_on_the_static_step(monkeypatch):
         made.clear()
 
 
-def test_cuda_graphs_need_one_process_on_a_gpu():
+def test_cuda_graphs_need_a_gpu_and_on_a_group_nccl(monkeypatch):
+    """A group's step holds collectives: a CUDA graph captures them on NCCL 2.9.6 or newer, never
+    on gloo; each refusal is one line, and decoding runs without graphs."""
+    import lvx_app.engine.static_decode as static_decode
+
     asked = ModelConfig(cuda_graphs=True, compile_decode=True)
-    with pytest.warns(UserWarning, match="--cuda-graphs needs one process on a GPU"):
+    cuda = torch.device("cuda")
+    with pytest.warns(UserWarning, match="--cuda-graphs needs a GPU"):
         assert decode_step(asked, torch.device("cpu"), 1) == DecodeStep(compiled=True)
     with pytest.warns(UserWarning) as seen:
-        assert decode_step(asked, torch.device("cuda"), 2) == DecodeStep()
-    said = " ".join(str(w.message) for w in seen)
-    assert "--cuda-graphs needs one process" in said and "--compile-decode needs one" in said
-    assert decode_step(asked, torch.device("cuda"), 1) == DecodeStep(True, True)
-    assert decode_step(ModelConfig(), torch.device("cuda"), 1) == DecodeStep()
+        assert decode_step(asked, cuda, 2, "gloo") == DecodeStep()
+    said = [str(w.message) for w in seen]
+    assert "--cuda-graphs on several ranks need NCCL (this group runs gloo)" in said[0]
+    assert "--compile-decode needs one" in said[1] and all("\n" not in line for line in said)
+    monkeypatch.setattr(static_decode, "nccl_version", lambda: (2, 21, 5))
+    with pytest.warns(UserWarning, match="--compile-decode needs one process"):
+        assert decode_step(asked, cuda, 8, "nccl") == DecodeStep(graphs=True)
+    monkeypatch.setattr(static_decode, "nccl_version", lambda: (2, 9, 5))
+    with pytest.warns(UserWarning, match="need NCCL 2.9.6 or newer"):
+        assert decode_step(ModelConfig(cuda_graphs=True), cuda, 2, "nccl") == DecodeStep()
+    assert decode_step(asked, cuda, 1) == DecodeStep(True, True)
+    assert decode_step(ModelConfig(), cuda, 1) == DecodeStep()
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -226,3 +241,137 @@ def test_a_new_video_a_grown_cache_or_a_cleared_conversation_capture_again(monke
     got, counts = _play(model, visuals, script, DecodeStep(graphs=True), captures)
     assert got == want
     assert counts == [1, 1, 2, 3, 4]
+
+
+class _RidingOnDevice:
+    """A group's visual combine as the generator relies on it, for one process: the numbers riding
+    on a decoded step's first visual combine come back as every rank's, rank 0's token differing
+    from the one fed at step `disagree_at` (as when another rank sampled differently). Reads the
+    carry's device tensor, as the static step sends it."""
+
+    def __init__(self, model, disagree_at: int | None = None) -> None:
+        self.vocab, self.disagree_at, self.steps = model.config.vocab_size, disagree_at, 0
+        self.local = model.hooks.visual
+
+    def visual(self, q, step, layer: int):
+        carry = step.feed.carry
+        if carry is not None and carry.received is None:
+            self.steps += 1
+            sent = carry.source if carry.source is not None else torch.tensor(carry.numbers)
+            token, stop = sent.tolist()
+            if self.steps == self.disagree_at and not stop:
+                carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
+            else:
+                carry.received = sent.view(1, -1).clone()
+        return self.local(q, step, layer)
+
+
+def _riding_answer(model, ids, visual, step: DecodeStep, stop_ids=(), stop_at=None, **kw):
+    """(tokens, outcome, text cache) of one greedy answer whose tokens ride on the visual combine
+    (a group's loop, in one process)."""
+    riding = _RidingOnDevice(model, kw.pop("disagree_at", None))
+    model.hooks.visual = riding.visual
+    try:
+        conversation = Conversation(model, ONE_PROCESS, riding)
+        conversation.show_video(visual)
+        logits, _ = conversation.prefill(ids.view(-1), whole=True)
+        generator = Generator(conversation, stop_ids, step)
+        generator.leader = kw.pop("leader", True)
+        calls = [0]
+
+        def should_stop() -> bool:
+            calls[0] += 1
+            return stop_at is not None and calls[0] > stop_at
+
+        outcome = LoopOutcome()
+        tokens = list(generator.answer(logits, None, GenerationConfig(8), outcome, should_stop))
+    finally:
+        model.hooks.visual = riding.local
+    assert generator.rides
+    return tokens, vars(outcome) | {"first_token_at": 0}, _cache(conversation)
+
+
+RIDING_CASES = {
+    "truncated": {},
+    "stop token": {"stop_ids": "the fourth token"},
+    "interrupted": {"stop_at": 4},
+    "disagreeing": {"disagree_at": 2, "leader": False},
+    "disagreeing leader": {"disagree_at": 3},
+}
+
+
+def _riding_cases(rank: int, world: int) -> list:
+    """Every riding case eager and on the static step (its capture stood in, counted), in a world
+    of one: the explicit agreement of a truncated answer's last token is a real broadcast."""
+    from types import SimpleNamespace
+
+    import lvx_app.engine.static_decode as static_decode
+
+    captures: list[int] = []
+    static_decode._on_side_stream = lambda fn: fn()
+    static_decode._capture = lambda fn: captures.append(1) or SimpleNamespace(replay=fn)
+    model, ids, visual = _setup("g2")
+    plain = _riding_answer(model, ids, visual, DecodeStep())[0]
+    out = []
+    for case, kw in RIDING_CASES.items():
+        kw = {k: [plain[3]] if v == "the fourth token" else v for k, v in kw.items()}
+        want = _riding_answer(model, ids, visual, DecodeStep(), **kw)
+        before = len(captures)
+        got = _riding_answer(model, ids, visual, DecodeStep(graphs=True), **kw)
+        same_cache = len(got[2]) == len(want[2]) and all(
+            a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+            for a, b in zip(got[2], want[2])
+        )
+        out.append((case, got[:2], want[:2], same_cache, len(captures) - before))
+    return out
+
+
+def test_a_groups_riding_loop_on_the_static_step_is_the_eager_ones():
+    """On a group the static step carries the fed token and the stop flag on its first visual
+    combine (from a device buffer, so a captured step replays it): the answer, how it ended and the
+    text cache are the eager riding loop's, a rank put back on rank 0's token included."""
+    for case, got, want, same_cache, captures in run_ranks(_riding_cases, 1)[0]:
+        assert got == want, case
+        assert same_cache, case
+        assert captures == (1 if len(got[0]) > 3 else 0), case
+
+
+def _group_conversation(rank: int, world: int, checkpoint: str, video: str, graphs: bool):
+    """A question and a follow-up on `world` gloo ranks; with `graphs`, every rank's greedy answers
+    on the static step (its CUDA graph capture stood in and counted: gloo is refused for real)."""
+    from types import SimpleNamespace
+
+    import lvx_app.engine.session as session_module
+    import lvx_app.engine.static_decode as static_decode
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
+    from lvx_app.runtime.control import ControlChannel
+    from lvx_app.runtime.driver import GroupDriver, worker_loop
+
+    captures: list[int] = []
+    if graphs:
+        session_module.decode_step = lambda *args, **kw: DecodeStep(graphs=True)
+        static_decode._on_side_stream = lambda fn: fn()
+        static_decode._capture = lambda fn: captures.append(1) or SimpleNamespace(replay=fn)
+    config = engine_config(checkpoint)
+    session = RankSession(config, init_distributed(cuda=False))
+    channel = ControlChannel()
+    if rank != 0:
+        worker_loop(session, channel)
+        return len(captures)
+    engine = GroupDriver(session, channel, config)
+    engine.load_video(video)
+    answers = ["".join(engine.ask(q, max_new_tokens=10)) for q in QUESTIONS]
+    engine.close()
+    return answers, len(captures)
+
+
+@pytest.mark.slow
+def test_a_group_answers_on_the_static_step_as_one_eager_process(tiny_checkpoints, short_video):
+    """Two gloo ranks decoding on the static step (the token riding on its visual combine) answer
+    a question and its follow-up as one eager process does, each rank capturing once."""
+    checkpoint = tiny_checkpoints["g2"]
+    want, _ = run_ranks(_group_conversation, 1, checkpoint, short_video, False)[0]
+    (got, leader), worker = run_ranks(_group_conversation, 2, checkpoint, short_video, True)
+    assert got == want
+    assert leader == worker == 1

@@ -36,13 +36,23 @@ class Carry:
     (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly; they are
     written on the device from the host's integers (no host-to-device copy to wait for)."""
 
-    def __init__(self, send: Tensor | Sequence[int]) -> None:
-        self.numbers = send.flatten().tolist() if isinstance(send, Tensor) else list(send)
+    def __init__(self, send: Tensor | Sequence[int], *, on_device: bool = False) -> None:
+        """`on_device`: `send` is a device tensor whose values are copied when the call runs, never
+        read on the host (a captured decode step replays the copy)."""
+        self.source = send.flatten() if on_device else None
+        numbers = send.flatten().tolist() if isinstance(send, Tensor) and not on_device else send
+        self.numbers = [] if on_device else list(numbers)
         self.received: Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.numbers) if self.source is None else self.source.numel()
 
     def write(self, slots: Tensor) -> None:
         """Put the numbers' bits into `slots` (float32 or float64, one per number)."""
         bits = slots.view(_BITS[slots.dtype])
+        if self.source is not None:
+            bits.copy_(self.source)
         for i, number in enumerate(self.numbers):
             bits[i] = number
 
@@ -94,11 +104,13 @@ def decode_xattn(
     n = get_world_size(group)
     ride = carry is not None and carry.received is None
     if n == 1:
-        if ride:
+        if ride and carry.source is not None:
+            carry.received = carry.source.view(1, -1).to(torch.int64).clone()
+        elif ride:
             carry.received = torch.tensor([carry.numbers], dtype=torch.int64)
         return out, lse
     n_out, n_lse = out.numel(), lse.numel()
-    extra = len(carry.numbers) if ride else 0
+    extra = carry.count if ride else 0
     send, every = (buffers or CombineBuffers()).get(
         n_out + n_lse + extra, n, acc_dtype(q), out.device
     )

@@ -18,11 +18,13 @@ text cache's buffers, the video). A new video, a cleared conversation, or a cach
 a longer answer makes the next answer capture again; when the cache grows it gets room for a
 follow-up question and its answer too (`FOLLOW_UP_ROOM`).
 
-`--compile-decode` runs the step through torch.compile; `--cuda-graphs` runs two steps eagerly on a
-side stream, captures the third and replays it from then on (CUDA only; the compiled step when both
-are asked); `decode_step` reads them. One process and greedy answers
-only: the ranks of a group agree on each token inside the step's collective, and sampling draws from
-a generator seeded per token on the host.
+`--compile-decode` runs the step through torch.compile (one process); `--cuda-graphs` runs two
+steps eagerly on a side stream, captures the third and replays it from then on (CUDA only; the
+compiled step when both are asked); `decode_step` reads them. On a group the step holds its
+collectives, fixed in shape (the visual combine, on which the fed token and the stop flag ride to
+every rank, `next_token_riding`): a graph captures them on NCCL, never on gloo, and every rank
+replays its graph in step. Greedy answers only: sampling draws from a generator seeded per token on
+the host.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
+from lvx_app.attention.decode_xattn import Carry
+from lvx_app.attention.feed import REPLICATED, Feed
 from lvx_app.attention.kernels import attn_fwd_upto
 from lvx_app.attention.masks import Indices
 from lvx_app.config import GenerationConfig, ModelConfig
@@ -46,6 +51,7 @@ WARMUP_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisa
 # tokens of room reserved past an answer when the text cache must grow for it, so a follow-up
 # question and its answer fit in the same buffers and the captured step holds for them
 FOLLOW_UP_ROOM = 256
+MIN_NCCL_FOR_GRAPHS = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph captures
 
 
 @dataclass(frozen=True)
@@ -61,16 +67,41 @@ class DecodeStep:
         return (self.compiled or self.graphs) and generation.temperature <= 0
 
 
-def decode_step(model: ModelConfig, device: torch.device, world: int) -> DecodeStep:
-    """The options' decode step for this process; what cannot run here says so once."""
-    graphs = model.cuda_graphs and device.type == "cuda" and world == 1
-    if model.cuda_graphs and not graphs:
-        warnings.warn(
-            "--cuda-graphs needs one process on a GPU; decoding runs without them", EngineWarning
-        )
+def decode_step(
+    model: ModelConfig, device: torch.device, world: int, backend: str | None = None
+) -> DecodeStep:
+    """The options' decode step for this process; what cannot run here says so once. A group's
+    step holds collectives (the visual combine, the token's agreement riding on it): a CUDA graph
+    captures them on NCCL (2.9.6 on), never on gloo. `backend`: the group's (default: the
+    initialised one's)."""
+    if backend is None and world > 1 and dist.is_initialized():
+        backend = dist.get_backend()
+    why = _no_graphs(device, world, backend) if model.cuda_graphs else None
+    if why is not None:
+        warnings.warn(f"--cuda-graphs {why}; decoding runs without them", EngineWarning)
     if model.compile_decode and world > 1:
         warnings.warn("--compile-decode needs one process; decoding runs without it", EngineWarning)
-    return DecodeStep(model.compile_decode and world == 1, graphs)
+    return DecodeStep(model.compile_decode and world == 1, model.cuda_graphs and why is None)
+
+
+def _no_graphs(device: torch.device, world: int, backend: str | None) -> str | None:
+    """Why a CUDA graph cannot hold this process's decode step, or None when it can."""
+    if device.type != "cuda":
+        return "needs a GPU"
+    if world == 1:
+        return None
+    if backend != "nccl":
+        return f"on several ranks need NCCL (this group runs {backend})"
+    if nccl_version() < MIN_NCCL_FOR_GRAPHS:
+        wanted = ".".join(map(str, MIN_NCCL_FOR_GRAPHS))
+        return f"on several ranks need NCCL {wanted} or newer to capture collectives"
+    return None
+
+
+def nccl_version() -> tuple[int, ...]:
+    """The NCCL this torch build runs (CUDA builds only)."""
+    version = torch.cuda.nccl.version()
+    return tuple(version) if isinstance(version, tuple) else (version,)
 
 
 class _FixedCache:
@@ -99,7 +130,9 @@ class StaticDecode:
     docstring); one per session, its capture reused by every answer it still holds for
     (`start`)."""
 
-    def __init__(self, conversation: Conversation, how: DecodeStep) -> None:
+    def __init__(self, conversation: Conversation, how: DecodeStep, rides: bool = False) -> None:
+        """`rides`: a group's step, whose first visual combine carries the fed token and the stop
+        flag to every rank (`next_token_riding`)."""
         model, device = conversation.model, conversation.info.device
         self.conversation, self.how, self.lm = conversation, how, model.language_model
         self.position = torch.zeros(1, dtype=torch.int64, device=device)
@@ -114,6 +147,9 @@ class StaticDecode:
         self.graph = None
         self.steps = 0
         self._bound: _Bound | None = None
+        self.ride = torch.zeros(2, dtype=torch.int64, device=device)  # (token, stop) on the device
+        self.carry = Carry(self.ride, on_device=True) if rides else None
+        self.feed = REPLICATED
 
     def start(self, tokens: int) -> None:
         """Ready the step for an answer of up to `tokens` more tokens. The capture holds while the
@@ -131,6 +167,9 @@ class StaticDecode:
                     layer.v[:, layer.length :].zero_()
                 self._bound, self.graph, self.steps = bound, None, 0
             self.visual = _decode_visual(self.conversation.visual, self.q_vis)
+            # without a video there is no visual combine to ride on (the _Bound holds the video)
+            riding = self.carry is not None and self.visual is not None
+            self.feed = Feed(carry=self.carry) if riding else REPLICATED
             self.position.fill_(cache.length)
             self.used.fill_(cache.length + 1)
 
@@ -145,6 +184,8 @@ class StaticDecode:
     def step(self) -> None:
         """One decoded token on the device: the fed token's K/V written at `position`, the next
         token's id into `next`, the position advanced."""
+        if self.carry is not None:
+            self.carry.received = None  # it rides on this step's first visual combine
         logits = self.lm(
             self.token,
             self.position.view(1, 1),
@@ -152,6 +193,7 @@ class StaticDecode:
             cache=self.cache,
             visual=self.visual,
             last_only=True,
+            feed=self.feed,
         )
         self.next.copy_(logits[0, -1].argmax())
         self.position.add_(1)
@@ -164,6 +206,25 @@ class StaticDecode:
         self._run_once()
         self.conversation.fed_in_place(token)
         return int(self.next)
+
+    @torch.inference_mode()
+    def next_token_riding(self, token: int, stop: bool) -> tuple[list[list[int]], int]:
+        """Feed `token` with this rank's stop flag riding on the step's first visual combine:
+        (every rank's [token, stop] in rank order, this rank's greedy next token), read together
+        once the step has run."""
+        self.token.fill_(token)
+        self.ride[0], self.ride[1] = token, int(stop)
+        self._run_once()
+        self.conversation.fed_in_place(token)
+        return self.carry.received.tolist(), int(self.next)
+
+    def take_back(self) -> None:
+        """Take back the last token fed (its K/V stay in the buffer, unread: the next step writes
+        over them)."""
+        self.conversation.unfeed()
+        length = self.conversation.cache.length
+        self.position.fill_(length)
+        self.used.fill_(length + 1)
 
     def _run_once(self) -> None:
         if not self.how.graphs:
