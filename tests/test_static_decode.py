@@ -361,9 +361,20 @@ def _group_conversation(rank: int, world: int, checkpoint: str, video: str, grap
         return len(captures)
     engine = GroupDriver(session, channel, config)
     engine.load_video(video)
-    answers = ["".join(engine.ask(q, max_new_tokens=10)) for q in QUESTIONS]
+    answers, combine = [], []
+    for question in QUESTIONS:
+        answers.append("".join(engine.ask(question, max_new_tokens=10)))
+        static = session.generator.static
+        if static is not None:  # the buffers its captured combine reads, and the session's
+            own = static.hooks.visual.__self__.buffers.kept.values()
+            combine.append(
+                (
+                    sorted(t.data_ptr() for pair in own for t in pair),
+                    session.attn.buffers is static.hooks.visual.__self__.buffers,
+                )
+            )
     engine.close()
-    return answers, len(captures)
+    return answers, len(captures), combine
 
 
 @pytest.mark.slow
@@ -371,7 +382,12 @@ def test_a_group_answers_on_the_static_step_as_one_eager_process(tiny_checkpoint
     """Two gloo ranks decoding on the static step (the token riding on its visual combine) answer
     a question and its follow-up as one eager process does, each rank capturing once."""
     checkpoint = tiny_checkpoints["g2"]
-    want, _ = run_ranks(_group_conversation, 1, checkpoint, short_video, False)[0]
-    (got, leader), worker = run_ranks(_group_conversation, 2, checkpoint, short_video, True)
+    want, _, _ = run_ranks(_group_conversation, 1, checkpoint, short_video, False)[0]
+    (got, leader, combine), worker = run_ranks(
+        _group_conversation, 2, checkpoint, short_video, True
+    )
     assert got == want
     assert leader == worker == 1
+    # the step's combine keeps its own buffers, whatever sizes the questions' combines take
+    (own, shared), (own_again, _) = combine
+    assert len(own) == 4 and own == own_again and not shared

@@ -17,6 +17,7 @@ layer instead of a collective of its own (lvx_app/engine/generator.py).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -65,21 +66,31 @@ _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 class CombineBuffers:
-    """The decode combine's two flat buffers, what this rank sends and what every rank sent, kept
-    between calls and made again only when a call needs another size, dtype or device."""
+    """The decode combine's flat buffers, what this rank sends and what every rank sent, kept
+    between calls: a pair per size, the `KEEP` sizes used last (a decoded step's first combine
+    carries the token and its others do not, so a step allocates nothing, and a captured step's
+    pairs stay put). `send` / `every`: the last call's."""
+
+    KEEP = 2
 
     def __init__(self) -> None:
+        self.kept: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()
         self.send: Tensor | None = None
         self.every: Tensor | None = None
 
     def get(self, numel: int, ranks: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-        send = self.send
-        if send is None or (send.numel(), send.dtype, send.device) != (numel, dtype, device):
-            self.send = torch.empty(numel, dtype=dtype, device=device)
-            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
-        elif self.every.shape[0] != ranks:
-            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
-        return self.send, self.every
+        key = (numel, ranks, dtype, torch.device(device))
+        pair = self.kept.pop(key, None)
+        if pair is None:
+            pair = (
+                torch.empty(numel, dtype=dtype, device=device),
+                torch.empty(ranks, numel, dtype=dtype, device=device),
+            )
+        self.kept[key] = pair
+        while len(self.kept) > self.KEEP:
+            self.kept.popitem(last=False)
+        self.send, self.every = pair
+        return pair
 
 
 @torch.no_grad()

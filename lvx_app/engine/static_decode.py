@@ -29,6 +29,7 @@ the host.
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention.decode_xattn import Carry
+from lvx_app.attention.decode_xattn import Carry, CombineBuffers
 from lvx_app.attention.feed import REPLICATED, Feed
 from lvx_app.attention.kernels import attn_fwd_upto
 from lvx_app.attention.masks import Indices
 from lvx_app.config import GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.parallelize import ShardedHooks
 from lvx_models.mplug_owl3.hyper import VisualStep
 from lvx_models.mplug_owl3.qwen2 import AttentionHooks
 
@@ -141,7 +143,7 @@ class StaticDecode:
         self.next = torch.zeros((), dtype=torch.int64, device=device)
         self.q_vis = torch.zeros(1, 1, dtype=torch.int64, device=device)
         self.cache = _FixedCache(conversation, self.position)
-        self.hooks = AttentionHooks(text=self._text, visual=model.hooks.visual)
+        self.hooks = AttentionHooks(text=self._text, visual=_own_visual_hook(conversation))
         self.visual: VisualStep | None = None  # during an answer only (it holds the video's K/V)
         self.run: Callable[[], None] = torch.compile(self.step) if how.compiled else self.step
         self.graph = None
@@ -237,6 +239,18 @@ class StaticDecode:
             self.graph = _capture(self.run)
             self.graph.replay()
         self.steps += 1
+
+
+def _own_visual_hook(conversation: Conversation):
+    """The model's visual hook; on a group one whose combine buffers are the step's own (`copy` of
+    the sharded attention): a question's combine makes the session's buffers again at its size,
+    which a captured step must not read."""
+    attn = conversation.attn
+    if not isinstance(attn, ShardedHooks):
+        return conversation.model.hooks.visual
+    own = copy.copy(attn)
+    own.buffers = CombineBuffers()
+    return own.visual
 
 
 def _has_room(cache, tokens: int) -> bool:
