@@ -120,7 +120,8 @@ class ModelConfig:
     cuda_graphs: bool = option(
         False,
         "--cuda-graphs/--no-cuda-graphs",
-        "Replay each decoded token's step as one CUDA graph (one GPU, greedy answers).",
+        "Replay each decoded token's step as one CUDA graph, captured once per session (GPUs; "
+        "on several, NCCL; greedy answers).",
     )
     compile_decode: bool = option(
         False,

@@ -46,6 +46,7 @@ from lvx_app.attention.masks import (
     tile_plans,
 )
 from lvx_app.defaults import DEFAULT_LAYOUT
+from lvx_app.engine.limits import frames_that_fit, video_prompt_too_long
 from lvx_app.parallel.layout import owned, rank_tokens
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
@@ -63,10 +64,17 @@ PLACEHOLDER_TOKENS = (
 
 @dataclass(frozen=True)
 class Rates:
-    """Measured H100 rates the projections use (DESIGN brief): FLOP/s and bytes/s."""
+    """H100 rates the projections use: FLOP/s and bytes/s, attention per kernel that the automatic
+    backend choice picks (`backends.choose_backend`, bf16 on CUDA): flash (flash-attn, else aten's
+    flash) for every call without a mask, the memory-efficient kernel for a call with one. cuDNN
+    is never picked automatically, so its rate is not used. Flash's is FlashAttention-2's forward on
+    an H100 (about 35% of its 989 dense bf16 TFLOP/s, as the FlashAttention-3 paper reports); the
+    memory-efficient kernel's is taken as half of it, unmeasured: `scripts/gpu_acceptance.py`
+    measures both (`kernels_7b.json`)."""
 
     matmul_flops: float = 780e12
-    attention_flops: float = 570e12
+    flash_flops: float = 350e12
+    efficient_flops: float = 175e12
     hbm_bytes: float = 3e12
 
 
@@ -213,6 +221,19 @@ def band_tiles(
     return tiles
 
 
+def visual_masked_share(config: Owl3Config, work: Workload) -> float:
+    """The share of the video prompt's visual attention (query rows x keys) in masked tiles, the
+    frames' band, which runs on the memory-efficient kernel: `band_tiles` of one rank over all the
+    keys seen (token t sees every frame placed at or before it). Several ranks cut the same bands
+    among them: their share is within a few percent of it (`planned_masked_share`)."""
+    p, h, per = config.vision.num_patches, PROMPT_HEADER_TOKENS, PLACEHOLDER_TOKENS
+    frames, rows = work.frames, work.prompt_tokens
+    tiles = band_tiles(config, rows, frames * p, min_tile(work.device))
+    seen = frames * (rows - h) - per * frames * (frames - 1) // 2  # (token, frame seen) pairs
+    total = config.num_kv_groups * p * seen
+    return sum(r * k for r, k in tiles) / total if total else 0.0
+
+
 def live_band_masks(tiles: list[tuple[int, int]]) -> int:
     """Bytes of the bool band masks alive at once: a tile's and the next one's (`masks.lone_plan`
     plans one ahead)."""
@@ -352,13 +373,69 @@ def largest_minutes(
     return lo / 60 / work.fps
 
 
+def positions_minutes(config: Owl3Config, fps: float = 1.0) -> float:
+    """The longest video (minutes, whole frames at `fps`) whose prompt leaves room for a question in
+    the positions the model was trained on (`max_position_embeddings`): each frame costs its
+    placeholder's positions, its visual tokens none. lvx refuses a longer one at load."""
+    context = int(config.max_position_embeddings)
+    return frames_that_fit(context, PROMPT_HEADER_TOKENS, 0, PLACEHOLDER_TOKENS) / 60 / fps
+
+
+def largest_video(
+    config: Owl3Config, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
+) -> dict:
+    """The largest video `work`'s mode takes at `work.fps` on a rank of `budget_bytes`: the memory
+    limit, the positions limit, the smaller, and the line lvx says one frame past it."""
+    memory = largest_minutes(config, work, budget_bytes, counts)
+    positions = positions_minutes(config, work.fps)
+    if positions <= memory:
+        frames = round(positions * 60 * work.fps)
+        context = int(config.max_position_embeddings)
+        longer = replace(work, minutes=(frames + 1) / 60 / work.fps)
+        said = video_prompt_too_long(longer.prompt_tokens, longer.frames, context, frames)
+        return _largest_row(work, memory, positions, "positions", said)
+    stage = memory_plan(config, replace(work, minutes=memory + 1 / 60 / work.fps), counts)
+    said = (
+        f"rank 0 ran out of GPU memory while {STAGE_WORDS.get(stage.peak_stage, stage.peak_stage)}"
+        " (...); use more GPUs (--gpus), a lower --fps or --max-frames, or --kv-mode recompute"
+    )
+    return _largest_row(work, memory, positions, "memory", said)
+
+
+# a memory plan's stage as the engine's out-of-memory line names it (`video_context.oom_message`)
+STAGE_WORDS = {
+    "encode": "encoding frames",
+    "visual K/V": "making the visual K/V",
+    "video prefill": "reading the prompt",
+    "question": "reading the question",
+    "decode": "answering",
+}
+
+
+def _largest_row(work: Workload, memory: float, positions: float, by: str, said: str) -> dict:
+    return {
+        "kv mode": work.kv_mode,
+        "memory limit min": round(memory, 1),
+        "positions limit min": round(positions, 1),
+        "largest min": round(min(memory, positions), 1),
+        "set by": by,
+        "past it lvx says": said,
+    }
+
+
 def time_plan(
-    config: Owl3Config, work: Workload, rates: Rates = Rates(), counts: ParamCounts | None = None
+    config: Owl3Config,
+    work: Workload,
+    rates: Rates = Rates(),
+    counts: ParamCounts | None = None,
+    masked_share: float | None = None,
 ) -> dict:
     # long: one line per stage, in the order they run
     """Projected FLOPs, bytes and seconds per stage on each rank for `work` (the work is split
     evenly over the ranks, the weights are not: every forward reads all of them on every rank).
-    Matmul, attention and memory times add up (no overlap assumed); communication is not counted."""
+    Matmul, attention and memory times add up (no overlap assumed); communication is not counted.
+    Attention runs at the rate of the kernel the backend choice picks (`Rates`); `masked_share`:
+    the video prompt's visual attention in masked tiles (default: `visual_masked_share`)."""
     cfg, b, n = config, work.dtype_bytes, work.ranks
     counts = counts or param_counts(cfg)
     v, t = cfg.vision, cfg.vision.num_patches
@@ -386,7 +463,12 @@ def time_plan(
         return 2 * lm_matmul * rows, text + 4 * hq * d * n_hyper * seen
 
     recompute = make_kv if work.kv_mode == "recompute" else 0
+    if masked_share is None:
+        masked_share = visual_masked_share(cfg, work)
     p_mm, p_at = prefill(prompt, 0)
+    # the video prompt's visual attention in masked tiles (the frames' band) runs on the
+    # memory-efficient kernel; all else on flash (text: causal squares and whole blocks)
+    p_masked = 4 * hq * d * n_hyper * s_kv * prompt / 2 * masked_share
     q_mm, q_at = prefill(q, prompt)
     # a decode step: every rank runs the same one-token step on its replicated weights and its share
     # of the keys
@@ -395,27 +477,37 @@ def time_plan(
     )
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
+    # (matmul, attention, of it on the memory-efficient kernel, bytes read) FLOPs and bytes
     stages = {
-        "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0),
-        "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0),
+        "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0, 0.0),
+        "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0, 0.0),
         "video-prompt prefill": (
             (p_mm + recompute) / n,
             p_at / n,
+            p_masked / n,
             lm_matmul * b,
         ),  # every forward reads the weights
-        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, lm_matmul * b),
+        # a question and a decoded token see every frame: no mask, flash
+        "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, 0.0, lm_matmul * b),
         "decode step": (
             2 * lm_matmul + recompute / n,
             4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n,
+            0.0,
             decode_bytes,
         ),
     }
     out = {}
-    for name, (mm, at, by) in stages.items():
-        seconds = mm / rates.matmul_flops + at / rates.attention_flops + by / rates.hbm_bytes
+    for name, (mm, at, masked, by) in stages.items():
+        seconds = (
+            mm / rates.matmul_flops
+            + (at - masked) / rates.flash_flops
+            + masked / rates.efficient_flops
+            + by / rates.hbm_bytes
+        )
         out[name] = {
             "matmul_tflop": mm / 1e12,
             "attention_tflop": at / 1e12,
+            "masked_attention_tflop": masked / 1e12,
             "hbm_gb": by / GB,
             "seconds": seconds,
         }
@@ -486,6 +578,23 @@ class KernelCalls:
     decode_visual: int
 
 
+def _ring_rounds(config: Owl3Config, work: Workload, rank: int, layout: str):
+    """The tile size, and per ring round on `rank` of the video-prompt prefill: (the round's query
+    positions, their frames seen under G2, this rank's own positions, its frames' k_frame)."""
+    n, p = work.ranks, config.vision.num_patches
+    tile = min_tile(work.device)
+    starts = PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * torch.arange(work.frames)
+    positions = [rank_tokens(work.prompt_tokens, starts, n, r, layout) for r in range(n)]
+    frames = torch.tensor(owned(work.frames, n, rank, layout), dtype=torch.int64)
+    k_frame = frames.repeat_interleave(p)
+    rounds = []
+    for t in range(n):
+        block = positions[(rank - t) % n]
+        seen = torch.searchsorted(starts, block, right=True)  # G2: frames placed at or before
+        rounds.append((block, seen, positions[rank], k_frame))
+    return tile, rounds
+
+
 def kernel_calls(
     config: Owl3Config, work: Workload, rank: int, layout: str = DEFAULT_LAYOUT
 ) -> KernelCalls:
@@ -493,19 +602,14 @@ def kernel_calls(
     travelling with their placeholders, G2 visibility), planned for `work.device`'s tiles. A ring
     round's query block is another rank's tokens; its keys are this rank's own text tokens (text
     attention: key position < query position + 1) or frames (visual)."""
-    cfg, n, p = config, work.ranks, config.vision.num_patches
-    tile = min_tile(work.device)
-    tokens = work.prompt_tokens
-    starts = PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * torch.arange(work.frames)
-    positions = [rank_tokens(tokens, starts, n, r, layout) for r in range(n)]
-    frames = torch.tensor(owned(work.frames, n, rank, layout), dtype=torch.int64)
-    k_frame = frames.repeat_interleave(p)
+    cfg = config
+    tile, rounds = _ring_rounds(cfg, work, rank, layout)
+    k_frame = rounds[0][3]
     text = visual = (0, 0)
-    for t in range(n):
-        block = positions[(rank - t) % n]
-        seen = torch.searchsorted(starts, block, right=True)  # G2: frames placed at or before
-        text = tuple(map(sum, zip(text, _tally(_planned(cfg, block + 1, positions[rank], tile)))))
+    for block, seen, own, _ in rounds:
+        text = tuple(map(sum, zip(text, _tally(_planned(cfg, block + 1, own, tile)))))
         visual = tuple(map(sum, zip(visual, _tally(_planned(cfg, seen, k_frame, tile)))))
+    tokens = work.prompt_tokens
     # a decoded token: causal text attention over the whole cache, and every frame visible
     g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
     one = torch.empty(1, g, h, d, device="meta")
@@ -513,3 +617,19 @@ def kernel_calls(
     decode_text = len(list(tile_plans(one, cache, True, None, None, g)))
     decode_visual = len(_planned(cfg, torch.tensor([work.frames]), k_frame, tile))
     return KernelCalls(*text, *visual, decode_text, decode_visual)
+
+
+def planned_masked_share(
+    config: Owl3Config, work: Workload, rank: int = 0, layout: str = DEFAULT_LAYOUT
+) -> float:
+    """The share of the video prompt's visual attention (query rows x keys) on `rank` that its
+    tiles run with a mask, from the attention's own planner (seconds at an hour; the time plan
+    takes `visual_masked_share`, its closed form)."""
+    tile, rounds = _ring_rounds(config, work, rank, layout)
+    area = masked = 0
+    for _, seen, _, k_frame in rounds:
+        for p in _planned(config, seen, k_frame, tile):
+            cells = (p.q1 - p.q0) * (p.k1 - p.k0)
+            area += cells
+            masked += cells if p.mask is not None else 0
+    return masked / area if area else 0.0

@@ -206,6 +206,45 @@ def install(rec: Recorder) -> dict:
         assert logsumexp.shape == q.shape[:3] and (max_q, max_k) == (q.shape[2], k.shape[2])
         return _bwd(grad_out, q, k, v, out, logsumexp, None, is_causal, scale)
 
+    def flash_varlen_fwd(
+        q,
+        k,
+        v,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        return_debug_mask,
+        *,
+        scale=None,
+        seqused_k=None,
+        **_rest,
+    ):
+        """aten's flash forward in its variable-length form: q (Tq, Hq, D) and k/v (Tk, Hkv, D)
+        rows of every sequence packed; sequence b's queries cum_seq_q[b]:cum_seq_q[b + 1] see the
+        keys from cum_seq_k[b], the first seqused_k[b] of them when given. Query heads may be a
+        multiple of K/V heads (native GQA). lse (Hq, Tq)."""
+        rec.add("flash_varlen_fwd", q, k, v)
+        _half(q)
+        assert cum_seq_q.dtype == cum_seq_k.dtype == torch.int32, "cumulative lengths are int32"
+        assert seqused_k is None or seqused_k.dtype == torch.int32, "seqused_k is int32"
+        if q.shape[1] % k.shape[1]:
+            raise RuntimeError("stand-in: query heads must be a multiple of K/V heads")
+        g = q.shape[1] // k.shape[1]
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+        for b in range(cum_seq_q.numel() - 1):
+            q0, q1 = int(cum_seq_q[b]), int(cum_seq_q[b + 1])
+            k0, k1 = int(cum_seq_k[b]), int(cum_seq_k[b + 1])
+            if seqused_k is not None:
+                k1 = k0 + int(seqused_k[b])
+            assert q1 - q0 <= max_q and k1 - k0 <= max_k
+            kb, vb = (t[k0:k1].repeat_interleave(g, 1).transpose(0, 1)[None] for t in (k, v))
+            o, l_ = _fwd(q[q0:q1].transpose(0, 1)[None], kb, vb, None, is_causal, scale)
+            out[q0:q1], lse[:, q0:q1] = o[0].transpose(0, 1), l_[0]
+        return out, lse, torch.zeros(2, dtype=torch.int64), torch.empty(0), torch.empty(0)
+
     def cudnn_fwd(
         q,
         k,
@@ -247,6 +286,7 @@ def install(rec: Recorder) -> dict:
         "flash_fwd": flash_fwd,
         "flash_bwd": flash_bwd,
         "cudnn_fwd": cudnn_fwd,
+        "flash_varlen_fwd": flash_varlen_fwd,
         "fa_fwd": fa_fwd,
         "fa_bwd": fa_bwd,
     }

@@ -19,7 +19,7 @@ import lvx_app as lvx
 from lvx_app.cli.chat import run_chat
 from lvx_app.config import Config, GenerationConfig
 from lvx_app.engine.api import AnswerStats, EngineError
-from lvx_app.engine.limits import answer_tokens
+from lvx_app.engine.limits import TURN_ROOM, answer_tokens
 from lvx_app.engine.sampling import sample_next, sample_token
 from lvx_app.runtime.engine_handle import Engine
 from lvx_models.mplug_owl3.tokenizer import Owl3Tokenizer, valid_text
@@ -56,15 +56,17 @@ def test_generation_never_runs_past_the_models_positions(tiny_checkpoints, short
     options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), subtitles="none")
     with lvx.open(tiny_checkpoints["g2"], **options) as engine:
         engine.load_video(short_video, fps=1)
-        "".join(engine.ask("what happens?", max_new_tokens=40))
+        "".join(engine.ask("what happens?", max_new_tokens=TURN_ROOM + 8))
         prompt, unbounded = engine.last_answer.prompt_tokens, engine.last_answer.new_tokens
-    assert unbounded > 6, "the tiny model must answer past the small context for this test"
-    small = _small_context(tiny_checkpoints["g2"], tmp_path, prompt + 4)
+    assert unbounded > TURN_ROOM + 2, "the tiny model must answer past the small context here"
+    # the smallest context the video's prompt loads in (room for a question and its answer)
+    small = _small_context(tiny_checkpoints["g2"], tmp_path, prompt + TURN_ROOM)
     with lvx.open(small, **options) as engine:
         engine.load_video(short_video, fps=1)
         "".join(engine.ask("what happens?", max_new_tokens=10**9))
         stats = engine.last_answer
-        assert stats.prompt_tokens == prompt and stats.new_tokens <= 5 and stats.truncated
+        assert stats.prompt_tokens == prompt and stats.new_tokens <= TURN_ROOM + 1
+        assert stats.truncated
         with pytest.raises(EngineError, match="past the .* tokens of the model's context") as e:
             "".join(engine.ask("and then?"))
         assert "\n" not in str(e.value)

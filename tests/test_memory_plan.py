@@ -16,12 +16,17 @@ from lvx_models.mplug_owl3.tiny import tiny_config
 from scripts import plan_gpu
 from scripts.memory_plan import (
     GB,
+    Rates,
     Workload,
     kernel_calls,
     largest_minutes,
+    largest_video,
     memory_plan,
     param_counts,
+    planned_masked_share,
+    positions_minutes,
     time_plan,
+    visual_masked_share,
 )
 
 
@@ -145,3 +150,67 @@ def test_kernel_calls_per_layer_at_an_hour_on_8_ranks_from_the_plan() -> None:
     assert (calls.prefill_text, calls.prefill_text_masked) == (8, 0)
     assert calls.prefill_visual <= 48 and calls.prefill_visual_masked <= 20, calls
     assert (calls.decode_text, calls.decode_visual) == (1, 1)
+
+
+def test_the_plans_attention_runs_on_the_kernels_the_backend_choice_picks(monkeypatch) -> None:
+    """bf16 on a GPU the automatic choice takes flash (flash-attn or aten's) for a call without a
+    mask and the memory-efficient kernel for one with a mask, never cuDNN: the time plan's
+    attention runs at those rates, the video prompt's masked band at the second."""
+    import torch
+
+    from lvx_app.attention import backends
+
+    monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
+    q = torch.empty(1, 1, 4, 128, dtype=torch.bfloat16)
+    for installed in (None, object()):
+        monkeypatch.setattr(backends, "_flash_attn", lambda: installed)
+        assert backends.choose_backend(None, q, False, 128) in ("flash", "flash_attn")
+        assert backends.choose_backend(None, q, True, 128) == "efficient"
+    cfg, rates = Owl3Config(), Rates(flash_flops=300e12, efficient_flops=100e12)
+    work = Workload(minutes=10)
+    prefill = time_plan(cfg, work, rates)["video-prompt prefill"]
+    at, masked = (prefill[k] * 1e12 for k in ("attention_tflop", "masked_attention_tflop"))
+    assert 0 < masked < at / 10
+    seconds = (
+        prefill["matmul_tflop"] * 1e12 / rates.matmul_flops
+        + (at - masked) / rates.flash_flops
+        + masked / rates.efficient_flops
+        + prefill["hbm_gb"] * GB / rates.hbm_bytes
+    )
+    assert prefill["seconds"] == pytest.approx(seconds, rel=1e-9)
+    question = time_plan(cfg, work, rates)["question prefill (TTFT)"]
+    assert question["masked_attention_tflop"] == 0  # a question sees every frame
+
+
+@pytest.mark.parametrize("ranks", [1, 8])
+def test_the_masked_share_is_the_planners(ranks) -> None:
+    """The time plan's closed form of the masked band's share against the attention's own tile
+    planner, on the busiest and the last rank."""
+    cfg, work = Owl3Config(), Workload(minutes=10, ranks=ranks)
+    share = visual_masked_share(cfg, work)
+    for rank in (0, ranks - 1):
+        assert planned_masked_share(cfg, work, rank) == pytest.approx(share, rel=0.12)
+
+
+def test_the_largest_video_is_set_by_memory_or_by_the_models_positions() -> None:
+    """7B at 1 fps on one 78 GiB GPU: resident K/V run out of memory first; recomputed K/V would
+    fit longer than the 32,768 trained positions hold, and lvx refuses one frame more with the
+    line its load says."""
+    from lvx_app.engine.limits import TURN_ROOM, video_prompt_too_long
+
+    cfg = Owl3Config()
+    counts = param_counts(cfg)
+    budget = 78 * 2**30
+    cache = largest_video(cfg, Workload(minutes=1, kv_mode="cache"), budget, counts)
+    recompute = largest_video(cfg, Workload(minutes=1, kv_mode="recompute"), budget, counts)
+    assert cache["set by"] == "memory" and cache["largest min"] == cache["memory limit min"]
+    assert "ran out of GPU memory" in cache["past it lvx says"]
+    assert recompute["set by"] == "positions"
+    assert recompute["memory limit min"] > recompute["positions limit min"]
+    frames = round(positions_minutes(cfg) * 60)
+    assert 18 + 5 * frames + TURN_ROOM <= cfg.max_position_embeddings
+    assert 18 + 5 * (frames + 1) + TURN_ROOM > cfg.max_position_embeddings
+    one_more = Workload(minutes=(frames + 1) / 60)
+    line = video_prompt_too_long(one_more.prompt_tokens, frames + 1, 32_768, frames)
+    assert recompute["past it lvx says"] == line
+    assert positions_minutes(cfg, fps=2) == pytest.approx(positions_minutes(cfg) / 2, abs=1 / 60)

@@ -268,6 +268,7 @@ KERNEL_OPS: dict[str, Callable] = {
     "flash_fwd": _aten("_scaled_dot_product_flash_attention"),
     "flash_bwd": _aten("_scaled_dot_product_flash_attention_backward"),
     "cudnn_fwd": _aten("_scaled_dot_product_cudnn_attention"),
+    "flash_varlen_fwd": _aten("_flash_attention_forward"),
     "fa_fwd": _fa_forward,
     "fa_bwd": _fa_backward,
 }
@@ -539,6 +540,28 @@ def _rejects_arguments(exc: BaseException) -> bool:
     )
 
 
+def _first_try(direction: str, be: str, run: Callable[[str], _T]) -> tuple[bool, _T | None]:
+    """(True, `run(be)`), or (False, None) when `be` is marked broken in `direction` or its op
+    rejects our arguments now (then marked broken, with one warning)."""
+    if (direction, be) in _broken:
+        return False, None
+    try:
+        result = run(be)
+    except (RuntimeError, TypeError) as exc:
+        if not _rejects_arguments(exc):
+            raise
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        _broken[(direction, be)] = why
+        warnings.warn(
+            f"attention {_DIRECTION[direction]} on {be!r} failed ({why}); using 'efficient'",
+            BackendFallbackWarning,
+            stacklevel=4,
+        )
+        return False, None
+    _note(direction, be)
+    return True, result
+
+
 def _with_fallback(
     direction: str, be: str, q: torch.Tensor, has_mask: bool, run: Callable[[str], _T]
 ) -> _T:
@@ -548,21 +571,9 @@ def _with_fallback(
         result = run(be)
         _note(direction, _KERNEL.get((direction, be), be))
         return result
-    if (direction, be) not in _broken:
-        try:
-            result = run(be)
-            _note(direction, be)
-            return result
-        except (RuntimeError, TypeError) as exc:
-            if not _rejects_arguments(exc):
-                raise
-            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            _broken[(direction, be)] = why
-            warnings.warn(
-                f"attention {_DIRECTION[direction]} on {be!r} failed ({why}); using 'efficient'",
-                BackendFallbackWarning,
-                stacklevel=3,
-            )
+    ran, result = _first_try(direction, be, run)
+    if ran:
+        return result
     alt = "efficient" if can_run("efficient", q, has_mask, q.shape[-1]) else "math"
     result = run(alt)
     _note(direction, alt, f"{be} -> {alt}: {_broken[(direction, be)]}")
@@ -574,6 +585,58 @@ def kernel_fwd(be, q, k, v, scale, mask, causal):
     return _with_fallback(
         "fwd", be, q, mask is not None, lambda name: _FWD[name](q, k, v, scale, mask, causal)
     )
+
+
+def bounds_keys(q: torch.Tensor, head_dim: int) -> bool:
+    """Whether this torch build and device run one decoded token's attention mask-free up to a
+    device-side key count (`kernel_fwd_upto`): aten's flash kernel with `seqused_k`, CUDA only."""
+    if not can_run("flash", q, False, head_dim) or ("fwd", "flash_varlen") in _broken:
+        return False
+    schema = torch.ops.aten._flash_attention_forward.default._schema
+    return any(arg.name == "seqused_k" for arg in schema.arguments)
+
+
+def _flash_varlen_fwd(q, k, v, used, scale):
+    """q (B, 1, Hq, D) against the first `used[b]` keys of (k, v) (B, S, Hkv, D): aten's flash
+    kernel in its variable-length form, every row's key span [b·S, b·S + S) of which the kernel
+    reads `used[b]`. The query heads go in unpacked, one row each: with a single query row and
+    more query than K/V heads flash swaps the query groups into rows and splits the keys among
+    thread blocks (its decode path), as the eager step's call does."""
+    b, sq, hq, d = q.shape
+    sk = k.shape[1]
+    dev = q.device
+    cum_q = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * sq
+    cum_k = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * sk
+    res = KERNEL_OPS["flash_varlen_fwd"](
+        q.reshape(b * sq, hq, d),
+        k.reshape(b * sk, *k.shape[2:]),
+        v.reshape(b * sk, *v.shape[2:]),
+        cum_q,
+        cum_k,
+        sq,
+        sk,
+        0.0,
+        False,
+        False,
+        scale=scale,
+        seqused_k=used,
+    )
+    # varlen lse is (Hq, B·Sq) (older builds: (B, Hq, Sq)); both hold B·Sq rows per head
+    lse = res[1].reshape(-1, b, sq).transpose(0, 1) if res[1].dim() == 2 else res[1]
+    return res[0].view(b, sq, hq, d), lse.float()
+
+
+def kernel_fwd_upto(q, k, v, used, scale, masked: Callable[[str], _T]) -> _T:
+    """One decoded token's (out, lse) against the first `used` keys (a (B,) int32 tensor on the
+    device) mask-free (`bounds_keys`); the kernel reads only those keys and no shape depends on
+    `used`, so a CUDA graph captures it once for every length. If the op rejects our arguments
+    (marked broken, one warning) `masked(name)` runs it on backend `name` instead."""
+    ran, result = _first_try(
+        "fwd", "flash_varlen", lambda _: _flash_varlen_fwd(q, k, v, used, scale)
+    )
+    if ran:
+        return result
+    return masked("efficient" if can_run("efficient", q, True, q.shape[-1]) else "math")
 
 
 def kernel_bwd(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):

@@ -17,6 +17,7 @@ layer instead of a collective of its own (lvx_app/engine/generator.py).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -36,13 +37,23 @@ class Carry:
     (an int32 in a float32 slot, an int64 in a float64 one), so any id travels exactly; they are
     written on the device from the host's integers (no host-to-device copy to wait for)."""
 
-    def __init__(self, send: Tensor | Sequence[int]) -> None:
-        self.numbers = send.flatten().tolist() if isinstance(send, Tensor) else list(send)
+    def __init__(self, send: Tensor | Sequence[int], *, on_device: bool = False) -> None:
+        """`on_device`: `send` is a device tensor whose values are copied when the call runs, never
+        read on the host (a captured decode step replays the copy)."""
+        self.source = send.flatten() if on_device else None
+        numbers = send.flatten().tolist() if isinstance(send, Tensor) and not on_device else send
+        self.numbers = [] if on_device else list(numbers)
         self.received: Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.numbers) if self.source is None else self.source.numel()
 
     def write(self, slots: Tensor) -> None:
         """Put the numbers' bits into `slots` (float32 or float64, one per number)."""
         bits = slots.view(_BITS[slots.dtype])
+        if self.source is not None:
+            bits.copy_(self.source)
         for i, number in enumerate(self.numbers):
             bits[i] = number
 
@@ -55,21 +66,31 @@ _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 class CombineBuffers:
-    """The decode combine's two flat buffers, what this rank sends and what every rank sent, kept
-    between calls and made again only when a call needs another size, dtype or device."""
+    """The decode combine's flat buffers, what this rank sends and what every rank sent, kept
+    between calls: a pair per size, the `KEEP` sizes used last (a decoded step's first combine
+    carries the token and its others do not, so a step allocates nothing, and a captured step's
+    pairs stay put). `send` / `every`: the last call's."""
+
+    KEEP = 2
 
     def __init__(self) -> None:
+        self.kept: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()
         self.send: Tensor | None = None
         self.every: Tensor | None = None
 
     def get(self, numel: int, ranks: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-        send = self.send
-        if send is None or (send.numel(), send.dtype, send.device) != (numel, dtype, device):
-            self.send = torch.empty(numel, dtype=dtype, device=device)
-            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
-        elif self.every.shape[0] != ranks:
-            self.every = torch.empty(ranks, numel, dtype=dtype, device=device)
-        return self.send, self.every
+        key = (numel, ranks, dtype, torch.device(device))
+        pair = self.kept.pop(key, None)
+        if pair is None:
+            pair = (
+                torch.empty(numel, dtype=dtype, device=device),
+                torch.empty(ranks, numel, dtype=dtype, device=device),
+            )
+        self.kept[key] = pair
+        while len(self.kept) > self.KEEP:
+            self.kept.popitem(last=False)
+        self.send, self.every = pair
+        return pair
 
 
 @torch.no_grad()
@@ -94,11 +115,13 @@ def decode_xattn(
     n = get_world_size(group)
     ride = carry is not None and carry.received is None
     if n == 1:
-        if ride:
+        if ride and carry.source is not None:
+            carry.received = carry.source.view(1, -1).to(torch.int64).clone()
+        elif ride:
             carry.received = torch.tensor([carry.numbers], dtype=torch.int64)
         return out, lse
     n_out, n_lse = out.numel(), lse.numel()
-    extra = len(carry.numbers) if ride else 0
+    extra = carry.count if ride else 0
     send, every = (buffers or CombineBuffers()).get(
         n_out + n_lse + extra, n, acc_dtype(q), out.device
     )

@@ -23,9 +23,11 @@ from torch import Tensor
 from lvx_app.attention.backends import (
     AUG_COLS,
     augments_head_dim,
+    bounds_keys,
     choose_backend,
     kernel_bwd,
     kernel_fwd,
+    kernel_fwd_upto,
 )
 from lvx_app.attention.gqa import (
     broadcast_kv,
@@ -121,23 +123,45 @@ def attn_fwd_upto(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    last: Tensor,
+    used: Tensor,
     *,
     scale: float | None = None,
     backend: str | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """One decoded token's attention against the keys [0, last] of (k, v), `last` a (1,) int64
-    tensor on their device: one masked kernel call whose plan reads nothing, so a decode step on
-    buffers of a fixed size can be captured as a CUDA graph. (out, lse) as `attn_fwd`."""
+    """One decoded token's attention against the first `used` keys of (k, v), `used` a (B,) int32
+    tensor on their device; (out, lse) as `attn_fwd`. Nothing is planned or read on the host and no
+    shape depends on `used`, so a decode step on buffers of a fixed size is captured as one CUDA
+    graph that holds for every length.
+
+    Where a mask-free call would get a flash kernel (`bounds_keys`: CUDA, fp16/bf16) the key count
+    is the kernel's own bound (flash's `seqused_k`): it reads the used keys only, split among
+    thread blocks as eager decoding's call is, where a mask over the whole reserved buffer would
+    send the call to the memory-efficient kernel, a handful of thread blocks scanning every
+    reserved key. A bucketed slice of the buffer was not taken: its shape changes with the length,
+    and each bucket would need a graph of its own. Elsewhere (CPU, float32/float64, or a forced
+    backend that takes masks) one masked call, the mask built on the device."""
     check_inputs(q, k, v)
     if q.shape[1] != 1:
         raise ValueError(f"attn_fwd_upto takes one query token, got {q.shape[1]}")
+    scale = _resolve_scale(scale, q)
+    d = q.shape[-1]
+    if choose_backend(backend, q, False, d) in ("flash", "flash_attn") and bounds_keys(q, d):
+        return kernel_fwd_upto(
+            q, k, v, used, scale, lambda name: _masked_upto(q, k, v, used, scale, name)
+        )
+    return _masked_upto(q, k, v, used, scale, backend)
+
+
+def _masked_upto(
+    q: Tensor, k: Tensor, v: Tensor, used: Tensor, scale: float, backend: str | None
+) -> tuple[Tensor, Tensor]:
+    """`attn_fwd_upto` as one masked kernel call over the whole buffer (keys past `used` hidden)."""
     g = q.shape[2] // k.shape[2]
     qp = pack_rows(q, g)
-    seen = torch.arange(k.shape[1], device=k.device) <= last
-    mask = seen.view(1, 1, -1).expand(q.shape[0], qp.shape[1], -1)
+    seen = torch.arange(k.shape[1], device=k.device) < used.view(-1, 1)
+    mask = seen.view(q.shape[0], 1, -1).expand(-1, qp.shape[1], -1)
     plan = TilePlan(0, qp.shape[1], 0, k.shape[1], mask, False, None)
-    o, l_ = _run_fwd(plan, qp, k, v, _resolve_scale(scale, q), backend, g)
+    o, l_ = _run_fwd(plan, qp, k, v, scale, backend, g)
     return unpack_rows(o, g), unpack_lse(l_, g)
 
 

@@ -10,8 +10,8 @@ leaves the row of its position as last fed). The answer's end (`answer_shares`) 
 each frame's share of the visual attention (lvx_app/attention/evidence.py), against this rank's
 keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over the group.
 
-Off (`--no-evidence`), or on the one-process static decode step (whose captured or compiled step
-runs no Python per token), no recorder is installed and nothing extra runs.
+Off (`--no-evidence`), or on the static decode step (whose captured or compiled step runs no
+Python per token), no recorder is installed and nothing extra runs.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ its own per token, which measured 1.17x faster decoding on 2 CPU ranks than a br
 step whose token was not rank 0's is redone alike on every rank; a token fed but not wanted (a stop
 flag, the final stop token) is taken back. Rank 0 shows its token before that step (it is the agreed
 one by definition). The first token when a long question's prefill ended on another rank, and the
-last token of a truncated answer (never fed), are agreed by a broadcast of their own. One process
-asked for `--cuda-graphs` or `--compile-decode` runs a greedy answer's steps on `StaticDecode`.
+last token of a truncated answer (never fed), are agreed by a broadcast of their own. Asked for
+`--cuda-graphs` or `--compile-decode`, a greedy answer's steps run on the session's `StaticDecode`
+(on a group the token and the stop flag ride inside its step alike).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Generator:
         # a group whose model has hyper layers: tokens ride on the first visual combine
         self.rides = conversation.attn is not None and bool(conversation.model.config.hyper_layers)
         self.diverged = False  # the ranks once decoded different tokens (warned once)
+        self.static: StaticDecode | None = None  # the session's static step, made at first use
 
     @torch.inference_mode()  # each resume of the loop, not only its first
     def answer(
@@ -70,12 +72,31 @@ class Generator:
         """Yield the answer's token ids, a final stop token included. `logits` (V,): the prompt's
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
         does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
+        static = None
+        if self.step.used_for(generation):
+            if self.static is None:  # one per session: its capture serves every later answer
+                self.static = StaticDecode(self.conversation, self.step, self.rides)
+            static = self.static
+            static.start(generation.max_new_tokens)
+        try:
+            yield from self._tokens(logits, first_src, generation, outcome, should_stop, static)
+        finally:
+            if static is not None:
+                static.finish()
+
+    def _tokens(
+        self,
+        logits: torch.Tensor | None,
+        first_src: int | None,
+        generation: GenerationConfig,
+        outcome: LoopOutcome,
+        should_stop: Callable[[], bool],
+        static: StaticDecode | None,
+    ) -> Iterator[int]:
+        """`answer`'s token loop; `static`: the step that decodes it, when one does."""
         last = generation.max_new_tokens - 1
         # without a video the hyper layers make no visual combine to ride on
         rides = self.rides and self.conversation.visual is not None
-        static = None
-        if self.step.used_for(generation) and not self.rides:
-            static = StaticDecode(self.conversation, generation.max_new_tokens, self.step)
         chosen = None  # the next token, once the static step chose it on the device
         for i in range(generation.max_new_tokens):
             mine = chosen if chosen is not None else self._sampled(logits, generation, i)
@@ -85,7 +106,9 @@ class Generator:
             if early:
                 outcome.first_token_at = outcome.first_token_at or time.perf_counter()
                 yield mine
-            if ride:
+            if ride and static is not None:
+                token, stop, chosen = self._static_agreeing(static, mine, flag)
+            elif ride:
                 logits, token, stop = self._feed_agreeing(mine, flag)
             else:
                 token, stop = self._agree(mine, flag, 0 if i or first_src is None else first_src)
@@ -100,9 +123,11 @@ class Generator:
             if i == last:
                 outcome.truncated, outcome.unfed = True, token
                 return
+            if ride:  # fed already, as the ranks agreed on it
+                continue
             if static is not None:
                 chosen = static.next_token(token)
-            elif not ride:
+            else:
                 logits = self.conversation.feed(token)
 
     @staticmethod
@@ -120,18 +145,38 @@ class Generator:
         (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]
         agreed_stop = bool(agreed_stop)
         if not agreed_stop and any(t != agreed for t in tokens):
-            if self.leader and not self.diverged:  # once: such ranks may differ at every token
-                warnings.warn(
-                    f"the ranks decoded different tokens ({tokens}); rank 0's is used:"
-                    " their logits differ, so answers may differ from one process's",
-                    EngineWarning,
-                )
-            self.diverged = True
+            self._warn_diverged(tokens)
             conversation.unfeed()
             logits = conversation.feed(agreed)
         if agreed_stop or agreed in self.stop_ids:
             conversation.unfeed()
         return logits, agreed, agreed_stop
+
+    def _static_agreeing(
+        self, static: StaticDecode, token: int, stop: bool
+    ) -> tuple[int, bool, int | None]:
+        """`_feed_agreeing` on the static step: (the agreed token, rank 0's stop flag, this rank's
+        greedy next token once the agreed one is fed, or None when it is taken back)."""
+        got, chosen = static.next_token_riding(token, stop)
+        (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]
+        agreed_stop = bool(agreed_stop)
+        if not agreed_stop and any(t != agreed for t in tokens):
+            self._warn_diverged(tokens)
+            static.take_back()
+            _, chosen = static.next_token_riding(agreed, stop)
+        if agreed_stop or agreed in self.stop_ids:
+            static.take_back()
+            chosen = None
+        return agreed, agreed_stop, chosen
+
+    def _warn_diverged(self, tokens: list[int]) -> None:
+        if self.leader and not self.diverged:  # once: such ranks may differ at every token
+            warnings.warn(
+                f"the ranks decoded different tokens ({tokens}); rank 0's is used:"
+                " their logits differ, so answers may differ from one process's",
+                EngineWarning,
+            )
+        self.diverged = True
 
     def _agree(self, token: int | None, stop: bool, src: int) -> tuple[int, bool]:
         """Every rank takes rank `src`'s token and rank 0's stop flag (a collective of its own)."""

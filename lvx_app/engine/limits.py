@@ -103,3 +103,24 @@ def conversation_full(filled: int, context: int) -> str:
         f"the conversation would be {filled:,} tokens, past the {context:,} tokens of the model's "
         "context; start it afresh (reset) or ask a shorter question"
     )
+
+
+# positions a video's prompt must leave free in the model's context: a short question and its answer
+TURN_ROOM = 64
+
+
+def frames_that_fit(context: int, tokens: int, frames: int, per_frame: int) -> int:
+    """The most frames whose video prompt leaves `TURN_ROOM` of the model's `context` positions: a
+    prompt of `tokens` holding `frames` frames costs `per_frame` positions per frame (its
+    placeholder; the visual tokens take none) over a fixed part."""
+    fixed = tokens - frames * per_frame
+    return max(0, (context - TURN_ROOM - fixed) // per_frame)
+
+
+def video_prompt_too_long(tokens: int, frames: int, context: int, most: int) -> str:
+    """The one line a user sees when a video's prompt leaves no room in the model's context."""
+    return (
+        f"the video's prompt is {tokens:,} tokens ({frames:,} frames), too many for the "
+        f"{context:,} positions the model was trained on with room for a question; use at most "
+        f"{most:,} frames (--max-frames {most}, or a lower --fps)"
+    )

@@ -112,10 +112,10 @@ class Turns:
 
     def _recorder(self, generation: GenerationConfig, start: int) -> EvidenceRecorder | None:
         """The recorder of this answer's queries from position `start` (its last prompt token) on,
-        or None: evidence off, no video shown, or the one-process static step (no Python runs per
-        token there)."""
+        or None: evidence off, no video shown, or the static step (no Python runs per token
+        there)."""
         generator, model = self.generator, self.conversation.model
-        static = generator.step.used_for(generation) and not generator.rides
+        static = generator.step.used_for(generation)
         if not generation.evidence or self.conversation.visual is None or static:
             return None
         return EvidenceRecorder(model, start)

@@ -30,6 +30,7 @@ from lvx_app.engine.api import (
     VideoSummary,
 )
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.limits import TURN_ROOM, frames_that_fit, video_prompt_too_long
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
@@ -182,16 +183,11 @@ class VideoContext:
         prompt = self.processor.build_chat_prompt(
             video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
         )
+        self._check_positions(int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
         kv_mode = self._kv_mode(video.kv_mode, n_frames)
-        visual, choice = caches.visual_kv.open(
-            shard,
-            starts,
-            self._visual_kv_key(shard, starts, caches.names),
-            resident=kv_mode == "cache",
-            video=path,
-        )
+        visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, path)
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
         conversation.clear()
@@ -222,6 +218,21 @@ class VideoContext:
         )
         self.loaded.request, self.loaded.visual = request, visual
         return summary
+
+    def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
+        """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
+        out of GPU memory there is the session's one line."""
+        try:
+            return caches.visual_kv.open(
+                shard,
+                starts,
+                self._visual_kv_key(shard, starts, caches.names),
+                resident=kv_mode == "cache",
+                video=path,
+            )
+        except torch.cuda.OutOfMemoryError as exc:
+            message = oom_message(self.info.rank, self.info.device, "making the visual K/V")
+            raise RuntimeError(message) from exc
 
     def _cues(self, request: VideoRequest) -> Sequence[Cue]:
         """The request's cues; a frontend sends them resolved, else they are found here (its notes
@@ -277,6 +288,14 @@ class VideoContext:
                 )
             )
         return subtitle_block(kept), len(kept), dropped
+
+    def _check_positions(self, tokens: int, n_frames: int, per_frame: int) -> None:
+        """Refuse a video whose prompt would leave no room for a question within the positions the
+        model was trained on (past them RoPE still runs, on positions it never learned)."""
+        context = int(self.model.config.max_position_embeddings)
+        if tokens + TURN_ROOM > context:
+            most = frames_that_fit(context, tokens, n_frames, per_frame)
+            raise EngineError(video_prompt_too_long(tokens, n_frames, context, most))
 
     def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
         """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end
