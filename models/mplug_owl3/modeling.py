@@ -39,6 +39,7 @@ from .hyper import (
     visible_frames,
     visual_kv,
 )
+from .layers import Fusing
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
 from .vision import SiglipVisionTower, build_projector, frames_per_batch
 
@@ -176,6 +177,14 @@ class Owl3Model(nn.Module):
 
     # ---- language side
     # ----------------------------------------------------------------------------------------------
+    def fuse_projections(self) -> None:
+        """Every decoder layer's q/k/v and gate/up projections as one matmul each, for forwards
+        without autograd (the loader does it for inference; the parameters and their checkpoint
+        keys stay as they are, as views of the fused weights)."""
+        for module in self.language_model.modules():
+            if isinstance(module, Fusing):
+                module.fuse_projections()
+
     def new_cache(self) -> TextKVCache:
         return TextKVCache(self.config.num_hidden_layers)
 
