@@ -6,6 +6,9 @@ reshapes, no mask per token)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from lvx_models.mplug_owl3.loader import load_model
@@ -55,3 +58,13 @@ def test_fused_projections_step_aside_for_autograd(tiny_checkpoints):
     model(torch.arange(6).view(1, -1)).sum().backward()
     attn = model.language_model.model.layers[0].self_attn
     assert attn.q_proj.weight.grad is not None and attn.v_proj.bias.grad is not None
+
+
+@pytest.mark.slow
+def test_the_benchmark_counts_a_token_at_7b_depth(tmp_path):
+    from scripts.bench_decode_ops import main
+
+    assert main(["--hidden", "56", "--json", str(tmp_path / "ops.json")]) == 0
+    (row,) = json.loads((tmp_path / "ops.json").read_text())["rows"]
+    assert (row["layers"], row["hyper_layers"], row["heads"]) == (28, 4, "28/4")
+    assert 0 < row["ops_per_token"] <= 50 * 28 and row["top_ops"]
