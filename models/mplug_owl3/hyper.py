@@ -188,6 +188,8 @@ class VisualStep:
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
     k_frame: MaskIndex
     q_vis: MaskIndex
+    # every rank's q_vis on the host (rank order) in a sharded forward, when the host knows them
+    q_vis_every: tuple[torch.Tensor, ...] | None = None
 
 
 class HyperAttention(Qwen2Attention):

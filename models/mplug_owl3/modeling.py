@@ -171,6 +171,15 @@ class Owl3Model(nn.Module):
         values = self.visible_frames(positions.view(1, -1), media_starts.values)
         return Indices(q_vis, values=values)
 
+    def _q_vis_every(self, feed: Feed, media_starts) -> tuple[torch.Tensor, ...] | None:
+        """Every rank's q_vis on the host in a sharded forward whose feed holds every rank's
+        positions (so a ring round reads no received mask from the device), else None."""
+        if feed.positions is None or not isinstance(media_starts, Indices):
+            return None
+        if media_starts.values is None:
+            return None
+        return tuple(self.visible_frames(p, media_starts.values) for p in feed.positions)
+
     def _sees_at_start(self) -> bool:
         """Whether a token at a frame's placeholder start sees that frame (G2: t >= start_j)."""
         return self.config.generation == "g2"
@@ -215,7 +224,7 @@ class Owl3Model(nn.Module):
             starts = visual.media_starts
             q_vis = self.visible_frames(positions, device_tensor(starts))
             q_vis = self._q_vis_known(q_vis, given, start, starts)
-            step = VisualStep(kv=visual.kv, k_frame=visual.k_frame, q_vis=q_vis)
+            step = VisualStep(visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts))
         return lm(
             input_ids,
             positions,
