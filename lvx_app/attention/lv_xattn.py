@@ -29,6 +29,9 @@ backward: the same four steps, with (Q_j, dO_j, O_j) [one packed q-dtype message
 [one float32 message] and q_vis_j travelling in step 1, the block backward in step 2, and the dQ_j
 accumulator (float32, `running_dq`) waited for in step 3 and passed on in step 4; dK, dV accumulate
 locally (float32) and are exact because every block backward uses the final (O, lse).
+A round plans the query block it holds from the host: the caller's own q_vis as `masks.Indices`,
+a received one from its sender's host copy when the caller passes every rank's (`q_vis_every`, as
+the engine does from the forward's `Feed`), so no round of the forward reads the device.
 `lv_xattn_forward` / `lv_xattn_backward` are the two rings without autograd, for callers that run
 their own backward (recompute in finetuning).
 

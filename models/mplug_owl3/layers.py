@@ -80,8 +80,9 @@ class Rope:
     tensor is four ops with no per-head reshape."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
-        self.cos = cos.unsqueeze(-2).to(dtype)
-        self.sin = _signed_sin(sin).unsqueeze(-2).to(dtype)
+        cos, sin = cos.unsqueeze(-2), _signed_sin(sin).unsqueeze(-2)
+        self.cos = cos if cos.dtype == dtype else cos.to(dtype)
+        self.sin = sin if sin.dtype == dtype else sin.to(dtype)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, L, heads, D) rotated at the forward's positions (Qwen2's text RoPE)."""
