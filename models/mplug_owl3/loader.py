@@ -306,6 +306,7 @@ def load_model(
     )
     # tied: Qwen2LM has no lm_head parameter at all
     model.load_state_dict(tensors, strict=False, assign=True)
+    del tensors  # the model holds them now; fusing below frees each layer's separate copies
     for name, mod_prefix in PARTS.items():
         if name not in parts:
             setattr(model, mod_prefix.rstrip("."), _NotLoaded(name))
