@@ -30,7 +30,6 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -45,6 +44,7 @@ from lvx_app.parallel.group import DistInfo
 from scripts.harness import Rows, command_line, machine, sync
 from scripts.host_reads import counting_host_reads
 from scripts.memory_plan import Workload, kernel_calls, time_plan
+from scripts.op_count import AtenOps
 from scripts.random_model import random_model
 
 MODES = {
@@ -54,18 +54,6 @@ MODES = {
     "compile+cuda-graphs": DecodeStep(compiled=True, graphs=True),
 }
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaLaunchCooperativeKernel")
-
-
-class _AtenOps(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it (a CPU run's stand-in for kernel launches)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
@@ -108,7 +96,7 @@ def _syncs(conversation, logits, step, tokens, device) -> int:
 def _launches(conversation, logits, step, tokens, device) -> int:
     """Kernel (and graph) launches of one answer: the profiler's on a GPU, aten ops on a CPU."""
     if device.type != "cuda":
-        with _AtenOps() as ops:
+        with AtenOps() as ops:
             _answer(conversation, logits, step, tokens)
         return ops.count
     from torch.profiler import ProfilerActivity, profile

@@ -50,4 +50,5 @@ def random_model(shape: str, device: torch.device, dtype: torch.dtype):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0 if "norm" in name else 0.0)
+    model.fuse_projections()  # as the loader leaves a checkpoint
     return model.eval()

@@ -9,7 +9,7 @@ from collections import Counter
 
 from scripts.host_reads import counting_host_reads
 
-__all__ = ["counting_host_reads", "counted_answers", "decode_reads", "per_token"]
+__all__ = ["counting_host_reads", "counted_answers", "decode_reads", "per_token", "prefill_copies"]
 
 
 def counted_answers(session, counts: Counter) -> list[int]:
@@ -65,3 +65,36 @@ def decode_reads(
             tokens.append(engine.last_answer.new_tokens)
         engine.close()
     return per_token(short, long, answers), texts, tokens
+
+
+def prefill_copies(rank: int, world: int, checkpoint: str, video: str) -> list[int]:
+    """The `.cpu()` copies each `Conversation.prefill` of this rank made while the engine of
+    `world` ranks loaded `video` (its sharded video-prompt prefill: the LV-XAttn rings)."""
+    from engine_configs import engine_config
+
+    from lvx_app.engine.conversation import Conversation
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
+    from lvx_app.runtime.control import ControlChannel
+    from lvx_app.runtime.driver import GroupDriver, worker_loop
+
+    copies: list[int] = []
+    real_prefill = Conversation.prefill
+
+    def prefill(self, *args, **kwargs):
+        with counting_host_reads() as reads:
+            out = real_prefill(self, *args, **kwargs)
+        copies.append(reads["cpu"])
+        return out
+
+    Conversation.prefill = prefill
+    config = engine_config(checkpoint)
+    session = RankSession(config, init_distributed(cuda=False))
+    channel = ControlChannel()
+    if rank != 0:
+        worker_loop(session, channel)
+        return copies
+    engine = GroupDriver(session, channel, config)
+    engine.load_video(video)
+    engine.close()
+    return copies

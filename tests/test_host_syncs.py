@@ -6,7 +6,7 @@ longer answer."""
 from __future__ import annotations
 
 import pytest
-from host_syncs import decode_reads
+from host_syncs import decode_reads, prefill_copies
 
 from scripts.gloo_ranks import run_ranks
 
@@ -37,3 +37,16 @@ def test_each_rank_of_a_group_reads_the_host_twice_per_decoded_token_and_answers
         assert count <= 2, (
             f"rank {rank}: {count} host reads per decoded token (the sampled id and the agreed one)"
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sharded_prefill_copies_no_received_mask_to_the_host(
+    tiny_checkpoints, short_video, world
+):
+    """Every rank's query positions travel with the forward's feed, so the LV-XAttn rounds plan the
+    query blocks they receive from host copies: no `.cpu()` in a ring round of any layer."""
+    for rank, copies in enumerate(
+        run_ranks(prefill_copies, world, tiny_checkpoints["g2"], short_video)
+    ):
+        assert copies and not any(copies), f"rank {rank}: {copies} host copies per prefill"

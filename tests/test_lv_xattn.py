@@ -78,6 +78,8 @@ def _lv_cases(rank, world):
         kw = dict(scale=scale, stats=stats)
         if media:
             kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks])
+            if name != "media_fp32":  # every rank's q_vis on the host, as the engine passes them
+                kw.update(q_vis_every=[q_vis[:, qc[r] : qc[r + 1]] for r in range(world)])
         if with_lse:
             out, lse = lv_xattn_with_lse(lq, lk, lv, **kw)
             lfin = torch.isfinite(lse)
@@ -188,3 +190,33 @@ def test_wrong_q_sizes_are_rejected():
     q, k, v, *_ = _case_data(0, torch.float32, False, False)
     with pytest.raises(ValueError, match="q_sizes"):
         lv_xattn(q, k, v, q_sizes=[SQ + 1])
+
+
+def _ring_host_copies(rank, world):
+    """`.cpu()` reads of a media-mask ring's forward with every rank's q_vis known on the host and
+    without, and whether both computed the same (out, lse)."""
+    from scripts.host_reads import counting_host_reads
+
+    q, k, v, _, _, q_vis, k_frame = _case_data(1, torch.float32, True, False)
+    qc, kc = _cuts(SQ, world, 1), _cuts(SK, world)
+    qs, ks = slice(qc[rank], qc[rank + 1]), slice(kc[rank], kc[rank + 1])
+    every = [q_vis[:, qc[r] : qc[r + 1]] for r in range(world)]
+    mine = masks.Indices(q_vis[:, qs], values=q_vis[:, qs])  # the host knows its own, as the engine
+    frames = masks.Indices(k_frame[:, ks], values=k_frame[:, ks])
+    runs = []
+    for known in (every, None):
+        with torch.no_grad(), counting_host_reads() as reads:
+            out, lse = lv_xattn_with_lse(
+                q[:, qs], k[:, ks], v[:, ks], q_vis=mine, k_frame=frames, q_vis_every=known
+            )
+        runs.append((reads["cpu"], out, lse))
+    (known, out, lse), (unknown, out_u, lse_u) = runs
+    return known, unknown, torch.equal(out, out_u) and torch.equal(lse, lse_u)
+
+
+def test_a_ring_round_plans_the_received_mask_from_its_host_copy():
+    """With every rank's q_vis known on the host (the engine's `Feed.positions`), no ring round
+    copies a received mask to the host; without, every round that holds queries does."""
+    for rank, (known, unknown, same) in enumerate(run_ranks(_ring_host_copies, 3)):
+        assert known == 0, f"rank {rank}: {known} host copies with every q_vis known"
+        assert unknown >= 1 and same, (rank, unknown, same)

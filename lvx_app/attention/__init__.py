@@ -14,7 +14,7 @@ from lvx_app.attention.lv_xattn import (
     lv_xattn_forward,
     lv_xattn_with_lse,
 )
-from lvx_app.attention.merge import merge, merge_, merge_many
+from lvx_app.attention.merge import merge, merge_, merge_many, merge_seen
 from lvx_app.attention.schedule import SCHEDULES, choose_schedule
 
 __all__ = [
@@ -35,4 +35,5 @@ __all__ = [
     "merge",
     "merge_",
     "merge_many",
+    "merge_seen",
 ]

@@ -7,11 +7,15 @@ handed to it with the forward (as gpt-fast hands `input_pos`), never set on it b
 - Sharded: each rank feeds its own tokens, `sizes` lists every rank's count (in rank order), and
   the causal text attention runs as an LV-XAttn ring whose media mask is `text_q_vis` (query
   position + 1) and `text_k_frame` (key positions): the same in every layer, so made once.
+  `positions` holds every rank's query positions on the host, so the masks of the blocks a ring
+  round receives are known there too (every rank computes the same layout).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from torch import Tensor
 
 from lvx_app.attention.decode_xattn import Carry
 from lvx_app.attention.masks import MaskIndex
@@ -25,6 +29,9 @@ class Feed:
     text_q_vis: MaskIndex | None = None  # (1, L) this rank's query positions + 1
     text_k_frame: MaskIndex | None = None  # (1, S) positions of the keys this rank's ring attends
     carry: Carry | None = None  # numbers riding on the first replicated visual combine
+    # every rank's query positions, (1, L_r) host tensors in rank order: a ring round plans the
+    # query block it receives from its sender's host copy, not from the device
+    positions: tuple[Tensor, ...] | None = None
 
     @property
     def replicated(self) -> bool:

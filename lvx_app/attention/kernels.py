@@ -46,6 +46,7 @@ from lvx_app.attention.masks import (
     device_tensor,
     lone_plan,
     pack_vis,
+    sees_every_key,
     tile_plans,
 )
 from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
@@ -103,6 +104,8 @@ def attn_fwd(
     b, sq, hq, d = q.shape
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
+    if sq == 1 and k.shape[1] and (q_vis is None or sees_every_key(q_vis, k_frame)):
+        return _one_token_fwd(q, k, v, scale, backend, g)
     qp = pack_rows(q, g)
     # planned as they run
     lone, plans = lone_plan(tile_plans(qp, k, causal, pack_vis(q_vis, g), k_frame, group=g))
@@ -163,6 +166,20 @@ def _masked_upto(
     plan = TilePlan(0, qp.shape[1], 0, k.shape[1], mask, False, None)
     o, l_ = _run_fwd(plan, qp, k, v, scale, backend, g)
     return unpack_rows(o, g), unpack_lse(l_, g)
+
+
+def _one_token_fwd(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None, g: int
+) -> tuple[Tensor, Tensor]:
+    """One query token that sees every key (a decoded token): one unmasked kernel call, its query
+    groups packed into rows by views (for one token the packed layout is q's own)."""
+    b, _, hq, d = q.shape
+    qp = q.reshape(b, hq // g, g, d).transpose(1, 2)  # (B, G, Hkv, D), as `pack_rows`
+    o, l_ = kernel_fwd(choose_backend(backend, qp, False, d), qp, k, v, scale, None, False)
+    ct = acc_dtype(q)
+    return o.transpose(1, 2).reshape(b, 1, hq, d), (l_ if l_.dtype == ct else l_.to(ct)).reshape(
+        b, hq, 1
+    )
 
 
 def _run_fwd(

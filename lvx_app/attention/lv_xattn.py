@@ -29,6 +29,9 @@ backward: the same four steps, with (Q_j, dO_j, O_j) [one packed q-dtype message
 [one float32 message] and q_vis_j travelling in step 1, the block backward in step 2, and the dQ_j
 accumulator (float32, `running_dq`) waited for in step 3 and passed on in step 4; dK, dV accumulate
 locally (float32) and are exact because every block backward uses the final (O, lse).
+A round plans the query block it holds from the host: the caller's own q_vis as `masks.Indices`,
+a received one from its sender's host copy when the caller passes every rank's (`q_vis_every`, as
+the engine does from the forward's `Feed`), so no round of the forward reads the device.
 `lv_xattn_forward` / `lv_xattn_backward` are the two rings without autograd, for callers that run
 their own backward (recompute in finetuning).
 
@@ -39,6 +42,8 @@ inputs keep O/lse in float64 (exact tests); float32 inputs send float32.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -71,6 +76,16 @@ def _travelling(q_vis: MaskIndex | None) -> MaskIndex | None:
     if isinstance(q_vis, Indices):
         return q_vis.as_type(torch.int32)
     return None if q_vis is None else q_vis.to(torch.int32).contiguous()
+
+
+def _with_host(q_vis: MaskIndex | None, every: Sequence[Tensor] | None, sender: int):
+    """A query block's q_vis with its sender's host copy from `every` (every rank's q_vis on the
+    host, in rank order), so the round that holds it plans without reading the device."""
+    if q_vis is None or every is None:
+        return q_vis
+    if isinstance(q_vis, Indices) and q_vis.values is not None:
+        return q_vis
+    return Indices(device_tensor(q_vis), values=every[sender])
 
 
 def wire_dtype(q: Tensor) -> torch.dtype:
@@ -118,20 +133,22 @@ def lv_xattn_forward(
     k_frame: MaskIndex | None,
     group: dist.ProcessGroup | None,
     q_sizes: list[int] | None,
+    q_vis_every: Sequence[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, list[int], int]:
     # long: the ring's rounds in one place, in the four steps the module docstring names
     """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block
     length, bytes sent).
 
     Inputs as `lv_xattn_with_lse` (checked by the caller); pass the returned sizes to
-    `lv_xattn_backward`."""
+    `lv_xattn_backward`. `q_vis_every`: every rank's q_vis on the host (rank order), so no round
+    reads a received q_vis from the device."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
     q_ring, out_ring = RingComm(group, q.device), RingComm(group, q.device)
     rank = q_ring.rank
     sizes = query_sizes(q, group, n, rank, q_sizes)
     held_q = q
-    held_q_vis = _travelling(q_vis)
+    held_q_vis = _travelling(_with_host(q_vis, q_vis_every, rank))
     running = None  # the held block's running (O, lse), one `_out_lse_buffer`
     for t in range(n):
         held = (rank - t) % n
@@ -164,7 +181,7 @@ def lv_xattn_forward(
         out_ring.post([(running, next_running)])
         if t < n - 1:
             q_ring.wait()
-            held_q, held_q_vis = next_q, next_q_vis
+            held_q, held_q_vis = next_q, _with_host(next_q_vis, q_vis_every, (held - 1) % n)
         running = next_running
     if n > 1:
         out_ring.wait()
@@ -282,8 +299,10 @@ def lv_xattn_backward(
 
 class _LVXAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats):
-        out, lse, sizes, sent = lv_xattn_forward(q, k, v, scale, q_vis, k_frame, group, q_sizes)
+    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, every):
+        out, lse, sizes, sent = lv_xattn_forward(
+            q, k, v, scale, q_vis, k_frame, group, q_sizes, every
+        )
         count_bytes(stats, "fwd_bytes", sent)
         ctx.stats = stats
         ctx.save_for_backward(q, k, v, out, lse)
@@ -301,14 +320,16 @@ class _LVXAttn(torch.autograd.Function):
             dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes
         )
         count_bytes(ctx.stats, "bwd_bytes", sent)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def _lv_xattn(
-    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats
+    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None
 ) -> tuple[Tensor, Tensor]:
     check_inputs(q, k, v, q_vis, k_frame)
-    return _LVXAttn.apply(q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats)
+    return _LVXAttn.apply(
+        q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, q_vis_every
+    )
 
 
 def lv_xattn_with_lse(
@@ -322,6 +343,7 @@ def lv_xattn_with_lse(
     k_frame: MaskIndex | None = None,
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
+    q_vis_every: Sequence[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse
     (B,Hq,Sq) float32).
@@ -332,10 +354,13 @@ def lv_xattn_with_lse(
     and the dtype. `q_sizes`: every rank's query-block length in group-rank order, if the caller
     knows it (skips the one all_gather of sizes per call).
     `stats`: a dict to which the bytes this rank sends are added (fwd_bytes, bwd_bytes).
+    `q_vis_every`: every rank's q_vis (B, Sq_r) on the host, in group-rank order, if the caller
+    knows them: each round then plans the query block it holds from its sender's host copy (no
+    device read per round).
     Differentiable through both outputs (the backward always carries dlse around the ring, zeros
     where the loss does not use lse).
     """
-    return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats)
+    return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every)
 
 
 def lv_xattn(
@@ -349,6 +374,7 @@ def lv_xattn(
     k_frame: MaskIndex | None = None,
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
+    q_vis_every: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """LV-XAttn, output only (the backward ring carries no dlse); see `lv_xattn_with_lse`."""
-    return _lv_xattn(q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats)[0]
+    return _lv_xattn(q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every)[0]

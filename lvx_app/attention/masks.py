@@ -99,7 +99,7 @@ def _host_values(t: MaskIndex) -> torch.Tensor:
     return device_tensor(t).to(torch.long).cpu()
 
 
-def _sees_every_key(q_vis: MaskIndex, k_frame: MaskIndex) -> bool:
+def sees_every_key(q_vis: MaskIndex, k_frame: MaskIndex) -> bool:
     """Whether what the host knows alone says every row sees every key (no device read)."""
     if not (isinstance(q_vis, Indices) and isinstance(k_frame, Indices)):
         return False
@@ -314,7 +314,7 @@ def tile_plans(
     if q_vis is None:
         yield from (_plan_causal(0, rows, coff, group) if causal else [_whole(rows, sk)])
         return
-    if not causal and _sees_every_key(q_vis, k_frame):
+    if not causal and sees_every_key(q_vis, k_frame):
         yield _whole(rows, sk)  # a question, a decoded token: decided without a device read
         return
     qv_c, kf_c = _host_values(q_vis), _host_values(k_frame)

@@ -56,6 +56,26 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     return out, lse
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def merge_seen(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """`merge`'s out where every row of part a saw a key (lse_a finite, as a text query sees
+    itself): the same arithmetic in fewer ops, since only b may be -inf (exp(-inf) is an exact 0,
+    and its gradient too). Float32 (float64 if any input is), differentiable."""
+    ct = acc_dtype(out_a, lse_a, out_b, lse_b)
+    lse_a, lse_b = _as(lse_a, ct), _as(lse_b, ct)
+    m = torch.maximum(lse_a, lse_b)
+    if m.requires_grad:  # any shift gives the same value; a detached one keeps the gradient simple
+        m = m.detach()
+    e_a, e_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    s = e_a + e_b
+    return _hs(e_a / s) * _as(out_a, ct) + _hs(e_b / s) * _as(out_b, ct)
+
+
 @torch.no_grad()
 def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
     """In-place accumulate: (out, lse) <- merge((out, lse), (block_out, block_lse)).

@@ -136,9 +136,11 @@ class Conversation:
             # fed whole, the tokens follow the cache (every rank holds all of it)
             mine, owner, positions, feed = torch.arange(n), 0, None, REPLICATED
         else:
-            mine, owner, sizes = self._share(n, media_starts, tail_from)
+            every, owner = self._share(n, media_starts, tail_from)
+            mine, sizes = every[self.info.rank], [int(e.numel()) for e in every]
             positions = (cached + mine).view(1, -1)
-            feed = self.attn.sharded_feed(positions, sizes, self.info.device, cached)
+            every = [cached + e for e in every]  # every rank's positions, known to every rank
+            feed = self.attn.sharded_feed(positions, sizes, self.info.device, cached, every)
         logits = self._forward(ids[mine], positions, feed)
         if not feed.replicated:
             try:
@@ -152,22 +154,21 @@ class Conversation:
 
     def _share(
         self, n: int, media_starts: torch.Tensor | None, tail_from: int | None
-    ) -> tuple[torch.Tensor, int, list[int]]:
-        """(this rank's indices into the n new tokens, sorted; the rank holding the last one; every
-        rank's number of tokens).
+    ) -> tuple[list[torch.Tensor], int]:
+        """(every rank's indices into the n new tokens, each sorted, in rank order; the rank
+        holding the last one).
 
         The video prompt (`media_starts` given) travels with its frames in the session's layout, and
         its text after the last placeholder (from `tail_from`: it sees every frame) is dealt by the
         same layout; a question is cut into contiguous runs."""
-        world, rank = self.info.world_size, self.info.rank
+        world = self.info.world_size
         if media_starts is not None:
             who = token_owners(n, media_starts, world, self.layout, tail_from)
-            sizes = torch.bincount(who, minlength=world).tolist()
-            return torch.nonzero(who == rank).flatten(), int(who[-1]) if n else 0, sizes
-        bounds = [shard_bounds(n, world, r) for r in range(world)]
-        sizes = [end - start for start, end in bounds]
-        owner = max((r for r in range(world) if sizes[r]), default=0)
-        return torch.arange(*bounds[rank]), owner, sizes
+            every = [torch.nonzero(who == r).flatten() for r in range(world)]
+            return every, int(who[-1]) if n else 0
+        every = [torch.arange(*shard_bounds(n, world, r)) for r in range(world)]
+        owner = max((r for r in range(world) if every[r].numel()), default=0)
+        return every, owner
 
     @torch.inference_mode()
     def feed(self, token: int, carry: Carry | None = None) -> torch.Tensor:

@@ -53,11 +53,12 @@ class ShardedHooks:
         self.buffers = CombineBuffers()  # the decode combine's buffers, kept for the session
 
     def sharded_feed(
-        self, positions: torch.Tensor, sizes, device: torch.device, cached: int = 0
+        self, positions: torch.Tensor, sizes, device: torch.device, cached: int = 0, every=None
     ) -> Feed:
         """The feed of a forward in which this rank feeds its tokens at `positions` (1, L), a host
-        tensor, after `cached` keys every rank holds, every rank's count in `sizes`; the ring's
-        text mask is made here once for every layer, on `device` and on the host."""
+        tensor, after `cached` keys every rank holds, every rank's count in `sizes` (and, when
+        known, every rank's positions in `every`); the ring's text mask is made here once for
+        every layer, on `device` and on the host."""
         positions = positions.to("cpu", torch.int64).view(1, -1)
         keys = positions
         if self.rank == 0 and cached:  # the cached keys count on rank 0 only
@@ -66,6 +67,7 @@ class ShardedHooks:
             sizes=tuple(int(n) for n in sizes),
             text_q_vis=_known(positions + 1, device),
             text_k_frame=_known(keys, device),
+            positions=None if every is None else tuple(p.view(1, -1) for p in every),
         )
 
     def text(
@@ -78,14 +80,15 @@ class ShardedHooks:
             return attn_fwd(q, k, v, causal=True)
         first = 0 if self.rank == 0 else k.shape[1] - q.shape[1]  # this forward's own keys
         kept = k[:, first:], v[:, first:]
-        return self.ring(q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer)
+        every = None if feed.positions is None else [p + 1 for p in feed.positions]
+        return self.ring(q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer, every)
 
     def visual(self, q: torch.Tensor, step: StepContext, layer: int):
         vis = step.visual
         k, v = vis.kv[layer]
         if step.feed.replicated:
             return self.combine(q, k, v, vis.q_vis, vis.k_frame, step.feed)
-        return self.ring(q, k, v, vis.q_vis, vis.k_frame, step, layer)
+        return self.ring(q, k, v, vis.q_vis, vis.k_frame, step, layer, vis.q_vis_every)
 
     def ring(
         self,
@@ -96,9 +99,10 @@ class ShardedHooks:
         k_frame: MaskIndex,
         step: StepContext,
         layer: int,
+        every=None,
     ):
         """This rank's share of a sharded forward's queries against its keys (text or visual), as
-        one LV-XAttn ring over the group."""
+        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known."""
         return lv_xattn_with_lse(
             q,
             k,
@@ -108,6 +112,7 @@ class ShardedHooks:
             k_frame=k_frame,
             q_sizes=step.feed.sizes,
             stats=self.stats,
+            q_vis_every=every,
         )
 
     def combine(

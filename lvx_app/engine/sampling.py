@@ -21,9 +21,9 @@ def sample_next(
 ) -> torch.Tensor:
     """One token id (0-d int64 tensor, on the logits' device) from logits (V,): greedy at
     temperature 0, else temperature and top-p sampling."""
-    logits = logits.float()
-    if temperature <= 0:
+    if temperature <= 0:  # a cast changes no order: the argmax of the logits as they are
         return logits.argmax()
+    logits = logits.float()
     # shifted so the best is 0: a tiny temperature (1e-300) sends the others to -inf, never the best
     # (an overflow to inf, or 0/0 where the temperature rounds to 0 in float32, made NaNs)
     shifted = logits - logits.max()

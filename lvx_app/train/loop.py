@@ -162,7 +162,7 @@ class Trainer:
             run.model.path, run.model.revision, run.video.cache_dir
         )
         loaded = load_model(
-            run.model.path, dtype=dtype, device=self.device, revision=run.model.revision
+            run.model.path, dtype=dtype, device=self.device, revision=run.model.revision, fuse=False
         )
         model, self.model_config, self.processor = loaded
         self.model = model

@@ -221,8 +221,9 @@ class TrainAttention(ShardedHooks):
         (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
         return self.sharded_feed(positions, sizes, device)
 
-    def ring(self, q, k, v, q_vis, k_frame, step: StepContext, layer: int):
-        """LV-XAttn that saves its K/V (text attention, and the visual one without recompute)."""
+    def ring(self, q, k, v, q_vis, k_frame, step: StepContext, layer: int, every=None):
+        """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);
+        a training feed holds no host copies of the other ranks' masks (`every` is None)."""
         spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=step.feed.sizes)
         return _SavedKVAttn.apply(spec, q, k, v)
 

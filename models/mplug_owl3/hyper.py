@@ -36,8 +36,8 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import nn
 
-from lvx_app.attention import merge
-from lvx_app.attention.masks import MaskIndex, device_tensor
+from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
+from lvx_app.attention.merge import merge_seen
 
 from .config import Owl3Config
 from .layers import apply_rope, rms_norm, rope_cos_sin
@@ -188,6 +188,8 @@ class VisualStep:
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
     k_frame: MaskIndex
     q_vis: MaskIndex
+    # every rank's q_vis on the host (rank order) in a sharded forward, when the host knows them
+    q_vis_every: tuple[torch.Tensor, ...] | None = None
 
 
 class HyperAttention(Qwen2Attention):
@@ -216,15 +218,19 @@ class HyperAttention(Qwen2Attention):
         vis: VisualStep | None = ctx.visual
         if vis is not None:
             out_v, lse_v = ctx.hooks.visual(q, ctx, self.layer_idx)
-            if (
-                self.generation == "g2"
-            ):  # one softmax over [visual; text] == LSE merge of the two parts
-                out, _ = merge(out, lse, out_v, lse_v)
+            if self.generation == "g2":  # one softmax over [visual; text] == their LSE merge
+                out = merge_seen(out, lse, out_v, lse_v)
             else:  # gate mix before o_proj, only where at least one frame is visible
-                ct = torch.promote_types(out.dtype, torch.float32)
-                g = self.g1_gate(out, ct)
-                out = out.to(ct)
-                mixed = (1 - g) * out + g * out_v.to(ct)
-                seen = device_tensor(vis.q_vis) > 0
-                out = torch.where(seen[..., None, None], mixed, out)
-        return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0
+                out = self._g1_mix(out, out_v, vis.q_vis)
+        return self.output(out, x)  # (B, L, hidden), L may be 0
+
+    def _g1_mix(self, out: torch.Tensor, out_v: torch.Tensor, q_vis) -> torch.Tensor:
+        """(1 - g) * C_sa + g * C_ca on the rows that see a frame, C_sa elsewhere (float32)."""
+        ct = torch.promote_types(out.dtype, torch.float32)
+        g = self.g1_gate(out, ct)
+        out = out.to(ct)
+        mixed = (1 - g) * out + g * out_v.to(ct)
+        if isinstance(q_vis, Indices) and q_vis.low is not None and q_vis.low > 0:
+            return mixed  # every row sees a frame (a decoded token sees them all)
+        seen = device_tensor(q_vis) > 0
+        return torch.where(seen[..., None, None], mixed, out)

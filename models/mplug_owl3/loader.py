@@ -271,13 +271,16 @@ def load_model(
     device: torch.device | str = "cpu",
     revision: str | None = None,
     parts: Sequence[str] = ("vision", "projector", "lm"),
+    fuse: bool = True,
 ) -> LoadedModel:
     """(model, config, processor) from a local directory or a hub id; see the module docstring for
     the checks.
 
     `parts` picks what this process needs ("vision" = SigLIP tower, "projector", "lm" = HyperQwen2
     language model); only those tensors are read. Parts left out are replaced by a module that
-    raises if called. The model is in eval mode on `device` in `dtype`.
+    raises if called. The model is in eval mode on `device` in `dtype`. `fuse`: the language
+    model's q/k/v and gate/up projections each run as one matmul without autograd
+    (`Owl3Model.fuse_projections`; training passes False: its parameters then own their memory).
     """
     bad = [p for p in parts if p not in PARTS]
     if bad or not parts:
@@ -303,6 +306,7 @@ def load_model(
     )
     # tied: Qwen2LM has no lm_head parameter at all
     model.load_state_dict(tensors, strict=False, assign=True)
+    del tensors  # the model holds them now; fusing below frees each layer's separate copies
     for name, mod_prefix in PARTS.items():
         if name not in parts:
             setattr(model, mod_prefix.rstrip("."), _NotLoaded(name))
@@ -313,6 +317,8 @@ def load_model(
         raise RuntimeError(
             f"Owl3Model tensor {still_meta[0]} was not loaded (a bug in models/ or the layout)"
         )
+    if fuse and "lm" in parts:
+        model.fuse_projections()
     model.eval()
     processor = Owl3Processor.from_checkpoint(info)
     return LoadedModel(model, cfg, processor)

@@ -39,6 +39,7 @@ from .hyper import (
     visible_frames,
     visual_kv,
 )
+from .layers import Fusing
 from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
 from .vision import SiglipVisionTower, build_projector, frames_per_batch
 
@@ -170,12 +171,29 @@ class Owl3Model(nn.Module):
         values = self.visible_frames(positions.view(1, -1), media_starts.values)
         return Indices(q_vis, values=values)
 
+    def _q_vis_every(self, feed: Feed, media_starts) -> tuple[torch.Tensor, ...] | None:
+        """Every rank's q_vis on the host in a sharded forward whose feed holds every rank's
+        positions (so a ring round reads no received mask from the device), else None."""
+        if feed.positions is None or not isinstance(media_starts, Indices):
+            return None
+        if media_starts.values is None:
+            return None
+        return tuple(self.visible_frames(p, media_starts.values) for p in feed.positions)
+
     def _sees_at_start(self) -> bool:
         """Whether a token at a frame's placeholder start sees that frame (G2: t >= start_j)."""
         return self.config.generation == "g2"
 
     # ---- language side
     # ----------------------------------------------------------------------------------------------
+    def fuse_projections(self) -> None:
+        """Every decoder layer's q/k/v and gate/up projections as one matmul each, for forwards
+        without autograd (the loader does it for inference; the parameters and their checkpoint
+        keys stay as they are, as views of the fused weights)."""
+        for module in self.language_model.modules():
+            if isinstance(module, Fusing):
+                module.fuse_projections()
+
     def new_cache(self) -> TextKVCache:
         return TextKVCache(self.config.num_hidden_layers)
 
@@ -206,7 +224,7 @@ class Owl3Model(nn.Module):
             starts = visual.media_starts
             q_vis = self.visible_frames(positions, device_tensor(starts))
             q_vis = self._q_vis_known(q_vis, given, start, starts)
-            step = VisualStep(kv=visual.kv, k_frame=visual.k_frame, q_vis=q_vis)
+            step = VisualStep(visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts))
         return lm(
             input_ids,
             positions,

@@ -26,7 +26,7 @@ from lvx_app.attention import attention
 from lvx_app.attention.feed import REPLICATED, Feed
 
 from .config import TRAINED_POSITIONS, Owl3Config
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import Fusing, RMSNorm, Rope, SwiGLU, rope_cos_sin
 
 # called as text(q, k, v, step, layer) -> (out, lse): causal self-attention over the text cache
 TextAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -130,7 +130,9 @@ class TextKVCache:
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this forward's K/V of one layer; return all of that layer's K/V (views)."""
-        return self.layers[layer_idx].append(k.detach(), v.detach())
+        if k.requires_grad or v.requires_grad:
+            k, v = k.detach(), v.detach()
+        return self.layers[layer_idx].append(k, v)
 
     def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's cached (k, v), (B, length, kv_heads, D) views; `update` of an empty cache
@@ -158,16 +160,18 @@ class TextKVCache:
 class StepContext:
     """What one forward hands to every layer, and every layer to its attention hooks."""
 
-    cos: torch.Tensor  # (B, L, D), float32 (float64 for float64 models)
-    sin: torch.Tensor
+    rope: Rope  # the forward's positions' cos/sin, in the model's dtype
     hooks: AttentionHooks
     cache: Optional[TextKVCache] = None
     visual: Any = None  # hyper.VisualStep or None; only hyper layers read it
     feed: Feed = REPLICATED  # how the ranks feed this forward's tokens
 
 
-class Qwen2Attention(nn.Module):
-    """GQA self-attention with qkv bias and rotate-half RoPE."""
+class Qwen2Attention(Fusing):
+    """GQA self-attention with qkv bias and rotate-half RoPE; q, k and v in one matmul once fused
+    (`fuse_projections`, the loader does it)."""
+
+    FUSED = (("q_proj", "k_proj", "v_proj"),)
 
     def __init__(self, config: Owl3Config, layer_idx: int):
         super().__init__()
@@ -184,21 +188,32 @@ class Qwen2Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * hd, h, bias=False)
 
     def project(self, x: torch.Tensor, ctx: StepContext):
-        """q (B, L, heads, D) RoPE'd; k, v of all cached + new tokens (B, S, kv_heads, D)."""
+        """q (B, L, heads, D) RoPE'd; k, v of all cached + new tokens (B, S, kv_heads, D).
+
+        q, k and v come side by side as heads of one (B, L, heads + 2 kv_heads, D) tensor, and q
+        and k are rotated together."""
         b, l, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, l, self.num_heads, self.head_dim), ctx.cos, ctx.sin)
-        k = apply_rope(
-            self.k_proj(x).view(b, l, self.num_kv_heads, self.head_dim), ctx.cos, ctx.sin
-        )
-        v = self.v_proj(x).view(b, l, self.num_kv_heads, self.head_dim)
+        qkv = self.fused_call(self.FUSED[0], x)
+        if qkv is None:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        rotated = self.num_heads + self.num_kv_heads
+        qkv = qkv.view(b, l, rotated + self.num_kv_heads, self.head_dim)
+        q, k = ctx.rope.apply(qkv[:, :, :rotated]).split((self.num_heads, self.num_kv_heads), 2)
+        v = qkv[:, :, rotated:]
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)
         return q, k, v
 
+    def output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """o_proj of the attention output (B, L, heads, D), in x's dtype: (B, L, hidden)."""
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return self.o_proj(out.flatten(2))  # L may be 0
+
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         q, k, v = self.project(x, ctx)
         out, _ = ctx.hooks.text(q, k, v, ctx, self.layer_idx)
-        return self.o_proj(out.flatten(2).to(x.dtype))  # (B, L, heads * D), L may be 0
+        return self.output(out, x)
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -292,10 +307,9 @@ class Qwen2LM(nn.Module):
             cache is not None
         ):  # a forward interrupted half-way (e.g. Ctrl-C while streaming) left some layers longer
             cache.truncate(cache.length)
-        cos, sin = rope_cos_sin(
-            positions, cfg.head_dim, cfg.rope_theta, self.model.embed_tokens.weight.dtype
-        )
-        ctx = StepContext(cos, sin, hooks, cache, visual, feed)
+        dtype = self.model.embed_tokens.weight.dtype
+        rope = Rope(*rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype), dtype)
+        ctx = StepContext(rope, hooks, cache, visual, feed)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, ctx)
