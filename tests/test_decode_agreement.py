@@ -24,9 +24,9 @@ from scripts.gloo_ranks import run_ranks
 
 class RidingStandIn:
     """A group's visual attention as the generator relies on it, for one process: the numbers that
-    ride on a decoded step's first visual combine (the step's `Feed.carry`) come back as rank 0's,
-    whose token differs from the one fed at step `disagree_at` (as when another rank sampled
-    differently)."""
+    ride on a decoded step's first visual combine (the step's `Feed.carry`, from the host or, as the
+    static step sends them, a device tensor) come back as rank 0's, whose token differs from the one
+    fed at step `disagree_at` (as when another rank sampled differently)."""
 
     def __init__(self, model, disagree_at: int | None = None) -> None:
         self.vocab, self.disagree_at, self.steps = model.config.vocab_size, disagree_at, 0
@@ -36,11 +36,12 @@ class RidingStandIn:
         carry = step.feed.carry
         if carry is not None and carry.received is None:
             self.steps += 1
-            token, stop = carry.numbers
+            sent = carry.source if carry.source is not None else torch.tensor(carry.numbers)
+            token, stop = sent.tolist()
             if self.steps == self.disagree_at and not stop:
                 carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
             else:
-                carry.received = torch.tensor([[token, stop]])
+                carry.received = sent.view(1, -1).clone()
         return self.local(q, step, layer)
 
 

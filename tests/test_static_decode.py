@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_configs import engine_config
 from host_syncs import counting_host_reads
+from test_decode_agreement import RidingStandIn
 from test_engine import QUESTIONS
 from test_generation_cache import ONE_PROCESS, _setup
 
@@ -243,33 +244,10 @@ def test_a_new_video_a_grown_cache_or_a_cleared_conversation_capture_again(monke
     assert counts == [1, 1, 2, 3, 4]
 
 
-class _RidingOnDevice:
-    """A group's visual combine as the generator relies on it, for one process: the numbers riding
-    on a decoded step's first visual combine come back as every rank's, rank 0's token differing
-    from the one fed at step `disagree_at` (as when another rank sampled differently). Reads the
-    carry's device tensor, as the static step sends it."""
-
-    def __init__(self, model, disagree_at: int | None = None) -> None:
-        self.vocab, self.disagree_at, self.steps = model.config.vocab_size, disagree_at, 0
-        self.local = model.hooks.visual
-
-    def visual(self, q, step, layer: int):
-        carry = step.feed.carry
-        if carry is not None and carry.received is None:
-            self.steps += 1
-            sent = carry.source if carry.source is not None else torch.tensor(carry.numbers)
-            token, stop = sent.tolist()
-            if self.steps == self.disagree_at and not stop:
-                carry.received = torch.tensor([[(token + 1) % self.vocab, stop], [token, stop]])
-            else:
-                carry.received = sent.view(1, -1).clone()
-        return self.local(q, step, layer)
-
-
 def _riding_answer(model, ids, visual, step: DecodeStep, stop_ids=(), stop_at=None, **kw):
     """(tokens, outcome, text cache) of one greedy answer whose tokens ride on the visual combine
     (a group's loop, in one process)."""
-    riding = _RidingOnDevice(model, kw.pop("disagree_at", None))
+    riding = RidingStandIn(model, kw.pop("disagree_at", None))
     model.hooks.visual = riding.visual
     try:
         conversation = Conversation(model, ONE_PROCESS, riding)
