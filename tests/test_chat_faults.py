@@ -51,7 +51,14 @@ def _chat(tmp_path: Path, model: str, video: str, ranks: int = 2) -> subprocess.
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=_ctrl_c_as_a_terminal_sends_it,
     )
+
+
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """A command started from a terminal gets Ctrl-C; one that inherits SIGINT ignored (a test run
+    started in the background by a non-interactive shell) would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ctrl_c(proc: subprocess.Popen) -> tuple[int, str, float]:

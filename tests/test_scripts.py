@@ -77,6 +77,39 @@ def test_a_bare_image_does_not_find_lvx_until_a_script_links_it(tmp_path: Path) 
     assert done.stdout.startswith("not installed: the checkout's packages linked into"), done.stderr
 
 
+# Runs each script as `python3 PATH --help` would (its folder first on sys.path, run as __main__)
+# in a child forked from one Python that has imported torch already: a Python per script would
+# import torch once each.
+AS_MAIN_FORKED = """
+import json, os, runpy, sys, traceback
+import torch  # noqa: F401 - what every child would import first, imported once
+for path in sys.argv[1:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        sys.argv, sys.path[0] = [path, "--help"], os.path.dirname(path)
+        try:
+            runpy.run_path(path, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        said = pipe.read()
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(json.dumps([os.path.basename(path), code, "usage:" in said, said[-300:]]))
+"""
+
+
 @pytest.mark.slow
 def test_every_script_runs_from_a_checkout_that_is_not_installed(tmp_path: Path) -> None:
     """`python3 scripts/plan_gpu.py --help` and every other script's, with the editable install
@@ -85,14 +118,9 @@ def test_every_script_runs_from_a_checkout_that_is_not_installed(tmp_path: Path)
         p.name for p in WITH_OPTIONS
     }
     env = acc.child_env(True, tmp_path)
-    procs = {
-        p: subprocess.Popen([sys.executable, str(p), "--help"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for p in WITH_OPTIONS
-    }  # fmt: skip
-    failed = {}
-    for path, proc in procs.items():
-        out, err = proc.communicate()
-        if proc.returncode != 0 or "usage:" not in out:
-            failed[path.name] = err.strip().splitlines()[-1:] or out[-200:]
+    done = subprocess.run([sys.executable, "-c", AS_MAIN_FORKED, *map(str, WITH_OPTIONS)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)  # fmt: skip
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert [name for name, *_ in rows] == [p.name for p in WITH_OPTIONS], done.stderr[-2000:]
+    failed = {name: said for name, code, usage, said in rows if code != 0 or not usage}
     assert not failed, failed
