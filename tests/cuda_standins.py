@@ -13,9 +13,13 @@ lse padded to a multiple of 32, cudnn's with a trailing 1, flash-attn's padded t
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
+
+from lvx_app.attention import backends
 
 PAD = float("inf")  # what the padded lse tail holds: garbage the adapters must slice off
 
@@ -290,3 +294,17 @@ def install(rec: Recorder) -> dict:
         "fa_fwd": fa_fwd,
         "fa_bwd": fa_bwd,
     }
+
+
+def on_stand_ins(monkeypatch, flash_attn: bool) -> Iterator[Recorder]:
+    """A fixture's body: CPU tensors count as CUDA, flash-attn as installed when `flash_attn`, every
+    CUDA op is a recording stand-in, and a rejected call that would fall back fails instead."""
+    rec = Recorder()
+    monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
+    monkeypatch.setattr(backends, "_flash_attn", (lambda: object()) if flash_attn else lambda: None)
+    monkeypatch.setattr(backends, "_broken", {})
+    for name, fn in install(rec).items():
+        monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield rec

@@ -7,11 +7,9 @@ no op ever gets a K/V with more than Hkv heads. The real kernels run in the CUDA
 test_attention_kernels.py.
 """
 
-import warnings
-
 import pytest
 import torch
-from cuda_standins import Recorder, install
+from cuda_standins import Recorder, on_stand_ins
 from test_attention_kernels import _inputs, _run_case
 
 from lvx_app.attention import backends, masks
@@ -36,16 +34,7 @@ DTYPE = {
 def standins(monkeypatch):
     """CPU tensors count as CUDA, flash-attn counts as installed, and every CUDA op is a recording
     stand-in."""
-    rec = Recorder()
-    monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
-    monkeypatch.setattr(backends, "_flash_attn", lambda: object())
-    monkeypatch.setattr(backends, "_broken", {})
-    for name, fn in install(rec).items():
-        monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
-    with warnings.catch_warnings():
-        # a rejected call would fall back silently: make it fail instead
-        warnings.simplefilter("error")
-        yield rec
+    yield from on_stand_ins(monkeypatch, flash_attn=True)
 
 
 def _no_kv_copies(rec: Recorder):

@@ -10,11 +10,9 @@ shape rules on fake CUDA tensors at 7B decode shapes.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from cuda_standins import Recorder, install
+from cuda_standins import on_stand_ins
 from test_hyper_attention import P, tiny_config, tiny_model
 from test_static_decode import TOKENS, _conversation, _started
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -31,15 +29,7 @@ HQ, HKV, D, RESERVED, USED = 14, 2, 16, 12, 7
 @pytest.fixture
 def standins(monkeypatch):
     """CPU tensors count as CUDA and every CUDA op is a recording stand-in."""
-    rec = Recorder()
-    monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
-    monkeypatch.setattr(backends, "_flash_attn", lambda: None)
-    monkeypatch.setattr(backends, "_broken", {})
-    for name, fn in install(rec).items():
-        monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield rec
+    yield from on_stand_ins(monkeypatch, flash_attn=False)
 
 
 def _inputs(dtype: torch.dtype, tail: float = float("nan")):
