@@ -1,6 +1,6 @@
 """Past the largest video a session takes, lvx says so in one line: a prompt that would run past the
 positions the model was trained on is refused at load with the frames that fit (that many load and
-answer, one more does not); running out of GPU memory while making the visual K/V says what to
+answer, one more does not) before any frame is decoded; running out of GPU memory while making the visual K/V says what to
 try."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def test_a_video_past_the_models_positions_is_one_line_at_load(
             engine.load_video(short_video, fps=1)  # 10 frames
         line = str(refused.value)
         assert "\n" not in line
+        made = [p.name for p in (tmp_path / "cache").rglob("*.safetensors")]
+        assert not made, f"refused before any frame is decoded or encoded: {made}"
         most = int(re.search(r"--max-frames (\d+)", line).group(1))
         assert 0 < most < 10
         with pytest.raises(EngineError, match="positions the model was trained on"):

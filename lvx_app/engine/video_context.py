@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -114,6 +114,15 @@ class LoadCaches:
     visual_kv: VisualKVOpener  # the visual K/V: read back, or computed and maybe saved
 
 
+class VideoPrompt(NamedTuple):
+    """The video's prompt as made from its plan, before any frame is decoded."""
+
+    block: str  # the subtitle lines placed at the sampled frames
+    placed: int
+    dropped: int
+    prompt: Any  # the processor's tokenized prompt
+
+
 @dataclass
 class LoadedVideo:
     """What a loaded video left on this rank."""
@@ -172,18 +181,22 @@ class VideoContext:
 
     def load(self, request: VideoRequest, progress: ProgressFn | None = None) -> VideoSummary:
         """Make the video resident and prefill its prompt (its opening, the video, the subtitle
-        lines at the sampled frames); the feature cache never depends on the subtitles."""
+        lines at the sampled frames); the feature cache never depends on the subtitles. The prompt
+        is built and checked from the plan, before any frame is decoded."""
         t0, video, path = time.perf_counter(), request.video, request.path
         cues = self._cues(request)
         caches = self._caches(video)
-        shard = self._ingest(path, video, caches.names, progress)
+        made: list[VideoPrompt] = []
+        shard = self._ingest(
+            path,
+            video,
+            caches.names,
+            progress,
+            lambda plan: made.append(self._prompt(request, cues, plan)),
+        )
         timings = {"ingest s": time.perf_counter() - t0}
         plan, n_frames = shard.plan, len(shard.plan)
-        block, placed, dropped = self._place_subtitles(cues, plan.timestamps, video.subtitle_tokens)
-        prompt = self.processor.build_chat_prompt(
-            video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
-        )
-        self._check_positions(int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
+        block, placed, dropped, prompt = made[-1]
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
         kv_mode = self._kv_mode(video.kv_mode, n_frames)
@@ -219,6 +232,18 @@ class VideoContext:
         self.loaded.request, self.loaded.visual = request, visual
         return summary
 
+    def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
+        """The video's prompt for `plan` with its subtitle lines placed; a prompt past the model's
+        positions is refused here."""
+        n_frames = len(plan)
+        budget = request.video.subtitle_tokens
+        block, placed, dropped = self._place_subtitles(cues, plan.timestamps, budget)
+        prompt = self.processor.build_chat_prompt(
+            video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
+        )
+        self._check_positions(int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
+        return VideoPrompt(block, placed, dropped, prompt)
+
     def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
         """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
         out of GPU memory there is the session's one line."""
@@ -243,9 +268,7 @@ class VideoContext:
                 warnings.warn(EngineWarning(note))
         return track.cues
 
-    def _ingest(
-        self, path: str, video: VideoConfig, names: Identity, progress: ProgressFn | None
-    ) -> VisualShard:
+    def _ingest(self, path, video: VideoConfig, names: Identity, progress, planned) -> VisualShard:
         def report(p) -> None:
             progress("frames", p.done, p.total)
 
@@ -266,6 +289,7 @@ class VideoContext:
                 dtype=self.dtype,
                 layout=self.conversation.layout,
                 progress=report if progress is not None else False,
+                planned=planned,
             )
         except VideoError as exc:
             raise EngineError(str(exc)) from None

@@ -448,6 +448,7 @@ def ingest(
     pool: DecodePool | None = None,
     progress: bool | ProgressFn | None = None,
     tuning: IngestTuning = IngestTuning(),
+    planned: Callable[[SamplingPlan], None] | None = None,
 ) -> VisualShard:
     """Decode and encode (or load from the cache) this rank's frames of `path`, sampled as `video`
     says (fps, max_frames, the decode timeout and workers, the cache and its folder).
@@ -456,7 +457,9 @@ def ingest(
     key). `pool`: a DecodePool reused across calls (it must resize to the encoder's image size);
     else one is made and closed here. `progress`: None = a rich bar on rank 0 when stderr is a
     terminal, True/False, or a callable taking IngestProgress (global counts). Raises a VideoError
-    subclass, on every rank, for anything the user can fix.
+    subclass, on every rank, for anything the user can fix. `planned`: called on every rank with
+    the whole plan before any frame is decoded, so a caller's check refuses a video in a second,
+    not after its encode (what it raises, every rank raises).
     """
     rank, world = get_rank(group), get_world_size(group)
     device = torch.device(device) if device else default_device()
@@ -479,6 +482,8 @@ def ingest(
     try:
         with job.sync.agreed([0] * 5, dist.ReduceOp.MAX) as agreed:
             job.look_up()
+            if planned is not None:
+                planned(job.plan)
             notes = [*job.plan.notes, idle_ranks_note(len(job.plan), world)]
             for note in filter(None, notes) if rank == 0 else ():
                 warnings.warn(note, VideoWarning, stacklevel=2)
