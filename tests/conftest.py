@@ -44,3 +44,22 @@ def _sys_path_unchanged():
     before = list(sys.path)
     yield
     assert sys.path == before, f"this test changed sys.path: {before[:3]} -> {sys.path[:3]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_the_test_folder(tmp_path_factory):
+    """Temporary files of this process and of every process a test starts go under the run's own
+    folder, which pytest prunes: libraries that leave theirs behind (gradio_client's download
+    folders, torchrun's logs, forked children that never run `atexit`) fill no shared `/tmp`."""
+    import os
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
