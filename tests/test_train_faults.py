@@ -19,9 +19,12 @@ from timing import scaled
 from typer.testing import CliRunner
 
 from lvx_app.cli.finetune import finetune_command
+from lvx_app.config import Config, updated
 from lvx_app.parallel.failures import pid_file
 from lvx_app.train import outlock
+from lvx_app.train.launch import STOP_GRACE_S, lock_out, release_out
 from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output, release_output
+from lvx_app.train.saving import PARTIAL
 
 SCRIPT = (
     "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
@@ -93,6 +96,7 @@ def _start(tmp_path: Path, args: list[str], run_dir: Path) -> tuple[subprocess.P
         stderr=open(err_log, "w"),
         env=env,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
     )
     stepped = _wait(lambda: "step 1/" in out_log.read_text() or proc.poll() is not None, 240)
     if not stepped or proc.poll() is not None:
@@ -179,6 +183,45 @@ def test_a_killed_rank_is_named_in_one_line(tiny_checkpoints, short_video, tmp_p
         assert _wait(lambda: not _alive(pids[0]), 20), "the surviving rank lingered"
     finally:
         _stop(proc, pids)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_rank_even_one_that_does_not_stop(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """Ctrl-C reaches torchrun from lvx finetune (it runs in a session of its own); a rank that does
+    not stop within the grace period (here: frozen with SIGSTOP) is killed with the rest, instead of
+    waiting out torchrun's own 30 s."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    run_dir.mkdir()
+    proc, _, err_log = _start(
+        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], out), run_dir
+    )
+    pids = _rank_pids(run_dir)
+    try:
+        os.kill(pids[1], signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGINT)  # lvx finetune alone, as `kill -INT` or a terminal
+        assert proc.wait(timeout=scaled(STOP_GRACE_S + 15)) == 130
+        assert _wait(lambda: not any(_alive(p) for p in pids), 5), "a rank outlived the run"
+        err = err_log.read_text()
+        assert "interrupted: the last checkpoint" in err and "Traceback" not in err, err
+        assert not (out / LOCK_NAME).exists()
+    finally:
+        _stop(proc, pids)
+
+
+def test_a_save_killed_half_way_is_discarded_by_the_next_run(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".model.safetensors{PARTIAL}x1y2").write_bytes(b"half a model")
+    (out / ".keep-me").write_text("not ours")
+    config = Config(model="tiny")
+    config = updated(config, train=updated(config.train, out=str(out)))
+    lock = lock_out(config)
+    try:
+        assert sorted(p.name for p in out.iterdir()) == [".keep-me", LOCK_NAME]
+    finally:
+        release_out(config, lock)
 
 
 def test_out_inside_model_is_refused_before_anything_is_written(tiny_checkpoints, tmp_path):

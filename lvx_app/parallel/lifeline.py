@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -109,3 +110,17 @@ def kill_tree(pid: int, wait_s: float = 10.0) -> None:
     deadline = time.monotonic() + wait_s
     while any(_running(child) for child in below) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """Ctrl-C for a launcher started in a session of its own: it gets SIGINT and `grace_s` seconds
+    to stop its ranks (they end what they are writing), then it and every process below it are
+    killed (`kill_tree`); a second Ctrl-C ends the wait at once."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+    proc.wait()

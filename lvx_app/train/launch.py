@@ -15,13 +15,15 @@ from pathlib import Path
 
 from lvx_app.config import Config
 from lvx_app.engine.api import EngineError
-from lvx_app.parallel.lifeline import mark_launcher
+from lvx_app.parallel.lifeline import mark_launcher, stop_group
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
 from lvx_app.runtime.open import resolve_world
 from lvx_app.train.data import DataError, load_jsonl
 from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output, release_output
-from lvx_app.train.saving import STATE_FILE
+from lvx_app.train.saving import STATE_FILE, discard_partial
+
+STOP_GRACE_S = 10.0  # after Ctrl-C, how long the ranks get to end a save before they are killed
 
 
 class FinetuneError(RuntimeError):
@@ -59,6 +61,7 @@ def lock_out(config: Config) -> int:
             f"{out} already holds a finetuning run; pass --resume to continue it, or choose "
             "another --out"
         )
+    discard_partial(out)  # a save killed half-way (power cut, kill -9): this run holds the lock
     return lock
 
 
@@ -69,16 +72,16 @@ def release_out(config: Config, lock: int) -> None:
 
 def run_group(config: Config, world: World, keep_fds: tuple[int, ...] = ()) -> int:
     """Run `config` on the local torchrun ranks of `world`; returns the launcher's exit code (1: it
-    printed the line naming the rank that failed first; 130: stopped by Ctrl-C or SIGTERM)."""
+    printed the line naming the rank that failed first; 130: stopped by Ctrl-C or SIGTERM).
+
+    The launcher runs in a session of its own, so Ctrl-C reaches it from here only: it gets
+    `STOP_GRACE_S` to stop its ranks, then it and every rank are killed, as `lvx chat` does."""
     entry = ["-m", "lvx_app.train.train_rank", "--config", json.dumps(config.to_dict())]
     cmd, env = local_group(world, [*entry, "--world", json.dumps(world.to_dict())])
-    proc = subprocess.Popen(cmd, env=mark_launcher(env), pass_fds=keep_fds)
+    proc = subprocess.Popen(cmd, env=mark_launcher(env), pass_fds=keep_fds, start_new_session=True)
     try:
         proc.wait()
-    except KeyboardInterrupt:  # the group got the same Ctrl-C; let torchrun stop its ranks
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    except KeyboardInterrupt:
+        stop_group(proc, STOP_GRACE_S)
         return 130
     return proc.returncode

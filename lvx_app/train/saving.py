@@ -31,6 +31,7 @@ from lvx_models.mplug_owl3.loader import CheckpointInfo, inspect_checkpoint, loa
 
 STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
+PARTIAL = ".partial-"  # in the name of a file being written, until it is moved onto its own
 
 
 def _umask() -> int:
@@ -43,7 +44,7 @@ def _atomic(path: Path, write) -> None:
     """Call write(tmp_path) then move it onto `path`, with the mode a plain new file gets (the
     temporary file is private, 0600, and the model is shared like any other file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{PARTIAL}", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
@@ -52,6 +53,15 @@ def _atomic(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def discard_partial(out: Path) -> list[str]:
+    """Remove what a save killed half-way left in `out` (a weights file may be gigabytes); only the
+    run holding `out`'s lock may call this. The names removed."""
+    partial = sorted(out.glob(f".*{PARTIAL}*")) if out.is_dir() else []
+    for f in partial:
+        f.unlink(missing_ok=True)
+    return [f.name for f in partial]
 
 
 def official_state_dict(
