@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lvx_app.engine.api import EngineError
 from lvx_models.mplug_owl3.config import Owl3Config
 
 
@@ -124,3 +125,12 @@ def video_prompt_too_long(tokens: int, frames: int, context: int, most: int) -> 
         f"{context:,} positions the model was trained on with room for a question; use at most "
         f"{most:,} frames (--max-frames {most}, or a lower --fps)"
     )
+
+
+def check_video_prompt(context: int, tokens: int, frames: int, per_frame: int) -> None:
+    """Refuse a video whose prompt would leave no room for a question within the `context`
+    positions the model was trained on (past them RoPE still runs, on positions it never
+    learned)."""
+    if tokens + TURN_ROOM > context:
+        most = frames_that_fit(context, tokens, frames, per_frame)
+        raise EngineError(video_prompt_too_long(tokens, frames, context, most))

@@ -30,7 +30,7 @@ from lvx_app.engine.api import (
     VideoSummary,
 )
 from lvx_app.engine.conversation import Conversation
-from lvx_app.engine.limits import TURN_ROOM, frames_that_fit, video_prompt_too_long
+from lvx_app.engine.limits import check_video_prompt
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
@@ -159,12 +159,8 @@ class VideoContext:
         names: WeightNames,
         dtype: torch.dtype,
     ) -> None:
-        self.model, self.processor, self.model_config, self.dtype = (
-            model,
-            processor,
-            model_config,
-            dtype,
-        )
+        self.model, self.processor, self.dtype = model, processor, dtype
+        self.model_config = model_config
         self.conversation, self.names = conversation, names
         self.info = conversation.info
         self.loaded: LoadedVideo | None = None
@@ -241,7 +237,9 @@ class VideoContext:
         prompt = self.processor.build_chat_prompt(
             video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
         )
-        self._check_positions(int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
+        context = int(self.model.config.max_position_embeddings)
+        tokens = int(prompt.input_ids.numel())
+        check_video_prompt(context, tokens, n_frames, prompt.placeholder_len)
         return VideoPrompt(block, placed, dropped, prompt)
 
     def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
@@ -312,14 +310,6 @@ class VideoContext:
                 )
             )
         return subtitle_block(kept), len(kept), dropped
-
-    def _check_positions(self, tokens: int, n_frames: int, per_frame: int) -> None:
-        """Refuse a video whose prompt would leave no room for a question within the positions the
-        model was trained on (past them RoPE still runs, on positions it never learned)."""
-        context = int(self.model.config.max_position_embeddings)
-        if tokens + TURN_ROOM > context:
-            most = frames_that_fit(context, tokens, n_frames, per_frame)
-            raise EngineError(video_prompt_too_long(tokens, n_frames, context, most))
 
     def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
         """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end
