@@ -103,3 +103,18 @@ def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_pa
         "subtitle budget; the kept lines are spread over the whole video"
     ]
     assert answer
+
+
+def test_a_budget_of_zero_places_no_line_and_warns_nothing(tiny_checkpoints, short_video, tmp_path):
+    """`--subtitle-tokens 0` is the user's "no subtitles": nothing placed, nothing to warn about."""
+    cues = [Cue(t, t + 0.9, f"spoken line number {t}") for t in range(10)]
+    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=0))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = engine.load_video(short_video, subtitles=cues)
+        block = engine.session.video.loaded.subtitle_block
+    finally:
+        engine.close()
+    assert summary.subtitle_lines == 0 and block == "" and summary.subtitles_dropped == 10
+    assert not [w for w in caught if issubclass(w.category, EngineWarning)]

@@ -139,6 +139,21 @@ def test_no_class_in_the_product_is_over_250_lines():
     assert not long, "\n".join(long)
 
 
+def test_only_the_text_cache_writes_its_length():
+    """The text cache's length (the one count of the tokens fed) is set by the cache alone
+    (`TextKVCache`: update, truncate, count_written); everything else asks it."""
+    owner = ROOT / "models" / "mplug_owl3" / "qwen2.py"
+    writes = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets = [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else targets
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr == "length" and path != owner:
+                    writes.append(f"{module}:{node.lineno}")
+    assert not writes, "\n".join(writes)
+
+
 BESIDE = sorted((ROOT / "scripts").rglob("*.py"))  # benchmarks, baselines: not the product
 
 

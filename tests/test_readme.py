@@ -1,12 +1,16 @@
 """The README is short and every command and Python line in it works as written: each `lvx`
-line parses with the real command's options, each Python block compiles and calls lvx with option
-names the config knows, and every link points at a page (and heading) that exists."""
+line parses with the real command's options, the torchrun line with torchrun's and the script line
+with the script's, the demo line sets up as the test line CI runs, each Python block compiles and
+calls lvx with option names the config knows, the `lvx.open` example and the `lvx serve` line with
+its `openai` client example run on the tiny checkpoint (slow), and every link points at a page (and
+heading) that exists. The lmms-eval line is another tool's (not installed here): not run."""
 
 from __future__ import annotations
 
 import ast
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -160,3 +164,117 @@ def test_the_demos_answer_length_is_the_one_the_readme_gives() -> None:
 
     said = re.search(r"two questions with LV-XAttn, at most (\d+)\s+tokens each", README)
     assert said and int(said.group(1)) == ANSWER_TOKENS
+
+
+def _setup_lines() -> tuple[str, str]:
+    """The README's two copy-paste lines: set up and run the demo; set up and run the tests."""
+    demo, tests = _blocks("bash")[0].splitlines()
+    return demo, tests
+
+
+def test_the_demo_line_sets_up_as_the_line_ci_runs() -> None:
+    """CI runs the second line word for word (tests/test_house.py); the first is the same set-up
+    without the test extras, then `lvx demo` (which the demo's own tests run)."""
+    demo, tests = _setup_lines()
+    assert tests.endswith(" && python -m pytest -q") and demo.endswith(" && lvx demo")
+    without_tests = tests.replace(" chromium chromium-driver", "").replace('".[test]"', ".")
+    assert demo == without_tests.removesuffix("python -m pytest -q") + "lvx demo"
+
+
+def _lines_after(word: str) -> list[list[str]]:
+    """The words after `word` on each line of the README's bash blocks that has it."""
+    found = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if word in words:
+                found.append(words[words.index(word) + 1 :])
+    return found
+
+
+def test_the_torchrun_line_parses_with_torchruns_own_options() -> None:
+    from torch.distributed.run import get_args_parser
+
+    (words,) = _lines_after("torchrun")
+    args = get_args_parser().parse_args(words)
+    assert args.module and args.training_script == "lvx_app.cli"
+    assert args.training_script_args[0] in {
+        c.name for c in typer.main.get_command(app).commands.values()
+    }
+
+
+def test_every_script_line_parses_with_the_scripts_options() -> None:
+    """`python3 scripts/NAME.py ARGS`: ARGS as the script's own parser reads them."""
+    import importlib
+
+    lines = [
+        words for words in _lines_after("python3") if words and words[0].startswith("scripts/")
+    ]
+    assert lines
+    for script, *args in lines:
+        module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+        module.parse_args(args)  # a bad option exits with argparse's usage line
+
+
+def _as_run_here(text: str, stand_ins: dict[str, str]) -> str:
+    """`text` with the README's model, files and machine replaced by this test's."""
+    for said, here in stand_ins.items():
+        assert said in text, f"the README no longer says {said!r}: update the stand-ins"
+        text = text.replace(said, here)
+    return text
+
+
+def _python_block(word: str) -> str:
+    return next(block for block in _blocks("python") if word in block)
+
+
+MODEL = "mPLUG/mPLUG-Owl3-7B-241101"
+
+
+@pytest.mark.slow
+def test_the_python_example_runs_as_written(
+    tiny_checkpoints, short_video, tmp_path, monkeypatch, capsys
+) -> None:
+    """The README's `lvx.open` example, with the tiny checkpoint, a short video and no GPU."""
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
+    code = _as_run_here(
+        _python_block("lvx.open"),
+        {
+            repr(MODEL).replace("'", '"'): repr(tiny_checkpoints["g2"]),
+            '"movie.mp4"': repr(short_video),
+            "gpus=8": "gpus=0",
+        },
+    )
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out
+    assert "AnswerStats(" in printed and printed.split("AnswerStats(")[0].strip(), printed
+
+
+@pytest.mark.slow
+def test_the_serve_line_and_the_api_example_run_as_written(
+    tiny_checkpoints, short_video, tmp_path, monkeypatch, capsys
+) -> None:
+    """`lvx serve ...` as the README starts it (the tiny checkpoint, its own port), then the
+    README's `openai` client example against it."""
+    pytest.importorskip("openai")
+    from test_serve import start_server, stop_server  # skips without gradio
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    shutil.copy(short_video, videos / "movie.mp4")
+    (serve,) = [w for w in _lines_after("lvx") if w[0] == "serve" and "--no-ui" not in w]
+    line = _as_run_here(
+        shlex.join(serve[1:]),
+        {"--gpus 8": "--gpus 0", MODEL: tiny_checkpoints["g2"], "/data/videos": str(videos)},
+    )
+    log = tmp_path / "serve.log"
+    proc, url = start_server([*shlex.split(line), "--cache-dir", str(tmp_path / "cache")], log)
+    try:
+        code = _as_run_here(
+            _python_block("OpenAI("),
+            {"http://127.0.0.1:7860/v1": url + "v1", "file:///data/videos": f"file://{videos}"},
+        )
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        stop_server(proc, log)
+    assert capsys.readouterr().out.strip()

@@ -384,3 +384,22 @@ def test_a_piped_no_to_cache_clear_ends_its_line(tmp_path, video):
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.endswith("[y/N]: \nNothing removed.\n"), repr(out.stdout)
     assert len(cache.entries()) == 1
+
+
+def test_every_video_option_that_changes_the_frames_is_in_the_feature_key():
+    """A video option that changes what a load makes (its `key` metadata) and that the video layer
+    reads (decode, plan, ingest, encode) is in `FeatureKey`, or two loads that differ in it would
+    share cached features. The others (subtitles, kv mode) never reach the frames."""
+    import ast
+    from pathlib import Path
+
+    from lvx_app.config import VideoConfig
+
+    key_fields = {f.name for f in dataclasses.fields(VideoConfig) if f.metadata.get("key")}
+    read = set()
+    for path in (Path(__file__).resolve().parents[1] / "lvx_app" / "video").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in key_fields:
+                read.add(node.attr)
+    assert {"fps", "max_frames"} <= read
+    assert read <= {f.name for f in dataclasses.fields(FeatureKey)}, read

@@ -173,9 +173,9 @@ class ShardedAttention(ShardedHooks):
             order = pos[0].argsort()
             full = full.index_select(1, order)
         parts = full.split(layers[0].k.shape[-1], dim=-1)  # k, v of layer 0, k, v of layer 1, ...
-        for i, layer in enumerate(layers):
-            layer.length = start
-            layer.append(parts[2 * i], parts[2 * i + 1])
+        cache.truncate(start)
+        for i in range(len(layers)):
+            cache.update(i, parts[2 * i], parts[2 * i + 1])
 
 
 def _known(values: torch.Tensor, device: torch.device) -> Indices:

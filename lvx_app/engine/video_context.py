@@ -298,11 +298,11 @@ class VideoContext:
         self, cues: Sequence[Cue], timestamps: Sequence[float], budget: int
     ) -> tuple[str, int, int]:
         """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
-        budget (`--subtitle-tokens`)."""
+        budget (`--subtitle-tokens`; 0 asks for none, so dropping them all is no news)."""
         lines = select_lines(cues, timestamps)
         kept = fit_lines(lines, budget, lambda text: len(self.processor.encode_text(text)))
         dropped = len(lines) - len(kept)
-        if dropped and self.info.rank == 0:
+        if dropped and budget and self.info.rank == 0:
             warnings.warn(
                 EngineWarning(
                     f"{dropped} of {len(lines)} subtitle lines dropped to fit the {budget:,}-token "
