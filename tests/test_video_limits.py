@@ -1,7 +1,7 @@
 """Past the largest video a session takes, lvx says so in one line: a prompt that would run past the
-positions the model was trained on is refused at load with the frames that fit (that many load and
-answer, one more does not) before any frame is decoded; running out of GPU memory while making the visual K/V says what to
-try."""
+positions the model was trained on is refused at load, before any frame is decoded, with the frames
+that fit (that many load and answer, one more does not); running out of GPU memory while making the
+visual K/V says what to try."""
 
 from __future__ import annotations
 
