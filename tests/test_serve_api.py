@@ -454,6 +454,36 @@ def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
     assert refused.value.status == 400 and refused.value.param == "video_url"
 
 
+def test_allow_paths_judges_a_path_as_given_and_as_resolved(tmp_path):
+    """A link inside an allowed folder (a Hugging Face cache's snapshot files are links into its
+    blobs) is allowed as given; an allowed folder reached through a link is allowed once resolved;
+    `..` counts only resolved (never a link's `..` read as text); a refusal names both paths."""
+    from lvx_ui.openai_request import ApiError, VideoFiles
+
+    allowed, outside = tmp_path / "allowed", tmp_path / "blobs"
+    (outside / "sub").mkdir(parents=True)
+    allowed.mkdir()
+    (outside / "abc123").write_bytes(b"a video")
+    (outside / "secret").write_bytes(b"not for clients")
+    (allowed / "clip.mp4").symlink_to(outside / "abc123")
+    (allowed / "videos").symlink_to(outside / "sub", target_is_directory=True)
+    (tmp_path / "alias").symlink_to(allowed, target_is_directory=True)
+    (tmp_path / "elsewhere.mp4").symlink_to(outside / "abc123")
+    files = VideoFiles([str(allowed)], 10.0, tmp_path / "uploads")
+    assert files.video(f"file://{allowed}/clip.mp4") == str(allowed / "clip.mp4")
+    assert files.video(f"file://{tmp_path}/alias/clip.mp4") == str(allowed / "clip.mp4")
+    for given, resolved in (
+        (f"{allowed}/videos/../secret", outside / "secret"),
+        (f"{allowed}/../blobs/secret", outside / "secret"),
+        (f"{tmp_path}/elsewhere.mp4", outside / "abc123"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            files.video(f"file://{given}")
+        message = refused.value.message
+        assert refused.value.status == 400 and "outside the allowed folders" in message
+        assert given in message and f"resolved: {resolved}" in message, message
+
+
 @pytest.fixture
 def api_here(tiny_checkpoints, short_video, tmp_path):
     """The API on an engine in this process (the page's engine service, no server): a clip with a
