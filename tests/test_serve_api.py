@@ -484,6 +484,39 @@ def test_allow_paths_judges_a_path_as_given_and_as_resolved(tmp_path):
         assert given in message and f"resolved: {resolved}" in message, message
 
 
+def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_path):
+    """--queue-timeout bounds an API request's wait for the engine: past it, a 429 in OpenAI's
+    shape with Retry-After, and the request leaves the queue."""
+    from dataclasses import replace
+
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from test_service import StandIn
+    from timing import scaled
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    config = Config.from_options(model=str(tmp_path))
+    config = replace(config, serve=replace(config.serve, queue_timeout=0.2))
+    service = EngineService(StandIn(), queue_size=config.serve.queue_size)
+    app = FastAPI()
+    files = VideoFiles([], 1.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    holder = service.lease("the page")
+    # without the bound the request would wait for this, then answer 200
+    threading.Timer(scaled(30), holder.close).start()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    reply = TestClient(app).post("/v1/chat/completions", json=body)
+    holder.close()
+    assert reply.status_code == 429 and reply.headers["retry-after"].isdigit(), reply.text
+    assert reply.json()["error"]["type"] == "rate_limit_error"
+    assert "busy for 0.2 s" in reply.json()["error"]["message"]
+    assert not service._waiting
+
+
 @pytest.fixture
 def api_here(tiny_checkpoints, short_video, tmp_path):
     """The API on an engine in this process (the page's engine service, no server): a clip with a
