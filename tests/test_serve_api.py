@@ -568,6 +568,11 @@ def test_the_subtitles_field_loads_as_the_option_says(api_here):
         block = engine.session.video.loaded.subtitle_block
         assert (line in block) if line else block == "", (choice, block)
     assert tokens["none"] < tokens["auto"] and len(set(tokens.values())) == 3
+    reply = ask()  # the server's default (here auto): what /v1/models says a request gets
+    assert reply.json()["usage"]["prompt_tokens"] == tokens["auto"]
+    assert "beside the clip" in engine.session.video.loaded.subtitle_block
+    (model,) = client.get("/v1/models").json()["data"]
+    assert model["lvx_video_defaults"]["subtitles"] == "auto"
     for fields, param, says in (
         ({"subtitles": "/etc/hostname"}, "subtitles", "outside the allowed folders"),
         ({"subtitles": 5}, "subtitles", "subtitles takes auto, none or a subtitle FILE"),
