@@ -442,6 +442,11 @@ def test_messages_keep_their_order_around_the_video():
         read_request({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})
     with pytest.raises(ApiError, match="an image_url part needs"):
         read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    qwen = {"type": "video", "video": "file:///v.mp4"}  # a Qwen-style part naming the video
+    req = read_request(
+        {"messages": [{"role": "user", "content": [qwen, {"type": "text", "text": "?"}]}]}
+    )
+    assert req.video.url == "file:///v.mp4" and req.turns[0]["content"] == "<|video|>?"
 
 
 def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
