@@ -247,6 +247,63 @@ def test_32_requests_at_once_all_answer_with_the_default_queue(served):
     assert len(results) == 32 and all(r in ("stop", "length") for r in results), results
 
 
+def test_a_request_whose_client_left_while_it_waited_loads_nothing(tmp_path):
+    """A harness's request that timed out in the queue (its client gone, a retry on its way) gives
+    its turn back unanswered: no video load, no prefill for nobody (on the service's stand-in)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from test_service import StandIn
+    from timing import scaled
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    class Chatting(StandIn):
+        def chat(self, turns, **generation):
+            return self.ask(turns[-1]["content"], **generation)
+
+    (tmp_path / "clip.mp4").write_bytes(b"a video the stand-in never decodes")
+    engine, reported = Chatting(), Reports()
+    config = Config.from_options(model=str(tmp_path))
+    service = EngineService(engine, queue_size=config.serve.queue_size)
+    app = FastAPI()
+    files = VideoFiles([str(tmp_path)], 1.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=reported.add).mount(app)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    while not server.started and thread.is_alive():
+        ready.wait(0.05)
+    holder = service.lease("the page")
+    video = {"type": "video_url", "video_url": {"url": f"file://{tmp_path}/clip.mp4"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [video]}], "max_tokens": 2}
+
+    def leaves() -> None:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=1.0)
+
+    try:
+        client = threading.Thread(target=leaves)
+        client.start()
+        while not service._waiting:
+            ready.wait(0.01)
+        client.join()
+        ready.wait(scaled(0.5))  # the server sees the connection close
+        holder.close()
+        line = reported.wait_beyond(0)
+        with service.lease("next", timeout=scaled(60)):  # after the request that waited
+            assert engine.loads == [], line
+        assert line == "api: not answered, the client went away while it waited", line
+    finally:
+        holder.close()
+        server.should_exit = True
+        thread.join()
+
+
 def test_one_image_is_refused_and_a_bad_frame_is_a_400_line(served):
     url, _, _, _ = served
     c = client(url)
