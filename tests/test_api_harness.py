@@ -146,16 +146,19 @@ def test_a_video_sent_as_eight_png_frames_is_one_video_of_eight_frames(served):
 
 
 def test_media_io_kwargs_num_frames_caps_the_frames_and_unknown_keys_are_refused(served):
+    """vLLM's frame options on a 10-frame clip: num_frames caps the prompt's frames (fps too),
+    mm_processor_kwargs alike; any other key is one 400 line."""
     url, engine, clip, _ = served
     c = client(url)
     message = {"role": "user", "content": [{"type": "video_url", "video_url": {"url": clip}}]}
     message["content"].append({"type": "text", "text": "What happens?"})
-    for kwargs, frames in (({"num_frames": 4}, 4), ({"num_frames": 16, "fps": 2}, 16)):
+    for extra, frames in (
+        ({"media_io_kwargs": {"video": {"num_frames": 4}}}, 4),
+        ({"media_io_kwargs": {"video": {"num_frames": 16, "fps": 2}}}, 16),
+        ({"mm_processor_kwargs": {"num_frames": 3}}, 3),
+    ):
         reply = c.chat.completions.create(
-            model="m",
-            messages=[message],
-            max_tokens=2,
-            extra_body={"media_io_kwargs": {"video": kwargs}},
+            model="m", messages=[message], max_tokens=2, extra_body=extra
         )
         assert (
             reply.usage.model_extra["frames"]
@@ -189,6 +192,38 @@ def test_vllm_frames_as_a_jpeg_video_data_url(served):
     assert _indices(engine.held.path) == list(range(5))
 
 
+def test_frames_as_files_and_as_a_qwen_video_part_at_the_rate_asked(served, tmp_path):
+    """Frames given as file:// URLs under --allow-paths, or as a Qwen-style `{"type": "video",
+    "video": [urls]}` part, are one video in the order given: one frame a second unless the body
+    names an fps (6 frames at fps 2 span 3 seconds); a frame outside --allow-paths is a 400."""
+    url, engine, clip, _ = served
+    folder = clip.removeprefix("file://").rsplit("/", 1)[0]
+    files = []
+    for i in (5, 3, 1, 0, 2, 4):
+        with open(f"{folder}/frame{i}.png", "wb") as out:
+            out.write(base64.b64decode(png(i).partition(",")[2]))
+        files.append(f"file://{folder}/frame{i}.png")
+    c = client(url)
+    qwen = {"role": "user", "content": [{"type": "text", "text": "What happens?"}]}
+    qwen["content"].append({"type": "video", "video": [png(i) for i in range(6)]})
+    for message, fps, order in (
+        (frames_message(files, after="What happens?"), None, [5, 3, 1, 0, 2, 4]),
+        (qwen, 2.0, list(range(6))),
+    ):
+        extra = {"fps": fps} if fps else {}
+        reply = c.chat.completions.create(
+            model="m", messages=[message], max_tokens=2, extra_body=extra
+        )
+        assert reply.usage.model_extra["frames"] == 6
+        summary = engine.session.video.loaded.summary
+        assert summary.timestamps == pytest.approx([k / (fps or 1.0) for k in range(6)])
+        assert _indices(engine.held.path) == order
+    (tmp_path / "frame.png").write_bytes(base64.b64decode(png(0).partition(",")[2]))
+    with pytest.raises(openai.BadRequestError, match="outside the allowed folders"):
+        outside = [files[0], f"file://{tmp_path}/frame.png"]
+        c.chat.completions.create(model="m", messages=[frames_message(outside, "?")])
+
+
 def test_32_requests_at_once_all_answer_with_the_default_queue(served):
     """lmms-eval's default: 32 concurrent requests (each a video as frames); none is refused."""
     url, _, _, _ = served
@@ -210,6 +245,63 @@ def test_32_requests_at_once_all_answer_with_the_default_queue(served):
     for t in threads:
         t.join()
     assert len(results) == 32 and all(r in ("stop", "length") for r in results), results
+
+
+def test_a_request_whose_client_left_while_it_waited_loads_nothing(tmp_path):
+    """A harness's request that timed out in the queue (its client gone, a retry on its way) gives
+    its turn back unanswered: no video load, no prefill for nobody (on the service's stand-in)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from test_service import StandIn
+    from timing import scaled
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    class Chatting(StandIn):
+        def chat(self, turns, **generation):
+            return self.ask(turns[-1]["content"], **generation)
+
+    (tmp_path / "clip.mp4").write_bytes(b"a video the stand-in never decodes")
+    engine, reported = Chatting(), Reports()
+    config = Config.from_options(model=str(tmp_path))
+    service = EngineService(engine, queue_size=config.serve.queue_size)
+    app = FastAPI()
+    files = VideoFiles([str(tmp_path)], 1.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=reported.add).mount(app)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    while not server.started and thread.is_alive():
+        ready.wait(0.05)
+    holder = service.lease("the page")
+    video = {"type": "video_url", "video_url": {"url": f"file://{tmp_path}/clip.mp4"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [video]}], "max_tokens": 2}
+
+    def leaves() -> None:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=1.0)
+
+    try:
+        client = threading.Thread(target=leaves)
+        client.start()
+        while not service._waiting:
+            ready.wait(0.01)
+        client.join()
+        ready.wait(scaled(0.5))  # the server sees the connection close
+        holder.close()
+        line = reported.wait_beyond(0)
+        with service.lease("next", timeout=scaled(60)):  # after the request that waited
+            assert engine.loads == [], line
+        assert line == "api: not answered, the client went away while it waited", line
+    finally:
+        holder.close()
+        server.should_exit = True
+        thread.join()
 
 
 def test_one_image_is_refused_and_a_bad_frame_is_a_400_line(served):

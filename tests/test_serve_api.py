@@ -442,6 +442,11 @@ def test_messages_keep_their_order_around_the_video():
         read_request({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})
     with pytest.raises(ApiError, match="an image_url part needs"):
         read_request({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    qwen = {"type": "video", "video": "file:///v.mp4"}  # a Qwen-style part naming the video
+    req = read_request(
+        {"messages": [{"role": "user", "content": [qwen, {"type": "text", "text": "?"}]}]}
+    )
+    assert req.video.url == "file:///v.mp4" and req.turns[0]["content"] == "<|video|>?"
 
 
 def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
@@ -452,6 +457,69 @@ def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
     with pytest.raises(ApiError, match="is not a path") as refused:
         files.video(f"file://{tmp_path}/a%00b.mp4")
     assert refused.value.status == 400 and refused.value.param == "video_url"
+
+
+def test_allow_paths_judges_a_path_as_given_and_as_resolved(tmp_path):
+    """A link inside an allowed folder (a Hugging Face cache's snapshot files are links into its
+    blobs) is allowed as given; an allowed folder reached through a link is allowed once resolved;
+    `..` counts only resolved (never a link's `..` read as text); a refusal names both paths."""
+    from lvx_ui.openai_request import ApiError, VideoFiles
+
+    allowed, outside = tmp_path / "allowed", tmp_path / "blobs"
+    (outside / "sub").mkdir(parents=True)
+    allowed.mkdir()
+    (outside / "abc123").write_bytes(b"a video")
+    (outside / "secret").write_bytes(b"not for clients")
+    (allowed / "clip.mp4").symlink_to(outside / "abc123")
+    (allowed / "videos").symlink_to(outside / "sub", target_is_directory=True)
+    (tmp_path / "alias").symlink_to(allowed, target_is_directory=True)
+    (tmp_path / "elsewhere.mp4").symlink_to(outside / "abc123")
+    files = VideoFiles([str(allowed)], 10.0, tmp_path / "uploads")
+    assert files.video(f"file://{allowed}/clip.mp4") == str(allowed / "clip.mp4")
+    assert files.video(f"file://{tmp_path}/alias/clip.mp4") == str(allowed / "clip.mp4")
+    for given, resolved in (
+        (f"{allowed}/videos/../secret", outside / "secret"),
+        (f"{allowed}/../blobs/secret", outside / "secret"),
+        (f"{tmp_path}/elsewhere.mp4", outside / "abc123"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            files.video(f"file://{given}")
+        message = refused.value.message
+        assert refused.value.status == 400 and "outside the allowed folders" in message
+        assert given in message and f"resolved: {resolved}" in message, message
+
+
+def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_path):
+    """--queue-timeout bounds an API request's wait for the engine: past it, a 429 in OpenAI's
+    shape with Retry-After, and the request leaves the queue."""
+    from dataclasses import replace
+
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from test_service import StandIn
+    from timing import scaled
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    config = Config.from_options(model=str(tmp_path))
+    config = replace(config, serve=replace(config.serve, queue_timeout=0.2))
+    service = EngineService(StandIn(), queue_size=config.serve.queue_size)
+    app = FastAPI()
+    files = VideoFiles([], 1.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    holder = service.lease("the page")
+    # without the bound the request would wait for this, then answer 200
+    threading.Timer(scaled(30), holder.close).start()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    reply = TestClient(app).post("/v1/chat/completions", json=body)
+    holder.close()
+    assert reply.status_code == 429 and reply.headers["retry-after"].isdigit(), reply.text
+    assert reply.json()["error"]["type"] == "rate_limit_error"
+    assert "busy for 0.2 s" in reply.json()["error"]["message"]
+    assert not service._waiting
 
 
 @pytest.fixture
@@ -505,6 +573,11 @@ def test_the_subtitles_field_loads_as_the_option_says(api_here):
         block = engine.session.video.loaded.subtitle_block
         assert (line in block) if line else block == "", (choice, block)
     assert tokens["none"] < tokens["auto"] and len(set(tokens.values())) == 3
+    reply = ask()  # the server's default (here auto): what /v1/models says a request gets
+    assert reply.json()["usage"]["prompt_tokens"] == tokens["auto"]
+    assert "beside the clip" in engine.session.video.loaded.subtitle_block
+    (model,) = client.get("/v1/models").json()["data"]
+    assert model["lvx_video_defaults"]["subtitles"] == "auto"
     for fields, param, says in (
         ({"subtitles": "/etc/hostname"}, "subtitles", "outside the allowed folders"),
         ({"subtitles": 5}, "subtitles", "subtitles takes auto, none or a subtitle FILE"),

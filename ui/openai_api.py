@@ -9,7 +9,7 @@ same one opened differently), and hands the whole `messages` array to `Engine.ch
 the longest prefix of its tokens they hold and prefill only the rest, so a follow-up costs its new
 tokens (`usage.prompt_tokens_details.cached_tokens` says how many were reused). A worker group found
 dead answers 503 while the service restarts it. A client that goes away mid-stream stops its
-answer: the ranks finish the step they are in.
+answer: the ranks finish the step they are in; one gone while it waited is not answered.
 """
 
 from __future__ import annotations
@@ -258,7 +258,11 @@ class OpenAIApi:
                 "model": self.model_id,
             }
             client = self._client_id(request, req.user)
-            answer = await self._in_thread(self._begin, req, client)
+
+            def gone() -> bool:  # whether the client has left (asked from the worker thread)
+                return anyio.from_thread.run(request.is_disconnected)
+
+            answer = await self._in_thread(self._begin, req, client, gone)
             if not req.stream:
                 return JSONResponse(await self._whole(answer, head, request))
         except ApiError as err:
@@ -323,9 +327,10 @@ class OpenAIApi:
         except ValueError:
             raise bad("the body is not valid JSON") from None
 
-    def _begin(self, req: ChatRequest, client: str) -> Answer:
+    def _begin(self, req: ChatRequest, client: str, gone: Callable[[], bool]) -> Answer:
         """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
-        another, start the answer and take its first text: errors so far get their own status."""
+        another, start the answer and take its first text: errors so far get their own status. A
+        client `gone` by its turn (a harness's timeout, its retry queued behind) is not answered."""
         longest = req.generation.get("max_new_tokens", 0)
         if self.context and longest > self.context:
             raise bad(
@@ -341,6 +346,11 @@ class OpenAIApi:
         except EngineError as exc:  # 429: the queue is full; 503: the group restarts
             release()
             raise api_error(exc) from None
+        if gone():
+            lease.close()
+            release()
+            self.report(f"api: not answered, {LEFT} while it waited")
+            raise ApiError(499, LEFT, "client_closed")
         generation = {**req.generation, **evidence_override(req, self.config)}
         try:
             pieces = lease.chat(request, req.turns, **generation)

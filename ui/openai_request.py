@@ -337,16 +337,36 @@ def _number(body: dict, name: str, above: float | None, most: float | None = Non
 
 
 def allowed_path(text: str, roots: list[Path]) -> Path:
-    """The path `text` names, resolved, when it lies under one of `roots` (--allow-paths): the rule
-    of the page and the API for files opened by path. A ValueError says, in one line, why not."""
+    """The path `text` names when it lies under one of `roots` (--allow-paths, resolved), the rule
+    of the page and the API for files opened by path, judged as resolved and as given: a path that
+    passes through an allowed folder is allowed, wherever a link in it leads (a Hugging Face
+    cache's files are links into its blobs), and `..` counts only resolved. Returns the path
+    through the allowed folder; a ValueError says, in one line, why not."""
     try:
-        path = Path(text).expanduser().resolve()
+        given = Path(text).expanduser().absolute()
+        path = given.resolve()
+        through = _through_a_root(given, roots)
     except (ValueError, OSError):  # a NUL byte, a loop of links
         raise ValueError(f"{shortened(text)!r} is not a path") from None
-    if not any(path.is_relative_to(root) for root in roots):
-        allowed = ", ".join(str(p) for p in roots)
-        raise ValueError(f"{text} is outside the allowed folders ({allowed})")
-    return path
+    if any(path.is_relative_to(root) for root in roots):
+        return path
+    if through is not None:
+        return through
+    allowed = ", ".join(str(p) for p in roots)
+    resolved = f" (resolved: {path})" if path != given else ""
+    raise ValueError(f"{text}{resolved} is outside the allowed folders ({allowed})")
+
+
+def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
+    """`given` with its first leading part that resolves into an allowed folder resolved, when one
+    does; never for a path with `..` (read as text, a link's `..` would lead elsewhere)."""
+    if ".." in given.parts:
+        return None
+    for k in range(1, len(given.parts) + 1):
+        head = Path(*given.parts[:k]).resolve()
+        if any(head.is_relative_to(root) for root in roots):
+            return head.joinpath(*given.parts[k:])
+    return None
 
 
 class VideoFiles:
