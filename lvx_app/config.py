@@ -88,6 +88,11 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _real(value: Any) -> bool:
+    """A number, and not true/false (JSON's `true` would pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(value: float, flag: str, what: str = "a number above 0") -> None:
     _require(
         isinstance(value, (int, float))
@@ -308,12 +313,22 @@ class GenerationConfig:
         f"generation_config.json), else {DEFAULT_MAX_NEW_TOKENS}.",
     )
     temperature: float = option(
-        0.0, "--temperature", "0 = greedy (reproducible); above 0 samples.", metavar="T"
+        0.0,
+        "--temperature",
+        "0 = greedy (reproducible); above 0 samples.",
+        metavar="T",
+        set_by=("api",),
     )
     top_p: float = option(
-        1.0, "--top-p", "Nucleus sampling mass (0 < p <= 1) when sampling.", metavar="P"
+        1.0,
+        "--top-p",
+        "Nucleus sampling mass (0 < p <= 1) when sampling.",
+        metavar="P",
+        set_by=("api",),
     )
-    seed: int = option(0, "--seed", "Seed of sampling (answers repeat for the same seed).")
+    seed: int = option(
+        0, "--seed", "Seed of sampling (answers repeat for the same seed).", set_by=("api",)
+    )
     evidence: bool = option(
         True,
         "--evidence/--no-evidence",
@@ -327,14 +342,12 @@ class GenerationConfig:
             f"--max-new-tokens must be 1 or more (got {self.max_new_tokens!r})",
         )
         _require(
-            isinstance(self.temperature, (int, float))
-            and math.isfinite(self.temperature)
-            and self.temperature >= 0,
+            _real(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0,
             "--temperature must be 0 (greedy) or a finite number above 0 (got "
             f"{self.temperature!r})",
         )
         _require(
-            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+            _real(self.top_p) and 0 < self.top_p <= 1,
             f"--top-p must be above 0 and at most 1 (got {self.top_p!r})",
         )
         _require(_whole(self.seed), f"--seed must be a whole number (got {self.seed!r})")

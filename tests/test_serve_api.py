@@ -590,3 +590,25 @@ def test_the_subtitles_field_loads_as_the_option_says(api_here):
         assert says in error["message"] and "--" not in error["message"], error
     reply = ask(max_frames=0, fps=2)  # 0: no cap
     assert reply.status_code == 200 and engine.session.video.loaded.summary.frames == 20
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("temperature", -1), ("temperature", True), ("top_p", 0), ("top_p", "0.5"), ("seed", 1.5)],
+)
+def test_sampling_fields_are_checked_by_the_configs_own_rule(field, value):
+    """The API words the config's one check by its field names: no second rule that could
+    disagree (JSON's true is no temperature for either)."""
+    from lvx_app.config import ConfigError, GenerationConfig, updated
+    from lvx_ui.openai_request import ApiError, read_generation
+
+    with pytest.raises(ConfigError) as by_config:
+        updated(GenerationConfig(), **{field: value})
+    with pytest.raises(ApiError) as by_api:
+        read_generation({field: value})
+    flag = "--" + field.replace("_", "-")
+    assert str(by_api.value) == str(by_config.value).replace(flag, field)
+    assert by_api.value.param == field
+    assert read_generation({field: getattr(GenerationConfig(), field)}) == {
+        field: getattr(GenerationConfig(), field)
+    }

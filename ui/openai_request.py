@@ -16,7 +16,6 @@ import base64
 import binascii
 import contextlib
 import hashlib
-import math
 import os
 import re
 import threading
@@ -27,7 +26,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from lvx_app.config import VideoConfig, settable
+from lvx_app.config import (
+    ConfigError,
+    GenerationConfig,
+    VideoConfig,
+    frontend_words,
+    settable,
+    updated,
+)
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
 from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
@@ -288,15 +294,12 @@ def read_generation(body: dict) -> dict[str, Any]:
             if not _is_int(body[name]) or body[name] < 1:
                 raise bad(f"{name} must be a whole number of 1 or more", name)
             out["max_new_tokens"] = body[name]
-    if body.get("temperature") is not None:
-        out["temperature"] = _number(body, "temperature", above=None)
-    if body.get("top_p") is not None:
-        out["top_p"] = _number(body, "top_p", above=0, most=1)
-    if body.get("seed") is not None:
-        if not _is_int(body["seed"]):
-            raise bad("seed must be a whole number", "seed")
-        out["seed"] = body["seed"]
-    return out
+    sampling = {k: body[k] for k in settable(GenerationConfig, "api") if body.get(k) is not None}
+    try:  # the config's own checks, worded by the API's field names
+        updated(GenerationConfig(), by="api", **sampling)
+    except ConfigError as exc:
+        raise bad(*frontend_words(str(exc), GenerationConfig, "api")) from None
+    return {**out, **sampling}
 
 
 def read_stop(stop: Any) -> list[str]:
@@ -322,18 +325,6 @@ def _flag(body: dict, name: str) -> bool:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(body: dict, name: str, above: float | None, most: float | None = None) -> float:
-    """A finite number above `above` (None: 0 or more) and at most `most`."""
-    value = body[name]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > above if above is not None else value >= 0)
-    ok = ok and (most is None or value <= most)
-    if not ok:
-        low = f"above {above:g}" if above is not None else "0 or more"
-        raise bad(f"{name} must be a number {low}" + (f", at most {most:g}" if most else ""), name)
-    return float(value)
 
 
 def allowed_path(text: str, roots: list[Path]) -> Path:
