@@ -39,8 +39,8 @@ from typing import Callable
 
 if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
-    import scripts  # noqa: F401
 
+import scripts
 from scripts.acceptance_items import (
     CHAT_MINUTES,
     REHEARSAL_GPUS,
@@ -169,8 +169,8 @@ def importable(env: dict[str, str], scratch: Path) -> tuple[dict[str, str], str,
     is; otherwise the checkout's packages are linked under their import names into a folder put
     first on the children's PYTHONPATH."""
     found = probe(env)
-    if all(found[name] for name in PACKAGES):
-        return env, "installed", found
+    if all(found[name] for name in PACKAGES):  # installed, or linked already for this runner
+        return env, scripts.HOW_LVX_IMPORTS, found
     site = link_folder(scratch / "site")
     env = with_path(env, site)
     found = probe(env)
@@ -280,15 +280,17 @@ def run_items(
     on_change: Callable[[list[Result]], None] = lambda results: None,
     out: Path | None = None,
 ) -> list[Result]:
-    """Run every item within `budget_s` in total; a failure, timeout or crash is recorded and the
-    next item runs. `on_change(results)` is called whenever a result changes (to save the report);
-    `out` is where the items write their files."""
+    """Run every item within `budget_s` in total, the time an item's group may take to end after its
+    limit (GRACE_S) included; a failure, timeout or crash is recorded and the next item runs.
+    `on_change(results)` is called whenever a result changes (to save the report); `out` is where
+    the items write their files."""
     results = [Result(i.name, "pending", "", 0.0, " ".join(i.command)) for i in items]
     on_change(results)
     spent = 0.0
     for n, (item, result) in enumerate(zip(items, results), 1):
         head = f"[{n}/{len(items)}] {item.name}"
-        reason = skip_reason(item, gpus, missing, budget_s - spent, budget_s)
+        left = budget_s - spent - GRACE_S  # what an item may run for, its ending not counted
+        reason = skip_reason(item, gpus, missing, left, budget_s)
         if reason:
             result.status, result.reason = "skipped", reason
             _say(f"{head}: skipped, {reason}")
@@ -298,7 +300,7 @@ def run_items(
         on_change(results)
         _say(f"{head} ...")
         try:
-            _run_one(item, result, runner, min(item.timeout_s, budget_s - spent), out)
+            _run_one(item, result, runner, min(item.timeout_s, left), out)
         finally:
             spent += result.seconds
             on_change(results)
@@ -361,9 +363,9 @@ def items_for(args, out: Path, scratch: Path, gpus: int) -> list[Item]:
     return items
 
 
-def accept(args: argparse.Namespace, out: Path, scratch: Path) -> int:
-    """Run the command's items with the report written after each change; `scratch` is
-    temporary."""
+def accept(args: argparse.Namespace, out: Path, scratch: Path, started: float) -> int:
+    """Run the command's items with the report written after each change, all of it within the
+    budget counted from `started` (time.monotonic()); `scratch` is temporary."""
     import torch
 
     env, checkout, found = importable(child_env(args.rehearse, scratch), scratch)
@@ -387,7 +389,8 @@ def accept(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     for name, how in missing.items():
         _say(f"  not installed: {name} ({how})")
     try:
-        run_items(items, budget, gpus, missing, make_runner(env, log), save, out)
+        left = budget - (time.monotonic() - started)  # this start-up is the budget's too
+        run_items(items, left, gpus, missing, make_runner(env, log), save, out)
     except (Stopped, KeyboardInterrupt) as exc:
         report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
         save(report.results)
@@ -411,7 +414,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "items are not run again; the others are, before the second's own)",
     )  # fmt: skip
     parser.add_argument(
-        "--budget-min", type=float, default=7.0, help="total time for the items (default 7)"
+        "--budget-min",
+        type=float,
+        default=7.0,
+        help="the whole command's time, start-up and ending included (default 7)",
     )
     parser.add_argument(
         "--only", default="", help="comma-separated words: run only the items whose names hold one"
@@ -426,6 +432,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     import torch
 
@@ -440,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     scratch = Path(tempfile.mkdtemp(prefix="lvx-acceptance-"))
     try:
-        return accept(args, out, scratch)
+        return accept(args, out, scratch, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
