@@ -30,7 +30,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.published import RELEASES
-from scripts.harness import markdown, show, write_json
+from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
     Workload,
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.measure_rss:
         frames, mode, answer = args.measure_rss
-        print(json.dumps(measure_rss(int(frames), mode, int(answer))))
+        print(dumps(measure_rss(int(frames), mode, int(answer))))
         return
 
     def table(title: str, rows: list[dict]) -> None:

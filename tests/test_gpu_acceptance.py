@@ -202,7 +202,8 @@ def test_only_selects_items_by_name(tmp_path: Path) -> None:
 
 def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
     """A pytest item whose tests all skipped, and a benchmark whose JSON says every case it was
-    asked for was skipped, are "skipped" with the reason; fallbacks reach the result."""
+    asked for was skipped, are "skipped" with the reason; a benchmark that exits 0 without writing
+    its figures failed; fallbacks reach the result."""
     (tmp_path / "graphs.json").write_text(json.dumps({"skipped": "needs a GPU", "rows": []}))
     (tmp_path / "shared.json").write_text(
         json.dumps({"lv_xattn": {"fallbacks": ["cudnn attn_fwd: x (3 calls)"], "rows": [{}]}})
@@ -212,6 +213,8 @@ def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
         Item("graphs", ["g"], 60, writes=("graphs.json",)),
         Item("block", ["b"], 60, writes=("shared.json",), key="lv_xattn"),
         Item("some ran", ["s"], 60, pytest=True),
+        Item("checks", ["c"], 60, writes=("shared.json",), key="checks"),
+        Item("chat", ["t"], 60, writes=("chat.json",)),
     ]
     run, _ = _runner(
         {
@@ -219,10 +222,15 @@ def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
             "graphs": (0, ""),
             "block": (0, "done"),
             "some ran": (0, "== 2 passed, 9 skipped in 3.1s =="),
+            "checks": (0, "exit 0, its entry never written"),
+            "chat": (0, "exit 0, no file"),
         }
     )
     results = acc.run_items(items, 3600, 1, {}, run, out=tmp_path)
-    assert [r.status for r in results] == ["skipped", "skipped", "passed", "passed"]
+    statuses = ["skipped", "skipped", "passed", "passed", "failed", "failed"]
+    assert [r.status for r in results] == statuses
+    assert results[4].reason == "exit 0 without writing its figures (shared.json, checks)"
+    assert results[5].reason == "exit 0 without writing its figures (chat.json)"
     assert results[0].reason == "ran no test (11 skipped, 78 deselected)"
     assert results[1].reason == "needs a GPU" and results[1].files == ["graphs.json"]
     assert results[2].fallbacks == ["cudnn attn_fwd: x (3 calls)"]
