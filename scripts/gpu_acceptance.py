@@ -392,11 +392,20 @@ def accept(args: argparse.Namespace, out: Path, scratch: Path, started: float) -
         left = budget - (time.monotonic() - started)  # this start-up is the budget's too
         run_items(items, left, gpus, missing, make_runner(env, log), save, out)
     except (Stopped, KeyboardInterrupt) as exc:
-        report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
-        save(report.results)
-        _say(f"gpu_acceptance: stopped ({exc!r}); the report in {out} lists what ran")
-        return 128 + exc.signum if isinstance(exc, Stopped) else 130
+        return _stopped(report, exc, out, save)
     return _close(report, out, save)
+
+
+def _stopped(report: Report, exc: BaseException, out: Path, save: Callable) -> int:
+    """The report of a run stopped by a signal, and the exit code. An item still "running" was
+    stopped as it started (while the report said so), before its runner could record it."""
+    for result in report.results:
+        if result.status == "running":
+            result.status, result.reason = "failed", f"stopped: the acceptance run got {exc!r}"
+    report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
+    save(report.results)
+    _say(f"gpu_acceptance: stopped ({exc!r}); the report in {out} lists what ran")
+    return 128 + exc.signum if isinstance(exc, Stopped) else 130
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -85,6 +85,27 @@ def test_the_report_is_saved_at_every_change_and_a_signal_stops_the_run() -> Non
     ]
 
 
+def test_a_signal_while_the_report_says_running_leaves_no_item_running(tmp_path) -> None:
+    """Stopped while saving the report that says an item started (before its runner took it over):
+    the report it leaves says the item failed, stopped, not that it is running."""
+    items = [Item(n, [n], 60) for n in ("first", "second")]
+    run, calls = _runner({"first": (0, "")})
+    report = rep.Report(rep.SCHEMA, rep.now(), "gpu", "first", {}, 420, {}, "installed")
+    saved = []
+
+    def save(results) -> None:
+        report.results = results
+        saved.append([r.status for r in results])
+        if saved[-1] == ["passed", "running"]:
+            raise acc.Stopped(signal.SIGTERM)
+
+    with pytest.raises(acc.Stopped) as stopped:
+        acc.run_items(items, 3600, 1, {}, run, on_change=save)
+    assert acc._stopped(report, stopped.value, tmp_path, save) == 128 + signal.SIGTERM
+    assert saved[-1] == ["passed", "failed"] and calls == [("first", 60)]
+    assert report.results[1].reason == "stopped: the acceptance run got Stopped('SIGTERM')"
+
+
 def test_items_are_skipped_with_their_reason(monkeypatch) -> None:
     monkeypatch.setattr(acc, "compiler", lambda: None)
     items = [
@@ -526,6 +547,11 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _ctrl_c_as_a_terminal_gives_it() -> None:
+    """SIGINT as a terminal leaves it (a test run started in the background has it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen, Path, str]:
     """The rehearsal as a GPU engineer starts it on a bare image: `python3
     scripts/gpu_acceptance.py` from the checkout, lvx not installed, the optional packages
@@ -537,6 +563,7 @@ def _start(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen, Path, str]:
             [sys.executable, str(SCRIPT), "--rehearse", *argv, "--out", str(out)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             env={**bare, TAG: str(tmp_path), "TMPDIR": str(tmp_path)},  # its scratch too
+            preexec_fn=_ctrl_c_as_a_terminal_gives_it,
         )  # fmt: skip
     return proc, out, tag
 
@@ -548,12 +575,22 @@ def _read(out: Path) -> dict | None:
         return None
 
 
+# how the runner ends: its exit code, and what the report says of the item it was running
+ENDINGS = {
+    signal.SIGKILL: (-signal.SIGKILL, "running"),  # nothing to catch: the guard ends the item
+    signal.SIGTERM: (128 + signal.SIGTERM, "failed"),  # a command's time limit
+    signal.SIGINT: (130, "failed"),  # Ctrl-C
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", list(ENDINGS), ids=lambda s: signal.Signals(s).name)
 def test_a_rehearsal_whose_runner_is_killed_leaves_nothing_running_and_a_valid_report(
-    tmp_path: Path,
+    tmp_path: Path, sig
 ) -> None:
-    """SIGKILL to the runner alone (nothing to catch) while its third item runs: every process it
-    started ends on its own, and acceptance.json is whole and lists what had finished."""
+    """A signal to the runner alone while its third item runs (SIGKILL: nothing to catch): every
+    process it started ends, and acceptance.json is whole, lists what had finished and holds the
+    measured-versus-planned table."""
     proc, out, tag = _start(tmp_path)
     try:
         while proc.poll() is None:
@@ -562,21 +599,26 @@ def test_a_rehearsal_whose_runner_is_killed_leaves_nothing_running_and_a_valid_r
                 break
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):  # it may have ended on its own: see below
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.kill(proc.pid, sig)
+        code = proc.wait()
         _until(lambda: not _tagged(tag), "processes of the killed runner are still alive", 120)
     finally:
         for pid in _tagged(tag):  # only when the assertion above failed
             os.kill(pid, signal.SIGKILL)
     report = json.loads((out / "acceptance.json").read_text())
     assert report["mode"] == "rehearsal" and report["finished"] is False, report
+    assert code == ENDINGS[sig][0], (tmp_path / "stdout").read_text()
     statuses = [r["status"] for r in report["results"]]
-    assert statuses[:2] == ["passed", "passed"] and statuses[2] == "running", statuses
+    assert statuses == ["passed", "passed", ENDINGS[sig][1], *["pending"] * 4], statuses
+    if sig != signal.SIGKILL:
+        assert report["results"][2]["reason"].startswith("stopped")
+        assert report["notes"][-1].startswith("Stopped by")
     assert report["machine"]["torch"] == torch.__version__
     assert report["checkout"].startswith("not installed") and set(report["missing"]) == {
         "decord", "av", "flash_attn",
     }  # fmt: skip
     assert json.loads((out / "kernels_7b.json").read_text())["checks"]["ok"] is True
+    assert all(row["planned"] > 0 for row in report["comparison"]) and report["comparison"]
     assert "NOT FINISHED" in (out / "acceptance.md").read_text()
 
 
