@@ -64,6 +64,7 @@ from scripts.acceptance_report import (
     write_report,
 )  # fmt: skip
 from scripts.checkout import PACKAGES, link_folder, with_path
+from scripts.guard import PARENT_ENV
 from scripts.versions import compiler
 
 WHEELS = "bring the wheel and install it to a folder on PYTHONPATH (docs/gpu.md)"
@@ -202,6 +203,8 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
     appended to `log` as it comes, and returns (exit code or None on timeout, the end of that
     output). Its group is ended when it exits, times out or the runner is stopped."""
 
+    guarded = {**env, PARENT_ENV: str(os.getpid())}
+
     def run(item: Item, timeout_s: float) -> tuple[int | None, str]:
         with open(log, "ab") as sink:
             sink.write(f"\n===== {item.name}: {' '.join(item.command)}\n".encode())
@@ -209,7 +212,7 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
             start = sink.tell()
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, GUARD, *item.command], cwd=ROOT, env=env, stdout=sink,
+                    [sys.executable, GUARD, *item.command], cwd=ROOT, env=guarded, stdout=sink,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )  # fmt: skip
             except OSError as exc:

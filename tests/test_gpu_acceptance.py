@@ -390,6 +390,21 @@ def test_an_item_dies_with_a_runner_killed_with_sigkill(tmp_path: Path) -> None:
     proc.stdout.close()
 
 
+def test_a_guard_whose_runner_died_before_it_started_starts_nothing(tmp_path: Path) -> None:
+    """A runner killed between starting a guard and the guard's first look at its parent: the
+    guard, now a child of init, knows its runner by the pid the runner gave it, and starts
+    nothing."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    marker = tmp_path / "item ran"
+    done = subprocess.run(
+        [sys.executable, acc.GUARD, sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+        env={**os.environ, acc.PARENT_ENV: str(gone.pid)}, capture_output=True, text=True,
+        timeout=scaled(60),
+    )  # fmt: skip
+    assert done.returncode == 1 and "is gone" in done.stderr and not marker.exists()
+
+
 def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_token(
     monkeypatch,
 ) -> None:
