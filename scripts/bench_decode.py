@@ -66,8 +66,9 @@ def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend=None)
     conversation = Conversation(model, info, None)
     with torch.no_grad():  # as the engine prepares a video (`engine/visual_kv.py`)
-        features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size, dtype=dtype)
-        conversation.show_video(model.prepare_visual(features.to(device), starts))
+        shape = (frames, cfg.vision.num_patches, cfg.hidden_size)  # made where it is used: a
+        features = torch.randn(shape, device=device, dtype=dtype)  # CPU takes ~10 s for 10 min
+        conversation.show_video(model.prepare_visual(features, starts))
     logits, _ = conversation.prefill(ids, whole=True)  # the engine's own inference mode
     return conversation, logits, frames
 

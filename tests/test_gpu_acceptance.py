@@ -461,6 +461,24 @@ def test_decode_writes_each_figure_as_it_exists_and_keeps_them_when_the_profiler
     assert "launches_per_token" not in row
 
 
+def test_decode_makes_the_videos_features_on_the_device(monkeypatch) -> None:
+    """10 minutes of random visual features are 1.6 G numbers: made on the GPU, not on its host
+    (seconds of a short rental per decode item)."""
+    from scripts import bench_decode
+    from scripts.random_model import random_model
+
+    made, real = [], torch.randn
+
+    def randn(*args, **kwargs):
+        made.append(kwargs.get("device"))
+        return real(*args, **kwargs)
+
+    model = random_model("small", torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(torch, "randn", randn)
+    bench_decode._prompt(model, 0.02, torch.device("cpu"), torch.float32)
+    assert made == [torch.device("cpu")]
+
+
 def test_the_chat_keeps_each_length_it_finished_when_a_later_one_fails(tmp_path, monkeypatch):
     from scripts import bench_chat_7b
 
