@@ -351,18 +351,29 @@ def _close(report: Report, out: Path, save: Callable) -> int:
     return 0 if all(r.status != "failed" for r in report.results) else 1
 
 
+def _earlier(report: Path) -> tuple[set[str], set[str]]:
+    """(the items REPORT lists, those it lists as passed); a report that cannot be read is one
+    line."""
+    try:
+        results = json.loads(report.read_text())["results"]
+        return {r["name"] for r in results}, {r["name"] for r in results if r["status"] == "passed"}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"gpu_acceptance: --after {report}: not an acceptance.json ({exc!r})")
+
+
 def items_for(args, out: Path, scratch: Path, gpus: int) -> list[Item]:
-    """The command's items; `--second --after REPORT` first reruns the first command's items that
-    REPORT does not list as passed."""
+    """The command's items. `--second --after REPORT` (the report of a first or second command)
+    runs what REPORT did not pass: the first command's items it lists, then the second's, so a
+    second command stopped by its budget goes on where it stopped."""
     first = first_items(out, scratch, args.rehearse)
     if not args.second:
         return first
     items = second_items(out, scratch, gpus, args.rehearse)
     if args.after is not None:
-        done = {r["name"] for r in json.loads(args.after.read_text())["results"]
-                if r["status"] == "passed"}  # fmt: skip
+        listed, done = _earlier(args.after)
         names = {i.name for i in items}
-        items = [i for i in first if i.name not in done and i.name not in names] + items
+        again = [i for i in first if i.name in listed and i.name not in done | names]
+        items = again + [i for i in items if i.name not in done]
     return items
 
 

@@ -208,6 +208,28 @@ def test_the_second_command_after_the_first_reruns_what_the_first_did_not_pass(t
         _args("--after", "first.json")  # only with --second
 
 
+def test_a_second_command_after_a_second_goes_on_where_it_stopped(tmp_path, capsys) -> None:
+    """--after takes a second command's report too: what it passed is not run again (nor a
+    compiled decode the first command passed), so a budget spent half-way costs nothing twice."""
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    first = items_of.first_items(out, scratch)
+    second = items_of.second_items(out, scratch, 2)
+    report = {"run": "second", "results": [{"name": first[4].name, "status": "failed"}]}
+    report["results"] += [{"name": i.name, "status": "passed"} for i in second[:3]]
+    report["results"] += [{"name": i.name, "status": "skipped"} for i in second[3:]]
+    (tmp_path / "second.json").write_text(json.dumps(report))
+    args = _args("--second", "--after", str(tmp_path / "second.json"))
+    names = [i.name for i in acc.items_for(args, out, scratch, 2)]
+    assert names == [first[4].name] + [i.name for i in second[3:]]
+    passed_compile = {"results": [{"name": first[-1].name, "status": "passed"}]}
+    (tmp_path / "first.json").write_text(json.dumps(passed_compile))
+    args = _args("--second", "--after", str(tmp_path / "first.json"))
+    assert first[-1].name not in [i.name for i in acc.items_for(args, out, scratch, 2)]
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match="--after .*bad.json: not an acceptance.json"):
+        acc.items_for(_args("--second", "--after", str(tmp_path / "bad.json")), out, scratch, 2)
+
+
 def test_only_selects_items_by_name(tmp_path: Path) -> None:
     items = items_of.second_items(tmp_path / "out", tmp_path / "scratch", gpus=2)
     items_of.select(items, "demo, nccl")
