@@ -501,6 +501,32 @@ def test_decode_makes_the_videos_features_on_the_device(monkeypatch) -> None:
     assert made == [torch.device("cpu")]
 
 
+def test_decode_captures_each_mode_once_as_the_engine_does(monkeypatch) -> None:
+    """A mode's answers (warm-up, timed, the sync and launch counts) run on one generator, as a
+    session's answers do: CUDA graphs are captured once, at the warm-up, so the timed answer and
+    the profiled ones replay (the capture stood in on CPU, counted)."""
+    from types import SimpleNamespace
+
+    from lvx_app.engine import static_decode
+    from lvx_app.engine.static_decode import DecodeStep
+    from scripts import bench_decode
+    from scripts.random_model import random_model
+
+    captures = []
+    monkeypatch.setattr(static_decode, "_on_side_stream", lambda fn: fn())
+    monkeypatch.setattr(
+        static_decode, "_capture", lambda fn: captures.append(1) or SimpleNamespace(replay=fn)
+    )
+    cpu = torch.device("cpu")
+    model = random_model("small", cpu, torch.float32)
+    conversation, logits, _ = bench_decode._prompt(model, 0.02, cpu, torch.float32)
+    rows = []
+    row = bench_decode.mode_row(
+        conversation, logits, conversation.position, DecodeStep(graphs=True), 8, cpu, rows.append
+    )
+    assert len(captures) == 1 and row["tokens_per_s"] > 0 and "launches_per_token" in row
+
+
 def test_the_chat_keeps_each_length_it_finished_when_a_later_one_fails(tmp_path, monkeypatch):
     from scripts import bench_chat_7b
 
