@@ -58,6 +58,7 @@ def _decode(model, token, cache, visual, n: int) -> torch.Tensor:
     return token
 
 
+@torch.inference_mode()  # as the engine runs every forward and cache write
 def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype) -> dict:
     """One video length: visual K/V, the video prompt, a warm-up question (with a few decoded
     tokens), TTFT_REPEATS timed questions and a timed decode, with the kernels each phase ran."""
@@ -108,7 +109,8 @@ def bench(args, rows: Rows) -> None:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_model(args.shape, device, dtype)
-    timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
+    with torch.inference_mode():
+        timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
     for minutes in args.minutes:
         if device.type == "cuda":
             torch.cuda.empty_cache()

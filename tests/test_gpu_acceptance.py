@@ -447,7 +447,15 @@ def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_
     monkeypatch.setattr(torch.nn.Module, "to_empty", to_empty)
     model = random_model("small", torch.device("cpu"), torch.bfloat16)
     assert seen == [{torch.bfloat16}] and {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    modes, real_next = [], bench.next_token
+
+    def next_token(*args):
+        modes.append(torch.is_inference_mode_enabled())  # the engine's mode, not only no_grad
+        return real_next(*args)
+
+    monkeypatch.setattr(bench, "next_token", next_token)
     row = bench.length_row(model, 0.05, 1.0, 2, torch.device("cpu"), torch.bfloat16)
+    assert modes and all(modes)
     assert row["frames"] == 3 and len(row["ttft_s_all"]) == 3 and row["fallbacks"] == []
     assert row["ttft_s"] == sorted(row["ttft_s_all"])[1]
     assert set(row["kernels"]) == {
@@ -457,7 +465,7 @@ def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_
     # the warm-up is one question plus as many decoded tokens as the timed decode
     assert calls["question (TTFT)"] == 3 * (calls["warm-up question"] - calls["decode"]) > 0
     with counting_host_reads() as reads:  # the token of each step reaches the host
-        token = bench.next_token(lambda *a, **kw: torch.tensor([[[0.0, 2.0, 1.0]]]), None, 0, 0)
+        token = real_next(lambda *a, **kw: torch.tensor([[[0.0, 2.0, 1.0]]]), None, 0, 0)
     assert token.tolist() == [[1]] and reads == {"__int__": 1}
 
 
