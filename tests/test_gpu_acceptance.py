@@ -535,21 +535,27 @@ def test_decode_captures_each_mode_once_as_the_engine_does(monkeypatch) -> None:
     assert len(captures) == 1 and row["tokens_per_s"] > 0 and "launches_per_token" in row
 
 
-def test_the_chat_keeps_each_length_it_finished_when_a_later_one_fails(tmp_path, monkeypatch):
+def test_the_chat_keeps_each_figure_it_measured_when_a_later_one_fails(tmp_path, monkeypatch):
+    """A length that fails (out of memory at its first question) keeps its prefill figure on disk
+    beside the lengths before it."""
     from scripts import bench_chat_7b
 
-    def length_row(model, minutes, *args):
-        if minutes > 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-        return {"minutes": minutes, "fallbacks": [], "video_prompt_prefill_s": 1.0,
-                "ttft_s": 0.1, "tokens_per_s": 9.0}  # fmt: skip
+    real_ask = bench_chat_7b._ask
 
-    monkeypatch.setattr(bench_chat_7b, "length_row", length_row)
-    argv = ["--device", "cpu", "--minutes", "0.5", "60", "--out", str(tmp_path / "chat.json")]
+    def ask(model, question, cache, visual, prefix_len, device):
+        if prefix_len > 18 + 5 * 6:  # the second length's
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_ask(model, question, cache, visual, prefix_len, device)
+
+    monkeypatch.setattr(bench_chat_7b, "_ask", ask)
+    argv = ["--device", "cpu", "--shape", "small", "--minutes", "0.1", "0.2", "--new-tokens", "2",
+            "--out", str(tmp_path / "chat.json")]  # fmt: skip
     with pytest.raises(torch.cuda.OutOfMemoryError):
         bench_chat_7b.main(argv)
     rows = json.loads((tmp_path / "chat.json").read_text())["rows"]
-    assert [r["minutes"] for r in rows] == [0.5] and rows[0]["peak_gib"] is None
+    assert [r["minutes"] for r in rows] == [0.1, 0.2] and rows[0]["peak_gib"] is None
+    assert rows[0]["tokens_per_s"] > 0 and rows[1]["video_prompt_prefill_s"] > 0
+    assert "ttft_s" not in rows[1] and "video prompt prefill" in rows[1]["kernels"]
 
 
 def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
