@@ -1,7 +1,7 @@
 """The first short GPU rental in one command: the figures that matter most first, each written to
 the folder you name the moment it exists, with nothing left running afterwards.
 
-    python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): ~7 min
+    python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): 7 min
     python3 scripts/gpu_acceptance.py --second --out DIR2 --after DIR/acceptance.json
     python3 scripts/gpu_acceptance.py --rehearse --out DIR   # the same on a CPU, small shapes
 
@@ -9,11 +9,12 @@ What each command runs, in order: scripts/acceptance_items.py (and docs/gpu.md).
 `--out` (the caller's folder; nothing else is needed from the machine afterwards): the report
 (`acceptance.json`, `acceptance.md`, rewritten after every change, and `acceptance.log`, every
 item's whole output as it comes) and each item's figures. Each item runs in its own process group
-under a guard (scripts/guard.py) within its own time limit and the total `--budget-min` (default
-7); an item that fails, hangs or crashes is recorded and the next one runs. However the runner ends
-(SIGTERM, SIGINT, its time limit, SIGKILL) the item running ends with it, and the report it leaves
-is valid. `--second --after REPORT` also runs the first command's items that REPORT does not list as
-passed.
+under a guard (scripts/guard.py) within its own time limit and the whole command's `--budget-min`
+(default 7, start-up and the ending of a stopped item included); an item that fails, hangs or
+crashes is recorded and the next one runs. However the runner ends (SIGTERM, SIGINT, its time limit,
+SIGKILL) the item running ends with it, and the report it leaves is valid. `--second --after
+REPORT` runs only what REPORT (a first or a second command's) does not list as passed, the first
+command's items among them first.
 
 The checkout need not be installed (scripts/checkout.py links it for every child), and nothing
 needs the network: a missing decord, PyAV or flash-attn is named in the report and the items that
