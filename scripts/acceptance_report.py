@@ -6,7 +6,7 @@ replaced atomically after every change, so a run killed at any point leaves a va
 
 An item passes only if it ran something: a pytest item whose tests were all skipped is "skipped",
 and so is a benchmark whose JSON says every case it was asked for was skipped (CUDA graphs on a
-CPU).
+CPU); a benchmark that exits 0 without writing its figures failed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scripts.acceptance_items import Item
-from scripts.harness import write_json
+from scripts.harness import dumps, write_json
 
 SCHEMA = 3
 TAIL_LINES = 40
@@ -122,6 +122,10 @@ def finish(item: Item, result: Result, code: int | None, output: str, out: Path 
     nothing = ran_nothing(item, result.counts, data) if code == 0 else None
     if nothing:
         result.status, result.reason = "skipped", nothing
+    elif code == 0 and item.writes and data is None:
+        result.status = "failed"
+        where = ", ".join(x for x in (item.writes[0], item.key) if x)
+        result.reason = f"exit 0 without writing its figures ({where})"
     elif code == 0:
         result.status = "passed"
         n = len(result.fallbacks)
@@ -224,7 +228,7 @@ def markdown(report: Report) -> str:
     state = "finished" if report.finished else f"NOT FINISHED (last written {report.updated})"
     lines = [
         f"# GPU acceptance, {report.run} command ({report.mode}), {report.started}: {state}",
-        "", f"Machine: {json.dumps(report.machine)}", "",
+        "", f"Machine: {dumps(report.machine)}", "",
         f"Time budget: {report.budget_s / 60:.0f} min. lvx: {report.checkout}.", "",
     ]  # fmt: skip
     if report.missing:

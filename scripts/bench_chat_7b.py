@@ -8,9 +8,9 @@ rank: visual K/V preparation, prefill of the video prompt, TTFT of a question pr
 that cache (the median of 3, after one warm-up question; a short text forward before anything is
 timed), and decode tokens/s. Like the engine, every token is read back to the host before the next
 step (what the plan's tokens/s includes). Every row lists the attention kernels each phase ran and
-any fallback (also gathered under "fallbacks"); the file is rewritten after each length, so a
-length that runs out of memory or time leaves the earlier ones. `--shape small` runs the same path
-at small shapes (the CPU rehearsal).
+any fallback (also gathered under "fallbacks"); the file is rewritten as each figure exists, so a
+length that runs out of memory or time leaves the earlier lengths and its own first figures.
+`--shape small` runs the same path at small shapes (the CPU rehearsal).
 
     python scripts/bench_chat_7b.py --device cuda --minutes 10 60 --out chat_7b.json
     python scripts/bench_chat_7b.py --device cpu --shape small --minutes 0.1 --new-tokens 4
@@ -58,15 +58,32 @@ def _decode(model, token, cache, visual, n: int) -> torch.Tensor:
     return token
 
 
-def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype) -> dict:
+def peak_gib(device) -> float | None:
+    """The device's peak allocated memory since its last reset (None on a CPU)."""
+    cuda = torch.device(device).type == "cuda"
+    return torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+
+
+@torch.inference_mode()  # as the engine runs every forward and cache write
+def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype, save=None):
     """One video length: visual K/V, the video prompt, a warm-up question (with a few decoded
-    tokens), TTFT_REPEATS timed questions and a timed decode, with the kernels each phase ran."""
+    tokens), TTFT_REPEATS timed questions and a timed decode, with the kernels each phase ran;
+    `save(row)` as each figure exists (a length stopped half-way keeps its first figures)."""
     cfg = model.config
     frames = max(1, int(minutes * 60 * fps))
     starts = HEADER_TOKENS + 5 * torch.arange(frames)
     prefix_len = int(starts[-1]) + 5
     ids = torch.randint(0, cfg.vocab_size, (1, prefix_len + 24), device=device)
     cache, question, seen = model.new_cache(), ids[:, prefix_len:], {}
+    row = {"minutes": minutes, "frames": frames, "visual_tokens": frames * cfg.vision.num_patches,
+           "prompt_tokens": prefix_len + 24}  # fmt: skip
+
+    def done(**figures) -> None:
+        row.update(figures, kernels={phase: dict(t.calls) for phase, t in seen.items()})
+        row["fallbacks"] = sorted({f"{p}: {f}" for p, t in seen.items() for f in t.fallbacks})
+        if save is not None:
+            save(row)
+
     with kernel_tally() as seen["visual K/V"]:
         shape = (frames, cfg.vision.num_patches, cfg.hidden_size)
         features = torch.randn(shape, device=device, dtype=dtype)
@@ -75,6 +92,7 @@ def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype
     with kernel_tally() as seen["video prompt prefill"]:
         prompt = partial(model, ids[:, :prefix_len], cache=cache, visual=visual, last_only=True)
         _, prefill_s = timed(prompt, device)
+    done(visual_kv_s=kv_s, video_prompt_prefill_s=prefill_s)
     with kernel_tally() as seen["warm-up question"]:
         token, _ = _ask(model, question, cache, visual, prefix_len, device)
         timed(partial(_decode, model, token, cache, visual, 2), device)
@@ -82,47 +100,40 @@ def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype
         asked = [
             _ask(model, question, cache, visual, prefix_len, device) for _ in range(TTFT_REPEATS)
         ]
+    ttfts = [t for _, t in asked]
+    done(ttft_s=statistics.median(ttfts), ttft_s_all=ttfts)
     with kernel_tally() as seen["decode"]:
         _, decode_s = timed(
             partial(_decode, model, asked[-1][0], cache, visual, new_tokens), device
         )
-    ttfts = [t for _, t in asked]
-    return {
-        "minutes": minutes,
-        "frames": frames,
-        "visual_tokens": frames * cfg.vision.num_patches,
-        "prompt_tokens": prefix_len + 24,
-        "visual_kv_s": kv_s,
-        "video_prompt_prefill_s": prefill_s,
-        "ttft_s": statistics.median(ttfts),
-        "ttft_s_all": ttfts,
-        "tokens_per_s": new_tokens / decode_s,
-        "kernels": {phase: dict(tally.calls) for phase, tally in seen.items()},
-        "fallbacks": sorted({f"{p}: {f}" for p, t in seen.items() for f in t.fallbacks}),
-    }
+    done(tokens_per_s=new_tokens / decode_s)
+    return row
 
 
 def bench(args, rows: Rows) -> None:
-    """One model for every video length, a row saved after each; a short text forward first so
-    that kernel start-up and library initialisation land in no timed figure."""
+    """One model for every video length, its row saved as each figure exists; a short text forward
+    first so that kernel start-up and library initialisation land in no timed figure."""
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_model(args.shape, device, dtype)
-    timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
+    with torch.inference_mode():
+        timed(partial(model, torch.zeros(1, 16, dtype=torch.long, device=device)), device)
     for minutes in args.minutes:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        row = length_row(model, minutes, args.fps, args.new_tokens, device, dtype)
-        cuda = device.type == "cuda"
-        row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-        rows.add({"shape": args.shape, **row})
-        rows.save(fallbacks=sorted({f"{r['minutes']:g} min {f}" for r in rows.rows
-                                    for f in r["fallbacks"]}))  # fmt: skip
+        entry = rows.add({"shape": args.shape, "minutes": minutes})
+
+        def save(figures: dict, entry=entry) -> None:
+            entry.update(figures, peak_gib=peak_gib(device))
+            rows.save(fallbacks=sorted({f"{r['minutes']:g} min {f}" for r in rows.rows
+                                        for f in r.get("fallbacks", [])}))  # fmt: skip
+
+        save(length_row(model, minutes, args.fps, args.new_tokens, device, dtype, save))
         print(
-            f"{minutes:g} min: prefill {row['video_prompt_prefill_s']:.2f} s, TTFT "
-            f"{row['ttft_s']:.3f} s, {row['tokens_per_s']:.1f} tok/s, peak "
-            + (f"{row['peak_gib']:.1f} GiB" if row["peak_gib"] is not None else "-"),
+            f"{minutes:g} min: prefill {entry['video_prompt_prefill_s']:.2f} s, TTFT "
+            f"{entry['ttft_s']:.3f} s, {entry['tokens_per_s']:.1f} tok/s, peak "
+            + (f"{entry['peak_gib']:.1f} GiB" if entry["peak_gib"] is not None else "-"),
             flush=True,
         )
 
@@ -138,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--fps", type=float, default=1.0)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, help="write the rows as JSON here, after each length")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here, as figures come")
     args = parser.parse_args(argv)
     args.shape = args.shape or ("7b" if torch.device(args.device).type == "cuda" else "small")
     title = f"mPLUG-Owl3 {args.shape} shapes, random weights, one {args.device} rank"

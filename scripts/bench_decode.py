@@ -66,52 +66,55 @@ def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend=None)
     conversation = Conversation(model, info, None)
     with torch.no_grad():  # as the engine prepares a video (`engine/visual_kv.py`)
-        features = torch.randn(frames, cfg.vision.num_patches, cfg.hidden_size, dtype=dtype)
-        conversation.show_video(model.prepare_visual(features.to(device), starts))
+        shape = (frames, cfg.vision.num_patches, cfg.hidden_size)  # made where it is used: a
+        features = torch.randn(shape, device=device, dtype=dtype)  # CPU takes ~10 s for 10 min
+        conversation.show_video(model.prepare_visual(features, starts))
     logits, _ = conversation.prefill(ids, whole=True)  # the engine's own inference mode
     return conversation, logits, frames
 
 
-def _answer(conversation, logits, step: DecodeStep, tokens: int) -> list[int]:
-    generator = Generator(conversation, (), step)  # as the engine answers: nothing wrapped
+def _answer(generator: Generator, logits, tokens: int) -> list[int]:
+    """One greedy answer of `tokens` tokens from the prompt's `logits`, on the mode's one generator
+    (as the engine's session: its CUDA graph captured and its step compiled once, at the warm-up
+    answer, and replayed by every later one)."""
     return list(generator.answer(logits, None, GenerationConfig(tokens), LoopOutcome()))
 
 
-def _syncs(conversation, logits, step, tokens, device) -> int:
+def _syncs(generator, logits, tokens, device) -> int:
     """Host syncs of one answer: CUDA's own count on a GPU, host reads of tensors on a CPU."""
     if device.type != "cuda":
         with counting_host_reads() as reads:
-            _answer(conversation, logits, step, tokens)
+            _answer(generator, logits, tokens)
         return sum(reads.values())
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            _answer(conversation, logits, step, tokens)
+            _answer(generator, logits, tokens)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     return sum("synchronizing" in str(w.message) for w in seen)
 
 
-def _launches(conversation, logits, step, tokens, device) -> int:
+def _launches(generator, logits, tokens, device) -> int:
     """Kernel (and graph) launches of one answer: the profiler's on a GPU, aten ops on a CPU."""
     if device.type != "cuda":
         with AtenOps() as ops:
-            _answer(conversation, logits, step, tokens)
+            _answer(generator, logits, tokens)
         return ops.count
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _answer(conversation, logits, step, tokens)
+        _answer(generator, logits, tokens)
     return sum(e.count for e in prof.key_averages() if e.key.startswith(LAUNCHES))
 
 
-def _slope(conversation, logits, prefix: int, step, tokens: int, device, count) -> float:
+def _slope(generator, logits, prefix: int, tokens: int, device, count) -> float:
     """The count per token: its slope between a short and a `tokens` answer."""
     short, counts = max(2, tokens // 4), []
     for n in (short, tokens):
-        conversation.truncate(prefix)
-        counts.append(count(conversation, logits, step, n, device))
+        generator.conversation.truncate(prefix)
+        counts.append(count(generator, logits, n, device))
     return (counts[1] - counts[0]) / (tokens - short)
 
 
@@ -119,22 +122,23 @@ def mode_row(conversation, logits, prefix: int, step: DecodeStep, tokens: int, d
     """One mode: a warm-up answer (compiles, captures), a timed answer, then the slopes of syncs and
     of launches per token; `save(row)` after each figure. A failure of the launch count (the
     profiler) is recorded in the row; the figures before it stay."""
+    generator = Generator(conversation, (), step)  # the engine's: nothing wrapped, one per session
     conversation.truncate(prefix)
-    _answer(conversation, logits, step, tokens)  # compiles, captures, warms up
+    _answer(generator, logits, tokens)  # compiles, captures, warms up
     conversation.truncate(prefix)
     with kernel_tally() as tally:
         sync(device)
         t0 = time.perf_counter()
-        answer = _answer(conversation, logits, step, tokens)
+        answer = _answer(generator, logits, tokens)
         sync(device)
     seconds = time.perf_counter() - t0
     row = {"tokens_per_s": (len(answer) - 1) / seconds, "answer": answer}
     row["fallbacks"] = sorted(tally.fallbacks)
     save(row)
-    row["syncs_per_token"] = _slope(conversation, logits, prefix, step, tokens, device, _syncs)
+    row["syncs_per_token"] = _slope(generator, logits, prefix, tokens, device, _syncs)
     save(row)
     try:
-        launches = _slope(conversation, logits, prefix, step, tokens, device, _launches)
+        launches = _slope(generator, logits, prefix, tokens, device, _launches)
         row["launches_per_token"] = launches
     except Exception as exc:  # noqa: BLE001 - the profiler failing loses only its own figure
         row["launches_error"] = f"{type(exc).__name__}: {exc}"[:300]

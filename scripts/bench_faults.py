@@ -60,7 +60,10 @@ def _finetune(root: Path, model: str, video: str, victim: str) -> float:
     run = Path(tempfile.mkdtemp(dir=root))
     data = run / "train.jsonl"
     data.write_text(
-        json.dumps({"video": os.path.basename(video), "question": "What?", "answer": "A square."})
+        json.dumps(
+            {"video": os.path.basename(video), "question": "What?", "answer": "A square."},
+            allow_nan=False,
+        )
         + "\n"
     )
     log = run / "stdout.txt"

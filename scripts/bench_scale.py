@@ -52,7 +52,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(ROOT)
     import scripts  # noqa: F401
 
-from scripts.harness import command_line, machine, pyplot, save_figure, write_json
+from scripts.harness import command_line, dumps, machine, pyplot, save_figure, write_json
 
 CLIP_SECONDS = 60
 CUE_EVERY_S = 5.0
@@ -196,7 +196,7 @@ def run_row(checkpoint: Path, video: Path, minutes: float, ranks: int, workdir: 
     """`measure_row` in a fresh process (its peak RSS is this row's alone), plus the 7B plan."""
     cache = workdir / f"cache-{minutes:g}min-{ranks}r"
     shutil.rmtree(cache, ignore_errors=True)
-    job = json.dumps([str(checkpoint), str(video), ranks, str(cache)])
+    job = json.dumps([str(checkpoint), str(video), ranks, str(cache)], allow_nan=False)
     # one compute thread per rank, as torchrun gives each: rows of 1 and 2 ranks compare, and
     # other work on a shared machine does not stall the thread barriers of every small op
     env = os.environ | {"OMP_NUM_THREADS": "1"}
@@ -363,7 +363,7 @@ BENCH_POSITIONS = 65_536
 def _room_for_three_hours(config: Path) -> None:
     fields = json.loads(config.read_text())
     fields["max_position_embeddings"] = BENCH_POSITIONS
-    config.write_text(json.dumps(fields, indent=2))
+    config.write_text(json.dumps(fields, indent=2, allow_nan=False))
 
 
 def run(args) -> list[dict]:
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.row:
-        print("ROW " + json.dumps(measure_row(*json.loads(args.row))), flush=True)
+        print("ROW " + dumps(measure_row(*json.loads(args.row))), flush=True)
         return
     if args.report:
         rows = [r for f in args.report for r in json.loads(f.read_text())["rows"]]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -52,6 +51,7 @@ from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.published import RELEASES
 from lvx_models.mplug_owl3.tiny import tiny_config
+from scripts.harness import write_json
 
 SHAPES: dict[str, Callable[[], Owl3Config]] = {
     "tiny": lambda: tiny_config("g1-gateproj"),
@@ -273,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{env['load_average_after'][0]:.1f} after"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
+        write_json(args.json, {"environment": env, "rows": rows})
     return 0
 
 

@@ -1,7 +1,7 @@
 """The first short GPU rental in one command: the figures that matter most first, each written to
 the folder you name the moment it exists, with nothing left running afterwards.
 
-    python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): ~7 min
+    python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): 7 min
     python3 scripts/gpu_acceptance.py --second --out DIR2 --after DIR/acceptance.json
     python3 scripts/gpu_acceptance.py --rehearse --out DIR   # the same on a CPU, small shapes
 
@@ -9,11 +9,12 @@ What each command runs, in order: scripts/acceptance_items.py (and docs/gpu.md).
 `--out` (the caller's folder; nothing else is needed from the machine afterwards): the report
 (`acceptance.json`, `acceptance.md`, rewritten after every change, and `acceptance.log`, every
 item's whole output as it comes) and each item's figures. Each item runs in its own process group
-under a guard (scripts/guard.py) within its own time limit and the total `--budget-min` (default
-7); an item that fails, hangs or crashes is recorded and the next one runs. However the runner ends
-(SIGTERM, SIGINT, its time limit, SIGKILL) the item running ends with it, and the report it leaves
-is valid. `--second --after REPORT` also runs the first command's items that REPORT does not list as
-passed.
+under a guard (scripts/guard.py) within its own time limit and the whole command's `--budget-min`
+(default 7, start-up and the ending of a stopped item included); an item that fails, hangs or
+crashes is recorded and the next one runs. However the runner ends (SIGTERM, SIGINT, its time limit,
+SIGKILL) the item running ends with it, and the report it leaves is valid. `--second --after
+REPORT` runs only what REPORT (a first or a second command's) does not list as passed, the first
+command's items among them first.
 
 The checkout need not be installed (scripts/checkout.py links it for every child), and nothing
 needs the network: a missing decord, PyAV or flash-attn is named in the report and the items that
@@ -39,8 +40,8 @@ from typing import Callable
 
 if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
     sys.path[0] = str(Path(__file__).resolve().parents[1])
-    import scripts  # noqa: F401
 
+import scripts
 from scripts.acceptance_items import (
     CHAT_MINUTES,
     REHEARSAL_GPUS,
@@ -64,6 +65,7 @@ from scripts.acceptance_report import (
     write_report,
 )  # fmt: skip
 from scripts.checkout import PACKAGES, link_folder, with_path
+from scripts.guard import PARENT_ENV
 from scripts.versions import compiler
 
 WHEELS = "bring the wheel and install it to a folder on PYTHONPATH (docs/gpu.md)"
@@ -169,8 +171,8 @@ def importable(env: dict[str, str], scratch: Path) -> tuple[dict[str, str], str,
     is; otherwise the checkout's packages are linked under their import names into a folder put
     first on the children's PYTHONPATH."""
     found = probe(env)
-    if all(found[name] for name in PACKAGES):
-        return env, "installed", found
+    if all(found[name] for name in PACKAGES):  # installed, or linked already for this runner
+        return env, scripts.HOW_LVX_IMPORTS, found
     site = link_folder(scratch / "site")
     env = with_path(env, site)
     found = probe(env)
@@ -202,6 +204,8 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
     appended to `log` as it comes, and returns (exit code or None on timeout, the end of that
     output). Its group is ended when it exits, times out or the runner is stopped."""
 
+    guarded = {**env, PARENT_ENV: str(os.getpid())}
+
     def run(item: Item, timeout_s: float) -> tuple[int | None, str]:
         with open(log, "ab") as sink:
             sink.write(f"\n===== {item.name}: {' '.join(item.command)}\n".encode())
@@ -209,7 +213,7 @@ def make_runner(env: dict[str, str], log: Path) -> Callable[[Item, float], tuple
             start = sink.tell()
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, GUARD, *item.command], cwd=ROOT, env=env, stdout=sink,
+                    [sys.executable, GUARD, *item.command], cwd=ROOT, env=guarded, stdout=sink,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 )  # fmt: skip
             except OSError as exc:
@@ -280,15 +284,17 @@ def run_items(
     on_change: Callable[[list[Result]], None] = lambda results: None,
     out: Path | None = None,
 ) -> list[Result]:
-    """Run every item within `budget_s` in total; a failure, timeout or crash is recorded and the
-    next item runs. `on_change(results)` is called whenever a result changes (to save the report);
-    `out` is where the items write their files."""
+    """Run every item within `budget_s` in total, the time an item's group may take to end after its
+    limit (GRACE_S) included; a failure, timeout or crash is recorded and the next item runs.
+    `on_change(results)` is called whenever a result changes (to save the report); `out` is where
+    the items write their files."""
     results = [Result(i.name, "pending", "", 0.0, " ".join(i.command)) for i in items]
     on_change(results)
     spent = 0.0
     for n, (item, result) in enumerate(zip(items, results), 1):
         head = f"[{n}/{len(items)}] {item.name}"
-        reason = skip_reason(item, gpus, missing, budget_s - spent, budget_s)
+        left = budget_s - spent - GRACE_S  # what an item may run for, its ending not counted
+        reason = skip_reason(item, gpus, missing, left, budget_s)
         if reason:
             result.status, result.reason = "skipped", reason
             _say(f"{head}: skipped, {reason}")
@@ -298,7 +304,7 @@ def run_items(
         on_change(results)
         _say(f"{head} ...")
         try:
-            _run_one(item, result, runner, min(item.timeout_s, budget_s - spent), out)
+            _run_one(item, result, runner, min(item.timeout_s, left), out)
         finally:
             spent += result.seconds
             on_change(results)
@@ -346,24 +352,35 @@ def _close(report: Report, out: Path, save: Callable) -> int:
     return 0 if all(r.status != "failed" for r in report.results) else 1
 
 
+def _earlier(report: Path) -> tuple[set[str], set[str]]:
+    """(the items REPORT lists, those it lists as passed); a report that cannot be read is one
+    line."""
+    try:
+        results = json.loads(report.read_text())["results"]
+        return {r["name"] for r in results}, {r["name"] for r in results if r["status"] == "passed"}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"gpu_acceptance: --after {report}: not an acceptance.json ({exc!r})")
+
+
 def items_for(args, out: Path, scratch: Path, gpus: int) -> list[Item]:
-    """The command's items; `--second --after REPORT` first reruns the first command's items that
-    REPORT does not list as passed."""
+    """The command's items. `--second --after REPORT` (the report of a first or second command)
+    runs what REPORT did not pass: the first command's items it lists, then the second's, so a
+    second command stopped by its budget goes on where it stopped."""
     first = first_items(out, scratch, args.rehearse)
     if not args.second:
         return first
     items = second_items(out, scratch, gpus, args.rehearse)
     if args.after is not None:
-        done = {r["name"] for r in json.loads(args.after.read_text())["results"]
-                if r["status"] == "passed"}  # fmt: skip
+        listed, done = _earlier(args.after)
         names = {i.name for i in items}
-        items = [i for i in first if i.name not in done and i.name not in names] + items
+        again = [i for i in first if i.name in listed and i.name not in done | names]
+        items = again + [i for i in items if i.name not in done]
     return items
 
 
-def accept(args: argparse.Namespace, out: Path, scratch: Path) -> int:
-    """Run the command's items with the report written after each change; `scratch` is
-    temporary."""
+def accept(args: argparse.Namespace, out: Path, scratch: Path, started: float) -> int:
+    """Run the command's items with the report written after each change, all of it within the
+    budget counted from `started` (time.monotonic()); `scratch` is temporary."""
     import torch
 
     env, checkout, found = importable(child_env(args.rehearse, scratch), scratch)
@@ -387,13 +404,23 @@ def accept(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     for name, how in missing.items():
         _say(f"  not installed: {name} ({how})")
     try:
-        run_items(items, budget, gpus, missing, make_runner(env, log), save, out)
+        left = budget - (time.monotonic() - started)  # this start-up is the budget's too
+        run_items(items, left, gpus, missing, make_runner(env, log), save, out)
     except (Stopped, KeyboardInterrupt) as exc:
-        report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
-        save(report.results)
-        _say(f"gpu_acceptance: stopped ({exc!r}); the report in {out} lists what ran")
-        return 128 + exc.signum if isinstance(exc, Stopped) else 130
+        return _stopped(report, exc, out, save)
     return _close(report, out, save)
+
+
+def _stopped(report: Report, exc: BaseException, out: Path, save: Callable) -> int:
+    """The report of a run stopped by a signal, and the exit code. An item still "running" was
+    stopped as it started (while the report said so), before its runner could record it."""
+    for result in report.results:
+        if result.status == "running":
+            result.status, result.reason = "failed", f"stopped: the acceptance run got {exc!r}"
+    report.notes.append(f"Stopped by {exc!r}: the items after the stopped one did not run.")
+    save(report.results)
+    _say(f"gpu_acceptance: stopped ({exc!r}); the report in {out} lists what ran")
+    return 128 + exc.signum if isinstance(exc, Stopped) else 130
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -411,7 +438,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "items are not run again; the others are, before the second's own)",
     )  # fmt: skip
     parser.add_argument(
-        "--budget-min", type=float, default=7.0, help="total time for the items (default 7)"
+        "--budget-min",
+        type=float,
+        default=7.0,
+        help="the whole command's time, start-up and ending included (default 7)",
     )
     parser.add_argument(
         "--only", default="", help="comma-separated words: run only the items whose names hold one"
@@ -426,6 +456,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     import torch
 
@@ -440,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     scratch = Path(tempfile.mkdtemp(prefix="lvx-acceptance-"))
     try:
-        return accept(args, out, scratch)
+        return accept(args, out, scratch, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

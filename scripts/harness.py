@@ -110,6 +110,11 @@ def strict(value: Any) -> Any:
     return str(value)
 
 
+def dumps(data: Any, **kwargs: Any) -> str:
+    """`data` as strict JSON text (see `strict`): what a script prints for another to read."""
+    return json.dumps(strict(data), allow_nan=False, **kwargs)
+
+
 def write_json(path: Path | str, data: Any, key: str | None = None) -> Path:
     """Write `data` as strict JSON to `path`, atomically (a reader, or a kill, sees the old file or
     the new one). With `key`, `data` replaces that entry of the object the file holds, the rest
@@ -123,7 +128,7 @@ def write_json(path: Path | str, data: Any, key: str | None = None) -> Path:
             whole = {}
         data = {**(whole if isinstance(whole, dict) else {}), key: data}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(strict(data), indent=1, allow_nan=False) + "\n")
+    tmp.write_text(dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     return path
 

@@ -11,7 +11,6 @@ GPU. Rank 0 prints one JSON line; the exit code is 1 when an error is above its 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from lvx_app.attention.lv_xattn import lv_xattn_with_lse
 from lvx_app.parallel.group import destroy_distributed, init_distributed
 from lvx_app.parallel.lifeline import die_with_parent
 from lvx_app.parallel.shards import shard_bounds
+from scripts.harness import dumps
 
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 3e-2}  # max |out - float64 reference|
 
@@ -83,9 +83,7 @@ def main() -> int:
     finally:
         destroy_distributed()
     if info.rank == 0:
-        print(
-            json.dumps({"world_size": info.world_size, "backend": info.backend, "results": results})
-        )
+        print(dumps({"world_size": info.world_size, "backend": info.backend, "results": results}))
     return 0 if all(r["ok"] for r in results) else 1
 
 

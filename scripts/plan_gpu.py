@@ -1,11 +1,10 @@
 """Memory and time plan of a released mPLUG-Owl3 on an hour-long video, from the model's real shapes
 (every figure projected).
 
-    # the tables (memory per rank, largest video, times, 3-hour verdict) for 7B-241101 python
-    scripts/plan_gpu.py # the same for another release (the configs are
-    lvx_models/mplug_owl3/published.py) python scripts/plan_gpu.py --model mPLUG-Owl3-2B-241014 #
-    the formula against measured peak RSS on this CPU, small shapes python scripts/plan_gpu.py
-    --check-rss python scripts/plan_gpu.py --json runs/plan.json
+    python3 scripts/plan_gpu.py                                # the tables for 7B-241101
+    python3 scripts/plan_gpu.py --model mPLUG-Owl3-2B-241014   # another release (published.py)
+    python3 scripts/plan_gpu.py --check-rss                    # the formula against this CPU's RSS
+    python3 scripts/plan_gpu.py --json runs/plan.json          # the same figures as JSON
 
 The formula is `scripts/memory_plan.py`; `--check-rss` runs the model code the engine runs on one
 rank (random weights, float32, random features) in a subprocess per case and compares its peak RSS
@@ -31,7 +30,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.published import RELEASES
-from scripts.harness import markdown, write_json
+from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
     Workload,
@@ -267,17 +266,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.measure_rss:
         frames, mode, answer = args.measure_rss
-        print(json.dumps(measure_rss(int(frames), mode, int(answer))))
+        print(dumps(measure_rss(int(frames), mode, int(answer))))
         return
 
-    def show(title: str, rows: list[dict]) -> None:
+    def table(title: str, rows: list[dict]) -> None:
         print(f"**{title}**\n\n{markdown(rows)}\n") if args.markdown else show(title, rows)
 
     cfg = RELEASES[args.model]
     out = {"model": args.model, "gpu_bytes": GPU_BYTES}
     if args.check_rss:
         out["rss_check"] = check_rss()
-        show("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
+        table("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
     else:
         out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
         out["largest"] = largest_rows(cfg)
@@ -285,12 +284,14 @@ def main(argv: list[str] | None = None) -> None:
         out["times_60min"] = time_rows(cfg, 60)
         out["three_hours"] = three_hours(cfg)
         out["kernel_calls_60min"] = kernel_rows(cfg, 60)
-        show(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
-        show(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
-        show("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
-        show(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
+        table(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
+        table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
+        table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
+        table(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
         print(out["three_hours"])
-        show("planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"])
+        table(
+            "planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"]
+        )
     if args.json:
         write_json(args.json, out)
 

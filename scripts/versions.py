@@ -52,4 +52,4 @@ def versions() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(versions()))
+    print(json.dumps(versions(), allow_nan=False))

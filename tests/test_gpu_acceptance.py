@@ -85,6 +85,27 @@ def test_the_report_is_saved_at_every_change_and_a_signal_stops_the_run() -> Non
     ]
 
 
+def test_a_signal_while_the_report_says_running_leaves_no_item_running(tmp_path) -> None:
+    """Stopped while saving the report that says an item started (before its runner took it over):
+    the report it leaves says the item failed, stopped, not that it is running."""
+    items = [Item(n, [n], 60) for n in ("first", "second")]
+    run, calls = _runner({"first": (0, "")})
+    report = rep.Report(rep.SCHEMA, rep.now(), "gpu", "first", {}, 420, {}, "installed")
+    saved = []
+
+    def save(results) -> None:
+        report.results = results
+        saved.append([r.status for r in results])
+        if saved[-1] == ["passed", "running"]:
+            raise acc.Stopped(signal.SIGTERM)
+
+    with pytest.raises(acc.Stopped) as stopped:
+        acc.run_items(items, 3600, 1, {}, run, on_change=save)
+    assert acc._stopped(report, stopped.value, tmp_path, save) == 128 + signal.SIGTERM
+    assert saved[-1] == ["passed", "failed"] and calls == [("first", 60)]
+    assert report.results[1].reason == "stopped: the acceptance run got Stopped('SIGTERM')"
+
+
 def test_items_are_skipped_with_their_reason(monkeypatch) -> None:
     monkeypatch.setattr(acc, "compiler", lambda: None)
     items = [
@@ -101,7 +122,7 @@ def test_items_are_skipped_with_their_reason(monkeypatch) -> None:
     assert results[0].reason == "decord, av not installed (bring the wheel)"
     assert results[1].reason == "needs 2+ GPUs, 1 visible"
     assert results[2].reason.startswith("no C compiler")
-    assert results[3].reason == "its 4000 s limit is more than the 3600 s left"
+    assert results[3].reason == f"its 4000 s limit is more than the {3600 - acc.GRACE_S} s left"
     assert calls == [("runs", 60)]
 
 
@@ -116,7 +137,24 @@ def test_the_time_budget_caps_each_item_and_skips_the_rest() -> None:
     results = acc.run_items(items, budget_s=20, gpus=1, missing={}, runner=run)
     assert seen == [] and [r.reason for r in results] == ["time budget spent (0 min)"] * 2
     acc.run_items(items[:1], budget_s=100, gpus=1, missing={}, runner=run)
-    assert seen == [100]
+    assert seen == [100 - acc.GRACE_S], "the item's group must have time to end within the budget"
+
+
+def test_the_whole_command_fits_its_budget_when_every_item_runs_out_its_time(monkeypatch) -> None:
+    """The worst case: every item runs to its limit and its group then takes the whole grace to
+    end. The items' time, endings included, stays within the budget (a short rental's command
+    limit); the items that no longer fit are skipped."""
+    clock = [0.0]
+    monkeypatch.setattr(acc, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
+
+    def run(item, timeout_s):
+        clock[0] += timeout_s + acc.GRACE_S
+        return None, ""
+
+    items = [Item(n, [n], 150) for n in ("kernels", "block", "eager", "graphs", "chat")]
+    results = acc.run_items(items, budget_s=420, gpus=1, missing={}, runner=run)
+    assert sum(r.seconds for r in results) <= 420 and clock[0] <= 420
+    assert [r.status for r in results] == ["failed"] * 3 + ["skipped"] * 2
 
 
 def _args(*argv: str):
@@ -170,6 +208,28 @@ def test_the_second_command_after_the_first_reruns_what_the_first_did_not_pass(t
         _args("--after", "first.json")  # only with --second
 
 
+def test_a_second_command_after_a_second_goes_on_where_it_stopped(tmp_path, capsys) -> None:
+    """--after takes a second command's report too: what it passed is not run again (nor a
+    compiled decode the first command passed), so a budget spent half-way costs nothing twice."""
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    first = items_of.first_items(out, scratch)
+    second = items_of.second_items(out, scratch, 2)
+    report = {"run": "second", "results": [{"name": first[4].name, "status": "failed"}]}
+    report["results"] += [{"name": i.name, "status": "passed"} for i in second[:3]]
+    report["results"] += [{"name": i.name, "status": "skipped"} for i in second[3:]]
+    (tmp_path / "second.json").write_text(json.dumps(report))
+    args = _args("--second", "--after", str(tmp_path / "second.json"))
+    names = [i.name for i in acc.items_for(args, out, scratch, 2)]
+    assert names == [first[4].name] + [i.name for i in second[3:]]
+    passed_compile = {"results": [{"name": first[-1].name, "status": "passed"}]}
+    (tmp_path / "first.json").write_text(json.dumps(passed_compile))
+    args = _args("--second", "--after", str(tmp_path / "first.json"))
+    assert first[-1].name not in [i.name for i in acc.items_for(args, out, scratch, 2)]
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match="--after .*bad.json: not an acceptance.json"):
+        acc.items_for(_args("--second", "--after", str(tmp_path / "bad.json")), out, scratch, 2)
+
+
 def test_only_selects_items_by_name(tmp_path: Path) -> None:
     items = items_of.second_items(tmp_path / "out", tmp_path / "scratch", gpus=2)
     items_of.select(items, "demo, nccl")
@@ -185,7 +245,8 @@ def test_only_selects_items_by_name(tmp_path: Path) -> None:
 
 def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
     """A pytest item whose tests all skipped, and a benchmark whose JSON says every case it was
-    asked for was skipped, are "skipped" with the reason; fallbacks reach the result."""
+    asked for was skipped, are "skipped" with the reason; a benchmark that exits 0 without writing
+    its figures failed; fallbacks reach the result."""
     (tmp_path / "graphs.json").write_text(json.dumps({"skipped": "needs a GPU", "rows": []}))
     (tmp_path / "shared.json").write_text(
         json.dumps({"lv_xattn": {"fallbacks": ["cudnn attn_fwd: x (3 calls)"], "rows": [{}]}})
@@ -195,6 +256,8 @@ def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
         Item("graphs", ["g"], 60, writes=("graphs.json",)),
         Item("block", ["b"], 60, writes=("shared.json",), key="lv_xattn"),
         Item("some ran", ["s"], 60, pytest=True),
+        Item("checks", ["c"], 60, writes=("shared.json",), key="checks"),
+        Item("chat", ["t"], 60, writes=("chat.json",)),
     ]
     run, _ = _runner(
         {
@@ -202,10 +265,15 @@ def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
             "graphs": (0, ""),
             "block": (0, "done"),
             "some ran": (0, "== 2 passed, 9 skipped in 3.1s =="),
+            "checks": (0, "exit 0, its entry never written"),
+            "chat": (0, "exit 0, no file"),
         }
     )
     results = acc.run_items(items, 3600, 1, {}, run, out=tmp_path)
-    assert [r.status for r in results] == ["skipped", "skipped", "passed", "passed"]
+    statuses = ["skipped", "skipped", "passed", "passed", "failed", "failed"]
+    assert [r.status for r in results] == statuses
+    assert results[4].reason == "exit 0 without writing its figures (shared.json, checks)"
+    assert results[5].reason == "exit 0 without writing its figures (chat.json)"
     assert results[0].reason == "ran no test (11 skipped, 78 deselected)"
     assert results[1].reason == "needs a GPU" and results[1].files == ["graphs.json"]
     assert results[2].fallbacks == ["cudnn attn_fwd: x (3 calls)"]
@@ -344,6 +412,21 @@ def test_an_item_dies_with_a_runner_killed_with_sigkill(tmp_path: Path) -> None:
     proc.stdout.close()
 
 
+def test_a_guard_whose_runner_died_before_it_started_starts_nothing(tmp_path: Path) -> None:
+    """A runner killed between starting a guard and the guard's first look at its parent: the
+    guard, now a child of init, knows its runner by the pid the runner gave it, and starts
+    nothing."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    marker = tmp_path / "item ran"
+    done = subprocess.run(
+        [sys.executable, acc.GUARD, sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+        env={**os.environ, acc.PARENT_ENV: str(gone.pid)}, capture_output=True, text=True,
+        timeout=scaled(60),
+    )  # fmt: skip
+    assert done.returncode == 1 and "is gone" in done.stderr and not marker.exists()
+
+
 def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_token(
     monkeypatch,
 ) -> None:
@@ -364,7 +447,15 @@ def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_
     monkeypatch.setattr(torch.nn.Module, "to_empty", to_empty)
     model = random_model("small", torch.device("cpu"), torch.bfloat16)
     assert seen == [{torch.bfloat16}] and {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    modes, real_next = [], bench.next_token
+
+    def next_token(*args):
+        modes.append(torch.is_inference_mode_enabled())  # the engine's mode, not only no_grad
+        return real_next(*args)
+
+    monkeypatch.setattr(bench, "next_token", next_token)
     row = bench.length_row(model, 0.05, 1.0, 2, torch.device("cpu"), torch.bfloat16)
+    assert modes and all(modes)
     assert row["frames"] == 3 and len(row["ttft_s_all"]) == 3 and row["fallbacks"] == []
     assert row["ttft_s"] == sorted(row["ttft_s_all"])[1]
     assert set(row["kernels"]) == {
@@ -374,7 +465,7 @@ def test_bench_chat_7b_builds_in_the_target_dtype_takes_medians_and_reads_every_
     # the warm-up is one question plus as many decoded tokens as the timed decode
     assert calls["question (TTFT)"] == 3 * (calls["warm-up question"] - calls["decode"]) > 0
     with counting_host_reads() as reads:  # the token of each step reaches the host
-        token = bench.next_token(lambda *a, **kw: torch.tensor([[[0.0, 2.0, 1.0]]]), None, 0, 0)
+        token = real_next(lambda *a, **kw: torch.tensor([[[0.0, 2.0, 1.0]]]), None, 0, 0)
     assert token.tolist() == [[1]] and reads == {"__int__": 1}
 
 
@@ -400,21 +491,71 @@ def test_decode_writes_each_figure_as_it_exists_and_keeps_them_when_the_profiler
     assert "launches_per_token" not in row
 
 
-def test_the_chat_keeps_each_length_it_finished_when_a_later_one_fails(tmp_path, monkeypatch):
+def test_decode_makes_the_videos_features_on_the_device(monkeypatch) -> None:
+    """10 minutes of random visual features are 1.6 G numbers: made on the GPU, not on its host
+    (seconds of a short rental per decode item)."""
+    from scripts import bench_decode
+    from scripts.random_model import random_model
+
+    made, real = [], torch.randn
+
+    def randn(*args, **kwargs):
+        made.append(kwargs.get("device"))
+        return real(*args, **kwargs)
+
+    model = random_model("small", torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(torch, "randn", randn)
+    bench_decode._prompt(model, 0.02, torch.device("cpu"), torch.float32)
+    assert made == [torch.device("cpu")]
+
+
+def test_decode_captures_each_mode_once_as_the_engine_does(monkeypatch) -> None:
+    """A mode's answers (warm-up, timed, the sync and launch counts) run on one generator, as a
+    session's answers do: CUDA graphs are captured once, at the warm-up, so the timed answer and
+    the profiled ones replay (the capture stood in on CPU, counted)."""
+    from types import SimpleNamespace
+
+    from lvx_app.engine import static_decode
+    from lvx_app.engine.static_decode import DecodeStep
+    from scripts import bench_decode
+    from scripts.random_model import random_model
+
+    captures = []
+    monkeypatch.setattr(static_decode, "_on_side_stream", lambda fn: fn())
+    monkeypatch.setattr(
+        static_decode, "_capture", lambda fn: captures.append(1) or SimpleNamespace(replay=fn)
+    )
+    cpu = torch.device("cpu")
+    model = random_model("small", cpu, torch.float32)
+    conversation, logits, _ = bench_decode._prompt(model, 0.02, cpu, torch.float32)
+    rows = []
+    row = bench_decode.mode_row(
+        conversation, logits, conversation.position, DecodeStep(graphs=True), 8, cpu, rows.append
+    )
+    assert len(captures) == 1 and row["tokens_per_s"] > 0 and "launches_per_token" in row
+
+
+def test_the_chat_keeps_each_figure_it_measured_when_a_later_one_fails(tmp_path, monkeypatch):
+    """A length that fails (out of memory at its first question) keeps its prefill figure on disk
+    beside the lengths before it."""
     from scripts import bench_chat_7b
 
-    def length_row(model, minutes, *args):
-        if minutes > 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-        return {"minutes": minutes, "fallbacks": [], "video_prompt_prefill_s": 1.0,
-                "ttft_s": 0.1, "tokens_per_s": 9.0}  # fmt: skip
+    real_ask = bench_chat_7b._ask
 
-    monkeypatch.setattr(bench_chat_7b, "length_row", length_row)
-    argv = ["--device", "cpu", "--minutes", "0.5", "60", "--out", str(tmp_path / "chat.json")]
+    def ask(model, question, cache, visual, prefix_len, device):
+        if prefix_len > 18 + 5 * 6:  # the second length's
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_ask(model, question, cache, visual, prefix_len, device)
+
+    monkeypatch.setattr(bench_chat_7b, "_ask", ask)
+    argv = ["--device", "cpu", "--shape", "small", "--minutes", "0.1", "0.2", "--new-tokens", "2",
+            "--out", str(tmp_path / "chat.json")]  # fmt: skip
     with pytest.raises(torch.cuda.OutOfMemoryError):
         bench_chat_7b.main(argv)
     rows = json.loads((tmp_path / "chat.json").read_text())["rows"]
-    assert [r["minutes"] for r in rows] == [0.5] and rows[0]["peak_gib"] is None
+    assert [r["minutes"] for r in rows] == [0.1, 0.2] and rows[0]["peak_gib"] is None
+    assert rows[0]["tokens_per_s"] > 0 and rows[1]["video_prompt_prefill_s"] > 0
+    assert "ttft_s" not in rows[1] and "video prompt prefill" in rows[1]["kernels"]
 
 
 def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
@@ -501,13 +642,23 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _ctrl_c_as_a_terminal_gives_it() -> None:
+    """SIGINT as a terminal leaves it (a test run started in the background has it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen, Path, str]:
+    """The rehearsal as a GPU engineer starts it on a bare image: `python3
+    scripts/gpu_acceptance.py` from the checkout, lvx not installed, the optional packages
+    missing (for the runner too)."""
     out, tag = tmp_path / "out", f"{TAG}={tmp_path}"
+    bare = acc.child_env(True, tmp_path / "runner")
     with open(tmp_path / "stdout", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--rehearse", *argv, "--out", str(out)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, TAG: str(tmp_path), "TMPDIR": str(tmp_path)},  # its scratch too
+            env={**bare, TAG: str(tmp_path), "TMPDIR": str(tmp_path)},  # its scratch too
+            preexec_fn=_ctrl_c_as_a_terminal_gives_it,
         )  # fmt: skip
     return proc, out, tag
 
@@ -519,12 +670,22 @@ def _read(out: Path) -> dict | None:
         return None
 
 
+# how the runner ends: its exit code, and what the report says of the item it was running
+ENDINGS = {
+    signal.SIGKILL: (-signal.SIGKILL, "running"),  # nothing to catch: the guard ends the item
+    signal.SIGTERM: (128 + signal.SIGTERM, "failed"),  # a command's time limit
+    signal.SIGINT: (130, "failed"),  # Ctrl-C
+}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", list(ENDINGS), ids=lambda s: signal.Signals(s).name)
 def test_a_rehearsal_whose_runner_is_killed_leaves_nothing_running_and_a_valid_report(
-    tmp_path: Path,
+    tmp_path: Path, sig
 ) -> None:
-    """SIGKILL to the runner alone (nothing to catch) while its third item runs: every process it
-    started ends on its own, and acceptance.json is whole and lists what had finished."""
+    """A signal to the runner alone while its third item runs (SIGKILL: nothing to catch): every
+    process it started ends, and acceptance.json is whole, lists what had finished and holds the
+    measured-versus-planned table."""
     proc, out, tag = _start(tmp_path)
     try:
         while proc.poll() is None:
@@ -533,21 +694,26 @@ def test_a_rehearsal_whose_runner_is_killed_leaves_nothing_running_and_a_valid_r
                 break
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):  # it may have ended on its own: see below
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.kill(proc.pid, sig)
+        code = proc.wait()
         _until(lambda: not _tagged(tag), "processes of the killed runner are still alive", 120)
     finally:
         for pid in _tagged(tag):  # only when the assertion above failed
             os.kill(pid, signal.SIGKILL)
     report = json.loads((out / "acceptance.json").read_text())
     assert report["mode"] == "rehearsal" and report["finished"] is False, report
+    assert code == ENDINGS[sig][0], (tmp_path / "stdout").read_text()
     statuses = [r["status"] for r in report["results"]]
-    assert statuses[:2] == ["passed", "passed"] and statuses[2] == "running", statuses
+    assert statuses == ["passed", "passed", ENDINGS[sig][1], *["pending"] * 4], statuses
+    if sig != signal.SIGKILL:
+        assert report["results"][2]["reason"].startswith("stopped")
+        assert report["notes"][-1].startswith("Stopped by")
     assert report["machine"]["torch"] == torch.__version__
     assert report["checkout"].startswith("not installed") and set(report["missing"]) == {
         "decord", "av", "flash_attn",
     }  # fmt: skip
     assert json.loads((out / "kernels_7b.json").read_text())["checks"]["ok"] is True
+    assert all(row["planned"] > 0 for row in report["comparison"]) and report["comparison"]
     assert "NOT FINISHED" in (out / "acceptance.md").read_text()
 
 
@@ -560,6 +726,7 @@ def test_the_rehearsal_of_the_first_command_writes_every_file_as_its_item_ends(t
     assert proc.wait() == 0, (tmp_path / "stdout").read_text()
     report = json.loads((out / "acceptance.json").read_text())
     status = {r["name"]: (r["status"], r["files"]) for r in report["results"]}
+    assert report["checkout"].startswith("not installed: the checkout's packages linked")
     assert report["finished"] and list(status.values()) == [
         ("passed", []), ("passed", ["kernels_7b.json"]), ("passed", ["kernels_7b.json"]),
         ("passed", ["decode_eager.json"]), ("skipped", ["decode_cuda-graphs.json"]),

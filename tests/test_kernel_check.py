@@ -104,3 +104,17 @@ def test_the_7b_block_checks_its_values_and_says_when_they_are_wrong(tmp_path, m
     rows = Rows(None, machine={"device": "cpu"})
     assert not bench_xattn_7b.run(args, rows)
     assert rows.rows[0]["values_off"].startswith("dk off by")
+
+
+def test_a_check_where_no_backend_took_any_call_says_it_checked_nothing(tmp_path, monkeypatch):
+    """Every backend declining every call is no pass: the file says nothing was checked, which the
+    acceptance report shows as skipped."""
+    for script in (check_kernels, bench_xattn_7b):
+        monkeypatch.setattr(script, "can_run", lambda *args: False)
+    for script, argv in (
+        (check_kernels, ["--frames", "1", "--rows", "4"]),
+        (bench_xattn_7b, ["--frames", "2", "--iters", "1", "--warmup", "0"]),
+    ):
+        out = tmp_path / f"{script.__name__}.json"
+        assert script.main(["--device", "cpu", *argv, "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["skipped"].startswith("no backend took")

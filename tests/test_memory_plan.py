@@ -5,6 +5,7 @@ formula agrees with the measured peak RSS of the model code on this CPU within 1
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 
@@ -214,3 +215,17 @@ def test_the_largest_video_is_set_by_memory_or_by_the_models_positions() -> None
     line = video_prompt_too_long(one_more.prompt_tokens, frames + 1, 32_768, frames)
     assert recompute["past it lvx says"] == line
     assert positions_minutes(cfg, fps=2) == pytest.approx(positions_minutes(cfg) / 2, abs=1 / 60)
+
+
+@pytest.mark.parametrize("markdown", [False, True], ids=["terminal", "markdown"])
+def test_plan_gpu_prints_every_table_and_writes_its_json(tmp_path, capsys, markdown) -> None:
+    """`python3 scripts/plan_gpu.py` as docs/gpu.md gives it: every table in the terminal (or as
+    Markdown), the same figures as JSON."""
+    argv = ["--json", str(tmp_path / "plan.json"), *(["--markdown"] if markdown else [])]
+    plan_gpu.main(argv)
+    printed = capsys.readouterr().out
+    for title in ("projected memory per rank", "projected largest video", "projected times"):
+        assert title in printed
+    assert ("| minutes |" in printed) == markdown
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert {"memory", "largest", "times_60min", "kernel_calls_60min"} <= set(data)

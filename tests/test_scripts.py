@@ -4,6 +4,7 @@ that is not installed (scripts/checkout.py), and their results are strict JSON w
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from scripts import checkout
 from scripts import gpu_acceptance as acc
-from scripts.harness import Rows, markdown, strict, write_json
+from scripts.harness import Rows, dumps, markdown, strict, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 # every script with options of its own (guard.py and versions.py take none, nccl_check.py runs
@@ -37,6 +38,28 @@ def test_strict_json_has_no_nan_and_a_keyed_write_keeps_the_rest(tmp_path: Path)
     assert json.loads(shared.read_text()) == {"checks": {"ok": None}, "lv_xattn": {"ok": False}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "shared.json"], "no temp files"
     assert strict({"a": [float("-inf")]}) == {"a": [None]}
+
+
+def test_every_json_the_scripts_write_or_print_is_strict() -> None:
+    """No script writes or prints NaN as JSON: every json.dump(s) in scripts/ refuses it
+    (`harness.dumps` and `write_json` make figures strict first)."""
+    lax = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(call, ast.Attribute)
+                and call.attr in ("dump", "dumps")
+                and isinstance(call.value, ast.Name)
+                and call.value.id == "json"
+            ):
+                strict_ = any(
+                    k.arg == "allow_nan" and getattr(k.value, "value", True) is False
+                    for k in node.keywords
+                )
+                lax += [] if strict_ else [f"{path.relative_to(ROOT)}:{node.lineno}"]
+    assert not lax, lax
+    assert json.loads(dumps({"peak_gib": float("nan")})) == {"peak_gib": None}
 
 
 def test_rows_are_on_disk_as_soon_as_each_is_added(tmp_path: Path) -> None:
