@@ -1,6 +1,9 @@
 """Decoding in worker processes: the right frames come back, in parallel, and hangs/crashes are
 contained."""
 
+import os
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -228,3 +231,25 @@ def test_decode_processes_and_their_threads_share_the_nodes_cores(
         assert local_ranks * pool.num_workers * pool.threads <= cores
     finally:
         pool.close()
+
+
+def test_frames_decode_under_a_temporary_folder_too_long_for_a_socket(short_video, tmp_path):
+    """The forkserver's socket lives in multiprocessing's temporary folder; under a long TMPDIR
+    its path would pass the 107 bytes an AF_UNIX socket may have, and the first video to open
+    would fail."""
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    code = (
+        "import sys\nfrom lvx_app.video.decode import DecodePool\n"
+        "with DecodePool(1, threads=1, image_size=16) as pool:\n"
+        "    plan, _ = pool.plan(sys.argv[1], 1.0)\n"
+        "    frames = [f for _, f in pool.decode(sys.argv[1], [(0, plan.indices[:2])])]\n"
+        "print(frames[0].shape)\n"
+    )
+    env = dict(os.environ, TMPDIR=str(deep))
+    done = subprocess.run(
+        [sys.executable, "-c", code, short_video], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(2, 3, 16, 16)"
+    assert not list(deep.iterdir()), "nothing is left in the temporary folder"

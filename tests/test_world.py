@@ -73,8 +73,8 @@ def test_finetuning_starts_its_group_with_the_builder_and_the_world(monkeypatch,
     class Launched:
         returncode = 0
 
-        def __init__(self, command, env, pass_fds=()):
-            started.update(command=command, env=env)
+        def __init__(self, command, env, pass_fds=(), start_new_session=False):
+            started.update(command=command, env=env, own_session=start_new_session)
 
         def wait(self, timeout=None):
             return 0
@@ -88,3 +88,4 @@ def test_finetuning_starts_its_group_with_the_builder_and_the_world(monkeypatch,
     given = dict(zip(command[len(expected) :: 2], command[len(expected) + 1 :: 2]))
     assert Config.from_dict(json.loads(given["--config"])) == config
     assert World.from_dict(json.loads(given["--world"])) == World(2)
+    assert started["own_session"], "Ctrl-C reaches torchrun from lvx finetune only"

@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import itertools
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import re
 import signal
@@ -347,7 +348,29 @@ def _close_all() -> None:
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    _socket_folder_that_fits()
     return ctx
+
+
+# an AF_UNIX socket's path holds at most 107 bytes on Linux; multiprocessing names the forkserver's
+# `<tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX`
+_SOCKET_PATH_MAX, _SOCKET_NAME_LEN = 107, 32
+
+
+def _socket_folder_that_fits() -> None:
+    """Under a long TMPDIR (a job's scratch folder, a test's folder) the forkserver's socket path
+    would be too long ("AF_UNIX path too long" when the first video opens): multiprocessing's
+    folder is then made under /tmp instead, as newer Pythons do. Once per process: the folder
+    multiprocessing made first is kept."""
+    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_LEN <= _SOCKET_PATH_MAX:
+        return
+    if not os.access("/tmp", os.W_OK | os.X_OK):
+        return
+    given, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        mp_util.get_temp_dir()  # multiprocessing keeps (and removes at exit) the folder made here
+    finally:
+        tempfile.tempdir = given
 
 
 @contextlib.contextmanager
