@@ -6,7 +6,7 @@ video.
 * Ctrl-C while `lvx chat` starts its ranks: seconds until it has exited, and until every rank is
   gone.
 
-    python scripts/bench_faults.py --repeats 3
+    python scripts/bench_faults.py --repeats 3 --out runs/bench_faults.json
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 from lvx_app.parallel.failures import pid_file
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+from scripts.harness import Rows, command_line, machine, show
 
 FINETUNE = (
     "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"
@@ -94,7 +95,7 @@ def _finetune(root: Path, model: str, video: str, victim: str) -> float:
         env=dict(os.environ, OMP_NUM_THREADS="1", LVX_RUN_DIR=str(run)),
         start_new_session=True,
     )
-    _until(lambda: "step 1:" in log.read_text())
+    _until(lambda: "step 1/" in log.read_text())
     pids = _pids([run])
     os.kill(proc.pid if victim == "launcher" else pids[1], signal.SIGKILL)
     took = _until(
@@ -141,24 +142,25 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="lvx-bench-faults-"))
-    model = str(write_tiny_checkpoint(root / "tiny-g1", "g1"))
-    video = str(make_video(root / "short.mp4", num_frames=100, fps=10, width=96, height=64))
-    rows = {
-        "launcher kill -9 -> ranks gone": [],
-        "rank 1 kill -9 -> run exited": [],
-        "chat Ctrl-C -> exited": [],
-        "chat Ctrl-C -> ranks gone": [],
-    }
-    for _ in range(args.repeats):
-        rows["launcher kill -9 -> ranks gone"].append(_finetune(root, model, video, "launcher"))
-        rows["rank 1 kill -9 -> run exited"].append(_finetune(root, model, video, "rank"))
-        exited, gone = _chat_ctrl_c(root, model, video)
-        rows["chat Ctrl-C -> exited"].append(exited)
-        rows["chat Ctrl-C -> ranks gone"].append(gone)
-    for name, values in rows.items():
-        print(f"{name:34s} " + "  ".join(f"{v:6.2f} s" for v in values))
+    rows = Rows(args.out, command=command_line(), machine=machine())
+    with tempfile.TemporaryDirectory(prefix="lvx-bench-faults-") as folder:
+        root = Path(folder)
+        model = str(write_tiny_checkpoint(root / "tiny-g1", "g1"))
+        video = str(make_video(root / "short.mp4", num_frames=100, fps=10, width=96, height=64))
+        for repeat in range(args.repeats):
+            exited, gone = _chat_ctrl_c(root, model, video)
+            rows.add(
+                {
+                    "repeat": repeat + 1,
+                    "launcher kill -9 -> ranks gone s": _finetune(root, model, video, "launcher"),
+                    "rank 1 kill -9 -> run exited s": _finetune(root, model, video, "rank"),
+                    "chat Ctrl-C -> exited s": exited,
+                    "chat Ctrl-C -> ranks gone s": gone,
+                }
+            )
+    show("seconds until lvx has cleaned up after a fault (2 CPU ranks)", rows.rows)
 
 
 if __name__ == "__main__":

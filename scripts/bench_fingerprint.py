@@ -6,7 +6,7 @@ GB), then times the first fingerprint (reads and hashes those bytes) and a secon
 the memo (one stat per file). The first read is from a warm page cache (the file was just written);
 a cold disk adds its read time.
 
-    python scripts/bench_fingerprint.py --mib 512
+    python scripts/bench_fingerprint.py --mib 512 --out runs/bench_fingerprint.json
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
@@ -25,11 +24,13 @@ import torch
 from safetensors.torch import save_file
 
 from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
+from scripts.harness import Rows, command_line, machine, show, timed
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=512, help="MiB of vision-tower weights to hash")
+    ap.add_argument("--out", type=Path, default=None, help="write the row here (JSON)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -39,16 +40,11 @@ def main() -> None:
             str(d / "model.safetensors"),
         )
         memo = d / "memo.json"
-        t = time.perf_counter()
-        encoder_fingerprint(d, memo=memo)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        encoder_fingerprint(d, memo=memo)
-        again = time.perf_counter() - t
-    print(
-        f"{args.mib} MiB of vision weights: first {first:.2f} s ({args.mib / first:.0f} MiB/s), "
-        f"memo hit {again * 1e3:.1f} ms"
-    )
+        _, first = timed(lambda: encoder_fingerprint(d, memo=memo))
+        _, again = timed(lambda: encoder_fingerprint(d, memo=memo))
+    rows = Rows(args.out, command=command_line(), machine=machine())
+    row = {"MiB": args.mib, "first s": first, "MiB/s": args.mib / first, "memo hit ms": again * 1e3}
+    show("the encoder fingerprint: first read, then the memo", [rows.add(row)])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from lvx_app.video.synthetic import concat_video, make_video, read_index
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 from lvx_models.mplug_owl3.image_transform import normalize
 from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
-from scripts.harness import command_line, machine, median_seconds, timed, write_json
+from scripts.harness import command_line, cpu_model, machine, median_seconds, timed, write_json
 
 
 def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
@@ -155,7 +154,7 @@ def cpu_main(args) -> None:
     print(
         f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of "
         f"{args.chunk}, resize to {args.image_size}; {cores} cores "
-        f"({platform.processor() or platform.machine()}), load avg {os.getloadavg()[0]:.1f}"
+        f"({cpu_model()}), load avg {os.getloadavg()[0]:.1f}"
     )
     print(
         "| decode processes | decord threads each | sampled frames | start (s) | decode (s) | "

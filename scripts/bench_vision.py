@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -51,7 +50,7 @@ from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.published import RELEASES
 from lvx_models.mplug_owl3.tiny import tiny_config
-from scripts.harness import write_json
+from scripts.harness import machine, write_json
 
 SHAPES: dict[str, Callable[[], Owl3Config]] = {
     "tiny": lambda: tiny_config("g1-gateproj"),
@@ -204,26 +203,13 @@ def bench_shape(shape: str, frames: int, repeats: int, seed: int = 0) -> list[di
     return rows
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(threads: int) -> dict:
     import transformers
 
-    return {
-        "cpu": cpu_model(),
+    return machine() | {
         "threads": threads,
-        "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": datetime.date.today().isoformat(),
-        "load_average": os.getloadavg(),
     }
 
 
@@ -264,13 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("tiny", n) for n in args.tiny_frames] + [("so400m", n) for n in args.real_frames if n]
     for shape, frames in runs:
         rows += bench_shape(shape, frames, args.repeats if shape == "tiny" else args.real_repeats)
-    env["load_average_after"] = os.getloadavg()
+    env["load_avg_after"] = list(os.getloadavg())
     print(table(rows))
     print(f"speed-up: the median time of `{REFERENCE}` over this row's (above 1: faster)")
     print(
         f"{env['cpu']}, {env['threads']} threads, torch {env['torch']}, transformers "
-        f"{env['transformers']}, {env['date']}, load average {env['load_average'][0]:.1f} before, "
-        f"{env['load_average_after'][0]:.1f} after"
+        f"{env['transformers']}, {env['date']}, load average {env['load_avg'][0]:.1f} before, "
+        f"{env['load_avg_after'][0]:.1f} after"
     )
     if args.json:
         write_json(args.json, {"environment": env, "rows": rows})

@@ -359,7 +359,9 @@ def _earlier(report: Path) -> tuple[set[str], set[str]]:
         results = json.loads(report.read_text())["results"]
         return {r["name"] for r in results}, {r["name"] for r in results if r["status"] == "passed"}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"gpu_acceptance: --after {report}: not an acceptance.json ({exc!r})")
+        line = f"gpu_acceptance: error: --after {report}: not an acceptance.json ({exc!r})"
+        print(line, file=sys.stderr)
+        raise SystemExit(2) from None  # a mistake in the command, as argparse's own
 
 
 def items_for(args, out: Path, scratch: Path, gpus: int) -> list[Item]:

@@ -19,6 +19,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux says it in /proc/cpuinfo; `platform` often says nothing)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine(device: Any = None) -> dict:
     """The machine a result was measured on, for a benchmark's JSON; with a CUDA `device`, the
     GPU's name and CUDA's version too."""
@@ -28,7 +39,7 @@ def machine(device: Any = None) -> dict:
 
     info = {
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpus": usable_cores(),
         "python": platform.python_version(),
         "torch": torch.__version__,
