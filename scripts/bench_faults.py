@@ -12,6 +12,7 @@ video.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -57,6 +58,18 @@ def _pids(run_dirs: list[Path]) -> list[int]:
     return [int(f.read_text()) for f in files if f.exists() and f.read_text()]
 
 
+@contextlib.contextmanager
+def _ended(proc: subprocess.Popen):
+    """The measured command is killed on the way out, however the measurement ended (a timeout
+    left a finetuning run training in the background): its ranks die with their launcher."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _finetune(root: Path, model: str, video: str, victim: str) -> float:
     run = Path(tempfile.mkdtemp(dir=root))
     data = run / "train.jsonl"
@@ -95,14 +108,13 @@ def _finetune(root: Path, model: str, video: str, victim: str) -> float:
         env=dict(os.environ, OMP_NUM_THREADS="1", LVX_RUN_DIR=str(run)),
         start_new_session=True,
     )
-    _until(lambda: "step 1/" in log.read_text())
-    pids = _pids([run])
-    os.kill(proc.pid if victim == "launcher" else pids[1], signal.SIGKILL)
-    took = _until(
-        lambda: not any(map(_alive, pids)) if victim == "launcher" else proc.poll() is not None
-    )
-    proc.wait()
-    return took
+    with _ended(proc):
+        _until(lambda: "step 1/" in log.read_text())
+        pids = _pids([run])
+        os.kill(proc.pid if victim == "launcher" else pids[1], signal.SIGKILL)
+        return _until(
+            lambda: not any(map(_alive, pids)) if victim == "launcher" else proc.poll() is not None
+        )
 
 
 def _chat_ctrl_c(root: Path, model: str, video: str) -> tuple[float, float]:
@@ -127,14 +139,15 @@ def _chat_ctrl_c(root: Path, model: str, video: str) -> tuple[float, float]:
         env=dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1"),
         start_new_session=True,
     )
-    _until(lambda: len(_pids(list(tmp.glob("lvx-run-*")))) == 2)
-    pids = _pids(list(tmp.glob("lvx-run-*")))
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=60)
-    exited = time.monotonic() - t0
-    _until(lambda: not any(map(_alive, pids)))
-    return exited, time.monotonic() - t0
+    with _ended(proc):
+        _until(lambda: len(_pids(list(tmp.glob("lvx-run-*")))) == 2)
+        pids = _pids(list(tmp.glob("lvx-run-*")))
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        exited = time.monotonic() - t0
+        _until(lambda: not any(map(_alive, pids)))
+        return exited, time.monotonic() - t0
 
 
 def main() -> None:
