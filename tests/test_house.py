@@ -240,5 +240,5 @@ def test_ci_runs_the_readmes_test_line_word_for_word():
     """The README's two copy-paste lines come first; CI runs the second as it is."""
     lines = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("\n```", 1)[0]
     demo, tests = lines.splitlines()
-    assert demo.endswith("lvx demo") and tests.endswith("python -m pytest -q")
+    assert demo.endswith("lvx demo") and tests.endswith("python -m pytest -q -n 2 --dist loadfile")
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()

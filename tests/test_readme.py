@@ -172,13 +172,17 @@ def _setup_lines() -> tuple[str, str]:
     return demo, tests
 
 
+# the suite in two processes, each test file whole in one (its server or group fixture started once)
+TEST_COMMAND = "python -m pytest -q -n 2 --dist loadfile"
+
+
 def test_the_demo_line_sets_up_as_the_line_ci_runs() -> None:
     """CI runs the second line word for word (tests/test_house.py); the first is the same set-up
     without the test extras, then `lvx demo` (which the demo's own tests run)."""
     demo, tests = _setup_lines()
-    assert tests.endswith(" && python -m pytest -q") and demo.endswith(" && lvx demo")
+    assert tests.endswith(f" && {TEST_COMMAND}") and demo.endswith(" && lvx demo")
     without_tests = tests.replace(" chromium chromium-driver", "").replace('".[test]"', ".")
-    assert demo == without_tests.removesuffix("python -m pytest -q") + "lvx demo"
+    assert demo == without_tests.removesuffix(TEST_COMMAND) + "lvx demo"
 
 
 def _lines_after(word: str) -> list[list[str]]:
