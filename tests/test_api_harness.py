@@ -7,10 +7,12 @@ default queue; the official `openai` client against a served tiny checkpoint (on
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import shutil
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -33,11 +35,29 @@ def _free_port() -> int:
 pytestmark = pytest.mark.slow  # every test here talks to one server
 
 
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """`app` under uvicorn on a free loopback port, in a thread, for the block; yields its URL."""
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    started = threading.Event()
+    while not server.started and thread.is_alive():
+        started.wait(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, short_video, tmp_path_factory):
     """The API on a tiny engine under uvicorn, the default queue settings, a clip under
     --allow-paths; yields (url, engine, the clip's file:// URL, the upload folder)."""
-    import uvicorn
     from engine_configs import engine_config
     from fastapi import FastAPI
 
@@ -58,19 +78,11 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
     app = FastAPI()
     reported = Reports()
     OpenAIApi(service, config, files, report=reported.add).mount(app)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    started = threading.Event()
-    while not server.started and thread.is_alive():
-        started.wait(0.05)
     try:
-        Served.reported = reported
-        yield Served(f"http://127.0.0.1:{port}", engine, f"file://{clip}", root / "uploads")
+        with serving(app) as url:
+            Served.reported = reported
+            yield Served(url, engine, f"file://{clip}", root / "uploads")
     finally:
-        server.should_exit = True
-        thread.join()
         service.close()
 
 
@@ -250,7 +262,6 @@ def test_32_requests_at_once_all_answer_with_the_default_queue(served):
 def test_a_request_whose_client_left_while_it_waited_loads_nothing(tmp_path):
     """A harness's request that timed out in the queue (its client gone, a retry on its way) gives
     its turn back unanswered: no video load, no prefill for nobody (on the service's stand-in)."""
-    import uvicorn
     from fastapi import FastAPI
     from test_service import StandIn
     from timing import scaled
@@ -271,37 +282,30 @@ def test_a_request_whose_client_left_while_it_waited_loads_nothing(tmp_path):
     app = FastAPI()
     files = VideoFiles([str(tmp_path)], 1.0, tmp_path / "uploads")
     OpenAIApi(service, config, files, report=reported.add).mount(app)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    ready = threading.Event()
-    while not server.started and thread.is_alive():
-        ready.wait(0.05)
     holder = service.lease("the page")
     video = {"type": "video_url", "video_url": {"url": f"file://{tmp_path}/clip.mp4"}}
     body = {"model": "m", "messages": [{"role": "user", "content": [video]}], "max_tokens": 2}
+    pause = threading.Event()  # never set: a wait that wakes on time
+    with serving(app) as url:
 
-    def leaves() -> None:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=1.0)
+        def leaves() -> None:
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.0)
 
-    try:
-        client = threading.Thread(target=leaves)
-        client.start()
-        while not service._waiting:
-            ready.wait(0.01)
-        client.join()
-        ready.wait(scaled(0.5))  # the server sees the connection close
-        holder.close()
-        line = reported.wait_beyond(0)
-        with service.lease("next", timeout=scaled(60)):  # after the request that waited
-            assert engine.loads == [], line
-        assert line == "api: not answered, the client went away while it waited", line
-    finally:
-        holder.close()
-        server.should_exit = True
-        thread.join()
+        try:
+            client = threading.Thread(target=leaves)
+            client.start()
+            while not service._waiting:
+                pause.wait(0.01)
+            client.join()
+            pause.wait(scaled(0.5))  # the server sees the connection close
+            holder.close()
+            line = reported.wait_beyond(0)
+            with service.lease("next", timeout=scaled(60)):  # after the request that waited
+                assert engine.loads == [], line
+            assert line == "api: not answered, the client went away while it waited", line
+        finally:
+            holder.close()
 
 
 def test_one_image_is_refused_and_a_bad_frame_is_a_400_line(served):

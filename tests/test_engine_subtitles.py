@@ -5,6 +5,7 @@ cache does not depend on them)."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -29,6 +30,21 @@ OTHER = [Cue(0.0, 9.5, "something else entirely")]
 
 def _config(checkpoint: str, cache_dir: str, **kw):
     return engine_config(checkpoint, cache_dir, max_new_tokens=PARAMS.max_new_tokens, **kw)
+
+
+@contextlib.contextmanager
+def _loaded(checkpoint: str, video: str, tmp_path, cues, budget: int):
+    """One process's engine with `video` loaded with `cues` under a subtitle budget of `budget`
+    tokens: yields (engine, the load's summary, the engine's warning lines)."""
+    engine = open_engine(_config(checkpoint, str(tmp_path), subtitle_tokens=budget))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = engine.load_video(video, subtitles=cues)
+        said = [str(w.message) for w in caught if issubclass(w.category, EngineWarning)]
+        yield engine, summary, said
+    finally:
+        engine.close()
 
 
 def _conversation(rank: int, world: int, checkpoint: str, video: str, cache_dir: str):
@@ -84,21 +100,15 @@ def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_pa
     many = [
         Cue(t, t + 0.9, f"spoken line number {t} with several more words in it") for t in range(10)
     ]
-    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=60))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            summary = engine.load_video(short_video, subtitles=many)
+    loaded = _loaded(tiny_checkpoints["g2"], short_video, tmp_path, many, 60)
+    with loaded as (engine, summary, said):
         block = engine.session.video.loaded.subtitle_block
         tokens = len(engine.session.processor.encode(block))
         answer = "".join(engine.ask("what is said?"))
-    finally:
-        engine.close()
-    dropped = [str(w.message) for w in caught if issubclass(w.category, EngineWarning)]
     assert (
         0 < summary.subtitle_lines < 10 and summary.subtitles_dropped == 10 - summary.subtitle_lines
     )
-    assert tokens <= 60 and dropped == [
+    assert tokens <= 60 and said == [
         f"{summary.subtitles_dropped} of 10 subtitle lines dropped to fit the 60-token "
         "subtitle budget; the kept lines are spread over the whole video"
     ]
@@ -108,13 +118,7 @@ def test_budget_drops_lines_with_a_warning(tiny_checkpoints, short_video, tmp_pa
 def test_a_budget_of_zero_places_no_line_and_warns_nothing(tiny_checkpoints, short_video, tmp_path):
     """`--subtitle-tokens 0` is the user's "no subtitles": nothing placed, nothing to warn about."""
     cues = [Cue(t, t + 0.9, f"spoken line number {t}") for t in range(10)]
-    engine = open_engine(_config(tiny_checkpoints["g2"], str(tmp_path), subtitle_tokens=0))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            summary = engine.load_video(short_video, subtitles=cues)
+    with _loaded(tiny_checkpoints["g2"], short_video, tmp_path, cues, 0) as (engine, summary, said):
         block = engine.session.video.loaded.subtitle_block
-    finally:
-        engine.close()
     assert summary.subtitle_lines == 0 and block == "" and summary.subtitles_dropped == 10
-    assert not [w for w in caught if issubclass(w.category, EngineWarning)]
+    assert not said

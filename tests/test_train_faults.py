@@ -107,6 +107,15 @@ def _start(tmp_path: Path, args: list[str], run_dir: Path) -> tuple[subprocess.P
     return proc, out_log, err_log
 
 
+def _stepping(tmp_path: Path, video: str, model: str) -> tuple[Path, subprocess.Popen, Path, list]:
+    """A finetuning run on 2 CPU ranks that has taken a step: (its --out, its process, its stderr
+    file, its ranks' pids)."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    run_dir.mkdir()
+    proc, _, err_log = _start(tmp_path, _args(tmp_path, video, model, out), run_dir)
+    return out, proc, err_log, _rank_pids(run_dir)
+
+
 def _rank_pids(run_dir: Path) -> list[int]:
     return [int(pid_file(run_dir, r).read_text()) for r in (0, 1)]
 
@@ -124,12 +133,7 @@ def _stop(proc: subprocess.Popen, pids: list[int]) -> None:
 def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(
     tiny_checkpoints, short_video, tmp_path
 ):
-    out, run_dir = tmp_path / "out", tmp_path / "run"
-    run_dir.mkdir()
-    proc, _, _ = _start(
-        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], out), run_dir
-    )
-    pids = _rank_pids(run_dir)
+    out, proc, _, pids = _stepping(tmp_path, short_video, tiny_checkpoints["g1"])
     try:
         # a second run on the same --out is refused in one line naming the holder, before it starts
         # a rank
@@ -166,12 +170,7 @@ def test_killed_launcher_takes_its_ranks_and_its_lock_with_it(
 
 @pytest.mark.slow
 def test_a_killed_rank_is_named_in_one_line(tiny_checkpoints, short_video, tmp_path):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    proc, _, err_log = _start(
-        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], tmp_path / "out"), run_dir
-    )
-    pids = _rank_pids(run_dir)
+    _, proc, err_log, pids = _stepping(tmp_path, short_video, tiny_checkpoints["g1"])
     try:
         os.kill(pids[1], signal.SIGKILL)
         assert proc.wait(timeout=scaled(120)) == 1
@@ -192,12 +191,7 @@ def test_ctrl_c_ends_every_rank_even_one_that_does_not_stop(
     """Ctrl-C reaches torchrun from lvx finetune (it runs in a session of its own); a rank that does
     not stop within the grace period (here: frozen with SIGSTOP) is killed with the rest, instead of
     waiting out torchrun's own 30 s."""
-    out, run_dir = tmp_path / "out", tmp_path / "run"
-    run_dir.mkdir()
-    proc, _, err_log = _start(
-        tmp_path, _args(tmp_path, short_video, tiny_checkpoints["g1"], out), run_dir
-    )
-    pids = _rank_pids(run_dir)
+    out, proc, err_log, pids = _stepping(tmp_path, short_video, tiny_checkpoints["g1"])
     try:
         os.kill(pids[1], signal.SIGSTOP)
         os.kill(proc.pid, signal.SIGINT)  # lvx finetune alone, as `kill -INT` or a terminal
