@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from test_readme import TEST_COMMAND
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"lvx_app": "lvx_app", "lvx_models": "models", "lvx_ui": "ui"}  # import name -> folder
@@ -240,5 +241,5 @@ def test_ci_runs_the_readmes_test_line_word_for_word():
     """The README's two copy-paste lines come first; CI runs the second as it is."""
     lines = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("\n```", 1)[0]
     demo, tests = lines.splitlines()
-    assert demo.endswith("lvx demo") and tests.endswith("python -m pytest -q -n 2 --dist loadfile")
+    assert demo.endswith("lvx demo") and tests.endswith(TEST_COMMAND)
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()

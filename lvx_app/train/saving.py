@@ -55,13 +55,11 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-def discard_partial(out: Path) -> list[str]:
+def discard_partial(out: Path) -> None:
     """Remove what a save killed half-way left in `out` (a weights file may be gigabytes); only the
-    run holding `out`'s lock may call this. The names removed."""
-    partial = sorted(out.glob(f".*{PARTIAL}*")) if out.is_dir() else []
-    for f in partial:
+    run holding `out`'s lock may call this."""
+    for f in out.glob(f".*{PARTIAL}*"):
         f.unlink(missing_ok=True)
-    return [f.name for f in partial]
 
 
 def official_state_dict(
