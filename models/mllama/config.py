@@ -1,0 +1,117 @@
+"""Mllama's config, read from a published `config.json` (`text_config` and `vision_config`).
+
+Defaults are the 11B checkpoint's values; every size is read from the file, never assumed. RoPE
+comes as the published `rope_theta` + `rope_scaling` (llama3) or as the newer `rope_parameters`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ASPECT_RATIOS_4 = [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@dataclass
+class MllamaVisionConfig:
+    hidden_size: int = 1280
+    num_hidden_layers: int = 32
+    num_global_layers: int = 8
+    attention_heads: int = 16
+    num_channels: int = 3
+    intermediate_size: int = 5120
+    vision_output_dim: int = 7680
+    image_size: int = 560
+    patch_size: int = 14
+    norm_eps: float = 1e-5
+    max_num_tiles: int = 4
+    intermediate_layers_indices: list[int] = field(default_factory=lambda: [3, 7, 15, 23, 30])
+    supported_aspect_ratios: list[list[int]] = field(default_factory=lambda: ASPECT_RATIOS_4)
+
+    @property
+    def patches_per_tile(self) -> int:
+        """Visual tokens of one tile: the patch grid plus the class token (1,601 at 560 / 14)."""
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+    @property
+    def max_aspect_ratio_id(self) -> int:
+        return len(self.supported_aspect_ratios)
+
+
+@dataclass
+class MllamaTextConfig:
+    vocab_size: int = 128256
+    hidden_size: int = 4096
+    num_hidden_layers: int = 40
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    intermediate_size: int = 14336
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: dict[str, Any] | None = field(default_factory=lambda: dict(LLAMA3_ROPE))
+    max_position_embeddings: int = 131072
+    cross_attention_layers: list[int] = field(
+        default_factory=lambda: [3, 8, 13, 18, 23, 28, 33, 38]
+    )
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 128000
+    eos_token_id: int | list[int] = field(default_factory=lambda: [128001, 128008, 128009])
+    pad_token_id: int | None = 128004
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class MllamaConfig:
+    vision: MllamaVisionConfig = field(default_factory=MllamaVisionConfig)
+    text: MllamaTextConfig = field(default_factory=MllamaTextConfig)
+    image_token_index: int = 128256
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MllamaConfig":
+        """The published config.json's dict (unknown keys are ignored)."""
+        text = dict(d.get("text_config", {}))
+        rope = text.pop("rope_parameters", None)
+        if rope:  # the newer form: theta inside the parameters
+            text["rope_theta"] = rope.get("rope_theta", MllamaTextConfig.rope_theta)
+            text["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+        return cls(
+            vision=_pick(MllamaVisionConfig, d.get("vision_config", {})),
+            text=_pick(MllamaTextConfig, text),
+            image_token_index=int(d.get("image_token_index", 128256)),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "MllamaConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json as published (the keys transformers writes for Llama-3.2-Vision)."""
+        vision = {f.name: getattr(self.vision, f.name) for f in fields(self.vision)}
+        text = {f.name: getattr(self.text, f.name) for f in fields(self.text)}
+        vision.update(model_type="mllama_vision_model", hidden_act="gelu")
+        text.update(model_type="mllama_text_model", hidden_act="silu")
+        return {
+            "architectures": ["MllamaForConditionalGeneration"],
+            "model_type": "mllama",
+            "image_token_index": self.image_token_index,
+            "torch_dtype": "bfloat16",
+            "text_config": text,
+            "vision_config": vision,
+        }
+
+
+def _pick(cls, d: dict[str, Any]):
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})

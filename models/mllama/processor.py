@@ -1,0 +1,125 @@
+"""Mllama's processor: the chat prompt, its ids, the images' tiles and the cross-attention mask.
+
+The chat template is the published one for a user turn (no system turn is added when the turn has
+images): `<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n` + one `<|image|>` per
+image + the text + `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\n`.
+
+A video is its frames as consecutive images: one `<|image|>` per frame (one prompt position per
+frame), each frame resized into `video_tiles` tiles (1 by default: 1,601 visual tokens a frame at
+560 pixels, and no empty tiles). Consecutive `<|image|>`s share one span, so every text token after
+the frames sees all of them: the media mask LV-XAttn shards is then one prefix for every row.
+
+Cross-attention mask (as published): the token at an `<|image|>` and every token after it see that
+image's real tiles, until the next `<|image|>` that does not directly follow it (the last span runs
+to the end)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .image_tiles import CLIP_MEAN, CLIP_STD, tile_image
+from .tokenizer import BOS, IMAGE, MllamaTokenizer
+
+USER = "<|start_header_id|>user<|end_header_id|>\n\n"
+ASSISTANT = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def chat_prompt(text: str, images: int) -> str:
+    """One user turn with `images` images before its text, ready for the answer."""
+    return f"{BOS}{USER}{IMAGE * images}{text}{ASSISTANT}"
+
+
+def image_spans(ids: Sequence[int], image_id: int) -> list[tuple[int, int]]:
+    """[start, end) of the tokens that see each image, in the published rule."""
+    where = [i for i, t in enumerate(ids) if t == image_id]
+    spans = [[a, b] for a, b in zip(where, where[1:])] + [[where[-1], len(ids)]] if where else []
+    end = len(ids)
+    for span in reversed(spans):  # a run of consecutive images shares the span after the run
+        if span[1] == span[0] + 1:
+            span[1] = end
+        end = span[1]
+    return [(a, b) for a, b in spans]
+
+
+@dataclass
+class MllamaInputs:
+    input_ids: torch.Tensor  # (1, L) int64
+    pixel_values: torch.Tensor | None  # (1, N, T, 3, S, S) float32
+    aspect_ratio_ids: torch.Tensor | None  # (1, N) int64
+    aspect_ratio_mask: torch.Tensor | None  # (1, N, T) int64
+    cross_attention_mask: torch.Tensor | None  # (1, L, N, T) int64
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keywords of `MllamaModel.forward` / `greedy`."""
+        return dict(
+            pixels=self.pixel_values,
+            ar_ids=self.aspect_ratio_ids,
+            ar_mask=self.aspect_ratio_mask,
+            cross_mask=self.cross_attention_mask,
+        )
+
+
+class MllamaProcessor:
+    def __init__(
+        self,
+        tokenizer: MllamaTokenizer,
+        tile_size: int = 560,
+        max_image_tiles: int = 4,
+        mean=CLIP_MEAN,
+        std=CLIP_STD,
+        video_tiles: int = 1,
+    ):
+        self.tokenizer, self.tile_size, self.max_image_tiles = tokenizer, tile_size, max_image_tiles
+        self.mean, self.std, self.video_tiles = tuple(mean), tuple(std), video_tiles
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
+        """From the folder's tokenizer.json and preprocessor_config.json."""
+        d = Path(directory)
+        pre = json.loads((d / "preprocessor_config.json").read_text())
+        return cls(
+            MllamaTokenizer.from_pretrained(d),
+            tile_size=int(pre["size"]["height"]),
+            max_image_tiles=int(pre.get("max_image_tiles", 4)),
+            mean=pre.get("image_mean", CLIP_MEAN),
+            std=pre.get("image_std", CLIP_STD),
+        )
+
+    def __call__(
+        self, text: str, images: Sequence = (), max_tiles: int | None = None
+    ) -> MllamaInputs:
+        """Ids of `text` (special tokens written in it are single ids), the tiles of `images`
+        (one per `<|image|>`, in order), padded to the most tiles any of them has."""
+        ids = self.tokenizer.encode(text)
+        if ids.count(self.tokenizer.image_id) != len(images):
+            raise ValueError(
+                f"the text has {ids.count(self.tokenizer.image_id)} {IMAGE} tokens for "
+                f"{len(images)} images: give one image per {IMAGE}"
+            )
+        input_ids = torch.tensor([ids], dtype=torch.int64)
+        if not images:
+            return MllamaInputs(input_ids, None, None, None, None)
+        tiles = max_tiles or self.max_image_tiles
+        done = [tile_image(im, self.tile_size, tiles, self.mean, self.std) for im in images]
+        n, s = len(done), self.tile_size
+        pixels = np.zeros((1, n, tiles, 3, s, s), np.float32)
+        ar_mask = torch.zeros(1, n, tiles, dtype=torch.int64)
+        ar_mask[:, :, 0] = 1
+        for i, t in enumerate(done):
+            pixels[0, i, : len(t.tiles)] = t.tiles
+            ar_mask[0, i, : len(t.tiles)] = 1
+        cross = torch.zeros(1, len(ids), n, tiles, dtype=torch.int64)
+        for i, (a, b) in enumerate(image_spans(ids, self.tokenizer.image_id)):
+            cross[0, a:b, i, : len(done[i].tiles)] = 1
+        ar_ids = torch.tensor([[t.ratio_id for t in done]], dtype=torch.int64)
+        return MllamaInputs(input_ids, torch.from_numpy(pixels), ar_ids, ar_mask, cross)
+
+    def video(self, frames: Sequence, question: str) -> MllamaInputs:
+        """A chat turn about a video's frames: one `<|image|>` per frame, `video_tiles` each."""
+        return self(chat_prompt(question, len(frames)), frames, max_tiles=self.video_tiles)

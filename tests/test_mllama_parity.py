@@ -1,0 +1,74 @@
+"""Our Llama-3.2-Vision equals transformers' `MllamaForConditionalGeneration` on tiny random
+checkpoints in the published layout (logits in float32, greedy tokens), and our processor's ids,
+pixels, aspect ratios and cross-attention mask equal `MllamaProcessor`'s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lvx_models.mllama.loader import load_mllama
+from lvx_models.mllama.processor import chat_prompt
+from lvx_models.mllama.tiny import write_tiny_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+LOGIT_TOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=[4, 1], ids=["4-tiles", "1-tile"])
+def pair(request, tmp_path_factory):
+    """(lvx's model and processor, transformers' model and processor) of one tiny checkpoint."""
+    d = write_tiny_checkpoint(tmp_path_factory.mktemp("mllama"), max_tiles=request.param)
+    ours = load_mllama(d, torch.float32)
+    hf, info = transformers.MllamaForConditionalGeneration.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    hf_proc = transformers.MllamaProcessor.from_pretrained(d)
+    return ours, hf.eval(), hf_proc
+
+
+def _images(seed: int, sizes) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+
+
+PROMPTS = {
+    "one image": lambda: (chat_prompt("what is the dog doing", 1), _images(0, [(40, 70)])),
+    "video": lambda: (
+        chat_prompt("what happens first in the video", 3),
+        _images(1, [(30, 50), (30, 50), (30, 50)]),
+    ),
+    "images between text": lambda: (
+        chat_prompt("the first <|image|>and the second picture", 1),
+        _images(2, [(60, 25), (28, 28)]),
+    ),
+}
+
+
+def _compare_inputs(ours, theirs) -> None:
+    assert torch.equal(ours.input_ids, theirs["input_ids"])
+    for name in ("aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask"):
+        assert torch.equal(getattr(ours, name), theirs[name].to(torch.int64)), name
+    torch.testing.assert_close(ours.pixel_values, theirs["pixel_values"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_logits_and_greedy_tokens_match_transformers(pair, prompt):
+    (model, processor, _), hf, hf_proc = pair
+    text, images = PROMPTS[prompt]()
+    ours = processor(text, images)
+    theirs = hf_proc(text=text, images=[images], add_special_tokens=False, return_tensors="pt")
+    _compare_inputs(ours, theirs)
+    with torch.no_grad():
+        logits = model(ours.input_ids, **ours.model_inputs())
+        ref = hf(**theirs).logits
+    diff = (logits - ref).abs().max().item()
+    assert diff < LOGIT_TOL, f"max |logit diff| {diff:.2e}"
+    out = hf.generate(**theirs, max_new_tokens=6, do_sample=False)
+    assert (
+        model.greedy(ours.input_ids, 6, **ours.model_inputs())
+        == out[0, ours.input_ids.shape[1] :].tolist()
+    )
