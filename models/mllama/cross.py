@@ -25,20 +25,28 @@ from lvx_app.attention import attention
 @dataclass(frozen=True)
 class CrossVisibility:
     """sees: (L, U) bool, row l sees unit u; tiles: tiles per image; tokens_per_unit: keys per
-    tile. Rows that see nothing have already been opened to every unit (`masked_out` says which)."""
+    tile. Rows that see nothing have already been opened to every unit (`masked_out` says which).
+    units: the unit of each `tokens_per_unit` keys of the K/V at hand, in their order (all units
+    0..U-1 when None; a rank holding some frames' K/V lists theirs)."""
 
     sees: torch.Tensor
     masked_out: torch.Tensor
     tiles: int
     tokens_per_unit: int
+    units: torch.Tensor | None = None
 
     @classmethod
-    def from_token_mask(cls, mask: torch.Tensor, tokens_per_unit: int) -> "CrossVisibility":
+    def from_token_mask(
+        cls, mask: torch.Tensor, tokens_per_unit: int, units: torch.Tensor | None = None
+    ) -> "CrossVisibility":
         """mask (L, images, tiles) of 0/1 for one sequence, as the processor makes it."""
         sees = mask.flatten(1).bool()
         masked_out = ~sees.any(dim=1)
         sees = sees | masked_out[:, None]
-        return cls(sees, masked_out, int(mask.shape[2]), tokens_per_unit)
+        return cls(sees, masked_out, int(mask.shape[2]), tokens_per_unit, units)
+
+    def held_units(self) -> torch.Tensor:
+        return torch.arange(self.sees.shape[1]) if self.units is None else self.units.cpu()
 
     def last_row(self, rows: int) -> "CrossVisibility":
         """What `rows` tokens after this forward's last one see (a decoded token: the last span)."""
@@ -47,6 +55,7 @@ class CrossVisibility:
             self.masked_out[-1:].expand(rows),
             self.tiles,
             self.tokens_per_unit,
+            self.units,
         )
 
     def media_mask(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -60,7 +69,7 @@ class CrossVisibility:
         prefix = torch.arange(order.numel())[None, :] < count[:, None]
         if not torch.equal(self.sees[:, order], prefix):
             return None
-        k_frame = rank.repeat_interleave(self.tokens_per_unit)
+        k_frame = rank[self.held_units()].repeat_interleave(self.tokens_per_unit)
         return count[None].to(torch.int64), k_frame[None].to(torch.int64)
 
 
@@ -77,7 +86,8 @@ def local_cross_attn(
     patterns, group = torch.unique(vis.sees, dim=0, return_inverse=True)
     for i, pattern in enumerate(patterns):
         rows = torch.nonzero(group == i).flatten().to(q.device)
-        keys = torch.nonzero(pattern.repeat_interleave(vis.tokens_per_unit)).flatten()
+        held = pattern[vis.held_units()]
+        keys = torch.nonzero(held.repeat_interleave(vis.tokens_per_unit)).flatten()
         keys = keys.to(k.device)
         part = attention(q[:, rows], k[:, keys], v[:, keys])[0]
         out = out.index_copy(1, rows, part)

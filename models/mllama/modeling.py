@@ -49,15 +49,18 @@ class MllamaModel(nn.Module):
         cross_mask: torch.Tensor | None = None,
         cache: TextCache | None = None,
         cross_attn: CrossAttn = local_cross_attn,
+        visual: tuple[dict, CrossVisibility] | None = None,
     ) -> torch.Tensor:
         """Logits (1, L, vocab) of ids (1, L) after what the cache holds.
 
         With the processor's pixels (1, N, T, C, H, W), aspect-ratio ids (1, N) and mask (1, N, T)
         and `cross_mask` (1, L, N, T) the visual K/V
         are made (and kept in the cache); without them the cache's visual K/V serve, and every new
-        row sees what the last row of the forward that made them saw."""
+        row sees what the last row of the forward that made them saw. `visual`: the cross layers'
+        K/V made elsewhere (`visual_kv`, for the frames this process holds) with this forward's
+        visibility, instead of pixels."""
         start = cache.tokens if cache is not None else 0
-        kv, vis = None, None
+        kv, vis = visual if visual is not None else (None, None)
         if pixels is not None:
             kv = self.visual_kv(self.visual_features(pixels[0], ar_ids[0], ar_mask[0]))
             vis = CrossVisibility.from_token_mask(cross_mask[0], self.cfg.vision.patches_per_tile)
@@ -69,22 +72,25 @@ class MllamaModel(nn.Module):
         step = TextStep(cos, sin, cache, kv, vis, cross_attn)
         hidden = self.language_model.model(ids, step)
         if cache is not None:
-            cache.advance(ids.shape[1], kv if pixels is not None else None, vis)
+            made = pixels is not None or visual is not None
+            cache.advance(ids.shape[1], kv if made else None, vis)
         return self.language_model.lm_head(hidden)
 
     @torch.no_grad()
     def greedy(
-        self, ids: torch.Tensor, max_new_tokens: int, stop: set[int] = frozenset(), **visual
+        self, ids: torch.Tensor, max_new_tokens: int, stop: set[int] = frozenset(), **inputs
     ) -> list[int]:
         """Greedy tokens after the prompt ids (1, L) with its visual inputs (`forward`'s
         keywords), on a text cache, until a stop id or `max_new_tokens`."""
         cache = TextCache()
-        logits = self(ids, cache=cache, **visual)
+        logits = self(ids, cache=cache, **inputs)
+        cross_attn = inputs.get("cross_attn", local_cross_attn)
         tokens: list[int] = []
         while len(tokens) < max_new_tokens:
             token = int(logits[0, -1].argmax())
             tokens.append(token)
             if token in stop:
                 break
-            logits = self(torch.tensor([[token]], device=ids.device), cache=cache)
+            token_ids = torch.tensor([[token]], device=ids.device)
+            logits = self(token_ids, cache=cache, cross_attn=cross_attn)
         return tokens
