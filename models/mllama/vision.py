@@ -164,6 +164,8 @@ class MllamaVisionModel(nn.Module):
         p = x.shape[2]
         padded = p + (8 - p % 8) % 8
         x = F.pad(x, (0, 0, 0, padded - p)).view(n, t * padded, -1)
+        if bool((ar_mask == ar_mask[:1]).all()):  # frames alike: one bias for the batch
+            ar_mask = ar_mask[:1]
         bias = padding_bias(ar_mask, p, padded, x.dtype)
         kept = {}  # the local layers' outputs the published model concatenates
         for i, layer in enumerate(self.transformer.layers):
