@@ -72,3 +72,54 @@ def test_logits_and_greedy_tokens_match_transformers(pair, prompt):
         model.greedy(ours.input_ids, 6, **ours.model_inputs())
         == out[0, ours.input_ids.shape[1] :].tolist()
     )
+
+
+def _first_tile_checkpoint(src, dst) -> None:
+    """`src` (up to 4 tiles) as a one-tile checkpoint: the aspect-ratio tables keep the padding row
+    and the (1, 1) row's first tile, which is what a one-tile frame reads from them."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((src / "config.json").read_text())
+    vision = cfg["vision_config"]
+    tiles, vision["max_num_tiles"], vision["supported_aspect_ratios"] = (
+        vision["max_num_tiles"],
+        1,
+        [[1, 1]],
+    )
+    (dst / "config.json").write_text(json.dumps(cfg))
+    pre = json.loads((src / "preprocessor_config.json").read_text())
+    (dst / "preprocessor_config.json").write_text(json.dumps({**pre, "max_image_tiles": 1}))
+    weights = load_file(str(src / "model.safetensors"))
+    for name in (
+        "vision_model.pre_tile_positional_embedding.embedding.weight",
+        "vision_model.post_tile_positional_embedding.embedding.weight",
+        "vision_model.gated_positional_embedding.tile_embedding.weight",
+    ):
+        w = weights[name]
+        weights[name] = w[:2, : w.shape[1] // tiles].contiguous()
+    save_file(weights, str(dst / "model.safetensors"), {"format": "pt"})
+
+
+def test_one_tile_frames_of_a_four_tile_checkpoint(tmp_path):
+    """lvx's video frames (one tile each, no empty tiles) on a checkpoint of up to 4 tiles equal
+    transformers running the same weights as a one-tile model."""
+    src = write_tiny_checkpoint(tmp_path / "four")
+    (tmp_path / "one").mkdir()
+    _first_tile_checkpoint(src, tmp_path / "one")
+    model, processor, _ = load_mllama(src, torch.float32)
+    hf = transformers.MllamaForConditionalGeneration.from_pretrained(
+        tmp_path / "one", dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    text, frames = PROMPTS["video"]()
+    ours = processor.video(frames, "what happens first in the video")
+    theirs = transformers.MllamaProcessor.from_pretrained(tmp_path / "one")(
+        text=text, images=[frames], add_special_tokens=False, return_tensors="pt"
+    )
+    _compare_inputs(ours, theirs)
+    with torch.no_grad():
+        diff = (model(ours.input_ids, **ours.model_inputs()) - hf(**theirs).logits).abs().max()
+    assert diff.item() < LOGIT_TOL, f"max |logit diff| {diff.item():.2e}"
