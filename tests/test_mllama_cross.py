@@ -53,6 +53,6 @@ def test_matches_dense_reference(case):
     k = torch.randn(1, units * P, HKV, D, generator=g, dtype=torch.float64)
     v = torch.randn(1, units * P, HKV, D, generator=g, dtype=torch.float64)
     vis = CrossVisibility.from_token_mask(mask, P)
-    assert (vis.media_mask() is None) == (case == "between text")
+    assert (vis.media_mask is None) == (case == "between text")
     got = local_cross_attn(q, k, v, vis, layer=0)
     torch.testing.assert_close(got, _dense(q, k, v, mask), rtol=1e-12, atol=1e-12)

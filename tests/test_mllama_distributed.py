@@ -36,7 +36,7 @@ def sharded_cross_attn(q, k, v, vis: CrossVisibility, layer: int):
 
     from lvx_app.attention import decode_xattn, lv_xattn_with_lse
 
-    q_vis, k_frame = vis.media_mask()
+    q_vis, k_frame = vis.media_mask
     if q.shape[1] == 1:
         return decode_xattn(q, k, v, q_vis=q_vis, k_frame=k_frame)[0]
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -16,6 +16,7 @@ distinct set of units, on the keys of that set.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -24,14 +25,13 @@ from lvx_app.attention import attention
 
 @dataclass(frozen=True)
 class CrossVisibility:
-    """sees: (L, U) bool, row l sees unit u; tiles: tiles per image; tokens_per_unit: keys per
-    tile. Rows that see nothing have already been opened to every unit (`masked_out` says which).
-    units: the unit of each `tokens_per_unit` keys of the K/V at hand, in their order (all units
-    0..U-1 when None; a rank holding some frames' K/V lists theirs)."""
+    """sees: (L, U) bool, row l sees unit u; tokens_per_unit: keys per tile. Rows that see
+    nothing have already been opened to every unit (`masked_out` says which). units: the unit of
+    each `tokens_per_unit` keys of the K/V at hand, in their order (all units 0..U-1 when None; a
+    rank holding some frames' K/V lists theirs)."""
 
     sees: torch.Tensor
     masked_out: torch.Tensor
-    tiles: int
     tokens_per_unit: int
     units: torch.Tensor | None = None
 
@@ -43,7 +43,7 @@ class CrossVisibility:
         sees = mask.flatten(1).bool()
         masked_out = ~sees.any(dim=1)
         sees = sees | masked_out[:, None]
-        return cls(sees, masked_out, int(mask.shape[2]), tokens_per_unit, units)
+        return cls(sees, masked_out, tokens_per_unit, units)
 
     def held_units(self) -> torch.Tensor:
         return torch.arange(self.sees.shape[1]) if self.units is None else self.units.cpu()
@@ -53,11 +53,11 @@ class CrossVisibility:
         return CrossVisibility(
             self.sees[-1:].expand(rows, -1),
             self.masked_out[-1:].expand(rows),
-            self.tiles,
             self.tokens_per_unit,
             self.units,
         )
 
+    @cached_property  # once per forward, not once per cross layer
     def media_mask(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(q_vis (1, L), k_frame (1, S_kv)) int64 when every row sees a prefix of the units
         ordered real tiles first (image by image), then the empty ones; else None."""
@@ -78,7 +78,7 @@ def local_cross_attn(
 ) -> torch.Tensor:
     """Cross-attention of q (1, L, Hq, D) to k, v (1, S_kv, Hkv, D) in one process -> (1, L, Hq,
     D)."""
-    media = vis.media_mask()
+    media = vis.media_mask
     if media is not None:
         q_vis, k_frame = (t.to(q.device) for t in media)
         return attention(q, k, v, q_vis=q_vis, k_frame=k_frame)[0]
