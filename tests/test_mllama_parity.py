@@ -123,3 +123,31 @@ def test_one_tile_frames_of_a_four_tile_checkpoint(tmp_path):
     with torch.no_grad():
         diff = (model(ours.input_ids, **ours.model_inputs()) - hf(**theirs).logits).abs().max()
     assert diff.item() < LOGIT_TOL, f"max |logit diff| {diff.item():.2e}"
+
+
+GRADS = (
+    "multi_modal_projector.weight",
+    "language_model.model.layers.1.cross_attn.k_proj.weight",
+    "language_model.model.layers.1.cross_attn_attn_gate",
+    "language_model.model.layers.0.self_attn.q_proj.weight",
+    "vision_model.patch_embedding.weight",
+    "vision_model.global_transformer.layers.0.gate_attn",
+)
+
+
+def test_gradients_match_transformers(pair):
+    """The same loss gives the same weight gradients (vision tower, projector, cross and self
+    layers): what finetuning needs of the model."""
+    (model, processor, _), hf, hf_proc = pair
+    text, images = PROMPTS["images between text"]()
+    ours = processor(text, images)
+    theirs = hf_proc(text=text, images=[images], add_special_tokens=False, return_tensors="pt")
+    model.zero_grad()
+    hf.zero_grad()
+    model(ours.input_ids, **ours.model_inputs()).logsumexp(-1).sum().backward()
+    hf(**theirs).logits.logsumexp(-1).sum().backward()
+    theirs_params = dict(hf.named_parameters())
+    for name in GRADS:  # transformers' names on load (it writes the published ones back)
+        hf_name = "model." + name.replace("language_model.model.", "language_model.")
+        got = dict(model.named_parameters())[name].grad
+        torch.testing.assert_close(got, theirs_params[hf_name].grad, rtol=1e-4, atol=1e-5)
