@@ -26,7 +26,6 @@ FRAMES = 4
 def _video(processor, tiles: int):
     rng = np.random.default_rng(3)
     frames = [rng.integers(0, 256, (30, 50, 3), dtype=np.uint8) for _ in range(FRAMES)]
-    # one tile a frame (lvx's video default), or as many as the published images get
     return processor(chat_prompt("what happens in the video", FRAMES), frames, max_tiles=tiles)
 
 
@@ -58,39 +57,51 @@ def sharded_cross_attn(q, k, v, vis: CrossVisibility, layer: int):
     return torch.cat([p[:, : len(r)] for p, r in zip(parts, rows)], dim=1)
 
 
-def _run(rank: int, world: int, directory: str, tiles: int):
-    model, processor, cfg = load_mllama(directory, torch.float64)
-    inputs = _video(processor, tiles)
-    mine = torch.tensor_split(torch.arange(FRAMES), world)[rank]
+TILES = (1, 4)  # one tile a frame (lvx's video default), or as many as the published images get
+
+
+def _shard(model, cfg, inputs, mine: torch.Tensor):
+    """The visual K/V of this rank's frames and the forward's visibility over them."""
     t = inputs.pixel_values.shape[2]
-    with torch.no_grad():
-        features = model.visual_features(
-            inputs.pixel_values[0, mine],
-            inputs.aspect_ratio_ids[0, mine],
-            inputs.aspect_ratio_mask[0, mine],
-        )
-        kv = model.visual_kv(features)
-        units = (mine[:, None] * t + torch.arange(t)).flatten()
-        vis = CrossVisibility.from_token_mask(
-            inputs.cross_attention_mask[0], cfg.vision.patches_per_tile, units
-        )
-        logits = model(inputs.input_ids, visual=(kv, vis), cross_attn=sharded_cross_attn)
-        tokens = model.greedy(inputs.input_ids, 5, visual=(kv, vis), cross_attn=sharded_cross_attn)
-    return mine.numel(), logits.numpy(), tokens
+    features = model.visual_features(
+        inputs.pixel_values[0, mine],
+        inputs.aspect_ratio_ids[0, mine],
+        inputs.aspect_ratio_mask[0, mine],
+    )
+    units = (mine[:, None] * t + torch.arange(t)).flatten()
+    mask = inputs.cross_attention_mask[0]
+    return model.visual_kv(features), CrossVisibility.from_token_mask(
+        mask, cfg.vision.patches_per_tile, units
+    )
+
+
+def _run(rank: int, world: int, directory: str):
+    model, processor, cfg = load_mllama(directory, torch.float64)
+    mine = torch.tensor_split(torch.arange(FRAMES), world)[rank]  # contiguous
+    out = {}
+    for tiles in TILES:  # both in the same ranks (no extra spawn)
+        inputs = _video(processor, tiles)
+        with torch.no_grad():
+            visual = _shard(model, cfg, inputs, mine)
+            logits = model(inputs.input_ids, visual=visual, cross_attn=sharded_cross_attn)
+            tokens = model.greedy(inputs.input_ids, 5, visual=visual, cross_attn=sharded_cross_attn)
+        out[tiles] = (mine.numel(), logits.numpy(), tokens)
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tiles", [1, 4])
 @pytest.mark.parametrize("world", [2, 3])
-def test_frames_split_over_ranks_match_one_process(tmp_path, world, tiles):
+def test_frames_split_over_ranks_match_one_process(tmp_path, world):
     d = write_tiny_checkpoint(tmp_path)
-    results = run_ranks(_run, world, str(d), tiles)
+    results = run_ranks(_run, world, str(d))
     model, processor, _ = load_mllama(d, torch.float64)
-    inputs = _video(processor, tiles)
-    with torch.no_grad():
-        want = model(inputs.input_ids, **inputs.model_inputs())
-        want_tokens = model.greedy(inputs.input_ids, 5, **inputs.model_inputs())
-    assert sum(r[0] for r in results) == FRAMES
-    for rank, (_, logits, tokens) in enumerate(results):
-        torch.testing.assert_close(torch.from_numpy(logits), want, rtol=1e-10, atol=1e-10)
-        assert tokens == want_tokens, f"rank {rank}"
+    for tiles in TILES:
+        inputs = _video(processor, tiles)
+        with torch.no_grad():
+            want = model(inputs.input_ids, **inputs.model_inputs())
+            want_tokens = model.greedy(inputs.input_ids, 5, **inputs.model_inputs())
+        assert sum(r[tiles][0] for r in results) == FRAMES
+        for rank, r in enumerate(results):
+            _, logits, tokens = r[tiles]
+            torch.testing.assert_close(torch.from_numpy(logits), want, rtol=1e-10, atol=1e-10)
+            assert tokens == want_tokens, f"{tiles} tiles, rank {rank}"
