@@ -826,3 +826,98 @@ def test_the_bound_is_derived_from_depth_and_dtype() -> None:
 
     assert bound(28, torch.bfloat16) == pytest.approx(57**0.5 / 256)  # 7B: 2.9e-2
     assert bound(28, torch.float16) < bound(28, torch.bfloat16) and bound(2, torch.bfloat16) < 0.01
+
+
+def test_a_kernel_rejected_during_capture_heads_the_report(tmp_path, monkeypatch) -> None:
+    """bf16 "on CUDA" (the op stand-ins), CUDA graphs stood in: the bounded flash call is rejected
+    while the step is captured, so every replayed token runs the masked kernel. The decode file
+    lists the fallback (the tally was open through warm-up and capture) and the report's first
+    lines say that item's figures came from it."""
+    from types import SimpleNamespace
+
+    from cuda_standins import Recorder, install
+
+    from lvx_app.attention import backends
+    from lvx_app.attention.backends import BackendFallbackWarning
+    from lvx_app.engine import static_decode
+    from scripts import bench_decode
+    from scripts.harness import Rows
+    from scripts.random_model import random_model
+
+    monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
+    monkeypatch.setattr(backends, "_flash_attn", lambda: None)
+    monkeypatch.setattr(backends, "_broken", {})
+    for name, fn in install(Recorder()).items():
+        monkeypatch.setitem(backends.KERNEL_OPS, name, fn)
+    capturing = []
+    monkeypatch.setattr(static_decode, "_on_side_stream", lambda fn: fn())
+
+    def capture(fn):
+        capturing.append(1)
+        fn()  # recorded: the kernels it calls now are what every replay runs
+        capturing.clear()
+        return SimpleNamespace(replay=fn)
+
+    monkeypatch.setattr(static_decode, "_capture", capture)
+    bounded = backends.KERNEL_OPS["flash_varlen_fwd"]
+
+    def rejects_under_capture(*args, **kwargs):
+        if capturing:
+            raise RuntimeError("seqused_k needs a newer build")
+        return bounded(*args, **kwargs)
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "flash_varlen_fwd", rejects_under_capture)
+    cpu = torch.device("cpu")
+    model = random_model("small", cpu, torch.bfloat16)
+    conversation, logits, _ = bench_decode._prompt(model, 0.02, cpu, torch.bfloat16)
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = Rows(out / "decode.json", fallbacks=[])
+    row = rows.add({"mode": "cuda-graphs"})
+
+    def save(figures, row=row):
+        row.update(figures)
+        rows.save(fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}))
+
+    with pytest.warns(BackendFallbackWarning, match="flash_varlen"):
+        bench_decode.mode_row(
+            conversation, logits, conversation.position, bench_decode.MODES["cuda-graphs"], 6,
+            cpu, save, 4,
+        )  # fmt: skip
+    want = "fwd flash_varlen -> efficient: seqused_k needs a newer build"
+    assert row["fallbacks"] == [want]
+    item = Item("decode: eager vs cuda-graphs, one build", ["x"], 60, writes=("decode.json",))
+    result = rep.Result(item.name, "running", "", 1.0, "x")
+    rep.finish(item, result, 0, "", out)
+    assert result.status == "passed" and result.fallbacks == [want]
+    report = _report(out, [result], [])
+    report.headlines = rep.headlines([result], out)
+    first_lines = rep.markdown(report).splitlines()[:4]
+    assert any(line.startswith("- FALLBACK: 'decode: eager vs cuda-graphs" + ", one build'")
+               and want in line for line in first_lines), first_lines  # fmt: skip
+
+
+def test_the_aten_ops_lvx_calls_are_checked_against_the_torch_present(tmp_path, monkeypatch):
+    """Every op the adapters call fits this torch; a call that no longer fits (an argument
+    renamed, one more output unpacked, an op gone) is one line each, and each heads the report."""
+    from scripts import op_signatures
+
+    assert op_signatures.mismatches() == []
+    changed = {
+        "_flash_attention_forward": (10, ("scale", "seqused_kv"), 2, False),
+        "_scaled_dot_product_efficient_attention": (7, ("scale",), 5, True),
+        "_scaled_dot_product_flash_attention_backward": (3, ("scale",), 3, True),
+        "_no_such_attention": (1, (), 1, False),
+    }
+    lines = op_signatures.mismatches(changed)
+    assert len(lines) >= 4, lines
+    assert "has no argument 'seqused_kv'" in lines[0] and "unpacks 5" in lines[1]
+    assert "needs 'value'" in lines[2] and "not in torch" in lines[-1]
+    monkeypatch.setattr(acc, "mismatches", lambda: lines)
+    out = tmp_path / "out"
+    items = [Item("a", [sys.executable, "-c", "pass"], 30)]
+    monkeypatch.setattr(acc, "items_for", lambda *a: items)
+    assert acc.main(["--rehearse", "--out", str(out), "--budget-min", "2"]) == 0
+    text = (out / "acceptance.md").read_text()
+    head = text[: text.index("Machine:")].splitlines()  # the lines above everything else
+    assert [ln for ln in head if ln.startswith("- aten.")] == [f"- {ln}" for ln in lines]
