@@ -227,8 +227,10 @@ def headlines(results: list[Result], out: Path) -> list[str]:
     if not lines and any(r.status == "passed" for r in results):
         lines.append("Kernels: no attention-kernel fallback in any item that ran (every figure is "
                      "from the kernel the engine picks).")  # fmt: skip
-    compared = {**_read(out / DECODE_FILE).get("comparison", {}),
-                **_read(out / "decode_compile.json").get("comparison", {})}  # fmt: skip
+    decoded = [_read(out / DECODE_FILE), _read(out / "decode_compile.json")]
+    compared = {m: c for d in decoded for m, c in d.get("comparison", {}).items()}
+    lines += [f"Decoding: {r['mode']} not compared with eager: {r['skipped']}."
+              for d in decoded for r in d.get("rows", []) if r.get("skipped")]  # fmt: skip
     for mode, c in compared.items():
         state = "agree" if c.get("ok") else "DISAGREE"
         lines.append(
