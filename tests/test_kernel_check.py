@@ -27,9 +27,9 @@ CALLS = (
 )
 
 
-def _check(tmp_path, dtype=None, **kw) -> tuple[bool, dict]:
+def _check(tmp_path, dtype=None, frames=1, **kw) -> tuple[bool, dict]:
     args = argparse.Namespace(
-        device="cpu", frames=1, rows=16, prefix=64, dtype=dtype, backends=None, **kw
+        device="cpu", frames=frames, rows=16, prefix=64, dtype=dtype, backends=None, **kw
     )
     rows = Rows(tmp_path / "kernels.json", key="checks")
     ok = check_kernels.check(args, rows)
@@ -216,3 +216,25 @@ def test_a_check_where_no_backend_took_any_call_says_it_checked_nothing(tmp_path
     assert "skipped" not in written and written["ok"] is True
     assert {r["call"] for r in written["rows"] if "ok" in r} == set(CALLS)
     assert all(r["backend"] == "auto" for r in written["rows"] if "ok" in r)
+
+
+def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
+    """The check's CUDA rows on CPU, every CUDA op a stand-in with the real op's signature and
+    layouts (tests/cuda_standins.py): each path runs on the kernel the engine picks (the bounded
+    decode, two batch rows, on flash's variable-length form: its (Hq, B*Sq) lse laid out per row),
+    and each forced backend passes."""
+    from cuda_standins import on_stand_ins
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["flash", "efficient"])
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=3)
+    assert ok, [r["why"] for r in written["rows"] if not r.get("ok", True)]
+    auto = {r["call"]: r["ran"] for r in written["rows"] if r["backend"] == "auto"}
+    assert auto == {
+        "every key visible": ["flash"],
+        "media mask": ["efficient", "flash"],  # the masked band, and the rows that see all
+        "decoded token": ["flash"],
+        "bounded decode": ["flash_varlen"],
+        "causal prefill over a cached prefix": ["flash"],
+    }
