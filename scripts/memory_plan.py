@@ -4,7 +4,6 @@ figures projected).
 The memory terms are the engine's own plan (`lvx_app/engine/memory_plan.py`, which `--kv-mode auto`
 reads); this module adds the time plan, the largest-video search and the kernel-call tally.
 
-
 Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM
 bandwidth, added without overlap; communication and CPU video decoding are not in them.
 """
