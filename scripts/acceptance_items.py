@@ -1,14 +1,16 @@
 """What the acceptance run runs: the first command's items, in the order of what matters most on a
 short GPU rental, and the second command's, with their time limits and the files each writes.
 
-First (`--first`, about 7 minutes on one H100): versions and device; the attention kernels checked
-at 7B shapes (output and lse against float64); LV-XAttn's block forward and backward at 7B shapes;
-decoding tokens/s eager, then with CUDA graphs (each its own file and limit); time to first token
-and prompt prefill at 10 and 60 minutes of video with peak memory; the compiled decode only when a C
-compiler is there and its whole limit is left. Second (`--second`): the compiled decode (and with
-CUDA graphs), the CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and
-PyAV), NCCL and the ring/gather crossover (2+ GPUs). `--rehearse` gives the same items at small
-shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU time.
+First (`--first`, 7 minutes on one H100, its items' limits adding up to that): versions and
+device; the attention kernels checked at 7B shapes on every path the engine runs (output and lse
+against float64); the 60-minute chat (peak allocated and reserved memory beside the plan, time to
+first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-graph decoding on one
+build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
+and backward at 7B shapes. Second (`--second`): the 10-minute chat, the compiled decode (and with
+CUDA graphs) beside eager on one build, the CUDA-marked tests, finetuning, the demo and ingest
+(they decode video: decord and PyAV), NCCL and the ring/gather crossover (2+ GPUs). `--rehearse`
+gives the same items at small shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU
+time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAT_MINUTES = (10, 60)  # the video lengths of the first command's chat
+CHAT_MINUTES = (10, 60)  # the video lengths of the chat: the second command's, the first's
+FIRST_BUDGET_S = 420  # the first command's default budget; its items' limits add up to it
+PROFILE_TOKENS = 8  # the longest answer a decode item's sync and launch counts profile
 REHEARSAL_SCALE = 100  # a rehearsal's video is this many times shorter
 REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
 LVX_CLI = ("-m", "lvx_app.cli")  # how a child runs the `lvx` command (the checkout's own)
@@ -57,50 +61,54 @@ def cuda_test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in files if "mark.cuda" in p.read_text())
 
 
-def _decode(mode: str, out: Path, rehearse: bool, **kw) -> Item:
-    """Decoding in one mode (its own process, file and limit): tok/s, syncs and launches per token
-    at 10 minutes of video, beside the plan."""
-    name = f"decode_{mode.replace('+cuda-graphs', '-graphs')}.json"
+def _decode(modes: list[str], out: Path, rehearse: bool, name: str, **kw) -> Item:
+    """Decoding in `modes` on one build (one process, file and limit): tok/s, syncs and launches
+    per token at 10 minutes of video, beside the plan; with eager and another mode, the two
+    teacher-forced and compared at every step."""
     shape = ["--device", "cpu", "--minutes", "0.1", "--new-tokens", "8"]
     args = shape if rehearse else ["--device", "cuda", "--minutes", str(CHAT_MINUTES[0])]
-    command = _py("scripts/bench_decode.py", *args, "--modes", mode, "--out", str(out / name))
-    return Item(f"decode tok/s, {mode}", command, kw.pop("timeout_s", 150), writes=(name,), **kw)
+    command = _py("scripts/bench_decode.py", *args, "--profile-tokens", str(PROFILE_TOKENS),
+                  "--modes", *modes, "--out", str(out / name))  # fmt: skip
+    title = f"decode: {' vs '.join(modes)}, one build"
+    return Item(title, command, kw.pop("timeout_s", 150), writes=(name,), **kw)
+
+
+def _chat(out: Path, rehearse: bool, minutes: tuple[int, ...], name: str, timeout_s: int) -> Item:
+    device = ["--device", "cpu" if rehearse else "cuda"]
+    args = ["--shape", "small", "--new-tokens", "4"] if rehearse else []
+    scale = REHEARSAL_SCALE if rehearse else 1
+    lengths = [f"{m / scale:g}" for m in minutes]
+    return Item(
+        f"chat: TTFT, prefill and memory at {' and '.join(lengths)} min",
+        _py("scripts/bench_chat_7b.py", *device, *args, "--minutes", *lengths,
+            "--out", str(out / name)),
+        timeout_s, writes=(name,),
+    )  # fmt: skip
 
 
 def first_items(out: Path, scratch: Path, rehearse: bool = False) -> list[Item]:
-    """The first command's items, most important first (the module's docstring)."""
+    """The first command's items, most important first (the module's docstring); their limits
+    add up to `FIRST_BUDGET_S`."""
     device = ["--device", "cpu" if rehearse else "cuda"]
-    check = ["--frames", "2", "--rows", "32"] if rehearse else []
+    check = ["--frames", "2", "--rows", "32", "--prefix", "256"] if rehearse else []
     block = ["--frames", "16", "--iters", "1", "--warmup", "1"] if rehearse else []
-    scale = REHEARSAL_SCALE if rehearse else 1
-    minutes = [f"{m / scale:g}" for m in CHAT_MINUTES]
-    chat = ["--shape", "small", "--new-tokens", "4"] if rehearse else []
     kernels = str(out / "kernels_7b.json")
-    compile_skip = "compiling for a CPU says nothing of the GPU's" if rehearse else None
     return [
-        Item("versions and device", _py("scripts/versions.py"), 60, reports_machine=True),
+        Item("versions and device", _py("scripts/versions.py"), 30, reports_machine=True),
         Item(
-            "kernels at 7B shapes vs float64 (output, lse)",
+            "kernels at 7B shapes vs float64, every engine path (output, lse)",
             _py("scripts/check_kernels.py", *device, *check, "--out", kernels, "--out-key",
                 "checks"),
-            150, writes=("kernels_7b.json",), key="checks",
+            80, writes=("kernels_7b.json",), key="checks",
         ),
+        _chat(out, rehearse, CHAT_MINUTES[1:], "chat_7b.json", 150),
+        _decode(["eager", "cuda-graphs"], out, rehearse, "decode.json", timeout_s=110),
         Item(
             "LV-XAttn block forward and backward at 7B shapes",
             _py("scripts/bench_xattn_7b.py", *device, *block, "--out", kernels, "--out-key",
                 "lv_xattn"),
-            150, writes=("kernels_7b.json",), key="lv_xattn",
+            50, writes=("kernels_7b.json",), key="lv_xattn",
         ),
-        _decode("eager", out, rehearse),
-        _decode("cuda-graphs", out, rehearse),
-        Item(
-            f"chat: TTFT and prefill at {' and '.join(minutes)} min",
-            _py("scripts/bench_chat_7b.py", *device, *chat, "--minutes", *minutes,
-                "--out", str(out / "chat_7b.json")),
-            300, writes=("chat_7b.json",),
-        ),
-        _decode("compile", out, rehearse, timeout_s=240, compiler=True, if_time_left=True,
-                skip=compile_skip),
     ]  # fmt: skip
 
 
@@ -117,9 +125,9 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
     compile_skip = "compiling for a CPU says nothing of the GPU's" if rehearse else None
     gloo = " (gloo)" if rehearse else ""
     return [
-        _decode("compile", out, rehearse, timeout_s=240, compiler=True, skip=compile_skip),
-        _decode("compile+cuda-graphs", out, rehearse, timeout_s=240, compiler=True,
-                skip=compile_skip),
+        _chat(out, rehearse, CHAT_MINUTES[:1], "chat_7b_10min.json", 150),
+        _decode(["eager", "compile", "compile+cuda-graphs"], out, rehearse, "decode_compile.json",
+                timeout_s=400, compiler=True, skip=compile_skip),
         Item("cuda tests", _pytest("-m", "cuda", *cuda_test_files()), 240, pytest=True),
         Item(
             "bench_finetune",

@@ -20,9 +20,12 @@ from pathlib import Path
 from scripts.acceptance_items import Item
 from scripts.harness import dumps, write_json
 
-SCHEMA = 3
+SCHEMA = 4
 TAIL_LINES = 40
 DECODE_MODES = ("eager", "cuda-graphs", "compile", "compile-graphs")
+DECODE_FILE = "decode.json"  # the first command's decoding: eager and CUDA graphs on one build
+# a decode mode as bench_decode names it in its rows
+ROW_MODE = {"compile-graphs": "compile+cuda-graphs"}
 
 
 @dataclass
@@ -52,6 +55,10 @@ class Report:
     results: list[Result] = field(default_factory=list)
     comparison: list[dict] = field(default_factory=list)  # measured vs planned, per figure
     notes: list[str] = field(default_factory=list)
+    # the first lines a person reads: which figures came from a fallback kernel, whether the decode
+    # modes agree, the kv mode auto chose, every aten op whose signature differs from lvx's calls
+    headlines: list[str] = field(default_factory=list)
+    signatures: list[str] = field(default_factory=list)  # scripts/op_signatures.py, at start
     updated: str = ""
     finished: bool = False  # False: the run was stopped, or is still going
 
@@ -146,20 +153,23 @@ def planned(shape: str, chat_minutes: list[float], decode_minutes: float) -> lis
     from scripts.random_model import model_config
 
     cfg, rows = model_config(shape), []
-    for minutes in chat_minutes:
+    for minutes in chat_minutes:  # the longest in the first command's file, the rest the second's
+        chat = "chat_7b.json" if minutes == max(chat_minutes) else "chat_7b_10min.json"
         work = Workload(minutes=minutes, answer_tokens=64)
         t = time_plan(cfg, work)
         for figure, value, source in (
-            ("video-prompt prefill s", t["video-prompt prefill"]["seconds"], "chat_7b.json"),
-            ("TTFT s", t["question prefill (TTFT)"]["seconds"], "chat_7b.json"),
-            ("tokens/s, chat loop", t["tokens/s"], "chat_7b.json"),
-            ("peak GiB", memory_plan(cfg, work).peak / 2**30, "chat_7b.json"),
+            ("video-prompt prefill s", t["video-prompt prefill"]["seconds"], chat),
+            ("TTFT s", t["question prefill (TTFT)"]["seconds"], chat),
+            ("tokens/s, chat loop", t["tokens/s"], chat),
+            ("peak GiB", memory_plan(cfg, work).peak / 2**30, chat),
+            ("peak reserved GiB", memory_plan(cfg, work).peak / 2**30, chat),
         ):
             rows.append({"figure": figure, "minutes": minutes, "planned": value, "from": source})
     tokens_s = time_plan(cfg, Workload(minutes=decode_minutes, answer_tokens=64))["tokens/s"]
     for mode in DECODE_MODES:
+        source = DECODE_FILE if mode in ("eager", "cuda-graphs") else "decode_compile.json"
         rows.append({"figure": f"tokens/s, decode {mode}", "minutes": decode_minutes,
-                     "planned": tokens_s, "from": f"decode_{mode}.json"})  # fmt: skip
+                     "planned": tokens_s, "from": source})  # fmt: skip
     return [row | {"measured": None, "measured/planned": None} for row in rows]
 
 
@@ -168,6 +178,7 @@ _CHAT = {
     "TTFT s": "ttft_s",
     "tokens/s, chat loop": "tokens_per_s",
     "peak GiB": "peak_gib",
+    "peak reserved GiB": "peak_reserved_gib",
 }
 
 
@@ -179,8 +190,9 @@ def _measured(out: Path, row: dict) -> float | None:
     for r in data.get("rows", []):
         if row["figure"] in _CHAT and abs(r.get("minutes", -1) - row["minutes"]) < 1e-9:
             return r.get(_CHAT[row["figure"]])
-        if row["figure"].startswith("tokens/s, decode") and "tokens_per_s" in r:
-            return r["tokens_per_s"]
+        mode = row["figure"].removeprefix("tokens/s, decode ")
+        if mode != row["figure"] and r.get("mode") == ROW_MODE.get(mode, mode):
+            return r.get("tokens_per_s")
     return None
 
 
@@ -194,19 +206,42 @@ def compare(out: Path, rows: list[dict]) -> list[dict]:
     return filled
 
 
-def decode_answers_note(out: Path) -> str | None:
-    """Whether every decode mode that ran gave the same greedy answer (None: fewer than two)."""
-    answers = {}
-    for mode in DECODE_MODES:
-        try:
-            rows = json.loads((out / f"decode_{mode}.json").read_text())["rows"]
-        except (OSError, ValueError, KeyError):
-            continue
-        answers |= {mode: r["answer"] for r in rows if "answer" in r}
-    if len(answers) < 2:
-        return None
-    same = len({tuple(a) for a in answers.values()}) == 1
-    return f"Decoding: {'the same' if same else 'DIFFERENT'} answers in {', '.join(answers)}."
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def headlines(results: list[Result], out: Path) -> list[str]:
+    """The report's first lines: every item whose figures came (in part) from a fallback kernel,
+    or that none did; the decode modes' teacher-forced comparison; the kv mode `auto` chose for
+    the chat, with the memory it saw."""
+    lines = [
+        f"FALLBACK: '{r.name}' ran {len(r.fallbacks)} kind(s) of call on a fallback kernel, its "
+        f"figures are that kernel's: {'; '.join(r.fallbacks)}"
+        for r in results
+        if r.fallbacks
+    ]
+    if not lines and any(r.status == "passed" for r in results):
+        lines.append("Kernels: no attention-kernel fallback in any item that ran (every figure is "
+                     "from the kernel the engine picks).")  # fmt: skip
+    decoded = [_read(out / DECODE_FILE), _read(out / "decode_compile.json")]
+    compared = {m: c for d in decoded for m, c in d.get("comparison", {}).items()}
+    lines += [f"Decoding: {r['mode']} not compared with eager: {r['skipped']}."
+              for d in decoded for r in d.get("rows", []) if r.get("skipped")]  # fmt: skip
+    for mode, c in compared.items():
+        state = "agree" if c.get("ok") else "DISAGREE"
+        lines.append(
+            f"Decoding: {mode} and eager {state} on the same tokens: logits differ by at most "
+            f"{c['max_relative_logits_difference']:.2e} of their RMS over {c['steps']} steps "
+            f"(bound {c['bound']:.2e})."
+        )
+    for row in _read(out / "chat_7b.json").get("rows", []):
+        if row.get("kv_choice"):
+            lines.append(f"kv mode auto at {row['minutes']:g} min: {row['kv_choice']}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- the files
@@ -227,8 +262,10 @@ def markdown(report: Report) -> str:
     measured vs planned."""
     state = "finished" if report.finished else f"NOT FINISHED (last written {report.updated})"
     lines = [
-        f"# GPU acceptance, {report.run} command ({report.mode}), {report.started}: {state}",
-        "", f"Machine: {dumps(report.machine)}", "",
+        f"# GPU acceptance, {report.run} command ({report.mode}), {report.started}: {state}", "",
+        *[f"- {line}" for line in report.headlines + report.signatures],
+        *([""] if report.headlines or report.signatures else []),
+        f"Machine: {dumps(report.machine)}", "",
         f"Time budget: {report.budget_s / 60:.0f} min. lvx: {report.checkout}.", "",
     ]  # fmt: skip
     if report.missing:

@@ -1,6 +1,7 @@
 """One chat on one device at mPLUG-Owl3-7B-241101's shapes, by video length: visual K/V, the video
 prompt's prefill, time to first token, decode tokens/s and peak memory, the figures the memory plan
-projects (scripts/plan_gpu.py).
+projects (scripts/plan_gpu.py); peak reserved memory too, and the kv mode `--kv-mode auto` chooses
+for each length (`lvx_app/engine/kv_choice.py`) with the memory it saw.
 
 Random weights allocated directly in bf16 on the GPU, random visual features for each length at
 1 fps (729 tokens per frame, 5 placeholder tokens per frame), the model code the engine runs on one
@@ -31,6 +32,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 import torch
 
 from lvx_app.attention.backends import kernel_tally
+from lvx_app.engine.kv_choice import choose_kv_mode
 from scripts.harness import Rows, command_line, machine, show, timed
 from scripts.random_model import random_model
 
@@ -64,6 +66,19 @@ def peak_gib(device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
 
 
+def peak_reserved_gib(device) -> float | None:
+    """The peak PyTorch's allocator held reserved since its last reset (None on a CPU)."""
+    cuda = torch.device(device).type == "cuda"
+    return torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None
+
+
+def auto_kv(model, frames: int, device, dtype) -> dict:
+    """What `--kv-mode auto` chooses for this video now, as the engine chooses at load (the
+    features made, no K/V yet), with the memory it saw."""
+    choice = choose_kv_mode("auto", model.config, frames, 1, dtype.itemsize, torch.device(device))
+    return {"kv_choice": choice.line(), "kv_choice_figures": choice.as_dict()}
+
+
 @torch.inference_mode()  # as the engine runs every forward and cache write
 def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype, save=None):
     """One video length: visual K/V, the video prompt, a warm-up question (with a few decoded
@@ -87,6 +102,7 @@ def length_row(model, minutes: float, fps: float, new_tokens: int, device, dtype
     with kernel_tally() as seen["visual K/V"]:
         shape = (frames, cfg.vision.num_patches, cfg.hidden_size)
         features = torch.randn(shape, device=device, dtype=dtype)
+        row.update(auto_kv(model, frames, device, dtype))
         visual, kv_s = timed(partial(model.prepare_visual, features, starts), device)
         del features
     with kernel_tally() as seen["video prompt prefill"]:
@@ -125,7 +141,8 @@ def bench(args, rows: Rows) -> None:
         entry = rows.add({"shape": args.shape, "minutes": minutes})
 
         def save(figures: dict, entry=entry) -> None:
-            entry.update(figures, peak_gib=peak_gib(device))
+            entry.update(figures, peak_gib=peak_gib(device),
+                         peak_reserved_gib=peak_reserved_gib(device))  # fmt: skip
             rows.save(fallbacks=sorted({f"{r['minutes']:g} min {f}" for r in rows.rows
                                         for f in r.get("fallbacks", [])}))  # fmt: skip
 

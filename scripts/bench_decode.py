@@ -12,12 +12,20 @@ crash in a later one keeps the earlier):
   host reads of tensors (`host_reads`), what a GPU would wait for;
 - launches per token: on a GPU, the kernel and graph launches the profiler sees (cudaLaunchKernel,
   cudaGraphLaunch and the like); on a CPU, the aten ops dispatched (each one kernel on a GPU);
+  both counted over answers of at most `--profile-tokens` tokens;
+- every attention-kernel fallback of the mode, its warm-up and capture included (a call rejected
+  while a CUDA graph is captured is replayed by every later token without Python seeing it);
 
-and the plan's projection (`memory_plan.time_plan` tokens/s, `memory_plan.kernel_calls` attention
-calls per token) for the same model and video. A mode this device cannot run (CUDA graphs on a CPU)
-is skipped with the reason, and a run whose modes were all skipped says so at the top of its JSON.
+then, with eager and another mode on the same build, the other mode's logits against eager's with
+the same tokens fed to both (teacher-forced, `scripts/decode_compare.py`): the run fails (exit 1)
+when a step's logits differ past the bound derived there. The greedy answers are kept, and whether
+they are equal, for information only. And the plan's projection (`memory_plan.time_plan`
+tokens/s, `memory_plan.kernel_calls` attention calls per token) for the same model and video. A
+mode this device cannot run (CUDA graphs on a CPU) is skipped with the reason, and a run whose
+modes were all skipped says so at the top of its JSON.
 
-    python scripts/bench_decode.py --device cuda --minutes 10 --modes eager --out decode_eager.json
+    python scripts/bench_decode.py --device cuda --minutes 10 --modes eager cuda-graphs \
+        --out decode.json
     python scripts/bench_decode.py --device cpu --minutes 0.1 --modes eager --out /tmp/d.json
 """
 
@@ -41,6 +49,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.static_decode import DecodeStep
 from lvx_app.parallel.group import DistInfo
+from scripts.decode_compare import bound, compare, forced_logits
 from scripts.harness import Rows, command_line, machine, sync
 from scripts.host_reads import counting_host_reads
 from scripts.memory_plan import Workload, kernel_calls, time_plan
@@ -118,32 +127,53 @@ def _slope(generator, logits, prefix: int, tokens: int, device, count) -> float:
     return (counts[1] - counts[0]) / (tokens - short)
 
 
-def mode_row(conversation, logits, prefix: int, step: DecodeStep, tokens: int, device, save):
+def mode_row(conversation, logits, prefix, step: DecodeStep, tokens, device, save, profiled=8):
     """One mode: a warm-up answer (compiles, captures), a timed answer, then the slopes of syncs and
-    of launches per token; `save(row)` after each figure. A failure of the launch count (the
-    profiler) is recorded in the row; the figures before it stay."""
+    of launches per token over answers of at most `profiled` tokens; `save(row)` after each figure.
+    One kernel tally covers all of it, the warm-up and capture included. A failure of the launch
+    count (the profiler) is recorded in the row; the figures before it stay."""
     generator = Generator(conversation, (), step)  # the engine's: nothing wrapped, one per session
-    conversation.truncate(prefix)
-    _answer(generator, logits, tokens)  # compiles, captures, warms up
-    conversation.truncate(prefix)
     with kernel_tally() as tally:
+        conversation.truncate(prefix)
+        _answer(generator, logits, tokens)  # compiles, captures, warms up
+        conversation.truncate(prefix)
         sync(device)
         t0 = time.perf_counter()
         answer = _answer(generator, logits, tokens)
         sync(device)
-    seconds = time.perf_counter() - t0
-    row = {"tokens_per_s": (len(answer) - 1) / seconds, "answer": answer}
-    row["fallbacks"] = sorted(tally.fallbacks)
-    save(row)
-    row["syncs_per_token"] = _slope(generator, logits, prefix, tokens, device, _syncs)
-    save(row)
-    try:
-        launches = _slope(generator, logits, prefix, tokens, device, _launches)
-        row["launches_per_token"] = launches
-    except Exception as exc:  # noqa: BLE001 - the profiler failing loses only its own figure
-        row["launches_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        seconds = time.perf_counter() - t0
+        row = {"tokens_per_s": (len(answer) - 1) / seconds, "answer": answer}
+        row["fallbacks"] = sorted(tally.fallbacks)
+        save(row)
+        short = min(tokens, profiled)
+        row["syncs_per_token"] = _slope(generator, logits, prefix, short, device, _syncs)
+        row["fallbacks"] = sorted(tally.fallbacks)
+        save(row)
+        try:
+            launches = _slope(generator, logits, prefix, short, device, _launches)
+            row["launches_per_token"] = launches
+        except Exception as exc:  # noqa: BLE001 - the profiler failing loses only its own figure
+            row["launches_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        row["fallbacks"] = sorted(tally.fallbacks)
     save(row)
     return row
+
+
+def compare_modes(conversation, prefix: int, rows: list[dict], dtype: torch.dtype) -> dict:
+    """Every mode that ran beside eager, teacher-forced on eager's answer: its logits against
+    eager's at every step (`decode_compare`), keyed by mode."""
+    ran = {r["mode"]: r for r in rows if "answer" in r}
+    if "eager" not in ran:
+        return {}
+    tokens = ran["eager"]["answer"][:-1] or ran["eager"]["answer"]
+    layers = conversation.model.config.num_hidden_layers
+    eager = forced_logits(conversation, prefix, tokens, None)
+    out = {}
+    for name in ran:
+        if name != "eager":
+            other = forced_logits(conversation, prefix, tokens, MODES[name])
+            out[name] = compare(eager, other, bound(layers, dtype))
+    return out
 
 
 def projected(model, frames: int, tokens: int, shape: str, device) -> dict:
@@ -182,8 +212,16 @@ def bench(args, rows: Rows) -> None:
             row.update(figures)
             rows.save(fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}))
 
-        mode_row(conversation, logits, prefix, MODES[name], args.new_tokens, device, save)
+        mode_row(conversation, logits, prefix, MODES[name], args.new_tokens, device, save,
+                 args.profile_tokens)  # fmt: skip
         print({k: v for k, v in row.items() if k != "answer"}, flush=True)
+    comparison = compare_modes(conversation, prefix, rows.rows, dtype)
+    rows.save(comparison=comparison)
+    for name, c in comparison.items():
+        state = "ok" if c["ok"] else "FAILED"
+        print(f"{name} vs eager, teacher-forced: logits differ by at most "
+              f"{c['max_relative_logits_difference']:.2e} of their RMS over {c['steps']} steps "
+              f"(bound {c['bound']:.2e}): {state}", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="video length at 1 fps")
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--profile-tokens", type=int, default=8, help="the longest answer the counts profile"
+    )
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--out", type=Path, default=None, help="the JSON, written as figures come")
     args = parser.parse_args(argv)
@@ -203,11 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = Rows(args.out, command=command_line(), machine=machine(args.device), fallbacks=[])
     bench(args, rows)
     answers = {tuple(r["answer"]) for r in rows.rows if "answer" in r}
-    rows.save(same_answers=len(answers) <= 1)
-    print(
-        "projected:", rows.extra.get("projected"), "same answers in every mode:", len(answers) <= 1
-    )
-    return 0 if len(answers) <= 1 else 1
+    rows.save(same_answers=len(answers) <= 1)  # for information: near-tied logits make it noise
+    print("projected:", rows.extra.get("projected"), "same greedy answers:", len(answers) <= 1)
+    return 0 if all(c["ok"] for c in rows.extra.get("comparison", {}).values()) else 1
 
 
 if __name__ == "__main__":

@@ -1,24 +1,38 @@
 #!/usr/bin/env python
-"""Are the attention kernels right at mPLUG-Owl3-7B's shapes? Every backend's `attn_fwd` (flash,
-cuDNN, efficient, math, flash-attn where installed; the CPU ones on a CPU) against float64: output
-and log-sum-exp.
+"""Are the attention kernels right at mPLUG-Owl3-7B's shapes, on every path the engine runs?
+Each call against float64 (output and log-sum-exp), once with the backend the engine picks on its
+own (`auto`) and once forced onto every backend of the device (flash, cuDNN, efficient, math,
+flash-attn where installed; the CPU ones on a CPU).
 
 Shapes: 28 query / 4 K/V heads, head_dim 128, `--frames` frames of 729 keys (48: 34,992 keys),
-`--rows` query rows; three calls each: every row sees every key, the media mask (row t sees a
-growing prefix of frames, the first row none), and one decoded token. Tolerances: the output's
-largest error within 2% of its largest value in bf16 (its rounding alone is up to 0.4%; 0.01% in
-float32); the lse within 0.005 absolute, which a kernel whose lse is 1% off (or whose softmax sum
-is) fails. A backend that hands a call to another kernel fails too: it was not the one checked. One
-row per (backend, call), written as it is checked; exit 1 when any failed.
+`--rows` query rows, `--prefix` cached text tokens. The calls, each a path of the engine:
+- every key visible: a question's rows against a visual shard all of whose frames they see;
+- media mask: row t sees a growing prefix of frames, the first row none (the video prompt);
+- decoded token: one row against every key (a decoded token's cross-attention, `_one_token_fwd`);
+- bounded decode: the static step's text attention (`attn_fwd_upto`): two batch rows, each one
+  token against a buffer twice as long as its `used` keys, large values past `used` (a kernel that
+  reads them is far off; two rows check the lse layout of the variable-length kernel);
+- causal prefill over a cached prefix: batch 1, `--rows` new tokens after `--prefix` cached ones,
+  grouped K/V (the causal square's K/V go in broadcast with stride 0).
+Queries are `PEAK` times a unit Gaussian, so the softmax is peaked. A call fails when its output's
+RMS error is over `OUT_RMS_TOLERANCE` of the reference's RMS (bf16 4e-3: its kernels' error is
+about 2e-3; weights 1% off give 6.7e-3 to 1e-2), its largest error over `OUT_MAX_TOLERANCE` of
+the largest value, its lse more than 0.005 off (a 1% error of the softmax sum is 0.00995), or when
+the call was handed to another kernel (it was not the one checked). A backend the engine never
+picks on its own (cuDNN: only `--attn-backend cudnn` runs it) is checked and reported but cannot
+fail the check.
+One row per (call, backend), written as it is checked; exit 1 when any that counts failed.
 
     python scripts/check_kernels.py --device cuda --out kernels_7b.json
-    python scripts/check_kernels.py --device cpu --frames 2 --rows 32       # the CPU rehearsal
+    python scripts/check_kernels.py --device cpu --frames 2 --rows 32 --prefix 256   # rehearsal
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, installed or not
@@ -28,52 +42,145 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 import torch
 
 from lvx_app.attention import attn_fwd, available_backends
-from lvx_app.attention.backends import can_run, kernel_tally
+from lvx_app.attention.backends import bounds_keys, can_run, kernel_tally
+from lvx_app.attention.kernels import attn_fwd_upto
 from scripts.harness import Rows, command_line, machine
-from scripts.reference64 import errors, forward64
+from scripts.reference64 import (
+    LSE_TOLERANCE,
+    OUT_MAX_TOLERANCE,
+    OUT_RMS_TOLERANCE,
+    PEAK,
+    errors,
+    forward64,
+)
 from scripts.xattn_problem import DTYPES, KEYS_PER_FRAME
 
 HQ, HKV, D = 28, 4, 128
-OUT_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-4}
-LSE_TOLERANCE = 5e-3  # absolute: log(1.01) is 0.00995, and a 1% error of an lse near 10 is 0.1
+SCALE = D**-0.5
+AUTO = "auto"  # the row of the backend the engine picks on its own
+# the backends `choose_backend` picks with no --attn-backend; any other is reported, never failing
+ENGINE_PICKS = ("flash_attn", "flash", "efficient", "cpu", "math")
+GARBAGE = 100.0  # what the bounded decode's buffer holds past `used` (scores of thousands if read)
 
 
-def problem(device: str, frames: int, rows: int, dtype: torch.dtype, seed: int = 0) -> dict:
-    """q, k, v at 7B head shapes, the media mask's q_vis / k_frame, and the calls to check."""
+@dataclass
+class Call:
+    """One engine path: how to run it on a backend, its float64 reference, whether it is masked."""
+
+    run: Callable[[str | None], tuple[torch.Tensor, torch.Tensor]]
+    reference: tuple[torch.Tensor, torch.Tensor]
+    masked: bool
+    queries: int
+    keys: int
+    bounded: bool = False  # runs through `attn_fwd_upto` (its key count bounds a flash kernel)
+
+
+def _randn(g, *shape, device, dtype, times: float = 1.0) -> torch.Tensor:
+    return (times * torch.randn(*shape, generator=g)).to(device, dtype)
+
+
+def _bounded_decode(g, keys: int, device, dtype) -> Call:
+    """Two batch rows, one token each, against buffers of 2x `keys`: row 0 uses all `keys`, row 1
+    half of them; past `used` the buffer holds large values."""
+    used = torch.tensor([keys, keys // 2], dtype=torch.int32)
+    q = _randn(g, 2, 1, HQ, D, device=device, dtype=dtype, times=PEAK)
+    k, v = (_randn(g, 2, 2 * keys, HKV, D, device=device, dtype=dtype) for _ in range(2))
+    for t in (k, v):
+        for b, n in enumerate(used.tolist()):
+            t[b, n:] = GARBAGE
+    refs = [forward64(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], SCALE)
+            for b, n in enumerate(used.tolist())]  # fmt: skip
+    reference = tuple(torch.cat(parts, 0) for parts in zip(*refs))
+    used = used.to(device)
+    return Call(
+        lambda be: attn_fwd_upto(q, k, v, used, backend=be),
+        reference,  # type: ignore[arg-type]
+        masked=not bounds_keys(q, D),
+        queries=1,
+        keys=2 * keys,
+        bounded=True,
+    )
+
+
+def _causal_prefill(g, rows: int, prefix: int, device, dtype) -> Call:
+    """Batch 1: `rows` new tokens after `prefix` cached ones, causal bottom-right (as the text
+    self-attention of a prefill over the text cache)."""
+    q = _randn(g, 1, rows, HQ, D, device=device, dtype=dtype, times=PEAK)
+    k, v = (_randn(g, 1, prefix + rows, HKV, D, device=device, dtype=dtype) for _ in range(2))
+    # causal as a mask the reference understands: key j is "frame" j, row i sees prefix + i + 1
+    sees = (prefix + torch.arange(rows) + 1).view(1, rows).to(device)
+    own = torch.arange(prefix + rows).view(1, -1).to(device)
+    return Call(
+        lambda be: attn_fwd(q, k, v, causal=True, backend=be),
+        forward64(q, k, v, SCALE, sees, own),
+        masked=False,
+        queries=rows,
+        keys=prefix + rows,
+    )
+
+
+def problem(device: str, frames: int, rows: int, dtype: torch.dtype, prefix: int = 4096,
+            seed: int = 0) -> dict[str, Call]:  # fmt: skip
+    """Every engine path at 7B head shapes, with its float64 reference."""
     g = torch.Generator().manual_seed(seed)
     keys = frames * KEYS_PER_FRAME
-    q = torch.randn(1, rows, HQ, D, generator=g).to(device, dtype)
-    k, v = (torch.randn(1, keys, HKV, D, generator=g).to(device, dtype) for _ in range(2))
+    q = _randn(g, 1, rows, HQ, D, device=device, dtype=dtype, times=PEAK)
+    k, v = (_randn(g, 1, keys, HKV, D, device=device, dtype=dtype) for _ in range(2))
     q_vis = (torch.arange(rows) * (frames + 1) // rows).view(1, rows).to(device)  # row 0 sees none
     k_frame = (torch.arange(keys) // KEYS_PER_FRAME).view(1, keys).to(device)
-    calls = {
-        "every key visible": (q, None, None),
-        "media mask": (q, q_vis, k_frame),
-        "decoded token": (q[:, -1:], None, None),
+    token = q[:, -1:]
+
+    def plain(qx, mask):
+        qv, kf = mask or (None, None)
+        return Call(
+            lambda be: attn_fwd(qx, k, v, q_vis=qv, k_frame=kf, backend=be),
+            forward64(qx, k, v, SCALE, qv, kf),
+            masked=mask is not None,
+            queries=qx.shape[1],
+            keys=keys,
+        )
+
+    return {
+        "every key visible": plain(q, None),
+        "media mask": plain(q, (q_vis, k_frame)),
+        "decoded token": plain(token, None),
+        "bounded decode": _bounded_decode(g, keys, device, dtype),
+        "causal prefill over a cached prefix": _causal_prefill(g, rows, prefix, device, dtype),
     }
-    return {"k": k, "v": v, "calls": calls}
 
 
-def check_call(backend: str, q, k, v, q_vis, k_frame, reference) -> dict:
-    """One backend on one call: its errors against the float64 reference, and whether they pass."""
+def _ran_other(backend: str, call: Call, ran: list[str]) -> bool:
+    """Whether a forced call ran on a kernel other than its backend's (a bounded decode forced onto
+    flash runs flash's variable-length form)."""
+    if backend == AUTO:
+        return False
+    return ran != [backend] and not (call.bounded and ran == ["flash_varlen"])
+
+
+def check_call(backend: str, call: Call, dtype: torch.dtype) -> dict:
+    """One backend (or `AUTO`) on one call: its errors against float64, and whether they pass."""
     with kernel_tally() as seen:
-        out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, backend=backend)
-    out_err, lse_err = errors(out, reference[0]), errors(lse, reference[1])
+        out, lse = call.run(None if backend == AUTO else backend)
+    out_err, lse_err = errors(out, call.reference[0]), errors(lse, call.reference[1])
     ran = seen.ran("fwd")
     problems = [
         *(["NaN"] if out_err["nan"] or lse_err["nan"] else []),
+        *([f"output off by {out_err['rms_relative']:.2g} of its RMS"]
+          if out_err["rms_relative"] > OUT_RMS_TOLERANCE[dtype] else []),
         *([f"output off by {out_err['relative']:.2g} of its largest value"]
-          if out_err["relative"] > OUT_TOLERANCE[q.dtype] else []),
+          if out_err["relative"] > OUT_MAX_TOLERANCE[dtype] else []),
         *([f"lse off by {lse_err['max_abs']:.2g}"] if lse_err["max_abs"] > LSE_TOLERANCE else []),
         *(["-inf lse where rows see keys, or not where they see none"]
           if not lse_err["same_inf"] else []),
-        *([f"ran {'/'.join(ran) or 'nothing'} instead of {backend}"
+        *([f"ran {'/'.join(ran) or 'nothing'}"
+           + ("" if backend == AUTO else f" instead of {backend}")
            + "".join(f"; {f}" for f in seen.fallbacks)]
-          if seen.fallbacks or ran != [backend] else []),
+          if seen.fallbacks or _ran_other(backend, call, ran) else []),
     ]  # fmt: skip
     return {
         "ok": not problems,
         "why": "; ".join(problems),
+        "out_rms_relative_error": out_err["rms_relative"],
         "out_relative_error": out_err["relative"],
         "lse_max_abs_error": lse_err["max_abs"],
         "lse_max": lse_err["max_ref"],
@@ -82,33 +189,46 @@ def check_call(backend: str, q, k, v, q_vis, k_frame, reference) -> dict:
     }
 
 
-def check(args, rows: Rows) -> bool:
-    """Every backend on every call, each row saved as it is checked; True when all passed."""
-    dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
-    p = problem(args.device, args.frames, args.rows, dtype)
-    k, v = p["k"], p["v"]
+def _print(row: dict) -> None:
+    if "skipped" in row:
+        return
+    state = "ok" if row["ok"] else f"FAILED: {row['why']}"
+    if not row["ok"] and not row["counts"]:
+        state = f"reported (the engine never picks it): {row['why']}"
     print(
-        f"{args.device}: {HQ}/{HKV} heads, d {D}, {k.shape[1]:,} keys ({args.frames} frames x "
-        f"{KEYS_PER_FRAME}), {args.rows} query rows, {dtype}"
+        f"{row['backend']:>10} {row['call']:<36} out {row['out_rms_relative_error']:.2e} RMS, "
+        f"lse {row['lse_max_abs_error']:.2e} (ran {'/'.join(row['ran'])}): {state}",
+        flush=True,
+    )
+
+
+def check(args, rows: Rows) -> bool:
+    """Every call on `AUTO` and every backend, each row saved as it is checked; True when every
+    row that counts passed."""
+    dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
+    calls = problem(args.device, args.frames, args.rows, dtype, getattr(args, "prefix", 4096))
+    print(
+        f"{args.device}: {HQ}/{HKV} heads, d {D}, {args.frames * KEYS_PER_FRAME:,} keys "
+        f"({args.frames} frames x {KEYS_PER_FRAME}), {args.rows} query rows, {dtype}"
     )
     ok = True
-    for call, (q, q_vis, k_frame) in p["calls"].items():
-        reference = forward64(q, k, v, D**-0.5, q_vis, k_frame)
-        for backend in args.backends or available_backends(args.device):
-            row = {"backend": backend, "call": call, "queries": q.shape[1], "keys": k.shape[1]}
-            if not can_run(backend, q, q_vis is not None, D):
+    for name, call in calls.items():
+        for backend in [AUTO, *(args.backends or available_backends(args.device))]:
+            row = {"backend": backend, "call": name, "queries": call.queries, "keys": call.keys}
+            if backend != AUTO and not can_run(backend, _probe(args, dtype), call.masked, D):
                 rows.add(row | {"skipped": f"{backend} takes no such call (mask or dtype)"})
                 continue
-            result = check_call(backend, q, k, v, q_vis, k_frame, reference)
-            ok &= result["ok"]
-            rows.add(row | result)
-            state = "ok" if result["ok"] else f"FAILED: {result['why']}"
-            print(
-                f"{backend:>10} {call:<18} out {result['out_relative_error']:.2e} of max, lse "
-                f"{result['lse_max_abs_error']:.2e} (lse up to {result['lse_max']:.1f}): {state}",
-                flush=True,
-            )
+            row |= check_call(backend, call, dtype)
+            row["counts"] = backend == AUTO or backend in ENGINE_PICKS
+            ok &= row["ok"] or not row["counts"]
+            rows.add(row)
+            _print(row)
     return ok
+
+
+def _probe(args, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of the check's device and dtype, for `can_run`."""
+    return torch.empty(0, device=args.device, dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--frames", type=int, default=48, help="frames of 729 keys (48: 34,992 keys)")
     p.add_argument("--rows", type=int, default=256, help="query rows")
+    p.add_argument("--prefix", type=int, default=4096, help="cached text tokens before the rows")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32")
     p.add_argument("--backends", nargs="+", help="default: every backend of the device")
     p.add_argument("--out", type=Path, help="write the rows as JSON here, each as it is checked")
@@ -127,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device cuda needs a CUDA GPU (--device cpu checks the CPU kernels)")
     rows = Rows(args.out, key=args.out_key, command=command_line(), machine=machine(args.device))
     ok = check(args, rows)
-    rows.save(ok=ok, fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}))
+    reported = [f"{r['backend']} {r['call']}: {r['why']}" for r in rows.rows
+                if not r.get("ok", True) and not r.get("counts", True)]  # fmt: skip
+    fallbacks = sorted({f for r in rows.rows for f in r.get("fallbacks", [])})
+    rows.save(ok=ok, fallbacks=fallbacks, reported=reported)
     if not any("ok" in r for r in rows.rows):  # every backend declined every call
         rows.save(skipped="no backend took any call: nothing was checked")
     print("every kernel checked is within its tolerance" if ok else "some kernels FAILED (above)")

@@ -57,8 +57,8 @@ from scripts.acceptance_report import (
     Report,
     Result,
     compare,
-    decode_answers_note,
     finish,
+    headlines,
     now,
     one_line,
     planned,
@@ -66,6 +66,7 @@ from scripts.acceptance_report import (
 )  # fmt: skip
 from scripts.checkout import PACKAGES, link_folder, with_path
 from scripts.guard import PARENT_ENV
+from scripts.op_signatures import mismatches
 from scripts.versions import compiler
 
 WHEELS = "bring the wheel and install it to a folder on PYTHONPATH (docs/gpu.md)"
@@ -330,6 +331,7 @@ def _saver(report: Report, out: Path, planned_rows: list[dict]) -> Callable[[lis
         for r in results:
             report.machine |= r.figures
         report.comparison = compare(out, planned_rows)
+        report.headlines = headlines(results, out)
         try:
             write_report(report, out)
         except OSError as exc:
@@ -340,8 +342,6 @@ def _saver(report: Report, out: Path, planned_rows: list[dict]) -> Callable[[lis
 
 def _close(report: Report, out: Path, save: Callable) -> int:
     """The finished report and the exit code."""
-    note = decode_answers_note(out)
-    report.notes += [note] if note else []
     report.finished = True
     save(report.results)
     for row in report.comparison:
@@ -398,6 +398,9 @@ def accept(args: argparse.Namespace, out: Path, scratch: Path, started: float) -
     scale = REHEARSAL_SCALE if args.rehearse else 1
     rows = planned("small" if args.rehearse else "7b", [m / scale for m in CHAT_MINUTES],
                    CHAT_MINUTES[0] / scale)  # fmt: skip
+    report.signatures = mismatches()  # the ops the kernels call, against this torch
+    if not report.signatures:
+        report.notes.append(f"Every aten attention op lvx calls fits torch {torch.__version__}.")
     save = _saver(report, out, rows)
     log = out / "acceptance.log"
     log.write_bytes(b"")
@@ -405,6 +408,8 @@ def accept(args: argparse.Namespace, out: Path, scratch: Path, started: float) -
          f"{budget / 60:.0f} min, lvx {checkout}; everything goes to {out}")  # fmt: skip
     for name, how in missing.items():
         _say(f"  not installed: {name} ({how})")
+    for line in report.signatures:
+        _say(f"  op signature: {line}")
     try:
         left = budget - (time.monotonic() - started)  # this start-up is the budget's too
         run_items(items, left, gpus, missing, make_runner(env, log), save, out)

@@ -1,30 +1,8 @@
 """Memory and time plan of one chat session on a long video, from the model's real shapes (all
 figures projected).
 
-The engine decides what each rank keeps, so the plan lives beside it. Parameter counts come from
-building
-`Owl3Model` on the `meta` device (no memory, no weights); every other term is the size of a tensor
-the code as it stands allocates, named after where it is made:
-
-- weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and
-  language model);
-- E: this rank's features (frames, 729, H) (`ingest`); kept only with `--kv-mode recompute`;
-- visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 *
-  n_kv * d values per visual token;
-- its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm`
-  in float32 (two float32 copies of the chunk), then the projection, then K's float32 rotation;
-- text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question
-  and its answer usually fit without a copy; with several ranks it is replicated after the video
-  prompt's sharded prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live
-  next to the local slice for a moment), so every rank holds the whole;
-- prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in
-  each hyper layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
-  band masks;
-- vision tower: `encode_images` runs 16 images at a time.
-
-With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
-visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
-measurement (`plan_gpu.py --check-rss`).
+The memory terms are the engine's own plan (`lvx_app/engine/memory_plan.py`, which `--kv-mode auto`
+reads); this module adds the time plan, the largest-video search and the kernel-call tally.
 
 Times are FLOPs / measured H100 rates (bf16 matmul, cuDNN attention with lse) plus bytes read / HBM
 bandwidth, added without overlap; communication and CPU video decoding are not in them.
@@ -32,34 +10,26 @@ bandwidth, added without overlap; communication and CPU video decoding are not i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from lvx_app.attention.masks import (
-    MIN_TILE_CUDA,
-    Q_TILE,
-    Indices,
-    TilePlan,
-    min_tile,
-    pack_vis,
-    tile_plans,
-)
+from lvx_app.attention.masks import Indices, TilePlan, min_tile, pack_vis, tile_plans
 from lvx_app.defaults import DEFAULT_LAYOUT
 from lvx_app.engine.limits import frames_that_fit, video_prompt_too_long
+from lvx_app.engine.memory_plan import (
+    GB,
+    PLACEHOLDER_TOKENS,
+    PROMPT_HEADER_TOKENS,
+    RESIDENT,
+    ParamCounts,
+    Workload,
+    memory_plan,
+    param_counts,
+    visual_masked_share,
+)
 from lvx_app.parallel.layout import owned, rank_tokens
 from lvx_models.mplug_owl3.config import Owl3Config
-from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
-from lvx_models.mplug_owl3.modeling import Owl3Model
-from lvx_models.mplug_owl3.qwen2 import kv_capacity
-
-GB = 1e9
-PROMPT_HEADER_TOKENS = (
-    18  # chat template tokens before the first frame placeholder (bench_chat.py uses the same)
-)
-PLACEHOLDER_TOKENS = (
-    5  # ids per <|image|> placeholder in the released tokenizers (reference mplug_owl3.md §5)
-)
 
 
 @dataclass(frozen=True)
@@ -76,277 +46,6 @@ class Rates:
     flash_flops: float = 350e12
     efficient_flops: float = 175e12
     hbm_bytes: float = 3e12
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One session: a video at `fps` for `minutes`, split over `ranks`, one question and its
-    answer."""
-
-    minutes: float
-    fps: float = 1.0
-    ranks: int = 1
-    # cache (resident visual K/V) | recompute (--kv-mode recompute: keep E, recompute K/V)
-    kv_mode: str = "cache"
-    dtype_bytes: int = 2  # bf16 on GPU, 4 for the CPU's float32
-    device: str = "cuda"  # whose attention tiles (`masks.min_tile`)
-    question_tokens: int = 24
-    answer_tokens: int = 256
-    vision_batch: int = 16  # images per `encode_images` batch
-    visual_kv_chunk_bytes: int = VISUAL_KV_CHUNK_BYTES  # float32 work of one `visual_kv` chunk
-
-    @property
-    def frames(self) -> int:
-        return int(round(self.minutes * 60 * self.fps))
-
-    @property
-    def prompt_tokens(self) -> int:
-        return PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * self.frames
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts by part, read from the meta-device model."""
-
-    # the tower as built: embeddings and the layers that run (all but the checkpoint's last)
-    vision: int
-    projector: int
-    language: int  # decoder layers, norms, embeddings, lm_head
-    embedding: int  # embed_tokens (a lookup: no FLOPs)
-
-    @property
-    def total(self) -> int:
-        return self.vision + self.projector + self.language
-
-
-def param_counts(config: Owl3Config) -> ParamCounts:
-    """Count the parameters of `Owl3Model(config)` built on the meta device (nothing is
-    allocated)."""
-    with torch.device("meta"):
-        model = Owl3Model(config)
-
-    def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters()) + sum(
-            b.numel() for b in module.buffers()
-        )
-
-    return ParamCounts(
-        vision=count(model.vision_model),
-        projector=count(model.vision2text_model),
-        language=count(model.language_model),
-        embedding=model.language_model.model.embed_tokens.weight.numel(),
-    )
-
-
-RESIDENT = ("weights", "features E", "visual K/V", "text K/V")  # what a rank keeps between turns
-
-
-@dataclass
-class MemoryPlan:
-    """Per-rank bytes: what stays resident, the transient of each stage, and the peak over
-    stages."""
-
-    resident: dict[str, int]
-    # stage -> peak bytes during it (resident included)
-    stages: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def peak(self) -> int:
-        return max(self.stages.values())
-
-    @property
-    def peak_stage(self) -> str:
-        return max(self.stages, key=self.stages.get)
-
-
-def _visual_kv_transient(
-    cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
-) -> int:
-    """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
-    visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
-    h, kvw, kd = (
-        cfg.hidden_size,
-        2 * cfg.num_key_value_heads * cfg.head_dim,
-        cfg.num_key_value_heads * cfg.head_dim,
-    )
-    p = cfg.vision.num_patches
-    chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
-    norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
-    project = h * b + kvw * b  # the normed input and the projection's output
-    # K in float32, its rotate-half and products; cos, sin
-    rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim
-    return chunk * max(norm, project, rope)
-
-
-def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
-    """(tokens each layer's text K/V buffer holds after the prompt, the question in one forward and
-    `answer` tokens one at a time; the buffer's length before its last growth, or 0), as `_LayerKV`
-    grows: to `kv_capacity`."""
-    cap, before = kv_capacity(prompt), 0
-    if prompt + question > cap:
-        before, cap = cap, kv_capacity(prompt + question)
-    while prompt + question + answer > cap:  # a decoded token one past the buffer
-        before, cap = cap, kv_capacity(cap + 1)
-    return cap, before
-
-
-def band_tiles(
-    cfg: Owl3Config, rows: int, keys: int, tile: int = MIN_TILE_CUDA
-) -> list[tuple[int, int]]:
-    """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
-
-    Token t sees the frames whose placeholder starts at or before t; a tile's band is the frames
-    some of its rows see and others do not (capped by the `keys` this rank holds), its rows those
-    that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after `tile` tokens
-    (the device's `min_tile`) where the frames seen change, at most Q_TILE."""
-    p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
-
-    def q_vis(t: int) -> int:
-        return max(0, min(frames, (t - PROMPT_HEADER_TOKENS) // PLACEHOLDER_TOKENS + 1))
-
-    tiles, t0 = [], 0
-    while t0 < rows:
-        t1 = min(rows, t0 + tile)
-        while t1 < min(rows, t0 + Q_TILE) and q_vis(t1) == q_vis(t1 - 1):
-            t1 += 1
-        seeing = t1 - max(t0, PROMPT_HEADER_TOKENS)  # the header's tokens see no frame
-        band = min(keys, (q_vis(t1 - 1) - q_vis(t0)) * p)
-        if seeing > 0 and band > 0:
-            tiles.append((seeing * cfg.num_kv_groups, band))
-        t0 = t1
-    return tiles
-
-
-def visual_masked_share(config: Owl3Config, work: Workload) -> float:
-    """The share of the video prompt's visual attention (query rows x keys) in masked tiles, the
-    frames' band, which runs on the memory-efficient kernel: `band_tiles` of one rank over all the
-    keys seen (token t sees every frame placed at or before it). Several ranks cut the same bands
-    among them: their share is within a few percent of it (`planned_masked_share`)."""
-    p, h, per = config.vision.num_patches, PROMPT_HEADER_TOKENS, PLACEHOLDER_TOKENS
-    frames, rows = work.frames, work.prompt_tokens
-    tiles = band_tiles(config, rows, frames * p, min_tile(work.device))
-    seen = frames * (rows - h) - per * frames * (frames - 1) // 2  # (token, frame seen) pairs
-    total = config.num_kv_groups * p * seen
-    return sum(r * k for r, k in tiles) / total if total else 0.0
-
-
-def live_band_masks(tiles: list[tuple[int, int]]) -> int:
-    """Bytes of the bool band masks alive at once: a tile's and the next one's (`masks.lone_plan`
-    plans one ahead)."""
-    sizes = [r * k for r, k in tiles]
-    return max((a + b for a, b in zip(sizes, sizes[1:])), default=sum(sizes))
-
-
-def _attention_transient(
-    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
-) -> int:
-    """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local
-    visual keys.
-
-    It packs the query groups into rows (one copy of q; K/V are never copied) and, when a tile is
-    split, merges the parts into float32 accumulators. Tiles are planned as they run, so at most two
-    bool band masks live together (a tile's and the next one's); the running band adds its additive
-    bias and negated mask."""
-    q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
-    if not masked:
-        return 2 * q_bytes * b  # the packed copy and the output
-    tiles = band_tiles(cfg, rows, keys, tile)
-    masks = live_band_masks(tiles)
-    running = max((r * k for r, k in tiles), default=0) * (1 + b)
-    return q_bytes * (b + 4) + masks + running
-
-
-def _layer_transient(
-    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
-) -> int:
-    """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual
-    attention."""
-    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-    # SwiGLU + residual stream
-    mlp = rows * (3 * cfg.intermediate_size * b + (3 * cfg.hidden_size + qkv) * b)
-    return max(mlp, _attention_transient(cfg, rows, keys, b, masked, tile))
-
-
-def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
-    """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the
-    projector's."""
-    v, t = cfg.vision, cfg.vision.num_patches
-    pixels = batch * v.num_channels * v.image_size**2 * b
-    layer = batch * t * (4 * v.hidden_size + 2 * v.intermediate_size) * b
-    return pixels + max(layer, batch * t * 2 * cfg.hidden_size * b)
-
-
-def memory_plan(
-    config: Owl3Config, work: Workload, counts: ParamCounts | None = None
-) -> MemoryPlan:
-    # long: one line per tensor the engine keeps, summed in the order they appear
-    """Per-rank memory of `work`: resident tensors and the peak of each stage (load, prefill,
-    question, decode)."""
-    cfg, b = config, work.dtype_bytes
-    counts = counts or param_counts(cfg)
-    frames = _ceil_div(work.frames, work.ranks)
-    vis_tokens = frames * cfg.vision.num_patches
-    n_hyper = len(cfg.hyper_layer_indices)
-    prompt = _ceil_div(work.prompt_tokens, work.ranks)
-    kd = cfg.num_key_value_heads * cfg.head_dim
-    e = vis_tokens * cfg.hidden_size * b
-    kv_layer = vis_tokens * 2 * kd * b
-    text_kv = lambda tokens: cfg.num_hidden_layers * tokens * 2 * kd * b  # noqa: E731
-    # a layer's K/V buffers and one chunk's work
-    kv_transient = kv_layer + _visual_kv_transient(cfg, vis_tokens, b, work.visual_kv_chunk_bytes)
-    resident = {"weights": counts.total * b}
-    if work.kv_mode == "recompute":
-        resident["features E"] = e
-        # each hyper layer recomputes its K/V when it runs
-        kv_in_use, kv_make = (kv_layer, kv_transient)
-    else:
-        resident["visual K/V"] = n_hyper * kv_layer
-        kv_in_use, kv_make = 0, 0
-    whole = work.prompt_tokens  # the text K/V cache is replicated on every rank
-    asked = _text_buffer(whole, work.question_tokens, 0)
-    answered = _text_buffer(whole, work.question_tokens, work.answer_tokens)
-    resident["text K/V"] = text_kv(answered[0])
-    base = resident["weights"]
-    stages = {
-        "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
-        # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing
-        # else is (recompute)
-        "visual K/V": base
-        + e
-        + ((n_hyper - 1) * kv_layer if work.kv_mode == "cache" else 0)
-        + kv_transient,
-    }
-    kept = sum(resident.values()) - resident["text K/V"]
-    # the last rows see every frame of this rank's shard
-    visible = work.frames * cfg.vision.num_patches // work.ranks
-    local = text_kv(kv_capacity(prompt))
-    stages["video prefill"] = (
-        kept
-        + local
-        + max(
-            _layer_transient(cfg, prompt, visible, b, True, min_tile(work.device)) + kv_in_use,
-            kv_make,
-            text_kv(prompt) + text_kv(whole) + text_kv(kv_capacity(whole)),
-        )
-    )
-    # a growing layer's old buffer too
-    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers
-    stages["question"] = (
-        kept
-        + growing
-        + max(
-            _layer_transient(cfg, work.question_tokens, visible, b, masked=False) + kv_in_use,
-            kv_make,
-        )
-    )
-    stages["decode"] = sum(resident.values()) + max(
-        _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make
-    )
-    return MemoryPlan(resident=resident, stages=stages)
 
 
 def largest_minutes(

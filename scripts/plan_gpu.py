@@ -28,16 +28,15 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(ROOT)
     import scripts  # noqa: F401
 
+from lvx_app.engine.memory_plan import band_tiles, live_band_masks
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.published import RELEASES
 from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
     Workload,
-    band_tiles,
     kernel_calls,
     largest_video,
-    live_band_masks,
     memory_plan,
     param_counts,
     plan_rows,

@@ -25,7 +25,10 @@ def test_info_model_names_generation_and_gate_form(tiny_checkpoints, tmp_path):
         "constant per-channel gate self_attn.gate"
         in checkpoint_rows(tiny_checkpoints["g1"])["generation"]
     )
-    assert checkpoint_rows(tiny_checkpoints["g2"])["generation"].startswith("g2: G2 as 7B-241101")
+    g2 = checkpoint_rows(tiny_checkpoints["g2"])
+    assert g2["generation"].startswith("g2: G2 as 7B-241101")
+    # what --kv-mode auto would choose for an hour here, with its figures on a GPU
+    assert g2["kv mode auto, 1 h at 1 fps on one device"] == "cache (auto, not a GPU)"
     result = CliRunner().invoke(app, ["info", "--model", tiny_checkpoints["g1-gateproj"]])
     assert result.exit_code == 0 and "g1-gateproj" in result.output, result.output
     bad = CliRunner().invoke(app, ["info", "--model", str(tmp_path)])

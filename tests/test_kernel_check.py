@@ -13,44 +13,118 @@ import pytest
 import torch
 
 from lvx_app.attention import attn_bwd, attn_fwd
+from lvx_app.attention.kernels import attn_fwd_upto
 from scripts import bench_xattn_7b, check_kernels
 from scripts.harness import Rows
-from scripts.reference64 import forward64, grads64
+from scripts.reference64 import OUT_RMS_TOLERANCE, forward64, grads64
+
+CALLS = (
+    "every key visible",
+    "media mask",
+    "decoded token",
+    "bounded decode",
+    "causal prefill over a cached prefix",
+)
 
 
-def _check(tmp_path, **kw) -> tuple[bool, dict]:
-    args = argparse.Namespace(device="cpu", frames=1, rows=16, dtype=None, backends=None, **kw)
+def _check(tmp_path, dtype=None, frames=1, **kw) -> tuple[bool, dict]:
+    args = argparse.Namespace(
+        device="cpu", frames=frames, rows=16, prefix=64, dtype=dtype, backends=None, **kw
+    )
     rows = Rows(tmp_path / "kernels.json", key="checks")
     ok = check_kernels.check(args, rows)
     rows.save(ok=ok)
     return ok, json.loads((tmp_path / "kernels.json").read_text())["checks"]
 
 
+def _plant(monkeypatch, wrong_out=None, wrong_lse=None) -> None:
+    """Every call of the check (`attn_fwd` and the bounded decode's `attn_fwd_upto`) with its
+    output or lse made wrong as given."""
+
+    def planted(kernel):
+        def run(*args, **kwargs):
+            out, lse = (wrong_out or kernel)(*args, **kwargs)
+            return out, lse if wrong_lse is None else wrong_lse(lse)
+
+        return run
+
+    monkeypatch.setattr(check_kernels, "attn_fwd", planted(attn_fwd))
+    monkeypatch.setattr(check_kernels, "attn_fwd_upto", planted(attn_fwd_upto))
+
+
+def _shifted_weights(kernel):
+    """`kernel` with every key's softmax weight 1% up or down (a fixed sign per key), renormalised:
+    a score bias of log(1.01) per key, carried by one more head-dim column (q's holds 1/scale)."""
+
+    def run(q, k, v, *args, **kwargs):
+        scale = q.shape[-1] ** -0.5
+        g = torch.Generator().manual_seed(5)
+        sign = torch.randint(0, 2, (k.shape[0], k.shape[1], k.shape[2], 1), generator=g) * 2 - 1
+        bias = (sign * math.log(1.01)).to(k.dtype)
+        out, lse = kernel(
+            torch.cat([q, torch.full_like(q[..., :1], 1 / scale)], -1),
+            torch.cat([k, bias], -1),
+            torch.cat([v, torch.zeros_like(v[..., :1])], -1),
+            *args,
+            scale=scale,
+            **kwargs,
+        )
+        return out[..., :-1], lse
+
+    return run
+
+
 def test_the_cpu_kernels_pass_the_check_at_7b_head_shapes(tmp_path) -> None:
     ok, written = _check(tmp_path)
     assert ok and written["ok"] is True
     assert {(r["backend"], r["call"]) for r in written["rows"]} == {
-        (b, c)
-        for b in ("cpu", "math")
-        for c in ("every key visible", "media mask", "decoded token")
+        (b, c) for b in ("auto", "cpu", "math") for c in CALLS
     }
-    assert all(
-        r["lse_max_abs_error"] < 1e-4 and r["ran"] == [r["backend"]] for r in written["rows"]
-    )
+    for r in written["rows"]:
+        assert r["lse_max_abs_error"] < 1e-4 and r["out_rms_relative_error"] < 1e-5, r
+        assert r["ran"] == ["cpu" if r["backend"] == "auto" else r["backend"]], r
 
 
 @pytest.mark.parametrize(
     "wrong", [lambda lse: lse * 1.01, lambda lse: lse + math.log(1.01)], ids=["lse", "softmax sum"]
 )
 def test_a_kernel_whose_lse_is_off_by_one_percent_fails(tmp_path, monkeypatch, wrong) -> None:
-    def off(*args, **kwargs):
-        out, lse = attn_fwd(*args, **kwargs)
-        return out, wrong(lse)
-
-    monkeypatch.setattr(check_kernels, "attn_fwd", off)
-    ok, written = _check(tmp_path)
+    _plant(monkeypatch, wrong_lse=wrong)
+    ok, written = _check(tmp_path, dtype="bfloat16")
     assert not ok and written["ok"] is False
-    assert all(r["why"].startswith("lse off by") for r in written["rows"])
+    assert all(r["why"].startswith("lse off by") for r in written["rows"]), written["rows"]
+
+
+def _scaled_weights(kernel):
+    """`kernel` with every softmax weight times 1.01 (the output 1% too large)."""
+
+    def run(*args, **kwargs):
+        out, lse = kernel(*args, **kwargs)
+        return out * 1.01, lse
+
+    return run
+
+
+@pytest.mark.parametrize("wrong", [_scaled_weights, _shifted_weights], ids=["scaled", "shifted"])
+def test_weights_one_percent_off_fail_in_bf16(tmp_path, monkeypatch, wrong) -> None:
+    """Weights scaled by 1.01, or each 1% up or down and renormalised, fail every call in bf16,
+    whose own kernels pass."""
+    monkeypatch.setattr(check_kernels, "attn_fwd", wrong(attn_fwd))
+    monkeypatch.setattr(check_kernels, "attn_fwd_upto", wrong(attn_fwd_upto))
+    ok, written = _check(tmp_path, dtype="bfloat16")
+    assert not ok
+    for r in written["rows"]:
+        assert "of its RMS" in r["why"], r
+        assert r["out_rms_relative_error"] > 1.25 * OUT_RMS_TOLERANCE[torch.bfloat16], r
+
+
+def test_the_bf16_kernels_pass_with_room(tmp_path) -> None:
+    """The same check without a planted error passes in bf16, each output at most 3/4 of the RMS
+    bound off: the bound sits between a bf16 kernel and a 1% weight error."""
+    ok, written = _check(tmp_path, dtype="bfloat16")
+    assert ok, [r["why"] for r in written["rows"] if not r["ok"]]
+    assert all(r["out_rms_relative_error"] < 0.75 * OUT_RMS_TOLERANCE[torch.bfloat16]
+               for r in written["rows"])  # fmt: skip
 
 
 def test_a_wrong_output_and_a_call_run_by_another_kernel_fail(tmp_path, monkeypatch) -> None:
@@ -60,15 +134,34 @@ def test_a_wrong_output_and_a_call_run_by_another_kernel_fail(tmp_path, monkeypa
 
     monkeypatch.setattr(check_kernels, "attn_fwd", scaled_out)
     ok, written = _check(tmp_path)
-    assert not ok and all("output off by" in r["why"] for r in written["rows"])
+    plain = [r for r in written["rows"] if r["call"] != "bounded decode"]
+    assert not ok and all("output off by" in r["why"] for r in plain)
 
     def on_math(*args, backend=None, **kwargs):  # the call handed to another kernel
         return attn_fwd(*args, backend="math", **kwargs)
 
     monkeypatch.setattr(check_kernels, "attn_fwd", on_math)
     ok, written = _check(tmp_path)
-    cpu = [r for r in written["rows"] if r["backend"] == "cpu"]
+    cpu = [r for r in written["rows"] if r["backend"] == "cpu" and r["call"] != "bounded decode"]
     assert not ok and cpu and all(r["why"] == "ran math instead of cpu" for r in cpu)
+
+
+def test_a_backend_the_engine_never_picks_is_reported_not_failed(tmp_path, monkeypatch) -> None:
+    """A failing row of a backend outside `ENGINE_PICKS` (cuDNN on a GPU; math stands in here) is
+    written with its reason and leaves the check passed; the same row on a backend the engine picks
+    fails it."""
+
+    def math_off(*args, backend=None, **kwargs):
+        out, lse = attn_fwd(*args, backend=backend, **kwargs)
+        return (out * 1.05, lse) if backend == "math" else (out, lse)
+
+    monkeypatch.setattr(check_kernels, "attn_fwd", math_off)
+    monkeypatch.setattr(check_kernels, "ENGINE_PICKS", ("cpu", "efficient", "flash"))
+    ok, written = _check(tmp_path)
+    reported = [r for r in written["rows"] if r["backend"] == "math" and not r["ok"]]
+    assert ok and reported and all(not r["counts"] for r in reported)
+    monkeypatch.setattr(check_kernels, "ENGINE_PICKS", ("cpu", "math"))
+    assert not _check(tmp_path)[0]
 
 
 def test_the_float64_reference_gradients_are_autograds(tmp_path) -> None:
@@ -108,13 +201,40 @@ def test_the_7b_block_checks_its_values_and_says_when_they_are_wrong(tmp_path, m
 
 def test_a_check_where_no_backend_took_any_call_says_it_checked_nothing(tmp_path, monkeypatch):
     """Every backend declining every call is no pass: the file says nothing was checked, which the
-    acceptance report shows as skipped."""
+    acceptance report shows as skipped. The kernel check's automatic rows run whatever the forced
+    backends take: they are the engine's own calls."""
     for script in (check_kernels, bench_xattn_7b):
         monkeypatch.setattr(script, "can_run", lambda *args: False)
-    for script, argv in (
-        (check_kernels, ["--frames", "1", "--rows", "4"]),
-        (bench_xattn_7b, ["--frames", "2", "--iters", "1", "--warmup", "0"]),
-    ):
-        out = tmp_path / f"{script.__name__}.json"
-        assert script.main(["--device", "cpu", *argv, "--out", str(out)]) == 0
-        assert json.loads(out.read_text())["skipped"].startswith("no backend took")
+    out = tmp_path / "block.json"
+    argv = ["--device", "cpu", "--frames", "2", "--iters", "1", "--warmup", "0", "--out", str(out)]
+    assert bench_xattn_7b.main(argv) == 0
+    assert json.loads(out.read_text())["skipped"].startswith("no backend took")
+    out = tmp_path / "kernels.json"
+    argv = ["--device", "cpu", "--frames", "1", "--rows", "4", "--prefix", "8", "--out", str(out)]
+    assert check_kernels.main(argv) == 0
+    written = json.loads(out.read_text())
+    assert "skipped" not in written and written["ok"] is True
+    assert {r["call"] for r in written["rows"] if "ok" in r} == set(CALLS)
+    assert all(r["backend"] == "auto" for r in written["rows"] if "ok" in r)
+
+
+def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
+    """The check's CUDA rows on CPU, every CUDA op a stand-in with the real op's signature and
+    layouts (tests/cuda_standins.py): each path runs on the kernel the engine picks (the bounded
+    decode, two batch rows, on flash's variable-length form: its (Hq, B*Sq) lse laid out per row),
+    and each forced backend passes."""
+    from cuda_standins import on_stand_ins
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["flash", "efficient"])
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=3)
+    assert ok, [r["why"] for r in written["rows"] if not r.get("ok", True)]
+    auto = {r["call"]: r["ran"] for r in written["rows"] if r["backend"] == "auto"}
+    assert auto == {
+        "every key visible": ["flash"],
+        "media mask": ["efficient", "flash"],  # the masked band, and the rows that see all
+        "decoded token": ["flash"],
+        "bounded decode": ["flash_varlen"],
+        "causal prefill over a cached prefix": ["flash"],
+    }

@@ -14,8 +14,8 @@ from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse, masks
 from scripts.gloo_ranks import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
-# against the float64 reference; bf16: the running O is rounded to bf16 at every hop of the ring
-# (merged in float32), one rounding per rank, within the same 2e-2 as one kernel's bf16 output
+# against the float64 reference; bf16: the running O stays float32 between hops, so the ring is
+# within the same 2e-2 as one kernel's bf16 output
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -142,8 +142,8 @@ def _expected_bytes(rank, world, sizes, esz, media, nl):
     if world == 1:
         return 0, 0
     held = [sizes[(rank - t) % world] for t in range(world)]  # block held in round t
-    # the running O travels in the model's dtype (bf16 here), lse in float32
-    fwd = sum(held[:-1]) * B * (HQ * D * esz + 4 * media) + sum(held) * B * HQ * (D * esz + 4)
+    # the running O and lse travel in float32 whatever the model computes in
+    fwd = sum(held[:-1]) * B * (HQ * D * esz + 4 * media) + sum(held) * B * HQ * (D * 4 + 4)
     bwd = (
         sum(held[:-1]) * B * (3 * HQ * D * esz + nl * HQ * 4 + 4 * media)
         + sum(held) * B * HQ * D * 4
@@ -220,3 +220,38 @@ def test_a_ring_round_plans_the_received_mask_from_its_host_copy():
     for rank, (known, unknown, same) in enumerate(run_ranks(_ring_host_copies, 3)):
         assert known == 0, f"rank {rank}: {known} host copies with every q_vis known"
         assert unknown >= 1 and same, (rank, unknown, same)
+
+
+def _rms_rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+def test_eight_bf16_hops_keep_the_running_output_in_float32():
+    """A bf16 ring of 8 hops, merged through the ring's own running buffer as each rank does, is
+    within 1.5x one bf16 kernel call over all keys (RMS against float64; 1.24x measured): the
+    running (O, lse) stays float32 between hops. Rounding it to bf16 at every hop gives 2.0x."""
+    from lvx_app.attention.kernels import attn_fwd
+    from lvx_app.attention.lv_xattn import _merge_running, _out_lse_buffer, _out_lse_views
+
+    g = torch.Generator().manual_seed(0)
+    hops, s, h, d, sk = 8, 16, 8, 128, 64
+    q = (2.0 * torch.randn(1, s, h, d, generator=g)).bfloat16()  # peaked scores, not near-flat
+    ks = [torch.randn(1, sk, h, d, generator=g).bfloat16() for _ in range(hops)]
+    vs = [torch.randn(1, sk, h, d, generator=g).bfloat16() for _ in range(hops)]
+    running = _out_lse_buffer(q, s)
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        out, lse = attn_fwd(q, k, v)
+        if i == 0:
+            run_out, run_lse = _out_lse_views(running, q, s)
+            run_out.copy_(out)
+            run_lse.copy_(lse)
+        else:
+            _merge_running(running, q, s, out, lse)
+    ring_out, ring_lse = _out_lse_views(running, q, s)
+    k_all, v_all = torch.cat(ks, 1), torch.cat(vs, 1)
+    ref, ref_lse = reference_attention(q.double(), k_all.double(), v_all.double())
+    one_call, _ = attn_fwd(q, k_all, v_all)
+    assert ring_lse.dtype == torch.float32
+    ring_err, kernel_err = _rms_rel(ring_out.to(q.dtype), ref), _rms_rel(one_call, ref)
+    assert ring_err <= 1.5 * kernel_err, (ring_err, kernel_err)
+    assert (ring_lse.double() - ref_lse).abs().max().item() < 1e-2

@@ -118,8 +118,8 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     one token at a time ends with the buffer the plan names (with the growth before it)."""
     import torch
 
+    from lvx_app.engine.memory_plan import _text_buffer
     from lvx_models.mplug_owl3 import qwen2
-    from scripts.memory_plan import _text_buffer
 
     monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
     model = Owl3Model(tiny_config("g2")).eval()

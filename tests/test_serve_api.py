@@ -578,6 +578,8 @@ def test_the_subtitles_field_loads_as_the_option_says(api_here):
     assert "beside the clip" in engine.session.video.loaded.subtitle_block
     (model,) = client.get("/v1/models").json()["data"]
     assert model["lvx_video_defaults"]["subtitles"] == "auto"
+    # the held video's kv mode and how auto chose it (on a CPU: the host's memory)
+    assert model["lvx_kv_mode"]["last load"]["mode"] == "cache", model["lvx_kv_mode"]
     for fields, param, says in (
         ({"subtitles": "/etc/hostname"}, "subtitles", "outside the allowed folders"),
         ({"subtitles": 5}, "subtitles", "subtitles takes auto, none or a subtitle FILE"),

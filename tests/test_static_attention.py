@@ -97,6 +97,10 @@ def test_a_rejected_bounded_call_falls_back_to_the_masked_kernel_once(standins, 
     with kernel_tally() as tally:
         second = attn_fwd_upto(q, k, v, used)  # marked broken: no second try, no warning
     assert tally.ran("fwd") == ["efficient"]
+    # every later call is a fallback too: a tally opened after the rejection still says so
+    assert list(tally.fallbacks) == [
+        "fwd flash_varlen -> efficient: seqused_k is not supported here"
+    ]
     for got in (first, second):
         _check(got, _reference(q, k, v), atol=1e-2)
 

@@ -135,6 +135,12 @@ def test_a_request_is_its_load(engine, clip):
     summary = engine.load_video(request)
     assert engine.held is request and summary.subtitle_lines == 0
     assert engine.stats()["kv mode"] == "recompute"
+    assert summary.kv_choice == {"mode": "recompute", "how": "asked"}
+    assert engine.stats()["kv choice"] == "recompute (asked)"
+    auto = engine.load_video(
+        VideoRequest.of(clip, engine.config.video, subtitles="none", kv_mode="auto")
+    )
+    assert auto.kv_choice["mode"] == "cache" and "not a GPU" in auto.kv_choice["why"]
     faster = VideoRequest.of(clip, engine.config.video, subtitles="none", kv_mode="recompute")
     assert faster.key == request.key
     quicker = VideoRequest.of(

@@ -246,6 +246,11 @@ class OpenAIApi:
             "max_frames": video.max_frames or 0,
             "subtitles": video.subtitles,
         }
+        loaded = self.service.loaded  # the visual K/V mode of the video the engine holds, and why
+        model["lvx_kv_mode"] = {
+            "asked": video.kv_mode,
+            "last load": loaded.kv_choice if loaded else {},
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:

@@ -590,7 +590,7 @@ def kernel_fwd(be, q, k, v, scale, mask, causal):
 def bounds_keys(q: torch.Tensor, head_dim: int) -> bool:
     """Whether this torch build and device run one decoded token's attention mask-free up to a
     device-side key count (`kernel_fwd_upto`): aten's flash kernel with `seqused_k`, CUDA only."""
-    if not can_run("flash", q, False, head_dim) or ("fwd", "flash_varlen") in _broken:
+    if not can_run("flash", q, False, head_dim):
         return False
     schema = torch.ops.aten._flash_attention_forward.default._schema
     return any(arg.name == "seqused_k" for arg in schema.arguments)
@@ -630,13 +630,18 @@ def kernel_fwd_upto(q, k, v, used, scale, masked: Callable[[str], _T]) -> _T:
     """One decoded token's (out, lse) against the first `used` keys (a (B,) int32 tensor on the
     device) mask-free (`bounds_keys`); the kernel reads only those keys and no shape depends on
     `used`, so a CUDA graph captures it once for every length. If the op rejects our arguments
-    (marked broken, one warning) `masked(name)` runs it on backend `name` instead."""
+    (marked broken, one warning) `masked(name)` runs it on backend `name` instead, then and every
+    later call, each noted as a fallback (so a tally open while a graph is captured sees it)."""
     ran, result = _first_try(
         "fwd", "flash_varlen", lambda _: _flash_varlen_fwd(q, k, v, used, scale)
     )
     if ran:
         return result
-    return masked("efficient" if can_run("efficient", q, True, q.shape[-1]) else "math")
+    alt = "efficient" if can_run("efficient", q, True, q.shape[-1]) else "math"
+    why = _broken[("fwd", "flash_varlen")]
+    for tally in _tallies:
+        tally.fallbacks[f"fwd flash_varlen -> {alt}: {why}"] += 1
+    return masked(alt)
 
 
 def kernel_bwd(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):

@@ -20,7 +20,7 @@ forward, round t on rank r (it holds block j = r - t, `held_len` = S_j rows):
 After n rounds every block has seen every shard and its (O, lse) is home:
 n-1 Q transfers and n (O, lse) transfers per rank, no K/V transfer. Bytes
 sent by rank r, with S_j the length of block j held in round t:
-  forward  sum_{t<n-1} S_j*B*(Hq*D*esize + 4*[mask]) + sum_t S_j*B*Hq*(D*esize + 4)
+  forward  sum_{t<n-1} S_j*B*(Hq*D*esize + 4*[mask]) + sum_t S_j*B*Hq*(D*4 + 4)
   backward sum_{t<n-1} S_j*B*(3*Hq*D*esize + n_l*Hq*4 + 4*[mask]) + sum_t S_j*B*Hq*D*4
 (n_l = 2 with lse, 1 for `lv_xattn`); pass `stats={}` to get them added up as fwd_bytes / bwd_bytes.
 Empty blocks are never sent (one-sided P2P instead of padding).
@@ -35,10 +35,10 @@ the engine does from the forward's `Feed`), so no round of the forward reads the
 `lv_xattn_forward` / `lv_xattn_backward` are the two rings without autograd, for callers that run
 their own backward (recompute in finetuning).
 
-On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.) The running O travels
-in the model's dtype when it computes in bf16/fp16 (`wire_dtype`; a quarter fewer forward bytes at
-7B's head_dim than float32) and is merged in float32 at each hop; lse travels in float32. Float64
-inputs keep O/lse in float64 (exact tests); float32 inputs send float32.
+On CUDA the P2P runs on `RingComm`'s side stream. (Untested without a GPU.) The running (O, lse)
+is kept, merged and sent in float32 between hops whatever the model computes in (`wire_dtype`), as
+the ring libraries keep theirs: only the final O is rounded to the model's dtype, once. Float64
+inputs keep O/lse in float64 (exact tests).
 """
 
 from __future__ import annotations
@@ -89,9 +89,10 @@ def _with_host(q_vis: MaskIndex | None, every: Sequence[Tensor] | None, sender: 
 
 
 def wire_dtype(q: Tensor) -> torch.dtype:
-    """The dtype the running O travels in: the model's when it computes in bf16/fp16 (the partial
-    O comes out of the kernel in it anyway), else float32 (float64 for float64 inputs)."""
-    return q.dtype if q.dtype in (torch.bfloat16, torch.float16) else acc_dtype(q)
+    """The dtype the running O travels and is kept in between hops: float32 (float64 for float64
+    inputs), whatever the model computes in. Rounding it to bf16 at every hop adds one bf16
+    rounding per rank (8 hops: about four times one kernel's own error)."""
+    return acc_dtype(q)
 
 
 def _out_lse_buffer(q: Tensor, rows: int) -> Tensor:
@@ -113,15 +114,9 @@ def _out_lse_views(buf: Tensor, q: Tensor, rows: int) -> tuple[Tensor, Tensor]:
 
 
 def _merge_running(running: Tensor, q: Tensor, rows: int, out: Tensor, lse: Tensor) -> None:
-    """Merge a partial (out, lse) into a block's running buffer, in float32 whatever O travels
-    in."""
+    """Merge a partial (out, lse) into a block's running buffer in place (both float32)."""
     run_out, run_lse = _out_lse_views(running, q, rows)
-    if run_out.dtype == run_lse.dtype:
-        merge_(run_out, run_lse, out, lse)
-        return
-    wide = run_out.to(run_lse.dtype)
-    merge_(wide, run_lse, out, lse)
-    run_out.copy_(wide)
+    merge_(run_out, run_lse, out, lse)
 
 
 def lv_xattn_forward(

@@ -73,7 +73,19 @@ def checkpoint_rows(model: str) -> dict[str, str]:
         f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
         **info.prompt_rules.describe(),
         **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
+        "kv mode auto, 1 h at 1 fps on one device": auto_kv_line(cfg),
     }
+
+
+def auto_kv_line(config) -> str:
+    """What `--kv-mode auto` would choose now for an hour at 1 fps on one rank (the first GPU's
+    free memory, in bf16), with the figures it compares."""
+    import torch
+
+    from lvx_app.engine.kv_choice import choose_kv_mode
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return choose_kv_mode("auto", config, 3600, 1, 2, device).line()
 
 
 def print_info(model: str | None = None) -> int:

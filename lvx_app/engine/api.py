@@ -51,6 +51,8 @@ class VideoSummary:
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
     subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
+    # the visual K/V mode and how it was decided (`kv_choice.KvChoice.as_dict`: auto's figures)
+    kv_choice: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

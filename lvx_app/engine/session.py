@@ -171,6 +171,8 @@ class RankSession:
             )
             out["prompt tokens"] = self.conversation.position
             out["kv mode"] = loaded.kv_mode
+            if loaded.kv_choice is not None:
+                out["kv choice"] = loaded.kv_choice.line()
             cached = loaded.kv_mode == "cache"
             out["visual K/V"] = loaded.visual_kv.line() if cached else "recomputed per forward"
         if self.last_answer is not None:

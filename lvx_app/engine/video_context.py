@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,7 +30,9 @@ from lvx_app.engine.api import (
     VideoSummary,
 )
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
 from lvx_app.engine.limits import check_video_prompt
+from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
@@ -139,11 +141,25 @@ class LoadedVideo:
     timings: dict[str, float]
     request: VideoRequest | None = None  # how it was asked for (its opening: what comes before it)
     visual: Any = None  # the conversation's visual inputs while it holds the video
+    kv_choice: KvChoice | None = None  # how kv_mode was decided, with its figures
 
     @property
     def opening(self) -> VideoOpening:
         """What the conversation says before the video."""
         return self.request.opening if self.request is not None else VideoOpening()
+
+
+def held_bytes(loaded: LoadedVideo | None, conversation: Conversation) -> int:
+    """Bytes a loaded video holds on this rank (its features, resident visual K/V and text K/V),
+    all freed when another replaces it."""
+    if loaded is None:
+        return 0
+    held = [loaded.features]
+    kv = getattr(loaded.visual, "kv", None)
+    if loaded.kv_mode == "cache" and isinstance(kv, dict):
+        held += [t for pair in kv.values() for t in pair]
+    held += [t for layer in conversation.cache.layers for t in (layer.k, layer.v)]
+    return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
 
 
 class VideoContext:
@@ -164,6 +180,7 @@ class VideoContext:
         self.conversation, self.names = conversation, names
         self.info = conversation.info
         self.loaded: LoadedVideo | None = None
+        self._counts: ParamCounts | None = None  # the model's parameters, for the memory plan
 
     def _caches(self, video: VideoConfig) -> LoadCaches:
         """The caches of one load: those in `video.cache_dir`, or none with the cache off."""
@@ -195,7 +212,8 @@ class VideoContext:
         block, placed, dropped, prompt = made[-1]
         starts = torch.tensor(prompt.media_starts, dtype=torch.int64)
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
-        kv_mode = self._kv_mode(video.kv_mode, n_frames)
+        kv_choice = self._kv_choice(video.kv_mode, n_frames)
+        kv_mode = kv_choice.mode
         visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, path)
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
@@ -219,6 +237,7 @@ class VideoContext:
             subtitles_dropped=dropped,
             prompt_from_cache=restored,
             visual_kv_from_cache=choice.source == "read back",
+            kv_choice=kv_choice.as_dict(),
         )
         # in kv mode cache the K/V hold everything needed; E stays on disk in the feature cache
         features = shard.features if kv_mode == "recompute" else None
@@ -226,6 +245,7 @@ class VideoContext:
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
         self.loaded.request, self.loaded.visual = request, visual
+        self.loaded.kv_choice = kv_choice
         return summary
 
     def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
@@ -322,20 +342,18 @@ class VideoContext:
             raise RuntimeError("the video prompt does not end with <|im_end|>")
         return int(prompt.input_ids.numel()) - 1
 
-    def _kv_mode(self, mode: str, n_frames: int) -> str:
-        """cache or recompute: `--kv-mode`, or for auto whether the resident K/V take under half the
-        free GPU memory (always cache on a CPU)."""
-        if mode != "auto":
-            return mode
-        device = self.info.device
-        if device.type != "cuda":
-            return "cache"
-        cfg = self.model.config
-        local = -(-n_frames // self.info.world_size)
-        kv_bytes = local * cfg.vision.num_patches * 2 * cfg.num_key_value_heads * cfg.head_dim
-        kv_bytes *= len(cfg.hyper_layer_indices) * self.dtype.itemsize
-        free, _ = torch.cuda.mem_get_info(device)
-        return "cache" if kv_bytes < 0.5 * free else "recompute"
+    def _kv_choice(self, mode: str, n_frames: int) -> KvChoice:
+        """`--kv-mode`, or auto's choice (`kv_choice`) with the loaded video counted as freed;
+        every rank runs the mode all can afford."""
+        if self._counts is None and mode == "auto" and self.info.device.type == "cuda":
+            self._counts = param_counts(self.model.config)
+        info, replaced = self.info, held_bytes(self.loaded, self.conversation)
+        choice = choose_kv_mode(
+            mode, self.model.config, n_frames, info.world_size, self.dtype.itemsize, info.device,
+            replaced=replaced, counts=self._counts,
+        )  # fmt: skip
+        everywhere = all_min(int(choice.mode == "cache"), info.device)
+        return choice if everywhere else replace(choice, mode="recompute")
 
     def _visual_kv_key(
         self, shard: VisualShard, starts: torch.Tensor, names: Identity

@@ -1,0 +1,95 @@
+"""Eager and static (CUDA-graph, compiled) decoding compared on one build: the same tokens fed to
+both (teacher-forced), the logits compared after every one.
+
+Equal greedy answers prove little with random weights (the top logits nearly tie, so a wrong step
+may still pick the same token, and a right one a different token); the logits themselves are what
+the two paths must agree on. Each step's difference is measured as its RMS over the eager logits'
+RMS, and the comparison fails past `bound`:
+
+    bound = sqrt(2 L + 1) * eps
+
+with L the decoder layers and eps one unit in the last place of the dtype (bf16: 2^-8; float32,
+whose outputs round less than its sums do, the error of a sum of up to 2^14 terms, 2^-16). Both
+paths run the same weights on the same inputs; what may differ is how each sublayer's output is
+rounded (another attention kernel: the static step's text attention reads the used keys of a
+fixed buffer, the eager one a slice; a graph's kernels may pick other tilings). Each of the 2 L
+sublayers (attention, MLP) and the LM head can then round its output to a different neighbour,
+at most one unit each in relative size, and independent roundings add as a random walk: sqrt(2 L
++ 1) units. At 7B (28 layers) in bf16 that is 3.0e-2 of the logits' RMS. A step that reads a
+stale buffer, the wrong position or keys past the used ones changes the logits by their own size
+(a relative difference near 1), far past it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.static_decode import DecodeStep, StaticDecode
+
+ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-16}
+
+
+def bound(layers: int, dtype: torch.dtype) -> float:
+    """The largest relative logits difference the comparison lets pass (module docstring)."""
+    return math.sqrt(2 * layers + 1) * ULP[dtype]
+
+
+class LogitsTap(torch.nn.Module):
+    """The language model, with each forward's last logits copied into one fixed buffer (inside a
+    captured step too, so a replay refreshes it)."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.lm, self.last = lm, None
+
+    def forward(self, *args, **kwargs):
+        logits = self.lm(*args, **kwargs)
+        if self.last is None:
+            self.last = torch.empty_like(logits[0, -1])
+        self.last.copy_(logits[0, -1])
+        return logits
+
+
+@torch.inference_mode()
+def forced_logits(
+    conversation: Conversation, prefix: int, tokens: list[int], step: DecodeStep | None
+) -> list[torch.Tensor]:
+    """The logits (V,) float32 after each of `tokens` is fed on top of the first `prefix` cached
+    ones: by the eager loop (`step` None, `Conversation.feed`) or by a `StaticDecode` of `step`."""
+    conversation.truncate(prefix)
+    if step is None:
+        return [conversation.feed(t).float().clone() for t in tokens]
+    static = StaticDecode(conversation, step)
+    tap = LogitsTap(static.lm)
+    static.lm = tap
+    static.start(len(tokens) + 1)
+    try:
+        out = []
+        for t in tokens:
+            static.next_token(t)
+            out.append(tap.last.float().clone())
+        return out
+    finally:
+        static.finish()
+        conversation.truncate(prefix)
+
+
+def compare(eager: list[torch.Tensor], other: list[torch.Tensor], limit: float) -> dict:
+    """Every step's RMS difference over the eager logits' RMS, the worst, and whether it passes;
+    also how many steps' top tokens differ (reported: near-ties make it noise)."""
+    steps = [
+        float((b - a).pow(2).mean().sqrt() / a.pow(2).mean().sqrt().clamp_min(1e-30))
+        for a, b in zip(eager, other)
+    ]
+    worst = max(steps) if steps else 0.0
+    return {
+        "steps": len(steps),
+        "max_relative_logits_difference": worst,
+        "bound": limit,
+        "ok": bool(steps) and worst <= limit,
+        "per_step": steps,
+        "top_token_differs": sum(int(a.argmax() != b.argmax()) for a, b in zip(eager, other)),
+    }
