@@ -23,6 +23,7 @@ stale buffer, the wrong position or keys past the used ones changes the logits b
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -55,26 +56,55 @@ class LogitsTap(torch.nn.Module):
 
 @torch.inference_mode()
 def forced_logits(
-    conversation: Conversation, prefix: int, tokens: list[int], step: DecodeStep | None
+    conversation: Conversation,
+    prefix: int,
+    tokens: list[int],
+    step: DecodeStep | None,
+    rides: bool = False,
+    seconds: list[float] | None = None,
 ) -> list[torch.Tensor]:
     """The logits (V,) float32 after each of `tokens` is fed on top of the first `prefix` cached
-    ones: by the eager loop (`step` None, `Conversation.feed`) or by a `StaticDecode` of `step`."""
-    conversation.truncate(prefix)
-    if step is None:
-        return [conversation.feed(t).float().clone() for t in tokens]
-    static = StaticDecode(conversation, step)
-    tap = LogitsTap(static.lm)
-    static.lm = tap
-    static.start(len(tokens) + 1)
+    ones: by the eager loop (`step` None, `Conversation.feed`) or by a `StaticDecode` of `step`
+    (`rides`: a group's, the fed token riding on its first visual combine, as the group decodes).
+    With `seconds`, the tokens are fed twice on the same step (the first pass warms up and
+    captures) and the second pass's time is appended there."""
+    static = None if step is None else StaticDecode(conversation, step, rides)
+    tap = None
+    if static is not None:
+        tap = LogitsTap(static.lm)
+        static.lm = tap
     try:
-        out = []
-        for t in tokens:
-            static.next_token(t)
-            out.append(tap.last.float().clone())
+        for _ in range(1 if seconds is None else 2):
+            conversation.truncate(prefix)
+            t0 = time.perf_counter()
+            out = _one_pass(conversation, static, tap, tokens)
+            if seconds is not None:
+                _sync(conversation.info.device)
+                seconds.append(time.perf_counter() - t0)
         return out
     finally:
-        static.finish()
-        conversation.truncate(prefix)
+        if static is not None:
+            static.finish()
+            conversation.truncate(prefix)
+
+
+def _one_pass(conversation, static, tap, tokens: list[int]) -> list[torch.Tensor]:
+    if static is None:
+        return [conversation.feed(t).float().clone() for t in tokens]
+    static.start(len(tokens) + 1)
+    out = []
+    for t in tokens:
+        if static.carry is not None:
+            static.next_token_riding(t, False)
+        else:
+            static.next_token(t)
+        out.append(tap.last.float().clone())
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def compare(eager: list[torch.Tensor], other: list[torch.Tensor], limit: float) -> dict:
