@@ -6,9 +6,11 @@ device; the attention kernels checked at 7B shapes on every path the engine runs
 against float64); the 60-minute chat (peak allocated and reserved memory beside the plan, time to
 first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-graph decoding on one
 build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
-and backward at 7B shapes. Second (`--second`): the 10-minute chat, the compiled decode (and with
-CUDA graphs) beside eager on one build, the CUDA-marked tests, finetuning, the demo and ingest
-(they decode video: decord and PyAV), NCCL and the ring/gather crossover (2+ GPUs). `--rehearse`
+and backward at 7B shapes. Second (`--second`, 40 minutes, its items' limits adding up to that):
+the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on one build, the
+CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and PyAV), and on 2+
+GPUs NCCL, the group's static decode step against its eager loop (teacher-forced, compared as the
+first command compares one GPU's) and the ring/gather crossover. `--rehearse`
 gives the same items at small shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU
 time.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_MINUTES = (10, 60)  # the video lengths of the chat: the second command's, the first's
 FIRST_BUDGET_S = 420  # the first command's default budget; its items' limits add up to it
+SECOND_BUDGET_S = 2400  # the second command's default budget; its items' limits add up to it
 PROFILE_TOKENS = 8  # the longest answer a decode item's sync and launch counts profile
 REHEARSAL_SCALE = 100  # a rehearsal's video is this many times shorter
 REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
@@ -112,8 +115,22 @@ def first_items(out: Path, scratch: Path, rehearse: bool = False) -> list[Item]:
     ]  # fmt: skip
 
 
+def _group_decode(torchrun: list[str], out: Path, rehearse: bool, gloo: str) -> Item:
+    """The group's static decode step against its eager loop on every rank, one build per rank
+    (`scripts/group_decode_compare.py`), its figures beside the compiled decode's."""
+    shape = ["--device", "cpu", "--minutes", "0.1", "--new-tokens", "8"]
+    args = shape if rehearse else ["--device", "cuda", "--minutes", str(CHAT_MINUTES[0])]
+    return Item(
+        f"group decode: static step vs eager, teacher-forced{gloo}",
+        [*torchrun, "scripts/group_decode_compare.py", *args,
+         "--out", str(out / "decode_compile.json"), "--out-key", "group"],
+        170, min_gpus=2, writes=("decode_compile.json",), key="group",
+    )  # fmt: skip
+
+
 def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
-    """The second command's items: what the first leaves out."""
+    """The second command's items: what the first leaves out; their limits add up to
+    `SECOND_BUDGET_S`."""
     device = ["--device", "cpu" if rehearse else "cuda"]
     finetune = ["--frames", "4", "--steps", "1"] if rehearse else []
     ingest = ["--minutes", "1", "--height", "360", "--workers", "1"] if rehearse else []
@@ -150,6 +167,7 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
             [*torchrun, "scripts/nccl_check.py", *(["--cpu"] if rehearse else [])], 180,
             min_gpus=2,
         ),
+        _group_decode(torchrun, out, rehearse, gloo),
         Item(
             f"ring/gather crossover calibrated{gloo}",
             [*torchrun, "scripts/bench_schedule.py", "--calibrate", *calibrate, *where,

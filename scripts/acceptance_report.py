@@ -227,7 +227,9 @@ def headlines(results: list[Result], out: Path) -> list[str]:
     if not lines and any(r.status == "passed" for r in results):
         lines.append("Kernels: no attention-kernel fallback in any item that ran (every figure is "
                      "from the kernel the engine picks).")  # fmt: skip
-    decoded = [_read(out / DECODE_FILE), _read(out / "decode_compile.json")]
+    compiled = _read(out / "decode_compile.json")
+    group = compiled.get("group")  # the group's static step (the second command's 2+ GPUs)
+    decoded = [_read(out / DECODE_FILE), compiled, group if isinstance(group, dict) else {}]
     compared = {m: c for d in decoded for m, c in d.get("comparison", {}).items()}
     lines += [f"Decoding: {r['mode']} not compared with eager: {r['skipped']}."
               for d in decoded for r in d.get("rows", []) if r.get("skipped")]  # fmt: skip
