@@ -191,6 +191,10 @@ def test_each_command_writes_only_to_its_folder_and_few_files(tmp_path: Path, re
                 device = item.command[item.command.index("--device") + 1]
                 assert device == ("cpu" if rehearse else "cuda"), item.command
     assert _args().budget_min == 7 and not _args().second and _args("--second").second
+    assert sum(i.timeout_s for i in second) <= items_of.SECOND_BUDGET_S
+    assert items_of.SECOND_BUDGET_S == _args("--second").budget_min * 60
+    group = next(i for i in second if i.name.startswith("group decode"))
+    assert group.min_gpus == 2 and "scripts/group_decode_compare.py" in group.command
 
 
 def test_the_second_command_after_the_first_reruns_what_the_first_did_not_pass(tmp_path) -> None:
@@ -760,12 +764,43 @@ def test_the_rehearsal_of_the_second_command(tmp_path: Path) -> None:
     assert {n for n, s in status.items() if s == "passed"} == {
         "chat: TTFT, prefill and memory at 0.1 min", "bench_finetune",
         "nccl lv_xattn + decode_xattn (gloo)", "ring/gather crossover calibrated (gloo)",
+        "group decode: static step vs eager, teacher-forced (gloo)",
     }  # fmt: skip
     reasons = {r["name"]: r["reason"] for r in report["results"]}
     assert reasons["cuda tests"].startswith(f"ran no test ({CUDA_TESTS} skipped")
     assert "decord, av not installed" in reasons["lvx demo"]
     calibration = json.loads((out / "calibration.json").read_text())
     assert set(calibration["gather_max_rows"]) == {"2"}  # the rehearsal's two ranks, under --out
+
+
+@pytest.mark.slow
+def test_the_rehearsal_of_the_groups_decode_comparison(tmp_path: Path) -> None:
+    """The second command's group decode item on two gloo ranks: it passes, its figures sit beside
+    the compiled decode's, and the report's first lines say whether the group's static step and
+    its eager loop agree."""
+    proc, out, _ = _start(tmp_path, "--second", "--only", "group decode")
+    assert proc.wait() == 0, (tmp_path / "stdout").read_text()
+    report = json.loads((out / "acceptance.json").read_text())
+    passed = [r["name"] for r in report["results"] if r["status"] == "passed"]
+    assert passed == ["group decode: static step vs eager, teacher-forced (gloo)"]
+    group = json.loads((out / "decode_compile.json").read_text())["group"]
+    assert [r["mode"] for r in group["rows"]] == ["eager", "static step (uncaptured)"]
+    assert any(
+        line.startswith("Decoding: static step (uncaptured) on 2 ranks and eager agree")
+        for line in report["headlines"]
+    ), report["headlines"]
+
+
+def test_a_groups_disagreeing_static_step_heads_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    worst = {"ok": False, "max_relative_logits_difference": 0.2, "steps": 8, "bound": 3e-2}
+    group = {"rows": [], "comparison": {"static step (CUDA graph) on 2 ranks": worst}}
+    (out / "decode_compile.json").write_text(json.dumps({"group": group}))
+    assert rep.headlines([], out) == [
+        "Decoding: static step (CUDA graph) on 2 ranks and eager DISAGREE on the same tokens: "
+        "logits differ by at most 2.00e-01 of their RMS over 8 steps (bound 3.00e-02)."
+    ]
 
 
 def _graphs_on_cpu(monkeypatch) -> list:
