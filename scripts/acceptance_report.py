@@ -214,6 +214,17 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _group_speeds(group: dict) -> list[str]:
+    """The group's decode speeds (eager, static step: one build, the slowest rank's), as one
+    line."""
+    rows = [r for r in group.get("rows", []) if isinstance(r.get("tokens_per_s"), (int, float))]
+    if not rows:
+        return []
+    ranks = next(iter(group.get("comparison", {}).values()), {}).get("ranks", "?")
+    speeds = ", ".join(f"{r['mode']} {r['tokens_per_s']:.3g}" for r in rows)
+    return [f"Decoding on {ranks} ranks, tokens/s at the slowest rank (one build): {speeds}."]
+
+
 def headlines(results: list[Result], out: Path) -> list[str]:
     """The report's first lines: every item whose figures came (in part) from a fallback kernel,
     or that none did; the decode modes' teacher-forced comparison; the kv mode `auto` chose for
@@ -240,6 +251,7 @@ def headlines(results: list[Result], out: Path) -> list[str]:
             f"{c['max_relative_logits_difference']:.2e} of their RMS over {c['steps']} steps "
             f"(bound {c['bound']:.2e})."
         )
+    lines += _group_speeds(group if isinstance(group, dict) else {})
     for row in _read(out / "chat_7b.json").get("rows", []):
         if row.get("kv_choice"):
             lines.append(f"kv mode auto at {row['minutes']:g} min: {row['kv_choice']}")

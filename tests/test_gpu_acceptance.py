@@ -795,11 +795,15 @@ def test_a_groups_disagreeing_static_step_heads_the_report(tmp_path: Path) -> No
     out = tmp_path / "out"
     out.mkdir()
     worst = {"ok": False, "max_relative_logits_difference": 0.2, "steps": 8, "bound": 3e-2}
-    group = {"rows": [], "comparison": {"static step (CUDA graph) on 2 ranks": worst}}
+    worst["ranks"] = 2
+    rows = [{"mode": "eager", "tokens_per_s": 20.0}, {"mode": "static step", "tokens_per_s": 61.5}]
+    group = {"rows": rows, "comparison": {"static step (CUDA graph) on 2 ranks": worst}}
     (out / "decode_compile.json").write_text(json.dumps({"group": group}))
     assert rep.headlines([], out) == [
         "Decoding: static step (CUDA graph) on 2 ranks and eager DISAGREE on the same tokens: "
-        "logits differ by at most 2.00e-01 of their RMS over 8 steps (bound 3.00e-02)."
+        "logits differ by at most 2.00e-01 of their RMS over 8 steps (bound 3.00e-02).",
+        "Decoding on 2 ranks, tokens/s at the slowest rank (one build): eager 20, static step "
+        "61.5.",
     ]
 
 
