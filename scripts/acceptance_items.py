@@ -6,12 +6,12 @@ device; the attention kernels checked at 7B shapes on every path the engine runs
 against float64); the 60-minute chat (peak allocated and reserved memory beside the plan, time to
 first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-graph decoding on one
 build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
-and backward at 7B shapes. Second (`--second`, 40 minutes, its items' limits adding up to that):
-the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on one build, the
-CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and PyAV), and on 2+
-GPUs NCCL, the group's static decode step against its eager loop (teacher-forced, compared as the
-first command compares one GPU's) and the ring/gather crossover. `--rehearse`
-gives the same items at small shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU
+and backward at 7B shapes. Second (`--second`, 7 minutes a call, each item fitting in that, going
+on with `--after`): the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on
+one build, the CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and
+PyAV), and on 2+ GPUs NCCL, the group's static decode step against its eager loop (teacher-forced,
+compared as the first command compares one GPU's) and the ring/gather crossover. `--rehearse` gives
+the same items at small shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU
 time.
 """
 
@@ -23,8 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_MINUTES = (10, 60)  # the video lengths of the chat: the second command's, the first's
-FIRST_BUDGET_S = 420  # the first command's default budget; its items' limits add up to it
-SECOND_BUDGET_S = 2400  # the second command's default budget; its items' limits add up to it
+BUDGET_S = 420  # a command's default budget (one device call): the first's limits add up to it
 PROFILE_TOKENS = 8  # the longest answer a decode item's sync and launch counts profile
 REHEARSAL_SCALE = 100  # a rehearsal's video is this many times shorter
 REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
@@ -91,7 +90,7 @@ def _chat(out: Path, rehearse: bool, minutes: tuple[int, ...], name: str, timeou
 
 def first_items(out: Path, scratch: Path, rehearse: bool = False) -> list[Item]:
     """The first command's items, most important first (the module's docstring); their limits
-    add up to `FIRST_BUDGET_S`."""
+    add up to `BUDGET_S`."""
     device = ["--device", "cpu" if rehearse else "cuda"]
     check = ["--frames", "2", "--rows", "32", "--prefix", "256"] if rehearse else []
     block = ["--frames", "16", "--iters", "1", "--warmup", "1"] if rehearse else []
@@ -129,8 +128,8 @@ def _group_decode(torchrun: list[str], out: Path, rehearse: bool, gloo: str) -> 
 
 
 def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
-    """The second command's items: what the first leaves out; their limits add up to
-    `SECOND_BUDGET_S`."""
+    """The second command's items: what the first leaves out; each fits `BUDGET_S`, so a run
+    that its budget stopped goes on with `--after` in the next call."""
     device = ["--device", "cpu" if rehearse else "cuda"]
     finetune = ["--frames", "4", "--steps", "1"] if rehearse else []
     ingest = ["--minutes", "1", "--height", "360", "--workers", "1"] if rehearse else []

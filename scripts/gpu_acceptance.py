@@ -2,7 +2,7 @@
 the folder you name the moment it exists, with nothing left running afterwards.
 
     python3 scripts/gpu_acceptance.py --out DIR              # the first command (--first): 7 min
-    python3 scripts/gpu_acceptance.py --second --out DIR2 --after DIR/acceptance.json  # 40 min
+    python3 scripts/gpu_acceptance.py --second --out DIR2 --after DIR/acceptance.json  # 7 min again
     python3 scripts/gpu_acceptance.py --rehearse --out DIR   # the same on a CPU, small shapes
 
 What each command runs, in order: scripts/acceptance_items.py (and docs/gpu.md). Everything goes to
@@ -10,7 +10,7 @@ What each command runs, in order: scripts/acceptance_items.py (and docs/gpu.md).
 (`acceptance.json`, `acceptance.md`, rewritten after every change, and `acceptance.log`, every
 item's whole output as it comes) and each item's figures. Each item runs in its own process group
 under a guard (scripts/guard.py) within its own time limit and the whole command's `--budget-min`
-(default 7, the second command's 40; start-up and the ending of a stopped item included); an item
+(default 7; start-up and the ending of a stopped item included); an item
 that fails, hangs or crashes is recorded and the next one runs. However the runner ends (SIGTERM,
 SIGINT, its time limit, SIGKILL) the item running ends with it, and the report it leaves is valid.
 `--second --after REPORT` runs only what REPORT (a first or a second command's) does not list as
@@ -43,12 +43,11 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 import scripts
 from scripts.acceptance_items import (
+    BUDGET_S,
     CHAT_MINUTES,
-    FIRST_BUDGET_S,
     REHEARSAL_GPUS,
     REHEARSAL_SCALE,
     ROOT,
-    SECOND_BUDGET_S,
     Item,
     first_items,
     second_items,
@@ -449,8 +448,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget-min",
         type=float,
-        default=None,
-        help="the whole command's time, start-up and ending included (default 7, --second 40)",
+        default=BUDGET_S / 60,
+        help="the whole command's time, start-up and ending included (default 7)",
     )
     parser.add_argument(
         "--only", default="", help="comma-separated words: run only the items whose names hold one"
@@ -461,8 +460,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.after is not None and not args.second:
         parser.error("--after goes with --second")
-    if args.budget_min is None:
-        args.budget_min = (SECOND_BUDGET_S if args.second else FIRST_BUDGET_S) / 60
     return args
 
 

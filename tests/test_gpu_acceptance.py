@@ -172,7 +172,7 @@ def test_each_command_writes_only_to_its_folder_and_few_files(tmp_path: Path, re
     assert [i.name.split(" ")[0] for i in first] == [
         "versions", "kernels", "chat:", "decode:", "LV-XAttn",
     ]  # fmt: skip
-    assert sum(i.timeout_s for i in first) <= items_of.FIRST_BUDGET_S == _args().budget_min * 60
+    assert sum(i.timeout_s for i in first) <= items_of.BUDGET_S == _args().budget_min * 60
     assert first[2].name.endswith(f"at {60 / (100 if rehearse else 1):g} min")
     decode = first[3].command
     assert decode[decode.index("--modes") + 1 : decode.index("--out")] == ["eager", "cuda-graphs"]
@@ -191,8 +191,8 @@ def test_each_command_writes_only_to_its_folder_and_few_files(tmp_path: Path, re
                 device = item.command[item.command.index("--device") + 1]
                 assert device == ("cpu" if rehearse else "cuda"), item.command
     assert _args().budget_min == 7 and not _args().second and _args("--second").second
-    assert sum(i.timeout_s for i in second) <= items_of.SECOND_BUDGET_S
-    assert items_of.SECOND_BUDGET_S == _args("--second").budget_min * 60
+    each_fits = items_of.BUDGET_S == _args("--second").budget_min * 60  # it goes on with --after
+    assert max(i.timeout_s for i in second) <= items_of.BUDGET_S and each_fits
     group = next(i for i in second if i.name.startswith("group decode"))
     assert group.min_gpus == 2 and "scripts/group_decode_compare.py" in group.command
 
