@@ -33,6 +33,14 @@ DEFAULT_TIMEOUT_S = 300.0
 # dropped, evenly over the video, with a warning that says how many.
 DEFAULT_SUBTITLE_TOKENS = 8192
 
+# The Whisper checkpoint that transcribes a video's speech when it has no subtitles
+# (lvx_app/speech): auto is large-v3-turbo on GPU ranks (large-v3's encoder, a 4-layer decoder, many
+# languages) and small on CPU ranks, where turbo would take longer than the video lasts
+# (docs/benchmarks.md, "Speech").
+DEFAULT_SPEECH_MODEL = "auto"
+SPEECH_MODEL_ON_GPU = "large-v3-turbo"
+SPEECH_MODEL_ON_CPU = "small"
+
 # Longest answer, in tokens, unless a command or the page asks for another.
 DEFAULT_MAX_NEW_TOKENS = 512
 

@@ -61,14 +61,13 @@ class Engine:
         else:
             request = _request(self.config.video, video, options)
         track = request.subtitle_track()  # read here: the ranks get the cues
+        resolved = request.resolved(track)  # and whether they transcribe its speech
         for note in track.notes:
             warnings.warn(note, EngineWarning, stacklevel=2)
         self.held = None  # a failed load may have dropped the video held before
-        summary: VideoSummary = self._one_call(
-            LOAD_VIDEO, progress, request=request.resolved(track)
-        )
+        summary: VideoSummary = self._one_call(LOAD_VIDEO, progress, request=resolved)
         self.held = request
-        summary.subtitle_source = track.source
+        summary.subtitle_source = track.source or summary.subtitle_source
         return summary
 
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
