@@ -68,6 +68,25 @@ def oom_message(rank: int, device: torch.device, stage: str) -> str:
     )
 
 
+def request_cues(request: VideoRequest, info, progress: ProgressFn | None) -> Transcript:
+    """The request's cues; a frontend sends them resolved, else they are found here (its notes as
+    warnings from rank 0). When the request says so, the video's speech transcribed by the group
+    (lvx_app/speech), its notes as warnings."""
+    track = request.subtitle_track()
+    notes = track.notes if request.cues is None else []
+    found = Transcript(list(track.cues))
+    if request.speech:
+        try:
+            found = transcribe_video(request.path, request.video, info.device, progress)
+        except VideoError as exc:
+            raise EngineError(str(exc)) from None
+        notes = found.notes
+    if info.rank == 0:
+        for note in notes:
+            warnings.warn(EngineWarning(note))
+    return found
+
+
 @dataclass(frozen=True)
 class Identity:
     """What names the weights in the caches (empty when the caches are off)."""
@@ -181,7 +200,7 @@ class VideoContext:
         lines at the sampled frames); the feature cache never depends on the subtitles. The prompt
         is built and checked from the plan, before any frame is decoded."""
         t0, video, path = time.perf_counter(), request.video, request.path
-        transcript = self._cues(request, progress)
+        transcript = request_cues(request, self.info, progress)
         cues = transcript.cues
         caches = self._caches(video)
         made: list[VideoPrompt] = []
@@ -261,24 +280,6 @@ class VideoContext:
         except torch.cuda.OutOfMemoryError as exc:
             message = oom_message(self.info.rank, self.info.device, "making the visual K/V")
             raise RuntimeError(message) from exc
-
-    def _cues(self, request: VideoRequest, progress: ProgressFn | None) -> Transcript:
-        """The request's cues; a frontend sends them resolved, else they are found here (its notes
-        as warnings from rank 0). When the request says so, the video's speech transcribed by the
-        group (lvx_app/speech), its notes as warnings."""
-        track = request.subtitle_track()
-        notes = track.notes if request.cues is None else []
-        found = Transcript(list(track.cues))
-        if request.speech:
-            try:
-                found = transcribe_video(request.path, request.video, self.info.device, progress)
-            except VideoError as exc:
-                raise EngineError(str(exc)) from None
-            notes = found.notes
-        if self.info.rank == 0:
-            for note in notes:
-                warnings.warn(EngineWarning(note))
-        return found
 
     def _ingest(self, path, video: VideoConfig, names: Identity, progress, planned) -> VisualShard:
         def report(p) -> None:

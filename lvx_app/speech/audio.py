@@ -18,6 +18,10 @@ class SpeechError(VideoError):
     own type."""
 
 
+class AudioDecodeError(SpeechError):
+    """The audio track is there but cannot be decoded: the video loads without a transcript."""
+
+
 def audio_duration(path: str | Path) -> float | None:
     """Seconds of the first audio stream of `path`; None when it has none (or the file cannot be
     opened: the video loader says so in its own words)."""
@@ -53,9 +57,8 @@ def read_audio(path: str | Path, start: float, end: float) -> np.ndarray:
                 container.seek(int(start * 1_000_000), any_frame=False)  # to the key frame before
             got = _decode(container, stream, resampler, first, last, out)
     except (av.error.FFmpegError, IndexError, ValueError) as exc:
-        raise SpeechError(
-            f"the audio of {Path(path).name} could not be decoded near {start:.0f} s ({exc}); "
-            "pass --subtitles none, or a subtitle FILE"
+        raise AudioDecodeError(
+            f"the audio of {Path(path).name} could not be decoded near {start:.0f} s ({exc})"
         ) from None
     lead = np.zeros(max(0, got - first), np.float32)  # the audio starts after `start`
     return np.concatenate([lead, *out])[: last - first]

@@ -8,6 +8,7 @@ from lvx_app.speech.audio import SAMPLE_RATE, read_audio
 from lvx_app.speech.pieces import MIN_GAP_S, Piece
 from lvx_app.subtitles import clean_text
 
+SILENCE = 1e-4  # -80 dBFS
 CueTuple = tuple[float, float, str]  # (start s, end s, text): a cue as it travels and is cached
 
 
@@ -18,6 +19,8 @@ def transcribe_piece(
     the piece (those of the overlaps belong to the neighbours), at their times in the video."""
     lo, hi = piece.audio_span(duration)
     audio = read_audio(path, lo, hi)
+    if silent(audio):
+        return []  # an hour of silence costs its decoding alone
     segments, _ = model.transcribe(
         audio,
         language=language,
@@ -36,8 +39,15 @@ def transcribe_piece(
     return cues
 
 
+def silent(audio) -> bool:
+    """Whether `audio` is digital silence (no sample above -80 dBFS): no detector needed."""
+    return not len(audio) or float(abs(audio).max()) < SILENCE
+
+
 def speech_spans(audio) -> list[tuple[int, int]]:
     """(start, end) samples of the speech in `audio`, by faster-whisper's Silero detector."""
+    if silent(audio):
+        return []
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
     options = VadOptions(min_silence_duration_ms=int(MIN_GAP_S * 1000), speech_pad_ms=100)
