@@ -119,6 +119,7 @@ class SubtitleTrack:
     cues: list[Cue] = field(default_factory=list)
     source: str = ""  # "movie.en.srt", "stream 2 (mov_text, eng) of movie.mp4"; "" = no subtitles
     notes: list[str] = field(default_factory=list)
+    speech: bool = False  # none found: the ranks transcribe the speech (lvx_app/speech)
 
 
 # ---- text

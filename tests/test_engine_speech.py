@@ -67,3 +67,82 @@ def test_the_transcript_is_placed_like_subtitles(
     assert placed >= 1 and cues[0][2] in block  # in the prompt, under the subtitles' header
     assert reread  # the second load read it back
     assert third == [] and block3 == ""  # the next video shows none of it
+
+
+@pytest.mark.slow
+def test_lvx_chat_speech_and_transcript(tiny_checkpoints, tiny_whisper, talking_video, tmp_path):
+    """`lvx chat --subtitles speech` transcribes on load; `/transcript` lists the cues, timed."""
+    import os
+    import subprocess
+    import sys
+
+    from timing import scaled
+
+    command = [sys.executable, "-m", "lvx_app.cli", "chat", talking_video, "--gpus", "0"]
+    command += ["--model", tiny_checkpoints["g2"], "--cache-dir", str(tmp_path)]
+    command += ["--subtitles", "speech", "--speech-model", tiny_whisper, "--max-new-tokens", "2"]
+    result = subprocess.run(
+        command,
+        input="/transcript\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        env=dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.split() for line in result.stdout.splitlines() if line.strip()[:3] == "0:0"]
+    assert lines and all(len(words) >= 2 and "-0:0" in words[0] for words in lines), result.stdout
+
+
+@pytest.mark.slow
+def test_the_api_and_the_page_transcribe_and_show_it(
+    tiny_checkpoints, tiny_whisper, talking_video, tmp_path
+):
+    """`"subtitles": "speech"` in a request transcribes the video; /v1/models says speech is there;
+    the page lists the transcript under the player, each line a link that seeks it."""
+    import shutil
+
+    from engine_configs import engine_config
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from lvx_app.runtime.open import open_engine
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.app import ChatApp
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    clip = shutil.copy(talking_video, folder / "talk.mp4")
+    config = engine_config(
+        tiny_checkpoints["g2"], tmp_path / "cache", subtitles="none", speech_model=tiny_whisper
+    )
+    engine = open_engine(config)
+    service = EngineService(engine)
+    app = FastAPI()
+    files = VideoFiles([str(folder)], 10.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    try:
+        client = TestClient(app)
+        (model,) = client.get("/v1/models").json()["data"]
+        assert model["lvx_speech"] == {"available": True, "model": tiny_whisper}
+        content = [
+            {"type": "video_url", "video_url": {"url": f"file://{clip}"}},
+            {"type": "text", "text": "What is said?"},
+        ]
+        body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert engine.loaded.transcript == []  # the server's default: none
+        reply = client.post("/v1/chat/completions", json={**body, "subtitles": "speech"})
+        assert reply.status_code == 200, reply.text
+        said = engine.loaded.transcript
+        assert said and said[0].text in engine.session.video.loaded.subtitle_block
+        page = ChatApp(service, config, allow_paths=[str(folder)])
+        status = page.load(None, str(clip), 1.0, 0, owner="tab", progress=lambda *a, **k: None)[0]
+        # the page's box "use the subtitles found" asks for auto: none are found, so speech, read
+        # back from the cache the API's load filled
+        assert "**Transcript**" in status and f"](#lvx-seek-{said[0].start:.2f}) " in status
+        assert engine.loaded.transcript_from_cache
+    finally:
+        engine.close()

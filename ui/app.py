@@ -42,6 +42,7 @@ from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
 from lvx_ui.evidence_view import evidence_markdown
 from lvx_ui.openai_request import allowed_path
+from lvx_ui.transcript_view import transcript_markdown
 
 log = logging.getLogger("lvx.ui")
 
@@ -288,9 +289,9 @@ class ChatApp:
             source = summary.subtitle_source
             note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {source} · {note}"
         notes = [for_the_page(n) for n in notes]
-        body = "\n\n".join(
-            filter(None, [self.status(client), _warning_lines(notes), note, memory_table(stats)])
-        )
+        said = transcript_markdown(summary.transcript, SEEK_PREFIX)  # lines seek the player
+        parts = [self.status(client), _warning_lines(notes), note, memory_table(stats), said]
+        body = "\n\n".join(filter(None, parts))
         player = path if from_server else gr.skip()
         return body, [], player, owner
 

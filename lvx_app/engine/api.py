@@ -108,7 +108,7 @@ class VideoRequest:
 
     def subtitle_track(self) -> SubtitleTrack:
         """The cues to place and where they came from: those given, else what `video.subtitles`
-        (auto|none|FILE) finds; a file that cannot be used is an EngineError line."""
+        (auto|speech|none|FILE) finds; a file that cannot be used is an EngineError line."""
         if self.cues is not None:
             return SubtitleTrack(list(self.cues))
         v = self.video
@@ -122,7 +122,7 @@ class VideoRequest:
         whether they transcribe its speech (`--subtitles speech`, or auto with no subtitles found;
         a note may be added to `track`). Speech asked for without the extra is an EngineError
         line."""
-        if self.cues is not None:
+        if self.cues is not None:  # given by the caller (with whether to transcribe)
             return replace(self, cues=tuple(track.cues))
         try:
             speech = wants_speech(self.path, self.video.subtitles, track)
