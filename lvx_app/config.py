@@ -36,6 +36,7 @@ SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")
 TRAIN_MODES = ("hyper", "all", "lora")
 SCORING_MODES = ("official", "strict")
+EVAL_SUBTITLES = ("none", "official", "speech")  # where a Video-MME run's subtitle lines come from
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine can reach
 
 
@@ -551,8 +552,12 @@ class EvalConfig:
     questions: str | None = option(
         None, "--questions", "Question file, if not under --data/videomme/.", metavar="FILE"
     )
-    subtitles: bool = option(
-        False, "--subtitles/--no-subtitles", "The official with-subtitles setting."
+    subtitles: str = option(
+        "none",
+        "--subtitles",
+        "official: the with-subtitles setting (Video-MME's subtitle files); speech: the same with "
+        "each video's speech transcribed instead (the [speech] extra); none.",
+        metavar="none|official|speech",
     )
     limit: int | None = option(None, "--limit", "Only the first N selected questions.")
     durations: str | None = option(
@@ -569,6 +574,9 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.subtitles, bool):  # a results header or a caller of before: on / off
+            self.subtitles = "official" if self.subtitles else "none"
+        _choice(self.subtitles, EVAL_SUBTITLES, "--subtitles")
         _choice(self.scoring, SCORING_MODES, "--scoring")
         _require(self.limit is None or self.limit >= 1, "--limit must be 1 or more")
 

@@ -146,3 +146,49 @@ def test_the_api_and_the_page_transcribe_and_show_it(
         assert engine.loaded.transcript_from_cache
     finally:
         engine.close()
+
+
+def test_eval_with_speech_subtitles_puts_the_transcript_in_the_prompt(tmp_path):
+    """`lvx eval videomme --subtitles speech`: each video loaded with its speech transcribed (and
+    none of it placed by the engine); the lines at the sampled frames go into the official prompt,
+    and the results' header says speech. A file of before (subtitles true) resumes as official."""
+    import json
+
+    from engine_configs import eval_config
+    from videomme_fixtures import LookupSession, make_mini_videomme
+
+    from lvx_app.eval.results import check_compatible
+    from lvx_app.eval.videomme import run_videomme
+    from lvx_app.subtitles import Cue
+
+    class Transcribed(LookupSession):
+        def load_video(self, request):
+            assert request.video.subtitles == "speech" and request.video.subtitle_tokens == 0
+            info = super().load_video(request)
+            info.transcript = [Cue(0.0, 600.0, "words heard in the video")]
+            return info
+
+    mini = make_mini_videomme(tmp_path / "videomme")
+    out = tmp_path / "speech.jsonl"
+    config = eval_config(mini.root, out, subtitles="speech", limit=2)
+    run_videomme(config, lambda: Transcribed({}), show_progress=False)
+    items = [json.loads(line) for line in out.read_text().splitlines()]
+    assert items[0]["type"] == "header" and items[0]["subtitles"] == "speech"
+    prompts = [item["prompt"] for item in items if item["type"] == "answer"]
+    assert prompts and all("words heard in the video" in p for p in prompts)
+    check_compatible({"subtitles": True}, {"subtitles": "official"}, "old", "new")
+
+
+def test_eval_with_speech_without_the_extra_is_one_line(tmp_path, monkeypatch):
+    from engine_configs import eval_config
+    from videomme_fixtures import LookupSession, make_mini_videomme
+
+    from lvx_app.eval.dataset import DatasetError
+    from lvx_app.eval.videomme import run_videomme
+
+    monkeypatch.setattr("lvx_app.eval.videomme.speech_available", lambda: False)
+    mini = make_mini_videomme(tmp_path / "videomme")
+    config = eval_config(mini.root, tmp_path / "out.jsonl", subtitles="speech")
+    with pytest.raises(DatasetError, match=r'faster-whisper: pip install -e "\.\[speech\]"'):
+        run_videomme(config, lambda: LookupSession({}), show_progress=False)
+    assert not (tmp_path / "out.jsonl").exists()
