@@ -200,7 +200,7 @@ class VideoConfig:
         DEFAULT_SPEECH_MODEL,
         "--speech-model",
         "Whisper checkpoint that transcribes speech (a faster-whisper name such as small or "
-        "large-v3-turbo, a hub id, or a local folder); auto: large-v3-turbo on GPUs, small on a "
+        "large-v3-turbo, a hub id, or a local folder); auto: large-v3-turbo on GPUs, base on a "
         "CPU.",
         key=True,
         metavar="NAME|DIR",
