@@ -231,3 +231,41 @@ def test_a_spoken_sentence_comes_back_as_text_at_its_time(tmp_path):
 def test_read_audio_gives_the_same_samples_for_the_same_stretch(talk):
     a, b = read_audio(talk, 60.0, 70.0), read_audio(talk, 60.0, 70.0)
     assert len(a) == 10 * SAMPLE_RATE and np.array_equal(a, b)
+
+
+def _write_flac(path, seconds: int, speech: dict[int, np.ndarray]) -> str:
+    """`seconds` of 16 kHz FLAC, silent but for `speech` (start s -> samples), written a minute at
+    a time (three hours of float samples would be 700 MB; silence in FLAC is a few KB a minute)."""
+    import av
+
+    block = SAMPLE_RATE * 60
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("flac", rate=SAMPLE_RATE, layout="mono")
+        for minute in range(seconds // 60):
+            samples = np.zeros(block, np.int16)
+            for at, said in speech.items():
+                if minute * 60 <= at < (minute + 1) * 60:
+                    i = (at - minute * 60) * SAMPLE_RATE
+                    samples[i : i + len(said)] = (said[: block - i] * 32767).astype(np.int16)
+            frame = av.AudioFrame.from_ndarray(samples[None], format="s16", layout="mono")
+            frame.sample_rate, frame.pts = SAMPLE_RATE, minute * block
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_three_hour_talk_is_heard_at_its_times(tiny_whisper, tmp_path):
+    """Three hours of audio (speech at the start, the middle and the end) in 180 pieces: every
+    stretch of speech comes back at its time, nothing from the silence, progress to the end."""
+    starts = (10, 5400, 10790)
+    path = _write_flac(
+        tmp_path / "talk.flac", 3 * 3600, {t: voice(3.0, i) for i, t in enumerate(starts)}
+    )
+    shown = []
+    got = transcribe_video(path, _video(tiny_whisper), CPU, lambda *p: shown.append(p[1:]))
+    assert got.notes == [] and shown[-1] == (10800, 10800) and len(shown) == 180
+    assert {min(starts, key=lambda t: abs(t - c.start)) for c in got.cues} == set(starts)
+    assert all(any(t - 1 <= c.start <= t + 4 for t in starts) for c in got.cues)
