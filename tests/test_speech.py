@@ -269,3 +269,42 @@ def test_a_three_hour_talk_is_heard_at_its_times(tiny_whisper, tmp_path):
     assert got.notes == [] and shown[-1] == (10800, 10800) and len(shown) == 180
     assert {min(starts, key=lambda t: abs(t - c.start)) for c in got.cues} == set(starts)
     assert all(any(t - 1 <= c.start <= t + 4 for t in starts) for c in got.cues)
+
+
+def _one_rank_fails(rank: int, world: int, path: str, model: str) -> str:
+    """Rank 1 cannot load the speech model: every rank must end with the same one line."""
+    from lvx_app.speech.audio import SpeechError
+
+    if rank == 1:
+
+        def broken(*_a, **_k):
+            raise SpeechError("speech model tiny-whisper could not be loaded (no memory)")
+
+        speech_model.load_model = broken
+    try:
+        transcribe_video(path, _video(model), CPU)
+    except SpeechError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_failure_on_one_rank_fails_every_rank_with_its_line(tiny_whisper, talk):
+    said = run_ranks(_one_rank_fails, 2, talk, tiny_whisper)
+    assert (
+        said[0]
+        == said[1]
+        == ("SpeechError: speech model tiny-whisper could not be loaded (no memory)")
+    )
+
+
+def test_lvx_open_loads_with_speech(tiny_checkpoints, tiny_whisper, talk, short_video, tmp_path):
+    """The Python API: `load_video(..., subtitles="speech")` transcribes; the summary has it."""
+    import lvx_app as lvx
+
+    video = write_audio(tmp_path / "talking.mp4", place(10.0, (2.0, voice(5.0))), short_video)
+    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1)
+    with lvx.open(tiny_checkpoints["g2"], speech_model=tiny_whisper, **options) as engine:
+        summary = engine.load_video(str(video), subtitles="speech")
+        assert summary.transcript and summary.subtitle_source == "speech (tiny-whisper)"
+        assert engine.load_video(str(video), subtitles="none").transcript == []
