@@ -308,3 +308,25 @@ def test_lvx_open_loads_with_speech(tiny_checkpoints, tiny_whisper, talk, short_
         summary = engine.load_video(str(video), subtitles="speech")
         assert summary.transcript and summary.subtitle_source == "speech (tiny-whisper)"
         assert engine.load_video(str(video), subtitles="none").transcript == []
+
+
+def test_a_model_that_cannot_be_fetched_is_one_line_asked_once(monkeypatch):
+    """No network (or a bad name): one line, and the hub is asked once per process, not at every
+    load."""
+    import faster_whisper.utils
+
+    from lvx_app.speech.audio import SpeechError
+
+    asked = []
+
+    def offline(name, *a, **k):
+        asked.append(name)
+        raise OSError("Name or service not known\nAn error happened")
+
+    monkeypatch.setattr(faster_whisper.utils, "download_model", offline)
+    monkeypatch.setattr(speech_model, "_UNFETCHABLE", {})
+    for _ in range(2):
+        with pytest.raises(SpeechError) as caught:
+            speech_model.find_model("auto", "cpu")
+        assert "\n" not in str(caught.value) and "'base' could not be found" in str(caught.value)
+    assert asked == ["base"]

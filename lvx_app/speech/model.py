@@ -50,18 +50,28 @@ def find_model(name: str, device_type: str) -> SpeechModel:
     return SpeechModel(str(folder.resolve()), label, file_identity(weights))
 
 
+_UNFETCHABLE: dict[str, str] = {}  # name -> why: asked once per process, not at every load
+
+
 def _fetch(name: str) -> str:
     if not speech_available():
         raise SpeechError(missing_line())
+    if name in _UNFETCHABLE:
+        raise SpeechError(_UNFETCHABLE[name])
     from faster_whisper.utils import download_model
 
     try:
         return download_model(name)
     except Exception as exc:  # noqa: BLE001 - a bad name, or no network: one line either way
-        raise SpeechError(
-            f"speech model {name!r} could not be found or fetched ({str(exc)[:160]}); pass a "
+        _UNFETCHABLE[name] = (
+            f"speech model {name!r} could not be found or fetched ({_one_line(exc)}); pass a "
             "local faster-whisper folder with --speech-model, or --subtitles none"
-        ) from None
+        )
+        raise SpeechError(_UNFETCHABLE[name]) from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:160]
 
 
 def load_model(found: SpeechModel, device_type: str, threads: int):
@@ -82,7 +92,7 @@ def load_model(found: SpeechModel, device_type: str, threads: int):
         )
     except Exception as exc:  # noqa: BLE001 - a damaged folder or an unusable device: one line
         raise SpeechError(
-            f"speech model {found.name} could not be loaded ({str(exc)[:160]}); pass another "
+            f"speech model {found.name} could not be loaded ({_one_line(exc)}); pass another "
             "--speech-model, or --subtitles none"
         ) from None
 
