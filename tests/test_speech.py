@@ -52,7 +52,7 @@ def _video(model: str, cache_dir=None, **kw) -> VideoConfig:
     return VideoConfig(subtitles="speech", speech_model=model, **cache, **kw)
 
 
-def _on_rank(rank: int, world: int, path: str, model: str) -> list[tuple[float, float, str]]:
+def _on_rank(rank: int, world: int, path: str, model: str) -> tuple[list, list]:
     torch.set_num_threads(1)  # the same arithmetic in every process
     shown: list[tuple] = []
     got = transcribe_video(path, _video(model), CPU, lambda *p: shown.append(p))
