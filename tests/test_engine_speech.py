@@ -229,3 +229,19 @@ def test_the_demos_spoken_clip_is_transcribed_by_its_line(tiny_checkpoints, tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     said = result.stdout.lower()
     assert "red square" in said and "blue" in said, result.stdout
+
+
+def test_the_pages_transcript_seeks_and_marks_where_the_answer_looked():
+    from lvx_app.engine.api import Moment
+    from lvx_app.subtitles import Cue
+    from lvx_ui.app import SEEK_PREFIX
+    from lvx_ui.transcript_view import transcript_markdown
+
+    cues = [Cue(1.0, 2.5, "hello *there*"), Cue(30.0, 31.0, "the cat sat"), Cue(90.0, 92.0, "bye")]
+    shown = transcript_markdown(cues, SEEK_PREFIX, [Moment(29.0, 29.5, 0.8)])
+    lines = shown.split("\n\n", 1)[1].split("  \n")
+    assert shown.startswith("**Transcript** (3 lines)")
+    assert lines[0] == "[0:01](#lvx-seek-1.00) hello \\*there\\*"  # shown as said, not as Markdown
+    assert lines[1] == "[0:30](#lvx-seek-30.00) ▶ **the cat sat**"  # near the moment looked at
+    assert lines[2] == "[1:30](#lvx-seek-90.00) bye"
+    assert transcript_markdown([], SEEK_PREFIX) == ""

@@ -234,15 +234,18 @@ class ChatApp:
             )
         return upload, False
 
-    def status(self, client: Client | None = None, note: str = "") -> str:
-        """The status line of a tab: a note, then its own video (never another tab's)."""
+    def status(self, client: Client | None = None, note: str = "", moments=None) -> str:
+        """The status line of a tab: a note, then its own video (never another tab's) and its
+        transcript, if its speech was transcribed (lines near `moments`, where the last answer
+        looked, marked)."""
         parts = [note] if note else []
         if client is not None and client.summary is not None:
             summary = client.summary
             parts.append(f"**{Path(summary.path).name}**: {describe_video(summary)}")
+            parts.append(transcript_markdown(summary.transcript, SEEK_PREFIX, moments))
         else:
             parts.append("No video loaded in this browser tab yet.")
-        return "\n\n".join(parts)
+        return "\n\n".join(filter(None, parts))
 
     def _error(self, exc: BaseException) -> str:
         """One readable line in the page's words."""
@@ -289,9 +292,9 @@ class ChatApp:
             source = summary.subtitle_source
             note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {source} · {note}"
         notes = [for_the_page(n) for n in notes]
-        said = transcript_markdown(summary.transcript, SEEK_PREFIX)  # lines seek the player
-        parts = [self.status(client), _warning_lines(notes), note, memory_table(stats), said]
-        body = "\n\n".join(filter(None, parts))
+        body = "\n\n".join(
+            filter(None, [self.status(client), _warning_lines(notes), note, memory_table(stats)])
+        )
         player = path if from_server else gr.skip()
         return body, [], player, owner
 
@@ -335,7 +338,8 @@ class ChatApp:
                 lease.start_over()
             for _ in self._answer(message, limit, part, lease, progress):
                 yield history, "", owner, gr.skip()
-        yield history, "", owner, self.status(client)
+            looked = getattr(lease.engine.last_answer, "evidence", None)  # this tab's answer
+        yield history, "", owner, self.status(client, moments=looked)
 
     def _answer(self, message: str, limit: int, part: dict, lease: Lease, progress):
         """Fill `part` with the answer (the engine leased); yields after each piece. Errors become
