@@ -130,6 +130,13 @@ def test_listed_and_removed_with_its_video(tiny_whisper, talk, tmp_path):
     folder = CacheFolder(tmp_path / "cache")
     (entry,) = folder.entries()
     assert entry.kind == "transcript" and entry.tokens > 0 and folder.stale([entry]) == {}
+    from typer.testing import CliRunner
+
+    from lvx_app.cli.main import app
+
+    listed = CliRunner().invoke(app, ["cache", "ls", "--cache-dir", str(tmp_path / "cache")])
+    assert listed.exit_code == 0 and "transcript" in listed.stdout, listed.stdout
+    assert "speech by tiny-whisper" in " ".join(listed.stdout.split()), listed.stdout
     removed = folder.remove(str(video))
     assert [e.kind for e in removed.entries] == ["transcript"] and folder.entries() == []
 
