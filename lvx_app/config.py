@@ -22,6 +22,7 @@ from lvx_app.defaults import (
     DEFAULT_LAYOUT,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MODEL,
+    DEFAULT_SPEECH_MODEL,
     DEFAULT_SUBTITLE_TOKENS,
     DEFAULT_TIMEOUT_S,
     LAYOUTS,
@@ -35,6 +36,7 @@ SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")
 TRAIN_MODES = ("hyper", "all", "lora")
 SCORING_MODES = ("official", "strict")
+EVAL_SUBTITLES = ("none", "official", "speech")  # where a Video-MME run's subtitle lines come from
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine can reach
 
 
@@ -173,11 +175,12 @@ class VideoConfig:
         "auto",
         "--subtitles",
         "auto: a subtitle file next to the video with its name (movie.en.srt too), else a text "
-        "subtitle stream inside it; none; or a subtitle FILE. Only the lines at the sampled frames "
-        "are used.",
+        "subtitle stream inside it, else its speech transcribed (with the [speech] extra); "
+        "speech: always transcribe; none; or a subtitle FILE. Only the lines at the sampled "
+        "frames are used.",
         set_by=FRONTENDS,
         key=True,
-        metavar="auto|none|FILE",
+        metavar="auto|speech|none|FILE",
     )
     subtitle_lang: str | None = option(
         None,
@@ -192,6 +195,22 @@ class VideoConfig:
         "Text encoding of the subtitle file. Default: UTF-8, else detected.",
         key=True,
         metavar="ENCODING",
+    )
+    speech_model: str = option(
+        DEFAULT_SPEECH_MODEL,
+        "--speech-model",
+        "Whisper checkpoint that transcribes speech (a faster-whisper name such as small or "
+        "large-v3-turbo, a hub id, or a local folder); auto: large-v3-turbo on GPUs, base on a "
+        "CPU.",
+        key=True,
+        metavar="NAME|DIR",
+    )
+    speech_language: str | None = option(
+        None,
+        "--speech-language",
+        "Language spoken in the video (en, fr, ...). Default: detected.",
+        key=True,
+        metavar="LANG",
     )
     subtitle_tokens: int = option(
         DEFAULT_SUBTITLE_TOKENS,
@@ -234,10 +253,19 @@ class VideoConfig:
         )
         _require(
             isinstance(self.subtitles, str) and bool(self.subtitles.strip()),
-            f"--subtitles takes auto, none or a subtitle FILE (got {self.subtitles!r})",
+            f"--subtitles takes auto, speech, none or a subtitle FILE (got {self.subtitles!r})",
         )
         for name, value in (("lang", self.subtitle_lang), ("encoding", self.subtitle_encoding)):
             _require(value is None or isinstance(value, str), f"--subtitle-{name} takes a name")
+        _require(
+            isinstance(self.speech_model, str) and bool(self.speech_model.strip()),
+            "--speech-model takes a Whisper checkpoint's name or folder, or auto",
+        )
+        _require(
+            self.speech_language is None
+            or (isinstance(self.speech_language, str) and self.speech_language.isalpha()),
+            f"--speech-language takes a language code such as en (got {self.speech_language!r})",
+        )
         _require(
             _whole(self.subtitle_tokens) and self.subtitle_tokens >= 0,
             f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens!r})",
@@ -524,8 +552,12 @@ class EvalConfig:
     questions: str | None = option(
         None, "--questions", "Question file, if not under --data/videomme/.", metavar="FILE"
     )
-    subtitles: bool = option(
-        False, "--subtitles/--no-subtitles", "The official with-subtitles setting."
+    subtitles: str = option(
+        "none",
+        "--subtitles",
+        "official: the with-subtitles setting (Video-MME's subtitle files); speech: the same with "
+        "each video's speech transcribed instead (the [speech] extra); none.",
+        metavar="none|official|speech",
     )
     limit: int | None = option(None, "--limit", "Only the first N selected questions.")
     durations: str | None = option(
@@ -542,6 +574,9 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.subtitles, bool):  # a results header or a caller of before: on / off
+            self.subtitles = "official" if self.subtitles else "none"
+        _choice(self.subtitles, EVAL_SUBTITLES, "--subtitles")
         _choice(self.scoring, SCORING_MODES, "--scoring")
         _require(self.limit is None or self.limit >= 1, "--limit must be 1 or more")
 

@@ -33,6 +33,17 @@ DEFAULT_TIMEOUT_S = 300.0
 # dropped, evenly over the video, with a warning that says how many.
 DEFAULT_SUBTITLE_TOKENS = 8192
 
+# The Whisper checkpoint that transcribes a video's speech when it has no subtitles
+# (lvx_app/speech): auto is large-v3-turbo on GPU ranks (large-v3's encoder with a 4-layer decoder:
+# near large-v3's words in many languages at several times its speed, projected at hundreds of
+# seconds of audio per second on one H100) and base on CPU ranks (about twice tiny's compute;
+# tiny.en transcribes 3.6 s of audio per second on 2 busy cores, so base keeps up with the video
+# there, which small, at about 6 times tiny's compute, does not). docs/benchmarks.md,
+# "Transcribing".
+DEFAULT_SPEECH_MODEL = "auto"
+SPEECH_MODEL_ON_GPU = "large-v3-turbo"
+SPEECH_MODEL_ON_CPU = "base"
+
 # Longest answer, in tokens, unless a command or the page asks for another.
 DEFAULT_MAX_NEW_TOKENS = 512
 

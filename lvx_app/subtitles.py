@@ -119,6 +119,7 @@ class SubtitleTrack:
     cues: list[Cue] = field(default_factory=list)
     source: str = ""  # "movie.en.srt", "stream 2 (mov_text, eng) of movie.mp4"; "" = no subtitles
     notes: list[str] = field(default_factory=list)
+    speech: bool = False  # none found: the ranks transcribe the speech (lvx_app/speech)
 
 
 # ---- text
@@ -470,10 +471,11 @@ def _auto(video: Path, lang: str | None, encoding: str | None) -> SubtitleTrack:
 def resolve_subtitles(
     video: Path | str, choice: str = "auto", lang: str | None = None, encoding: str | None = None
 ) -> SubtitleTrack:
-    """The subtitles ``--subtitles auto|none|FILE`` asks for. A FILE that cannot be used is a
+    """The subtitles ``--subtitles auto|speech|none|FILE`` asks for (speech: none here, the ranks
+    transcribe it). A FILE that cannot be used is a
     SubtitleError; with ``auto`` a bad sidecar is a note and the chat goes on without subtitles."""
     choice = (choice or "auto").strip()
-    if choice.lower() == "none":
+    if choice.lower() in ("none", "speech"):  # speech: transcribed on the ranks (lvx_app/speech)
         return SubtitleTrack()
     if choice.lower() == "auto":
         return _auto(Path(video), lang, encoding)

@@ -36,7 +36,7 @@ def test_end_to_end_writes_records_and_reports(mini, tmp_path):
     res = read_results(out)
     assert len(res.headers) == 1 and len(res.records) == 12
     h = res.headers[0]
-    assert h["model"] and h["fps"] == 2.0 and h["subtitles"] is True and h["prompt_version"]
+    assert h["model"] and h["fps"] == 2.0 and h["subtitles"] == "official" and h["prompt_version"]
     assert h["scoring"] == "official" and len(h["dataset_sha256"]) == 64 and h["lvx_version"]
     r = res.records[0]
     right = mini.rows[0]["answer"]
@@ -175,7 +175,7 @@ def test_shards_merge_to_the_whole_run(mini, tmp_path):
     )
     assert kept.records == 12 and kept.duplicates
     _run(mini, tmp_path / "subs.jsonl", LookupSession(table), subtitles=True, limit=3)
-    with pytest.raises(ResultsError, match="subtitles: False vs True"):
+    with pytest.raises(ResultsError, match="subtitles: 'none' vs 'official'"):
         merge_results([parts[0], tmp_path / "subs.jsonl"], tmp_path / "bad.jsonl")
 
 
@@ -228,6 +228,7 @@ def test_engine_adapter_fresh_conversation_per_question(mini, tmp_path):
                 visual_tokens=1458,
                 from_cache=False,
                 seconds=0.1,
+                transcript=[],
                 timestamps=[0.0, 1.0],
             )
 

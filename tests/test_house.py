@@ -26,7 +26,7 @@ LAYERS = [
     (6, ["lvx_app.eval", "lvx_app.train"]),
     (5, ["lvx_app.runtime.service", "lvx_app.runtime"]),
     (4, ["lvx_app.engine"]),
-    (3, ["lvx_app.video", "lvx_app.subtitles"]),
+    (3, ["lvx_app.video", "lvx_app.subtitles", "lvx_app.speech"]),
     (2, ["lvx_models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
     (1, ["lvx_app.cache"]),

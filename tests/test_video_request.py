@@ -72,7 +72,16 @@ HONOURED = {
     "decode_workers": (2, lambda e, s, t: e.ingested[-1].decode_workers == 2),
     # the K/V saved (or read back, when an earlier load saved them) by the call's rule
     "save_visual_kv": ("always", lambda e, s, t: e.session.video.loaded.visual_kv.mode == "always"),
+    # what the ranks' transcription reads (this clip has subtitles, so none is made here;
+    # tests/test_speech.py shows a transcript keyed on both)
+    "speech_model": ("base", lambda e, s, t: _rank_video(e).speech_model == "base"),
+    "speech_language": ("de", lambda e, s, t: _rank_video(e).speech_language == "de"),
 }
+
+
+def _rank_video(engine) -> VideoConfig:
+    """The video options the rank loaded with."""
+    return engine.session.video.loaded.request.video
 
 
 def test_every_video_option_has_its_check():

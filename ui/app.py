@@ -42,6 +42,7 @@ from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
 from lvx_ui.evidence_view import evidence_markdown
 from lvx_ui.openai_request import allowed_path
+from lvx_ui.transcript_view import transcript_markdown
 
 log = logging.getLogger("lvx.ui")
 
@@ -233,15 +234,18 @@ class ChatApp:
             )
         return upload, False
 
-    def status(self, client: Client | None = None, note: str = "") -> str:
-        """The status line of a tab: a note, then its own video (never another tab's)."""
+    def status(self, client: Client | None = None, note: str = "", moments=None) -> str:
+        """The status line of a tab: a note, then its own video (never another tab's) and its
+        transcript, if its speech was transcribed (lines near `moments`, where the last answer
+        looked, marked)."""
         parts = [note] if note else []
         if client is not None and client.summary is not None:
             summary = client.summary
             parts.append(f"**{Path(summary.path).name}**: {describe_video(summary)}")
+            parts.append(transcript_markdown(summary.transcript, SEEK_PREFIX, moments))
         else:
             parts.append("No video loaded in this browser tab yet.")
-        return "\n\n".join(parts)
+        return "\n\n".join(filter(None, parts))
 
     def _error(self, exc: BaseException) -> str:
         """One readable line in the page's words."""
@@ -334,7 +338,8 @@ class ChatApp:
                 lease.start_over()
             for _ in self._answer(message, limit, part, lease, progress):
                 yield history, "", owner, gr.skip()
-        yield history, "", owner, self.status(client)
+            looked = getattr(lease.engine.last_answer, "evidence", None)  # this tab's answer
+        yield history, "", owner, self.status(client, moments=looked)
 
     def _answer(self, message: str, limit: int, part: dict, lease: Lease, progress):
         """Fill `part` with the answer (the engine leased); yields after each piece. Errors become

@@ -33,6 +33,7 @@ from starlette.background import BackgroundTask
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
+from lvx_app.speech.choice import speech_available
 from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_ui.openai_request import (
@@ -251,6 +252,8 @@ class OpenAIApi:
             "asked": video.kv_mode,
             "last load": loaded.kv_choice if loaded else {},
         }
+        # whether "subtitles": "speech" (and auto without subtitles) can transcribe, and with what
+        model["lvx_speech"] = {"available": speech_available(), "model": video.speech_model}
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:

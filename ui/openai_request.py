@@ -244,7 +244,7 @@ def valid_text(text: str, where: str) -> str:
 def read_video_options(body: dict) -> dict[str, Any]:
     """The fields beyond OpenAI's that say how to load the video (`extra_body` of the `openai`
     client): the video options the API may set, fps, max_frames (0: no cap) and subtitles (auto,
-    none or a file under --allow-paths); null or absent: the server's own."""
+    speech, none or a file under --allow-paths); null or absent: the server's own."""
     options = {n: body[n] for n in settable(VideoConfig, "api") if body.get(n) is not None}
     for name, value in options.items():
         if isinstance(value, str):
@@ -434,8 +434,8 @@ class VideoFiles:
         return str(path)
 
     def subtitles(self, choice: str) -> str:
-        """auto, none, or a subtitle file under --allow-paths."""
-        if choice.strip().lower() in ("auto", "none"):
+        """auto, speech, none, or a subtitle file under --allow-paths."""
+        if choice.strip().lower() in ("auto", "speech", "none"):
             return choice.strip().lower()
         return self.server_file(choice, "subtitles")
 

@@ -19,6 +19,7 @@ from lvx_app.cache.features import FeatureCache, file_identity
 from lvx_app.cache.files import delete_files, entry_folders, leftovers, lvx_files
 from lvx_app.cache.prompts import PrefixCache
 from lvx_app.cache.store import Entry, Store, cache_root
+from lvx_app.cache.transcripts import TranscriptCache
 from lvx_app.cache.visual_kv import VisualKVCache
 
 MIN_ID = 4  # the shortest id prefix `rm` takes
@@ -56,6 +57,7 @@ class CacheFolder:
             self.features,
             PrefixCache(self.root),
             VisualKVCache(self.root),
+            TranscriptCache(self.root),  # made from the video alone, no features
         )
 
     def entries(self) -> list[Entry]:
@@ -78,7 +80,8 @@ class CacheFolder:
                 if made_from not in videos:
                     videos[made_from] = _video_state(*made_from)
                 why = videos[made_from]
-                if why is None and e.kind != "features" and e.made_from not in features:
+                made_from_features = e.kind not in ("features", TranscriptCache.kind)
+                if why is None and made_from_features and e.made_from not in features:
                     why = "no features"
             if why:
                 out[i] = why

@@ -91,6 +91,8 @@ def _about(e, why: str | None) -> Text:
         )
     elif e.kind == "prompt":
         words = f"{e.tokens} tokens, {e.world_size} rank{'' if e.world_size == 1 else 's'}"
+    elif e.kind == "transcript":
+        words = f"speech by {e.model}, {e.tokens} line{'' if e.tokens == 1 else 's'}"
     else:
         words = f"{e.dtype}, {ranks}"
     if e.problems:

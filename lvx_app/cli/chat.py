@@ -41,12 +41,14 @@ from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.rank_main import follower_line, join_group
 from lvx_app.subtitles import SubtitleTrack
 from lvx_app.video import VideoError, check_video_path
+from lvx_app.video.plan import format_timestamp
 
 HELP = """commands:
   /help    this list
   /reset   forget the conversation, keep the video
   /stats   memory per rank, prompt and text tokens, timings
   /evidence  every moment of the video the last answer looked at, with its share
+  /transcript  what is said in the video, with times (its speech transcribed)
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -120,6 +122,20 @@ def print_evidence(answer: AnswerStats | None, console: Console) -> None:
         console.print(f"{label(moment):>20}  {moment.share:6.1%}", highlight=False, markup=False)
 
 
+def print_transcript(summary: VideoSummary | None, console: Console) -> None:
+    """`/transcript`: the video's speech as transcribed, one line per cue with its times."""
+    cues = getattr(summary, "transcript", None)
+    if not cues:
+        console.print(
+            "no transcript: the video has subtitles, no speech, or was loaded with --subtitles "
+            "none (--subtitles speech transcribes it)"
+        )
+        return
+    for cue in cues:
+        times = f"{format_timestamp(cue.start)}-{format_timestamp(cue.end)}"
+        console.print(f"{times:>17}  {printable(cue.text)}", highlight=False, markup=False)
+
+
 RANKS_PER_TABLE = 4  # keeps a table of ranks within 80 columns
 
 
@@ -175,6 +191,8 @@ def _command(engine: Engine, console: Console, line: str) -> None:
         print_stats(engine, console)
     elif line == "/evidence":
         print_evidence(engine.last_answer, console)
+    elif line == "/transcript":
+        print_transcript(engine.loaded, console)
     elif line.startswith("/"):
         console.print(f"unknown command {line.split()[0]}; /help lists them", markup=False)
     else:
@@ -200,7 +218,8 @@ def run_chat(
         stdin.reconfigure(errors="replace")
     if video:
         cues = tuple(subtitles.cues) if subtitles is not None else None
-        request = VideoRequest(video, engine.config.video, cues)
+        speech = getattr(subtitles, "speech", False)  # the ranks transcribe it (`_subtitles`)
+        request = VideoRequest(video, engine.config.video, cues, speech=speech)
         try:
             summary = load_with_progress(engine, console, request)
         except EngineError as exc:
@@ -236,8 +255,10 @@ def run_chat(
 
 def _subtitles(video: str, config: Config, console: Console) -> SubtitleTrack:
     """The subtitles `--subtitles` asks for, resolved before the model loads (a bad file fails
-    fast)."""
-    track = VideoRequest(video, config.video).subtitle_track()
+    fast), and whether the ranks transcribe the speech (`speech`)."""
+    request = VideoRequest(video, config.video)
+    track = request.subtitle_track()
+    track.speech = request.resolved(track).speech  # a missing [speech] extra fails here, fast
     for note in track.notes:
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False)
     return track

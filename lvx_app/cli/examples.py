@@ -2,6 +2,7 @@
 the demo prints for them.
 
     DIR/clip.mp4, DIR/clip.srt      a 12-second synthetic video and its subtitles (a sidecar file)
+    DIR/spoken.mp4                   the clip, its subtitles spoken (where espeak-ng is installed)
     DIR/videomme/                    a 4-question Video-MME folder in the official layout:
         videomme/test-00000-of-00001.parquet, data/<videoID>.mp4, subtitle/<videoID>.srt
     DIR/train.jsonl                  3 finetuning samples about clip.mp4
@@ -16,6 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lvx_app.speech.tracks import place, spoken, write_audio
+from lvx_app.subtitles import parse_srt
 from lvx_app.video.synthetic import make_video
 
 SRT = """1
@@ -82,7 +85,30 @@ def write_examples(folder: Path) -> dict[str, Path]:
     videomme = _write_videomme(folder / "videomme", clip)
     train = folder / "train.jsonl"
     train.write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
-    return {"example": clip, "subtitles": folder / "clip.srt", "videomme": videomme, "train": train}
+    made = {"example": clip, "subtitles": folder / "clip.srt", "videomme": videomme, "train": train}
+    talking = _write_spoken(folder / "spoken.mp4", clip)
+    return made | ({"spoken": talking} if talking else {})
+
+
+def _write_spoken(path: Path, clip: Path) -> Path | None:
+    """The clip with each subtitle line spoken at its time by espeak-ng; None without espeak-ng."""
+    if path.exists():
+        return path
+    lines = [(cue.start, spoken(cue.text)) for cue in parse_srt(SRT)]
+    if any(samples is None for _, samples in lines):
+        return None
+    return write_audio(path, place(12.0, *lines), video=clip)
+
+
+def _speech_line(examples: dict[str, Path], model: str) -> str:
+    """The line that transcribes the spoken clip (then `/transcript` lists what was said)."""
+    talking = examples.get("spoken")
+    if talking is None:
+        return "# install espeak-ng and run lvx demo --examples again for a clip that speaks"
+    return (
+        f"lvx chat {shlex.quote(str(talking))} {model} --gpus 0 --subtitles speech"
+        "   # then /transcript (needs the [speech] extra)"
+    )
 
 
 def _write_videomme(root: Path, clip: Path) -> Path:
@@ -131,8 +157,9 @@ def ready_lines(checkpoint: Path, video: Path, examples: dict[str, Path] | None)
     out = examples["train"].parent / "finetuned"
     return lines + [
         f"lvx chat {q(str(examples['example']))} {model} --gpus 0 --subtitles auto",
+        _speech_line(examples, model),
         f"lvx eval videomme --data {q(str(examples['videomme']))} {model} --gpus 0 "
-        f"--out {q(str(examples['train'].parent / 'videomme.jsonl'))} --subtitles",
+        f"--out {q(str(examples['train'].parent / 'videomme.jsonl'))} --subtitles official",
         f"lvx finetune --data {q(str(examples['train']))} {model} --gpus 0 --steps 3 --lora 4 "
         f"--out {q(str(out))}",
     ]

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lvx_app.config import VideoConfig, load_key, updated
+from lvx_app.speech.audio import SpeechError
+from lvx_app.speech.choice import wants_speech
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.wire import WireError
 
@@ -53,6 +55,9 @@ class VideoSummary:
     subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
     # the visual K/V mode and how it was decided (`kv_choice.KvChoice.as_dict`: auto's figures)
     kv_choice: dict[str, Any] = field(default_factory=dict)
+    # the cues transcribed from the video's speech (`--subtitles auto|speech`); [] when none were
+    transcript: list[Cue] = field(default_factory=list)
+    transcript_from_cache: bool = False  # read back from the cache, the speech model never ran
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +82,7 @@ class VideoRequest:
     video: VideoConfig
     cues: tuple[Cue, ...] | None = None  # the subtitle cues to place; None: as video.subtitles says
     opening: VideoOpening = VideoOpening()
+    speech: bool = False  # the ranks transcribe its speech into the cues (`resolved`)
 
     @classmethod
     def of(
@@ -104,7 +110,7 @@ class VideoRequest:
 
     def subtitle_track(self) -> SubtitleTrack:
         """The cues to place and where they came from: those given, else what `video.subtitles`
-        (auto|none|FILE) finds; a file that cannot be used is an EngineError line."""
+        (auto|speech|none|FILE) finds; a file that cannot be used is an EngineError line."""
         if self.cues is not None:
             return SubtitleTrack(list(self.cues))
         v = self.video
@@ -114,8 +120,17 @@ class VideoRequest:
             raise EngineError(str(exc)) from None
 
     def resolved(self, track: SubtitleTrack) -> VideoRequest:
-        """This request with `track`'s cues: what the ranks load (they read no subtitle file)."""
-        return replace(self, cues=tuple(track.cues))
+        """This request with `track`'s cues: what the ranks load (they read no subtitle file), and
+        whether they transcribe its speech (`--subtitles speech`, or auto with no subtitles found;
+        a note may be added to `track`). Speech asked for without the extra is an EngineError
+        line."""
+        if self.cues is not None:  # given by the caller (with whether to transcribe)
+            return replace(self, cues=tuple(track.cues))
+        try:
+            speech = wants_speech(self.path, self.video.subtitles, track)
+        except SpeechError as exc:
+            raise EngineError(str(exc)) from None
+        return replace(self, cues=tuple(track.cues), speech=speech)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from lvx_app.engine.limits import check_video_prompt
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
+from lvx_app.speech.sharded import Transcript, transcribe_video
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
@@ -67,6 +68,25 @@ def oom_message(rank: int, device: torch.device, stage: str) -> str:
         f"rank {rank} ran out of GPU memory while {stage} ({memory_report(device)}); "
         "use more GPUs (--gpus), a lower --fps or --max-frames, or --kv-mode recompute"
     )
+
+
+def request_cues(request: VideoRequest, info, progress: ProgressFn | None) -> Transcript:
+    """The request's cues; a frontend sends them resolved, else they are found here (its notes as
+    warnings from rank 0). When the request says so, the video's speech transcribed by the group
+    (lvx_app/speech), its notes as warnings."""
+    track = request.subtitle_track()
+    notes = track.notes if request.cues is None else []
+    found = Transcript(list(track.cues))
+    if request.speech:
+        try:
+            found = transcribe_video(request.path, request.video, info.device, progress)
+        except VideoError as exc:
+            raise EngineError(str(exc)) from None
+        notes = found.notes
+    if info.rank == 0:
+        for note in notes:
+            warnings.warn(EngineWarning(note))
+    return found
 
 
 @dataclass(frozen=True)
@@ -197,7 +217,8 @@ class VideoContext:
         lines at the sampled frames); the feature cache never depends on the subtitles. The prompt
         is built and checked from the plan, before any frame is decoded."""
         t0, video, path = time.perf_counter(), request.video, request.path
-        cues = self._cues(request)
+        transcript = request_cues(request, self.info, progress)
+        cues = transcript.cues
         caches = self._caches(video)
         made: list[VideoPrompt] = []
         shard = self._ingest(
@@ -238,6 +259,9 @@ class VideoContext:
             prompt_from_cache=restored,
             visual_kv_from_cache=choice.source == "read back",
             kv_choice=kv_choice.as_dict(),
+            subtitle_source=transcript.source,
+            transcript=transcript.cues if request.speech else [],
+            transcript_from_cache=transcript.from_cache,
         )
         # in kv mode cache the K/V hold everything needed; E stays on disk in the feature cache
         features = shard.features if kv_mode == "recompute" else None
@@ -276,15 +300,6 @@ class VideoContext:
         except torch.cuda.OutOfMemoryError as exc:
             message = oom_message(self.info.rank, self.info.device, "making the visual K/V")
             raise RuntimeError(message) from exc
-
-    def _cues(self, request: VideoRequest) -> Sequence[Cue]:
-        """The request's cues; a frontend sends them resolved, else they are found here (its notes
-        as warnings from rank 0)."""
-        track = request.subtitle_track()
-        if request.cues is None and self.info.rank == 0:
-            for note in track.notes:
-                warnings.warn(EngineWarning(note))
-        return track.cues
 
     def _ingest(self, path, video: VideoConfig, names: Identity, progress, planned) -> VisualShard:
         def report(p) -> None:

@@ -49,7 +49,7 @@ class RunManifest:
     revision: str | None
     fps: float
     max_frames: int | None
-    subtitles: bool
+    subtitles: str  # none | official (Video-MME's files) | speech (transcribed)
     prompt_version: str
     scoring: str
     max_new_tokens: int
@@ -121,12 +121,22 @@ def read_results(path: Path | str) -> Results:
 
 
 def check_compatible(a: dict[str, Any], b: dict[str, Any], what_a: str, what_b: str) -> None:
+    a, b = _subtitles_named(a), _subtitles_named(b)
     diffs = [f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in COMPAT_KEYS if a.get(k) != b.get(k)]
     if diffs:
         raise ResultsError(
             f"{what_a} and {what_b} were run with different settings ({'; '.join(diffs)}); "
             "use another --out, or rerun with the same settings."
         )
+
+
+def _subtitles_named(header: dict) -> dict:
+    """`header` with its subtitles as a name: a file written when they were on or off says
+    true/false (the official setting, or none)."""
+    value = header.get("subtitles")
+    if isinstance(value, bool):
+        return {**header, "subtitles": "official" if value else "none"}
+    return header
 
 
 def _cut_torn_tail(path: Path) -> None:

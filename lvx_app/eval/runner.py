@@ -24,14 +24,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lvx_app.config import Config, updated
+from lvx_app.config import Config, VideoConfig, updated
 from lvx_app.engine.api import QuestionTooLong, VideoRequest
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt
 from lvx_app.eval.results import ResultsWriter
 from lvx_app.runtime.service import EngineService
-from lvx_app.subtitles import load_srt, select_lines
+from lvx_app.subtitles import Cue, load_srt, select_lines
 
 
 @dataclass
@@ -47,6 +47,9 @@ class VideoInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything worth keeping with the answers, JSON-serialisable (visual tokens, decode/encode
     seconds, ranks)."""
+    transcript: list[Cue] = field(default_factory=list)
+    """The video's speech transcribed, with ``--subtitles speech``: the lines at the sampled frames
+    go into the prompt as the official subtitles would."""
 
     @property
     def n_frames(self) -> int:
@@ -146,7 +149,7 @@ def run_eval(
     stats = RunStats()
     start = time.perf_counter()
     groups = group_by_video(_pending(dataset, questions, writer, stats))
-    video = updated(config.video, subtitles="none")  # the prompt carries the subtitle lines
+    video = _load_options(config)
     failures_in_a_row = 0
     with _progress(console, show_progress) as progress:
         q_task = progress.add_task("questions", total=sum(len(qs) for qs in groups.values()))
@@ -193,6 +196,14 @@ def run_eval(
     return stats
 
 
+def _load_options(config: Config) -> VideoConfig:
+    """How the run loads each video: the question's prompt carries the subtitle lines, so the
+    engine places none; with speech it transcribes the video (its cues come back with the load)."""
+    if config.eval.subtitles == "speech":
+        return updated(config.video, subtitles="speech", subtitle_tokens=0)
+    return updated(config.video, subtitles="none")
+
+
 def _pending(
     dataset: Dataset, questions: Sequence[Question], writer: ResultsWriter, stats: RunStats
 ) -> list[Question]:
@@ -236,7 +247,7 @@ def _answer_video(
     load_s: float,
     answered: Callable[[], None],
     *,
-    subtitles: bool,
+    subtitles: str,
     max_new_tokens: int,
     scoring: str,
 ) -> int:
@@ -245,8 +256,10 @@ def _answer_video(
     rerun does not ask it again)."""
     refused = 0
     lines: list[str] = []
-    if subtitles:
+    if subtitles == "official":
         lines = select_lines(load_srt(dataset.subtitle_path(qs[0])), info.timestamps)
+    elif subtitles == "speech":
+        lines = select_lines(info.transcript, info.timestamps)
     for q in qs:
         prompt = build_prompt(q.question, q.options, lines)
         t1 = time.perf_counter()
@@ -324,10 +337,13 @@ class EngineEvalSession:
     def load_video(self, request: VideoRequest) -> VideoInfo:
         with self.service.lease(self.CLIENT) as lease:
             summary = lease.load(request)
-        drop = ("path", "timestamps", "duration_s", "subtitle_source")
+        drop = ("path", "timestamps", "duration_s", "subtitle_source", "transcript")
         extra = {k: v for k, v in vars(summary).items() if k not in drop}
         return VideoInfo(
-            timestamps=list(summary.timestamps), duration_s=summary.duration_s, extra=extra
+            timestamps=list(summary.timestamps),
+            duration_s=summary.duration_s,
+            extra=extra,
+            transcript=list(summary.transcript),
         )
 
     def ask(self, prompt: str, max_new_tokens: int) -> str:

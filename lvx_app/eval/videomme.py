@@ -18,6 +18,7 @@ from rich.console import Console
 from lvx_app.config import Config
 from lvx_app.eval.dataset import (
     Dataset,
+    DatasetError,
     Question,
     load_dataset,
     parse_durations,
@@ -28,6 +29,7 @@ from lvx_app.eval.prompt import PROMPT_VERSION
 from lvx_app.eval.report import report_file
 from lvx_app.eval.results import ResultsWriter, RunManifest
 from lvx_app.eval.runner import EvalSession, RunStats, run_eval
+from lvx_app.speech.choice import missing_line, speech_available
 from lvx_app.version import __version__
 
 SessionFactory = Callable[[], EvalSession]
@@ -48,8 +50,8 @@ def default_out(config: Config) -> Path:
     parts = [f"videomme_{name}_fps{config.video.fps:g}"]
     if config.video.max_frames:
         parts.append(f"max{config.video.max_frames}")
-    if config.eval.subtitles:
-        parts.append("subs")
+    if config.eval.subtitles != "none":
+        parts.append({"official": "subs", "speech": "speech"}[config.eval.subtitles])
     if config.eval.shard:
         i, k = config.eval.shard.split("/")
         parts.append(f"shard{i}of{k}")
@@ -93,6 +95,8 @@ def run_videomme(
     """
     console = console or Console()
     ev = config.eval
+    if ev.subtitles == "speech" and not speech_available():  # before any video is loaded
+        raise DatasetError(missing_line().replace("--subtitles none", "--subtitles official"))
     durations = parse_durations(ev.durations)
     ds = load_dataset(ev.data, ev.questions)
     selected = select_questions(ds.questions, durations, ev.limit, parse_shard(ev.shard))

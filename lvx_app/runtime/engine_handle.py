@@ -44,6 +44,7 @@ class Engine:
     config: Config
     last_answer: AnswerStats | None = None
     held: VideoRequest | None = None  # the video the ranks hold, as it was asked for (None: none)
+    loaded: VideoSummary | None = None  # what its load made (its transcript, for /transcript)
 
     def load_video(
         self, video: str | VideoRequest, *, progress: ProgressFn | None = None, **options: Any
@@ -61,14 +62,13 @@ class Engine:
         else:
             request = _request(self.config.video, video, options)
         track = request.subtitle_track()  # read here: the ranks get the cues
+        resolved = request.resolved(track)  # and whether they transcribe its speech
         for note in track.notes:
             warnings.warn(note, EngineWarning, stacklevel=2)
-        self.held = None  # a failed load may have dropped the video held before
-        summary: VideoSummary = self._one_call(
-            LOAD_VIDEO, progress, request=request.resolved(track)
-        )
-        self.held = request
-        summary.subtitle_source = track.source
+        self.held = self.loaded = None  # a failed load may have dropped the video held before
+        summary: VideoSummary = self._one_call(LOAD_VIDEO, progress, request=resolved)
+        self.held, self.loaded = request, summary
+        summary.subtitle_source = track.source or summary.subtitle_source
         return summary
 
     def ask(self, question: str, **generation: Any) -> Iterator[str]:
