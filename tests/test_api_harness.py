@@ -411,6 +411,34 @@ def test_a_non_ascii_api_key_is_refused_at_start():
     assert ServeConfig(api_key="k-1").api_key == "k-1"
 
 
+@pytest.mark.parametrize("key", ["k\x07ey", "k\tey", "key\n", "k ey", "k\x7fey"], ids=repr)
+def test_an_api_key_with_a_control_character_or_space_is_refused(key):
+    from lvx_app.config import ConfigError, ServeConfig
+
+    with pytest.raises(ConfigError, match="--api-key must be ASCII letters, digits and punct"):
+        ServeConfig(api_key=key)
+
+
+def test_an_empty_api_key_never_starts_an_open_server(monkeypatch, tmp_path):
+    """`--api-key ""` and an empty LVX_API_KEY (an unset variable expanded) are one line each,
+    exit 2, and no server starts."""
+    from typer.testing import CliRunner
+
+    from lvx_app.cli.main import app
+
+    started = []
+    monkeypatch.setattr("lvx_ui.server.run_serve", lambda config: started.append(config) or 0)
+    args = ["serve", "--model", str(tmp_path)]
+    for extra, env in ((["--api-key", ""], {}), ([], {"LVX_API_KEY": ""})):
+        result = CliRunner().invoke(app, [*args, *extra], env=env)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and "Traceback" not in said, said
+        assert "empty (an unset variable?)" in said, said
+    assert not started
+    result = CliRunner().invoke(app, args, env={"LVX_API_KEY": "k-1"})
+    assert result.exit_code == 0 and started[0].serve.api_key == "k-1", result.output
+
+
 def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, monkeypatch):
     """`lvx serve --subtitles none` is the default of every request (and of the page); /v1/models
     says the defaults a request gets."""
