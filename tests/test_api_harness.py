@@ -339,6 +339,46 @@ def test_another_clients_conversation_is_not_reused(served):
     assert cached("attacker", "Something else entirely, of about the same length.") > right + 10
 
 
+def test_another_clients_words_before_the_video_are_not_reused(served, monkeypatch):
+    """A secret system prompt before the video: another client's right guess reuses no more tokens
+    than a wrong one (counted as the tokens the ranks did not feed), with the video or without it,
+    while the same client sent again reuses its whole prompt."""
+    from lvx_app.engine.conversation import Conversation
+
+    url, _, clip, _ = served
+    fed, prefill = [], Conversation.prefill
+
+    def counted(self, ids, **kwargs):
+        fed.append(int(ids.numel()))
+        return prefill(self, ids, **kwargs)
+
+    monkeypatch.setattr(Conversation, "prefill", counted)
+    c = client(url)
+
+    def reused(user: str, system: str, video: bool = True) -> int:
+        fed.clear()
+        parts = [{"type": "text", "text": "Watch this clip."}]
+        parts += [{"type": "video_url", "video_url": {"url": clip}}] if video else []
+        parts += [{"type": "text", "text": "What is in it?"}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+        reply = c.chat.completions.create(model="m", messages=messages, max_tokens=2, user=user)
+        return reply.usage.prompt_tokens - sum(fed)
+
+    secret = "The password is swordfish, and the door code is 4711."
+    other = "Something else entirely, of about the same length."
+    reused("victim", secret)
+    right = reused("attacker", secret)
+    reused("victim", secret)
+    wrong = reused("attacker", other)
+    assert right == wrong
+    assert reused("attacker", other) > right + 10  # the same client: its whole prompt
+    reused("victim", secret)
+    right = reused("attacker", secret, video=False)
+    reused("victim", secret)
+    wrong = reused("attacker", other, video=False)
+    assert right == wrong
+
+
 def test_surrogates_deep_nesting_and_a_large_chunked_body_are_400_and_413(served):
     url, _, _, _ = served
     post = f"{url}/v1/chat/completions"

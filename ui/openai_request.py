@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 import threading
 import uuid
 from collections import Counter
@@ -350,13 +351,30 @@ def allowed_path(text: str, roots: list[Path]) -> Path:
 
 def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
     """`given` with its first leading part that resolves into an allowed folder resolved, when one
-    does; never for a path with `..` (read as text, a link's `..` would lead elsewhere)."""
+    does; never for a path with `..` (read as text, a link's `..` would lead elsewhere). Each
+    leading part is resolved from the one before (one `lstat`, a link read where there is one),
+    and below a part that does not exist nothing does, so the rest is read as text: a long path
+    costs time in proportion to its length."""
     if ".." in given.parts:
         return None
-    for k in range(1, len(given.parts) + 1):
-        head = Path(*given.parts[:k]).resolve()
-        if any(head.is_relative_to(root) for root in roots):
-            return head.joinpath(*given.parts[k:])
+    tops = [str(root).rstrip("/") + "/" for root in roots]
+
+    def under(path: str) -> bool:
+        return any((path + "/").startswith(top) for top in tops)
+
+    parts = given.parts
+    head = os.path.realpath(parts[0])
+    for k in range(1, len(parts) + 1):
+        if k > 1:
+            path = os.path.join(head, parts[k - 1])
+            try:
+                link = stat.S_ISLNK(os.lstat(path).st_mode)
+            except OSError:  # missing, not a folder, too long: the rest is text
+                rest = Path(path, *parts[k:])
+                return rest if under(str(rest)) else None
+            head = os.path.realpath(path) if link else path
+        if under(head):
+            return Path(head, *parts[k:])
     return None
 
 

@@ -327,15 +327,18 @@ class Lease:
         """Stream the answer to a whole conversation (`Engine.chat`), with the video `request`
         names loaded unless the engine holds it already. Another client's conversation is never
         reused (what it reused would tell this one what the other said): the engine forgets it
-        first and keeps only the video prompt, itself a whole load this client asked for."""
+        first and keeps only the video prompt, itself a whole load this client asked for, and
+        that only when it holds no other client's words (its opening's owner)."""
         engine, service = self.engine, self.service
         if request is not None and not self._holds(request):
             service.talking = None
             with self._watch():
                 service.loaded = engine.load_video(request)
         elif service.talking != self.client_id:
+            held = engine.held  # a load whose opening holds another client's words: not reused
+            theirs = held is not None and held.opening.owner not in ("", self.client_id)
             with self._watch():
-                engine.reset()
+                engine.reset(keep_prompt=not theirs)
         service.talking = self.client_id
         with self._watch():
             pieces = engine.chat(turns, **generation)
