@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import os
 import shutil
 import socket
 import threading
@@ -377,6 +378,45 @@ def test_another_clients_words_before_the_video_are_not_reused(served, monkeypat
     reused("victim", secret)
     wrong = reused("attacker", other, video=False)
     assert right == wrong
+
+
+def test_a_video_swapped_for_a_fifo_while_its_request_waits_is_a_400_line(served, monkeypatch):
+    """The file passes the API's checks, then becomes a FIFO while the request waits for the
+    engine (subtitles auto probes it first): a 400 naming the FIFO, nothing waits for a writer,
+    and the next request is answered."""
+    from test_fifo_files import unblocked
+
+    from lvx_app.runtime.service import EngineService
+
+    url, _, clip, _ = served
+    folder = clip.removeprefix("file://").rsplit("/", 1)[0]
+    video = f"{folder}/swapped.mp4"
+    shutil.copy(clip.removeprefix("file://"), video)
+    lease = EngineService.lease
+
+    def swap_then_lease(self, *args, **kwargs):
+        os.remove(video)
+        os.mkfifo(video)
+        return lease(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineService, "lease", swap_then_lease)
+    parts = [{"type": "video_url", "video_url": {"url": f"file://{video}"}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    body["subtitles"] = "auto"
+    post = f"{url}/v1/chat/completions"
+    try:
+        reply, freed = unblocked(video, lambda: httpx.post(post, json=body, timeout=None))
+    finally:
+        monkeypatch.undo()
+        os.remove(video)
+    assert not freed, "the request waited on the FIFO"
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert "is a FIFO (named pipe), not a file" in message and "\n" not in message, message
+    answer = client(url).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.choices[0].message.content is not None
 
 
 def test_surrogates_deep_nesting_and_a_large_chunked_body_are_400_and_413(served):

@@ -37,6 +37,7 @@ from lvx_app.config import (
 )
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
+from lvx_app.regular_files import read_regular
 from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
@@ -411,7 +412,11 @@ class VideoFiles:
         """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
         head, _, data = url.partition(",")
         if url.startswith("file://"):
-            return Path(self.server_file(unquote(urlparse(url).path), "image_url")).read_bytes()
+            name = self.server_file(unquote(urlparse(url).path), "image_url")
+            try:  # a regular file only (a FIFO would block), no larger than an upload
+                return read_regular(name, int(self.max_upload_mb * 2**20))
+            except (OSError, ValueError) as exc:
+                raise bad(f"{exc}; send an image file", "image_url") from None
         kind = re.fullmatch(r"data:image/([a-z]+);base64", head.lower())
         if kind is None or kind.group(1) not in IMAGE_TYPES:
             raise bad(
