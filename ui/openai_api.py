@@ -225,9 +225,12 @@ class OpenAIApi:
     # ---- routes
     # ----------------------------------------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:
-        """Whether the engine answers; the model's path only to a client that holds the key."""
-        if self.service.restarting:
-            return JSONResponse({"status": "restarting"}, status_code=503)
+        """Whether the engine answers (503 while its worker group is dead or restarting, a rank
+        killed between requests included); the model's path only to a client that holds the
+        key."""
+        down = self.service.down()
+        if down is not None:
+            return JSONResponse({"status": down}, status_code=503, headers={"Retry-After": "2"})
         try:
             self._check_key(request)
         except ApiError:

@@ -105,6 +105,17 @@ class EngineService:
         """Whether the worker group is being restarted (or is about to be)."""
         return self._restarting.is_set()
 
+    def down(self) -> str | None:
+        """Why the worker group cannot answer now, asked without waiting for the engine (a
+        health probe): it died (found by a request, or exited since: a rank killed between
+        requests), or it is being restarted; None while it runs."""
+        if self.restarting:
+            return "restarting"
+        if self.failed is not None:
+            return "down"
+        engine = self.engine  # read once: a restart may replace it meanwhile
+        return "down" if engine.dead() else None
+
     def can_restart(self) -> bool:
         return self.reopen is not None
 
