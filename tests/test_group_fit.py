@@ -72,3 +72,20 @@ def _tiny_parameters(path: str) -> list[torch.Tensor]:
     from safetensors.torch import load_file
 
     return list(load_file(f"{path}/model.safetensors").values())
+
+
+def test_a_finetuning_group_larger_than_memory_is_refused_before_any_rank(
+    monkeypatch, tiny_checkpoints, tmp_path
+):
+    from engine_configs import train_config
+
+    from lvx_app.train.launch import FinetuneError, check_run
+
+    monkeypatch.setattr(fit, "available_memory_bytes", lambda: 4 * GiB)
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    config = train_config(
+        tiny_checkpoints["g2"], gpus=0, ranks=64, data=str(data), out=str(tmp_path / "out")
+    )
+    with pytest.raises(FinetuneError, match=r"64 CPU ranks need about .* use --ranks \d+ or fewer"):
+        check_run(config)
