@@ -77,6 +77,7 @@ def run_serve(config: Config, console: Console | None = None) -> int:
                 reopen=lambda: open_engine(config),
                 queue_size=config.serve.queue_size,
                 report=lambda line: console.print(f"lvx serve: {line}", markup=False),
+                stuck_after=config.serve.queue_timeout,  # silent longer than a request may wait
             )
             try:
                 _serve(service, config, folders, console, health, api_server)
