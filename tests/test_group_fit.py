@@ -89,3 +89,18 @@ def test_a_finetuning_group_larger_than_memory_is_refused_before_any_rank(
     )
     with pytest.raises(FinetuneError, match=r"64 CPU ranks need about .* use --ranks \d+ or fewer"):
         check_run(config)
+
+
+def test_gpu_free_memory_comes_from_the_driver_or_the_check_is_skipped(monkeypatch):
+    """Free GPU memory is total minus what the driver (NVML) reports used, asked without a CUDA
+    context per GPU; with no NVML the GPU check is skipped (each rank's own line says an OOM)."""
+    total = type("Props", (), {"total_memory": 80 * GiB})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: total)
+    monkeypatch.setattr(torch.cuda, "device_memory_used", lambda i: (i + 1) * 10 * GiB)
+    assert fit.gpu_free_bytes(2) == [70 * GiB, 60 * GiB]
+
+    def no_nvml(i):
+        raise ModuleNotFoundError("pynvml")
+
+    monkeypatch.setattr(torch.cuda, "device_memory_used", no_nvml)
+    assert fit.gpu_free_bytes(2) is None

@@ -133,5 +133,18 @@ def group_needs(model_path: str, dtype_name: str, world: World) -> GroupNeeds:
 def refuse_what_does_not_fit(model_path: str, dtype_name: str, world: World) -> None:
     """`check_group_fits` on this machine: its available memory and its GPUs' free memory."""
     needs = group_needs(model_path, dtype_name, world)
-    gpu_free = [torch.cuda.mem_get_info(i)[0] for i in range(world.gpus)] if world.cuda else None
+    gpu_free = gpu_free_bytes(world.gpus) if world.cuda else None
     check_group_fits(needs, world.cuda, available_memory_bytes(), gpu_free)
+
+
+def gpu_free_bytes(gpus: int) -> list[int] | None:
+    """Free memory of GPUs 0..gpus-1 as the driver (NVML) reports it, without making a CUDA
+    context in this process on each of them; None where NVML cannot be asked (then each rank's
+    own out-of-memory line says it)."""
+    try:
+        return [
+            torch.cuda.get_device_properties(i).total_memory - torch.cuda.device_memory_used(i)
+            for i in range(gpus)
+        ]
+    except Exception:  # noqa: BLE001 - no NVML (pynvml) here: the check is skipped
+        return None
