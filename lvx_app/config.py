@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import string
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ TRAIN_MODES = ("hyper", "all", "lora")
 SCORING_MODES = ("official", "strict")
 EVAL_SUBTITLES = ("none", "official", "speech")  # where a Video-MME run's subtitle lines come from
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts only this machine can reach
+KEY_CHARACTERS = frozenset(string.ascii_letters + string.digits + string.punctuation)  # --api-key
 
 
 FRONTENDS = ("page", "api")  # the frontends that let their users set some video options per video
@@ -443,7 +445,12 @@ class ServeConfig:
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
         _positive(self.queue_timeout, "--queue-timeout")
         _require(
-            not self.api_key or self.api_key.isascii(),
+            self.api_key != "",
+            "--api-key is empty (an unset variable?): give the key, or leave --api-key out to "
+            "serve without one",
+        )
+        _require(
+            not self.api_key or set(self.api_key) <= KEY_CHARACTERS,
             "--api-key must be ASCII letters, digits and punctuation: an HTTP header carries no "
             "other characters",
         )

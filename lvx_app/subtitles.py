@@ -19,10 +19,13 @@ from __future__ import annotations
 import bisect
 import codecs
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+from lvx_app.regular_files import by_descriptor, open_regular, read_regular
 
 SUBTITLE_HEADER = "This video's subtitles are listed below:"
 SIDECAR_EXTENSIONS = (".srt", ".vtt", ".ass", ".ssa")
@@ -281,7 +284,11 @@ def read_subtitle_file(path: Path | str, encoding: str | None = None) -> Subtitl
             f"{path.name} is {size_mb:.0f} MB, over the {MAX_SUBTITLE_MB} MB a subtitle file may "
             "be; pass the right file, or --subtitles none"
         )
-    text, note = decode_bytes(path.read_bytes(), path.name, encoding)
+    try:  # the file checked above may have been swapped for a FIFO since: never blocks
+        data = read_regular(path, int(MAX_SUBTITLE_MB * 2**20))
+    except (OSError, ValueError) as exc:
+        raise SubtitleError(f"{exc}; pass the right file, or --subtitles none") from None
+    text, note = decode_bytes(data, path.name, encoding)
     parse = parse_ass if path.suffix.lower() in (".ass", ".ssa") else parse_cues
     cues, reversed_ = parse(text)
     notes = [note] if note else []
@@ -398,8 +405,20 @@ def read_embedded(video: Path | str, lang: str | None = None) -> SubtitleTrack:
     import av
 
     video = Path(video)
+    try:  # never a FIFO or a device: opening one would block
+        fd = open_regular(video)
+    except OSError:
+        return SubtitleTrack()  # not a regular file: the video loader says so in its own words
     try:
-        container = av.open(str(video))
+        return _embedded_cues(av, by_descriptor(fd, video), video, lang)
+    finally:
+        os.close(fd)
+
+
+def _embedded_cues(av, name: str, video: Path, lang: str | None) -> SubtitleTrack:
+    """`read_embedded` on the file `name` opens (`video`: what the notes call it)."""
+    try:
+        container = av.open(name)
     except (av.error.FFmpegError, OSError):
         return SubtitleTrack()  # not a media file: the video loader says so in its own words
     with container:

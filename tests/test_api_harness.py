@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import os
 import shutil
 import socket
 import threading
@@ -339,6 +340,85 @@ def test_another_clients_conversation_is_not_reused(served):
     assert cached("attacker", "Something else entirely, of about the same length.") > right + 10
 
 
+def test_another_clients_words_before_the_video_are_not_reused(served, monkeypatch):
+    """A secret system prompt before the video: another client's right guess reuses no more tokens
+    than a wrong one (counted as the tokens the ranks did not feed), with the video or without it,
+    while the same client sent again reuses its whole prompt."""
+    from lvx_app.engine.conversation import Conversation
+
+    url, _, clip, _ = served
+    fed, prefill = [], Conversation.prefill
+
+    def counted(self, ids, **kwargs):
+        fed.append(int(ids.numel()))
+        return prefill(self, ids, **kwargs)
+
+    monkeypatch.setattr(Conversation, "prefill", counted)
+    c = client(url)
+
+    def reused(user: str, system: str, video: bool = True) -> int:
+        fed.clear()
+        parts = [{"type": "text", "text": "Watch this clip."}]
+        parts += [{"type": "video_url", "video_url": {"url": clip}}] if video else []
+        parts += [{"type": "text", "text": "What is in it?"}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+        reply = c.chat.completions.create(model="m", messages=messages, max_tokens=2, user=user)
+        return reply.usage.prompt_tokens - sum(fed)
+
+    secret = "The password is swordfish, and the door code is 4711."
+    other = "Something else entirely, of about the same length."
+    reused("victim", secret)
+    right = reused("attacker", secret)
+    reused("victim", secret)
+    wrong = reused("attacker", other)
+    assert right == wrong
+    assert reused("attacker", other) > right + 10  # the same client: its whole prompt
+    reused("victim", secret)
+    right = reused("attacker", secret, video=False)
+    reused("victim", secret)
+    wrong = reused("attacker", other, video=False)
+    assert right == wrong
+
+
+def test_a_video_swapped_for_a_fifo_while_its_request_waits_is_a_400_line(served, monkeypatch):
+    """The file passes the API's checks, then becomes a FIFO while the request waits for the
+    engine (subtitles auto probes it first): a 400 naming the FIFO, nothing waits for a writer,
+    and the next request is answered."""
+    from test_fifo_files import unblocked
+
+    from lvx_app.runtime.service import EngineService
+
+    url, _, clip, _ = served
+    folder = clip.removeprefix("file://").rsplit("/", 1)[0]
+    video = f"{folder}/swapped.mp4"
+    shutil.copy(clip.removeprefix("file://"), video)
+    lease = EngineService.lease
+
+    def swap_then_lease(self, *args, **kwargs):
+        os.remove(video)
+        os.mkfifo(video)
+        return lease(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineService, "lease", swap_then_lease)
+    parts = [{"type": "video_url", "video_url": {"url": f"file://{video}"}}]
+    body = {"model": "m", "messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    body["subtitles"] = "auto"
+    post = f"{url}/v1/chat/completions"
+    try:
+        reply, freed = unblocked(video, lambda: httpx.post(post, json=body, timeout=None))
+    finally:
+        monkeypatch.undo()
+        os.remove(video)
+    assert not freed, "the request waited on the FIFO"
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert "is a FIFO (named pipe), not a file" in message and "\n" not in message, message
+    answer = client(url).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.choices[0].message.content is not None
+
+
 def test_surrogates_deep_nesting_and_a_large_chunked_body_are_400_and_413(served):
     url, _, _, _ = served
     post = f"{url}/v1/chat/completions"
@@ -409,6 +489,34 @@ def test_a_non_ascii_api_key_is_refused_at_start():
     with pytest.raises(ConfigError, match="--api-key must be ASCII"):
         ServeConfig(api_key="clé")
     assert ServeConfig(api_key="k-1").api_key == "k-1"
+
+
+@pytest.mark.parametrize("key", ["k\x07ey", "k\tey", "key\n", "k ey", "k\x7fey"], ids=repr)
+def test_an_api_key_with_a_control_character_or_space_is_refused(key):
+    from lvx_app.config import ConfigError, ServeConfig
+
+    with pytest.raises(ConfigError, match="--api-key must be ASCII letters, digits and punct"):
+        ServeConfig(api_key=key)
+
+
+def test_an_empty_api_key_never_starts_an_open_server(monkeypatch, tmp_path):
+    """`--api-key ""` and an empty LVX_API_KEY (an unset variable expanded) are one line each,
+    exit 2, and no server starts."""
+    from typer.testing import CliRunner
+
+    from lvx_app.cli.main import app
+
+    started = []
+    monkeypatch.setattr("lvx_ui.server.run_serve", lambda config: started.append(config) or 0)
+    args = ["serve", "--model", str(tmp_path)]
+    for extra, env in ((["--api-key", ""], {}), ([], {"LVX_API_KEY": ""})):
+        result = CliRunner().invoke(app, [*args, *extra], env=env)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and "Traceback" not in said, said
+        assert "empty (an unset variable?)" in said, said
+    assert not started
+    result = CliRunner().invoke(app, args, env={"LVX_API_KEY": "k-1"})
+    assert result.exit_code == 0 and started[0].serve.api_key == "k-1", result.output
 
 
 def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, monkeypatch):

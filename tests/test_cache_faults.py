@@ -310,3 +310,29 @@ def test_chat_on_two_ranks_with_a_full_cache_disk_answers_with_one_warning(
         assert run.returncode == 0 and "Traceback" not in said and "failed" not in said, said
         assert "10 frames at 1 fps" in run.stdout and run.stdout.count("lvx › ") == 2, said
         assert len(re.findall(f"cache folder {cache} {FULL}", said)) == 1, said
+
+
+def test_an_ambiguous_id_removes_nothing_and_lists_the_candidates(tmp_path):
+    """Two entries whose ids start alike (their folders named so): `rm` of the shared start is one
+    line naming both, nothing removed, also of another target given with it; a longer start
+    removes one."""
+    video = tmp_path / "movie.mp4"
+    video.write_bytes(os.urandom(1 << 16))
+    store = FeatureCache(tmp_path / "cache")
+    for fps in (1.0, 2.0, 3.0):
+        save_shard(store, key_for(video, world_size=1, fps=fps), video)
+    entries = store.entries()
+    names = ["ffc0a" + entries[0].entry_id[5:], "ffc0b" + entries[1].entry_id[5:]]
+    for entry, name in zip(entries, names):
+        entry.path.rename(entry.path.parent / name)
+    other = entries[2].entry_id
+    before = _files(store.root)
+    d = ["--dir", str(store.root)]
+    out = CliRunner().invoke(cache_app, ["rm", other, "ffc0", *d])
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert "ffc0 starts 2 entry ids" in out.output and "nothing removed" in out.output
+    assert names[0][:8] in out.output and names[1][:8] in out.output, out.output
+    assert _files(store.root) == before
+    out = CliRunner().invoke(cache_app, ["rm", "ffc0a", *d])
+    assert out.exit_code == 0 and "Removed 1 entr" in out.output, out.output
+    assert sorted(e.entry_id for e in store.entries()) == sorted([names[1], other])

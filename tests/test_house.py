@@ -31,7 +31,7 @@ LAYERS = [
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
     (1, ["lvx_app.cache"]),
     (0, ["lvx_app.config", "lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines",
-         "lvx_app.interrupts", "lvx_app.version", "lvx_app.wire"]),
+         "lvx_app.interrupts", "lvx_app.version", "lvx_app.wire", "lvx_app.regular_files"]),
 ]  # fmt: skip
 
 

@@ -489,6 +489,33 @@ def test_allow_paths_judges_a_path_as_given_and_as_resolved(tmp_path):
         assert given in message and f"resolved: {resolved}" in message, message
 
 
+def test_a_long_path_costs_work_in_proportion_to_its_length(tmp_path, monkeypatch):
+    """`"/a" * N` under --allow-paths checks: the file system is asked (lstat) a number of times
+    that grows with N, not N squared; the path is still judged."""
+    import os
+
+    from lvx_ui.openai_request import allowed_path
+
+    calls, lstat = [0], os.lstat
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return lstat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counted)
+
+    def work(n: int) -> int:
+        calls[0] = 0
+        with pytest.raises(ValueError, match="outside the allowed folders"):
+            allowed_path("/a" * n, [tmp_path])
+        inside = allowed_path(f"{tmp_path}" + "/a" * n, [tmp_path])
+        assert str(inside) == f"{tmp_path}" + "/a" * n
+        return calls[0]
+
+    small, large = work(500), work(2000)
+    assert large < 6 * small, (small, large)  # 4 times the length; quadratic would be 16 times
+
+
 def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_path):
     """--queue-timeout bounds an API request's wait for the engine: past it, a 429 in OpenAI's
     shape with Retry-After, and the request leaves the queue."""

@@ -122,6 +122,38 @@ def test_two_sessions_each_get_answers_about_their_own_video(served):
     ), footer
 
 
+def test_health_is_503_once_a_rank_died_before_any_request_finds_it(served):
+    """A rank killed between requests: /health says so (503) on its own, no request needed to
+    find it, and 200 again once the next request healed the group."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    from timing import scaled
+
+    def health() -> int:
+        try:
+            with urllib.request.urlopen(served.url + "health", timeout=60) as answer:
+                return answer.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    c = client(served)
+    _load(c, served, "a.mp4")
+    assert health() == 200
+    _kill_rank1(served)
+    deadline, seen = time.monotonic() + scaled(60), []
+    while time.monotonic() < deadline and (not seen or seen[-1] != 503):
+        seen.append(health())
+        time.sleep(0.2)
+    assert seen[-1] == 503, seen
+    for _ in range(3):  # the first request may meet the dying group; the one after heals
+        history, _ = ask(c, QUESTIONS[0], [], TOKENS)
+        if not message_text(history[-1]["content"]).startswith("⚠️"):
+            break
+    assert health() == 200
+
+
 def test_a_dead_rank_is_healed_by_the_next_request(served):
     c = client(served)
     _load(c, served, "a.mp4")

@@ -1,5 +1,6 @@
 """`GET /health` of `lvx serve` answers from the first moment its port is open: 503 "starting"
-while the model loads (held here until the probe has seen it), then 200 "ok"; never a 404."""
+while the model loads (held here until the probe has seen it) and while the page is built, then
+200 "ok"; never a 404."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from test_serve import free_port  # noqa: E402
 from lvx_app.config import Config  # noqa: E402
 from lvx_app.runtime.open import open_engine  # noqa: E402
 from lvx_ui import server  # noqa: E402
+from lvx_ui.app import build_app  # noqa: E402
 
 
 def _probe(url: str, seen: list, loading: threading.Event, stop: threading.Event) -> None:
@@ -58,6 +60,17 @@ def test_health_says_starting_while_the_model_loads(tiny_checkpoints, monkeypatc
 
     url = f"http://127.0.0.1:{port}/health"
     probe = threading.Thread(target=_probe, args=(url, seen, loading, stop), daemon=True)
+    built: list = []  # /health once the page is built: the port is still open, gradio's not yet
+
+    def build_and_probe(*args, **kwargs):
+        demo = build_app(*args, **kwargs)
+        try:
+            built.append(httpx.get(url, timeout=60).status_code)
+        except httpx.TransportError as exc:
+            built.append(repr(exc))
+        return demo
+
+    monkeypatch.setattr("lvx_ui.app.build_app", build_and_probe)
     monkeypatch.setattr(server, "open_engine", slow_open)
     monkeypatch.setattr(server, "_wait_for_a_stop_signal", serve_until_healthy)
     sigterm = signal.getsignal(signal.SIGTERM)
@@ -71,3 +84,4 @@ def test_health_says_starting_while_the_model_loads(tiny_checkpoints, monkeypatc
     assert seen[0] == (503, "starting"), seen
     assert seen[-1] == (200, "ok"), seen
     assert {status for status, _ in seen} <= {200, 503}, seen  # never "wrong URL"
+    assert built == ([] if no_ui else [503]), built

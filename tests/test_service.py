@@ -275,3 +275,40 @@ def test_the_product_restarts_a_group_and_takes_the_engine_in_one_place():
         "lock": ["lvx_app/runtime/engine_handle.py"],
     }
     assert found == expected, found
+
+
+def test_health_says_wedged_when_the_holder_shows_no_life_past_its_bound():
+    """A lease that holds the engine with no piece and no progress step for longer than the
+    service's bound: `/health` is 503 wedged, without waiting for the engine; 200 once it moves
+    on and gives the engine back."""
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    engine = StandIn()
+    service = EngineService(engine, stuck_after=0.2)
+    app = FastAPI()
+    OpenAIApi(service, Config(), VideoFiles([], 1.0, None), report=lambda line: None).mount(app)
+    http = TestClient(app)
+    assert http.get("/health").status_code == 200
+    free = threading.Event()
+    lease = service.lease("a")
+    stuck = _in_thread(lambda: free.wait(scaled(60)))  # the holder, silent
+
+    def health() -> tuple[int, str]:
+        answer = http.get("/health")
+        return answer.status_code, answer.json()["status"]
+
+    seen = [health()]
+    while seen[-1] != (503, "wedged") and len(seen) < 1000:
+        free.wait(0.05)
+        seen.append(health())
+    assert seen[-1] == (503, "wedged"), seen
+    service.touch()  # a sign of life: a piece or a progress step
+    assert health() == (200, "ok")
+    free.set()
+    stuck.join()
+    lease.close()
+    assert health() == (200, "ok")

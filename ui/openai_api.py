@@ -226,9 +226,12 @@ class OpenAIApi:
     # ---- routes
     # ----------------------------------------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:
-        """Whether the engine answers; the model's path only to a client that holds the key."""
-        if self.service.restarting:
-            return JSONResponse({"status": "restarting"}, status_code=503)
+        """Whether the engine answers (503 while its worker group is dead or restarting, a rank
+        killed between requests included); the model's path only to a client that holds the
+        key."""
+        down = self.service.down()
+        if down is not None:
+            return JSONResponse({"status": down}, status_code=503, headers={"Retry-After": "2"})
         try:
             self._check_key(request)
         except ApiError:
@@ -345,7 +348,7 @@ class OpenAIApi:
                 f"max_tokens must be at most {self.context}, the model's context (its positions)",
                 "max_tokens",
             )
-        request = self._request(req.video) if req.video is not None else None
+        request = self._request(req.video, client) if req.video is not None else None
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
             lease = self.service.lease(
@@ -372,10 +375,10 @@ class OpenAIApi:
         answer.evidence_asked = req.evidence
         return answer
 
-    def _request(self, ask: VideoAsk) -> VideoRequest:
+    def _request(self, ask: VideoAsk, client: str) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
         the command line's are; the API names them by field) and a subtitle file under
-        --allow-paths."""
+        --allow-paths. Its opening's words are `client`'s: reused for no other client."""
         options = dict(ask.options)
         if sent_as_frames(ask.url):
             options.setdefault("fps", 1.0)  # frames sent without a rate: one a second
@@ -384,7 +387,8 @@ class OpenAIApi:
         except ConfigError as exc:
             raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
         video = replace(video, subtitles=self.files.subtitles(video.subtitles))
-        return VideoRequest(self.files.video(ask.url, video.fps), video, opening=ask.opening)
+        opening = ask.opening.owned_by(client)
+        return VideoRequest(self.files.video(ask.url, video.fps), video, opening=opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 import threading
 import uuid
 from collections import Counter
@@ -36,6 +37,7 @@ from lvx_app.config import (
 )
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
+from lvx_app.regular_files import read_regular
 from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
@@ -350,13 +352,30 @@ def allowed_path(text: str, roots: list[Path]) -> Path:
 
 def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
     """`given` with its first leading part that resolves into an allowed folder resolved, when one
-    does; never for a path with `..` (read as text, a link's `..` would lead elsewhere)."""
+    does; never for a path with `..` (read as text, a link's `..` would lead elsewhere). Each
+    leading part is resolved from the one before (one `lstat`, a link read where there is one),
+    and below a part that does not exist nothing does, so the rest is read as text: a long path
+    costs time in proportion to its length."""
     if ".." in given.parts:
         return None
-    for k in range(1, len(given.parts) + 1):
-        head = Path(*given.parts[:k]).resolve()
-        if any(head.is_relative_to(root) for root in roots):
-            return head.joinpath(*given.parts[k:])
+    tops = [str(root).rstrip("/") + "/" for root in roots]
+
+    def under(path: str) -> bool:
+        return any((path + "/").startswith(top) for top in tops)
+
+    parts = given.parts
+    head = os.path.realpath(parts[0])
+    for k in range(1, len(parts) + 1):
+        if k > 1:
+            path = os.path.join(head, parts[k - 1])
+            try:
+                link = stat.S_ISLNK(os.lstat(path).st_mode)
+            except OSError:  # missing, not a folder, too long: the rest is text
+                rest = Path(path, *parts[k:])
+                return rest if under(str(rest)) else None
+            head = os.path.realpath(path) if link else path
+        if under(head):
+            return Path(head, *parts[k:])
     return None
 
 
@@ -393,7 +412,11 @@ class VideoFiles:
         """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
         head, _, data = url.partition(",")
         if url.startswith("file://"):
-            return Path(self.server_file(unquote(urlparse(url).path), "image_url")).read_bytes()
+            name = self.server_file(unquote(urlparse(url).path), "image_url")
+            try:  # a regular file only (a FIFO would block), no larger than an upload
+                return read_regular(name, int(self.max_upload_mb * 2**20))
+            except (OSError, ValueError) as exc:
+                raise bad(f"{exc}; send an image file", "image_url") from None
         kind = re.fullmatch(r"data:image/([a-z]+);base64", head.lower())
         if kind is None or kind.group(1) not in IMAGE_TYPES:
             raise bad(

@@ -77,6 +77,7 @@ def run_serve(config: Config, console: Console | None = None) -> int:
                 reopen=lambda: open_engine(config),
                 queue_size=config.serve.queue_size,
                 report=lambda line: console.print(f"lvx serve: {line}", markup=False),
+                stuck_after=config.serve.queue_timeout,  # silent longer than a request may wait
             )
             try:
                 _serve(service, config, folders, console, health, api_server)
@@ -209,8 +210,7 @@ def _serve(
         if config.serve.no_ui:
             _serve_api_alone(api, config, console, health, api_server)
         else:
-            api_server.stop()  # gradio's server takes the port over
-            _serve_page(service, api, config, folders, console, health)
+            _serve_page(service, api, config, folders, console, health, api_server)
 
 
 def _serve_api_alone(
@@ -237,9 +237,11 @@ def _serve_page(
     folders: list[str],
     console: Console,
     health: Health,
+    api_server: _ApiServer,
 ) -> None:
     """Put the page (and the API beside it) in front of the engine `service` shares until
-    Ctrl-C."""
+    Ctrl-C. The page is built while the first server still answers /health; it gives the port
+    to gradio's only at the launch."""
     from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
 
     demo = build_app(service, config, allow_paths=folders)
@@ -250,6 +252,7 @@ def _serve_page(
             f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
             " reach this port can use the model and read the allowed folders"
         )
+    api_server.stop()  # gradio's server takes the port over
     app, url, share_url = demo.launch(
         server_name=serve.host,
         server_port=serve.port,

@@ -24,6 +24,7 @@ import torch
 
 from lvx_app.cache.faults import CorruptEntry
 from lvx_app.cache.store import SHARD_FILES, Entry, PerRankKey, Store
+from lvx_app.regular_files import regular_file
 
 FEATURES_VERSION = 2  # 2: the key holds the encoder weights' fingerprint
 _BLOCK = 1 << 20
@@ -34,7 +35,7 @@ def file_identity(path: str | os.PathLike) -> str:
     last MiB."""
     st = os.stat(path)
     h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
-    with open(path, "rb") as f:
+    with regular_file(path) as f:  # never a FIFO: it would block the process
         h.update(f.read(_BLOCK))
         if st.st_size > _BLOCK:
             f.seek(max(_BLOCK, st.st_size - _BLOCK))

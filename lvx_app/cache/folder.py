@@ -23,6 +23,20 @@ from lvx_app.cache.transcripts import TranscriptCache
 from lvx_app.cache.visual_kv import VisualKVCache
 
 MIN_ID = 4  # the shortest id prefix `rm` takes
+SHOWN = 10  # the ids an ambiguous prefix lists
+
+
+class AmbiguousId(ValueError):
+    """An id prefix given to `rm` that starts more than one entry's id."""
+
+    def __init__(self, target: str, ids: list[str]) -> None:
+        shown = ", ".join(list(short_ids(ids).values())[:SHOWN])
+        more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
+        super().__init__(
+            f"{target} starts {len(ids)} entry ids ({shown}{more}); nothing removed: give more of "
+            "the id, as `lvx cache ls` shows it"
+        )
+        self.ids = ids
 
 
 @dataclass
@@ -87,12 +101,24 @@ class CacheFolder:
                 out[i] = why
         return out
 
+    def refuse_ambiguous(self, targets: list[str]) -> None:
+        """AmbiguousId for the first of `targets` that starts more than one entry's id: `rm`
+        then removes nothing."""
+        ids = [e.entry_id for e in self.entries()]
+        for target in targets:
+            if not _is_path(target) and len(target) >= MIN_ID:
+                matched = sorted({i for i in ids if i.startswith(target)})
+                if len(matched) > 1:
+                    raise AmbiguousId(target, matched)
+
     def remove(self, target: str) -> Removed:
         """Delete the entries named by `target`: an id (its first 4+ characters) with, for
         features, the saved prompts and visual K/V made from them; or a video path, everything made
-        from it."""
+        from it. An id prefix that starts several ids removes nothing (AmbiguousId)."""
         entries = self.entries()
         chosen = [e for e in entries if _names(target, e)]
+        if not _is_path(target) and len({e.entry_id for e in chosen}) > 1:
+            raise AmbiguousId(target, sorted({e.entry_id for e in chosen}))
         if not _is_path(target):
             ids = {e.entry_id for e in chosen if e.kind == "features"}
             chosen += [e for e in entries if e.kind != "features" and e.made_from in ids]

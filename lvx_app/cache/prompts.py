@@ -58,9 +58,13 @@ class PrefixKey:
         prompt_format: int,
         prompt_ids: torch.Tensor,
         device: str,
+        owner: str = "",
     ) -> "PrefixKey":
+        """`owner`: the client whose words the prompt holds ("" for none): a prompt saved for one
+        client is never read back for another, whose load would then be quicker for a right guess
+        of those words."""
         ids = prompt_ids.to(torch.int64).contiguous().cpu()
-        digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:32]
+        digest = hashlib.sha256(ids.numpy().tobytes() + owner.encode()).hexdigest()[:32]
         return cls(
             replace(feature_key, world_size=0, rank=0).entry_id(),
             checkpoint,

@@ -214,6 +214,10 @@ def rm(
         _fail_on(console, removed)
     elif not targets:
         raise fail("name what to remove: entry ids or video paths (see `lvx cache ls`), or --stale")
+    try:  # an ambiguous id removes nothing, also of the other targets
+        folder.refuse_ambiguous(targets or [])
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     missing = []
     for target in targets or []:
         removed = folder.remove(target)

@@ -70,6 +70,15 @@ class VideoOpening:
 
     system: str = ""
     before: str = ""
+    # whose words these are (a client of the engine service; "" for none, or for words every
+    # client shares): a load is reused, in memory or from the saved prompts, only by its owner,
+    # so no client's time to answer tells what another wrote
+    owner: str = ""
+
+    def owned_by(self, client: str) -> VideoOpening:
+        """This opening as `client`'s when it holds words of theirs (a system message, text
+        before the video); as it is when it holds none."""
+        return replace(self, owner=client) if self.system or self.before else self
 
 
 @dataclass(frozen=True)

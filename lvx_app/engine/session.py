@@ -86,10 +86,11 @@ class RankSession:
         """Make the video resident and prefill its prompt; the conversation starts afresh."""
         return self.video.load(request, progress)
 
-    def reset(self) -> None:
-        """Forget the conversation; keep the video and its prefilled prompt."""
+    def reset(self, keep_prompt: bool = True) -> None:
+        """Forget the conversation; keep the video and (`keep_prompt`) its prefilled prompt, which
+        the next turn that shows the video prefills again when it was dropped."""
         loaded = self.video.loaded
-        if loaded is None:
+        if loaded is None or not keep_prompt:
             self.conversation.clear()
         else:  # a text-only chat may have replaced the video prompt: it is prefilled again
             self.turns.show_video(True)

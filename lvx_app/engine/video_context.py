@@ -242,7 +242,7 @@ class VideoContext:
         conversation.show_video(visual)
         t_prefill, cpu_prefill = time.perf_counter(), time.process_time()
         tail_from = int(starts[-1]) + prompt.placeholder_len if n_frames else 0
-        restored = self._open_prefix(caches, shard, path, prefix_ids, starts, tail_from)
+        restored = self._open_prefix(caches, shard, request, prefix_ids, starts, tail_from)
         timings["video prompt prefill s"] = time.perf_counter() - t_prefill
         timings["video prompt prefill CPU s"] = time.process_time() - cpu_prefill
         summary = VideoSummary(
@@ -387,7 +387,7 @@ class VideoContext:
         self,
         caches: LoadCaches,
         shard: VisualShard,
-        path: str,
+        request: VideoRequest,
         prefix_ids: torch.Tensor,
         starts: torch.Tensor,
         tail_from: int,
@@ -403,6 +403,7 @@ class VideoContext:
                 prompt_format=PROMPT_FORMAT,
                 prompt_ids=prefix_ids,
                 device=self.info.device.type,
+                owner=request.opening.owner,
             )
         rank0 = self.info.rank == 0
         device = self.info.device
@@ -416,7 +417,7 @@ class VideoContext:
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
         if key is not None and rank0:  # every rank holds the same whole cache: one file for all
-            self._save_prefix(prefixes, key, path)
+            self._save_prefix(prefixes, key, request.path)
         return False
 
     def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:

@@ -41,7 +41,7 @@ class Command:
 LOAD_VIDEO = Command("load_video", RankSession.load_video, ("request",), reply="progress")
 ASK = Command("ask", RankSession.ask, ("question", "generation"), reply="pieces")
 CHAT = Command("chat", RankSession.chat, ("turns", "generation"), reply="pieces")
-RESET = Command("reset", RankSession.reset)
+RESET = Command("reset", RankSession.reset, ("keep_prompt",))
 REPLAY = Command("replay", RankSession.replay, ("turns",))
 STATS = Command("stats", RankSession.local_stats, gathered=True, finish=RankSession.summarize_stats)
 SHUTDOWN = Command("shutdown", None)

@@ -99,9 +99,10 @@ class Engine:
         if isinstance(limit, int) and len(question) > limit:
             raise QuestionTooLong(too_many_chars(len(question), limit))
 
-    def reset(self) -> None:
-        """Forget the conversation, keep the video."""
-        self._one_call(RESET, None)
+    def reset(self, keep_prompt: bool = True) -> None:
+        """Forget the conversation, keep the video; `keep_prompt=False` also drops its prompt
+        from the cache (prefilled again by the next turn that shows the video)."""
+        self._one_call(RESET, None, keep_prompt=keep_prompt)
 
     def replay(self, turns: Sequence[tuple[str, Sequence[int]]]) -> None:
         """Rebuild a conversation after the video prompt from its turns (question, the answer's

@@ -1,5 +1,5 @@
 """Open an engine for a frontend: one rank in this process (one GPU or CPU), more as a local
-torchrun group.
+torchrun group, once it is known to fit the machine's memory (`fit`).
 
 Every frontend (terminal chat, browser, Video-MME eval, demo, the Python API) starts its engine with
 `open_engine` and closes it when done (`with open_engine(config) as engine: ...`).
@@ -22,6 +22,7 @@ from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver
 from lvx_app.runtime.engine_handle import Engine
+from lvx_app.runtime.fit import refuse_what_does_not_fit
 from lvx_app.runtime.launcher import RANK_ENTRY, RemoteEngine
 from lvx_app.runtime.rank_main import set_up_rank
 
@@ -64,6 +65,7 @@ def open_engine(
     """Start the model on the ranks `config.parallel` asks for (with a spinner on `console`); the
     caller closes it. `entry`: what each rank of a group runs (benchmarks pass their own)."""
     world = resolve_world(config.parallel)
+    refuse_what_does_not_fit(config.model.path, config.model.dtype, world)  # before any rank
     crowded = None if world.cuda else crowded_cores(world.ranks, usable_cores())
     if crowded:
         warnings.warn(crowded, EngineWarning, stacklevel=2)

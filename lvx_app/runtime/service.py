@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -66,8 +67,13 @@ class EngineService:
         queue_size: int | None = None,
         report: Callable[[str], None] | None = None,
         clients_kept: int = MAX_CLIENTS,
+        stuck_after: float | None = None,
     ) -> None:
         self.engine = engine
+        # seconds a lease may hold the engine with no sign of life (a piece, a progress step)
+        # before a health probe calls it wedged: the longest a request may wait for it
+        self.stuck_after = stuck_after
+        self._quiet_since: float | None = None  # the holder's last sign of life
         self.reopen = reopen  # a fresh engine with the same options, after the group died
         self.queue_size = queue_size  # leases that may wait (None: any number)
         self.report = report or (lambda line: None)  # one line per restart, for the server's log
@@ -105,6 +111,26 @@ class EngineService:
         """Whether the worker group is being restarted (or is about to be)."""
         return self._restarting.is_set()
 
+    def down(self) -> str | None:
+        """Why the worker group cannot answer now, asked without waiting for the engine (a
+        health probe): it died (found by a request, or exited since: a rank killed between
+        requests), or it is being restarted; None while it runs."""
+        if self.restarting:
+            return "restarting"
+        if self.failed is not None:
+            return "down"
+        engine = self.engine  # read once: a restart may replace it meanwhile
+        if engine.dead():
+            return "down"
+        quiet = self._quiet_since
+        stuck = self.stuck_after is not None and quiet is not None
+        return "wedged" if stuck and time.monotonic() - quiet > self.stuck_after else None
+
+    def touch(self) -> None:
+        """A sign of life of the engine's holder (a piece, a progress step)."""
+        if self._holder is not None:
+            self._quiet_since = time.monotonic()
+
     def can_restart(self) -> bool:
         return self.reopen is not None
 
@@ -125,7 +151,7 @@ class EngineService:
     def _take(self, lease: Lease, timeout: float | None, *, limited: bool) -> None:
         with self._turn:
             if self._holder is None and not self._waiting:
-                self._holder = lease
+                self._holder, self._quiet_since = lease, time.monotonic()
                 return
             waiting = len(self._waiting)
             if limited and self.queue_size is not None and waiting >= self.queue_size:
@@ -143,12 +169,12 @@ class EngineService:
             if not turn:
                 raise Busy(f"the engine was busy for {timeout:g} s; try again shortly")
             self._waiting.popleft()
-            self._holder = lease
+            self._holder, self._quiet_since = lease, time.monotonic()
 
     def _give_back(self, lease: Lease) -> None:
         with self._turn:
             if self._holder is lease:
-                self._holder = None
+                self._holder, self._quiet_since = None, None
                 self._turn.notify_all()
 
     # ---- a dead group ----------------------------------------------------------------------------
@@ -259,7 +285,7 @@ class Lease:
         engine, service = self.engine, self.service
         service.talking = None  # a load clears the conversation the engine holds
         with self._watch():
-            summary = service.loaded = engine.load_video(request, progress=progress)
+            summary = service.loaded = engine.load_video(request, progress=self._lively(progress))
         self.client.request, self.client.summary, self.client.turns = request, summary, []
         service.talking = self.client_id
         return summary
@@ -287,6 +313,16 @@ class Lease:
             service.talking = self.client_id
         return list(self.notes)
 
+    def _lively(self, progress: ProgressFn | None) -> ProgressFn:
+        """`progress`, each step of it also a sign of life for a health probe."""
+
+        def step(*args: Any) -> None:
+            self.service.touch()
+            if progress is not None:
+                progress(*args)
+
+        return step
+
     def _holds(self, request: VideoRequest) -> bool:
         held = self.engine.held
         return held is not None and held.key == request.key
@@ -296,7 +332,9 @@ class Lease:
         self.service.talking = None
         try:
             with self._watch():
-                summary = self.service.loaded = self.engine.load_video(request, progress=progress)
+                summary = self.service.loaded = self.engine.load_video(
+                    request, progress=self._lively(progress)
+                )
         except GroupFailed:
             raise
         except EngineError as exc:
@@ -327,15 +365,18 @@ class Lease:
         """Stream the answer to a whole conversation (`Engine.chat`), with the video `request`
         names loaded unless the engine holds it already. Another client's conversation is never
         reused (what it reused would tell this one what the other said): the engine forgets it
-        first and keeps only the video prompt, itself a whole load this client asked for."""
+        first and keeps only the video prompt, itself a whole load this client asked for, and
+        that only when it holds no other client's words (its opening's owner)."""
         engine, service = self.engine, self.service
         if request is not None and not self._holds(request):
             service.talking = None
             with self._watch():
-                service.loaded = engine.load_video(request)
+                service.loaded = engine.load_video(request, progress=self._lively(None))
         elif service.talking != self.client_id:
+            held = engine.held  # a load whose opening holds another client's words: not reused
+            theirs = held is not None and held.opening.owner not in ("", self.client_id)
             with self._watch():
-                engine.reset()
+                engine.reset(keep_prompt=not theirs)
         service.talking = self.client_id
         with self._watch():
             pieces = engine.chat(turns, **generation)
@@ -348,6 +389,7 @@ class Lease:
         try:
             with self._watch():
                 for piece in pieces:
+                    service.touch()
                     yield piece
                     if self.client.stop.is_set():
                         service.engine.interrupt()

@@ -18,6 +18,7 @@ from lvx_app.engine.api import EngineError
 from lvx_app.parallel.lifeline import mark_launcher, stop_group
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
+from lvx_app.runtime.fit import refuse_what_does_not_fit
 from lvx_app.runtime.open import resolve_world
 from lvx_app.train.data import DataError, load_jsonl
 from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output, release_output
@@ -37,6 +38,8 @@ def check_run(config: Config) -> World:
     try:
         check_out_is_not_model(Path(t.out), config.model.path)
         world = resolve_world(config.parallel)
+        # a lower bound (gradients and optimizer state come on top): refused before any rank
+        refuse_what_does_not_fit(config.model.path, config.model.dtype, world)
         load_jsonl(t.data, t.video_dir)  # check the data before starting ranks
     except (EngineError, DataError, OutputBusy) as exc:
         raise FinetuneError(str(exc)) from None

@@ -51,6 +51,13 @@ import torch
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.devices import usable_cores
 from lvx_app.parallel.shards import shard_bounds
+from lvx_app.regular_files import (
+    NotARegularFile,
+    by_descriptor,
+    check_regular,
+    open_regular,
+    regular_file,
+)
 from lvx_app.video.errors import (
     CorruptVideoError,
     DecodeTimeoutError,
@@ -103,7 +110,7 @@ _VIDEO_EXTS = {
 def sniff_container(path: str | os.PathLike) -> str | None:
     """A container name from the file's first bytes, or None when it looks like no video format we
     know."""
-    with open(path, "rb") as f:
+    with regular_file(path) as f:
         head = f.read(512)
     if len(head) >= 8 and head[4:8] in (
         b"ftyp",
@@ -145,6 +152,12 @@ def check_video_path(path: str | os.PathLike) -> Path:
         raise VideoNotFoundError(f"Video not found: {p}{hint}; check the path.")
     if p.is_dir():
         raise VideoNotFoundError(f"{p} is a directory; pass a video file, e.g. {p}/movie.mp4.")
+    try:  # a FIFO or a device would block the process that opens it
+        check_regular(p)
+    except NotARegularFile as exc:
+        raise NotAVideoError(f"{exc}; pass a video file.") from None
+    except OSError:
+        pass  # said below, in the words of each case
     if not os.access(p, os.R_OK):
         raise VideoNotFoundError(f"{p} is not readable; check its permissions (chmod +r).")
     if p.stat().st_size == 0:
@@ -175,10 +188,16 @@ def _has_video_stream(path: str) -> bool | None:
     import av  # only on the error path of a decode worker
 
     try:
-        with av.open(path) as container:
+        fd = open_regular(path)
+    except OSError:
+        return None
+    try:
+        with av.open(by_descriptor(fd, path)) as container:
             return bool(container.streams.video)
     except Exception:  # noqa: BLE001 - any PyAV/FFmpeg error means "cannot tell"
         return None
+    finally:
+        os.close(fd)
 
 
 def _open_error(path: str, detail: str) -> VideoError:
@@ -248,6 +267,7 @@ class _Worker:
         self.image_size = image_size
         self.path: str | None = None
         self.vr = None
+        self.fd: int | None = None  # the open file behind `vr`
         if image_size is not None:
             torch.set_num_threads(max(1, threads))
 
@@ -255,10 +275,21 @@ class _Worker:
         if self.path != path:
             # a failed open must not leave the old path marked as open
             self.vr, self.path = (None, None)
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+            try:  # the file checked regular is the one decord opens (never a FIFO swapped in)
+                self.fd = open_regular(path)
+            except NotARegularFile as exc:
+                raise NotAVideoError(f"{exc}; pass a video file.") from None
+            except OSError as exc:
+                raise VideoNotFoundError(f"{path} cannot be opened ({exc.strerror})") from None
             try:
                 with _native_stderr_dropped():
                     self.vr = self.decord.VideoReader(
-                        path, ctx=self.decord.cpu(0), num_threads=self.threads
+                        by_descriptor(self.fd, path),
+                        ctx=self.decord.cpu(0),
+                        num_threads=self.threads,
                     )
             except Exception as exc:  # noqa: BLE001 - decord raises RuntimeError/DECORDError
                 raise _open_error(path, str(exc)) from None
