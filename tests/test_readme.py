@@ -250,8 +250,10 @@ def test_the_python_example_runs_as_written(
         },
     )
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    printed = capsys.readouterr().out
-    assert "AnswerStats(" in printed and printed.split("AnswerStats(")[0].strip(), printed
+    answer, *under = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert answer.strip() and "TTFT" not in answer, "the answer on a line of its own"
+    assert re.fullmatch(r"seen at \d+:\d\d.*\(\d+%\)", under[0]), under  # as the chat says
+    assert re.fullmatch(r"TTFT [\d.]+ s · [\d.]+ tok/s · \d+ tokens.*", under[1]), under
 
 
 @pytest.mark.slow
