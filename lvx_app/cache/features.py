@@ -18,7 +18,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -64,6 +64,7 @@ class FeatureKey(PerRankKey):
     format_version: int = FEATURES_VERSION
     layout: str = "contiguous"  # which frames each rank holds (lvx_app/parallel/layout.py)
     num_frames: int | None = None  # exactly this many frames over the whole video (not by fps)
+    added_later: ClassVar[tuple[str, ...]] = ("num_frames",)  # see `key_fields`
     plan_version: int = field(kw_only=True)  # the sampling maths' version (lvx_app/video/plan.py)
 
     @classmethod
