@@ -173,6 +173,17 @@ class VideoConfig:
         key=True,
         none_as=0,
     )
+    num_frames: int | None = option(
+        None,
+        "--num-frames",
+        "Sample exactly N frames spread evenly over the whole video, its first and last frames "
+        "included, as vLLM's num_frames does (every frame when it has fewer); --fps is then "
+        "unused. Default: sample at --fps.",
+        set_by=("api",),
+        key=True,
+        none_as=0,
+        metavar="N",
+    )
     subtitles: str = option(
         "auto",
         "--subtitles",
@@ -252,6 +263,10 @@ class VideoConfig:
         _require(
             self.max_frames is None or (_whole(self.max_frames) and self.max_frames >= 1),
             f"--max-frames must be 1 or more (got {self.max_frames!r})",
+        )
+        _require(
+            self.num_frames is None or (_whole(self.num_frames) and self.num_frames >= 1),
+            f"--num-frames must be 1 or more (got {self.num_frames!r})",
         )
         _require(
             isinstance(self.subtitles, str) and bool(self.subtitles.strip()),

@@ -11,6 +11,8 @@ import scripts  # noqa: F401 - first: links the checkout's packages when lvx is 
 from lvx_app.video.synthetic import make_video
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
+pytest_plugins = ["lost_workers"]  # a crashed test process stops the run and shows what never ran
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):

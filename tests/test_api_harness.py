@@ -158,8 +158,9 @@ def test_a_video_sent_as_eight_png_frames_is_one_video_of_eight_frames(served):
         assert engine.held.opening.before == before  # the text stays where it stood
 
 
-def test_media_io_kwargs_num_frames_caps_the_frames_and_unknown_keys_are_refused(served):
-    """vLLM's frame options on a 10-frame clip: num_frames caps the prompt's frames (fps too),
+def test_num_frames_samples_the_frames_vllm_samples_and_unknown_keys_are_refused(served):
+    """vLLM's frame options on a 100-frame clip: num_frames is exactly that many frames spread over
+    the whole video, the very frames vLLM's loader picks (fps given beside it is unused, as there),
     mm_processor_kwargs alike; any other key is one 400 line."""
     url, engine, clip, _ = served
     c = client(url)
@@ -167,17 +168,16 @@ def test_media_io_kwargs_num_frames_caps_the_frames_and_unknown_keys_are_refused
     message["content"].append({"type": "text", "text": "What happens?"})
     for extra, frames in (
         ({"media_io_kwargs": {"video": {"num_frames": 4}}}, 4),
-        ({"media_io_kwargs": {"video": {"num_frames": 16, "fps": 2}}}, 16),
+        ({"media_io_kwargs": {"video": {"num_frames": 32, "fps": 2}}}, 32),
         ({"mm_processor_kwargs": {"num_frames": 3}}, 3),
     ):
         reply = c.chat.completions.create(
             model="m", messages=[message], max_tokens=2, extra_body=extra
         )
-        assert (
-            reply.usage.model_extra["frames"]
-            == frames
-            == engine.session.video.loaded.summary.frames
-        )
+        summary = engine.session.video.loaded.summary
+        assert reply.usage.model_extra["frames"] == frames == summary.frames
+        vllm = np.linspace(0, 100 - 1, frames, dtype=int).tolist()  # vLLM's OpenCV loader
+        assert [round(t * 10) for t in summary.timestamps] == vllm, extra  # 10 fps: frame i/10
     for extra, says in (
         ({"media_io_kwargs": {"video": {"num_frames": 4, "max_pixels": 9}}}, "max_pixels"),
         ({"mm_processor_kwargs": {"min_pixels": 3}}, "min_pixels"),

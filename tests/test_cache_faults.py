@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -237,6 +238,36 @@ def test_a_full_disk_saves_nothing_says_so_once_and_leaves_no_file(
         warnings.simplefilter("error")
         assert save() is True
     assert len(CacheFolder(root).entries()) == 3
+
+
+def test_a_rank_whose_write_fails_never_removes_the_folder_another_rank_writes_into(tmp_path):
+    """Two ranks write their files into one new entry folder: the first one's write fails (a full
+    disk) just after the second found the folder there, so the first removes it as it leaves. The
+    second still saves its file, whichever way the ranks' timing falls."""
+    entry = tmp_path / "features" / ("0" * 20)
+    a_writing, b_writing, a_gone = threading.Event(), threading.Event(), threading.Event()
+
+    def write_a(tmp: Path) -> None:
+        a_writing.set()
+        b_writing.wait()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def write_b(tmp: Path) -> None:
+        b_writing.set()
+        a_gone.wait()  # the folder is gone now, if the first write removed it
+        tmp.write_bytes(b"rank 1's shard")
+
+    def rank_a() -> None:
+        with pytest.raises(OSError, match="No space left"):
+            cache_files.atomic_write(entry / "shard-00000-of-00002.safetensors", write_a)
+        a_gone.set()
+
+    first = threading.Thread(target=rank_a)
+    first.start()
+    a_writing.wait()
+    cache_files.atomic_write(entry / "shard-00001-of-00002.safetensors", write_b)
+    first.join()
+    assert _files(tmp_path) == [entry / "shard-00001-of-00002.safetensors"]
 
 
 PARAMS = GenerationConfig(max_new_tokens=6)

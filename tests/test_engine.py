@@ -4,6 +4,7 @@ whole conversation."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,6 +270,8 @@ def test_lvx_demo_runs(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lvx demo timings (2 cpu rank(s))" in result.stdout
     assert "decode + encode video" in result.stdout and "answer 2 (TTFT)" in result.stdout
+    seen = re.findall(r"^seen at \d+:\d\d.* \(\d+%\)", result.stdout, re.MULTILINE)
+    assert len(seen) == 2, f"each answer's moments: {result.stdout}"
     raw = {c for c in result.stdout if c not in "\n\t" and (ord(c) < 32 or 0x7F <= ord(c) < 0xA0)}
     assert not raw, f"raw control characters in the demo's answers: {raw}"
 

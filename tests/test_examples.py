@@ -5,6 +5,8 @@ lmms-eval's parser reads and lvx strips."""
 from __future__ import annotations
 
 import re
+import shlex
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -38,3 +40,25 @@ def test_the_videomme_folder_has_official_values_and_subtitles(tmp_path):
         "The square stops in the corner.",
     ]
     assert [c.text for c in load_srt(root / "subtitle" / "exampleClip.srt")] == texts
+
+
+def test_the_serve_line_the_demo_prints_opens_its_files_on_the_demos_ranks(tmp_path):
+    from test_readme import _command
+
+    from lvx_app.cli.examples import CPU_RANKS, ready_lines
+    from lvx_ui.openai_request import allowed_path
+
+    files = write_examples(tmp_path / "examples")
+    video = tmp_path / "demo" / "demo.mp4"
+    (serve,) = [
+        shlex.split(line)
+        for line in ready_lines(tmp_path / "ckpt", video, files)
+        if line.startswith("lvx serve")
+    ]
+    command, args = _command(serve[1:])
+    options = command.make_context(command.name, args).params  # the real options parse it
+    assert (options["gpus"], options["ranks"]) == (0, CPU_RANKS), "the demo's ranks"
+    roots = [Path(p) for p in options["allow_paths"]]
+    clip = next((files["videomme"] / "data").glob("*.mp4"))
+    for path in (video, files["example"], clip):
+        assert allowed_path(str(path), roots) == path.resolve()

@@ -250,8 +250,10 @@ def test_the_python_example_runs_as_written(
         },
     )
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    printed = capsys.readouterr().out
-    assert "AnswerStats(" in printed and printed.split("AnswerStats(")[0].strip(), printed
+    answer, *under = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert answer.strip() and "TTFT" not in answer, "the answer on a line of its own"
+    assert re.fullmatch(r"seen at \d+:\d\d.*\(\d+%\)", under[0]), under  # as the chat says
+    assert re.fullmatch(r"TTFT [\d.]+ s · [\d.]+ tok/s · \d+ tokens.*", under[1]), under
 
 
 @pytest.mark.slow
@@ -282,3 +284,22 @@ def test_the_serve_line_and_the_api_example_run_as_written(
     finally:
         stop_server(proc, log)
     assert capsys.readouterr().out.strip()
+
+
+def test_the_lmms_eval_lines_keep_the_no_subtitle_setting_and_a_read_only_data_folder() -> None:
+    """The serve line for lmms-eval (README and docs) loads no subtitles (its task asks without
+    them), and the documented task yaml keeps lmms-eval's datasets cache out of the data folder."""
+    import yaml
+
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    lines = [
+        shlex.split(line.replace("\\\n", " "), comments=True)
+        for text in (README, usage)
+        for line in re.findall(r"^lvx serve .*--no-ui.*?(?:\\\n.*)?$", text, flags=re.M)
+    ]
+    assert len(lines) == 2, lines
+    for words in lines:
+        command, args = _command(words[1:])
+        assert command.make_context(command.name, args).params["subtitles"] == "none", words
+    (task,) = [b for b in re.findall(r"```yaml\n(.*?)\n```", usage, re.S) if "dataset_kwargs" in b]
+    assert yaml.safe_load(task)["dataset_kwargs"]["video"] is True

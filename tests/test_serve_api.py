@@ -536,7 +536,8 @@ def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_pat
     service = EngineService(StandIn(), queue_size=config.serve.queue_size)
     app = FastAPI()
     files = VideoFiles([], 1.0, tmp_path / "uploads")
-    OpenAIApi(service, config, files, report=lambda line: None).mount(app)
+    reported: list[str] = []
+    OpenAIApi(service, config, files, report=reported.append).mount(app)
     holder = service.lease("the page")
     # without the bound the request would wait for this, then answer 200
     threading.Timer(scaled(30), holder.close).start()
@@ -547,6 +548,43 @@ def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_pat
     assert reply.json()["error"]["type"] == "rate_limit_error"
     assert "busy for 0.2 s" in reply.json()["error"]["message"]
     assert not service._waiting
+    (line,) = reported  # the server's log has the refusal, as an access log would
+    assert line.startswith('api: testclient:50000 "POST /v1/chat/completions" 429 queue_full: ')
+
+
+def test_every_refused_request_has_a_line_in_the_servers_log(tmp_path):
+    """Status, reason and client of each refusal, whatever refused it (the key, the request, the
+    path): a harness that scored only errors shows in the server's log."""
+    from dataclasses import replace
+
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from test_service import StandIn
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    config = Config.from_options(model=str(tmp_path))
+    config = replace(config, serve=replace(config.serve, api_key="k"))
+    service = EngineService(StandIn(), queue_size=config.serve.queue_size)
+    app, reported = FastAPI(), []
+    files = VideoFiles([str(tmp_path / "allowed")], 1.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=reported.append).mount(app)
+    client, key = TestClient(app), {"Authorization": "Bearer k"}
+    video = {"type": "video_url", "video_url": {"url": f"file://{tmp_path}/elsewhere.mp4"}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [video]}]}
+    assert client.get("/v1/models").status_code == 401
+    assert client.post("/v1/chat/completions", json=body).status_code == 401
+    assert client.post("/v1/chat/completions", json=body, headers=key).status_code == 400
+    assert client.post("/v1/chat/completions", json={}, headers=key).status_code == 400
+    where = 'api: testclient:50000 "'
+    assert [line.split(":", 3)[:2] for line in reported] == [["api", " testclient"]] * 4, reported
+    assert reported[0].startswith(where + 'GET /v1/models" 401 invalid_api_key: '), reported
+    assert reported[1].startswith(where + 'POST /v1/chat/completions" 401 invalid_api_key: ')
+    assert "400 invalid_request: " in reported[2] and "outside the allowed folders" in reported[2]
+    assert "400 invalid_request: " in reported[3], reported
 
 
 @pytest.fixture

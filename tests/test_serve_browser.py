@@ -16,6 +16,7 @@ from test_serve import start_server, stop_server
 from timing import scaled
 
 from lvx_app.engine.describe import printable
+from lvx_ui.evidence_view import THUMB_WIDTH
 
 pytest.importorskip("playwright.sync_api")  # a bare GPU image has no Playwright: skip there
 
@@ -87,6 +88,10 @@ def test_browser_upload_ask_and_seek(tiny_checkpoints, short_video, tmp_path):
                 # Under the answer, its moments as thumbnails; a click seeks the player there.
                 thumb = chat.locator("a[href*='lvx-seek-']:has(img)").first
                 expect(thumb).to_be_visible(timeout=TIMEOUT_MS)
+                shown = thumb.locator("img").evaluate("i => i.getBoundingClientRect().width")
+                assert shown == THUMB_WIDTH, f"a thumbnail at its own size, not {shown} px wide"
+                asked, box = chat.get_by_text(QUESTIONS[0]).bounding_box(), chat.bounding_box()
+                assert asked["y"] >= box["y"], "the question stays in view above its answer"
                 at = float(thumb.get_attribute("href").rsplit("-", 1)[1])
                 player = page.locator("#lvx-video video")
                 player.evaluate("(v, t) => { v.currentTime = t; }", 9.5 if at < 9 else 1.5)

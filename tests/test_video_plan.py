@@ -188,3 +188,17 @@ def test_memory_budget():
         "900 frames fit per rank (1800 in all)" in msg and "--fps 0.5" in msg and "--gpus 4" in msg
     )
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 301, 1800, 54_000])
+@pytest.mark.parametrize("count", [1, 2, 8, 32, 200])
+def test_spread_picks_the_frames_vllms_loader_picks(n, count):
+    """`num_frames` means what it means in vLLM: its loader's np.linspace over the frame count
+    (every frame when there are fewer), whatever the fps; the plan notes nothing."""
+    import numpy as np
+
+    vllm = list(range(n)) if n < count else np.linspace(0, n - 1, count, dtype=int).tolist()
+    for fps in (0.1, 1.0, 60.0):
+        plan = build_plan(n, 30.0, fps, spread=count)
+        assert list(plan.indices) == vllm and plan.notes == ()
+    assert len(build_plan(n, 30.0, 1.0, max_frames=4, spread=count).indices) == min(4, len(vllm))

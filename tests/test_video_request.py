@@ -55,6 +55,7 @@ def _entries(folder: Path, kind: str) -> list[Path]:
 HONOURED = {
     "fps": (2.0, lambda e, s, t: s.frames == 20 and s.fps == 2.0),
     "max_frames": (4, lambda e, s, t: s.frames == 4),
+    "num_frames": (3, lambda e, s, t: s.frames == 3 and s.timestamps[0] == 0.0),
     "subtitles": ("none", lambda e, s, t: s.subtitle_lines == 0 and _block(e) == ""),
     "subtitle_lang": (
         "fr",

@@ -40,7 +40,7 @@ from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
 from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
-from lvx_ui.evidence_view import evidence_markdown
+from lvx_ui.evidence_view import THUMB_CSS, evidence_markdown
 from lvx_ui.openai_request import allowed_path
 from lvx_ui.transcript_view import transcript_markdown
 
@@ -549,5 +549,6 @@ def build_app(
     demo.lvx_launch = {  # type: ignore[attr-defined]
         "max_file_size": f"{config.serve.max_upload_mb:g}mb",
         "allowed_paths": [str(p) for p in ui.allow_paths],
+        "css": THUMB_CSS,
     }
     return demo

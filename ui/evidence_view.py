@@ -15,6 +15,14 @@ from lvx_app.engine.moments import TOP_MOMENTS, label
 log = logging.getLogger("lvx.ui")
 
 THUMB_WIDTH = 120  # pixels; a thumbnail is a reminder of the moment, not a view of it
+# the chat shows a message's images large; an evidence thumbnail keeps its own small size, so the
+# answer and the next question stay in view
+THUMB_CSS = f"""
+#lvx-chat a[href*="lvx-seek-"] img {{
+  width: {THUMB_WIDTH}px !important; height: auto !important; max-height: none !important;
+  min-width: 0 !important; min-height: 0 !important; display: inline-block; vertical-align: middle;
+}}
+"""
 
 
 def thumbnails(path: str, times: Sequence[float], width: int = THUMB_WIDTH) -> list[str | None]:

@@ -32,6 +32,7 @@ from starlette.background import BackgroundTask
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
+from lvx_app.engine.describe import shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
 from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
@@ -198,6 +199,11 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=retry)
 
 
+def refusal_line(err: ApiError, what: str) -> str:
+    """`api: 127.0.0.1:50312 "POST /v1/chat/completions" 429 queue_full: the queue is full...`"""
+    return f"api: {what} {err.status} {err.code}: {shortened(err.message, 200)}"
+
+
 def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -242,7 +248,7 @@ class OpenAIApi:
         try:
             self._check_key(request)
         except ApiError as err:
-            return error_response(err)
+            return self._refused(err, request)
         model = {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "lvx"}
         video = self.config.video  # lvx's own field: what a request that sets none of them gets
         model["lvx_video_defaults"] = {
@@ -277,7 +283,7 @@ class OpenAIApi:
             if not req.stream:
                 return JSONResponse(await self._whole(answer, head, request))
         except ApiError as err:
-            return error_response(err)
+            return self._refused(err, request)
         return StreamingResponse(
             self._events(answer, req, head),
             media_type="text/event-stream",
@@ -285,6 +291,14 @@ class OpenAIApi:
             # runs after the stream in any case (also when the client left before it began)
             background=BackgroundTask(self._in_thread, answer.close, LEFT),
         )
+
+    def _refused(self, err: ApiError, request: Request) -> JSONResponse:
+        """The error response, and its line in the server's log: every refused request is seen
+        there, as in an access log."""
+        where = request.client
+        client = f"{where.host}:{where.port}" if where else "?"
+        self.report(refusal_line(err, f'{client} "{request.method} {request.url.path}"'))
+        return error_response(err)
 
     # ---- the request
     # ----------------------------------------------------------------------------------------------
@@ -435,6 +449,7 @@ class OpenAIApi:
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event
+            self.report(refusal_line(err, "the stream of an answer"))
             yield sse(err.body())
         finally:
             if not answer.closed:

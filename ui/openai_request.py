@@ -45,7 +45,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 KEEP_UPLOADS = 4  # videos sent as data: URLs kept on disk, beyond those requests still use
 MAX_STOPS, MAX_STOP_CHARS = 16, 256  # each stop string is looked for after every piece
-FRAME_KEYS = {"num_frames": "max_frames", "fps": "fps"}  # vLLM's names: the video options
+FRAME_KEYS = {"num_frames": "num_frames", "fps": "fps"}  # vLLM's names: the video options
 FRAME_VIDEOS = ("data:video/jpeg;base64", "data:video/png;base64")  # vLLM's frames as a video
 VIDEO_TYPE = re.compile(r"data:video/([a-z0-9][a-z0-9.+-]{0,31});base64")  # mp4, x-matroska, ...
 
@@ -260,8 +260,8 @@ def read_video_options(body: dict) -> dict[str, Any]:
 def frame_options(body: dict) -> dict[str, Any]:
     """vLLM's per-request frame options, `media_io_kwargs: {"video": {"num_frames", "fps"}}` and
     `mm_processor_kwargs: {"num_frames", "fps"}`, as the video options they mean: num_frames is
-    max_frames (the frames sampled are thinned uniformly to it), fps is fps. Any other key is
-    refused: a result must be what its settings say."""
+    num_frames (exactly that many frames over the whole video, as vLLM samples them), fps is fps.
+    Any other key is refused: a result must be what its settings say."""
     out: dict[str, Any] = {}
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
         given = body.get(name)

@@ -18,7 +18,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -64,6 +64,8 @@ class FeatureKey(PerRankKey):
     encoder: str = ""  # fingerprint of the vision tower + projector weights
     format_version: int = FEATURES_VERSION
     layout: str = "contiguous"  # which frames each rank holds (lvx_app/parallel/layout.py)
+    num_frames: int | None = None  # exactly this many frames over the whole video (not by fps)
+    added_later: ClassVar[tuple[str, ...]] = ("num_frames",)  # see `key_fields`
     plan_version: int = field(kw_only=True)  # the sampling maths' version (lvx_app/video/plan.py)
 
     @classmethod
@@ -83,6 +85,7 @@ class FeatureKey(PerRankKey):
         over_max: str = "thin",
         encoder: str = "",
         layout: str = "contiguous",
+        num_frames: int | None = None,
     ) -> "FeatureKey":
         return cls(
             file_identity(video),
@@ -97,6 +100,7 @@ class FeatureKey(PerRankKey):
             over_max,
             encoder=str(encoder),
             layout=str(layout),
+            num_frames=None if num_frames is None else int(num_frames),
             plan_version=int(plan_version),
         )
 

@@ -55,24 +55,52 @@ def _clear_the_way(final: Path) -> None:
 
 def atomic_write(final: Path, write: Callable[[Path], None]) -> None:
     """`write(temporary path)`, fsync, rename to `final`; on any failure no temporary file stays,
-    nor a folder this call made."""
+    nor a folder this call made.
+
+    Several ranks write their files into one entry folder at once: a rank whose write fails removes
+    the folder it made while it is still empty, which another rank may have found there a moment
+    before. That rank's write then finds no folder, and makes it again and retries: each failed
+    write removes a folder once, so the retries end, however the ranks' timing falls."""
+    while True:
+        made = _make_parents(final)
+        try:
+            _write_and_rename(final, write)
+            return
+        except FileNotFoundError:
+            if final.parent.exists():  # not a folder removed under us: a failure of its own
+                _remove_empty(made)
+                raise
+        except BaseException:
+            _remove_empty(made)
+            raise
+
+
+def _make_parents(final: Path) -> list[Path]:
+    """Make `final`'s folders (clearing an empty folder standing at `final`); those made, deepest
+    first."""
     _clear_the_way(final)
-    made = [p for p in final.parents if not p.exists()]  # deepest first
+    made = [p for p in final.parents if not p.exists()]
     final.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _write_and_rename(final: Path, write: Callable[[Path], None]) -> None:
     tmp = temporary_name(final)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            for folder in made:
-                folder.rmdir()
-        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove these folders (deepest first) while they are empty: another writer's files keep
+    them."""
+    with contextlib.suppress(OSError):
+        for folder in folders:
+            folder.rmdir()
 
 
 def as_os_error(exc: SafetensorError) -> OSError:

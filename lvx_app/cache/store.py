@@ -50,6 +50,16 @@ def checksum(tensors: dict[str, torch.Tensor]) -> int:
     return crc
 
 
+def key_fields(key) -> dict:
+    """A key as its files save and hash it. A field added later (`added_later`) is left out while
+    it holds None, so the files an earlier release wrote keep their ids and still match."""
+    d = asdict(key)
+    for name in getattr(key, "added_later", ()):
+        if d.get(name) is None:
+            d.pop(name)
+    return d
+
+
 SHARD_FILES = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")  # one file per rank
 
 
@@ -60,7 +70,7 @@ class PerRankKey:
     world_size: int
 
     def entry_id(self) -> str:
-        d = asdict(self)
+        d = key_fields(self)
         d.pop("rank")
         return stable_hash(d)
 
@@ -185,7 +195,7 @@ class Store:
     def write(self, key, tensors: dict[str, torch.Tensor], video, **fields) -> Path | None:
         """Save `tensors` under `key` with the manifest; None (and a warning) when it could not be
         written."""
-        manifest = {"version": self.version, "key": asdict(key), "video": str(video), **fields}
+        manifest = {"version": self.version, "key": key_fields(key), "video": str(video), **fields}
         manifest["crc32"] = checksum(tensors)
         final = self.path(key)
         try:
@@ -210,7 +220,7 @@ class Store:
         )
 
     def _checked(self, path: Path, key) -> tuple[dict, dict[str, torch.Tensor]]:
-        manifest, tensors = read_entry(path, asdict(key), self.version, self.required)
+        manifest, tensors = read_entry(path, key_fields(key), self.version, self.required)
         try:
             self.check(manifest, tensors)
         except (KeyError, TypeError, ValueError) as exc:

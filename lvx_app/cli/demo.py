@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lvx_app.cli.chat import load_with_progress
-from lvx_app.cli.examples import ready_lines, write_examples
+from lvx_app.cli.chat import load_with_progress, print_seen_at
+from lvx_app.cli.examples import CPU_RANKS, ready_lines, write_examples
 from lvx_app.config import Config, GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video, printable
@@ -59,7 +59,7 @@ def run_demo(
         return 2
     parallel = config.parallel
     if parallel.ranks is None and not torch.cuda.is_available() and not parallel.gpus:
-        parallel = replace(parallel, ranks=2)  # the demo shows sharding, even on a CPU
+        parallel = replace(parallel, ranks=CPU_RANKS)  # the demo shows sharding, even on a CPU
     workdir = Path(workdir or Path.home() / ".cache" / "lvx" / "demo")
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -112,6 +112,7 @@ def _converse(config: Config, video: Path, timings: dict[str, float], console: C
             console.print(f"[bold cyan]you ›[/] {escape(question)}")
             answer = "".join(engine.ask(question))
             console.print(f"[bold]lvx ›[/] {escape(printable(answer))}", highlight=False)
+            print_seen_at(engine.last_answer, console)  # where in the video it looked
             console.print(f"[dim]{describe_answer(engine.last_answer)}[/dim]")
             timings[f"answer {i} (TTFT)"] = engine.last_answer.ttft_s
             timings[f"answer {i} (total)"] = engine.last_answer.total_s

@@ -142,13 +142,19 @@ def _write_videomme(root: Path, clip: Path) -> Path:
     return root
 
 
+CPU_RANKS = 2  # the demo's ranks on a CPU: the lines it prints start as many
+
+
 def ready_lines(checkpoint: Path, video: Path, examples: dict[str, Path] | None) -> list[str]:
     """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint)."""
     q = shlex.quote
     model = f"--model {q(str(checkpoint))}"
+    folders = [video.parent] + ([examples["example"].parent] if examples else [])
+    allow = " ".join(f"--allow-paths {q(str(folder))}" for folder in folders)
+    ranks = f"--gpus 0 --ranks {CPU_RANKS}"
     lines = [
-        f"lvx chat {q(str(video))} {model} --gpus 0 --ranks 2",
-        f"lvx serve {model} --gpus 0 --allow-paths {q(str(video.parent))}",
+        f"lvx chat {q(str(video))} {model} {ranks}",
+        f"lvx serve {model} {ranks} {allow}",
         f"lvx info --model {q(str(checkpoint))}",
         "lvx cache ls",
     ]

@@ -12,6 +12,7 @@ from lvx_app.config import VideoConfig, load_key, updated
 from lvx_app.speech.audio import SpeechError
 from lvx_app.speech.choice import wants_speech
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
+from lvx_app.video.plan import format_timestamp
 from lvx_app.wire import WireError
 
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
@@ -153,6 +154,23 @@ class Moment:
     share: float
 
 
+TOP_MOMENTS = 3  # moments shown under an answer
+
+
+def label(moment: Moment) -> str:
+    """ "12:31–12:40" for a span, "47:02" for one time."""
+    first, last = format_timestamp(moment.start), format_timestamp(moment.end)
+    return first if first == last else f"{first}–{last}"
+
+
+def seen_line(evidence: Sequence[Moment], top: int = TOP_MOMENTS) -> str:
+    """`seen at 12:31–12:40 (34%), 47:02 (12%)`: the top moments; "" without any."""
+    if not evidence:
+        return ""
+    shown = ", ".join(f"{label(m)} ({m.share:.0%})" for m in evidence[:top])
+    return f"seen at {shown}"
+
+
 @dataclass
 class AnswerStats:
     prompt_tokens: int = 0
@@ -175,3 +193,18 @@ class AnswerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"tokens_per_s": self.tokens_per_s}
+
+    @property
+    def footer(self) -> str:
+        """TTFT, tokens/s, tokens and how the answer ended, in one line."""
+        ended = " · interrupted" if self.interrupted else ""
+        ended = ended or (" · hit --max-new-tokens" if self.truncated else "")
+        return (
+            f"TTFT {self.ttft_s:.2f} s · {self.tokens_per_s:.1f} tok/s · "
+            f"{self.new_tokens} tokens{ended}"
+        )
+
+    def __str__(self) -> str:
+        """What `lvx chat` prints under an answer: where in the video it looked, then its
+        numbers."""
+        return "\n".join(line for line in (seen_line(self.evidence or []), self.footer) if line)

@@ -49,9 +49,4 @@ def describe_video(summary: VideoSummary) -> str:
 
 def describe_answer(s: AnswerStats | None) -> str:
     """TTFT, tokens/s, tokens and how the answer ended, in one line."""
-    if s is None:
-        return ""
-    flags = (
-        " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
-    )
-    return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"
+    return s.footer if s is not None else ""

@@ -9,18 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lvx_app.engine.api import Moment
-from lvx_app.video.plan import format_timestamp
+# the one line under an answer, beside the answer's own numbers (print(engine.last_answer))
+from lvx_app.engine.api import TOP_MOMENTS, Moment, label, seen_line  # noqa: F401
 
-TOP_MOMENTS = 3  # moments shown under an answer
 # a frame belongs to a moment when its share is at least this fraction of the largest share
 HIGH_SHARE = 0.5
-
-
-def label(moment: Moment) -> str:
-    """ "12:31–12:40" for a span, "47:02" for one time."""
-    first, last = format_timestamp(moment.start), format_timestamp(moment.end)
-    return first if first == last else f"{first}–{last}"
 
 
 def moments(
@@ -49,11 +42,3 @@ def moments(
             )
             run = []
     return sorted(found, key=lambda m: (-m.share, m.start))
-
-
-def seen_line(evidence: Sequence[Moment], top: int = TOP_MOMENTS) -> str:
-    """`seen at 12:31–12:40 (34%), 47:02 (12%)`: the top moments; "" without any."""
-    if not evidence:
-        return ""
-    shown = ", ".join(f"{label(m)} ({m.share:.0%})" for m in evidence[:top])
-    return f"seen at {shown}"

@@ -3,10 +3,13 @@ time (an hour of audio is never held whole), so each rank reads only its own pie
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
 
+from lvx_app.regular_files import NotARegularFile, by_descriptor, open_regular
 from lvx_app.video.errors import VideoError
 
 SAMPLE_RATE = 16000  # what Whisper's feature extractor takes
@@ -22,13 +25,25 @@ class AudioDecodeError(SpeechError):
     """The audio track is there but cannot be decoded: the video loads without a transcript."""
 
 
+@contextlib.contextmanager
+def _container(av, path: str | Path):
+    """PyAV's container of the regular file `path` (never a FIFO that blocks: FFmpeg opens the
+    very file checked)."""
+    fd = open_regular(path)
+    try:
+        with av.open(by_descriptor(fd, path)) as container:
+            yield container
+    finally:
+        os.close(fd)
+
+
 def audio_duration(path: str | Path) -> float | None:
     """Seconds of the first audio stream of `path`; None when it has none (or the file cannot be
     opened: the video loader says so in its own words)."""
     import av  # PyAV: only when a video's audio is asked for
 
     try:
-        with av.open(str(path)) as container:
+        with _container(av, path) as container:
             if not container.streams.audio:
                 return None
             stream = container.streams.audio[0]
@@ -50,12 +65,14 @@ def read_audio(path: str | Path, start: float, end: float) -> np.ndarray:
     first, last = int(round(start * SAMPLE_RATE)), int(round(end * SAMPLE_RATE))
     out: list[np.ndarray] = []
     try:
-        with av.open(str(path)) as container:
+        with _container(av, path) as container:
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
             if start > 0:
                 container.seek(int(start * 1_000_000), any_frame=False)  # to the key frame before
             got = _decode(container, stream, resampler, first, last, out)
+    except NotARegularFile as exc:
+        raise SpeechError(str(exc)) from None
     except (av.error.FFmpegError, IndexError, ValueError) as exc:
         raise AudioDecodeError(
             f"the audio of {Path(path).name} could not be decoded near {start:.0f} s ({exc})"

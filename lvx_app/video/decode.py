@@ -296,7 +296,14 @@ class _Worker:
             self.path = path
         return self.vr
 
-    def plan(self, path: str, fps: float, max_frames: int | None, over_max: str) -> dict:
+    def plan(
+        self,
+        path: str,
+        fps: float,
+        max_frames: int | None,
+        over_max: str,
+        spread: int | None = None,
+    ) -> dict:
         vr = self.reader(path)
         n, vfps = len(vr), float(vr.get_avg_fps())
 
@@ -309,7 +316,15 @@ class _Worker:
             return [round(t, 6) for t in ts.tolist()]
 
         plan = build_plan(
-            n, vfps, fps, max_frames, path=path, timestamps_fn=stamps, over_max=over_max, warn=False
+            n,
+            vfps,
+            fps,
+            max_frames,
+            path=path,
+            timestamps_fn=stamps,
+            over_max=over_max,
+            warn=False,
+            spread=spread,
         )
         try:  # make sure the first and last planned frames decode (catches truncated files early)
             first = vr[plan.indices[0]].shape
@@ -550,9 +565,10 @@ class DecodePool:
         *,
         over_max: str = "thin",
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        spread: int | None = None,
     ) -> tuple[SamplingPlan, tuple[int, int]]:
-        """Open the video in a worker and build its sampling plan; returns (plan, (height,
-        width))."""
+        """Open the video in a worker and build its sampling plan (`spread`: exactly that many
+        frames over the whole video); returns (plan, (height, width))."""
         out = self._call(
             0,
             "plan",
@@ -562,6 +578,7 @@ class DecodePool:
             fps=fps,
             max_frames=max_frames,
             over_max=over_max,
+            spread=spread,
         )
         return SamplingPlan.from_dict(out["plan"]), (out["height"], out["width"])
 

@@ -291,6 +291,7 @@ class _RankIngest:
                 self.vpath,
                 fps=video.fps,
                 max_frames=video.max_frames,
+                num_frames=video.num_frames,
                 model_id=enc.model_id,
                 model_revision=enc.revision,
                 dtype=self.dtype,
@@ -325,6 +326,7 @@ class _RankIngest:
             video.max_frames,
             over_max=tuning.over_max,
             timeout_s=video.decode_timeout_s,
+            spread=video.num_frames,
         )
         self.plan = plan
         budget = tuning.memory_budget_bytes

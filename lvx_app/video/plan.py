@@ -7,6 +7,10 @@ video picks frames 0, 30, 60, 90, 120, 150, 180, 210, 240, 270, 300 (t=10 s -> 2
 on time for hours, where the anchor's `step = round(avg_fps)` drifts by 3.6 s per hour; and fps
 below 0.5 works (step would be 0).
 
+With `num_frames`, the plan is instead exactly that many frames spread evenly over the whole video,
+first and last included, as vLLM's video loader picks them (`np.linspace(0, frames - 1, N)` cast to
+int; every frame when the video has fewer), so the same request means the same frames as there.
+
 With `max_frames`, a longer plan is thinned uniformly the way mPLUG-Owl3's helper does it (split the
 list into `max_frames` equal gaps, take the middle of each), or refused with `over_max="error"`.
 
@@ -24,6 +28,8 @@ import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
+
+import numpy as np
 
 from lvx_app.parallel.layout import owned
 from lvx_app.parallel.shards import shard_bounds
@@ -205,6 +211,14 @@ def _cap_frames(
     return uniform_thin(indices, limit)
 
 
+def spread_indices(num_frames: int, count: int) -> list[int]:
+    """vLLM's uniform sampling: `count` frames evenly over `num_frames`, both ends included
+    (`np.linspace(..., dtype=int)`), or every frame when there are no more than `count`."""
+    if num_frames <= count:
+        return list(range(num_frames))
+    return np.linspace(0, num_frames - 1, count, dtype=int).tolist()
+
+
 def build_plan(
     num_frames: int,
     video_fps: float,
@@ -215,26 +229,32 @@ def build_plan(
     timestamps_fn: Callable[[list[int]], Sequence[float]] | None = None,
     over_max: str = "thin",
     warn: bool = True,
+    spread: int | None = None,
 ) -> SamplingPlan:
     """The plan for a video of `num_frames` frames at `video_fps` (decord's `len(vr)` and
     `get_avg_fps()`).
 
     `timestamps_fn(indices)` gives the real start time of each frame (decord's
     `get_frame_timestamp`); without it a frame's time is index / video_fps. `over_max` is "thin"
-    (uniform fallback) or "error".
+    (uniform fallback) or "error". `spread`: exactly that many frames over the whole video
+    (`spread_indices`), fps unused.
     """
     requested = float(fps)  # checked once, where it is an option (lvx_app.config.VideoConfig)
     name = path or "the video"
     _check_settings(num_frames, video_fps, max_frames, over_max, name)
     notes: list[str] = []
     rate = requested
-    if rate > video_fps:
-        rate = float(video_fps)
-        notes.append(
-            f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
-            f"using {video_fps:.4g} (every frame)."
-        )
-    indices = time_indices(num_frames, video_fps, rate)
+    if spread is not None:
+        indices = spread_indices(num_frames, int(spread))
+        rate = len(indices) * video_fps / num_frames  # frames per second of video, on average
+    else:
+        if rate > video_fps:
+            rate = float(video_fps)
+            notes.append(
+                f"--fps {requested:g} is above the video's own {video_fps:.4g} fps; "
+                f"using {video_fps:.4g} (every frame)."
+            )
+        indices = time_indices(num_frames, video_fps, rate)
     thinned = max_frames is not None and len(indices) > int(max_frames)
     if thinned:
         indices = _cap_frames(
