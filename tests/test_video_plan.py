@@ -118,7 +118,7 @@ def test_max_frames_thins_uniformly():
     gap = 3600 / 128
     # mPLUG-Owl3's uniform_sample
     assert list(p.indices) == [full[int(i * gap + gap / 2)] for i in range(128)]
-    assert "exceed --max-frames 128" in p.notes[0]
+    assert "exceed the cap of 128 frames (--max-frames, or a request's max_frames)" in p.notes[0]
     # under the cap: untouched
     assert plan(300, 30.0, 1.0, max_frames=128).indices == tuple(range(0, 300, 30))
 

@@ -204,8 +204,8 @@ def _cap_frames(
             f"use --fps {_suggest_fps(rate, limit, len(indices))} or raise --max-frames."
         )
     notes.append(
-        f"{len(indices)} frames at {rate:g} fps exceed --max-frames {limit}; sampling {limit} "
-        "frames uniformly "
+        f"{len(indices)} frames at {rate:g} fps exceed the cap of {limit} frames (--max-frames, "
+        f"or a request's max_frames); sampling {limit} frames uniformly "
         f"(about {limit / duration_s:.3g} fps)."
     )
     return uniform_thin(indices, limit)
