@@ -8,7 +8,6 @@ its timestamps, made with transformers and converted by CTranslate2's own conver
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +17,8 @@ if __package__ in (None, ""):  # run as a file: the checkout's packages, install
     from scripts import checkout
 
     checkout.link()
+
+from scripts.harness import dumps
 
 SPECIALS = [
     "<|endoftext|>", "<|startoftranscript|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
@@ -86,7 +87,7 @@ def make_tiny_whisper(out: str | Path, seed: int = 0) -> Path:
         )  # fmt: skip
         _mostly_letters(model, hf)
         model.save_pretrained(str(hf))
-        (hf / "preprocessor_config.json").write_text(json.dumps({"feature_size": 80}))
+        (hf / "preprocessor_config.json").write_text(dumps({"feature_size": 80}))
         converter = TransformersConverter(str(hf), copy_files=["tokenizer.json"])
         converter.convert(str(out), quantization="float32", force=True)
     return out
