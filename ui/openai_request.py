@@ -36,7 +36,14 @@ from lvx_app.config import (
 )
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
-from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
+from lvx_ui.frames import (
+    IMAGE_TYPES,
+    FrameError,
+    check_rate,
+    decode_frames,
+    frames_name,
+    write_frames,
+)
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -414,6 +421,10 @@ class VideoFiles:
         size = sum(len(f) for f in frames)
         if size > self.max_upload_mb * 2**20:
             self.too_large(size)
+        try:
+            check_rate(fps)
+        except FrameError as exc:
+            raise bad(str(exc), "fps") from None
         path = self.folder / frames_name(frames, fps)
         with self._lock:
             self._held[path] += 1

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from lvx_app.config import VideoConfig, load_key, updated
+from lvx_app.config import ConfigError, VideoConfig, load_key, updated
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
 from lvx_app.wire import WireError
 
@@ -90,6 +90,13 @@ class VideoRequest:
         the command line's is (a ConfigError line); `subtitles`: auto, none or a FILE (the option),
         or the cues themselves ([] for none)."""
         named = isinstance(subtitles, (str, os.PathLike))
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"the video takes a file's path, not {path!r:.40}")
+        if not (subtitles is None or named or _cues(subtitles)):
+            raise ConfigError(
+                "subtitles takes auto, none, a subtitle file's path or a list of cues, "
+                f"not {subtitles!r:.40}"
+            )
         if named:
             changes["subtitles"] = str(subtitles)
         cues = None if subtitles is None or named else tuple(subtitles)
@@ -149,3 +156,8 @@ class AnswerStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"tokens_per_s": self.tokens_per_s}
+
+
+def _cues(given: Any) -> bool:
+    """Whether `given` is the cues themselves: a list (or tuple) of `Cue`s."""
+    return isinstance(given, (list, tuple)) and all(isinstance(c, Cue) for c in given)
