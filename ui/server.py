@@ -21,6 +21,8 @@ from lvx_app.engine.api import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
 
+NO_SCHEMA = {"docs_url": None, "redoc_url": None, "openapi_url": None}  # FastAPI's own pages
+
 
 def check_allow_paths(paths: list[str]) -> list[str]:
     """The folders whose videos may be opened by path, resolved; a missing one is one line."""
@@ -127,7 +129,7 @@ class _ApiServer:
         import uvicorn
         from fastapi import FastAPI
 
-        self.app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
+        self.app = FastAPI(title="lvx", **NO_SCHEMA)
         self.app.router.routes.append(health.route())
         serve = config.serve
         self.where = f"{serve.host}:{serve.port}"
@@ -240,7 +242,10 @@ def _serve_page(
 ) -> None:
     """Put the page (and the API beside it) in front of the engine `service` shares until
     Ctrl-C."""
+    from starlette.middleware import Middleware
+
     from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
+    from lvx_ui.page_files import RegularFilesOnly
 
     demo = build_app(service, config, allow_paths=folders)
     serve = config.serve
@@ -260,7 +265,13 @@ def _serve_page(
         prevent_thread_lock=True,
         ssr_mode=False,
         footer_links=[],
-        app_kwargs={"routes": [health.route()]},  # /health answers from the first moment
+        # /health answers from the first moment; no schema of the routes (nor its pages): the API
+        # is OpenAI's, documented there, and FastAPI's schema of these routes cannot be built
+        app_kwargs={
+            "routes": [health.route()],
+            "middleware": [Middleware(RegularFilesOnly)],  # no FIFO behind the file route
+            **NO_SCHEMA,
+        },
         **demo.lvx_launch,
     )
     api.mount(app)
