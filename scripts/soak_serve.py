@@ -272,6 +272,8 @@ def slopes(samples: list[dict], warm_up_s: float) -> list[dict]:
         points = [(s["seconds"], s[name]) for s in samples if name in s]
         after = [(t, m) for t, m in points if t >= warm_up_s]
         slope = slope_mb_per_min(after)
+        half = len(after) // 2
+        early, late = slope_mb_per_min(after[: half + 1]), slope_mb_per_min(after[half:])
         out.append(
             {
                 "process": name,
@@ -279,6 +281,8 @@ def slopes(samples: list[dict], warm_up_s: float) -> list[dict]:
                 "MB after warm-up": after[0][1] if after else None,
                 "MB at end": points[-1][1],
                 "MB/min after warm-up": None if slope is None else round(slope, 3),
+                "MB/min, first half": None if early is None else round(early, 3),
+                "MB/min, second half": None if late is None else round(late, 3),
                 "samples after warm-up": len(after),
             }
         )

@@ -282,7 +282,10 @@ class ChatApp:
                 stats = lease.stats()
                 notes[:0] = lease.notes
         except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
-            return self.status(client, f"⚠️ error: {self._error(exc)}"), gr.skip(), gr.skip(), owner
+            line = self._error(exc)
+            for given in (upload, subtitle_file):  # an upload is named by its name, not its path
+                line = _upload_named(line, given, self.allow_paths)
+            return self.status(client, f"⚠️ error: {line}"), gr.skip(), gr.skip(), owner
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if summary.subtitle_source:
             source = summary.subtitle_source
@@ -390,6 +393,18 @@ class ChatApp:
             return f"⚠️ error: {self._error(exc)}"
         lines = [f"- {k}: {v}" for k, v in stats.items() if k != "ranks"]
         return "\n".join(filter(None, [note, *lines])) + "\n\n" + memory_table(stats)
+
+
+def _upload_named(line: str, upload: str | None, allow_paths: list) -> str:
+    """`line` with an uploaded file's path on the server (gradio's temporary folder, nothing the
+    user chose or should see) said as the file's name."""
+    if not isinstance(upload, str) or not upload:
+        return line
+    if any(Path(upload).resolve().is_relative_to(r) for r in allow_paths):
+        return line
+    for path in {str(upload), str(Path(upload).resolve())}:
+        line = line.replace(path, Path(upload).name)
+    return line
 
 
 @contextlib.contextmanager

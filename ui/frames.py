@@ -62,8 +62,9 @@ def decode_frames(frames: Sequence[bytes]) -> list[np.ndarray]:
                     image = image.resize(size, Image.Resampling.BICUBIC)
                 out.append(np.asarray(image, dtype=np.uint8))
         except Image.DecompressionBombError:
+            most = 2 * Image.MAX_IMAGE_PIXELS  # Pillow's own refusal: beyond it, a bomb
             raise FrameError(
-                f"frame {i + 1} is too large an image (at most {2 * Image.MAX_IMAGE_PIXELS:,} pixels)"
+                f"frame {i + 1} is too large an image (at most {most:,} pixels)"
             ) from None
         except (UnidentifiedImageError, OSError, ValueError):
             raise FrameError(f"frame {i + 1} is not a PNG or JPEG image") from None

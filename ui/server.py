@@ -4,6 +4,7 @@ and the OpenAI-compatible API (the API alone with --no-ui), close it on exit."""
 from __future__ import annotations
 
 import hmac
+import os
 import signal
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from lvx_app.engine.api import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
 
+GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"  # where gradio keeps uploads (read when a page is built)
 NO_SCHEMA = {"docs_url": None, "redoc_url": None, "openapi_url": None}  # FastAPI's own pages
 
 
@@ -212,7 +214,24 @@ def _serve(
             _serve_api_alone(api, config, console, health, api_server)
         else:
             api_server.stop()  # gradio's server takes the port over
-            _serve_page(service, api, config, folders, console, health)
+            with _page_uploads_in(Path(uploads) / "page"):
+                _serve_page(service, api, config, folders, console, health)
+
+
+@contextmanager
+def _page_uploads_in(folder: Path) -> Iterator[None]:
+    """Gradio keeps the page's uploads in GRADIO_TEMP_DIR (by default a `gradio` folder in the
+    temporary folder, never emptied): here, in the server's own temporary folder, removed when the
+    server stops however it is stopped. A GRADIO_TEMP_DIR the user set is theirs and kept."""
+    given = os.environ.get(GRADIO_TEMP_DIR)
+    if given:
+        yield
+        return
+    os.environ[GRADIO_TEMP_DIR] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(GRADIO_TEMP_DIR, None)
 
 
 def _serve_api_alone(
