@@ -73,7 +73,7 @@ def test_a_frame_too_large_to_decode_is_called_too_large_not_no_image():
 @pytest.mark.parametrize(
     "options, says",
     [
-        ({"model": None}, "--model takes text, not None"),
+        ({"model": None}, "--model takes DIR or HUB_ID, not None"),
         ({"model": "m", "max_frames": "3"}, "--max-frames takes a whole number, not '3'"),
         ({"model": "m", "fps": "1"}, "--fps takes a number, not '1'"),
         ({"model": "m", "ranks": True}, "--ranks takes a whole number, not True"),
