@@ -121,3 +121,32 @@ def test_reading_a_cache_entry_again_and_again_keeps_no_memory(tmp_path):
     finally:
         tracemalloc.stop()
     assert kept < 300 * 64, f"{kept} bytes kept after 300 reads"  # a leak keeps >= 17 x 30 a read
+
+
+@pytest.mark.parametrize("host", ["evil.com", "127.0.0.2", "LOCALHOST.evil.com"])
+def test_a_file_url_naming_another_host_is_refused(tmp_path, host):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    files = VideoFiles([str(tmp_path)], 10.0, tmp_path / "uploads")
+    with pytest.raises(ApiError) as e:
+        files.video(f"file://{host}{clip}")
+    assert e.value.status == 400 and "not a host" in e.value.message, e.value.message
+    assert files.video(f"file://localhost{clip}") == str(clip)
+    assert files.video(f"file://{clip}") == str(clip)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_call_after_close_says_the_engine_is_closed(tiny_checkpoints, ranks):
+    """It pointed at the group's log in a run folder that close had removed."""
+    from engine_configs import engine_config
+
+    from lvx_app.runtime.open import open_engine
+
+    engine = open_engine(engine_config(tiny_checkpoints["g2"], None, ranks=ranks, gpus=0))
+    engine.close()
+    for call in (lambda: "".join(engine.ask("what?")), lambda: engine.stats()):
+        with pytest.raises(EngineError) as e:
+            call()
+        assert str(e.value) == "this engine is closed; open another (lvx.open) to go on"
+    engine.close()  # closing again is nothing

@@ -367,6 +367,22 @@ def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
     return None
 
 
+LOCAL_HOSTS = ("", "localhost")  # file:///path and file://localhost/path name this machine's files
+
+
+def local_path(url: str, param: str) -> str:
+    """The path a file:// URL names on this machine; a URL naming another host is refused (its
+    path would otherwise be opened here, as if the host were not there)."""
+    parsed = urlparse(url)
+    if parsed.netloc.lower() not in LOCAL_HOSTS:
+        raise bad(
+            f"a file:// URL names a file on this server: file:///path, not a host "
+            f"({shortened(parsed.netloc)!r})",
+            param,
+        )
+    return unquote(parsed.path)
+
+
 class VideoFiles:
     """Where a request's video (and subtitle file) is on this machine: a file under --allow-paths,
     or a data: URL saved under `folder` (named by its content, so the same video sent again is the
@@ -394,13 +410,13 @@ class VideoFiles:
                 "data:video/...;base64,... URL",
                 "video_url",
             )
-        return self.server_file(unquote(urlparse(url).path), "video_url")
+        return self.server_file(local_path(url, "video_url"), "video_url")
 
     def _image(self, url: str) -> bytes:
         """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
         head, _, data = url.partition(",")
         if url.startswith("file://"):
-            return Path(self.server_file(unquote(urlparse(url).path), "image_url")).read_bytes()
+            return Path(self.server_file(local_path(url, "image_url"), "image_url")).read_bytes()
         kind = re.fullmatch(r"data:image/([a-z]+);base64", head.lower())
         if kind is None or kind.group(1) not in IMAGE_TYPES:
             raise bad(

@@ -85,7 +85,9 @@ class GroupDriver(Engine):
         self._stop.set()
 
     def close(self) -> None:
-        self.channel.broadcast(request(SHUTDOWN))
+        if not self.closed:
+            self.closed = True
+            self.channel.broadcast(request(SHUTDOWN))
 
 
 def worker_loop(session: RankSession, channel: ControlChannel) -> None:
