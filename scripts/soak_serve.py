@@ -213,10 +213,15 @@ def start_server(work: Path, checkpoint: Path, ranks: int) -> tuple[subprocess.P
     args += ["--allow-paths", str(work / "videos"), "--cache-dir", str(work / "cache")]
     with open(log, "wb") as out:
         server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    while "ready on" not in log.read_text(errors="replace"):
-        if server.poll() is not None:
-            raise SystemExit(log.read_text(errors="replace"))
-        time.sleep(0.2)
+    try:
+        while "ready on" not in log.read_text(errors="replace"):
+            if server.poll() is not None:
+                raise SystemExit(log.read_text(errors="replace"))
+            time.sleep(0.2)
+    except BaseException:  # Ctrl-C while it starts: no server outlives the script
+        server.terminate()
+        server.wait(timeout=60)
+        raise
     return server, port, log
 
 
