@@ -143,6 +143,7 @@ class AnswerStats:
     total_s: float = 0.0
     interrupted: bool = False
     truncated: bool = False
+    context_full: bool = False  # truncated by the model's last position, not by max_new_tokens
     # the answer's token ids as the conversation holds them (a stop token left out): what
     # `Engine.replay` feeds to rebuild the conversation
     tokens: list[int] = field(default_factory=list, repr=False)

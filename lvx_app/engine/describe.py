@@ -51,7 +51,11 @@ def describe_answer(s: AnswerStats | None) -> str:
     """TTFT, tokens/s, tokens and how the answer ended, in one line."""
     if s is None:
         return ""
-    flags = (
-        " · interrupted" if s.interrupted else (" · hit --max-new-tokens" if s.truncated else "")
-    )
+    flags = ""
+    if s.interrupted:
+        flags = " · interrupted"
+    elif s.context_full:
+        flags = " · hit the end of the model's context (reset to go on)"
+    elif s.truncated:
+        flags = " · hit --max-new-tokens"
     return f"TTFT {s.ttft_s:.2f} s · {s.tokens_per_s:.1f} tok/s · {s.new_tokens} tokens{flags}"
