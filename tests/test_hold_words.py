@@ -150,3 +150,13 @@ def test_a_call_after_close_says_the_engine_is_closed(tiny_checkpoints, ranks):
             call()
         assert str(e.value) == "this engine is closed; open another (lvx.open) to go on"
     engine.close()  # closing again is nothing
+
+
+def test_a_context_that_holds_no_frame_is_not_told_to_use_0_frames():
+    from lvx_app.engine.limits import check_video_prompt
+
+    with pytest.raises(EngineError) as e:
+        check_video_prompt(150, tokens=160, frames=2, per_frame=5)
+    assert "no room for a single frame" in str(e.value) and "max-frames" not in str(e.value)
+    with pytest.raises(EngineError, match=r"use at most 15 frames \(--max-frames 15,"):
+        check_video_prompt(150, tokens=160, frames=30, per_frame=5)
