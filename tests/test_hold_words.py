@@ -160,3 +160,22 @@ def test_a_context_that_holds_no_frame_is_not_told_to_use_0_frames():
     assert "no room for a single frame" in str(e.value) and "max-frames" not in str(e.value)
     with pytest.raises(EngineError, match=r"use at most 15 frames \(--max-frames 15,"):
         check_video_prompt(150, tokens=160, frames=30, per_frame=5)
+
+
+@pytest.mark.parametrize("where", ["media_io_kwargs", "mm_processor_kwargs"])
+def test_num_frames_is_vllms_all_or_a_count_and_is_named_as_sent(where):
+    from lvx_ui.openai_request import read_video_options
+
+    def options(n):
+        inner = {"num_frames": n}
+        return read_video_options(
+            {where: {"video": inner} if where == "media_io_kwargs" else inner}
+        )
+
+    assert options(-1) == {"max_frames": 0}  # vLLM's -1: every frame (the API's 0: no cap)
+    assert options(4) == {"max_frames": 4}
+    for bad_value in (0, -2, "3", 2.5, True):
+        with pytest.raises(ApiError) as e:
+            options(bad_value)
+        assert "num_frames takes a whole number of 1 or more, or -1" in e.value.message
+        assert "max_frames" not in e.value.message and e.value.param == where

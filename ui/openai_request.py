@@ -265,7 +265,8 @@ def read_video_options(body: dict) -> dict[str, Any]:
 def frame_options(body: dict) -> dict[str, Any]:
     """vLLM's per-request frame options, `media_io_kwargs: {"video": {"num_frames", "fps"}}` and
     `mm_processor_kwargs: {"num_frames", "fps"}`, as the video options they mean: num_frames is
-    max_frames (the frames sampled are thinned uniformly to it), fps is fps. Any other key is
+    max_frames (the frames sampled are thinned uniformly to it; -1, as in vLLM, all of them), fps
+    is fps. Any other key is
     refused: a result must be what its settings say."""
     out: dict[str, Any] = {}
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
@@ -281,9 +282,23 @@ def frame_options(body: dict) -> dict[str, Any]:
         for key, value in given.items():
             if key not in FRAME_KEYS:
                 raise bad(f"{name}: lvx takes num_frames and fps, not {shortened(key)!r}", name)
+            if key == "num_frames":
+                value = _num_frames(value, name)
             if out.setdefault(FRAME_KEYS[key], value) != value:
                 raise bad(f"{key} is given twice with different values", name)
     return out
+
+
+def _num_frames(value: Any, name: str) -> int:
+    """vLLM's num_frames as the API's max_frames: N frames at most, or -1 for all of them (the
+    API's max_frames 0); anything else is refused in num_frames' own words."""
+    if type(value) is not int or not (value == -1 or value >= 1):
+        raise bad(
+            f"{name}: num_frames takes a whole number of 1 or more, or -1 for all the frames "
+            f"(not {shortened(repr(value))})",
+            name,
+        )
+    return 0 if value == -1 else value
 
 
 def read_generation(body: dict) -> dict[str, Any]:
