@@ -179,3 +179,12 @@ def test_num_frames_is_vllms_all_or_a_count_and_is_named_as_sent(where):
             options(bad_value)
         assert "num_frames takes a whole number of 1 or more, or -1" in e.value.message
         assert "max_frames" not in e.value.message and e.value.param == where
+
+
+def test_a_moments_share_is_never_above_one():
+    from lvx_app.engine.moments import moments
+
+    shares = [0.1, 0.2, 0.30000000000000004, 0.4000000000000001]  # float sums to 1.0000000000000002
+    assert sum(shares) > 1.0
+    (moment,) = moments(shares, [0.0, 1.0, 2.0, 3.0], high=0.0)
+    assert moment.share == 1.0 and (moment.start, moment.end) == (0.0, 3.0)
