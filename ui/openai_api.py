@@ -91,6 +91,7 @@ class Answer:
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self.frames: int | None = None  # the frames of the video the answer is about
         self.evidence_asked = False
+        self.loaded_now = 0  # prompt tokens this request's own load prefilled
         self._texts = self._cut()
         self.first = self.next()
 
@@ -138,13 +139,20 @@ class Answer:
     def finish_reason(self) -> str:
         return "length" if self.stats.truncated and not self.stops.hit else "stop"
 
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens reused from before this request: neither prefilled by the answer nor
+        by this request's own load of the video."""
+        s = self.stats
+        return max(0, s.prompt_tokens - s.prefill_tokens - self.loaded_now)
+
     def usage(self) -> dict[str, Any]:
         s = self.stats
         return {
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": s.new_tokens,
             "total_tokens": s.prompt_tokens + s.new_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.prompt_tokens - s.prefill_tokens},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             **({"frames": self.frames} if self.frames is not None else {}),  # lvx's own field
         }
 
@@ -352,6 +360,7 @@ class OpenAIApi:
             self.report(f"api: not answered, {LEFT} while it waited")
             raise ApiError(499, LEFT, "client_closed")
         generation = {**req.generation, **evidence_override(req, self.config)}
+        held = self.service.loaded
         try:
             pieces = lease.chat(request, req.turns, **generation)
         except BaseException as exc:
@@ -362,6 +371,8 @@ class OpenAIApi:
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
         answer.evidence_asked = req.evidence
+        if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
+            answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
 
     def _request(self, ask: VideoAsk) -> VideoRequest:

@@ -49,6 +49,7 @@ class VideoSummary:
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
+    prompt_tokens: int = 0  # the video prompt's tokens: prefilled by this load unless read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
     subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
 

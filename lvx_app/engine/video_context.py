@@ -218,6 +218,7 @@ class VideoContext:
             subtitle_lines=placed,
             subtitles_dropped=dropped,
             prompt_from_cache=restored,
+            prompt_tokens=len(prefix_ids),
             visual_kv_from_cache=choice.source == "read back",
         )
         # in kv mode cache the K/V hold everything needed; E stays on disk in the feature cache
