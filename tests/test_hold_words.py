@@ -188,3 +188,28 @@ def test_a_moments_share_is_never_above_one():
     assert sum(shares) > 1.0
     (moment,) = moments(shares, [0.0, 1.0, 2.0, 3.0], high=0.0)
     assert moment.share == 1.0 and (moment.start, moment.end) == (0.0, 3.0)
+
+
+def test_a_fifo_given_as_subtitles_is_named_for_what_it_is_and_never_opened(tmp_path):
+    import os
+
+    from lvx_app.subtitles import SubtitleError, read_subtitle_file
+
+    fifo = tmp_path / "talk.srt"
+    os.mkfifo(fifo)
+    with pytest.raises(SubtitleError, match="is not a regular file"):  # a read would block
+        read_subtitle_file(fifo)
+    with pytest.raises(SubtitleError, match="is a folder, not a subtitle file"):
+        read_subtitle_file(tmp_path)
+    with pytest.raises(SubtitleError, match="subtitle file not found"):
+        read_subtitle_file(tmp_path / "missing.srt")
+
+
+def test_an_api_client_is_told_the_field_to_send_not_a_flag():
+    from lvx_ui.openai_api import api_error
+
+    said = "talk.srt is binary; pass an .srt or .vtt file, or --subtitles none"
+    err = api_error(EngineError(said))
+    assert err.status == 400 and err.message.endswith('or "subtitles": "none"'), err.message
+    err = api_error(EngineError("x is a folder; name a file in it, or --subtitles auto to find it"))
+    assert '"subtitles": "auto"' in err.message and "--" not in err.message

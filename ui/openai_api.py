@@ -172,6 +172,21 @@ def evidence_override(req: ChatRequest, config: Config) -> dict[str, bool]:
     return {"evidence": req.evidence and config.generation.evidence}
 
 
+# What the subtitle errors tell a terminal user to type, and what an API client sends instead
+API_WORDS = (
+    ("--subtitles none", '"subtitles": "none"'),
+    ("--subtitles auto", '"subtitles": "auto"'),
+    ("--subtitles FILE", '"subtitles": a file under the allowed folders'),
+)
+
+
+def for_the_api(message: str) -> str:
+    """An engine error's advice in the request's words (its fields, not the command's flags)."""
+    for cli, api in API_WORDS:
+        message = message.replace(cli, api)
+    return message
+
+
 def api_error(exc: BaseException) -> ApiError:
     """An engine failure as the client sees it."""
     if isinstance(exc, ApiError):
@@ -185,7 +200,7 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, QuestionTooLong):
         return ApiError(400, str(exc), "context_length_exceeded", "messages")
     if isinstance(exc, EngineError):
-        return bad(str(exc))
+        return bad(for_the_api(str(exc)))
     log.exception("request failed")
     return ApiError(500, f"{type(exc).__name__}: {exc} (details in the server log)", "internal")
 
