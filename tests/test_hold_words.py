@@ -213,3 +213,24 @@ def test_an_api_client_is_told_the_field_to_send_not_a_flag():
     assert err.status == 400 and err.message.endswith('or "subtitles": "none"'), err.message
     err = api_error(EngineError("x is a folder; name a file in it, or --subtitles auto to find it"))
     assert '"subtitles": "auto"' in err.message and "--" not in err.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_folder_where_the_fingerprints_go_is_said_on_any_number_of_ranks(
+    tiny_checkpoints, tmp_path, ranks
+):
+    """Rank 0 met it while it started, before its link to the frontend: the line stayed in the
+    group's log on 2 ranks."""
+    from engine_configs import engine_config
+
+    from lvx_app.runtime.open import open_engine
+    from lvx_models.mplug_owl3.fingerprint import MEMO_NAME
+
+    cache = tmp_path / "cache"
+    (cache / MEMO_NAME).mkdir(parents=True)
+    (cache / MEMO_NAME / "mine.txt").write_text("someone's")
+    with pytest.warns(Warning, match="is a folder holding files lvx did not write"):
+        engine = open_engine(engine_config(tiny_checkpoints["g2"], cache, ranks=ranks, gpus=0))
+    engine.close()
+    assert (cache / MEMO_NAME / "mine.txt").read_text() == "someone's"
