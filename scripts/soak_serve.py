@@ -14,7 +14,6 @@ itself: at `--minutes` or `--max-requests`, whichever comes first.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -29,7 +28,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from scripts.gloo_ranks import free_port
-from scripts.harness import Rows, command_line, machine, show
+from scripts.harness import Rows, command_line, dumps, machine, show
 
 QUESTIONS = ["What happens in the video?", "When does the scene change?", "Describe the colours."]
 
@@ -254,7 +253,7 @@ def soak(args: argparse.Namespace, work: Path, rows: Rows) -> tuple[list[dict], 
             }
             samples.append(row)
             rows.add(row)
-            print(json.dumps(row), flush=True)
+            print(dumps(row), flush=True)
             for c in clients:
                 c.join(timeout=args.every / len(clients))
         samples.append({"seconds": round(time.monotonic() - t0, 1), **sample(server.pid)})
