@@ -437,3 +437,14 @@ def test_no_schema_route_and_no_fifo_behind_the_file_route(server):
             assert http.get(server.url + "gradio_api/file=" + str(server.videos)).status_code == 404
     finally:
         fifo.unlink()
+
+
+@pytest.mark.slow
+def test_a_malformed_chat_history_is_one_line(server):
+    """A history the page never sends (a made-up role, a number for content) was a pydantic
+    validation error with its traceback in the log (the fixture checks the log holds none)."""
+    c = client(server)
+    for history in ([{"role": "robot", "content": 5}], [["a", "b", "c"]], "not a list"):
+        with pytest.raises(Exception) as e:
+            c.predict("what happens?", history, 4, api_name="/chat")
+        assert "the chat history is not one the page sent" in str(e.value), e.value

@@ -40,6 +40,7 @@ from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
 from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
+from lvx_ui.chat_history import PageChatbot
 from lvx_ui.evidence_view import evidence_markdown
 from lvx_ui.openai_request import allowed_path
 
@@ -493,7 +494,7 @@ def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | Non
 def _chat_column(ui: ChatApp) -> tuple:
     """The right column: the chat, the question box, the buttons and the generation settings."""
     with gr.Column(scale=3):
-        chatbot = gr.Chatbot(
+        chatbot = PageChatbot(
             label="Chat", height=480, elem_id="lvx-chat", feedback_options=None, buttons=["copy"]
         )
         message = gr.Textbox(
