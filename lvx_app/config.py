@@ -667,7 +667,7 @@ def section(cls: type, values: dict[str, Any]) -> Any:
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r}; valid: {', '.join(names)}")
-    return cls(**values)
+    return cls(**typed(cls, values))
 
 
 def updated(config: Any, *, by: str | None = None, **changes: Any) -> Any:
@@ -684,7 +684,42 @@ def updated(config: Any, *, by: str | None = None, **changes: Any) -> Any:
             value = changes.get(f.name)
             if none_as is not None and type(value) is type(none_as) and value == none_as:
                 changes[f.name] = None
-    return replace(config, **changes)
+    return replace(config, **typed(type(config), changes))
+
+
+KINDS = {
+    "str": ((str,), "text"),
+    "int": ((int,), "a whole number"),
+    "bool": ((bool,), "True or False"),
+}
+KINDS["float"] = ((int, float), "a number")
+
+
+def typed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` for fields of `cls`, each of the kind its field declares (a path object given for
+    text made text): a value of another kind (None for the model, text for a count, a number for
+    a name) is one ConfigError line naming the option, before the section's own checks read it."""
+    out = dict(values)
+    for f in fields(cls):
+        if f.name not in out or not isinstance(f.type, str):
+            continue
+        parts = [part.strip() for part in f.type.split("|")]
+        optional = "None" in parts
+        simple = [KINDS.get(part) for part in parts if part != "None"]
+        if len(simple) != 1 or simple[0] is None:
+            continue  # a tuple, a choice of kinds: the section checks it
+        (kinds, word), value = simple[0], out[f.name]
+        if isinstance(value, os.PathLike) and str in kinds:
+            value = out[f.name] = os.fspath(value)
+        if value is None and optional:
+            continue
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            name = f.metadata.get("flag", f.name).split("/")[0]
+            choices = f.metadata.get("metavar", "").split("|")
+            if str in kinds and len(choices) > 1:  # its metavar says what the text may be
+                word = ", ".join(choices[:-1]) + " or " + choices[-1]
+            raise ConfigError(f"{name} takes {word}, not {value!r:.40}")
+    return out
 
 
 def settable(cls: type, frontend: str) -> tuple[str, ...]:

@@ -276,6 +276,11 @@ def read_subtitle_file(path: Path | str, encoding: str | None = None) -> Subtitl
             f"{path} is a folder, not a subtitle file; name an .srt, .vtt or .ass file in it, or "
             "--subtitles auto to find the one next to the video"
         )
+    if path.exists() and not path.is_file():  # never opened: a FIFO would block the reader
+        raise SubtitleError(
+            f"{path} is not a regular file (a pipe, socket or device); name an .srt, .vtt or .ass "
+            "file, or --subtitles none"
+        )
     if not path.is_file():
         raise SubtitleError(f"subtitle file not found: {path}")
     size_mb = path.stat().st_size / 2**20

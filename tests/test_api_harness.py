@@ -15,6 +15,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -562,3 +563,30 @@ def test_max_tokens_is_bounded_by_the_models_context(served, tiny_checkpoints):
         client(url).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1_000_000_000
         )
+
+
+def test_a_video_prompt_this_request_prefilled_is_not_counted_as_cached(served):
+    """cached_tokens counted the prompt the request's own load had just prefilled as reused; it
+    counts only what was held before the request."""
+    from lvx_app.video.synthetic import make_video
+
+    url, engine, clip, _ = served
+    fresh = make_video(
+        Path(clip.removeprefix("file://")).with_name("fresh.mp4"), 30, fps=10, width=96, height=64
+    )
+    c = client(url)
+    message = {
+        "role": "user",
+        "content": [{"type": "video_url", "video_url": {"url": f"file://{fresh}"}}],
+    }
+    message["content"].append({"type": "text", "text": "What happens?"})
+
+    def cached() -> tuple[int, int]:
+        reply = c.chat.completions.create(model="m", messages=[message], max_tokens=2, user="me")
+        return reply.usage.prompt_tokens_details.cached_tokens, reply.usage.prompt_tokens
+
+    first, prompt = cached()
+    assert not engine.session.video.loaded.summary.prompt_from_cache
+    assert first == 0, (first, prompt)
+    again, _ = cached()  # the same client again: the video prompt was held before it
+    assert again >= engine.session.video.loaded.summary.prompt_tokens > 0

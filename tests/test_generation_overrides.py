@@ -78,7 +78,7 @@ def test_a_call_override_of_every_generation_option_is_honoured(engine, name, ho
         ({"temprature": 1.0}, "unknown option 'temprature'; valid: max_new_tokens, temperature"),
         ({"top_p": 0}, "--top-p must be above 0 and at most 1"),
         ({"max_new_tokens": 0}, "--max-new-tokens must be 1 or more"),
-        ({"seed": 1.5}, "--seed must be a whole number"),
+        ({"seed": 1.5}, "--seed takes a whole number, not 1.5"),
         ({"fps": 2}, "unknown option 'fps'"),  # a video option belongs to load_video
     ],
 )

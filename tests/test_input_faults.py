@@ -19,6 +19,7 @@ import lvx_app as lvx
 from lvx_app.cli.chat import run_chat
 from lvx_app.config import Config, GenerationConfig
 from lvx_app.engine.api import AnswerStats, EngineError
+from lvx_app.engine.describe import describe_answer
 from lvx_app.engine.limits import TURN_ROOM, answer_tokens
 from lvx_app.engine.sampling import sample_next, sample_token
 from lvx_app.runtime.engine_handle import Engine
@@ -66,13 +67,19 @@ def test_generation_never_runs_past_the_models_positions(tiny_checkpoints, short
         "".join(engine.ask("what happens?", max_new_tokens=10**9))
         stats = engine.last_answer
         assert stats.prompt_tokens == prompt and stats.new_tokens <= TURN_ROOM + 1
-        assert stats.truncated
+        assert stats.truncated and stats.context_full
+        assert describe_answer(stats).endswith(
+            "hit the end of the model's context (reset to go on)"
+        )
         with pytest.raises(EngineError, match="past the .* tokens of the model's context") as e:
             "".join(engine.ask("and then?"))
         assert "\n" not in str(e.value)
         engine.reset()
         assert "".join(engine.ask("what happens?", max_new_tokens=3)) is not None
         assert engine.last_answer.new_tokens <= 3
+        if engine.last_answer.truncated:  # the answer's own bound, not the positions, ended it
+            assert not engine.last_answer.context_full
+            assert describe_answer(engine.last_answer).endswith("hit --max-new-tokens")
 
 
 class _Recording(Engine):

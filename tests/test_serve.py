@@ -416,3 +416,35 @@ def test_a_server_side_video_plays_in_place_without_a_copy(server):
         if p.is_file() and p.stat().st_size == size and server.videos not in p.parents
     ]
     assert copies == [], copies
+
+
+@pytest.mark.slow
+def test_no_schema_route_and_no_fifo_behind_the_file_route(server):
+    """`/openapi.json` was a 500 with a pydantic traceback in the log on every call; the page's
+    file route on a FIFO under --allow-paths blocked until someone wrote into it. Both are one
+    answer now (the fixture checks the log holds no traceback)."""
+    import httpx
+
+    fifo = server.videos / "pipe.mp4"
+    os.mkfifo(fifo)
+    try:
+        with httpx.Client(timeout=scaled(30), auth=server.auth) as http:
+            assert http.get(server.url + "openapi.json").status_code == 404
+            for route in ("gradio_api/file=", "file="):
+                answer = http.get(server.url + route + str(fifo))
+                assert answer.status_code == 404, answer.text
+                assert answer.json() == {"detail": "not a regular file: the page serves files only"}
+            assert http.get(server.url + "gradio_api/file=" + str(server.videos)).status_code == 404
+    finally:
+        fifo.unlink()
+
+
+@pytest.mark.slow
+def test_a_malformed_chat_history_is_one_line(server):
+    """A history the page never sends (a made-up role, a number for content) was a pydantic
+    validation error with its traceback in the log (the fixture checks the log holds none)."""
+    c = client(server)
+    for history in ([{"role": "robot", "content": 5}], [["a", "b", "c"]], "not a list"):
+        with pytest.raises(Exception) as e:
+            c.predict("what happens?", history, 4, api_name="/chat")
+        assert "the chat history is not one the page sent" in str(e.value), e.value

@@ -647,8 +647,9 @@ def test_the_subtitles_field_loads_as_the_option_says(api_here):
     assert model["lvx_kv_mode"]["last load"]["mode"] == "cache", model["lvx_kv_mode"]
     for fields, param, says in (
         ({"subtitles": "/etc/hostname"}, "subtitles", "outside the allowed folders"),
-        ({"subtitles": 5}, "subtitles", "subtitles takes auto, speech, none or a subtitle FILE"),
-        ({"fps": "2"}, "fps", "fps must be above 0"),
+        ({"subtitles": 5}, "subtitles", "subtitles takes auto, speech, none or FILE, not 5"),
+        ({"fps": "2"}, "fps", "fps takes a number, not '2'"),
+        ({"max_frames": "3"}, "max_frames", "max_frames takes a whole number, not '3'"),
         ({"max_frames": -1}, "max_frames", "max_frames must be 1 or more"),
     ):
         reply = ask(**fields)

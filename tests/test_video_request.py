@@ -116,7 +116,7 @@ def test_a_bad_override_is_one_line_and_keeps_the_video(engine, clip):
     held = engine.held
     for options, message in (
         ({"kv_mode": "both"}, "unknown --kv-mode 'both'"),
-        ({"max_frames": "x"}, "--max-frames must be 1 or more"),
+        ({"max_frames": "x"}, "--max-frames takes a whole number, not 'x'"),
         ({"fsp": 2}, "unknown option 'fsp'"),
     ):
         with pytest.raises(EngineError, match=message) as refused:

@@ -40,6 +40,7 @@ from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
 from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
+from lvx_ui.chat_history import PageChatbot
 from lvx_ui.evidence_view import THUMB_CSS, evidence_markdown
 from lvx_ui.openai_request import allowed_path
 from lvx_ui.transcript_view import transcript_markdown
@@ -286,7 +287,10 @@ class ChatApp:
                 stats = lease.stats()
                 notes[:0] = lease.notes
         except Exception as exc:  # noqa: BLE001 - shown to the user, the server keeps going
-            return self.status(client, f"⚠️ error: {self._error(exc)}"), gr.skip(), gr.skip(), owner
+            line = self._error(exc)
+            for given in (upload, subtitle_file):  # an upload is named by its name, not its path
+                line = _upload_named(line, given, self.allow_paths)
+            return self.status(client, f"⚠️ error: {line}"), gr.skip(), gr.skip(), owner
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if summary.subtitle_source:
             source = summary.subtitle_source
@@ -397,6 +401,18 @@ class ChatApp:
         return "\n".join(filter(None, [note, *lines])) + "\n\n" + memory_table(stats)
 
 
+def _upload_named(line: str, upload: str | None, allow_paths: list) -> str:
+    """`line` with an uploaded file's path on the server (gradio's temporary folder, nothing the
+    user chose or should see) said as the file's name."""
+    if not isinstance(upload, str) or not upload:
+        return line
+    if any(Path(upload).resolve().is_relative_to(r) for r in allow_paths):
+        return line
+    for path in {str(upload), str(Path(upload).resolve())}:
+        line = line.replace(path, Path(upload).name)
+    return line
+
+
 @contextlib.contextmanager
 def _warnings_into(notes: list[str]) -> Iterator[None]:
     """Add the messages of lvx's warnings raised meanwhile (an fps clamped to the video's own, a
@@ -483,7 +499,7 @@ def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | Non
 def _chat_column(ui: ChatApp) -> tuple:
     """The right column: the chat, the question box, the buttons and the generation settings."""
     with gr.Column(scale=3):
-        chatbot = gr.Chatbot(
+        chatbot = PageChatbot(
             label="Chat", height=480, elem_id="lvx-chat", feedback_options=None, buttons=["copy"]
         )
         message = gr.Textbox(

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 IMAGE_TYPES = ("png", "jpeg", "jpg", "webp")  # what a frame's data URL may carry
+FRAME_RATES = (0.001, 1000.0)  # frames a second an mp4 of frames holds exactly (a 1/1001 grid)
 
 
 class FrameError(ValueError):
@@ -32,6 +33,17 @@ def frames_name(frames: Sequence[bytes], fps: float) -> str:
     for frame in frames:
         digest.update(hashlib.sha256(frame).digest())
     return digest.hexdigest()[:32] + ".mp4"
+
+
+def check_rate(fps: float) -> None:
+    """Refuse a rate the frames' video cannot hold: beyond it the frames would silently merge
+    (or the container's rate overflow)."""
+    low, high = FRAME_RATES
+    if not low <= fps <= high:
+        raise FrameError(
+            f"frames sent as images are shown at {low:g} to {high:g} frames a second; "
+            f"fps {fps:g} is outside that"
+        )
 
 
 def decode_frames(frames: Sequence[bytes]) -> list[np.ndarray]:
@@ -49,7 +61,12 @@ def decode_frames(frames: Sequence[bytes]) -> list[np.ndarray]:
                 if image.size != size:
                     image = image.resize(size, Image.Resampling.BICUBIC)
                 out.append(np.asarray(image, dtype=np.uint8))
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        except Image.DecompressionBombError:
+            most = 2 * Image.MAX_IMAGE_PIXELS  # Pillow's own refusal: beyond it, a bomb
+            raise FrameError(
+                f"frame {i + 1} is too large an image (at most {most:,} pixels)"
+            ) from None
+        except (UnidentifiedImageError, OSError, ValueError):
             raise FrameError(f"frame {i + 1} is not a PNG or JPEG image") from None
     return out
 
@@ -57,6 +74,7 @@ def decode_frames(frames: Sequence[bytes]) -> list[np.ndarray]:
 def write_frames(path: Path, frames: Sequence[np.ndarray], fps: float) -> Path:
     """An mp4 at `path` whose frame k is `frames[k]`, shown at k / fps seconds (written beside it
     first, then moved in: a reader never sees half a file)."""
+    check_rate(fps)
     import av  # PyAV (its own FFmpeg build), as the synthetic videos are written
 
     part = path.parent / f".{uuid.uuid4().hex}.part"

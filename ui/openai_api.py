@@ -93,6 +93,7 @@ class Answer:
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self.frames: int | None = None  # the frames of the video the answer is about
         self.evidence_asked = False
+        self.loaded_now = 0  # prompt tokens this request's own load prefilled
         self._texts = self._cut()
         self.first = self.next()
 
@@ -140,13 +141,20 @@ class Answer:
     def finish_reason(self) -> str:
         return "length" if self.stats.truncated and not self.stops.hit else "stop"
 
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens reused from before this request: neither prefilled by the answer nor
+        by this request's own load of the video."""
+        s = self.stats
+        return max(0, s.prompt_tokens - s.prefill_tokens - self.loaded_now)
+
     def usage(self) -> dict[str, Any]:
         s = self.stats
         return {
             "prompt_tokens": s.prompt_tokens,
             "completion_tokens": s.new_tokens,
             "total_tokens": s.prompt_tokens + s.new_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.prompt_tokens - s.prefill_tokens},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             **({"frames": self.frames} if self.frames is not None else {}),  # lvx's own field
         }
 
@@ -166,6 +174,21 @@ def evidence_override(req: ChatRequest, config: Config) -> dict[str, bool]:
     return {"evidence": req.evidence and config.generation.evidence}
 
 
+# What the subtitle errors tell a terminal user to type, and what an API client sends instead
+API_WORDS = (
+    ("--subtitles none", '"subtitles": "none"'),
+    ("--subtitles auto", '"subtitles": "auto"'),
+    ("--subtitles FILE", '"subtitles": a file under the allowed folders'),
+)
+
+
+def for_the_api(message: str) -> str:
+    """An engine error's advice in the request's words (its fields, not the command's flags)."""
+    for cli, api in API_WORDS:
+        message = message.replace(cli, api)
+    return message
+
+
 def api_error(exc: BaseException) -> ApiError:
     """An engine failure as the client sees it."""
     if isinstance(exc, ApiError):
@@ -179,7 +202,7 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, QuestionTooLong):
         return ApiError(400, str(exc), "context_length_exceeded", "messages")
     if isinstance(exc, EngineError):
-        return bad(str(exc))
+        return bad(for_the_api(str(exc)))
     log.exception("request failed")
     return ApiError(500, f"{type(exc).__name__}: {exc} (details in the server log)", "internal")
 
@@ -377,6 +400,7 @@ class OpenAIApi:
             self.report(f"api: not answered, {LEFT} while it waited")
             raise ApiError(499, LEFT, "client_closed")
         generation = {**req.generation, **evidence_override(req, self.config)}
+        held = self.service.loaded
         try:
             pieces = lease.chat(request, req.turns, **generation)
         except BaseException as exc:
@@ -387,6 +411,8 @@ class OpenAIApi:
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
         answer.evidence_asked = req.evidence
+        if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
+            answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
 
     def _request(self, ask: VideoAsk, client: str) -> VideoRequest:

@@ -38,7 +38,14 @@ from lvx_app.config import (
 from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
 from lvx_app.regular_files import read_regular
-from lvx_ui.frames import IMAGE_TYPES, FrameError, decode_frames, frames_name, write_frames
+from lvx_ui.frames import (
+    IMAGE_TYPES,
+    FrameError,
+    check_rate,
+    decode_frames,
+    frames_name,
+    write_frames,
+)
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -46,6 +53,7 @@ ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 KEEP_UPLOADS = 4  # videos sent as data: URLs kept on disk, beyond those requests still use
 MAX_STOPS, MAX_STOP_CHARS = 16, 256  # each stop string is looked for after every piece
 FRAME_KEYS = {"num_frames": "num_frames", "fps": "fps"}  # vLLM's names: the video options
+EVERY_FRAME = 2**31 - 1  # vLLM's num_frames -1: more frames than any video has, so all of them
 FRAME_VIDEOS = ("data:video/jpeg;base64", "data:video/png;base64")  # vLLM's frames as a video
 VIDEO_TYPE = re.compile(r"data:video/([a-z0-9][a-z0-9.+-]{0,31});base64")  # mp4, x-matroska, ...
 
@@ -260,8 +268,9 @@ def read_video_options(body: dict) -> dict[str, Any]:
 def frame_options(body: dict) -> dict[str, Any]:
     """vLLM's per-request frame options, `media_io_kwargs: {"video": {"num_frames", "fps"}}` and
     `mm_processor_kwargs: {"num_frames", "fps"}`, as the video options they mean: num_frames is
-    num_frames (exactly that many frames over the whole video, as vLLM samples them), fps is fps.
-    Any other key is refused: a result must be what its settings say."""
+    num_frames (exactly that many frames over the whole video, as vLLM samples them; -1,
+    as in vLLM, every frame), fps is fps. Any other key is refused: a result must be what
+    its settings say."""
     out: dict[str, Any] = {}
     for name in ("media_io_kwargs", "mm_processor_kwargs"):
         given = body.get(name)
@@ -276,9 +285,24 @@ def frame_options(body: dict) -> dict[str, Any]:
         for key, value in given.items():
             if key not in FRAME_KEYS:
                 raise bad(f"{name}: lvx takes num_frames and fps, not {shortened(key)!r}", name)
+            if key == "num_frames":
+                value = _num_frames(value, name)
             if out.setdefault(FRAME_KEYS[key], value) != value:
                 raise bad(f"{key} is given twice with different values", name)
     return out
+
+
+def _num_frames(value: Any, name: str) -> int:
+    """vLLM's num_frames: exactly N frames spread over the video, or -1 for every frame (a count
+    no video reaches: `spread_indices` then keeps them all); anything else is refused in
+    num_frames' own words."""
+    if type(value) is not int or not (value == -1 or value >= 1):
+        raise bad(
+            f"{name}: num_frames takes a whole number of 1 or more, or -1 for all the frames "
+            f"(not {shortened(repr(value))})",
+            name,
+        )
+    return EVERY_FRAME if value == -1 else value
 
 
 def read_generation(body: dict) -> dict[str, Any]:
@@ -379,6 +403,22 @@ def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
     return None
 
 
+LOCAL_HOSTS = ("", "localhost")  # file:///path and file://localhost/path name this machine's files
+
+
+def local_path(url: str, param: str) -> str:
+    """The path a file:// URL names on this machine; a URL naming another host is refused (its
+    path would otherwise be opened here, as if the host were not there)."""
+    parsed = urlparse(url)
+    if parsed.netloc.lower() not in LOCAL_HOSTS:
+        raise bad(
+            f"a file:// URL names a file on this server: file:///path, not a host "
+            f"({shortened(parsed.netloc)!r})",
+            param,
+        )
+    return unquote(parsed.path)
+
+
 class VideoFiles:
     """Where a request's video (and subtitle file) is on this machine: a file under --allow-paths,
     or a data: URL saved under `folder` (named by its content, so the same video sent again is the
@@ -406,13 +446,13 @@ class VideoFiles:
                 "data:video/...;base64,... URL",
                 "video_url",
             )
-        return self.server_file(unquote(urlparse(url).path), "video_url")
+        return self.server_file(local_path(url, "video_url"), "video_url")
 
     def _image(self, url: str) -> bytes:
         """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
         head, _, data = url.partition(",")
         if url.startswith("file://"):
-            name = self.server_file(unquote(urlparse(url).path), "image_url")
+            name = self.server_file(local_path(url, "image_url"), "image_url")
             try:  # a regular file only (a FIFO would block), no larger than an upload
                 return read_regular(name, int(self.max_upload_mb * 2**20))
             except (OSError, ValueError) as exc:
@@ -437,6 +477,10 @@ class VideoFiles:
         size = sum(len(f) for f in frames)
         if size > self.max_upload_mb * 2**20:
             self.too_large(size)
+        try:
+            check_rate(fps)
+        except FrameError as exc:
+            raise bad(str(exc), "fps") from None
         path = self.folder / frames_name(frames, fps)
         with self._lock:
             self._held[path] += 1

@@ -4,6 +4,7 @@ and the OpenAI-compatible API (the API alone with --no-ui), close it on exit."""
 from __future__ import annotations
 
 import hmac
+import os
 import signal
 import tempfile
 import threading
@@ -20,6 +21,9 @@ from lvx_app.config import LOOPBACK, Config, ServeConfig
 from lvx_app.engine.api import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
+
+GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"  # where gradio keeps uploads (read when a page is built)
+NO_SCHEMA = {"docs_url": None, "redoc_url": None, "openapi_url": None}  # FastAPI's own pages
 
 
 def check_allow_paths(paths: list[str]) -> list[str]:
@@ -128,7 +132,7 @@ class _ApiServer:
         import uvicorn
         from fastapi import FastAPI
 
-        self.app = FastAPI(title="lvx", docs_url=None, redoc_url=None, openapi_url=None)
+        self.app = FastAPI(title="lvx", **NO_SCHEMA)
         self.app.router.routes.append(health.route())
         serve = config.serve
         self.where = f"{serve.host}:{serve.port}"
@@ -210,7 +214,24 @@ def _serve(
         if config.serve.no_ui:
             _serve_api_alone(api, config, console, health, api_server)
         else:
-            _serve_page(service, api, config, folders, console, health, api_server)
+            with _page_uploads_in(Path(uploads) / "page"):
+                _serve_page(service, api, config, folders, console, health, api_server)
+
+
+@contextmanager
+def _page_uploads_in(folder: Path) -> Iterator[None]:
+    """Gradio keeps the page's uploads in GRADIO_TEMP_DIR (by default a `gradio` folder in the
+    temporary folder, never emptied): here, in the server's own temporary folder, removed when the
+    server stops however it is stopped. A GRADIO_TEMP_DIR the user set is theirs and kept."""
+    given = os.environ.get(GRADIO_TEMP_DIR)
+    if given:
+        yield
+        return
+    os.environ[GRADIO_TEMP_DIR] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(GRADIO_TEMP_DIR, None)
 
 
 def _serve_api_alone(
@@ -242,7 +263,10 @@ def _serve_page(
     """Put the page (and the API beside it) in front of the engine `service` shares until
     Ctrl-C. The page is built while the first server still answers /health; it gives the port
     to gradio's only at the launch."""
+    from starlette.middleware import Middleware
+
     from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
+    from lvx_ui.page_files import RegularFilesOnly
 
     demo = build_app(service, config, allow_paths=folders)
     serve = config.serve
@@ -263,7 +287,13 @@ def _serve_page(
         prevent_thread_lock=True,
         ssr_mode=False,
         footer_links=[],
-        app_kwargs={"routes": [health.route()]},  # /health answers from the first moment
+        # /health answers from the first moment; no schema of the routes (nor its pages): the API
+        # is OpenAI's, documented there, and FastAPI's schema of these routes cannot be built
+        app_kwargs={
+            "routes": [health.route()],
+            "middleware": [Middleware(RegularFilesOnly)],  # no FIFO behind the file route
+            **NO_SCHEMA,
+        },
         **demo.lvx_launch,
     )
     api.mount(app)

@@ -23,10 +23,10 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from lvx_app.cache.faults import CacheWarning, CorruptEntry, warn_folder_in_place, warn_not_saved
 from lvx_app.cache.files import atomic_save, discard, entry_folders, holds_files, lvx_files, touch
+from lvx_app.cache.tensor_file import read_tensors
 from lvx_app.defaults import default_cache_dir
 
 
@@ -112,7 +112,7 @@ def read_entry(path: Path, key: dict, version: int, tensors: frozenset[str]) -> 
     if manifest.get("key") != key:
         raise CorruptEntry("key in the manifest does not match")
     try:
-        loaded = load_file(str(path), device="cpu")
+        loaded = read_tensors(path)
     except Exception as exc:  # noqa: BLE001 - any unreadable tensor data is corruption
         raise CorruptEntry(f"unreadable tensors ({str(exc)[:120]})") from None
     if checksum(loaded) != manifest.get("crc32"):

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from lvx_app.config import VideoConfig, load_key, updated
+from lvx_app.config import ConfigError, VideoConfig, load_key, updated
 from lvx_app.speech.audio import SpeechError
 from lvx_app.speech.choice import wants_speech
 from lvx_app.subtitles import Cue, SubtitleError, SubtitleTrack, resolve_subtitles
@@ -52,6 +52,7 @@ class VideoSummary:
     subtitle_lines: int = 0  # subtitle lines placed in the video prompt
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
+    prompt_tokens: int = 0  # the video prompt's tokens: prefilled by this load unless read back
     visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
     subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
     # the visual K/V mode and how it was decided (`kv_choice.KvChoice.as_dict`: auto's figures)
@@ -108,6 +109,13 @@ class VideoRequest:
         the command line's is (a ConfigError line); `subtitles`: auto, none or a FILE (the option),
         or the cues themselves ([] for none)."""
         named = isinstance(subtitles, (str, os.PathLike))
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"the video takes a file's path, not {path!r:.40}")
+        if not (subtitles is None or named or _cues(subtitles)):
+            raise ConfigError(
+                "subtitles takes auto, none, a subtitle file's path or a list of cues, "
+                f"not {subtitles!r:.40}"
+            )
         if named:
             changes["subtitles"] = str(subtitles)
         cues = None if subtitles is None or named else tuple(subtitles)
@@ -180,6 +188,7 @@ class AnswerStats:
     total_s: float = 0.0
     interrupted: bool = False
     truncated: bool = False
+    context_full: bool = False  # truncated by the model's last position, not by max_new_tokens
     # the answer's token ids as the conversation holds them (a stop token left out): what
     # `Engine.replay` feeds to rebuild the conversation
     tokens: list[int] = field(default_factory=list, repr=False)
@@ -197,8 +206,13 @@ class AnswerStats:
     @property
     def footer(self) -> str:
         """TTFT, tokens/s, tokens and how the answer ended, in one line."""
-        ended = " · interrupted" if self.interrupted else ""
-        ended = ended or (" · hit --max-new-tokens" if self.truncated else "")
+        ended = ""
+        if self.interrupted:
+            ended = " · interrupted"
+        elif self.context_full:
+            ended = " · hit the end of the model's context (reset to go on)"
+        elif self.truncated:
+            ended = " · hit --max-new-tokens"
         return (
             f"TTFT {self.ttft_s:.2f} s · {self.tokens_per_s:.1f} tok/s · "
             f"{self.new_tokens} tokens{ended}"
@@ -208,3 +222,8 @@ class AnswerStats:
         """What `lvx chat` prints under an answer: where in the video it looked, then its
         numbers."""
         return "\n".join(line for line in (seen_line(self.evidence or []), self.footer) if line)
+
+
+def _cues(given: Any) -> bool:
+    """Whether `given` is the cues themselves: a list (or tuple) of `Cue`s."""
+    return isinstance(given, (list, tuple)) and all(isinstance(c, Cue) for c in given)

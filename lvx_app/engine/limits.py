@@ -120,6 +120,12 @@ def frames_that_fit(context: int, tokens: int, frames: int, per_frame: int) -> i
 
 def video_prompt_too_long(tokens: int, frames: int, context: int, most: int) -> str:
     """The one line a user sees when a video's prompt leaves no room in the model's context."""
+    if most < 1:  # not even one frame fits: fewer frames cannot help (0 would mean no cap)
+        return (
+            f"the model's context of {context:,} positions leaves no room for a single frame of "
+            f"this video with a question (its prompt is {tokens:,} tokens for {frames:,} "
+            "frames); use a checkpoint with a longer context"
+        )
     return (
         f"the video's prompt is {tokens:,} tokens ({frames:,} frames), too many for the "
         f"{context:,} positions the model was trained on with room for a question; use at most "

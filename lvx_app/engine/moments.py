@@ -7,6 +7,7 @@ real timestamps, so every frontend shows the same moments: `lvx chat` one line u
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 # the one line under an answer, beside the answer's own numbers (print(engine.last_answer))
@@ -37,7 +38,7 @@ def moments(
                 Moment(
                     float(timestamps[run[0]]),
                     float(timestamps[run[-1]]),
-                    float(sum(shares[j] for j in run)),
+                    min(1.0, math.fsum(shares[j] for j in run)),  # rounding never makes > 1
                 )
             )
             run = []

@@ -65,7 +65,8 @@ class Turns:
             generation = replace(generation, max_new_tokens=self.answer_length)
         self.check_length(n)
         context = int(self.video.model.config.max_position_embeddings)
-        bound = answer_tokens(generation.max_new_tokens, context, conversation.position + n)
+        asked = generation.max_new_tokens
+        bound = answer_tokens(asked, context, conversation.position + n)
         generation = replace(generation, max_new_tokens=bound)
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
@@ -107,6 +108,7 @@ class Turns:
         if outcome.first_token_at is not None:
             stats.ttft_s = outcome.first_token_at - t0
         stats.interrupted, stats.truncated = outcome.interrupted, outcome.truncated
+        stats.context_full = outcome.truncated and bound < asked  # the positions ended it
         stats.total_s = time.perf_counter() - t0
         self.last_answer = stats
 

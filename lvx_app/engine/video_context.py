@@ -257,6 +257,7 @@ class VideoContext:
             subtitle_lines=placed,
             subtitles_dropped=dropped,
             prompt_from_cache=restored,
+            prompt_tokens=len(prefix_ids),
             visual_kv_from_cache=choice.source == "read back",
             kv_choice=kv_choice.as_dict(),
             subtitle_source=transcript.source,

@@ -21,6 +21,7 @@ PREFIX = "lvx-run-"
 KEEP_ENDED = 8
 SETTLE_S = 600.0
 LOCK_NAME = ".lock"
+SOCKETS = "pymp-*"  # multiprocessing's folders, which the ranks make here (video/decode.py)
 
 
 class RunDir:
@@ -39,6 +40,8 @@ class RunDir:
             return
         if not keep:
             shutil.rmtree(self.path, ignore_errors=True)
+        for sockets in self.path.glob(SOCKETS):  # the ranks' forkserver sockets: of no use now
+            shutil.rmtree(sockets, ignore_errors=True)
         os.close(self._lock)
         self._lock = -1
 

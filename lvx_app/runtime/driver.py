@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lvx_app.config import Config
+from lvx_app.devices import release_free_memory
 from lvx_app.engine.api import EngineError, ProgressFn
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.commands import COMMANDS, SHUTDOWN, Command
@@ -52,6 +53,7 @@ class GroupDriver(Engine):
 
     def run(self, command: Command, local: dict[str, Any] | None = None, **args: Any) -> Any:
         """Broadcast `command` to the other ranks, then run rank 0's share."""
+        release_free_memory()  # what the command before this one freed
         self.channel.broadcast(request(command, **args))
         return run_share(self.session, self.channel, command, args, **(local or {}))
 
@@ -83,13 +85,16 @@ class GroupDriver(Engine):
         self._stop.set()
 
     def close(self) -> None:
-        self.channel.broadcast(request(SHUTDOWN))
+        if not self.closed:
+            self.closed = True
+            self.channel.broadcast(request(SHUTDOWN))
 
 
 def worker_loop(session: RankSession, channel: ControlChannel) -> None:
     """Ranks other than 0: run rank 0's commands until told to shut down."""
     while True:
         asked = channel.broadcast()
+        release_free_memory()  # what the command before this one freed
         command = COMMANDS.get(asked.command)
         if command is None:
             raise RuntimeError(f"unknown engine command {asked.command!r}")

@@ -45,6 +45,7 @@ class Engine:
     last_answer: AnswerStats | None = None
     held: VideoRequest | None = None  # the video the ranks hold, as it was asked for (None: none)
     loaded: VideoSummary | None = None  # what its load made (its transcript, for /transcript)
+    closed: bool = False  # set by `close`: its ranks are gone, no command reaches them
 
     def load_video(
         self, video: str | VideoRequest, *, progress: ProgressFn | None = None, **options: Any
@@ -173,6 +174,8 @@ def _alone(engine: Engine) -> Iterator[None]:
     """Run one command of `engine` with no other running: the ranks take one at a time, and a
     second thread's command sent beside the first would leave them out of step (a hang, then the
     group killed). A thread that finds the engine busy is told so in one line."""
+    if engine.closed:
+        raise EngineError("this engine is closed; open another (lvx.open) to go on")
     with _LOCKS:
         lock = engine.__dict__.setdefault("_busy", threading.Lock())
     if not lock.acquire(blocking=False):

@@ -236,6 +236,7 @@ class RemoteEngine(Engine):
         return self._failure()
 
     def close(self) -> None:
+        self.closed = True
         if self.proc.poll() is None:
             try:
                 self.call(SHUTDOWN, None)

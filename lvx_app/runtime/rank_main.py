@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import warnings
 from multiprocessing.connection import Client
 
 import torch.distributed as dist
@@ -28,7 +29,7 @@ from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.launcher import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file
 from lvx_app.runtime.socket_link import serve_link
-from lvx_app.wire import Ready, send
+from lvx_app.wire import Ready, Warned, send
 
 
 def set_up_rank(config: Config, world: World) -> DistInfo:
@@ -72,13 +73,21 @@ def follower_line(command: str, channel: ControlChannel) -> str | None:
 def run_rank_session(
     config: Config, world: World | None = None, parallelize: Parallelize = parallelize
 ) -> None:
-    """This rank's part: rank 0 serves the frontend's link, the others follow its commands."""
-    session, channel = join_group(config, parallelize, world)
+    """This rank's part: rank 0 serves the frontend's link, the others follow its commands. What
+    rank 0 warned while it started (before the link) reaches the frontend before `Ready`, as one
+    process would have shown it."""
+    leader = os.environ.get("RANK", "0") == "0"
+    with warnings.catch_warnings(record=leader) as started:
+        session, channel = join_group(config, parallelize, world)
+    for w in started or []:  # the group's log keeps them too
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if session.info.rank != 0:
         worker_loop(session, channel)
         return
     host, port = os.environ[LINK_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[LINK_KEY_ENV]))
+    for w in started or []:
+        send(conn, Warned(str(w.message)))
     send(conn, Ready(session.describe()))
     serve_link(GroupDriver(session, channel, config), conn)
 

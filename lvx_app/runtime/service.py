@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lvx_app.devices import release_free_memory
 from lvx_app.engine.api import EngineError, GroupFailed, ProgressFn, VideoRequest, VideoSummary
 from lvx_app.runtime.engine_handle import Engine
 
@@ -176,6 +177,7 @@ class EngineService:
             if self._holder is lease:
                 self._holder, self._quiet_since = None, None
                 self._turn.notify_all()
+        release_free_memory()  # what serving this lease freed, given back to the system
 
     # ---- a dead group ----------------------------------------------------------------------------
     def _fail(self, why: str) -> None:

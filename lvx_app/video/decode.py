@@ -50,6 +50,7 @@ import torch
 
 from lvx_app.defaults import DEFAULT_DECODE_TIMEOUT_S
 from lvx_app.devices import usable_cores
+from lvx_app.parallel.failures import RUN_DIR_ENV
 from lvx_app.parallel.shards import shard_bounds
 from lvx_app.regular_files import (
     NotARegularFile,
@@ -394,7 +395,7 @@ def _close_all() -> None:
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
-    _socket_folder_that_fits()
+    _socket_folder()
     return ctx
 
 
@@ -403,16 +404,25 @@ def _context():
 _SOCKET_PATH_MAX, _SOCKET_NAME_LEN = 107, 32
 
 
-def _socket_folder_that_fits() -> None:
-    """Under a long TMPDIR (a job's scratch folder, a test's folder) the forkserver's socket path
-    would be too long ("AF_UNIX path too long" when the first video opens): multiprocessing's
-    folder is then made under /tmp instead, as newer Pythons do. Once per process: the folder
-    multiprocessing made first is kept."""
-    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_NAME_LEN <= _SOCKET_PATH_MAX:
+def _fits(folder: str) -> bool:
+    return len(os.fsencode(folder)) + _SOCKET_NAME_LEN <= _SOCKET_PATH_MAX
+
+
+def _socket_folder() -> None:
+    """Where multiprocessing puts the forkserver's socket folder (`pymp-*`), once per process: in a
+    rank, its group's run folder, which the launcher clears when the group ends however it ends
+    (a rank killed by Ctrl-C or a restart never runs the exit hook that would remove it from the
+    temporary folder); under a long TMPDIR (a job's scratch folder, a test's folder), where the
+    socket's path would be too long ("AF_UNIX path too long" when the first video opens), /tmp,
+    as newer Pythons do. The folder multiprocessing made first is kept."""
+    run_dir = os.environ.get(RUN_DIR_ENV, "")
+    if run_dir and os.path.isdir(run_dir) and _fits(run_dir):
+        base = run_dir
+    elif not _fits(tempfile.gettempdir()) and os.access("/tmp", os.W_OK | os.X_OK):
+        base = "/tmp"
+    else:
         return
-    if not os.access("/tmp", os.W_OK | os.X_OK):
-        return
-    given, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    given, tempfile.tempdir = tempfile.tempdir, base
     try:
         mp_util.get_temp_dir()  # multiprocessing keeps (and removes at exit) the folder made here
     finally:
