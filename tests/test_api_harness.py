@@ -536,7 +536,9 @@ def test_serve_subtitles_sets_the_default_and_models_says_it(served, tmp_path, m
     url, _, _, _ = served
     (model,) = httpx.get(url + "/v1/models").json()["data"]
     assert model["lvx_video_defaults"] == {"fps": 1.0, "max_frames": 0, "subtitles": "none"}
-    assert model["lvx_kv_mode"] == {"asked": "auto", "last load": {}}  # no video loaded yet
+    kv = model["lvx_kv_mode"]  # the held video's mode and why (none held: {}), whatever ran before
+    assert kv["asked"] == "auto" and kv["last load"].get("mode", "cache") == "cache", kv
+    assert not kv["last load"] or "host memory" in kv["last load"]["why"], kv
 
 
 def test_a_client_that_leaves_a_whole_answer_stops_it(served):
