@@ -31,7 +31,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
-from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, QuestionTooLong, VideoRequest
+from lvx_app.engine.api import (
+    AnswerStats,
+    EngineError,
+    GroupFailed,
+    QuestionTooLong,
+    VideoRequest,
+    VideoSummary,
+)
 from lvx_app.engine.describe import shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
@@ -227,6 +234,21 @@ def refusal_line(err: ApiError, what: str) -> str:
     return f"api: {what} {err.status} {err.code}: {shortened(err.message, 200)}"
 
 
+def lvx_fields(video: VideoConfig, loaded: VideoSummary | None) -> dict[str, Any]:
+    """lvx's own fields of /v1/models: what a request that sets no video option gets, the visual
+    K/V mode of the video the engine holds and why, and whether "subtitles": "speech" (and auto
+    without subtitles) can transcribe, and with what."""
+    return {
+        "lvx_video_defaults": {
+            "fps": video.fps,
+            "max_frames": video.max_frames or 0,
+            "subtitles": video.subtitles,
+        },
+        "lvx_kv_mode": {"asked": video.kv_mode, "last load": loaded.kv_choice if loaded else {}},
+        "lvx_speech": {"available": speech_available(), "model": video.speech_model},
+    }
+
+
 def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -273,19 +295,7 @@ class OpenAIApi:
         except ApiError as err:
             return self._refused(err, request)
         model = {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "lvx"}
-        video = self.config.video  # lvx's own field: what a request that sets none of them gets
-        model["lvx_video_defaults"] = {
-            "fps": video.fps,
-            "max_frames": video.max_frames or 0,
-            "subtitles": video.subtitles,
-        }
-        loaded = self.service.loaded  # the visual K/V mode of the video the engine holds, and why
-        model["lvx_kv_mode"] = {
-            "asked": video.kv_mode,
-            "last load": loaded.kv_choice if loaded else {},
-        }
-        # whether "subtitles": "speech" (and auto without subtitles) can transcribe, and with what
-        model["lvx_speech"] = {"available": speech_available(), "model": video.speech_model}
+        model |= lvx_fields(self.config.video, self.service.loaded)
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:
