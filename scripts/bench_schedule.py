@@ -1,12 +1,16 @@
 #!/usr/bin/env python
-"""Ring or gather by query size: where the gather schedule stops beating the LV-XAttn ring.
+"""Ring or gather by query size: where the engine's gather stops beating its LV-XAttn ring.
 
-N ranks, one question's worth of query rows (every row after the whole video, so it sees every
-frame), the visual K/V of `--frames` frames of 729 tokens split over the ranks, GQA 14:2, d 64,
-forward only (what a question's prefill runs). For each total of query rows it times the ring
-(`lv_xattn_with_lse`), the gather schedule (`gather_xattn_with_lse`) and the same local kernel work
-with no communication, interleaved, median of the slowest rank; prints a table, the crossover (the
-most rows up to which gather was faster at every size) and writes JSON.
+What is timed is what the engine runs for a question's prefill, one hyper layer of it: the
+attention hooks `parallelize` installs (`ShardedAttention.text` and `.visual`), called as the
+model's forward calls them. "ring": the question sharded over the ranks (`sharded_feed`), its text
+attention and its visual attention each an LV-XAttn ring. "gather": the question fed whole on every
+rank (the replicated feed), text attention local over the replicated cache and the visual partials
+combined in one collective (`ShardedAttention.combine`, `decode_xattn`). "no-comm": the same local
+kernel work over all rows with no communication. N ranks, the visual K/V of `--frames` frames of
+729 tokens split over the ranks, a text cache of the video prompt's 5 positions per frame, GQA
+14:2, d 64, forward only; interleaved, median of the slowest rank. Prints a table, the crossover
+(the most rows up to which gather was faster at every size) and writes JSON.
 
 CPU: gloo ranks spawned here, one per `--ranks` entry in turn. GPU: start it under torchrun, one
 rank per GPU (NCCL), with `--device cuda`; the ranks are then torchrun's.
@@ -28,6 +32,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -35,37 +40,77 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
-from lvx_app.attention import attn_fwd, gather_xattn_with_lse, lv_xattn_with_lse
+from lvx_app.attention import attn_fwd
+from lvx_app.attention.feed import REPLICATED
+from lvx_app.attention.masks import Indices
 from lvx_app.attention.schedule import calibration_path, write_calibration
+from lvx_app.engine.parallelize import ShardedAttention
 from scripts.gloo_ranks import run_ranks
 from scripts.harness import command_line, machine, write_json
 from scripts.xattn_problem import DTYPES, KEYS_PER_FRAME, slices, timed_rounds
 
 
+def _question(rows: int, world: int, rank: int, frames: int, dev, heads: tuple) -> tuple:
+    """A question of `rows` tokens after the video prompt's text cache: every rank's queries,
+    keys and values of one layer (text: the cache's and the question's own), its positions."""
+    hq, hkv, d, dtype = heads
+    cached = 5 * frames
+    g = torch.Generator().manual_seed(rows)
+    q = torch.randn(1, rows, hq, d, generator=g).to(dev, dtype)
+    kv = [torch.randn(1, cached + rows, hkv, d, generator=g).to(dev, dtype) for _ in range(2)]
+    qs = slices(rows, world)
+    every = [torch.arange(cached + s.start, cached + s.stop).view(1, -1) for s in qs]
+    return q, kv, qs, every, cached
+
+
+def _cases(rank: int, world: int, cfg: dict, dev, dtype) -> dict:
+    """For each total of query rows: the engine's hooks under the sharded feed ("ring") and the
+    replicated one ("gather"), and their local kernel work alone ("no-comm")."""
+    hq, hkv, d, frames = cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], cfg["frames"]
+    ks = slices(frames * KEYS_PER_FRAME, world)[rank]
+    g = torch.Generator().manual_seed(1000 + rank)
+    vk = torch.randn(1, ks.stop - ks.start, hkv, d, generator=g).to(dev, dtype)
+    vv = torch.randn(vk.shape, generator=g).to(dev, dtype)
+    k_frame = Indices.of_host((torch.arange(ks.start, ks.stop) // KEYS_PER_FRAME).view(1, -1), dev)
+    hooks = ShardedAttention(None, rank, world)
+    cases = {}
+    for rows in cfg["rows"]:
+        heads = (hq, hkv, d, dtype)
+        q, (tk, tv), qs, every, cached = _question(rows, world, rank, frames, dev, heads)
+        mine = qs[rank]
+        sees_all = [torch.full_like(p, frames) for p in every]
+        feed = hooks.sharded_feed(every[rank], [p.numel() for p in every], dev, cached, every)
+        ring = _step(feed, vk, vv, k_frame, Indices.of_host(sees_all[rank], dev), sees_all)
+        whole = Indices.of_host(torch.full((1, rows), frames), dev)
+        gather = _step(REPLICATED, vk, vv, k_frame, whole, None)
+        # the cache, then this rank's own tokens' keys, as the model hands them to the text hook
+        tk_mine, tv_mine = (torch.cat([t[:, :cached], t[:, cached:][:, mine]], 1) for t in (tk, tv))
+        qm = q[:, mine].contiguous()
+        cases[(rows, "ring")] = lambda q=qm, k=tk_mine, v=tv_mine, s=ring: _layer(hooks, q, k, v, s)
+        cases[(rows, "gather")] = lambda q=q, k=tk, v=tv, s=gather: _layer(hooks, q, k, v, s)
+        cases[(rows, "no-comm")] = lambda q=q, k=tk, v=tv, w=whole: (
+            attn_fwd(q, k, v, causal=True),
+            attn_fwd(q, vk, vv, q_vis=w, k_frame=k_frame),
+        )
+    return cases
+
+
+def _step(feed, k, v, k_frame, q_vis, q_vis_every) -> SimpleNamespace:
+    """What a hyper layer's forward hands its hooks (the model's StepContext and VisualStep)."""
+    visual = SimpleNamespace(kv={0: (k, v)}, k_frame=k_frame, q_vis=q_vis, q_vis_every=q_vis_every)
+    return SimpleNamespace(feed=feed, visual=visual)
+
+
+def _layer(hooks: ShardedAttention, q, k, v, step) -> None:
+    """One hyper layer's attention as the engine runs it: its text hook, then its visual one."""
+    hooks.text(q, k, v, step, 0)
+    hooks.visual(q, step, 0)
+
+
 def _bench_rank(rank: int, world: int, cfg: dict, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     dev, dtype = torch.device(device), DTYPES[cfg["dtype"]]
-    hq, hkv, d, frames = cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], cfg["frames"]
-    s_kv = frames * KEYS_PER_FRAME
-    ks = slices(s_kv, world)[rank]
-    g = torch.Generator().manual_seed(1000 + rank)
-    k = torch.randn(1, ks.stop - ks.start, hkv, d, generator=g).to(dev, dtype)
-    v = torch.randn(k.shape, generator=g).to(dev, dtype)
-    k_frame = (torch.arange(ks.start, ks.stop) // KEYS_PER_FRAME).view(1, -1).to(dev, torch.int32)
-    cases = {}
-    for rows in cfg["rows"]:
-        qs = slices(rows, world)
-        sizes = [s.stop - s.start for s in qs]
-        q_all = torch.randn(1, rows, hq, d).to(dev, dtype)
-        q = q_all[:, qs[rank]].contiguous()
-        q_vis = torch.full((1, sizes[rank]), frames, dtype=torch.int32, device=dev)
-        vis_all = torch.full((1, rows), frames, dtype=torch.int32, device=dev)
-        kw = dict(q_vis=q_vis, k_frame=k_frame, q_sizes=sizes)
-        cases[(rows, "ring")] = lambda q=q, kw=kw: lv_xattn_with_lse(q, k, v, **kw)
-        cases[(rows, "gather")] = lambda q=q, kw=kw: gather_xattn_with_lse(q, k, v, **kw)
-        cases[(rows, "no-comm")] = lambda q=q_all, vis=vis_all: attn_fwd(
-            q, k, v, q_vis=vis, k_frame=k_frame
-        )
+    cases = _cases(rank, world, cfg, dev, dtype)
     with torch.no_grad():
         times = timed_rounds(cases, cfg["warmup"], cfg["iters"], device=dev)
     return {f"{rows}/{name}": 1e3 * statistics.median(t) for (rows, name), t in times.items()}

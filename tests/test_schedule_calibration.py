@@ -82,9 +82,11 @@ def test_a_run_reads_the_calibration_in_its_own_cache_folder(tmp_path, cache_dir
     "text",
     [
         "not json",
-        json.dumps({"version": 1}),
-        json.dumps({"version": 1, "gather_max_rows": {"2": -5}}),
+        json.dumps({"version": 2}),
+        json.dumps({"version": 2, "gather_max_rows": {"2": -5}}),
         json.dumps({"version": 99, "gather_max_rows": {"2": 64}}),
+        # an older version, which timed another kernel: measured again
+        json.dumps({"version": 1, "gather_max_rows": {"2": 64}}),
     ],
 )
 def test_a_bad_calibration_is_named_once_and_ignored(cache_dir, text):

@@ -1,15 +1,18 @@
-"""Ring or gather: which schedule a distributed cross-attention call runs, chosen from the query
-rows and the ranks.
+"""Ring or gather: which schedule a question's prefill runs, chosen from its query rows and the
+ranks.
 
-The ring (`lv_xattn_with_lse`) costs n-1 dependent rounds of latency but sends each query block once
-per hop; the gather schedule (`gather_xattn_with_lse`) costs two collectives whatever n but sends
-all rows to every rank. Below a crossover number of query rows in total the gather wins. Where it
-lies depends on the machine (kernel time against collective latency), so a machine measures its own
-with `scripts/bench_schedule.py --calibrate [--cache-dir DIR]`, which writes `calibration.json`
-(`write_calibration`) in the cache folder (`--cache-dir`, else `$LVX_CACHE_DIR`, else ~/.cache/lvx);
-an engine reads the one in its own run's cache folder once and otherwise uses the built-in table,
-measured on 2 and 4 CPU ranks over gloo (docs/design-measurements.md, "Ring or gather by query
-size"). `--xattn-schedule ring|gather` overrides both.
+The ring shards the question over the ranks and runs its text and visual attention as LV-XAttn
+rings (`lv_xattn_with_lse`): n-1 dependent rounds of latency, each query block sent once per hop.
+The gather feeds the whole question on every rank (the replicated feed): text attention is local
+over the replicated cache and the visual partials are combined in one collective
+(`decode_xattn`), whatever n, but every rank computes every row. Below a crossover number of query
+rows in total the gather wins. Where it lies depends on the machine (kernel time against collective
+latency), so a machine measures its own with `scripts/bench_schedule.py --calibrate [--cache-dir
+DIR]`, which times those very hooks of the engine and writes `calibration.json`
+(`write_calibration`) in the cache folder (`--cache-dir`, else `$LVX_CACHE_DIR`, else
+~/.cache/lvx); an engine reads the one in its own run's cache folder once and otherwise uses the
+built-in table, measured on 2 and 4 CPU ranks over gloo (docs/design-measurements.md, "Ring or
+gather by query size"). `--xattn-schedule ring|gather` overrides both.
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ __all__ = [
 
 # most query rows in total (over all ranks) for which gather beat the ring, by number of ranks
 # measured; other numbers of ranks take the entry of the most ranks measured not above theirs.
-# Measured 2026-11-24: gather 1.7x (2 ranks) / 1.3x (4 ranks) ahead at 8 rows, still 1.08x / 1.33x
-# at 256; from 384 rows on the two are within the noise (both do the same kernel work), and
-# the ring, which sends each row once per hop instead of all rows to every rank, is kept there for
-# links slower than loopback.
+# Both do the same kernel work; the gather was 2.0x (2 ranks) / 2.8x (4 ranks) ahead at 8 rows,
+# 1.2x ahead at 256 rows on 4 ranks and behind at 512; on 2 ranks from 64 to 256 rows the two
+# trade places between runs (0.8x-1.4x). Above 256 the ring, which sends each row once per hop
+# instead of all rows to every rank, is kept for links slower than loopback.
 GATHER_MAX_ROWS = {2: 256, 4: 256}
 CALIBRATION_FILE = "calibration.json"
-CALIBRATION_VERSION = 1
+# 2: timed as the engine runs each schedule (its hooks under either feed); an older file is
+# refused in one warning and measured again
+CALIBRATION_VERSION = 2
 
 
 class CalibrationWarning(UserWarning):
