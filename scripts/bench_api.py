@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +24,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 
-from scripts.gloo_ranks import free_port
 from scripts.harness import command_line, machine, show, write_json
+from scripts.serve_process import start_serve
 
 QUESTION = "({}) What happens in the video, and when does the scene change?"  # ({}): a new one
 FOLLOW_UP = "And what happens right after that?"
@@ -45,18 +44,9 @@ def _first_piece(pieces, t0: float) -> tuple[float, str]:
 def bench_api(checkpoint: Path, video: Path, ranks: int, tokens: int, repeats: int) -> list[dict]:
     import openai
 
-    port = free_port()
-    log = video.parent / "serve.log"
-    args = [sys.executable, "-m", "lvx_app.cli", "serve", "--no-ui", "--gpus", "0"]
-    args += ["--ranks", str(ranks), "--model", str(checkpoint), "--port", str(port)]
-    args += ["--allow-paths", str(video.parent), "--cache-dir", str(video.parent / "cache")]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    folder = video.parent
+    server, port = start_serve(checkpoint, ranks, folder, folder / "cache", folder / "serve.log")
     try:
-        while "ready on" not in log.read_text(errors="replace"):
-            if server.poll() is not None:
-                raise SystemExit(log.read_text(errors="replace"))
-            time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
 
         def ask(messages: list[dict]) -> tuple[float, str, tuple[int, int]]:

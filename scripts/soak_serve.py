@@ -27,8 +27,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
-from scripts.gloo_ranks import free_port
 from scripts.harness import Rows, command_line, dumps, machine, show
+from scripts.serve_process import start_serve
 
 QUESTIONS = ["What happens in the video?", "When does the scene change?", "Describe the colours."]
 
@@ -205,22 +205,8 @@ def _outcome(status: int, meant: str) -> str:
 
 
 def start_server(work: Path, checkpoint: Path, ranks: int) -> tuple[subprocess.Popen, int, Path]:
-    port = free_port()
     log = work / "serve.log"
-    args = [sys.executable, "-m", "lvx_app.cli", "serve", "--no-ui", "--gpus", "0"]
-    args += ["--ranks", str(ranks), "--model", str(checkpoint), "--port", str(port)]
-    args += ["--allow-paths", str(work / "videos"), "--cache-dir", str(work / "cache")]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        while "ready on" not in log.read_text(errors="replace"):
-            if server.poll() is not None:
-                raise SystemExit(log.read_text(errors="replace"))
-            time.sleep(0.2)
-    except BaseException:  # Ctrl-C while it starts: no server outlives the script
-        server.terminate()
-        server.wait(timeout=60)
-        raise
+    server, port = start_serve(checkpoint, ranks, work / "videos", work / "cache", log)
     return server, port, log
 
 
