@@ -26,7 +26,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.attention import masks
-from lvx_app.attention.masks import Indices, pack_vis
+from lvx_kernels.masks import Indices, pack_vis
 from lvx_models.mplug_owl3.hyper import visible_frames
 from scripts.harness import Rows, command_line, machine, show
 

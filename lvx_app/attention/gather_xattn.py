@@ -24,12 +24,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lvx_app.attention.decode_xattn import decode_xattn
-from lvx_app.attention.kernels import attention, attn_bwd, check_inputs
 from lvx_app.attention.lv_xattn import query_sizes
-from lvx_app.attention.masks import MaskIndex, device_tensor
-from lvx_app.attention.merge import acc_dtype
 from lvx_app.parallel import get_world_size
 from lvx_app.parallel.collectives import allgather_seq, count_bytes, reduce_scatter_seq
+from lvx_kernels.kernels import attention, attn_bwd, check_inputs
+from lvx_kernels.masks import MaskIndex, device_tensor
+from lvx_kernels.merge import acc_dtype
 
 
 def _rows(sizes: list[int], rank: int) -> slice:
