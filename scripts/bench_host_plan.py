@@ -3,7 +3,7 @@ model's shapes, on host tensors only (no GPU needed; the device side is the meta
 
 A prompt prefill's hyper layer packs the query groups of every text token as rows (`gqa`) and
 plans their media-mask tiles against this rank's visual keys, one frame's patches each
-(`attention/masks.py`); the masks themselves are built on the device, here on the meta device, so
+(`kernels/masks.py`); the masks themselves are built on the device, here on the meta device, so
 what is timed is the host's share alone. `--scan` times the planner that compares every tile's rows
 with every local key (what keys in no order still take), for comparison.
 
