@@ -9,7 +9,7 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import backends, kernels, masks
+from lvx_kernels import backends, kernels, masks
 from lvx_kernels.backends import available_backends
 from lvx_kernels.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
 from lvx_kernels.kernels import attention, attn_bwd, attn_fwd

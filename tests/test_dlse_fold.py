@@ -9,7 +9,7 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import backends
+from lvx_kernels import backends
 from lvx_kernels.kernels import attn_bwd, attn_fwd
 
 D = 16

@@ -10,8 +10,9 @@ import torch
 from attn_reference import reference_attention
 from test_lv_xattn import CASES, HQ, SK, SQ, TOL, B, D, _case_data, _cuts
 
-from lvx_app.attention import choose_schedule, gather_xattn_with_lse, masks
+from lvx_app.attention import choose_schedule, gather_xattn_with_lse
 from lvx_app.attention.schedule import crossovers
+from lvx_kernels import masks
 from scripts.gloo_ranks import run_ranks
 
 GATHER_CASES = CASES + [("media_fp64", torch.float64, True, True, 1, 2, False, None, None)]

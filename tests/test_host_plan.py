@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvx_app.attention import masks
+from lvx_kernels import masks
 from lvx_kernels.masks import Indices
 
 

@@ -15,7 +15,12 @@ from test_readme import TEST_COMMAND
 
 ROOT = Path(__file__).resolve().parents[1]
 # import name -> folder
-PACKAGES = {"lvx_app": "lvx_app", "lvx_kernels": "kernels", "lvx_models": "models", "lvx_ui": "ui"}
+PACKAGES = {
+    "lvx_app": "lvx_app",
+    "lvx_kernels": "lvx_kernels",
+    "lvx_models": "models",
+    "lvx_ui": "ui",
+}
 MAX_LINES = 60
 # a function over MAX_LINES says why within its first lines, e.g. "# long: the option list"
 WHY_LONG = "# long:"
@@ -262,8 +267,7 @@ def test_layers_of_modules():
 
 
 def test_every_package_folder_is_installed_under_its_import_name():
-    """pyproject.toml lists the packages by hand (kernels/, models/ and ui/ install as lvx_kernels,
-    lvx_models and lvx_ui),
+    """pyproject.toml lists the packages by hand (models/ and ui/ install as lvx_models and lvx_ui),
     so a new folder must be added there or a wheel would leave it out."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse, masks
+from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse
+from lvx_kernels import masks
 from scripts.gloo_ranks import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8

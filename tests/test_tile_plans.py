@@ -10,7 +10,7 @@ import torch
 from attn_reference import reference_attention
 from host_syncs import counting_host_reads
 
-from lvx_app.attention import backends, masks
+from lvx_kernels import backends, masks
 from lvx_kernels.kernels import attn_bwd, attn_fwd
 from lvx_kernels.masks import Indices
 
