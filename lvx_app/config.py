@@ -28,10 +28,9 @@ from lvx_app.defaults import (
     DEFAULT_TIMEOUT_S,
     LAYOUTS,
 )
+from lvx_kernels.backend_names import ATTN_BACKENDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-# the attention kernels (lvx_app/attention/backends.py); auto picks the best one for each call
-ATTN_BACKENDS = ("auto", "flash_attn", "cudnn", "flash", "efficient", "cpu", "math")
 KV_MODES = ("auto", "cache", "recompute")
 SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")

@@ -31,8 +31,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 import torch
 
-from lvx_app.attention.backends import kernel_tally
 from lvx_app.engine.kv_choice import choose_kv_mode
+from lvx_kernels.backends import kernel_tally
 from scripts.harness import Rows, command_line, machine, show, timed
 from scripts.random_model import random_model
 

@@ -43,12 +43,12 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
-from lvx_app.attention.backends import kernel_tally
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.static_decode import DecodeStep
 from lvx_app.parallel.group import DistInfo
+from lvx_kernels.backends import kernel_tally
 from scripts.decode_compare import bound, compare, forced_logits
 from scripts.harness import Rows, command_line, machine, sync
 from scripts.host_reads import counting_host_reads

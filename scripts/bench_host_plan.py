@@ -3,7 +3,7 @@ model's shapes, on host tensors only (no GPU needed; the device side is the meta
 
 A prompt prefill's hyper layer packs the query groups of every text token as rows (`gqa`) and
 plans their media-mask tiles against this rank's visual keys, one frame's patches each
-(`attention/masks.py`); the masks themselves are built on the device, here on the meta device, so
+(`lvx_kernels/masks.py`); the masks themselves are built on the device, here on the meta device, so
 what is timed is the host's share alone. `--scan` times the planner that compares every tile's rows
 with every local key (what keys in no order still take), for comparison.
 
@@ -25,8 +25,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(ROOT)
     import scripts  # noqa: F401
 
-from lvx_app.attention import masks
-from lvx_app.attention.masks import Indices, pack_vis
+from lvx_kernels import masks
+from lvx_kernels.masks import Indices, pack_vis
 from lvx_models.mplug_owl3.hyper import visible_frames
 from scripts.harness import Rows, command_line, machine, show
 

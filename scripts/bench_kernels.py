@@ -29,8 +29,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
-from lvx_app.attention import backends, masks
-from lvx_app.attention.kernels import attn_fwd
+from lvx_kernels import backends, masks
+from lvx_kernels.kernels import attn_fwd
 from scripts.harness import command_line, machine, markdown, median_seconds, write_json
 from scripts.xattn_problem import KEYS_PER_FRAME, TOKENS_PER_PLACEHOLDER
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention import attn_bwd, attn_fwd, lv_xattn, merge_
-from lvx_app.attention.backends import kernel_tally
+from lvx_kernels.backends import kernel_tally
 from scripts.baselines import allgather_xattn, ring_xattn, ulysses_supported, ulysses_xattn
 from scripts.emulated_link import NCCL_NET_LATENCY_S, emulated_link
 from scripts.gloo_ranks import run_ranks

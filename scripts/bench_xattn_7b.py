@@ -27,7 +27,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 import torch
 
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends
-from lvx_app.attention.backends import can_run, kernel_tally
+from lvx_kernels.backends import can_run, kernel_tally
 from scripts.harness import Rows, command_line, machine, median_seconds, show
 from scripts.reference64 import (
     LSE_TOLERANCE,

@@ -42,8 +42,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 import torch
 
 from lvx_app.attention import attn_fwd, available_backends
-from lvx_app.attention.backends import bounds_keys, can_run, kernel_tally
-from lvx_app.attention.kernels import attn_fwd_upto
+from lvx_kernels.backends import bounds_keys, can_run, kernel_tally
+from lvx_kernels.kernels import attn_fwd_upto
 from scripts.harness import Rows, command_line, machine
 from scripts.reference64 import (
     LSE_TOLERANCE,

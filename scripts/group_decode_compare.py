@@ -32,13 +32,13 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
-from lvx_app.attention.backends import kernel_tally
 from lvx_app.config import ModelConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.static_decode import DecodeStep, decode_step
 from lvx_app.parallel.group import DistInfo, destroy_distributed, init_distributed
 from lvx_app.parallel.layout import owned
+from lvx_kernels.backends import kernel_tally
 from scripts.decode_compare import bound, compare, forced_logits
 from scripts.harness import Rows, command_line, machine
 from scripts.random_model import random_model

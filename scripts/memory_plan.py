@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from lvx_app.attention.masks import Indices, TilePlan, min_tile, pack_vis, tile_plans
 from lvx_app.defaults import DEFAULT_LAYOUT
 from lvx_app.engine.limits import frames_that_fit, video_prompt_too_long
 from lvx_app.engine.memory_plan import (
@@ -29,6 +28,7 @@ from lvx_app.engine.memory_plan import (
     visual_masked_share,
 )
 from lvx_app.parallel.layout import owned, rank_tokens
+from lvx_kernels.masks import Indices, TilePlan, min_tile, pack_vis, tile_plans
 from lvx_models.mplug_owl3.config import Owl3Config
 
 

@@ -1,5 +1,5 @@
 """The aten attention ops lvx calls, checked against the torch this process runs: each op exists,
-takes as many positional arguments as the adapters pass (`lvx_app/attention/backends.py`) and the
+takes as many positional arguments as the adapters pass (`lvx_kernels/backends.py`) and the
 keywords they name, needs none they leave out, and returns the outputs they read (exactly as many
 where they unpack them all).
 

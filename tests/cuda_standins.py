@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from lvx_app.attention import backends
+from lvx_kernels import backends
 
 PAD = float("inf")  # what the padded lse tail holds: garbage the adapters must slice off
 

@@ -20,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
 FOLDERS = ("", "lvx_app/")  # where a path the page gives may start (or beside the last one)
-PRODUCT = [p for folder in ("lvx_app", "models", "ui") for p in (ROOT / folder).rglob("*.py")]
+PACKAGE_FOLDERS = ("lvx_app", "lvx_kernels", "models", "ui")
+PRODUCT = [p for folder in PACKAGE_FOLDERS for p in (ROOT / folder).rglob("*.py")]
 IDENT = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 # the tables that name code, by their header's words, and the column of each that does
 CODE_TABLES = {"file: function": 1, "sender → receiver": 1, "CUDA-only lines": 0}

@@ -9,11 +9,11 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import backends, kernels, masks
-from lvx_app.attention.backends import available_backends
-from lvx_app.attention.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
-from lvx_app.attention.kernels import attention, attn_bwd, attn_fwd
-from lvx_app.attention.merge import merge, merge_, merge_many
+from lvx_kernels import backends, kernels, masks
+from lvx_kernels.backends import available_backends
+from lvx_kernels.gqa import pack_lse, pack_rows, unpack_lse, unpack_rows
+from lvx_kernels.kernels import attention, attn_bwd, attn_fwd
+from lvx_kernels.merge import merge, merge_, merge_many
 
 NEG_INF = float("-inf")
 CPU_BACKENDS = ["cpu", "math"]

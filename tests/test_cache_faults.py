@@ -25,12 +25,13 @@ from typer.testing import CliRunner
 
 import lvx_app.cache.files as cache_files
 from lvx_app.cache import CacheFolder, CacheWarning, FeatureCache, PrefixCache, VisualKVCache
+from lvx_app.cache.fingerprints import MEMO_NAME, fingerprint_memo
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
-from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_identity
+from lvx_models.mplug_owl3.fingerprint import encoder_identity
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 from scripts.gloo_ranks import run_ranks
 
@@ -218,7 +219,8 @@ def test_a_full_disk_saves_nothing_says_so_once_and_leaves_no_file(
             "visual-kv": [VisualKVCache(root).path(visual)],
             MEMO_NAME: [root / MEMO_NAME],
         }
-        encoder_identity(tiny_checkpoints["g2"], None, root)
+        with fingerprint_memo(root) as memo:
+            encoder_identity(tiny_checkpoints["g2"], None, memo)
         return all(p.is_file() for p in paths[kind])
 
     full_disk((kind,), how)

@@ -12,11 +12,18 @@ from safetensors.torch import load_file, save_file
 
 import lvx_app.cache.faults as cache_faults
 from lvx_app.cache import CacheWarning, FeatureCache
+from lvx_app.cache.fingerprints import MEMO_NAME, fingerprint_memo
 from lvx_app.config import Config
 from lvx_app.runtime.open import open_engine
 from lvx_models.mplug_owl3 import fingerprint
-from lvx_models.mplug_owl3.fingerprint import MEMO_NAME, encoder_fingerprint, encoder_identity
+from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint, encoder_identity
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+
+
+def _remembered(checkpoint, cache) -> str:
+    """The encoder fingerprint as the engine makes it: the digests kept in the cache folder."""
+    with fingerprint_memo(cache) as memo:
+        return encoder_identity(str(checkpoint), None, memo)[1]
 
 
 def _answer(checkpoint, video, cache_dir, *, cache=True):
@@ -61,9 +68,9 @@ def test_weights_replaced_in_place_miss_the_cache(tmp_path, short_video):
 
 def test_fingerprint_follows_the_encoder_weights_only(tmp_path, monkeypatch):
     a = write_tiny_checkpoint(tmp_path / "a", "g2", seed=0)
-    memo = tmp_path / "memo.json"
+    memo = {}
     first = encoder_fingerprint(a, memo=memo)
-    assert memo.is_file()
+    assert len(memo) == 1, "the one safetensors file's digest is remembered"
     b = tmp_path / "elsewhere" / "b"
     shutil.copytree(a, b)
     assert encoder_fingerprint(b) == first, "the same weights elsewhere have the same fingerprint"
@@ -77,6 +84,22 @@ def test_fingerprint_follows_the_encoder_weights_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fingerprint, "_tensor_digest", no_reads)
     assert encoder_fingerprint(a, memo=memo) == first
+
+
+def test_the_cache_folder_remembers_the_digests(tmp_path, monkeypatch):
+    """A later start only stats the weight files: the memo in the cache folder answers."""
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "g2", seed=0)
+    cache = tmp_path / "cache"
+    first = _remembered(checkpoint, cache)
+    assert (cache / MEMO_NAME).is_file()
+    saved = (cache / MEMO_NAME).stat().st_mtime_ns
+
+    def no_reads(*args):
+        raise AssertionError("the memo should have answered")
+
+    monkeypatch.setattr(fingerprint, "_tensor_digest", no_reads)
+    assert _remembered(checkpoint, cache) == first
+    assert (cache / MEMO_NAME).stat().st_mtime_ns == saved, "nothing new: the memo is not rewritten"
 
 
 def test_a_corrupt_cache_file_is_one_warning_line(tmp_path, short_video):
@@ -113,14 +136,14 @@ def test_a_folder_where_the_fingerprints_belong_is_left_alone_and_gathers_no_tem
     for _ in range(3):
         monkeypatch.setattr(cache_faults, "_said", set())  # a new run
         with pytest.warns(CacheWarning, match=f"{MEMO_NAME} is a folder holding files") as caught:
-            fingerprints.add(encoder_identity(str(checkpoint), None, cache)[1])
+            fingerprints.add(_remembered(checkpoint, cache))
         assert len(caught) == 1
         assert sorted(p.name for p in cache.rglob("*")) == before, "no temporary file is left"
     assert len(fingerprints) == 1 and (cache / MEMO_NAME / "notes.txt").read_text() == "someone's"
     (cache / MEMO_NAME / "notes.txt").unlink()  # an empty folder there is lvx's to replace
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert encoder_identity(str(checkpoint), None, cache)[1] in fingerprints
+        assert _remembered(checkpoint, cache) in fingerprints
     assert (cache / MEMO_NAME).is_file()
 
 

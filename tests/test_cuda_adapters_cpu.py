@@ -12,8 +12,8 @@ import torch
 from cuda_standins import Recorder, on_stand_ins
 from test_attention_kernels import _inputs, _run_case
 
-from lvx_app.attention import backends, masks
-from lvx_app.attention.kernels import attn_fwd
+from lvx_kernels import backends, masks
+from lvx_kernels.kernels import attn_fwd
 
 HQ, HKV = 14, 2  # GQA 7:1, as mPLUG-Owl3-7B's 28 / 4
 OPS = {

@@ -3,7 +3,7 @@ shapes.
 
 PyTorch's FakeTensorMode lets a CPU-only build create CUDA-placed tensors with factory functions and
 pass them to the aten SDPA ops, whose meta functions return correctly shaped fake outputs. This
-checks, without a GPU, that the real ops `lvx_app/attention/backends.py` calls (through
+checks, without a GPU, that the real ops `lvx_kernels/backends.py` calls (through
 `KERNEL_OPS`) still exist with the argument lists it passes, and that their outputs (out, lse,
 dq/dk/dv) have the shapes and dtypes the adapters slice and reshape.
 `tests/test_cuda_adapters_cpu.py` runs the adapters themselves against stand-ins written to these

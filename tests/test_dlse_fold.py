@@ -9,8 +9,8 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import backends
-from lvx_app.attention.kernels import attn_bwd, attn_fwd
+from lvx_kernels import backends
+from lvx_kernels.kernels import attn_bwd, attn_fwd
 
 D = 16
 # float32: the kernels' own; bf16: the inputs' rounding (O' is given to the op in bf16)

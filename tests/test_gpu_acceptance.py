@@ -885,9 +885,9 @@ def test_a_kernel_rejected_during_capture_heads_the_report(tmp_path, monkeypatch
 
     from cuda_standins import Recorder, install
 
-    from lvx_app.attention import backends
-    from lvx_app.attention.backends import BackendFallbackWarning
     from lvx_app.engine import static_decode
+    from lvx_kernels import backends
+    from lvx_kernels.backends import BackendFallbackWarning
     from scripts import bench_decode
     from scripts.harness import Rows
     from scripts.random_model import random_model

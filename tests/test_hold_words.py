@@ -224,8 +224,8 @@ def test_a_folder_where_the_fingerprints_go_is_said_on_any_number_of_ranks(
     group's log on 2 ranks."""
     from engine_configs import engine_config
 
+    from lvx_app.cache.fingerprints import MEMO_NAME
     from lvx_app.runtime.open import open_engine
-    from lvx_models.mplug_owl3.fingerprint import MEMO_NAME
 
     cache = tmp_path / "cache"
     (cache / MEMO_NAME).mkdir(parents=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lvx_app.attention import masks
-from lvx_app.attention.masks import Indices
+from lvx_kernels import masks
+from lvx_kernels.masks import Indices
 
 
 def _case(seed: int, batch: int, tokens: int, keys: int, frames: int):

@@ -14,7 +14,13 @@ import pytest
 from test_readme import TEST_COMMAND
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"lvx_app": "lvx_app", "lvx_models": "models", "lvx_ui": "ui"}  # import name -> folder
+# import name -> folder
+PACKAGES = {
+    "lvx_app": "lvx_app",
+    "lvx_kernels": "lvx_kernels",
+    "lvx_models": "models",
+    "lvx_ui": "ui",
+}
 MAX_LINES = 60
 # a function over MAX_LINES says why within its first lines, e.g. "# long: the option list"
 WHY_LONG = "# long:"
@@ -30,6 +36,7 @@ LAYERS = [
     (2, ["lvx_models"]),
     (1, ["lvx_app.attention", "lvx_app.parallel"]),
     (1, ["lvx_app.cache"]),
+    (0, ["lvx_kernels"]),  # a leaf: imports none of ours (the config reads its backend names)
     (0, ["lvx_app.config", "lvx_app.defaults", "lvx_app.devices", "lvx_app.warning_lines",
          "lvx_app.interrupts", "lvx_app.version", "lvx_app.wire", "lvx_app.regular_files"]),
 ]  # fmt: skip
@@ -200,10 +207,43 @@ def test_the_product_never_imports_what_lives_beside_it():
     assert not inward, "\n".join(inward)
 
 
+# what each package below the app may not import: the models never the app, the kernels neither
+FORBIDDEN = {"lvx_models": ("lvx_app",), "lvx_kernels": ("lvx_app", "lvx_models", "lvx_ui")}
+
+
+def _forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{m} imports {d}"
+        for m, deps in graph.items()
+        for d in deps
+        for bad in FORBIDDEN.get(m.split(".")[0], ())
+        if d == bad or d.startswith(bad + ".")
+    )
+
+
+def test_the_models_and_the_kernels_never_import_the_app():
+    """Two top-level packages never need each other: the models import the kernels (a leaf both
+    share) and torch, never lvx_app; the kernels import nothing of ours (function-level and
+    type-checking imports count)."""
+    assert not _forbidden_imports(GRAPH), "\n".join(_forbidden_imports(GRAPH))
+
+
+def test_the_import_walk_sees_a_model_importing_the_app():
+    graph = {
+        "lvx_models.mplug_owl3.hyper": {"lvx_kernels.masks", "lvx_app.cache.store"},
+        "lvx_kernels.feed": {"lvx_models.mplug_owl3"},
+        "lvx_app.engine.session": {"lvx_models.mplug_owl3", "lvx_kernels.feed"},
+    }
+    assert _forbidden_imports(graph) == [
+        "lvx_kernels.feed imports lvx_models.mplug_owl3",
+        "lvx_models.mplug_owl3.hyper imports lvx_app.cache.store",
+    ]
+
+
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("import lvx_app.attention.merge as m", {"lvx_app.attention.merge"}),
+        ("import lvx_kernels.merge as m", {"lvx_kernels.merge"}),
         ("from .config import Owl3Config", {"lvx_models.mplug_owl3.config"}),
         ("def f():\n    from lvx_app.engine.api import EngineError", {"lvx_app.engine.api"}),
     ],
@@ -221,6 +261,7 @@ def test_layers_of_modules():
     assert layer_of("lvx_app.engine.session") == 4 and layer_of("lvx_app.defaults") == 0
     assert layer_of("lvx_app.runtime.open") == 5 and layer_of("lvx_app.config") == 0
     assert layer_of("lvx_app.runtime.service") == 5  # the engine every frontend shares
+    assert layer_of("lvx_models.mplug_owl3.hyper") == 2 and layer_of("lvx_kernels.feed") == 0
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("lvx_app.new_module")
 

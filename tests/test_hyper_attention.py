@@ -244,8 +244,8 @@ def test_g2_split_merge_equals_one_fused_softmax():
     """One hyper layer in isolation: text (out, lse) merged with visual (out, lse) == one softmax
     over [visual; text] keys with the joint mask, including rows that see no frame and a decode-like
     last row."""
-    from lvx_app.attention.kernels import attention
-    from lvx_app.attention.merge import merge
+    from lvx_kernels.kernels import attention
+    from lvx_kernels.merge import merge
 
     torch.manual_seed(0)
     L, S, h, hkv, d = 9, 12, 4, 2, 16
@@ -351,9 +351,9 @@ def test_injected_visual_attention_is_used():
     """The engine swaps `hooks.visual`; the model must route every hyper layer's visual attention
     through it, with the forward's step context (its feed, its visual inputs with what the host
     knows of them) and the calling layer's index."""
-    from lvx_app.attention.feed import Feed
-    from lvx_app.attention.kernels import attention
-    from lvx_app.attention.masks import Indices
+    from lvx_kernels.feed import Feed
+    from lvx_kernels.kernels import attention
+    from lvx_kernels.masks import Indices
 
     cfg = tiny_config("g2")
     model = tiny_model(cfg)

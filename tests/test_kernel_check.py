@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lvx_app.attention import attn_bwd, attn_fwd
-from lvx_app.attention.kernels import attn_fwd_upto
+from lvx_kernels.kernels import attn_fwd_upto
 from scripts import bench_xattn_7b, check_kernels
 from scripts.harness import Rows
 from scripts.reference64 import OUT_RMS_TOLERANCE, forward64, grads64

@@ -148,7 +148,7 @@ def test_tile_plans_compute_about_the_triangle_on_every_layout(layout):
     """Sorted local frames keep the visible keys a prefix per token, and tiles cut where that prefix
     grows: the kernels see little more than the visible pairs, not the rectangle of a tile's whole
     key span."""
-    from lvx_app.attention import masks
+    from lvx_kernels import masks
 
     frames, per_frame, keys_per_frame, world, group = 96, 5, 4, 2, 7
     starts = torch.arange(frames) * per_frame

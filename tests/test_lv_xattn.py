@@ -10,7 +10,8 @@ import pytest
 import torch
 from attn_reference import reference_attention
 
-from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse, masks
+from lvx_app.attention import attention, lv_xattn, lv_xattn_with_lse
+from lvx_kernels import masks
 from scripts.gloo_ranks import run_ranks
 
 B, SQ, SK, HQ, HKV, D = 2, 11, 23, 8, 2, 8
@@ -230,8 +231,8 @@ def test_eight_bf16_hops_keep_the_running_output_in_float32():
     """A bf16 ring of 8 hops, merged through the ring's own running buffer as each rank does, is
     within 1.5x one bf16 kernel call over all keys (RMS against float64; 1.24x measured): the
     running (O, lse) stays float32 between hops. Rounding it to bf16 at every hop gives 2.0x."""
-    from lvx_app.attention.kernels import attn_fwd
     from lvx_app.attention.lv_xattn import _merge_running, _out_lse_buffer, _out_lse_views
+    from lvx_kernels.kernels import attn_fwd
 
     g = torch.Generator().manual_seed(0)
     hops, s, h, d, sk = 8, 16, 8, 128, 64

@@ -159,7 +159,7 @@ def test_the_plans_attention_runs_on_the_kernels_the_backend_choice_picks(monkey
     attention runs at those rates, the video prompt's masked band at the second."""
     import torch
 
-    from lvx_app.attention import backends
+    from lvx_kernels import backends
 
     monkeypatch.setattr(backends, "_on_cuda", lambda q: True)
     q = torch.empty(1, 1, 4, 128, dtype=torch.bfloat16)

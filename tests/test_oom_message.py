@@ -21,9 +21,9 @@ def _out_of_memory_once(rank: int, world: int, checkpoint: str, video: str, when
     the kernels of the next answer, whether it answered)."""
     from cuda_standins import Recorder, install
 
-    from lvx_app.attention import backends
     from lvx_app.engine.session import RankSession
     from lvx_app.parallel.group import init_distributed
+    from lvx_kernels import backends
 
     backends._on_cuda = lambda q: True
     backends._flash_attn = lambda: None  # the aten flash kernel is the first choice

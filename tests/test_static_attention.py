@@ -17,11 +17,11 @@ from test_hyper_attention import P, tiny_config, tiny_model
 from test_static_decode import TOKENS, _conversation, _started
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lvx_app.attention import backends
-from lvx_app.attention.backends import BackendFallbackWarning, kernel_tally
-from lvx_app.attention.kernels import attn_fwd, attn_fwd_upto
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_kernels import backends
+from lvx_kernels.backends import BackendFallbackWarning, kernel_tally
+from lvx_kernels.kernels import attn_fwd, attn_fwd_upto
 
 HQ, HKV, D, RESERVED, USED = 14, 2, 16, 12, 7
 

@@ -10,9 +10,9 @@ import torch
 from attn_reference import reference_attention
 from host_syncs import counting_host_reads
 
-from lvx_app.attention import backends, masks
-from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.attention.masks import Indices
+from lvx_kernels import backends, masks
+from lvx_kernels.kernels import attn_bwd, attn_fwd
+from lvx_kernels.masks import Indices
 
 CPU_BACKENDS = ["cpu", "math"]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}

@@ -49,12 +49,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lvx_app.attention.backends import augment_kv, augments_head_dim
-from lvx_app.attention.kernels import attn_bwd, attn_fwd, check_inputs
-from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
-from lvx_app.attention.merge import acc_dtype, merge_
 from lvx_app.parallel import RingComm, get_world_size
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
+from lvx_kernels.backends import augment_kv, augments_head_dim
+from lvx_kernels.kernels import attn_bwd, attn_fwd, check_inputs
+from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.merge import acc_dtype, merge_
 
 
 def query_sizes(q: Tensor, group, n: int, rank: int, known=None) -> list[int]:

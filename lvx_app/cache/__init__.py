@@ -10,7 +10,8 @@
 Every kind of entry is a `Store` (`store.py`): a key whose hash names the entry, a manifest in each
 file's header, a checksum, atomic writes (`files.py`), damaged files discarded with one warning, and
 a failed write that never fails a load (`faults.py`). The kinds are thin: `features.py`,
-`prompts.py`, `visual_kv.py`, `transcripts.py`. `folder.py` is the whole folder for
+`prompts.py`, `visual_kv.py`, `transcripts.py`; `fingerprints.py` keeps the file digests the
+model's encoder fingerprint reads. `folder.py` is the whole folder for
 `lvx cache ls | rm | clear`.
 """
 

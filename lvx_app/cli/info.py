@@ -36,7 +36,7 @@ def collect_info() -> dict[str, str]:
     for dist in ("flash-attn", "decord", "gradio", "tokenizers", "safetensors", "transformers"):
         rows[dist] = _version(dist)
     try:
-        from lvx_app.attention.backends import available_backends
+        from lvx_kernels.backends import available_backends
 
         rows["attention backends"] = ", ".join(available_backends())
     except ImportError:

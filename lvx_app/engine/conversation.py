@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import torch
 
-from lvx_app.attention.decode_xattn import Carry
-from lvx_app.attention.feed import REPLICATED, Feed
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.parallel.group import DistInfo
 from lvx_app.parallel.layout import token_owners
 from lvx_app.parallel.shards import shard_bounds
+from lvx_kernels.carry import Carry
+from lvx_kernels.feed import REPLICATED, Feed
 
 
 class Conversation:

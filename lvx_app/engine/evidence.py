@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention.evidence import frame_shares
-from lvx_app.attention.masks import device_tensor
 from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments
+from lvx_kernels.masks import device_tensor
 
 
 class EvidenceRecorder:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention.decode_xattn import Carry
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.sampling import sample_token
 from lvx_app.engine.static_decode import DecodeStep, StaticDecode
 from lvx_app.parallel.collectives import on_wire
+from lvx_kernels.carry import Carry
 
 
 def never_stop() -> bool:

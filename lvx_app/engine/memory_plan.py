@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lvx_app.attention.masks import MIN_TILE_CUDA, Q_TILE, min_tile
+from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
 from lvx_models.mplug_owl3.modeling import Owl3Model

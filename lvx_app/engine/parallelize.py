@@ -34,12 +34,12 @@ import torch.distributed as dist
 
 from lvx_app.attention import attn_fwd, choose_schedule, decode_xattn, lv_xattn_with_lse
 from lvx_app.attention.decode_xattn import CombineBuffers
-from lvx_app.attention.feed import Feed
-from lvx_app.attention.masks import Indices, MaskIndex
 from lvx_app.attention.schedule import crossovers, gather_limit
 from lvx_app.config import Config
 from lvx_app.parallel.collectives import all_min, allgather_seq
 from lvx_app.parallel.group import DistInfo
+from lvx_kernels.feed import Feed
+from lvx_kernels.masks import Indices, MaskIndex
 from lvx_models.mplug_owl3.qwen2 import StepContext
 
 

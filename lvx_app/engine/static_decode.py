@@ -38,14 +38,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention.decode_xattn import Carry, CombineBuffers
-from lvx_app.attention.feed import REPLICATED, Feed
-from lvx_app.attention.kernels import attn_fwd_upto
-from lvx_app.attention.masks import Indices
+from lvx_app.attention.decode_xattn import CombineBuffers
 from lvx_app.config import GenerationConfig, ModelConfig
 from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.parallelize import ShardedHooks
+from lvx_kernels.carry import Carry
+from lvx_kernels.feed import REPLICATED, Feed
+from lvx_kernels.kernels import attn_fwd_upto
+from lvx_kernels.masks import Indices
 from lvx_models.mplug_owl3.hyper import VisualStep
 from lvx_models.mplug_owl3.qwen2 import AttentionHooks
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lvx_app.cache import PrefixCache, PrefixKey, SavedPrefix, VisualKVCache, VisualKVKey
+from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.api import (
@@ -122,7 +123,8 @@ class WeightNames:
         return self._named
 
     def _name(self, cache_dir: str | None) -> Identity:
-        model_key, encoder = encoder_identity(self.model.path, self.model.revision, cache_dir)
+        with fingerprint_memo(cache_dir) as memo:
+            model_key, encoder = encoder_identity(self.model.path, self.model.revision, memo)
         return Identity(model_key, encoder, self.checkpoint)
 
 

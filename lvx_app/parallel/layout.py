@@ -12,7 +12,7 @@ late ones evens the rounds out:
   balance).
 
 A rank's items are always returned sorted, so the frames a token sees stay a prefix of the local
-keys and the tile planner (`lvx_app.attention.masks`) keeps skipping hidden tiles. Masks stay exact
+keys and the tile planner (`lvx_kernels.masks`) keeps skipping hidden tiles. Masks stay exact
 on every layout because q_vis, k_frame and positions are global. `round_work` counts the visible
 (query, key) pairs each rank computes in each ring round, the balance the layouts are chosen by.
 

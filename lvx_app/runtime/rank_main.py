@@ -19,7 +19,6 @@ from multiprocessing.connection import Client
 
 import torch.distributed as dist
 
-from lvx_app.attention.backends import prefer_backend
 from lvx_app.config import Config, ConfigError
 from lvx_app.engine.parallelize import parallelize
 from lvx_app.engine.session import Parallelize, RankSession
@@ -30,6 +29,7 @@ from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.launcher import LINK_ENV, LINK_KEY_ENV, RUN_DIR_ENV, error_file
 from lvx_app.runtime.socket_link import serve_link
 from lvx_app.wire import Ready, Warned, send
+from lvx_kernels.backends import prefer_backend
 
 
 def set_up_rank(config: Config, world: World) -> DistInfo:

@@ -39,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import Config, TrainConfig
 from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
@@ -157,10 +158,10 @@ class Trainer:
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(run.model.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
-        # the feature cache's key
-        self.model_key, self.encoder_id = encoder_identity(
-            run.model.path, run.model.revision, run.video.cache_dir
-        )
+        with fingerprint_memo(run.video.cache_dir) as memo:  # the feature cache's key
+            self.model_key, self.encoder_id = encoder_identity(
+                run.model.path, run.model.revision, memo
+            )
         loaded = load_model(
             run.model.path, dtype=dtype, device=self.device, revision=run.model.revision, fuse=False
         )

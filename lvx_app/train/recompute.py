@@ -39,13 +39,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lvx_app.attention.feed import Feed
-from lvx_app.attention.kernels import check_inputs
 from lvx_app.attention.lv_xattn import lv_xattn_backward, lv_xattn_forward
-from lvx_app.attention.masks import MaskIndex
 from lvx_app.engine.parallelize import ShardedHooks
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import exchange_sizes
+from lvx_kernels.feed import Feed
+from lvx_kernels.kernels import check_inputs
+from lvx_kernels.masks import MaskIndex
 from lvx_models.mplug_owl3.hyper import LazyVisualKV
 from lvx_models.mplug_owl3.qwen2 import StepContext
 

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import torch
 
-from lvx_app.attention import attention
+from lvx_kernels.kernels import attention
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lvx_app.attention import attention
+from lvx_kernels.kernels import attention
 
 from .config import MllamaTextConfig
 from .cross import CrossVisibility, local_cross_attn

@@ -5,30 +5,19 @@ A checkpoint's path or hub id says nothing about its weights: a finetune written
 folder, or another checkpoint at the same relative path, must not reuse the old features. The
 fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every `vision_model.*` and
 `vision2text_model.*` tensor, read straight from the safetensors files. Hashing a 7B checkpoint's
-tower reads ~0.8 GB, so each file's digest is remembered in a small JSON memo keyed by the file's
-identity (path, device, inode, size, mtime and ctime: a rewrite changes ctime even when mtime is set
-back), and a later start only stats the files. The memo lives in the cache folder
-(`encoder-fingerprints.json`) and is written as every cache file is (`lvx_app.cache`): atomically.
-A folder that cannot be written or is full only costs a re-hash next time, said by the cache
-entries that cannot be saved there either (a start-up of a group has no user to tell yet); a folder
-of someone's in the memo's place is said once.
+tower reads ~0.8 GB, so each file's digest can be remembered in a memo (a dict the caller keeps,
+e.g. in its cache folder) keyed by the file's identity (path, device, inode, size, mtime and ctime:
+a rewrite changes ctime even when mtime is set back), and a later start only stats the files.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 from pathlib import Path
 
-from lvx_app.cache.faults import warn_not_saved
-from lvx_app.cache.files import atomic_write_text
-from lvx_app.cache.store import cache_root
-
 from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint, safetensors_files
-
-MEMO_NAME = "encoder-fingerprints.json"
 
 _READ = 16 << 20
 
@@ -60,35 +49,21 @@ def _tensor_digest(f: Path, keys: list[str]) -> str:
     return h.hexdigest()
 
 
-def _read_memo(memo: Path | None) -> dict[str, str]:
-    try:
-        table = json.loads(memo.read_text()) if memo is not None else {}
-    except (OSError, ValueError):
-        return {}  # missing or damaged: digests are recomputed
-    return table if isinstance(table, dict) else {}
-
-
-def _write_memo(memo: Path, table: dict[str, str]) -> None:
-    try:
-        atomic_write_text(memo, json.dumps(table, indent=0))
-    except OSError as exc:  # only costs a re-hash next time
-        if exc.errno == errno.EISDIR:
-            then = "the next start hashes them again"
-            warn_not_saved(memo.parent, exc, "the encoder weights' fingerprints", then)
-
-
 def encoder_fingerprint(
-    path_or_id: str | os.PathLike, revision: str | None = None, *, memo: Path | None = None
+    path_or_id: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    memo: dict[str, str] | None = None,
 ) -> str:
     """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal
-    fingerprints."""
+    fingerprints. `memo`: the files' digests already known, by file identity; the ones computed
+    here are added to it."""
     files = safetensors_files(resolve_checkpoint(path_or_id, revision))
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         if k.startswith((VISION, PROJECTOR)):
             by_file.setdefault(f, []).append(k)
-    table = _read_memo(memo)
-    changed = False
+    table = {} if memo is None else memo
     h = hashlib.sha256()
     for f in sorted(by_file):
         names = hashlib.sha256(" ".join(sorted(by_file[f])).encode()).hexdigest()[:16]
@@ -100,22 +75,19 @@ def encoder_fingerprint(
                 raise CheckpointError(
                     f"{f} is not a readable safetensors file ({type(exc).__name__}: {exc})"
                 ) from None
-            changed = True
         h.update(table[ident].encode())
-    if changed and memo is not None:
-        _write_memo(memo, table)
     return h.hexdigest()[:32]
 
 
 def encoder_identity(
-    model: str, revision: str | None, cache_dir: str | os.PathLike | None
+    model: str, revision: str | None, memo: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for the
     feature cache's key; compute it before loading the weights, so features are never filed under
-    weights newer than the model's. The fingerprints are remembered in the cache folder (raises
-    CheckpointError for an unreadable checkpoint)."""
+    weights newer than the model's. `memo` as for `encoder_fingerprint` (raises CheckpointError for
+    an unreadable checkpoint)."""
     path = str(resolve_checkpoint(model, revision).resolve())
-    return path, encoder_fingerprint(path, memo=cache_root(cache_dir) / MEMO_NAME)
+    return path, encoder_fingerprint(path, memo=memo)
 
 
 def checkpoint_identity(path_or_id: str | os.PathLike, revision: str | None = None) -> str:

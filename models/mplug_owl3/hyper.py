@@ -36,8 +36,8 @@ from typing import Callable, Iterator, Mapping
 import torch
 from torch import nn
 
-from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
-from lvx_app.attention.merge import merge_seen
+from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.merge import merge_seen
 
 from .config import Owl3Config
 from .layers import apply_rope, rms_norm, rope_cos_sin

@@ -26,8 +26,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lvx_app.attention.feed import REPLICATED, Feed
-from lvx_app.attention.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.feed import REPLICATED, Feed
+from lvx_kernels.masks import Indices, MaskIndex, device_tensor
 
 from .config import Owl3Config
 from .hyper import (
@@ -212,7 +212,7 @@ class Owl3Model(nn.Module):
         (given on the host, the host knows which frames each token sees); cache: the text KV cache
         to extend (None = no cache, the tokens are the whole sequence); visual: frames to attend to
         in the hyper layers (B must be 1), None = text only; feed: how the ranks feed these tokens
-        (for the attention hooks, `lvx_app.attention.feed`)."""
+        (for the attention hooks, `lvx_kernels.feed`)."""
         lm = self.language_model
         given = positions
         start = cache.length if cache is not None else 0

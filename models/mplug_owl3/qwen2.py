@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lvx_app.attention import attention
-from lvx_app.attention.feed import REPLICATED, Feed
+from lvx_kernels.feed import REPLICATED, Feed
+from lvx_kernels.kernels import attention
 
 from .config import TRAINED_POSITIONS, Owl3Config
 from .layers import Fusing, RMSNorm, Rope, SwiGLU, rope_cos_sin
@@ -36,7 +36,7 @@ VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, layer: int):
-    """Local text self-attention: lvx_app.attention.kernels.attention, causal bottom-right
+    """Local text self-attention: lvx_kernels.kernels.attention, causal bottom-right
     aligned."""
     return attention(q, k, v, causal=True)
 

@@ -13,8 +13,8 @@ include that padding).
 
 from __future__ import annotations
 
-from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.parallel.collectives import allgather_seq, reduce_scatter_seq
+from lvx_kernels.kernels import attn_bwd, attn_fwd
 from scripts.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
 
 

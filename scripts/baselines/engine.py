@@ -27,9 +27,9 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[2])
     import scripts  # noqa: F401
 
-from lvx_app.attention.masks import device_tensor
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
 from lvx_app.runtime import rank_main
+from lvx_kernels.masks import device_tensor
 from scripts.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
 

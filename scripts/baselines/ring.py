@@ -20,11 +20,11 @@ from typing import Sequence
 
 import torch
 
-from lvx_app.attention.kernels import attn_bwd, attn_fwd
-from lvx_app.attention.merge import merge_
 from lvx_app.parallel.collectives import count_bytes, exchange_sizes
 from lvx_app.parallel.group import get_rank
 from lvx_app.parallel.layout import zigzag_chunk_sizes
+from lvx_kernels.kernels import attn_bwd, attn_fwd
+from lvx_kernels.merge import merge_
 from scripts.baselines.kv_xattn import KVExchange, kv_moving_xattn, kv_moving_xattn_with_lse
 from scripts.baselines.pass_kv import Block, empty_result, pass_kv_backward, pass_kv_forward
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention.kernels import attn_bwd, attn_fwd
 from lvx_app.parallel.collectives import allgather_seq, count_bytes, exchange_sizes, nbytes
 from lvx_app.parallel.group import get_rank, get_world_size
+from lvx_kernels.kernels import attn_bwd, attn_fwd
 
 
 def ulysses_supported(q_heads: int, kv_heads: int, world: int) -> str | None:

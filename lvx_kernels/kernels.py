@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from lvx_app.attention.backends import (
+from lvx_kernels.backends import (
     AUG_COLS,
     augments_head_dim,
     bounds_keys,
@@ -29,7 +29,7 @@ from lvx_app.attention.backends import (
     kernel_fwd,
     kernel_fwd_upto,
 )
-from lvx_app.attention.gqa import (
+from lvx_kernels.gqa import (
     broadcast_kv,
     fold,
     fold_lse,
@@ -40,7 +40,7 @@ from lvx_app.attention.gqa import (
     unpack_lse,
     unpack_rows,
 )
-from lvx_app.attention.masks import (
+from lvx_kernels.masks import (
     MaskIndex,
     TilePlan,
     device_tensor,
@@ -49,7 +49,7 @@ from lvx_app.attention.masks import (
     sees_every_key,
     tile_plans,
 )
-from lvx_app.attention.merge import NEG_INF, acc_dtype, merge_
+from lvx_kernels.merge import NEG_INF, acc_dtype, merge_
 
 
 def check_inputs(

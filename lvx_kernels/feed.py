@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from lvx_app.attention.decode_xattn import Carry
-from lvx_app.attention.masks import MaskIndex
+from lvx_kernels.carry import Carry
+from lvx_kernels.masks import MaskIndex
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,9 @@ from typing import Callable, Iterator, TypeVar
 import torch
 import torch.nn.functional as F
 
-from lvx_app.attention.masks import causal_visibility
-from lvx_app.attention.merge import NEG_INF, acc_dtype
-from lvx_app.config import ATTN_BACKENDS
+from lvx_kernels.backend_names import ATTN_BACKENDS
+from lvx_kernels.masks import causal_visibility
+from lvx_kernels.merge import NEG_INF, acc_dtype
 
 AUG_COLS = 8  # extra head-dim columns used to carry dlse through the aten backward ops
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN attention takes up to 128 everywhere (more on some GPUs only)
