@@ -41,10 +41,10 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.attention import attn_fwd
-from lvx_app.attention.feed import REPLICATED
-from lvx_app.attention.masks import Indices
 from lvx_app.attention.schedule import calibration_path, write_calibration
 from lvx_app.engine.parallelize import ShardedAttention
+from lvx_kernels.feed import REPLICATED
+from lvx_kernels.masks import Indices
 from scripts.gloo_ranks import run_ranks
 from scripts.harness import command_line, machine, write_json
 from scripts.xattn_problem import DTYPES, KEYS_PER_FRAME, slices, timed_rounds
