@@ -4,18 +4,13 @@ folder's tensors against it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from ..safetensors_folder import CheckpointError, tensor_shapes
 from .config import MllamaConfig
 from .modeling import MllamaModel
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint folder that is not the published layout (one line naming what is wrong)."""
 
 
 def published_shapes(cfg: MllamaConfig) -> dict[str, tuple[int, ...]]:
@@ -23,19 +18,6 @@ def published_shapes(cfg: MllamaConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = MllamaModel(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def safetensors_files(d: Path) -> dict[str, Path]:
-    """key -> file, from `model.safetensors.index.json` when there is one, else the one file."""
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {k: d / f for k, f in weight_map.items()}
-    single = d / "model.safetensors"
-    if not single.exists():
-        raise CheckpointError(f"{d} holds no model.safetensors or model.safetensors.index.json")
-    with safe_open(str(single), "pt") as f:
-        return {k: single for k in f.keys()}
 
 
 def check_layout(files: dict[str, Path], cfg: MllamaConfig) -> None:
@@ -51,9 +33,7 @@ def check_layout(files: dict[str, Path], cfg: MllamaConfig) -> None:
         raise CheckpointError(
             f"checkpoint has {len(unknown)} keys the layout lacks, e.g. {unknown[0]}"
         )
-    for key, path in files.items():
-        with safe_open(str(path), "pt") as f:
-            shape = tuple(f.get_slice(key).get_shape())
+    for key, shape in tensor_shapes(files).items():  # each file's header read once
         if shape != want[key]:
             raise CheckpointError(
                 f"{key} is {shape} in the checkpoint, config.json implies {want[key]}"

@@ -9,7 +9,8 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
-from .checkpoint import CheckpointError, check_layout, safetensors_files
+from ..safetensors_folder import CheckpointError, safetensors_files
+from .checkpoint import check_layout
 from .config import MllamaConfig
 from .modeling import MllamaModel
 from .processor import MllamaProcessor

@@ -17,7 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint, safetensors_files
+from ..safetensors_folder import safetensors_files
+from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint
 
 _READ = 16 << 20
 

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
+from ..safetensors_folder import safetensors_files, tensor_shapes
 from .checkpoint import (
     LM,
     PROJECTOR,
@@ -41,8 +42,6 @@ from .checkpoint import (
     detect_gate_form,
     official_shapes,
     resolve_checkpoint,
-    safetensors_files,
-    tensor_shapes,
 )
 from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model

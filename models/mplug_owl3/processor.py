@@ -48,14 +48,9 @@ from typing import Any, Sequence
 
 import torch
 
+from ..safetensors_folder import safetensors_files
 from .chat_template import IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
-from .checkpoint import (
-    CheckpointError,
-    detect_architecture,
-    detect_gate_form,
-    resolve_checkpoint,
-    safetensors_files,
-)
+from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_checkpoint
 from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
 from .prompt_inputs import MediaItem, PromptInputs
