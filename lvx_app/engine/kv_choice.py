@@ -29,6 +29,11 @@ class DeviceMemory:
     reserved: int  # held by PyTorch's caching allocator
     allocated: int  # in live tensors
 
+    @property
+    def reserved_unused(self) -> int:
+        """What the allocator holds but no tensor uses: handed out before the device is asked."""
+        return self.reserved - self.allocated
+
 
 def cuda_memory(device: torch.device) -> DeviceMemory:
     """The only CUDA calls of the choice (tests stand in for this function)."""
@@ -55,7 +60,7 @@ class KvChoice:
     @property
     def usable(self) -> int:
         m = self.memory
-        return 0 if m is None else m.free + (m.reserved - m.allocated) + self.replaced
+        return 0 if m is None else m.free + m.reserved_unused + self.replaced
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"mode": self.mode, "how": self.how}
@@ -67,7 +72,7 @@ class KvChoice:
         out.update(
             {
                 "free GB": round(m.free / GB, 2),
-                "reserved unused GB": round((m.reserved - m.allocated) / GB, 2),
+                "reserved unused GB": round(m.reserved_unused / GB, 2),
                 "replaced video GB": round(self.replaced / GB, 2),
                 "usable GB": round(self.usable / GB, 2),
                 "plan peak GB": round(self.plan_peak / GB, 2),
@@ -84,7 +89,7 @@ class KvChoice:
         return (
             f"{self.mode} (auto: plan needs {self.planned_growth / GB:.1f} GB more, "
             f"{self.usable / GB:.1f} GB usable: {self.memory.free / GB:.1f} free, "
-            f"{(self.memory.reserved - self.memory.allocated) / GB:.1f} reserved unused, "
+            f"{self.memory.reserved_unused / GB:.1f} reserved unused, "
             f"{self.replaced / GB:.1f} from the replaced video)"
         )
 

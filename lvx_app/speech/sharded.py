@@ -23,7 +23,7 @@ from lvx_app.speech import transcribe
 from lvx_app.speech.audio import AudioDecodeError, SpeechError, audio_duration
 from lvx_app.speech.pieces import CUT_VERSION, find_cut, my_lines, pieces
 from lvx_app.subtitles import Cue
-from lvx_app.video.ingest import _Sync as Agreement
+from lvx_app.video.ingest import Agreement
 
 STAGE = "speech (seconds of audio)"  # the progress bar's name
 

@@ -11,7 +11,7 @@ Every rank of the group calls it with the same arguments. Each rank:
 frames its layout deals it;
 3. decodes its chunks in worker processes and streams them through the encoder into E_local;
 4. writes its shard to the cache.
-With several ranks, one small all-reduce per step keeps the ranks in step (`_Sync.agreed`): it
+With several ranks, one small all-reduce per step keeps the ranks in step (`Agreement.agreed`): it
 carries the progress counts shown on rank 0 and an error flag, so a failure on any rank is raised on
 every rank with the same message instead of leaving the others waiting in a collective.
 `_RankIngest` holds these steps; `ingest()` runs them.
@@ -167,7 +167,7 @@ def auto_memory_budget(device: torch.device) -> int | None:
         return None
 
 
-class _Sync:
+class Agreement:
     """The ranks' per-step agreement: one small all-reduce of counts plus an error flag."""
 
     def __init__(self, group) -> None:
@@ -248,7 +248,7 @@ class IngestTuning:
 @dataclass
 class _RankIngest:
     """One rank's part of `ingest()` as named steps; every rank runs them in the same order (they
-    meet in `_Sync`)."""
+    meet in `Agreement`)."""
 
     path: str | os.PathLike
     encoder: Encoder
@@ -260,7 +260,7 @@ class _RankIngest:
     store: FeatureCache | None
     pool: DecodePool | None
     report: ProgressFn | None
-    sync: _Sync
+    sync: Agreement
     rank: int
     world: int
     t0: float = field(default_factory=time.monotonic)
@@ -477,7 +477,7 @@ def ingest(
         store=FeatureCache(video.cache_dir) if video.cache else None,
         pool=pool,
         report=_reporter(progress, rank, title),
-        sync=_Sync(group),
+        sync=Agreement(group),
         rank=rank,
         world=world,
     )
