@@ -81,9 +81,8 @@ class TranscriptCache(Store):
             texts = json.loads(bytes(tensors["text"].numpy()).decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CorruptEntry(f"unreadable text ({exc})") from None
-        if not isinstance(texts, list) or len(texts) != int(manifest["cues"]):
-            raise CorruptEntry("the cue count does not match the manifest")
-        if len(texts) != tensors["times"].shape[0]:
+        counts = {int(manifest["cues"]), tensors["times"].shape[0]}
+        if not isinstance(texts, list) or counts != {len(texts)}:
             raise CorruptEntry("the cue count does not match the manifest")
 
     def describe(self, entry: Entry, manifest: dict) -> None:

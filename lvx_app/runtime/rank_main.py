@@ -76,17 +76,19 @@ def run_rank_session(
     """This rank's part: rank 0 serves the frontend's link, the others follow its commands. What
     rank 0 warned while it started (before the link) reaches the frontend before `Ready`, as one
     process would have shown it."""
-    leader = os.environ.get("RANK", "0") == "0"
-    with warnings.catch_warnings(record=leader) as started:
-        session, channel = join_group(config, parallelize, world)
-    for w in started or []:  # the group's log keeps them too
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    started: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as started:
+            session, channel = join_group(config, parallelize, world)
+    finally:  # the group's log keeps them too, also when the start failed
+        for w in started:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if session.info.rank != 0:
         worker_loop(session, channel)
         return
     host, port = os.environ[LINK_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[LINK_KEY_ENV]))
-    for w in started or []:
+    for w in started:
         send(conn, Warned(str(w.message)))
     send(conn, Ready(session.describe()))
     serve_link(GroupDriver(session, channel, config), conn)
