@@ -61,9 +61,9 @@ def check_layout(layout: str) -> str:
     return layout
 
 
-# Saved visual K/V (lvx_app/engine/visual_kv.py): the first open of a video in kv mode "cache" times
-# the hyper layers' K/V projection and saves the K/V next to the features only when recomputing them
-# is clearly slower than reading them back. Reading back is estimated as bytes /
+# Saved visual K/V (lvx_app/engine/resident_visual_kv.py): the first open of a video in kv mode
+# "cache" times the hyper layers' K/V projection and saves the K/V next to the features only when
+# recomputing them is clearly slower than reading them back. Reading back is estimated as bytes /
 # VISUAL_KV_READ_BYTES_PER_S, a conservative disk read rate (1 GB/s: a local NVMe reads 2-7 GB/s, a
 # network file system often about 1); "clearly" is a factor of VISUAL_KV_SAVE_MARGIN, so a near tie
 # keeps recomputing (no disk space spent for nothing).

@@ -74,7 +74,7 @@ def _prompt(model, minutes: float, device: torch.device, dtype: torch.dtype):
     ids = torch.randint(0, cfg.vocab_size, (int(starts[-1]) + 5 + 24,))
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend=None)
     conversation = Conversation(model, info, None)
-    with torch.no_grad():  # as the engine prepares a video (`engine/visual_kv.py`)
+    with torch.no_grad():  # as the engine prepares a video (`engine/resident_visual_kv.py`)
         shape = (frames, cfg.vision.num_patches, cfg.hidden_size)  # made where it is used: a
         features = torch.randn(shape, device=device, dtype=dtype)  # CPU takes ~10 s for 10 min
         conversation.show_video(model.prepare_visual(features, starts))

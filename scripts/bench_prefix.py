@@ -9,11 +9,11 @@ sampled at 1 fps). Load time is the engine's own `load_video` time (ranks alread
 loaded). Answers are greedy, so "same answer" means token for token.
 
 The visual K/V on reopen are what the engine picks (`--save-visual-kv auto`,
-lvx_app/engine/visual_kv.py): the first open times computing them and saves them when that was
-clearly slower than reading them back; the features-only reopen computes them as before (the saved
-ones are set aside, nothing is written); the reopen with the saved prompt reads them back when the
-first open saved them. The `visual_kv` column says which it did and the line under the table gives
-the first open's figures (rank 0's).
+lvx_app/engine/resident_visual_kv.py): the first open times computing them and saves them when that
+was clearly slower than reading them back; the features-only reopen computes them as before (the
+saved ones are set aside, nothing is written); the reopen with the saved prompt reads them back when
+the first open saved them. The `visual_kv` column says which it did and the line under the table
+gives the first open's figures (rank 0's).
 
     python scripts/bench_prefix.py --minutes 10 --ranks 1 2 --out runs/bench_prefix_cpu.json
 """

@@ -13,8 +13,8 @@ from engine_configs import engine_config
 from planted import make_planted_video, plant_checkpoint
 from test_serve_api import api_here  # noqa: F401 - the API on an engine in this process
 
-from lvx_app.attention import evidence as attention_evidence
-from lvx_app.attention.evidence import frame_lse, frame_shares
+from lvx_app.attention import frame_shares as attention_evidence
+from lvx_app.attention.frame_shares import frame_lse, frame_shares
 from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments, seen_line
 from lvx_app.parallel.layout import owners

@@ -14,7 +14,7 @@ from test_input_faults import _small_context
 import lvx_app as lvx
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.limits import TURN_ROOM, frames_that_fit
-from lvx_app.engine.visual_kv import VisualKVOpener
+from lvx_app.engine.resident_visual_kv import VisualKVOpener
 
 
 def test_frames_that_fit_leave_room_for_a_turn():

@@ -21,13 +21,13 @@ from cache_damage import (
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-import lvx_app.engine.visual_kv as visual_kv
+import lvx_app.engine.resident_visual_kv as visual_kv
 from lvx_app.cache import CacheWarning, FeatureKey, VisualKVCache, VisualKVKey
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, ConfigError, GenerationConfig
 from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.resident_visual_kv import should_save
 from lvx_app.engine.session import RankSession
-from lvx_app.engine.visual_kv import should_save
 from lvx_app.parallel.group import init_distributed
 from scripts.gloo_ranks import run_ranks
 

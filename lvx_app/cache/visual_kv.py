@@ -1,6 +1,6 @@
 """Saved visual K/V: the hyper layers' K/V of one rank's frames, read back on reopen instead of
 recomputed from the features when the first open measured that reading is clearly cheaper
-(`lvx_app.engine.visual_kv` decides).
+(`lvx_app.engine.resident_visual_kv` decides).
 
 Layout: `<cache dir>/visual-kv/<entry id>/shard-RRRRR-of-NNNNN.safetensors`, one file per rank,
 tensors `k.<layer>` and `v.<layer>` for every hyper layer (1, S_local, kv_heads, D). Their own

@@ -53,7 +53,8 @@ class VideoSummary:
     subtitles_dropped: int = 0  # lines at the sampled frames left out to fit the token budget
     prompt_from_cache: bool = False  # the prefilled video prompt was read back
     prompt_tokens: int = 0  # the video prompt's tokens: prefilled by this load unless read back
-    visual_kv_from_cache: bool = False  # the visual K/V were read back (lvx_app.engine.visual_kv)
+    # the visual K/V were read back (lvx_app.engine.resident_visual_kv)
+    visual_kv_from_cache: bool = False
     subtitle_source: str = ""  # where the subtitles were found ("" = given as cues, or none)
     # the visual K/V mode and how it was decided (`kv_choice.KvChoice.as_dict`: auto's figures)
     kv_choice: dict[str, Any] = field(default_factory=dict)

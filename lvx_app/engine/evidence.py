@@ -7,7 +7,7 @@ of its queries and one of its count; sorting them by position waits for the answ
 positions are those whose logits produced the answer's tokens: the last prompt token and every fed
 answer token but the last (a token fed and taken back, or fed again after the ranks disagreed,
 leaves the row of its position as last fed). The answer's end (`answer_shares`) turns them into
-each frame's share of the visual attention (lvx_app/attention/evidence.py), against this rank's
+each frame's share of the visual attention (lvx_app/attention/frame_shares.py), against this rank's
 keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over the group.
 
 Off (`--no-evidence`), or on the static decode step (whose captured or compiled step runs no
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from lvx_app.attention.evidence import frame_shares
+from lvx_app.attention.frame_shares import frame_shares
 from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments
 from lvx_kernels.masks import device_tensor

@@ -1,6 +1,6 @@
 """An answer's evidence as moments: runs of neighbouring frames that drew much of its attention.
 
-Pure functions over the per-frame shares (lvx_app/attention/evidence.py) and the sampled frames'
+Pure functions over the per-frame shares (lvx_app/attention/frame_shares.py) and the sampled frames'
 real timestamps, so every frontend shows the same moments: `lvx chat` one line under each answer
 (`seen_line`), the page thumbnails, the API's `lvx_evidence`, the eval's results file.
 """

@@ -22,10 +22,10 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, never_stop
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, question_char_limit
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.engine.resident_visual_kv import kv_nbytes
 from lvx_app.engine.static_decode import decode_step
 from lvx_app.engine.turns import Turns
 from lvx_app.engine.video_context import VideoContext, WeightNames
-from lvx_app.engine.visual_kv import kv_nbytes
 from lvx_app.parallel.collectives import nbytes
 from lvx_app.parallel.group import DistInfo
 from lvx_models.mplug_owl3.checkpoint import CheckpointError

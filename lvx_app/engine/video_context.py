@@ -34,7 +34,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
 from lvx_app.engine.limits import check_video_prompt
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
-from lvx_app.engine.visual_kv import VisualKVChoice, VisualKVOpener
+from lvx_app.engine.resident_visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
