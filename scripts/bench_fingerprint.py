@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import save_file
 
 from lvx_app.cache.fingerprints import fingerprint_memo
-from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint
+from lvx_models.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.family import VISION_PREFIXES
 from scripts.harness import Rows, command_line, machine, show, timed
 
 
@@ -43,7 +44,7 @@ def main() -> None:
 
         def fingerprint() -> str:
             with fingerprint_memo(d) as memo:  # read from and written to the folder, as lvx does
-                return encoder_fingerprint(d, memo=memo)
+                return encoder_fingerprint(d, prefixes=VISION_PREFIXES, memo=memo)
 
         _, first = timed(fingerprint)
         _, again = timed(fingerprint)

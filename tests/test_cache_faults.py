@@ -31,7 +31,7 @@ from lvx_app.config import GenerationConfig
 from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
-from lvx_models.mplug_owl3.fingerprint import encoder_identity
+from lvx_models.mplug_owl3.family import FAMILY
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 from scripts.gloo_ranks import run_ranks
 
@@ -220,7 +220,7 @@ def test_a_full_disk_saves_nothing_says_so_once_and_leaves_no_file(
             MEMO_NAME: [root / MEMO_NAME],
         }
         with fingerprint_memo(root) as memo:
-            encoder_identity(tiny_checkpoints["g2"], None, memo)
+            FAMILY.encoder_identity(tiny_checkpoints["g2"], None, memo)
         return all(p.is_file() for p in paths[kind])
 
     full_disk((kind,), how)

@@ -15,15 +15,16 @@ from lvx_app.cache import CacheWarning, FeatureCache
 from lvx_app.cache.fingerprints import MEMO_NAME, fingerprint_memo
 from lvx_app.config import Config
 from lvx_app.runtime.open import open_engine
-from lvx_models.mplug_owl3 import fingerprint
-from lvx_models.mplug_owl3.fingerprint import encoder_fingerprint, encoder_identity
+from lvx_models import fingerprint
+from lvx_models.fingerprint import encoder_fingerprint
+from lvx_models.mplug_owl3.family import FAMILY, VISION_PREFIXES
 from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 
 
 def _remembered(checkpoint, cache) -> str:
     """The encoder fingerprint as the engine makes it: the digests kept in the cache folder."""
     with fingerprint_memo(cache) as memo:
-        return encoder_identity(str(checkpoint), None, memo)[1]
+        return FAMILY.encoder_identity(str(checkpoint), None, memo)[1]
 
 
 def _answer(checkpoint, video, cache_dir, *, cache=True):
@@ -69,21 +70,25 @@ def test_weights_replaced_in_place_miss_the_cache(tmp_path, short_video):
 def test_fingerprint_follows_the_encoder_weights_only(tmp_path, monkeypatch):
     a = write_tiny_checkpoint(tmp_path / "a", "g2", seed=0)
     memo = {}
-    first = encoder_fingerprint(a, memo=memo)
+    first = encoder_fingerprint(a, prefixes=VISION_PREFIXES, memo=memo)
     assert len(memo) == 1, "the one safetensors file's digest is remembered"
     b = tmp_path / "elsewhere" / "b"
     shutil.copytree(a, b)
-    assert encoder_fingerprint(b) == first, "the same weights elsewhere have the same fingerprint"
+    assert encoder_fingerprint(b, prefixes=VISION_PREFIXES) == first, (
+        "the same weights elsewhere have the same fingerprint"
+    )
     _bump(b, "language_model.")
-    assert encoder_fingerprint(b) == first, "the language model does not decide the visual features"
+    assert encoder_fingerprint(b, prefixes=VISION_PREFIXES) == first, (
+        "the language model does not decide the visual features"
+    )
     _bump(b, "vision_model.")
-    assert encoder_fingerprint(b) != first
+    assert encoder_fingerprint(b, prefixes=VISION_PREFIXES) != first
 
     def no_reads(*args):
         raise AssertionError("the memo should have answered")
 
     monkeypatch.setattr(fingerprint, "_tensor_digest", no_reads)
-    assert encoder_fingerprint(a, memo=memo) == first
+    assert encoder_fingerprint(a, prefixes=VISION_PREFIXES, memo=memo) == first
 
 
 def test_the_cache_folder_remembers_the_digests(tmp_path, monkeypatch):

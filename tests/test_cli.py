@@ -94,6 +94,7 @@ def test_info_recognizes_the_2b_241014_checkpoint(tiny_checkpoints, monkeypatch)
     import dataclasses
 
     from lvx_app.cli.info import checkpoint_rows
+    from lvx_models.api import FAMILIES
     from lvx_models.mplug_owl3 import loader
     from lvx_models.mplug_owl3.config import Owl3Config
     from lvx_models.mplug_owl3.published import RELEASES, recognize
@@ -104,10 +105,9 @@ def test_info_recognizes_the_2b_241014_checkpoint(tiny_checkpoints, monkeypatch)
     assert recognize(dataclasses.replace(cfg, gate_form="proj")) is None  # not how 2B was published
     assert recognize(dataclasses.replace(cfg, hyper_layers=[6, 13, 20, 22])) is None
     assert [recognize(c) for c in RELEASES.values()] == list(RELEASES)
-    real = loader.inspect_checkpoint  # the tiny g1 checkpoint, with the 2B config in its place
-    monkeypatch.setattr(
-        loader, "inspect_checkpoint", lambda model: dataclasses.replace(real(model), config=cfg)
-    )
+    family = FAMILIES["mplug_owl3"]  # the tiny g1 checkpoint, with the 2B config in its place
+    inspect = lambda *a: dataclasses.replace(loader.inspect_checkpoint(*a), config=cfg)  # noqa: E731
+    monkeypatch.setitem(FAMILIES, family.name, dataclasses.replace(family, inspect=inspect))
     rows = checkpoint_rows(tiny_checkpoints["g1"])
     assert rows["published as"] == "this looks like mPLUG-Owl3-2B-241014"
     assert rows["sizes"].startswith("hidden 1536, 28 layers, 12 heads / 2 kv heads")

@@ -113,9 +113,9 @@ def test_eos_stops_and_is_yielded():
 
 
 def test_text_cache_grows_without_losing_tokens(monkeypatch):
-    from lvx_models.mplug_owl3 import qwen2
+    from lvx_models import steps as kv_room
 
-    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
+    monkeypatch.setattr(kv_room, "MIN_KV_ROOM", 4)
     model, ids, _ = _setup("g2")
     long = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache()
@@ -140,9 +140,9 @@ def test_text_cache_grows_without_losing_tokens(monkeypatch):
 def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
     """After a long prompt the buffer is 1/8 larger, so a question and its answer need no copy
     (doubling would keep twice the prompt for the rest of the session)."""
-    from lvx_models.mplug_owl3 import qwen2
+    from lvx_models import steps as kv_room
 
-    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 4)
+    monkeypatch.setattr(kv_room, "MIN_KV_ROOM", 4)
     model, _, _ = _setup("g2")
     cache = model.new_cache()
     model(torch.randint(0, 97, (1, 160)), cache=cache)
@@ -153,7 +153,7 @@ def test_text_cache_keeps_an_eighth_of_room_not_a_copy(monkeypatch):
         "the question fit in the room"
     )
     model(torch.randint(0, 97, (1, 1)), cache=cache, positions=torch.tensor([[180]]))
-    assert all(layer.k.shape[1] == qwen2.kv_capacity(181) == 203 for layer in cache.layers)
+    assert all(layer.k.shape[1] == kv_room.kv_capacity(181) == 203 for layer in cache.layers)
 
 
 def test_positions_beyond_training_warn_once():

@@ -119,9 +119,9 @@ def test_planned_text_buffer_is_the_one_the_cache_grows(
     import torch
 
     from lvx_app.engine.memory_plan import _text_buffer
-    from lvx_models.mplug_owl3 import qwen2
+    from lvx_models import steps as kv_room
 
-    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", room)
+    monkeypatch.setattr(kv_room, "MIN_KV_ROOM", room)
     model = Owl3Model(tiny_config("g2")).eval()
     cache = model.new_cache()
     lengths = []

@@ -9,8 +9,9 @@ import torch
 
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
 from lvx_models.mplug_owl3.modeling import Owl3Model
-from lvx_models.mplug_owl3.qwen2 import AttentionHooks, Qwen2LM
+from lvx_models.mplug_owl3.qwen2 import Qwen2LM
 from lvx_models.mplug_owl3.vision import SiglipVisionTower
+from lvx_models.steps import AttentionHooks
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,7 +76,7 @@ def test_qwen2_matches_transformers(tied):
         got = ours(ids, ours.resolve_positions(ids, None, None), hooks=hooks)
         torch.testing.assert_close(got, want, **TOL)
         # the same through a text KV cache: prefill 7, then 4 single tokens
-        from lvx_models.mplug_owl3.qwen2 import TextKVCache
+        from lvx_models.steps import TextKVCache
 
         cache = TextKVCache(cfg.num_hidden_layers)
         parts = [ids[:, :7]] + [ids[:, i : i + 1] for i in range(7, 11)]

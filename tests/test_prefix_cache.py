@@ -25,7 +25,7 @@ from lvx_app.config import Config, GenerationConfig
 from lvx_app.engine.api import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
-from lvx_models.mplug_owl3.fingerprint import checkpoint_identity
+from lvx_models.fingerprint import checkpoint_identity
 from scripts.gloo_ranks import run_ranks
 
 PARAMS = GenerationConfig(max_new_tokens=8)

@@ -220,9 +220,9 @@ def test_a_new_video_a_grown_cache_or_a_cleared_conversation_capture_again(monke
     fits in the room reserved past an answer still reuses it), and the answers stay the eager
     loop's."""
     import lvx_app.engine.static_decode as static_decode
-    from lvx_models.mplug_owl3 import qwen2
+    from lvx_models import steps as kv_room
 
-    monkeypatch.setattr(qwen2, "MIN_KV_ROOM", 8)
+    monkeypatch.setattr(kv_room, "MIN_KV_ROOM", 8)
     monkeypatch.setattr(static_decode, "FOLLOW_UP_ROOM", 6)
     captures = _stand_in_graphs(monkeypatch)
     model, ids, visual = _setup("g2")

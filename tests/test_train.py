@@ -205,7 +205,7 @@ def test_a_training_forward_without_its_feed_is_refused(tiny_checkpoints):
     """Training attention gets how the ranks feed a forward's tokens with the forward
     (`TrainAttention.feed`); a forward without it (read as replicated) would attend without
     gradients through the rings: refused in one line."""
-    from lvx_models.mplug_owl3.qwen2 import AttentionHooks
+    from lvx_models.steps import AttentionHooks
 
     tr = Trainer(_cfg(tiny_checkpoints["g2"], train="hyper", dtype="float32"))
     ids = torch.randint(0, tr.model_config.vocab_size, (1, 6))

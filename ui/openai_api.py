@@ -42,8 +42,7 @@ from lvx_app.engine.api import (
 from lvx_app.engine.describe import shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
-from lvx_models.mplug_owl3.checkpoint import resolve_checkpoint
-from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.api import family_of, resolve_checkpoint
 from lvx_ui.openai_request import (
     ApiError,
     ChatRequest,
@@ -219,7 +218,8 @@ def model_context(config: Config) -> int | None:
     None when it cannot be read."""
     try:
         folder = resolve_checkpoint(config.model.path, config.model.revision)
-        return int(Owl3Config.from_json(folder / "config.json").max_position_embeddings)
+        family = family_of(folder)
+        return int(family.read_config(folder).max_position_embeddings)
     except Exception:  # noqa: BLE001 - the engine has read it; without it no bound is added
         return None
 

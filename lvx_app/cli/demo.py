@@ -24,8 +24,7 @@ from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
-from lvx_models.mplug_owl3.config import FORMS
-from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
+from lvx_models.api import DEFAULT_FAMILY, FAMILIES
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
@@ -37,7 +36,7 @@ def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
     """The tiny checkpoint and the synthetic video (made once, reused on later runs)."""
     checkpoint = workdir / f"tiny-{generation}"
     if not (checkpoint / "config.json").exists():
-        write_tiny_checkpoint(checkpoint, generation)
+        FAMILIES[DEFAULT_FAMILY].write_tiny(checkpoint, generation)
     video = workdir / "demo.mp4"
     if not video.exists():
         make_video(video, num_frames=300, fps=10, width=160, height=96)
@@ -54,8 +53,10 @@ def run_demo(
 ) -> int:
     """`lvx demo`: returns the process exit code."""
     console = console or Console(highlight=False, soft_wrap=True)
-    if generation not in FORMS:
-        console.print(f"[red]error:[/red] --generation must be one of {', '.join(FORMS)}")
+    try:
+        FAMILIES[DEFAULT_FAMILY].generation(generation)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] --generation: {exc}")
         return 2
     parallel = config.parallel
     if parallel.ranks is None and not torch.cuda.is_available() and not parallel.gpus:

@@ -51,29 +51,15 @@ def collect_info() -> dict[str, str]:
 
 
 def checkpoint_rows(model: str) -> dict[str, str]:
-    """Generation, gate form, projector, sizes, the release it matches and its prompt rules (with
-    where each came from) of a checkpoint directory or hub id (raises CheckpointError)."""
-    from lvx_models.mplug_owl3.config import FORM_NOTES
-    from lvx_models.mplug_owl3.loader import inspect_checkpoint
-    from lvx_models.mplug_owl3.published import recognize
+    """What the checkpoint's family says of it (generation, sizes, the release it matches, its
+    prompt rules with where each came from) and what `--kv-mode auto` would choose for it (raises
+    CheckpointError)."""
+    from lvx_models.api import family_of
 
-    info = inspect_checkpoint(model)
-    cfg = info.config
-    release = recognize(cfg)
+    info = family_of(model).inspect(model)
     return {
-        "model": str(info.path),
-        "published as": f"this looks like {release}"
-        if release
-        else "no published mPLUG-Owl3 checkpoint has these sizes and weight form",
-        "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
-        "projector": cfg.projector,
-        "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
-        "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
-        f"{cfg.num_attention_heads} heads / "
-        f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
-        **info.prompt_rules.describe(),
-        **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
-        "kv mode auto, 1 h at 1 fps on one device": auto_kv_line(cfg),
+        **family_of(model).describe(info),
+        "kv mode auto, 1 h at 1 fps on one device": auto_kv_line(info.config),
     }
 
 
@@ -94,7 +80,7 @@ def print_info(model: str | None = None) -> int:
     console = Console()
     rows = collect_info()
     if model is not None:
-        from lvx_models.mplug_owl3.checkpoint import CheckpointError
+        from lvx_models.api import CheckpointError
 
         try:
             rows.update(checkpoint_rows(model))

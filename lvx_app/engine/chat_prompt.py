@@ -17,7 +17,7 @@ import torch
 
 from lvx_app.engine.api import EngineError
 from lvx_app.engine.video_context import LoadedVideo, video_text
-from lvx_models.mplug_owl3.processor import VIDEO  # where the loaded video goes in a user message
+from lvx_models.api import VIDEO  # where the loaded video goes in a user message
 
 
 class Answers:

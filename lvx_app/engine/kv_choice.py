@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lvx_app.engine.memory_plan import GB, ParamCounts, Workload, memory_plan, param_counts
-from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.api import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class KvChoice:
 
 def choose_kv_mode(
     asked: str,
-    config: Owl3Config,
+    config: ModelConfig,
     frames: int,
     ranks: int,
     dtype_bytes: int,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lvx_app.engine.api import EngineError
-from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.api import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def too_many_chars(chars: int, limit: int) -> str:
     )
 
 
-def prefill_bytes(n: int, cfg: Owl3Config, shape: PrefillShape) -> int:
+def prefill_bytes(n: int, cfg: ModelConfig, shape: PrefillShape) -> int:
     """An upper estimate of one rank's memory for prefilling `n` more tokens."""
     local = -(-n // shape.world)
     linear = local * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * shape.element_bytes
@@ -68,7 +68,7 @@ def prefill_bytes(n: int, cfg: Owl3Config, shape: PrefillShape) -> int:
 
 
 def question_limit(
-    cfg: Owl3Config, shape: PrefillShape, budget_bytes: int | None
+    cfg: ModelConfig, shape: PrefillShape, budget_bytes: int | None
 ) -> tuple[int, str]:
     """(most tokens a question may have, what sets it: "the model's context" or "the free memory of
     a rank")."""

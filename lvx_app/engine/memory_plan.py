@@ -32,13 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
-from lvx_models.mplug_owl3.config import Owl3Config
-from lvx_models.mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
-from lvx_models.mplug_owl3.modeling import Owl3Model
-from lvx_models.mplug_owl3.qwen2 import kv_capacity
+from lvx_models.api import VISUAL_KV_CHUNK_BYTES, ModelConfig, family_for_config, kv_capacity
 
 GB = 1e9
 PROMPT_HEADER_TOKENS = (
@@ -94,23 +89,10 @@ class ParamCounts:
         return self.vision + self.projector + self.language
 
 
-def param_counts(config: Owl3Config) -> ParamCounts:
-    """Count the parameters of `Owl3Model(config)` built on the meta device (nothing is
-    allocated)."""
-    with torch.device("meta"):
-        model = Owl3Model(config)
-
-    def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters()) + sum(
-            b.numel() for b in module.buffers()
-        )
-
-    return ParamCounts(
-        vision=count(model.vision_model),
-        projector=count(model.vision2text_model),
-        language=count(model.language_model),
-        embedding=model.language_model.model.embed_tokens.weight.numel(),
-    )
+def param_counts(config: ModelConfig) -> ParamCounts:
+    """The parameters of the model `config` describes, by part, counted by its family on the meta
+    device (nothing is allocated)."""
+    return ParamCounts(**family_for_config(config).parameter_counts(config))
 
 
 RESIDENT = ("weights", "features E", "visual K/V", "text K/V")  # what a rank keeps between turns
@@ -135,7 +117,7 @@ class MemoryPlan:
 
 
 def _visual_kv_transient(
-    cfg: Owl3Config, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
+    cfg: ModelConfig, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
 ) -> int:
     """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
     visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
@@ -166,7 +148,7 @@ def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
 
 
 def band_tiles(
-    cfg: Owl3Config, rows: int, keys: int, tile: int = MIN_TILE_CUDA
+    cfg: ModelConfig, rows: int, keys: int, tile: int = MIN_TILE_CUDA
 ) -> list[tuple[int, int]]:
     """(packed rows, band keys) of each media-mask tile over the video prompt's first `rows` tokens.
 
@@ -192,7 +174,7 @@ def band_tiles(
     return tiles
 
 
-def visual_masked_share(config: Owl3Config, work: Workload) -> float:
+def visual_masked_share(config: ModelConfig, work: Workload) -> float:
     """The share of the video prompt's visual attention (query rows x keys) in masked tiles, the
     frames' band, which runs on the memory-efficient kernel: `band_tiles` of one rank over all the
     keys seen (token t sees every frame placed at or before it). Several ranks cut the same bands
@@ -213,7 +195,7 @@ def live_band_masks(tiles: list[tuple[int, int]]) -> int:
 
 
 def _attention_transient(
-    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
+    cfg: ModelConfig, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
 ) -> int:
     """Peak extra bytes of one `attn_fwd` of `rows` local query tokens against `keys` visible local
     visual keys.
@@ -232,7 +214,7 @@ def _attention_transient(
 
 
 def _layer_transient(
-    cfg: Owl3Config, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
+    cfg: ModelConfig, rows: int, keys: int, b: int, masked: bool, tile: int = MIN_TILE_CUDA
 ) -> int:
     """Peak extra bytes of one decoder layer over `rows` local tokens: its SwiGLU, or its visual
     attention."""
@@ -242,7 +224,7 @@ def _layer_transient(
     return max(mlp, _attention_transient(cfg, rows, keys, b, masked, tile))
 
 
-def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
+def _vision_transient(cfg: ModelConfig, batch: int, b: int) -> int:
     """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the
     projector's."""
     v, t = cfg.vision, cfg.vision.num_patches
@@ -252,7 +234,7 @@ def _vision_transient(cfg: Owl3Config, batch: int, b: int) -> int:
 
 
 def memory_plan(
-    config: Owl3Config, work: Workload, counts: ParamCounts | None = None
+    config: ModelConfig, work: Workload, counts: ParamCounts | None = None
 ) -> MemoryPlan:
     # long: one line per tensor the engine keeps, summed in the order they appear
     """Per-rank memory of `work`: resident tensors and the peak of each stage (load, prefill,

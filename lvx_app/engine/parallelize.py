@@ -40,7 +40,7 @@ from lvx_app.parallel.collectives import all_min, allgather_seq
 from lvx_app.parallel.group import DistInfo
 from lvx_kernels.feed import Feed
 from lvx_kernels.masks import Indices, MaskIndex
-from lvx_models.mplug_owl3.qwen2 import StepContext
+from lvx_models.api import ForwardStep
 
 
 class ShardedHooks:
@@ -71,7 +71,7 @@ class ShardedHooks:
         )
 
     def text(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext, layer: int
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: ForwardStep, layer: int
     ):
         feed: Feed = step.feed
         if feed.replicated:
@@ -83,7 +83,7 @@ class ShardedHooks:
         every = None if feed.positions is None else [p + 1 for p in feed.positions]
         return self.ring(q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer, every)
 
-    def visual(self, q: torch.Tensor, step: StepContext, layer: int):
+    def visual(self, q: torch.Tensor, step: ForwardStep, layer: int):
         vis = step.visual
         k, v = vis.kv[layer]
         if step.feed.replicated:
@@ -97,7 +97,7 @@ class ShardedHooks:
         v: torch.Tensor,
         q_vis: MaskIndex,
         k_frame: MaskIndex,
-        step: StepContext,
+        step: ForwardStep,
         layer: int,
         every=None,
     ):

@@ -23,7 +23,7 @@ from lvx_app.cache import VisualKVCache, VisualKVKey
 from lvx_app.defaults import VISUAL_KV_READ_BYTES_PER_S, VISUAL_KV_SAVE_MARGIN
 from lvx_app.parallel.collectives import nbytes
 from lvx_app.video.ingest import VisualShard
-from lvx_models.mplug_owl3.hyper import VisualInputs
+from lvx_models.api import VisualInputs
 
 SAVE_MODES = ("auto", "always", "never")
 

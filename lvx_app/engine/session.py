@@ -28,8 +28,7 @@ from lvx_app.engine.turns import Turns
 from lvx_app.engine.video_context import VideoContext, WeightNames
 from lvx_app.parallel.collectives import nbytes
 from lvx_app.parallel.group import DistInfo
-from lvx_models.mplug_owl3.checkpoint import CheckpointError
-from lvx_models.mplug_owl3.loader import load_model
+from lvx_models.api import CheckpointError, family_of
 
 # (model, this rank's group info, the config) -> the attention installed on the model
 Parallelize = Callable[..., ShardedAttention]
@@ -49,7 +48,8 @@ class RankSession:
             )
             # named before the weights load, so nothing is filed under weights newer than them
             names = WeightNames(model_config, config.video)
-            loaded = load_model(
+            family = family_of(model_config.path, model_config.revision)
+            loaded = family.load(
                 model_config.path,
                 dtype=self.dtype,
                 device=info.device,

@@ -47,8 +47,7 @@ from lvx_kernels.carry import Carry
 from lvx_kernels.feed import REPLICATED, Feed
 from lvx_kernels.kernels import attn_fwd_upto
 from lvx_kernels.masks import Indices
-from lvx_models.mplug_owl3.hyper import VisualStep
-from lvx_models.mplug_owl3.qwen2 import AttentionHooks
+from lvx_models.api import AttentionHooks, VisualStep
 
 WARMUP_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisation happens there)
 # tokens of room reserved past an answer when the text cache must grow for it, so a follow-up

@@ -40,8 +40,7 @@ from lvx_app.speech.sharded import Transcript, transcribe_video
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
-from lvx_models.mplug_owl3.fingerprint import checkpoint_identity, encoder_identity
-from lvx_models.mplug_owl3.processor import VIDEO
+from lvx_models.api import VIDEO, family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
 # 2: every rank holds (and saves) the whole replicated text cache
@@ -106,7 +105,8 @@ class WeightNames:
 
     def __init__(self, model: ModelConfig, video: VideoConfig) -> None:
         self.model = model
-        self.checkpoint = checkpoint_identity(model.path, model.revision)  # file stats only
+        self.family = family_of(model.path, model.revision)
+        self.checkpoint = self.family.checkpoint_identity(model.path, model.revision)  # stats only
         self._named = self._name(video.cache_dir) if video.cache else None
 
     def of(self, video: VideoConfig) -> Identity:
@@ -114,7 +114,10 @@ class WeightNames:
         if not video.cache:
             return Identity(self.model.path, "", "")
         if self._named is None:
-            if checkpoint_identity(self.model.path, self.model.revision) != self.checkpoint:
+            if (
+                self.family.checkpoint_identity(self.model.path, self.model.revision)
+                != self.checkpoint
+            ):
                 raise EngineError(
                     f"the checkpoint {self.model.path} changed on disk since it was loaded, so the "
                     "cache cannot name its weights; load without the cache, or open it again"
@@ -124,7 +127,9 @@ class WeightNames:
 
     def _name(self, cache_dir: str | None) -> Identity:
         with fingerprint_memo(cache_dir) as memo:
-            model_key, encoder = encoder_identity(self.model.path, self.model.revision, memo)
+            model_key, encoder = self.family.encoder_identity(
+                self.model.path, self.model.revision, memo
+            )
         return Identity(model_key, encoder, self.checkpoint)
 
 

@@ -35,7 +35,7 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
 from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
-from lvx_models.mplug_owl3.tokenizer import valid_text
+from lvx_models.api import valid_text
 
 
 class Engine:

@@ -20,7 +20,7 @@ import torch
 from lvx_app.devices import default_dtype, resolve_dtype
 from lvx_app.engine.api import EngineError
 from lvx_app.parallel.world import World
-from lvx_models.safetensors_folder import safetensors_files, tensor_shapes
+from lvx_models.api import safetensors_files, tensor_shapes
 
 GiB = 2**30
 RANK_BYTES = 330 * 2**20  # one rank without its weights: its process, decoder and helpers

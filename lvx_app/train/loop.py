@@ -49,8 +49,7 @@ from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
 from lvx_app.video.ingest import Encoder, ingest
-from lvx_models.mplug_owl3.fingerprint import encoder_identity
-from lvx_models.mplug_owl3.loader import load_model
+from lvx_models.api import family_of
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
 
@@ -158,14 +157,14 @@ class Trainer:
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(run.model.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
+        family = family_of(run.model.path, run.model.revision)
         with fingerprint_memo(run.video.cache_dir) as memo:  # the feature cache's key
-            self.model_key, self.encoder_id = encoder_identity(
+            self.model_key, self.encoder_id = family.encoder_identity(
                 run.model.path, run.model.revision, memo
             )
-        loaded = load_model(
+        model, self.model_config, self.processor = family.load(
             run.model.path, dtype=dtype, device=self.device, revision=run.model.revision, fuse=False
         )
-        model, self.model_config, self.processor = loaded
         self.model = model
         self.params = configure_trainable(model, cfg)
         for _, p in self.params:  # float32 master weights under bf16 autocast

@@ -46,8 +46,7 @@ from lvx_app.parallel.collectives import exchange_sizes
 from lvx_kernels.feed import Feed
 from lvx_kernels.kernels import check_inputs
 from lvx_kernels.masks import MaskIndex
-from lvx_models.mplug_owl3.hyper import LazyVisualKV
-from lvx_models.mplug_owl3.qwen2 import StepContext
+from lvx_models.api import ForwardStep, LazyVisualKV
 
 # --------------------------------------------------------------------------------------------------
 # replay of attention outputs under rematerialisation-aware checkpointing
@@ -221,14 +220,14 @@ class TrainAttention(ShardedHooks):
         (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
         return self.sharded_feed(positions, sizes, device)
 
-    def ring(self, q, k, v, q_vis, k_frame, step: StepContext, layer: int, every=None):
+    def ring(self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);
         a training feed holds no host copies of the other ranks' masks (`every` is None)."""
         spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=step.feed.sizes)
         return _SavedKVAttn.apply(spec, q, k, v)
 
     def text(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext, layer: int
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: ForwardStep, layer: int
     ):
         if step.feed.replicated or k.shape[1] != q.shape[1]:
             raise RuntimeError(
@@ -237,7 +236,7 @@ class TrainAttention(ShardedHooks):
             )
         return super().text(q, k, v, step, layer)
 
-    def visual(self, q: torch.Tensor, step: StepContext, layer: int):
+    def visual(self, q: torch.Tensor, step: ForwardStep, layer: int):
         vis = step.visual
         if not (self.recompute and isinstance(vis.kv, LazyVisualKV)):
             return super().visual(q, step, layer)

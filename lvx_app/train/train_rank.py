@@ -16,7 +16,7 @@ from lvx_app.parallel.world import World
 from lvx_app.runtime.rank_main import rank_arguments, set_up_rank
 from lvx_app.train.loop import run_training
 from lvx_app.video.errors import VideoError
-from lvx_models.mplug_owl3.checkpoint import CheckpointError
+from lvx_models.api import CheckpointError
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

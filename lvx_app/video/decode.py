@@ -17,7 +17,7 @@ The rank's frames are split into chunks of at most `chunk_frames`; worker w of W
 contiguous run of chunks in increasing frame order (one `VideoReader` per worker, never seeking
 backwards). At most `prefetch` chunks per worker are in flight, so memory stays bounded however long
 the video is. Each chunk is resized in the worker with the processor's own bicubic
-(`lvx_models.mplug_owl3.image_transform.resize_uint8`, the uint8 kernel that matches PIL) and comes
+(`lvx_models.api.resize_uint8`, the uint8 kernel that matches PIL) and comes
 back as uint8 (n, 3, S, S); `normalize` runs later on the encoder's device.
 
 A chunk that fails or times out is retried once in a fresh worker with per-frame access (`vr[i]`,
@@ -69,17 +69,11 @@ from lvx_app.video.errors import (
 )
 from lvx_app.video.plan import SamplingPlan, build_plan, format_timestamp
 from lvx_app.wire import Failure, Reply, Request, receive, send
-from lvx_models.mplug_owl3.image_transform import resize_uint8
+from lvx_models.api import resize_uint8
 
 DEFAULT_TIMEOUT_S = DEFAULT_DECODE_TIMEOUT_S
 DEFAULT_CHUNK_FRAMES = 32
-_PRELOAD = [
-    "numpy",
-    "torch",
-    "decord",
-    "lvx_app.video.decode",
-    "lvx_models.mplug_owl3.image_transform",
-]
+_PRELOAD = ["numpy", "torch", "decord", "lvx_app.video.decode", "lvx_models.api"]
 
 # --------------------------------------------------------------------------------------------------
 # input checks

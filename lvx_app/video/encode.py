@@ -5,7 +5,7 @@ rank's device in the features' dtype (bf16 on GPU), features (n, T, H) — for m
 tower plus projector, T = 729. Chunks may arrive in any order; each is written at its offset. Only
 one chunk of pixels lives on the device at a time, so memory is E_local plus one encoder batch.
 
-Pixels are prepared by the processor's own transform (models/mplug_owl3/image_transform.py): chunks
+Pixels are prepared by the processor's own transform (`lvx_models.api`): chunks
 already resized by the decode workers (uint8 (n, 3, S, S)) only need `normalize`; raw frames (n, H,
 W, 3) go through `to_pixel_values`.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lvx_app.devices import default_dtype
-from lvx_models.mplug_owl3.image_transform import normalize, to_pixel_values
+from lvx_models.api import normalize, to_pixel_values
 
 EncodeFn = Callable[[torch.Tensor], torch.Tensor]
 

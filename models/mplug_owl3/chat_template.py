@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ..surface import VIDEO  # the app's marker: the video goes where it stands
 from .image_cut import cut_image
 from .image_transform import to_pixel_values
 from .prompt_inputs import MediaItem
@@ -22,7 +23,6 @@ from .prompt_rules import PromptRules
 from .tokenizer import ENDOFTEXT, IM_END, IM_START, Control
 
 IMAGE = "<|image|>"
-VIDEO = "<|video|>"
 VIDEO_START = "<|start_video_frame|>"
 VIDEO_END = "<|end_video_frame|>"
 

@@ -30,15 +30,13 @@ every placeholder, so it sees all frames.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
-
 import torch
 from torch import nn
 
-from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.masks import Indices, device_tensor
 from lvx_kernels.merge import merge_seen
 
+from ..steps import VisualStep
 from .config import Owl3Config
 from .layers import apply_rope, rms_norm, rope_cos_sin
 from .qwen2 import Qwen2Attention, StepContext
@@ -130,66 +128,6 @@ def visual_kv(
     return k_out.view(1, n * p, num_kv_heads, head_dim), v_out.view(
         1, n * p, num_kv_heads, head_dim
     )
-
-
-class LazyVisualKV(Mapping):
-    """layer -> (k, v) made on every access from one copy of E (`features`), nothing cached:
-    `project(layer, features)` is the layer's K/V, differentiable w.r.t. E and the layer's weights
-    (finetuning remakes them in its backward from the same two)."""
-
-    def __init__(
-        self,
-        project: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-        features: torch.Tensor,
-        layers: list[int],
-    ):
-        self.project, self.features, self.layers = project, features, list(layers)
-
-    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer not in self.layers:
-            raise KeyError(layer)
-        return self.project(layer, self.features)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.layers)
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-
-@dataclass
-class VisualInputs:
-    """The visual side of a request, as one process (rank) holds it.
-
-    kv:           hyper layer index (0-based) -> (k, v), each (1, S_kv, n_kv, hd) for this rank's
-                  frames; any Mapping works (a dict of precomputed K/V, or a lazy mapping that
-                  recomputes them from E).
-    k_frame:      (1, S_kv) int64, global frame index of each local visual key (`Indices` when
-                  the host knows them, so the kernels plan from the host).
-    media_starts: (N_total,) int64, placeholder start token index of EVERY frame of the request (all
-                  ranks'), sorted; it defines which frames each token sees (`Indices` when the host
-                  knows them: a forward's q_vis is then known there too).
-    """
-
-    kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
-    k_frame: MaskIndex
-    media_starts: MaskIndex
-
-    @property
-    def num_frames(self) -> int:
-        return int(device_tensor(self.media_starts).numel())
-
-
-@dataclass
-class VisualStep:
-    """VisualInputs bound to one forward's tokens: adds q_vis (B, L) int64 (`Indices` when the host
-    knows it)."""
-
-    kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
-    k_frame: MaskIndex
-    q_vis: MaskIndex
-    # every rank's q_vis on the host (rank order) in a sharded forward, when the host knows them
-    q_vis_every: tuple[torch.Tensor, ...] | None = None
 
 
 class HyperAttention(Qwen2Attention):

@@ -29,18 +29,11 @@ from torch import nn
 from lvx_kernels.feed import REPLICATED, Feed
 from lvx_kernels.masks import Indices, MaskIndex, device_tensor
 
+from ..steps import AttentionHooks, LazyVisualKV, TextKVCache, VisualInputs, VisualStep
 from .config import Owl3Config
-from .hyper import (
-    HyperAttention,
-    LazyVisualKV,
-    VisualInputs,
-    VisualStep,
-    frame_rope_positions,
-    visible_frames,
-    visual_kv,
-)
+from .hyper import HyperAttention, frame_rope_positions, visible_frames, visual_kv
 from .layers import Fusing
-from .qwen2 import AttentionHooks, Qwen2Attention, Qwen2LM, TextKVCache
+from .qwen2 import Qwen2Attention, Qwen2LM
 from .vision import SiglipVisionTower, build_projector, frames_per_batch
 
 
@@ -205,6 +198,7 @@ class Owl3Model(nn.Module):
         visual: Optional[VisualInputs] = None,
         last_only: bool = False,
         feed: Feed = REPLICATED,
+        hooks: Optional[AttentionHooks] = None,
     ) -> torch.Tensor:
         """Text forward -> logits (B, L, V) float in the model dtype ((B, 1, V) with last_only).
 
@@ -212,7 +206,8 @@ class Owl3Model(nn.Module):
         (given on the host, the host knows which frames each token sees); cache: the text KV cache
         to extend (None = no cache, the tokens are the whole sequence); visual: frames to attend to
         in the hyper layers (B must be 1), None = text only; feed: how the ranks feed these tokens
-        (for the attention hooks, `lvx_kernels.feed`)."""
+        (for the attention hooks, `lvx_kernels.feed`); hooks: the attention this forward calls
+        (default: the model's own, local attention)."""
         lm = self.language_model
         given = positions
         start = cache.length if cache is not None else 0
@@ -228,7 +223,7 @@ class Owl3Model(nn.Module):
         return lm(
             input_ids,
             positions,
-            hooks=self.hooks,
+            hooks=hooks or self.hooks,
             cache=cache,
             visual=step,
             last_only=last_only,

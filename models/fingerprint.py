@@ -1,10 +1,10 @@
-"""A fingerprint of the weights that decide the visual features (SigLIP tower + projector), for the
-feature cache.
+"""A fingerprint of the weights that decide the visual features (a family's vision tower and
+projector, named by their key prefixes), for the feature cache.
 
 A checkpoint's path or hub id says nothing about its weights: a finetune written over the same
 folder, or another checkpoint at the same relative path, must not reuse the old features. The
-fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every `vision_model.*` and
-`vision2text_model.*` tensor, read straight from the safetensors files. Hashing a 7B checkpoint's
+fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every tensor under the
+family's vision prefixes, read straight from the safetensors files. Hashing a 7B checkpoint's
 tower reads ~0.8 GB, so each file's digest can be remembered in a memo (a dict the caller keeps,
 e.g. in its cache folder) keyed by the file's identity (path, device, inode, size, mtime and ctime:
 a rewrite changes ctime even when mtime is set back), and a later start only stats the files.
@@ -17,8 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from ..safetensors_folder import safetensors_files
-from .checkpoint import PROJECTOR, VISION, CheckpointError, resolve_checkpoint
+from .mplug_owl3.checkpoint import resolve_checkpoint
+from .safetensors_folder import CheckpointError, safetensors_files
 
 _READ = 16 << 20
 
@@ -54,6 +54,7 @@ def encoder_fingerprint(
     path_or_id: str | os.PathLike,
     revision: str | None = None,
     *,
+    prefixes: tuple[str, ...],
     memo: dict[str, str] | None = None,
 ) -> str:
     """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal
@@ -62,7 +63,7 @@ def encoder_fingerprint(
     files = safetensors_files(resolve_checkpoint(path_or_id, revision))
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
-        if k.startswith((VISION, PROJECTOR)):
+        if k.startswith(prefixes):
             by_file.setdefault(f, []).append(k)
     table = {} if memo is None else memo
     h = hashlib.sha256()
@@ -81,14 +82,14 @@ def encoder_fingerprint(
 
 
 def encoder_identity(
-    model: str, revision: str | None, memo: dict[str, str] | None = None
+    prefixes: tuple[str, ...], model: str, revision: str | None, memo: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for the
     feature cache's key; compute it before loading the weights, so features are never filed under
     weights newer than the model's. `memo` as for `encoder_fingerprint` (raises CheckpointError for
     an unreadable checkpoint)."""
     path = str(resolve_checkpoint(model, revision).resolve())
-    return path, encoder_fingerprint(path, memo=memo)
+    return path, encoder_fingerprint(path, prefixes=prefixes, memo=memo)
 
 
 def checkpoint_identity(path_or_id: str | os.PathLike, revision: str | None = None) -> str:

@@ -1,0 +1,101 @@
+"""The surface of lvx_models: the one module the app imports.
+
+A model family is one folder (`mplug_owl3/`, `mllama/`) that exports one `Family` record, listed
+once in `FAMILIES`. The app finds a checkpoint's family from its config.json (`family_of`) and
+reaches the model only through the record and the objects it returns: the model (`encode_images`,
+`prepare_visual`, `forward` with the attention hooks and step it is handed, `new_cache`), its
+config (the sizes the memory plan reads) and its processor (prompts with the places of visual
+tokens, stop ids, streaming decode). What a forward hands the attention (`AttentionHooks`,
+`VisualInputs`, `VisualStep`) and the text cache every family keeps are shared (`steps`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .mplug_owl3.checkpoint import resolve_checkpoint
+from .mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
+from .mplug_owl3.image_transform import normalize, resize_uint8, to_pixel_values
+from .mplug_owl3.tokenizer import valid_text
+from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
+from .steps import (
+    AttentionHooks,
+    ForwardStep,
+    LazyVisualKV,
+    TextKVCache,
+    VisualInputs,
+    VisualStep,
+    kv_capacity,
+)
+from .surface import VIDEO, Family, Generation, ModelConfig
+
+__all__ = [
+    "DEFAULT_FAMILY",
+    "FAMILIES",
+    "VIDEO",
+    "VISUAL_KV_CHUNK_BYTES",
+    "family_for_config",
+    "AttentionHooks",
+    "CheckpointError",
+    "ForwardStep",
+    "Family",
+    "Generation",
+    "LazyVisualKV",
+    "ModelConfig",
+    "TextKVCache",
+    "VisualInputs",
+    "VisualStep",
+    "family_named",
+    "family_of",
+    "kv_capacity",
+    "normalize",
+    "resize_uint8",
+    "resolve_checkpoint",
+    "safetensors_files",
+    "tensor_shapes",
+    "to_pixel_values",
+    "valid_text",
+]
+
+
+def _families() -> dict[str, Family]:
+    from .mllama.family import FAMILY as MLLAMA
+    from .mplug_owl3.family import FAMILY as MPLUG_OWL3
+
+    return {f.name: f for f in (MPLUG_OWL3, MLLAMA)}  # the registry: one line a family
+
+
+FAMILIES: dict[str, Family] = _families()
+DEFAULT_FAMILY = "mplug_owl3"
+
+
+def family_named(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ValueError(f"model family must be one of {', '.join(FAMILIES)}, not {name!r}")
+    return FAMILIES[name]
+
+
+def family_of(path_or_id: str | Path, revision: str | None = None) -> Family:
+    """The family of a checkpoint folder or hub id, from its config.json's `model_type`. A folder
+    without a readable config.json goes to the default family, whose loader says what is wrong; a
+    `model_type` no family reads is a CheckpointError naming the ones lvx runs."""
+    config = resolve_checkpoint(path_or_id, revision) / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type", "")
+    except (OSError, ValueError, AttributeError):
+        return FAMILIES[DEFAULT_FAMILY]
+    for family in FAMILIES.values():
+        if model_type in family.model_types:
+            return family
+    known = ", ".join(f"{f.title} ({'/'.join(f.model_types)})" for f in FAMILIES.values())
+    raise CheckpointError(f"{config}: model_type {model_type!r} is none lvx runs: {known}")
+
+
+def family_for_config(config: object) -> Family:
+    """The family whose models `config` describes (a config `load` returned, or one built by hand
+    for a plan)."""
+    for family in FAMILIES.values():
+        if isinstance(config, family.config_type):
+            return family
+    raise TypeError(f"{type(config).__name__} is no model family's config")

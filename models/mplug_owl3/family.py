@@ -1,0 +1,83 @@
+"""mPLUG-Owl3 as the app sees it: the family record `lvx_models.api` lists."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..fingerprint import checkpoint_identity, encoder_identity
+from ..surface import Family, Generation
+from .checkpoint import PROJECTOR, VISION
+from .config import FORM_NOTES, FORMS, Owl3Config
+from .loader import inspect_checkpoint, load_model
+from .modeling import Owl3Model
+from .published import recognize
+from .tiny import write_tiny_checkpoint
+
+NAME = "mplug_owl3"
+VISION_PREFIXES = (VISION, PROJECTOR)  # the weights that decide the visual features
+
+
+def describe(info: Any) -> dict[str, str]:
+    """The rows `lvx info --model` shows: the release it matches, generation, projector, sizes and
+    the prompt rules with where each came from."""
+    cfg = info.config
+    release = recognize(cfg)
+    return {
+        "model": str(info.path),
+        "published as": f"this looks like {release}"
+        if release
+        else "no published mPLUG-Owl3 checkpoint has these sizes and weight form",
+        "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
+        "projector": cfg.projector,
+        "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
+        "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
+        f"{cfg.num_attention_heads} heads / "
+        f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",
+        **info.prompt_rules.describe(),
+        **{f"note {i}": n for i, n in enumerate(info.notes, 1)},
+    }
+
+
+def parameter_counts(config: Owl3Config) -> dict[str, int]:
+    """Parameters by part of `Owl3Model(config)` built on the meta device: the tower as built
+    (all but the checkpoint's last layer), the projector, the language model (decoder layers,
+    norms, embeddings, lm_head) and its embedding table (a lookup: no FLOPs)."""
+    with torch.device("meta"):
+        model = Owl3Model(config)
+
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters()) + sum(
+            b.numel() for b in module.buffers()
+        )
+
+    return {
+        "vision": count(model.vision_model),
+        "projector": count(model.vision2text_model),
+        "language": count(model.language_model),
+        "embedding": model.language_model.model.embed_tokens.weight.numel(),
+    }
+
+
+def read_config(folder: Path) -> Owl3Config:
+    return Owl3Config.from_json(Path(folder) / "config.json")
+
+
+FAMILY = Family(
+    name=NAME,
+    title="mPLUG-Owl3",
+    model_types=("mplugowl3",),
+    generations=tuple(Generation(NAME, form, FORM_NOTES[form]) for form in FORMS),
+    load=load_model,
+    inspect=inspect_checkpoint,
+    describe=describe,
+    read_config=read_config,
+    write_tiny=write_tiny_checkpoint,
+    checkpoint_identity=checkpoint_identity,
+    encoder_identity=partial(encoder_identity, VISION_PREFIXES),
+    parameter_counts=parameter_counts,
+    config_type=Owl3Config,
+)

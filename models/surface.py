@@ -1,0 +1,70 @@
+"""The record each model family exports (`lvx_models.api` lists them): what the app may ask of a
+family without naming any of its parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple
+
+# Where a loaded video goes in a user message: every family's processor reads it there.
+VIDEO = "<|video|>"
+# A family's config (`Family.config_type`): the sizes the app's plans read, by their Hugging Face
+# names (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, ...).
+ModelConfig = Any
+
+
+class Loaded(NamedTuple):
+    """What a family's `load` returns."""
+
+    model: Any
+    config: Any
+    processor: Any
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One published generation of a family's checkpoints: a record the app shows and passes on,
+    never a string it compares."""
+
+    family: str  # the family's name
+    name: str  # what `lvx demo --generation` takes, e.g. "g2"
+    note: str  # the releases it covers, in words
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the app may ask of one model family, without naming any of its parts.
+
+    load(path, *, dtype, device, revision, fuse) -> (model, config, processor)
+    inspect(path, revision) -> a record with `.path` and `.config` (headers read, no weights)
+    describe(info) -> the rows `lvx info` shows for it
+    read_config(folder) -> the config of a checkpoint folder (config.json only)
+    write_tiny(directory, generation) -> a random-weight checkpoint in the published layout
+    checkpoint_identity(path, revision) -> identity of every file (stats only)
+    encoder_identity(path, revision, memo) -> (resolved path, fingerprint of the vision weights)
+    parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
+        counted on the meta device (nothing allocated)
+    """
+
+    name: str
+    title: str  # as users write it, e.g. "mPLUG-Owl3"
+    model_types: tuple[str, ...]  # config.json `model_type` values of its checkpoints
+    generations: tuple[Generation, ...]
+    load: Callable[..., Any]
+    inspect: Callable[..., Any]
+    describe: Callable[[Any], dict[str, str]]
+    read_config: Callable[[Path], Any]
+    write_tiny: Callable[..., Path]
+    checkpoint_identity: Callable[..., str]
+    encoder_identity: Callable[..., tuple[str, str]]
+    parameter_counts: Callable[[Any], dict[str, int]]
+    config_type: type  # the class of its `config`
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def generation(self, name: str) -> Generation:
+        for g in self.generations:
+            if g.name == name:
+                return g
+        names = ", ".join(g.name for g in self.generations)
+        raise ValueError(f"{self.title} generations are {names}, not {name!r}")
