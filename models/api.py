@@ -28,7 +28,7 @@ from .steps import (
     VisualStep,
     kv_capacity,
 )
-from .surface import VIDEO, Family, Generation, ModelConfig
+from .surface import VIDEO, Family, Finetunable, Generation, ModelConfig
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointError",
     "ForwardStep",
     "Family",
+    "Finetunable",
     "Generation",
     "LazyVisualKV",
     "ModelConfig",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol
 
 # Where a loaded video goes in a user message: every family's processor reads it there.
 VIDEO = "<|video|>"
@@ -45,6 +45,9 @@ class Family:
     encoder_identity(path, revision, memo) -> (resolved path, fingerprint of the vision weights)
     parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
         counted on the meta device (nothing allocated)
+    save_weights(model, base, dtype) -> every key of a checkpoint in the published layout made from
+        a finetuned `model` (adapters merged) and `base`, the checkpoint it was trained from; None:
+        the family's models cannot be finetuned yet (its models then need not be `Finetunable`)
     """
 
     name: str
@@ -60,6 +63,7 @@ class Family:
     encoder_identity: Callable[..., tuple[str, str]]
     parameter_counts: Callable[[Any], dict[str, int]]
     config_type: type  # the class of its `config`
+    save_weights: Optional[Callable[..., dict[str, Any]]] = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def generation(self, name: str) -> Generation:
@@ -68,3 +72,37 @@ class Family:
                 return g
         names = ", ".join(g.name for g in self.generations)
         raise ValueError(f"{self.title} generations are {names}, not {name!r}")
+
+
+class Finetunable(Protocol):
+    """What the training loop asks of a model whose family has `save_weights`, besides `forward`
+    (with `hooks=`, `feed=`, `visual=`), `prepare_visual` and `encode_images`."""
+
+    def trainable_parameters(self, which: str) -> list[tuple[str, Any]]:
+        """(name, parameter) of "hyper" (what makes the visual K/V, and any gate mixing them in),
+        "all" (all but the vision tower) or "adapters" (what `wrap_linears` added)."""
+        ...
+
+    def projector_trains(self) -> bool: ...
+
+    def lora_targets(self) -> Iterator[tuple[str, Any]]:
+        """(name, Linear) an adapter may wrap."""
+        ...
+
+    def wrap_linears(self, factory: Callable[[Any], Any]) -> list[str]:
+        """Replace each `lora_targets` Linear by `factory(linear)`, a module keeping it as `.base`
+        with a `merged_weight()`."""
+        ...
+
+    vision_dtype: Any
+    vision_device: Any
+
+    def vision_features(self, pixel_values: Any) -> Any: ...
+
+    def project(self, features: Any) -> Any: ...
+
+    def visual_kv_parameters(self, layer: int) -> list[Any]:
+        """The parameters a layer's visual K/V are made with (the recompute backward's targets)."""
+        ...
+
+    def checkpoint_layers(self, wrap: Callable[[Callable], Callable]) -> None: ...

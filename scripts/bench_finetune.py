@@ -98,9 +98,8 @@ def build(
         if p.dtype != torch.float32:
             p.data = p.data.float()
     hooks = TrainAttention(model, recompute=recompute)
-    model.hooks = hooks
     if checkpoint_lm:
-        checkpoint_lm_blocks(model)
+        checkpoint_lm_blocks(model, hooks)
     return model, hooks, [p for _, p in params]
 
 
@@ -135,7 +134,7 @@ def one_step(
     with ctx, torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         feed = hooks.feed(pos.cpu(), device)
         visual = model.prepare_visual(e, starts, torch.arange(frames), precompute=False)
-        logits = model(ids, pos, visual=visual, feed=feed)
+        logits = model(ids, pos, visual=visual, feed=feed, hooks=hooks)
         loss = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
     loss.backward()
     for p in model.parameters():

@@ -284,3 +284,94 @@ def test_ci_runs_the_readmes_test_line_word_for_word():
     demo, tests = lines.splitlines()
     assert demo.endswith("lvx demo") and tests.endswith(TEST_COMMAND)
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+# the parts of a model only its own folder names: parameters, layer paths, generations
+MODEL_PARTS = (
+    "language_model", "vision_model", "vision2text_model", "lm_head", "embed_tokens",
+    "patch_embedding", "input_layernorm", "self_attn", "q_proj", "k_proj", "v_proj", "o_proj",
+    "v_kv_proj", "gate_proj",
+)  # fmt: skip
+GENERATIONS = {"g1", "g2", "g1-gateproj"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, scopes)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _words(node: ast.AST, docstrings: set[int]) -> list[str]:
+    """The names and text a node of code holds (not a docstring's)."""
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, (ast.arg, ast.keyword)):
+        return [node.arg or ""]
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ):
+        return [node.value]
+    return []
+
+
+def model_parts_named(source: str) -> list[tuple[int, str]]:
+    """(line, part) wherever code names a part of a model: in an identifier, an attribute (`.layers`
+    too) or a string; docstrings and comments may still explain."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        for word in _words(node, docstrings):
+            bad = [p for p in MODEL_PARTS if p in word]
+            bad += [word] if word in GENERATIONS or word == "layers" else []
+            found += [(node.lineno, b) for b in bad]
+    return sorted(found)
+
+
+def test_the_training_loop_names_no_part_of_a_model():
+    """lvx_app/train reaches a model through its surface (trainable groups, adapter targets, the
+    vision split, the parameters behind a layer's visual K/V, checkpointed layers), never by the
+    names of its parameters, layers or generations."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} names {part}"
+        for path in sorted((ROOT / "lvx_app" / "train").glob("*.py"))
+        for line, part in model_parts_named(path.read_text())
+    ]
+    assert not found, "\n".join(found)
+    inward = {
+        f"{m} imports {d}"
+        for m, deps in GRAPH.items()
+        if m.startswith("lvx_app.train")
+        for d in deps
+        if d.startswith("lvx_models") and d != "lvx_models.api"
+    }
+    assert not inward, "\n".join(sorted(inward))
+
+
+def test_the_part_scan_sees_attributes_strings_and_generations():
+    planted = (
+        '"""language_model in a docstring is fine."""\n'
+        "x = model.language_model.model.layers[0]  # so is a comment: self_attn\n"
+        "p = [n for n in names if '.self_attn.v_kv_proj.' in n]\n"
+        "g = form == 'g2'\n"
+        "f(proj=m.gate_proj)\n"
+    )
+    assert model_parts_named(planted) == [
+        (2, "language_model"),
+        (2, "layers"),
+        (3, "self_attn"),
+        (3, "v_kv_proj"),
+        (3, "v_proj"),
+        (4, "g2"),
+        (5, "gate_proj"),
+    ]

@@ -205,16 +205,14 @@ def test_a_training_forward_without_its_feed_is_refused(tiny_checkpoints):
     """Training attention gets how the ranks feed a forward's tokens with the forward
     (`TrainAttention.feed`); a forward without it (read as replicated) would attend without
     gradients through the rings: refused in one line."""
-    from lvx_models.steps import AttentionHooks
-
     tr = Trainer(_cfg(tiny_checkpoints["g2"], train="hyper", dtype="float32"))
     ids = torch.randint(0, tr.model_config.vocab_size, (1, 6))
     pos = torch.arange(6).view(1, -1)
     with pytest.raises(RuntimeError, match="feed=TrainAttention.feed"):
-        tr.model(ids, pos)
+        tr.model(ids, pos, hooks=tr.hooks)
     feed = tr.hooks.feed(pos, torch.device("cpu"))
-    got = tr.model(ids, pos, feed=feed)
-    tr.model.hooks = AttentionHooks()  # one process's own attention
+    got = tr.model(ids, pos, feed=feed, hooks=tr.hooks)
+    # without hooks=, one process's own attention
     assert feed.sizes == (6,)
     torch.testing.assert_close(got, tr.model(ids, pos), rtol=1e-5, atol=1e-5)
 
@@ -297,8 +295,8 @@ def _write_data(tmp_path, video: str):
 @pytest.mark.slow
 def test_train_save_load_answer_and_resume(tiny_checkpoints, short_video, tmp_path):
     from lvx_app.runtime.open import open_engine
-    from lvx_app.train.saving import official_state_dict
     from lvx_models.mplug_owl3.loader import load_model
+    from lvx_models.mplug_owl3.saving import official_state_dict
 
     data = _write_data(tmp_path, short_video)
     common = dict(

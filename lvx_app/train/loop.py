@@ -16,10 +16,11 @@ Every rank works on the same sample (sequence parallelism, not data parallelism)
 Optimiser AdamW, linear warm-up then cosine decay to 10 %, gradient clipping, bf16 autocast on GPU
 with float32 master copies of the trainable weights.
 
-Trainable sets: `lora` (LoRA adapters of rank R on every attention projection, visual v_kv_proj and
-the G1 gate_proj Linear included; peft is not a dependency: `lora.LoRALinear` is the whole adapter),
-`hyper` (v_kv_proj and, for G1, the gate or gate_proj of every hyper layer), `all` (language model +
-projector; the vision tower stays frozen so its features can be cached).
+Trainable sets, each named by the model (`trainable_parameters`): `lora` (LoRA adapters of rank R
+on every Linear the model names as a target: its attention projections, the visual K/V projection
+and a gate's Linear included; peft is not a dependency: `lora.LoRALinear` is the whole adapter),
+`hyper` (what makes the visual K/V of every cross-attention layer, and the gate mixing it in), `all`
+(language model + projector; the vision tower stays frozen so its features can be cached).
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ from lvx_app.parallel.layout import rank_tokens
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
-from lvx_app.train.saving import load_state, rng_state, save_checkpoint, set_rng_state
+from lvx_app.train.saving import (
+    family_to_finetune,
+    load_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from lvx_app.video.ingest import Encoder, ingest
-from lvx_models.api import family_of
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
 
@@ -59,22 +65,18 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besi
 # --------------------------------------------------------------------------------------------------
 
 
-def configure_trainable(model: nn.Module, train: TrainConfig) -> list[tuple[str, nn.Parameter]]:
+def configure_trainable(model: Any, train: TrainConfig) -> list[tuple[str, nn.Parameter]]:
     """Freeze everything, then enable (and create, for LoRA) the chosen set; returns the trainable
-    parameters."""
+    parameters (the model names them: `trainable_parameters`)."""
     model.requires_grad_(False)
     if train.trains == "lora":
         add_lora(model, train.lora_rank, train.lora_alpha)
-        pick = lambda n: ".lora_" in n  # noqa: E731
-    elif train.trains == "hyper":
-        # gate_proj: the 7B-240728 G1 gate
-        hyper = (".self_attn.v_kv_proj.", ".self_attn.gate_proj.")
-        pick = lambda n: any(h in n for h in hyper) or n.endswith(".self_attn.gate")  # noqa: E731
-    elif train.trains == "all":
-        pick = lambda n: n.startswith(("language_model.", "vision2text_model."))  # noqa: E731
+        which = "adapters"
+    elif train.trains in ("hyper", "all"):
+        which = train.trains
     else:
         raise ValueError(f"--train must be hyper or all (or use --lora R), not {train.trains!r}")
-    params = [(n, p) for n, p in model.named_parameters() if pick(n)]
+    params = model.trainable_parameters(which)
     if not params:
         raise ValueError(f"the {train.trains} set selects no parameter in this model")
     for _, p in params:
@@ -157,7 +159,7 @@ class Trainer:
         self.device = device or torch.device("cpu")
         dtype = resolve_dtype(run.model.dtype, self.device, WEIGHT_DTYPES)
         torch.manual_seed(cfg.seed)
-        family = family_of(run.model.path, run.model.revision)
+        family = family_to_finetune(run.model.path, run.model.revision)
         with fingerprint_memo(run.video.cache_dir) as memo:  # the feature cache's key
             self.model_key, self.encoder_id = family.encoder_identity(
                 run.model.path, run.model.revision, memo
@@ -176,9 +178,8 @@ class Trainer:
         # all-reduces
         self.group = dist.new_group(list(range(self.world))) if self.world > 1 else None
         self.hooks = TrainAttention(model, group=self.group, recompute=cfg.recompute)
-        model.hooks = self.hooks
         if cfg.checkpoint_lm:
-            checkpoint_lm_blocks(model)
+            checkpoint_lm_blocks(model, self.hooks)
         self.ddp: nn.Module = model
         if self.world > 1:
             frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
@@ -204,7 +205,7 @@ class Trainer:
             self.step = int(state["step"])
             self.history = list(state.get("history", []))
         self.autocast = self.device.type == "cuda" and dtype != torch.float64
-        self.projector_trains = any(n.startswith("vision2text_model.") for n, _ in self.params)
+        self.projector_trains = model.projector_trains()
         self._videos: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     # ---- state
@@ -239,9 +240,8 @@ class Trainer:
     # ---- data
     # ----------------------------------------------------------------------------------------------
     def _encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        if self.projector_trains:  # SigLIP features only; the projector runs in the step, with grad
-            p = self.model.vision_model.embeddings.patch_embedding.weight
-            return self.model.vision_model(pixel_values.to(p.device, p.dtype))
+        if self.projector_trains:  # tower features only; the projector runs in the step, with grad
+            return self.model.vision_features(pixel_values)
         return self.model.encode_images(pixel_values)
 
     def video_features(self, path: str | Path) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -249,7 +249,6 @@ class Trainer:
         cache."""
         key = str(path)
         if key not in self._videos:
-            p = self.model.vision_model.embeddings.patch_embedding.weight
             encoder = Encoder(
                 self._encode,
                 image_size=self.processor.image_size,
@@ -264,7 +263,7 @@ class Trainer:
                 encoder,
                 video,
                 device=self.device,
-                dtype=p.dtype,
+                dtype=self.model.vision_dtype,
                 layout=layout,
                 progress=False,
             )
@@ -304,10 +303,10 @@ class Trainer:
         pos = positions.to(self.device).view(1, -1)
         feed = self.hooks.feed(positions.view(1, -1), self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            e = self.model.vision2text_model(features) if self.projector_trains else features
+            e = self.model.project(features) if self.projector_trains else features
             # one copy of E; the hooks make each layer's K/V from it (and again in backward)
             visual = self.model.prepare_visual(e, tok.media_starts, frame_ids, precompute=False)
-            logits = self.ddp(ids, pos, visual=visual, feed=feed)
+            logits = self.ddp(ids, pos, visual=visual, feed=feed, hooks=self.hooks)
         ce = F.cross_entropy(
             logits[0].to(torch.promote_types(logits.dtype, torch.float32)),
             labels,

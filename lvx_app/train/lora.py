@@ -1,22 +1,17 @@
-"""LoRA adapters for finetuning, without peft: `LoRALinear` wraps one nn.Linear, `add_lora` wraps
-the attention projections of the language model (the visual v_kv_proj of every hyper layer included,
-and the Linear inside the 7B-240728 G1 `gate_proj = Sequential(Linear, Sigmoid)`, so its merged
-weight keeps the official key `gate_proj.0.weight`).
-
-Both the training loop (which creates the adapters) and the checkpoint writer (which merges them
-into the official weights) use this module.
+"""LoRA adapters for finetuning, without peft: `LoRALinear` wraps one nn.Linear, `add_lora` has the
+model put one on every Linear it names as a target (its attention projections, the visual K/V
+projection included), so the model keeps its own layout and its saved weights have each adapter
+merged under the Linear's own key (`merged_weight`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj", "gate_proj")
 
 
 class LoRALinear(nn.Module):
@@ -58,29 +53,10 @@ class LoRALinear(nn.Module):
         return (w.float() + self.scale * (self.lora_B.float() @ self.lora_A.float())).to(w.dtype)
 
 
-def add_lora(
-    model: nn.Module,
-    rank: int,
-    alpha: Optional[float] = None,
-    targets: tuple[str, ...] = LORA_TARGETS,
-) -> list[str]:
-    """Wrap every `targets` Linear of the language model's attention in a `LoRALinear`; returns
-    their names."""
+def add_lora(model: Any, rank: int, alpha: Optional[float] = None) -> list[str]:
+    """Wrap every Linear the model names as a LoRA target (`lora_targets`) in a `LoRALinear`;
+    returns their names."""
     if rank < 1:
         raise ValueError("--lora must be a positive rank (e.g. --lora 16)")
     alpha = float(alpha if alpha is not None else 2 * rank)
-    wrapped = []
-    for name, mod in list(model.language_model.named_modules()):
-        if not name.endswith("self_attn"):
-            continue
-        for t in targets:
-            owner, attr = mod, t
-            if isinstance(
-                getattr(mod, t, None), nn.Sequential
-            ):  # gate_proj: wrap its Linear, index 0
-                owner, attr = getattr(mod, t), "0"
-            lin = getattr(owner, attr, None)
-            if isinstance(lin, nn.Linear):
-                setattr(owner, attr, LoRALinear(lin, rank, alpha))
-                wrapped.append(f"language_model.{name}.{t}" + (".0" if owner is not mod else ""))
-    return wrapped
+    return model.wrap_linears(lambda linear: LoRALinear(linear, rank, alpha))

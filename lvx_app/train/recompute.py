@@ -21,18 +21,18 @@ Pieces:
   scheme. Each forward gets its `Feed` (`TrainAttention.feed`) and visual inputs that keep one copy
   of E (`Owl3Model.prepare_visual(..., precompute=False)`); the hooks get the layer's index with
   every call.
-- `checkpoint_lm_blocks(model)`: DistFlashAttn-style rematerialisation-aware checkpointing of the
-  decoder layers. Each layer runs under `torch.utils.checkpoint`; the attention outputs (O, lse) of
-  the first forward are kept, and the re-forward in backward replays them instead of running the
-  attention ring again (no communication, no attention FLOPs twice). Everything else of the layer
-  (norms, projections, MLP) is recomputed.
+- `checkpoint_lm_blocks(model, hooks)`: DistFlashAttn-style rematerialisation-aware checkpointing
+  of the decoder layers. Each layer runs under `torch.utils.checkpoint`; the attention outputs (O,
+  lse) of the first forward are kept (by the hooks), and the re-forward in backward replays them
+  instead of running the attention ring again (no communication, no attention FLOPs twice).
+  Everything else of the layer (norms, projections, MLP) is recomputed.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -62,16 +62,16 @@ class _Records:
         self.pos = 0
 
 
-_PHASE: list[tuple[_Records, str]] = []  # innermost active (records, "record" | "replay")
+Phases = list[tuple[_Records, str]]  # innermost last: (records, "record" | "replay")
 
 
 @contextlib.contextmanager
-def _phase(records: _Records, mode: str) -> Iterator[None]:
-    _PHASE.append((records, mode))
+def _phase(phases: Phases, records: _Records, mode: str) -> Iterator[None]:
+    phases.append((records, mode))
     try:
         yield
     finally:
-        _PHASE.pop()
+        phases.pop()
 
 
 def _attend(
@@ -79,7 +79,7 @@ def _attend(
 ):
     """(out, lse, query sizes): run the LV-XAttn forward ring, or replay the result recorded in the
     first forward."""
-    phase = _PHASE[-1] if _PHASE else None
+    phase = spec.phases[-1] if spec.phases else None
     if phase is not None and phase[1] == "replay":
         records = phase[0]
         out, lse, sizes = records.items[records.pos]
@@ -106,6 +106,7 @@ class _Spec:
     project: Optional[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = None
     params: list[nn.Parameter] = field(default_factory=list)
     q_sizes: Optional[list[int]] = None  # every rank's query rows (exchanged once per step)
+    phases: Phases = field(default_factory=list)  # the hooks' checkpointing phases (`_attend`)
 
 
 def _autocast_state() -> list[tuple[str, torch.dtype]]:
@@ -213,6 +214,12 @@ class TrainAttention(ShardedHooks):
     ):
         super().__init__(group, get_rank(group), get_world_size(group))
         self.model, self.recompute = model, recompute
+        self.phases: Phases = []  # checkpointed layers' record/replay, innermost last
+
+    def phase(self, records: _Records, mode: str) -> contextlib.AbstractContextManager[None]:
+        """While a checkpointed layer runs: keep ("record") or give back ("replay") the results
+        of its attention calls."""
+        return _phase(self.phases, records, mode)
 
     def feed(self, positions: torch.Tensor, device: torch.device) -> Feed:
         """The feed of one training forward: this rank's token positions (1, L_local), on the host,
@@ -223,7 +230,13 @@ class TrainAttention(ShardedHooks):
     def ring(self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);
         a training feed holds no host copies of the other ranks' masks (`every` is None)."""
-        spec = _Spec(q_vis=q_vis, k_frame=k_frame, group=self.group, q_sizes=step.feed.sizes)
+        spec = _Spec(
+            q_vis=q_vis,
+            k_frame=k_frame,
+            group=self.group,
+            q_sizes=step.feed.sizes,
+            phases=self.phases,
+        )
         return _SavedKVAttn.apply(spec, q, k, v)
 
     def text(
@@ -248,13 +261,13 @@ class TrainAttention(ShardedHooks):
             project=lambda e: kv.project(layer, e),
             params=self._layer_params(layer),
             q_sizes=step.feed.sizes,
+            phases=self.phases,
         )
         return _RecomputeXAttn.apply(spec, q, kv.features, *spec.params)
 
     def _layer_params(self, layer: int) -> list[nn.Parameter]:
-        blk = self.model.language_model.model.layers[layer]
-        mods = [blk.input_layernorm, blk.self_attn.v_kv_proj]
-        return [p for m in mods for p in m.parameters() if p.requires_grad]
+        """The trainable parameters the layer's visual K/V are made with: where dK/dV go."""
+        return [p for p in self.model.visual_kv_parameters(layer) if p.requires_grad]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,28 +275,24 @@ class TrainAttention(ShardedHooks):
 # --------------------------------------------------------------------------------------------------
 
 
-def checkpoint_lm_blocks(model: nn.Module) -> None:
+def checkpoint_lm_blocks(model: Any, hooks: TrainAttention) -> None:
     """Run every decoder layer of `model` under non-reentrant `torch.utils.checkpoint`, with the
     attention outputs kept from the first forward and replayed (not recomputed) when the layer is
-    re-run in backward.
+    re-run in backward (`hooks`, the `TrainAttention` its forwards get, keep and replay them).
 
     Saved per layer: its input x and the attention (O, lse) of its text (and visual) attention; the
-    attention backward ring still runs once, as without checkpointing. Works with `TrainAttention`
-    hooks only."""
-    for layer in model.language_model.model.layers:
-        if getattr(layer, "_lvx_checkpointed", False):
-            continue
-        inner = layer.forward
+    attention backward ring still runs once, as without checkpointing."""
 
-        def fwd(x, ctx, _inner=inner):
+    def wrap(inner: Callable) -> Callable:
+        def fwd(*args):
             records = _Records()
             return checkpoint(
-                _inner,
-                x,
-                ctx,
+                inner,
+                *args,
                 use_reentrant=False,
-                context_fn=lambda: (_phase(records, "record"), _phase(records, "replay")),
+                context_fn=lambda: (hooks.phase(records, "record"), hooks.phase(records, "replay")),
             )
 
-        layer.forward = fwd
-        layer._lvx_checkpointed = True
+        return fwd
+
+    model.checkpoint_layers(wrap)

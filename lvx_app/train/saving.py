@@ -4,7 +4,8 @@ resume state.
 OUT holds
 - `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into
   their base weights; the vision keys the model never uses are copied from the source checkpoint, so
-  OUT is a complete official checkpoint, not a partial one;
+  OUT is a complete official checkpoint, not a partial one (the family writes them:
+  `Family.save_weights`);
 - every non-weight file of the source checkpoint (config.json, tokenizer files, generation config,
   processor code), copied as they are;
 - `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged),
@@ -26,8 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lvx_app.train.lora import LoRALinear
-from lvx_models.mplug_owl3.loader import CheckpointInfo, inspect_checkpoint, load_tensors
+from lvx_models.api import CheckpointError, Family, family_of, resolve_checkpoint
 
 STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
@@ -62,32 +62,12 @@ def discard_partial(out: Path) -> None:
         f.unlink(missing_ok=True)
 
 
-def official_state_dict(
-    model: torch.nn.Module, dtype: torch.dtype | None = None
-) -> dict[str, torch.Tensor]:
-    """The model's weights under the official keys, LoRA merged (W + scale * B @ A), detached, on
-    CPU, contiguous."""
-    out: dict[str, torch.Tensor] = {}
-    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    for key, t in model.state_dict().items():
-        owner = next((n for n in lora if key.startswith(n + ".")), None)
-        if owner is not None:
-            rest = key[len(owner) + 1 :]
-            if rest.startswith("lora_"):
-                continue
-            key = f"{owner}.{rest.removeprefix('base.')}"
-            if rest == "base.weight":
-                t = lora[owner].merged_weight()
-        t = t.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        out[key] = t.to("cpu").contiguous()
-    return out
-
-
-def _source_dtype(info: CheckpointInfo) -> torch.dtype:
-    key = next(k for k in info.used_keys if k.endswith("embed_tokens.weight"))
-    return load_tensors(info, [key])[key].dtype
+def family_to_finetune(base: str | Path, revision: str | None = None) -> Family:
+    """The family of the checkpoint `base`, if lvx can write its finetuned weights back."""
+    family = family_of(base, revision)
+    if family.save_weights is None:
+        raise CheckpointError(f"finetuning {family.title} is not supported yet")
+    return family
 
 
 def save_checkpoint(
@@ -100,14 +80,11 @@ def save_checkpoint(
     """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype`
     of the saved weights defaults to the base checkpoint's. Call on one rank only."""
     out = Path(out)
-    info = inspect_checkpoint(base)
-    dtype = dtype or _source_dtype(info)
-    weights = official_state_dict(model, dtype)
-    extra = [k for k in info.ignored_keys if k not in weights and not k.endswith("lm_head.weight")]
-    weights.update({k: v.to(dtype).contiguous() for k, v in load_tensors(info, extra).items()})
+    weights = family_to_finetune(base).save_weights(model, base, dtype)
+    source = resolve_checkpoint(base)
     out.mkdir(parents=True, exist_ok=True)
-    if out.resolve() != Path(info.path).resolve():
-        for f in Path(info.path).iterdir():
+    if out.resolve() != source.resolve():
+        for f in source.iterdir():
             if (
                 f.is_file()
                 and not f.name.endswith(".safetensors")

@@ -15,6 +15,7 @@ from .config import FORM_NOTES, FORMS, Owl3Config
 from .loader import inspect_checkpoint, load_model
 from .modeling import Owl3Model
 from .published import recognize
+from .saving import save_weights
 from .tiny import write_tiny_checkpoint
 
 NAME = "mplug_owl3"
@@ -80,4 +81,5 @@ FAMILY = Family(
     encoder_identity=partial(encoder_identity, VISION_PREFIXES),
     parameter_counts=parameter_counts,
     config_type=Owl3Config,
+    save_weights=save_weights,
 )

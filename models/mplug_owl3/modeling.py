@@ -34,10 +34,11 @@ from .config import Owl3Config
 from .hyper import HyperAttention, frame_rope_positions, visible_frames, visual_kv
 from .layers import Fusing
 from .qwen2 import Qwen2Attention, Qwen2LM
+from .training import Finetuning
 from .vision import SiglipVisionTower, build_projector, frames_per_batch
 
 
-class Owl3Model(nn.Module):
+class Owl3Model(Finetuning, nn.Module):
     def __init__(self, config: Owl3Config, hooks: Optional[AttentionHooks] = None):
         super().__init__()
         self.config = config
