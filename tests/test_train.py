@@ -431,3 +431,16 @@ def test_a_resumed_run_with_more_steps_never_raises_the_learning_rate_again():
     assert planned_steps({"planned_steps": 6}) == 6
     assert planned_steps({"config": {"train": {"steps": 7}}}) == 7
     assert planned_steps({"config": {"steps": 8}}) == 8 and planned_steps({}) is None
+
+
+def test_a_family_without_saved_weights_is_refused_before_training(tmp_path):
+    """A family lvx cannot write finetuned weights for (no `save_weights`) is refused in one line,
+    before any model is loaded."""
+    from lvx_app.train.saving import family_to_finetune
+    from lvx_models.api import FAMILIES, CheckpointError
+
+    family = FAMILIES["mllama"]
+    ckpt = family.write_tiny(tmp_path / "tiny-mllama", family.generations[0].name)
+    with pytest.raises(CheckpointError, match="finetuning Llama-3.2-Vision is not supported yet"):
+        family_to_finetune(ckpt)
+    assert family_to_finetune(FAMILIES["mplug_owl3"].write_tiny(tmp_path / "owl3", "g2"))
