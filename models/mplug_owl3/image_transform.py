@@ -112,3 +112,15 @@ def to_pixel_values(frames: Any, size: int) -> torch.Tensor:
     no-cut case). The result stays on the input tensor's device.
     """
     return normalize(resize_uint8(frames, size, size)).contiguous()
+
+
+def square_resize(frames: Any, size: int) -> torch.Tensor:
+    """`resize_uint8` to size x size (the decode workers' half of `square_prep`)."""
+    return resize_uint8(frames, size, size)
+
+
+def square_prep(size: int):
+    """mPLUG-Owl3's frame preparation: bicubic to a square of `size`, then `normalize`."""
+    from ..surface import FramePrep
+
+    return FramePrep(size, square_resize, normalize)
