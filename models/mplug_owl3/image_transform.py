@@ -114,13 +114,8 @@ def to_pixel_values(frames: Any, size: int) -> torch.Tensor:
     return normalize(resize_uint8(frames, size, size)).contiguous()
 
 
-def square_resize(frames: Any, size: int) -> torch.Tensor:
-    """`resize_uint8` to size x size (the decode workers' half of `square_prep`)."""
-    return resize_uint8(frames, size, size)
-
-
 def square_prep(size: int):
     """mPLUG-Owl3's frame preparation: bicubic to a square of `size`, then `normalize`."""
     from ..surface import FramePrep
 
-    return FramePrep(size, square_resize, normalize)
+    return FramePrep(size, resize_uint8, normalize)  # resize_uint8(frames, S): S x S
