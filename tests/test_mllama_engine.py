@@ -67,7 +67,9 @@ def _answer(rank: int, world: int, checkpoint: str, video: str):
     from lvx_app.parallel.group import DistInfo, init_distributed
 
     config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=5)
-    info = init_distributed(cuda=False) if world > 1 else DistInfo(0, 1, 0, torch.device("cpu"), None)
+    info = (
+        init_distributed(cuda=False) if world > 1 else DistInfo(0, 1, 0, torch.device("cpu"), None)
+    )
     session = RankSession(config, info)
     session.load_video(VideoRequest.of(video, config.video))
     out = []

@@ -87,9 +87,9 @@ def fit_and_pad_uint8(frames, size: int) -> torch.Tensor:
         h, w = frame.shape[:2]
         new_h, new_w = fitted_size(h, w, size, size, size)
         pil = Image.fromarray(np.ascontiguousarray(frame)).convert("RGB")
-        out[i, :, :new_h, :new_w] = np.asarray(pil.resize((new_w, new_h), Image.BILINEAR)).transpose(
-            2, 0, 1
-        )
+        out[i, :, :new_h, :new_w] = np.asarray(
+            pil.resize((new_w, new_h), Image.BILINEAR)
+        ).transpose(2, 0, 1)
     return torch.from_numpy(out)
 
 

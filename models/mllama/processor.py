@@ -149,7 +149,9 @@ class MllamaProcessor:
     def frame_prep(self) -> FramePrep:
         """One tile a frame: resized keeping its aspect ratio into the tile, padded black."""
         return FramePrep(
-            self.tile_size, fit_and_pad_uint8, partial(normalize_uint8, mean=self.mean, std=self.std)
+            self.tile_size,
+            fit_and_pad_uint8,
+            partial(normalize_uint8, mean=self.mean, std=self.std),
         )
 
     @property
@@ -174,8 +176,9 @@ class MllamaProcessor:
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self.tokenizer)
 
-    def _turns(self, messages: Sequence[dict], videos: list, ids: list[int], starts: list[int],
-               offset: int) -> str:
+    def _turns(
+        self, messages: Sequence[dict], videos: list, ids: list[int], starts: list[int], offset: int
+    ) -> str:
         """Append each message's turn to `ids` (a `<|video|>` in a user message becomes one
         `<|image|>` per frame of the next of `videos`); return the text they stand for."""
         text = ""
@@ -232,7 +235,12 @@ class MllamaProcessor:
         return self._prompt(messages, videos, add_generation_prompt, 0, bos=True)
 
     def build_followup(
-        self, content: str, *, offset: int, images: Sequence = (), videos: Sequence = (),
+        self,
+        content: str,
+        *,
+        offset: int,
+        images: Sequence = (),
+        videos: Sequence = (),
         cut: bool = True,
     ) -> PromptIds:
         """The ids after an answer closed with `<|eot_id|>`, for the next user turn."""

@@ -65,7 +65,7 @@ class MllamaVideoModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.mllama.language_model.lm_head.weight.dtype
 
-    # ---- visual side ------------------------------------------------------------------------------
+    # ---- visual side -----------------------------------------------------------------------------
     @torch.no_grad()
     def encode_images(
         self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
@@ -146,7 +146,7 @@ class MllamaVideoModel(nn.Module):
             return None
         return tuple(visible_frames(p, media_starts.values) for p in feed.positions)
 
-    # ---- language side ----------------------------------------------------------------------------
+    # ---- language side ---------------------------------------------------------------------------
     def fuse_projections(self) -> None:
         """Nothing to fuse: the projections stay separate."""
 
@@ -180,13 +180,22 @@ class MllamaVideoModel(nn.Module):
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
             starts = visual.media_starts
             dev_starts = device_tensor(starts)
-            q_vis = self._q_vis_known(
-                visible_frames(positions, dev_starts), given, start, starts
+            q_vis = self._q_vis_known(visible_frames(positions, dev_starts), given, start, starts)
+            step.visual = VisualStep(
+                visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts)
             )
-            step.visual = VisualStep(visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts))
             if not (isinstance(q_vis, Indices) and q_vis.low is not None):
                 first = dev_starts[:1].to(positions.device)
                 step.kept = (positions >= first).to(self.dtype)[..., None]
+        return self._layers(input_ids, step, last_only)
+
+    @property
+    def language_model(self) -> "_DecodeLM":
+        """The text model on a `VisualStep` made elsewhere: what a static decode step calls."""
+        return _DecodeLM(self)
+
+    def _layers(self, input_ids: torch.Tensor, step: MllamaStep, last_only: bool) -> torch.Tensor:
+        lm = self.mllama.language_model
         x = lm.model.embed_tokens(input_ids)
         for i, layer in enumerate(lm.model.layers):
             if isinstance(layer, CrossAttentionLayer):
@@ -222,3 +231,19 @@ class MllamaVideoModel(nn.Module):
         if step.kept is not None:
             h = h * step.kept
         return x + layer.cross_attn_mlp_gate.tanh() * h
+
+
+class _DecodeLM:
+    """`model.language_model(ids, positions, hooks=, cache=, visual=, last_only=, feed=)` with the
+    forward's `VisualStep` already made (a decoded token: every row sees every frame), as the
+    engine's static decode step calls mPLUG-Owl3's."""
+
+    def __init__(self, model: MllamaVideoModel):
+        self.model = model
+
+    def __call__(self, input_ids, positions, hooks, cache=None, visual=None, last_only=False,
+                 feed: Feed = REPLICATED) -> torch.Tensor:  # fmt: skip
+        lm = self.model.mllama.language_model
+        cos, sin = lm.model.rope_tables(positions.view(1, -1), self.model.dtype)
+        step = MllamaStep(cos, sin, hooks, cache, visual, feed)
+        return self.model._layers(input_ids, step, last_only)
