@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .mplug_owl3.checkpoint import resolve_checkpoint
 from .mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
-from .mplug_owl3.image_transform import normalize, resize_uint8, to_pixel_values
+from .mplug_owl3.image_transform import normalize, resize_uint8, square_prep, to_pixel_values
 from .mplug_owl3.tokenizer import valid_text
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
 from .steps import (
@@ -28,7 +28,7 @@ from .steps import (
     VisualStep,
     kv_capacity,
 )
-from .surface import VIDEO, Family, Finetunable, Generation, ModelConfig
+from .surface import VIDEO, Family, Finetunable, FramePrep, Generation, ModelConfig
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -41,6 +41,7 @@ __all__ = [
     "ForwardStep",
     "Family",
     "Finetunable",
+    "FramePrep",
     "Generation",
     "LazyVisualKV",
     "ModelConfig",
@@ -54,6 +55,7 @@ __all__ = [
     "resize_uint8",
     "resolve_checkpoint",
     "safetensors_files",
+    "square_prep",
     "tensor_shapes",
     "to_pixel_values",
     "valid_text",

@@ -9,6 +9,23 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Proto
 
 # Where a loaded video goes in a user message: every family's processor reads it there.
 VIDEO = "<|video|>"
+
+
+@dataclass(frozen=True)
+class FramePrep:
+    """How a family turns decoded video frames into the pixels its encoder takes, in two halves:
+    `resize` runs in the decode worker processes (so it must pickle: a module-level function or a
+    partial of one), `normalize` later on the encoder's device."""
+
+    size: int  # S: the encoder takes pixel values (n, 3, S, S)
+    resize: Callable[..., Any]  # (uint8 frames (n, H, W, 3), S) -> uint8 (n, 3, S, S)
+    normalize: Callable[[Any], Any]  # uint8 (n, 3, S, S) -> float32 pixel values, same shape
+
+    def pixel_values(self, frames: Any) -> Any:
+        """Raw uint8 frames (n, H, W, 3) -> float32 pixel values (n, 3, S, S)."""
+        return self.normalize(self.resize(frames, self.size)).contiguous()
+
+
 # A family's config (`Family.config_type`): the sizes the app's plans read, by their Hugging Face
 # names (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, ...).
 ModelConfig = Any

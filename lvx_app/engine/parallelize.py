@@ -172,7 +172,9 @@ class ShardedAttention(ShardedHooks):
         if bool((pos[0, 1:] < pos[0, :-1]).any()):  # a striped or zigzag layout: position order
             order = pos[0].argsort()
             full = full.index_select(1, order)
-        parts = full.split(layers[0].k.shape[-1], dim=-1)  # k, v of layer 0, k, v of layer 1, ...
+        # k, v of layer 0, k, v of layer 1, ... (a layer's width is its own: zero for a family's
+        # layer that keeps no text K/V)
+        parts = full.split([t.shape[-1] for layer in layers for t in (layer.k, layer.v)], dim=-1)
         cache.truncate(start)
         for i in range(len(layers)):
             cache.update(i, parts[2 * i], parts[2 * i + 1])

@@ -319,6 +319,7 @@ class VideoContext:
             model_id=names.model_key or self.model_config.path,
             revision=self.model_config.revision or "",
             fingerprint=names.encoder,
+            prep=self.processor.frame_prep,
         )
         device = self.info.device
         try:

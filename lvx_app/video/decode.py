@@ -249,7 +249,7 @@ def _native_stderr_dropped() -> Iterator[None]:
 class _Worker:
     """State of one decode worker process: one open VideoReader at a time."""
 
-    def __init__(self, threads: int, image_size: int | None) -> None:
+    def __init__(self, threads: int, image_size: int | None, resize=resize_uint8) -> None:
         # only ever in a worker process: never in the engine (see the module docstring)
         import decord
 
@@ -259,7 +259,7 @@ class _Worker:
             pass
         self.decord = decord
         self.threads = threads
-        self.image_size = image_size
+        self.image_size, self.resize = image_size, resize
         self.path: str | None = None
         self.vr = None
         self.fd: int | None = None  # the open file behind `vr`
@@ -347,13 +347,15 @@ class _Worker:
             frames = np.stack(out)
         if self.image_size is None:
             return np.ascontiguousarray(frames)
-        return resize_uint8(frames, self.image_size).numpy()
+        return self.resize(frames, self.image_size).numpy()
 
 
-def _worker_main(conn, threads: int, image_size: int | None, worker_class: type[_Worker]) -> None:
+def _worker_main(
+    conn, threads: int, image_size: int | None, worker_class: type[_Worker], resize=resize_uint8
+) -> None:
     """Answer `Request`s ("plan" or "decode") until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us
-    worker = worker_class(threads, image_size)
+    worker = worker_class(threads, image_size, resize)
     ops = {"plan": worker.plan, "decode": worker.decode}
     while True:
         try:
@@ -454,11 +456,13 @@ def default_threads(workers: int, local_world_size: int | None = None) -> int:
 
 
 class _Proc:
-    def __init__(self, ctx, threads: int, image_size: int | None, worker_class: type) -> None:
+    def __init__(
+        self, ctx, threads: int, image_size: int | None, worker_class: type, resize=resize_uint8
+    ) -> None:
         parent, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
-            args=(child, threads, image_size, worker_class),
+            args=(child, threads, image_size, worker_class, resize),
             daemon=not mp.current_process().daemon,
             name="lvx-decode",
         )
@@ -479,8 +483,9 @@ class _Proc:
 class DecodePool:
     """A few decode worker processes for one rank. Use as a context manager, or call `close()`.
 
-    `image_size` = S makes workers return uint8 (n, 3, S, S) resized with the processor's bicubic;
-    None returns the decoded frames as they are, uint8 (n, H, W, 3).
+    `image_size` = S makes workers return uint8 (n, 3, S, S) made by `resize(frames, S)` (the model
+    family's `FramePrep.resize`: by default mPLUG-Owl3's bicubic square); None returns the decoded
+    frames as they are, uint8 (n, H, W, 3).
     """
 
     def __init__(
@@ -490,10 +495,11 @@ class DecodePool:
         threads: int | None = None,
         image_size: int | None = None,
         worker_class: type[_Worker] = _Worker,
+        resize=resize_uint8,
     ) -> None:
         self.num_workers = max(1, int(workers or default_workers()))
         self.threads = int(threads) if threads else default_threads(self.num_workers)
-        self.image_size = image_size
+        self.image_size, self.resize = image_size, resize
         self.worker_class = worker_class  # what each worker process runs (tests pass faulty ones)
         self._ctx = _context()
         self._procs: list[_Proc | None] = [None] * self.num_workers
@@ -509,7 +515,9 @@ class DecodePool:
         if p is None or not p.proc.is_alive():
             if p is not None:
                 p.kill()
-            p = self._procs[w] = _Proc(self._ctx, self.threads, self.image_size, self.worker_class)
+            p = self._procs[w] = _Proc(
+                self._ctx, self.threads, self.image_size, self.worker_class, self.resize
+            )
         return p
 
     def _restart(self, w: int) -> _Proc:

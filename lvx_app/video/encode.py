@@ -5,9 +5,9 @@ rank's device in the features' dtype (bf16 on GPU), features (n, T, H) — for m
 tower plus projector, T = 729. Chunks may arrive in any order; each is written at its offset. Only
 one chunk of pixels lives on the device at a time, so memory is E_local plus one encoder batch.
 
-Pixels are prepared by the processor's own transform (`lvx_models.api`): chunks
-already resized by the decode workers (uint8 (n, 3, S, S)) only need `normalize`; raw frames (n, H,
-W, 3) go through `to_pixel_values`.
+Pixels are prepared by the model family's own `FramePrep` (`lvx_models.api`; mPLUG-Owl3's
+bicubic square when none is given): chunks already resized by the decode workers (uint8 (n, 3, S,
+S)) only need its `normalize`; raw frames (n, H, W, 3) go through its `pixel_values`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lvx_app.devices import default_dtype
-from lvx_models.api import normalize, to_pixel_values
+from lvx_models.api import FramePrep, square_prep
 
 EncodeFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -45,8 +45,10 @@ class ShardEncoder:
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         batch_size: int | None = None,
+        prep: FramePrep | None = None,
     ) -> None:
         self.encode_fn = encode_fn
+        self.prep = prep or square_prep(int(image_size))
         self.num_frames = int(num_frames)
         self.image_size = int(image_size)
         self.device = torch.device(device)
@@ -65,7 +67,7 @@ class ShardEncoder:
             x = x.pin_memory().to(self.device, non_blocking=True)
         else:
             x = x.to(self.device)
-        pv = normalize(x) if resized else to_pixel_values(x, self.image_size)
+        pv = self.prep.normalize(x) if resized else self.prep.pixel_values(x)
         return pv.to(self.dtype)
 
     def add(self, offset: int, frames: np.ndarray | torch.Tensor, *, resized: bool = True) -> int:

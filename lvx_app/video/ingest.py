@@ -44,6 +44,7 @@ from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan, check_memory, format_timestamp
 from lvx_app.wire import Failure
+from lvx_models.api import FramePrep, square_prep
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,11 @@ class Encoder:
     model_id: str = "unknown"
     revision: str = ""
     fingerprint: str = ""
+    prep: FramePrep | None = None  # the family's frame preparation (None: a bicubic square of S)
+
+    @property
+    def frame_prep(self) -> FramePrep:
+        return self.prep or square_prep(self.image_size)
 
 
 @dataclass(frozen=True)
@@ -312,13 +318,19 @@ class _RankIngest:
     def _plan(self) -> None:
         self._progress("open", 0, 0)
         size, tuning, video = self.encoder.image_size, self.tuning, self.video
+        prep = self.encoder.frame_prep
         if self.pool is None:
             self.pool = DecodePool(
-                video.decode_workers, threads=tuning.decode_threads, image_size=size
+                video.decode_workers,
+                threads=tuning.decode_threads,
+                image_size=size,
+                resize=prep.resize,
             )
-        elif self.pool.image_size != size:
+        elif self.pool.image_size != size or self.pool.resize is not prep.resize:
             raise ValueError(
-                f"the DecodePool resizes to {self.pool.image_size}, ingest wants {size}"
+                f"the DecodePool resizes to {self.pool.image_size} with "
+                f"{getattr(self.pool.resize, '__name__', self.pool.resize)}"
+                f", ingest wants {size} with {getattr(prep.resize, '__name__', prep.resize)}"
             )
         plan, _ = self.pool.plan(
             self.vpath,
@@ -367,6 +379,7 @@ class _RankIngest:
                 device=self.device,
                 dtype=self.dtype,
                 batch_size=self.tuning.encode_batch,
+                prep=self.encoder.frame_prep,
             )
         )
         stream = iter(())

@@ -5,11 +5,13 @@ torch.distributed)."""
 from .config import MllamaConfig, MllamaTextConfig, MllamaVisionConfig
 from .cross import CrossVisibility
 from .modeling import MllamaModel
+from .video_model import MllamaVideoModel
 
 __all__ = [
     "CrossVisibility",
     "MllamaConfig",
     "MllamaModel",
     "MllamaTextConfig",
+    "MllamaVideoModel",
     "MllamaVisionConfig",
 ]

@@ -43,6 +43,11 @@ class MllamaVisionConfig:
         return (self.image_size // self.patch_size) ** 2 + 1
 
     @property
+    def num_patches(self) -> int:
+        """Visual tokens of one video frame: lvx gives a frame one tile."""
+        return self.patches_per_tile
+
+    @property
     def max_aspect_ratio_id(self) -> int:
         return len(self.supported_aspect_ratios)
 
@@ -77,6 +82,54 @@ class MllamaConfig:
     vision: MllamaVisionConfig = field(default_factory=MllamaVisionConfig)
     text: MllamaTextConfig = field(default_factory=MllamaTextConfig)
     image_token_index: int = 128256
+
+    # ---- the sizes the app's plans read, by their Hugging Face names (the text model's)
+    @property
+    def hidden_size(self) -> int:
+        return self.text.hidden_size
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.text.intermediate_size
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.text.num_hidden_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.text.num_attention_heads
+
+    @property
+    def num_key_value_heads(self) -> int:
+        return self.text.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.text.head_dim
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.text.num_attention_heads // self.text.num_key_value_heads
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.text.max_position_embeddings
+
+    @property
+    def hyper_layer_indices(self) -> list[int]:
+        """0-based indices of the layers that attend to the frames (the cross-attention layers)."""
+        return sorted(self.text.cross_attention_layers)
+
+    @property
+    def hyper_layers(self) -> list[int]:
+        """The same layers 1-based, as mPLUG-Owl3's config.json counts them."""
+        return [i + 1 for i in self.hyper_layer_indices]
+
+    @property
+    def form(self) -> str:
+        """The checkpoint generation as one label."""
+        return "3.2"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MllamaConfig":

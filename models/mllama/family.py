@@ -16,6 +16,7 @@ from .checkpoint import check_layout
 from .config import MllamaConfig
 from .loader import load_mllama
 from .modeling import MllamaModel
+from .video_model import MllamaVideoModel
 
 NAME = "mllama"
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
@@ -46,10 +47,10 @@ def load(
     revision: str | None = None,
     fuse: bool = True,
 ) -> Loaded:
-    """(model, config, processor) in eval mode on `device` in `dtype` (`fuse` has nothing to fuse
-    here: the projections stay separate)."""
+    """(the engine's model, config, processor) in eval mode on `device` in `dtype` (`fuse` has
+    nothing to fuse here: the projections stay separate)."""
     model, processor, config = load_mllama(resolve_checkpoint(path_or_id, revision), dtype, device)
-    return Loaded(model, config, processor)
+    return Loaded(MllamaVideoModel(model).eval(), config, processor)
 
 
 def describe(info: MllamaCheckpoint) -> dict[str, str]:

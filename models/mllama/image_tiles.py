@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import torch
 from PIL import Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -74,3 +75,29 @@ def tile_image(
     x = x.transpose(2, 0, 1).reshape(3, rows, tile, cols, tile).transpose(1, 3, 0, 2, 4)
     tiles = np.ascontiguousarray(x.reshape(rows * cols, 3, tile, tile))
     return TiledImage(tiles, (rows, cols), arrangements(max_tiles).index((rows, cols)) + 1)
+
+
+def fit_and_pad_uint8(frames, size: int) -> torch.Tensor:
+    """Video frames uint8 (n, H, W, 3) as one tile each: resized keeping the aspect ratio to fit
+    size x size and padded right and bottom with black, exactly `tile_image(.., max_tiles=1)`'s
+    canvas -> uint8 (n, 3, size, size). The decode workers' half of `frame_prep`."""
+    frames = np.asarray(frames)
+    out = np.zeros((len(frames), 3, size, size), dtype=np.uint8)
+    for i, frame in enumerate(frames):
+        h, w = frame.shape[:2]
+        new_h, new_w = fitted_size(h, w, size, size, size)
+        pil = Image.fromarray(np.ascontiguousarray(frame)).convert("RGB")
+        out[i, :, :new_h, :new_w] = np.asarray(
+            pil.resize((new_w, new_h), Image.BILINEAR)
+        ).transpose(2, 0, 1)
+    return torch.from_numpy(out)
+
+
+def normalize_uint8(u8, mean=CLIP_MEAN, std=CLIP_STD):
+    """uint8 (n, 3, S, S) -> float32 pixel values, `tile_image`'s arithmetic (x * 1/255 - mean) /
+    std."""
+    u8 = torch.as_tensor(u8)
+    x = u8.to(torch.float32) * torch.tensor(np.float32(1 / 255), device=u8.device)
+    m = torch.tensor(mean, dtype=torch.float32, device=u8.device).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=u8.device).view(1, 3, 1, 1)
+    return (x - m) / s

@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .image_tiles import CLIP_MEAN, CLIP_STD, tile_image
-from .tokenizer import BOS, IMAGE, MllamaTokenizer
+from ..mplug_owl3.tokenizer import StreamDecoder
+from ..surface import VIDEO, FramePrep
+from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
+from .tokenizer import BOS, EOT, IMAGE, MllamaTokenizer
 
 USER = "<|start_header_id|>user<|end_header_id|>\n\n"
 ASSISTANT = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+ROLES = ("system", "user", "assistant")
 
 
 def chat_prompt(text: str, images: int) -> str:
@@ -63,6 +67,22 @@ class MllamaInputs:
             ar_mask=self.aspect_ratio_mask,
             cross_mask=self.cross_attention_mask,
         )
+
+
+@dataclass
+class PromptIds:
+    """A tokenized chat prompt as the engine reads it; positions are absolute (`offset` is where
+    `input_ids[0]` sits in the conversation)."""
+
+    input_ids: torch.Tensor  # (L,) int64
+    media_starts: list[int]  # the position of each frame's `<|image|>`
+    text: str
+    offset: int = 0
+    placeholder_len: int = 1  # one `<|image|>` id per frame
+
+    @property
+    def num_placeholders(self) -> int:
+        return len(self.media_starts)
 
 
 class MllamaProcessor:
@@ -119,6 +139,118 @@ class MllamaProcessor:
             cross[0, a:b, i, : len(done[i].tiles)] = 1
         ar_ids = torch.tensor([[t.ratio_id for t in done]], dtype=torch.int64)
         return MllamaInputs(input_ids, torch.from_numpy(pixels), ar_ids, ar_mask, cross)
+
+    # ---- the engine's side: chat prompts with a video as a frame count ---------------------------
+    @property
+    def image_size(self) -> int:
+        return self.tile_size
+
+    @property
+    def frame_prep(self) -> FramePrep:
+        """One tile a frame: resized keeping its aspect ratio into the tile, padded black."""
+        return FramePrep(
+            self.tile_size,
+            fit_and_pad_uint8,
+            partial(normalize_uint8, mean=self.mean, std=self.std),
+        )
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """`<|eot_id|>` first (it closes a turn), then the other ends of an answer."""
+        eot = self.tokenizer.eot_id
+        return (eot, *sorted(self.tokenizer.stop_ids - {eot}))
+
+    max_new_tokens = None  # the checkpoints name no answer length of their own
+
+    def encode(self, text: str) -> list[int]:
+        """Template text: special tokens written in it become their ids."""
+        return self.tokenizer.encode(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text a user wrote: plain text, a special token typed in it included."""
+        return self.tokenizer.encode_text(text)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(torch.as_tensor(ids).reshape(-1).tolist(), skip_special_tokens)
+
+    def stream(self) -> StreamDecoder:
+        return StreamDecoder(self.tokenizer)
+
+    def _turns(
+        self, messages: Sequence[dict], videos: list, ids: list[int], starts: list[int], offset: int
+    ) -> str:
+        """Append each message's turn to `ids` (a `<|video|>` in a user message becomes one
+        `<|image|>` per frame of the next of `videos`); return the text they stand for."""
+        text = ""
+        for m in messages:
+            role, content = m["role"], m["content"]
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
+            ids += self.encode(f"<|start_header_id|>{role}<|end_header_id|>\n\n")
+            pieces = content.split(VIDEO)
+            if len(pieces) > 1 and role != "user":
+                raise ValueError(f"a {VIDEO} goes in a user message")
+            for k, piece in enumerate(pieces):
+                if k:
+                    if not videos:
+                        raise ValueError(f"more {VIDEO} markers than videos")
+                    frames = videos.pop(0)
+                    if not isinstance(frames, int):
+                        raise ValueError("Llama-3.2-Vision takes a video as its frame count here")
+                    starts += range(offset + len(ids), offset + len(ids) + frames)
+                    ids += [self.tokenizer.image_id] * frames
+                ids += self.encode_text(piece)
+            ids.append(self.tokenizer.eot_id)
+            text += f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}{EOT}"
+        return text
+
+    def _prompt(self, messages, videos, add_generation_prompt: bool, offset: int, bos: bool):
+        ids: list[int] = [self.tokenizer.bos_id] if bos else []
+        starts: list[int] = []
+        videos = list(videos)
+        text = (BOS if bos else "") + self._turns(messages, videos, ids, starts, offset)
+        if videos:
+            raise ValueError(f"{len(videos)} videos without a {VIDEO} marker")
+        if add_generation_prompt:
+            header = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+            ids += self.encode(header)
+            text += header
+        return PromptIds(torch.tensor(ids, dtype=torch.int64), starts, text, offset)
+
+    def build_chat_prompt(
+        self,
+        messages: Sequence[dict],
+        *,
+        images: Sequence = (),
+        videos: Sequence = (),
+        cut: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> PromptIds:
+        """A conversation from its start, in the published template (no system turn is added):
+        `<|begin_of_text|>`, each message as `<|start_header_id|>{role}<|end_header_id|>\\n\\n`
+        + content + `<|eot_id|>`, then the assistant's header. videos[k]: the frame count of the
+        k-th `<|video|>`."""
+        if images:
+            raise ValueError("lvx runs Llama-3.2-Vision on videos; still images are not supported")
+        return self._prompt(messages, videos, add_generation_prompt, 0, bos=True)
+
+    def build_followup(
+        self,
+        content: str,
+        *,
+        offset: int,
+        images: Sequence = (),
+        videos: Sequence = (),
+        cut: bool = True,
+    ) -> PromptIds:
+        """The ids after an answer closed with `<|eot_id|>`, for the next user turn."""
+        if images:
+            raise ValueError("lvx runs Llama-3.2-Vision on videos; still images are not supported")
+        return self._prompt([{"role": "user", "content": content}], videos, True, offset, False)
+
+    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> PromptIds:
+        """The ids after an answer closed with `<|eot_id|>`, for the next messages (text only)."""
+        return self._prompt(messages, [], True, offset, False)
 
     def video(self, frames: Sequence, question: str) -> MllamaInputs:
         """A chat turn about a video's frames: one `<|image|>` per frame, `video_tiles` each."""

@@ -112,3 +112,10 @@ def to_pixel_values(frames: Any, size: int) -> torch.Tensor:
     no-cut case). The result stays on the input tensor's device.
     """
     return normalize(resize_uint8(frames, size, size)).contiguous()
+
+
+def square_prep(size: int):
+    """mPLUG-Owl3's frame preparation: bicubic to a square of `size`, then `normalize`."""
+    from ..surface import FramePrep
+
+    return FramePrep(size, resize_uint8, normalize)  # resize_uint8(frames, S): S x S

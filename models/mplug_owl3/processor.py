@@ -53,6 +53,7 @@ from .chat_template import IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
 from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_checkpoint
 from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
+from .image_transform import square_prep
 from .prompt_inputs import MediaItem, PromptInputs
 from .prompt_rules import PromptRules, published_rules, read_prompt_rules
 from .tokenizer import ENDOFTEXT, Control, Owl3Tokenizer, StreamDecoder
@@ -157,6 +158,11 @@ class Owl3Processor:
 
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self.tokenizer)
+
+    @property
+    def frame_prep(self):
+        """How a video's frames become pixel values: bicubic to the square `image_size`."""
+        return square_prep(self.image_size)
 
     # ---- images
     # ----------------------------------------------------------------------------------------------

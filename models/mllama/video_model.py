@@ -1,0 +1,249 @@
+"""Llama-3.2-Vision as the engine runs it: the same surface as mPLUG-Owl3's model (`encode_images`,
+`prepare_visual`, `visual_kv`, `new_cache`, and a `forward` that calls the attention hooks it is
+handed), over the weights of one `MllamaModel`.
+
+A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), so every row sees
+a prefix of the frames: the row at frame j's `<|image|>` and every later row see frames 0..j
+(q_vis = #{starts <= t}); a decoded token sees them all. Rows before the first `<|image|>` are
+masked out as published: they attend to every frame (q_vis = the number of frames) and their cross
+layer's MLP output is dropped; the model knows them from the positions, not from the hooks. A
+cross layer has no self-attention: its place in the text cache keeps count of the tokens with
+zero-width K/V, so every layer's count is the conversation's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from lvx_kernels.feed import REPLICATED, Feed
+from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+
+from ..steps import AttentionHooks, LazyVisualKV, TextKVCache, VisualInputs, VisualStep
+from .config import MllamaConfig
+from .modeling import MllamaModel
+from .text import CrossAttentionLayer, rope
+
+# frames per vision-tower call in `encode_images` (bounds its activations)
+FRAMES_PER_BATCH = 8
+
+
+def visible_frames(positions: torch.Tensor, media_starts: torch.Tensor) -> torch.Tensor:
+    """q_vis per token: #{j : start_j <= t}, or every frame for a row before the first start (a
+    masked-out row attends to all of them)."""
+    starts = media_starts.to(positions.device, torch.int64).contiguous()
+    flat = positions.reshape(-1).to(torch.int64).contiguous()
+    seen = torch.searchsorted(starts, flat, right=True)
+    seen = torch.where(seen == 0, starts.numel(), seen)
+    return seen.view(positions.shape)
+
+
+@dataclass
+class MllamaStep:
+    """What one forward hands every layer, and every layer its attention hooks."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    hooks: AttentionHooks
+    cache: Optional[TextKVCache] = None
+    visual: Optional[VisualStep] = None
+    feed: Feed = REPLICATED
+    kept: Optional[torch.Tensor] = None  # (1, L, 1): 0 on masked-out rows; None: none is
+
+
+class MllamaVideoModel(nn.Module):
+    def __init__(self, mllama: MllamaModel, hooks: Optional[AttentionHooks] = None):
+        super().__init__()
+        self.mllama = mllama
+        self.config: MllamaConfig = mllama.cfg
+        self.hooks = hooks or AttentionHooks()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.mllama.language_model.lm_head.weight.dtype
+
+    # ---- visual side -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_images(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> torch.Tensor:
+        """Frames as one tile each (N, 3, S, S) -> projected visual tokens (N, P, H)."""
+        w = self.mllama.multi_modal_projector.weight
+        outs = []
+        for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH):
+            n = chunk.shape[0]
+            ar_ids = torch.ones(n, dtype=torch.int64, device=w.device)  # (1, 1) tiles: id 1
+            ar_mask = torch.ones(n, 1, dtype=torch.int64, device=w.device)
+            tiles = self.mllama.vision_model(chunk[:, None].to(w.device, w.dtype), ar_ids, ar_mask)
+            outs.append(self.mllama.multi_modal_projector(tiles).flatten(1, 2))
+        if not outs:
+            return w.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
+        return torch.cat(outs)
+
+    def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions=None):
+        """K/V of cross layer `layer_idx` for the frames in e_local (N, P, H): each (1, N*P, Hkv,
+        D); no RoPE on visual keys (positions are ignored)."""
+        if layer_idx not in self.config.hyper_layer_indices:
+            raise ValueError(
+                f"layer {layer_idx} is not a cross-attention layer "
+                f"({self.config.hyper_layer_indices})"
+            )
+        layer = self.mllama.language_model.model.layers[layer_idx]
+        return layer.cross_attn.visual_kv(e_local.reshape(1, -1, e_local.shape[-1]))
+
+    def visible_frames(self, positions: torch.Tensor, media_starts: torch.Tensor) -> torch.Tensor:
+        return visible_frames(positions, media_starts)
+
+    def prepare_visual(
+        self,
+        e_local: torch.Tensor,
+        media_starts: torch.Tensor,
+        frame_ids: Optional[torch.Tensor] = None,
+        *,
+        precompute: bool = True,
+    ) -> VisualInputs:
+        """The visual inputs of a request for the frames this process holds (as mPLUG-Owl3's):
+        every cross layer's K/V now (precompute), or made from E when a layer runs."""
+        n, p, _ = e_local.shape
+        dev = e_local.device
+        starts = Indices.of_host(torch.as_tensor(media_starts, dtype=torch.int64).cpu(), dev)
+        ids = torch.arange(n) if frame_ids is None else frame_ids
+        ids_host = torch.as_tensor(ids, dtype=torch.int64).cpu()
+        if ids_host.numel() != n:
+            raise ValueError(f"{n} local frames but {ids_host.numel()} frame ids")
+        layers = self.config.hyper_layer_indices
+        if precompute:
+            with torch.no_grad():
+                kv = {l: self.visual_kv(l, e_local) for l in layers}
+        else:
+            kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e), e_local, layers)
+        k_frame = Indices.of_host(ids_host.repeat_interleave(p).view(1, n * p), dev)
+        return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
+
+    def _q_vis_known(self, q_vis, given, start: int, media_starts) -> MaskIndex:
+        """The forward's q_vis with what the host knows of it: rows at or after the last frame's
+        `<|image|>` see every frame; positions given on the host give every value."""
+        if not isinstance(media_starts, Indices) or media_starts.values is None:
+            return q_vis
+        if given is None:
+            last = media_starts.high
+            if last is not None and start >= last:
+                frames = int(media_starts.values.numel())
+                return Indices(q_vis, low=frames, high=frames)
+            given = torch.arange(start, start + q_vis.shape[1]).view(1, -1)
+        if given.device.type != "cpu":
+            return q_vis
+        return Indices(q_vis, values=visible_frames(given.view(1, -1), media_starts.values))
+
+    @staticmethod
+    def _q_vis_every(feed: Feed, media_starts) -> tuple[torch.Tensor, ...] | None:
+        if feed.positions is None or not isinstance(media_starts, Indices):
+            return None
+        if media_starts.values is None:
+            return None
+        return tuple(visible_frames(p, media_starts.values) for p in feed.positions)
+
+    # ---- language side ---------------------------------------------------------------------------
+    def fuse_projections(self) -> None:
+        """Nothing to fuse: the projections stay separate."""
+
+    def new_cache(self) -> TextKVCache:
+        return TextKVCache(self.config.num_hidden_layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+        cache: Optional[TextKVCache] = None,
+        visual: Optional[VisualInputs] = None,
+        last_only: bool = False,
+        feed: Feed = REPLICATED,
+        hooks: Optional[AttentionHooks] = None,
+    ) -> torch.Tensor:
+        """Logits (1, L, V) ((1, 1, V) with last_only) of input_ids (1, L) at `positions` (1, L)
+        (default: after the cache), as mPLUG-Owl3's forward: the text attention and the cross
+        layers' attention to `visual` through the hooks; without visual inputs the cross layers
+        are skipped (a text-only forward, as published)."""
+        lm = self.mllama.language_model
+        given = positions
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        positions = positions.to(input_ids.device).view(1, -1)
+        cos, sin = lm.model.rope_tables(positions, self.dtype)
+        step = MllamaStep(cos, sin, hooks or self.hooks, cache, feed=feed)
+        if visual is not None and visual.num_frames > 0:
+            if input_ids.shape[0] != 1:
+                raise ValueError("visual inputs need batch size 1 (one request per forward)")
+            starts = visual.media_starts
+            dev_starts = device_tensor(starts)
+            q_vis = self._q_vis_known(visible_frames(positions, dev_starts), given, start, starts)
+            step.visual = VisualStep(
+                visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts)
+            )
+            if not (isinstance(q_vis, Indices) and q_vis.low is not None):
+                first = dev_starts[:1].to(positions.device)
+                step.kept = (positions >= first).to(self.dtype)[..., None]
+        return self._layers(input_ids, step, last_only)
+
+    @property
+    def language_model(self) -> "_DecodeLM":
+        """The text model on a `VisualStep` made elsewhere: what a static decode step calls."""
+        return _DecodeLM(self)
+
+    def _layers(self, input_ids: torch.Tensor, step: MllamaStep, last_only: bool) -> torch.Tensor:
+        lm = self.mllama.language_model
+        x = lm.model.embed_tokens(input_ids)
+        for i, layer in enumerate(lm.model.layers):
+            if isinstance(layer, CrossAttentionLayer):
+                x = self._cross_layer(layer, x, step, i)
+            else:
+                x = self._self_layer(layer, x, step, i)
+        x = lm.model.norm(x)
+        return lm.lm_head(x[:, -1:] if last_only else x)
+
+    def _self_layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = rope(attn.split(attn.q_proj(h), attn.heads), step.cos, step.sin)
+        k = rope(attn.split(attn.k_proj(h), attn.kv_heads), step.cos, step.sin)
+        v = attn.split(attn.v_proj(h), attn.kv_heads)
+        if step.cache is not None:
+            k, v = step.cache.update(i, k, v)
+        out, _ = step.hooks.text(q, k, v, step, i)
+        x = x + attn.o_proj(out.to(x.dtype).flatten(2))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _cross_layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
+        attn = layer.cross_attn
+        if step.cache is not None:  # zero-width K/V: the layer's count of the tokens fed
+            none = x.new_empty((*x.shape[:2], attn.kv_heads, 0))
+            step.cache.update(i, none, none)
+        if step.visual is None:
+            return x
+        q = attn.q_norm(attn.split(attn.q_proj(layer.input_layernorm(x)), attn.heads))
+        out, _ = step.hooks.visual(q, step, i)
+        x = x + layer.cross_attn_attn_gate.tanh() * attn.o_proj(out.to(x.dtype).flatten(2))
+        h = layer.mlp(layer.post_attention_layernorm(x))
+        if step.kept is not None:
+            h = h * step.kept
+        return x + layer.cross_attn_mlp_gate.tanh() * h
+
+
+class _DecodeLM:
+    """`model.language_model(ids, positions, hooks=, cache=, visual=, last_only=, feed=)` with the
+    forward's `VisualStep` already made (a decoded token: every row sees every frame), as the
+    engine's static decode step calls mPLUG-Owl3's."""
+
+    def __init__(self, model: MllamaVideoModel):
+        self.model = model
+
+    def __call__(self, input_ids, positions, hooks, cache=None, visual=None, last_only=False,
+                 feed: Feed = REPLICATED) -> torch.Tensor:  # fmt: skip
+        lm = self.model.mllama.language_model
+        cos, sin = lm.model.rope_tables(positions.view(1, -1), self.model.dtype)
+        step = MllamaStep(cos, sin, hooks, cache, visual, feed)
+        return self.model._layers(input_ids, step, last_only)
