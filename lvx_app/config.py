@@ -503,8 +503,8 @@ class TrainConfig:
     mode: str | None = option(
         None,
         "--train",
-        "What to train: hyper (v_kv_proj and the gates, the default) or all (language model and "
-        "projector; the vision tower stays frozen). Or use --lora R.",
+        "What to train: hyper (the cross layers' visual K/V projections and gates, the default) or "
+        "all (language model and projector; the vision tower stays frozen). Or use --lora R.",
         metavar="hyper|all",
     )
     lora_rank: int | None = option(

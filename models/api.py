@@ -15,9 +15,7 @@ import json
 from pathlib import Path
 
 from .mplug_owl3.checkpoint import resolve_checkpoint
-from .mplug_owl3.hyper import VISUAL_KV_CHUNK_BYTES
 from .mplug_owl3.image_transform import normalize, resize_uint8, square_prep, to_pixel_values
-from .mplug_owl3.tokenizer import valid_text
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
 from .steps import (
     AttentionHooks,
@@ -29,12 +27,12 @@ from .steps import (
     kv_capacity,
 )
 from .surface import VIDEO, Family, Finetunable, FramePrep, Generation, ModelConfig
+from .text import valid_text
 
 __all__ = [
     "DEFAULT_FAMILY",
     "FAMILIES",
     "VIDEO",
-    "VISUAL_KV_CHUNK_BYTES",
     "family_for_config",
     "AttentionHooks",
     "CheckpointError",

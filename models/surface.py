@@ -26,9 +26,56 @@ class FramePrep:
         return self.normalize(self.resize(frames, self.size)).contiguous()
 
 
-# A family's config (`Family.config_type`): the sizes the app's plans read, by their Hugging Face
-# names (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, ...).
-ModelConfig = Any
+class ModelConfig(Protocol):
+    """A family's config (`Family.config_type`) as the app reads it: exactly these sizes, by their
+    Hugging Face names where the language model has one, else by what they are for; nothing
+    else of a config is the app's."""
+
+    # the language model
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def num_kv_groups(self) -> int:
+        """Query heads per K/V head."""
+
+    # the frames
+    @property
+    def visual_tokens_per_frame(self) -> int:
+        """Visual keys one frame adds to every cross layer."""
+
+    @property
+    def cross_layer_indices(self) -> list[int]:
+        """0-based indices of the layers that attend to the frames."""
+
+    @property
+    def frame_size(self) -> int:
+        """Side of the square image the vision tower takes, in pixels."""
+
+    @property
+    def frame_channels(self) -> int: ...
+
+    @property
+    def vision_hidden_size(self) -> int: ...
+
+    @property
+    def vision_intermediate_size(self) -> int: ...
+
+    @property
+    def visual_kv_chunk_bytes(self) -> int:
+        """Float32 work of one chunk of frames while a cross layer's K/V are made."""
+
+    @property
+    def generation_name(self) -> str:
+        """The name of the checkpoint's generation among its family's `generations`."""
 
 
 class Loaded(NamedTuple):
@@ -47,6 +94,7 @@ class Generation:
     family: str  # the family's name
     name: str  # what `lvx demo --generation` takes, e.g. "g2"
     note: str  # the releases it covers, in words
+    default: bool = False  # the one a command uses when none is named
 
 
 @dataclass(frozen=True)
@@ -82,6 +130,11 @@ class Family:
     config_type: type  # the class of its `config`
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def default_generation(self) -> Generation:
+        """The generation a command uses when none is named: the one marked so, else the first."""
+        return next((g for g in self.generations if g.default), self.generations[0])
 
     def generation(self, name: str) -> Generation:
         for g in self.generations:

@@ -53,7 +53,6 @@ def group_prompt(model, minutes: float, info: DistInfo) -> tuple[Conversation, t
     g = torch.Generator().manual_seed(1)  # the same prompt on every rank
     ids = torch.randint(0, cfg.vocab_size, (int(starts[-1]) + 5 + 24,), generator=g)
     attn = ShardedAttention(None, info.rank, info.world_size)
-    model.hooks.text, model.hooks.visual = attn.text, attn.visual
     conversation = Conversation(model, info, attn)
     mine = owned(frames, info.world_size, info.rank, conversation.layout)
     torch.manual_seed(2 + info.rank)  # each rank's own frames

@@ -6,8 +6,6 @@ sampled differently must be put back on rank 0's token."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from lvx_app.attention import Carry, decode_xattn
 from lvx_app.config import GenerationConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, LoopOutcome
+from lvx_models.api import AttentionHooks
 from scripts.gloo_ranks import run_ranks
 
 
@@ -30,7 +29,8 @@ class RidingStandIn:
 
     def __init__(self, model, disagree_at: int | None = None) -> None:
         self.vocab, self.disagree_at, self.steps = model.config.vocab_size, disagree_at, 0
-        self.local = model.hooks.visual
+        local = AttentionHooks()  # one process's own attention, around which it stands
+        self.text, self.local = local.text, local.visual
 
     def visual(self, q, step, layer: int):
         carry = step.feed.carry
@@ -45,36 +45,25 @@ class RidingStandIn:
         return self.local(q, step, layer)
 
 
-@contextmanager
-def _riding(model, disagree_at: int | None) -> Iterator[RidingStandIn]:
-    """The model's visual attention replaced by a `RidingStandIn` within the block."""
-    stand_in = RidingStandIn(model, disagree_at)
-    model.hooks.visual = stand_in.visual
-    try:
-        yield stand_in
-    finally:
-        model.hooks.visual = stand_in.local
-
-
 def _answer(model, ids, visual, generation, stop_ids=(), *, rides, stop_at=None, **kw):
     """(tokens, cache length, outcome) of one answer; `rides`: through the riding agreement."""
     disagree_at = kw.pop("disagree_at", None)
-    with _riding(model, disagree_at) if rides else nullcontext() as attn:
-        conversation = Conversation(model, ONE_PROCESS, attn)
-        conversation.show_video(visual)
-        logits, _ = conversation.prefill(ids.view(-1), whole=True)
-        calls = [0]
+    attn = RidingStandIn(model, disagree_at) if rides else None  # the conversation's hooks
+    conversation = Conversation(model, ONE_PROCESS, attn)
+    conversation.show_video(visual)
+    logits, _ = conversation.prefill(ids.view(-1), whole=True)
+    calls = [0]
 
-        def should_stop() -> bool:
-            calls[0] += 1
-            return stop_at is not None and calls[0] > stop_at
+    def should_stop() -> bool:
+        calls[0] += 1
+        return stop_at is not None and calls[0] > stop_at
 
-        generator = Generator(conversation, stop_ids)
-        generator.leader = kw.pop("leader", True)
-        outcome = LoopOutcome()
-        tokens = list(
-            generator.answer(logits, kw.pop("first_src", None), generation, outcome, should_stop)
-        )
+    generator = Generator(conversation, stop_ids)
+    generator.leader = kw.pop("leader", True)
+    outcome = LoopOutcome()
+    tokens = list(
+        generator.answer(logits, kw.pop("first_src", None), generation, outcome, should_stop)
+    )
     return tokens, conversation.cache.length, outcome
 
 

@@ -199,10 +199,11 @@ def _one_process_reference(checkpoint: str, video: str, answer: dict) -> torch.T
     turns.show_video(True)
     ids = turns.question_ids(QUESTION)
     fed = answer["tokens"][: answer["new_tokens"] - 1]
-    with EvidenceRecorder(session.model, conversation.position + ids.numel() - 1) as recorder:
-        conversation.prefill(ids, whole=True)
-        if fed:
-            conversation.prefill(torch.tensor(fed), whole=True)
+    start = conversation.position + ids.numel() - 1
+    recorder = EvidenceRecorder(conversation.hooks, session.model.config, start)
+    conversation.prefill(ids, whole=True, hooks=recorder.hooks)
+    if fed:
+        conversation.prefill(torch.tensor(fed), whole=True, hooks=recorder.hooks)
     visual = conversation.visual
     k_frame = visual.k_frame.tensor[0] if hasattr(visual.k_frame, "tensor") else visual.k_frame[0]
     layers = []
@@ -317,7 +318,8 @@ def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints,
         "".join(session.ask(QUESTION, config.generation))
     finally:
         engine_evidence.EvidenceRecorder.__init__ = real
-    assert len(made) == 1 and session.model.hooks.visual is made[0].inner  # unwrapped again
+    # the answer's forwards were handed the recorder; the conversation's own hooks stay as they were
+    assert len(made) == 1 and session.conversation.hooks.visual is made[0].inner
     assert 0 < made[0].seconds < session.last_answer.total_s  # its own time, within the answer's
     assert session.last_answer.evidence and abs(sum(session.turns.last_shares) - 1) < 1e-9
 

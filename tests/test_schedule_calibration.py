@@ -5,7 +5,6 @@ warning, and the ranks of an engine agreeing on one crossover, each read from it
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -103,10 +102,9 @@ def _agreed(rank: int, world: int, folders: list[str]) -> tuple[int, bool]:
     from lvx_app.parallel.group import DistInfo
 
     schedule.crossovers.cache_clear()
-    model = SimpleNamespace(hooks=SimpleNamespace())
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     config = Config.from_options(cache_dir=folders[rank])  # each node's run has its own folder
-    attn = parallelize(model, info, config)
+    attn = parallelize(info, config)
     return attn.gather_rows, attn.replicate_queries(100)
 
 

@@ -247,24 +247,20 @@ def test_a_new_video_a_grown_cache_or_a_cleared_conversation_capture_again(monke
 def _riding_answer(model, ids, visual, step: DecodeStep, stop_ids=(), stop_at=None, **kw):
     """(tokens, outcome, text cache) of one greedy answer whose tokens ride on the visual combine
     (a group's loop, in one process)."""
-    riding = RidingStandIn(model, kw.pop("disagree_at", None))
-    model.hooks.visual = riding.visual
-    try:
-        conversation = Conversation(model, ONE_PROCESS, riding)
-        conversation.show_video(visual)
-        logits, _ = conversation.prefill(ids.view(-1), whole=True)
-        generator = Generator(conversation, stop_ids, step)
-        generator.leader = kw.pop("leader", True)
-        calls = [0]
+    riding = RidingStandIn(model, kw.pop("disagree_at", None))  # the conversation's hooks
+    conversation = Conversation(model, ONE_PROCESS, riding)
+    conversation.show_video(visual)
+    logits, _ = conversation.prefill(ids.view(-1), whole=True)
+    generator = Generator(conversation, stop_ids, step)
+    generator.leader = kw.pop("leader", True)
+    calls = [0]
 
-        def should_stop() -> bool:
-            calls[0] += 1
-            return stop_at is not None and calls[0] > stop_at
+    def should_stop() -> bool:
+        calls[0] += 1
+        return stop_at is not None and calls[0] > stop_at
 
-        outcome = LoopOutcome()
-        tokens = list(generator.answer(logits, None, GenerationConfig(8), outcome, should_stop))
-    finally:
-        model.hooks.visual = riding.local
+    outcome = LoopOutcome()
+    tokens = list(generator.answer(logits, None, GenerationConfig(8), outcome, should_stop))
     assert generator.rides
     return tokens, vars(outcome) | {"first_token_at": 0}, _cache(conversation)
 

@@ -47,17 +47,20 @@ def run_demo(
     config: Config,
     *,
     workdir: Path | None,
-    generation: str,
+    generation: str | None,
     examples: Path | None = None,
     console: Console | None = None,
 ) -> int:
-    """`lvx demo`: returns the process exit code."""
+    """`lvx demo`: returns the process exit code. `generation`: a name among the default
+    family's generations (None: its default)."""
     console = console or Console(highlight=False, soft_wrap=True)
+    family = FAMILIES[DEFAULT_FAMILY]
     try:
-        FAMILIES[DEFAULT_FAMILY].generation(generation)
+        named = family.generation(generation) if generation else family.default_generation
     except ValueError as exc:
         console.print(f"[red]error:[/red] --generation: {exc}")
         return 2
+    generation = named.name
     parallel = config.parallel
     if parallel.ranks is None and not torch.cuda.is_available() and not parallel.gpus:
         parallel = replace(parallel, ranks=CPU_RANKS)  # the demo shows sharding, even on a CPU
@@ -74,7 +77,7 @@ def run_demo(
         generation=GenerationConfig(max_new_tokens=ANSWER_TOKENS),
     )
     console.print(
-        f"[bold]lvx demo[/bold]: tiny random-weight mPLUG-Owl3 ({generation}) in {checkpoint}"
+        f"[bold]lvx demo[/bold]: tiny random-weight {family.title} ({generation}) in {checkpoint}"
     )
     console.print("[yellow]Random weights: the answers are gibberish; the pipeline runs.[/yellow]")
     try:

@@ -90,12 +90,12 @@ def demo(
         help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
         metavar="DIR",
     ),
-    generation: str = typer.Option(
-        "g2",
+    generation: Optional[str] = typer.Option(
+        None,
         "--generation",
-        help="Tiny checkpoint generation: g2 (7B-241101, fused), g1 (1B/2B-241014, constant "
-        "gate) or g1-gateproj (7B-240728, input-dependent gate).",
-        metavar="g2|g1|g1-gateproj",
+        help="Tiny checkpoint generation, one of the model family's (`lvx info --model` names a "
+        "checkpoint's; a name it has not lists them). Default: its latest release's.",
+        metavar="NAME",
     ),
     examples: Optional[Path] = typer.Option(
         None,

@@ -2,8 +2,8 @@
 
 `RankSession` composes the `Conversation` (the replicated text K/V cache), the `VideoContext` (this
 rank's frames and the prefilled video prompt), the `Generator` (an answer's token loop) and the
-`Turns` (a question's tokens and its answer), after `parallelize` has installed the sharded
-attention on the model. A load is one `VideoRequest`. How a frontend drives a group of them is
+`Turns` (a question's tokens and its answer), the conversation handing every forward the sharded
+attention `parallelize` made. A load is one `VideoRequest`. How a frontend drives a group of them is
 `lvx_app.runtime`.
 """
 

@@ -4,6 +4,9 @@ Every rank holds the whole cache (replicated after each sharded prefill) and the
 (the global number of tokens fed). A prefill is either sharded over the ranks (the video prompt,
 whose tokens travel with their frames in the layout; a long question, cut into contiguous runs) or
 fed whole on every rank (a short question, each decoded token: every rank then holds the logits).
+Every forward is handed the attention hooks it calls: the conversation's own (the sharded attention
+`parallelize` made, else one process's local attention), or those of the answer it is part of (the
+evidence recorder's, wrapping them).
 Every forward and every write into the cache runs under `torch.inference_mode()`: no autograd
 bookkeeping per op, and the cache's buffers are inference tensors, written only in that mode.
 """
@@ -20,17 +23,20 @@ from lvx_app.parallel.layout import token_owners
 from lvx_app.parallel.shards import shard_bounds
 from lvx_kernels.carry import Carry
 from lvx_kernels.feed import REPLICATED, Feed
+from lvx_models.api import AttentionHooks
 
 
 class Conversation:
     """The text cache (its length is the one count of the tokens fed), the video the hyper layers
     attend to, and what waits to be fed before the next user turn (the closing `<|im_end|>`, a
-    truncated answer's last token)."""
+    truncated answer's last token). `hooks`: the attention every forward calls unless handed
+    others (the sharded attention's when `attn` is given)."""
 
     def __init__(
         self, model, info: DistInfo, attn: ShardedAttention | None, layout: str = "zigzag"
     ) -> None:
         self.model, self.info, self.attn, self.layout = model, info, attn, layout
+        self.hooks = AttentionHooks() if attn is None else AttentionHooks(attn.text, attn.visual)
         self._visual = None
         self.clear()
 
@@ -100,10 +106,17 @@ class Conversation:
         """(1, length) global position of every cached key."""
         return torch.arange(self.cache.length).view(1, -1)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor | None, feed: Feed):
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None,
+        feed: Feed,
+        hooks: AttentionHooks | None = None,
+    ):
         """The model on this rank's tokens `ids` at `positions` (a host tensor; None: the next
-        positions after the cache, made on the device without a copy), fed as `feed` says; the
-        last token's logits (1, 1, V). A forward that fails leaves the cache as it was."""
+        positions after the cache, made on the device without a copy), fed as `feed` says, calling
+        `hooks` (None: the conversation's); the last token's logits (1, 1, V). A forward that fails
+        leaves the cache as it was."""
         start = self.cache.length
         try:
             with torch.inference_mode():
@@ -114,6 +127,7 @@ class Conversation:
                     visual=self._visual,
                     last_only=True,
                     feed=feed,
+                    hooks=hooks or self.hooks,
                 )
         except BaseException:
             self.cache.truncate(start)
@@ -127,10 +141,12 @@ class Conversation:
         whole: bool = False,
         media_starts: torch.Tensor | None = None,
         tail_from: int | None = None,
+        hooks: AttentionHooks | None = None,
     ) -> tuple[torch.Tensor | None, int]:
         """Feed `ids` (global), the pending tokens' turn over; return (this rank's last logits or
         None, the rank owning the last token). `whole`: fed alike on every rank; else sharded over
-        the ranks, then the new text K/V are replicated."""
+        the ranks, then the new text K/V are replicated. `hooks`: the answer's (None: the
+        conversation's)."""
         n, cached = int(ids.numel()), self.cache.length
         if whole or self.attn is None:
             # fed whole, the tokens follow the cache (every rank holds all of it)
@@ -141,7 +157,7 @@ class Conversation:
             positions = (cached + mine).view(1, -1)
             every = [cached + e for e in every]  # every rank's positions, known to every rank
             feed = self.attn.sharded_feed(positions, sizes, self.info.device, cached, every)
-        logits = self._forward(ids[mine], positions, feed)
+        logits = self._forward(ids[mine], positions, feed, hooks)
         if not feed.replicated:
             try:
                 self.attn.replicate(self.cache, cached, positions, feed.sizes)
@@ -171,13 +187,15 @@ class Conversation:
         return every, owner
 
     @torch.inference_mode()
-    def feed(self, token: int, carry: Carry | None = None) -> torch.Tensor:
+    def feed(
+        self, token: int, carry: Carry | None = None, hooks: AttentionHooks | None = None
+    ) -> torch.Tensor:
         """One decoding step, alike on every rank: feed `token` (written on the device, not copied
         there), return the next logits (V,). `carry`: numbers that ride on the step's first visual
-        combine."""
+        combine; `hooks`: the answer's (None: the conversation's)."""
         ids = torch.full((1, 1), token, dtype=torch.int64, device=self.info.device)
         feed = REPLICATED if carry is None else Feed(carry=carry)
-        logits = self._forward(ids, None, feed)[0, -1]
+        logits = self._forward(ids, None, feed, hooks)[0, -1]
         self.fed.append(int(token))
         return logits
 

@@ -1,6 +1,8 @@
 """Where in the video an answer looked, recorded while it is generated (every rank, in step).
 
-`EvidenceRecorder` wraps the model's visual attention hook for one answer: each hyper layer's call
+`EvidenceRecorder` wraps the conversation's visual attention hook for one answer (the forwards of
+that answer are handed its `hooks`; nothing is set on the model or the conversation): each cross
+layer's call
 hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it copies
 the rows at the answer's positions, nothing else (a decoded token's is one row per layer: one copy
 of its queries and one of its count; sorting them by position waits for the answer's end). The
@@ -11,7 +13,7 @@ each frame's share of the visual attention (lvx_app/attention/frame_shares.py), 
 keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over the group.
 
 Off (`--no-evidence`), or on the static decode step (whose captured or compiled step runs no
-Python per token), no recorder is installed and nothing extra runs.
+Python per token), no recorder is made and nothing extra runs.
 """
 
 from __future__ import annotations
@@ -26,29 +28,25 @@ from lvx_app.attention.frame_shares import frame_shares
 from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments
 from lvx_kernels.masks import device_tensor
+from lvx_models.api import AttentionHooks, ModelConfig
 
 
 class EvidenceRecorder:
-    """The model's visual hook while one answer is generated, keeping the queries of positions
-    `start` and later. Per call it only copies the call's query rows and their visible-frame
-    counts (one copy each); `rows` sorts them by position at the answer's end: {position: {layer:
-    (q (Hq, D), q_vis ())}}, a later call's row of a position replacing an earlier one.
-    `seconds`: the time this rank spent on the answer's evidence (recording, and `answer_shares`
-    at its end), what a benchmark sets against the answer's decode time."""
+    """The visual hook of one answer's forwards (`hooks`: `around`'s text hook and this), keeping
+    the queries of positions `start` and later. Per call it only copies the call's query rows and
+    their visible-frame counts (one copy each); `rows` sorts them by position at the answer's end:
+    {position: {layer: (q (Hq, D), q_vis ())}}, a later call's row of a position replacing an
+    earlier one. `config`: the model's (its query heads and head size). `seconds`: the time this
+    rank spent on the answer's evidence (recording, and `answer_shares` at its end), what a
+    benchmark sets against the answer's decode time."""
 
-    def __init__(self, model, start: int) -> None:
-        self.model, self.start = model, start
-        self.inner = model.hooks.visual
+    def __init__(self, around: AttentionHooks, config: ModelConfig, start: int) -> None:
+        self.config, self.start = config, start
+        self.inner = around.visual
+        self.hooks = AttentionHooks(text=around.text, visual=self)
         self.calls: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = []
         self.seconds = 0.0
         self._rows: tuple[int, dict] = (0, {})
-
-    def __enter__(self) -> EvidenceRecorder:
-        self.model.hooks.visual = self
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.model.hooks.visual = self.inner
 
     def __call__(self, q: torch.Tensor, step, layer: int):
         t0 = time.perf_counter()
@@ -123,9 +121,9 @@ def _first_rows(recorder: EvidenceRecorder, visual, layers: Sequence[int], summe
     held = recorder.rows.get(recorder.start)
     if not summed:
         return [held[layer] for layer in layers]
-    config = recorder.model.config
+    config = recorder.config
     k = visual.kv[layers[0]][0]
-    dtype = torch.promote_types(next(recorder.model.parameters()).dtype, torch.float32)
+    dtype = torch.promote_types(k.dtype, torch.float32)
     heads, dim = config.num_attention_heads, config.head_dim
     rows = torch.zeros(len(layers), heads * dim + 1, dtype=torch.float64, device=k.device)
     if held is not None:

@@ -29,6 +29,7 @@ from lvx_app.engine.sampling import sample_token
 from lvx_app.engine.static_decode import DecodeStep, StaticDecode
 from lvx_app.parallel.collectives import on_wire
 from lvx_kernels.carry import Carry
+from lvx_models.api import AttentionHooks
 
 
 def never_stop() -> bool:
@@ -56,7 +57,9 @@ class Generator:
         info = conversation.info
         self.leader = info.rank == 0
         # a group whose model has hyper layers: tokens ride on the first visual combine
-        self.rides = conversation.attn is not None and bool(conversation.model.config.hyper_layers)
+        self.rides = conversation.attn is not None and bool(
+            conversation.model.config.cross_layer_indices
+        )
         self.diverged = False  # the ranks once decoded different tokens (warned once)
         self.static: StaticDecode | None = None  # the session's static step, made at first use
 
@@ -68,10 +71,12 @@ class Generator:
         generation: GenerationConfig,
         outcome: LoopOutcome,
         should_stop: Callable[[], bool] = never_stop,
+        hooks: AttentionHooks | None = None,
     ) -> Iterator[int]:
         """Yield the answer's token ids, a final stop token included. `logits` (V,): the prompt's
         last, None on a rank without them; `first_src`: the rank holding them when not every rank
-        does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token."""
+        does (None: all do). `should_stop` (rank 0's: Ctrl-C, Stop) is read before each token.
+        `hooks`: the attention the answer's forwards call (None: the conversation's)."""
         static = None
         if self.step.used_for(generation):
             if self.static is None:  # one per session: its capture serves every later answer
@@ -79,7 +84,9 @@ class Generator:
             static = self.static
             static.start(generation.max_new_tokens)
         try:
-            yield from self._tokens(logits, first_src, generation, outcome, should_stop, static)
+            yield from self._tokens(
+                logits, first_src, generation, outcome, should_stop, static, hooks
+            )
         finally:
             if static is not None:
                 static.finish()
@@ -92,6 +99,7 @@ class Generator:
         outcome: LoopOutcome,
         should_stop: Callable[[], bool],
         static: StaticDecode | None,
+        hooks: AttentionHooks | None,
     ) -> Iterator[int]:
         """`answer`'s token loop; `static`: the step that decodes it, when one does."""
         last = generation.max_new_tokens - 1
@@ -109,7 +117,7 @@ class Generator:
             if ride and static is not None:
                 token, stop, chosen = self._static_agreeing(static, mine, flag)
             elif ride:
-                logits, token, stop = self._feed_agreeing(mine, flag)
+                logits, token, stop = self._feed_agreeing(mine, flag, hooks)
             else:
                 token, stop = self._agree(mine, flag, 0 if i or first_src is None else first_src)
             outcome.first_token_at = outcome.first_token_at or time.perf_counter()
@@ -128,18 +136,20 @@ class Generator:
             if static is not None:
                 chosen = static.next_token(token)
             else:
-                logits = self.conversation.feed(token)
+                logits = self.conversation.feed(token, hooks=hooks)
 
     @staticmethod
     def _sampled(logits: torch.Tensor | None, generation: GenerationConfig, i: int) -> int | None:
         return None if logits is None else sample_token(logits, generation, i)
 
-    def _feed_agreeing(self, token: int, stop: bool) -> tuple[torch.Tensor, int, bool]:
+    def _feed_agreeing(
+        self, token: int, stop: bool, hooks: AttentionHooks | None
+    ) -> tuple[torch.Tensor, int, bool]:
         """Feed this rank's own token while the ranks agree on rank 0's token and stop flag; leave
         the agreed token fed, unless it stops the answer."""
         conversation = self.conversation
         carry = Carry([token, int(stop)])
-        logits = conversation.feed(token, carry)
+        logits = conversation.feed(token, carry, hooks)
         # (ranks, 2), every decoding step runs the hyper layers: the step's one read of the group
         got = carry.received.tolist()
         (agreed, agreed_stop), tokens = got[0], [row[0] for row in got]
@@ -147,7 +157,7 @@ class Generator:
         if not agreed_stop and any(t != agreed for t in tokens):
             self._warn_diverged(tokens)
             conversation.unfeed()
-            logits = conversation.feed(agreed)
+            logits = conversation.feed(agreed, hooks=hooks)
         if agreed_stop or agreed in self.stop_ids:
             conversation.unfeed()
         return logits, agreed, agreed_stop

@@ -114,7 +114,7 @@ def choose_kv_mode(
     work = Workload(minutes=frames / 60, ranks=ranks, dtype_bytes=dtype_bytes)
     plan = memory_plan(config, work, counts or param_counts(config))
     local = -(-frames // ranks)
-    features = local * config.vision.num_patches * config.hidden_size * dtype_bytes
+    features = local * config.visual_tokens_per_frame * config.hidden_size * dtype_bytes
     growth = plan.peak - plan.resident["weights"] - features
     choice = KvChoice("cache", "auto", read_memory(device), replaced, plan.peak, growth)
     return choice if growth <= choice.usable else replace(choice, mode="recompute")

@@ -12,8 +12,9 @@ stands allocates, named after where it is made:
 - E: this rank's features (frames, 729, H) (`ingest`); kept only with `--kv-mode recompute`;
 - visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 *
   n_kv * d values per visual token;
-- its transient: one chunk of frames (`VISUAL_KV_CHUNK_BYTES` of float32 work) at a time: `rms_norm`
-  in float32 (two float32 copies of the chunk), then the projection, then K's float32 rotation;
+- its transient: one chunk of frames (the config's `visual_kv_chunk_bytes` of float32 work) at a
+  time: `rms_norm` in float32 (two float32 copies of the chunk), then the projection, then K's
+  float32 rotation;
 - text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question
   and its answer usually fit without a copy; with several ranks it is replicated after the video
   prompt's sharded prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
-from lvx_models.api import VISUAL_KV_CHUNK_BYTES, ModelConfig, family_for_config, kv_capacity
+from lvx_models.api import ModelConfig, family_for_config, kv_capacity
 
 GB = 1e9
 PROMPT_HEADER_TOKENS = (
@@ -59,7 +60,8 @@ class Workload:
     question_tokens: int = 24
     answer_tokens: int = 256
     vision_batch: int = 16  # images per `encode_images` batch
-    visual_kv_chunk_bytes: int = VISUAL_KV_CHUNK_BYTES  # float32 work of one `visual_kv` chunk
+    # float32 work of one chunk of frames while K/V are made (None: the config's)
+    visual_kv_chunk_bytes: int | None = None
 
     @property
     def frames(self) -> int:
@@ -117,7 +119,7 @@ class MemoryPlan:
 
 
 def _visual_kv_transient(
-    cfg: ModelConfig, tokens: int, b: int, chunk_bytes: int = VISUAL_KV_CHUNK_BYTES
+    cfg: ModelConfig, tokens: int, b: int, chunk_bytes: int | None = None
 ) -> int:
     """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
     visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
@@ -126,7 +128,7 @@ def _visual_kv_transient(
         2 * cfg.num_key_value_heads * cfg.head_dim,
         cfg.num_key_value_heads * cfg.head_dim,
     )
-    p = cfg.vision.num_patches
+    p, chunk_bytes = cfg.visual_tokens_per_frame, chunk_bytes or cfg.visual_kv_chunk_bytes
     chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
     norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
     project = h * b + kvw * b  # the normed input and the projection's output
@@ -156,7 +158,7 @@ def band_tiles(
     some of its rows see and others do not (capped by the `keys` this rank holds), its rows those
     that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after `tile` tokens
     (the device's `min_tile`) where the frames seen change, at most Q_TILE."""
-    p, frames = cfg.vision.num_patches, _ceil_div(keys, cfg.vision.num_patches)
+    p, frames = cfg.visual_tokens_per_frame, _ceil_div(keys, cfg.visual_tokens_per_frame)
 
     def q_vis(t: int) -> int:
         return max(0, min(frames, (t - PROMPT_HEADER_TOKENS) // PLACEHOLDER_TOKENS + 1))
@@ -179,7 +181,7 @@ def visual_masked_share(config: ModelConfig, work: Workload) -> float:
     frames' band, which runs on the memory-efficient kernel: `band_tiles` of one rank over all the
     keys seen (token t sees every frame placed at or before it). Several ranks cut the same bands
     among them: their share is within a few percent of it (`planned_masked_share`)."""
-    p, h, per = config.vision.num_patches, PROMPT_HEADER_TOKENS, PLACEHOLDER_TOKENS
+    p, h, per = config.visual_tokens_per_frame, PROMPT_HEADER_TOKENS, PLACEHOLDER_TOKENS
     frames, rows = work.frames, work.prompt_tokens
     tiles = band_tiles(config, rows, frames * p, min_tile(work.device))
     seen = frames * (rows - h) - per * frames * (frames - 1) // 2  # (token, frame seen) pairs
@@ -227,9 +229,9 @@ def _layer_transient(
 def _vision_transient(cfg: ModelConfig, batch: int, b: int) -> int:
     """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the
     projector's."""
-    v, t = cfg.vision, cfg.vision.num_patches
-    pixels = batch * v.num_channels * v.image_size**2 * b
-    layer = batch * t * (4 * v.hidden_size + 2 * v.intermediate_size) * b
+    t = cfg.visual_tokens_per_frame
+    pixels = batch * cfg.frame_channels * cfg.frame_size**2 * b
+    layer = batch * t * (4 * cfg.vision_hidden_size + 2 * cfg.vision_intermediate_size) * b
     return pixels + max(layer, batch * t * 2 * cfg.hidden_size * b)
 
 
@@ -242,8 +244,8 @@ def memory_plan(
     cfg, b = config, work.dtype_bytes
     counts = counts or param_counts(cfg)
     frames = _ceil_div(work.frames, work.ranks)
-    vis_tokens = frames * cfg.vision.num_patches
-    n_hyper = len(cfg.hyper_layer_indices)
+    vis_tokens = frames * cfg.visual_tokens_per_frame
+    n_hyper = len(cfg.cross_layer_indices)
     prompt = _ceil_div(work.prompt_tokens, work.ranks)
     kd = cfg.num_key_value_heads * cfg.head_dim
     e = vis_tokens * cfg.hidden_size * b
@@ -275,7 +277,7 @@ def memory_plan(
     }
     kept = sum(resident.values()) - resident["text K/V"]
     # the last rows see every frame of this rank's shard
-    visible = work.frames * cfg.vision.num_patches // work.ranks
+    visible = work.frames * cfg.visual_tokens_per_frame // work.ranks
     local = text_kv(kv_capacity(prompt))
     stages["video prefill"] = (
         kept

@@ -1,9 +1,9 @@
 """Shard the model's attention over the ranks, from outside the model (as gpt-fast's `tp.py` does).
 
-`parallelize(model, info, config)` installs a `ShardedAttention` as the model's attention hooks;
-the model itself never imports torch.distributed. Every hook call gets the forward's step context
-and the layer's index: how the ranks feed the forward's tokens (its `Feed`) travels with the
-forward, so the hooks keep nothing per forward.
+`parallelize(info, config)` makes the `ShardedAttention` whose hooks the engine hands every forward
+(`Conversation.hooks`); nothing is set on the model, which never imports torch.distributed. Every
+hook call gets the forward's step context and the layer's index: how the ranks feed the forward's
+tokens (its `Feed`) travels with the forward, so the hooks keep nothing per forward.
 
 Each rank holds some of the frames (their visual K/V, never moved), dealt by
 lvx_app/parallel/layout.py: any sorted set works, since positions, q_vis and k_frame are global. The
@@ -186,15 +186,13 @@ def _known(values: torch.Tensor, device: torch.device) -> Indices:
 
 
 def parallelize(
-    model, info: DistInfo, config: Config, attention: type[ShardedAttention] = ShardedAttention
+    info: DistInfo, config: Config, attention: type[ShardedAttention] = ShardedAttention
 ) -> ShardedAttention:
-    """Install `attention` (LV-XAttn) as `model`'s attention over the default group; returns the
-    installed hooks. Every rank calls it: the ranks agree on the smallest of their machines'
-    ring-or-gather crossovers (each read from the run's cache folder), so a question takes the same
-    schedule on every rank."""
+    """`attention` (LV-XAttn) over the default group: the hooks the engine's forwards call. Every
+    rank calls it: the ranks agree on the smallest of their machines' ring-or-gather crossovers
+    (each read from the run's cache folder), so a question takes the same schedule on every
+    rank."""
     attn = attention(None, info.rank, info.world_size, config.parallel.xattn_schedule)
     limit = gather_limit(info.world_size, crossovers(config.video.cache_dir))
     attn.gather_rows = all_min(limit, info.device)
-    model.hooks.text = attn.text
-    model.hooks.visual = attn.visual
     return attn

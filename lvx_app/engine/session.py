@@ -3,9 +3,9 @@
 A rank's session is its parts composed: the `Conversation` (the text K/V cache every rank holds
 and the forwards that extend it), the `VideoContext` (this rank's frames and the prefilled video
 prompt), the `Generator` (an answer's token loop) and the `Turns` (a question's tokens, its checks
-and its streamed answer). `parallelize` installs the sharded attention on the model from outside
-before any of them runs. Every command method is called on every rank in the same order; only rank
-0's results reach the user.
+and its streamed answer). `parallelize` makes the sharded attention the conversation hands every
+forward before any of them runs. Every command method is called on every rank in the same order;
+only rank 0's results reach the user.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from lvx_app.parallel.collectives import nbytes
 from lvx_app.parallel.group import DistInfo
 from lvx_models.api import CheckpointError, family_of
 
-# (model, this rank's group info, the config) -> the attention installed on the model
+# (this rank's group info, the config) -> the attention every forward of the session calls
 Parallelize = Callable[..., ShardedAttention]
 
 
@@ -60,7 +60,7 @@ class RankSession:
         self.model, self.processor = loaded.model, loaded.processor
         self.model.eval()
         sharded = info.world_size > 1
-        self.attn = parallelize(self.model, info, config) if sharded else None
+        self.attn = parallelize(info, config) if sharded else None
         layout = config.parallel.layout
         self.conversation = Conversation(self.model, info, self.attn, layout)
         self.video = VideoContext(
@@ -152,7 +152,7 @@ class RankSession:
     def describe(self) -> dict[str, Any]:
         return {
             "model": self.config.model.path,
-            "generation": self.model.config.form,
+            "generation": self.model.config.generation_name,
             "world size": self.info.world_size,
             "device": str(self.info.device),
             "dtype": str(self.dtype).removeprefix("torch."),

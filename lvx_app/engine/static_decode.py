@@ -7,7 +7,8 @@ it sees and the next token live in device buffers: every layer writes its new K/
 (`index_copy_`), text attention runs over the first `used` keys of the layer's buffer
 (`attn_fwd_upto`: on a GPU in half precision the count bounds the flash kernel itself, no mask),
 the visual attention is planned from host copies that hold for every decoded token (it sees every
-frame), and the greedy next id is taken on the device. The step reads nothing on the host and
+frame; the model's `decode_step` takes that visual step bound once per answer, `_decode_visual`),
+and the greedy next id is taken on the device. The step reads nothing on the host and
 allocates the same every time; the host reads the next id once per token, as the eager loop does.
 The text cache gets room for the whole answer before the first step (`TextKVCache.reserve`), its
 unused tail zeroed (masked keys must hold finite values).
@@ -136,7 +137,7 @@ class StaticDecode:
         """`rides`: a group's step, whose first visual combine carries the fed token and the stop
         flag to every rank (`next_token_riding`)."""
         model, device = conversation.model, conversation.info.device
-        self.conversation, self.how, self.lm = conversation, how, model.language_model
+        self.conversation, self.how, self.model = conversation, how, model
         self.position = torch.zeros(1, dtype=torch.int64, device=device)
         self.used = torch.ones(1, dtype=torch.int32, device=device)  # keys seen: position + 1
         self.token = torch.zeros(1, 1, dtype=torch.int64, device=device)
@@ -188,13 +189,12 @@ class StaticDecode:
         token's id into `next`, the position advanced."""
         if self.carry is not None:
             self.carry.received = None  # it rides on this step's first visual combine
-        logits = self.lm(
+        logits = self.model.decode_step(
             self.token,
             self.position.view(1, 1),
             hooks=self.hooks,
             cache=self.cache,
-            visual=self.visual,
-            last_only=True,
+            visual_step=self.visual,
             feed=self.feed,
         )
         self.next.copy_(logits[0, -1].argmax())
@@ -242,12 +242,12 @@ class StaticDecode:
 
 
 def _own_visual_hook(conversation: Conversation):
-    """The model's visual hook; on a group one whose combine buffers are the step's own (`copy` of
-    the sharded attention): a question's combine makes the session's buffers again at its size,
-    which a captured step must not read."""
+    """The conversation's visual hook; on a group one whose combine buffers are the step's own
+    (`copy` of the sharded attention): a question's combine makes the session's buffers again at
+    its size, which a captured step must not read."""
     attn = conversation.attn
     if not isinstance(attn, ShardedHooks):
-        return conversation.model.hooks.visual
+        return conversation.hooks.visual
     own = copy.copy(attn)
     own.buffers = CombineBuffers()
     return own.visual

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -72,35 +71,33 @@ class Turns:
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
         whole = self.whole(n)
         recorder = self._recorder(generation, conversation.position + n - 1)
-        with recorder or nullcontext():
-            try:
-                logits, owner = conversation.prefill(ids, whole=whole)
-            except torch.cuda.OutOfMemoryError as exc:
-                message = oom_message(self.info.rank, self.info.device, "reading the question")
-                raise RuntimeError(message) from exc
-            outcome, decoder = LoopOutcome(), self.processor.stream()
-            text = []
-            tokens = self.generator.answer(
-                logits, None if whole else owner, generation, outcome, should_stop
-            )
-            try:
-                for token in tokens:
-                    stats.new_tokens += 1
-                    if token in self.generator.stop_ids:  # the answer's last token: not shown
-                        continue
-                    stats.tokens.append(token)
-                    piece = decoder.push(token)
-                    text.append(piece)
-                    if piece and leader:
-                        yield piece
-            except torch.cuda.OutOfMemoryError as exc:
-                raise RuntimeError(
-                    oom_message(self.info.rank, self.info.device, "answering")
-                ) from exc
-            tail = decoder.flush()
-            text.append(tail)
-            if tail and leader:
-                yield tail
+        hooks = None if recorder is None else recorder.hooks  # this answer's forwards call them
+        try:
+            logits, owner = conversation.prefill(ids, whole=whole, hooks=hooks)
+        except torch.cuda.OutOfMemoryError as exc:
+            message = oom_message(self.info.rank, self.info.device, "reading the question")
+            raise RuntimeError(message) from exc
+        outcome, decoder = LoopOutcome(), self.processor.stream()
+        text = []
+        tokens = self.generator.answer(
+            logits, None if whole else owner, generation, outcome, should_stop, hooks
+        )
+        try:
+            for token in tokens:
+                stats.new_tokens += 1
+                if token in self.generator.stop_ids:  # the answer's last token: not shown
+                    continue
+                stats.tokens.append(token)
+                piece = decoder.push(token)
+                text.append(piece)
+                if piece and leader:
+                    yield piece
+        except torch.cuda.OutOfMemoryError as exc:
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, "answering")) from exc
+        tail = decoder.flush()
+        text.append(tail)
+        if tail and leader:
+            yield tail
         stats.evidence = self._evidence(recorder, stats.new_tokens, whole)
         self.answers.remember("".join(text), stats.tokens)
         unfed = [] if outcome.unfed is None else [outcome.unfed]
@@ -116,18 +113,18 @@ class Turns:
         """The recorder of this answer's queries from position `start` (its last prompt token) on,
         or None: evidence off, no video shown, or the static step (no Python runs per token
         there)."""
-        generator, model = self.generator, self.conversation.model
-        static = generator.step.used_for(generation)
-        if not generation.evidence or self.conversation.visual is None or static:
+        conversation = self.conversation
+        static = self.generator.step.used_for(generation)
+        if not generation.evidence or conversation.visual is None or static:
             return None
-        return EvidenceRecorder(model, start)
+        return EvidenceRecorder(conversation.hooks, conversation.model.config, start)
 
     def _evidence(self, recorder: EvidenceRecorder | None, tokens: int, whole: bool):
         """The answer's moments on rank 0 (every rank computes its frames' shares alike), None
         without a recorder."""
         if recorder is None:
             return None
-        layers = self.conversation.model.config.hyper_layer_indices
+        layers = self.conversation.model.config.cross_layer_indices
         visual, world = self.conversation.visual, self.info.world_size
         shares = answer_shares(recorder, visual, layers, tokens, not whole, world)
         if self.info.rank != 0:

@@ -257,7 +257,7 @@ class VideoContext:
             frames=n_frames,
             fps=float(plan.fps),
             duration_s=float(plan.duration_s),
-            visual_tokens=n_frames * self.model.config.vision.num_patches,
+            visual_tokens=n_frames * self.model.config.visual_tokens_per_frame,
             from_cache=shard.from_cache,
             seconds=time.perf_counter() - t0,
             timestamps=[float(t) for t in plan.timestamps],

@@ -21,6 +21,11 @@ LLAMA3_ROPE = {
 }
 
 
+GENERATION = "3.2"  # Llama-3.2-Vision: the only generation of the family so far
+# Float32 work of one chunk of frames while a cross layer's K/V are made (as mPLUG-Owl3's)
+VISUAL_KV_CHUNK_BYTES = 256 * 2**20
+
+
 @dataclass
 class MllamaVisionConfig:
     hidden_size: int = 1280
@@ -117,19 +122,44 @@ class MllamaConfig:
         return self.text.max_position_embeddings
 
     @property
-    def hyper_layer_indices(self) -> list[int]:
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def cross_layer_indices(self) -> list[int]:
         """0-based indices of the layers that attend to the frames (the cross-attention layers)."""
         return sorted(self.text.cross_attention_layers)
 
     @property
-    def hyper_layers(self) -> list[int]:
-        """The same layers 1-based, as mPLUG-Owl3's config.json counts them."""
-        return [i + 1 for i in self.hyper_layer_indices]
+    def visual_tokens_per_frame(self) -> int:
+        """Visual keys one frame adds to every cross layer: one tile a frame."""
+        return self.vision.num_patches
 
     @property
-    def form(self) -> str:
-        """The checkpoint generation as one label."""
-        return "3.2"
+    def frame_size(self) -> int:
+        return self.vision.image_size
+
+    @property
+    def frame_channels(self) -> int:
+        return self.vision.num_channels
+
+    @property
+    def vision_hidden_size(self) -> int:
+        return self.vision.hidden_size
+
+    @property
+    def vision_intermediate_size(self) -> int:
+        return self.vision.intermediate_size
+
+    @property
+    def visual_kv_chunk_bytes(self) -> int:
+        """Float32 work of one chunk of frames while a cross layer's K/V are made."""
+        return VISUAL_KV_CHUNK_BYTES
+
+    @property
+    def generation_name(self) -> str:
+        """The checkpoint generation among the family's `generations`."""
+        return GENERATION
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MllamaConfig":

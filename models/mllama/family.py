@@ -13,7 +13,7 @@ from ..mplug_owl3.checkpoint import resolve_checkpoint
 from ..safetensors_folder import CheckpointError, safetensors_files
 from ..surface import Family, Generation, Loaded
 from .checkpoint import check_layout
-from .config import MllamaConfig
+from .config import GENERATION, MllamaConfig
 from .loader import load_mllama
 from .modeling import MllamaModel
 from .video_model import MllamaVideoModel
@@ -91,7 +91,7 @@ FAMILY = Family(
     name=NAME,
     title="Llama-3.2-Vision",
     model_types=("mllama",),
-    generations=(Generation(NAME, "3.2", "Llama-3.2-Vision 11B and 90B (base and Instruct)"),),
+    generations=(Generation(NAME, GENERATION, "Llama-3.2-Vision 11B and 90B (base and Instruct)"),),
     load=load,
     inspect=inspect,
     describe=describe,

@@ -86,10 +86,10 @@ class MllamaVideoModel(nn.Module):
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions=None):
         """K/V of cross layer `layer_idx` for the frames in e_local (N, P, H): each (1, N*P, Hkv,
         D); no RoPE on visual keys (positions are ignored)."""
-        if layer_idx not in self.config.hyper_layer_indices:
+        if layer_idx not in self.config.cross_layer_indices:
             raise ValueError(
                 f"layer {layer_idx} is not a cross-attention layer "
-                f"({self.config.hyper_layer_indices})"
+                f"({self.config.cross_layer_indices})"
             )
         layer = self.mllama.language_model.model.layers[layer_idx]
         return layer.cross_attn.visual_kv(e_local.reshape(1, -1, e_local.shape[-1]))
@@ -114,7 +114,7 @@ class MllamaVideoModel(nn.Module):
         ids_host = torch.as_tensor(ids, dtype=torch.int64).cpu()
         if ids_host.numel() != n:
             raise ValueError(f"{n} local frames but {ids_host.numel()} frame ids")
-        layers = self.config.hyper_layer_indices
+        layers = self.config.cross_layer_indices
         if precompute:
             with torch.no_grad():
                 kv = {l: self.visual_kv(l, e_local) for l in layers}
@@ -189,10 +189,21 @@ class MllamaVideoModel(nn.Module):
                 step.kept = (positions >= first).to(self.dtype)[..., None]
         return self._layers(input_ids, step, last_only)
 
-    @property
-    def language_model(self) -> "_DecodeLM":
-        """The text model on a `VisualStep` made elsewhere: what a static decode step calls."""
-        return _DecodeLM(self)
+    def decode_step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        hooks: AttentionHooks,
+        cache,
+        visual_step: Optional[VisualStep],
+        feed: Feed = REPLICATED,
+    ) -> torch.Tensor:
+        """The step a CUDA graph captures: one decoded token's logits (1, 1, V) with its visual step
+        already bound (a decoded token sees every frame), nothing made on the host per token."""
+        cos, sin = self.mllama.language_model.model.rope_tables(positions.view(1, -1), self.dtype)
+        step = MllamaStep(cos, sin, hooks, cache, visual_step, feed)
+        return self._layers(input_ids, step, True)
 
     def _layers(self, input_ids: torch.Tensor, step: MllamaStep, last_only: bool) -> torch.Tensor:
         lm = self.mllama.language_model
@@ -231,19 +242,3 @@ class MllamaVideoModel(nn.Module):
         if step.kept is not None:
             h = h * step.kept
         return x + layer.cross_attn_mlp_gate.tanh() * h
-
-
-class _DecodeLM:
-    """`model.language_model(ids, positions, hooks=, cache=, visual=, last_only=, feed=)` with the
-    forward's `VisualStep` already made (a decoded token: every row sees every frame), as the
-    engine's static decode step calls mPLUG-Owl3's."""
-
-    def __init__(self, model: MllamaVideoModel):
-        self.model = model
-
-    def __call__(self, input_ids, positions, hooks, cache=None, visual=None, last_only=False,
-                 feed: Feed = REPLICATED) -> torch.Tensor:  # fmt: skip
-        lm = self.model.mllama.language_model
-        cos, sin = lm.model.rope_tables(positions.view(1, -1), self.model.dtype)
-        step = MllamaStep(cos, sin, hooks, cache, visual, feed)
-        return self.model._layers(input_ids, step, last_only)

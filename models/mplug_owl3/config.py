@@ -34,6 +34,7 @@ FORMS: dict[str, tuple[Generation, GateForm]] = {
     "g1": ("g1", "channel"),
     "g2": ("g2", "channel"),
 }
+NEWEST = "g2"  # the generation of the latest release, what `lvx demo` builds unless told
 # what each label is, in one line (`lvx info --model`)
 FORM_NOTES = {
     "g1-gateproj": "G1 as 7B-240728: separate cross-attention, input-dependent gate "
@@ -42,6 +43,9 @@ FORM_NOTES = {
     "g2": "G2 as 7B-241101: one fused softmax over visual and text keys, no gate",
 }
 
+# float32 working memory `visual_kv` may use at once without autograd (frames are projected in
+# chunks this size).
+VISUAL_KV_CHUNK_BYTES = 256 * 2**20
 # The trained context of every released checkpoint; positions beyond it work (RoPE is computed on
 # the fly) but the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
@@ -239,6 +243,45 @@ class Owl3Config:
     @property
     def tokens_per_image(self) -> int:
         return self.vision.num_patches
+
+    # ---- the sizes the app reads by generic names (`lvx_models.surface.ModelConfig`)
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def visual_tokens_per_frame(self) -> int:
+        """Visual keys one frame adds to every cross layer (729 for the released checkpoints)."""
+        return self.vision.num_patches
+
+    @property
+    def cross_layer_indices(self) -> list[int]:
+        """0-based indices of the layers that attend to the frames (the hyper layers)."""
+        return self.hyper_layer_indices
+
+    @property
+    def frame_size(self) -> int:
+        """Side of the square image the vision tower takes, in pixels."""
+        return self.vision.image_size
+
+    @property
+    def frame_channels(self) -> int:
+        return self.vision.num_channels
+
+    @property
+    def vision_hidden_size(self) -> int:
+        return self.vision.hidden_size
+
+    @property
+    def vision_intermediate_size(self) -> int:
+        return self.vision.intermediate_size
+
+    @property
+    def visual_kv_chunk_bytes(self) -> int:
+        """Float32 work of one chunk of frames while a cross layer's K/V are made."""
+        return VISUAL_KV_CHUNK_BYTES
+
+    @property
+    def generation_name(self) -> str:
+        """The checkpoint generation the family's `generations` name (`form`)."""
+        return self.form
 
     # ---- json
     # ----------------------------------------------------------------------------------------------

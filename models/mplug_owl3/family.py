@@ -11,7 +11,7 @@ import torch
 from ..fingerprint import checkpoint_identity, encoder_identity
 from ..surface import Family, Generation
 from .checkpoint import PROJECTOR, VISION
-from .config import FORM_NOTES, FORMS, Owl3Config
+from .config import FORM_NOTES, FORMS, NEWEST, Owl3Config
 from .loader import inspect_checkpoint, load_model
 from .modeling import Owl3Model
 from .published import recognize
@@ -71,7 +71,7 @@ FAMILY = Family(
     name=NAME,
     title="mPLUG-Owl3",
     model_types=("mplugowl3",),
-    generations=tuple(Generation(NAME, form, FORM_NOTES[form]) for form in FORMS),
+    generations=tuple(Generation(NAME, form, FORM_NOTES[form], form == NEWEST) for form in FORMS),
     load=load_model,
     inspect=inspect_checkpoint,
     describe=describe,

@@ -37,7 +37,7 @@ from lvx_kernels.masks import Indices, device_tensor
 from lvx_kernels.merge import merge_seen
 
 from ..steps import VisualStep
-from .config import Owl3Config
+from .config import VISUAL_KV_CHUNK_BYTES, Owl3Config  # the chunk: tests set it smaller here
 from .layers import apply_rope, rms_norm, rope_cos_sin
 from .qwen2 import Qwen2Attention, StepContext
 
@@ -73,11 +73,6 @@ def split_kv(
     """
     kv = kv.unflatten(-1, (num_kv_heads, 2, head_dim))
     return kv[..., 0, :], kv[..., 1, :]
-
-
-# float32 working memory `visual_kv` may use at once without autograd (frames are projected in
-# chunks this size).
-VISUAL_KV_CHUNK_BYTES = 256 * 2**20
 
 
 def visual_kv(

@@ -14,9 +14,10 @@ Typical single-process use:
     logits = model(input_ids, cache=cache, visual=visual, last_only=True)
 
 Distributed use (the engine): each rank encodes its own slice of frames, calls
-`prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and sets
-`model.hooks` to a distributed attention (lvx_app/engine/parallelize.py); each forward then says how
-the ranks feed its tokens (`feed=`), which the hooks get with every call.
+`prepare_visual(E_local, media_starts, frame_ids=global ids of the local frames)` and hands every
+forward its distributed attention (`hooks=`, lvx_app/engine/parallelize.py) and how the ranks feed
+its tokens (`feed=`), which the hooks get with every call; `decode_step` is the static decode's step
+(lvx_app/engine/static_decode.py). `model.hooks` is the attention of a forward handed none.
 """
 
 from __future__ import annotations
@@ -190,6 +191,30 @@ class Owl3Model(Finetuning, nn.Module):
 
     def new_cache(self) -> TextKVCache:
         return TextKVCache(self.config.num_hidden_layers)
+
+    def decode_step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        hooks: AttentionHooks,
+        cache,
+        visual_step: Optional[VisualStep],
+        feed: Feed = REPLICATED,
+    ) -> torch.Tensor:
+        """The step a CUDA graph captures: one decoded token's logits (1, 1, V), its visual step
+        already bound (`visual_step`: q_vis in a buffer of the caller's, None without frames), so
+        nothing on the host is read or made per token. `cache`: anything with the text cache's
+        `length`, `truncate` and `update` (the engine's writes at a device-side position)."""
+        return self.language_model(
+            input_ids,
+            positions,
+            hooks=hooks,
+            cache=cache,
+            visual=visual_step,
+            last_only=True,
+            feed=feed,
+        )
 
     def forward(
         self,

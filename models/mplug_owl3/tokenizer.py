@@ -18,6 +18,8 @@ from typing import Iterable
 
 from tokenizers import Tokenizer
 
+from ..text import valid_text
+
 
 class Control(str):
     """A control token placed by the chat template: encoded as its one id, whereas the same
@@ -27,17 +29,6 @@ class Control(str):
 IM_START = Control("<|im_start|>")
 IM_END = Control("<|im_end|>")
 ENDOFTEXT = Control("<|endoftext|>")
-
-
-def valid_text(text: str) -> str:
-    """`text` as valid Unicode: a lone surrogate (`"\\ud800"`, which Python strings and JSON may
-    carry but no tokenizer takes) becomes U+FFFD; a pair written as two surrogates becomes its
-    character."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
 
 
 class Owl3Tokenizer:
