@@ -113,7 +113,8 @@ class ModelConfig:
     path: str = option(
         DEFAULT_MODEL,
         "--model",
-        "Local mPLUG-Owl3 checkpoint directory or Hugging Face hub id.",
+        "Local checkpoint directory or Hugging Face hub id, of any supported family (mPLUG-Owl3,"
+        " Llama-3.2-Vision): its config.json says which.",
         metavar="DIR|HUB_ID",
     )
     revision: str | None = option(

@@ -1,8 +1,8 @@
 """`lvx demo`: the whole pipeline on a fresh machine, no downloads.
 
-A synthetic video and a tiny random-weight checkpoint in the official mPLUG-Owl3 layout go through
-the same engine as `lvx chat`: decode, encode, sharded visual tokens, LV-XAttn prefill and decoding,
-on 2 CPU ranks when no GPU is visible. The answers are gibberish (random weights); the point is that
+A synthetic video and a tiny random-weight checkpoint in a model family's published layout
+(mPLUG-Owl3 unless `--model-family` names another) go through the same engine as `lvx chat`: decode,
+encode, sharded visual tokens, LV-XAttn prefill and decoding, on 2 CPU ranks when no GPU is visible. The answers are gibberish (random weights); the point is that
 every stage runs and how long each takes.
 """
 
@@ -24,7 +24,7 @@ from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
-from lvx_models.api import DEFAULT_FAMILY, FAMILIES
+from lvx_models.api import DEFAULT_FAMILY, Family, family_named
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
@@ -32,11 +32,12 @@ QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 ANSWER_TOKENS = 24  # each demo answer stops here: random weights rarely end one sooner
 
 
-def prepare(workdir: Path, generation: str) -> tuple[Path, Path]:
-    """The tiny checkpoint and the synthetic video (made once, reused on later runs)."""
-    checkpoint = workdir / f"tiny-{generation}"
+def prepare(workdir: Path, family: Family, generation: str) -> tuple[Path, Path]:
+    """The tiny checkpoint and the synthetic video (made once, reused on later runs): one folder
+    per family and generation, so switching either never reads another's checkpoint."""
+    checkpoint = workdir / f"tiny-{family.name}-{generation}"
     if not (checkpoint / "config.json").exists():
-        FAMILIES[DEFAULT_FAMILY].write_tiny(checkpoint, generation)
+        family.write_tiny(checkpoint, generation)
     video = workdir / "demo.mp4"
     if not video.exists():
         make_video(video, num_frames=300, fps=10, width=160, height=96)
@@ -48,15 +49,20 @@ def run_demo(
     *,
     workdir: Path | None,
     generation: str | None,
+    family: str = DEFAULT_FAMILY,
     examples: Path | None = None,
     console: Console | None = None,
 ) -> int:
-    """`lvx demo`: returns the process exit code. `generation`: a name among the default
-    family's generations (None: its default)."""
+    """`lvx demo`: returns the process exit code. `family`: a name in `FAMILIES`; `generation`: a
+    name among that family's generations (None: its default)."""
     console = console or Console(highlight=False, soft_wrap=True)
-    family = FAMILIES[DEFAULT_FAMILY]
     try:
-        named = family.generation(generation) if generation else family.default_generation
+        chosen = family_named(family)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] --model-family: {exc}")
+        return 2
+    try:
+        named = chosen.generation(generation) if generation else chosen.default_generation
     except ValueError as exc:
         console.print(f"[red]error:[/red] --generation: {exc}")
         return 2
@@ -67,7 +73,7 @@ def run_demo(
     workdir = Path(workdir or Path.home() / ".cache" / "lvx" / "demo")
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    checkpoint, video = prepare(workdir, generation)
+    checkpoint, video = prepare(workdir, chosen, generation)
     timings = {"make checkpoint + video": time.perf_counter() - t0}
     config = replace(
         config,
@@ -77,7 +83,7 @@ def run_demo(
         generation=GenerationConfig(max_new_tokens=ANSWER_TOKENS),
     )
     console.print(
-        f"[bold]lvx demo[/bold]: tiny random-weight {family.title} ({generation}) in {checkpoint}"
+        f"[bold]lvx demo[/bold]: tiny random-weight {chosen.title} ({generation}) in {checkpoint}"
     )
     console.print("[yellow]Random weights: the answers are gibberish; the pipeline runs.[/yellow]")
     try:
@@ -87,12 +93,17 @@ def run_demo(
         return 1
     console.print(_timings_table(timings, stats))
     files = write_examples(examples) if examples is not None else None
-    _print_next_steps(console, checkpoint, video, files)
+    _print_next_steps(console, checkpoint, video, files, finetunes=chosen.save_weights is not None)
     return 0
 
 
 def _print_next_steps(
-    console: Console, checkpoint: Path, video: Path, files: dict[str, Path] | None
+    console: Console,
+    checkpoint: Path,
+    video: Path,
+    files: dict[str, Path] | None,
+    *,
+    finetunes: bool,
 ) -> None:
     """The paths the demo made and a ready-to-run line for every command on them."""
     console.print("\n[bold]made[/bold]")
@@ -100,7 +111,7 @@ def _print_next_steps(
     for name, path in (files or {}).items():
         console.print(f"  {name:<11} {path}", markup=False)
     console.print("[bold]try next[/bold] (on this CPU; answers are short: random weights)")
-    for line in ready_lines(checkpoint, video, files):
+    for line in ready_lines(checkpoint, video, files, finetunes=finetunes):
         console.out(f"  {line}", highlight=False)
 
 

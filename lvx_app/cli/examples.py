@@ -145,8 +145,12 @@ def _write_videomme(root: Path, clip: Path) -> Path:
 CPU_RANKS = 2  # the demo's ranks on a CPU: the lines it prints start as many
 
 
-def ready_lines(checkpoint: Path, video: Path, examples: dict[str, Path] | None) -> list[str]:
-    """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint)."""
+def ready_lines(
+    checkpoint: Path, video: Path, examples: dict[str, Path] | None, *, finetunes: bool = True
+) -> list[str]:
+    """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint); no
+    finetuning line when the checkpoint's family cannot be finetuned (`finetunes` False), since
+    that command would only refuse it."""
     q = shlex.quote
     model = f"--model {q(str(checkpoint))}"
     folders = [video.parent] + ([examples["example"].parent] if examples else [])
@@ -160,12 +164,16 @@ def ready_lines(checkpoint: Path, video: Path, examples: dict[str, Path] | None)
     ]
     if examples is None:
         return lines + ["lvx demo --examples DIR   # files for eval and finetune, then their lines"]
-    out = examples["train"].parent / "finetuned"
-    return lines + [
+    lines += [
         f"lvx chat {q(str(examples['example']))} {model} --gpus 0 --subtitles auto",
         _speech_line(examples, model),
         f"lvx eval videomme --data {q(str(examples['videomme']))} {model} --gpus 0 "
         f"--out {q(str(examples['train'].parent / 'videomme.jsonl'))} --subtitles official",
-        f"lvx finetune --data {q(str(examples['train']))} {model} --gpus 0 --steps 3 --lora 4 "
-        f"--out {q(str(out))}",
     ]
+    if finetunes:
+        out = examples["train"].parent / "finetuned"
+        lines.append(
+            f"lvx finetune --data {q(str(examples['train']))} {model} --gpus 0 --steps 3 "
+            f"--lora 4 --out {q(str(out))}"
+        )
+    return lines

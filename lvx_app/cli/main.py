@@ -11,11 +11,12 @@ from lvx_app.cli.options import config_options, new_app
 from lvx_app.config import Config
 from lvx_app.interrupts import ctrl_c_deferred
 from lvx_app.version import __version__
+from lvx_models.api import DEFAULT_FAMILY, FAMILIES
 
 app = new_app(
     "lvx",
     "Chat with hour-long videos in the terminal, the browser or through an OpenAI-compatible API:"
-    " mPLUG-Owl3 with LV-XAttn distributed cross-attention.",
+    " mPLUG-Owl3 or Llama-3.2-Vision with LV-XAttn distributed cross-attention.",
 )
 
 
@@ -42,8 +43,8 @@ def info(
     model: Optional[str] = typer.Option(
         None,
         "--model",
-        help="Also say what this checkpoint (directory or hub id) is: "
-        "its generation and G1 gate form, projector, sizes.",
+        help="Also say what this checkpoint (directory or hub id) is: its family, generation "
+        "(mPLUG-Owl3: G1 gate form, projector), sizes.",
         metavar="DIR|HUB_ID",
     ),
 ) -> None:
@@ -90,6 +91,12 @@ def demo(
         help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
         metavar="DIR",
     ),
+    model_family: str = typer.Option(
+        DEFAULT_FAMILY,
+        "--model-family",
+        help="Which model family's tiny checkpoint to write and run.",
+        metavar="|".join(FAMILIES),
+    ),
     generation: Optional[str] = typer.Option(
         None,
         "--generation",
@@ -109,12 +116,20 @@ def demo(
 ) -> None:
     """Try the whole pipeline, no download needed.
 
-    A synthetic video and a tiny random-weight checkpoint in the official layout go through decode,
-    encode, sharded visual tokens and LV-XAttn answers; then the paths made and ready-to-run lines
-    for every command are printed."""
+    A synthetic video and a tiny random-weight checkpoint in the family's published layout go
+    through decode, encode, sharded visual tokens and LV-XAttn answers; then the paths made and
+    ready-to-run lines for every command are printed."""
     from lvx_app.cli.demo import run_demo
 
-    raise typer.Exit(run_demo(config, workdir=workdir, generation=generation, examples=examples))
+    raise typer.Exit(
+        run_demo(
+            config,
+            workdir=workdir,
+            generation=generation,
+            family=model_family,
+            examples=examples,
+        )
+    )
 
 
 def _register_subcommands() -> None:

@@ -19,6 +19,7 @@ from .modeling import MllamaModel
 from .video_model import MllamaVideoModel
 
 NAME = "mllama"
+GENERATION_NOTE = "Llama-3.2-Vision 11B and 90B (base and Instruct)"
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
 
 
@@ -54,10 +55,14 @@ def load(
 
 
 def describe(info: MllamaCheckpoint) -> dict[str, str]:
+    """The rows `lvx info --model` shows: family, generation, where the frames go, sizes."""
     t, v = info.config.text, info.config.vision
     return {
         "model": str(info.path),
         "family": "Llama-3.2-Vision (Mllama)",
+        "generation": f"{GENERATION}: {GENERATION_NOTE}",
+        "video prompt": "<|image|> per frame, one tile each (one prompt position a frame)",
+        "images beside a video": "not supported yet (videos only)",
         "cross-attention layers (0-based)": ", ".join(map(str, t.cross_attention_layers)),
         "sizes": f"hidden {t.hidden_size}, {t.num_hidden_layers} layers, "
         f"{t.num_attention_heads} heads / {t.num_key_value_heads} kv heads, "
@@ -91,7 +96,7 @@ FAMILY = Family(
     name=NAME,
     title="Llama-3.2-Vision",
     model_types=("mllama",),
-    generations=(Generation(NAME, GENERATION, "Llama-3.2-Vision 11B and 90B (base and Instruct)"),),
+    generations=(Generation(NAME, GENERATION, GENERATION_NOTE),),
     load=load,
     inspect=inspect,
     describe=describe,
