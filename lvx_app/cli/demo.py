@@ -1,9 +1,10 @@
 """`lvx demo`: the whole pipeline on a fresh machine, no downloads.
 
 A synthetic video and a tiny random-weight checkpoint in a model family's published layout
-(mPLUG-Owl3 unless `--model-family` names another) go through the same engine as `lvx chat`: decode,
-encode, sharded visual tokens, LV-XAttn prefill and decoding, on 2 CPU ranks when no GPU is visible. The answers are gibberish (random weights); the point is that
-every stage runs and how long each takes.
+(mPLUG-Owl3 unless `--model-family` names another) go through the same engine as `lvx chat`:
+decode, encode, sharded visual tokens, LV-XAttn prefill and decoding, on 2 CPU ranks when no GPU is
+visible. The answers are gibberish (random weights); the point is that every stage runs and how
+long each takes.
 """
 
 from __future__ import annotations

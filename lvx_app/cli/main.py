@@ -123,11 +123,7 @@ def demo(
 
     raise typer.Exit(
         run_demo(
-            config,
-            workdir=workdir,
-            generation=generation,
-            family=model_family,
-            examples=examples,
+            config, workdir=workdir, generation=generation, family=model_family, examples=examples
         )
     )
 

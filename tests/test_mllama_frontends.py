@@ -1,0 +1,131 @@
+"""Every front door takes a Llama-3.2-Vision checkpoint as it takes an mPLUG-Owl3 one: `lvx demo
+--model-family mllama`, `lvx info --model`, the Python API (`lvx_app.open`) and the
+OpenAI-compatible API, each on the tiny random-weight checkpoint and one in-process rank."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+from videos import make_video
+
+import lvx_app as lvx
+from lvx_app.cli.main import app
+from lvx_models.api import FAMILIES, family_of
+
+QUESTION = "What happens in this video?"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return str(FAMILIES["mllama"].write_tiny(tmp_path_factory.mktemp("mllama") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory) -> str:
+    """6 s at 4 fps: 6 frames at 1 fps."""
+    folder = tmp_path_factory.mktemp("videos")
+    return str(make_video(folder / "clip.mp4", num_frames=24, fps=4, width=64, height=48))
+
+
+def test_info_model_gives_the_family_sizes_and_cross_layers(checkpoint):
+    from lvx_app.cli.info import checkpoint_rows
+
+    rows = checkpoint_rows(checkpoint)
+    assert rows["family"] == "Llama-3.2-Vision (Mllama)"
+    assert rows["generation"].startswith("3.2: Llama-3.2-Vision")
+    assert rows["cross-attention layers (0-based)"] == "1, 3"
+    assert rows["sizes"].startswith("hidden 64, 5 layers, 4 heads / 2 kv heads")
+    result = CliRunner().invoke(app, ["info", "--model", checkpoint], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for words in ("Llama-3.2-Vision (Mllama)", "cross-attention layers", "hidden 64"):
+        assert words in result.output, result.output
+
+
+def test_a_family_or_generation_the_demo_has_not_is_one_error_line(tmp_path):
+    for argv, said in (
+        (["--model-family", "llava"], "model family must be one of mplug_owl3, mllama"),
+        (["--model-family", "mllama", "--generation", "g2"], "Llama-3.2-Vision generations are"),
+    ):
+        result = CliRunner().invoke(app, ["demo", *argv, "--workdir", str(tmp_path)])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "Traceback" not in result.output
+    assert not list(tmp_path.iterdir()), "nothing is written before the choice is checked"
+
+
+@pytest.mark.slow
+def test_demo_on_the_tiny_llama_answers_with_its_moments(tmp_path):
+    argv = ["demo", "--model-family", "mllama", "--ranks", "1", "--workdir", str(tmp_path)]
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    said = result.output
+    assert result.exit_code == 0, said
+    assert "tiny random-weight Llama-3.2-Vision (3.2)" in said
+    checkpoint = tmp_path / "tiny-mllama-3.2"
+    assert family_of(checkpoint) is FAMILIES["mllama"]
+    assert "lvx demo timings (1 cpu rank(s))" in said and "answer 2 (TTFT)" in said
+    assert len(re.findall(r"^seen at \d+:\d\d.* \(\d+%\)", said, re.MULTILINE)) == 2, said
+    assert f"lvx info --model {checkpoint}" in said
+
+
+@pytest.mark.parametrize("finetunes", [True, False])
+def test_the_demo_prints_a_finetuning_line_only_for_a_family_lvx_finetunes(tmp_path, finetunes):
+    from lvx_app.cli.examples import ready_lines
+
+    names = ("example", "videomme", "train")
+    files = {name: tmp_path / "examples" / name for name in names}
+    lines = ready_lines(tmp_path / "ckpt", tmp_path / "demo.mp4", files, finetunes=finetunes)
+    assert any(line.startswith("lvx finetune") for line in lines) == finetunes
+    assert any(line.startswith("lvx eval videomme") for line in lines)
+
+
+@pytest.mark.slow
+def test_open_loads_a_video_and_answers_with_evidence(checkpoint, video):
+    options = dict(gpus=0, ranks=1, cache=False, decode_workers=1, subtitles="none")
+    with lvx.open(checkpoint, max_new_tokens=4, **options) as engine:
+        summary = engine.load_video(video, fps=1)
+        assert summary.frames == 6
+        answer = "".join(engine.ask(QUESTION))
+        last = engine.last_answer
+        assert answer and 1 <= last.new_tokens <= 4
+        assert last.evidence and all(0 <= m.start <= m.end <= 6 for m in last.evidence)
+        assert "".join(engine.ask("and then?")) and engine.last_answer.new_tokens >= 1
+
+
+@pytest.mark.slow
+def test_the_openai_api_answers_a_video_url_and_lists_the_model(checkpoint, video, tmp_path):
+    from engine_configs import engine_config
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from lvx_app.runtime.open import open_engine
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    clip = shutil.copy(video, folder / "clip.mp4")
+    config = engine_config(checkpoint, tmp_path / "cache", max_new_tokens=3)
+    engine = open_engine(config)
+    service = EngineService(engine)
+    web = FastAPI()
+    files = VideoFiles([str(folder)], 10.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, report=lambda line: None).mount(web)
+    try:
+        client = TestClient(web)
+        (model,) = client.get("/v1/models").json()["data"]
+        assert model["id"] == checkpoint and model["object"] == "model"
+        content = [
+            {"type": "video_url", "video_url": {"url": f"file://{clip}"}},
+            {"type": "text", "text": QUESTION},
+        ]
+        body = {"model": checkpoint, "messages": [{"role": "user", "content": content}]}
+        reply = client.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+        assert reply.status_code == 200, reply.text
+        (choice,) = reply.json()["choices"]
+        assert choice["message"]["content"] and 1 <= reply.json()["usage"]["completion_tokens"] <= 3
+        assert engine.loaded.frames == 6
+    finally:
+        service.close()
