@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -129,3 +130,27 @@ def test_the_openai_api_answers_a_video_url_and_lists_the_model(checkpoint, vide
         assert engine.loaded.frames == 6
     finally:
         service.close()
+
+
+def test_a_hub_id_fetches_every_file_the_llama_loader_reads(checkpoint, tmp_path, monkeypatch):
+    """`--model meta-llama/...`: the files the hub download keeps are enough to load the model
+    (the download copies only what its patterns match, as the hub does)."""
+    import fnmatch
+
+    import huggingface_hub
+
+    def download(repo_id, *, allow_patterns, **kwargs):
+        folder = tmp_path / "hub" / repo_id
+        folder.mkdir(parents=True, exist_ok=True)
+        for file in Path(checkpoint).iterdir():
+            if any(fnmatch.fnmatch(file.name, p) for p in allow_patterns):
+                shutil.copy(file, folder / file.name)
+        return str(folder)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    hub_id = "meta-llama/Llama-3.2-11B-Vision-Instruct"
+    family = family_of(hub_id)
+    assert family is FAMILIES["mllama"]
+    _, config, processor = family.load(hub_id)
+    assert config.cross_layer_indices == [1, 3] and processor.frame_prep.size == 28

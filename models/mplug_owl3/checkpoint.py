@@ -149,8 +149,9 @@ def official_shapes(cfg: Owl3Config, *, include_unused: bool = True) -> dict[str
     return s
 
 
-# the files we read from a hub repo (the official processor *.py are fetched as text, for the prompt
-# rules only; never run)
+# the files any family reads from a hub repo (one list: a hub id is fetched before its family is
+# known); the official mPLUG-Owl3 processor *.py are fetched as text, for the prompt rules only,
+# never run
 HUB_FILES = [
     "config.json",
     "*.safetensors",
@@ -160,6 +161,7 @@ HUB_FILES = [
     "vocab.json",
     "merges.txt",
     "generation_config.json",
+    "preprocessor_config.json",  # Llama-3.2-Vision's tile size, mean and std
     "processing_mplugowl3.py",
     "image_processing_mplugowl3.py",
 ]
