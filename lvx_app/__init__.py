@@ -1,4 +1,4 @@
-"""lvx: chat with hour-long videos using mPLUG-Owl3 and LV-XAttn.
+"""lvx: chat with hour-long videos using mPLUG-Owl3 or Llama-3.2-Vision and LV-XAttn.
 
 import lvx_app as lvx
 
