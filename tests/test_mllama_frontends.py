@@ -95,13 +95,16 @@ def test_open_loads_a_video_and_answers_with_evidence(checkpoint, video):
 
 
 @pytest.mark.slow
-def test_the_openai_api_answers_a_video_url_and_lists_the_model(checkpoint, video, tmp_path):
+def test_the_openai_api_and_the_page_answer_about_a_video(checkpoint, video, tmp_path):
+    """A chat completion with a `video_url` part, /v1/models naming the checkpoint, and the
+    browser page's load and chat, all on one engine."""
     from engine_configs import engine_config
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
+    from lvx_ui.app import ChatApp
     from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
 
@@ -128,6 +131,11 @@ def test_the_openai_api_answers_a_video_url_and_lists_the_model(checkpoint, vide
         (choice,) = reply.json()["choices"]
         assert choice["message"]["content"] and 1 <= reply.json()["usage"]["completion_tokens"] <= 3
         assert engine.loaded.frames == 6
+        page = ChatApp(service, config, allow_paths=[str(folder)])  # the page, on the same engine
+        status = page.load(None, str(clip), 1.0, 0, owner="tab", progress=lambda *a, **k: None)[0]
+        assert "6 frames" in status, status
+        history = list(page.chat(QUESTION, [], 3, "tab"))[-1][0]
+        assert history[-1]["role"] == "assistant" and "error" not in str(history[-1]["content"])
     finally:
         service.close()
 

@@ -94,7 +94,9 @@ def demo(
     model_family: str = typer.Option(
         DEFAULT_FAMILY,
         "--model-family",
-        help="Which model family's tiny checkpoint to write and run.",
+        help="Which model family's tiny checkpoint to write and run: "
+        + ", ".join(f"{name} ({family.title})" for name, family in FAMILIES.items())
+        + ".",
         metavar="|".join(FAMILIES),
     ),
     generation: Optional[str] = typer.Option(
