@@ -264,6 +264,29 @@ def three_hours(cfg: ModelConfig) -> str:
     )
 
 
+def plan_tables(cfg: ModelConfig, model: str, table) -> dict:
+    """Every planned table of `model`, each shown with `table(title, rows)` as it is made."""
+    out: dict = {}
+    out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
+    out["largest"] = largest_rows(cfg)
+    out["largest_by_gpus"] = largest_by_gpus(cfg)
+    out["stages_60min"] = stage_rows(cfg, 60)
+    out["times_60min"] = time_rows(cfg, 60)
+    out["three_hours"] = three_hours(cfg)
+    out["kernel_calls_60min"] = kernel_rows(cfg, 60)
+    table(f"projected memory per rank, {model} bf16, 1 fps", out["memory"])
+    table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
+    table(
+        f"projected largest video per count of {GPU_BYTES / 2**30:.0f} GiB GPUs, 1 fps",
+        out["largest_by_gpus"],
+    )
+    table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
+    table(f"projected times, {model}, 60 min at 1 fps, H100", out["times_60min"])
+    print(out["three_hours"])
+    table("planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -306,25 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         out["rss_check"] = check_rss()
         table("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
     else:
-        out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
-        out["largest"] = largest_rows(cfg)
-        out["largest_by_gpus"] = largest_by_gpus(cfg)
-        out["stages_60min"] = stage_rows(cfg, 60)
-        out["times_60min"] = time_rows(cfg, 60)
-        out["three_hours"] = three_hours(cfg)
-        out["kernel_calls_60min"] = kernel_rows(cfg, 60)
-        table(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
-        table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
-        table(
-            f"projected largest video per count of {GPU_BYTES / 2**30:.0f} GiB GPUs, 1 fps",
-            out["largest_by_gpus"],
-        )
-        table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
-        table(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
-        print(out["three_hours"])
-        table(
-            "planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"]
-        )
+        out |= plan_tables(cfg, args.model, table)
     if args.json:
         write_json(args.json, out)
 
