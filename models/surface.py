@@ -47,6 +47,19 @@ class ModelConfig(Protocol):
     def num_kv_groups(self) -> int:
         """Query heads per K/V head."""
 
+    @property
+    def text_kv_layers(self) -> int:
+        """Layers that keep text K/V (a layer that only attends to the frames keeps none)."""
+
+    # the prompt
+    @property
+    def prompt_header_tokens(self) -> int:
+        """Chat-template tokens of a video prompt before its first frame."""
+
+    @property
+    def prompt_positions_per_frame(self) -> int:
+        """Prompt positions one frame takes (its placeholder; its visual tokens take none)."""
+
     # the frames
     @property
     def visual_tokens_per_frame(self) -> int:
@@ -68,6 +81,15 @@ class ModelConfig(Protocol):
 
     @property
     def vision_intermediate_size(self) -> int: ...
+
+    @property
+    def vision_layers(self) -> int:
+        """Layers the vision tower runs on a frame."""
+
+    @property
+    def vision_output_size(self) -> int:
+        """Width of a visual token the projector takes (wider than the tower where it
+        concatenates layers' outputs)."""
 
     @property
     def visual_kv_chunk_bytes(self) -> int:

@@ -8,7 +8,8 @@ first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-gra
 build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
 and backward at 7B shapes. Second (`--second`, 7 minutes a call, each item fitting in that, going
 on with `--after`): the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on
-one build, the CUDA-marked tests, finetuning, the demo and ingest (they decode video: decord and
+one build, the CUDA-marked tests, Llama-3.2-Vision's kernels and memory plan at 11B shapes,
+finetuning, the demo and ingest (they decode video: decord and
 PyAV), and on 2+ GPUs NCCL, the group's static decode step against its eager loop (teacher-forced,
 compared as the first command compares one GPU's) and the ring/gather crossover. `--rehearse` gives
 the same items at small shapes on a CPU. The CPU-only adapter checks run in CI, never in GPU
@@ -145,6 +146,12 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
         _decode(["eager", "compile", "compile+cuda-graphs"], out, rehearse, "decode_compile.json",
                 timeout_s=400, compiler=True, skip=compile_skip),
         Item("cuda tests", _pytest("-m", "cuda", *cuda_test_files()), 240, pytest=True),
+        Item(
+            "Llama-3.2-Vision at 11B shapes: kernels vs float64, memory vs the plan",
+            _py("scripts/check_mllama_11b.py", *device, *(["--small"] if rehearse else []),
+                "--out", str(out / "decode_compile.json"), "--out-key", "mllama_11b"),
+            180, writes=("decode_compile.json",), key="mllama_11b",
+        ),
         Item(
             "bench_finetune",
             _py("scripts/bench_finetune.py", *device, *finetune, "--out",

@@ -18,8 +18,6 @@ from lvx_app.defaults import DEFAULT_LAYOUT
 from lvx_app.engine.limits import frames_that_fit, video_prompt_too_long
 from lvx_app.engine.memory_plan import (
     GB,
-    PLACEHOLDER_TOKENS,
-    PROMPT_HEADER_TOKENS,
     RESIDENT,
     ParamCounts,
     Workload,
@@ -29,7 +27,7 @@ from lvx_app.engine.memory_plan import (
 )
 from lvx_app.parallel.layout import owned, rank_tokens
 from lvx_kernels.masks import Indices, TilePlan, min_tile, pack_vis, tile_plans
-from lvx_models.mplug_owl3.config import Owl3Config
+from lvx_models.api import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -49,11 +47,11 @@ class Rates:
 
 
 def largest_minutes(
-    config: Owl3Config, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
+    config: ModelConfig, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
 ) -> float:
     """The longest video (minutes, whole frames at `work.fps`) whose planned peak fits
     `budget_bytes` per rank."""
-    counts = counts or param_counts(config)
+    counts, work = counts or param_counts(config), work.for_model(config)
 
     def fits(frames: int) -> bool:
         return (
@@ -72,19 +70,20 @@ def largest_minutes(
     return lo / 60 / work.fps
 
 
-def positions_minutes(config: Owl3Config, fps: float = 1.0) -> float:
+def positions_minutes(config: ModelConfig, fps: float = 1.0) -> float:
     """The longest video (minutes, whole frames at `fps`) whose prompt leaves room for a question in
     the positions the model was trained on (`max_position_embeddings`): each frame costs its
     placeholder's positions, its visual tokens none. lvx refuses a longer one at load."""
-    context = int(config.max_position_embeddings)
-    return frames_that_fit(context, PROMPT_HEADER_TOKENS, 0, PLACEHOLDER_TOKENS) / 60 / fps
+    context, per = int(config.max_position_embeddings), config.prompt_positions_per_frame
+    return frames_that_fit(context, config.prompt_header_tokens, 0, per) / 60 / fps
 
 
 def largest_video(
-    config: Owl3Config, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
+    config: ModelConfig, work: Workload, budget_bytes: float, counts: ParamCounts | None = None
 ) -> dict:
     """The largest video `work`'s mode takes at `work.fps` on a rank of `budget_bytes`: the memory
     limit, the positions limit, the smaller, and the line lvx says one frame past it."""
+    work = work.for_model(config)
     memory = largest_minutes(config, work, budget_bytes, counts)
     positions = positions_minutes(config, work.fps)
     if positions <= memory:
@@ -123,7 +122,7 @@ def _largest_row(work: Workload, memory: float, positions: float, by: str, said:
 
 
 def time_plan(
-    config: Owl3Config,
+    config: ModelConfig,
     work: Workload,
     rates: Rates = Rates(),
     counts: ParamCounts | None = None,
@@ -135,21 +134,22 @@ def time_plan(
     Matmul, attention and memory times add up (no overlap assumed); communication is not counted.
     Attention runs at the rate of the kernel the backend choice picks (`Rates`); `masked_share`:
     the video prompt's visual attention in masked tiles (default: `visual_masked_share`)."""
-    cfg, b, n = config, work.dtype_bytes, work.ranks
+    cfg, b, n, work = config, work.dtype_bytes, work.ranks, work.for_model(config)
     counts = counts or param_counts(cfg)
-    v, t = cfg.vision, cfg.vision.num_patches
+    t = cfg.visual_tokens_per_frame
     hq, d, layers, n_hyper = (
         cfg.num_attention_heads,
         cfg.head_dim,
-        cfg.num_hidden_layers,
-        len(cfg.hyper_layer_indices),
+        cfg.text_kv_layers,  # the layers with text attention
+        len(cfg.cross_layer_indices),
     )
     kv_cols = 2 * cfg.num_key_value_heads * d
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
     # every non-embedding parameter is one multiply-add per token
     lm_matmul = counts.language - counts.embedding
     vision_frame = (
-        2 * (counts.vision + counts.projector) * t + 4 * t * t * v.hidden_size * v.num_used_layers
+        2 * (counts.vision + counts.projector) * t
+        + 4 * t * t * cfg.vision_hidden_size * cfg.vision_layers
     )
     # v_kv_proj over every visual token, all hyper layers
     make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper
@@ -215,7 +215,7 @@ def time_plan(
 
 
 def plan_rows(
-    config: Owl3Config, minutes: list[float], ranks: list[int], modes: list[str]
+    config: ModelConfig, minutes: list[float], ranks: list[int], modes: list[str]
 ) -> list[dict]:
     """One row per (minutes, ranks, mode): per-rank resident GB by tensor and planned peak GB (all
     projected)."""
@@ -243,7 +243,7 @@ def plan_rows(
 # --------------------------------------------------------------------------------------------------
 
 
-def _planned(cfg: Owl3Config, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: int) -> list:
+def _planned(cfg: ModelConfig, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: int) -> list:
     """`masks.tile_plans` of one query block (its tokens' q_vis) against one key shard (its
     k_frame), on meta tensors with host copies: what a GPU kernel call of this shape would run."""
     g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
@@ -277,12 +277,12 @@ class KernelCalls:
     decode_visual: int
 
 
-def _ring_rounds(config: Owl3Config, work: Workload, rank: int, layout: str):
+def _ring_rounds(config: ModelConfig, work: Workload, rank: int, layout: str):
     """The tile size, and per ring round on `rank` of the video-prompt prefill: (the round's query
     positions, their frames seen under G2, this rank's own positions, its frames' k_frame)."""
-    n, p = work.ranks, config.vision.num_patches
+    n, p, work = work.ranks, config.visual_tokens_per_frame, work.for_model(config)
     tile = min_tile(work.device)
-    starts = PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * torch.arange(work.frames)
+    starts = work.header_tokens + work.positions_per_frame * torch.arange(work.frames)
     positions = [rank_tokens(work.prompt_tokens, starts, n, r, layout) for r in range(n)]
     frames = torch.tensor(owned(work.frames, n, rank, layout), dtype=torch.int64)
     k_frame = frames.repeat_interleave(p)
@@ -295,13 +295,13 @@ def _ring_rounds(config: Owl3Config, work: Workload, rank: int, layout: str):
 
 
 def kernel_calls(
-    config: Owl3Config, work: Workload, rank: int, layout: str = DEFAULT_LAYOUT
+    config: ModelConfig, work: Workload, rank: int, layout: str = DEFAULT_LAYOUT
 ) -> KernelCalls:
     """Kernel calls per layer on `rank` for `work` (the video prompt sharded in `layout`, frames
     travelling with their placeholders, G2 visibility), planned for `work.device`'s tiles. A ring
     round's query block is another rank's tokens; its keys are this rank's own text tokens (text
     attention: key position < query position + 1) or frames (visual)."""
-    cfg = config
+    cfg, work = config, work.for_model(config)
     tile, rounds = _ring_rounds(cfg, work, rank, layout)
     k_frame = rounds[0][3]
     text = visual = (0, 0)
@@ -319,7 +319,7 @@ def kernel_calls(
 
 
 def planned_masked_share(
-    config: Owl3Config, work: Workload, rank: int = 0, layout: str = DEFAULT_LAYOUT
+    config: ModelConfig, work: Workload, rank: int = 0, layout: str = DEFAULT_LAYOUT
 ) -> float:
     """The share of the video prompt's visual attention (query rows x keys) on `rank` that its
     tiles run with a mask, from the attention's own planner (seconds at an hour; the time plan

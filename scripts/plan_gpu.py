@@ -1,8 +1,10 @@
-"""Memory and time plan of a released mPLUG-Owl3 on an hour-long video, from the model's real shapes
+"""Memory and time plan of a released model on an hour-long video, from the model's real shapes
 (every figure projected).
 
-    python3 scripts/plan_gpu.py                                # the tables for 7B-241101
+    python3 scripts/plan_gpu.py                                # the tables for mPLUG-Owl3-7B-241101
     python3 scripts/plan_gpu.py --model mPLUG-Owl3-2B-241014   # another release (published.py)
+    python3 scripts/plan_gpu.py --family mllama                # Llama-3.2-11B-Vision
+    python3 scripts/plan_gpu.py --model Llama-3.2-90B-Vision   # and its 90B
     python3 scripts/plan_gpu.py --check-rss                    # the formula against this CPU's RSS
     python3 scripts/plan_gpu.py --json runs/plan.json          # the same figures as JSON
 
@@ -29,8 +31,9 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.engine.memory_plan import band_tiles, live_band_masks
-from lvx_models.mplug_owl3.config import Owl3Config
-from lvx_models.mplug_owl3.published import RELEASES
+from lvx_models.api import ModelConfig
+from lvx_models.mllama.published import RELEASES as MLLAMA_RELEASES
+from lvx_models.mplug_owl3.published import RELEASES as OWL3_RELEASES
 from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
@@ -47,6 +50,13 @@ from scripts.random_model import small_config
 # what one H100 "80 GB" shows to torch (about 78 GiB)
 GPU_BYTES = 78 * 2**30
 MINUTES = [10, 30, 60, 180]
+GPU_COUNTS = [1, 2, 4, 8]  # the largest-video-per-GPU-count table
+# family -> (its releases, the one planned when none is named)
+FAMILIES = {
+    "mplug_owl3": (OWL3_RELEASES, "mPLUG-Owl3-7B-241101"),
+    "mllama": (MLLAMA_RELEASES, "Llama-3.2-11B-Vision"),
+}
+RELEASES: dict[str, ModelConfig] = {**OWL3_RELEASES, **MLLAMA_RELEASES}
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15
 # visual_kv's chunk in the RSS check: 8 of the 64 frames at small shapes. CPU RSS counts a buffer's
@@ -156,7 +166,7 @@ def check_rss(cases=RSS_CASES, answer_tokens: int = 2) -> list[dict]:
     return rows
 
 
-def largest_rows(cfg: Owl3Config) -> list[dict]:
+def largest_rows(cfg: ModelConfig) -> list[dict]:
     """The largest video each kv mode takes at 1 fps on one GPU: memory, the model's trained
     positions, and what lvx says one frame past it."""
     counts = param_counts(cfg)
@@ -166,7 +176,22 @@ def largest_rows(cfg: Owl3Config) -> list[dict]:
     ]
 
 
-def time_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
+def largest_by_gpus(cfg: ModelConfig, gpus: list[int] = GPU_COUNTS) -> list[dict]:
+    """The largest video at 1 fps per GPU count and kv mode, and what sets it: each rank's memory
+    or the model's trained positions (which no GPU count moves)."""
+    counts = param_counts(cfg)
+    rows = []
+    for n in gpus:
+        for mode in ("cache", "recompute"):
+            row = largest_video(cfg, Workload(minutes=1, ranks=n, kv_mode=mode), GPU_BYTES, counts)
+            row.pop("past it lvx says")
+            frames = round(row["largest min"] * 60)
+            tokens = frames * cfg.visual_tokens_per_frame
+            rows.append({"GPUs": n, **row, "frames": frames, "visual tokens M": tokens / 1e6})
+    return rows
+
+
+def time_rows(cfg: ModelConfig, minutes: float) -> list[dict]:
     counts = param_counts(cfg)
     rows = []
     for n in (1, 8):
@@ -187,7 +212,7 @@ def time_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
     return rows
 
 
-def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
+def stage_rows(cfg: ModelConfig, minutes: float) -> list[dict]:
     t = time_plan(cfg, Workload(minutes=minutes))
     return [
         {"stage (1 GPU, resident K/V)": k, **{kk: round(vv, 3) for kk, vv in v.items()}}
@@ -196,7 +221,7 @@ def stage_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
     ]
 
 
-def kernel_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
+def kernel_rows(cfg: ModelConfig, minutes: float) -> list[dict]:
     """Attention kernel calls per layer on the busiest rank (the attention's own planner, GPU
     tiles): the video-prompt prefill and a decoded token, on 1 and 8 GPUs."""
     rows = []
@@ -215,12 +240,12 @@ def kernel_rows(cfg: Owl3Config, minutes: float) -> list[dict]:
     return rows
 
 
-def three_hours(cfg: Owl3Config) -> str:
+def three_hours(cfg: ModelConfig) -> str:
     """Whether 3 h at 1 fps fits one GPU with --kv-mode recompute, and the recommendation (the
     plan's own numbers)."""
     work = Workload(minutes=180, kv_mode="recompute")
     plan = memory_plan(cfg, work)
-    tokens = work.frames * cfg.vision.num_patches
+    tokens = work.frames * cfg.visual_tokens_per_frame
     e = plan.resident["features E"] / GB
     verdict = "fits" if plan.peak <= GPU_BYTES else "does not fit"
     # one hyper layer's K/V, recomputed
@@ -239,6 +264,29 @@ def three_hours(cfg: Owl3Config) -> str:
     )
 
 
+def plan_tables(cfg: ModelConfig, model: str, table) -> dict:
+    """Every planned table of `model`, each shown with `table(title, rows)` as it is made."""
+    out: dict = {}
+    out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
+    out["largest"] = largest_rows(cfg)
+    out["largest_by_gpus"] = largest_by_gpus(cfg)
+    out["stages_60min"] = stage_rows(cfg, 60)
+    out["times_60min"] = time_rows(cfg, 60)
+    out["three_hours"] = three_hours(cfg)
+    out["kernel_calls_60min"] = kernel_rows(cfg, 60)
+    table(f"projected memory per rank, {model} bf16, 1 fps", out["memory"])
+    table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
+    table(
+        f"projected largest video per count of {GPU_BYTES / 2**30:.0f} GiB GPUs, 1 fps",
+        out["largest_by_gpus"],
+    )
+    table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
+    table(f"projected times, {model}, 60 min at 1 fps, H100", out["times_60min"])
+    print(out["three_hours"])
+    table("planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -253,10 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         help=argparse.SUPPRESS,
     )
     parser.add_argument(
-        "--model",
-        choices=list(RELEASES),
-        default="mPLUG-Owl3-7B-241101",
-        help="the released checkpoint to plan for",
+        "--family",
+        choices=list(FAMILIES),
+        default="mplug_owl3",
+        help="plan its default release (mPLUG-Owl3-7B-241101, Llama-3.2-11B-Vision)",
+    )
+    parser.add_argument(
+        "--model", choices=list(RELEASES), help="the released checkpoint to plan for"
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
@@ -271,26 +322,14 @@ def main(argv: list[str] | None = None) -> None:
     def table(title: str, rows: list[dict]) -> None:
         print(f"**{title}**\n\n{markdown(rows)}\n") if args.markdown else show(title, rows)
 
+    args.model = args.model or FAMILIES[args.family][1]
     cfg = RELEASES[args.model]
     out = {"model": args.model, "gpu_bytes": GPU_BYTES}
     if args.check_rss:
         out["rss_check"] = check_rss()
         table("planned vs measured peak RSS growth, small shapes, float32 CPU", out["rss_check"])
     else:
-        out["memory"] = plan_rows(cfg, MINUTES, [1, 8], ["cache", "recompute"])
-        out["largest"] = largest_rows(cfg)
-        out["stages_60min"] = stage_rows(cfg, 60)
-        out["times_60min"] = time_rows(cfg, 60)
-        out["three_hours"] = three_hours(cfg)
-        out["kernel_calls_60min"] = kernel_rows(cfg, 60)
-        table(f"projected memory per rank, {args.model} bf16, 1 fps", out["memory"])
-        table(f"projected largest video on one {GPU_BYTES / 2**30:.0f} GiB GPU", out["largest"])
-        table("projected FLOPs, bytes and time per stage, 60 min", out["stages_60min"])
-        table(f"projected times, {args.model}, 60 min at 1 fps, H100", out["times_60min"])
-        print(out["three_hours"])
-        table(
-            "planned attention kernel calls per layer, 60 min at 1 fps", out["kernel_calls_60min"]
-        )
+        out |= plan_tables(cfg, args.model, table)
     if args.json:
         write_json(args.json, out)
 

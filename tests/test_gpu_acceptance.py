@@ -765,6 +765,7 @@ def test_the_rehearsal_of_the_second_command(tmp_path: Path) -> None:
         "chat: TTFT, prefill and memory at 0.1 min", "bench_finetune",
         "nccl lv_xattn + decode_xattn (gloo)", "ring/gather crossover calibrated (gloo)",
         "group decode: static step vs eager, teacher-forced (gloo)",
+        "Llama-3.2-Vision at 11B shapes: kernels vs float64, memory vs the plan",
     }  # fmt: skip
     reasons = {r["name"]: r["reason"] for r in report["results"]}
     assert reasons["cuda tests"].startswith(f"ran no test ({CUDA_TESTS} skipped")

@@ -56,7 +56,7 @@ def prefill_bytes(n: int, cfg: ModelConfig, shape: PrefillShape) -> int:
     linear = local * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * shape.element_bytes
     kv = (
         local
-        * cfg.num_hidden_layers
+        * cfg.text_kv_layers
         * 2
         * cfg.num_key_value_heads
         * cfg.head_dim

@@ -3,26 +3,29 @@ and the peak of each stage, in bytes (projected, not measured).
 
 The engine decides what each rank keeps, so the plan lives beside it: `--kv-mode auto` compares its
 peak with the memory the process can use (`kv_choice`), and `scripts/memory_plan.py` builds the
-time plan and the largest-video tables on it. Parameter counts come from building `Owl3Model` on
-the `meta` device (no memory, no weights); every other term is the size of a tensor the code as it
+time plan and the largest-video tables on it. Every size is read through `ModelConfig` (the video
+prompt's positions per frame included), parameter counts from the family's model built on the
+`meta` device (no memory, no weights); every other term is the size of a tensor the code as it
 stands allocates, named after where it is made:
 
 - weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and
   language model);
-- E: this rank's features (frames, 729, H) (`ingest`); kept only with `--kv-mode recompute`;
-- visual K/V: per hyper layer, `visual_kv` writes K (MI-RoPE'd) and V into buffers of their own: 2 *
-  n_kv * d values per visual token;
+- E: this rank's features (frames, visual tokens, H) (`ingest`); kept only with
+  `--kv-mode recompute`;
+- visual K/V: per cross layer, `visual_kv` writes K and V into buffers of their own: 2 * n_kv * d
+  values per visual token;
 - its transient: one chunk of frames (the config's `visual_kv_chunk_bytes` of float32 work) at a
   time: `rms_norm` in float32 (two float32 copies of the chunk), then the projection, then K's
-  float32 rotation;
-- text K/V: `TextKVCache` buffers hold 1/8 more tokens than they must (`kv_capacity`), so a question
-  and its answer usually fit without a copy; with several ranks it is replicated after the video
-  prompt's sharded prefill (`ShardedAttention.replicate`: the gathered slices and the new cache live
-  next to the local slice for a moment), so every rank holds the whole;
+  float32 rotation (mPLUG-Owl3's MI-RoPE; an upper bound for a family whose keys are not rotated);
+- text K/V: only the layers that keep any (`text_kv_layers`); `TextKVCache` buffers hold 1/8 more
+  tokens than they must (`kv_capacity`), so a question and its answer usually fit without a copy;
+  with several ranks it is replicated after the video prompt's sharded prefill
+  (`ShardedAttention.replicate`: the gathered slices and the new cache live next to the local slice
+  for a moment), so every rank holds the whole;
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in
-  each hyper layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
+  each cross layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
   band masks;
-- vision tower: `encode_images` runs 16 images at a time.
+- vision tower: `encode_images` runs 16 frames at a time.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -31,18 +34,12 @@ measurement (`plan_gpu.py --check-rss`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
 from lvx_models.api import ModelConfig, family_for_config, kv_capacity
 
 GB = 1e9
-PROMPT_HEADER_TOKENS = (
-    18  # chat template tokens before the first frame placeholder (bench_chat.py uses the same)
-)
-PLACEHOLDER_TOKENS = (
-    5  # ids per <|image|> placeholder in the released tokenizers (reference mplug_owl3.md §5)
-)
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,10 @@ class Workload:
     vision_batch: int = 16  # images per `encode_images` batch
     # float32 work of one chunk of frames while K/V are made (None: the config's)
     visual_kv_chunk_bytes: int | None = None
+    # the video prompt's tokens before the first frame and positions per frame: the model's, which
+    # every plan sets (`for_model`); a bare Workload's are mPLUG-Owl3's
+    header_tokens: int = 18
+    positions_per_frame: int = 5
 
     @property
     def frames(self) -> int:
@@ -69,7 +70,15 @@ class Workload:
 
     @property
     def prompt_tokens(self) -> int:
-        return PROMPT_HEADER_TOKENS + PLACEHOLDER_TOKENS * self.frames
+        return self.header_tokens + self.positions_per_frame * self.frames
+
+    def for_model(self, config: ModelConfig) -> "Workload":
+        """This workload with `config`'s video prompt."""
+        return replace(
+            self,
+            header_tokens=config.prompt_header_tokens,
+            positions_per_frame=config.prompt_positions_per_frame,
+        )
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -159,16 +168,17 @@ def band_tiles(
     that see at least one frame. Tiles are cut as `masks.tile_plans` cuts them: after `tile` tokens
     (the device's `min_tile`) where the frames seen change, at most Q_TILE."""
     p, frames = cfg.visual_tokens_per_frame, _ceil_div(keys, cfg.visual_tokens_per_frame)
+    header, per = cfg.prompt_header_tokens, cfg.prompt_positions_per_frame
 
     def q_vis(t: int) -> int:
-        return max(0, min(frames, (t - PROMPT_HEADER_TOKENS) // PLACEHOLDER_TOKENS + 1))
+        return max(0, min(frames, (t - header) // per + 1))
 
     tiles, t0 = [], 0
     while t0 < rows:
         t1 = min(rows, t0 + tile)
         while t1 < min(rows, t0 + Q_TILE) and q_vis(t1) == q_vis(t1 - 1):
             t1 += 1
-        seeing = t1 - max(t0, PROMPT_HEADER_TOKENS)  # the header's tokens see no frame
+        seeing = t1 - max(t0, header)  # the header's tokens see no frame
         band = min(keys, (q_vis(t1 - 1) - q_vis(t0)) * p)
         if seeing > 0 and band > 0:
             tiles.append((seeing * cfg.num_kv_groups, band))
@@ -181,8 +191,12 @@ def visual_masked_share(config: ModelConfig, work: Workload) -> float:
     frames' band, which runs on the memory-efficient kernel: `band_tiles` of one rank over all the
     keys seen (token t sees every frame placed at or before it). Several ranks cut the same bands
     among them: their share is within a few percent of it (`planned_masked_share`)."""
-    p, h, per = config.visual_tokens_per_frame, PROMPT_HEADER_TOKENS, PLACEHOLDER_TOKENS
-    frames, rows = work.frames, work.prompt_tokens
+    p, h, per = (
+        config.visual_tokens_per_frame,
+        config.prompt_header_tokens,
+        config.prompt_positions_per_frame,
+    )
+    frames, rows = work.frames, work.for_model(config).prompt_tokens
     tiles = band_tiles(config, rows, frames * p, min_tile(work.device))
     seen = frames * (rows - h) - per * frames * (frames - 1) // 2  # (token, frame seen) pairs
     total = config.num_kv_groups * p * seen
@@ -227,12 +241,14 @@ def _layer_transient(
 
 
 def _vision_transient(cfg: ModelConfig, batch: int, b: int) -> int:
-    """Peak extra bytes of one `encode_images` batch: pixels, a SigLIP layer's activations, the
-    projector's."""
+    """Peak extra bytes of one `encode_images` batch (a frame is one image or tile): pixels, a
+    tower layer's activations beside the layers' outputs it keeps for the projector (a tower
+    whose output is wider than its layers concatenates them), the projector's."""
     t = cfg.visual_tokens_per_frame
     pixels = batch * cfg.frame_channels * cfg.frame_size**2 * b
-    layer = batch * t * (4 * cfg.vision_hidden_size + 2 * cfg.vision_intermediate_size) * b
-    return pixels + max(layer, batch * t * 2 * cfg.hidden_size * b)
+    kept = cfg.vision_output_size - cfg.vision_hidden_size
+    width = 4 * cfg.vision_hidden_size + 2 * cfg.vision_intermediate_size + kept
+    return pixels + batch * t * max(width, kept + 2 * cfg.hidden_size) * b
 
 
 def memory_plan(
@@ -241,7 +257,7 @@ def memory_plan(
     # long: one line per tensor the engine keeps, summed in the order they appear
     """Per-rank memory of `work`: resident tensors and the peak of each stage (load, prefill,
     question, decode)."""
-    cfg, b = config, work.dtype_bytes
+    cfg, b, work = config, work.dtype_bytes, work.for_model(config)
     counts = counts or param_counts(cfg)
     frames = _ceil_div(work.frames, work.ranks)
     vis_tokens = frames * cfg.visual_tokens_per_frame
@@ -250,7 +266,7 @@ def memory_plan(
     kd = cfg.num_key_value_heads * cfg.head_dim
     e = vis_tokens * cfg.hidden_size * b
     kv_layer = vis_tokens * 2 * kd * b
-    text_kv = lambda tokens: cfg.num_hidden_layers * tokens * 2 * kd * b  # noqa: E731
+    text_kv = lambda tokens: cfg.text_kv_layers * tokens * 2 * kd * b  # noqa: E731
     # a layer's K/V buffers and one chunk's work
     kv_transient = kv_layer + _visual_kv_transient(cfg, vis_tokens, b, work.visual_kv_chunk_bytes)
     resident = {"weights": counts.total * b}
@@ -289,7 +305,7 @@ def memory_plan(
         )
     )
     # a growing layer's old buffer too
-    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.num_hidden_layers
+    growing = text_kv(asked[0]) + text_kv(asked[1]) // cfg.text_kv_layers
     stages["question"] = (
         kept
         + growing

@@ -24,6 +24,8 @@ LLAMA3_ROPE = {
 GENERATION = "3.2"  # Llama-3.2-Vision: the only generation of the family so far
 # Float32 work of one chunk of frames while a cross layer's K/V are made (as mPLUG-Owl3's)
 VISUAL_KV_CHUNK_BYTES = 256 * 2**20
+# `<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n`: the tokens before the frames
+PROMPT_HEADER_TOKENS = 5
 
 
 @dataclass
@@ -150,6 +152,30 @@ class MllamaConfig:
     @property
     def vision_intermediate_size(self) -> int:
         return self.vision.intermediate_size
+
+    @property
+    def vision_layers(self) -> int:
+        """The local layers and the gated global ones."""
+        return self.vision.num_hidden_layers + self.vision.num_global_layers
+
+    @property
+    def vision_output_size(self) -> int:
+        """The final output and the intermediate layers' outputs, concatenated (7,680)."""
+        return self.vision.vision_output_dim
+
+    @property
+    def text_kv_layers(self) -> int:
+        """The self-attention layers: a cross-attention layer keeps no text K/V."""
+        return self.text.num_hidden_layers - len(self.text.cross_attention_layers)
+
+    @property
+    def prompt_header_tokens(self) -> int:
+        return PROMPT_HEADER_TOKENS
+
+    @property
+    def prompt_positions_per_frame(self) -> int:
+        """One `<|image|>` a frame."""
+        return 1
 
     @property
     def visual_kv_chunk_bytes(self) -> int:

@@ -49,6 +49,10 @@ VISUAL_KV_CHUNK_BYTES = 256 * 2**20
 # The trained context of every released checkpoint; positions beyond it work (RoPE is computed on
 # the fly) but the model never saw them, so the model warns once.
 TRAINED_POSITIONS = 32768
+# A video prompt's shape in positions: the chat template's tokens before the first frame (as
+# bench_chat.py builds it), and the ids of one `<|image|>` placeholder (reference §5).
+PROMPT_HEADER_TOKENS = 18
+PLACEHOLDER_TOKENS = 5
 
 
 def form_of(generation: str, gate_form: str) -> str:
@@ -272,6 +276,29 @@ class Owl3Config:
     @property
     def vision_intermediate_size(self) -> int:
         return self.vision.intermediate_size
+
+    @property
+    def vision_layers(self) -> int:
+        return self.vision.num_used_layers
+
+    @property
+    def vision_output_size(self) -> int:
+        return self.vision.hidden_size
+
+    @property
+    def text_kv_layers(self) -> int:
+        """Every layer: a hyper layer attends to its text too."""
+        return self.num_hidden_layers
+
+    @property
+    def prompt_header_tokens(self) -> int:
+        """The chat template's tokens before the first frame's placeholder."""
+        return PROMPT_HEADER_TOKENS
+
+    @property
+    def prompt_positions_per_frame(self) -> int:
+        """Ids of one `<|image|>` placeholder in the released tokenizers (reference §5)."""
+        return PLACEHOLDER_TOKENS
 
     @property
     def visual_kv_chunk_bytes(self) -> int:

@@ -1,0 +1,73 @@
+"""The memory plan at Llama-3.2-Vision's shapes: text K/V only in the self-attention layers, one
+prompt position a frame (the processor's own prompt), and its acceptance check rehearsed on CPU."""
+
+from __future__ import annotations
+
+import json
+
+from lvx_app.engine.limits import PrefillShape, prefill_bytes
+from lvx_app.engine.memory_plan import Workload, memory_plan, param_counts
+from lvx_models.mllama.config import MllamaConfig
+from lvx_models.mllama.processor import MllamaProcessor
+from lvx_models.mllama.tiny import write_tiny_checkpoint
+from lvx_models.surface import VIDEO
+from scripts import check_mllama_11b
+from scripts.memory_plan import largest_video, positions_minutes
+
+
+def test_the_plan_reads_the_11b_from_its_config() -> None:
+    cfg = MllamaConfig()
+    assert (cfg.text_kv_layers, cfg.prompt_positions_per_frame) == (32, 1)
+    counts = param_counts(cfg)
+    assert 10.6e9 < counts.total < 10.7e9  # "11B": 10.6B published
+    hour = memory_plan(cfg, Workload(minutes=60), counts)
+    # 8 cross layers; K and V, (tokens, 8*128) each, bf16
+    assert hour.resident["visual K/V"] == 8 * 3600 * 1601 * 2 * 8 * 128 * 2
+    prompt = 5 + 3600  # the header, one <|image|> a frame
+    text = hour.resident["text K/V"]
+    assert text % (32 * 2 * 8 * 128 * 2) == 0 and prompt < text // (32 * 2 * 8 * 128 * 2)
+    shape = PrefillShape(world=1, position=0, element_bytes=2)
+    assert prefill_bytes(100, cfg, shape) < prefill_bytes(100, _all_self(cfg), shape)
+
+
+def _all_self(cfg: MllamaConfig) -> MllamaConfig:
+    from dataclasses import replace
+
+    return replace(cfg, text=replace(cfg.text, cross_attention_layers=[]))
+
+
+def test_the_plans_prompt_is_the_processors(tmp_path) -> None:
+    folder = write_tiny_checkpoint(tmp_path / "tiny")
+    cfg = MllamaConfig.from_json(folder / "config.json")
+    processor = MllamaProcessor.from_pretrained(folder)
+    prompt = processor.build_chat_prompt(
+        [{"role": "user", "content": f"{VIDEO}what happens?"}], videos=[7]
+    )
+    starts = prompt.media_starts
+    # the tiny tokenizer splits "user" and "\n\n", each one token in the published one
+    split = sum(len(processor.encode_text(t)) - 1 for t in ("user", "\n\n"))
+    assert starts[0] - split == cfg.prompt_header_tokens
+    assert starts[1] - starts[0] == cfg.prompt_positions_per_frame
+
+
+def test_memory_not_positions_limits_the_11b_on_8_gpus() -> None:
+    """131,072 positions hold 36 h at 1 fps; 3 h (10,800 frames) fit 8 GPUs only recomputed."""
+    cfg = MllamaConfig()
+    assert positions_minutes(cfg) > 36 * 60
+    budget = 78 * 2**30
+    for mode, fits in (("cache", False), ("recompute", True)):
+        work = Workload(minutes=180, ranks=8, kv_mode=mode)
+        assert (memory_plan(cfg, work).peak <= budget) == fits
+        row = largest_video(cfg, Workload(minutes=1, ranks=8, kv_mode=mode), budget)
+        assert row["set by"] == "memory" and (row["largest min"] >= 180) == fits
+
+
+def test_the_11b_acceptance_check_rehearses_on_cpu(tmp_path) -> None:
+    out = tmp_path / "decode_compile.json"
+    argv = ["--device", "cpu", "--small", "--out", str(out), "--out-key", "mllama_11b"]
+    assert check_mllama_11b.main(argv) == 0
+    data = json.loads(out.read_text())["mllama_11b"]
+    kernels = [r for r in data["rows"] if r["part"] == "kernels"]
+    assert len(kernels) == 3 and all(r["ok"] and r["keys"] == 2 * 1601 for r in kernels)
+    (memory,) = [r for r in data["rows"] if r["part"] == "memory"]
+    assert memory["planned_gb"] > 0 and memory["measured_gb"] is None and data["ok"]
