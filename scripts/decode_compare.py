@@ -38,16 +38,15 @@ def bound(layers: int, dtype: torch.dtype) -> float:
     return math.sqrt(2 * layers + 1) * ULP[dtype]
 
 
-class LogitsTap(torch.nn.Module):
-    """The language model, with each forward's last logits copied into one fixed buffer (inside a
-    captured step too, so a replay refreshes it)."""
+class LogitsTap:
+    """The model as the static step calls it, with each decode step's last logits copied into one
+    fixed buffer (inside a captured step too, so a replay refreshes it)."""
 
-    def __init__(self, lm) -> None:
-        super().__init__()
-        self.lm, self.last = lm, None
+    def __init__(self, model) -> None:
+        self.model, self.last = model, None
 
-    def forward(self, *args, **kwargs):
-        logits = self.lm(*args, **kwargs)
+    def decode_step(self, *args, **kwargs):
+        logits = self.model.decode_step(*args, **kwargs)
         if self.last is None:
             self.last = torch.empty_like(logits[0, -1])
         self.last.copy_(logits[0, -1])
@@ -71,8 +70,8 @@ def forced_logits(
     static = None if step is None else StaticDecode(conversation, step, rides)
     tap = None
     if static is not None:
-        tap = LogitsTap(static.lm)
-        static.lm = tap
+        tap = LogitsTap(static.model)
+        static.model = tap
     try:
         for _ in range(1 if seconds is None else 2):
             conversation.truncate(prefix)
