@@ -168,7 +168,9 @@ class Family:
 
 class Finetunable(Protocol):
     """What the training loop asks of a model whose family has `save_weights`, besides `forward`
-    (with `hooks=`, `feed=`, `visual=`), `prepare_visual` and `encode_images`."""
+    (with `hooks=`, `feed=`, `visual=`), `prepare_visual` and `encode_images`; of its processor it
+    asks `training_prompt(messages, videos=) -> (prompt, [(start, end) of each answer's tokens
+    that carry a loss])`, the template's own end tokens included."""
 
     def trainable_parameters(self, which: str) -> list[tuple[str, Any]]:
         """(name, parameter) of "hyper" (what makes the visual K/V, and any gate mixing them in),

@@ -57,13 +57,23 @@ def _grads(
     e = torch.randn(
         N_FRAMES,
         tr.model_config.vision.num_patches,
-        tr.model_config.vision.hidden_size if train == "all" else tr.model_config.hidden_size,
+        _feature_width(tr),
         generator=torch.Generator().manual_seed(1),
         dtype=torch.float64,
     )
     ids = torch.tensor(owned(N_FRAMES, world, rank, layout), dtype=torch.int64)
     ce, _ = tr.forward_backward(tok, e[ids], ids)
     return ce, {n: p.grad.numpy().copy() for n, p in tr.params}
+
+
+def _feature_width(tr: Trainer) -> int:
+    """The width of what the training step gets per visual token: the tower's features when the
+    projector trains, else the projector's output."""
+    if not tr.projector_trains:
+        return tr.model_config.hidden_size
+    size = tr.processor.image_size
+    with torch.no_grad():
+        return tr.model.vision_features(torch.zeros(1, 3, size, size)).shape[-1]
 
 
 def _all_variants(rank: int, world: int, checkpoint: str, train: str, layout: str = "contiguous"):
@@ -433,14 +443,18 @@ def test_a_resumed_run_with_more_steps_never_raises_the_learning_rate_again():
     assert planned_steps({"config": {"steps": 8}}) == 8 and planned_steps({}) is None
 
 
-def test_a_family_without_saved_weights_is_refused_before_training(tmp_path):
-    """A family lvx cannot write finetuned weights for (no `save_weights`) is refused in one line,
-    before any model is loaded."""
+def test_both_families_finetune_and_one_without_saved_weights_is_refused(tmp_path, monkeypatch):
+    """mPLUG-Owl3 and Llama-3.2-Vision both write their finetuned weights back; a family lvx cannot
+    write them for (no `save_weights`) is refused in one line, before any model is loaded."""
+    from dataclasses import replace
+
     from lvx_app.train.saving import family_to_finetune
     from lvx_models.api import FAMILIES, CheckpointError
 
     family = FAMILIES["mllama"]
     ckpt = family.write_tiny(tmp_path / "tiny-mllama", family.generations[0].name)
+    assert family_to_finetune(ckpt) is family
+    assert family_to_finetune(FAMILIES["mplug_owl3"].write_tiny(tmp_path / "owl3", "g2"))
+    monkeypatch.setitem(FAMILIES, "mllama", replace(family, save_weights=None))
     with pytest.raises(CheckpointError, match="finetuning Llama-3.2-Vision is not supported yet"):
         family_to_finetune(ckpt)
-    assert family_to_finetune(FAMILIES["mplug_owl3"].write_tiny(tmp_path / "owl3", "g2"))

@@ -7,9 +7,10 @@ One line per sample, either {"video": "clip.mp4", "conversations": [{"from": "hu
     absolute). The video goes first in the first user turn as `<|video|>\\n`, exactly as the chat
     engine asks its questions, unless that turn already holds a `<|video|>` marker.
 
-The sequence is the official training template (reference mplug_owl3.md §5.2): every assistant turn
-is followed by `<|im_end|>` and `<|endoftext|>`, and only those assistant tokens (answer + both end
-tokens) carry a loss. Tokens after the last answer are dropped.
+The sequence is the model's own training template (its processor's `training_prompt`: for
+mPLUG-Owl3 every answer is followed by `<|im_end|>` and `<|endoftext|>`, for Llama-3.2-Vision by
+`<|eot_id|>`); only the tokens the processor marks (each answer and its end tokens) carry a loss.
+Tokens after the last answer are dropped.
 """
 
 from __future__ import annotations
@@ -134,33 +135,10 @@ class Tokenized:
 
 
 def tokenize(processor: Any, messages: Sequence[dict[str, str]], num_frames: int) -> Tokenized:
-    """Tokenise with `processor.build_chat_prompt` (the chat template) and mark the assistant spans.
-
-    Every chunk of the template is tokenised on its own, so the ids of a conversation prefix are a
-    prefix of the full ids; each assistant span is found as [len(prefix up to its header),
-    len(prefix through its end tokens))."""
-    header = processor.encode("\n<|im_start|>assistant\n")
-    gen = {"role": "assistant", "content": ""}
-    videos = [num_frames]
-
-    def ids(msgs) -> torch.Tensor:
-        return processor.build_chat_prompt(
-            list(msgs) + [gen], videos=videos, add_generation_prompt=False
-        )
-
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = ids(messages[:i]).input_ids.numel()
-        through = ids(messages[: i + 1]).input_ids
-        end = through.numel() - len(header)
-        if (
-            through[end:].tolist() != header
-        ):  # the template changed under us: refuse rather than mislabel
-            raise RuntimeError("could not locate the assistant answer in the chat template")
-        spans.append((start, end))
-    full = ids(messages[: max(i for i, m in enumerate(messages) if m["role"] == "assistant") + 1])
+    """Tokenise with the model's chat template (`processor.training_prompt`, which also says which
+    tokens of each assistant message carry a loss) and label those spans; tokens after the last
+    one are dropped."""
+    full, spans = processor.training_prompt(messages, videos=[num_frames])
     input_ids = full.input_ids[: spans[-1][1]]
     target = torch.full_like(input_ids, IGNORE)
     for s, e in spans:

@@ -255,6 +255,7 @@ class Trainer:
                 model_id=f"{self.model_key}#{'siglip' if self.projector_trains else 'projector'}",
                 revision=self.run.model.revision or "",
                 fingerprint=self.encoder_id,
+                prep=self.processor.frame_prep,
             )
             video = replace(self.run.video, cache=True)
             layout = self.run.parallel.layout

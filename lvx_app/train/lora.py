@@ -49,8 +49,11 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merged_weight(self) -> torch.Tensor:
+        """W + scale * B A, summed in float32 (float64 for float64 weights, so a float64 model's
+        merged weights are as exact as its forward)."""
         w = self.base.weight
-        return (w.float() + self.scale * (self.lora_B.float() @ self.lora_A.float())).to(w.dtype)
+        dt = torch.promote_types(w.dtype, torch.float32)
+        return (w.to(dt) + self.scale * (self.lora_B.to(dt) @ self.lora_A.to(dt))).to(w.dtype)
 
 
 def add_lora(model: Any, rank: int, alpha: Optional[float] = None) -> list[str]:

@@ -16,6 +16,7 @@ from .checkpoint import check_layout
 from .config import GENERATION, MllamaConfig
 from .loader import load_mllama
 from .modeling import MllamaModel
+from .saving import save_weights
 from .video_model import MllamaVideoModel
 
 NAME = "mllama"
@@ -106,4 +107,5 @@ FAMILY = Family(
     encoder_identity=partial(encoder_identity, VISION_PREFIXES),
     parameter_counts=parameter_counts,
     config_type=MllamaConfig,
+    save_weights=save_weights,
 )

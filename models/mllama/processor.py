@@ -177,10 +177,17 @@ class MllamaProcessor:
         return StreamDecoder(self.tokenizer)
 
     def _turns(
-        self, messages: Sequence[dict], videos: list, ids: list[int], starts: list[int], offset: int
+        self,
+        messages: Sequence[dict],
+        videos: list,
+        ids: list[int],
+        starts: list[int],
+        offset: int,
+        ends: list[int] | None = None,
     ) -> str:
         """Append each message's turn to `ids` (a `<|video|>` in a user message becomes one
-        `<|image|>` per frame of the next of `videos`); return the text they stand for."""
+        `<|image|>` per frame of the next of `videos`), and where each turn ends to `ends`; return
+        the text they stand for."""
         text = ""
         for m in messages:
             role, content = m["role"], m["content"]
@@ -202,13 +209,17 @@ class MllamaProcessor:
                 ids += self.encode_text(piece)
             ids.append(self.tokenizer.eot_id)
             text += f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}{EOT}"
+            if ends is not None:
+                ends.append(len(ids))
         return text
 
-    def _prompt(self, messages, videos, add_generation_prompt: bool, offset: int, bos: bool):
+    def _prompt(
+        self, messages, videos, add_generation_prompt: bool, offset: int, bos: bool, ends=None
+    ):
         ids: list[int] = [self.tokenizer.bos_id] if bos else []
         starts: list[int] = []
         videos = list(videos)
-        text = (BOS if bos else "") + self._turns(messages, videos, ids, starts, offset)
+        text = (BOS if bos else "") + self._turns(messages, videos, ids, starts, offset, ends)
         if videos:
             raise ValueError(f"{len(videos)} videos without a {VIDEO} marker")
         if add_generation_prompt:
@@ -233,6 +244,23 @@ class MllamaProcessor:
         if images:
             raise ValueError("lvx runs Llama-3.2-Vision on videos; still images are not supported")
         return self._prompt(messages, videos, add_generation_prompt, 0, bos=True)
+
+    def training_prompt(
+        self, messages: Sequence[dict], *, videos: Sequence = ()
+    ) -> tuple[PromptIds, list[tuple[int, int]]]:
+        """(the ids of a conversation through its last assistant message, in the published
+        template, and [start, end) of each assistant message's tokens that carry a loss: its answer
+        and the `<|eot_id|>` closing it, as Llama 3 is trained)."""
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if not assistant:
+            raise ValueError("a training conversation needs an assistant message")
+        kept = list(messages[: assistant[-1] + 1])
+        ends: list[int] = []
+        prompt = self._prompt(kept, videos, False, 0, bos=True, ends=ends)
+        header = len(self.encode("<|start_header_id|>assistant<|end_header_id|>\n\n"))
+        begins = [1, *ends[:-1]]  # after `<|begin_of_text|>`, then after each turn
+        spans = [(begins[i] + header, ends[i]) for i in assistant]
+        return prompt, spans
 
     def build_followup(
         self,

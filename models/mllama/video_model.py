@@ -14,7 +14,7 @@ zero-width K/V, so every layer's count is the conversation's length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from ..steps import AttentionHooks, LazyVisualKV, TextKVCache, VisualInputs, Vis
 from .config import MllamaConfig
 from .modeling import MllamaModel
 from .text import CrossAttentionLayer, rope
+from .training import Finetuning
 
 # frames per vision-tower call in `encode_images` (bounds its activations)
 FRAMES_PER_BATCH = 8
@@ -54,12 +55,13 @@ class MllamaStep:
     kept: Optional[torch.Tensor] = None  # (1, L, 1): 0 on masked-out rows; None: none is
 
 
-class MllamaVideoModel(nn.Module):
+class MllamaVideoModel(Finetuning, nn.Module):
     def __init__(self, mllama: MllamaModel, hooks: Optional[AttentionHooks] = None):
         super().__init__()
         self.mllama = mllama
         self.config: MllamaConfig = mllama.cfg
         self.hooks = hooks or AttentionHooks()
+        self._runs: dict[int, Callable] = {}  # checkpointed layers' runs (`checkpoint_layers`)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -72,13 +74,10 @@ class MllamaVideoModel(nn.Module):
     ) -> torch.Tensor:
         """Frames as one tile each (N, 3, S, S) -> projected visual tokens (N, P, H)."""
         w = self.mllama.multi_modal_projector.weight
-        outs = []
-        for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH):
-            n = chunk.shape[0]
-            ar_ids = torch.ones(n, dtype=torch.int64, device=w.device)  # (1, 1) tiles: id 1
-            ar_mask = torch.ones(n, 1, dtype=torch.int64, device=w.device)
-            tiles = self.mllama.vision_model(chunk[:, None].to(w.device, w.dtype), ar_ids, ar_mask)
-            outs.append(self.mllama.multi_modal_projector(tiles).flatten(1, 2))
+        outs = [
+            self.project(self.vision_features(chunk))
+            for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH)
+        ]
         if not outs:
             return w.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
         return torch.cat(outs)
@@ -209,12 +208,14 @@ class MllamaVideoModel(nn.Module):
         lm = self.mllama.language_model
         x = lm.model.embed_tokens(input_ids)
         for i, layer in enumerate(lm.model.layers):
-            if isinstance(layer, CrossAttentionLayer):
-                x = self._cross_layer(layer, x, step, i)
-            else:
-                x = self._self_layer(layer, x, step, i)
+            x = self._runs.get(i, self._layer)(layer, x, step, i)
         x = lm.model.norm(x)
         return lm.lm_head(x[:, -1:] if last_only else x)
+
+    def _layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
+        if isinstance(layer, CrossAttentionLayer):
+            return self._cross_layer(layer, x, step, i)
+        return self._self_layer(layer, x, step, i)
 
     def _self_layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
         attn = layer.self_attn

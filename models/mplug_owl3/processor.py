@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import torch
 
 from ..safetensors_folder import safetensors_files
-from .chat_template import IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
+from .chat_template import ASSISTANT_HEADER, IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
 from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_checkpoint
 from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
@@ -268,3 +268,37 @@ class Owl3Processor:
         template lays them out after that answer."""
         chunks = [(ENDOFTEXT,)] + self.template.chunks(messages, [], [], True, [], True, False)
         return self._encode_chunks(chunks, [], offset)
+
+    def training_prompt(
+        self, messages: Sequence[dict], *, videos: Sequence[Any] = ()
+    ) -> tuple[PromptInputs, list[tuple[int, int]]]:
+        """(the ids of a conversation through its last assistant message, [start, end) of each
+        assistant message's tokens that carry a loss: its answer, `<|im_end|>` and
+        `<|endoftext|>`), in the official training template (reference mplug_owl3.md §5.2).
+
+        Every chunk is tokenised on its own, so the ids of a conversation prefix are a prefix of
+        the whole; a span runs from the prefix's length through the ids the next (empty) answer's
+        header would follow. The prompt's ids run on past the last span (that header): the caller
+        cuts them."""
+        header = self._encode_chunk(ASSISTANT_HEADER)
+        gen = {"role": "assistant", "content": ""}
+
+        def ids(msgs: Sequence[dict]) -> PromptInputs:
+            return self.build_chat_prompt(
+                list(msgs) + [gen], videos=videos, add_generation_prompt=False
+            )
+
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            start = ids(messages[:i]).input_ids.numel()
+            through = ids(messages[: i + 1]).input_ids
+            end = through.numel() - len(header)
+            if through[end:].tolist() != header:  # the template changed: refuse, never mislabel
+                raise RuntimeError("could not locate the assistant answer in the chat template")
+            spans.append((start, end))
+        if not spans:
+            raise ValueError("a training conversation needs an assistant message")
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        return ids(messages[: last + 1]), spans

@@ -10,31 +10,16 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..adapters import merged_state_dict
 from .loader import CheckpointInfo, inspect_checkpoint, load_tensors
-from .training import is_adapter
 
 
 def official_state_dict(
     model: nn.Module, dtype: Optional[torch.dtype] = None
 ) -> dict[str, torch.Tensor]:
-    """The model's weights under the official keys, adapters merged (`merged_weight()` for their
-    Linear's weight, their own tensors dropped), detached, on CPU, contiguous."""
-    out: dict[str, torch.Tensor] = {}
-    adapters = {name: m for name, m in model.named_modules() if is_adapter(m)}
-    for key, t in model.state_dict().items():
-        owner = next((n for n in adapters if key.startswith(n + ".")), None)
-        if owner is not None:
-            rest = key[len(owner) + 1 :]
-            if not rest.startswith("base."):
-                continue
-            key = f"{owner}.{rest.removeprefix('base.')}"
-            if rest == "base.weight":
-                t = adapters[owner].merged_weight()
-        t = t.detach()
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        out[key] = t.to("cpu").contiguous()
-    return out
+    """The model's weights under the official keys, adapters merged (the module tree carries
+    them)."""
+    return merged_state_dict(model, dtype)
 
 
 def _source_dtype(info: CheckpointInfo) -> torch.dtype:

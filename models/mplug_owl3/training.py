@@ -13,6 +13,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from ..adapters import is_adapter
+
 # the Linears of every decoder layer's attention an adapter wraps: the visual v_kv_proj of a hyper
 # layer too, and the Linear inside the 7B-240728 G1 `gate_proj = Sequential(Linear, Sigmoid)`
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "v_kv_proj", "gate_proj")
@@ -29,12 +31,6 @@ def _all(name: str) -> bool:
     """The language model and the projector; the vision tower stays frozen (its features are
     cached)."""
     return name.startswith(("language_model.", "vision2text_model."))
-
-
-def is_adapter(module: nn.Module) -> bool:
-    """A module an adapter factory made: it wraps its Linear as `.base` and folds itself into the
-    Linear's weight with `merged_weight()`."""
-    return isinstance(getattr(module, "base", None), nn.Linear) and hasattr(module, "merged_weight")
 
 
 class Finetuning:
