@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from .mplug_owl3.checkpoint import resolve_checkpoint
-from .mplug_owl3.image_transform import normalize, resize_uint8, square_prep, to_pixel_values
+from .mplug_owl3.image_transform import resize_uint8, square_prep
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
 from .steps import (
     AttentionHooks,
@@ -49,13 +49,11 @@ __all__ = [
     "family_named",
     "family_of",
     "kv_capacity",
-    "normalize",
     "resize_uint8",
     "resolve_checkpoint",
     "safetensors_files",
     "square_prep",
     "tensor_shapes",
-    "to_pixel_values",
     "valid_text",
 ]
 
