@@ -1,6 +1,7 @@
 """`GET /health` of `lvx serve` answers from the first moment its port is open: 503 "starting"
 while the model loads (held here until the probe has seen it) and while the page is built, then
-200 "ok"; never a 404."""
+200 "ok"; never a 404, and never a refused connection once the port has opened (the page is
+mounted into the server that opened it)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ from lvx_ui.app import build_app  # noqa: E402
 
 
 def _probe(url: str, seen: list, loading: threading.Event, stop: threading.Event) -> None:
-    """Every answer of /health, in order: until one answers, then until it is 200. The model
-    loads only once the probe has seen the port open."""
+    """Every answer of /health, in order, polled every 20 ms: until one answers, then until it is
+    200 (a connection refused after the first answer is one too). The model loads only once the
+    probe has seen the port open."""
     while True:
         try:
             answer = httpx.get(url, timeout=60)
-        except httpx.TransportError:  # the port is not open yet (or between two servers)
+        except httpx.TransportError as exc:  # the port is not open yet (or closed again)
+            if seen:
+                seen.append(("no answer", type(exc).__name__))
             if stop.wait(0.02):
                 return
             continue
@@ -83,5 +87,7 @@ def test_health_says_starting_while_the_model_loads(tiny_checkpoints, monkeypatc
     assert healthy.is_set()
     assert seen[0] == (503, "starting"), seen
     assert seen[-1] == (200, "ok"), seen
+    refused = [s for s in seen if s[0] == "no answer"]
+    assert refused == [], f"{len(refused)} polls 20 ms apart found the port closed: {refused[:3]}"
     assert {status for status, _ in seen} <= {200, 503}, seen  # never "wrong URL"
     assert built == ([] if no_ui else [503]), built

@@ -3,14 +3,15 @@ and the OpenAI-compatible API (the API alone with --no-ui), close it on exit."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +127,24 @@ class Health:
 
 
 class _ApiServer:
-    """A FastAPI app under uvicorn in a thread (signals stay with the main thread)."""
+    """A FastAPI app under uvicorn in a thread (signals stay with the main thread). The port it
+    opens stays open: the API and the page are mounted into this app once the model is loaded."""
 
     def __init__(self, config: Config, health: Health) -> None:
         import uvicorn
         from fastapi import FastAPI
 
-        self.app = FastAPI(title="lvx", **NO_SCHEMA)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+        self.on_stop = AsyncExitStack()  # closed on the server's loop when it stops
+        self.page: Any = None  # gradio's app, once the page is mounted
+
+        @asynccontextmanager
+        async def lifespan(app: Any) -> AsyncIterator[None]:
+            self.loop = asyncio.get_running_loop()
+            async with self.on_stop:
+                yield
+
+        self.app = FastAPI(title="lvx", lifespan=lifespan, **NO_SCHEMA)
         self.app.router.routes.append(health.route())
         serve = config.serve
         self.where = f"{serve.host}:{serve.port}"
@@ -154,16 +166,37 @@ class _ApiServer:
                 raise OSError(f"could not listen on {self.where}")
             time.sleep(0.05)
 
+    def mount_page(self, demo: Any, **options: Any) -> None:
+        """Serve gradio's page `demo` at `/` of this app, beside the routes it has (mount them
+        first: the page's mount takes every path after them), and start what gradio starts with
+        its server (its queue), on this server's loop; they stop with the server."""
+        import gradio as gr
+
+        gr.mount_gradio_app(self.app, demo, "/", **options)
+        page = self.app.router.routes[-1].app  # the mount just added
+
+        async def start() -> None:
+            await self.on_stop.enter_async_context(page.router.lifespan_context(page))
+            demo.run_startup_events()
+            await demo.run_extra_startup_events()
+
+        assert self.loop is not None, "the server runs before a page is mounted"
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        self.page = page
+
     def stop(self) -> None:
+        if self.page is not None and self.loop is not None:
+            # the page's open event streams end now, not cancelled at the end of the grace period
+            self.loop.call_soon_threadsafe(self.page.stop_event.set)
         self.server.should_exit = True
         self.thread.join()
 
 
 @contextmanager
 def _listening(config: Config, health: Health, console: Console) -> Iterator[_ApiServer]:
-    """The port open from the start, answering /health while the model loads: with --no-ui this
-    server goes on to serve the API; the page's server (gradio's) takes the port over once the
-    model is loaded."""
+    """The port open from the start, answering /health while the model loads; this server goes on
+    to serve the API and the page (only a page with --share gets gradio's own server, which
+    takes the port over once the model is loaded)."""
     server = _ApiServer(config, health)
     server.start()
     try:
@@ -261,8 +294,9 @@ def _serve_page(
     api_server: _ApiServer,
 ) -> None:
     """Put the page (and the API beside it) in front of the engine `service` shares until
-    Ctrl-C. The page is built while the first server still answers /health; it gives the port
-    to gradio's only at the launch."""
+    Ctrl-C. The page is built while the first server answers /health, then mounted into it, so
+    the port never closes; only --share launches gradio's own server (its share link comes with
+    it), which takes the port over at the launch."""
     from starlette.middleware import Middleware
 
     from lvx_ui.app import build_app  # gradio takes seconds to import: bad options fail first
@@ -276,27 +310,34 @@ def _serve_page(
             f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
             " reach this port can use the model and read the allowed folders"
         )
-    api_server.stop()  # gradio's server takes the port over
-    app, url, share_url = demo.launch(
-        server_name=serve.host,
-        server_port=serve.port,
-        share=serve.share,
+    options = dict(
         auth=page_login(serve),
         show_error=True,
-        quiet=True,
-        prevent_thread_lock=True,
         ssr_mode=False,
         footer_links=[],
-        # /health answers from the first moment; no schema of the routes (nor its pages): the API
-        # is OpenAI's, documented there, and FastAPI's schema of these routes cannot be built
-        app_kwargs={
-            "routes": [health.route()],
-            "middleware": [Middleware(RegularFilesOnly)],  # no FIFO behind the file route
-            **NO_SCHEMA,
-        },
+        # no schema of the routes (nor its pages): the API is OpenAI's, documented there, and
+        # FastAPI's schema of these routes cannot be built
+        app_kwargs={"middleware": [Middleware(RegularFilesOnly)], **NO_SCHEMA},  # no FIFO behind
         **demo.lvx_launch,
     )
-    api.mount(app)
+    share_url = None
+    if serve.share:
+        api_server.stop()  # gradio's server takes the port over
+        options["app_kwargs"]["routes"] = [health.route()]  # /health answers from the first moment
+        app, url, share_url = demo.launch(
+            server_name=serve.host,
+            server_port=serve.port,
+            share=True,
+            quiet=True,
+            prevent_thread_lock=True,
+            **options,
+        )
+        api.mount(app)
+    else:
+        api.mount(api_server.app)  # before the page: its mount takes every path after it
+        api_server.mount_page(demo, server_name=serve.host, server_port=serve.port, **options)
+        name = f"[{serve.host}]" if ":" in serve.host else serve.host
+        url = f"http://{name}:{serve.port}/"
     health.api_health = api.health
     console.print(f"lvx serve: ready on {url}" + (f" (public: {share_url})" if share_url else ""))
     console.print(f"OpenAI-compatible API: {url.rstrip('/')}/v1")
