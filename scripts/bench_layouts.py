@@ -213,7 +213,6 @@ def _prefill_rank(rank: int, world: int, cfg: dict) -> dict:
             who = token_owners(ids.numel(), starts, world, layout)
             tokens = torch.nonzero(who == rank).flatten()
             hooks = ShardedAttention(None, rank, world)
-            model.hooks.text, model.hooks.visual = hooks.text, hooks.visual
             sizes = torch.bincount(who, minlength=world).tolist()
             feed = hooks.sharded_feed(tokens.view(1, -1), sizes, torch.device("cpu"))
             dist.barrier()
@@ -221,7 +220,7 @@ def _prefill_rank(rank: int, world: int, cfg: dict) -> dict:
             with torch.no_grad():
                 out = model(
                     ids[tokens].view(1, -1), tokens.view(1, -1), cache=model.new_cache(),
-                    visual=visual, last_only=True, feed=feed,
+                    visual=visual, last_only=True, feed=feed, hooks=hooks,
                 )  # fmt: skip
             times[layout].append(time.perf_counter() - t0)
             last = rank == int(who[-1])

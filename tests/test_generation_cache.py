@@ -34,11 +34,14 @@ def generate(
     temperature=0.0,
     top_p=1.0,
     seed=0,
+    hooks=None,
 ) -> list[int]:
     """The product's token loop on one model: prefill `input_ids` (1, L) on `cache` (default a fresh
     one), then sample and feed one token at a time. The stop token is included; a truncated answer's
-    last token is not fed."""
+    last token is not fed. `hooks`: the attention it runs (default one process's)."""
     conversation = Conversation(model, ONE_PROCESS, None)
+    if hooks is not None:
+        conversation.hooks = hooks
     if cache is not None:
         conversation.cache = cache
     conversation.show_video(visual)

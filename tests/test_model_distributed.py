@@ -3,8 +3,8 @@ same logits and the same greedy tokens as one process.
 
 Each rank holds a contiguous slice of the frames (an empty slice included) and only their visual
 K/V; the text queries are replicated on every rank and passed whole to `lv_xattn_with_lse` (prefill)
-or `decode_xattn` (one-token steps). The model itself never imports torch.distributed: only its
-`hooks.visual` is swapped.
+or `decode_xattn` (one-token steps). The model itself never imports torch.distributed: its forward
+is handed hooks whose visual attention is the distributed one.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from test_generation_cache import generate
 from test_hyper_attention import P, tiny_config, tiny_model
 
+from lvx_models.steps import AttentionHooks
 from scripts.gloo_ranks import run_ranks
 
 # the three checkpoint generations, each in the same ranks (no extra spawn)
@@ -44,11 +45,11 @@ def _run(rank: int, world: int, n_frames: int):
     for generation in FORMS:
         model, ids, starts, E = _inputs(generation, n_frames)
         mine = torch.tensor_split(torch.arange(n_frames), world)[rank]  # contiguous, possibly empty
-        model.hooks.visual = _distributed_visual
+        hooks = AttentionHooks(visual=_distributed_visual)
         visual = model.prepare_visual(E[mine], starts, frame_ids=mine)
         with torch.no_grad():
-            logits = model(ids, visual=visual)
-            tokens = generate(model, ids, visual=visual, max_new_tokens=4)
+            logits = model(ids, visual=visual, hooks=hooks)
+            tokens = generate(model, ids, visual=visual, max_new_tokens=4, hooks=hooks)
         # numpy, not a tensor: torch sends tensors through a queue as shared-memory handles that die
         # with the rank
         out[generation] = (mine.numel(), logits.numpy(), tokens)

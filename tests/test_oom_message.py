@@ -45,9 +45,9 @@ def _out_of_memory_once(rank: int, world: int, checkpoint: str, video: str, when
     else:  # the first decoding step
         feed, first = session.conversation.feed, [True]
 
-        def arming_feed(token):
+        def arming_feed(token, **kwargs):
             armed[0], first[0] = first[0], False
-            return feed(token)
+            return feed(token, **kwargs)
 
         session.conversation.feed = arming_feed
     try:
