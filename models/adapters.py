@@ -3,7 +3,7 @@ each folded into its Linear, so a family's saved weights keep the published keys
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -36,3 +36,17 @@ def merged_state_dict(
             t = t.to(dtype)
         out[key] = t.to("cpu").contiguous()
     return out
+
+
+def wrap_linears(
+    places: Iterable[tuple[nn.Module, str, str]], factory: Callable[[nn.Linear], nn.Module]
+) -> list[str]:
+    """Put `factory(linear)` in place of each Linear at (owner, attribute, name); returns the names
+    of those wrapped (a place already wrapped is left as it is)."""
+    wrapped = []
+    for owner, attr, name in list(places):
+        lin = getattr(owner, attr)
+        if isinstance(lin, nn.Linear):
+            setattr(owner, attr, factory(lin))
+            wrapped.append(name)
+    return wrapped

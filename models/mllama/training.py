@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..adapters import is_adapter
+from ..adapters import is_adapter, wrap_linears
 from .text import CrossAttentionLayer
 
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj")  # of every self- and cross-attention
@@ -97,13 +97,7 @@ class Finetuning:
     def wrap_linears(self, factory: Callable[[nn.Linear], nn.Module]) -> list[str]:
         """Put `factory(linear)` in place of every `lora_targets` Linear; returns their names (the
         saved weights fold each back in under its Linear's key)."""
-        wrapped = []
-        for owner, attr, name in list(self._places()):
-            lin = getattr(owner, attr)
-            if isinstance(lin, nn.Linear):
-                setattr(owner, attr, factory(lin))
-                wrapped.append(name)
-        return wrapped
+        return wrap_linears(self._places(), factory)
 
     # ---- vision
     # ----------------------------------------------------------------------------------------------

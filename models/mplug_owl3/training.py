@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..adapters import is_adapter
+from ..adapters import is_adapter, wrap_linears
 
 # the Linears of every decoder layer's attention an adapter wraps: the visual v_kv_proj of a hyper
 # layer too, and the Linear inside the 7B-240728 G1 `gate_proj = Sequential(Linear, Sigmoid)`
@@ -95,13 +95,7 @@ class Finetuning:
         """Put `factory(linear)` in place of every `lora_targets` Linear; returns their names. The
         module made keeps the Linear as `.base` and has `merged_weight()`, so the saved weights
         have it folded in under the Linear's own key."""
-        wrapped = []
-        for owner, attr, name in list(self._places()):
-            lin = getattr(owner, attr)
-            if isinstance(lin, nn.Linear):
-                setattr(owner, attr, factory(lin))
-                wrapped.append(name)
-        return wrapped
+        return wrap_linears(self._places(), factory)
 
     # ---- vision
     # ----------------------------------------------------------------------------------------------
