@@ -241,3 +241,17 @@ def test_every_mistake_is_one_error_line_and_exit_2(tmp_path, short_video):
         assert result.exit_code == 2, (argv, said)
         assert [e[:6] for e in errors] == ["error:"], (argv, said)
         assert "Traceback" not in said and "Error:" not in said, (argv, said)
+
+
+def test_the_command_line_starts_without_torch():
+    """Parsing a command imports no torch (nor the models, which import it), so Ctrl-C while a
+    command starts is the CLI's to handle and `--help` answers at once."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, lvx_app.cli.main\n"
+        "print(sorted(m for m in ('torch', 'lvx_models') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

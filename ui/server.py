@@ -284,6 +284,15 @@ def _serve_api_alone(
         console.print(f"lvx serve: stopped by {stopped_by}")
 
 
+def _warn_if_open(serve, console: Console) -> None:
+    """One line when the page is reachable beyond this machine without a login."""
+    if serve.host not in LOOPBACK and serve.auth is None and not serve.api_key:
+        console.print(
+            f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
+            " reach this port can use the model and read the allowed folders"
+        )
+
+
 def _serve_page(
     service: EngineService,
     api,
@@ -305,11 +314,7 @@ def _serve_page(
     demo = build_app(service, config, allow_paths=folders)
     serve = config.serve
     demo.queue(max_size=serve.queue_size, default_concurrency_limit=1)
-    if serve.host not in LOOPBACK and serve.auth is None and not serve.api_key:
-        console.print(
-            f"[yellow]warning:[/yellow] serving on {serve.host} without --auth; anyone who can"
-            " reach this port can use the model and read the allowed folders"
-        )
+    _warn_if_open(serve, console)
     options = dict(
         auth=page_login(serve),
         show_error=True,

@@ -50,7 +50,7 @@ def run_demo(
     *,
     workdir: Path | None,
     generation: str | None,
-    family: str = DEFAULT_FAMILY,
+    family: str | None = None,
     examples: Path | None = None,
     console: Console | None = None,
 ) -> int:
@@ -58,7 +58,7 @@ def run_demo(
     name among that family's generations (None: its default)."""
     console = console or Console(highlight=False, soft_wrap=True)
     try:
-        chosen = family_named(family)
+        chosen = family_named(family or DEFAULT_FAMILY)
     except ValueError as exc:
         console.print(f"[red]error:[/red] --model-family: {exc}")
         return 2

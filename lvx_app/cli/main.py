@@ -11,7 +11,6 @@ from lvx_app.cli.options import config_options, new_app
 from lvx_app.config import Config
 from lvx_app.interrupts import ctrl_c_deferred
 from lvx_app.version import __version__
-from lvx_models.api import DEFAULT_FAMILY, FAMILIES
 
 app = new_app(
     "lvx",
@@ -91,13 +90,12 @@ def demo(
         help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
         metavar="DIR",
     ),
-    model_family: str = typer.Option(
-        DEFAULT_FAMILY,
+    model_family: Optional[str] = typer.Option(
+        None,
         "--model-family",
-        help="Which model family's tiny checkpoint to write and run: "
-        + ", ".join(f"{name} ({family.title})" for name, family in FAMILIES.items())
-        + ".",
-        metavar="|".join(FAMILIES),
+        help="Which model family's tiny checkpoint to write and run (`lvx info` lists them; a name "
+        "it does not know lists them too). Default: mPLUG-Owl3.",
+        metavar="NAME",
     ),
     generation: Optional[str] = typer.Option(
         None,
