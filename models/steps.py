@@ -17,7 +17,7 @@ import torch
 
 from lvx_kernels.feed import Feed
 from lvx_kernels.kernels import attention
-from lvx_kernels.masks import MaskIndex, device_tensor
+from lvx_kernels.masks import Indices, MaskIndex, device_tensor
 
 
 class ForwardStep(Protocol):
@@ -215,3 +215,56 @@ class VisualStep:
     q_vis: MaskIndex
     # every rank's q_vis on the host (rank order) in a sharded forward, when the host knows them
     q_vis_every: tuple[torch.Tensor, ...] | None = None
+
+
+# which frames each row sees, from the rows' positions and every frame's start: (1, L) -> (1, L)
+VisibleFrames = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def local_frames(
+    n: int, p: int, media_starts, frame_ids, device: torch.device
+) -> tuple[Indices, torch.Tensor, Indices]:
+    """(every frame's start, known on the host too; the `n` local frames' global ids on the host,
+    default 0..n-1; each of their `p` keys' frame index) for a family's `prepare_visual`."""
+    starts = Indices.of_host(torch.as_tensor(media_starts, dtype=torch.int64, device="cpu"), device)
+    ids = torch.arange(n) if frame_ids is None else frame_ids
+    ids_host = torch.as_tensor(ids, dtype=torch.int64, device="cpu")
+    if ids_host.numel() != n:
+        raise ValueError(f"{n} local frames but {ids_host.numel()} frame ids")
+    k_frame = Indices.of_host(ids_host.repeat_interleave(p).view(1, n * p), device)
+    return starts, ids_host, k_frame
+
+
+def known_q_vis(
+    q_vis: torch.Tensor,
+    positions: Optional[torch.Tensor],
+    start: int,
+    media_starts,
+    visible: VisibleFrames,
+    sees_own_start: bool,
+) -> MaskIndex:
+    """A forward's q_vis with what the host knows of it, so the attention plans its tiles without
+    reading the device: rows after every frame's start (at it too when `sees_own_start`: a
+    question, a decoded token) see every frame; positions given on the host give every value; on
+    the device, nothing."""
+    if not isinstance(media_starts, Indices) or media_starts.values is None:
+        return q_vis
+    if positions is None:
+        last = media_starts.high
+        if last is not None and (start > last or (start == last and sees_own_start)):
+            frames = int(media_starts.values.numel())
+            return Indices(q_vis, low=frames, high=frames)
+        positions = torch.arange(start, start + q_vis.shape[1]).view(1, -1)
+    if positions.device.type != "cpu":
+        return q_vis
+    return Indices(q_vis, values=visible(positions.view(1, -1), media_starts.values))
+
+
+def every_rank_q_vis(feed: Feed, media_starts, visible: VisibleFrames):
+    """Every rank's q_vis on the host in a sharded forward whose feed holds every rank's positions
+    (so a ring round reads no received mask from the device), else None."""
+    if feed.positions is None or not isinstance(media_starts, Indices):
+        return None
+    if media_starts.values is None:
+        return None
+    return tuple(visible(p, media_starts.values) for p in feed.positions)

@@ -59,9 +59,10 @@ def checkpoint_rows(model: str) -> dict[str, str]:
     CheckpointError)."""
     from lvx_models.api import family_of
 
-    info = family_of(model).inspect(model)
+    family = family_of(model)
+    info = family.inspect(model)
     return {
-        **family_of(model).describe(info),
+        **family.describe(info),
         "kv mode auto, 1 h at 1 fps on one device": auto_kv_line(info.config),
     }
 

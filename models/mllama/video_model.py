@@ -20,9 +20,18 @@ import torch
 from torch import nn
 
 from lvx_kernels.feed import REPLICATED, Feed
-from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.masks import Indices, device_tensor
 
-from ..steps import AttentionHooks, LazyVisualKV, TextKVCache, VisualInputs, VisualStep
+from ..steps import (
+    AttentionHooks,
+    LazyVisualKV,
+    TextKVCache,
+    VisualInputs,
+    VisualStep,
+    every_rank_q_vis,
+    known_q_vis,
+    local_frames,
+)
 from .config import MllamaConfig
 from .modeling import MllamaModel
 from .text import CrossAttentionLayer, rope
@@ -107,43 +116,14 @@ class MllamaVideoModel(Finetuning, nn.Module):
         """The visual inputs of a request for the frames this process holds (as mPLUG-Owl3's):
         every cross layer's K/V now (precompute), or made from E when a layer runs."""
         n, p, _ = e_local.shape
-        dev = e_local.device
-        starts = Indices.of_host(torch.as_tensor(media_starts, dtype=torch.int64).cpu(), dev)
-        ids = torch.arange(n) if frame_ids is None else frame_ids
-        ids_host = torch.as_tensor(ids, dtype=torch.int64).cpu()
-        if ids_host.numel() != n:
-            raise ValueError(f"{n} local frames but {ids_host.numel()} frame ids")
+        starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
         layers = self.config.cross_layer_indices
         if precompute:
             with torch.no_grad():
                 kv = {l: self.visual_kv(l, e_local) for l in layers}
         else:
             kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e), e_local, layers)
-        k_frame = Indices.of_host(ids_host.repeat_interleave(p).view(1, n * p), dev)
         return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
-
-    def _q_vis_known(self, q_vis, given, start: int, media_starts) -> MaskIndex:
-        """The forward's q_vis with what the host knows of it: rows at or after the last frame's
-        `<|image|>` see every frame; positions given on the host give every value."""
-        if not isinstance(media_starts, Indices) or media_starts.values is None:
-            return q_vis
-        if given is None:
-            last = media_starts.high
-            if last is not None and start >= last:
-                frames = int(media_starts.values.numel())
-                return Indices(q_vis, low=frames, high=frames)
-            given = torch.arange(start, start + q_vis.shape[1]).view(1, -1)
-        if given.device.type != "cpu":
-            return q_vis
-        return Indices(q_vis, values=visible_frames(given.view(1, -1), media_starts.values))
-
-    @staticmethod
-    def _q_vis_every(feed: Feed, media_starts) -> tuple[torch.Tensor, ...] | None:
-        if feed.positions is None or not isinstance(media_starts, Indices):
-            return None
-        if media_starts.values is None:
-            return None
-        return tuple(visible_frames(p, media_starts.values) for p in feed.positions)
 
     # ---- language side ---------------------------------------------------------------------------
     def fuse_projections(self) -> None:
@@ -179,10 +159,12 @@ class MllamaVideoModel(Finetuning, nn.Module):
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
             starts = visual.media_starts
             dev_starts = device_tensor(starts)
-            q_vis = self._q_vis_known(visible_frames(positions, dev_starts), given, start, starts)
-            step.visual = VisualStep(
-                visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts)
+            # a row at a frame's <|image|> sees that frame
+            q_vis = known_q_vis(
+                visible_frames(positions, dev_starts), given, start, starts, visible_frames, True
             )
+            every = every_rank_q_vis(feed, starts, visible_frames)
+            step.visual = VisualStep(visual.kv, visual.k_frame, q_vis, every)
             if not (isinstance(q_vis, Indices) and q_vis.low is not None):
                 first = dev_starts[:1].to(positions.device)
                 step.kept = (positions >= first).to(self.dtype)[..., None]

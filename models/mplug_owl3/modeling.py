@@ -28,9 +28,18 @@ import torch
 from torch import nn
 
 from lvx_kernels.feed import REPLICATED, Feed
-from lvx_kernels.masks import Indices, MaskIndex, device_tensor
+from lvx_kernels.masks import device_tensor
 
-from ..steps import AttentionHooks, LazyVisualKV, TextKVCache, VisualInputs, VisualStep
+from ..steps import (
+    AttentionHooks,
+    LazyVisualKV,
+    TextKVCache,
+    VisualInputs,
+    VisualStep,
+    every_rank_q_vis,
+    known_q_vis,
+    local_frames,
+)
 from .config import Owl3Config
 from .hyper import HyperAttention, frame_rope_positions, visible_frames, visual_kv
 from .layers import Fusing
@@ -128,15 +137,8 @@ class Owl3Model(Finetuning, nn.Module):
         recompute): only E is kept and each forward recomputes a layer's K/V when that layer runs
         (differentiable w.r.t. E and v_kv_proj)."""
         n, p, _ = e_local.shape
-        dev = e_local.device
-        starts_host = torch.as_tensor(media_starts, dtype=torch.int64, device="cpu")
-        starts = Indices.of_host(starts_host, dev)
-        if frame_ids is None:
-            frame_ids = torch.arange(n)
-        ids_host = torch.as_tensor(frame_ids, dtype=torch.int64, device="cpu")
-        frame_ids = ids_host.to(dev)
-        if frame_ids.numel() != n:
-            raise ValueError(f"{n} local frames but {frame_ids.numel()} frame ids")
+        starts, ids_host, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
+        frame_ids = ids_host.to(e_local.device)
         positions = self.frame_rope_positions(starts.tensor)[frame_ids]
         layers = self.config.hyper_layer_indices
         if precompute:
@@ -144,36 +146,7 @@ class Owl3Model(Finetuning, nn.Module):
                 kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
         else:
             kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e, positions), e_local, layers)
-        k_frame = Indices.of_host(ids_host.repeat_interleave(p).view(1, n * p), dev)
         return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
-
-    def _q_vis_known(
-        self, q_vis: torch.Tensor, positions: Optional[torch.Tensor], start: int, media_starts
-    ) -> MaskIndex:
-        """The forward's q_vis with what the host knows of it, so the attention plans its tiles
-        without reading the device: tokens after every placeholder (a question, a decoded token) see
-        every frame; positions given on the host give every value; on the device, nothing."""
-        if not isinstance(media_starts, Indices) or media_starts.values is None:
-            return q_vis
-        if positions is None:
-            last = media_starts.high
-            if last is not None and (start > last or (start == last and self._sees_at_start())):
-                frames = int(media_starts.values.numel())
-                return Indices(q_vis, low=frames, high=frames)
-            positions = torch.arange(start, start + q_vis.shape[1]).view(1, -1)
-        if positions.device.type != "cpu":
-            return q_vis
-        values = self.visible_frames(positions.view(1, -1), media_starts.values)
-        return Indices(q_vis, values=values)
-
-    def _q_vis_every(self, feed: Feed, media_starts) -> tuple[torch.Tensor, ...] | None:
-        """Every rank's q_vis on the host in a sharded forward whose feed holds every rank's
-        positions (so a ring round reads no received mask from the device), else None."""
-        if feed.positions is None or not isinstance(media_starts, Indices):
-            return None
-        if media_starts.values is None:
-            return None
-        return tuple(self.visible_frames(p, media_starts.values) for p in feed.positions)
 
     def _sees_at_start(self) -> bool:
         """Whether a token at a frame's placeholder start sees that frame (G2: t >= start_j)."""
@@ -244,8 +217,11 @@ class Owl3Model(Finetuning, nn.Module):
                 raise ValueError("visual inputs need batch size 1 (one request per forward)")
             starts = visual.media_starts
             q_vis = self.visible_frames(positions, device_tensor(starts))
-            q_vis = self._q_vis_known(q_vis, given, start, starts)
-            step = VisualStep(visual.kv, visual.k_frame, q_vis, self._q_vis_every(feed, starts))
+            q_vis = known_q_vis(
+                q_vis, given, start, starts, self.visible_frames, self._sees_at_start()
+            )
+            every = every_rank_q_vis(feed, starts, self.visible_frames)
+            step = VisualStep(visual.kv, visual.k_frame, q_vis, every)
         return lm(
             input_ids,
             positions,
