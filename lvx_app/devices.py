@@ -82,13 +82,28 @@ def _libc():
 
 
 _LIBC: list = []
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+# blocks from this size up get their own mapping, unmapped when freed
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _glibc():
+    """glibc, loaded once (None elsewhere). On loading, its threshold for mapping a block apart
+    is fixed: glibc raises it (up to 32 MB) each time a mapped block is freed, after which tensors
+    and buffers of every size come from the heap and leave holes there that no trim can return,
+    and a long-running rank grows by a fraction of a megabyte a minute."""
+    if not _LIBC:
+        libc = _libc()
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        _LIBC.append(libc)
+    return _LIBC[0]
 
 
 def release_free_memory() -> None:
     """Give the memory freed since the last command back to the system (glibc's `malloc_trim`;
     nothing elsewhere). Without it glibc keeps freed pages of its many arenas in the process, and
     a server's resident memory creeps up request after request instead of settling."""
-    if not _LIBC:
-        _LIBC.append(_libc())
-    if _LIBC[0] is not None:
-        _LIBC[0].malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -310,3 +310,41 @@ def test_a_folder_where_the_fingerprints_go_is_said_on_any_number_of_ranks(
         engine = open_engine(engine_config(tiny_checkpoints["g2"], cache, ranks=ranks, gpus=0))
     engine.close()
     assert (cache / MEMO_NAME / "mine.txt").read_text() == "someone's"
+
+
+_MAPPED_APART = """
+import ctypes, ctypes.util
+from lvx_app.devices import release_free_memory
+
+class Info(ctypes.Structure):
+    names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(n, ctypes.c_size_t) for n in names.split()]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = Info
+libc.free(libc.malloc(4 << 20))  # glibc would now keep blocks up to 4 MB in its heap
+release_free_memory()
+before = libc.mallinfo2().hblks
+block = libc.malloc(1 << 20)
+print(libc.mallinfo2().hblks - before)
+libc.free(block)
+"""
+
+
+def test_big_blocks_stay_mapped_apart_in_a_long_running_process():
+    """A freed 4 MB block would raise glibc's threshold for mapping a block apart, and from then
+    on tensors of a megabyte come from the heap, leaving holes no trim returns: a serving process
+    fixes the threshold, so a 1 MB block freed after a request goes back to the system."""
+    import ctypes
+    import ctypes.util
+    import subprocess
+    import sys
+
+    if not hasattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "mallinfo2"):
+        pytest.skip("not glibc 2.33 or later")
+    out = subprocess.run(
+        [sys.executable, "-c", _MAPPED_APART], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["1"], out.stdout + out.stderr

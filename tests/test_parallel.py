@@ -176,3 +176,37 @@ def test_crash_while_exiting_after_the_last_barrier_is_not_a_failure(tmp_path):
     assert not crashed_after_done([RankFailure(1, -6), RankFailure(0, 1)], tmp_path)
     assert not crashed_after_done([RankFailure(0, -6)], tmp_path)
     assert not crashed_after_done([RankFailure(1, -6)], None)
+
+
+def _flight_records(rank, world_size):
+    """How many collectives torch's flight recorder holds after this rank ran three."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d
+
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    return len(pickle.loads(_distributed_c10d._dump_fr_trace())["entries"])
+
+
+def test_ranks_keep_no_record_of_their_collectives():
+    """Torch's flight recorder would keep every rank's last 2,000 collectives, each with its Python
+    stack (host work on every collective, megabytes a rank never uses)."""
+    from torch._C import _distributed_c10d
+
+    if not hasattr(_distributed_c10d, "_dump_fr_trace"):
+        pytest.skip("this torch has no flight recorder to read")
+    assert run_ranks(_flight_records, 2) == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "given", [{}, {"TORCH_FR_BUFFER_SIZE": "500"}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}]
+)
+def test_the_flight_recorder_stays_as_the_user_sized_it(given):
+    from lvx_app.parallel.group import flight_recorder_off_unless_asked
+
+    env = dict(given)
+    flight_recorder_off_unless_asked(env)
+    assert env == (given or {"TORCH_FR_BUFFER_SIZE": "0"})

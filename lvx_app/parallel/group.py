@@ -12,6 +12,7 @@ import gc
 import os
 import sys
 import traceback
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -68,6 +69,19 @@ def _pick_device(local_rank: int, want_cuda: bool | None) -> torch.device:
     return torch.device("cpu")
 
 
+# torch's flight recorder: the names it reads its size from, the first one set winning
+FLIGHT_RECORDER_SIZE_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder_off_unless_asked(env: MutableMapping[str, str]) -> None:
+    """Turn torch's flight recorder off unless the user sized it. By default it keeps the last
+    2,000 collectives of every group, each with the Python stack that called it: host work on
+    every collective of every decoded token, and megabytes of a rank's memory that a long-running
+    server never uses (a user debugging a hang sets `TORCH_FR_BUFFER_SIZE` and gets it back)."""
+    if not any(name in env for name in FLIGHT_RECORDER_SIZE_ENV):
+        env[FLIGHT_RECORDER_SIZE_ENV[0]] = "0"
+
+
 def init_distributed(
     *, cuda: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None
 ) -> DistInfo:
@@ -83,6 +97,7 @@ def init_distributed(
     if world_size == 1 and "MASTER_ADDR" not in os.environ:
         return DistInfo(0, 1, 0, device, None)
     if not dist.is_initialized():
+        flight_recorder_off_unless_asked(os.environ)
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         kwargs = {}
         if device.type == "cuda":
