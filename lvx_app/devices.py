@@ -7,6 +7,7 @@ of three copies.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 
@@ -69,35 +70,28 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _libc():
-    """The C library when it is glibc (the one with `malloc_trim`), else None."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC: list = []
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 # blocks from this size up get their own mapping, unmapped when freed
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
+@functools.cache
 def _glibc():
-    """glibc, loaded once (None elsewhere). On loading, its threshold for mapping a block apart
-    is fixed: glibc raises it (up to 32 MB) each time a mapped block is freed, after which tensors
-    and buffers of every size come from the heap and leave holes there that no trim can return,
-    and a long-running rank grows by a fraction of a megabyte a minute."""
-    if not _LIBC:
-        libc = _libc()
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        _LIBC.append(libc)
-    return _LIBC[0]
+    """glibc, loaded once (None elsewhere), with its threshold for mapping a block apart fixed:
+    left to itself glibc raises it (up to 32 MB) each time a mapped block is freed, after which
+    tensors of every size come from the heap and leave holes there that no trim can return."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    if not hasattr(libc, "malloc_trim"):
+        return None
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    return libc
 
 
 def release_free_memory() -> None:

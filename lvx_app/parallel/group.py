@@ -75,7 +75,7 @@ FLIGHT_RECORDER_SIZE_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZ
 
 def flight_recorder_off_unless_asked(env: MutableMapping[str, str]) -> None:
     """Turn torch's flight recorder off unless the user sized it. By default it keeps the last
-    2,000 collectives of every group, each with the Python stack that called it: host work on
+    2,000 collectives of the process, each with the Python stack that called it: host work on
     every collective of every decoded token, and megabytes of a rank's memory that a long-running
     server never uses (a user debugging a hang sets `TORCH_FR_BUFFER_SIZE` and gets it back)."""
     if not any(name in env for name in FLIGHT_RECORDER_SIZE_ENV):
