@@ -319,7 +319,7 @@ def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints,
     finally:
         engine_evidence.EvidenceRecorder.__init__ = real
     # the answer's forwards were handed the recorder; the conversation's own hooks stay as they were
-    assert len(made) == 1 and session.conversation.hooks.visual is made[0].inner
+    assert len(made) == 1 and session.conversation.hooks.visual is made[0].around.visual
     assert 0 < made[0].seconds < session.last_answer.total_s  # its own time, within the answer's
     assert session.last_answer.evidence and abs(sum(session.turns.last_shares) - 1) < 1e-9
 

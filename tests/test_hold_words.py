@@ -348,3 +348,43 @@ def test_big_blocks_stay_mapped_apart_in_a_long_running_process():
         [sys.executable, "-c", _MAPPED_APART], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["1"], out.stdout + out.stderr
+
+
+def _cycle_garbage(work) -> list:
+    """What `work()` leaves in reference cycles: objects only the cycle collector frees, whose
+    full pass a busy server runs rarely (until then each answer's tensors stay resident)."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        work()
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+
+
+def test_an_answer_leaves_nothing_for_the_cycle_collector(tiny_checkpoints, short_video, tmp_path):
+    """Loading, answering with and without the answer's moments and resetting free what they
+    made as they finish: none of it waits in a reference cycle."""
+    from dataclasses import replace
+
+    from engine_configs import engine_config
+
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
+
+    config = engine_config(tiny_checkpoints["g2"], tmp_path / "cache", max_new_tokens=4)
+    session = RankSession(config, init_distributed(cuda=False))
+
+    def turns() -> None:
+        for evidence in (True, False):
+            session.load_video(VideoRequest.of(short_video, config.video))
+            "".join(session.ask("What happens?", replace(config.generation, evidence=evidence)))
+            assert (session.last_answer.evidence is not None) == evidence
+        session.reset()
+
+    turns()  # caches filled, lazy imports done
+    left = _cycle_garbage(turns)
+    kinds = sorted({type(o).__module__ + "." + type(o).__qualname__ for o in left})
+    assert not kinds, f"{len(left)} objects left in cycles"

@@ -2,15 +2,15 @@
 
 `EvidenceRecorder` wraps the conversation's visual attention hook for one answer (the forwards of
 that answer are handed its `hooks`; nothing is set on the model or the conversation): each cross
-layer's call
-hands it the queries (roped, as the kernel sees them) and their visible-frame counts, and it copies
-the rows at the answer's positions, nothing else (a decoded token's is one row per layer: one copy
-of its queries and one of its count; sorting them by position waits for the answer's end). The
-positions are those whose logits produced the answer's tokens: the last prompt token and every fed
-answer token but the last (a token fed and taken back, or fed again after the ranks disagreed,
-leaves the row of its position as last fed). The answer's end (`answer_shares`) turns them into
-each frame's share of the visual attention (lvx_app/attention/frame_shares.py), against this rank's
-keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over the group.
+layer's call hands it the queries (roped, as the kernel sees them) and their visible-frame counts,
+and it copies the rows at the answer's positions, nothing else (a decoded token's is one row per
+layer: one copy of its queries and one of its count; sorting them by position waits for the
+answer's end). The positions are those whose logits produced the answer's tokens: the last prompt
+token and every fed answer token but the last (a token fed and taken back, or fed again after the
+ranks disagreed, leaves the row of its position as last fed). The answer's end (`answer_shares`)
+turns them into each frame's share of the visual attention (lvx_app/attention/frame_shares.py),
+against this rank's keys (resident, or recomputed in `--kv-mode recompute`), merged exactly over
+the group.
 
 Off (`--no-evidence`), or on the static decode step (whose captured or compiled step runs no
 Python per token), no recorder is made and nothing extra runs.
@@ -42,8 +42,7 @@ class EvidenceRecorder:
 
     def __init__(self, around: AttentionHooks, config: ModelConfig, start: int) -> None:
         self.config, self.start = config, start
-        self.inner = around.visual
-        self.hooks = AttentionHooks(text=around.text, visual=self)
+        self.around = around
         self.calls: list[tuple[int, list[int], torch.Tensor, torch.Tensor]] = []
         self.seconds = 0.0
         self._rows: tuple[int, dict] = (0, {})
@@ -61,7 +60,14 @@ class EvidenceRecorder:
                 rows, q_vis = q[0].index_select(0, index), q_vis.index_select(0, index)
             self.calls.append((layer, [positions[i] for i in keep], rows, q_vis))
         self.seconds += time.perf_counter() - t0
-        return self.inner(q, step, layer)
+        return self.around.visual(q, step, layer)
+
+    @property
+    def hooks(self) -> AttentionHooks:
+        """The answer's hooks, made when asked: held on the recorder they would hold it in a cycle,
+        and its tensors would wait for the cycle collector's rare full pass instead of going with
+        the answer."""
+        return AttentionHooks(text=self.around.text, visual=self)
 
     @property
     def rows(self) -> dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]:
