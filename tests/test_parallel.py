@@ -111,6 +111,15 @@ def test_first_failure_is_the_cause_not_a_consequence(tmp_path):
     assert describe_failures([], tmp_path) is None
 
 
+def test_a_rank_that_exited_is_named_before_the_ranks_torchrun_stopped_in_the_same_second(tmp_path):
+    """torchrun stamps failures to the second: a loaded machine sees the rank it stopped with
+    SIGTERM at the same time as the rank that exited, and ties sort by rank."""
+    from lvx_app.parallel.failures import RankFailure, describe_failures
+
+    stopped_first = [RankFailure(0, -15), RankFailure(1, 1), RankFailure(2, -15)]
+    assert describe_failures(stopped_first, tmp_path) == "rank 1 failed: exit code 1"
+
+
 @pytest.mark.slow
 def test_torchrun_wrapper_names_a_killed_rank_without_a_traceback(tmp_path):
     import subprocess
