@@ -82,21 +82,26 @@ def timed_out(text: str) -> str | None:
     )
 
 
+# how well a rank's failure explains the group's death, best first
+CAUSE, WAITED, ENDED_ITSELF, CONSEQUENCE = 3, 2, 1, 0
+
+
 def _reason(f: RankFailure, run_dir: Path | None) -> tuple[str, int]:
-    """(what happened to the rank, how well that explains the group's death: 3 a cause, 2 a rank
-    that waited for a hung peer in vain, 1 a rank that ended itself without saying why, 0 a
-    consequence of another rank's failure)."""
+    """(what happened to the rank, how well that explains the group's death: a cause, a rank that
+    waited for a hung peer in vain, a rank that ended itself without saying why (named before the
+    ranks torchrun stopped in the same second), a consequence of another rank's failure)."""
     own = error_file(run_dir, f.rank) if run_dir is not None else None
     if own is not None and own.exists():
         text = _last_line(own)
         waited = timed_out(text)
         if waited is not None:
-            return waited, 2
-        return text, 0 if PEER_LOST.search(text) else 3
+            return waited, WAITED
+        return text, CONSEQUENCE if PEER_LOST.search(text) else CAUSE
     if f.exitcode is not None and f.exitcode < 0:
         why = f"killed by {_signal_name(f.exitcode)} (out of memory, a crash, or by hand)"
-        return why, 3 * (f.exitcode != -signal.SIGTERM)  # torchrun stops the rest with SIGTERM
-    return f"exit code {f.exitcode}", 1  # before the ranks torchrun stopped in the same second
+        stopped = f.exitcode == -signal.SIGTERM  # torchrun stops the rest with SIGTERM
+        return why, CONSEQUENCE if stopped else CAUSE
+    return f"exit code {f.exitcode}", ENDED_ITSELF
 
 
 def first_failure(
