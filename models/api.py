@@ -1,12 +1,13 @@
 """The surface of lvx_models: the one module the app imports.
 
 A model family is one folder (`mplug_owl3/`, `mllama/`) that exports one `Family` record, listed
-once in `FAMILIES`. The app finds a checkpoint's family from its config.json (`family_of`) and
-reaches the model only through the record and the objects it returns: the model (`encode_images`,
-`prepare_visual`, `forward` with the attention hooks and step it is handed, `new_cache`), its
-config (the sizes the memory plan reads) and its processor (prompts with the places of visual
-tokens, stop ids, streaming decode). What a forward hands the attention (`AttentionHooks`,
-`VisualInputs`, `VisualStep`) and the text cache every family keeps are shared (`steps`).
+once in `FAMILIES`; a record names its loader and modeling code without importing them, so listing
+the families imports none of their models. The app finds a checkpoint's family from its config.json
+(`family_of`) and reaches the model only through the record and the objects it returns, written
+down as Protocols in `surface`: the model (`VideoModel`), its config (`ModelConfig`, the sizes the
+memory plan reads), its processor (`Processor`) and the prompts it makes (`Prompt`). What a forward
+hands the attention (`AttentionHooks`, `VisualInputs`, `VisualStep`) and the text cache every
+family keeps are shared (`steps`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .mplug_owl3.checkpoint import resolve_checkpoint
-from .mplug_owl3.image_transform import resize_uint8, square_prep
+from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint
+from .pixels import resize_uint8, square_prep
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
 from .steps import (
     AttentionHooks,
@@ -36,6 +37,7 @@ __all__ = [
     "family_for_config",
     "AttentionHooks",
     "CheckpointError",
+    "checkpoint_folder",
     "ForwardStep",
     "Family",
     "Finetunable",
@@ -50,7 +52,6 @@ __all__ = [
     "family_of",
     "kv_capacity",
     "resize_uint8",
-    "resolve_checkpoint",
     "safetensors_files",
     "square_prep",
     "tensor_shapes",
@@ -79,7 +80,7 @@ def family_of(path_or_id: str | Path, revision: str | None = None) -> Family:
     """The family of a checkpoint folder or hub id, from its config.json's `model_type`. A folder
     without a readable config.json goes to the default family, whose loader says what is wrong; a
     `model_type` no family reads is a CheckpointError naming the ones lvx runs."""
-    config = resolve_checkpoint(path_or_id, revision) / "config.json"
+    config = resolve_checkpoint(path_or_id, revision, CONFIG_ONLY) / "config.json"
     try:
         model_type = json.loads(config.read_text()).get("model_type", "")
     except (OSError, ValueError, AttributeError):
@@ -98,3 +99,9 @@ def family_for_config(config: object) -> Family:
         if isinstance(config, family.config_type):
             return family
     raise TypeError(f"{type(config).__name__} is no model family's config")
+
+
+def checkpoint_folder(path_or_id: str | Path, revision: str | None = None) -> Path:
+    """The local folder of a checkpoint: a folder as it is, a hub id with the files its family
+    reads downloaded."""
+    return resolve_checkpoint(path_or_id, revision, family_of(path_or_id, revision).hub_files)

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from .mplug_owl3.checkpoint import resolve_checkpoint
+from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint
 from .safetensors_folder import CheckpointError, safetensors_files
 
 _READ = 16 << 20
@@ -56,11 +56,12 @@ def encoder_fingerprint(
     *,
     prefixes: tuple[str, ...],
     memo: dict[str, str] | None = None,
+    hub_files: tuple[str, ...] = CONFIG_ONLY,
 ) -> str:
     """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal
     fingerprints. `memo`: the files' digests already known, by file identity; the ones computed
     here are added to it."""
-    files = safetensors_files(resolve_checkpoint(path_or_id, revision))
+    files = safetensors_files(resolve_checkpoint(path_or_id, revision, hub_files))
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         if k.startswith(prefixes):
@@ -82,22 +83,32 @@ def encoder_fingerprint(
 
 
 def encoder_identity(
-    prefixes: tuple[str, ...], model: str, revision: str | None, memo: dict[str, str] | None = None
+    prefixes: tuple[str, ...],
+    model: str,
+    revision: str | None,
+    memo: dict[str, str] | None = None,
+    *,
+    hub_files: tuple[str, ...] = CONFIG_ONLY,
 ) -> tuple[str, str]:
     """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for the
     feature cache's key; compute it before loading the weights, so features are never filed under
     weights newer than the model's. `memo` as for `encoder_fingerprint` (raises CheckpointError for
-    an unreadable checkpoint)."""
-    path = str(resolve_checkpoint(model, revision).resolve())
+    an unreadable checkpoint). `hub_files`: what a hub id's family reads."""
+    path = str(resolve_checkpoint(model, revision, hub_files).resolve())
     return path, encoder_fingerprint(path, prefixes=prefixes, memo=memo)
 
 
-def checkpoint_identity(path_or_id: str | os.PathLike, revision: str | None = None) -> str:
+def checkpoint_identity(
+    path_or_id: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    hub_files: tuple[str, ...] = CONFIG_ONLY,
+) -> str:
     """A 32-hex-digit identity of every file of a checkpoint (weights, config, tokenizer) from their
     stats alone:
     path, device, inode, size, mtime and ctime, so a rewrite of any file changes it without reading
     16 GB."""
-    root = resolve_checkpoint(path_or_id, revision)
+    root = resolve_checkpoint(path_or_id, revision, hub_files)
     h = hashlib.sha256()
     for f in sorted(p for p in root.iterdir() if p.is_file()):
         h.update(_identity(f).encode())

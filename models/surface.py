@@ -3,6 +3,7 @@ family without naming any of its parts."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol
@@ -120,6 +121,18 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """`module.name` called, imported on the first call: a family's record names its loader and
+    modeling code this way, so the registry imports them only when that family is used."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
+
+
+@dataclass(frozen=True)
 class Family:
     """What the app may ask of one model family, without naming any of its parts.
 
@@ -132,6 +145,7 @@ class Family:
     encoder_identity(path, revision, memo) -> (resolved path, fingerprint of the vision weights)
     parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
         counted on the meta device (nothing allocated)
+    hub_files: the files of a hub repo the family reads (glob patterns, `snapshot_download`'s)
     save_weights(model, base, dtype) -> every key of a checkpoint in the published layout made from
         a finetuned `model` (adapters merged) and `base`, the checkpoint it was trained from; None:
         the family's models cannot be finetuned yet (its models then need not be `Finetunable`)
@@ -150,6 +164,7 @@ class Family:
     encoder_identity: Callable[..., tuple[str, str]]
     parameter_counts: Callable[[Any], dict[str, int]]
     config_type: type  # the class of its `config`
+    hub_files: tuple[str, ...]
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 

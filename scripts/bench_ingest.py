@@ -38,8 +38,8 @@ from lvx_app.video import DecodePool, Encoder, IngestTuning, ingest
 from lvx_app.video.plan import time_indices
 from lvx_app.video.synthetic import concat_video, make_video, read_index
 from lvx_models.mplug_owl3.config import Owl3Config, SiglipVisionConfig
-from lvx_models.mplug_owl3.image_transform import normalize
 from lvx_models.mplug_owl3.vision import SiglipVisionTower, build_projector
+from lvx_models.pixels import normalize
 from scripts.harness import command_line, cpu_model, machine, median_seconds, timed, write_json
 
 

@@ -11,7 +11,6 @@ import torch
 from lvx_models.mplug_owl3.chat_template import CUT_PROMPTS
 from lvx_models.mplug_owl3.checkpoint import CheckpointError
 from lvx_models.mplug_owl3.image_cut import GRID_SQU_6, select_cut_grid
-from lvx_models.mplug_owl3.image_transform import _resize_two_pass, resize_uint8, to_pixel_values
 from lvx_models.mplug_owl3.processor import Owl3Processor
 from lvx_models.mplug_owl3.prompt_inputs import NO_MEDIA
 from lvx_models.mplug_owl3.prompt_rules import (
@@ -25,6 +24,7 @@ from lvx_models.mplug_owl3.prompt_rules import (
     video_span_in,
 )
 from lvx_models.mplug_owl3.tiny import processor_files, write_tiny_checkpoint
+from lvx_models.pixels import _resize_two_pass, resize_uint8, to_pixel_values
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -28,7 +28,7 @@ from lvx_app.video.errors import (
     NoVideoStreamError,
     VideoNotFoundError,
 )
-from lvx_models.mplug_owl3.image_transform import normalize
+from lvx_models.pixels import normalize
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_decoded_frames_are_the_planned_ones(raw_pool, vids, fps, chunk):
 
 
 def test_resized_in_worker_matches_processor_transform(small_pool, raw_pool, vids):
-    from lvx_models.mplug_owl3.image_transform import to_pixel_values
+    from lvx_models.pixels import to_pixel_values
 
     plan, _ = small_pool.plan(vids["ntsc"], 2.0)
     small = decode_all(small_pool, vids["ntsc"], plan.shard(0, 1).chunks(3))

@@ -42,7 +42,7 @@ from lvx_app.engine.api import (
 from lvx_app.engine.describe import shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
-from lvx_models.api import family_of, resolve_checkpoint
+from lvx_models.api import checkpoint_folder, family_of
 from lvx_ui.openai_request import (
     ApiError,
     ChatRequest,
@@ -217,7 +217,7 @@ def model_context(config: Config) -> int | None:
     """The checkpoint's `max_position_embeddings` (its config.json, already fetched by the engine);
     None when it cannot be read."""
     try:
-        folder = resolve_checkpoint(config.model.path, config.model.revision)
+        folder = checkpoint_folder(config.model.path, config.model.revision)
         family = family_of(folder)
         return int(family.read_config(folder).max_position_embeddings)
     except Exception:  # noqa: BLE001 - the engine has read it; without it no bound is added

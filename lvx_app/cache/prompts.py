@@ -39,7 +39,7 @@ class PrefixKey:
     """Everything that decides a saved prompt's K/V (the same on every rank)."""
 
     features: str  # the feature entry without its world size
-    checkpoint: str  # lvx_models.mplug_owl3.fingerprint.checkpoint_identity
+    checkpoint: str  # the family's `checkpoint_identity`
     prompt_format: int
     prompt_hash: str  # sha256 of the prompt's int64 token ids
     prompt_tokens: int

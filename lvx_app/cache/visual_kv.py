@@ -36,7 +36,7 @@ class VisualKVKey(PerRankKey):
     """Everything that decides one rank's visual K/V."""
 
     features: str  # the feature entry id, with its world size and layout
-    checkpoint: str  # lvx_models.mplug_owl3.fingerprint.checkpoint_identity
+    checkpoint: str  # the family's `checkpoint_identity`
     media_hash: str  # sha256 of every frame's placeholder start (int64)
     device: str  # device type: cpu / cuda
     dtype: str

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lvx_models.api import CheckpointError, Family, family_of, resolve_checkpoint
+from lvx_models.api import CheckpointError, Family, checkpoint_folder, family_of
 
 STATE_FILE = "train_state.pt"
 WEIGHTS_FILE = "model.safetensors"
@@ -81,7 +81,7 @@ def save_checkpoint(
     of the saved weights defaults to the base checkpoint's. Call on one rank only."""
     out = Path(out)
     weights = family_to_finetune(base).save_weights(model, base, dtype)
-    source = resolve_checkpoint(base)
+    source = checkpoint_folder(base)
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() != source.resolve():
         for f in source.iterdir():

@@ -4,17 +4,28 @@ folder's tensors against it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
 from ..safetensors_folder import CheckpointError, tensor_shapes
 from .config import MllamaConfig
-from .modeling import MllamaModel
+
+# the files of a hub repo Llama-3.2-Vision reads (its `Family.hub_files`)
+HUB_FILES = (*COMMON_HUB_FILES, "preprocessor_config.json")
+
+
+def resolve_folder(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
+    """A local Llama-3.2-Vision folder, or a hub id with the files it reads downloaded."""
+    return resolve_checkpoint(path_or_id, revision, HUB_FILES)
 
 
 def published_shapes(cfg: MllamaConfig) -> dict[str, tuple[int, ...]]:
     """Every key of the published checkpoint with its shape."""
+    from .modeling import MllamaModel  # the layout is the module tree's names
+
     with torch.device("meta"):
         model = MllamaModel(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -9,15 +9,11 @@ from pathlib import Path
 import torch
 
 from ..fingerprint import checkpoint_identity, encoder_identity
-from ..mplug_owl3.checkpoint import resolve_checkpoint
+from ..parameter_counts import count_by_part
 from ..safetensors_folder import CheckpointError, safetensors_files
-from ..surface import Family, Generation, Loaded
-from .checkpoint import check_layout
+from ..surface import Deferred, Family, Generation, Loaded
+from .checkpoint import HUB_FILES, check_layout, resolve_folder
 from .config import GENERATION, MllamaConfig
-from .loader import load_mllama
-from .modeling import MllamaModel
-from .saving import save_weights
-from .video_model import MllamaVideoModel
 
 NAME = "mllama"
 GENERATION_NOTE = "Llama-3.2-Vision 11B and 90B (base and Instruct)"
@@ -33,7 +29,7 @@ class MllamaCheckpoint:
 
 
 def inspect(path_or_id: str | Path, revision: str | None = None) -> MllamaCheckpoint:
-    folder = resolve_checkpoint(path_or_id, revision)
+    folder = resolve_folder(path_or_id, revision)
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} holds no config.json: not a checkpoint folder")
     config = MllamaConfig.from_json(folder / "config.json")
@@ -51,7 +47,10 @@ def load(
 ) -> Loaded:
     """(the engine's model, config, processor) in eval mode on `device` in `dtype` (`fuse` has
     nothing to fuse here: the projections stay separate)."""
-    model, processor, config = load_mllama(resolve_checkpoint(path_or_id, revision), dtype, device)
+    from .loader import load_mllama
+    from .video_model import MllamaVideoModel
+
+    model, processor, config = load_mllama(resolve_folder(path_or_id, revision), dtype, device)
     return Loaded(MllamaVideoModel(model).eval(), config, processor)
 
 
@@ -72,19 +71,18 @@ def describe(info: MllamaCheckpoint) -> dict[str, str]:
 
 
 def parameter_counts(config: MllamaConfig) -> dict[str, int]:
-    """Parameters by part of `MllamaModel(config)` built on the meta device."""
-    with torch.device("meta"):
-        model = MllamaModel(config)
+    """Parameters by part of `MllamaModel(config)`."""
+    from .modeling import MllamaModel
 
-    def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters())
-
-    return {
-        "vision": count(model.vision_model),
-        "projector": count(model.multi_modal_projector),
-        "language": count(model.language_model),
-        "embedding": model.language_model.model.embed_tokens.weight.numel(),
-    }
+    return count_by_part(
+        lambda: MllamaModel(config),
+        {
+            "vision": "vision_model",
+            "projector": "multi_modal_projector",
+            "language": "language_model",
+            "embedding": "language_model.model.embed_tokens",
+        },
+    )
 
 
 def write_tiny(directory: str | Path, generation: str = "3.2") -> Path:
@@ -103,9 +101,10 @@ FAMILY = Family(
     describe=describe,
     read_config=lambda folder: MllamaConfig.from_json(Path(folder) / "config.json"),
     write_tiny=write_tiny,
-    checkpoint_identity=checkpoint_identity,
-    encoder_identity=partial(encoder_identity, VISION_PREFIXES),
+    checkpoint_identity=partial(checkpoint_identity, hub_files=HUB_FILES),
+    encoder_identity=partial(encoder_identity, VISION_PREFIXES, hub_files=HUB_FILES),
     parameter_counts=parameter_counts,
     config_type=MllamaConfig,
-    save_weights=save_weights,
+    hub_files=HUB_FILES,
+    save_weights=Deferred(f"{__package__}.saving", "save_weights"),
 )

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..mplug_owl3.tokenizer import StreamDecoder
+from ..detokenize import StreamDecoder
 from ..surface import VIDEO, FramePrep
 from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
 from .tokenizer import BOS, EOT, IMAGE, MllamaTokenizer

@@ -13,9 +13,8 @@ from safetensors import safe_open
 from torch import nn
 
 from ..adapters import merged_state_dict
-from ..mplug_owl3.checkpoint import resolve_checkpoint
 from ..safetensors_folder import CheckpointError, safetensors_files
-from .checkpoint import published_shapes
+from .checkpoint import published_shapes, resolve_folder
 
 # safetensors header dtypes -> torch
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
@@ -24,7 +23,7 @@ PROBE = "language_model.model.embed_tokens.weight"  # whose dtype the checkpoint
 
 def stored_dtype(base: str | Path) -> torch.dtype:
     """The dtype the checkpoint `base` stores its weights in (one header read, no weights)."""
-    files = safetensors_files(resolve_checkpoint(base))
+    files = safetensors_files(resolve_folder(base))
     with safe_open(str(files[PROBE]), framework="pt") as f:
         name = f.get_slice(PROBE).get_dtype()
     if name not in DTYPES:

@@ -8,7 +8,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer
 
-from ..mplug_owl3.tokenizer import valid_text
+from ..text import valid_text
 
 IMAGE = "<|image|>"
 BOS = "<|begin_of_text|>"

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ..pixels import to_pixel_values
 from ..surface import VIDEO  # the app's marker: the video goes where it stands
 from .image_cut import cut_image
-from .image_transform import to_pixel_values
 from .prompt_inputs import MediaItem
 from .prompt_rules import PromptRules
 from .tokenizer import ENDOFTEXT, IM_END, IM_START, Control

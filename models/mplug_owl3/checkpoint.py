@@ -1,9 +1,7 @@
 """Reading an mPLUG-Owl3 checkpoint directory without loading it: where it is, what its keys are,
 what they imply.
 
-- Resolves a directory or a hub id (`huggingface_hub.snapshot_download`, only the files we read;
-  with HF_HUB_OFFLINE set only the local cache is tried and the error says to pass a local
-  directory).
+- Lists the files of a hub repo it reads (`HUB_FILES`; `resolve_folder` fetches them).
 - Reads the safetensors headers (`model.safetensors` or the shards of
   `model.safetensors.index.json`): keys, shapes.
 - Detects the architecture from the keys, never from the repo name (reference mplug_owl3.md §0):
@@ -21,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
 from ..safetensors_folder import CheckpointError
 from .config import Owl3Config
 
@@ -149,23 +148,15 @@ def official_shapes(cfg: Owl3Config, *, include_unused: bool = True) -> dict[str
     return s
 
 
-# the files any family reads from a hub repo (one list: a hub id is fetched before its family is
-# known); the official mPLUG-Owl3 processor *.py are fetched as text, for the prompt rules only,
-# never run
-HUB_FILES = [
-    "config.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
+# the files of a hub repo mPLUG-Owl3 reads (its `Family.hub_files`); the official processor *.py
+# are fetched as text, for the prompt rules only, never run
+HUB_FILES = (
+    *COMMON_HUB_FILES,
     "vocab.json",
     "merges.txt",
-    "generation_config.json",
-    "preprocessor_config.json",  # Llama-3.2-Vision's tile size, mean and std
     "processing_mplugowl3.py",
     "image_processing_mplugowl3.py",
-]
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+)
 _LAYER_KEY = re.compile(r"language_model\.model\.layers\.(\d+)\.(.+)")
 _ATTN_KNOWN = {
     f"self_attn.{p}.{w}" for p in ("q_proj", "k_proj", "v_proj") for w in ("weight", "bias")
@@ -178,52 +169,6 @@ _HYPER_KNOWN = {
     "self_attn.gate",
     *_GATE_PROJ,
 }
-
-
-# --------------------------------------------------------------------------------------------------
-# resolving a directory or a hub id
-# --------------------------------------------------------------------------------------------------
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def resolve_checkpoint(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
-    """A local checkpoint directory, or a hub id downloaded (or found in the HF cache) with
-    snapshot_download."""
-    p = Path(path_or_id).expanduser()
-    if p.exists():
-        if not p.is_dir():
-            raise CheckpointError(
-                f"{p} is a file: pass the checkpoint directory (the one holding config.json and "
-                f"model.safetensors)"
-            )
-        return p
-    s = str(path_or_id)
-    if not _HUB_ID.fullmatch(s):
-        raise CheckpointError(
-            f"{s}: no such directory (and not a Hugging Face hub id of the form owner/name)"
-        )
-    from huggingface_hub import snapshot_download  # only hub ids need it (and tests patch it there)
-
-    offline = _offline()
-    try:
-        return Path(
-            snapshot_download(
-                s, revision=revision, allow_patterns=HUB_FILES, local_files_only=offline
-            )
-        )
-    except Exception as e:  # noqa: BLE001 - every hub failure becomes one actionable line
-        if offline:
-            raise CheckpointError(
-                f"{s} is not a local directory and HF_HUB_OFFLINE is set, so it cannot be "
-                f"downloaded (and it is not in the Hugging Face cache): pass the local checkpoint "
-                f"directory instead, e.g. --model /path/to/mPLUG-Owl3-7B-241101"
-            ) from None
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(
-            f"{s}: no such local directory, and downloading it from the Hugging Face hub failed "
-            f"({type(e).__name__}: {why}); check the id and the network, or pass a local directory"
-        ) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,3 +283,8 @@ def check_layout(
                 f"{list(expected[k])}"
             )
     return used, ignored
+
+
+def resolve_folder(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
+    """A local mPLUG-Owl3 folder, or a hub id with the files mPLUG-Owl3 reads downloaded."""
+    return resolve_checkpoint(path_or_id, revision, HUB_FILES)

@@ -6,17 +6,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..fingerprint import checkpoint_identity, encoder_identity
-from ..surface import Family, Generation
-from .checkpoint import PROJECTOR, VISION
+from ..parameter_counts import count_by_part
+from ..surface import Deferred, Family, Generation
+from .checkpoint import HUB_FILES, PROJECTOR, VISION
 from .config import FORM_NOTES, FORMS, NEWEST, Owl3Config
-from .loader import inspect_checkpoint, load_model
-from .modeling import Owl3Model
 from .published import recognize
-from .saving import save_weights
-from .tiny import write_tiny_checkpoint
 
 NAME = "mplug_owl3"
 VISION_PREFIXES = (VISION, PROJECTOR)  # the weights that decide the visual features
@@ -44,23 +39,20 @@ def describe(info: Any) -> dict[str, str]:
 
 
 def parameter_counts(config: Owl3Config) -> dict[str, int]:
-    """Parameters by part of `Owl3Model(config)` built on the meta device: the tower as built
-    (all but the checkpoint's last layer), the projector, the language model (decoder layers,
-    norms, embeddings, lm_head) and its embedding table (a lookup: no FLOPs)."""
-    with torch.device("meta"):
-        model = Owl3Model(config)
+    """Parameters by part of `Owl3Model(config)`: the tower as built (all but the checkpoint's
+    last layer), the projector, the language model (decoder layers, norms, embeddings, lm_head)
+    and its embedding table."""
+    from .modeling import Owl3Model
 
-    def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters()) + sum(
-            b.numel() for b in module.buffers()
-        )
-
-    return {
-        "vision": count(model.vision_model),
-        "projector": count(model.vision2text_model),
-        "language": count(model.language_model),
-        "embedding": model.language_model.model.embed_tokens.weight.numel(),
-    }
+    return count_by_part(
+        lambda: Owl3Model(config),
+        {
+            "vision": "vision_model",
+            "projector": "vision2text_model",
+            "language": "language_model",
+            "embedding": "language_model.model.embed_tokens",
+        },
+    )
 
 
 def read_config(folder: Path) -> Owl3Config:
@@ -72,14 +64,15 @@ FAMILY = Family(
     title="mPLUG-Owl3",
     model_types=("mplugowl3",),
     generations=tuple(Generation(NAME, form, FORM_NOTES[form], form == NEWEST) for form in FORMS),
-    load=load_model,
-    inspect=inspect_checkpoint,
+    load=Deferred(f"{__package__}.loader", "load_model"),
+    inspect=Deferred(f"{__package__}.loader", "inspect_checkpoint"),
     describe=describe,
     read_config=read_config,
-    write_tiny=write_tiny_checkpoint,
-    checkpoint_identity=checkpoint_identity,
-    encoder_identity=partial(encoder_identity, VISION_PREFIXES),
+    write_tiny=Deferred(f"{__package__}.tiny", "write_tiny_checkpoint"),
+    checkpoint_identity=partial(checkpoint_identity, hub_files=HUB_FILES),
+    encoder_identity=partial(encoder_identity, VISION_PREFIXES, hub_files=HUB_FILES),
     parameter_counts=parameter_counts,
     config_type=Owl3Config,
-    save_weights=save_weights,
+    hub_files=HUB_FILES,
+    save_weights=Deferred(f"{__package__}.saving", "save_weights"),
 )

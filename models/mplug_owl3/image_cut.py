@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .image_transform import _as_uint8_nhwc, normalize, resize_uint8
+from ..pixels import _as_uint8_nhwc, normalize, resize_uint8
 
 # (rows, cols) anchors of the official "grid_squ_6" set; there is no 1x1
 GRID_SQU_6 = ((2, 2), (1, 3), (1, 4), (3, 1), (4, 1), (2, 3), (3, 2))

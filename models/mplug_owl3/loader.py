@@ -41,7 +41,7 @@ from .checkpoint import (
     detect_architecture,
     detect_gate_form,
     official_shapes,
-    resolve_checkpoint,
+    resolve_folder,
 )
 from .config import FORM_NOTES, Owl3Config
 from .modeling import Owl3Model
@@ -142,7 +142,7 @@ def inspect_checkpoint(
 ) -> CheckpointInfo:
     """Resolve, read config.json + safetensors headers + tokenizer, detect the architecture, check
     the layout."""
-    d = resolve_checkpoint(path_or_id, revision)
+    d = resolve_folder(path_or_id, revision)
     raw = _read_config_json(d)
     files = safetensors_files(d)
     generation, projector = detect_architecture(files)

@@ -48,15 +48,16 @@ from typing import Any, Sequence
 
 import torch
 
+from ..detokenize import StreamDecoder
+from ..pixels import square_prep
 from ..safetensors_folder import safetensors_files
 from .chat_template import ASSISTANT_HEADER, IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
-from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_checkpoint
+from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_folder
 from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
-from .image_transform import square_prep
 from .prompt_inputs import MediaItem, PromptInputs
 from .prompt_rules import PromptRules, published_rules, read_prompt_rules
-from .tokenizer import ENDOFTEXT, Control, Owl3Tokenizer, StreamDecoder
+from .tokenizer import ENDOFTEXT, Control, Owl3Tokenizer
 
 # the markers a user message holds go with the processor that reads them
 __all__ = ["IMAGE", "VIDEO", "Owl3Processor", "PromptInputs"]
@@ -106,7 +107,7 @@ class Owl3Processor:
         """From a checkpoint directory (or hub id). Without `form`, it is detected from the
         weight keys; the prompt rules come from the checkpoint's processor files, else the form's
         release."""
-        d = resolve_checkpoint(path_or_id)
+        d = resolve_folder(path_or_id)
         if not (d / "config.json").exists():
             raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
         vision = SiglipVisionConfig.from_dict(

@@ -1,10 +1,10 @@
-"""The one image transform of mPLUG-Owl3: bicubic resize to S x S, rescale 1/255, normalise mean =
-std = 0.5.
+"""The square frame transform families share, and the app's default frame preparation: bicubic
+resize to S x S as PIL does it, rescale 1/255, normalise (mean = std = 0.5 unless a family gives its
+own).
 
-The official processor resizes PIL images with PIL's BICUBIC filter (reference mplug_owl3.md §5.3),
-then
-`ToTensor` + `Normalize(0.5, 0.5)`. We do the same arithmetic on tensors, batched, so a video's
-frames never go through PIL:
+mPLUG-Owl3's processor resizes PIL images with PIL's BICUBIC filter (reference mplug_owl3.md §5.3),
+then `ToTensor` + `Normalize(0.5, 0.5)`. The same arithmetic runs here on tensors, batched, so a
+video's frames never go through PIL:
 
 - PIL's bicubic is the Keys cubic with a = -0.5, widened by the scale factor when shrinking
   (antialiasing), done as two separable passes (horizontal, then vertical) that round and clip to
@@ -115,7 +115,8 @@ def to_pixel_values(frames: Any, size: int) -> torch.Tensor:
 
 
 def square_prep(size: int):
-    """mPLUG-Owl3's frame preparation: bicubic to a square of `size`, then `normalize`."""
-    from ..surface import FramePrep
+    """Frames bicubic to a square of `size`, then `normalize` (mPLUG-Owl3's, and the app's default
+    preparation)."""
+    from .surface import FramePrep
 
     return FramePrep(size, resize_uint8, normalize)  # resize_uint8(frames, S): S x S
