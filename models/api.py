@@ -27,7 +27,17 @@ from .steps import (
     VisualStep,
     kv_capacity,
 )
-from .surface import VIDEO, Family, Finetunable, FramePrep, Generation, ModelConfig
+from .surface import (
+    VIDEO,
+    Family,
+    Finetunable,
+    FramePrep,
+    Generation,
+    ModelConfig,
+    Processor,
+    Prompt,
+    VideoModel,
+)
 from .text import valid_text
 
 __all__ = [
@@ -45,8 +55,11 @@ __all__ = [
     "Generation",
     "LazyVisualKV",
     "ModelConfig",
+    "Processor",
+    "Prompt",
     "TextKVCache",
     "VisualInputs",
+    "VideoModel",
     "VisualStep",
     "family_named",
     "family_of",

@@ -268,3 +268,26 @@ def every_rank_q_vis(feed: Feed, media_starts, visible: VisibleFrames):
     if media_starts.values is None:
         return None
     return tuple(visible(p, media_starts.values) for p in feed.positions)
+
+
+def bind_visual(
+    visual: Optional[VisualInputs],
+    batch: int,
+    positions: torch.Tensor,
+    given: Optional[torch.Tensor],
+    start: int,
+    feed: Feed,
+    visible: VisibleFrames,
+    sees_own_start: bool,
+) -> Optional[VisualStep]:
+    """A forward's `VisualStep`: `visual` bound to the rows at `positions` (1, L) (`given`: the
+    positions the caller gave, None when they continue the cache from `start`), with what the host
+    knows of each row's frames; None without frames. Every family's forward binds it here."""
+    if visual is None or visual.num_frames == 0:
+        return None
+    if batch != 1:
+        raise ValueError("visual inputs need batch size 1 (one request per forward)")
+    starts = visual.media_starts
+    q_vis = visible(positions, device_tensor(starts))
+    q_vis = known_q_vis(q_vis, given, start, starts, visible, sees_own_start)
+    return VisualStep(visual.kv, visual.k_frame, q_vis, every_rank_q_vis(feed, starts, visible))

@@ -1,12 +1,19 @@
-"""The record each model family exports (`lvx_models.api` lists them): what the app may ask of a
-family without naming any of its parts."""
+"""What a model family provides, written down: the record it exports (`Family`, listed in
+`lvx_models.api`), the model its `load` returns (`VideoModel`), that model's config (`ModelConfig`),
+its processor (`Processor`) and the prompt record every processor makes (`Prompt`); finetuning asks
+`Finetunable` of a model whose family can save weights. `protocol_gaps` checks an object against a
+Protocol (methods present with compatible signatures), as the conformance test does for every
+registered family."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol, Sequence
+
+import torch
 
 # Where a loaded video goes in a user message: every family's processor reads it there.
 VIDEO = "<|video|>"
@@ -71,6 +78,15 @@ class ModelConfig(Protocol):
         """0-based indices of the layers that attend to the frames."""
 
     @property
+    def cross_kv_heads(self) -> int:
+        """K/V heads of a cross layer's visual K/V (its own geometry: it need not be the text
+        layers' `num_key_value_heads`)."""
+
+    @property
+    def cross_head_dim(self) -> int:
+        """Size of one head of a cross layer's visual K/V."""
+
+    @property
     def frame_size(self) -> int:
         """Side of the square image the vision tower takes, in pixels."""
 
@@ -99,6 +115,238 @@ class ModelConfig(Protocol):
     @property
     def generation_name(self) -> str:
         """The name of the checkpoint's generation among its family's `generations`."""
+
+
+@dataclass
+class Prompt:
+    """A tokenized chat prompt, as every family's processor makes it and the engine reads it.
+    Positions are absolute: `offset` is where `input_ids[0]` sits in the conversation."""
+
+    input_ids: torch.Tensor  # (L,) int64
+    media_starts: list[int]  # the position of each image's or frame's placeholder, in order
+    text: str  # the prompt text the ids were made from
+    offset: int = 0
+    placeholder_len: int = 1  # ids per placeholder (read from the tokenizer, never assumed)
+    # the images and videos the prompt holds, each with its `pixel_values` (None: a video given as
+    # a frame count) and what its family records of it
+    media: list[Any] = field(default_factory=list)
+
+    @property
+    def num_placeholders(self) -> int:
+        return len(self.media_starts)
+
+    @property
+    def pixel_values(self) -> torch.Tensor | None:
+        """All images' and frames' pixel values in placeholder order, or None if any video came as
+        a count."""
+        if not self.media or any(m.pixel_values is None for m in self.media):
+            return None
+        return torch.cat([m.pixel_values for m in self.media])
+
+
+class Tokenizer(Protocol):
+    """What the app asks of a processor's tokenizer."""
+
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token stands for (the question's character cap)."""
+        ...
+
+
+class TextStream(Protocol):
+    """An answer's text as its tokens come (`Processor.stream`)."""
+
+    def push(self, token_ids: Any) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class Processor(Protocol):
+    """A family's processor (the third of what `load` returns): chat prompts with the places of
+    the visual tokens, the frames' preparation, the ids that end an answer, streaming decode.
+    `messages` are [{"role", "content"}]; a user message's `VIDEO` marks where the k-th of
+    `videos` goes (its frame count: the engine makes the pixels)."""
+
+    tokenizer: Tokenizer
+    image_size: int  # side of the square pixels a frame becomes
+    max_new_tokens: Optional[int]  # the checkpoint's own answer length, if it names one
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids that end an answer; the first closes a turn."""
+        ...
+
+    @property
+    def frame_prep(self) -> FramePrep: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Template text: special tokens written in it become their ids."""
+        ...
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text a user wrote: plain text, a special token typed in it included."""
+        ...
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str: ...
+
+    def stream(self) -> TextStream: ...
+
+    def build_chat_prompt(
+        self,
+        messages: Sequence[dict],
+        *,
+        images: Sequence = (),
+        videos: Sequence = (),
+        cut: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> Prompt:
+        """A conversation from its start, in the checkpoint's template."""
+        ...
+
+    def build_followup(
+        self,
+        content: str,
+        *,
+        offset: int,
+        images: Sequence = (),
+        videos: Sequence = (),
+        cut: bool = True,
+    ) -> Prompt:
+        """The ids after an answer that ended with `stop_ids[0]`, for the next user turn."""
+        ...
+
+    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> Prompt:
+        """The ids after such an answer for the next messages (text only)."""
+        ...
+
+    def training_prompt(
+        self, messages: Sequence[dict], *, videos: Sequence = ()
+    ) -> tuple[Prompt, list[tuple[int, int]]]:
+        """(a conversation through its last assistant message, [start, end) of each answer's
+        tokens that carry a loss, the template's own end tokens included)."""
+        ...
+
+
+class VideoModel(Protocol):
+    """The model the engine runs (the first of what `load` returns): frames to visual features,
+    the cross layers' K/V of the frames a process holds, and a text forward that calls the
+    attention it is handed. Shapes and the records passed are `lvx_models.steps`' (`VisualInputs`,
+    `VisualStep`, `TextKVCache`, `AttentionHooks`, `Feed`)."""
+
+    config: Any  # a `ModelConfig`
+    hooks: Any  # the `AttentionHooks` a forward handed none calls
+
+    def encode_images(self, pixel_values: torch.Tensor, batch_size: Optional[int] = None) -> Any:
+        """Pixel values (N, C, S, S) -> visual features E (N, visual tokens, hidden)."""
+        ...
+
+    def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: Any) -> Any:
+        """A cross layer's (K, V), each (1, N * tokens, kv heads, head size), of the frames in
+        e_local; a pure function of the weights and E."""
+        ...
+
+    def visible_frames(self, positions: torch.Tensor, media_starts: torch.Tensor) -> Any:
+        """How many frames each token at `positions` sees (q_vis)."""
+        ...
+
+    def prepare_visual(
+        self,
+        e_local: torch.Tensor,
+        media_starts: torch.Tensor,
+        frame_ids: Optional[torch.Tensor] = None,
+        *,
+        precompute: bool = True,
+    ) -> Any:
+        """The `VisualInputs` of the frames this process holds (every cross layer's K/V now, or
+        made from E when a layer runs)."""
+        ...
+
+    def fuse_projections(self) -> None:
+        """Fuse what a forward without autograd may run fused (the loader calls it)."""
+        ...
+
+    def new_cache(self) -> Any:
+        """An empty `TextKVCache` for every layer."""
+        ...
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+        cache: Any = None,
+        visual: Any = None,
+        last_only: bool = False,
+        feed: Any = None,
+        hooks: Any = None,
+    ) -> torch.Tensor:
+        """Logits (1, L, V) ((1, 1, V) with last_only) of input_ids (1, L) after the cache."""
+        ...
+
+    def decode_step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        hooks: Any,
+        cache: Any,
+        visual_step: Any,
+        feed: Any = None,
+    ) -> torch.Tensor:
+        """One decoded token's logits (1, 1, V) with its `VisualStep` already bound (the step a
+        CUDA graph captures)."""
+        ...
+
+
+def _parameters(fn: Any) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+def _signature_gaps(name: str, want: Any, have: Any) -> list[str]:
+    """Why `have` cannot be called every way the Protocol's `want` may be: a parameter missing,
+    of another kind, out of order, without the default the Protocol gives, or an extra one
+    without a default."""
+    if not callable(have):
+        return [f"{name} is not callable"]
+    try:
+        got = {p.name: p for p in _parameters(have)}
+    except (TypeError, ValueError):
+        return []  # a builtin without a signature: nothing to compare
+    if any(p.kind is p.VAR_KEYWORD for p in got.values()):
+        return []
+    gaps, order = [], [p.name for p in got.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    wanted = _parameters(want)
+    for i, p in enumerate(wanted):
+        q = got.get(p.name)
+        if q is None:
+            gaps.append(f"{name} lacks parameter {p.name!r}")
+        elif q.kind is not p.kind:
+            gaps.append(f"{name}: {p.name!r} is {q.kind.description}, not {p.kind.description}")
+        elif p.kind is p.POSITIONAL_OR_KEYWORD and order.index(p.name) != i:
+            gaps.append(f"{name}: {p.name!r} is not parameter {i + 1}")
+        elif p.default is not p.empty and q.default is q.empty:
+            gaps.append(f"{name}: {p.name!r} has no default")
+    names = {p.name for p in wanted}
+    extra = [q.name for q in got.values() if q.name not in names and q.default is q.empty]
+    extra = [n for n in extra if got[n].kind not in (got[n].VAR_POSITIONAL,)]
+    gaps += [f"{name}: extra parameter {n!r} has no default" for n in extra]
+    return gaps
+
+
+def protocol_gaps(obj: Any, protocol: type) -> list[str]:
+    """What `obj` lacks of `protocol`: its attributes and properties present, its methods present
+    with signatures every call the Protocol allows fits (empty: it conforms)."""
+    gaps = []
+    names = set(getattr(protocol, "__annotations__", {}))
+    for name, member in vars(protocol).items():
+        if not name.startswith("_") and (callable(member) or isinstance(member, property)):
+            names.add(name)
+    for name in sorted(names):
+        if not hasattr(obj, name):
+            gaps.append(f"{type(obj).__name__} lacks {name}")
+            continue
+        member = vars(protocol).get(name)
+        if callable(member) and not isinstance(member, property):
+            gaps += _signature_gaps(f"{type(obj).__name__}.{name}", member, getattr(obj, name))
+    return gaps
 
 
 class Loaded(NamedTuple):

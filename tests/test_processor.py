@@ -61,7 +61,7 @@ def test_text_only_prompt_is_chatml_with_empty_system(procs, g):
     assert pi.text == f"{SYS}\n<|im_start|>user\nHi there<|im_end|>{ASSISTANT}"
     assert pi.input_ids.tolist() == enc(p, SYS, "\n<|im_start|>user\nHi there<|im_end|>", ASSISTANT)
     assert pi.input_ids.dtype == torch.int64 and pi.media_starts == [] and pi.pixel_values is None
-    mo = pi.media_offset()
+    mo = p.media_offset(pi)
     if g == "g1":
         assert (
             mo.shape == (1, len(pi.input_ids), 2)
@@ -131,7 +131,7 @@ def test_video_placeholders_and_media_offset(procs, g):
         assert p.decode(ids[s : s + pi.placeholder_len], skip_special_tokens=False) == "<|image|>"
     assert torch.equal(pi.pixel_values, to_pixel_values(frames, p.image_size))
     assert pi.pixel_values.shape == (5, 3, p.image_size, p.image_size)
-    mo = pi.media_offset()
+    mo = p.media_offset(pi)
     if p.generation == "g2":
         assert mo[0].tolist() == pi.media_starts
     else:  # [0, #{j : t > start_j}]
@@ -175,7 +175,7 @@ def test_followup_continues_the_conversation_exactly(procs):
     assert first.input_ids.tolist() + answer + nxt.input_ids.tolist() == whole.input_ids.tolist()
     assert first.media_starts + nxt.media_starts == whole.media_starts
     with pytest.raises(ValueError):
-        nxt.media_offset()
+        p.media_offset(nxt)
 
 
 # ---- still images and cutting

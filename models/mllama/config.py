@@ -133,6 +133,15 @@ class MllamaConfig:
         return sorted(self.text.cross_attention_layers)
 
     @property
+    def cross_kv_heads(self) -> int:
+        """K/V heads of a cross layer's visual K/V (its `k_proj`, as built from the text config)."""
+        return self.text.num_key_value_heads
+
+    @property
+    def cross_head_dim(self) -> int:
+        return self.text.head_dim
+
+    @property
     def visual_tokens_per_frame(self) -> int:
         """Visual keys one frame adds to every cross layer: one tile a frame."""
         return self.vision.num_patches

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..detokenize import StreamDecoder
-from ..surface import VIDEO, FramePrep
+from ..surface import VIDEO, FramePrep, Prompt
 from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
 from .tokenizer import BOS, EOT, IMAGE, MllamaTokenizer
 
@@ -67,22 +67,6 @@ class MllamaInputs:
             ar_mask=self.aspect_ratio_mask,
             cross_mask=self.cross_attention_mask,
         )
-
-
-@dataclass
-class PromptIds:
-    """A tokenized chat prompt as the engine reads it; positions are absolute (`offset` is where
-    `input_ids[0]` sits in the conversation)."""
-
-    input_ids: torch.Tensor  # (L,) int64
-    media_starts: list[int]  # the position of each frame's `<|image|>`
-    text: str
-    offset: int = 0
-    placeholder_len: int = 1  # one `<|image|>` id per frame
-
-    @property
-    def num_placeholders(self) -> int:
-        return len(self.media_starts)
 
 
 class MllamaProcessor:
@@ -226,7 +210,7 @@ class MllamaProcessor:
             header = "<|start_header_id|>assistant<|end_header_id|>\n\n"
             ids += self.encode(header)
             text += header
-        return PromptIds(torch.tensor(ids, dtype=torch.int64), starts, text, offset)
+        return Prompt(torch.tensor(ids, dtype=torch.int64), starts, text, offset)
 
     def build_chat_prompt(
         self,
@@ -236,7 +220,7 @@ class MllamaProcessor:
         videos: Sequence = (),
         cut: bool = True,
         add_generation_prompt: bool = True,
-    ) -> PromptIds:
+    ) -> Prompt:
         """A conversation from its start, in the published template (no system turn is added):
         `<|begin_of_text|>`, each message as `<|start_header_id|>{role}<|end_header_id|>\\n\\n`
         + content + `<|eot_id|>`, then the assistant's header. videos[k]: the frame count of the
@@ -247,7 +231,7 @@ class MllamaProcessor:
 
     def training_prompt(
         self, messages: Sequence[dict], *, videos: Sequence = ()
-    ) -> tuple[PromptIds, list[tuple[int, int]]]:
+    ) -> tuple[Prompt, list[tuple[int, int]]]:
         """(the ids of a conversation through its last assistant message, in the published
         template, and [start, end) of each assistant message's tokens that carry a loss: its answer
         and the `<|eot_id|>` closing it, as Llama 3 is trained)."""
@@ -270,13 +254,13 @@ class MllamaProcessor:
         images: Sequence = (),
         videos: Sequence = (),
         cut: bool = True,
-    ) -> PromptIds:
+    ) -> Prompt:
         """The ids after an answer closed with `<|eot_id|>`, for the next user turn."""
         if images:
             raise ValueError("lvx runs Llama-3.2-Vision on videos; still images are not supported")
         return self._prompt([{"role": "user", "content": content}], videos, True, offset, False)
 
-    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> PromptIds:
+    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> Prompt:
         """The ids after an answer closed with `<|eot_id|>`, for the next messages (text only)."""
         return self._prompt(messages, [], True, offset, False)
 

@@ -5,28 +5,45 @@ cross layer is RMSNorm -> cross-attention (per-head RMSNorm on q and k, no RoPE)
 by tanh(`cross_attn_attn_gate`) -> RMSNorm -> MLP, zeroed on masked-out rows -> residual scaled by
 tanh(`cross_attn_mlp_gate`). The others are plain Llama layers with llama3-scaled RoPE.
 
-Text attention and cross-attention go through lvx's kernels (`attention(q, k, v) -> (out, lse)`,
-GQA folded); the cross-attention through a callable (`cross_attn`) the caller may replace, so a
-sharded one receives each layer's query, its K/V and the forward's visibility.
+Every layer runs on the step its forward hands it (`MllamaStep`) and attends through the step's
+`AttentionHooks` (the engine's sharded attention, or lvx's local kernels: `attention(q, k, v) ->
+(out, lse)`, GQA folded): the one forward of these layers, whether the engine runs them
+(`MllamaVideoModel`) or a published-layout forward does (`MllamaModel`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lvx_kernels.kernels import attention
+from lvx_kernels.feed import REPLICATED, Feed
 
+from ..steps import AttentionHooks, TextKVCache, VisualStep
 from .config import MllamaTextConfig
-from .cross import CrossVisibility, local_cross_attn
+from .cross import CrossVisibility
 
 # called as cross_attn(q, k, v, visibility, layer) -> out (1, L, Hq, D)
 CrossAttn = Callable[..., torch.Tensor]
+
+
+@dataclass
+class MllamaStep:
+    """What one forward hands every layer, and every layer its attention hooks."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    hooks: AttentionHooks
+    cache: Optional[TextKVCache] = None
+    visual: Optional[VisualStep] = None  # None: the cross layers are skipped (text only)
+    feed: Feed = REPLICATED
+    kept: Optional[torch.Tensor] = None  # (1, L, 1): 0 on masked-out rows; None: none is
+    # which visual keys each row sees, for a cross-attention hook given the published mask
+    visibility: Optional[CrossVisibility] = None
 
 
 class RMSNorm(nn.Module):
@@ -94,14 +111,7 @@ class _Projections(nn.Module):
 
 
 class SelfAttention(_Projections):
-    def forward(self, x: torch.Tensor, step: "TextStep", layer: int) -> torch.Tensor:
-        q = rope(self.split(self.q_proj(x), self.heads), step.cos, step.sin)
-        k = rope(self.split(self.k_proj(x), self.kv_heads), step.cos, step.sin)
-        v = self.split(self.v_proj(x), self.kv_heads)
-        if step.cache is not None:
-            k, v = step.cache.append(layer, k, v)
-        out = attention(q, k, v, causal=True)[0]
-        return self.o_proj(out.flatten(2))
+    """q, k, v and o of a self-attention layer (it runs in `SelfAttentionLayer`)."""
 
 
 class CrossAttention(_Projections):
@@ -115,11 +125,6 @@ class CrossAttention(_Projections):
         k = self.k_norm(self.split(self.k_proj(features), self.kv_heads))
         return k, self.split(self.v_proj(features), self.kv_heads)
 
-    def forward(self, x: torch.Tensor, step: "TextStep", layer: int) -> torch.Tensor:
-        q = self.q_norm(self.split(self.q_proj(x), self.heads))
-        k, v = step.visual_kv[layer]
-        return self.o_proj(step.cross_attn(q, k, v, step.visibility, layer).flatten(2))
-
 
 class SelfAttentionLayer(nn.Module):
     def __init__(self, cfg: MllamaTextConfig):
@@ -129,8 +134,16 @@ class SelfAttentionLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, step: "TextStep", layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), step, layer)
+    def forward(self, x: torch.Tensor, step: MllamaStep, layer: int) -> torch.Tensor:
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = rope(attn.split(attn.q_proj(h), attn.heads), step.cos, step.sin)
+        k = rope(attn.split(attn.k_proj(h), attn.kv_heads), step.cos, step.sin)
+        v = attn.split(attn.v_proj(h), attn.kv_heads)
+        if step.cache is not None:
+            k, v = step.cache.update(layer, k, v)
+        out, _ = step.hooks.text(q, k, v, step, layer)
+        x = x + attn.o_proj(out.to(x.dtype).flatten(2))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -144,54 +157,20 @@ class CrossAttentionLayer(nn.Module):
         self.cross_attn_attn_gate = nn.Parameter(torch.zeros(1))
         self.cross_attn_mlp_gate = nn.Parameter(torch.zeros(1))
 
-    def forward(self, x: torch.Tensor, step: "TextStep", layer: int) -> torch.Tensor:
-        h = self.cross_attn(self.input_layernorm(x), step, layer)
-        x = x + self.cross_attn_attn_gate.tanh() * h
+    def forward(self, x: torch.Tensor, step: MllamaStep, layer: int) -> torch.Tensor:
+        attn = self.cross_attn
+        if step.cache is not None:  # zero-width K/V: the layer's count of the tokens fed
+            none = x.new_empty((*x.shape[:2], attn.kv_heads, 0))
+            step.cache.update(layer, none, none)
+        if step.visual is None:
+            return x
+        q = attn.q_norm(attn.split(attn.q_proj(self.input_layernorm(x)), attn.heads))
+        out, _ = step.hooks.visual(q, step, layer)
+        x = x + self.cross_attn_attn_gate.tanh() * attn.o_proj(out.to(x.dtype).flatten(2))
         h = self.mlp(self.post_attention_layernorm(x))
-        kept = (~step.visibility.masked_out).to(h.dtype).to(h.device)[None, :, None]
-        return x + self.cross_attn_mlp_gate.tanh() * (h * kept)
-
-
-@dataclass
-class TextCache:
-    """Text K/V of every self-attention layer (rotated at their positions) and the visual K/V of
-    every cross layer, with what the next token sees. Inference only (stored tensors are
-    detached)."""
-
-    text: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    visual_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    visibility: CrossVisibility | None = None
-    tokens: int = 0  # how many tokens were fed (the next token's position); `advance` alone sets it
-
-    def advance(self, fed: int, visual_kv=None, visibility: CrossVisibility | None = None) -> None:
-        """After a forward of `fed` tokens: count them, keep the visual K/V it made (detached) and
-        what its last row saw."""
-        self.tokens += fed
-        if visual_kv is not None:
-            self.visual_kv = {i: (k.detach(), v.detach()) for i, (k, v) in visual_kv.items()}
-        if visibility is not None:
-            self.visibility = visibility
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        k, v = k.detach(), v.detach()
-        if layer in self.text:
-            k = torch.cat([self.text[layer][0], k], dim=1)
-            v = torch.cat([self.text[layer][1], v], dim=1)
-        self.text[layer] = (k, v)
-        return k, v
-
-
-@dataclass
-class TextStep:
-    """What every layer of one forward needs: RoPE of its positions, the cache, the visual K/V per
-    cross layer and which of them each row sees, and the cross-attention to run."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    cache: TextCache | None
-    visual_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] | None
-    visibility: CrossVisibility | None
-    cross_attn: CrossAttn = local_cross_attn
+        if step.kept is not None:
+            h = h * step.kept
+        return x + self.cross_attn_mlp_gate.tanh() * h
 
 
 class MllamaTextModel(nn.Module):
@@ -211,14 +190,14 @@ class MllamaTextModel(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, ids: torch.Tensor, step: TextStep) -> torch.Tensor:
-        """ids (1, L) -> hidden states (1, L, H) after the final norm. Cross layers are skipped
-        when the step has no visual K/V (text only)."""
+    def forward(
+        self, ids: torch.Tensor, step: MllamaStep, runs: Mapping[int, Callable] = {}
+    ) -> torch.Tensor:
+        """ids (1, L) -> hidden states (1, L, H) after the final norm; `runs[i]`, where given,
+        runs layer i (`runs[i](layer, x, step, i)`: a checkpointed run for finetuning)."""
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            if isinstance(layer, CrossAttentionLayer) and not step.visual_kv:
-                continue
-            x = layer(x, step, i)
+            x = runs[i](layer, x, step, i) if i in runs else layer(x, step, i)
         return self.norm(x)
 
 

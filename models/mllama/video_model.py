@@ -13,7 +13,6 @@ zero-width K/V, so every layer's count is the conversation's length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -28,13 +27,12 @@ from ..steps import (
     TextKVCache,
     VisualInputs,
     VisualStep,
-    every_rank_q_vis,
-    known_q_vis,
+    bind_visual,
     local_frames,
 )
 from .config import MllamaConfig
 from .modeling import MllamaModel
-from .text import CrossAttentionLayer, rope
+from .text import MllamaStep
 from .training import Finetuning
 
 # frames per vision-tower call in `encode_images` (bounds its activations)
@@ -49,19 +47,6 @@ def visible_frames(positions: torch.Tensor, media_starts: torch.Tensor) -> torch
     seen = torch.searchsorted(starts, flat, right=True)
     seen = torch.where(seen == 0, starts.numel(), seen)
     return seen.view(positions.shape)
-
-
-@dataclass
-class MllamaStep:
-    """What one forward hands every layer, and every layer its attention hooks."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    hooks: AttentionHooks
-    cache: Optional[TextKVCache] = None
-    visual: Optional[VisualStep] = None
-    feed: Feed = REPLICATED
-    kept: Optional[torch.Tensor] = None  # (1, L, 1): 0 on masked-out rows; None: none is
 
 
 class MllamaVideoModel(Finetuning, nn.Module):
@@ -154,20 +139,14 @@ class MllamaVideoModel(Finetuning, nn.Module):
         positions = positions.to(input_ids.device).view(1, -1)
         cos, sin = lm.model.rope_tables(positions, self.dtype)
         step = MllamaStep(cos, sin, hooks or self.hooks, cache, feed=feed)
-        if visual is not None and visual.num_frames > 0:
-            if input_ids.shape[0] != 1:
-                raise ValueError("visual inputs need batch size 1 (one request per forward)")
-            starts = visual.media_starts
-            dev_starts = device_tensor(starts)
-            # a row at a frame's <|image|> sees that frame
-            q_vis = known_q_vis(
-                visible_frames(positions, dev_starts), given, start, starts, visible_frames, True
-            )
-            every = every_rank_q_vis(feed, starts, visible_frames)
-            step.visual = VisualStep(visual.kv, visual.k_frame, q_vis, every)
-            if not (isinstance(q_vis, Indices) and q_vis.low is not None):
-                first = dev_starts[:1].to(positions.device)
-                step.kept = (positions >= first).to(self.dtype)[..., None]
+        batch, sees = input_ids.shape[0], True  # a row at a frame's <|image|> sees that frame
+        step.visual = bind_visual(
+            visual, batch, positions, given, start, feed, visible_frames, sees
+        )
+        q_vis = step.visual.q_vis if step.visual is not None else None
+        if step.visual is not None and not (isinstance(q_vis, Indices) and q_vis.low is not None):
+            first = device_tensor(visual.media_starts)[:1].to(positions.device)
+            step.kept = (positions >= first).to(self.dtype)[..., None]
         return self._layers(input_ids, step, last_only)
 
     def decode_step(
@@ -188,40 +167,9 @@ class MllamaVideoModel(Finetuning, nn.Module):
 
     def _layers(self, input_ids: torch.Tensor, step: MllamaStep, last_only: bool) -> torch.Tensor:
         lm = self.mllama.language_model
-        x = lm.model.embed_tokens(input_ids)
-        for i, layer in enumerate(lm.model.layers):
-            x = self._runs.get(i, self._layer)(layer, x, step, i)
-        x = lm.model.norm(x)
+        x = lm.model(input_ids, step, self._runs)
         return lm.lm_head(x[:, -1:] if last_only else x)
 
     def _layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
-        if isinstance(layer, CrossAttentionLayer):
-            return self._cross_layer(layer, x, step, i)
-        return self._self_layer(layer, x, step, i)
-
-    def _self_layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = rope(attn.split(attn.q_proj(h), attn.heads), step.cos, step.sin)
-        k = rope(attn.split(attn.k_proj(h), attn.kv_heads), step.cos, step.sin)
-        v = attn.split(attn.v_proj(h), attn.kv_heads)
-        if step.cache is not None:
-            k, v = step.cache.update(i, k, v)
-        out, _ = step.hooks.text(q, k, v, step, i)
-        x = x + attn.o_proj(out.to(x.dtype).flatten(2))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
-
-    def _cross_layer(self, layer, x: torch.Tensor, step: MllamaStep, i: int) -> torch.Tensor:
-        attn = layer.cross_attn
-        if step.cache is not None:  # zero-width K/V: the layer's count of the tokens fed
-            none = x.new_empty((*x.shape[:2], attn.kv_heads, 0))
-            step.cache.update(i, none, none)
-        if step.visual is None:
-            return x
-        q = attn.q_norm(attn.split(attn.q_proj(layer.input_layernorm(x)), attn.heads))
-        out, _ = step.hooks.visual(q, step, i)
-        x = x + layer.cross_attn_attn_gate.tanh() * attn.o_proj(out.to(x.dtype).flatten(2))
-        h = layer.mlp(layer.post_attention_layernorm(x))
-        if step.kept is not None:
-            h = h * step.kept
-        return x + layer.cross_attn_mlp_gate.tanh() * h
+        """One layer's run (`checkpoint_layers` wraps it)."""
+        return layer(x, step, i)

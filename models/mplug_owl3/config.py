@@ -261,6 +261,15 @@ class Owl3Config:
         return self.hyper_layer_indices
 
     @property
+    def cross_kv_heads(self) -> int:
+        """K/V heads of a hyper layer's visual K/V (`v_kv_proj`: the text layer's K/V heads)."""
+        return self.num_key_value_heads
+
+    @property
+    def cross_head_dim(self) -> int:
+        return self.head_dim
+
+    @property
     def frame_size(self) -> int:
         """Side of the square image the vision tower takes, in pixels."""
         return self.vision.image_size

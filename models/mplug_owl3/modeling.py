@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from lvx_kernels.feed import REPLICATED, Feed
-from lvx_kernels.masks import device_tensor
 
 from ..steps import (
     AttentionHooks,
@@ -36,8 +35,7 @@ from ..steps import (
     TextKVCache,
     VisualInputs,
     VisualStep,
-    every_rank_q_vis,
-    known_q_vis,
+    bind_visual,
     local_frames,
 )
 from .config import Owl3Config
@@ -112,12 +110,10 @@ class Owl3Model(Finetuning, nn.Module):
         1)."""
         return frame_rope_positions(media_starts, self.config.generation)
 
-    def visible_frames(
-        self, token_positions: torch.Tensor, media_starts: torch.Tensor
-    ) -> torch.Tensor:
+    def visible_frames(self, positions: torch.Tensor, media_starts: torch.Tensor) -> torch.Tensor:
         """q_vis per token for this checkpoint's generation (G2 #{t >= start_j}, G1 #{start_j <
         t})."""
-        return visible_frames(token_positions, media_starts, self.config.generation)
+        return visible_frames(positions, media_starts, self.config.generation)
 
     def prepare_visual(
         self,
@@ -208,20 +204,11 @@ class Owl3Model(Finetuning, nn.Module):
         (for the attention hooks, `lvx_kernels.feed`); hooks: the attention this forward calls
         (default: the model's own, local attention)."""
         lm = self.language_model
-        given = positions
-        start = cache.length if cache is not None else 0
+        given, start = positions, cache.length if cache is not None else 0
         positions = lm.resolve_positions(input_ids, positions, cache)
-        step = None
-        if visual is not None and visual.num_frames > 0:
-            if input_ids.shape[0] != 1:
-                raise ValueError("visual inputs need batch size 1 (one request per forward)")
-            starts = visual.media_starts
-            q_vis = self.visible_frames(positions, device_tensor(starts))
-            q_vis = known_q_vis(
-                q_vis, given, start, starts, self.visible_frames, self._sees_at_start()
-            )
-            every = every_rank_q_vis(feed, starts, self.visible_frames)
-            step = VisualStep(visual.kv, visual.k_frame, q_vis, every)
+        sees = self._sees_at_start()
+        batch = input_ids.shape[0]
+        step = bind_visual(visual, batch, positions, given, start, feed, self.visible_frames, sees)
         return lm(
             input_ids,
             positions,

@@ -1,6 +1,7 @@
 """mPLUG-Owl3 processor: ChatML prompt, media placeholders, `media_starts` / `media_offset`, image
-cutting. The template is `chat_template`, a still image's cut `image_cut`, the result
-`prompt_inputs`; this module tokenizes the template's chunks and loads the checkpoint's own rules.
+cutting. The template is `chat_template`, a still image's cut `image_cut`, the result a `Prompt`
+(the record every family makes) with mPLUG-Owl3's media (`prompt_inputs`); this module tokenizes
+the template's chunks and loads the checkpoint's own rules.
 
 Follows the official processors (reference mplug_owl3.md §5) for every release:
 
@@ -14,13 +15,13 @@ Follows the official processors (reference mplug_owl3.md §5) for every release:
   the control token).
 - Videos (§5.4): one `<|image|>` per frame, no cut; wrapped in `<|start_video_frame|>` ...
   `<|end_video_frame|>` or bare, as the checkpoint's `PromptRules` say. Frames go through
-  `image_transform`.
+  `lvx_models.pixels`.
 - Still images (§5.3): with `cut=True` the image is resized to the best `grid_squ_6` anchor (docowl
   ranking), split row-major into rows*cols crops, plus a global view last; the placeholder becomes
   the rules' cut prompt (`v2_global` or `v3_global`). Beside a video they are cut or not as the
   rules say.
-- `media_offset()` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without images);
-  G2 `[tensor(starts)]`.
+- `media_offset(prompt)` (§5.5): G1 `[1, L, 2]` int64 (`[0, #{j: t > start_j}]`, -1000000 without
+  images); G2 `[tensor(starts)]`.
 
 The rules (video span, cut beside videos, cut prompt) are read from the checkpoint's own processor
 files, else the published default of its release (`prompt_rules.py`).
@@ -51,16 +52,17 @@ import torch
 from ..detokenize import StreamDecoder
 from ..pixels import square_prep
 from ..safetensors_folder import safetensors_files
+from ..surface import Prompt
 from .chat_template import ASSISTANT_HEADER, IMAGE, IMAGE_CHUNK, VIDEO, ChatTemplate, Chunk
 from .checkpoint import CheckpointError, detect_architecture, detect_gate_form, resolve_folder
 from .config import SiglipVisionConfig, form_of, split_form
 from .image_cut import cut_image
-from .prompt_inputs import MediaItem, PromptInputs
+from .prompt_inputs import MediaItem, media_offset
 from .prompt_rules import PromptRules, published_rules, read_prompt_rules
 from .tokenizer import ENDOFTEXT, Control, Owl3Tokenizer
 
 # the markers a user message holds go with the processor that reads them
-__all__ = ["IMAGE", "VIDEO", "Owl3Processor", "PromptInputs"]
+__all__ = ["IMAGE", "VIDEO", "Owl3Processor"]
 
 
 class Owl3Processor:
@@ -188,9 +190,7 @@ class Owl3Processor:
                 text += piece
         return ids + self.tokenizer.encode_text(text)
 
-    def _encode_chunks(
-        self, chunks: list[Chunk], media: list[MediaItem], offset: int
-    ) -> PromptInputs:
+    def _encode_chunks(self, chunks: list[Chunk], media: list[MediaItem], offset: int) -> Prompt:
         ids: list[int] = []
         starts: list[int] = []
         for chunk in chunks:
@@ -200,15 +200,18 @@ class Owl3Processor:
             else:
                 ids.extend(self._encode_chunk(chunk))
         assert len(starts) == sum(m.num_placeholders for m in media)
-        return PromptInputs(
+        return Prompt(
             torch.tensor(ids, dtype=torch.int64),
             starts,
-            len(self._image_ids),
-            media,
-            self.generation,
             "".join("".join(chunk) for chunk in chunks),
             offset,
+            placeholder_len=len(self._image_ids),
+            media=media,
         )
+
+    def media_offset(self, prompt: Prompt) -> torch.Tensor | list[torch.Tensor]:
+        """The official `media_offset` of a whole prompt, in this checkpoint's generation."""
+        return media_offset(prompt, self.generation)
 
     def build_chat_prompt(
         self,
@@ -218,7 +221,7 @@ class Owl3Processor:
         videos: Sequence[Any] = (),
         cut: bool = True,
         add_generation_prompt: bool = True,
-    ) -> PromptInputs:
+    ) -> Prompt:
         """Tokenize a conversation from its start.
 
         messages: [{"role": "system"|"user"|"assistant", "content": str}], user content may hold
@@ -242,7 +245,7 @@ class Owl3Processor:
         images: Sequence[Any] = (),
         videos: Sequence[Any] = (),
         cut: bool = True,
-    ) -> PromptInputs:
+    ) -> Prompt:
         """The ids to append after a generated answer that ended with <|im_end|>, for the next user
         turn.
 
@@ -263,7 +266,7 @@ class Owl3Processor:
         )
         return self._encode_chunks(chunks, media, offset)
 
-    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> PromptInputs:
+    def build_continuation(self, messages: Sequence[dict], *, offset: int) -> Prompt:
         """The ids to append after a generated answer that ended with <|im_end|>, for the next
         messages (text only): `build_followup` for any run of user and system messages, as the
         template lays them out after that answer."""
@@ -272,7 +275,7 @@ class Owl3Processor:
 
     def training_prompt(
         self, messages: Sequence[dict], *, videos: Sequence[Any] = ()
-    ) -> tuple[PromptInputs, list[tuple[int, int]]]:
+    ) -> tuple[Prompt, list[tuple[int, int]]]:
         """(the ids of a conversation through its last assistant message, [start, end) of each
         assistant message's tokens that carry a loss: its answer, `<|im_end|>` and
         `<|endoftext|>`), in the official training template (reference mplug_owl3.md §5.2).
@@ -284,7 +287,7 @@ class Owl3Processor:
         header = self._encode_chunk(ASSISTANT_HEADER)
         gen = {"role": "assistant", "content": ""}
 
-        def ids(msgs: Sequence[dict]) -> PromptInputs:
+        def ids(msgs: Sequence[dict]) -> Prompt:
             return self.build_chat_prompt(
                 list(msgs) + [gen], videos=videos, add_generation_prompt=False
             )
