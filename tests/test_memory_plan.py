@@ -229,3 +229,35 @@ def test_plan_gpu_prints_every_table_and_writes_its_json(tmp_path, capsys, markd
     assert ("| minutes |" in printed) == markdown
     data = json.loads((tmp_path / "plan.json").read_text())
     assert {"memory", "largest", "times_60min", "kernel_calls_60min"} <= set(data)
+
+
+class _CrossHeads:
+    """mPLUG-Owl3 7B's sizes with cross layers of their own head geometry: 8 K/V heads of 96
+    beside the text layers' 4 of 128."""
+
+    cross_kv_heads, cross_head_dim = 8, 96
+
+    def __init__(self, base: Owl3Config):
+        self.base = base
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+def test_visual_kv_is_sized_by_the_cross_layers_own_heads() -> None:
+    from lvx_models.surface import ModelConfig, protocol_gaps
+
+    base = Owl3Config()
+    cfg = _CrossHeads(base)
+    assert not protocol_gaps(cfg, ModelConfig)
+    counts = param_counts(base)
+    work = Workload(minutes=10)
+    plan, same = memory_plan(cfg, work, counts), memory_plan(base, work, counts)
+    tokens = work.frames * 729
+    # 4 hyper layers; K and V, (tokens, 8*96) each, bf16
+    assert plan.resident["visual K/V"] == 4 * tokens * 2 * 8 * 96 * 2
+    assert same.resident["visual K/V"] == 4 * tokens * 2 * 4 * 128 * 2
+    # the text K/V keep the text layers' 4 heads of 128
+    assert plan.resident["text K/V"] == same.resident["text K/V"]
+    assert plan.resident["text K/V"] % (cfg.text_kv_layers * 2 * 4 * 128 * 2) == 0
+    assert plan.stages["visual K/V"] > same.stages["visual K/V"]

@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from lvx_app.engine.memory_plan import GB, ParamCounts, Workload, memory_plan, param_counts
+from lvx_app.engine.memory_plan import (
+    GB,
+    ParamCounts,
+    Workload,
+    features_bytes,
+    memory_plan,
+    param_counts,
+)
 from lvx_models.api import ModelConfig
 
 
@@ -113,8 +120,7 @@ def choose_kv_mode(
         return KvChoice("cache", "auto")
     work = Workload(minutes=frames / 60, ranks=ranks, dtype_bytes=dtype_bytes)
     plan = memory_plan(config, work, counts or param_counts(config))
-    local = -(-frames // ranks)
-    features = local * config.visual_tokens_per_frame * config.hidden_size * dtype_bytes
+    features = features_bytes(config, -(-frames // ranks), dtype_bytes)
     growth = plan.peak - plan.resident["weights"] - features
     choice = KvChoice("cache", "auto", read_memory(device), replaced, plan.peak, growth)
     return choice if growth <= choice.usable else replace(choice, mode="recompute")

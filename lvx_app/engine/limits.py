@@ -2,9 +2,9 @@
 
 A pasted book (a 1,000,000-character question) once made rank 0 allocate 11.5 GB and get OOM-killed,
 taking the group with it. A question is capped by the model's context (`max_position_embeddings`)
-and by what the prefill would need on one rank: activations and the text K/V it adds grow linearly,
-and a ring step's score (or additive mask) block of its local queries against one rank's share of
-the text keys, fp32 per head as the math and masked kernels hold it, grows with the conversation.
+and by what the prefill would need on one rank (`memory_plan.prefill_bytes`, the one estimate's:
+activations and the text K/V it adds grow linearly, and a ring step's score or additive mask block
+of its local queries against one rank's share of the text keys grows with the conversation).
 Visual tokens are left out: the question sees every frame, so those tiles take the unmasked kernels.
 The budget is the free memory `ingest` also plans with.
 
@@ -15,20 +15,9 @@ token ids per rank, held after the refusal) nor sent to them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from lvx_app.engine.api import EngineError
+from lvx_app.engine.memory_plan import PrefillShape, prefill_bytes
 from lvx_models.api import ModelConfig
-
-
-@dataclass(frozen=True)
-class PrefillShape:
-    """What a prefill of a question meets on one rank."""
-
-    world: int  # ranks the question is split over
-    position: int  # text tokens already in the conversation
-    element_bytes: int  # bytes per activation element (the model dtype)
-
 
 # the key of `RankSession.describe()` that carries `question_char_limit` to the frontends
 MAX_QUESTION_CHARS = "max question chars"
@@ -48,23 +37,6 @@ def too_many_chars(chars: int, limit: int) -> str:
         f"the question is {chars:,} characters, more than the {limit:,} any question may have "
         "with this model; shorten it, or ask about a part of it at a time"
     )
-
-
-def prefill_bytes(n: int, cfg: ModelConfig, shape: PrefillShape) -> int:
-    """An upper estimate of one rank's memory for prefilling `n` more tokens."""
-    local = -(-n // shape.world)
-    linear = local * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * shape.element_bytes
-    kv = (
-        local
-        * cfg.text_kv_layers
-        * 2
-        * cfg.num_key_value_heads
-        * cfg.head_dim
-        * shape.element_bytes
-    )
-    keys = -(-(shape.position + n) // shape.world)
-    scores = cfg.num_attention_heads * local * keys * 4
-    return linear + kv + scores
 
 
 def question_limit(

@@ -1,19 +1,23 @@
 """Memory plan of one chat session on a video, from the model's real shapes: what each rank keeps
 and the peak of each stage, in bytes (projected, not measured).
 
-The engine decides what each rank keeps, so the plan lives beside it: `--kv-mode auto` compares its
-peak with the memory the process can use (`kv_choice`), and `scripts/memory_plan.py` builds the
-time plan and the largest-video tables on it. Every size is read through `ModelConfig` (the video
-prompt's positions per frame included), parameter counts from the family's model built on the
-`meta` device (no memory, no weights); every other term is the size of a tensor the code as it
-stands allocates, named after where it is made:
+The one memory estimate of lvx: `memory_plan` sizes a session, from the per-token and per-copy sizes
+below (`weight_bytes`, `features_bytes`, `visual_kv_bytes`, `text_kv_bytes`), which every other
+estimate reads too: `--kv-mode auto` compares the plan's peak with the memory the process can use
+(`kv_choice`), the question cap sizes a question's prefill (`prefill_bytes`, read by `limits`), the
+group-fit check sizes a rank's weights (`weight_bytes`, read by `runtime/fit`), and
+`scripts/memory_plan.py` builds the time plan and the largest-video tables on the plan. Every
+size is read through `ModelConfig` (the video prompt's positions per frame included), parameter
+counts from the family's model built on the `meta` device (no memory, no weights); every other
+term is the size of a tensor the code as it stands allocates, named after where it is made:
 
 - weights: the whole model on every rank (`Session.__init__` loads vision tower, projector and
   language model);
 - E: this rank's features (frames, visual tokens, H) (`ingest`); kept only with
   `--kv-mode recompute`;
-- visual K/V: per cross layer, `visual_kv` writes K and V into buffers of their own: 2 * n_kv * d
-  values per visual token;
+- visual K/V: per cross layer, `visual_kv` writes K and V into buffers of their own: 2 * heads *
+  head size values per visual token, in the cross layers' own geometry (`cross_kv_heads`,
+  `cross_head_dim`), which need not be the text layers';
 - its transient: one chunk of frames (the config's `visual_kv_chunk_bytes` of float32 work) at a
   time: `rms_norm` in float32 (two float32 copies of the chunk), then the projection, then K's
   float32 rotation (mPLUG-Owl3's MI-RoPE; an upper bound for a family whose keys are not rotated);
@@ -85,6 +89,49 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# ---- the sizes every estimate reads --------------------------------------------------------------
+def weight_bytes(parameters: int, dtype_bytes: int) -> int:
+    """One rank's copy of the model's weights."""
+    return parameters * dtype_bytes
+
+
+def features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
+    """The visual features E of `frames` frames (what `--kv-mode recompute` keeps)."""
+    return frames * cfg.visual_tokens_per_frame * cfg.hidden_size * dtype_bytes
+
+
+def visual_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
+    """One cross layer's visual K and V of `tokens` visual tokens, in its own head geometry."""
+    return tokens * 2 * cfg.cross_kv_heads * cfg.cross_head_dim * dtype_bytes
+
+
+def text_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
+    """Every layer's text K and V of `tokens` tokens (the layers that keep any)."""
+    return cfg.text_kv_layers * tokens * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """What a prefill of a question meets on one rank."""
+
+    world: int  # ranks the question is split over
+    position: int  # text tokens already in the conversation
+    element_bytes: int  # bytes per activation element (the model dtype)
+
+
+def prefill_bytes(n: int, cfg: ModelConfig, shape: PrefillShape) -> int:
+    """An upper estimate of one rank's memory for prefilling `n` more question tokens: the layers'
+    activations and the text K/V they add grow linearly, and a ring step's score (or additive
+    mask) block of the local queries against one rank's share of the text keys, fp32 per head,
+    with the conversation."""
+    local = -(-n // shape.world)
+    b = shape.element_bytes
+    linear = local * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * b
+    keys = -(-(shape.position + n) // shape.world)
+    scores = cfg.num_attention_heads * local * keys * 4
+    return linear + text_kv_bytes(cfg, local, b) + scores
+
+
 @dataclass(frozen=True)
 class ParamCounts:
     """Parameter counts by part, read from the meta-device model."""
@@ -132,17 +179,14 @@ def _visual_kv_transient(
 ) -> int:
     """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
     visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
-    h, kvw, kd = (
-        cfg.hidden_size,
-        2 * cfg.num_key_value_heads * cfg.head_dim,
-        cfg.num_key_value_heads * cfg.head_dim,
-    )
+    h, kd = cfg.hidden_size, cfg.cross_kv_heads * cfg.cross_head_dim
+    kvw = 2 * kd  # a visual token's K and V values
     p, chunk_bytes = cfg.visual_tokens_per_frame, chunk_bytes or cfg.visual_kv_chunk_bytes
     chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
     norm = 2 * 4 * h  # rms_norm: the float32 copy and its normalised float32 product
     project = h * b + kvw * b  # the normed input and the projection's output
     # K in float32, its rotate-half and products; cos, sin
-    rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.head_dim
+    rope = kvw * b + 4 * 4 * kd + 2 * 4 * cfg.cross_head_dim
     return chunk * max(norm, project, rope)
 
 
@@ -263,13 +307,12 @@ def memory_plan(
     vis_tokens = frames * cfg.visual_tokens_per_frame
     n_hyper = len(cfg.cross_layer_indices)
     prompt = _ceil_div(work.prompt_tokens, work.ranks)
-    kd = cfg.num_key_value_heads * cfg.head_dim
-    e = vis_tokens * cfg.hidden_size * b
-    kv_layer = vis_tokens * 2 * kd * b
-    text_kv = lambda tokens: cfg.text_kv_layers * tokens * 2 * kd * b  # noqa: E731
+    e = features_bytes(cfg, frames, b)
+    kv_layer = visual_kv_bytes(cfg, vis_tokens, b)
+    text_kv = lambda tokens: text_kv_bytes(cfg, tokens, b)  # noqa: E731
     # a layer's K/V buffers and one chunk's work
     kv_transient = kv_layer + _visual_kv_transient(cfg, vis_tokens, b, work.visual_kv_chunk_bytes)
-    resident = {"weights": counts.total * b}
+    resident = {"weights": weight_bytes(counts.total, b)}
     if work.kv_mode == "recompute":
         resident["features E"] = e
         # each hyper layer recomputes its K/V when it runs

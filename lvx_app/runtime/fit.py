@@ -6,7 +6,8 @@ out-of-memory killer taking the group, the server, or whatever else runs.
 The figures are what one rank measured on CPU with the tiny checkpoint: the rank process about
 155 MiB unshared, its decode forkserver about 150 MiB, its resource tracker and a decode worker
 about 15 MiB; the torchrun agent of a group about 150 MiB. The model's weights come on top, once per
-rank, in the dtype the ranks load them in.
+rank, in the dtype the ranks load them in, sized as the memory plan sizes them
+(`memory_plan.weight_bytes`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from lvx_app.devices import default_dtype, resolve_dtype
 from lvx_app.engine.api import EngineError
+from lvx_app.engine.memory_plan import weight_bytes
 from lvx_app.parallel.world import World
 from lvx_models.api import safetensors_files, tensor_shapes
 
@@ -127,7 +129,7 @@ def group_needs(model_path: str, dtype_name: str, world: World) -> GroupNeeds:
         dtype = resolve_dtype(dtype_name, device, ("float32", "bfloat16", "float16"))
     except ValueError:
         dtype = default_dtype(device)  # the ranks say what is wrong with it
-    return GroupNeeds(world.ranks, weight_elements(model_path) * dtype.itemsize)
+    return GroupNeeds(world.ranks, weight_bytes(weight_elements(model_path), dtype.itemsize))
 
 
 def refuse_what_does_not_fit(model_path: str, dtype_name: str, world: World) -> None:
