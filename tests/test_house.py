@@ -402,3 +402,13 @@ def test_ci_runs_the_readmes_test_line_word_for_word():
     demo, tests = lines.splitlines()
     assert demo.endswith("lvx demo") and tests.endswith(TEST_COMMAND)
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+MAX_BENCHMARK_LINES = 350  # docs/benchmarks.md: every current number, no superseded table
+
+
+def test_the_benchmarks_page_stays_short():
+    lines = (ROOT / "docs" / "benchmarks.md").read_text().count("\n")
+    assert lines <= MAX_BENCHMARK_LINES, (
+        f"docs/benchmarks.md is {lines} lines, over {MAX_BENCHMARK_LINES}: merge superseded tables"
+    )
