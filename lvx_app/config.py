@@ -155,7 +155,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class VideoConfig:
     """How a video becomes visual tokens: sampling, decoding, subtitles, caches, K/V memory. One
-    load's options travel in a `lvx_app.engine.api.VideoRequest`."""
+    load's options travel in a `lvx_app.engine.records.VideoRequest`."""
 
     fps: float = option(
         1.0,

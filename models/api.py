@@ -38,7 +38,7 @@ from .surface import (
     Prompt,
     VideoModel,
 )
-from .text import valid_text
+from .valid_text import valid_text
 
 __all__ = [
     "DEFAULT_FAMILY",

@@ -66,7 +66,7 @@ def answer_rounds(
     from dataclasses import replace
 
     from lvx_app.config import Config
-    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.records import VideoRequest
     from lvx_app.engine.session import RankSession
     from lvx_app.parallel.group import init_distributed
 

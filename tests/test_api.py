@@ -8,7 +8,7 @@ from test_engine import QUESTIONS, _reference
 
 import lvx_app as lvx
 from lvx_app.config import ConfigError
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 
 
 @pytest.mark.slow

@@ -65,8 +65,8 @@ def served(tiny_checkpoints, short_video, tmp_path_factory):
 
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     root = tmp_path_factory.mktemp("harness")
     folder = root / "videos"
@@ -270,8 +270,8 @@ def test_a_request_whose_client_left_while_it_waited_loads_nothing(tmp_path):
 
     from lvx_app.config import Config
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     class Chatting(StandIn):
         def chat(self, turns, **generation):

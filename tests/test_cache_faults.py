@@ -28,7 +28,7 @@ from lvx_app.cache import CacheFolder, CacheWarning, FeatureCache, PrefixCache, 
 from lvx_app.cache.fingerprints import MEMO_NAME, fingerprint_memo
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.mplug_owl3.family import FAMILY

@@ -201,8 +201,8 @@ def test_the_api_key_is_named_as_the_docs_name_it():
 
 def test_the_video_line_gives_the_rate_the_frames_were_taken_at():
     """--max-frames 3 on a 12 s video at --fps 1 takes a frame every 4 s: the line says 0.25 fps."""
-    from lvx_app.engine.api import VideoSummary
     from lvx_app.engine.describe import describe_video
+    from lvx_app.engine.records import VideoSummary
 
     def line(frames: int, fps: float, duration_s: float) -> str:
         summary = VideoSummary("v.mp4", frames, fps, duration_s, frames * 4, False, 1.0)

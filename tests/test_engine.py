@@ -17,8 +17,8 @@ from test_generation_cache import generate
 from timing import scaled
 
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import EngineError, GroupFailed
 from lvx_app.engine.describe import printable
+from lvx_app.engine.records import EngineError, GroupFailed
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel

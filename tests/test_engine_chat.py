@@ -10,8 +10,8 @@ from engine_configs import engine_config
 from test_engine import PARAMS, QUESTIONS, _reference
 from test_generation_cache import generate
 
-from lvx_app.engine.api import EngineError, VideoOpening
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.records import EngineError, VideoOpening
 from lvx_app.runtime.open import open_engine
 
 VIDEO = "<|video|>"

@@ -10,7 +10,7 @@ from multiprocessing import Pipe
 import pytest
 
 from lvx_app.config import Config
-from lvx_app.engine.api import QuestionTooLong
+from lvx_app.engine.records import QuestionTooLong
 from lvx_app.runtime import commands
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from engine_configs import engine_config
 
 from lvx_app.config import ConfigError
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.engine.session import RankSession
 from scripts.gloo_ranks import run_ranks
 

@@ -111,8 +111,8 @@ def test_the_api_and_the_page_transcribe_and_show_it(
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
     from lvx_ui.app import ChatApp
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     folder = tmp_path / "videos"
     folder.mkdir()
@@ -232,7 +232,7 @@ def test_the_demos_spoken_clip_is_transcribed_by_its_line(tiny_checkpoints, tmp_
 
 
 def test_the_pages_transcript_seeks_and_marks_where_the_answer_looked():
-    from lvx_app.engine.api import Moment
+    from lvx_app.engine.records import Moment
     from lvx_app.subtitles import Cue
     from lvx_ui.app import SEEK_PREFIX
     from lvx_ui.transcript_view import transcript_markdown

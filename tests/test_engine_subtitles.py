@@ -12,7 +12,7 @@ import pytest
 from engine_configs import engine_config
 from test_engine import PARAMS, QUESTIONS, _reference
 
-from lvx_app.engine.api import EngineWarning
+from lvx_app.engine.records import EngineWarning
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop

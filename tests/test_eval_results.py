@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from videomme_fixtures import LookupSession, answers_for, make_mini_videomme
 
 from lvx_app.cli.evaluate import eval_app
-from lvx_app.engine.api import QuestionTooLong
+from lvx_app.engine.records import QuestionTooLong
 from lvx_app.eval.results import ResultsError, merge_results, read_results
 from lvx_app.eval.videomme import run_videomme
 from lvx_app.runtime.engine_handle import Engine

@@ -15,8 +15,8 @@ from test_serve_api import api_here  # noqa: F401 - the API on an engine in this
 
 from lvx_app.attention import frame_shares as attention_evidence
 from lvx_app.attention.frame_shares import frame_lse, frame_shares
-from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments, seen_line
+from lvx_app.engine.records import Moment
 from lvx_app.parallel.layout import owners
 from scripts.gloo_ranks import run_ranks
 
@@ -168,7 +168,7 @@ def _session(checkpoint: str, **options):
 def _engine_answers(rank: int, world: int, checkpoints: dict, video: str):
     """Every rank answers one question per generation (SPMD); rank 0 returns each answer's
     tokens, per-frame shares and moments."""
-    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.records import VideoRequest
 
     out = {}
     for generation, options in ENGINE_CASES.items():
@@ -187,8 +187,8 @@ def _engine_answers(rank: int, world: int, checkpoints: dict, video: str):
 
 def _one_process_reference(checkpoint: str, video: str, answer: dict) -> torch.Tensor:
     """The same answer fed in one process, its queries recorded, their softmax in float64."""
-    from lvx_app.engine.api import VideoRequest
     from lvx_app.engine.evidence import EvidenceRecorder
+    from lvx_app.engine.records import VideoRequest
     from lvx_app.engine.session import RankSession
     from lvx_app.parallel.group import DistInfo
 
@@ -253,7 +253,7 @@ def planted(tiny_checkpoints, tmp_path_factory):
 def _planted_answers(rank: int, world: int, checkpoints: dict, videos: dict):
     """Every rank answers one question per (generation, video); rank 0 returns each answer's
     shares, moments and the sampled frames' timestamps."""
-    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.records import VideoRequest
 
     out = {}
     for generation, options in ENGINE_CASES.items():
@@ -299,7 +299,7 @@ def test_evidence_off_installs_nothing_and_on_fills_the_answer(tiny_checkpoints,
     from dataclasses import replace
 
     from lvx_app.engine import evidence as engine_evidence
-    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.records import VideoRequest
 
     session, config = _session(tiny_checkpoints["g2"])
     session.load_video(VideoRequest.of(short_video, config.video))

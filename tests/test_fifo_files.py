@@ -72,7 +72,7 @@ def test_load_video_of_a_fifo_is_an_error_not_a_wait(tiny_checkpoints, tmp_path)
     and the engine loads the next video."""
     from engine_configs import engine_config
 
-    from lvx_app.engine.api import EngineError
+    from lvx_app.engine.records import EngineError
     from lvx_app.runtime.open import open_engine
     from lvx_app.video.synthetic import make_video
 

@@ -13,7 +13,7 @@ import pytest
 
 import lvx_app as lvx
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_models.mplug_owl3.processor import VIDEO
 
 HOT = 50.0  # a temperature at which the tiny model's tokens are drawn almost evenly

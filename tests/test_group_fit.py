@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import lvx_app.runtime.fit as fit
 import lvx_app.runtime.open as opening
 from lvx_app.cli.main import app
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.runtime.fit import GROUP_BYTES, RANK_BYTES, GroupNeeds, check_group_fits, usable
 
 GiB = 2**30

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 import lvx_app as lvx
 from lvx_app.cache.store import checksum, read_entry
 from lvx_app.config import ConfigError, VideoConfig
-from lvx_app.engine.api import EngineError, VideoRequest
+from lvx_app.engine.records import EngineError, VideoRequest
 from lvx_app.runtime.engine_handle import _request
 from lvx_ui.frames import FrameError, decode_frames
 from lvx_ui.openai_request import ApiError, VideoFiles
@@ -155,7 +155,7 @@ def test_requests_again_and_again_keep_no_memory(tiny_checkpoints, short_video, 
 
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_routes import OpenAIApi
 
     folder = tmp_path / "videos"
     folder.mkdir()
@@ -282,7 +282,7 @@ def test_a_fifo_given_as_subtitles_is_named_for_what_it_is_and_never_opened(tmp_
 
 
 def test_an_api_client_is_told_the_field_to_send_not_a_flag():
-    from lvx_ui.openai_api import api_error
+    from lvx_ui.openai_routes import api_error
 
     said = "talk.srt is binary; pass an .srt or .vtt file, or --subtitles none"
     err = api_error(EngineError(said))

@@ -363,7 +363,10 @@ def test_the_model_name_scan_reads_code_not_prose(source, found):
     [
         ("import lvx_kernels.merge as m", {"lvx_kernels.merge"}),
         ("from .config import Owl3Config", {"lvx_models.mplug_owl3.config"}),
-        ("def f():\n    from lvx_app.engine.api import EngineError", {"lvx_app.engine.api"}),
+        (
+            "def f():\n    from lvx_app.engine.records import EngineError",
+            {"lvx_app.engine.records"},
+        ),
     ],
 )
 def test_import_reader_resolves_absolute_relative_and_function_level_imports(

@@ -18,9 +18,9 @@ from timing import scaled
 import lvx_app as lvx
 from lvx_app.cli.chat import run_chat
 from lvx_app.config import Config, GenerationConfig
-from lvx_app.engine.api import AnswerStats, EngineError
 from lvx_app.engine.describe import describe_answer
 from lvx_app.engine.limits import TURN_ROOM, answer_tokens
+from lvx_app.engine.records import AnswerStats, EngineError
 from lvx_app.engine.sampling import sample_next, sample_token
 from lvx_app.runtime.engine_handle import Engine
 from lvx_models.mplug_owl3.tokenizer import Owl3Tokenizer, valid_text

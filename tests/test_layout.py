@@ -8,7 +8,7 @@ import torch
 
 from lvx_app.cache import FeatureKey
 from lvx_app.defaults import LAYOUTS
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.parallel.layout import balance, owned, owners, rank_tokens, round_work, token_owners
 from lvx_app.video.plan import build_plan
 from scripts.gloo_ranks import run_ranks

@@ -18,7 +18,7 @@ from engine_configs import engine_config
 from test_serve import LVX, free_port
 from timing import scaled
 
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.parallel.failures import RUN_DIR_ENV, pid_file
 from lvx_app.parallel.run_dirs import PREFIX as RUN_PREFIX
 from lvx_app.runtime.open import open_engine

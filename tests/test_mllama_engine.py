@@ -62,7 +62,7 @@ def test_followups_continue_the_template(checkpoint):
 
 def _answer(rank: int, world: int, checkpoint: str, video: str):
     """Every rank loads the video and answers two turns; rank 0 returns the tokens and shares."""
-    from lvx_app.engine.api import VideoRequest
+    from lvx_app.engine.records import VideoRequest
     from lvx_app.engine.session import RankSession
     from lvx_app.parallel.group import DistInfo, init_distributed
 

@@ -105,8 +105,8 @@ def test_the_openai_api_and_the_page_answer_about_a_video(checkpoint, video, tmp
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
     from lvx_ui.app import ChatApp
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     folder = tmp_path / "videos"
     folder.mkdir()

@@ -23,7 +23,7 @@ from timing import scaled
 
 from lvx_app.train.data import IGNORE, tokenize
 from lvx_app.train.loop import Trainer
-from lvx_app.train.saving import STATE_FILE, save_checkpoint
+from lvx_app.train.out_folder import STATE_FILE, save_checkpoint
 from lvx_models.api import VIDEO, family_of
 from lvx_models.mllama.tiny import write_tiny_checkpoint
 from scripts.gloo_ranks import run_ranks

@@ -9,7 +9,7 @@ import torch
 from engine_configs import engine_config
 
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from scripts.gloo_ranks import run_ranks
 
 OOM = "CUDA out of memory. Tried to allocate 20.00 GiB"

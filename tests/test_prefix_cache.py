@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from lvx_app.cache import CacheWarning, FeatureKey, PrefixCache, PrefixKey, SavedPrefix
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, GenerationConfig
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
 from lvx_models.fingerprint import checkpoint_identity
@@ -352,8 +352,8 @@ def test_cache_cli_lists_and_removes_saved_prompts(tmp_path, video):
 
 
 def test_the_video_line_says_the_prompt_was_read_back():
-    from lvx_app.engine.api import VideoSummary
     from lvx_app.engine.describe import describe_video
+    from lvx_app.engine.records import VideoSummary
 
     summary = VideoSummary("m.mp4", 10, 1.0, 10.0, 7290, True, 0.4)
     assert "loaded from cache" in describe_video(summary)

@@ -7,7 +7,7 @@ import pytest
 from test_engine import QUESTIONS, _config, _lvx
 
 from lvx_app.engine import limits
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver, worker_loop

@@ -397,7 +397,7 @@ def test_a_reachable_host_needs_a_key(tmp_path, monkeypatch):
 
 
 def test_stop_strings_hold_back_what_may_start_one():
-    from lvx_ui.openai_api import StopStrings
+    from lvx_ui.openai_routes import StopStrings
 
     stops = StopStrings(["END", "xy"])
     assert [stops.push(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "EN"]
@@ -408,7 +408,7 @@ def test_stop_strings_hold_back_what_may_start_one():
 
 
 def test_messages_keep_their_order_around_the_video():
-    from lvx_app.engine.api import VideoOpening
+    from lvx_app.engine.records import VideoOpening
     from lvx_ui.openai_request import ApiError, read_request
 
     url = {"type": "video_url", "video_url": {"url": "file:///v.mp4"}}
@@ -528,8 +528,8 @@ def test_a_request_that_waits_past_queue_timeout_is_429_with_retry_after(tmp_pat
 
     from lvx_app.config import Config
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     config = Config.from_options(model=str(tmp_path))
     config = replace(config, serve=replace(config.serve, queue_timeout=0.2))
@@ -563,8 +563,8 @@ def test_every_refused_request_has_a_line_in_the_servers_log(tmp_path):
 
     from lvx_app.config import Config
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     config = Config.from_options(model=str(tmp_path))
     config = replace(config, serve=replace(config.serve, api_key="k"))
@@ -597,8 +597,8 @@ def api_here(tiny_checkpoints, short_video, tmp_path):
 
     from lvx_app.runtime.open import open_engine
     from lvx_app.runtime.service import EngineService
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     folder = tmp_path / "videos"
     folder.mkdir()

@@ -16,8 +16,8 @@ from test_engine import PARAMS, QUESTIONS, _reference
 from test_serve import ask, client, last_answer, start_server, stop_server
 
 from lvx_app.config import Config, VideoConfig
-from lvx_app.engine.api import VideoRequest, VideoSummary
 from lvx_app.engine.describe import printable
+from lvx_app.engine.records import VideoRequest, VideoSummary
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import EngineService
 from lvx_app.video.synthetic import make_video

@@ -14,7 +14,7 @@ import pytest
 from timing import scaled
 
 from lvx_app.config import Config, VideoConfig
-from lvx_app.engine.api import AnswerStats, GroupFailed, VideoRequest, VideoSummary
+from lvx_app.engine.records import AnswerStats, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Busy, EngineService, NoVideo, Restarting
 
@@ -284,8 +284,8 @@ def test_health_says_wedged_when_the_holder_shows_no_life_past_its_bound():
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     engine = StandIn()
     service = EngineService(engine, stuck_after=0.2)

@@ -19,7 +19,7 @@ from speech_clips import voice
 
 from lvx_app.cache import CacheFolder, CacheWarning
 from lvx_app.config import VideoConfig
-from lvx_app.engine.api import EngineError, VideoRequest
+from lvx_app.engine.records import EngineError, VideoRequest
 from lvx_app.speech import choice, pieces, transcribe
 from lvx_app.speech import model as speech_model
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio

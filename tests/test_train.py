@@ -131,7 +131,7 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
 def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
     """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official
     key `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
-    from lvx_app.train.saving import save_checkpoint
+    from lvx_app.train.out_folder import save_checkpoint
     from lvx_models.mplug_owl3.loader import load_model
 
     ckpt = tiny_checkpoints["g1-gateproj"]
@@ -448,7 +448,7 @@ def test_both_families_finetune_and_one_without_saved_weights_is_refused(tmp_pat
     write them for (no `save_weights`) is refused in one line, before any model is loaded."""
     from dataclasses import replace
 
-    from lvx_app.train.saving import family_to_finetune
+    from lvx_app.train.out_folder import family_to_finetune
     from lvx_models.api import FAMILIES, CheckpointError
 
     family = FAMILIES["mllama"]

@@ -23,8 +23,8 @@ from lvx_app.config import Config, updated
 from lvx_app.parallel.failures import pid_file
 from lvx_app.train import outlock
 from lvx_app.train.launch import STOP_GRACE_S, lock_out, release_out
+from lvx_app.train.out_folder import PARTIAL
 from lvx_app.train.outlock import LOCK_NAME, OutputBusy, lock_output, release_output
-from lvx_app.train.saving import PARTIAL
 
 SCRIPT = (
     "import typer, sys\nfrom lvx_app.cli.finetune import finetune_command\napp = typer.Typer()\n"

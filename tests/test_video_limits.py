@@ -12,8 +12,8 @@ import torch
 from test_input_faults import _small_context
 
 import lvx_app as lvx
-from lvx_app.engine.api import EngineError
 from lvx_app.engine.limits import TURN_ROOM, frames_that_fit
+from lvx_app.engine.records import EngineError
 from lvx_app.engine.resident_visual_kv import VisualKVOpener
 
 

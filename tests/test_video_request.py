@@ -15,7 +15,7 @@ import pytest
 import lvx_app as lvx
 import lvx_app.engine.video_context as video_context
 from lvx_app.config import VideoConfig, load_key
-from lvx_app.engine.api import EngineError, VideoRequest
+from lvx_app.engine.records import EngineError, VideoRequest
 from lvx_app.subtitles import Cue
 
 ENGLISH = "1\n00:00:00,000 --> 00:00:09,500\nthe café is open\n"

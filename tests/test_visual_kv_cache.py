@@ -25,7 +25,7 @@ import lvx_app.engine.resident_visual_kv as visual_kv
 from lvx_app.cache import CacheWarning, FeatureKey, VisualKVCache, VisualKVKey
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, ConfigError, GenerationConfig
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.engine.resident_visual_kv import should_save
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.group import init_distributed
@@ -371,8 +371,8 @@ def test_cache_cli_lists_and_removes_saved_visual_kv(tmp_path, video):
 
 
 def test_the_video_line_says_the_visual_kv_were_read_back():
-    from lvx_app.engine.api import VideoSummary
     from lvx_app.engine.describe import describe_video
+    from lvx_app.engine.records import VideoSummary
 
     summary = VideoSummary("m.mp4", 10, 1.0, 10.0, 7290, True, 0.4, prompt_from_cache=True)
     assert "with its saved prompt in 0.4 s" in describe_video(summary)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lvx_app.config import Config, VideoConfig
-from lvx_app.engine.api import EngineError, EngineWarning, GroupFailed, QuestionTooLong
+from lvx_app.engine.records import EngineError, EngineWarning, GroupFailed, QuestionTooLong
 from lvx_app.runtime import commands
 from lvx_app.runtime.control import ControlChannel
 from lvx_app.runtime.driver import GroupDriver
@@ -96,7 +96,7 @@ def test_an_error_keeps_its_type_and_its_one_line(error):
 
 def test_a_type_the_receiver_does_not_know_arrives_as_its_nearest_known_base():
     failure = Failure(
-        ("elsewhere.SubtitleTooLong", "lvx_app.engine.api.QuestionTooLong"), "too long", 0
+        ("elsewhere.SubtitleTooLong", "lvx_app.engine.records.QuestionTooLong"), "too long", 0
     )
     assert type(failure.error()) is QuestionTooLong
     assert failure.error(VideoError) is None  # not a video error: the caller decides

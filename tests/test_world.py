@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lvx_app.config import Config, ParallelConfig
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
 from lvx_app.runtime.open import resolve_world

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lvx_app.engine.api import VideoRequest
+from lvx_app.engine.records import VideoRequest
 from lvx_app.eval.runner import VideoInfo
 from lvx_app.video.synthetic import make_video
 

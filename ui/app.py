@@ -34,8 +34,8 @@ from typing import Any
 import gradio as gr
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
-from lvx_app.engine.api import EngineError, GroupFailed, VideoRequest
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
+from lvx_app.engine.records import EngineError, GroupFailed, VideoRequest
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
 from lvx_app.subtitles import SIDECAR_EXTENSIONS

@@ -9,8 +9,8 @@ import io
 import logging
 from collections.abc import Sequence
 
-from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import TOP_MOMENTS, label
+from lvx_app.engine.records import Moment
 
 log = logging.getLogger("lvx.ui")
 

@@ -35,8 +35,8 @@ from lvx_app.config import (
     settable,
     updated,
 )
-from lvx_app.engine.api import VideoOpening
 from lvx_app.engine.describe import shortened
+from lvx_app.engine.records import VideoOpening
 from lvx_app.regular_files import read_regular
 from lvx_ui.frames import (
     IMAGE_TYPES,

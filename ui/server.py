@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lvx_app.config import LOOPBACK, Config, ServeConfig
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
 
@@ -211,8 +211,8 @@ def _api(
 ):
     """The OpenAI-compatible API on the engine `service` shares; data: URL videos go to
     `uploads`."""
-    from lvx_ui.openai_api import OpenAIApi
     from lvx_ui.openai_request import VideoFiles
+    from lvx_ui.openai_routes import OpenAIApi
 
     files = VideoFiles(folders, config.serve.max_upload_mb, Path(uploads))
     return OpenAIApi(service, config, files, report=lambda line: console.print(line, markup=False))

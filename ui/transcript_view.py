@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lvx_app.engine.api import Moment
+from lvx_app.engine.records import Moment
 from lvx_app.subtitles import Cue
 from lvx_app.video.plan import format_timestamp
 

@@ -31,9 +31,9 @@ from rich.text import Text
 
 from lvx_app.cli.options import exit_code
 from lvx_app.config import Config
-from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
 from lvx_app.engine.moments import label, seen_line
+from lvx_app.engine.records import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
 from lvx_app.runtime.engine_handle import Engine

@@ -21,8 +21,8 @@ from rich.table import Table
 from lvx_app.cli.chat import load_with_progress, print_seen_at
 from lvx_app.cli.examples import CPU_RANKS, ready_lines, write_examples
 from lvx_app.config import Config, GenerationConfig, ModelConfig
-from lvx_app.engine.api import EngineError
 from lvx_app.engine.describe import describe_answer, describe_video, printable
+from lvx_app.engine.records import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
 from lvx_models.api import DEFAULT_FAMILY, Family, family_named

@@ -50,7 +50,7 @@ def videomme(*, config: Config) -> None:
     """Answer Video-MME, resumably, and report it.
 
     Accuracy by duration, domain, sub-category and task type."""
-    from lvx_app.engine.api import EngineError
+    from lvx_app.engine.records import EngineError
     from lvx_app.eval.videomme import run_videomme
 
     try:

@@ -115,7 +115,7 @@ def exit_code(exc: BaseException) -> int:
     """The exit code for a failure: 2 for a mistake in what the command was given (an option, a
     path, a file or folder lvx cannot use), 1 when the work itself failed (a rank died, a write
     failed)."""
-    from lvx_app.engine.api import GroupFailed
+    from lvx_app.engine.records import GroupFailed
 
     if isinstance(exc, GroupFailed):
         return 1

@@ -7,7 +7,7 @@ attention `parallelize` made. A load is one `VideoRequest`. How a frontend drive
 `lvx_app.runtime`.
 """
 
-from lvx_app.engine.api import (
+from lvx_app.engine.records import (
     AnswerStats,
     EngineError,
     EngineWarning,

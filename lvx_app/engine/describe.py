@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from lvx_app.engine.api import AnswerStats, VideoSummary
+from lvx_app.engine.records import AnswerStats, VideoSummary
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but newline and tab
 ECHO_CHARS = 200  # a question echoed back is cut to this many characters

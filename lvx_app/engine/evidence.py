@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.attention.frame_shares import frame_shares
-from lvx_app.engine.api import Moment
 from lvx_app.engine.moments import moments
+from lvx_app.engine.records import Moment
 from lvx_kernels.masks import device_tensor
 from lvx_models.api import AttentionHooks, ModelConfig
 

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.records import EngineWarning
 from lvx_app.engine.sampling import sample_token
 from lvx_app.engine.static_decode import DecodeStep, StaticDecode
 from lvx_app.parallel.collectives import on_wire

@@ -15,8 +15,8 @@ token ids per rank, held after the refusal) nor sent to them.
 
 from __future__ import annotations
 
-from lvx_app.engine.api import EngineError
 from lvx_app.engine.memory_plan import PrefillShape, prefill_bytes
+from lvx_app.engine.records import EngineError
 from lvx_models.api import ModelConfig
 
 # the key of `RankSession.describe()` that carries `question_char_limit` to the frontends

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 # the one line under an answer, beside the answer's own numbers (print(engine.last_answer))
-from lvx_app.engine.api import TOP_MOMENTS, Moment, label, seen_line  # noqa: F401
+from lvx_app.engine.records import TOP_MOMENTS, Moment, label, seen_line  # noqa: F401
 
 # a frame belongs to a moment when its share is at least this fraction of the largest share
 HIGH_SHARE = 0.5

@@ -16,12 +16,12 @@ from typing import Any
 from lvx_app.config import Config, GenerationConfig
 from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
 from lvx_app.devices import memory_report, resolve_dtype
-from lvx_app.engine.api import AnswerStats, EngineError, ProgressFn, VideoRequest, VideoSummary
 from lvx_app.engine.chat_prompt import conversation_ids
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, never_stop
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, question_char_limit
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.engine.records import AnswerStats, EngineError, ProgressFn, VideoRequest, VideoSummary
 from lvx_app.engine.resident_visual_kv import kv_nbytes
 from lvx_app.engine.static_decode import decode_step
 from lvx_app.engine.turns import Turns

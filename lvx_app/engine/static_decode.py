@@ -41,9 +41,9 @@ import torch.distributed as dist
 
 from lvx_app.attention.decode_xattn import CombineBuffers
 from lvx_app.config import GenerationConfig, ModelConfig
-from lvx_app.engine.api import EngineWarning
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.parallelize import ShardedHooks
+from lvx_app.engine.records import EngineWarning
 from lvx_kernels.carry import Carry
 from lvx_kernels.feed import REPLICATED, Feed
 from lvx_kernels.kernels import attn_fwd_upto

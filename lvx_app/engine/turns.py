@@ -17,7 +17,6 @@ from dataclasses import replace
 import torch
 
 from lvx_app.config import GenerationConfig
-from lvx_app.engine.api import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.chat_prompt import Answers
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.evidence import EvidenceRecorder, answer_moments, answer_shares
@@ -30,6 +29,7 @@ from lvx_app.engine.limits import (
     too_long,
 )
 from lvx_app.engine.parallelize import ShardedAttention
+from lvx_app.engine.records import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
 from lvx_app.parallel.collectives import all_min
 from lvx_app.video.ingest import auto_memory_budget

@@ -22,7 +22,11 @@ from lvx_app.cache import PrefixCache, PrefixKey, SavedPrefix, VisualKVCache, Vi
 from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
-from lvx_app.engine.api import (
+from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
+from lvx_app.engine.limits import check_video_prompt
+from lvx_app.engine.memory_plan import ParamCounts, param_counts
+from lvx_app.engine.records import (
     EngineError,
     EngineWarning,
     ProgressFn,
@@ -30,10 +34,6 @@ from lvx_app.engine.api import (
     VideoRequest,
     VideoSummary,
 )
-from lvx_app.engine.conversation import Conversation
-from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
-from lvx_app.engine.limits import check_video_prompt
-from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.resident_visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video

@@ -25,7 +25,7 @@ from rich.progress import (
 )
 
 from lvx_app.config import Config, VideoConfig, updated
-from lvx_app.engine.api import QuestionTooLong, VideoRequest
+from lvx_app.engine.records import QuestionTooLong, VideoRequest
 from lvx_app.eval.dataset import Dataset, Question
 from lvx_app.eval.extract import extract
 from lvx_app.eval.prompt import build_prompt

@@ -16,7 +16,7 @@ from typing import Any
 
 from lvx_app.config import Config
 from lvx_app.devices import release_free_memory
-from lvx_app.engine.api import EngineError, ProgressFn
+from lvx_app.engine.records import EngineError, ProgressFn
 from lvx_app.engine.session import RankSession
 from lvx_app.runtime.commands import COMMANDS, SHUTDOWN, Command
 from lvx_app.runtime.control import ControlChannel

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from lvx_app.config import Config, ConfigError, VideoConfig, updated
-from lvx_app.engine.api import (
+from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
+from lvx_app.engine.records import (
     AnswerStats,
     EngineError,
     EngineWarning,
@@ -33,7 +34,6 @@ from lvx_app.engine.api import (
     VideoRequest,
     VideoSummary,
 )
-from lvx_app.engine.limits import MAX_QUESTION_CHARS, too_many_chars
 from lvx_app.runtime.commands import ASK, CHAT, LOAD_VIDEO, REPLAY, RESET, STATS, Command
 from lvx_models.api import valid_text
 

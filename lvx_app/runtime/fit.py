@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from lvx_app.devices import default_dtype, resolve_dtype
-from lvx_app.engine.api import EngineError
 from lvx_app.engine.memory_plan import weight_bytes
+from lvx_app.engine.records import EngineError
 from lvx_app.parallel.world import World
 from lvx_models.api import safetensors_files, tensor_shapes
 

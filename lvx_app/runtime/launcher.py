@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from lvx_app.config import Config, ServeConfig
-from lvx_app.engine.api import EngineError, EngineWarning, GroupFailed, ProgressFn
+from lvx_app.engine.records import EngineError, EngineWarning, GroupFailed, ProgressFn
 from lvx_app.parallel.failures import (
     FAILURE_PREFIX,
     RUN_DIR_ENV,

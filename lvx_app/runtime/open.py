@@ -16,7 +16,7 @@ from rich.console import Console
 
 from lvx_app.config import Config, ParallelConfig
 from lvx_app.devices import usable_cores
-from lvx_app.engine.api import EngineError, EngineWarning
+from lvx_app.engine.records import EngineError, EngineWarning
 from lvx_app.engine.session import RankSession
 from lvx_app.parallel.world import World
 from lvx_app.runtime.control import ControlChannel

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lvx_app.devices import release_free_memory
-from lvx_app.engine.api import EngineError, GroupFailed, ProgressFn, VideoRequest, VideoSummary
+from lvx_app.engine.records import EngineError, GroupFailed, ProgressFn, VideoRequest, VideoSummary
 from lvx_app.runtime.engine_handle import Engine
 
 MAX_CLIENTS = 256  # clients remembered; the one unused longest is forgotten first

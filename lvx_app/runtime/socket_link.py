@@ -12,7 +12,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.runtime.commands import COMMANDS, SHUTDOWN, Command
 from lvx_app.runtime.driver import GroupDriver
 from lvx_app.wire import Failure, Interrupt, Piece, Progress, Reply, Request, Warned, receive, send

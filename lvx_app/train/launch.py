@@ -14,15 +14,15 @@ import subprocess
 from pathlib import Path
 
 from lvx_app.config import Config
-from lvx_app.engine.api import EngineError
+from lvx_app.engine.records import EngineError
 from lvx_app.parallel.lifeline import mark_launcher, stop_group
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
 from lvx_app.runtime.fit import refuse_what_does_not_fit
 from lvx_app.runtime.open import resolve_world
 from lvx_app.train.data import DataError, load_jsonl
+from lvx_app.train.out_folder import STATE_FILE, discard_partial
 from lvx_app.train.outlock import OutputBusy, check_out_is_not_model, lock_output, release_output
-from lvx_app.train.saving import STATE_FILE, discard_partial
 
 STOP_GRACE_S = 10.0  # after Ctrl-C, how long the ranks get to end a save before they are killed
 

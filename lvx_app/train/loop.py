@@ -47,14 +47,14 @@ from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import rank_tokens
 from lvx_app.train.data import IGNORE, Sample, Tokenized, load_jsonl, tokenize
 from lvx_app.train.lora import add_lora
-from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
-from lvx_app.train.saving import (
+from lvx_app.train.out_folder import (
     family_to_finetune,
     load_state,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
+from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
 from lvx_app.video.ingest import Encoder, ingest
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto

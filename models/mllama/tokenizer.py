@@ -8,7 +8,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer
 
-from ..text import valid_text
+from ..valid_text import valid_text
 
 IMAGE = "<|image|>"
 BOS = "<|begin_of_text|>"

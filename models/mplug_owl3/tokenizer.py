@@ -19,7 +19,7 @@ from typing import Iterable
 from tokenizers import Tokenizer
 
 from ..detokenize import StreamDecoder
-from ..text import valid_text
+from ..valid_text import valid_text
 
 
 class Control(str):

@@ -31,7 +31,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
-from lvx_app.engine.api import (
+from lvx_app.engine.describe import shortened
+from lvx_app.engine.records import (
     AnswerStats,
     EngineError,
     GroupFailed,
@@ -39,7 +40,6 @@ from lvx_app.engine.api import (
     VideoRequest,
     VideoSummary,
 )
-from lvx_app.engine.describe import shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
 from lvx_models.api import checkpoint_folder, family_of
