@@ -86,8 +86,14 @@ def _flash_attn():
     return _flash_attn_cache[0]
 
 
+# backends the engine never picks on its own and whose device faults poison the process's CUDA
+# context for every later call: listed after the others, so a check that walks them runs them last
+RISKY_BACKENDS = ("cudnn",)
+
+
 def available_backends(device: torch.device | str | None = None) -> list[str]:
-    """Backends usable on `device` (default: CUDA when available, else CPU), best first."""
+    """Backends usable on `device` (default: CUDA when available, else CPU), best first and the
+    risky ones (`RISKY_BACKENDS`) after every other but the math reference."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -97,10 +103,9 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
             return ["math"]
         if _flash_attn() is not None:
             names.append("flash_attn")
-        aten = torch.ops.aten
-        if hasattr(aten, "_scaled_dot_product_cudnn_attention"):
-            names.append("cudnn")
         names += ["flash", "efficient"]
+        if hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
+            names.append("cudnn")
     elif device.type == "cpu":
         names.append("cpu")
     names.append("math")

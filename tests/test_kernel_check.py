@@ -27,13 +27,13 @@ CALLS = (
 )
 
 
-def _check(tmp_path, dtype=None, frames=1, **kw) -> tuple[bool, dict]:
+def _check(tmp_path, dtype=None, frames=1, rows=16, **kw) -> tuple[bool, dict]:
     args = argparse.Namespace(
-        device="cpu", frames=frames, rows=16, prefix=64, dtype=dtype, backends=None, **kw
+        device="cpu", frames=frames, rows=rows, prefix=64, dtype=dtype, backends=None, **kw
     )
-    rows = Rows(tmp_path / "kernels.json", key="checks")
-    ok = check_kernels.check(args, rows)
-    rows.save(ok=ok)
+    table = Rows(tmp_path / "kernels.json", key="checks")
+    ok = check_kernels.check(args, table)
+    table.save(ok=ok)
     return ok, json.loads((tmp_path / "kernels.json").read_text())["checks"]
 
 
@@ -230,7 +230,8 @@ def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["flash", "efficient"])
     ok, written = _check(tmp_path, dtype="bfloat16", frames=3)
     assert ok, [r["why"] for r in written["rows"] if not r.get("ok", True)]
-    auto = {r["call"]: r["ran"] for r in written["rows"] if r["backend"] == "auto"}
+    auto = {r["call"]: r["ran"] for r in written["rows"]
+            if r["backend"] == "auto" and r["dtype"] == "bfloat16"}  # fmt: skip
     assert auto == {
         "every key visible": ["flash"],
         "media mask": ["efficient", "flash"],  # the masked band, and the rows that see all
@@ -238,3 +239,41 @@ def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
         "bounded decode": ["flash_varlen"],
         "causal prefill over a cached prefix": ["flash"],
     }
+
+
+def _one_part_off(monkeypatch, how: str) -> list[int]:
+    """Every second part an `attn_fwd` merges (a masked band, a causal square) with its weight 1%
+    off (its lse raised by log(1.01): the softmax weight it carries, and the lse, off) or its
+    output 1% off; the rest exact. Returns the count of planted parts."""
+    from lvx_kernels import kernels
+
+    real, merged = kernels.merge_, [0]
+
+    def merge_(out, lse, part_out, part_lse):
+        merged[0] += 1
+        if merged[0] % 2 == 0:
+            if how == "weight":
+                part_lse = part_lse + math.log(1.01)
+            else:
+                part_out = part_out * 1.01
+        return real(out, lse, part_out, part_lse)
+
+    monkeypatch.setattr(kernels, "merge_", merge_)
+    return merged
+
+
+@pytest.mark.parametrize("how", ["weight", "output"])
+def test_one_part_of_a_merged_call_one_percent_off_fails_the_float32_rows(
+    tmp_path, monkeypatch, how
+) -> None:
+    """A call that merges several kernel calls' parts (the media mask's band and its rows that see
+    every frame, the causal square and its cached prefix) with one part's weight or output 1% off:
+    its float32 rows fail the check, bf16's own rounding being too coarse to see it at every
+    shape; the calls that merge nothing pass."""
+    merged = _one_part_off(monkeypatch, how)
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=3, rows=32)
+    assert merged[0] >= 4 and not ok
+    tight = [r for r in written["rows"] if r["dtype"] == "float32"]
+    assert {r["call"] for r in tight} == set(check_kernels.MERGED_CALLS)
+    assert all(not r["ok"] and "off by" in r["why"] for r in tight), tight
+    assert all(r["ok"] for r in written["rows"] if r["call"] not in check_kernels.MERGED_CALLS)
