@@ -39,7 +39,7 @@ from lvx_app.engine.static_decode import DecodeStep, decode_step
 from lvx_app.parallel.group import DistInfo, destroy_distributed, init_distributed
 from lvx_app.parallel.layout import owned
 from lvx_kernels.backends import kernel_tally
-from scripts.decode_compare import bound, compare, forced_logits
+from scripts.decode_compare import bound, compare_logits, forced_logits
 from scripts.harness import Rows, command_line, machine
 from scripts.random_model import random_model
 
@@ -92,7 +92,7 @@ def compare_on_rank(conversation, logits, new_tokens: int, step: DecodeStep) -> 
     dtype = next(model.parameters()).dtype
     limit = bound(model.config.num_hidden_layers, dtype)
     return {
-        "comparison": compare(eager, static, limit),
+        "comparison": compare_logits(eager, static, limit),
         "seconds": {"eager": eager_s[-1], "static": static_s[-1]},
         "fallbacks": sorted(tally.fallbacks),
         "tokens": len(answer),

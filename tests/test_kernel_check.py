@@ -27,9 +27,9 @@ CALLS = (
 )
 
 
-def _check(tmp_path, dtype=None, frames=1, rows=16, **kw) -> tuple[bool, dict]:
+def _check(tmp_path, dtype=None, frames=1, rows=16, backends=None) -> tuple[bool, dict]:
     args = argparse.Namespace(
-        device="cpu", frames=frames, rows=rows, prefix=64, dtype=dtype, backends=None, **kw
+        device="cpu", frames=frames, rows=rows, prefix=64, dtype=dtype, backends=backends
     )
     table = Rows(tmp_path / "kernels.json", key="checks")
     ok = check_kernels.check(args, table)
@@ -277,3 +277,37 @@ def test_one_part_of_a_merged_call_one_percent_off_fails_the_float32_rows(
     assert {r["call"] for r in tight} == set(check_kernels.MERGED_CALLS)
     assert all(not r["ok"] and "off by" in r["why"] for r in tight), tight
     assert all(r["ok"] for r in written["rows"] if r["call"] not in check_kernels.MERGED_CALLS)
+
+
+def test_a_cudnn_device_fault_fails_only_its_rows(tmp_path, monkeypatch) -> None:
+    """cuDNN (a backend the engine never picks) faulting the device on every call, on the op
+    stand-ins: the faults are its rows' failures, written and reported; its rows run after every
+    other backend's, which all pass, and neither the kernel check nor the 7B block fails."""
+    from cuda_standins import on_stand_ins
+
+    from lvx_kernels import backends
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    fault = getattr(torch, "AcceleratorError", RuntimeError)
+
+    def cudnn_faults(*args, **kwargs):
+        raise fault("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "cudnn_fwd", cudnn_faults)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backends.available_backends("cuda") == ["flash", "efficient", "cudnn", "math"]
+    ok, written = _check(tmp_path, "bfloat16", frames=2, backends=["cudnn", "flash", "efficient"])
+    checked = [r for r in written["rows"] if "ok" in r]
+    faulted = [r for r in checked if not r["ok"]]
+    assert ok and faulted and {r["backend"] for r in faulted} == {"cudnn"}
+    assert all(r["why"].startswith(f"raised {fault.__name__}: CUDA error") for r in faulted)
+    first_cudnn = next(i for i, r in enumerate(written["rows"]) if r["backend"] == "cudnn")
+    assert all(r["backend"] == "cudnn" for r in written["rows"][first_cudnn:])
+    args = argparse.Namespace(device="cpu", frames=8, gpus=8, ratio=145.0, dtype="bfloat16",
+                              warmup=0, iters=1)  # fmt: skip
+    monkeypatch.setattr(bench_xattn_7b, "available_backends", lambda device: ["flash", "cudnn"])
+    rows = Rows(None, machine={"device": "cpu"})
+    assert bench_xattn_7b.run(args, rows)
+    cudnn = next(r for r in rows.rows if r["backend"] == "cudnn")
+    assert not cudnn["values_ok"] and cudnn["error"].startswith(f"raised {fault.__name__}")
