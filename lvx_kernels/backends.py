@@ -643,10 +643,15 @@ def kernel_fwd_upto(q, k, v, used, scale, masked: Callable[[str], _T]) -> _T:
     if ran:
         return result
     alt = "efficient" if can_run("efficient", q, True, q.shape[-1]) else "math"
-    why = _broken[("fwd", "flash_varlen")]
-    for tally in _tallies:
-        tally.fallbacks[f"fwd flash_varlen -> {alt}: {why}"] += 1
+    note_not_taken(f"fwd flash_varlen -> {alt}: {_broken[('fwd', 'flash_varlen')]}")
     return masked(alt)
+
+
+def note_not_taken(fallback: str) -> None:
+    """Count, in every open tally, a call that did not run on the kernel it was meant for
+    (`fallback`: "direction kernel -> the one that ran: why")."""
+    for tally in _tallies:
+        tally.fallbacks[fallback] += 1
 
 
 def kernel_bwd(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):

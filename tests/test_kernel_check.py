@@ -311,3 +311,28 @@ def test_a_cudnn_device_fault_fails_only_its_rows(tmp_path, monkeypatch) -> None
     assert bench_xattn_7b.run(args, rows)
     cudnn = next(r for r in rows.rows if r["backend"] == "cudnn")
     assert not cudnn["values_ok"] and cudnn["error"].startswith(f"raised {fault.__name__}")
+
+
+def test_a_bounded_decode_without_its_kernel_is_a_fallback(tmp_path, monkeypatch) -> None:
+    """A torch whose flash op takes no key count (`bounds_keys` false, on the op stand-ins): the
+    static step's text attention runs masked, and the tally says so as a fallback, so the kernel
+    check's automatic bounded-decode row fails (the decode item fails on it the same way)."""
+    from cuda_standins import on_stand_ins
+
+    from lvx_kernels import backends, kernels
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    for module in (kernels, check_kernels):
+        monkeypatch.setattr(module, "bounds_keys", lambda q, d: False)
+    monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["efficient"])
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=2)
+    row = next(r for r in written["rows"] if (r["backend"], r["call"]) == ("auto", "bounded decode"))
+    want = "fwd flash_varlen -> masked: this torch's flash op takes no seqused_k"
+    assert not ok and row["fallbacks"] == [want] and row["ran"] == ["efficient"], row
+    assert all(r["ok"] for r in written["rows"] if r is not row and "ok" in r)
+    with backends.kernel_tally() as tally:
+        q = torch.randn(1, 1, 4, 16, dtype=torch.bfloat16)
+        kv = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
+        kernels.attn_fwd_upto(q, kv, kv, torch.tensor([5], dtype=torch.int32))
+    assert dict(tally.fallbacks) == {want: 1}
