@@ -175,7 +175,7 @@ def planned(shape: str, chat_minutes: list[float], decode_minutes: float) -> lis
             ("TTFT s", t["question prefill (TTFT)"]["seconds"], chat),
             ("tokens/s, chat loop", t["tokens/s"], chat),
             ("peak GiB", memory_plan(cfg, work).peak / 2**30, chat),
-            ("peak reserved GiB", memory_plan(cfg, work).peak / 2**30, chat),
+            ("peak reserved GiB", memory_plan(cfg, work).reserved / 2**30, chat),
         ):
             rows.append({"figure": figure, "minutes": minutes, "planned": value, "from": source})
     tokens_s = time_plan(cfg, Workload(minutes=decode_minutes, answer_tokens=64))["tokens/s"]

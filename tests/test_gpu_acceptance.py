@@ -596,6 +596,34 @@ def test_the_chat_keeps_each_figure_it_measured_when_a_later_one_fails(tmp_path,
     assert "ttft_s" not in rows[1] and "video prompt prefill" in rows[1]["kernels"]
 
 
+@pytest.mark.parametrize("over", [1.2, 1.1], ids=["20% over", "10% over"])
+def test_the_chat_fails_when_its_peak_is_more_than_15_percent_over_the_plan(
+    tmp_path, monkeypatch, over
+) -> None:
+    """Each length's row carries the plan's peak and reserve; a measured peak 20 % over the
+    plan's fails the chat (exit 1, the length named), 10 % over passes. On a CPU no peak is
+    measured: this stands in the GPU's peak at `over` times the plan's."""
+    from scripts import bench_chat_7b
+    from scripts.random_model import model_config
+
+    cpu, config = torch.device("cpu"), model_config("small")
+    plan = bench_chat_7b.planned_gib(config, 0.05, 1.0, 2, cpu, torch.float32)["plan_peak_gib"]
+    monkeypatch.setattr(bench_chat_7b, "peak_gib", lambda device: over * plan)
+    argv = ["--device", "cpu", "--shape", "small", "--minutes", "0.05", "--new-tokens", "2",
+            "--out", str(tmp_path / "chat.json")]  # fmt: skip
+    code = bench_chat_7b.main(argv)
+    written = json.loads((tmp_path / "chat.json").read_text())
+    row = written["rows"][0]
+    assert row["plan_peak_gib"] == pytest.approx(plan) and row["plan_reserved_gib"] > plan
+    if over > 1.15:
+        assert code == 1 and written["over_plan"] == [
+            f"0.05 min: peak {over * plan:.1f} GiB is 20 % over the plan's {plan:.1f} GiB "
+            "(at most 15 %)"
+        ]
+    else:
+        assert code == 0 and written["over_plan"] == []
+
+
 def _nccl_check_rank(rank: int, world: int, dtype: str) -> dict:
     from scripts import nccl_check
 
