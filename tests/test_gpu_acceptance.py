@@ -1114,3 +1114,49 @@ def test_the_aten_ops_lvx_calls_are_checked_against_the_torch_present(tmp_path, 
     text = (out / "acceptance.md").read_text()
     head = text[: text.index("Machine:")].splitlines()  # the lines above everything else
     assert [ln for ln in head if ln.startswith("- aten.")] == [f"- {ln}" for ln in lines]
+
+
+def test_the_ops_fit_the_gpu_images_torch_as_recorded_and_a_changed_schema_fails(tmp_path) -> None:
+    """The schemas recorded from the GPU image's torch wheel (2.11) take every call the adapters
+    make; a recorded schema that differs from what lvx calls (an argument added without a default,
+    a keyword renamed, fewer outputs, an op missing) is a line each."""
+    from scripts import op_signatures
+
+    recorded = json.loads(op_signatures.RECORDED.read_text())
+    assert recorded["torch"].startswith("2.11.0") and "wheel" in recorded["source"]
+    assert set(recorded["schemas"]) == set(op_signatures.CALLS)
+    assert op_signatures.recorded_mismatches() == []
+    schemas = dict(recorded["schemas"])
+    name = "_flash_attention_forward"
+    schemas[name] = schemas[name].replace("Tensor? seqused_k=None", "Tensor? seqused_kv=None")
+    name = "_scaled_dot_product_efficient_attention"
+    schemas[name] = schemas[name].replace("*, float? scale=None", "*, int window, float? scale=None")
+    name = "_scaled_dot_product_flash_attention_for_cpu"
+    schemas[name] = schemas[name].replace(", Tensor logsumexp)", ")")
+    del schemas["_scaled_dot_product_cudnn_attention"]
+    changed = tmp_path / "schemas.json"
+    changed.write_text(json.dumps({**recorded, "schemas": schemas}))
+    lines = op_signatures.recorded_mismatches(changed)
+    assert lines == [
+        "aten._scaled_dot_product_flash_attention_for_cpu (torch 2.11.0+cu130): returns 1 "
+        "outputs, lvx unpacks 2",
+        "aten._scaled_dot_product_efficient_attention (torch 2.11.0+cu130): needs 'window', which "
+        "lvx does not pass",
+        "aten._scaled_dot_product_cudnn_attention: not recorded for torch 2.11.0+cu130",
+        "aten._flash_attention_forward (torch 2.11.0+cu130): has no argument 'seqused_k'",
+    ], lines
+
+
+def test_a_signature_mismatch_fails_the_kernel_item(tmp_path, monkeypatch) -> None:
+    """On the rental the kernel check runs the signature check against the torch present: any
+    mismatch is in its file and fails it (exit 1), whatever the kernels' values."""
+    from scripts import check_kernels
+
+    line = "aten._flash_attention_forward (torch 2.11.0+cu130): has no argument 'seqused_k'"
+    monkeypatch.setattr(check_kernels, "mismatches", lambda: [line])
+    out = tmp_path / "kernels.json"
+    argv = ["--device", "cpu", "--frames", "1", "--rows", "4", "--prefix", "8", "--out", str(out)]
+    assert check_kernels.main(argv) == 1
+    written = json.loads(out.read_text())
+    assert written["signatures"] == [line] and written["ok"] is False
+    assert all(r["ok"] for r in written["rows"] if "ok" in r)
