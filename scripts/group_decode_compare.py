@@ -36,6 +36,7 @@ from lvx_app.config import ModelConfig
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.static_decode import DecodeStep, decode_step
+from lvx_app.defaults import CHECK_TIMEOUT_S
 from lvx_app.parallel.group import DistInfo, destroy_distributed, init_distributed
 from lvx_app.parallel.layout import owned
 from lvx_kernels.backends import kernel_tally
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     shape = args.shape or ("7b" if cuda else "small")
-    info = init_distributed(cuda=cuda)
+    info = init_distributed(cuda=cuda, timeout_s=CHECK_TIMEOUT_S)
     try:
         result = run(info, shape, args.minutes, args.new_tokens)
     finally:

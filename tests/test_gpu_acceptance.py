@@ -1160,3 +1160,16 @@ def test_a_signature_mismatch_fails_the_kernel_item(tmp_path, monkeypatch) -> No
     written = json.loads(out.read_text())
     assert written["signatures"] == [line] and written["ok"] is False
     assert all(r["ok"] for r in written["rows"] if "ok" in r)
+
+
+def test_the_group_checks_time_out_in_nccl_before_their_item_limits(tmp_path) -> None:
+    """Every group item's script joins its group with a collective timeout below the item's limit
+    (with the time its group takes to end), so a hung collective is reported by NCCL itself."""
+    from lvx_app.defaults import CHECK_TIMEOUT_S, DEFAULT_TIMEOUT_S
+
+    groups = [i for i in items_of.second_items(tmp_path, tmp_path, 2) if i.min_gpus >= 2]
+    assert len(groups) == 3 and CHECK_TIMEOUT_S < DEFAULT_TIMEOUT_S
+    for item in groups:
+        assert CHECK_TIMEOUT_S + acc.GRACE_S < item.timeout_s, item.name
+        script = next(a for a in item.command if a.startswith("scripts/"))
+        assert "timeout_s=CHECK_TIMEOUT_S)" in (ROOT / script).read_text(), script
