@@ -289,7 +289,8 @@ def test_nothing_is_reported_passed_that_ran_nothing(tmp_path: Path) -> None:
 def test_an_item_whose_figures_came_from_a_fallback_or_a_broken_graph_fails(tmp_path) -> None:
     """torch.compile's graph breaks are counted (`bench_decode.graph_breaks`), and any item (the
     chat, the decode, the LV-XAttn block) that exits 0 with a fallback or a graph break in its
-    figures fails with them named; the decode run itself exits 1 on them."""
+    figures fails with them named; the decode run itself exits 1 on them, and on a static step
+    that ran on a GPU without the bounded decode kernel."""
     from scripts import bench_decode
     from scripts.harness import Rows
 
@@ -315,6 +316,16 @@ def test_an_item_whose_figures_came_from_a_fallback_or_a_broken_graph_fails(tmp_
             result = rep.Result(item.name, "running", "", 1.0, "x")
             rep.finish(item, result, 0, "", tmp_path)
             assert (result.status, result.reason) == ("failed", why), name
+    graphs, cuda = bench_decode.MODES["cuda-graphs"], torch.device("cuda")
+    masked = {"kernels": {"fwd efficient": 3, "fwd flash": 9}}
+    assert bench_decode.bounded_kernel_missing(masked, graphs, cuda, torch.bfloat16) == (
+        "the static step did not run the bounded decode kernel (flash_varlen): ran fwd "
+        "efficient, fwd flash"
+    )
+    bounded = {"kernels": {"fwd flash_varlen": 3, "fwd flash": 9}}
+    assert bench_decode.bounded_kernel_missing(bounded, graphs, cuda, torch.bfloat16) is None
+    eager = bench_decode.MODES["eager"]
+    assert bench_decode.bounded_kernel_missing(masked, eager, cuda, torch.bfloat16) is None
     rows = Rows(None, fallbacks=[fell], graph_breaks=broke)
     rows.add({"mode": "cuda-graphs", "kernel_not_taken": "ran fwd efficient"})
     assert bench_decode.failures(rows) == [f"fallback: {fell}", f"graph break: {broke[0]}",
