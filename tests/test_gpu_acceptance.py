@@ -1024,6 +1024,36 @@ def test_the_static_step_agrees_with_eager_and_an_off_by_one_fails(monkeypatch) 
         ), read
 
 
+def test_the_rehearsals_decode_item_fails_on_a_static_step_off_by_one(tmp_path, monkeypatch):
+    """The decode item as the rehearsal runs it (eager and CUDA graphs asked for on a CPU) with a
+    static step that counts one key too many: the run exits 1, its file says why, the item fails
+    and the report's first lines say the static step and eager disagree."""
+    from lvx_app.engine.static_decode import StaticDecode
+    from scripts import bench_decode
+
+    start = StaticDecode.start
+
+    def one_key_too_many(self, tokens):
+        start(self, tokens)
+        self.used.add_(1)
+
+    monkeypatch.setattr(StaticDecode, "start", one_key_too_many)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--device", "cpu", "--minutes", "0.02", "--new-tokens", "4", "--profile-tokens", "4",
+            "--modes", "eager", "cuda-graphs", "--out", str(out / "decode.json")]  # fmt: skip
+    assert bench_decode.main(argv) == 1
+    written = json.loads((out / "decode.json").read_text())
+    assert written["skipped_modes"] == {"cuda-graphs": "CUDA graphs need a GPU"}
+    assert written["failures"][0].startswith("static step (uncaptured) vs eager: ")
+    item = items_of.first_items(out, tmp_path)[3]
+    result = rep.Result(item.name, "running", "", 1.0, "x")
+    rep.finish(item, result, 1, "FAILED static step (uncaptured) vs eager: ...", out)
+    assert result.status == "failed"
+    assert any(h.startswith("Decoding: static step (uncaptured) and eager DISAGREE")
+               for h in rep.headlines([result], out))  # fmt: skip
+
+
 def test_the_bound_is_derived_from_depth_and_dtype() -> None:
     from scripts.decode_compare import bound
 
