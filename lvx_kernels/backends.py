@@ -518,15 +518,30 @@ class KernelTally:
 _tallies: list[KernelTally] = []
 
 
+_SDPA = F.scaled_dot_product_attention
+
+
+def _counted_sdpa(*args, **kwargs):
+    """PyTorch's own attention, as the vision towers call it (`F.scaled_dot_product_attention`),
+    counted in every open tally as "fwd sdpa" (PyTorch picks its kernel)."""
+    _note("fwd", "sdpa")
+    return _SDPA(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def kernel_tally() -> Iterator[KernelTally]:
-    """Record every block kernel call made inside the block (nested tallies all see them)."""
+    """Record every block kernel call made inside the block (nested tallies all see them), and
+    every call of PyTorch's own attention (the vision towers', which call it directly): while a
+    tally is open `F.scaled_dot_product_attention` counts its calls."""
     tally = KernelTally()
     _tallies.append(tally)
+    F.scaled_dot_product_attention = _counted_sdpa
     try:
         yield tally
     finally:
         _tallies.remove(tally)
+        if not _tallies:
+            F.scaled_dot_product_attention = _SDPA
 
 
 def _note(direction: str, kernel: str, fallback: str | None = None) -> None:

@@ -336,3 +336,25 @@ def test_a_bounded_decode_without_its_kernel_is_a_fallback(tmp_path, monkeypatch
         kv = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
         kernels.attn_fwd_upto(q, kv, kv, torch.tensor([5], dtype=torch.int32))
     assert dict(tally.fallbacks) == {want: 1}
+
+
+def test_the_vision_towers_attention_is_counted_by_the_tally() -> None:
+    """The Llama-3.2-Vision tower's attention calls PyTorch's own `scaled_dot_product_attention`
+    directly: while a tally is open each call is counted ("fwd sdpa"), nested tallies too, and the
+    function is PyTorch's own again once the last tally closes."""
+    import torch.nn.functional as F
+
+    from lvx_kernels.backends import kernel_tally
+    from lvx_models.mllama.config import MllamaVisionConfig
+    from lvx_models.mllama.vision import VisionAttention
+
+    own = F.scaled_dot_product_attention
+    attn = VisionAttention(MllamaVisionConfig(hidden_size=32, attention_heads=4))
+    x, bias = torch.randn(1, 6, 32), torch.zeros(1, 1, 6, 6)
+    with kernel_tally() as outer:
+        attn(x, bias)
+        with kernel_tally() as inner:
+            attn(x, bias)
+        attn(x, bias)
+    assert outer.calls == {"fwd sdpa": 3} and inner.calls == {"fwd sdpa": 1}
+    assert F.scaled_dot_product_attention is own
