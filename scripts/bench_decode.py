@@ -4,25 +4,30 @@ loop, CUDA graphs (`--cuda-graphs`), torch.compile (`--compile-decode`) and both
 The engine's own token loop (`Conversation`, `Generator`, `StaticDecode`) on a random-weight model
 (7B-241101 shapes on a GPU, small ones on a CPU) with a video's random visual K/V: the video prompt
 is prefilled once; each mode then answers a warm-up question (compiles, captures) and a timed one,
-greedy, to `--new-tokens`. Per mode, in this order, each figure written to `--out` as it exists (a
-crash in a later one keeps the earlier):
+greedy, to `--new-tokens`, each figure written to `--out` as it exists (a crash in a later one
+keeps the earlier), in this order:
 
-- tokens/s of the timed answer (the engine's loop: one host read per token);
-- syncs per token: on a GPU, what `torch.cuda.set_sync_debug_mode("warn")` reports; on a CPU, the
-  host reads of tensors (`host_reads`), what a GPU would wait for;
-- launches per token: on a GPU, the kernel and graph launches the profiler sees (cudaLaunchKernel,
-  cudaGraphLaunch and the like); on a CPU, the aten ops dispatched (each one kernel on a GPU);
-  both counted over answers of at most `--profile-tokens` tokens;
-- every attention-kernel fallback of the mode, its warm-up and capture included (a call rejected
-  while a CUDA graph is captured is replayed by every later token without Python seeing it);
+- per mode: tokens/s of the timed answer (the engine's loop: one host read per token), the kernels
+  it ran and every attention-kernel fallback, its warm-up and capture included (a call rejected
+  while a CUDA graph is captured is replayed by every later token without Python seeing it), a
+  compiled step's graph breaks, and whether a static step on a GPU ran the bounded decode kernel;
+- with eager and another mode on the same build (or CUDA graphs skipped on a CPU: the static step
+  they capture, uncaptured), the other against eager with the same tokens fed to both
+  (teacher-forced, `scripts/decode_compare.py`: bookkeeping, the first layer's K/V and output, the
+  logits, against a noise floor measured in the same run);
+- each mode's share of the memory roofline (`scripts/roofline.py`);
+- last, per mode (the profiler may crash under a graph's replay, losing nothing before it): syncs
+  per token (on a GPU what `torch.cuda.set_sync_debug_mode("warn")` reports; on a CPU the host
+  reads of tensors, what a GPU would wait for) and launches per token (on a GPU the kernel and
+  graph launches the profiler sees; on a CPU the aten ops dispatched), counted over answers of at
+  most `--profile-tokens` tokens.
 
-then, with eager and another mode on the same build, the other mode's logits against eager's with
-the same tokens fed to both (teacher-forced, `scripts/decode_compare.py`): the run fails (exit 1)
-when a step's logits differ past the bound derived there. The greedy answers are kept, and whether
+The run fails (exit 1) on a comparison that failed, any fallback or graph break, or a static step
+that did not run the bounded decode kernel (`failures`). The greedy answers are kept, and whether
 they are equal, for information only. And the plan's projection (`memory_plan.time_plan`
 tokens/s, `memory_plan.kernel_calls` attention calls per token) for the same model and video. A
-mode this device cannot run (CUDA graphs on a CPU) is skipped with the reason, and a run whose
-modes were all skipped says so at the top of its JSON.
+mode this device cannot run (CUDA graphs on a CPU) is skipped with the reason (`skipped_modes`),
+and a run whose modes were all skipped says so at the top of its JSON.
 
     python scripts/bench_decode.py --device cuda --minutes 10 --modes eager cuda-graphs \
         --out decode.json
