@@ -8,7 +8,9 @@ Per backend: median forward and backward times, the kernels each call site reall
 backward is the memory-efficient kernel's) and every fallback; then its output and lse against a
 float64 forward of every row, dq of a sample of rows and dk, dv of a sample of keys against float64
 gradients (scripts/reference64.py; the output also by its RMS error, queries drawn for a peaked
-softmax, `check_kernels.py`'s bounds). Each backend's row is written as it is measured.
+softmax, `check_kernels.py`'s bounds). Each backend's row is written as it is measured; one
+that raises (a device fault) is that row's failure, and the risky backends run last
+(`available_backends`). A backend the engine never picks (cuDNN) cannot fail the run.
 
     python scripts/bench_xattn_7b.py --device cuda --out xattn_7b.json
     python scripts/bench_xattn_7b.py --device cpu --frames 16 --iters 1      # the CPU rehearsal

@@ -9,7 +9,8 @@ first pass warms up and captures): the eager loop, and the group's static step
 (`lvx_app/engine/static_decode.py`: fixed buffers, bounded text attention, the fed token riding
 on the first visual combine), captured as a CUDA graph where the group allows it (NCCL 2.9.6 on)
 and run uncaptured otherwise (gloo: what `--cuda-graphs` itself does there). Each rank's logits
-are compared as `scripts/decode_compare.py` compares one process's, against the same bound. Rank 0
+are compared step by step against `scripts/decode_compare.py`'s formula bound (no noise floor run
+on a group: `compare_logits`). Rank 0
 writes tokens/s of both (the slowest rank's), every rank's largest difference and every
 attention-kernel fallback (warm-up and capture included) to `--out`; the exit code is 1 when a
 rank's logits differ past the bound.
