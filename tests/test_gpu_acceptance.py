@@ -1054,13 +1054,6 @@ def test_the_rehearsals_decode_item_fails_on_a_static_step_off_by_one(tmp_path, 
                for h in rep.headlines([result], out))  # fmt: skip
 
 
-def test_the_bound_is_derived_from_depth_and_dtype() -> None:
-    from scripts.decode_compare import bound
-
-    assert bound(28, torch.bfloat16) == pytest.approx(57**0.5 / 256)  # 7B: 2.9e-2
-    assert bound(28, torch.float16) < bound(28, torch.bfloat16) and bound(2, torch.bfloat16) < 0.01
-
-
 def test_a_kernel_rejected_during_capture_heads_the_report(tmp_path, monkeypatch) -> None:
     """bf16 "on CUDA" (the op stand-ins), CUDA graphs stood in: the bounded flash call is rejected
     while the step is captured, so every replayed token runs the masked kernel. The decode file
