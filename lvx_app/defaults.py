@@ -29,6 +29,11 @@ DEFAULT_DECODE_TIMEOUT_S = 120.0
 # timeout).
 DEFAULT_TIMEOUT_S = 300.0
 
+# The same for the groups of the GPU checks (scripts/nccl_check.py, group_decode_compare.py,
+# bench_schedule.py): below the acceptance run's limits for them (170 s and more), so that a hang
+# ends with NCCL's own report of the collective it hung in, not with the item's time limit.
+CHECK_TIMEOUT_S = 90.0
+
 # Most tokens the subtitle block of a video prompt may take (lvx chat / serve); beyond it lines are
 # dropped, evenly over the video, with a warning that says how many.
 DEFAULT_SUBTITLE_TOKENS = 8192

@@ -86,8 +86,14 @@ def _flash_attn():
     return _flash_attn_cache[0]
 
 
+# backends the engine never picks on its own and whose device faults poison the process's CUDA
+# context for every later call: listed after the others, so a check that walks them runs them last
+RISKY_BACKENDS = ("cudnn",)
+
+
 def available_backends(device: torch.device | str | None = None) -> list[str]:
-    """Backends usable on `device` (default: CUDA when available, else CPU), best first."""
+    """Backends usable on `device` (default: CUDA when available, else CPU), best first and the
+    risky ones (`RISKY_BACKENDS`) after every other but the math reference."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -97,10 +103,9 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
             return ["math"]
         if _flash_attn() is not None:
             names.append("flash_attn")
-        aten = torch.ops.aten
-        if hasattr(aten, "_scaled_dot_product_cudnn_attention"):
-            names.append("cudnn")
         names += ["flash", "efficient"]
+        if hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
+            names.append("cudnn")
     elif device.type == "cpu":
         names.append("cpu")
     names.append("math")
@@ -513,15 +518,30 @@ class KernelTally:
 _tallies: list[KernelTally] = []
 
 
+_SDPA = F.scaled_dot_product_attention
+
+
+def _counted_sdpa(*args, **kwargs):
+    """PyTorch's own attention, as the vision towers call it (`F.scaled_dot_product_attention`),
+    counted in every open tally as "fwd sdpa" (PyTorch picks its kernel)."""
+    _note("fwd", "sdpa")
+    return _SDPA(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def kernel_tally() -> Iterator[KernelTally]:
-    """Record every block kernel call made inside the block (nested tallies all see them)."""
+    """Record every block kernel call made inside the block (nested tallies all see them), and
+    every call of PyTorch's own attention (the vision towers', which call it directly): while a
+    tally is open `F.scaled_dot_product_attention` counts its calls."""
     tally = KernelTally()
     _tallies.append(tally)
+    F.scaled_dot_product_attention = _counted_sdpa
     try:
         yield tally
     finally:
         _tallies.remove(tally)
+        if not _tallies:
+            F.scaled_dot_product_attention = _SDPA
 
 
 def _note(direction: str, kernel: str, fallback: str | None = None) -> None:
@@ -638,10 +658,15 @@ def kernel_fwd_upto(q, k, v, used, scale, masked: Callable[[str], _T]) -> _T:
     if ran:
         return result
     alt = "efficient" if can_run("efficient", q, True, q.shape[-1]) else "math"
-    why = _broken[("fwd", "flash_varlen")]
-    for tally in _tallies:
-        tally.fallbacks[f"fwd flash_varlen -> {alt}: {why}"] += 1
+    note_not_taken(f"fwd flash_varlen -> {alt}: {_broken[('fwd', 'flash_varlen')]}")
     return masked(alt)
+
+
+def note_not_taken(fallback: str) -> None:
+    """Count, in every open tally, a call that did not run on the kernel it was meant for
+    (`fallback`: "direction kernel -> the one that ran: why")."""
+    for tally in _tallies:
+        tally.fallbacks[fallback] += 1
 
 
 def kernel_bwd(be, dout, q, k, v, out, lse, dlse, scale, mask, causal, kv_aug=None):

@@ -28,6 +28,7 @@ from lvx_kernels.backends import (
     kernel_bwd,
     kernel_fwd,
     kernel_fwd_upto,
+    note_not_taken,
 )
 from lvx_kernels.gqa import (
     broadcast_kv,
@@ -142,16 +143,20 @@ def attn_fwd_upto(
     send the call to the memory-efficient kernel, a handful of thread blocks scanning every
     reserved key. A bucketed slice of the buffer was not taken: its shape changes with the length,
     and each bucket would need a graph of its own. Elsewhere (CPU, float32/float64, or a forced
-    backend that takes masks) one masked call, the mask built on the device."""
+    backend that takes masks) one masked call, the mask built on the device; where flash would
+    run the call but this torch's op has no key count, the masked call is counted as a fallback
+    (`kernel_tally`)."""
     check_inputs(q, k, v)
     if q.shape[1] != 1:
         raise ValueError(f"attn_fwd_upto takes one query token, got {q.shape[1]}")
     scale = _resolve_scale(scale, q)
     d = q.shape[-1]
-    if choose_backend(backend, q, False, d) in ("flash", "flash_attn") and bounds_keys(q, d):
-        return kernel_fwd_upto(
-            q, k, v, used, scale, lambda name: _masked_upto(q, k, v, used, scale, name)
-        )
+    if choose_backend(backend, q, False, d) in ("flash", "flash_attn"):
+        if bounds_keys(q, d):
+            return kernel_fwd_upto(
+                q, k, v, used, scale, lambda name: _masked_upto(q, k, v, used, scale, name)
+            )
+        note_not_taken("fwd flash_varlen -> masked: this torch's flash op takes no seqused_k")
     return _masked_upto(q, k, v, used, scale, backend)
 
 

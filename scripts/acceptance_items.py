@@ -27,6 +27,7 @@ CHAT_MINUTES = (10, 60)  # the video lengths of the chat: the second command's, 
 BUDGET_S = 420  # a command's default budget (one device call): the first's limits add up to it
 PROFILE_TOKENS = 8  # the longest answer a decode item's sync and launch counts profile
 REHEARSAL_SCALE = 100  # a rehearsal's video is this many times shorter
+INGEST_SEGMENT_S = 10  # seconds of the ingest item's test video encoded (1080p: a few seconds)
 REHEARSAL_GPUS = 2  # CPU ranks standing in for GPUs (the NCCL item runs over gloo)
 LVX_CLI = ("-m", "lvx_app.cli")  # how a child runs the `lvx` command (the checkout's own)
 
@@ -134,6 +135,8 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
     device = ["--device", "cpu" if rehearse else "cuda"]
     finetune = ["--frames", "4", "--steps", "1"] if rehearse else []
     ingest = ["--minutes", "1", "--height", "360", "--workers", "1"] if rehearse else []
+    # the test video: a short segment encoded on the CPU in seconds, stream-copied to its length
+    segment = ["--segment-s", str(INGEST_SEGMENT_S)]
     ranks = ["--gpus", "0", "--ranks", "2"] if rehearse else ["--gpus", str(min(gpus, 2))]
     world = str(REHEARSAL_GPUS) if rehearse else str(min(gpus, 8))
     torchrun = _py("-m", "torch.distributed.run", f"--nproc-per-node={world}")
@@ -164,7 +167,7 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
         ),
         Item(
             "bench_ingest",
-            _py("scripts/bench_ingest.py", *device, *(ingest or ["--minutes", "10"]),
+            _py("scripts/bench_ingest.py", *device, *(ingest or ["--minutes", "10"]), *segment,
                 "--video-dir", str(scratch / "videos"), "--out", str(out / "bench_ingest.json")),
             420, needs=("decord", "av"), writes=("bench_ingest.json",),
         ),

@@ -11,7 +11,9 @@ timed), and decode tokens/s. Like the engine, every token is read back to the ho
 step (what the plan's tokens/s includes). Every row lists the attention kernels each phase ran and
 any fallback (also gathered under "fallbacks"); the file is rewritten as each figure exists, so a
 length that runs out of memory or time leaves the earlier lengths and its own first figures.
-`--shape small` runs the same path at small shapes (the CPU rehearsal).
+`--shape small` runs the same path at small shapes (the CPU rehearsal). Each row carries the memory
+plan's peak and reserve for its length; the run fails (exit 1) when a length's measured peak is
+more than 15 % above the plan's, or any call fell back to another kernel.
 
     python scripts/bench_chat_7b.py --device cuda --minutes 10 60 --out chat_7b.json
     python scripts/bench_chat_7b.py --device cpu --shape small --minutes 0.1 --new-tokens 4
@@ -34,9 +36,11 @@ import torch
 from lvx_app.engine.kv_choice import choose_kv_mode
 from lvx_kernels.backends import kernel_tally
 from scripts.harness import Rows, command_line, machine, show, timed
+from scripts.memory_plan import Workload, memory_plan
 from scripts.random_model import random_model
 
 TTFT_REPEATS = 3  # timed questions per video length, after one warm-up question; TTFT is the median
+PEAK_OVER_PLAN = 0.15  # a measured peak this far above the plan's fails the chat
 HEADER_TOKENS = 18  # chat template tokens before the first frame placeholder (as the plan)
 
 
@@ -70,6 +74,25 @@ def peak_reserved_gib(device) -> float | None:
     """The peak PyTorch's allocator held reserved since its last reset (None on a CPU)."""
     cuda = torch.device(device).type == "cuda"
     return torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None
+
+
+def planned_gib(config, minutes: float, fps: float, new_tokens: int, device, dtype) -> dict:
+    """The memory plan's peak of live tensors, and what a GPU's allocator reserves for it, for
+    this chat (`lvx_app/engine/memory_plan.py`), in GiB."""
+    work = Workload(minutes=minutes, fps=fps, dtype_bytes=dtype.itemsize,
+                    device=torch.device(device).type, answer_tokens=new_tokens)  # fmt: skip
+    plan = memory_plan(config, work)
+    return {"plan_peak_gib": plan.peak / 2**30, "plan_reserved_gib": plan.reserved / 2**30}
+
+
+def over_plan(row: dict) -> str | None:
+    """Why a length's measured peak fails its plan (more than PEAK_OVER_PLAN above it), or None
+    (on a CPU, with no peak measured, None)."""
+    peak, plan = row.get("peak_gib"), row.get("plan_peak_gib")
+    if peak is None or not plan or peak <= plan * (1 + PEAK_OVER_PLAN):
+        return None
+    return (f"{row['minutes']:g} min: peak {peak:.1f} GiB is {100 * (peak / plan - 1):.0f} % over "
+            f"the plan's {plan:.1f} GiB (at most {100 * PEAK_OVER_PLAN:.0f} %)")  # fmt: skip
 
 
 def auto_kv(model, frames: int, device, dtype) -> dict:
@@ -138,7 +161,9 @@ def bench(args, rows: Rows) -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        entry = rows.add({"shape": args.shape, "minutes": minutes})
+        entry = rows.add({"shape": args.shape, "minutes": minutes,
+                          **planned_gib(model.config, minutes, args.fps, args.new_tokens, device,
+                                        dtype)})  # fmt: skip
 
         def save(figures: dict, entry=entry) -> None:
             entry.update(figures, peak_gib=peak_gib(device),
@@ -155,7 +180,7 @@ def bench(args, rows: Rows) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
@@ -176,7 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     for line in rows.extra["fallbacks"]:
         print(f"FALLBACK {line}")
     show(title, rows.rows)
+    over = [why for why in map(over_plan, rows.rows) if why]
+    rows.save(over_plan=over)
+    for why in over:
+        print(f"FAILED memory: {why}", flush=True)
+    return 1 if over or rows.extra["fallbacks"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

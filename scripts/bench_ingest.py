@@ -7,7 +7,8 @@ whole ingest of a long video into SigLIP-so400m-shaped features on a GPU.
 Both print a table; `--out FILE.json` also writes the rows, the settings and the machine as JSON.
 
 The test video is generated once (PyAV, libx264 veryfast, 30 fps, GOP 250, a panning random texture
-under the frame-index blocks: ~2 Mbit/s at 720p) into --video-dir: a 60 s segment is encoded and
+under the frame-index blocks: ~2 Mbit/s at 720p) into --video-dir: a `--segment-s` segment (60 s;
+the GPU acceptance's 10 s, encoded in seconds) is encoded and
 stream-copied back to back to the requested length, so generation takes a minute or two but decoding
 costs what a real video of that length costs (every frame of every GOP is decoded). Each decoded
 frame is checked against its index for the first copy.
@@ -43,19 +44,22 @@ from lvx_models.pixels import normalize
 from scripts.harness import command_line, cpu_model, machine, median_seconds, timed, write_json
 
 
-def make_long_video(video_dir: Path, minutes: float, width: int, height: int) -> Path:
+def make_long_video(
+    video_dir: Path, minutes: float, width: int, height: int, segment_s: int = 60
+) -> Path:
     video_dir.mkdir(parents=True, exist_ok=True)
-    seg = video_dir / f"segment_{width}x{height}_60s.mp4"
-    out = video_dir / f"long_{width}x{height}_{minutes:g}min.mp4"
+    seg = video_dir / f"segment_{width}x{height}_{segment_s}s.mp4"
+    out = video_dir / f"long_{width}x{height}_{minutes:g}min_{segment_s}s.mp4"
     if out.exists():
         return out
     if not seg.exists():
         t = time.perf_counter()
-        print(f"generating {seg} (60 s, {width}x{height}, 30 fps) ...", flush=True)
-        make_video(seg.with_suffix(".tmp.mp4"), 1800, 30, width, height, noise=40, gop=250)
+        print(f"generating {seg} ({segment_s} s, {width}x{height}, 30 fps) ...", flush=True)
+        make_video(seg.with_suffix(".tmp.mp4"), 30 * segment_s, 30, width, height, noise=40,
+                   gop=250)  # fmt: skip
         seg.with_suffix(".tmp.mp4").rename(seg)
         print(f"  {time.perf_counter() - t:.0f} s, {seg.stat().st_size / 1e6:.1f} MB", flush=True)
-    concat_video(seg, out.with_suffix(".tmp.mp4"), max(1, round(minutes)))
+    concat_video(seg, out.with_suffix(".tmp.mp4"), max(1, round(minutes * 60 / segment_s)))
     out.with_suffix(".tmp.mp4").rename(out)
     print(f"{out}: {out.stat().st_size / 1e6:.0f} MB", flush=True)
     return out
@@ -74,7 +78,9 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: int) -> dict:
+def bench_decode(
+    path: Path, workers: int, fps: float, chunk: int, image_size: int, segment_s: int = 60
+) -> dict:
     t0 = time.perf_counter()
     with DecodePool(workers, image_size=image_size) as pool:
         plan, _ = pool.plan(path, fps)
@@ -84,10 +90,10 @@ def bench_decode(path: Path, workers: int, fps: float, chunk: int, image_size: i
         n, checked, wrong = 0, 0, 0
         for offset, frames in pool.decode(path, plan.shard(0, 1).chunks(chunk)):
             n += len(frames)
-            if offset < 60 * fps:  # first copy of the segment: indices are unique there
+            if offset < segment_s * fps:  # first copy of the segment: indices are unique there
                 for j, f in enumerate(normalize(torch.from_numpy(frames))):
                     checked += 1
-                    wrong += read_index(f) != plan.indices[offset + j] % 1800
+                    wrong += read_index(f) != plan.indices[offset + j] % (30 * segment_s)
         t2 = time.perf_counter()
         threads = pool.threads
         cpu = cpu_seconds(pool.pids())
@@ -142,7 +148,8 @@ def save(args, result: dict) -> None:
 
 
 def cpu_main(args) -> None:
-    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
+    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height,
+                           args.segment_s)  # fmt: skip
     with DecodePool(
         1
     ) as warm:  # start the forkserver once (imports torch + decord), outside the timings
@@ -150,7 +157,8 @@ def cpu_main(args) -> None:
     cores = usable_cores()
     load_start = os.getloadavg()[0]
     rows = [bench_decord_inline(path, args.fps, args.chunk, min(4, cores))] if args.baseline else []
-    rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size) for w in args.workers]
+    rows += [bench_decode(path, w, args.fps, args.chunk, args.image_size, args.segment_s)
+             for w in args.workers]  # fmt: skip
     print(
         f"\n{args.minutes:g} min {args.width}x{args.height} at {args.fps:g} fps, chunks of "
         f"{args.chunk}, resize to {args.image_size}; {cores} cores "
@@ -191,7 +199,8 @@ def _encoder(args, dev: torch.device):
 
 
 def cuda_main(args) -> None:
-    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height)
+    path = make_long_video(Path(args.video_dir), args.minutes, args.width, args.height,
+                           args.segment_s)  # fmt: skip
     dev = torch.device("cuda")
     encode_fn, enc_fps, source = _encoder(args, dev)
     print(f"encoder alone: {enc_fps:.0f} frames/s (batch {args.encode_batch}, bf16) [{source}]")
@@ -241,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated decode process counts (default 1,2,4 on CPU, 16 on cuda)",
     )
     ap.add_argument("--chunk", type=int, default=32, help="frames per decode chunk")
+    ap.add_argument(
+        "--segment-s", type=int, default=60, help="seconds of video encoded, then stream-copied"
+    )
     ap.add_argument("--image-size", type=int, default=384)
     ap.add_argument("--encode-batch", type=int, default=32)
     ap.add_argument(

@@ -136,11 +136,12 @@ def _print_rows(world: int, rows: list[int], ms: dict) -> None:
 
 def _under_torchrun(args, cfg: dict) -> dict[int, dict] | None:
     """This process as one rank of torchrun's group; the measurement on rank 0, None elsewhere."""
+    from lvx_app.defaults import CHECK_TIMEOUT_S
     from lvx_app.parallel.group import destroy_distributed, init_distributed
     from lvx_app.parallel.lifeline import die_with_parent
 
     die_with_parent()  # a rank ends with the torchrun that started it, however that one ended
-    info = init_distributed(cuda=args.device == "cuda")
+    info = init_distributed(cuda=args.device == "cuda", timeout_s=CHECK_TIMEOUT_S)
     try:
         ms = _bench_rank(info.rank, info.world_size, cfg, str(info.device))
     finally:

@@ -8,7 +8,9 @@ Per backend: median forward and backward times, the kernels each call site reall
 backward is the memory-efficient kernel's) and every fallback; then its output and lse against a
 float64 forward of every row, dq of a sample of rows and dk, dv of a sample of keys against float64
 gradients (scripts/reference64.py; the output also by its RMS error, queries drawn for a peaked
-softmax, `check_kernels.py`'s bounds). Each backend's row is written as it is measured.
+softmax, `check_kernels.py`'s bounds). Each backend's row is written as it is measured; one
+that raises (a device fault) is that row's failure, and the risky backends run last
+(`available_backends`). A backend the engine never picks (cuDNN) cannot fail the run.
 
     python scripts/bench_xattn_7b.py --device cuda --out xattn_7b.json
     python scripts/bench_xattn_7b.py --device cpu --frames 16 --iters 1      # the CPU rehearsal
@@ -28,6 +30,7 @@ import torch
 
 from lvx_app.attention import attn_bwd, attn_fwd, available_backends
 from lvx_kernels.backends import can_run, kernel_tally
+from scripts.check_kernels import ENGINE_PICKS
 from scripts.harness import Rows, command_line, machine, median_seconds, show
 from scripts.reference64 import (
     LSE_TOLERANCE,
@@ -109,9 +112,21 @@ def bench_backend(backend: str, b: dict, iters: int, warmup: int) -> dict:
     }
 
 
+def guarded_bench(backend: str, b: dict, iters: int, warmup: int) -> dict:
+    """`bench_backend`, with anything it raises (a device fault, an op that crashed) as this row's
+    failure: the backends after it still run (the risky ones run last, `available_backends`)."""
+    try:
+        return bench_backend(backend, b, iters, warmup)
+    except Exception as exc:  # noqa: BLE001 - one backend's fault is that row's failure
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        return {"values_ok": False, "error": f"raised {type(exc).__name__}: {why}",
+                "fallbacks": []}  # fmt: skip
+
+
 def run(args, rows: Rows) -> bool:
     """Every backend that can run the block, each row saved as it is measured; True when every
-    backend's values were right."""
+    backend the engine picks (`ENGINE_PICKS`) gave the right values; another's failure (cuDNN's)
+    is reported in its row."""
     s_q, s_kv = shapes(args.frames, KEYS_PER_FRAME, args.ratio)
     s_q, s_kv = -(-s_q // args.gpus), -(-s_kv // args.gpus)
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
@@ -127,9 +142,13 @@ def run(args, rows: Rows) -> bool:
             why = "materialises the score matrix" if backend == "math" else "cannot run"
             rows.add({"backend": backend, "skipped": why})
             continue
-        row = rows.add({"backend": backend, **bench_backend(backend, b, args.iters, args.warmup)})
-        ok &= row["values_ok"]
+        row = rows.add({"backend": backend, **guarded_bench(backend, b, args.iters, args.warmup)})
+        row["counts"] = backend in ENGINE_PICKS
+        ok &= row["values_ok"] or not row["counts"]
         rows.save(fallbacks=[f for r in rows.rows for f in r.get("fallbacks", [])], ok=ok)
+        if "error" in row:
+            print(f"{backend}: FAILED: {row['error']}", flush=True)
+            continue
         print(
             f"{backend}: fwd {row['fwd_ms']:.2f} ms ({row['fwd_tflops']:.0f} TFLOP/s), bwd "
             f"{row['bwd_ms']:.2f} ms ({row['bwd_tflops']:.0f} TFLOP/s); values "

@@ -24,6 +24,7 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 from lvx_app.attention import attn_fwd
 from lvx_app.attention.decode_xattn import decode_xattn
 from lvx_app.attention.lv_xattn import lv_xattn_with_lse
+from lvx_app.defaults import CHECK_TIMEOUT_S
 from lvx_app.parallel.group import destroy_distributed, init_distributed
 from lvx_app.parallel.lifeline import die_with_parent
 from lvx_app.parallel.shards import shard_bounds
@@ -74,7 +75,7 @@ def check(dtype: torch.dtype, rank: int, world: int, device: torch.device) -> di
 def main() -> int:
     die_with_parent()  # a rank ends with the torchrun that started it, however that one ended
     # --cpu: the same check over gloo, to test this script
-    info = init_distributed(cuda="--cpu" not in sys.argv)
+    info = init_distributed(cuda="--cpu" not in sys.argv, timeout_s=CHECK_TIMEOUT_S)
     try:
         results = [
             check(dt, info.rank, info.world_size, info.device)

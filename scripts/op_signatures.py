@@ -5,13 +5,17 @@ where they unpack them all).
 
 The GPU image may carry another torch than CI (its op signatures change between releases: an
 argument added without a default, a keyword renamed), and such a change turns a kernel call into a
-fallback or a crash on the GPU only. One line per mismatch; none when all fit.
+fallback or a crash on the GPU only. One line per mismatch; none when all fit. The same check runs
+in CI against the schemas recorded from the GPU image's torch wheel (`RECORDED`, read by
+`recorded_mismatches`); on the GPU the kernel check fails on any mismatch with the torch present.
 
-    python scripts/op_signatures.py        # prints the lines, exit 1 when any
+    python scripts/op_signatures.py                 # this torch: the lines, exit 1 when any
+    python scripts/op_signatures.py --recorded      # the GPU image's torch, as recorded
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,6 +24,9 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+# the schemas of these ops in the GPU image's torch, recorded from its wheel (the file says which)
+RECORDED = ROOT / "tests" / "data" / "torch_2_11_op_schemas.json"
 Call = tuple[int, tuple[str, ...], int, bool]
 # op -> (positional arguments passed, keywords passed, outputs read, whether the adapter unpacks
 # exactly that many), as the adapters call them
@@ -35,14 +42,22 @@ CALLS: dict[str, Call] = {
 }
 
 
-def mismatch(
-    name: str, positional: int, keywords: tuple[str, ...], outputs: int, exact: bool
-) -> list[str]:
-    """Why this torch's op `name` does not take the adapters' call (empty: it does)."""
+def _live_schema(name: str):
+    """This torch's schema of aten op `name`, or None when it has no such op."""
     packet = getattr(torch.ops.aten, name, None)
-    if packet is None:
-        return [f"aten.{name}: not in torch {torch.__version__}"]
-    schema = packet.default._schema
+    return None if packet is None else packet.default._schema
+
+
+def mismatch(
+    name: str, positional: int, keywords: tuple[str, ...], outputs: int, exact: bool,
+    schema=None, version: str | None = None,
+) -> list[str]:  # fmt: skip
+    """Why op `name` (`schema`, default this torch's) does not take the adapters' call (empty: it
+    does); `version` names the torch in the lines."""
+    version = version or torch.__version__
+    schema = schema if schema is not None else _live_schema(name)
+    if schema is None:
+        return [f"aten.{name}: not in torch {version}"]
     args = schema.arguments
     lines = []
     takes = [a for a in args if not a.kwarg_only]
@@ -59,7 +74,7 @@ def mismatch(
     returns = len(schema.returns)
     if returns < outputs or (exact and returns != outputs):
         lines.append(f"returns {returns} outputs, lvx {'unpacks' if exact else 'reads'} {outputs}")
-    return [f"aten.{name} (torch {torch.__version__}): {line}" for line in lines]
+    return [f"aten.{name} (torch {version}): {line}" for line in lines]
 
 
 def mismatches(calls: dict[str, Call] = CALLS) -> list[str]:
@@ -67,12 +82,28 @@ def mismatches(calls: dict[str, Call] = CALLS) -> list[str]:
     return [line for name, call in calls.items() for line in mismatch(name, *call)]
 
 
-def main() -> int:
-    lines = mismatches()
+def recorded_mismatches(path: Path = RECORDED, calls: dict[str, Call] = CALLS) -> list[str]:
+    """One line per mismatch between the calls and the schemas recorded in `path` (JSON: `torch`,
+    the version, and `schemas`, op name -> schema string as the wheel's headers hold it)."""
+    data = json.loads(path.read_text())
+    schemas = {name: torch._C.parse_schema(text) for name, text in data["schemas"].items()}
+    lines = []
+    for name, call in calls.items():
+        if name not in schemas:
+            lines.append(f"aten.{name}: not recorded for torch {data['torch']}")
+        else:
+            lines += mismatch(name, *call, schema=schemas[name], version=data["torch"])
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    recorded = "--recorded" in (sys.argv[1:] if argv is None else argv)
+    lines = recorded_mismatches() if recorded else mismatches()
     for line in lines:
         print(line)
     if not lines:
-        print(f"every aten attention op lvx calls fits torch {torch.__version__}")
+        which = json.loads(RECORDED.read_text())["torch"] if recorded else torch.__version__
+        print(f"every aten attention op lvx calls fits torch {which}")
     return 1 if lines else 0
 
 

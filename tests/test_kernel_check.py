@@ -27,13 +27,13 @@ CALLS = (
 )
 
 
-def _check(tmp_path, dtype=None, frames=1, **kw) -> tuple[bool, dict]:
+def _check(tmp_path, dtype=None, frames=1, rows=16, backends=None) -> tuple[bool, dict]:
     args = argparse.Namespace(
-        device="cpu", frames=frames, rows=16, prefix=64, dtype=dtype, backends=None, **kw
+        device="cpu", frames=frames, rows=rows, prefix=64, dtype=dtype, backends=backends
     )
-    rows = Rows(tmp_path / "kernels.json", key="checks")
-    ok = check_kernels.check(args, rows)
-    rows.save(ok=ok)
+    table = Rows(tmp_path / "kernels.json", key="checks")
+    ok = check_kernels.check(args, table)
+    table.save(ok=ok)
     return ok, json.loads((tmp_path / "kernels.json").read_text())["checks"]
 
 
@@ -230,7 +230,8 @@ def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["flash", "efficient"])
     ok, written = _check(tmp_path, dtype="bfloat16", frames=3)
     assert ok, [r["why"] for r in written["rows"] if not r.get("ok", True)]
-    auto = {r["call"]: r["ran"] for r in written["rows"] if r["backend"] == "auto"}
+    auto = {r["call"]: r["ran"] for r in written["rows"]
+            if r["backend"] == "auto" and r["dtype"] == "bfloat16"}  # fmt: skip
     assert auto == {
         "every key visible": ["flash"],
         "media mask": ["efficient", "flash"],  # the masked band, and the rows that see all
@@ -238,3 +239,122 @@ def test_the_cuda_rows_pass_on_the_op_stand_ins(tmp_path, monkeypatch) -> None:
         "bounded decode": ["flash_varlen"],
         "causal prefill over a cached prefix": ["flash"],
     }
+
+
+def _one_part_off(monkeypatch, how: str) -> list[int]:
+    """Every second part an `attn_fwd` merges (a masked band, a causal square) with its weight 1%
+    off (its lse raised by log(1.01): the softmax weight it carries, and the lse, off) or its
+    output 1% off; the rest exact. Returns the count of planted parts."""
+    from lvx_kernels import kernels
+
+    real, merged = kernels.merge_, [0]
+
+    def merge_(out, lse, part_out, part_lse):
+        merged[0] += 1
+        if merged[0] % 2 == 0:
+            if how == "weight":
+                part_lse = part_lse + math.log(1.01)
+            else:
+                part_out = part_out * 1.01
+        return real(out, lse, part_out, part_lse)
+
+    monkeypatch.setattr(kernels, "merge_", merge_)
+    return merged
+
+
+@pytest.mark.parametrize("how", ["weight", "output"])
+def test_one_part_of_a_merged_call_one_percent_off_fails_the_float32_rows(
+    tmp_path, monkeypatch, how
+) -> None:
+    """A call that merges several kernel calls' parts (the media mask's band and its rows that see
+    every frame, the causal square and its cached prefix) with one part's weight or output 1% off:
+    its float32 rows fail the check, bf16's own rounding being too coarse to see it at every
+    shape; the calls that merge nothing pass."""
+    merged = _one_part_off(monkeypatch, how)
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=3, rows=32)
+    assert merged[0] >= 4 and not ok
+    tight = [r for r in written["rows"] if r["dtype"] == "float32"]
+    assert {r["call"] for r in tight} == set(check_kernels.MERGED_CALLS)
+    assert all(not r["ok"] and "off by" in r["why"] for r in tight), tight
+    assert all(r["ok"] for r in written["rows"] if r["call"] not in check_kernels.MERGED_CALLS)
+
+
+def test_a_cudnn_device_fault_fails_only_its_rows(tmp_path, monkeypatch) -> None:
+    """cuDNN (a backend the engine never picks) faulting the device on every call, on the op
+    stand-ins: the faults are its rows' failures, written and reported; its rows run after every
+    other backend's, which all pass, and neither the kernel check nor the 7B block fails."""
+    from cuda_standins import on_stand_ins
+
+    from lvx_kernels import backends
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    fault = getattr(torch, "AcceleratorError", RuntimeError)
+
+    def cudnn_faults(*args, **kwargs):
+        raise fault("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setitem(backends.KERNEL_OPS, "cudnn_fwd", cudnn_faults)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backends.available_backends("cuda") == ["flash", "efficient", "cudnn", "math"]
+    ok, written = _check(tmp_path, "bfloat16", frames=2, backends=["cudnn", "flash", "efficient"])
+    checked = [r for r in written["rows"] if "ok" in r]
+    faulted = [r for r in checked if not r["ok"]]
+    assert ok and faulted and {r["backend"] for r in faulted} == {"cudnn"}
+    assert all(r["why"].startswith(f"raised {fault.__name__}: CUDA error") for r in faulted)
+    first_cudnn = next(i for i, r in enumerate(written["rows"]) if r["backend"] == "cudnn")
+    assert all(r["backend"] == "cudnn" for r in written["rows"][first_cudnn:])
+    args = argparse.Namespace(device="cpu", frames=8, gpus=8, ratio=145.0, dtype="bfloat16",
+                              warmup=0, iters=1)  # fmt: skip
+    monkeypatch.setattr(bench_xattn_7b, "available_backends", lambda device: ["flash", "cudnn"])
+    rows = Rows(None, machine={"device": "cpu"})
+    assert bench_xattn_7b.run(args, rows)
+    cudnn = next(r for r in rows.rows if r["backend"] == "cudnn")
+    assert not cudnn["values_ok"] and cudnn["error"].startswith(f"raised {fault.__name__}")
+
+
+def test_a_bounded_decode_without_its_kernel_is_a_fallback(tmp_path, monkeypatch) -> None:
+    """A torch whose flash op takes no key count (`bounds_keys` false, on the op stand-ins): the
+    static step's text attention runs masked, and the tally says so as a fallback, so the kernel
+    check's automatic bounded-decode row fails (the decode item fails on it the same way)."""
+    from cuda_standins import on_stand_ins
+
+    from lvx_kernels import backends, kernels
+
+    fixture = on_stand_ins(monkeypatch, flash_attn=False)
+    next(fixture)
+    for module in (kernels, check_kernels):
+        monkeypatch.setattr(module, "bounds_keys", lambda q, d: False)
+    monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["efficient"])
+    ok, written = _check(tmp_path, dtype="bfloat16", frames=2)
+    row = next(r for r in written["rows"] if (r["backend"], r["call"]) == ("auto", "bounded decode"))
+    want = "fwd flash_varlen -> masked: this torch's flash op takes no seqused_k"
+    assert not ok and row["fallbacks"] == [want] and row["ran"] == ["efficient"], row
+    assert all(r["ok"] for r in written["rows"] if r is not row and "ok" in r)
+    with backends.kernel_tally() as tally:
+        q = torch.randn(1, 1, 4, 16, dtype=torch.bfloat16)
+        kv = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
+        kernels.attn_fwd_upto(q, kv, kv, torch.tensor([5], dtype=torch.int32))
+    assert dict(tally.fallbacks) == {want: 1}
+
+
+def test_the_vision_towers_attention_is_counted_by_the_tally() -> None:
+    """The Llama-3.2-Vision tower's attention calls PyTorch's own `scaled_dot_product_attention`
+    directly: while a tally is open each call is counted ("fwd sdpa"), nested tallies too, and the
+    function is PyTorch's own again once the last tally closes."""
+    import torch.nn.functional as F
+
+    from lvx_kernels.backends import kernel_tally
+    from lvx_models.mllama.config import MllamaVisionConfig
+    from lvx_models.mllama.vision import VisionAttention
+
+    own = F.scaled_dot_product_attention
+    attn = VisionAttention(MllamaVisionConfig(hidden_size=32, attention_heads=4))
+    x, bias = torch.randn(1, 6, 32), torch.zeros(1, 1, 6, 6)
+    with kernel_tally() as outer:
+        attn(x, bias)
+        with kernel_tally() as inner:
+            attn(x, bias)
+        attn(x, bias)
+    assert outer.calls == {"fwd sdpa": 3} and inner.calls == {"fwd sdpa": 1}
+    assert F.scaled_dot_product_attention is own

@@ -98,3 +98,26 @@ def test_asked_modes_and_the_cpu_need_no_memory_reading(seven_b):
         assert choice == KvChoice(asked, "asked")
     on_cpu = choose_kv_mode("auto", cfg, 3600, 1, 4, torch.device("cpu"), read_memory=no_reading)
     assert on_cpu.mode == "cache" and "not a GPU" in on_cpu.as_dict()["why"]
+
+
+def test_auto_keeps_the_headroom_a_gpu_needs_beyond_the_plan(seven_b):
+    """The choice keeps the allocator's reserve over the plan's tensors, the libraries' workspaces
+    and a margin free (`memory_plan.headroom`): a card whose usable memory holds the plan's growth
+    but not that headroom recomputes; with the headroom it caches. An 80 GB card recomputes an
+    hour and a half."""
+    from lvx_app.engine.memory_plan import headroom
+
+    cfg, counts = seven_b
+    held = _held_at_choice(cfg, counts, 60)
+    total = int(80 * GB)
+    plan = memory_plan(cfg, Workload(minutes=60), counts)
+    growth = plan.peak - held
+    for usable, mode in ((growth + headroom(plan.peak) - 1, "recompute"),
+                         (growth + headroom(plan.peak), "cache")):  # fmt: skip
+        memory = DeviceMemory(usable, total, held, held)
+        choice = choose_kv_mode("auto", cfg, 3600, 1, 2, CUDA, counts=counts,
+                                read_memory=lambda d, m=memory: m)  # fmt: skip
+        assert choice.mode == mode and choice.as_dict()["headroom GB"] > 6, choice.line()
+    long = choose_kv_mode("auto", cfg, 90 * 60, 1, 2, CUDA, counts=counts,
+                          read_memory=_card(80, _held_at_choice(cfg, counts, 90)))  # fmt: skip
+    assert long.mode == "recompute" and "GB headroom" in long.line(), long.line()

@@ -5,7 +5,8 @@ The memory the process can use is what the device has free, plus what PyTorch ho
 unused (its caching allocator hands that out before asking the device), plus what the video being
 replaced holds (it is freed before the new one's K/V are made). The plan's peak is compared with it
 as growth: the plan's peak less what the plan says is already there when the choice is made (the
-weights and this video's features). Every figure of the choice travels with it (`as_dict`), so
+weights and this video's features), plus the headroom a GPU needs beyond the plan's tensors (the
+allocator's reserve over them, the libraries' workspaces and a margin: `memory_plan.headroom`). Every figure of the choice travels with it (`as_dict`), so
 `/stats`, the API, `lvx info` and the acceptance report show why a mode was chosen.
 """
 
@@ -21,6 +22,7 @@ from lvx_app.engine.memory_plan import (
     ParamCounts,
     Workload,
     features_bytes,
+    headroom,
     memory_plan,
     param_counts,
 )
@@ -63,6 +65,7 @@ class KvChoice:
     replaced: int = 0  # bytes the replaced video held
     plan_peak: int = 0  # the plan's peak for this video in cache mode (per rank)
     planned_growth: int = 0  # that peak less the plan's weights and features
+    headroom: int = 0  # kept free beyond the growth (`memory_plan.headroom`)
 
     @property
     def usable(self) -> int:
@@ -84,6 +87,7 @@ class KvChoice:
                 "usable GB": round(self.usable / GB, 2),
                 "plan peak GB": round(self.plan_peak / GB, 2),
                 "planned growth GB": round(self.planned_growth / GB, 2),
+                "headroom GB": round(self.headroom / GB, 2),
                 "device total GB": round(m.total / GB, 2),
             }
         )
@@ -94,7 +98,8 @@ class KvChoice:
         if self.memory is None:
             return f"{self.mode} ({'asked' if self.how == 'asked' else 'auto, not a GPU'})"
         return (
-            f"{self.mode} (auto: plan needs {self.planned_growth / GB:.1f} GB more, "
+            f"{self.mode} (auto: plan needs {self.planned_growth / GB:.1f} GB more and "
+            f"{self.headroom / GB:.1f} GB headroom, "
             f"{self.usable / GB:.1f} GB usable: {self.memory.free / GB:.1f} free, "
             f"{self.memory.reserved_unused / GB:.1f} reserved unused, "
             f"{self.replaced / GB:.1f} from the replaced video)"
@@ -113,7 +118,8 @@ def choose_kv_mode(
     read_memory: Callable[[torch.device], DeviceMemory] = cuda_memory,
 ) -> KvChoice:
     """`asked` unless it is auto; auto on a GPU: cache when the plan's growth for `frames` frames
-    split over `ranks` fits the usable memory, else recompute; auto off a GPU: cache."""
+    split over `ranks` and its headroom fit the usable memory, else recompute; auto off a GPU:
+    cache."""
     if asked != "auto":
         return KvChoice(asked, "asked")
     if device.type != "cuda":
@@ -122,5 +128,6 @@ def choose_kv_mode(
     plan = memory_plan(config, work, counts or param_counts(config))
     features = features_bytes(config, -(-frames // ranks), dtype_bytes)
     growth = plan.peak - plan.resident["weights"] - features
-    choice = KvChoice("cache", "auto", read_memory(device), replaced, plan.peak, growth)
-    return choice if growth <= choice.usable else replace(choice, mode="recompute")
+    spare = headroom(plan.peak)
+    choice = KvChoice("cache", "auto", read_memory(device), replaced, plan.peak, growth, spare)
+    return choice if growth + spare <= choice.usable else replace(choice, mode="recompute")

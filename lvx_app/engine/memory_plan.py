@@ -156,6 +156,27 @@ def param_counts(config: ModelConfig) -> ParamCounts:
 RESIDENT = ("weights", "features E", "visual K/V", "text K/V")  # what a rank keeps between turns
 
 
+# What a GPU process holds beyond the plan's live tensors. PyTorch's caching allocator reserves
+# more than is allocated (blocks rounded up to its segment sizes, freed blocks of one stage's sizes
+# that the next cannot reuse): ALLOCATOR_OVERHEAD of the peak. The libraries' workspaces (cuBLAS's
+# per stream, cuDNN's and flash's split-KV accumulators of a decoded token): WORKSPACE_BYTES. And
+# MARGIN_BYTES, so that a plan a few percent short still fits.
+ALLOCATOR_OVERHEAD = 0.08
+WORKSPACE_BYTES = 512 * 2**20
+MARGIN_BYTES = 2 * 2**30
+
+
+def reserved_bytes(peak: int) -> int:
+    """What PyTorch's allocator and the libraries reserve on a GPU for a plan's `peak` of live
+    tensors (the allocator's overhead and the workspaces)."""
+    return int(peak * (1 + ALLOCATOR_OVERHEAD)) + WORKSPACE_BYTES
+
+
+def headroom(peak: int) -> int:
+    """Bytes a GPU must have beyond `peak` for the plan to hold: the reserve and the margin."""
+    return reserved_bytes(peak) - peak + MARGIN_BYTES
+
+
 @dataclass
 class MemoryPlan:
     """Per-rank bytes: what stays resident, the transient of each stage, and the peak over
@@ -168,6 +189,11 @@ class MemoryPlan:
     @property
     def peak(self) -> int:
         return max(self.stages.values())
+
+    @property
+    def reserved(self) -> int:
+        """The peak PyTorch reserves on a GPU for this plan (`reserved_bytes`)."""
+        return reserved_bytes(self.peak)
 
     @property
     def peak_stage(self) -> str:
