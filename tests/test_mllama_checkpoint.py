@@ -109,13 +109,18 @@ def test_chat_prompt_is_the_shipped_template(tiny):
     assert chat_prompt("what happens?", 3) == rendered
 
 
-def test_video_frames_are_one_tile_each(tiny):
+def test_video_frames_are_one_tile_each_padded_with_empty_tiles(tiny):
+    """A frame is one real tile, padded to the checkpoint's 4 tiles as the published processor
+    pads a one-tile image; the text sees the real tile only."""
     import numpy as np
 
     model, processor, cfg = load_mllama(tiny, torch.float32)
     frames = [np.full((30, 90, 3), i * 40, np.uint8) for i in range(5)]
     inputs = processor.video(frames, "what happens?")
-    assert inputs.pixel_values.shape == (1, 5, 1, 3, 28, 28)
+    assert inputs.pixel_values.shape == (1, 5, 4, 3, 28, 28)
+    assert inputs.pixel_values[:, :, 1:].eq(0).all()
+    assert inputs.aspect_ratio_mask.tolist() == [[[1, 0, 0, 0]] * 5]
+    assert inputs.cross_attention_mask[..., 1:].eq(0).all()
     assert inputs.input_ids[0].tolist().count(cfg.image_token_index) == 5
     assert inputs.aspect_ratio_ids.tolist() == [[1] * 5]
     # every token after the frames sees all of them; the header before them sees none
