@@ -135,3 +135,29 @@ def test_wrong_image_count_is_one_line(tiny):
     _, processor, _ = load_mllama(tiny, torch.float32)
     with pytest.raises(ValueError, match="give one image per <|image|>"):
         processor(chat_prompt("hi", 2), [])
+
+
+@pytest.mark.slow
+def test_a_folder_saved_by_transformers_loads_and_answers(tiny, tmp_path):
+    """transformers 5's `save_pretrained` writes processor_config.json (the image processor
+    nested in it) and chat_template.jinja, and no preprocessor_config.json: lvx opens the folder
+    and answers as it answers on the published layout."""
+    from videos import make_video
+
+    import lvx_app as lvx
+
+    transformers = pytest.importorskip("transformers")
+    saved = tmp_path / "saved"
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(tiny, dtype=torch.bfloat16)
+    model.save_pretrained(saved)
+    transformers.MllamaProcessor.from_pretrained(tiny).save_pretrained(saved)
+    assert (saved / "processor_config.json").exists() and (saved / "chat_template.jinja").exists()
+    assert not (saved / "preprocessor_config.json").exists()
+    video = str(make_video(tmp_path / "v.mp4", 3, fps=1, width=40, height=30))
+    options = dict(gpus=0, ranks=1, cache=False, decode_workers=1, subtitles="none")
+    answers = []
+    for folder in (tiny, saved):
+        with lvx.open(str(folder), max_new_tokens=4, **options) as engine:
+            engine.load_video(video, fps=1)
+            answers.append(("".join(engine.ask("what happens?")), engine.last_answer.tokens))
+    assert answers[1] == answers[0] and answers[0][1]

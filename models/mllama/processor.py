@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..mplug_owl3.tokenizer import StreamDecoder
+from ..safetensors_folder import CheckpointError
 from ..surface import VIDEO, FramePrep
 from .image_tiles import (
     CLIP_MEAN,
@@ -109,9 +110,20 @@ class MllamaProcessor:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
-        """From the folder's tokenizer.json and preprocessor_config.json."""
-        d = Path(directory)
-        pre = json.loads((d / "preprocessor_config.json").read_text())
+        """From the folder's tokenizer.json and image processor settings: preprocessor_config.json
+        as published, or the `image_processor` of processor_config.json, which transformers 5's
+        `save_pretrained` writes instead."""
+        d, pre = Path(directory), {}
+        if (d / "preprocessor_config.json").exists():
+            pre = json.loads((d / "preprocessor_config.json").read_text())
+        elif (d / "processor_config.json").exists():
+            pre = json.loads((d / "processor_config.json").read_text()).get("image_processor", {})
+        if "size" not in pre:
+            raise CheckpointError(
+                f"{d} has no image processor settings (preprocessor_config.json, or "
+                "processor_config.json's image_processor): copy them from the checkpoint it was "
+                "made from"
+            )
         return cls(
             MllamaTokenizer.from_pretrained(d),
             tile_size=int(pre["size"]["height"]),

@@ -162,6 +162,7 @@ HUB_FILES = [
     "merges.txt",
     "generation_config.json",
     "preprocessor_config.json",  # Llama-3.2-Vision's tile size, mean and std
+    "processor_config.json",  # the same, where transformers 5 saved the folder
     "processing_mplugowl3.py",
     "image_processing_mplugowl3.py",
 ]

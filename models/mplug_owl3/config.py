@@ -256,6 +256,11 @@ class Owl3Config:
         return self.vision.num_patches
 
     @property
+    def vision_tokens_per_frame(self) -> int:
+        """Tokens the vision tower runs for one frame: the ones it keeps."""
+        return self.vision.num_patches
+
+    @property
     def cross_layer_indices(self) -> list[int]:
         """0-based indices of the layers that attend to the frames (the hyper layers)."""
         return self.hyper_layer_indices
