@@ -1,6 +1,8 @@
 """Our Llama-3.2-Vision equals transformers' `MllamaForConditionalGeneration` on tiny random
 checkpoints in the published layout (logits in float32, greedy tokens), and our processor's ids,
-pixels, aspect ratios and cross-attention mask equal `MllamaProcessor`'s."""
+pixels, aspect ratios and cross-attention mask equal `MllamaProcessor`'s. A video through
+`lvx.open` (frames of one tile, which the tower runs beside the published empty tiles) gets
+transformers' greedy answer on 1, 2 and 3 ranks."""
 
 from __future__ import annotations
 
@@ -104,9 +106,13 @@ def published(tmp_path_factory):
     hf_proc = transformers.MllamaProcessor.from_pretrained(d)
     # lvx's first turn: the video, a line break, the question
     turn = [{"type": "image"}] * len(frames) + [{"type": "text", "text": "\n" + VIDEO_QUESTION}]
-    text = hf_proc.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
-    theirs = hf_proc(text=text, images=[list(frames)], add_special_tokens=False, return_tensors="pt")
-    assert theirs["pixel_values"].shape[2] == 4 and theirs["aspect_ratio_mask"][0, :, 1:].sum() == 0
+    messages = [{"role": "user", "content": turn}]
+    text = hf_proc.apply_chat_template(messages, add_generation_prompt=True)
+    theirs = hf_proc(
+        text=text, images=[list(frames)], add_special_tokens=False, return_tensors="pt"
+    )
+    assert theirs["pixel_values"].shape[2] == 4  # each frame's tile and 3 empty ones
+    assert theirs["aspect_ratio_mask"][0, :, 1:].sum() == 0
     return d, frames, theirs
 
 
@@ -133,9 +139,11 @@ def test_frame_features_are_the_published_towers(published):
 
 
 def _real_tiles_for_masked_out_rows(prepare):
-    """transformers' cross-attention mask, except that a masked-out row (before the first image)
-    attends to the real tiles' keys only, not to the empty tiles' too (lvx keeps no K/V of an
-    empty tile); its MLP output is still dropped."""
+    """transformers' cross-attention mask, except that a masked-out row (the chat header before
+    the first image) attends to the real tiles' keys only: transformers opens such a row to every
+    key, the empty tiles' included, while lvx keeps no K/V of an empty tile (Meta's reference
+    zeroes these rows' attention instead). The row's MLP output is still dropped; every other row
+    and every step is transformers' own."""
 
     def prepared(mask, num_vision_tokens, dtype):
         bias, masked_out = prepare(mask, num_vision_tokens, dtype)
@@ -148,14 +156,14 @@ def _real_tiles_for_masked_out_rows(prepare):
 
 @pytest.fixture(scope="module")
 def reference_tokens(published):
-    """transformers' greedy answer to the video question (its masked-out rows see real tiles)."""
+    """transformers' greedy answer to the video question (its header rows see the real tiles)."""
     from transformers.models.mllama import modeling_mllama
 
     d, _, theirs = published
     hf = transformers.MllamaForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
-    mp = pytest.MonkeyPatch()
-    prepare = modeling_mllama._prepare_cross_attention_mask
-    mp.setattr(modeling_mllama, "_prepare_cross_attention_mask", _real_tiles_for_masked_out_rows(prepare))
+    mp, name = pytest.MonkeyPatch(), "_prepare_cross_attention_mask"
+    patched = _real_tiles_for_masked_out_rows(getattr(modeling_mllama, name))
+    mp.setattr(modeling_mllama, name, patched)
     try:
         out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
     finally:
