@@ -52,7 +52,7 @@ class MllamaVisionConfig:
     @property
     def num_patches(self) -> int:
         """Visual tokens of one video frame: lvx gives a frame one tile (the empty tiles beside it
-        in the tower are no visual tokens: the text never attends to them)."""
+        in the tower give no visual tokens)."""
         return self.patches_per_tile
 
     @property

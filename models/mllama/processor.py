@@ -7,9 +7,9 @@ image + the text + `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\
 A video is its frames as consecutive images: one `<|image|>` per frame (one prompt position per
 frame), each frame resized into `video_tiles` tiles (1 by default: 1,601 visual tokens a frame at
 560 pixels) and padded with empty tiles to `max_image_tiles`, as the published processor pads an
-image of that many tiles; the text never sees the empty tiles. Consecutive `<|image|>`s share one
-span, so every text token after the frames sees all of them: the media mask LV-XAttn shards is
-then one prefix for every row.
+image of that many tiles; the cross-attention mask never opens an empty tile. Consecutive
+`<|image|>`s share one span, so every text token after the frames sees all of them: the media mask
+LV-XAttn shards is then one prefix for every row.
 
 Cross-attention mask (as published): the token at an `<|image|>` and every token after it see that
 image's real tiles, until the next `<|image|>` that does not directly follow it (the last span runs

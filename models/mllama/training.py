@@ -114,7 +114,7 @@ class Finetuning:
         (N, P, vision_output_dim), what the training loop caches when the projector trains. A
         frame runs as the published processor hands the tower a one-tile image: followed by
         empty tiles up to `max_num_tiles`, which its tokens attend to; only its own tile's
-        features are kept (the text never attends to an empty tile)."""
+        features are kept."""
         n, dev = pixel_values.shape[0], self.vision_device
         tiles = self.mllama.vision_model.cfg.max_num_tiles
         ar_ids = torch.ones(n, dtype=torch.int64, device=dev)  # a (1, 1) tile grid: id 1

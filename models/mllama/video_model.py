@@ -4,13 +4,12 @@ handed), over the weights of one `MllamaModel`.
 
 A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), which the vision
 tower runs beside `max_num_tiles - 1` empty tiles as the published processor pads a one-tile image;
-only the frame's own tile becomes visual keys (the text never sees an empty tile). Every row sees
-a prefix of the frames: the row at frame j's `<|image|>` and every later row see frames 0..j
-(q_vis = #{starts <= t}); a decoded token sees them all. Rows before the first `<|image|>` are
-masked out as published: they attend to every frame (q_vis = the number of frames) and their cross
-layer's MLP output is dropped; the model knows them from the positions, not from the hooks.
-(transformers also opens these rows to the empty tiles' keys, which lvx does not keep; Meta's
-reference zeroes their attention instead.) A
+only the frame's own tile becomes visual keys. Every row sees a prefix of the frames: the row at
+frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a decoded
+token sees them all. Rows before the first `<|image|>` are masked out as published: they attend to
+every frame (q_vis = the number of frames) and their cross layer's MLP output is dropped; the model
+knows them from the positions, not from the hooks. (transformers also opens these rows to the
+empty tiles' keys, which lvx does not keep; Meta's reference zeroes their attention instead.) A
 cross layer has no self-attention: its place in the text cache keeps count of the tokens with
 zero-width K/V, so every layer's count is the conversation's length.
 """
