@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def frame_encoder_identity(
     """(checkpoint path, fingerprint of the tower + projector weights and of how a frame runs
     through them), so features made another way are never read back."""
     path, weights = encoder_identity(VISION_PREFIXES, model, revision, memo)
-    return path, f"{weights}:{TOWER_INPUT}"
+    return path, hashlib.sha256(f"{weights}:{TOWER_INPUT}".encode()).hexdigest()[:32]
 
 
 def parameter_counts(config: MllamaConfig) -> dict[str, int]:
