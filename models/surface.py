@@ -74,6 +74,10 @@ class ModelConfig(Protocol):
         """Visual keys one frame adds to every cross layer."""
 
     @property
+    def vision_tokens_per_frame(self) -> int:
+        """Tokens the vision tower runs for one frame (padding included): its cost per frame."""
+
+    @property
     def cross_layer_indices(self) -> list[int]:
         """0-based indices of the layers that attend to the frames."""
 

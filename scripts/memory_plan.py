@@ -147,9 +147,11 @@ def time_plan(
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
     # every non-embedding parameter is one multiply-add per token
     lm_matmul = counts.language - counts.embedding
+    tower = cfg.vision_tokens_per_frame  # what the tower runs a frame as (empty tiles included)
     vision_frame = (
-        2 * (counts.vision + counts.projector) * t
-        + 4 * t * t * cfg.vision_hidden_size * cfg.vision_layers
+        2 * counts.vision * tower
+        + 2 * counts.projector * t
+        + 4 * tower * tower * cfg.vision_hidden_size * cfg.vision_layers
     )
     # v_kv_proj over every visual token, all hyper layers
     make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper

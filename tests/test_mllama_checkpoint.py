@@ -109,13 +109,18 @@ def test_chat_prompt_is_the_shipped_template(tiny):
     assert chat_prompt("what happens?", 3) == rendered
 
 
-def test_video_frames_are_one_tile_each(tiny):
+def test_video_frames_are_one_tile_each_padded_with_empty_tiles(tiny):
+    """A frame is one real tile, padded to the checkpoint's 4 tiles as the published processor
+    pads a one-tile image; the text sees the real tile only."""
     import numpy as np
 
     model, processor, cfg = load_mllama(tiny, torch.float32)
     frames = [np.full((30, 90, 3), i * 40, np.uint8) for i in range(5)]
     inputs = processor.video(frames, "what happens?")
-    assert inputs.pixel_values.shape == (1, 5, 1, 3, 28, 28)
+    assert inputs.pixel_values.shape == (1, 5, 4, 3, 28, 28)
+    assert inputs.pixel_values[:, :, 1:].eq(0).all()
+    assert inputs.aspect_ratio_mask.tolist() == [[[1, 0, 0, 0]] * 5]
+    assert inputs.cross_attention_mask[..., 1:].eq(0).all()
     assert inputs.input_ids[0].tolist().count(cfg.image_token_index) == 5
     assert inputs.aspect_ratio_ids.tolist() == [[1] * 5]
     # every token after the frames sees all of them; the header before them sees none
@@ -130,3 +135,29 @@ def test_wrong_image_count_is_one_line(tiny):
     _, processor, _ = load_mllama(tiny, torch.float32)
     with pytest.raises(ValueError, match="give one image per <|image|>"):
         processor(chat_prompt("hi", 2), [])
+
+
+@pytest.mark.slow
+def test_a_folder_saved_by_transformers_loads_and_answers(tiny, tmp_path):
+    """transformers 5's `save_pretrained` writes processor_config.json (the image processor
+    nested in it) and chat_template.jinja, and no preprocessor_config.json: lvx opens the folder
+    and answers as it answers on the published layout."""
+    from videos import make_video
+
+    import lvx_app as lvx
+
+    transformers = pytest.importorskip("transformers")
+    saved = tmp_path / "saved"
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(tiny, dtype=torch.bfloat16)
+    model.save_pretrained(saved)
+    transformers.MllamaProcessor.from_pretrained(tiny).save_pretrained(saved)
+    assert (saved / "processor_config.json").exists() and (saved / "chat_template.jinja").exists()
+    assert not (saved / "preprocessor_config.json").exists()
+    video = str(make_video(tmp_path / "v.mp4", 3, fps=1, width=40, height=30))
+    options = dict(gpus=0, ranks=1, cache=False, decode_workers=1, subtitles="none")
+    answers = []
+    for folder in (tiny, saved):
+        with lvx.open(str(folder), max_new_tokens=4, **options) as engine:
+            engine.load_video(video, fps=1)
+            answers.append(("".join(engine.ask("what happens?")), engine.last_answer.tokens))
+    assert answers[1] == answers[0] and answers[0][1]

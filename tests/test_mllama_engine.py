@@ -4,6 +4,8 @@ gloo ranks answers with the tokens of one process and says where in the video it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from engine_configs import engine_config
 from videos import make_video
 
 from lvx_models.api import VIDEO, family_of
+from lvx_models.mllama.cross import CrossVisibility, local_cross_attn
 from lvx_models.mllama.tiny import write_tiny_checkpoint
 from scripts.gloo_ranks import run_ranks
 
@@ -22,14 +25,23 @@ def checkpoint(tmp_path_factory) -> str:
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("mllama")))
 
 
+def real_tiles_only(q, k, v, vis: CrossVisibility, layer: int):
+    """The cross-attention with the rows before the first frame opened to the real tiles' keys
+    only (the engine keeps no K/V of an empty tile), their MLP output still dropped."""
+    sees = vis.sees.clone()
+    sees[vis.masked_out] = vis.sees[~vis.masked_out].any(dim=0)
+    return local_cross_attn(q, k, v, replace(vis, sees=sees), layer)
+
+
 def test_surface_equals_the_parity_forward(checkpoint):
-    """Frames prepared as the app prepares them, encoded, their K/V made per cross layer and the
-    prompt fed in two forwards on the text cache give `MllamaModel`'s logits (float64)."""
+    """Frames prepared as the app prepares them, encoded (with the published empty tiles), their
+    K/V made per cross layer and the prompt fed in two forwards on the text cache give
+    `MllamaModel`'s logits (float64) on the processor's padded frames."""
     model, _, processor = family_of(checkpoint).load(checkpoint, dtype=torch.float64)
     frames = np.random.default_rng(1).integers(0, 256, (3, 30, 50, 3), dtype=np.uint8)
     ref = processor.video(list(frames), QUESTION)
     with torch.no_grad():
-        want = model.mllama(ref.input_ids, **ref.model_inputs())
+        want = model.mllama(ref.input_ids, cross_attn=real_tiles_only, **ref.model_inputs())
     prompt = processor.build_chat_prompt(
         [{"role": "user", "content": VIDEO + QUESTION}], videos=[len(frames)]
     )

@@ -1,6 +1,8 @@
 """Our Llama-3.2-Vision equals transformers' `MllamaForConditionalGeneration` on tiny random
 checkpoints in the published layout (logits in float32, greedy tokens), and our processor's ids,
-pixels, aspect ratios and cross-attention mask equal `MllamaProcessor`'s."""
+pixels, aspect ratios and cross-attention mask equal `MllamaProcessor`'s. A video through
+`lvx.open` (frames of one tile, which the tower runs beside the published empty tiles) gets
+transformers' greedy answer on 1, 2 and 3 ranks."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from lvx_models.api import family_of
 from lvx_models.mllama.loader import load_mllama
 from lvx_models.mllama.processor import chat_prompt
 from lvx_models.mllama.tiny import write_tiny_checkpoint
@@ -74,55 +77,118 @@ def test_logits_and_greedy_tokens_match_transformers(pair, prompt):
     )
 
 
-def _first_tile_checkpoint(src, dst) -> None:
-    """`src` (up to 4 tiles) as a one-tile checkpoint: the aspect-ratio tables keep the padding row
-    and the (1, 1) row's first tile, which is what a one-tile frame reads from them."""
-    import json
+def _lossless_video(path, frames: np.ndarray) -> str:
+    """An mp4 at 1 fps whose decoded frames are `frames` (N, H, W, 3) exactly (RGB H.264, qp 0)."""
+    import fractions
 
-    from safetensors.torch import load_file, save_file
+    import av
 
-    for f in src.iterdir():
-        (dst / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((src / "config.json").read_text())
-    vision = cfg["vision_config"]
-    tiles, vision["max_num_tiles"], vision["supported_aspect_ratios"] = (
-        vision["max_num_tiles"],
-        1,
-        [[1, 1]],
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264rgb", rate=fractions.Fraction(1))
+        s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "rgb24"
+        s.options = {"qp": "0", "preset": "veryfast"}
+        for f in frames:
+            for packet in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(packet)
+        for packet in s.encode():
+            c.mux(packet)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """A tiny checkpoint of up to 4 tiles (gates open), frames of exactly one tile, and the
+    published processor's inputs for them in the published chat template."""
+    # a seed whose greedy answer the empty tiles change from its first token
+    d = write_tiny_checkpoint(tmp_path_factory.mktemp("published"), seed=5)
+    size = 28  # the tiny tile: a frame is one tile, never resized
+    frames = np.random.default_rng(0).integers(0, 256, (3, size, size, 3), dtype=np.uint8)
+    hf_proc = transformers.MllamaProcessor.from_pretrained(d)
+    # lvx's first turn: the video, a line break, the question
+    turn = [{"type": "image"}] * len(frames) + [{"type": "text", "text": "\n" + VIDEO_QUESTION}]
+    messages = [{"role": "user", "content": turn}]
+    text = hf_proc.apply_chat_template(messages, add_generation_prompt=True)
+    theirs = hf_proc(
+        text=text, images=[list(frames)], add_special_tokens=False, return_tensors="pt"
     )
-    (dst / "config.json").write_text(json.dumps(cfg))
-    pre = json.loads((src / "preprocessor_config.json").read_text())
-    (dst / "preprocessor_config.json").write_text(json.dumps({**pre, "max_image_tiles": 1}))
-    weights = load_file(str(src / "model.safetensors"))
-    for name in (
-        "vision_model.pre_tile_positional_embedding.embedding.weight",
-        "vision_model.post_tile_positional_embedding.embedding.weight",
-        "vision_model.gated_positional_embedding.tile_embedding.weight",
-    ):
-        w = weights[name]
-        weights[name] = w[:2, : w.shape[1] // tiles].contiguous()
-    save_file(weights, str(dst / "model.safetensors"), {"format": "pt"})
+    assert theirs["pixel_values"].shape[2] == 4  # each frame's tile and 3 empty ones
+    assert theirs["aspect_ratio_mask"][0, :, 1:].sum() == 0
+    return d, frames, theirs
 
 
-def test_one_tile_frames_of_a_four_tile_checkpoint(tmp_path):
-    """lvx's video frames (one tile each, no empty tiles) on a checkpoint of up to 4 tiles equal
-    transformers running the same weights as a one-tile model."""
-    src = write_tiny_checkpoint(tmp_path / "four")
-    (tmp_path / "one").mkdir()
-    _first_tile_checkpoint(src, tmp_path / "one")
-    model, processor, _ = load_mllama(src, torch.float32)
-    hf = transformers.MllamaForConditionalGeneration.from_pretrained(
-        tmp_path / "one", dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    text, frames = PROMPTS["video"]()
-    ours = processor.video(frames, "what happens first in the video")
-    theirs = transformers.MllamaProcessor.from_pretrained(tmp_path / "one")(
-        text=text, images=[frames], add_special_tokens=False, return_tensors="pt"
-    )
-    _compare_inputs(ours, theirs)
+VIDEO_QUESTION = "what happens first in the video"
+
+
+def test_frame_features_are_the_published_towers(published):
+    """A frame the engine prepares and encodes gives the visual tokens transformers' tower and
+    projector give its tile when the published processor hands them the frame with its empty
+    tiles."""
+    d, frames, theirs = published
+    loaded = family_of(d).load(d, dtype=torch.float32)
+    hf = transformers.MllamaForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
+    pixels = loaded.processor.frame_prep.pixel_values(frames)
     with torch.no_grad():
-        diff = (model(ours.input_ids, **ours.model_inputs()) - hf(**theirs).logits).abs().max()
-    assert diff.item() < LOGIT_TOL, f"max |logit diff| {diff.item():.2e}"
+        ours = loaded.model.encode_images(pixels)
+        out = hf.model.vision_model(
+            pixel_values=theirs["pixel_values"],
+            aspect_ratio_ids=theirs["aspect_ratio_ids"],
+            aspect_ratio_mask=theirs["aspect_ratio_mask"],
+        ).last_hidden_state
+        want = hf.model.multi_modal_projector(out)[0, :, 0]  # each frame's own tile
+    torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+
+
+def _real_tiles_for_masked_out_rows(prepare):
+    """transformers' cross-attention mask, except that a masked-out row (the chat header before
+    the first image) attends to the real tiles' keys only: transformers opens such a row to every
+    key, the empty tiles' included, while lvx keeps no K/V of an empty tile (Meta's reference
+    zeroes these rows' attention instead). The row's MLP output is still dropped; every other row
+    and every step is transformers' own."""
+
+    def prepared(mask, num_vision_tokens, dtype):
+        bias, masked_out = prepare(mask, num_vision_tokens, dtype)
+        real = mask.any(dim=1, keepdim=True).expand_as(mask).to(mask.dtype)
+        opened = prepare(real, num_vision_tokens, dtype)[0]
+        return torch.where(masked_out.bool(), bias, opened), masked_out
+
+    return prepared
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(published):
+    """transformers' greedy answer to the video question (its header rows see the real tiles)."""
+    from transformers.models.mllama import modeling_mllama
+
+    d, _, theirs = published
+    hf = transformers.MllamaForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
+    mp, name = pytest.MonkeyPatch(), "_prepare_cross_attention_mask"
+    patched = _real_tiles_for_masked_out_rows(getattr(modeling_mllama, name))
+    mp.setattr(modeling_mllama, name, patched)
+    try:
+        out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    finally:
+        mp.undo()
+    return out[0, theirs["input_ids"].shape[1] :].tolist()
+
+
+NEW_TOKENS = 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_open_answers_a_video_as_transformers_does(published, reference_tokens, tmp_path, ranks):
+    """`lvx.open` on 1, 2 and 3 gloo ranks answers a video question with transformers' greedy
+    tokens on the published checkpoint, processor and chat template (frames of one tile, padded
+    with empty tiles in the tower)."""
+    import lvx_app as lvx
+
+    d, frames, _ = published
+    video = _lossless_video(tmp_path / "frames.mp4", frames)
+    options = dict(gpus=0, ranks=ranks, cache=False, decode_workers=1, subtitles="none")
+    with lvx.open(str(d), dtype="float32", max_new_tokens=NEW_TOKENS, **options) as engine:
+        assert engine.load_video(video, fps=1).frames == len(frames)
+        "".join(engine.ask(VIDEO_QUESTION))
+        assert engine.last_answer.tokens == reference_tokens
 
 
 GRADS = (

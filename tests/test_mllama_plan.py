@@ -30,6 +30,27 @@ def test_the_plan_reads_the_11b_from_its_config() -> None:
     assert prefill_bytes(100, cfg, shape) < prefill_bytes(100, _all_self(cfg), shape)
 
 
+def test_the_plan_costs_the_towers_empty_tiles_but_keeps_one_tile_of_keys() -> None:
+    """The tower runs a frame as 4 tiles of 1,608 tokens (its tile and the published empty
+    ones); the frame keeps 1,601 keys. The plan's tower time and encode memory read the first,
+    its K/V the second."""
+    from dataclasses import replace
+
+    from scripts.memory_plan import time_plan
+
+    cfg = MllamaConfig()
+    one = replace(cfg, vision=replace(cfg.vision, max_num_tiles=1))
+    assert (cfg.vision_tokens_per_frame, one.vision_tokens_per_frame) == (6432, 1608)
+    assert cfg.visual_tokens_per_frame == one.visual_tokens_per_frame == 1601
+    counts, hour = param_counts(cfg), Workload(minutes=60)
+    stage = "ingest (vision tower + projector)"
+    ingest = [time_plan(c, hour, counts=counts)[stage] for c in (cfg, one)]
+    assert ingest[0]["matmul_tflop"] > 5 * ingest[1]["matmul_tflop"]
+    plans = [memory_plan(c, hour, counts) for c in (cfg, one)]
+    assert plans[0].resident == plans[1].resident
+    assert plans[0].stages["encode"] > plans[1].stages["encode"]
+
+
 def _all_self(cfg: MllamaConfig) -> MllamaConfig:
     from dataclasses import replace
 

@@ -29,7 +29,8 @@ term is the size of a tensor the code as it stands allocates, named after where 
 - prefill: the whole local video prompt in one forward (SwiGLU's three (S, I) tensors live) and, in
   each cross layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
   band masks;
-- vision tower: `encode_images` runs 16 frames at a time.
+- vision tower: `encode_images` runs 16 frames at a time, each as the tower's
+  `vision_tokens_per_frame` tokens (empty tiles and padding included).
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -312,13 +313,14 @@ def _layer_transient(
 
 def _vision_transient(cfg: ModelConfig, batch: int, b: int) -> int:
     """Peak extra bytes of one `encode_images` batch (a frame is one image or tile): pixels, a
-    tower layer's activations beside the layers' outputs it keeps for the projector (a tower
-    whose output is wider than its layers concatenates them), the projector's."""
-    t = cfg.visual_tokens_per_frame
+    tower layer's activations over the tokens the tower runs (`vision_tokens_per_frame`) beside
+    the layers' outputs it keeps for the projector (a tower whose output is wider than its layers
+    concatenates them), the projector's over the tokens a frame keeps."""
+    t, tower = cfg.visual_tokens_per_frame, cfg.vision_tokens_per_frame
     pixels = batch * cfg.frame_channels * cfg.frame_size**2 * b
     kept = cfg.vision_output_size - cfg.vision_hidden_size
     width = 4 * cfg.vision_hidden_size + 2 * cfg.vision_intermediate_size + kept
-    return pixels + batch * t * max(width, kept + 2 * cfg.hidden_size) * b
+    return pixels + batch * max(tower * width, t * (kept + 2 * cfg.hidden_size)) * b
 
 
 def memory_plan(

@@ -14,7 +14,9 @@ from ..safetensors_folder import CheckpointError, tensor_shapes
 from .config import MllamaConfig
 
 # the files of a hub repo Llama-3.2-Vision reads (its `Family.hub_files`)
-HUB_FILES = (*COMMON_HUB_FILES, "preprocessor_config.json")
+# the image processor's settings: preprocessor_config.json, or processor_config.json where
+# transformers 5 saved the folder
+HUB_FILES = (*COMMON_HUB_FILES, "preprocessor_config.json", "processor_config.json")
 
 
 def resolve_folder(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:

@@ -51,8 +51,16 @@ class MllamaVisionConfig:
 
     @property
     def num_patches(self) -> int:
-        """Visual tokens of one video frame: lvx gives a frame one tile."""
+        """Visual tokens of one video frame: lvx gives a frame one tile (the empty tiles beside it
+        in the tower give no visual tokens)."""
         return self.patches_per_tile
+
+    @property
+    def tower_tokens_per_frame(self) -> int:
+        """Tokens the tower runs for one frame: its tile and the empty tiles up to
+        `max_num_tiles` the published processor pads it with, each padded to a multiple of 8
+        (4 x 1,608 = 6,432 at 11B)."""
+        return self.max_num_tiles * -(-self.patches_per_tile // 8) * 8
 
     @property
     def max_aspect_ratio_id(self) -> int:
@@ -145,6 +153,12 @@ class MllamaConfig:
     def visual_tokens_per_frame(self) -> int:
         """Visual keys one frame adds to every cross layer: one tile a frame."""
         return self.vision.num_patches
+
+    @property
+    def vision_tokens_per_frame(self) -> int:
+        """Tokens the vision tower runs for one frame (its cost; it keeps
+        `visual_tokens_per_frame`)."""
+        return self.vision.tower_tokens_per_frame
 
     @property
     def frame_size(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,6 +19,8 @@ from .config import GENERATION, MllamaConfig
 NAME = "mllama"
 GENERATION_NOTE = "Llama-3.2-Vision 11B and 90B (base and Instruct)"
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
+# how a frame runs through the tower, beyond its weights: part of the features' cache key
+TOWER_INPUT = "tile-and-empty-tiles"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,15 @@ def describe(info: MllamaCheckpoint) -> dict[str, str]:
     }
 
 
+def frame_encoder_identity(
+    model: str, revision: str | None, memo: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """(checkpoint path, fingerprint of the tower + projector weights and of how a frame runs
+    through them), so features made another way are never read back."""
+    path, weights = encoder_identity(VISION_PREFIXES, model, revision, memo, hub_files=HUB_FILES)
+    return path, hashlib.sha256(f"{weights}:{TOWER_INPUT}".encode()).hexdigest()[:32]
+
+
 def parameter_counts(config: MllamaConfig) -> dict[str, int]:
     """Parameters by part of `MllamaModel(config)`."""
     from .modeling import MllamaModel
@@ -102,7 +114,7 @@ FAMILY = Family(
     read_config=lambda folder: MllamaConfig.from_json(Path(folder) / "config.json"),
     write_tiny=write_tiny,
     checkpoint_identity=partial(checkpoint_identity, hub_files=HUB_FILES),
-    encoder_identity=partial(encoder_identity, VISION_PREFIXES, hub_files=HUB_FILES),
+    encoder_identity=frame_encoder_identity,
     parameter_counts=parameter_counts,
     config_type=MllamaConfig,
     hub_files=HUB_FILES,

@@ -6,8 +6,10 @@ image + the text + `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\
 
 A video is its frames as consecutive images: one `<|image|>` per frame (one prompt position per
 frame), each frame resized into `video_tiles` tiles (1 by default: 1,601 visual tokens a frame at
-560 pixels, and no empty tiles). Consecutive `<|image|>`s share one span, so every text token after
-the frames sees all of them: the media mask LV-XAttn shards is then one prefix for every row.
+560 pixels) and padded with empty tiles to `max_image_tiles`, as the published processor pads an
+image of that many tiles; the cross-attention mask never opens an empty tile. Consecutive
+`<|image|>`s share one span, so every text token after the frames sees all of them: the media mask
+LV-XAttn shards is then one prefix for every row.
 
 Cross-attention mask (as published): the token at an `<|image|>` and every token after it see that
 image's real tiles, until the next `<|image|>` that does not directly follow it (the last span runs
@@ -25,8 +27,16 @@ import numpy as np
 import torch
 
 from ..detokenize import StreamDecoder
+from ..safetensors_folder import CheckpointError
 from ..surface import VIDEO, FramePrep, Prompt
-from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
+from .image_tiles import (
+    CLIP_MEAN,
+    CLIP_STD,
+    arrangements,
+    fit_and_pad_uint8,
+    normalize_uint8,
+    tile_image,
+)
 from .tokenizer import BOS, EOT, IMAGE, MllamaTokenizer
 
 USER = "<|start_header_id|>user<|end_header_id|>\n\n"
@@ -84,9 +94,20 @@ class MllamaProcessor:
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
-        """From the folder's tokenizer.json and preprocessor_config.json."""
-        d = Path(directory)
-        pre = json.loads((d / "preprocessor_config.json").read_text())
+        """From the folder's tokenizer.json and image processor settings: preprocessor_config.json
+        as published, or the `image_processor` of processor_config.json, which transformers 5's
+        `save_pretrained` writes instead."""
+        d, pre = Path(directory), {}
+        if (d / "preprocessor_config.json").exists():
+            pre = json.loads((d / "preprocessor_config.json").read_text())
+        elif (d / "processor_config.json").exists():
+            pre = json.loads((d / "processor_config.json").read_text()).get("image_processor", {})
+        if "size" not in pre:
+            raise CheckpointError(
+                f"{d} has no image processor settings (preprocessor_config.json, or "
+                "processor_config.json's image_processor): copy them from the checkpoint it was "
+                "made from"
+            )
         return cls(
             MllamaTokenizer.from_pretrained(d),
             tile_size=int(pre["size"]["height"]),
@@ -99,7 +120,8 @@ class MllamaProcessor:
         self, text: str, images: Sequence = (), max_tiles: int | None = None
     ) -> MllamaInputs:
         """Ids of `text` (special tokens written in it are single ids), the tiles of `images`
-        (one per `<|image|>`, in order), padded to the most tiles any of them has."""
+        (one per `<|image|>`, in order, each in at most `max_tiles` tiles), padded with empty
+        tiles to `max_image_tiles` as the published processor pads them."""
         ids = self.tokenizer.encode(text)
         if ids.count(self.tokenizer.image_id) != len(images):
             raise ValueError(
@@ -109,19 +131,20 @@ class MllamaProcessor:
         input_ids = torch.tensor([ids], dtype=torch.int64)
         if not images:
             return MllamaInputs(input_ids, None, None, None, None)
-        tiles = max_tiles or self.max_image_tiles
+        tiles = min(max_tiles or self.max_image_tiles, self.max_image_tiles)
         done = [tile_image(im, self.tile_size, tiles, self.mean, self.std) for im in images]
-        n, s = len(done), self.tile_size
-        pixels = np.zeros((1, n, tiles, 3, s, s), np.float32)
-        ar_mask = torch.zeros(1, n, tiles, dtype=torch.int64)
+        n, s, most = len(done), self.tile_size, self.max_image_tiles
+        pixels = np.zeros((1, n, most, 3, s, s), np.float32)
+        ar_mask = torch.zeros(1, n, most, dtype=torch.int64)
         ar_mask[:, :, 0] = 1
         for i, t in enumerate(done):
             pixels[0, i, : len(t.tiles)] = t.tiles
             ar_mask[0, i, : len(t.tiles)] = 1
-        cross = torch.zeros(1, len(ids), n, tiles, dtype=torch.int64)
+        cross = torch.zeros(1, len(ids), n, most, dtype=torch.int64)
         for i, (a, b) in enumerate(image_spans(ids, self.tokenizer.image_id)):
             cross[0, a:b, i, : len(done[i].tiles)] = 1
-        ar_ids = torch.tensor([[t.ratio_id for t in done]], dtype=torch.int64)
+        ratios = arrangements(most)  # ids count the arrangements of up to max_image_tiles
+        ar_ids = torch.tensor([[ratios.index(t.arrangement) + 1 for t in done]])
         return MllamaInputs(input_ids, torch.from_numpy(pixels), ar_ids, ar_mask, cross)
 
     # ---- the engine's side: chat prompts with a video as a frame count ---------------------------
@@ -131,7 +154,8 @@ class MllamaProcessor:
 
     @property
     def frame_prep(self) -> FramePrep:
-        """One tile a frame: resized keeping its aspect ratio into the tile, padded black."""
+        """One tile a frame: resized keeping its aspect ratio into the tile, padded black (the
+        model adds the empty tiles)."""
         return FramePrep(
             self.tile_size,
             fit_and_pad_uint8,

@@ -1,7 +1,7 @@
 """What finetuning asks of Llama-3.2-Vision (`surface.Finetunable`), as mPLUG-Owl3's `training`
 gives it: trainable groups, the Linears an adapter may wrap, the vision tower split from the
-projector (one tile a frame), the parameters behind each cross layer's visual K/V and checkpointed
-decoder layers (its saved weights: `saving`).
+projector (one tile a frame, padded with empty tiles as published), the parameters behind each
+cross layer's visual K/V and checkpointed decoder layers (its saved weights: `saving`).
 
 The "hyper" group is the analogue of mPLUG-Owl3's (v_kv_proj and the gate): what makes a cross
 layer's visual K/V (k_proj, v_proj and the per-head k_norm) and the two tanh gates that mix its
@@ -111,12 +111,19 @@ class Finetuning:
 
     def vision_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The tower's features of frames (N, 3, S, S), one tile each, before the projector:
-        (N, P, vision_output_dim), what the training loop caches when the projector trains."""
+        (N, P, vision_output_dim), what the training loop caches when the projector trains. A
+        frame runs as the published processor hands the tower a one-tile image: followed by
+        empty tiles up to `max_num_tiles`, which its tokens attend to; only its own tile's
+        features are kept."""
         n, dev = pixel_values.shape[0], self.vision_device
+        tiles = self.mllama.vision_model.cfg.max_num_tiles
         ar_ids = torch.ones(n, dtype=torch.int64, device=dev)  # a (1, 1) tile grid: id 1
-        ar_mask = torch.ones(n, 1, dtype=torch.int64, device=dev)
-        pixels = pixel_values[:, None].to(dev, self.vision_dtype)
-        return self.mllama.vision_model(pixels, ar_ids, ar_mask)[:, 0]
+        ar_mask = torch.zeros(n, tiles, dtype=torch.int64, device=dev)
+        ar_mask[:, 0] = 1
+        shape = (n, tiles, *pixel_values.shape[1:])
+        pixels = torch.zeros(shape, dtype=self.vision_dtype, device=dev)
+        pixels[:, 0] = pixel_values
+        return self.mllama.vision_model(pixels, ar_ids, ar_mask, keep=1)[:, 0]
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """The projector: tower features (N, P, vision_output_dim) -> E (N, P, H), with grad."""

@@ -2,11 +2,14 @@
 `prepare_visual`, `visual_kv`, `new_cache`, and a `forward` that calls the attention hooks it is
 handed), over the weights of one `MllamaModel`.
 
-A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), so every row sees
-a prefix of the frames: the row at frame j's `<|image|>` and every later row see frames 0..j
-(q_vis = #{starts <= t}); a decoded token sees them all. Rows before the first `<|image|>` are
-masked out as published: they attend to every frame (q_vis = the number of frames) and their cross
-layer's MLP output is dropped; the model knows them from the positions, not from the hooks. A
+A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), which the vision
+tower runs beside `max_num_tiles - 1` empty tiles as the published processor pads a one-tile image;
+only the frame's own tile becomes visual keys. Every row sees a prefix of the frames: the row at
+frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a decoded
+token sees them all. Rows before the first `<|image|>` are masked out as published: they attend to
+every frame (q_vis = the number of frames) and their cross layer's MLP output is dropped; the model
+knows them from the positions, not from the hooks. (transformers also opens these rows to the
+empty tiles' keys, which lvx does not keep; Meta's reference zeroes their attention instead.) A
 cross layer has no self-attention: its place in the text cache keeps count of the tokens with
 zero-width K/V, so every layer's count is the conversation's length.
 """
@@ -66,7 +69,8 @@ class MllamaVideoModel(Finetuning, nn.Module):
     def encode_images(
         self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
     ) -> torch.Tensor:
-        """Frames as one tile each (N, 3, S, S) -> projected visual tokens (N, P, H)."""
+        """Frames as one tile each (N, 3, S, S) -> projected visual tokens of that tile (N, P, H)
+        (`vision_features`: the tower runs it with the published empty tiles)."""
         w = self.mllama.multi_modal_projector.weight
         outs = [
             self.project(self.vision_features(chunk))

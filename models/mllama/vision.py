@@ -11,8 +11,10 @@ token still sees the padding tokens and the empty tiles), which the weights were
 The output concatenates the global layers' result with the local layers' outputs listed in
 `intermediate_layers_indices` (1280 x 6 = 7680 features per token at 11B).
 
-A pixel tensor may hold fewer tiles than `max_num_tiles` (lvx gives each video frame one tile):
-the tile embeddings of the first tiles are used, and no empty tiles are added.
+The published processor hands the tower `max_num_tiles` tiles, the image's real ones followed by
+empty (all-zero) tiles, and lvx pads a video frame the same way (`Finetuning.vision_features`).
+A pixel tensor with fewer tiles runs without the empty tiles (the first tiles' embeddings are
+used): cheaper, but not what the published model computes, so only a benchmark does it.
 """
 
 from __future__ import annotations
@@ -149,9 +151,15 @@ class MllamaVisionModel(nn.Module):
         self.global_transformer = VisionEncoder(cfg, cfg.num_global_layers, gated=True)
 
     def forward(
-        self, pixels: torch.Tensor, ar_ids: torch.Tensor, ar_mask: torch.Tensor
+        self,
+        pixels: torch.Tensor,
+        ar_ids: torch.Tensor,
+        ar_mask: torch.Tensor,
+        keep: int | None = None,
     ) -> torch.Tensor:
-        """pixels (N, T, C, H, W), ar_ids (N,), ar_mask (N, T) -> (N, T, P, vision_output_dim)."""
+        """pixels (N, T, C, H, W), ar_ids (N,), ar_mask (N, T) -> (N, keep, P, vision_output_dim):
+        the features of the first `keep` tiles (all T by default); every tile runs, since the
+        others attend to it."""
         n, t = pixels.shape[:2]
         w = self.patch_embedding.weight
         x = self.patch_embedding(pixels.flatten(0, 1).to(w.device, w.dtype))
@@ -178,6 +186,7 @@ class MllamaVisionModel(nn.Module):
         )
         for layer in self.global_transformer.layers:
             x = layer(x, bias)
-        inter = torch.stack([kept[i] for i in self.cfg.intermediate_layers_indices], dim=-1)
-        out = torch.cat([x.view(n, t, padded, -1), inter.view(n, t, padded, -1)], dim=-1)
-        return out[:, :, :p]
+        keep, order = t if keep is None else keep, self.cfg.intermediate_layers_indices
+        inter = torch.stack([kept[i].view(n, t, padded, -1)[:, :keep] for i in order], dim=-1)
+        inter = inter.flatten(-2)
+        return torch.cat([x.view(n, t, padded, -1)[:, :keep], inter], dim=-1)[:, :, :p]

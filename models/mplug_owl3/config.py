@@ -255,6 +255,9 @@ class Owl3Config:
         """Visual keys one frame adds to every cross layer (729 for the released checkpoints)."""
         return self.vision.num_patches
 
+    # the tower runs for one frame exactly the tokens it keeps
+    vision_tokens_per_frame = visual_tokens_per_frame
+
     @property
     def cross_layer_indices(self) -> list[int]:
         """0-based indices of the layers that attend to the frames (the hyper layers)."""
