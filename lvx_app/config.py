@@ -416,8 +416,26 @@ class ServeConfig:
         factory=list,
         metavar="DIR",
     )
-    max_upload_mb: float = option(
-        4096.0, "--max-upload-mb", "Largest upload accepted, in MB.", metavar="MB"
+    max_upload_mb: float | None = option(
+        None,
+        "--max-upload-mb",
+        "Largest upload accepted, in MB. Default: a third of --request-memory-mb (a video sent"
+        " in a request's body takes three times its size while it is read).",
+        metavar="MB",
+    )
+    request_memory_mb: float | None = option(
+        None,
+        "--request-memory-mb",
+        "Memory one API request may take while it is read (its body, its frames decoded), in MB;"
+        " more is refused. Default: 1/16 of the machine's memory, at most 4096.",
+        metavar="MB",
+    )
+    requests_memory_mb: float | None = option(
+        None,
+        "--requests-memory-mb",
+        "Memory all API requests in flight may take together, in MB; a request past it is turned"
+        " away (429). Default: 1/4 of the machine's memory.",
+        metavar="MB",
     )
     auth: str | None = option(
         None, "--auth", "Require a login, given as user:password.", metavar="USER:PASSWORD"
@@ -456,7 +474,13 @@ class ServeConfig:
             f"{where} lets other machines use the API: give --api-key KEY (or set LVX_API_KEY), "
             "or --insecure to serve it without a key",
         )
-        _positive(self.max_upload_mb, "--max-upload-mb")
+        for value, flag in (
+            (self.max_upload_mb, "--max-upload-mb"),
+            (self.request_memory_mb, "--request-memory-mb"),
+            (self.requests_memory_mb, "--requests-memory-mb"),
+        ):
+            if value is not None:
+                _positive(value, flag)
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
         _positive(self.queue_timeout, "--queue-timeout")
         _require(

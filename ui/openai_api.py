@@ -29,6 +29,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import (
@@ -52,6 +53,7 @@ from lvx_ui.openai_request import (
     read_request,
     sent_as_frames,
 )
+from lvx_ui.request_memory import BODY_COST, MemoryLimits, RequestMemory, Reservation
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
@@ -263,6 +265,7 @@ class OpenAIApi:
         self.report: Callable[[str], None] = report or log.info
         self.model_id, self.created = config.model.path, int(time.time())
         self.context = model_context(config)  # the model's positions: no answer is longer
+        self.memory = RequestMemory(MemoryLimits.of(config.serve))  # what requests may take
         # the waiting requests, the one answering, and room for the routes' short calls
         self._threads = anyio.CapacityLimiter(config.serve.queue_size + 8)
 
@@ -299,9 +302,10 @@ class OpenAIApi:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:
+        held = self.memory.reserve()  # the request's memory, given back when it ends
         try:
             self._check_key(request)
-            req = read_request(await self._body(request))
+            req = read_request(await self._body(request, held))
             head = {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                 "created": int(time.time()),
@@ -312,11 +316,15 @@ class OpenAIApi:
             def gone() -> bool:  # whether the client has left (asked from the worker thread)
                 return anyio.from_thread.run(request.is_disconnected)
 
-            answer = await self._in_thread(self._begin, req, client, gone)
+            answer = await self._in_thread(self._begin, req, client, gone, held)
             if not req.stream:
                 return JSONResponse(await self._whole(answer, head, request))
         except ApiError as err:
+            held.close()
             return self._refused(err, request)
+        except BaseException:
+            held.close()
+            raise
         return StreamingResponse(
             self._events(answer, req, head),
             media_type="text/event-stream",
@@ -330,6 +338,7 @@ class OpenAIApi:
         there, as in an access log."""
         where = request.client
         client = f"{where.host}:{where.port}" if where else "?"
+        err.message = self.files.unnamed(err.message)  # the client never sees the upload folder
         self.report(refusal_line(err, f'{client} "{request.method} {request.url.path}"'))
         return error_response(err)
 
@@ -362,40 +371,67 @@ class OpenAIApi:
         one each, so the queue, not the thread pool, decides who waits."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
-    async def _body(self, request: Request) -> Any:
-        """The JSON body, read no further than the upload limit allows (a chunked body too)."""
-        limit = self.config.serve.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
+    async def _body(self, request: Request, held: Reservation) -> Any:
+        """The JSON body, read no further than the upload limit allows (a chunked body too), its
+        memory reserved in `held` before it is read."""
+        limit = self.files.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
         size = int(request.headers.get("content-length", "0").strip() or 0)
-        if size > limit:
-            async for _ in request.stream():  # read, not kept: the client then reads the answer
-                pass
-            self.files.too_large(size * 3 / 4)
-        chunks, got = [], 0
-        async for chunk in request.stream():
-            got += len(chunk)
-            if got > limit:
-                async for _ in request.stream():
-                    pass
-                self.files.too_large(got * 3 / 4)
-            chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
+            if size > limit:
+                await self._drain(request)
+                self.files.too_large(size * 3 / 4)
+            held.grow(size * BODY_COST, "the body")
+            body = bytearray()
+            async for chunk in request.stream():
+                if len(body) + len(chunk) > limit:
+                    await self._drain(request)
+                    self.files.too_large((len(body) + len(chunk)) * 3 / 4)
+                if (len(body) + len(chunk)) * BODY_COST > held.taken:  # chunked: no length given
+                    held.grow(len(chunk) * BODY_COST, "the body")
+                body += chunk
+        except ClientDisconnect:
+            raise ApiError(499, f"{LEFT} while it sent the body", "client_closed") from None
+        return self._parsed(body)
+
+    @staticmethod
+    async def _drain(request: Request) -> None:
+        """Read the rest of a body, keeping none of it: the client then reads the answer."""
+        async for _ in request.stream():
+            pass
+
+    @staticmethod
+    def _parsed(body: bytearray) -> Any:
+        """The JSON of `body` (emptied: the text and the parsed body are never held beside it)."""
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad("the body is not UTF-8 JSON") from None
+        finally:
+            body.clear()
+        try:
+            return json.loads(text)
         except RecursionError:
             raise bad("the body is nested too deeply to be a chat request") from None
         except ValueError:
             raise bad("the body is not valid JSON") from None
 
-    def _begin(self, req: ChatRequest, client: str, gone: Callable[[], bool]) -> Answer:
-        """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
-        another, start the answer and take its first text: errors so far get their own status. A
-        client `gone` by its turn (a harness's timeout, its retry queued behind) is not answered."""
+    def _begin(
+        self, req: ChatRequest, client: str, gone: Callable[[], bool], reserved: Reservation
+    ) -> Answer:
+        """(In a worker thread.) Make the request's video file (its memory in `reserved`), wait
+        for the engine, load the video if the engine holds another, start the answer and
+        take its first text: errors so far get their own status. A client `gone` by its turn (a
+        harness's timeout, its retry queued behind) is not answered. While it waits, the request
+        holds in `reserved` only what it keeps (its turns), not what its body took."""
         longest = req.generation.get("max_new_tokens", 0)
         if self.context and longest > self.context:
             raise bad(
                 f"max_tokens must be at most {self.context}, the model's context (its positions)",
                 "max_tokens",
             )
-        request = self._request(req.video, client) if req.video is not None else None
+        request = self._request(req.video, client, reserved) if req.video is not None else None
+        req.video = None  # a data: URL is the body's bulk: its file is made, the text goes
+        reserved.keep(4 * sum(len(t["content"]) for t in req.turns))
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
             lease = self.service.lease(
@@ -417,7 +453,11 @@ class OpenAIApi:
             lease.close()
             release()
             raise api_error(exc) from None
-        answer = Answer(lease, pieces, StopStrings(req.stop), self.report, release)
+        def done() -> None:  # after the lease: the upload may go, the memory is given back
+            release()
+            reserved.close()
+
+        answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
         answer.evidence_asked = req.evidence
@@ -425,7 +465,7 @@ class OpenAIApi:
             answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
 
-    def _request(self, ask: VideoAsk, client: str) -> VideoRequest:
+    def _request(self, ask: VideoAsk, client: str, held: Reservation) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
         the command line's are; the API names them by field) and a subtitle file under
         --allow-paths. Its opening's words are `client`'s: reused for no other client."""
@@ -438,7 +478,7 @@ class OpenAIApi:
             raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
         video = replace(video, subtitles=self.files.subtitles(video.subtitles))
         opening = ask.opening.owned_by(client)
-        return VideoRequest(self.files.video(ask.url, video.fps), video, opening=opening)
+        return VideoRequest(self.files.video(ask.url, video.fps, held), video, opening=opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------
@@ -485,6 +525,7 @@ class OpenAIApi:
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event
+            err.message = self.files.unnamed(err.message)
             self.report(refusal_line(err, "the stream of an answer"))
             yield sse(err.body())
         finally:
