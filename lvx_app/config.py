@@ -419,8 +419,8 @@ class ServeConfig:
     max_upload_mb: float | None = option(
         None,
         "--max-upload-mb",
-        "Largest upload accepted, in MB. Default: a third of --request-memory-mb (a video sent"
-        " in a request's body takes three times its size while it is read).",
+        "Largest upload accepted, in MB. Default: a quarter of --request-memory-mb (a video sent"
+        " in a request's body, as base64, takes four times its size while it is read).",
         metavar="MB",
     )
     request_memory_mb: float | None = option(

@@ -48,7 +48,7 @@ class MemoryLimits:
         machine_mb = (machine_bytes or machine_memory_bytes()) / MB
         request = serve.request_memory_mb or min(MOST_REQUEST_MB, machine_mb * REQUEST_SHARE)
         together = serve.requests_memory_mb or max(request, machine_mb * ALL_SHARE)
-        upload = serve.max_upload_mb or request / BODY_COST
+        upload = serve.max_upload_mb or request / (BODY_COST * 4 / 3)  # base64: 4/3
         return cls(request, together, upload)
 
     def describe(self) -> str:
