@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -244,6 +245,8 @@ def read_video_options(body: dict) -> dict[str, Any]:
     for name, value in options.items():
         if isinstance(value, str):
             valid_text(value, name)
+    if "num_frames" in options:  # as inside media_io_kwargs: a count, or -1 for every frame
+        options["num_frames"] = _num_frames(options["num_frames"], "num_frames")
     for name, value in frame_options(body).items():
         if options.setdefault(name, value) != value:
             raise bad(f"{name} is given twice with different values", name)
@@ -282,8 +285,9 @@ def _num_frames(value: Any, name: str) -> int:
     no video reaches: `spread_indices` then keeps them all); anything else is refused in
     num_frames' own words."""
     if type(value) is not int or not (value == -1 or value >= 1):
+        where = "" if name == "num_frames" else f"{name}: "
         raise bad(
-            f"{name}: num_frames takes a whole number of 1 or more, or -1 for all the frames "
+            f"{where}num_frames takes a whole number of 1 or more, or -1 for all the frames "
             f"(not {shortened(repr(value))})",
             name,
         )
@@ -424,6 +428,16 @@ def local_path(url: str, param: str) -> str:
     return unquote(parsed.path)
 
 
+SAVED_MTIME_NS = 10**18  # every upload's mtime: a file named by its content keeps one identity
+
+
+def used(path: Path) -> None:
+    """Mark an upload as just used (its access time, which orders what is kept), its modification
+    time the one all uploads share: the same frames or video sent again, even after its file was
+    removed and made anew, has the same file identity, so its features come from the cache."""
+    os.utime(path, ns=(time.time_ns(), SAVED_MTIME_NS))
+
+
 class VideoFiles:
     """Where a request's video (and subtitle file) is on this machine: a file under --allow-paths,
     or a data: URL saved under `folder` (named by its content, so the same video sent again is the
@@ -498,7 +512,7 @@ class VideoFiles:
         with self._lock:
             self._held[path] += 1
             if path.exists():
-                path.touch()
+                used(path)
                 return str(path)
         try:
             sizes = frame_sizes(frames)
@@ -507,6 +521,7 @@ class VideoFiles:
             self.folder.mkdir(parents=True, exist_ok=True)
             shape = video_size(sizes[0])
             write_frames(path, decoded_frames(frames, shape), fps, shape)
+            used(path)
         except FrameError as exc:
             self.release(str(path))
             raise bad(str(exc), "image_url") from None
@@ -561,12 +576,13 @@ class VideoFiles:
         with self._lock:
             self._held[path] += 1
             if path.exists():
-                path.touch()  # the most recently asked about is kept longest
+                used(path)  # the most recently asked about is kept longest
                 return str(path)
         self.folder.mkdir(parents=True, exist_ok=True)
         part = self.folder / f".{uuid.uuid4().hex}.part"
         try:
             part.write_bytes(raw)
+            used(part)
             os.replace(part, path)
         except BaseException:
             part.unlink(missing_ok=True)
@@ -605,7 +621,7 @@ class VideoFiles:
             saved = []
             for p in self.folder.glob("*.*"):
                 with contextlib.suppress(OSError):  # removed meanwhile
-                    saved.append((p.stat().st_mtime, p))
+                    saved.append((p.stat().st_atime, p))
             idle = [p for _, p in sorted(saved) if p not in self._held and p.suffix != ".part"]
             for old in idle[: max(0, len(idle) - KEEP_UPLOADS)]:
                 old.unlink(missing_ok=True)
