@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -40,7 +41,7 @@ from lvx_app.engine.api import (
     VideoRequest,
     VideoSummary,
 )
-from lvx_app.engine.describe import shortened
+from lvx_app.engine.describe import one_line, shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
 from lvx_models.api import family_of, resolve_checkpoint
@@ -100,6 +101,7 @@ class Answer:
         self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self.frames: int | None = None  # the frames of the video the answer is about
+        self.about = ""  # the video's name (or "frames"), for the log line
         self.evidence_asked = False
         self.loaded_now = 0  # prompt tokens this request's own load prefilled
         self._texts = self._cut()
@@ -170,8 +172,9 @@ class Answer:
         """One line for the server's log."""
         s = self.stats
         ended = f", stopped: {self.why}" if self.why else ""
+        video = f"{self.about}, {self.frames} frames: " if self.frames is not None else "no video: "
         return (
-            f"api: {s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
+            f"api: {video}{s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
             f"{s.prompt_tokens} prompt tokens{ended}"
         )
 
@@ -262,7 +265,8 @@ class OpenAIApi:
         self, service: EngineService, config: Config, files: VideoFiles, report=None
     ) -> None:
         self.service, self.config, self.files = service, config, files
-        self.report: Callable[[str], None] = report or log.info
+        said = report or log.info
+        self.report: Callable[[str], None] = lambda line: said(one_line(line))  # client text too
         self.model_id, self.created = config.model.path, int(time.time())
         self.context = model_context(config)  # the model's positions: no answer is longer
         self.memory = RequestMemory(MemoryLimits.of(config.serve))  # what requests may take
@@ -429,7 +433,8 @@ class OpenAIApi:
                 f"max_tokens must be at most {self.context}, the model's context (its positions)",
                 "max_tokens",
             )
-        request = self._request(req.video, client, reserved) if req.video is not None else None
+        ask = req.video
+        request = self._request(ask, client, reserved) if ask is not None else None
         req.video = None  # a data: URL is the body's bulk: its file is made, the text goes
         reserved.keep(4 * sum(len(t["content"]) for t in req.turns))
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
@@ -460,10 +465,21 @@ class OpenAIApi:
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
+        answer.about = self._video_name(ask, request)
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
             answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
+
+    @staticmethod
+    def _video_name(ask: VideoAsk | None, request: VideoRequest | None) -> str:
+        """What the log calls the request's video: its file's name, "frames" for frames sent as
+        images, "a video sent" for one sent in the body."""
+        if ask is None or request is None:
+            return ""
+        if sent_as_frames(ask.url):
+            return "frames"
+        return "a video sent" if ask.url.startswith("data:") else Path(request.path).name
 
     def _request(self, ask: VideoAsk, client: str, held: Reservation) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as

@@ -234,9 +234,7 @@ def _api(
     from lvx_ui.openai_request import VideoFiles
 
     files = VideoFiles(folders, config.serve.max_upload_mb, Path(uploads))
-    return OpenAIApi(
-        service, config, files, report=lambda line: console.print(one_line(line), markup=False)
-    )
+    return OpenAIApi(service, config, files, report=lambda line: console.print(line, markup=False))
 
 
 def page_login(serve: ServeConfig) -> tuple[str, str] | Callable[[str, str], bool] | None:

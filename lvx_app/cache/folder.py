@@ -29,12 +29,13 @@ SHOWN = 10  # the ids an ambiguous prefix lists
 class AmbiguousId(ValueError):
     """An id prefix given to `rm` that starts more than one entry's id."""
 
-    def __init__(self, target: str, ids: list[str]) -> None:
+    def __init__(self, target: str, ids: list[str], why: str = "") -> None:
         shown = ", ".join(list(short_ids(ids).values())[:SHOWN])
         more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
+        why = f" ({why})" if why else ""
         super().__init__(
-            f"{target} starts {len(ids)} entry ids ({shown}{more}); nothing removed: give more of "
-            "the id, as `lvx cache ls` shows it"
+            f"{target} starts {len(ids)} entry id{'s' if len(ids) > 1 else ''} ({shown}{more})"
+            f"{why}; nothing removed: give more of the id, as `lvx cache ls` shows it"
         )
         self.ids = ids
 
@@ -106,10 +107,13 @@ class CacheFolder:
         then removes nothing."""
         ids = [e.entry_id for e in self.entries()]
         for target in targets:
-            if not _is_path(target) and len(target) >= MIN_ID:
-                matched = sorted({i for i in ids if i.startswith(target)})
-                if len(matched) > 1:
-                    raise AmbiguousId(target, matched)
+            if _is_path(target):
+                continue
+            matched = sorted({i for i in ids if i.startswith(target)})
+            if len(target) < MIN_ID and matched:  # too short to be taken as an id at all
+                raise AmbiguousId(target, matched, f"an id needs {MIN_ID} characters or more")
+            if len(matched) > 1:
+                raise AmbiguousId(target, matched)
 
     def remove(self, target: str) -> Removed:
         """Delete the entries named by `target`: an id (its first 4+ characters) with, for

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.padding import Padding
@@ -241,7 +240,9 @@ def _confirm(question: str) -> bool:
     answer at all (no terminal, an empty pipe) is one line saying to pass --yes."""
     try:
         answer = typer.confirm(question)
-    except click.exceptions.Abort:
+    except typer.Abort:  # end of input (or Ctrl-C, which a terminal's user means as such)
+        if sys.stdin.isatty():
+            raise
         typer.echo()
         raise fail("no answer to the question (no terminal to ask in): pass --yes") from None
     if not sys.stdin.isatty():
