@@ -15,7 +15,6 @@ to the end)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..config_checks import read_json_object
 from ..mplug_owl3.tokenizer import StreamDecoder
 from ..surface import VIDEO, FramePrep
 from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
@@ -102,7 +102,7 @@ class MllamaProcessor:
     def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
         """From the folder's tokenizer.json and preprocessor_config.json."""
         d = Path(directory)
-        pre = json.loads((d / "preprocessor_config.json").read_text())
+        pre = read_json_object(d / "preprocessor_config.json", "the image processor's settings")
         return cls(
             MllamaTokenizer.from_pretrained(d),
             tile_size=int(pre["size"]["height"]),
