@@ -453,6 +453,13 @@ class ServeConfig:
         "Longest an API request waits for the engine before it is turned away (429), in seconds.",
         metavar="SECONDS",
     )
+    send_timeout: float = option(
+        60.0,
+        "--send-timeout",
+        "Longest a streamed answer waits for its client to take the next piece, in seconds; past"
+        " it the answer is stopped and the engine freed.",
+        metavar="SECONDS",
+    )
     api_key: str | None = option(
         None,
         "--api-key",
@@ -483,6 +490,7 @@ class ServeConfig:
                 _positive(value, flag)
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
         _positive(self.queue_timeout, "--queue-timeout")
+        _positive(self.send_timeout, "--send-timeout")
         _require(
             self.api_key != "",
             "--api-key is empty (an unset variable?): give the key, or leave --api-key out to "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 import os
 import socket
@@ -35,6 +36,9 @@ class Answers(StandIn):
 
     def describe(self) -> dict:
         return {}
+
+    def reset(self, keep_prompt: bool = True) -> None:
+        self.resets += 1
 
 
 def _api(tmp_path: Path, engine=None):
@@ -252,3 +256,56 @@ def test_an_id_too_short_to_be_one_removes_nothing_and_lists_the_candidates(tmp_
     out = CliRunner().invoke(cache_app, ["rm", second[:8], first[:2], "--cache-dir", str(store.root)])
     assert out.exit_code == 2 and "nothing removed" in out.output, out.output
     assert first[:8] in out.output and len(store.entries()) == 2
+
+
+class Endless(Answers):
+    """A stand-in whose answer is 64 KB pieces for as long as it is read."""
+
+    def chat(self, turns, **generation):
+        def pieces():
+            for _ in range(generation.get("max_new_tokens", 3)):
+                self.going.set()
+                yield "x" * 65536
+
+        return pieces()
+
+
+def test_a_client_that_stops_reading_its_stream_frees_the_engine(tmp_path, caplog):
+    """A socket that never reads a `stream: true` answer: past --send-timeout the answer stops,
+    the engine answers another client, and the log says why the answer stopped."""
+    from dataclasses import replace
+
+    from fastapi import FastAPI
+
+    from lvx_app.config import Config
+    from lvx_app.runtime.service import EngineService
+    from lvx_ui.openai_api import OpenAIApi
+    from lvx_ui.openai_request import VideoFiles
+
+    config = Config.from_options(model=str(tmp_path))
+    config = replace(config, serve=replace(config.serve, send_timeout=1.0))
+    service = EngineService(Endless())
+    app, reported = FastAPI(), []
+    files = VideoFiles([], 10.0, tmp_path / "uploads")
+    OpenAIApi(service, config, files, reported.append).mount(app)
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+         "max_tokens": 100000}
+    ).encode()
+    with serving(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            s.connect((host, int(port)))
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            deadline = time.monotonic() + 30
+            while not reported and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert reported, "the answer still holds the engine"
+            lease = service.lease("another client", timeout=5)  # the engine is free
+            lease.close()
+    assert "stopped: the client read nothing for 1 s (--send-timeout)" in reported[0], reported
+    assert "Traceback" not in caplog.text, caplog.text

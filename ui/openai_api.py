@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
@@ -45,6 +45,7 @@ from lvx_app.engine.describe import one_line, shortened
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
 from lvx_models.api import family_of, resolve_checkpoint
+from lvx_ui.bounded_stream import BoundedStreamingResponse
 from lvx_ui.openai_request import (
     ApiError,
     ChatRequest,
@@ -329,12 +330,19 @@ class OpenAIApi:
         except BaseException:
             held.close()
             raise
-        return StreamingResponse(
+        wait = self.config.serve.send_timeout
+
+        def stalled() -> None:  # the stream's `finally` reports the answer with this reason
+            answer.why = f"the client read nothing for {wait:g} s (--send-timeout)"
+
+        return BoundedStreamingResponse(
             self._events(answer, req, head),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
             # runs after the stream in any case (also when the client left before it began)
             background=BackgroundTask(self._in_thread, answer.close, LEFT),
+            send_timeout=wait,
+            stalled=stalled,
         )
 
     def _refused(self, err: ApiError, request: Request) -> JSONResponse:
@@ -547,5 +555,5 @@ class OpenAIApi:
         finally:
             if not answer.closed:
                 with anyio.CancelScope(shield=True):
-                    await self._in_thread(answer.close, LEFT)
+                    await self._in_thread(answer.close, answer.why or LEFT)
         yield "data: [DONE]\n\n"
