@@ -249,6 +249,13 @@ class VideoConfig:
         "Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx.",
         metavar="DIR",
     )
+    cache_limit_gb: float | None = option(
+        None,
+        "--cache-limit-gb",
+        "Largest size of the cache folder, in GB: past it, after a load, the entries used least"
+        " recently are removed. Default: no limit.",
+        metavar="GB",
+    )
     decode_timeout_s: float = option(
         DEFAULT_DECODE_TIMEOUT_S,
         "--decode-timeout",
@@ -294,6 +301,8 @@ class VideoConfig:
             "--cache-dir is a folder's path",
         )
         _positive(self.decode_timeout_s, "--decode-timeout", "a number of seconds above 0")
+        if self.cache_limit_gb is not None:
+            _positive(self.cache_limit_gb, "--cache-limit-gb")
         _require(
             self.decode_workers is None
             or (_whole(self.decode_workers) and self.decode_workers >= 1),

@@ -11,10 +11,11 @@ and saved prompts or visual K/V whose features are gone.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from lvx_app.cache.faults import CacheRemovalError
+from lvx_app.cache.faults import CacheRemovalError, CacheWarning
 from lvx_app.cache.features import FeatureCache, file_identity
 from lvx_app.cache.files import delete_files, entry_folders, leftovers, lvx_files
 from lvx_app.cache.prompts import PrefixCache
@@ -137,6 +138,19 @@ class CacheFolder:
         """Delete every entry (and stray temporary files of lvx's); files lvx did not write stay."""
         return self._delete(self.entries(), whole=True)
 
+    def trim(self, limit_bytes: int, used_since: float) -> Removed:
+        """Remove the entries used least recently until the folder holds at most `limit_bytes`;
+        never one used since `used_since` (what the load that just ended read or wrote)."""
+        entries = sorted(self.entries(), key=lambda e: e.modified)
+        over = sum(e.bytes for e in entries) - limit_bytes
+        chosen = []
+        for e in entries:
+            if over <= 0 or e.modified >= used_since:
+                break
+            chosen.append(e)
+            over -= e.bytes
+        return self._delete(chosen)
+
     def leftovers(self) -> list[Path]:
         """Files in the kinds' folders that are no entry of lvx's (what `clear` leaves)."""
         return [f for store in self.stores for f in leftovers(store.folder)]
@@ -163,6 +177,25 @@ class CacheFolder:
             return Removed(gone)
         why = first.strerror or str(first)
         return Removed(gone, CacheRemovalError(failed, why, self.root, gone))
+
+
+def keep_within_limit(
+    root: str | os.PathLike | None, limit_gb: float | None, used_since: float
+) -> None:
+    """Hold the cache folder to `limit_gb` (--cache-limit-gb; None: no limit), the entries used
+    least recently removed first, none used since `used_since`; one warning says what went."""
+    if limit_gb is None:
+        return
+    folder = CacheFolder(root)
+    removed = folder.trim(int(limit_gb * 2**30), used_since)
+    if removed.entries:
+        warnings.warn(
+            f"the cache folder {folder.root} was over its {limit_gb:g} GB limit "
+            f"(--cache-limit-gb): removed the {len(removed.entries)} entries used least "
+            "recently",
+            CacheWarning,
+            stacklevel=2,
+        )
 
 
 def _video_state(video: str, file_id: str) -> str | None:
