@@ -215,8 +215,10 @@ def test_the_answers_log_line_names_the_video_and_its_frames(tmp_path):
     frames = [{"type": "image_url", "image_url": {"url": _png(c)}} for c in (10, 200)]
     body = {"model": "m", "messages": [{"role": "user", "content": frames}], "max_tokens": 2}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
-    assert reported[0].startswith("api: clip.mp4, 10 frames: 3 tokens"), reported
-    assert reported[1].startswith("api: frames, 10 frames: 3 tokens"), reported
+    assert reported[0].startswith("api: 3 tokens") and reported[0].endswith(
+        "prompt tokens, video clip.mp4 (10 frames)"
+    ), reported
+    assert reported[1].endswith("prompt tokens, video frames (10 frames)"), reported
 
 
 def test_the_same_frames_sent_again_keep_their_file_identity(tmp_path):

@@ -30,7 +30,6 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
 from lvx_app.engine.api import (
@@ -55,7 +54,8 @@ from lvx_ui.openai_request import (
     read_request,
     sent_as_frames,
 )
-from lvx_ui.request_memory import BODY_COST, MemoryLimits, RequestMemory, Reservation
+from lvx_ui.request_body import read_body
+from lvx_ui.request_memory import MemoryLimits, RequestMemory, Reservation
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
@@ -173,10 +173,12 @@ class Answer:
         """One line for the server's log."""
         s = self.stats
         ended = f", stopped: {self.why}" if self.why else ""
-        video = f"{self.about}, {self.frames} frames: " if self.frames is not None else "no video: "
+        video = "no video"
+        if self.frames is not None:
+            video = f"video {self.about} ({self.frames} frames)"
         return (
-            f"api: {video}{s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
-            f"{s.prompt_tokens} prompt tokens{ended}"
+            f"api: {s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
+            f"{s.prompt_tokens} prompt tokens, {video}{ended}"
         )
 
 
@@ -257,6 +259,16 @@ def lvx_fields(video: VideoConfig, loaded: VideoSummary | None) -> dict[str, Any
 
 def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def video_name(ask: VideoAsk | None, request: VideoRequest | None) -> str:
+    """What the log calls a request's video: its file's name, "frames" for frames sent as images,
+    "a video sent" for one sent in the body."""
+    if ask is None or request is None:
+        return ""
+    if sent_as_frames(ask.url):
+        return "frames"
+    return "a video sent" if ask.url.startswith("data:") else Path(request.path).name
 
 
 class OpenAIApi:
@@ -387,45 +399,7 @@ class OpenAIApi:
         """The JSON body, read no further than the upload limit allows (a chunked body too), its
         memory reserved in `held` before it is read."""
         limit = self.files.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
-        size = int(request.headers.get("content-length", "0").strip() or 0)
-        try:
-            if size > limit:
-                await self._drain(request)
-                self.files.too_large(size * 3 / 4)
-            held.grow(size * BODY_COST, "the body")
-            body = bytearray()
-            async for chunk in request.stream():
-                if len(body) + len(chunk) > limit:
-                    await self._drain(request)
-                    self.files.too_large((len(body) + len(chunk)) * 3 / 4)
-                if (len(body) + len(chunk)) * BODY_COST > held.taken:  # chunked: no length given
-                    held.grow(len(chunk) * BODY_COST, "the body")
-                body += chunk
-        except ClientDisconnect:
-            raise ApiError(499, f"{LEFT} while it sent the body", "client_closed") from None
-        return self._parsed(body)
-
-    @staticmethod
-    async def _drain(request: Request) -> None:
-        """Read the rest of a body, keeping none of it: the client then reads the answer."""
-        async for _ in request.stream():
-            pass
-
-    @staticmethod
-    def _parsed(body: bytearray) -> Any:
-        """The JSON of `body` (emptied: the text and the parsed body are never held beside it)."""
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise bad("the body is not UTF-8 JSON") from None
-        finally:
-            body.clear()
-        try:
-            return json.loads(text)
-        except RecursionError:
-            raise bad("the body is nested too deeply to be a chat request") from None
-        except ValueError:
-            raise bad("the body is not valid JSON") from None
+        return await read_body(request, limit, held, self.files.too_large)
 
     def _begin(
         self, req: ChatRequest, client: str, gone: Callable[[], bool], reserved: Reservation
@@ -473,21 +447,11 @@ class OpenAIApi:
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
-        answer.about = self._video_name(ask, request)
+        answer.about = video_name(ask, request)
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
             answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
-
-    @staticmethod
-    def _video_name(ask: VideoAsk | None, request: VideoRequest | None) -> str:
-        """What the log calls the request's video: its file's name, "frames" for frames sent as
-        images, "a video sent" for one sent in the body."""
-        if ask is None or request is None:
-            return ""
-        if sent_as_frames(ask.url):
-            return "frames"
-        return "a video sent" if ask.url.startswith("data:") else Path(request.path).name
 
     def _request(self, ask: VideoAsk, client: str, held: Reservation) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
