@@ -89,11 +89,17 @@ def test_what_a_client_sends_reaches_the_log_escaped(tmp_path):
     assert "\\x1b[2J" in reported[0] and "\\nlvx serve: stopped by Ctrl-C" in reported[1]
 
 
-def test_cache_ls_shows_a_file_names_control_characters_escaped(tmp_path):
-    video = tmp_path / f"a{ESC}\nb.mp4"
+def _cached(video: Path, *rates: float) -> FeatureCache:
+    """A cache beside `video` (a file of random bytes made here) holding its features at `rates`."""
     video.write_bytes(os.urandom(1 << 12))
-    store = FeatureCache(tmp_path / "cache")
-    save_shard(store, key_for(video, world_size=1), video)
+    store = FeatureCache(video.parent / "cache")
+    for fps in rates:
+        save_shard(store, key_for(video, world_size=1, fps=fps), video)
+    return store
+
+
+def test_cache_ls_shows_a_file_names_control_characters_escaped(tmp_path):
+    store = _cached(tmp_path / f"a{ESC}\nb.mp4", 1.0)
     out = CliRunner().invoke(cache_app, ["ls", "--cache-dir", str(store.root)])
     assert out.exit_code == 0 and "\x1b" not in out.output, repr(out.output)
     assert "a\\x1b[2J\\x1b[31m\\nb.mp4" in out.output, out.output
@@ -179,8 +185,9 @@ def test_num_frames_means_the_same_at_top_level_and_in_media_io_kwargs(where):
     from lvx_ui.openai_request import EVERY_FRAME, ApiError, read_video_options
 
     def options(n: int) -> dict:
-        body = {"num_frames": n} if where == "top" else {"media_io_kwargs": {"video": {"num_frames": n}}}
-        return read_video_options(body)
+        if where == "top":
+            return read_video_options({"num_frames": n})
+        return read_video_options({"media_io_kwargs": {"video": {"num_frames": n}}})
 
     assert options(-1) == {"num_frames": EVERY_FRAME} and options(8) == {"num_frames": 8}
     with pytest.raises(ApiError, match="num_frames takes a whole number of 1 or more, or -1"):
@@ -239,23 +246,17 @@ def test_the_same_frames_sent_again_keep_their_file_identity(tmp_path):
 
 
 def test_cache_clear_with_no_answer_says_to_pass_yes(tmp_path):
-    video = tmp_path / "movie.mp4"
-    video.write_bytes(os.urandom(1 << 12))
-    store = FeatureCache(tmp_path / "cache")
-    save_shard(store, key_for(video, world_size=1), video)
+    store = _cached(tmp_path / "movie.mp4", 1.0)
     out = CliRunner().invoke(cache_app, ["clear", "--cache-dir", str(store.root)], input="")
     assert out.exit_code == 2 and "pass --yes" in out.output, out.output
     assert "aborted" not in out.output.lower() and len(store.entries()) == 1
 
 
 def test_an_id_too_short_to_be_one_removes_nothing_and_lists_the_candidates(tmp_path):
-    video = tmp_path / "movie.mp4"
-    video.write_bytes(os.urandom(1 << 12))
-    store = FeatureCache(tmp_path / "cache")
-    for fps in (1.0, 2.0):
-        save_shard(store, key_for(video, world_size=1, fps=fps), video)
+    store = _cached(tmp_path / "movie.mp4", 1.0, 2.0)
     first, second = (e.entry_id for e in store.entries())
-    out = CliRunner().invoke(cache_app, ["rm", second[:8], first[:2], "--cache-dir", str(store.root)])
+    targets = [second[:8], first[:2], "--cache-dir", str(store.root)]
+    out = CliRunner().invoke(cache_app, ["rm", *targets])
     assert out.exit_code == 2 and "nothing removed" in out.output, out.output
     assert first[:8] in out.output and len(store.entries()) == 2
 
