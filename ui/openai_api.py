@@ -105,11 +105,13 @@ class Answer:
         self.about = ""  # the video's name (or "frames"), for the log line
         self.evidence_asked = False
         self.loaded_now = 0  # prompt tokens this request's own load prefilled
+        self.pieces_out = 0  # pieces the engine gave (an answer stopped early may have no stats)
         self._texts = self._cut()
         self.first = self.next()
 
     def _cut(self) -> Iterator[str]:
         for piece in self.pieces:
+            self.pieces_out += 1
             text = self.stops.push(piece)
             if text:
                 yield text
@@ -173,6 +175,8 @@ class Answer:
         """One line for the server's log."""
         s = self.stats
         ended = f", stopped: {self.why}" if self.why else ""
+        if self.why and not s.new_tokens and self.pieces_out:  # stopped before its stats were made
+            ended += f" after {self.pieces_out} pieces"
         video = "no video"
         if self.frames is not None:
             video = f"video {self.about} ({self.frames} frames)"
