@@ -562,7 +562,7 @@ def build_app(
         stats_btn.click(ui.stats, [owner], [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]
-        "max_file_size": f"{config.serve.max_upload_mb:g}mb",
+        "max_file_size": int(config.serve.max_upload_mb * 2**20),  # bytes
         "allowed_paths": [str(p) for p in ui.allow_paths],
         "css": THUMB_CSS,
     }

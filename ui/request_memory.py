@@ -46,9 +46,9 @@ class MemoryLimits:
     def of(cls, serve: ServeConfig, machine_bytes: int | None = None) -> MemoryLimits:
         """The options' budgets; those not given are shares of the machine's memory."""
         machine_mb = (machine_bytes or machine_memory_bytes()) / MB
-        request = serve.request_memory_mb or min(MOST_REQUEST_MB, machine_mb * REQUEST_SHARE)
-        together = serve.requests_memory_mb or max(request, machine_mb * ALL_SHARE)
-        upload = serve.max_upload_mb or request / (BODY_COST * 4 / 3)  # base64: 4/3
+        request = serve.request_memory_mb or min(MOST_REQUEST_MB, machine_mb * REQUEST_SHARE // 1)
+        together = serve.requests_memory_mb or max(request, machine_mb * ALL_SHARE // 1)
+        upload = serve.max_upload_mb or request / (BODY_COST * 4 / 3) // 1  # base64: 4/3
         return cls(request, together, upload)
 
     def describe(self) -> str:
