@@ -249,6 +249,13 @@ class VideoConfig:
         "Cache folder. Default: $LVX_CACHE_DIR, else ~/.cache/lvx.",
         metavar="DIR",
     )
+    cache_limit_gb: float | None = option(
+        None,
+        "--cache-limit-gb",
+        "Largest size of the cache folder, in GB: past it, after a load, the entries used least"
+        " recently are removed. Default: no limit.",
+        metavar="GB",
+    )
     decode_timeout_s: float = option(
         DEFAULT_DECODE_TIMEOUT_S,
         "--decode-timeout",
@@ -294,6 +301,8 @@ class VideoConfig:
             "--cache-dir is a folder's path",
         )
         _positive(self.decode_timeout_s, "--decode-timeout", "a number of seconds above 0")
+        if self.cache_limit_gb is not None:
+            _positive(self.cache_limit_gb, "--cache-limit-gb")
         _require(
             self.decode_workers is None
             or (_whole(self.decode_workers) and self.decode_workers >= 1),
@@ -416,8 +425,26 @@ class ServeConfig:
         factory=list,
         metavar="DIR",
     )
-    max_upload_mb: float = option(
-        4096.0, "--max-upload-mb", "Largest upload accepted, in MB.", metavar="MB"
+    max_upload_mb: float | None = option(
+        None,
+        "--max-upload-mb",
+        "Largest upload accepted, in MB. Default: a quarter of --request-memory-mb (a video sent"
+        " in a request's body, as base64, takes four times its size while it is read).",
+        metavar="MB",
+    )
+    request_memory_mb: float | None = option(
+        None,
+        "--request-memory-mb",
+        "Memory one API request may take while it is read (its body, its frames decoded), in MB;"
+        " more is refused. Default: 1/16 of the machine's memory, at most 4096.",
+        metavar="MB",
+    )
+    requests_memory_mb: float | None = option(
+        None,
+        "--requests-memory-mb",
+        "Memory all API requests in flight may take together, in MB; a request past it is turned"
+        " away (429). Default: 1/4 of the machine's memory.",
+        metavar="MB",
     )
     auth: str | None = option(
         None, "--auth", "Require a login, given as user:password.", metavar="USER:PASSWORD"
@@ -433,6 +460,13 @@ class ServeConfig:
         1800.0,
         "--queue-timeout",
         "Longest an API request waits for the engine before it is turned away (429), in seconds.",
+        metavar="SECONDS",
+    )
+    send_timeout: float = option(
+        60.0,
+        "--send-timeout",
+        "Longest a streamed answer waits for its client to take the next piece, in seconds; past"
+        " it the answer is stopped and the engine freed.",
         metavar="SECONDS",
     )
     api_key: str | None = option(
@@ -456,9 +490,16 @@ class ServeConfig:
             f"{where} lets other machines use the API: give --api-key KEY (or set LVX_API_KEY), "
             "or --insecure to serve it without a key",
         )
-        _positive(self.max_upload_mb, "--max-upload-mb")
+        for value, flag in (
+            (self.max_upload_mb, "--max-upload-mb"),
+            (self.request_memory_mb, "--request-memory-mb"),
+            (self.requests_memory_mb, "--requests-memory-mb"),
+        ):
+            if value is not None:
+                _positive(value, flag)
         _require(self.queue_size >= 1, "--queue-size must be at least 1")
         _positive(self.queue_timeout, "--queue-timeout")
+        _positive(self.send_timeout, "--send-timeout")
         _require(
             self.api_key != "",
             "--api-key is empty (an unset variable?): give the key, or leave --api-key out to "

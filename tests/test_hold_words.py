@@ -22,7 +22,7 @@ from lvx_app.cache.store import checksum, read_entry
 from lvx_app.config import ConfigError, VideoConfig
 from lvx_app.engine.records import EngineError, VideoRequest
 from lvx_app.runtime.engine_handle import _request
-from lvx_ui.frames import FrameError, decode_frames
+from lvx_ui.frames import FrameError, frame_sizes
 from lvx_ui.openai_request import ApiError, VideoFiles
 
 
@@ -65,7 +65,7 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 def test_a_frame_too_large_to_decode_is_called_too_large_not_no_image():
     with pytest.raises(FrameError) as e:
-        decode_frames([_png(0), _png_header_only(20000, 20000)])
+        frame_sizes([_png(0), _png_header_only(20000, 20000)])
     assert "frame 2 is too large an image" in str(e.value), e.value
     assert "not a PNG" not in str(e.value)
 

@@ -331,19 +331,21 @@ def test_cache_cli_lists_and_removes_saved_prompts(tmp_path, video):
     store = PrefixCache(tmp_path)
     store.save(_key(video), _saved(), video=video.resolve())
     store.save(_key(video, world=2), _saved(), video=video.resolve())
-    entries = store.entries()  # one row per number of ranks, one entry id
-    assert [e.world_size for e in entries] == [1, 2] and len({e.entry_id for e in entries}) == 1
+    entries = store.entries()  # one row per number of ranks, each with an id of its own
+    assert [e.world_size for e in entries] == [1, 2] and len({e.entry_id for e in entries}) == 2
     d = ["--dir", str(tmp_path)]
     out = CliRunner().invoke(cache_app, ["ls", *d])
     assert out.exit_code == 0 and "prompt" in out.output, out.output
-    assert entries[0].entry_id[:8] in out.output and "movie.mp4" in out.output
+    assert all(e.entry_id[:8] in out.output for e in entries) and "movie.mp4" in out.output
     assert "1 rank" in out.output and "2 ranks" in out.output
     assert out.output.count("no features") == 2, "no features: they are never read back"
-    assert sum(e.bytes for e in entries) == sum(
-        f.stat().st_size for f in (tmp_path / "prefixes" / entries[0].entry_id).iterdir()
-    )
-    out = CliRunner().invoke(cache_app, ["rm", entries[0].entry_id[:6], *d])
-    assert out.exit_code == 0 and "Removed 2 entries" in out.output and store.entries() == []
+    assert sum(e.bytes for e in entries) == sum(f.stat().st_size for f in entries[0].path.iterdir())
+    out = CliRunner().invoke(cache_app, ["rm", entries[1].entry_id[:8], *d])
+    assert out.exit_code == 0 and "Removed 1 entry" in out.output, out.output
+    (left,) = store.entries()  # the row named went, the other stays
+    assert left.world_size == 1 and left.entry_id == entries[0].path.name  # alone: the folder's
+    out = CliRunner().invoke(cache_app, ["rm", left.entry_id[:8], *d])
+    assert out.exit_code == 0 and "Removed 1 entry" in out.output and store.entries() == []
     store.save(_key(video), _saved(), video=video.resolve())
     assert "Removed 1 entry" in CliRunner().invoke(cache_app, ["rm", str(video), *d]).output
     store.save(_key(video), _saved(), video=video.resolve())

@@ -69,6 +69,8 @@ HONOURED = {
         "OTHER",
         lambda e, s, t: _entries(t / "other", "features") and _entries(t / "other", "prefixes"),
     ),
+    # the limit rank 0 holds the folder to after the load (tests/test_cache_limits.py: what goes)
+    "cache_limit_gb": (50.0, lambda e, s, t: _rank_video(e).cache_limit_gb == 50.0),
     "decode_timeout_s": (7.5, lambda e, s, t: e.ingested[-1].decode_timeout_s == 7.5),
     "decode_workers": (2, lambda e, s, t: e.ingested[-1].decode_workers == 2),
     # the K/V saved (or read back, when an earlier load saved them) by the call's rule

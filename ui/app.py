@@ -42,7 +42,7 @@ from lvx_app.subtitles import SIDECAR_EXTENSIONS
 from lvx_app.warning_lines import is_lvx_source
 from lvx_ui.chat_history import PageChatbot
 from lvx_ui.evidence_view import THUMB_CSS, evidence_markdown
-from lvx_ui.openai_request import allowed_path
+from lvx_ui.openai_request import allowed_path, existing_file
 from lvx_ui.transcript_view import transcript_markdown
 
 log = logging.getLogger("lvx.ui")
@@ -214,10 +214,9 @@ class ChatApp:
                 )
             try:
                 path = allowed_path(server_path, self.allow_paths)
+                existing_file(path, server_path, "video")  # a FIFO is named a FIFO
             except ValueError as exc:
                 raise EngineError(str(exc)) from None
-            if not path.is_file():
-                raise EngineError(f"video not found: {server_path}")
             return str(path), True
         if upload and any(Path(upload).resolve().is_relative_to(root) for root in self.allow_paths):
             # a server-side video the player shows in place
@@ -563,7 +562,7 @@ def build_app(
         stats_btn.click(ui.stats, [owner], [stats_box], api_name="stats", **engine_event)
         demo.load(None, js=SEEK_JS)
     demo.lvx_launch = {  # type: ignore[attr-defined]
-        "max_file_size": f"{config.serve.max_upload_mb:g}mb",
+        "max_file_size": int(config.serve.max_upload_mb * 2**20),  # bytes
         "allowed_paths": [str(p) for p in ui.allow_paths],
         "css": THUMB_CSS,
     }

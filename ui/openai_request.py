@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,44 +38,29 @@ from lvx_app.config import (
 )
 from lvx_app.engine.describe import shortened
 from lvx_app.engine.records import VideoOpening
-from lvx_app.regular_files import read_regular
+from lvx_app.regular_files import read_regular, what_it_is
+from lvx_ui.api_errors import ApiError, bad
 from lvx_ui.frames import (
     IMAGE_TYPES,
     FrameError,
     check_rate,
-    decode_frames,
+    decoded_frames,
+    frame_sizes,
+    frames_cost,
     frames_name,
+    video_size,
     write_frames,
 )
+from lvx_ui.request_memory import Reservation
 
 VIDEO = "<|video|>"  # where the video goes in a turn (lvx_app.engine.chat_prompt)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 KEEP_UPLOADS = 4  # videos sent as data: URLs kept on disk, beyond those requests still use
 MAX_STOPS, MAX_STOP_CHARS = 16, 256  # each stop string is looked for after every piece
 FRAME_KEYS = {"num_frames": "num_frames", "fps": "fps"}  # vLLM's names: the video options
 EVERY_FRAME = 2**31 - 1  # vLLM's num_frames -1: more frames than any video has, so all of them
 FRAME_VIDEOS = ("data:video/jpeg;base64", "data:video/png;base64")  # vLLM's frames as a video
 VIDEO_TYPE = re.compile(r"data:video/([a-z0-9][a-z0-9.+-]{0,31});base64")  # mp4, x-matroska, ...
-
-
-class ApiError(Exception):
-    """A request the API refuses: `status` and one line that says what to do."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-    def body(self) -> dict[str, Any]:
-        kind = ERROR_TYPES.get(self.status)
-        kind = kind or ("server_error" if self.status >= 500 else "invalid_request_error")
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
-
-
-def bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "invalid_request", param)
 
 
 @dataclass(frozen=True)
@@ -259,6 +245,8 @@ def read_video_options(body: dict) -> dict[str, Any]:
     for name, value in options.items():
         if isinstance(value, str):
             valid_text(value, name)
+    if "num_frames" in options:  # as inside media_io_kwargs: a count, or -1 for every frame
+        options["num_frames"] = _num_frames(options["num_frames"], "num_frames")
     for name, value in frame_options(body).items():
         if options.setdefault(name, value) != value:
             raise bad(f"{name} is given twice with different values", name)
@@ -297,8 +285,9 @@ def _num_frames(value: Any, name: str) -> int:
     no video reaches: `spread_indices` then keeps them all); anything else is refused in
     num_frames' own words."""
     if type(value) is not int or not (value == -1 or value >= 1):
+        where = "" if name == "num_frames" else f"{name}: "
         raise bad(
-            f"{name}: num_frames takes a whole number of 1 or more, or -1 for all the frames "
+            f"{where}num_frames takes a whole number of 1 or more, or -1 for all the frames "
             f"(not {shortened(repr(value))})",
             name,
         )
@@ -403,13 +392,33 @@ def _through_a_root(given: Path, roots: list[Path]) -> Path | None:
     return None
 
 
+def existing_file(path: Path, given: str, what: str) -> None:
+    """Refuse, in one ValueError line in the words of `what` ("video", "file"), a `path` that is
+    no regular file: missing, a folder or a FIFO named as what it is, a name too long to open."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ValueError(f"{what} not found: {shortened(given)}") from None
+    except (OSError, ValueError) as exc:  # a name too long, a loop of links, no permission
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "cannot be read"
+        raise ValueError(f"{shortened(given)!r} cannot be opened: {reason.lower()}") from None
+    if not stat.S_ISREG(mode):
+        noun = what if what == "file" else f"{what} file"
+        raise ValueError(f"{shortened(given)} is {what_it_is(mode)}, not a {noun}")
+
+
 LOCAL_HOSTS = ("", "localhost")  # file:///path and file://localhost/path name this machine's files
 
 
 def local_path(url: str, param: str) -> str:
     """The path a file:// URL names on this machine; a URL naming another host is refused (its
     path would otherwise be opened here, as if the host were not there)."""
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError:  # `file://[x/y`: an IPv6 host left open
+        raise bad(
+            f"{shortened(url)!r} is not a URL: send file:///path/on/the/server", param
+        ) from None
     if parsed.netloc.lower() not in LOCAL_HOSTS:
         raise bad(
             f"a file:// URL names a file on this server: file:///path, not a host "
@@ -417,6 +426,16 @@ def local_path(url: str, param: str) -> str:
             param,
         )
     return unquote(parsed.path)
+
+
+SAVED_MTIME_NS = 10**18  # every upload's mtime: a file named by its content keeps one identity
+
+
+def used(path: Path) -> None:
+    """Mark an upload as just used (its access time, which orders what is kept), its modification
+    time the one all uploads share: the same frames or video sent again, even after its file was
+    removed and made anew, has the same file identity, so its features come from the cache."""
+    os.utime(path, ns=(time.time_ns(), SAVED_MTIME_NS))
 
 
 class VideoFiles:
@@ -430,14 +449,18 @@ class VideoFiles:
         self._held: Counter[Path] = Counter()  # uploads the requests in flight (or waiting) use
         self._lock = threading.Lock()
 
-    def video(self, url: Media, fps: float = 1.0) -> str:
+    def video(self, url: Media, fps: float = 1.0, held: Reservation | None = None) -> str:
         """The file of the video `url` names, or of the frames it carries (image URLs, or vLLM's
-        data:video/jpeg;base64,<f1>,<f2>,...) shown at `fps`; `release` it when done."""
+        data:video/jpeg;base64,<f1>,<f2>,...) shown at `fps`; `release` it when done. The memory
+        decoding frames takes is reserved in `held` (the request's share) before it is taken."""
+        held = held or Reservation(None)
         if not isinstance(url, str):
-            return self._frames([self._image(u) for u in url], fps)
+            return self._frames([self._image(u, held) for u in url], fps, held)
         head, _, data = url.partition(",")
         if head.lower() in FRAME_VIDEOS:
-            return self._frames([self._b64(f, "video_url") for f in data.split(",")], fps)
+            frames = [self._b64(f, "video_url") for f in data.split(",")]
+            del data
+            return self._frames(frames, fps, held)
         if url.startswith("data:"):
             return self._save(url)
         if not url.startswith("file://"):
@@ -448,11 +471,13 @@ class VideoFiles:
             )
         return self.server_file(local_path(url, "video_url"), "video_url")
 
-    def _image(self, url: str) -> bytes:
-        """One frame's bytes: a data:image/... URL, or a file under --allow-paths."""
+    def _image(self, url: str, held: Reservation) -> bytes:
+        """One frame's bytes: a data:image/... URL, or a file under --allow-paths (its size
+        reserved in `held` before it is read)."""
         head, _, data = url.partition(",")
         if url.startswith("file://"):
             name = self.server_file(local_path(url, "image_url"), "image_url")
+            held.grow(os.stat(name).st_size, "the image files")
             try:  # a regular file only (a FIFO would block), no larger than an upload
                 return read_regular(name, int(self.max_upload_mb * 2**20))
             except (OSError, ValueError) as exc:
@@ -472,8 +497,10 @@ class VideoFiles:
         except (binascii.Error, ValueError):
             raise bad("a frame's data URL is not valid base64", param) from None
 
-    def _frames(self, frames: list[bytes], fps: float) -> str:
-        """The video file these frames make at `fps` (made once; held until `release`)."""
+    def _frames(self, frames: list[bytes], fps: float, held: Reservation) -> str:
+        """The video file these frames make at `fps` (made once; held until `release`); the
+        memory decoding them takes is reserved in `held` from their headers, before any is
+        decoded."""
         size = sum(len(f) for f in frames)
         if size > self.max_upload_mb * 2**20:
             self.too_large(size)
@@ -485,12 +512,19 @@ class VideoFiles:
         with self._lock:
             self._held[path] += 1
             if path.exists():
-                path.touch()
+                used(path)
                 return str(path)
         try:
-            images = decode_frames(frames)
+            sizes = frame_sizes(frames)
+            held.grow(
+                frames_cost(sizes),
+                f"decoding {len(frames)} frames of {sizes[0][0]}x"
+                f"{sizes[0][1]} (each resized to the first)",
+            )
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_frames(path, images, fps)
+            shape = video_size(sizes[0])
+            write_frames(path, decoded_frames(frames, shape), fps, shape)
+            used(path)
         except FrameError as exc:
             self.release(str(path))
             raise bad(str(exc), "image_url") from None
@@ -516,18 +550,15 @@ class VideoFiles:
             )
         try:
             path = allowed_path(path_text, self.roots)
+            existing_file(path, path_text, "video" if param == "video_url" else "file")
         except ValueError as exc:
             raise bad(str(exc), param) from None
-        if not path.is_file():
-            raise bad(
-                f"{'video' if param == 'video_url' else 'file'} not found: {path_text}", param
-            )
         return str(path)
 
     def _save(self, url: str) -> str:
         """Save the video a data: URL carries; it stays on disk while a request holds it
         (`release`)."""
-        head, _, data = url.partition(",")
+        head = url[: url.find(",")] if "," in url else url  # the bulk is never copied out
         kind = VIDEO_TYPE.fullmatch(head.lower())
         if kind is None:
             raise bad(
@@ -536,23 +567,25 @@ class VideoFiles:
                 "video_url",
             )
         limit = self.max_upload_mb * 2**20
-        if len(data) * 3 / 4 > limit:
-            self.too_large(len(data) * 3 / 4)
+        start = len(head) + 1
+        if (len(url) - start) * 3 / 4 > limit:
+            self.too_large((len(url) - start) * 3 / 4)
         try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
+            raw = base64.b64decode(memoryview(url.encode("ascii"))[start:], validate=True)
+        except (binascii.Error, ValueError):  # a character that is no base64 (ASCII or not)
             raise bad("the video's data URL is not valid base64", "video_url") from None
         suffix = "." + kind.group(1).removeprefix("x-")
         path = self.folder / (hashlib.sha256(raw).hexdigest()[:32] + suffix)
         with self._lock:
             self._held[path] += 1
             if path.exists():
-                path.touch()  # the most recently asked about is kept longest
+                used(path)  # the most recently asked about is kept longest
                 return str(path)
         self.folder.mkdir(parents=True, exist_ok=True)
         part = self.folder / f".{uuid.uuid4().hex}.part"
         try:
             part.write_bytes(raw)
+            used(part)
             os.replace(part, path)
         except BaseException:
             part.unlink(missing_ok=True)
@@ -560,6 +593,12 @@ class VideoFiles:
             raise
         self._forget_old()
         return str(path)
+
+    def unnamed(self, message: str) -> str:
+        """`message` with each path of this server's upload folder said as what it is: a client
+        is not told where the server keeps uploads."""
+        folder = re.escape(str(self.folder))
+        return re.sub(folder + r"/[^\s'\"]*?(?=[\s'\",;:]|$)", "the video sent", message)
 
     def release(self, path: str) -> None:
         """A request is done with the video `path` names (an upload may go once none holds it)."""
@@ -585,7 +624,7 @@ class VideoFiles:
             saved = []
             for p in self.folder.glob("*.*"):
                 with contextlib.suppress(OSError):  # removed meanwhile
-                    saved.append((p.stat().st_mtime, p))
+                    saved.append((p.stat().st_atime, p))
             idle = [p for _, p in sorted(saved) if p not in self._held and p.suffix != ".part"]
             for old in idle[: max(0, len(idle) - KEEP_UPLOADS)]:
                 old.unlink(missing_ok=True)

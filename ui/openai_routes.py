@@ -23,15 +23,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
-from lvx_app.engine.describe import shortened
+from lvx_app.engine.describe import one_line, shortened
 from lvx_app.engine.records import (
     AnswerStats,
     EngineError,
@@ -43,6 +44,7 @@ from lvx_app.engine.records import (
 from lvx_app.runtime.service import Busy, EngineService, Lease, Restarting
 from lvx_app.speech.choice import speech_available
 from lvx_models.api import checkpoint_folder, family_of
+from lvx_ui.bounded_stream import BoundedStreamingResponse
 from lvx_ui.openai_request import (
     ApiError,
     ChatRequest,
@@ -52,6 +54,8 @@ from lvx_ui.openai_request import (
     read_request,
     sent_as_frames,
 )
+from lvx_ui.request_body import read_body
+from lvx_ui.request_memory import MemoryLimits, RequestMemory, Reservation
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
@@ -98,13 +102,16 @@ class Answer:
         self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
         self.frames: int | None = None  # the frames of the video the answer is about
+        self.about = ""  # the video's name (or "frames"), for the log line
         self.evidence_asked = False
         self.loaded_now = 0  # prompt tokens this request's own load prefilled
+        self.pieces_out = 0  # pieces the engine gave (an answer stopped early may have no stats)
         self._texts = self._cut()
         self.first = self.next()
 
     def _cut(self) -> Iterator[str]:
         for piece in self.pieces:
+            self.pieces_out += 1
             text = self.stops.push(piece)
             if text:
                 yield text
@@ -168,9 +175,14 @@ class Answer:
         """One line for the server's log."""
         s = self.stats
         ended = f", stopped: {self.why}" if self.why else ""
+        if self.why and not s.new_tokens and self.pieces_out:  # stopped before its stats were made
+            ended += f" after {self.pieces_out} pieces"
+        video = "no video"
+        if self.frames is not None:
+            video = f"video {self.about} ({self.frames} frames)"
         return (
             f"api: {s.new_tokens} tokens, TTFT {s.ttft_s:.2f} s, prefilled {s.prefill_tokens} of "
-            f"{s.prompt_tokens} prompt tokens{ended}"
+            f"{s.prompt_tokens} prompt tokens, {video}{ended}"
         )
 
 
@@ -253,6 +265,16 @@ def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def video_name(ask: VideoAsk | None, request: VideoRequest | None) -> str:
+    """What the log calls a request's video: its file's name, "frames" for frames sent as images,
+    "a video sent" for one sent in the body."""
+    if ask is None or request is None:
+        return ""
+    if sent_as_frames(ask.url):
+        return "frames"
+    return "a video sent" if ask.url.startswith("data:") else Path(request.path).name
+
+
 class OpenAIApi:
     """The routes and what they do with the engine `service` shares."""
 
@@ -260,9 +282,11 @@ class OpenAIApi:
         self, service: EngineService, config: Config, files: VideoFiles, report=None
     ) -> None:
         self.service, self.config, self.files = service, config, files
-        self.report: Callable[[str], None] = report or log.info
+        said = report or log.info
+        self.report: Callable[[str], None] = lambda line: said(one_line(line))  # client text too
         self.model_id, self.created = config.model.path, int(time.time())
         self.context = model_context(config)  # the model's positions: no answer is longer
+        self.memory = RequestMemory(MemoryLimits.of(config.serve))  # what requests may take
         # the waiting requests, the one answering, and room for the routes' short calls
         self._threads = anyio.CapacityLimiter(config.serve.queue_size + 8)
 
@@ -274,8 +298,7 @@ class OpenAIApi:
         app.mount("/v1", v1)
         app.add_api_route("/health", self.health, methods=["GET"])
 
-    # ---- routes
-    # ----------------------------------------------------------------------------------------------
+    # ---- routes ---------------------------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:
         """Whether the engine answers (503 while its worker group is dead or restarting, a rank
         killed between requests included); the model's path only to a client that holds the
@@ -299,9 +322,10 @@ class OpenAIApi:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def completions(self, request: Request) -> Response:
+        held = self.memory.reserve()  # the request's memory, given back when it ends
         try:
             self._check_key(request)
-            req = read_request(await self._body(request))
+            req = read_request(await self._body(request, held))
             head = {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
                 "created": int(time.time()),
@@ -312,17 +336,28 @@ class OpenAIApi:
             def gone() -> bool:  # whether the client has left (asked from the worker thread)
                 return anyio.from_thread.run(request.is_disconnected)
 
-            answer = await self._in_thread(self._begin, req, client, gone)
+            answer = await self._in_thread(self._begin, req, client, gone, held)
             if not req.stream:
                 return JSONResponse(await self._whole(answer, head, request))
         except ApiError as err:
+            held.close()
             return self._refused(err, request)
-        return StreamingResponse(
+        except BaseException:
+            held.close()
+            raise
+        wait = self.config.serve.send_timeout
+
+        def stalled() -> None:  # the stream's `finally` reports the answer with this reason
+            answer.why = f"the client read nothing for {wait:g} s (--send-timeout)"
+
+        return BoundedStreamingResponse(
             self._events(answer, req, head),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
             # runs after the stream in any case (also when the client left before it began)
             background=BackgroundTask(self._in_thread, answer.close, LEFT),
+            send_timeout=wait,
+            stalled=stalled,
         )
 
     def _refused(self, err: ApiError, request: Request) -> JSONResponse:
@@ -330,6 +365,7 @@ class OpenAIApi:
         there, as in an access log."""
         where = request.client
         client = f"{where.host}:{where.port}" if where else "?"
+        err.message = self.files.unnamed(err.message)  # the client never sees the upload folder
         self.report(refusal_line(err, f'{client} "{request.method} {request.url.path}"'))
         return error_response(err)
 
@@ -362,40 +398,30 @@ class OpenAIApi:
         one each, so the queue, not the thread pool, decides who waits."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._threads)
 
-    async def _body(self, request: Request) -> Any:
-        """The JSON body, read no further than the upload limit allows (a chunked body too)."""
-        limit = self.config.serve.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
-        size = int(request.headers.get("content-length", "0").strip() or 0)
-        if size > limit:
-            async for _ in request.stream():  # read, not kept: the client then reads the answer
-                pass
-            self.files.too_large(size * 3 / 4)
-        chunks, got = [], 0
-        async for chunk in request.stream():
-            got += len(chunk)
-            if got > limit:
-                async for _ in request.stream():
-                    pass
-                self.files.too_large(got * 3 / 4)
-            chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except RecursionError:
-            raise bad("the body is nested too deeply to be a chat request") from None
-        except ValueError:
-            raise bad("the body is not valid JSON") from None
+    async def _body(self, request: Request, held: Reservation) -> Any:
+        """The JSON body, read no further than the upload limit allows (a chunked body too), its
+        memory reserved in `held` before it is read."""
+        limit = self.files.max_upload_mb * 2**20 * 4 / 3 + 2**20  # base64, and the rest
+        return await read_body(request, limit, held, self.files.too_large)
 
-    def _begin(self, req: ChatRequest, client: str, gone: Callable[[], bool]) -> Answer:
-        """(In a worker thread.) Wait for the engine, load the request's video if the engine holds
-        another, start the answer and take its first text: errors so far get their own status. A
-        client `gone` by its turn (a harness's timeout, its retry queued behind) is not answered."""
+    def _begin(
+        self, req: ChatRequest, client: str, gone: Callable[[], bool], reserved: Reservation
+    ) -> Answer:
+        """(In a worker thread.) Make the request's video file (its memory in `reserved`), wait
+        for the engine, load the video if the engine holds another, start the answer and
+        take its first text: errors so far get their own status. A client `gone` by its turn (a
+        harness's timeout, its retry queued behind) is not answered. While it waits, the request
+        holds in `reserved` only what it keeps (its turns), not what its body took."""
         longest = req.generation.get("max_new_tokens", 0)
         if self.context and longest > self.context:
             raise bad(
                 f"max_tokens must be at most {self.context}, the model's context (its positions)",
                 "max_tokens",
             )
-        request = self._request(req.video, client) if req.video is not None else None
+        ask = req.video
+        request = self._request(ask, client, reserved) if ask is not None else None
+        req.video = None  # a data: URL is the body's bulk: its file is made, the text goes
+        reserved.keep(4 * sum(len(t["content"]) for t in req.turns))
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
             lease = self.service.lease(
@@ -417,15 +443,21 @@ class OpenAIApi:
             lease.close()
             release()
             raise api_error(exc) from None
-        answer = Answer(lease, pieces, StopStrings(req.stop), self.report, release)
+
+        def done() -> None:  # after the lease: the upload may go, the memory is given back
+            release()
+            reserved.close()
+
+        answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.frames = loaded.frames if request is not None and loaded is not None else None
+        answer.about = video_name(ask, request)
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
             answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
         return answer
 
-    def _request(self, ask: VideoAsk, client: str) -> VideoRequest:
+    def _request(self, ask: VideoAsk, client: str, held: Reservation) -> VideoRequest:
         """The load the request asks for: its video file, the video options it sets (checked as
         the command line's are; the API names them by field) and a subtitle file under
         --allow-paths. Its opening's words are `client`'s: reused for no other client."""
@@ -438,7 +470,7 @@ class OpenAIApi:
             raise bad(*frontend_words(str(exc), VideoConfig, "api")) from None
         video = replace(video, subtitles=self.files.subtitles(video.subtitles))
         opening = ask.opening.owned_by(client)
-        return VideoRequest(self.files.video(ask.url, video.fps), video, opening=opening)
+        return VideoRequest(self.files.video(ask.url, video.fps, held), video, opening=opening)
 
     # ---- the answer
     # ----------------------------------------------------------------------------------------------
@@ -485,10 +517,11 @@ class OpenAIApi:
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": answer.usage()})
         except ApiError as err:  # the headers are sent: the error is the stream's last event
+            err.message = self.files.unnamed(err.message)
             self.report(refusal_line(err, "the stream of an answer"))
             yield sse(err.body())
         finally:
             if not answer.closed:
                 with anyio.CancelScope(shield=True):
-                    await self._in_thread(answer.close, LEFT)
+                    await self._in_thread(answer.close, answer.why or LEFT)
         yield "data: [DONE]\n\n"

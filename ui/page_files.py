@@ -8,6 +8,7 @@ line before Gradio's route sees it; everything else passes through untouched.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any, Callable
@@ -17,12 +18,18 @@ FILE_ROUTES = ("/gradio_api/file=", "/file=")
 REFUSED = b'{"detail": "not a regular file: the page serves files only"}'
 
 
+UNOPENABLE = (errno.ENAMETOOLONG, errno.ELOOP)  # Gradio's route would fail with a traceback
+
+
 def special_file(path: str) -> bool:
-    """Whether `path` exists and is not a regular file (a FIFO, a socket, a device, a folder)."""
+    """Whether `path` exists and is not a regular file (a FIFO, a socket, a device, a folder), or
+    names nothing that could be opened (a name too long, a loop of links)."""
     try:
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return False  # missing or unreadable: Gradio's route says so itself
+    except OSError as exc:
+        return exc.errno in UNOPENABLE  # missing or unreadable: Gradio's route says so itself
+    except ValueError:
+        return False
     return not stat.S_ISREG(mode)
 
 

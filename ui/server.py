@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lvx_app.config import LOOPBACK, Config, ServeConfig
+from lvx_app.engine.describe import one_line
 from lvx_app.engine.records import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.runtime.service import EngineService
@@ -73,6 +75,7 @@ def run_serve(config: Config, console: Console | None = None) -> int:
     console = console or Console(highlight=False, soft_wrap=True)
     try:
         folders = check_allow_paths(config.serve.allow_paths)
+        config = with_memory_limits(config, console)
         _stop_on_sigterm()
         health = Health()
         with _listening(config, health, console) as api_server:
@@ -81,7 +84,7 @@ def run_serve(config: Config, console: Console | None = None) -> int:
                 engine,
                 reopen=lambda: open_engine(config),
                 queue_size=config.serve.queue_size,
-                report=lambda line: console.print(f"lvx serve: {line}", markup=False),
+                report=lambda line: console.print(f"lvx serve: {one_line(line)}", markup=False),
                 stuck_after=config.serve.queue_timeout,  # silent longer than a request may wait
             )
             try:
@@ -98,6 +101,22 @@ def run_serve(config: Config, console: Console | None = None) -> int:
     except OSError as exc:  # e.g. the port is taken
         console.print(f"[red]error:[/red] {escape(str(exc))}; pick another --port")
         return 2
+
+
+def with_memory_limits(config: Config, console: Console) -> Config:
+    """`config` with the requests' memory budgets stated (those not given: shares of this
+    machine's memory), said in one line: the page and the API read the same numbers."""
+    from lvx_ui.request_memory import MemoryLimits
+
+    limits = MemoryLimits.of(config.serve)
+    console.print(f"lvx serve: {limits.describe()}")
+    serve = replace(
+        config.serve,
+        max_upload_mb=limits.upload_mb,
+        request_memory_mb=limits.request_mb,
+        requests_memory_mb=limits.all_mb,
+    )
+    return replace(config, serve=serve)
 
 
 class Health:

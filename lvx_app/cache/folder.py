@@ -11,10 +11,11 @@ and saved prompts or visual K/V whose features are gone.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from lvx_app.cache.faults import CacheRemovalError
+from lvx_app.cache.faults import CacheRemovalError, CacheWarning
 from lvx_app.cache.features import FeatureCache, file_identity
 from lvx_app.cache.files import delete_files, entry_folders, leftovers, lvx_files
 from lvx_app.cache.prompts import PrefixCache
@@ -29,12 +30,13 @@ SHOWN = 10  # the ids an ambiguous prefix lists
 class AmbiguousId(ValueError):
     """An id prefix given to `rm` that starts more than one entry's id."""
 
-    def __init__(self, target: str, ids: list[str]) -> None:
+    def __init__(self, target: str, ids: list[str], why: str = "") -> None:
         shown = ", ".join(list(short_ids(ids).values())[:SHOWN])
         more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
+        why = f" ({why})" if why else ""
         super().__init__(
-            f"{target} starts {len(ids)} entry ids ({shown}{more}); nothing removed: give more of "
-            "the id, as `lvx cache ls` shows it"
+            f"{target} starts {len(ids)} entry id{'s' if len(ids) > 1 else ''} ({shown}{more})"
+            f"{why}; nothing removed: give more of the id, as `lvx cache ls` shows it"
         )
         self.ids = ids
 
@@ -106,10 +108,13 @@ class CacheFolder:
         then removes nothing."""
         ids = [e.entry_id for e in self.entries()]
         for target in targets:
-            if not _is_path(target) and len(target) >= MIN_ID:
-                matched = sorted({i for i in ids if i.startswith(target)})
-                if len(matched) > 1:
-                    raise AmbiguousId(target, matched)
+            if _is_path(target):
+                continue
+            matched = sorted({i for i in ids if i.startswith(target)})
+            if len(target) < MIN_ID and matched:  # too short to be taken as an id at all
+                raise AmbiguousId(target, matched, f"an id needs {MIN_ID} characters or more")
+            if len(matched) > 1:
+                raise AmbiguousId(target, matched)
 
     def remove(self, target: str) -> Removed:
         """Delete the entries named by `target`: an id (its first 4+ characters) with, for
@@ -132,6 +137,19 @@ class CacheFolder:
     def clear(self) -> Removed:
         """Delete every entry (and stray temporary files of lvx's); files lvx did not write stay."""
         return self._delete(self.entries(), whole=True)
+
+    def trim(self, limit_bytes: int, used_since: float) -> Removed:
+        """Remove the entries used least recently until the folder holds at most `limit_bytes`;
+        never one used since `used_since` (what the load that just ended read or wrote)."""
+        entries = sorted(self.entries(), key=lambda e: e.modified)
+        over = sum(e.bytes for e in entries) - limit_bytes
+        chosen = []
+        for e in entries:
+            if over <= 0 or e.modified >= used_since:
+                break
+            chosen.append(e)
+            over -= e.bytes
+        return self._delete(chosen)
 
     def leftovers(self) -> list[Path]:
         """Files in the kinds' folders that are no entry of lvx's (what `clear` leaves)."""
@@ -159,6 +177,25 @@ class CacheFolder:
             return Removed(gone)
         why = first.strerror or str(first)
         return Removed(gone, CacheRemovalError(failed, why, self.root, gone))
+
+
+def keep_within_limit(
+    root: str | os.PathLike | None, limit_gb: float | None, used_since: float
+) -> None:
+    """Hold the cache folder to `limit_gb` (--cache-limit-gb; None: no limit), the entries used
+    least recently removed first, none used since `used_since`; one warning says what went."""
+    if limit_gb is None:
+        return
+    folder = CacheFolder(root)
+    removed = folder.trim(int(limit_gb * 2**30), used_since)
+    if removed.entries:
+        warnings.warn(
+            f"the cache folder {folder.root} was over its {limit_gb:g} GB limit "
+            f"(--cache-limit-gb): removed the {len(removed.entries)} entries used least "
+            "recently",
+            CacheWarning,
+            stacklevel=2,
+        )
 
 
 def _video_state(video: str, file_id: str) -> str | None:

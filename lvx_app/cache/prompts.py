@@ -29,9 +29,11 @@ import torch
 
 from lvx_app.cache.faults import CacheWarning, CorruptEntry
 from lvx_app.cache.features import FeatureKey
+from lvx_app.cache.files import delete_files, lvx_files
 from lvx_app.cache.store import Entry, Store, stable_hash
 
 PREFIX_VERSION = 2  # 2: one file for all ranks (1 had one identical file per rank)
+PROMPTS_PER_FEATURES = 8  # saved prompts kept per feature entry, the least recently used go first
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,20 @@ class PrefixCache(Store):
         when it could not be saved."""
         tensors = _tensors(saved)
         shapes = {n: list(t.shape) for n, t in tensors.items()}
-        return self.write(key, tensors, video, layers=len(saved.layers), shapes=shapes)
+        path = self.write(key, tensors, video, layers=len(saved.layers), shapes=shapes)
+        if path is not None:
+            self._keep_the_newest(key.feature_entry, path)
+        return path
+
+    def _keep_the_newest(self, features: str, saved: Path) -> None:
+        """At most `PROMPTS_PER_FEATURES` saved prompts made from one feature entry (each
+        client's words make a prompt of their own): beyond it, those used least recently are
+        removed, never the one just `saved`."""
+        rows = [e for e in self.entries() if e.made_from == features and not e.problems]
+        rows = [e for e in rows if not (e.path == saved.parent and saved.name in e.names)]
+        rows.sort(key=lambda e: e.modified)
+        for old in rows[: max(0, len(rows) + 1 - PROMPTS_PER_FEATURES)]:
+            delete_files(old.path, lvx_files(old.path, self.names, old.names))
 
     def load(
         self, key: PrefixKey, device: torch.device | str = "cpu", *, owner: bool = True

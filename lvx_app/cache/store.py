@@ -247,11 +247,12 @@ class Store:
             files = [p for p in sorted(folder.iterdir()) if self.names.fullmatch(p.name)]
             groups = [[f] for f in files] if self.one_row_per_file else [files]
             for group in groups if files else [[]]:
-                out.append(self._entry(folder, group))
+                out.append(self._entry(folder, group, len(groups) > 1))
         return out
 
-    def _entry(self, folder: Path, files: list[Path]) -> Entry:
-        entry = Entry(self.kind, folder.name, folder, {f.name for f in files})
+    def _entry(self, folder: Path, files: list[Path], shared: bool = False) -> Entry:
+        row_id = self._row_id(folder, files) if shared else folder.name
+        entry = Entry(self.kind, row_id, folder, {f.name for f in files})
         present = lvx_files(folder, self.names, entry.names if self.one_row_per_file else None)
         entry.bytes = sum(_size(f) for f in present)
         entry.modified = max([_mtime(f) for f in files] or [_mtime(folder)])
@@ -265,6 +266,14 @@ class Store:
                 continue
             entry.shards += 1
         return entry
+
+
+    @staticmethod
+    def _row_id(folder: Path, files: list[Path]) -> str:
+        """The id of a row that shares its folder with others (a prompt saved for 1 rank and for
+        2, each file a row): that file's, so no two rows show one id and `rm` of one row removes
+        that row alone. A row alone in its folder has the folder's id."""
+        return hashlib.sha256(f"{folder.name}/{files[0].name}".encode()).hexdigest()[:20]
 
 
 def _size(path: Path) -> int:

@@ -63,9 +63,11 @@ def distinct_paths(paths: list[str]) -> dict[str, str]:
 
 def model_name(model: str) -> str:
     """A checkpoint as a reader knows it: its folder's name, and what a finetuning run cached."""
+    from lvx_app.engine.describe import one_line
+
     name, _, part = model.partition("#")
     short = Path(name.rstrip("/")).name or name
-    return f"{short} ({part} features, finetuning)" if part else short
+    return one_line(f"{short} ({part} features, finetuning)" if part else short)
 
 
 def _human(n: float) -> str:
@@ -142,6 +144,7 @@ def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOp
     Per video: its features (model, settings, frames), the saved prompts and visual K/V made from
     them, their sizes and when each was last used."""
     from lvx_app.cache import short_ids
+    from lvx_app.engine.describe import one_line
 
     folder = _folder(cache_dir, old_dir)
     entries = folder.entries()
@@ -161,7 +164,8 @@ def ls(cache_dir: Optional[Path] = DirOption, old_dir: Optional[Path] = OldDirOp
     for video in sorted({e.video for e in entries}, key=lambda v: videos.get(v, "~")):
         console.print()
         name = videos.get(video, "? (damaged files)")
-        console.print(Text(name, style="bold") + Text(f"  {video}" if name != video else ""))
+        shown = Text(one_line(name), style="bold")  # a name's control characters, escaped
+        console.print(shown + Text(f"  {one_line(video)}" if name != video else ""))
         rows = _in_order([e for e in entries if e.video == video])
         console.print(Padding(_video_table(rows, ids, stale, console.width), (0, 0, 0, 2)))
     console.print()
@@ -232,8 +236,15 @@ def rm(
 
 
 def _confirm(question: str) -> bool:
-    """typer's yes/no question; a piped answer is not echoed, so its line is ended here."""
-    answer = typer.confirm(question)
+    """typer's yes/no question; a piped answer is not echoed, so its line is ended here. No
+    answer at all (no terminal, an empty pipe) is one line saying to pass --yes."""
+    try:
+        answer = typer.confirm(question)
+    except typer.Abort:  # end of input (or Ctrl-C, which a terminal's user means as such)
+        if sys.stdin.isatty():
+            raise
+        typer.echo()
+        raise fail("no answer to the question (no terminal to ask in): pass --yes") from None
     if not sys.stdin.isatty():
         typer.echo()
     return answer

@@ -18,6 +18,22 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # line breaks too
+
+
+def one_line(text: str) -> str:
+    """`text` for a log line or a terminal: every control character (newline, escape, ...)
+    shown as a visible escape (`\\n`, `\\x1b`), so text a client sent can neither forge a line
+    nor recolour the operator's terminal."""
+    return _ANY_CONTROL.sub(lambda found: _escape(found.group()), text)
+
+
+def _escape(char: str) -> str:
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    code = ord(char)
+    return named.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
 def shortened(text: str, keep: int = ECHO_CHARS) -> str:
     """`text`, or its first `keep` characters and its length: a pasted book is not printed back."""
     if len(text) <= keep:

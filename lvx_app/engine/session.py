@@ -10,9 +10,11 @@ only rank 0's results reach the user.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from lvx_app.cache.folder import keep_within_limit
 from lvx_app.config import Config, GenerationConfig
 from lvx_app.defaults import DEFAULT_MAX_NEW_TOKENS
 from lvx_app.devices import memory_report, resolve_dtype
@@ -83,8 +85,13 @@ class RankSession:
 
     # ---- commands (every rank, same order) -------------------------------------------------------
     def load_video(self, request: VideoRequest, progress: ProgressFn | None = None) -> VideoSummary:
-        """Make the video resident and prefill its prompt; the conversation starts afresh."""
-        return self.video.load(request, progress)
+        """Make the video resident and prefill its prompt; the conversation starts afresh. Rank
+        0 then holds the cache folder to its size limit (what this load used stays)."""
+        started = time.time() - 1.0  # a file's time stamp may lag the clock a little
+        summary = self.video.load(request, progress)
+        if self.video.info.rank == 0 and request.video.cache:
+            keep_within_limit(request.video.cache_dir, request.video.cache_limit_gb, started)
+        return summary
 
     def reset(self, keep_prompt: bool = True) -> None:
         """Forget the conversation; keep the video and (`keep_prompt`) its prefilled prompt, which

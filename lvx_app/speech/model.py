@@ -11,6 +11,7 @@ from lvx_app.cache.features import file_identity
 from lvx_app.defaults import SPEECH_MODEL_ON_CPU, SPEECH_MODEL_ON_GPU
 from lvx_app.speech.audio import SpeechError
 from lvx_app.speech.choice import missing_line, speech_available
+from lvx_app.speech.onnx_import import import_onnxruntime_privately
 
 WEIGHTS = "model.bin"  # a CTranslate2 checkpoint's weights (faster-whisper's published layout)
 
@@ -81,6 +82,7 @@ def load_model(found: SpeechModel, device_type: str, threads: int):
         raise SpeechError(missing_line())
     from faster_whisper import WhisperModel
 
+    import_onnxruntime_privately()  # its detector's runtime: no file left in the temp folder
     cuda = device_type == "cuda"
     kwargs = {"device_index": _cuda_index()} if cuda else {"cpu_threads": threads}
     try:

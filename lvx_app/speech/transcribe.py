@@ -5,6 +5,7 @@ alone (the same on any number of ranks, and the same when transcribed again)."""
 from __future__ import annotations
 
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio
+from lvx_app.speech.onnx_import import import_onnxruntime_privately
 from lvx_app.speech.pieces import MIN_GAP_S, Piece
 from lvx_app.subtitles import clean_text
 
@@ -50,6 +51,7 @@ def speech_spans(audio) -> list[tuple[int, int]]:
         return []
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
+    import_onnxruntime_privately()  # no file left in the temp folder
     options = VadOptions(min_silence_duration_ms=int(MIN_GAP_S * 1000), speech_pad_ms=100)
     return [(s["start"], s["end"]) for s in get_speech_timestamps(audio, options)]
 

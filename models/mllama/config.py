@@ -6,10 +6,10 @@ comes as the published `rope_theta` + `rope_scaling` (llama3) or as the newer `r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from ..config_checks import checked_config
 
 ASPECT_RATIOS_4 = [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]
 LLAMA3_ROPE = {
@@ -226,7 +226,7 @@ class MllamaConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "MllamaConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(checked_config(path))
 
     def to_dict(self) -> dict[str, Any]:
         """config.json as published (the keys transformers writes for Llama-3.2-Vision)."""

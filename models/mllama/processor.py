@@ -17,7 +17,6 @@ to the end)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..config_checks import read_json_object
 from ..detokenize import StreamDecoder
 from ..safetensors_folder import CheckpointError
 from ..surface import VIDEO, FramePrep, Prompt
@@ -97,12 +97,12 @@ class MllamaProcessor:
         """From the folder's tokenizer.json and image processor settings: preprocessor_config.json
         as published, or the `image_processor` of processor_config.json, which transformers 5's
         `save_pretrained` writes instead."""
-        d, pre = Path(directory), {}
-        if (d / "preprocessor_config.json").exists():
-            pre = json.loads((d / "preprocessor_config.json").read_text())
-        elif (d / "processor_config.json").exists():
-            pre = json.loads((d / "processor_config.json").read_text()).get("image_processor", {})
-        if "size" not in pre:
+        d, what = Path(directory), "the image processor's settings"
+        if (d / "processor_config.json").exists() and not (d / "preprocessor_config.json").exists():
+            pre = read_json_object(d / "processor_config.json", what).get("image_processor")
+        else:
+            pre = read_json_object(d / "preprocessor_config.json", what)
+        if not isinstance(pre, dict) or "size" not in pre:
             raise CheckpointError(
                 f"{d} has no image processor settings (preprocessor_config.json, or "
                 "processor_config.json's image_processor): copy them from the checkpoint it was "

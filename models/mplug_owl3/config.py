@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+from ..config_checks import checked_config
 
 Generation = Literal["g1", "g2"]
 Projector = Literal["linear", "mlp"]
@@ -380,7 +381,7 @@ class Owl3Config:
 
     @classmethod
     def from_json(cls, path: str | Path, **kw: Any) -> "Owl3Config":
-        return cls.from_dict(json.loads(Path(path).read_text()), **kw)
+        return cls.from_dict(checked_config(path), **kw)
 
     def to_dict(self) -> dict[str, Any]:
         """The official config.json layout (no `generation`/`projector`/`gate_form`: those live in

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
+from ..config_checks import checked_config
 from ..safetensors_folder import safetensors_files, tensor_shapes
 from .checkpoint import (
     LM,
@@ -113,10 +114,7 @@ def _read_config_json(d: Path) -> dict[str, Any]:
     cfg_file = d / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    raw = checked_config(cfg_file)
     if raw.get("model_type") != "mplugowl3":
         raise CheckpointError(
             f"{cfg_file} has model_type {raw.get('model_type')!r}, not 'mplugowl3': not an "

@@ -43,12 +43,12 @@ Deliberate differences from the official code, all where the official one is bro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from ..config_checks import checked_config
 from ..detokenize import StreamDecoder
 from ..pixels import square_prep
 from ..safetensors_folder import safetensors_files
@@ -113,7 +113,7 @@ class Owl3Processor:
         if not (d / "config.json").exists():
             raise CheckpointError(f"{d} is not an mPLUG-Owl3 checkpoint: no config.json")
         vision = SiglipVisionConfig.from_dict(
-            json.loads((d / "config.json").read_text()).get("vision_config") or {}
+            checked_config(d / "config.json").get("vision_config") or {}
         )
         if form is None:
             keys = list(safetensors_files(d))
