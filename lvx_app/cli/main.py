@@ -93,8 +93,9 @@ def demo(
     model_family: Optional[str] = typer.Option(
         None,
         "--model-family",
-        help="Which model family's tiny checkpoint to write and run (`lvx info` lists them; a name "
-        "it does not know lists them too). Default: mPLUG-Owl3.",
+        help="Which model family's tiny checkpoint to write and run, by its name or id in any case: "
+        "mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
+        "Default: mPLUG-Owl3.",
         metavar="NAME",
     ),
     generation: Optional[str] = typer.Option(

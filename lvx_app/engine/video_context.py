@@ -39,7 +39,13 @@ from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.errors import VideoError
-from lvx_app.video.ingest import Encoder, VisualShard, ingest
+from lvx_app.video.ingest import (
+    Encoder,
+    IngestTuning,
+    VisualShard,
+    ingest,
+    rank_memory_budget,
+)
 from lvx_models.api import VIDEO, family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
@@ -201,13 +207,19 @@ class VideoContext:
         conversation: Conversation,
         names: WeightNames,
         dtype: torch.dtype,
+        memory_gib: float | None = None,
     ) -> None:
         self.model, self.processor, self.dtype = model, processor, dtype
+        self.memory_gib = memory_gib  # --rank-memory-gib (None: what is free when it is needed)
         self.model_config = model_config
         self.conversation, self.names = conversation, names
         self.info = conversation.info
         self.loaded: LoadedVideo | None = None
         self._counts: ParamCounts | None = None  # the model's parameters, for the memory plan
+
+    def memory_budget(self) -> int | None:
+        """The bytes this rank may use for a video's features or a question's prefill."""
+        return rank_memory_budget(self.info.device, self.memory_gib)
 
     def _caches(self, video: VideoConfig) -> LoadCaches:
         """The caches of one load: those in `video.cache_dir`, or none with the cache off."""
@@ -332,6 +344,7 @@ class VideoContext:
                 layout=self.conversation.layout,
                 progress=report if progress is not None else False,
                 planned=planned,
+                tuning=IngestTuning(memory_budget_bytes=self.memory_budget()),
             )
         except VideoError as exc:
             raise EngineError(str(exc)) from None
