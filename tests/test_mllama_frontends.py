@@ -67,6 +67,35 @@ def test_a_family_is_named_by_its_title_or_id_in_any_case(tiny_checkpoints, chec
     assert not any("1-based" in key for key in (*owl, *checkpoint_rows(checkpoint)))
 
 
+def test_both_tiny_families_answer_as_long_by_default(tiny_checkpoints, checkpoint):
+    """The tiny checkpoints name the same answer length in their generation_config.json, and both
+    families read it (a published checkpoint names none: lvx's default applies)."""
+    lengths = {
+        family_of(path).load(path).processor.max_new_tokens
+        for path in (tiny_checkpoints["g2"], checkpoint)
+    }
+    assert lengths == {32}
+
+
+def test_the_demo_writes_into_the_cache_folder_lvx_cache_dir_names(tmp_path, monkeypatch):
+    from lvx_app.cli import demo
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Made(Exception):
+        pass
+
+    def prepare(workdir, family, generation):
+        raise Made(workdir)
+
+    monkeypatch.setattr(demo, "prepare", prepare)
+    with pytest.raises(Made) as made:
+        CliRunner().invoke(app, ["demo"], catch_exceptions=False)
+    assert made.value.args[0] == tmp_path / "cache" / "demo"
+    assert not (tmp_path / "home").exists()
+
+
 def test_a_family_or_generation_the_demo_has_not_is_one_error_line(tmp_path):
     for argv, said in (
         (

@@ -87,7 +87,8 @@ def demo(
     workdir: Optional[Path] = typer.Option(
         None,
         "--workdir",
-        help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
+        help="Where to write the demo video and checkpoint. Default: demo in the cache folder "
+        "($LVX_CACHE_DIR, else ~/.cache/lvx).",
         metavar="DIR",
     ),
     model_family: Optional[str] = typer.Option(

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..generation_config import answer_length
 from ..mplug_owl3.tokenizer import StreamDecoder
 from ..surface import VIDEO, FramePrep
 from .image_tiles import CLIP_MEAN, CLIP_STD, fit_and_pad_uint8, normalize_uint8, tile_image
@@ -94,13 +95,15 @@ class MllamaProcessor:
         mean=CLIP_MEAN,
         std=CLIP_STD,
         video_tiles: int = 1,
+        max_new_tokens: int | None = None,
     ):
         self.tokenizer, self.tile_size, self.max_image_tiles = tokenizer, tile_size, max_image_tiles
         self.mean, self.std, self.video_tiles = tuple(mean), tuple(std), video_tiles
+        self.max_new_tokens = max_new_tokens  # the checkpoint's own answer length, if it has one
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
-        """From the folder's tokenizer.json and preprocessor_config.json."""
+        """From the folder's tokenizer.json, preprocessor_config.json and generation_config.json."""
         d = Path(directory)
         pre = json.loads((d / "preprocessor_config.json").read_text())
         return cls(
@@ -109,6 +112,7 @@ class MllamaProcessor:
             max_image_tiles=int(pre.get("max_image_tiles", 4)),
             mean=pre.get("image_mean", CLIP_MEAN),
             std=pre.get("image_std", CLIP_STD),
+            max_new_tokens=answer_length(d),
         )
 
     def __call__(
@@ -159,8 +163,6 @@ class MllamaProcessor:
         """`<|eot_id|>` first (it closes a turn), then the other ends of an answer."""
         eot = self.tokenizer.eot_id
         return (eot, *sorted(self.tokenizer.stop_ids - {eot}))
-
-    max_new_tokens = None  # the checkpoints name no answer length of their own
 
     def encode(self, text: str) -> list[int]:
         """Template text: special tokens written in it become their ids."""
