@@ -606,12 +606,10 @@ def build_app(
         stop = dict(api_name="stop", queue=False, concurrency_limit=None)
         stop_btn.click(ui.request_stop, [owner], None, **stop)
         reset_io = ([owner, loaded], [chatbot, status, owner, moments])
-        reset_btn.click(ui.reset, *reset_io, api_name="reset", **engine_event).then(
-            api_name=False, **show_transcript
-        )
-        chatbot.clear(ui.reset, *reset_io, api_name=False, **engine_event).then(  # its trash icon
-            api_name=False, **show_transcript
-        )
+        for clear, name in ((reset_btn.click, "reset"), (chatbot.clear, False)):  # or the bin icon
+            clear(ui.reset, *reset_io, api_name=name, **engine_event).then(
+                api_name=False, **show_transcript
+            )
         stats_btn.click(ui.stats, [owner], [stats_box], api_name="stats", **engine_event)
         picker.change(lambda chosen: chosen or gr.skip(), [picker], [server_path], api_name=False)
         demo.load(None, js=SEEK_JS)

@@ -94,8 +94,8 @@ def demo(
     model_family: Optional[str] = typer.Option(
         None,
         "--model-family",
-        help="Which model family's tiny checkpoint to write and run, by its name or id in any case: "
-        "mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
+        help="Which model family's tiny checkpoint to write and run, by its name or id in any "
+        "case: mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
         "Default: mPLUG-Owl3.",
         metavar="NAME",
     ),

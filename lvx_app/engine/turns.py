@@ -32,6 +32,7 @@ from lvx_app.engine.limits import (
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
 from lvx_app.parallel.collectives import all_min
+from lvx_app.video.ingest import rank_memory_budget
 
 
 class Turns:
@@ -190,7 +191,7 @@ class Turns:
         """Refuse a question too long to prefill, on every rank alike: the ranks agree on the
         smallest budget first."""
         info = self.info
-        budget = self.video.memory_budget()
+        budget = rank_memory_budget(info.device, self.video.memory_gib)
         if info.world_size > 1:
             budget = all_min(budget if budget is not None else 2**62, info.device)
         dtype = self.video.dtype

@@ -217,10 +217,6 @@ class VideoContext:
         self.loaded: LoadedVideo | None = None
         self._counts: ParamCounts | None = None  # the model's parameters, for the memory plan
 
-    def memory_budget(self) -> int | None:
-        """The bytes this rank may use for a video's features or a question's prefill."""
-        return rank_memory_budget(self.info.device, self.memory_gib)
-
     def _caches(self, video: VideoConfig) -> LoadCaches:
         """The caches of one load: those in `video.cache_dir`, or none with the cache off."""
         names = self.names.of(video)
@@ -334,6 +330,7 @@ class VideoContext:
             prep=self.processor.frame_prep,
         )
         device = self.info.device
+        budget = rank_memory_budget(device, self.memory_gib)
         try:
             return ingest(
                 path,
@@ -344,7 +341,7 @@ class VideoContext:
                 layout=self.conversation.layout,
                 progress=report if progress is not None else False,
                 planned=planned,
-                tuning=IngestTuning(memory_budget_bytes=self.memory_budget()),
+                tuning=IngestTuning(memory_budget_bytes=budget),
             )
         except VideoError as exc:
             raise EngineError(str(exc)) from None
