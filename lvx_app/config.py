@@ -341,6 +341,15 @@ class ParallelConfig:
         "Seconds a rank waits for a dead or hung peer during work before the group stops.",
         metavar="SECONDS",
     )
+    rank_memory_gib: float | None = option(
+        None,
+        "--rank-memory-gib",
+        "Memory one rank may use for a video's features and a question's prefill, in GiB. "
+        "Default: what is free when it is needed (80 % of the available RAM; a GPU's free memory "
+        "less 2 GiB).",
+        envvar="LVX_RANK_MEMORY_GIB",
+        metavar="GIB",
+    )
 
     def __post_init__(self) -> None:
         _require(
@@ -354,6 +363,8 @@ class ParallelConfig:
         _choice(self.layout, LAYOUTS, "--layout")
         _choice(self.xattn_schedule, SCHEDULES, "--xattn-schedule")
         _positive(self.timeout_s, "--timeout", "a number of seconds above 0")
+        if self.rank_memory_gib is not None:
+            _positive(self.rank_memory_gib, "--rank-memory-gib", "a number of GiB above 0")
 
 
 @dataclass(frozen=True)

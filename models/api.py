@@ -62,6 +62,7 @@ __all__ = [
     "VideoModel",
     "VisualStep",
     "family_named",
+    "family_names",
     "family_of",
     "kv_capacity",
     "resize_uint8",
@@ -83,10 +84,22 @@ FAMILIES: dict[str, Family] = _families()
 DEFAULT_FAMILY = "mplug_owl3"
 
 
+def family_names() -> str:
+    """Every family as users see it named: its title, then its id ("mPLUG-Owl3 (mplug_owl3)")."""
+    return ", ".join(f"{f.title} ({f.name})" for f in FAMILIES.values())
+
+
 def family_named(name: str) -> Family:
-    if name not in FAMILIES:
-        raise ValueError(f"model family must be one of {', '.join(FAMILIES)}, not {name!r}")
-    return FAMILIES[name]
+    """The family a user named by its title or its id, in any case ("Llama-3.2-Vision", "mllama",
+    "MPLUG-OWL3", "mplug_owl3")."""
+
+    def key(s: str) -> str:
+        return s.casefold().replace("-", "_")
+
+    for family in FAMILIES.values():
+        if key(name) in (key(family.name), key(family.title)):
+            return family
+    raise ValueError(f"model family must be one of {family_names()}, not {name!r}")
 
 
 def family_of(path_or_id: str | Path, revision: str | None = None) -> Family:

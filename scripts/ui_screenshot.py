@@ -69,9 +69,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/ui.png"), help="the PNG to write")
     args = parser.parse_args()
     from lvx_app.cli.demo import ANSWER_TOKENS, prepare  # after --help: it imports torch
+    from lvx_app.defaults import default_cache_dir
+    from lvx_models.api import DEFAULT_FAMILY, FAMILIES
     from scripts.gloo_ranks import free_port
 
-    checkpoint, video = prepare(Path.home() / ".cache" / "lvx" / "demo", "g2")
+    checkpoint, video = prepare(default_cache_dir() / "demo", FAMILIES[DEFAULT_FAMILY], "g2")
     port = free_port()
     command = [sys.executable, "-m", "lvx_app.cli", "serve", "--port", str(port), "--gpus", "0"]
     command += ["--model", str(checkpoint), "--max-new-tokens", str(ANSWER_TOKENS), "--no-cache"]

@@ -1,5 +1,6 @@
 """The CLI surface that needs nothing else: help and info."""
 
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -255,3 +256,17 @@ def test_the_command_line_starts_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_help_wraps_between_words_never_inside_a_model_id():
+    """Every command's help at 80 columns: no line ends in a hyphen split off its word (a model id
+    such as mPLUG/mPLUG-Owl3-7B-241101 or a name such as LV-XAttn stays whole), none is wider."""
+    import typer.main
+
+    for path, _ in _commands(typer.main.get_command(app)):
+        argv = [*path[1:], "--help"]
+        out = CliRunner().invoke(app, argv, env={"COLUMNS": "80"}, terminal_width=80).output
+        assert not re.search(r"\w-\n", out), f"{' '.join(path)} --help:\n{out}"
+        assert max(map(len, out.splitlines())) <= 80, out
+    out = CliRunner().invoke(app, ["chat", "--help"], env={"COLUMNS": "80"}).output
+    assert "mPLUG/mPLUG-Owl3-7B-241101" in out and "\u2011" not in out

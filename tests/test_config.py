@@ -3,6 +3,7 @@ sent whole to the ranks, and the source of every command's options."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -77,6 +78,8 @@ def test_flat_options_find_their_section_and_a_wrong_one_lists_the_valid_names()
         ({"max_frames": "3"}, "--max-frames takes a whole number, not '3'"),
         ({"seed": "1"}, "--seed takes a whole number, not '1'"),
         ({"subtitle_tokens": -1}, "--subtitle-tokens must be 0 (no subtitles) or more"),
+        ({"rank_memory_gib": 0}, "--rank-memory-gib must be a number of GiB above 0"),
+        ({"rank_memory_gib": math.inf}, "--rank-memory-gib must be a number of GiB above 0"),
     ],
 )
 def test_every_value_is_checked_once_with_a_line_naming_the_option(options, message):
@@ -116,3 +119,20 @@ def test_every_config_field_with_a_flag_is_an_option_of_the_commands_that_take_i
     for section in ("model", "video", "parallel", "generation"):
         for f in cli_fields(SECTIONS[section]):
             assert f.metadata["flag"].split("/")[0] in flags, (section, f.name)
+
+
+def test_the_memory_a_rank_may_use_is_stated_or_measured(monkeypatch):
+    """--rank-memory-gib (or LVX_RANK_MEMORY_GIB) is what a rank plans a video's features and a
+    question's prefill with; unstated, it is what is free now."""
+    import torch
+
+    from lvx_app.cli.main import app
+    ingest = importlib.import_module("lvx_app.video.ingest")  # the package names a function so
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(ingest, "auto_memory_budget", lambda device: 123)
+    assert ingest.rank_memory_budget(cpu, None) == 123
+    assert ingest.rank_memory_budget(cpu, 1.5) == 3 * 2**29
+    command = typer.main.get_command(app).commands["chat"]
+    monkeypatch.setenv("LVX_RANK_MEMORY_GIB", "2.5")
+    assert command.make_context("chat", ["movie.mp4"]).params["rank_memory_gib"] == 2.5

@@ -141,10 +141,11 @@ def test_the_api_and_the_page_transcribe_and_show_it(
         said = engine.loaded.transcript
         assert said and said[0].text in engine.session.video.loaded.subtitle_block
         page = ChatApp(service, config, allow_paths=[str(folder)])
-        status = page.load(None, str(clip), 1.0, 0, owner="tab", progress=lambda *a, **k: None)[0]
+        page.load(None, str(clip), 1.0, 0, owner="tab", progress=lambda *a, **k: None)
         # the page's box "use the subtitles found" asks for auto: none are found, so speech, read
-        # back from the cache the API's load filled
-        assert "**Transcript**" in status and f"](#lvx-seek-{said[0].start:.2f}) " in status
+        # back from the cache the API's load filled; shown under the player
+        shown = page.transcript("tab")
+        assert "**Transcript**" in shown and f"](#lvx-seek-{said[0].start:.2f}) " in shown
         assert engine.loaded.transcript_from_cache
     finally:
         engine.close()

@@ -6,9 +6,11 @@ import pytest
 from rich.console import Console
 
 from lvx_app.eval.report import (
+    model_name,
     output_paths,
     plot_duration_domain,
     print_report,
+    report_file,
     summarize,
     write_summary,
 )
@@ -139,3 +141,35 @@ def test_the_table_fits_80_columns_without_breaking_a_word(scoring):
     words = {w for line in lines for w in line.replace("│", " ").split()}
     for name in names:
         assert set(name.split()) <= words, (name, "\n".join(lines))
+
+
+def _whole(record: dict) -> dict:
+    """A record as `lvx eval` writes it: with its video, question and options."""
+    video = record["question_id"].split("-")[0]
+    return {"video_id": video, "question": "?", "options": ["A. a", "B. b"], **record}
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "/home/someone/.cache/lvx/demo/tiny-mplug_owl3-g2",
+        "an-organisation-with-a-long-name/a-checkpoint-whose-name-goes-on-and-on-241101",
+    ],
+)
+def test_the_png_title_stays_inside_the_image(tmp_path, model):
+    """The title names the model (a local folder by its own name) and wraps: no dark pixel of it
+    touches the image's left or right edge."""
+    import matplotlib.image
+
+    results = tmp_path / "run.jsonl"
+    results.write_text(
+        json.dumps({"type": "header", "model": model})
+        + "\n"
+        + "".join(json.dumps({"type": "answer", **_whole(r)}) + "\n" for r in RECORDS)
+    )
+    report_file(results, console=Console(record=True, width=120))
+    image = matplotlib.image.imread(output_paths(results)["plot"])
+    title_band = image[: image.shape[0] // 8, :, :3].mean(axis=2)  # above the axes
+    assert (title_band < 0.5).any(), "the title is drawn"
+    assert (title_band[:, :4] > 0.9).all() and (title_band[:, -4:] > 0.9).all()
+    assert model_name(model) in {"tiny-mplug_owl3-g2", model}

@@ -62,3 +62,29 @@ def test_the_serve_line_the_demo_prints_opens_its_files_on_the_demos_ranks(tmp_p
     clip = next((files["videomme"] / "data").glob("*.mp4"))
     for path in (video, files["example"], clip):
         assert allowed_path(str(path), roots) == path.resolve()
+
+
+def test_the_demo_prints_a_report_line_and_the_other_familys_demo_and_each_parses(tmp_path):
+    """Beside chat, serve, eval and finetune: `lvx eval report` on the eval line's results and the
+    demo of the other family, by the name its help shows; every line parses with the real options
+    (the family's name through the demo's own check)."""
+    from test_readme import _command
+
+    from lvx_app.cli.examples import ready_lines
+    from lvx_models.api import family_named
+
+    files = write_examples(tmp_path / "examples")
+    lines = ready_lines(
+        tmp_path / "ckpt", tmp_path / "demo.mp4", files, others=["Llama-3.2-Vision"]
+    )
+    (evaluate,) = [shlex.split(x) for x in lines if x.startswith("lvx eval videomme")]
+    (report,) = [shlex.split(x, comments=True) for x in lines if x.startswith("lvx eval report")]
+    assert report[3] == evaluate[evaluate.index("--out") + 1]
+    (demo,) = [shlex.split(x, comments=True) for x in lines if x.startswith("lvx demo")]
+    assert demo[1:] == ["demo", "--model-family", "Llama-3.2-Vision"]
+    assert family_named(demo[-1]).name == "mllama"
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        if words:
+            command, args = _command(words[1:])
+            command.make_context(command.name, args)

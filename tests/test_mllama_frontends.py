@@ -14,7 +14,7 @@ from videos import make_video
 
 import lvx_app as lvx
 from lvx_app.cli.main import app
-from lvx_models.api import FAMILIES, family_of
+from lvx_models.api import FAMILIES, family_named, family_of
 
 QUESTION = "What happens in this video?"
 
@@ -35,19 +35,77 @@ def test_info_model_gives_the_family_sizes_and_cross_layers(checkpoint):
     from lvx_app.cli.info import checkpoint_rows
 
     rows = checkpoint_rows(checkpoint)
-    assert rows["family"] == "Llama-3.2-Vision (Mllama)"
+    assert rows["family"] == "Llama-3.2-Vision (mllama)"
     assert rows["generation"].startswith("3.2: Llama-3.2-Vision")
     assert rows["cross-attention layers (0-based)"] == "1, 3"
     assert rows["sizes"].startswith("hidden 64, 5 layers, 4 heads / 2 kv heads")
     result = CliRunner().invoke(app, ["info", "--model", checkpoint], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for words in ("Llama-3.2-Vision (Mllama)", "cross-attention layers", "hidden 64"):
+    for words in ("Llama-3.2-Vision (mllama)", "cross-attention layers (0-based)", "hidden 64"):
         assert words in result.output, result.output
+
+
+def test_a_family_is_named_by_its_title_or_id_in_any_case(tiny_checkpoints, checkpoint):
+    """What `lvx demo --help` and `lvx info` show is what --model-family takes; both families
+    number their cross-attention layers from 0, as their weights' keys do."""
+    from lvx_app.cli.info import checkpoint_rows, collect_info
+
+    for name in ("mPLUG-Owl3", "mplug_owl3", "MPLUG-OWL3", "mplug-owl3"):
+        assert family_named(name) is FAMILIES["mplug_owl3"], name
+    for name in ("Llama-3.2-Vision", "llama-3.2-vision", "mllama", "MLLAMA"):
+        assert family_named(name) is FAMILIES["mllama"], name
+    listed = collect_info()["model families"]
+    assert listed == "mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama)"
+    help_text = " ".join(CliRunner().invoke(app, ["demo", "--help"]).output.split())
+    assert "mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama)" in help_text
+    assert "Default: mPLUG-Owl3." in help_text  # a name --model-family takes
+    owl = checkpoint_rows(tiny_checkpoints["g2"])
+    assert owl["family"] == "mPLUG-Owl3 (mplug_owl3)"
+    want = [
+        i - 1
+        for i in family_of(tiny_checkpoints["g2"])
+        .inspect(tiny_checkpoints["g2"])
+        .config.hyper_layers
+    ]
+    assert owl["cross-attention layers (0-based)"] == ", ".join(map(str, want))
+    assert not any("1-based" in key for key in (*owl, *checkpoint_rows(checkpoint)))
+
+
+def test_both_tiny_families_answer_as_long_by_default(tiny_checkpoints, checkpoint):
+    """The tiny checkpoints name the same answer length in their generation_config.json, and both
+    families read it (a published checkpoint names none: lvx's default applies)."""
+    lengths = {
+        family_of(path).load(path).processor.max_new_tokens
+        for path in (tiny_checkpoints["g2"], checkpoint)
+    }
+    assert lengths == {32}
+
+
+def test_the_demo_writes_into_the_cache_folder_lvx_cache_dir_names(tmp_path, monkeypatch):
+    from lvx_app.cli import demo
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Made(Exception):
+        pass
+
+    def prepare(workdir, family, generation):
+        raise Made(workdir)
+
+    monkeypatch.setattr(demo, "prepare", prepare)
+    with pytest.raises(Made) as made:
+        CliRunner().invoke(app, ["demo"], catch_exceptions=False)
+    assert made.value.args[0] == tmp_path / "cache" / "demo"
+    assert not (tmp_path / "home").exists()
 
 
 def test_a_family_or_generation_the_demo_has_not_is_one_error_line(tmp_path):
     for argv, said in (
-        (["--model-family", "llava"], "model family must be one of mplug_owl3, mllama"),
+        (
+            ["--model-family", "llava"],
+            "model family must be one of mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama)",
+        ),
         (["--model-family", "mllama", "--generation", "g2"], "Llama-3.2-Vision generations are"),
     ):
         result = CliRunner().invoke(app, ["demo", *argv, "--workdir", str(tmp_path)])

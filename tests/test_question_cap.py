@@ -16,18 +16,17 @@ from scripts.gloo_ranks import run_ranks
 
 HUGE = "why? " * 40_000  # 200,000 characters: under the character cap, over the context in tokens
 PASTE = "why? " * 1_999_999 + "why?!"  # 10,000,000 characters: over the character cap
+ROOMY = 1 << 40  # bytes a rank may use: the model's context, not the memory, caps a question
 
 
 def _long_then_normal(
     rank: int, world: int, checkpoint: str, video: str, cache_dir: str, question: str, budgets: list
 ):
-    """Rank 0 asks `question` (refused), then a normal one (answered); rank r sees `budgets[r]`
-    bytes free."""
-    from lvx_app.engine import turns as turns_module
+    """Rank 0 asks `question` (refused), then a normal one (answered); rank r may use `budgets[r]`
+    bytes (--rank-memory-gib)."""
     from lvx_app.parallel.group import init_distributed
 
-    turns_module.auto_memory_budget = lambda device: budgets[rank]
-    config = _config(checkpoint, cache_dir)
+    config = _config(checkpoint, cache_dir, rank_memory_gib=budgets[rank] / 2**30)
     session = RankSession(config, init_distributed(cuda=False))
     prefill = session.conversation.prefill
     calls: list[int] = []
@@ -65,7 +64,7 @@ def test_a_huge_question_is_refused_by_the_context(tiny_checkpoints, short_video
         short_video,
         str(tmp_path),
         HUGE,
-        [None] * world,
+        [ROOMY] * world,
     )
     refused, refused_calls, answer = results[0]
     assert (
@@ -154,7 +153,7 @@ def test_the_smallest_rank_budget_caps_every_rank(tiny_checkpoints, short_video,
         budgets,
     )
     refused, refused_calls, answer = results[0]
-    assert refused is not None and "the free memory of a rank" in refused, refused
+    assert refused is not None and "the memory a rank may use (--rank-memory-gib)" in refused
     assert refused_calls == 0 and answer
 
 

@@ -304,3 +304,33 @@ def test_the_lmms_eval_lines_keep_the_no_subtitle_setting_and_a_read_only_data_f
         assert command.make_context(command.name, args).params["subtitles"] == "none", words
     (task,) = [b for b in re.findall(r"```yaml\n(.*?)\n```", usage, re.S) if "dataset_kwargs" in b]
     assert yaml.safe_load(task)["dataset_kwargs"]["video"] is True
+
+
+def _lmms_eval_lines(text: str) -> list[str]:
+    """The lmms-eval commands of the page's bash blocks, continuation lines joined."""
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)\n```", text, re.S)).replace("\\\n", " ")
+    return re.findall(r"^(?:\S+=\S+ )*lmms-eval .*$", blocks, flags=re.M)
+
+
+def test_every_lmms_eval_line_logs_its_samples_into_a_folder_of_its_own_and_is_checked() -> None:
+    """Each documented lmms-eval run keeps its samples (`--log_samples`) in an `--output_path` no
+    other line uses, in a mode that sends no duplicate frames (the video, or simple mode), and the
+    failure check after it reads that folder through one `grep -c` (one number, not one per file);
+    the README's serve line allows the folder the hub task keeps its videos in."""
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    for text in (README, usage):
+        runs = _lmms_eval_lines(text)
+        assert runs, "no lmms-eval line"
+        outputs = []
+        for run in runs:
+            words = shlex.split(run, comments=True)
+            assert "--log_samples" in words, run
+            outputs.append(words[words.index("--output_path") + 1].rstrip("/"))
+            assert "pass_video_url=True" in run or "--force_simple" in words, run
+        assert len(set(outputs)) == len(outputs), outputs
+        checks = re.findall(r"^cat (\S+) \| grep -c LMMS_EVAL_REQUEST_FAILED", text, flags=re.M)
+        assert checks and all(any(c.startswith(o + "/") for o in outputs) for c in checks), checks
+    (serve,) = [x for x in README.splitlines() if x.startswith("lvx serve") and "--no-ui" in x]
+    allowed = shlex.split(serve, comments=True)
+    assert allowed[allowed.index("--allow-paths") + 1].endswith("/videomme/data")
+    assert "$HF_HOME/videomme/data" in usage and "id(image)" in usage

@@ -43,6 +43,7 @@ def server(tiny_checkpoints, short_video, tmp_path_factory):
         *("--cache-dir", str(root / "cache"), "--allow-paths", str(videos)),
         *("--max-upload-mb", str(MAX_UPLOAD_MB), "--max-new-tokens", str(PARAMS.max_new_tokens)),
         *("--api-key", KEY, "--queue-size", "1"),
+        *("--rank-memory-gib", "1024"),  # the model's context, not the free memory, caps a question
     ]
     proc, url = start_server(args, log)
     yield type("Server", (), dict(url=url, videos=videos, log=log, root=root, proc=proc))

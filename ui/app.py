@@ -44,6 +44,7 @@ from lvx_ui.chat_history import PageChatbot
 from lvx_ui.evidence_view import THUMB_CSS, evidence_markdown
 from lvx_ui.openai_request import allowed_path, existing_file
 from lvx_ui.transcript_view import transcript_markdown
+from lvx_ui.video_picker import allowed_videos
 
 log = logging.getLogger("lvx.ui")
 
@@ -234,18 +235,29 @@ class ChatApp:
             )
         return upload, False
 
-    def status(self, client: Client | None = None, note: str = "", moments=None) -> str:
-        """The status line of a tab: a note, then its own video (never another tab's) and its
-        transcript, if its speech was transcribed (lines near `moments`, where the last answer
-        looked, marked)."""
+    def status(self, client: Client | None = None, note: str = "", loaded: str = "") -> str:
+        """The status line of a tab: a note, then its own video (never another tab's) and what
+        its load said (`loaded`: its notes and each rank's figures, kept until the next load)."""
         parts = [note] if note else []
         if client is not None and client.summary is not None:
             summary = client.summary
-            parts.append(f"**{Path(summary.path).name}**: {describe_video(summary)}")
-            parts.append(transcript_markdown(summary.transcript, SEEK_PREFIX, moments))
+            parts += [f"**{Path(summary.path).name}**: {describe_video(summary)}", loaded]
         else:
             parts.append("No video loaded in this browser tab yet.")
         return "\n\n".join(filter(None, parts))
+
+    def transcript(self, owner=None, moments=None) -> str:
+        """The transcript of the tab's own video, if its speech was transcribed (lines near
+        `moments`, where the tab's last answer looked, marked); "" otherwise."""
+        client = self.service.client(owner or uuid.uuid4().hex)
+        summary = client.summary
+        if summary is None:
+            return ""
+        return transcript_markdown(summary.transcript, SEEK_PREFIX, moments)
+
+    def videos(self):
+        """The picker's choices: the videos in the allowed folders now."""
+        return gr.Dropdown(choices=allowed_videos(self.allow_paths))
 
     def _error(self, exc: BaseException) -> str:
         """One readable line in the page's words."""
@@ -289,29 +301,31 @@ class ChatApp:
             line = self._error(exc)
             for given in (upload, subtitle_file):  # an upload is named by its name, not its path
                 line = _upload_named(line, given, self.allow_paths)
-            return self.status(client, f"⚠️ error: {line}"), gr.skip(), gr.skip(), owner
+            error = self.status(client, f"⚠️ error: {line}")
+            return error, gr.skip(), gr.skip(), owner, gr.skip(), gr.skip()
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if summary.subtitle_source:
             source = summary.subtitle_source
             note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {source} · {note}"
         notes = [for_the_page(n) for n in notes]
-        body = "\n\n".join(
-            filter(None, [self.status(client), _warning_lines(notes), note, memory_table(stats)])
-        )
+        loaded = "\n\n".join(filter(None, [_warning_lines(notes), note, memory_table(stats)]))
         player = path if from_server else gr.skip()
-        return body, [], player, owner
+        return self.status(client, loaded=loaded), [], player, owner, loaded, None
 
     # ---- chat
     # ----------------------------------------------------------------------------------------------
     def chat(
-        self, message: str, history: list, max_new, owner, progress=gr.Progress()
+        self, message: str, history: list, max_new, owner, loaded="", progress=gr.Progress()
     ) -> Iterator[tuple]:
-        """Stream one answer into the chat, about this tab's video, in this tab's conversation."""
+        """Stream one answer into the chat, about this tab's video, in this tab's conversation;
+        the status keeps what the tab's load said (`loaded`), and the last output is where the
+        answer looked (for the transcript)."""
         owner = owner or uuid.uuid4().hex
         client = self.service.client(owner)
         message = (message or "").strip()
+        skip = (gr.skip(), gr.skip())  # the status and the moments, until the answer ends
         if not message:
-            yield history, "", owner, gr.skip()
+            yield history, "", owner, *skip
             return
         history = list(history or [])
         try:
@@ -320,7 +334,7 @@ class ChatApp:
         except EngineError as exc:
             history.append({"role": "user", "content": shortened(message)})
             history.append({"role": "assistant", "content": [_text(f"⚠️ error: {exc}")]})
-            yield history, "", owner, gr.skip()
+            yield history, "", owner, *skip
             return
         fresh = not history  # a new chat (the browser cleared its own)
         duration = client.summary.duration_s if client.summary is not None else None
@@ -329,20 +343,20 @@ class ChatApp:
         # which strips the answer's leading space and dedents code blocks.
         part = _text("")
         history.append({"role": "assistant", "content": [part]})
-        yield history, "", owner, gr.skip()
+        yield history, "", owner, *skip
         try:
             lease = self.service.lease(owner)
         except EngineError as exc:  # the queue is full
             part["text"] = f"⚠️ error: {self._error(exc)}"
-            yield history, "", owner, gr.skip()
+            yield history, "", owner, *skip
             return
         with lease:
             if fresh:
                 lease.start_over()
             for _ in self._answer(message, limit, part, lease, progress):
-                yield history, "", owner, gr.skip()
+                yield history, "", owner, *skip
             looked = getattr(lease.engine.last_answer, "evidence", None)  # this tab's answer
-        yield history, "", owner, self.status(client, moments=looked)
+        yield history, "", owner, self.status(client, loaded=loaded), looked
 
     def _answer(self, message: str, limit: int, part: dict, lease: Lease, progress):
         """Fill `part` with the answer (the engine leased); yields after each piece. Errors become
@@ -378,16 +392,17 @@ class ChatApp:
         """This tab's Stop: only its own answer stops (it does not wait in the engine's queue)."""
         self.service.stop(owner)
 
-    def reset(self, owner):
+    def reset(self, owner, loaded=""):
         owner = owner or uuid.uuid4().hex
         client = self.service.client(owner)
         try:
             with self.service.lease(owner) as lease:
                 lease.start_over()  # the next question starts from the video prompt
         except EngineError as exc:  # the queue is full
-            return gr.skip(), self.status(client, f"⚠️ error: {self._error(exc)}"), owner
+            line = f"⚠️ error: {self._error(exc)}"
+            return gr.skip(), self.status(client, line, loaded), owner, gr.skip()
         note = "Conversation cleared; your video stays loaded." if client.request else ""
-        return [], self.status(client, note), owner
+        return [], self.status(client, note, loaded), owner, None
 
     def stats(self, owner=None) -> str:
         try:
@@ -459,16 +474,42 @@ def _progress_reporter(progress: gr.Progress):
     return report
 
 
+# The page's own layout rules: each rank's figures on one line a cell (the table scrolls sideways in
+# a narrow column instead of breaking words), the transcript under the player in a box of its own
+# height (it scrolls; the chat stays in view beside or below it).
+PAGE_CSS = """
+#lvx-status table, #lvx-stats table { display: block; overflow-x: auto; max-width: 100%; }
+#lvx-status th, #lvx-status td, #lvx-stats th, #lvx-stats td {
+  white-space: nowrap !important; word-break: normal !important; overflow-wrap: normal !important;
+}
+#lvx-transcript { max-height: 14em; overflow-y: auto; }
+"""
+
+
+def path_example(allow_paths: Sequence[Path]) -> str:
+    """The path box's placeholder: one example path, in the first allowed folder."""
+    return f"e.g. {allow_paths[0] / 'movie.mp4'}" if allow_paths else ""
+
+
 def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | None) -> tuple:
-    """The left column: the player, where the video comes from, fps and frame cap, Load and the
-    status line."""
+    """The left column: the player with the transcript under it, where the video comes from (an
+    upload, a video picked in the allowed folders, or a path typed), fps and frame cap, Load and
+    the status line."""
     with gr.Column(scale=2):
         video = gr.Video(label="Video", sources=["upload"], format=None, elem_id="lvx-video")
+        transcript = gr.Markdown("", elem_id="lvx-transcript")
+        picker = gr.Dropdown(
+            allowed_videos(ui.allow_paths),
+            value=None,
+            label="…or a video in the allowed folders",
+            visible=bool(ui.allow_paths),
+            elem_id="lvx-pick",
+        )
         server_path = gr.Textbox(
             label="…or a path on the server",
             visible=bool(ui.allow_paths),
             elem_id="lvx-path",
-            placeholder=", ".join(str(p) for p in ui.allow_paths) + "/movie.mp4",
+            placeholder=path_example(ui.allow_paths),
         )
         with gr.Row():
             fps = gr.Number(default_fps, label="fps", elem_id="lvx-fps")
@@ -492,7 +533,8 @@ def _video_column(ui: ChatApp, default_fps: float, default_max_frames: int | Non
             )
         load_btn = gr.Button("Load", variant="primary", elem_id="lvx-load")
         status = gr.Markdown(ui.status(), elem_id="lvx-status")
-    return video, server_path, fps, max_frames, subtitle_file, found, load_btn, status
+    sources = (video, transcript, picker, server_path, fps, max_frames, subtitle_file, found)
+    return (*sources, load_btn, status)
 
 
 def _chat_column(ui: ChatApp) -> tuple:
@@ -534,36 +576,47 @@ def build_app(
     ui = ChatApp(service, config, allow_paths=allow_paths)
     video_defaults = (config.video.fps, config.video.max_frames)
     with gr.Blocks(title="lvx") as demo:
-        owner = gr.State(None)
+        # the tab's client id, what its load said (kept in the status after its answers), and where
+        # its last answer looked (marked in the transcript): none is a field of the API
+        owner, loaded, moments = gr.State(None), gr.State(""), gr.State(None)
         gr.Markdown(f"## {title}")
         with gr.Row():
             left = _video_column(ui, *video_defaults)
             chatbot, message, buttons, max_new, stats_box = _chat_column(ui)
-        video, server_path, fps, max_frames, subtitle_file, found, load_btn, status = left
+        video, transcript, picker, server_path, fps, max_frames, subtitle_file, found = left[:8]
+        load_btn, status = left[8:]
         send_btn, stop_btn, reset_btn, stats_btn = buttons
         engine_event = dict(concurrency_id=GPU, concurrency_limit=1)
+        show_transcript = dict(fn=ui.transcript, inputs=[owner, moments], outputs=[transcript])
         load_inputs = [video, server_path, fps, max_frames, subtitle_file, found, owner]
-        load_outputs = [status, chatbot, video, owner]
-        load_btn.click(ui.load, load_inputs, load_outputs, api_name="load", **engine_event)
+        load_outputs = [status, chatbot, video, owner, loaded, moments]
+        load_btn.click(ui.load, load_inputs, load_outputs, api_name="load", **engine_event).then(
+            api_name=False, **show_transcript
+        )
         chat_io = dict(
             fn=ui.chat,
-            inputs=[message, chatbot, max_new, owner],
-            outputs=[chatbot, message, owner, status],
+            inputs=[message, chatbot, max_new, owner, loaded],
+            outputs=[chatbot, message, owner, status, moments],
             show_progress="minimal",
             **engine_event,
         )
-        message.submit(api_name="chat", **chat_io)
-        send_btn.click(api_name=False, **chat_io)
+        message.submit(api_name="chat", **chat_io).then(api_name=False, **show_transcript)
+        send_btn.click(api_name=False, **chat_io).then(api_name=False, **show_transcript)
         stop = dict(api_name="stop", queue=False, concurrency_limit=None)
         stop_btn.click(ui.request_stop, [owner], None, **stop)
-        reset_io = ([owner], [chatbot, status, owner])
-        reset_btn.click(ui.reset, *reset_io, api_name="reset", **engine_event)
-        chatbot.clear(ui.reset, *reset_io, api_name=False, **engine_event)  # its trash icon
+        reset_io = ([owner, loaded], [chatbot, status, owner, moments])
+        for clear, name in ((reset_btn.click, "reset"), (chatbot.clear, False)):  # or the bin icon
+            clear(ui.reset, *reset_io, api_name=name, **engine_event).then(
+                api_name=False, **show_transcript
+            )
         stats_btn.click(ui.stats, [owner], [stats_box], api_name="stats", **engine_event)
+        picker.change(lambda chosen: chosen or gr.skip(), [picker], [server_path], api_name=False)
         demo.load(None, js=SEEK_JS)
+        if ui.allow_paths:  # the videos there when the page opens
+            demo.load(ui.videos, None, [picker], api_name=False)
     demo.lvx_launch = {  # type: ignore[attr-defined]
         "max_file_size": int(config.serve.max_upload_mb * 2**20),  # bytes
         "allowed_paths": [str(p) for p in ui.allow_paths],
-        "css": THUMB_CSS,
+        "css": THUMB_CSS + PAGE_CSS,
     }
     return demo

@@ -21,11 +21,12 @@ from rich.table import Table
 from lvx_app.cli.chat import load_with_progress, print_seen_at
 from lvx_app.cli.examples import CPU_RANKS, ready_lines, write_examples
 from lvx_app.config import Config, GenerationConfig, ModelConfig
+from lvx_app.defaults import default_cache_dir
 from lvx_app.engine.describe import describe_answer, describe_video, printable
 from lvx_app.engine.records import EngineError
 from lvx_app.runtime.open import open_engine
 from lvx_app.video.synthetic import make_video
-from lvx_models.api import DEFAULT_FAMILY, Family, family_named
+from lvx_models.api import DEFAULT_FAMILY, FAMILIES, Family, family_named
 
 QUESTIONS = ("What happens in this video?", "What colour is the first frame?")
 
@@ -71,7 +72,7 @@ def run_demo(
     parallel = config.parallel
     if parallel.ranks is None and not torch.cuda.is_available() and not parallel.gpus:
         parallel = replace(parallel, ranks=CPU_RANKS)  # the demo shows sharding, even on a CPU
-    workdir = Path(workdir or Path.home() / ".cache" / "lvx" / "demo")
+    workdir = Path(workdir or default_cache_dir() / "demo")
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     checkpoint, video = prepare(workdir, chosen, generation)
@@ -94,7 +95,9 @@ def run_demo(
         return 1
     console.print(_timings_table(timings, stats))
     files = write_examples(examples) if examples is not None else None
-    _print_next_steps(console, checkpoint, video, files, finetunes=chosen.save_weights is not None)
+    others = [f.title for f in FAMILIES.values() if f is not chosen]
+    finetunes = chosen.save_weights is not None
+    _print_next_steps(console, checkpoint, video, files, finetunes=finetunes, others=others)
     return 0
 
 
@@ -105,6 +108,7 @@ def _print_next_steps(
     files: dict[str, Path] | None,
     *,
     finetunes: bool,
+    others: list[str],
 ) -> None:
     """The paths the demo made and a ready-to-run line for every command on them."""
     console.print("\n[bold]made[/bold]")
@@ -112,7 +116,7 @@ def _print_next_steps(
     for name, path in (files or {}).items():
         console.print(f"  {name:<11} {path}", markup=False)
     console.print("[bold]try next[/bold] (on this CPU; answers are short: random weights)")
-    for line in ready_lines(checkpoint, video, files, finetunes=finetunes):
+    for line in ready_lines(checkpoint, video, files, finetunes=finetunes, others=others):
         console.out(f"  {line}", highlight=False)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -146,11 +147,16 @@ CPU_RANKS = 2  # the demo's ranks on a CPU: the lines it prints start as many
 
 
 def ready_lines(
-    checkpoint: Path, video: Path, examples: dict[str, Path] | None, *, finetunes: bool = True
+    checkpoint: Path,
+    video: Path,
+    examples: dict[str, Path] | None,
+    *,
+    finetunes: bool = True,
+    others: Sequence[str] = (),
 ) -> list[str]:
-    """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint); no
-    finetuning line when the checkpoint's family cannot be finetuned (`finetunes` False), since
-    that command would only refuse it."""
+    """A line to run for every command on the demo's files (CPU ranks, the tiny checkpoint), and
+    the demo of each of the `others` model families; no finetuning line when the checkpoint's
+    family cannot be finetuned (`finetunes` False), since that command would only refuse it."""
     q = shlex.quote
     model = f"--model {q(str(checkpoint))}"
     folders = [video.parent] + ([examples["example"].parent] if examples else [])
@@ -161,14 +167,17 @@ def ready_lines(
         f"lvx serve {model} {ranks} {allow}",
         f"lvx info --model {q(str(checkpoint))}",
         "lvx cache ls",
+        *(f"lvx demo --model-family {q(title)}   # the same on a tiny {title}" for title in others),
     ]
     if examples is None:
         return lines + ["lvx demo --examples DIR   # files for eval and finetune, then their lines"]
+    results = examples["train"].parent / "videomme.jsonl"
     lines += [
         f"lvx chat {q(str(examples['example']))} {model} --gpus 0 --subtitles auto",
         _speech_line(examples, model),
         f"lvx eval videomme --data {q(str(examples['videomme']))} {model} --gpus 0 "
-        f"--out {q(str(examples['train'].parent / 'videomme.jsonl'))} --subtitles official",
+        f"--out {q(str(results))} --subtitles official",
+        f"lvx eval report {q(str(results))} --scoring strict   # re-scored: unparsed is wrong",
     ]
     if finetunes:
         out = examples["train"].parent / "finetuned"

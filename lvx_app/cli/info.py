@@ -35,9 +35,9 @@ def collect_info() -> dict[str, str]:
     }
     for dist in ("flash-attn", "decord", "gradio", "tokenizers", "safetensors", "transformers"):
         rows[dist] = _version(dist)
-    from lvx_models.api import FAMILIES
+    from lvx_models.api import family_names
 
-    rows["model families"] = ", ".join(f"{n} ({f.title})" for n, f in FAMILIES.items())
+    rows["model families"] = family_names()
     try:
         from lvx_kernels.backends import available_backends
 

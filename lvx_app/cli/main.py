@@ -87,14 +87,16 @@ def demo(
     workdir: Optional[Path] = typer.Option(
         None,
         "--workdir",
-        help="Where to write the demo video and checkpoint. Default: ~/.cache/lvx/demo.",
+        help="Where to write the demo video and checkpoint. Default: demo in the cache folder "
+        "($LVX_CACHE_DIR, else ~/.cache/lvx).",
         metavar="DIR",
     ),
     model_family: Optional[str] = typer.Option(
         None,
         "--model-family",
-        help="Which model family's tiny checkpoint to write and run (`lvx info` lists them; a name "
-        "it does not know lists them too). Default: mPLUG-Owl3.",
+        help="Which model family's tiny checkpoint to write and run, by its name or id in any "
+        "case: mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
+        "Default: mPLUG-Owl3.",
         metavar="NAME",
     ),
     generation: Optional[str] = typer.Option(

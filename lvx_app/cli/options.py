@@ -49,9 +49,33 @@ def _usage_error(exc: Any) -> int:
     return _error_line(exc.format_message(), exc.exit_code)
 
 
+NO_BREAK_HYPHEN = "\u2011"  # stands in for "-" while help is wrapped, then goes back
+
+
+class WholeWordsHelp(TyperCommand.context_class.formatter_class):  # typer's own click's
+    """Help wrapped at spaces only: a model id (mPLUG/mPLUG-Owl3-7B-241101), a flag or a name like
+    LV-XAttn never splits at one of its hyphens (the wrapper would break there)."""
+
+    def write_text(self, text: str) -> None:
+        super().write_text(text.replace("-", NO_BREAK_HYPHEN))
+
+    def write_dl(self, rows: Any, *args: Any, **kwargs: Any) -> None:
+        rows = [(term, text.replace("-", NO_BREAK_HYPHEN)) for term, text in rows]
+        super().write_dl(rows, *args, **kwargs)
+
+    def getvalue(self) -> str:
+        return super().getvalue().replace(NO_BREAK_HYPHEN, "-")
+
+
+class LvxContext(TyperCommand.context_class):
+    formatter_class = WholeWordsHelp
+
+
 class PlainUsage(OneErrorForm, TyperCommand):
     """A command whose usage line and help name its arguments as users write them (`VIDEO`,
     `[OUT]`), without a type beside them."""
+
+    context_class = LvxContext
 
     def format_options(self, ctx, formatter) -> None:
         args = [
@@ -80,6 +104,8 @@ class PlainUsage(OneErrorForm, TyperCommand):
 
 class LvxGroup(OneErrorForm, TyperGroup):
     """A command group whose usage mistakes print in lvx's one form."""
+
+    context_class = LvxContext
 
 
 class LvxTyper(typer.Typer):

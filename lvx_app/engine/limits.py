@@ -6,7 +6,8 @@ and by what the prefill would need on one rank (`memory_plan.prefill_bytes`, the
 activations and the text K/V it adds grow linearly, and a ring step's score or additive mask block
 of its local queries against one rank's share of the text keys grows with the conversation).
 Visual tokens are left out: the question sees every frame, so those tiles take the unmasked kernels.
-The budget is the free memory `ingest` also plans with.
+The budget is the one `ingest` also plans with: `--rank-memory-gib` when given, else the free
+memory.
 
 Before any of that, every frontend refuses a question by its characters alone
 (`question_char_limit`), so that a pasted 10 MB text is never tokenized on every rank (gigabytes of
@@ -40,10 +41,10 @@ def too_many_chars(chars: int, limit: int) -> str:
 
 
 def question_limit(
-    cfg: ModelConfig, shape: PrefillShape, budget_bytes: int | None
+    cfg: ModelConfig, shape: PrefillShape, budget_bytes: int | None, memory: str | None = None
 ) -> tuple[int, str]:
-    """(most tokens a question may have, what sets it: "the model's context" or "the free memory of
-    a rank")."""
+    """(most tokens a question may have, what sets it: "the model's context" or `memory`, what the
+    budget is: by default "the free memory of a rank")."""
     context = int(cfg.max_position_embeddings)
     if budget_bytes is None or prefill_bytes(context, cfg, shape) <= budget_bytes:
         return context, "the model's context"
@@ -51,7 +52,7 @@ def question_limit(
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if prefill_bytes(mid, cfg, shape) <= budget_bytes else (lo, mid - 1)
-    return lo, "the free memory of a rank"
+    return lo, memory or "the free memory of a rank"
 
 
 def too_long(tokens: int, limit: int, why: str) -> str:

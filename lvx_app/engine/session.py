@@ -66,7 +66,13 @@ class RankSession:
         layout = config.parallel.layout
         self.conversation = Conversation(self.model, info, self.attn, layout)
         self.video = VideoContext(
-            self.model, self.processor, model_config, self.conversation, names, self.dtype
+            self.model,
+            self.processor,
+            model_config,
+            self.conversation,
+            names,
+            self.dtype,
+            config.parallel.rank_memory_gib,
         )
         step = decode_step(model_config, info.device, info.world_size)
         self.generator = Generator(self.conversation, self.processor.stop_ids, step)

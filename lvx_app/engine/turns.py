@@ -32,7 +32,7 @@ from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.records import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
 from lvx_app.parallel.collectives import all_min
-from lvx_app.video.ingest import auto_memory_budget
+from lvx_app.video.ingest import rank_memory_budget
 
 
 class Turns:
@@ -191,12 +191,14 @@ class Turns:
         """Refuse a question too long to prefill, on every rank alike: the ranks agree on the
         smallest budget first."""
         info = self.info
-        budget = auto_memory_budget(info.device)
+        budget = rank_memory_budget(info.device, self.video.memory_gib)
         if info.world_size > 1:
             budget = all_min(budget if budget is not None else 2**62, info.device)
         dtype = self.video.dtype
         shape = PrefillShape(info.world_size, self.conversation.position, dtype.itemsize)
-        limit, why = question_limit(self.video.model.config, shape, budget)
+        stated = self.video.memory_gib is not None
+        memory = "the memory a rank may use (--rank-memory-gib)" if stated else None
+        limit, why = question_limit(self.video.model.config, shape, budget, memory)
         if n > limit:
             raise QuestionTooLong(too_long(n, limit, why))
         context = int(self.video.model.config.max_position_embeddings)

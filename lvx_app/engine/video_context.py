@@ -39,7 +39,7 @@ from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
 from lvx_app.video.errors import VideoError
-from lvx_app.video.ingest import Encoder, VisualShard, ingest
+from lvx_app.video.ingest import Encoder, IngestTuning, VisualShard, ingest, rank_memory_budget
 from lvx_models.api import VIDEO, family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
@@ -201,8 +201,10 @@ class VideoContext:
         conversation: Conversation,
         names: WeightNames,
         dtype: torch.dtype,
+        memory_gib: float | None = None,
     ) -> None:
         self.model, self.processor, self.dtype = model, processor, dtype
+        self.memory_gib = memory_gib  # --rank-memory-gib (None: what is free when it is needed)
         self.model_config = model_config
         self.conversation, self.names = conversation, names
         self.info = conversation.info
@@ -322,6 +324,7 @@ class VideoContext:
             prep=self.processor.frame_prep,
         )
         device = self.info.device
+        budget = rank_memory_budget(device, self.memory_gib)
         try:
             return ingest(
                 path,
@@ -332,6 +335,7 @@ class VideoContext:
                 layout=self.conversation.layout,
                 progress=report if progress is not None else False,
                 planned=planned,
+                tuning=IngestTuning(memory_budget_bytes=budget),
             )
         except VideoError as exc:
             raise EngineError(str(exc)) from None

@@ -10,6 +10,7 @@ letter.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -152,7 +153,8 @@ def plot_duration_domain(
     grid = summary["by_duration_domain"]
     durations = list(grid)
     domains = _ordered({k for d in grid.values() for k in d}, DOMAINS) + ["overall"]
-    fig = Figure(figsize=(max(6.0, 1.4 * len(domains)), 4.2), dpi=120)
+    inches = max(6.0, 1.4 * len(domains))
+    fig = Figure(figsize=(inches, 4.2), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(durations))
@@ -169,7 +171,10 @@ def plot_duration_domain(
     ax.set_ylabel(f"accuracy % ({summary['scoring']})")
     overall = summary["overall"]["accuracy"]
     said = "no answer parsed" if overall is None else f"{overall:.1f}%"
-    ax.set_title(f"{title}: overall {said}")
+    # wrapped at spaces to the figure's width (about 11 characters an inch at 10 pt), so a long
+    # model name never runs off both sides
+    text = textwrap.fill(f"{title}: overall {said}", int(inches * 11), break_on_hyphens=False)
+    ax.set_title(text, fontsize=10)
     if durations:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -177,6 +182,11 @@ def plot_duration_domain(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
+
+
+def model_name(model: str) -> str:
+    """A checkpoint as a title names it: a hub id as it is, a local folder by its own name."""
+    return Path(model).name if model.startswith(("/", "~", ".")) else model
 
 
 def output_paths(results: Path | str) -> dict[str, Path]:
@@ -210,7 +220,7 @@ def report_file(
     write_summary(
         summary, paths["summary"], {"results": str(results), "manifest": manifest, **(extra or {})}
     )
-    title = f"Video-MME {header.get('model', '')}".strip()
+    title = f"Video-MME {model_name(header.get('model', ''))}".strip()
     plot_duration_domain(summary, paths["plot"], title)
     paths["official"].write_text(
         json.dumps(to_official_json(records), indent=1, ensure_ascii=False) + "\n"

@@ -55,7 +55,7 @@ from lvx_app.train.out_folder import (
     set_rng_state,
 )
 from lvx_app.train.recompute import TrainAttention, checkpoint_lm_blocks
-from lvx_app.video.ingest import Encoder, ingest
+from lvx_app.video.ingest import Encoder, IngestTuning, ingest, rank_memory_budget
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float64")  # what --dtype may name besides auto
 
@@ -259,6 +259,7 @@ class Trainer:
             )
             video = replace(self.run.video, cache=True)
             layout = self.run.parallel.layout
+            budget = rank_memory_budget(self.device, self.run.parallel.rank_memory_gib)
             shard = ingest(
                 path,
                 encoder,
@@ -267,6 +268,7 @@ class Trainer:
                 dtype=self.model.vision_dtype,
                 layout=layout,
                 progress=False,
+                tuning=IngestTuning(memory_budget_bytes=budget),
             )
             if len(self._videos) >= 4:
                 self._videos.pop(next(iter(self._videos)))

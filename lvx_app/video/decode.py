@@ -78,7 +78,7 @@ _PRELOAD = ["numpy", "torch", "decord", "lvx_app.video.decode", "lvx_models.api"
 # --------------------------------------------------------------------------------------------------
 # input checks
 
-_VIDEO_EXTS = {
+VIDEO_EXTENSIONS = {  # what a video file may be called (one that is not still passes a sniff)
     ".mp4",
     ".m4v",
     ".mov",
@@ -157,7 +157,7 @@ def check_video_path(path: str | os.PathLike) -> Path:
         raise VideoNotFoundError(f"{p} is not readable; check its permissions (chmod +r).")
     if p.stat().st_size == 0:
         raise CorruptVideoError(f"{p} is empty (0 bytes); re-download or re-export the video.")
-    if sniff_container(p) is None and p.suffix.lower() not in _VIDEO_EXTS:
+    if sniff_container(p) is None and p.suffix.lower() not in VIDEO_EXTENSIONS:
         raise NotAVideoError(
             f"{p} is not a video file (unknown format); pass an .mp4, .mkv, .webm, .mov or .avi "
             "file."

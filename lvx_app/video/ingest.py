@@ -168,6 +168,12 @@ def auto_memory_budget(device: torch.device) -> int | None:
         return None
 
 
+def rank_memory_budget(device: torch.device, stated_gib: float | None) -> int | None:
+    """The bytes a rank may use: `--rank-memory-gib` when it is given, else what is free now
+    (`auto_memory_budget`)."""
+    return auto_memory_budget(device) if stated_gib is None else int(stated_gib * 2**30)
+
+
 class Agreement:
     """The ranks' per-step agreement: one small all-reduce of counts plus an error flag."""
 

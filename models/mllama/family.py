@@ -62,7 +62,7 @@ def describe(info: MllamaCheckpoint) -> dict[str, str]:
     t, v = info.config.text, info.config.vision
     return {
         "model": str(info.path),
-        "family": "Llama-3.2-Vision (Mllama)",
+        "family": f"Llama-3.2-Vision ({NAME})",
         "generation": f"{GENERATION}: {GENERATION_NOTE}",
         "video prompt": "<|image|> per frame, one tile each (one prompt position a frame)",
         "images beside a video": "not supported yet (videos only)",

@@ -27,6 +27,7 @@ import torch
 
 from ..config_checks import read_json_object
 from ..detokenize import StreamDecoder
+from ..generation_config import answer_length
 from ..safetensors_folder import CheckpointError
 from ..surface import VIDEO, FramePrep, Prompt
 from .image_tiles import (
@@ -88,15 +89,17 @@ class MllamaProcessor:
         mean=CLIP_MEAN,
         std=CLIP_STD,
         video_tiles: int = 1,
+        max_new_tokens: int | None = None,
     ):
         self.tokenizer, self.tile_size, self.max_image_tiles = tokenizer, tile_size, max_image_tiles
         self.mean, self.std, self.video_tiles = tuple(mean), tuple(std), video_tiles
+        self.max_new_tokens = max_new_tokens  # the checkpoint's own answer length, if it has one
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "MllamaProcessor":
-        """From the folder's tokenizer.json and image processor settings: preprocessor_config.json
-        as published, or the `image_processor` of processor_config.json, which transformers 5's
-        `save_pretrained` writes instead."""
+        """From the folder's tokenizer.json, generation_config.json and image processor settings:
+        preprocessor_config.json as published, or the `image_processor` of processor_config.json,
+        which transformers 5's `save_pretrained` writes instead."""
         d, what = Path(directory), "the image processor's settings"
         if (d / "processor_config.json").exists() and not (d / "preprocessor_config.json").exists():
             pre = read_json_object(d / "processor_config.json", what).get("image_processor")
@@ -114,6 +117,7 @@ class MllamaProcessor:
             max_image_tiles=int(pre.get("max_image_tiles", 4)),
             mean=pre.get("image_mean", CLIP_MEAN),
             std=pre.get("image_std", CLIP_STD),
+            max_new_tokens=answer_length(d),
         )
 
     def __call__(
@@ -167,8 +171,6 @@ class MllamaProcessor:
         """`<|eot_id|>` first (it closes a turn), then the other ends of an answer."""
         eot = self.tokenizer.eot_id
         return (eot, *sorted(self.tokenizer.stop_ids - {eot}))
-
-    max_new_tokens = None  # the checkpoints name no answer length of their own
 
     def encode(self, text: str) -> list[int]:
         """Template text: special tokens written in it become their ids."""

@@ -197,6 +197,7 @@ def write_tiny_checkpoint(
         "do_sample": True,
         "temperature": 0.6,
         "top_p": 0.9,
+        "max_new_tokens": 32,  # random weights: a short answer shows the pipeline runs
     }
     (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(random_weights(cfg, seed, dtype), str(d / "model.safetensors"), {"format": "pt"})

@@ -24,12 +24,15 @@ def describe(info: Any) -> dict[str, str]:
     release = recognize(cfg)
     return {
         "model": str(info.path),
+        "family": f"mPLUG-Owl3 ({NAME})",
         "published as": f"this looks like {release}"
         if release
         else "no published mPLUG-Owl3 checkpoint has these sizes and weight form",
         "generation": f"{cfg.form}: {FORM_NOTES[cfg.form]}",
         "projector": cfg.projector,
-        "hyper layers (1-based)": ", ".join(map(str, cfg.hyper_layers)),
+        # numbered as the weights' keys number them, for every family (config.json's hyper_layers
+        # count from 1)
+        "cross-attention layers (0-based)": ", ".join(map(str, cfg.hyper_layer_indices)),
         "sizes": f"hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
         f"{cfg.num_attention_heads} heads / "
         f"{cfg.num_key_value_heads} kv heads, {cfg.tokens_per_image} visual tokens per frame",

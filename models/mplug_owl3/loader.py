@@ -32,6 +32,7 @@ from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
 from ..config_checks import checked_config
+from ..generation_config import answer_length
 from ..safetensors_folder import safetensors_files, tensor_shapes
 from .checkpoint import (
     LM,
@@ -126,15 +127,6 @@ def _read_config_json(d: Path) -> dict[str, Any]:
     return raw
 
 
-def _answer_length(d: Path) -> int | None:
-    """`max_new_tokens` of the checkpoint's generation_config.json, when it names a positive one."""
-    try:
-        value = json.loads((d / "generation_config.json").read_text()).get("max_new_tokens")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def inspect_checkpoint(
     path_or_id: str | os.PathLike, revision: str | None = None
 ) -> CheckpointInfo:
@@ -166,7 +158,7 @@ def inspect_checkpoint(
         prompt_rules=rules,
         image_placeholder_len=n_img,
         notes=notes,
-        max_new_tokens=_answer_length(d),
+        max_new_tokens=answer_length(d),
     )
 
 
