@@ -13,6 +13,7 @@ from lvx_app.regular_files import NotARegularFile, by_descriptor, open_regular
 from lvx_app.video.errors import VideoError
 
 SAMPLE_RATE = 16000  # what Whisper's feature extractor takes
+PREROLL_S = 0.25  # decoded before a stretch and dropped: the decoder's state is settled by then
 
 
 class SpeechError(VideoError):
@@ -93,8 +94,10 @@ def read_audio(
         with _container(av, path) as container:
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-            if start > 0:
-                container.seek(int(start * 1_000_000), any_frame=False)  # to the key frame before
+            if start > 0:  # to the audio packet before `start` (a video's key frames may be an
+                # hour apart: seeking by them would decode that hour again for every stretch)
+                at = max(0.0, start - PREROLL_S) / stream.time_base
+                container.seek(int(at), stream=stream, any_frame=False)
             got = _Decoded(first, last, out).run(av, container, stream, resampler, bad)
     except NotARegularFile as exc:
         raise SpeechError(str(exc)) from None

@@ -98,9 +98,9 @@ def _made(path, duration, found, language, device, sync, progress):
         cuts = {line: _cut(path, line) for line in lines}
         mine = pieces(duration, numbers, cuts)
     model = _LazyModel(found, device.type, torch.get_num_threads())
-    language, said = _language(model, path, mine, duration, language, sync)
-    steps = math.ceil((len(my_lines(duration, 0, 1)[0])) / world)
     part = _Part()
+    language = _language(model, path, mine, duration, language, sync, part)
+    steps = math.ceil((len(my_lines(duration, 0, 1)[0])) / world)
     done = 0
     for step in range(steps):
         with sync.agreed([0]) as seconds:
@@ -111,6 +111,7 @@ def _made(path, duration, found, language, device, sync, progress):
         if progress is not None and rank == 0:
             progress(STAGE, done, math.ceil(duration))
     part.english_only = model.english_only()
+    part.listened.clear()
     every = [part]
     if world > 1:
         every = [None] * world
@@ -118,7 +119,7 @@ def _made(path, duration, found, language, device, sync, progress):
     words = join.join([pw for p in every for pw in p.heard])
     made = [Cue(*c) for c in join.cues(words)]
     partial = any(p.skipped for p in every)
-    return made, _notes(Path(path).name, every, len(words), found.name) + said, partial
+    return made, _notes(Path(path).name, every, len(words), found.name) + part.said, partial
 
 
 @dataclass
@@ -131,10 +132,13 @@ class _Part:
     bad: list[float] = field(default_factory=list)
     speech_s: float = 0.0
     english_only: bool | None = None
+    said: list[str] = field(default_factory=list)  # the language detected (rank 0's)
+    listened: dict = field(default_factory=dict)  # pieces read before the steps: not read again
 
     def add(self, model, path: str, piece, duration: float, language) -> None:
+        ahead = self.listened.pop(piece.index, None)
         try:
-            got = transcribe.transcribe_piece(model, path, piece, duration, language)
+            got = transcribe.transcribe_piece(model, path, piece, duration, language, ahead)
         except AudioDecodeError as exc:
             self.skipped.append(
                 f"{exc}; the speech from {piece.start:.0f} to {piece.end:.0f} s is left out"
@@ -185,32 +189,35 @@ class _LazyModel:
         return None if self.model is None else not self.model.model.is_multilingual
 
 
-def _language(model, path, mine, duration, language, sync) -> tuple[str | None, list[str]]:
+def _language(model, path, mine, duration, language, sync, part) -> str | None:
     """The language every piece is transcribed in: the one asked for, else detected once, by rank
-    0 on its first piece that holds speech (a multilingual model only), and told to the user."""
+    0 on its first piece that holds speech (a multilingual model only), and told to the user. The
+    pieces read on the way are kept in `part.listened` (never read twice)."""
     found: list[tuple[str, float] | None] = [None]
     with sync.agreed([]):
         if language is None and get_rank() == 0:
-            found[0] = _detected(model, path, mine, duration)
+            found[0] = _detected(model, path, mine, duration, part.listened)
     if get_world_size() > 1:
         dist.broadcast_object_list(found, src=0)
     if found[0] is None:
-        return language, []
+        return language
     code, probability = found[0]
-    name = Path(path).name
-    return code, [f"the speech in {name} is in language {code!r} (detected, p={probability:.2f})"]
+    part.said.append(
+        f"the speech in {Path(path).name} is in language {code!r} (detected, p={probability:.2f})"
+    )
+    return code
 
 
-def _detected(model, path, mine, duration) -> tuple[str, float] | None:
+def _detected(model, path, mine, duration, listened: dict) -> tuple[str, float] | None:
     for piece in mine:
         try:
-            audio = read_audio(path, *piece.audio_span(duration))
+            got = listened[piece.index] = transcribe.listen(path, piece, duration)
         except AudioDecodeError:
-            continue
-        if transcribe.speech_spans(audio):
+            return None  # the step loop says so
+        if got.audio is not None:
             if not model().model.is_multilingual:
                 return None
-            return transcribe.detect_language(model(), audio)
+            return transcribe.detect_language(model(), got.audio)
     return None
 
 

@@ -32,28 +32,50 @@ class Heard:
     speech_s: float = 0.0
 
 
-def transcribe_piece(model_of, path: str, piece: Piece, duration: float, language) -> Heard:
-    """The words of `piece` (and of its overlaps at cuts in speech: `join` keeps them once).
-    `model_of()` gives the loaded model, asked for only when the piece holds speech."""
+@dataclass
+class Listened:
+    """A piece's audio read and gated: its samples (None when it holds no speech: not kept), where
+    they start, the times of packets heard as silence, the seconds of speech found."""
+
+    audio: np.ndarray | None
+    lo: float
+    bad: list[float]
+    speech_s: float
+
+
+def listen(path: str, piece: Piece, duration: float) -> Listened:
+    """`piece`'s audio (with its overlaps at cuts in speech), through the energy gate and the
+    voice activity detector."""
     lo, hi = piece.audio_span(duration)
-    heard = Heard()
-    audio = read_audio(path, lo, hi, heard.bad)
+    bad: list[float] = []
+    audio = read_audio(path, lo, hi, bad)
     spans = speech_spans(audio)
-    heard.speech_s = sum(e - s for s, e in spans) / SAMPLE_RATE
-    if not spans:
+    speech_s = sum(e - s for s, e in spans) / SAMPLE_RATE
+    return Listened(audio if spans else None, lo, bad, speech_s)
+
+
+def transcribe_piece(
+    model_of, path: str, piece: Piece, duration: float, language, listened: Listened | None = None
+) -> Heard:
+    """The words of `piece` (and of its overlaps at cuts in speech: `join` keeps them once), from
+    its audio as `listen` gives it (read here unless given). `model_of()` gives the loaded model,
+    asked for only when the piece holds speech."""
+    got = listened or listen(path, piece, duration)
+    heard = Heard(bad=got.bad, speech_s=got.speech_s)
+    if got.audio is None:
         return heard  # silence, noise or music costs its decoding and a detector pass alone
     import ctranslate2
 
     ctranslate2.set_random_seed(SEED)
     segments, _ = model_of().transcribe(
-        audio,
+        got.audio,
         language=language,
         vad_filter=True,
         word_timestamps=True,
         condition_on_previous_text=False,
     )
     for segment in segments:
-        heard.words += [(lo + w.start, lo + w.end, w.word) for w in segment.words or ()]
+        heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
     return heard
 
 
