@@ -348,6 +348,34 @@ def subtitle_block(lines: Sequence[str]) -> str:
     return "\n".join([SUBTITLE_HEADER, *lines]) if lines else ""
 
 
+def timed_block(cues: Sequence[Cue], timestamps: Sequence[float]) -> str:
+    """Every cue, each after the time it starts, and the sampled frames' times beside them: the
+    whole of what the video says within the model's reach, placed against its frames."""
+    if not cues:
+        return ""
+    frames = _frame_times(timestamps)
+    header = f"{SUBTITLE_HEADER} (each line after the time it is said; {frames})"
+    return "\n".join([header, *(f"[{_clock(c.start)}] {c.text}" for c in cues)])
+
+
+def _frame_times(timestamps: Sequence[float]) -> str:
+    if not timestamps:
+        return "no frames"
+    if len(timestamps) <= 16:
+        return "the frames are at " + ", ".join(_clock(t) for t in timestamps)
+    step = (timestamps[-1] - timestamps[0]) / (len(timestamps) - 1)
+    return (
+        f"the {len(timestamps)} frames run from {_clock(timestamps[0])} to "
+        f"{_clock(timestamps[-1])}, one every {step:.3g} s"
+    )
+
+
+def _clock(seconds: float) -> str:
+    whole = int(seconds)
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
 def fit_lines(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]) -> list[str]:
     """The most lines, spread evenly over the video, whose block is at most ``budget`` tokens (all
     if they fit)."""

@@ -32,7 +32,13 @@ from rich.text import Text
 from lvx_app.cli.options import exit_code
 from lvx_app.config import Config
 from lvx_app.engine.api import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
-from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
+from lvx_app.engine.describe import (
+    describe_answer,
+    describe_video,
+    placed_line,
+    printable,
+    shortened,
+)
 from lvx_app.engine.moments import label, seen_line
 from lvx_app.parallel.group import run_rank
 from lvx_app.runtime.driver import GroupDriver, worker_loop
@@ -226,11 +232,10 @@ def run_chat(
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             return exit_code(exc)
         console.print(f"[green]video:[/green] {escape(describe_video(summary))}")
-        source = subtitles.source if subtitles is not None else summary.subtitle_source
+        source = (subtitles.source if subtitles is not None else "") or summary.subtitle_source
         if source:
             console.print(
-                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
-                f"frames, from {escape(str(source))}",
+                f"[green]subtitles:[/green] {escape(placed_line(summary, str(source)))}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")

@@ -32,12 +32,12 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
-from lvx_app.engine.limits import check_video_prompt
+from lvx_app.engine.limits import TURN_ROOM, check_video_prompt
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.resident_visual_kv import VisualKVChoice, VisualKVOpener
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
-from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
+from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block, timed_block
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
 from lvx_models.api import VIDEO, family_of
@@ -285,14 +285,43 @@ class VideoContext:
         positions is refused here."""
         n_frames = len(plan)
         budget = request.video.subtitle_tokens
+        context = int(self.model.config.max_position_embeddings)
+        whole = self._whole_transcript(request, cues, plan.timestamps, context) if cues else None
+        if whole is not None:
+            return whole
         block, placed, dropped = self._place_subtitles(cues, plan.timestamps, budget)
         prompt = self.processor.build_chat_prompt(
             video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
         )
-        context = int(self.model.config.max_position_embeddings)
         tokens = int(prompt.input_ids.numel())
         check_video_prompt(context, tokens, n_frames, prompt.placeholder_len)
+        if request.speech and budget and self.info.rank == 0:
+            warnings.warn(
+                EngineWarning(
+                    f"{placed} of {len(cues)} transcript lines placed (those at the sampled "
+                    f"frames): the whole transcript does not fit the {budget:,}-token subtitle "
+                    "budget or the model's positions; raise --subtitle-tokens or --fps"
+                )
+            )
         return VideoPrompt(block, placed, dropped, prompt)
+
+    def _whole_transcript(self, request: VideoRequest, cues, timestamps, context: int):
+        """The prompt with every line of a speech transcript, at its time, when it fits the
+        subtitle budget and leaves room for a question within the model's positions; else None
+        (the lines at the sampled frames are placed instead)."""
+        budget = request.video.subtitle_tokens
+        if not request.speech or not budget:
+            return None
+        block = timed_block(cues, timestamps)
+        if len(self.processor.encode_text(block)) > budget:
+            return None
+        prompt = self.processor.build_chat_prompt(
+            video_messages(request.opening, block), videos=[len(timestamps)],
+            add_generation_prompt=False,
+        )
+        if int(prompt.input_ids.numel()) + TURN_ROOM > context:
+            return None
+        return VideoPrompt(block, len(cues), 0, prompt)
 
     def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
         """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
