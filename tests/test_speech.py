@@ -221,7 +221,7 @@ def test_without_the_extra_speech_is_one_line_and_auto_says_so_once(talk, monkey
     monkeypatch.setattr(choice, "speech_available", lambda: False)
     monkeypatch.setattr(choice, "_told", set())
     forced = VideoRequest.of(talk, VideoConfig(subtitles="speech"))
-    with pytest.raises(EngineError, match=r'pip install -e "\.\[speech\]"'):
+    with pytest.raises(EngineError, match=r'pip install -e ".*\[speech\]"'):
         forced.resolved(forced.subtitle_track())
     auto = VideoRequest.of(talk, VideoConfig())
     tracks = [auto.subtitle_track() for _ in range(2)]
@@ -336,22 +336,42 @@ def test_lvx_open_loads_with_speech(tiny_checkpoints, tiny_whisper, talk, short_
 
 
 def test_a_model_that_cannot_be_fetched_is_one_line_asked_once(monkeypatch):
-    """No network (or a bad name): one line, and the hub is asked once per process, not at every
-    load."""
+    """No network (or a bad name): one whole line, and the hub is asked once per process, not at
+    every load; a mistyped folder and an unknown size are lines of their own."""
     import faster_whisper.utils
+    import huggingface_hub
 
     from lvx_app.speech.audio import SpeechError
 
     asked = []
 
-    def offline(name, *a, **k):
-        asked.append(name)
-        raise OSError("Name or service not known\nAn error happened")
+    def not_cached(name, *a, **k):
+        raise OSError("not in the cache")
 
-    monkeypatch.setattr(faster_whisper.utils, "download_model", offline)
+    def offline(repo, *a, **k):
+        asked.append(repo)
+        raise OSError("Name or service not known\nAn error happened " + "and more words " * 30)
+
+    monkeypatch.setattr(faster_whisper.utils, "download_model", not_cached)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     monkeypatch.setattr(speech_model, "_UNFETCHABLE", {})
     for _ in range(2):
         with pytest.raises(SpeechError) as caught:
             speech_model.find_model("auto", "cpu")
-        assert "\n" not in str(caught.value) and "'base' could not be found" in str(caught.value)
-    assert asked == ["base"]
+        said = str(caught.value)
+        assert "\n" not in said and "'base' is not in the Hugging Face cache" in said
+        assert said.endswith("or --subtitles none") and re.search(r"\w ...\)", said)
+    assert asked == ["Systran/faster-whisper-base"]
+    with pytest.raises(SpeechError, match=r"^there is no folder \./modles/whisper: "):
+        speech_model.find_model("./modles/whisper", "cpu")
+    with pytest.raises(SpeechError, match=r"^there is no speech model named 'bsae': .* tiny, "):
+        speech_model.find_model("bsae", "cpu")
+
+
+def test_the_install_hint_fits_how_lvx_was_installed(monkeypatch, tmp_path):
+    site = tmp_path / "site-packages" / "lvx_app" / "speech"
+    monkeypatch.setattr(choice, "__file__", str(site / "choice.py"))
+    assert choice.install_hint() == "pip install 'lvx[speech]'"
+    monkeypatch.undo()
+    here = choice.install_hint()
+    assert here.startswith('pip install -e "') and here.endswith('[speech]"')

@@ -65,8 +65,11 @@ def _transcribed(path: str, duration: float, video: VideoConfig, device, progres
     """The transcript read back, or made by the group and saved (rank 0)."""
     name = Path(path).name
     sync = Agreement(None)
+    with sync.agreed([]):  # rank 0 fetches a model the cache lacks; the others then find it there
+        first = get_rank() == 0
+        found = speech_model.find_model(video.speech_model, device.type) if first else None
     with sync.agreed([]):
-        found = speech_model.find_model(video.speech_model, device.type)
+        found = found or speech_model.find_model(video.speech_model, device.type)
     language = video.speech_language or ""
     key = TranscriptKey(file_identity(path), found.name, found.weights, language, CUT_VERSION)
     store = TranscriptCache(video.cache_dir) if video.cache else None
