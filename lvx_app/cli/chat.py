@@ -132,14 +132,27 @@ def print_transcript(summary: VideoSummary | None, console: Console) -> None:
     """`/transcript`: the video's speech as transcribed, one line per cue with its times."""
     cues = getattr(summary, "transcript", None)
     if not cues:
-        console.print(
-            "no transcript: the video has subtitles, no speech, or was loaded with --subtitles "
-            "none (--subtitles speech transcribes it)"
-        )
+        console.print(no_transcript_line(summary), highlight=False, markup=False)
         return
     for cue in cues:
         times = f"{format_timestamp(cue.start)}-{format_timestamp(cue.end)}"
         console.print(f"{times:>17}  {printable(cue.text)}", highlight=False, markup=False)
+
+
+def no_transcript_line(summary: VideoSummary | None) -> str:
+    """Why `/transcript` has nothing to show, and what would give one where something would."""
+    from lvx_app.speech.audio import audio_duration
+    from lvx_app.speech.choice import install_hint, speech_available
+
+    if summary is None:
+        return "no transcript: no video is loaded"
+    if summary.subtitle_source:
+        return f"no transcript: the subtitles came from {printable(summary.subtitle_source)}"
+    if not audio_duration(summary.path):
+        return "no transcript: the video has no audio track"
+    if not speech_available():
+        return f"no transcript: transcribing speech needs faster-whisper ({install_hint()})"
+    return "no transcript: no speech was found, or --subtitles none was given (--subtitles speech)"
 
 
 RANKS_PER_TABLE = 4  # keeps a table of ranks within 80 columns
