@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -32,34 +32,19 @@ from lvx_app.engine.api import (
 )
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
-from lvx_app.engine.limits import TURN_ROOM, check_video_prompt
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.resident_visual_kv import VisualKVChoice, VisualKVOpener
+from lvx_app.engine.video_prompt import VideoPrompt, video_prompt
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
-from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block, timed_block
+from lvx_app.subtitles import Cue
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, VisualShard, ingest
-from lvx_models.api import VIDEO, family_of
+from lvx_models.api import family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
 # 2: every rank holds (and saves) the whole replicated text cache
 PROMPT_FORMAT = 2
-
-
-def video_text(block: str, question: str = "") -> str:
-    """The first user turn: the video, the subtitle block (the text the eval prompt starts with),
-    the question."""
-    if not block:
-        return VIDEO + "\n" + question
-    return VIDEO + "\n" + block + "\n" + question.lstrip()
-
-
-def video_messages(opening: VideoOpening, block: str, question: str = "") -> list[dict]:
-    """The conversation's first messages: the system message, then the first user turn with the
-    text before the video, the video, the subtitle block and the question."""
-    system = [{"role": "system", "content": opening.system}] if opening.system else []
-    return system + [{"role": "user", "content": opening.before + video_text(block, question)}]
 
 
 def oom_message(rank: int, device: torch.device, stage: str) -> str:
@@ -141,15 +126,6 @@ class LoadCaches:
     names: Identity
     prefixes: PrefixCache | None  # saved video prompts
     visual_kv: VisualKVOpener  # the visual K/V: read back, or computed and maybe saved
-
-
-class VideoPrompt(NamedTuple):
-    """The video's prompt as made from its plan, before any frame is decoded."""
-
-    block: str  # the subtitle lines placed at the sampled frames
-    placed: int
-    dropped: int
-    prompt: Any  # the processor's tokenized prompt
 
 
 @dataclass
@@ -281,47 +257,9 @@ class VideoContext:
         return summary
 
     def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
-        """The video's prompt for `plan` with its subtitle lines placed; a prompt past the model's
-        positions is refused here."""
-        n_frames = len(plan)
-        budget = request.video.subtitle_tokens
+        """The video's prompt for `plan` with its subtitle lines placed (`video_prompt`)."""
         context = int(self.model.config.max_position_embeddings)
-        whole = self._whole_transcript(request, cues, plan.timestamps, context) if cues else None
-        if whole is not None:
-            return whole
-        block, placed, dropped = self._place_subtitles(cues, plan.timestamps, budget)
-        prompt = self.processor.build_chat_prompt(
-            video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
-        )
-        tokens = int(prompt.input_ids.numel())
-        check_video_prompt(context, tokens, n_frames, prompt.placeholder_len)
-        if request.speech and budget and self.info.rank == 0:
-            warnings.warn(
-                EngineWarning(
-                    f"{placed} of {len(cues)} transcript lines placed (those at the sampled "
-                    f"frames): the whole transcript does not fit the {budget:,}-token subtitle "
-                    "budget or the model's positions; raise --subtitle-tokens or --fps"
-                )
-            )
-        return VideoPrompt(block, placed, dropped, prompt)
-
-    def _whole_transcript(self, request: VideoRequest, cues, timestamps, context: int):
-        """The prompt with every line of a speech transcript, at its time, when it fits the
-        subtitle budget and leaves room for a question within the model's positions; else None
-        (the lines at the sampled frames are placed instead)."""
-        budget = request.video.subtitle_tokens
-        if not request.speech or not budget:
-            return None
-        block = timed_block(cues, timestamps)
-        if len(self.processor.encode_text(block)) > budget:
-            return None
-        prompt = self.processor.build_chat_prompt(
-            video_messages(request.opening, block), videos=[len(timestamps)],
-            add_generation_prompt=False,
-        )
-        if int(prompt.input_ids.numel()) + TURN_ROOM > context:
-            return None
-        return VideoPrompt(block, len(cues), 0, prompt)
+        return video_prompt(self.processor, context, request, cues, plan, self.info.rank)
 
     def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
         """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
@@ -366,23 +304,6 @@ class VideoContext:
             raise EngineError(str(exc)) from None
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(oom_message(self.info.rank, device, "encoding frames")) from exc
-
-    def _place_subtitles(
-        self, cues: Sequence[Cue], timestamps: Sequence[float], budget: int
-    ) -> tuple[str, int, int]:
-        """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
-        budget (`--subtitle-tokens`; 0 asks for none, so dropping them all is no news)."""
-        lines = select_lines(cues, timestamps)
-        kept = fit_lines(lines, budget, lambda text: len(self.processor.encode_text(text)))
-        dropped = len(lines) - len(kept)
-        if dropped and budget and self.info.rank == 0:
-            warnings.warn(
-                EngineWarning(
-                    f"{dropped} of {len(lines)} subtitle lines dropped to fit the {budget:,}-token "
-                    "subtitle budget; the kept lines are spread over the whole video"
-                )
-            )
-        return subtitle_block(kept), len(kept), dropped
 
     def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
         """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end
