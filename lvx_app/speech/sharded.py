@@ -217,7 +217,7 @@ def _detected(model, path, mine, duration, listened: dict) -> tuple[str, float] 
             got = listened[piece.index] = transcribe.listen(path, piece, duration)
         except AudioDecodeError:
             return None  # the step loop says so
-        if got.audio is not None:
+        if got.audio is not None and transcribe.speech_spans(got.audio):
             if not model().model.is_multilingual:
                 return None
             return transcribe.detect_language(model(), got.audio)

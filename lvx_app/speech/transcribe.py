@@ -3,8 +3,8 @@ fallback that drops repetition loops by compression ratio and weak decodes by lo
 no-speech filter), voice-activity filtered, with word timestamps. Sampling at a fallback
 temperature starts from a fixed seed, and no piece is conditioned on another, so a piece's words
 depend on that piece alone (the same on any number of ranks, and the same when transcribed
-again). A fast energy gate and the voice activity detector run before the model: audio without
-speech never reaches it."""
+again). A fast energy gate runs before the model: silent audio never loads it, and the voice
+activity detector inside faster-whisper keeps noise and music from its decoder."""
 
 from __future__ import annotations
 
@@ -34,24 +34,21 @@ class Heard:
 
 @dataclass
 class Listened:
-    """A piece's audio read and gated: its samples (None when it holds no speech: not kept), where
-    they start, the times of packets heard as silence, the seconds of speech found."""
+    """A piece's audio read and gated: its samples (None when it is silent: not kept), where they
+    start, the times of packets heard as silence."""
 
     audio: np.ndarray | None
     lo: float
     bad: list[float]
-    speech_s: float
 
 
 def listen(path: str, piece: Piece, duration: float) -> Listened:
-    """`piece`'s audio (with its overlaps at cuts in speech), through the energy gate and the
-    voice activity detector."""
+    """`piece`'s audio (with its overlaps at cuts in speech) through the energy gate; the voice
+    activity detector runs once, inside faster-whisper, on what passes."""
     lo, hi = piece.audio_span(duration)
     bad: list[float] = []
     audio = read_audio(path, lo, hi, bad)
-    spans = speech_spans(audio)
-    speech_s = sum(e - s for s, e in spans) / SAMPLE_RATE
-    return Listened(audio if spans else None, lo, bad, speech_s)
+    return Listened(None if silent(audio) else audio, lo, bad)
 
 
 def transcribe_piece(
@@ -61,19 +58,20 @@ def transcribe_piece(
     its audio as `listen` gives it (read here unless given). `model_of()` gives the loaded model,
     asked for only when the piece holds speech."""
     got = listened or listen(path, piece, duration)
-    heard = Heard(bad=got.bad, speech_s=got.speech_s)
+    heard = Heard(bad=got.bad)
     if got.audio is None:
-        return heard  # silence, noise or music costs its decoding and a detector pass alone
+        return heard  # silence costs its decoding and one pass of arithmetic alone
     import ctranslate2
 
     ctranslate2.set_random_seed(SEED)
-    segments, _ = model_of().transcribe(
+    segments, info = model_of().transcribe(
         got.audio,
         language=language,
         vad_filter=True,
         word_timestamps=True,
         condition_on_previous_text=False,
     )
+    heard.speech_s = float(info.duration_after_vad)
     for segment in segments:
         heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
     return heard
