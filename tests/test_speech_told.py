@@ -45,3 +45,20 @@ def test_the_placed_line_names_the_model_and_the_cache():
     assert placed_line(read, read.subtitle_source) == (
         "2 of 2 transcript line(s) placed, from speech (base), read back from the cache"
     )
+
+
+def test_the_transcript_is_saved_as_srt(tmp_path):
+    from rich.console import Console
+
+    from lvx_app.cli.chat import save_transcript
+    from lvx_app.subtitles import read_subtitle_file
+
+    cues = [Cue(1.25, 2.5, "The bridge is open."), Cue(3.0, 4.0, "Rain fell.")]
+    summary = VideoSummary("v.mp4", 1, 1.0, 10.0, 729, False, 1.0, transcript=cues)
+    console = Console(record=True, width=200)
+    save_transcript(summary, str(tmp_path / "talk.srt"), console)
+    assert read_subtitle_file(tmp_path / "talk.srt").cues == cues
+    save_transcript(summary, str(tmp_path / "no" / "such" / "talk.srt"), console)
+    said = console.export_text().splitlines()
+    assert said[0] == f"saved 2 cue(s) to {tmp_path / 'talk.srt'}"
+    assert said[1].startswith("could not write ") and len(said) == 2

@@ -55,6 +55,7 @@ HELP = """commands:
   /stats   memory per rank, prompt and text tokens, timings
   /evidence  every moment of the video the last answer looked at, with its share
   /transcript  what is said in the video, with times (its speech transcribed)
+  /transcript save FILE.srt  the transcript as subtitles you can keep
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -139,6 +140,25 @@ def print_transcript(summary: VideoSummary | None, console: Console) -> None:
         console.print(f"{times:>17}  {printable(cue.text)}", highlight=False, markup=False)
 
 
+def save_transcript(summary: VideoSummary | None, name: str, console: Console) -> None:
+    """`/transcript save FILE`: the transcript written as an SRT file."""
+    from lvx_app.subtitles import write_srt
+
+    cues = getattr(summary, "transcript", None)
+    if not cues:
+        console.print(no_transcript_line(summary), highlight=False, markup=False)
+        return
+    if not name:
+        console.print("name the file: /transcript save talk.srt", markup=False)
+        return
+    try:
+        path = write_srt(Path(name).expanduser(), cues)
+    except OSError as exc:
+        console.print(f"could not write {name}: {exc.strerror or exc}", markup=False)
+        return
+    console.print(f"saved {len(cues)} cue(s) to {path}", highlight=False, markup=False)
+
+
 def no_transcript_line(summary: VideoSummary | None) -> str:
     """Why `/transcript` has nothing to show, and what would give one where something would."""
     from lvx_app.speech.audio import audio_duration
@@ -212,6 +232,8 @@ def _command(engine: Engine, console: Console, line: str) -> None:
         print_evidence(engine.last_answer, console)
     elif line == "/transcript":
         print_transcript(engine.loaded, console)
+    elif line.startswith("/transcript save"):
+        save_transcript(engine.loaded, line.removeprefix("/transcript save").strip(), console)
     elif line.startswith("/"):
         console.print(f"unknown command {line.split()[0]}; /help lists them", markup=False)
     else:
