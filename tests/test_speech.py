@@ -66,7 +66,7 @@ def test_the_same_cues_on_one_and_two_ranks(tiny_whisper, talk):
     assert one and two[0][0] == two[1][0] == one  # every rank holds the whole transcript
     assert shown_one[-1][1:] == (131, 131) and two[0][1][-1][1:] == (131, 131)
     assert two[1][1] == []  # progress is rank 0's to show
-    spans = [(start - 0.5, start + length + 0.5) for start, length in VOICES]
+    spans = [(start - 1.0, start + length + 1.0) for start, length in VOICES]  # the voice filter pads
     assert all(any(a <= s <= b for a, b in spans) for s, _, _ in one)  # never in the silence
 
 

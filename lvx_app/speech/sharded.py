@@ -150,6 +150,8 @@ class _Part:
         self.heard.append((piece, got.words))
         self.bad += got.bad
         self.speech_s += got.speech_s
+        if got.sampled:
+            model.renew()
 
 
 def _notes(name: str, every: list[_Part], words: int, model: str) -> list[str]:
@@ -182,14 +184,25 @@ class _LazyModel:
     def __init__(self, found, device_type: str, threads: int) -> None:
         self.found, self.device_type, self.threads = found, device_type, threads
         self.model = None
+        self.multilingual: bool | None = None
 
     def __call__(self):
         if self.model is None:
             self.model = speech_model.load_model(self.found, self.device_type, self.threads)
         return self.model
 
+    def renew(self) -> None:
+        """Load the model afresh for the next piece: its decoding thread's random generator,
+        seeded once when it first sampled, has moved on, and the next piece's sampling must start
+        from the seed as it would on a rank where it came first."""
+        if self.model is not None:
+            self.multilingual = self.model.model.is_multilingual
+        self.model = None
+
     def english_only(self) -> bool | None:
-        return None if self.model is None else not self.model.model.is_multilingual
+        if self.model is not None:
+            return not self.model.model.is_multilingual
+        return None if self.multilingual is None else not self.multilingual
 
 
 def _language(model, path, mine, duration, language, sync, part) -> str | None:

@@ -1,7 +1,9 @@
 """One piece of audio through faster-whisper with its own defaults (beam 5, the temperature
 fallback that drops repetition loops by compression ratio and weak decodes by log-probability, the
 no-speech filter), voice-activity filtered, with word timestamps. Sampling at a fallback
-temperature starts from a fixed seed, and no piece is conditioned on another, so a piece's words
+temperature starts from a fixed seed (CTranslate2 seeds a decoding thread's generator once, when it
+first samples, so a model that sampled is loaded afresh for the next piece:
+`sharded._LazyModel`), and no piece is conditioned on another, so a piece's words
 depend on that piece alone (the same on any number of ranks, and the same when transcribed
 again). A fast energy gate runs before the model: silent audio never loads it, and the voice
 activity detector inside faster-whisper keeps noise and music from its decoder."""
@@ -30,6 +32,7 @@ class Heard:
     words: list[Word] = field(default_factory=list)
     bad: list[float] = field(default_factory=list)
     speech_s: float = 0.0
+    sampled: bool = False  # a window fell back to sampling: the model's random stream moved on
 
 
 @dataclass
@@ -74,6 +77,7 @@ def transcribe_piece(
     heard.speech_s = float(info.duration_after_vad)
     for segment in segments:
         heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
+        heard.sampled |= segment.temperature > 0
     return heard
 
 
