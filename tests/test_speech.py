@@ -66,7 +66,8 @@ def test_the_same_cues_on_one_and_two_ranks(tiny_whisper, talk):
     assert one and two[0][0] == two[1][0] == one  # every rank holds the whole transcript
     assert shown_one[-1][1:] == (131, 131) and two[0][1][-1][1:] == (131, 131)
     assert two[1][1] == []  # progress is rank 0's to show
-    spans = [(start - 1.0, start + length + 1.0) for start, length in VOICES]  # the voice filter pads
+    # never in the silence (the voice filter pads speech by 0.4 s)
+    spans = [(start - 1.0, start + length + 1.0) for start, length in VOICES]
     assert all(any(a <= s <= b for a, b in spans) for s, _, _ in one)  # never in the silence
 
 
@@ -99,7 +100,9 @@ def test_a_word_in_the_overlap_is_kept_once(talk):
     spans = [p.audio_span(TALK_S) for p in both]
     assert spans == [(0.0, cut + pieces.OVERLAP_S), (cut - pieces.OVERLAP_S, TALK_S)]
     model = _Words(words, [lo for lo, _ in spans])
-    heard = [(p, transcribe.transcribe_piece(lambda: model, talk, p, TALK_S, None).words) for p in both]
+    heard = [
+        (p, transcribe.transcribe_piece(lambda: model, talk, p, TALK_S, None).words) for p in both
+    ]
     heard[1][1][-1] = (64.7, 65.0, " after.")  # the second piece hears "after" 0.3 s earlier
     got = join.cues(join.join(heard))
     assert [text for _, _, text in got] == ["before edge after."]
