@@ -86,7 +86,8 @@ class _Words:
             for t, w in self.words
             if lo <= t < hi
         ]
-        return [SimpleNamespace(words=heard)], None
+        info = SimpleNamespace(duration_after_vad=len(audio) / SAMPLE_RATE)
+        return [SimpleNamespace(words=heard, temperature=0.0)], info
 
 
 def test_a_word_in_the_overlap_is_kept_once(talk):
@@ -130,10 +131,11 @@ def test_reopened_without_the_model_running(tiny_whisper, talk, tmp_path, monkey
     monkeypatch.setattr(transcribe, "transcribe_piece", counted_piece)
     config = _video(tiny_whisper, tmp_path)
     first = transcribe_video(talk, config, CPU)
-    assert first.cues and not first.from_cache and runs == {"loads": 1, "pieces": 2}
+    made = dict(runs)  # a load per piece at most (again after a piece that sampled)
+    assert first.cues and not first.from_cache and 1 <= made["loads"] <= 2 and made["pieces"] == 2
     again = transcribe_video(talk, config, CPU)
     assert again.from_cache and again.cues == first.cues
-    assert runs == {"loads": 1, "pieces": 2}  # the model never ran again
+    assert runs == made  # the model never ran again
     other = transcribe_video(talk, _video(tiny_whisper, tmp_path, speech_language="en"), CPU)
     assert not other.from_cache  # another option is another transcript
 

@@ -46,7 +46,7 @@ def _mostly_letters(model, folder: Path) -> None:
     tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
     wanted = [tok.convert_tokens_to_ids(ch) for ch in LETTERS] + [256]
     with torch.no_grad():
-        rows = model.model.decoder.embed_tokens.weight
+        rows = model.get_decoder().get_input_embeddings().weight
         rows.mul_(0.2)
         rows[wanted] *= 20
 
