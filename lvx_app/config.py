@@ -96,6 +96,28 @@ def _real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_speech_language(value: str | None) -> None:
+    """A language code Whisper knows (checked here, before any rank or model starts: faster-whisper
+    itself refuses a name such as english only after the model has loaded)."""
+    if value is None:
+        return
+    codes = speech_language_codes()
+    _require(
+        isinstance(value, str) and (value in codes if codes else value.isalpha()),
+        f"--speech-language takes a Whisper language code (got {value!r}): "
+        + (", ".join(codes) if codes else "en, fr, de, ..."),
+    )
+
+
+def speech_language_codes() -> tuple[str, ...]:
+    """The language codes of faster-whisper's tokenizer; () without the [speech] extra."""
+    try:
+        from faster_whisper.tokenizer import _LANGUAGE_CODES
+    except ImportError:
+        return ()
+    return tuple(_LANGUAGE_CODES)
+
+
 def _positive(value: float, flag: str, what: str = "a number above 0") -> None:
     _require(
         isinstance(value, (int, float))
@@ -285,11 +307,7 @@ class VideoConfig:
             isinstance(self.speech_model, str) and bool(self.speech_model.strip()),
             "--speech-model takes a Whisper checkpoint's name or folder, or auto",
         )
-        _require(
-            self.speech_language is None
-            or (isinstance(self.speech_language, str) and self.speech_language.isalpha()),
-            f"--speech-language takes a language code such as en (got {self.speech_language!r})",
-        )
+        _check_speech_language(self.speech_language)
         _require(
             _whole(self.subtitle_tokens) and self.subtitle_tokens >= 0,
             f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens!r})",

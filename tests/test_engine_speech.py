@@ -192,7 +192,7 @@ def test_eval_with_speech_without_the_extra_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("lvx_app.eval.videomme.speech_available", lambda: False)
     mini = make_mini_videomme(tmp_path / "videomme")
     config = eval_config(mini.root, tmp_path / "out.jsonl", subtitles="speech")
-    with pytest.raises(DatasetError, match=r'faster-whisper: pip install -e "\.\[speech\]"'):
+    with pytest.raises(DatasetError, match=r'faster-whisper: pip install -e ".*\[speech\]"'):
         run_videomme(config, lambda: LookupSession({}), show_progress=False)
     assert not (tmp_path / "out.jsonl").exists()
 
@@ -230,6 +230,38 @@ def test_the_demos_spoken_clip_is_transcribed_by_its_line(tiny_checkpoints, tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     said = result.stdout.lower()
     assert "red square" in said and "blue" in said, result.stdout
+
+
+@pytest.mark.slow
+def test_the_demos_speech_line_runs_offline_as_printed(tiny_checkpoints, tmp_path):
+    """The speech line `lvx demo --examples` prints names the tiny Whisper the demo wrote: run as
+    printed with the Hub unreachable, it transcribes the clip and says where the lines came from."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from timing import scaled
+
+    from lvx_app.cli.examples import ready_lines, write_examples
+
+    examples = write_examples(tmp_path / "examples")
+    if "spoken" not in examples:
+        pytest.skip("espeak-ng is not installed")
+    lines = ready_lines(Path(tiny_checkpoints["g2"]), examples["example"], examples)
+    (line,) = [line for line in lines if "--subtitles speech" in line]
+    assert "meaningless" in line and "--speech-model" in line
+    command = shlex.split(line.split("#")[0])[1:] + ["--cache-dir", str(tmp_path / "cache")]
+    result = subprocess.run(
+        [sys.executable, "-m", "lvx_app.cli", *command, "--max-new-tokens", "2"],
+        input="/transcript\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        env=dict(os.environ, COLUMNS="200", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "from speech (tiny-whisper)" in result.stdout, result.stdout
 
 
 def test_the_pages_transcript_seeks_and_marks_where_the_answer_looked():

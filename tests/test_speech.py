@@ -66,7 +66,8 @@ def test_the_same_cues_on_one_and_two_ranks(tiny_whisper, talk):
     assert one and two[0][0] == two[1][0] == one  # every rank holds the whole transcript
     assert shown_one[-1][1:] == (131, 131) and two[0][1][-1][1:] == (131, 131)
     assert two[1][1] == []  # progress is rank 0's to show
-    spans = [(start - 0.5, start + length + 0.5) for start, length in VOICES]
+    # never in the silence (the voice filter pads speech by 0.4 s)
+    spans = [(start - 1.0, start + length + 1.0) for start, length in VOICES]
     assert all(any(a <= s <= b for a, b in spans) for s, _, _ in one)  # never in the silence
 
 
@@ -85,18 +86,33 @@ class _Words:
             for t, w in self.words
             if lo <= t < hi
         ]
-        return [SimpleNamespace(words=heard)], None
+        info = SimpleNamespace(duration_after_vad=len(audio) / SAMPLE_RATE)
+        return [SimpleNamespace(words=heard, temperature=0.0)], info
 
 
-def test_a_word_in_the_overlap_is_kept_once(talk, monkeypatch):
+def test_a_word_in_the_overlap_is_kept_once(talk):
+    """A cut inside speech: both pieces hear the overlap; a word across the cut, and one the second
+    piece places a little earlier than the first did, are each kept once, in one sentence."""
+    from lvx_app.speech import join
+
     cut = 64.9
-    both = [pieces.Piece(0, 0.0, cut), pieces.Piece(1, cut, TALK_S)]
-    words = [(63.2, "before"), (64.8, "edge"), (65.0, "after")]  # 64.8 and 65.0 in both overlaps
+    both = [pieces.Piece(0, 0.0, cut, False, True), pieces.Piece(1, cut, TALK_S, True, False)]
+    words = [(63.2, "before"), (64.8, "edge"), (65.0, "after.")]  # 64.8, 65.0: in both overlaps
     spans = [p.audio_span(TALK_S) for p in both]
+    assert spans == [(0.0, cut + pieces.OVERLAP_S), (cut - pieces.OVERLAP_S, TALK_S)]
     model = _Words(words, [lo for lo, _ in spans])
-    got = [c for p in both for c in transcribe.transcribe_piece(model, talk, p, TALK_S, None)]
-    assert [text for _, _, text in got] == ["before edge", "after"]
-    assert got[0][0] == pytest.approx(63.2) and got[1][0] == pytest.approx(65.0)
+    heard = [
+        (p, transcribe.transcribe_piece(lambda: model, talk, p, TALK_S, None).words) for p in both
+    ]
+    heard[1][1][-1] = (64.7, 65.0, " after.")  # the second piece hears "after" 0.3 s earlier
+    got = join.cues(join.join(heard))
+    assert [text for _, _, text in got] == ["before edge after."]
+    assert got[0][0] == pytest.approx(63.2)
+
+
+def test_a_cut_in_silence_is_decoded_without_overlap():
+    piece = pieces.Piece(1, 60.0, 120.0)
+    assert piece.audio_span(130.0) == (60.0, 120.0)
 
 
 def test_reopened_without_the_model_running(tiny_whisper, talk, tmp_path, monkeypatch):
@@ -115,10 +131,11 @@ def test_reopened_without_the_model_running(tiny_whisper, talk, tmp_path, monkey
     monkeypatch.setattr(transcribe, "transcribe_piece", counted_piece)
     config = _video(tiny_whisper, tmp_path)
     first = transcribe_video(talk, config, CPU)
-    assert first.cues and not first.from_cache and runs == {"loads": 1, "pieces": 2}
+    made = dict(runs)  # a load per piece at most (again after a piece that sampled)
+    assert first.cues and not first.from_cache and 1 <= made["loads"] <= 2 and made["pieces"] == 2
     again = transcribe_video(talk, config, CPU)
     assert again.from_cache and again.cues == first.cues
-    assert runs == {"loads": 1, "pieces": 2}  # the model never ran again
+    assert runs == made  # the model never ran again
     other = transcribe_video(talk, _video(tiny_whisper, tmp_path, speech_language="en"), CPU)
     assert not other.from_cache  # another option is another transcript
 
@@ -177,14 +194,18 @@ def test_an_hour_of_silence_is_a_note_and_costs_no_model_run(tiny_whisper, tmp_p
             frame.sample_rate, frame.pts = 8000, minute * block.shape[1]
             for packet in stream.encode(frame):
                 out.mux(packet)
-    monkeypatch.setattr(speech_model, "load_model", lambda *a: _Words([], []))
+    loads = []
+    monkeypatch.setattr(speech_model, "load_model", lambda *a: loads.append(a))
     got = transcribe_video(str(path), _video(tiny_whisper), CPU)
     assert got.cues == [] and got.notes == [
         "no speech found in the audio of silence.wav; going on without it"
     ]
+    assert loads == []  # silence never loads the model
 
 
 def test_undecodable_audio_is_a_note_and_the_rest_is_kept(tiny_whisper, talk, tmp_path):
+    """20 KB of the audio's first packets garbled: they are heard as silence, one note says so,
+    and the speech after them is transcribed as from the intact file."""
     data = bytearray(open(talk, "rb").read())
     bad = tmp_path / "bad.m4a"
     rng = np.random.default_rng(0)
@@ -193,17 +214,19 @@ def test_undecodable_audio_is_a_note_and_the_rest_is_kept(tiny_whisper, talk, tm
     bad.write_bytes(bytes(data))
     whole = transcribe_video(talk, _video(tiny_whisper), CPU)
     got = transcribe_video(str(bad), _video(tiny_whisper), CPU)
-    assert got.notes[0].startswith("the audio of bad.m4a could not be decoded near 0 s")
-    cut = re.search(r"the speech from 0 to (\d+) s is left out$", got.notes[0])
-    assert cut and 57 <= int(cut[1]) <= 73  # the cut: a silence near the grid line at 65 s
-    assert got.cues and got.cues == [c for c in whole.cues if c.start >= int(cut[1])]
+    said = r"\d+ damaged audio packet\(s\) of bad\.m4a could not be decoded \(from 0\.0 to "
+    assert re.match(said, got.notes[0]), got.notes
+    assert "heard as silence, the rest is transcribed" in got.notes[0]
+    assert got.cues and [c for c in got.cues if c.start > 90] == [
+        c for c in whole.cues if c.start > 90
+    ]
 
 
 def test_without_the_extra_speech_is_one_line_and_auto_says_so_once(talk, monkeypatch):
     monkeypatch.setattr(choice, "speech_available", lambda: False)
     monkeypatch.setattr(choice, "_told", set())
     forced = VideoRequest.of(talk, VideoConfig(subtitles="speech"))
-    with pytest.raises(EngineError, match=r'pip install -e "\.\[speech\]"'):
+    with pytest.raises(EngineError, match=r'pip install -e ".*\[speech\]"'):
         forced.resolved(forced.subtitle_track())
     auto = VideoRequest.of(talk, VideoConfig())
     tracks = [auto.subtitle_track() for _ in range(2)]
@@ -318,22 +341,42 @@ def test_lvx_open_loads_with_speech(tiny_checkpoints, tiny_whisper, talk, short_
 
 
 def test_a_model_that_cannot_be_fetched_is_one_line_asked_once(monkeypatch):
-    """No network (or a bad name): one line, and the hub is asked once per process, not at every
-    load."""
+    """No network (or a bad name): one whole line, and the hub is asked once per process, not at
+    every load; a mistyped folder and an unknown size are lines of their own."""
     import faster_whisper.utils
+    import huggingface_hub
 
     from lvx_app.speech.audio import SpeechError
 
     asked = []
 
-    def offline(name, *a, **k):
-        asked.append(name)
-        raise OSError("Name or service not known\nAn error happened")
+    def not_cached(name, *a, **k):
+        raise OSError("not in the cache")
 
-    monkeypatch.setattr(faster_whisper.utils, "download_model", offline)
+    def offline(repo, *a, **k):
+        asked.append(repo)
+        raise OSError("Name or service not known\nAn error happened " + "and more words " * 30)
+
+    monkeypatch.setattr(faster_whisper.utils, "download_model", not_cached)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     monkeypatch.setattr(speech_model, "_UNFETCHABLE", {})
     for _ in range(2):
         with pytest.raises(SpeechError) as caught:
             speech_model.find_model("auto", "cpu")
-        assert "\n" not in str(caught.value) and "'base' could not be found" in str(caught.value)
-    assert asked == ["base"]
+        said = str(caught.value)
+        assert "\n" not in said and "'base' is not in the Hugging Face cache" in said
+        assert said.endswith("or --subtitles none") and re.search(r"\w ...\)", said)
+    assert asked == ["Systran/faster-whisper-base"]
+    with pytest.raises(SpeechError, match=r"^there is no folder \./modles/whisper: "):
+        speech_model.find_model("./modles/whisper", "cpu")
+    with pytest.raises(SpeechError, match=r"^there is no speech model named 'bsae': .* tiny, "):
+        speech_model.find_model("bsae", "cpu")
+
+
+def test_the_install_hint_fits_how_lvx_was_installed(monkeypatch, tmp_path):
+    site = tmp_path / "site-packages" / "lvx_app" / "speech"
+    monkeypatch.setattr(choice, "__file__", str(site / "choice.py"))
+    assert choice.install_hint() == "pip install 'lvx[speech]'"
+    monkeypatch.undo()
+    here = choice.install_hint()
+    assert here.startswith('pip install -e "') and here.endswith('[speech]"')

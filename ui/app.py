@@ -34,7 +34,13 @@ from typing import Any
 import gradio as gr
 
 from lvx_app.config import Config, ConfigError, VideoConfig, frontend_words, updated
-from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
+from lvx_app.engine.describe import (
+    describe_answer,
+    describe_video,
+    placed_line,
+    printable,
+    shortened,
+)
 from lvx_app.engine.records import EngineError, GroupFailed, VideoRequest
 from lvx_app.runtime.engine_handle import Engine
 from lvx_app.runtime.service import Client, EngineService, Lease, NoVideo
@@ -306,7 +312,7 @@ class ChatApp:
         note = f"kv mode: {stats.get('kv mode', '?')} · world size {stats.get('world size', '?')}"
         if summary.subtitle_source:
             source = summary.subtitle_source
-            note = f"subtitles: {summary.subtitle_lines} line(s) placed, from {source} · {note}"
+            note = f"subtitles: {placed_line(summary, source)} · {note}"
         notes = [for_the_page(n) for n in notes]
         loaded = "\n\n".join(filter(None, [_warning_lines(notes), note, memory_table(stats)]))
         player = path if from_server else gr.skip()

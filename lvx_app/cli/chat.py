@@ -31,7 +31,13 @@ from rich.text import Text
 
 from lvx_app.cli.options import exit_code
 from lvx_app.config import Config
-from lvx_app.engine.describe import describe_answer, describe_video, printable, shortened
+from lvx_app.engine.describe import (
+    describe_answer,
+    describe_video,
+    placed_line,
+    printable,
+    shortened,
+)
 from lvx_app.engine.moments import label, seen_line
 from lvx_app.engine.records import AnswerStats, EngineError, GroupFailed, VideoRequest, VideoSummary
 from lvx_app.parallel.group import run_rank
@@ -49,6 +55,7 @@ HELP = """commands:
   /stats   memory per rank, prompt and text tokens, timings
   /evidence  every moment of the video the last answer looked at, with its share
   /transcript  what is said in the video, with times (its speech transcribed)
+  /transcript save FILE.srt  the transcript as subtitles you can keep
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -126,14 +133,46 @@ def print_transcript(summary: VideoSummary | None, console: Console) -> None:
     """`/transcript`: the video's speech as transcribed, one line per cue with its times."""
     cues = getattr(summary, "transcript", None)
     if not cues:
-        console.print(
-            "no transcript: the video has subtitles, no speech, or was loaded with --subtitles "
-            "none (--subtitles speech transcribes it)"
-        )
+        console.print(no_transcript_line(summary), highlight=False, markup=False)
         return
     for cue in cues:
         times = f"{format_timestamp(cue.start)}-{format_timestamp(cue.end)}"
         console.print(f"{times:>17}  {printable(cue.text)}", highlight=False, markup=False)
+
+
+def save_transcript(summary: VideoSummary | None, name: str, console: Console) -> None:
+    """`/transcript save FILE`: the transcript written as an SRT file."""
+    from lvx_app.subtitles import write_srt
+
+    cues = getattr(summary, "transcript", None)
+    if not cues:
+        console.print(no_transcript_line(summary), highlight=False, markup=False)
+        return
+    if not name:
+        console.print("name the file: /transcript save talk.srt", markup=False)
+        return
+    try:
+        path = write_srt(Path(name).expanduser(), cues)
+    except OSError as exc:
+        console.print(f"could not write {name}: {exc.strerror or exc}", markup=False)
+        return
+    console.print(f"saved {len(cues)} cue(s) to {path}", highlight=False, markup=False)
+
+
+def no_transcript_line(summary: VideoSummary | None) -> str:
+    """Why `/transcript` has nothing to show, and what would give one where something would."""
+    from lvx_app.speech.audio import audio_duration
+    from lvx_app.speech.choice import install_hint, speech_available
+
+    if summary is None:
+        return "no transcript: no video is loaded"
+    if summary.subtitle_source:
+        return f"no transcript: the subtitles came from {printable(summary.subtitle_source)}"
+    if not audio_duration(summary.path):
+        return "no transcript: the video has no audio track"
+    if not speech_available():
+        return f"no transcript: transcribing speech needs faster-whisper ({install_hint()})"
+    return "no transcript: no speech was found, or --subtitles none was given (--subtitles speech)"
 
 
 RANKS_PER_TABLE = 4  # keeps a table of ranks within 80 columns
@@ -193,6 +232,8 @@ def _command(engine: Engine, console: Console, line: str) -> None:
         print_evidence(engine.last_answer, console)
     elif line == "/transcript":
         print_transcript(engine.loaded, console)
+    elif line.startswith("/transcript save"):
+        save_transcript(engine.loaded, line.removeprefix("/transcript save").strip(), console)
     elif line.startswith("/"):
         console.print(f"unknown command {line.split()[0]}; /help lists them", markup=False)
     else:
@@ -226,11 +267,10 @@ def run_chat(
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             return exit_code(exc)
         console.print(f"[green]video:[/green] {escape(describe_video(summary))}")
-        source = subtitles.source if subtitles is not None else summary.subtitle_source
+        source = (subtitles.source if subtitles is not None else "") or summary.subtitle_source
         if source:
             console.print(
-                f"[green]subtitles:[/green] {summary.subtitle_lines} line(s) at the sampled "
-                f"frames, from {escape(str(source))}",
+                f"[green]subtitles:[/green] {escape(placed_line(summary, str(source)))}",
                 highlight=False,
             )
     console.print("[dim]Ask about the video. /help lists commands.[/dim]")

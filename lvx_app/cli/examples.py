@@ -3,6 +3,7 @@ the demo prints for them.
 
     DIR/clip.mp4, DIR/clip.srt      a 12-second synthetic video and its subtitles (a sidecar file)
     DIR/spoken.mp4                   the clip, its subtitles spoken (where espeak-ng is installed)
+    DIR/tiny-whisper/                a tiny random Whisper that transcribes it offline ([speech])
     DIR/videomme/                    a 4-question Video-MME folder in the official layout:
         videomme/test-00000-of-00001.parquet, data/<videoID>.mp4, subtitle/<videoID>.srt
     DIR/train.jsonl                  3 finetuning samples about clip.mp4
@@ -88,7 +89,23 @@ def write_examples(folder: Path) -> dict[str, Path]:
     train.write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
     made = {"example": clip, "subtitles": folder / "clip.srt", "videomme": videomme, "train": train}
     talking = _write_spoken(folder / "spoken.mp4", clip)
-    return made | ({"spoken": talking} if talking else {})
+    if talking is None:
+        return made
+    whisper = _write_whisper(folder / "tiny-whisper")
+    return made | {"spoken": talking} | ({"whisper": whisper} if whisper else {})
+
+
+def _write_whisper(folder: Path) -> Path | None:
+    """A tiny random Whisper in faster-whisper's layout, so the speech line needs no download;
+    None without the [speech] extra (the line then says how to install it)."""
+    from lvx_app.speech.choice import speech_available
+    from lvx_app.speech.tiny import make_tiny_whisper
+
+    if not speech_available():
+        return None
+    if not (folder / "model.bin").is_file():
+        make_tiny_whisper(folder)
+    return folder
 
 
 def _write_spoken(path: Path, clip: Path) -> Path | None:
@@ -103,12 +120,17 @@ def _write_spoken(path: Path, clip: Path) -> Path | None:
 
 def _speech_line(examples: dict[str, Path], model: str) -> str:
     """The line that transcribes the spoken clip (then `/transcript` lists what was said)."""
-    talking = examples.get("spoken")
+    from lvx_app.speech.choice import install_hint
+
+    talking, whisper = examples.get("spoken"), examples.get("whisper")
     if talking is None:
         return "# install espeak-ng and run lvx demo --examples again for a clip that speaks"
+    if whisper is None:
+        return f"# {install_hint()} and run lvx demo --examples again for the speech line"
     return (
-        f"lvx chat {shlex.quote(str(talking))} {model} --gpus 0 --subtitles speech"
-        "   # then /transcript (needs the [speech] extra)"
+        f"lvx chat {shlex.quote(str(talking))} {model} --gpus 0 --subtitles speech "
+        f"--speech-model {shlex.quote(str(whisper))}   # then /transcript: a tiny random "
+        "Whisper, its words as meaningless as the tiny model's answers (--speech-model base: real)"
     )
 
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import torch
 
 from lvx_app.engine.records import EngineError
-from lvx_app.engine.video_context import LoadedVideo, video_text
+from lvx_app.engine.video_context import LoadedVideo
+from lvx_app.engine.video_prompt import video_text
 from lvx_models.api import VIDEO  # where the loaded video goes in a user message
 
 

@@ -49,6 +49,18 @@ def sampled_rate(summary: VideoSummary) -> str:
     return f"{summary.fps:g}"
 
 
+def placed_line(summary: VideoSummary, source: str) -> str:
+    """How many subtitle lines the prompt holds and where they came from: a file, a stream, or the
+    speech model (and whether its transcript was read back from the cache)."""
+    if summary.transcript:
+        cached = ", read back from the cache" if summary.transcript_from_cache else ""
+        return (
+            f"{summary.subtitle_lines} of {len(summary.transcript)} transcript line(s) placed, "
+            f"from {source}{cached}"
+        )
+    return f"{summary.subtitle_lines} line(s) at the sampled frames, from {source}"
+
+
 def describe_video(summary: VideoSummary) -> str:
     source = "from cache" if summary.from_cache else f"in {summary.seconds:.1f} s"
     subtitles = (

@@ -149,7 +149,20 @@ class VideoRequest:
             speech = wants_speech(self.path, self.video.subtitles, track)
         except SpeechError as exc:
             raise EngineError(str(exc)) from None
+        if speech and self.video.subtitles.strip().lower() == "speech":
+            track.notes += self._replaced()
         return replace(self, cues=tuple(track.cues), speech=speech)
+
+    def _replaced(self) -> list[str]:
+        """The line `--subtitles speech` adds when the video has subtitles it sets aside."""
+        v = self.video
+        try:
+            found = resolve_subtitles(self.path, "auto", v.subtitle_lang, v.subtitle_encoding)
+        except SubtitleError:
+            return []
+        if not found.source:
+            return []
+        return [f"--subtitles speech: the speech is transcribed in place of {found.source}"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from lvx_app.engine.limits import (
 )
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.records import AnswerStats, EngineError, QuestionTooLong
-from lvx_app.engine.video_context import VideoContext, oom_message, video_messages
+from lvx_app.engine.video_context import VideoContext, oom_message
+from lvx_app.engine.video_prompt import video_messages
 from lvx_app.parallel.collectives import all_min
 from lvx_app.video.ingest import rank_memory_budget
 

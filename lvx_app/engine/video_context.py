@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -24,7 +24,6 @@ from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
-from lvx_app.engine.limits import check_video_prompt
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.records import (
     EngineError,
@@ -35,31 +34,17 @@ from lvx_app.engine.records import (
     VideoSummary,
 )
 from lvx_app.engine.resident_visual_kv import VisualKVChoice, VisualKVOpener
+from lvx_app.engine.video_prompt import VideoPrompt, video_prompt
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech.sharded import Transcript, transcribe_video
-from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block
+from lvx_app.subtitles import Cue
 from lvx_app.video.errors import VideoError
 from lvx_app.video.ingest import Encoder, IngestTuning, VisualShard, ingest, rank_memory_budget
-from lvx_models.api import VIDEO, family_of
+from lvx_models.api import family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
 # 2: every rank holds (and saves) the whole replicated text cache
 PROMPT_FORMAT = 2
-
-
-def video_text(block: str, question: str = "") -> str:
-    """The first user turn: the video, the subtitle block (the text the eval prompt starts with),
-    the question."""
-    if not block:
-        return VIDEO + "\n" + question
-    return VIDEO + "\n" + block + "\n" + question.lstrip()
-
-
-def video_messages(opening: VideoOpening, block: str, question: str = "") -> list[dict]:
-    """The conversation's first messages: the system message, then the first user turn with the
-    text before the video, the video, the subtitle block and the question."""
-    system = [{"role": "system", "content": opening.system}] if opening.system else []
-    return system + [{"role": "user", "content": opening.before + video_text(block, question)}]
 
 
 def oom_message(rank: int, device: torch.device, stage: str) -> str:
@@ -141,15 +126,6 @@ class LoadCaches:
     names: Identity
     prefixes: PrefixCache | None  # saved video prompts
     visual_kv: VisualKVOpener  # the visual K/V: read back, or computed and maybe saved
-
-
-class VideoPrompt(NamedTuple):
-    """The video's prompt as made from its plan, before any frame is decoded."""
-
-    block: str  # the subtitle lines placed at the sampled frames
-    placed: int
-    dropped: int
-    prompt: Any  # the processor's tokenized prompt
 
 
 @dataclass
@@ -283,18 +259,9 @@ class VideoContext:
         return summary
 
     def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
-        """The video's prompt for `plan` with its subtitle lines placed; a prompt past the model's
-        positions is refused here."""
-        n_frames = len(plan)
-        budget = request.video.subtitle_tokens
-        block, placed, dropped = self._place_subtitles(cues, plan.timestamps, budget)
-        prompt = self.processor.build_chat_prompt(
-            video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
-        )
+        """The video's prompt for `plan` with its subtitle lines placed (`video_prompt`)."""
         context = int(self.model.config.max_position_embeddings)
-        tokens = int(prompt.input_ids.numel())
-        check_video_prompt(context, tokens, n_frames, prompt.placeholder_len)
-        return VideoPrompt(block, placed, dropped, prompt)
+        return video_prompt(self.processor, context, request, cues, plan, self.info.rank)
 
     def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
         """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
@@ -341,23 +308,6 @@ class VideoContext:
             raise EngineError(str(exc)) from None
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(oom_message(self.info.rank, device, "encoding frames")) from exc
-
-    def _place_subtitles(
-        self, cues: Sequence[Cue], timestamps: Sequence[float], budget: int
-    ) -> tuple[str, int, int]:
-        """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
-        budget (`--subtitle-tokens`; 0 asks for none, so dropping them all is no news)."""
-        lines = select_lines(cues, timestamps)
-        kept = fit_lines(lines, budget, lambda text: len(self.processor.encode_text(text)))
-        dropped = len(lines) - len(kept)
-        if dropped and budget and self.info.rank == 0:
-            warnings.warn(
-                EngineWarning(
-                    f"{dropped} of {len(lines)} subtitle lines dropped to fit the {budget:,}-token "
-                    "subtitle budget; the kept lines are spread over the whole video"
-                )
-            )
-        return subtitle_block(kept), len(kept), dropped
 
     def _prefix_len(self, prompt, n_frames: int, block: str) -> int:
         """Tokens prefilled at load: up to the last frame, or with subtitles up to the block's end

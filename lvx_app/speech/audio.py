@@ -13,6 +13,7 @@ from lvx_app.regular_files import NotARegularFile, by_descriptor, open_regular
 from lvx_app.video.errors import VideoError
 
 SAMPLE_RATE = 16000  # what Whisper's feature extractor takes
+PREROLL_S = 0.25  # decoded before a stretch and dropped: the decoder's state is settled by then
 
 
 class SpeechError(VideoError):
@@ -56,10 +57,35 @@ def audio_duration(path: str | Path) -> float | None:
         return None
 
 
-def read_audio(path: str | Path, start: float, end: float) -> np.ndarray:
+def speech_span(path: str | Path) -> float | None:
+    """Seconds of `path`'s audio worth transcribing: its first audio stream, cut at the end of its
+    video stream when it has one (audio that runs on past the picture is nothing the video shows);
+    None when it has no audio."""
+    import av
+
+    audio = audio_duration(path)
+    if not audio:
+        return audio
+    try:
+        with _container(av, path) as container:
+            if not container.streams.video:
+                return audio
+            stream = container.streams.video[0]
+            if stream.duration is None or stream.time_base is None:
+                return audio
+            start = float((stream.start_time or 0) * stream.time_base)
+            return min(audio, start + float(stream.duration * stream.time_base))
+    except (av.error.FFmpegError, OSError):
+        return audio
+
+
+def read_audio(
+    path: str | Path, start: float, end: float, bad: list[float] | None = None
+) -> np.ndarray:
     """The samples from `start` to `end` seconds (fewer when the audio ends first), 16 kHz mono
     float32. Always decoded from a seek to `start`, so every rank that asks for the same stretch
-    gets the same samples. Audio that cannot be decoded is a SpeechError line."""
+    gets the same samples. A packet that cannot be decoded is heard as silence, its time appended
+    to `bad`; a container that cannot be read is a SpeechError line."""
     import av
 
     first, last = int(round(start * SAMPLE_RATE)), int(round(end * SAMPLE_RATE))
@@ -68,9 +94,11 @@ def read_audio(path: str | Path, start: float, end: float) -> np.ndarray:
         with _container(av, path) as container:
             stream = container.streams.audio[0]
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-            if start > 0:
-                container.seek(int(start * 1_000_000), any_frame=False)  # to the key frame before
-            got = _decode(container, stream, resampler, first, last, out)
+            if start > 0:  # to the audio packet before `start` (a video's key frames may be an
+                # hour apart: seeking by them would decode that hour again for every stretch)
+                at = max(0.0, start - PREROLL_S) / stream.time_base
+                container.seek(int(at), stream=stream, any_frame=False)
+            got = _Decoded(first, last, out).run(av, container, stream, resampler, bad)
     except NotARegularFile as exc:
         raise SpeechError(str(exc)) from None
     except (av.error.FFmpegError, IndexError, ValueError) as exc:
@@ -81,19 +109,46 @@ def read_audio(path: str | Path, start: float, end: float) -> np.ndarray:
     return np.concatenate([lead, *out])[: last - first]
 
 
-def _decode(container, stream, resampler, first: int, last: int, out: list) -> int:
-    """Append the samples from sample `first` to `last` to `out`; returns the sample number the
-    first appended sample has (`first` unless the audio starts later)."""
-    begin = None
-    for frame in container.decode(stream):
-        at = int(round(float(frame.pts * frame.time_base) * SAMPLE_RATE)) if frame.pts else 0
+GAP = SAMPLE_RATE // 100  # a jump in the time stamps longer than this is a hole: filled with zeros
+
+
+class _Decoded:
+    """Samples from sample `first` to `last` appended to `out` packet by packet, a packet that
+    cannot be decoded skipped (its place filled with silence, so later words keep their times)."""
+
+    def __init__(self, first: int, last: int, out: list) -> None:
+        self.first, self.last, self.out = first, last, out
+        self.at: int | None = None  # the sample number of the next sample decoded
+        self.begin: int | None = None  # the sample number of the first sample appended
+
+    def run(self, av, container, stream, resampler, bad: list[float] | None) -> int:
+        """Decode; returns the first appended sample's number (`first` unless the audio starts
+        later)."""
+        for packet in container.demux(stream):
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError:  # one damaged packet: heard as silence
+                if bad is not None and packet.pts is not None:
+                    bad.append(max(0.0, round(float(packet.pts * packet.time_base), 2)))
+                continue
+            for frame in frames:
+                self.frame(frame, resampler)
+            if self.at is not None and self.at >= self.last:
+                break
+        return self.first if self.begin is None else self.begin
+
+    def frame(self, frame, resampler) -> None:
+        stamp = int(round(float(frame.pts * frame.time_base) * SAMPLE_RATE)) if frame.pts else 0
+        if self.at is None or stamp < self.at - GAP:
+            self.at = stamp
+        elif stamp > self.at + GAP:
+            self.add(np.zeros(stamp - self.at, np.float32))
         for piece in resampler.resample(frame):
-            data = piece.to_ndarray().reshape(-1).astype(np.float32, copy=False)
-            if at + len(data) > first:
-                cut = max(0, first - at)
-                out.append(data[cut:])
-                begin = at + cut if begin is None else begin
-            at += len(data)
-        if at >= last:
-            break
-    return first if begin is None else begin
+            self.add(piece.to_ndarray().reshape(-1).astype(np.float32, copy=False))
+
+    def add(self, data: np.ndarray) -> None:
+        if self.at + len(data) > self.first:
+            cut = max(0, self.first - self.at)
+            self.out.append(data[cut:])
+            self.begin = self.at + cut if self.begin is None else self.begin
+        self.at += len(data)

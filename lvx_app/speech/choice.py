@@ -11,7 +11,16 @@ from pathlib import Path
 from lvx_app.speech.audio import SpeechError, audio_duration
 from lvx_app.subtitles import SubtitleTrack
 
-INSTALL = 'pip install -e ".[speech]"'  # what brings faster-whisper in
+def install_hint() -> str:
+    """The command that brings faster-whisper in, as lvx was installed: from a source checkout
+    (its pyproject.toml beside the package) the editable extra from that folder, else the
+    published package's extra."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "lvx_app").is_dir():
+        return f'pip install -e "{checkout}[speech]"'
+    return "pip install 'lvx[speech]'"
+
+
 _told: set[str] = set()  # the notes this process has given (the missing extra is said once)
 
 
@@ -22,7 +31,7 @@ def speech_available() -> bool:
 
 def missing_line() -> str:
     """The one line `--subtitles speech` gives without the extra."""
-    return f"transcribing speech needs faster-whisper: {INSTALL}; or pass --subtitles none"
+    return f"transcribing speech needs faster-whisper: {install_hint()}; or pass --subtitles none"
 
 
 def wants_speech(path: str, choice: str, track: SubtitleTrack) -> bool:
@@ -37,7 +46,7 @@ def wants_speech(path: str, choice: str, track: SubtitleTrack) -> bool:
         return False
     if speech_available():
         return True
-    note = f"speech not transcribed ({INSTALL} to have it when a video has no subtitles)"
+    note = f"speech not transcribed ({install_hint()} to have it when a video has no subtitles)"
     if note not in _told:
         _told.add(note)
         track.notes.append(f"no subtitles for {Path(path).name}; {note}")

@@ -40,6 +40,11 @@ def find_model(name: str, device_type: str) -> SpeechModel:
     name = model_name(name, device_type)
     folder = Path(name).expanduser()
     if not folder.is_dir():
+        if _looks_like_a_path(name):
+            raise SpeechError(
+                f"there is no folder {name}: --speech-model takes a faster-whisper checkpoint's "
+                "folder, or a model name such as base, small or large-v3-turbo"
+            )
         folder = Path(_fetch(name))
     weights = folder / WEIGHTS
     if not weights.is_file():
@@ -54,25 +59,53 @@ def find_model(name: str, device_type: str) -> SpeechModel:
 _UNFETCHABLE: dict[str, str] = {}  # name -> why: asked once per process, not at every load
 
 
+FILES = ["config.json", "preprocessor_config.json", "model.bin", "tokenizer.json", "vocabulary.*"]
+
+
 def _fetch(name: str) -> str:
+    """The folder of `name` in the Hugging Face cache: found there without the network, else
+    fetched once with the Hub's progress bars (rank 0 does it first; the others then find it)."""
     if not speech_available():
         raise SpeechError(missing_line())
     if name in _UNFETCHABLE:
         raise SpeechError(_UNFETCHABLE[name])
-    from faster_whisper.utils import download_model
+    from faster_whisper.utils import _MODELS, download_model
 
     try:
-        return download_model(name)
+        return download_model(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached yet: fetched below
+        pass
+    repo = name if "/" in name else _MODELS.get(name)
+    if repo is None:
+        _UNFETCHABLE[name] = (
+            f"there is no speech model named {name!r}: --speech-model takes one of "
+            f"{', '.join(_MODELS)}, a hub id (owner/name) or a local faster-whisper folder"
+        )
+        raise SpeechError(_UNFETCHABLE[name])
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, allow_patterns=FILES)
     except Exception as exc:  # noqa: BLE001 - a bad name, or no network: one line either way
         _UNFETCHABLE[name] = (
-            f"speech model {name!r} could not be found or fetched ({_one_line(exc)}); pass a "
-            "local faster-whisper folder with --speech-model, or --subtitles none"
+            f"speech model {name!r} is not in the Hugging Face cache and could not be fetched "
+            f"({_one_line(exc)}); fetch it once where the Hub can be reached, or pass a local "
+            "faster-whisper folder with --speech-model, or --subtitles none"
         )
         raise SpeechError(_UNFETCHABLE[name]) from None
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:160]
+def _looks_like_a_path(name: str) -> bool:
+    """A name with a folder in it (./x, ~/x, /x, a\\b) is a path, never a hub id (owner/name)."""
+    return name.startswith((".", "~", "/")) or "\\" in name or name.count("/") > 1
+
+
+def _one_line(exc: Exception, most: int = 160) -> str:
+    """The exception in one line of at most `most` characters, cut at a word."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if len(text) <= most:
+        return text
+    return text[:most].rsplit(" ", 1)[0] + " ..."
 
 
 def load_model(found: SpeechModel, device_type: str, threads: int):

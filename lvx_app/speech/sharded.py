@@ -19,9 +19,9 @@ from lvx_app.config import VideoConfig
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech import model as speech_model
-from lvx_app.speech import transcribe
-from lvx_app.speech.audio import AudioDecodeError, SpeechError, audio_duration
-from lvx_app.speech.pieces import CUT_VERSION, find_cut, my_lines, pieces
+from lvx_app.speech import join, transcribe
+from lvx_app.speech.audio import AudioDecodeError, SpeechError, speech_span
+from lvx_app.speech.pieces import CUT_VERSION, Cut, find_cut, my_lines, pieces
 from lvx_app.subtitles import Cue
 from lvx_app.video.ingest import Agreement
 
@@ -48,7 +48,7 @@ def transcribe_video(
     the cache, or made by the group. No audio track, no speech in it, audio that cannot be decoded
     and (with `auto`) a speech model that cannot be had are notes; the load goes on without."""
     name = Path(path).name
-    duration = audio_duration(path)
+    duration = speech_span(path)
     if not duration:
         return Transcript(notes=[f"{name} has no audio track; going on without a transcript"])
     try:
@@ -65,8 +65,11 @@ def _transcribed(path: str, duration: float, video: VideoConfig, device, progres
     """The transcript read back, or made by the group and saved (rank 0)."""
     name = Path(path).name
     sync = Agreement(None)
+    with sync.agreed([]):  # rank 0 fetches a model the cache lacks; the others then find it there
+        first = get_rank() == 0
+        found = speech_model.find_model(video.speech_model, device.type) if first else None
     with sync.agreed([]):
-        found = speech_model.find_model(video.speech_model, device.type)
+        found = found or speech_model.find_model(video.speech_model, device.type)
     language = video.speech_language or ""
     key = TranscriptKey(file_identity(path), found.name, found.weights, language, CUT_VERSION)
     store = TranscriptCache(video.cache_dir) if video.cache else None
@@ -74,11 +77,11 @@ def _transcribed(path: str, duration: float, video: VideoConfig, device, progres
     source = f"speech ({found.name})"
     if all_min(int(saved is not None), device):
         return _transcript([Cue(*c) for c in saved], source, name, from_cache=True)
-    cues, skipped = _made(path, duration, found, language or None, device, sync, progress)
-    if store is not None and get_rank() == 0 and not skipped:  # a partial one is made again
+    cues, notes, partial = _made(path, duration, found, language or None, device, sync, progress)
+    if store is not None and get_rank() == 0 and not partial:  # a partial one is made again
         store.save(key, [(c.start, c.end, c.text) for c in cues], video=Path(path).resolve())
     made = _transcript(cues, source, name)
-    made.notes[:0] = skipped
+    made.notes[:0] = notes
     return made
 
 
@@ -87,46 +90,157 @@ def _transcript(cues: list[Cue], source: str, name: str, from_cache: bool = Fals
     return Transcript(cues, source if cues else "", notes, from_cache)
 
 
-def _made(path, duration, found, language, device, sync, progress) -> tuple[list[Cue], list[str]]:
-    """This rank's pieces transcribed in step with the others, then every rank's cues gathered,
-    with a line for each piece whose audio could not be decoded (the rest is kept)."""
+def _made(path, duration, found, language, device, sync, progress):
+    """This rank's pieces transcribed in step with the others, then every rank's words gathered
+    and joined into cues, with the notes: the language, pieces whose audio could not be decoded
+    (the rest is kept), packets heard as silence, an English-only model that understood little;
+    and whether a piece was left out."""
     rank, world = get_rank(), get_world_size()
     numbers, lines = my_lines(duration, rank, world)
     with sync.agreed([]):
         cuts = {line: _cut(path, line) for line in lines}
         mine = pieces(duration, numbers, cuts)
-        threads = torch.get_num_threads()
-        model = speech_model.load_model(found, device.type, threads) if mine else None
+    model = _LazyModel(found, device.type, torch.get_num_threads())
+    part = _Part()
+    language = _language(model, path, mine, duration, language, sync, part)
     steps = math.ceil((len(my_lines(duration, 0, 1)[0])) / world)
-    cues: list[tuple[float, float, str]] = []
-    skipped: list[str] = []
     done = 0
     for step in range(steps):
         with sync.agreed([0]) as seconds:
             if step < len(mine):
-                piece = mine[step]
-                try:
-                    cues += transcribe.transcribe_piece(model, path, piece, duration, language)
-                except AudioDecodeError as exc:
-                    skipped.append(
-                        f"{exc}; the speech from {piece.start:.0f} to {piece.end:.0f} s is left out"
-                    )
-                seconds[0] = math.ceil(piece.end) - math.ceil(piece.start)
+                part.add(model, path, mine[step], duration, language)
+                seconds[0] = math.ceil(mine[step].end) - math.ceil(mine[step].start)
         done += seconds[0]
         if progress is not None and rank == 0:
             progress(STAGE, done, math.ceil(duration))
-    every = [(cues, skipped)]
+    part.english_only = model.english_only()
+    part.listened.clear()
+    every = [part]
     if world > 1:
         every = [None] * world
-        dist.all_gather_object(every, (cues, skipped))
-    made = sorted((Cue(*c) for part, _ in every for c in part), key=lambda c: (c.start, c.end))
-    return made, [line for _, lines in every for line in lines]
+        dist.all_gather_object(every, part)
+    words = join.join([pw for p in every for pw in p.heard])
+    made = [Cue(*c) for c in join.cues(words)]
+    partial = any(p.skipped for p in every)
+    return made, _notes(Path(path).name, every, len(words), found.name) + part.said, partial
 
 
-def _cut(path: str, line: float) -> float:
+@dataclass
+class _Part:
+    """What one rank heard: each piece's words, the lines of pieces left out, the times of
+    packets heard as silence, seconds of speech, and whether its model hears English only."""
+
+    heard: list = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    bad: list[float] = field(default_factory=list)
+    speech_s: float = 0.0
+    english_only: bool | None = None
+    said: list[str] = field(default_factory=list)  # the language detected (rank 0's)
+    listened: dict = field(default_factory=dict)  # pieces read before the steps: not read again
+
+    def add(self, model, path: str, piece, duration: float, language) -> None:
+        ahead = self.listened.pop(piece.index, None)
+        try:
+            got = transcribe.transcribe_piece(model, path, piece, duration, language, ahead)
+        except AudioDecodeError as exc:
+            self.skipped.append(
+                f"{exc}; the speech from {piece.start:.0f} to {piece.end:.0f} s is left out"
+            )
+            return
+        self.heard.append((piece, got.words))
+        self.bad += got.bad
+        self.speech_s += got.speech_s
+        if got.sampled:
+            model.renew()
+
+
+def _notes(name: str, every: list[_Part], words: int, model: str) -> list[str]:
+    notes = [line for p in every for line in p.skipped]
+    bad = sorted({t for p in every for t in p.bad})
+    if bad:
+        at = f"at {bad[0]:.1f} s" if len(bad) == 1 else f"from {bad[0]:.1f} to {bad[-1]:.1f} s"
+        notes.append(
+            f"{len(bad)} damaged audio packet(s) of {name} could not be decoded ({at}); "
+            "heard as silence, the rest is transcribed"
+        )
+    speech_s = sum(p.speech_s for p in every)
+    if any(p.english_only for p in every) and speech_s >= ENGLISH_CHECK_S:
+        if words < MIN_WORDS_PER_S * speech_s:
+            notes.append(
+                f"the speech model {model} hears English only and understood little of the "
+                f"{speech_s:.0f} s of speech in {name} ({words} words): if it is another "
+                "language, pass a multilingual --speech-model such as base or small"
+            )
+    return notes
+
+
+ENGLISH_CHECK_S = 10.0  # seconds of speech before an English-only model's yield is judged
+MIN_WORDS_PER_S = 0.5  # fewer words per second of speech: not understood (speech runs ~2.5)
+
+
+class _LazyModel:
+    """The speech model, loaded the first time a piece holds speech (silence never loads it)."""
+
+    def __init__(self, found, device_type: str, threads: int) -> None:
+        self.found, self.device_type, self.threads = found, device_type, threads
+        self.model = None
+        self.multilingual: bool | None = None
+
+    def __call__(self):
+        if self.model is None:
+            self.model = speech_model.load_model(self.found, self.device_type, self.threads)
+        return self.model
+
+    def renew(self) -> None:
+        """Load the model afresh for the next piece: its decoding thread's random generator,
+        seeded once when it first sampled, has moved on, and the next piece's sampling must start
+        from the seed as it would on a rank where it came first."""
+        if self.model is not None:
+            self.multilingual = self.model.model.is_multilingual
+        self.model = None
+
+    def english_only(self) -> bool | None:
+        if self.model is not None:
+            return not self.model.model.is_multilingual
+        return None if self.multilingual is None else not self.multilingual
+
+
+def _language(model, path, mine, duration, language, sync, part) -> str | None:
+    """The language every piece is transcribed in: the one asked for, else detected once, by rank
+    0 on its first piece that holds speech (a multilingual model only), and told to the user. The
+    pieces read on the way are kept in `part.listened` (never read twice)."""
+    found: list[tuple[str, float] | None] = [None]
+    with sync.agreed([]):
+        if language is None and get_rank() == 0:
+            found[0] = _detected(model, path, mine, duration, part.listened)
+    if get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)
+    if found[0] is None:
+        return language
+    code, probability = found[0]
+    part.said.append(
+        f"the speech in {Path(path).name} is in language {code!r} (detected, p={probability:.2f})"
+    )
+    return code
+
+
+def _detected(model, path, mine, duration, listened: dict) -> tuple[str, float] | None:
+    for piece in mine:
+        try:
+            got = listened[piece.index] = transcribe.listen(path, piece, duration)
+        except AudioDecodeError:
+            return None  # the step loop says so
+        if got.audio is not None and transcribe.speech_spans(got.audio):
+            if not model().model.is_multilingual:
+                return None
+            return transcribe.detect_language(model(), got.audio)
+    return None
+
+
+def _cut(path: str, line: float) -> Cut:
     """The cut for a grid line; the line itself where the audio around it cannot be decoded (the
     pieces on either side say so)."""
     try:
         return find_cut(path, line, transcribe.speech_spans)
     except AudioDecodeError:
-        return line
+        return Cut(line)

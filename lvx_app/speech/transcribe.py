@@ -1,52 +1,108 @@
-"""One piece of audio through faster-whisper: voice-activity filtered, word timestamps, greedy at
-temperature 0 and not conditioned on the piece before, so a piece's words depend on that piece
-alone (the same on any number of ranks, and the same when transcribed again)."""
+"""One piece of audio through faster-whisper with its own defaults (beam 5, the temperature
+fallback that drops repetition loops by compression ratio and weak decodes by log-probability, the
+no-speech filter), voice-activity filtered, with word timestamps. Sampling at a fallback
+temperature starts from a fixed seed (CTranslate2 seeds a decoding thread's generator once, when it
+first samples, so a model that sampled is loaded afresh for the next piece:
+`sharded._LazyModel`), and no piece is conditioned on another, so a piece's words
+depend on that piece alone (the same on any number of ranks, and the same when transcribed
+again). A fast energy gate runs before the model: silent audio never loads it, and the voice
+activity detector inside faster-whisper keeps noise and music from its decoder."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio
 from lvx_app.speech.onnx_import import import_onnxruntime_privately
 from lvx_app.speech.pieces import MIN_GAP_S, Piece
-from lvx_app.subtitles import clean_text
 
 SILENCE = 1e-4  # -80 dBFS
+QUIET = 10 ** (-55 / 20)  # a 0.1 s stretch below -55 dBFS (RMS) holds no speech to detect
+SEED = 0  # the sampling seed of the temperature fallback
 CueTuple = tuple[float, float, str]  # (start s, end s, text): a cue as it travels and is cached
+Word = tuple[float, float, str]  # (start s, end s, the word with its leading space)
+
+
+@dataclass
+class Heard:
+    """What a piece gave: its words at their times in the video, the times of packets that could
+    not be decoded, the seconds of speech the detector found."""
+
+    words: list[Word] = field(default_factory=list)
+    bad: list[float] = field(default_factory=list)
+    speech_s: float = 0.0
+    sampled: bool = False  # a window fell back to sampling: the model's random stream moved on
+
+
+@dataclass
+class Listened:
+    """A piece's audio read and gated: its samples (None when it is silent: not kept), where they
+    start, the times of packets heard as silence."""
+
+    audio: np.ndarray | None
+    lo: float
+    bad: list[float]
+
+
+def listen(path: str, piece: Piece, duration: float) -> Listened:
+    """`piece`'s audio (with its overlaps at cuts in speech) through the energy gate; the voice
+    activity detector runs once, inside faster-whisper, on what passes."""
+    lo, hi = piece.audio_span(duration)
+    bad: list[float] = []
+    audio = read_audio(path, lo, hi, bad)
+    return Listened(None if silent(audio) else audio, lo, bad)
 
 
 def transcribe_piece(
-    model, path: str, piece: Piece, duration: float, language: str | None
-) -> list[CueTuple]:
-    """The cues of `piece`: one per Whisper segment, holding the segment's words that start inside
-    the piece (those of the overlaps belong to the neighbours), at their times in the video."""
-    lo, hi = piece.audio_span(duration)
-    audio = read_audio(path, lo, hi)
-    if silent(audio):
-        return []  # an hour of silence costs its decoding alone
-    segments, _ = model.transcribe(
-        audio,
+    model_of, path: str, piece: Piece, duration: float, language, listened: Listened | None = None
+) -> Heard:
+    """The words of `piece` (and of its overlaps at cuts in speech: `join` keeps them once), from
+    its audio as `listen` gives it (read here unless given). `model_of()` gives the loaded model,
+    asked for only when the piece holds speech."""
+    got = listened or listen(path, piece, duration)
+    heard = Heard(bad=got.bad)
+    if got.audio is None:
+        return heard  # silence costs its decoding and one pass of arithmetic alone
+    import ctranslate2
+
+    ctranslate2.set_random_seed(SEED)
+    segments, info = model_of().transcribe(
+        got.audio,
         language=language,
         vad_filter=True,
         word_timestamps=True,
-        temperature=0.0,
         condition_on_previous_text=False,
     )
-    cues = []
+    heard.speech_s = float(info.duration_after_vad)
     for segment in segments:
-        words = [w for w in segment.words or () if piece.start <= lo + w.start < piece.end]
-        text = clean_text("".join(w.word for w in words))
-        if text:
-            start, end = float(lo + words[0].start), float(lo + words[-1].end)
-            cues.append((round(start, 3), round(end, 3), text))
-    return cues
+        heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
+        heard.sampled |= segment.temperature > 0
+    return heard
+
+
+def detect_language(model, audio: np.ndarray) -> tuple[str, float]:
+    """(language code, probability) of the speech in `audio`, by the model's own detector."""
+    language, probability, _ = model.detect_language(audio, vad_filter=True)
+    return language, float(probability)
 
 
 def silent(audio) -> bool:
-    """Whether `audio` is digital silence (no sample above -80 dBFS): no detector needed."""
-    return not len(audio) or float(abs(audio).max()) < SILENCE
+    """Whether `audio` holds nothing to detect: digital silence, or no 0.1 s stretch louder than
+    QUIET. Costs one pass of arithmetic, no detector."""
+    if not len(audio) or float(abs(audio).max()) < SILENCE:
+        return True
+    step = SAMPLE_RATE // 10
+    usable = len(audio) // step * step
+    frames = audio[:usable].reshape(-1, step) if usable else audio[None]
+    loudest = float(np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1)).max())
+    return loudest < QUIET
 
 
 def speech_spans(audio) -> list[tuple[int, int]]:
-    """(start, end) samples of the speech in `audio`, by faster-whisper's Silero detector."""
+    """(start, end) samples of the speech in `audio`, by faster-whisper's Silero detector (never
+    run on audio the energy gate calls silent)."""
     if silent(audio):
         return []
     from faster_whisper.vad import VadOptions, get_speech_timestamps
@@ -56,4 +112,4 @@ def speech_spans(audio) -> list[tuple[int, int]]:
     return [(s["start"], s["end"]) for s in get_speech_timestamps(audio, options)]
 
 
-__all__ = ["SAMPLE_RATE", "CueTuple", "speech_spans", "transcribe_piece"]
+__all__ = ["SAMPLE_RATE", "CueTuple", "Heard", "Word", "speech_spans", "transcribe_piece"]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lvx_app.subtitles import write_srt  # noqa: F401 - the writer the scripts and tests use
+
 ROWS, COLS = 3, 4  # 12 bits: indices up to 4095
 BITS = ROWS * COLS
 
@@ -161,19 +163,6 @@ _ASS_HEADER = (
     "MarginL, MarginR, "
     "MarginV, Effect, Text\n"
 )
-
-
-def write_srt(path: str | os.PathLike, cues: list[tuple[float, float, str]]) -> Path:
-    """A sidecar .srt file holding `cues` (start s, end s, text), to the millisecond."""
-
-    def stamp(t: float) -> str:
-        s, ms = divmod(round(t * 1000), 1000)
-        return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d},{ms:03d}"
-
-    blocks = (f"{i}\n{stamp(a)} --> {stamp(b)}\n{text}\n" for i, (a, b, text) in enumerate(cues, 1))
-    path = Path(path)
-    path.write_text("\n".join(blocks), encoding="utf-8")
-    return path
 
 
 def add_subtitle_stream(

@@ -1,0 +1,102 @@
+"""The video's first user turn: the video, then the subtitle block, then the question; and the
+tokenized prompt made from a sampling plan before any frame is decoded, with its subtitle lines
+placed. A speech transcript goes in whole when it fits (each line at its time, the frames' times
+beside them), so every word the video says is within the model's reach; otherwise, as for a
+subtitle file, the lines at the sampled frames within `--subtitle-tokens` (the Video-MME way)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from lvx_app.engine.limits import TURN_ROOM, check_video_prompt
+from lvx_app.engine.records import EngineWarning, VideoOpening, VideoRequest
+from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block, timed_block
+from lvx_models.api import VIDEO
+
+
+def video_text(block: str, question: str = "") -> str:
+    """The first user turn: the video, the subtitle block (the text the eval prompt starts with),
+    the question."""
+    if not block:
+        return VIDEO + "\n" + question
+    return VIDEO + "\n" + block + "\n" + question.lstrip()
+
+
+def video_messages(opening: VideoOpening, block: str, question: str = "") -> list[dict]:
+    """The conversation's first messages: the system message, then the first user turn with the
+    text before the video, the video, the subtitle block and the question."""
+    system = [{"role": "system", "content": opening.system}] if opening.system else []
+    return system + [{"role": "user", "content": opening.before + video_text(block, question)}]
+
+
+class VideoPrompt(NamedTuple):
+    """The video's prompt as made from its plan, before any frame is decoded."""
+
+    block: str  # the subtitle lines placed
+    placed: int
+    dropped: int
+    prompt: Any  # the processor's tokenized prompt
+
+
+def video_prompt(
+    processor, context: int, request: VideoRequest, cues: Sequence[Cue], plan, rank: int
+) -> VideoPrompt:
+    """The video's prompt for `plan` with its subtitle lines placed; a prompt past the model's
+    `context` positions is refused here. Rank 0 warns of lines left out."""
+    n_frames = len(plan)
+    budget = request.video.subtitle_tokens
+    whole = _whole_transcript(processor, context, request, cues, plan.timestamps) if cues else None
+    if whole is not None:
+        return whole
+    block, placed, dropped = _frame_lines(processor, cues, plan.timestamps, budget, rank)
+    prompt = processor.build_chat_prompt(
+        video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
+    )
+    check_video_prompt(context, int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
+    if request.speech and budget and rank == 0:
+        warnings.warn(
+            EngineWarning(
+                f"{placed} of {len(cues)} transcript lines placed (those at the sampled "
+                f"frames): the whole transcript does not fit the {budget:,}-token subtitle "
+                "budget or the model's positions; raise --subtitle-tokens or --fps"
+            )
+        )
+    return VideoPrompt(block, placed, dropped, prompt)
+
+
+def _whole_transcript(processor, context: int, request: VideoRequest, cues, timestamps):
+    """The prompt with every line of a speech transcript, at its time, when it fits the subtitle
+    budget and leaves room for a question within the model's positions; else None."""
+    budget = request.video.subtitle_tokens
+    if not request.speech or not budget:
+        return None
+    block = timed_block(cues, timestamps)
+    if len(processor.encode_text(block)) > budget:
+        return None
+    messages = video_messages(request.opening, block)
+    prompt = processor.build_chat_prompt(
+        messages, videos=[len(timestamps)], add_generation_prompt=False
+    )
+    if int(prompt.input_ids.numel()) + TURN_ROOM > context:
+        return None
+    return VideoPrompt(block, len(cues), 0, prompt)
+
+
+def _frame_lines(
+    processor, cues: Sequence[Cue], timestamps: Sequence[float], budget: int, rank: int
+) -> tuple[str, int, int]:
+    """(block, lines placed, lines dropped): the lines at the sampled frames that fit the token
+    budget (`--subtitle-tokens`; 0 asks for none, so dropping them all is no news)."""
+    lines = select_lines(cues, timestamps)
+    kept = fit_lines(lines, budget, lambda text: len(processor.encode_text(text)))
+    dropped = len(lines) - len(kept)
+    if dropped and budget and rank == 0:
+        warnings.warn(
+            EngineWarning(
+                f"{dropped} of {len(lines)} subtitle lines dropped to fit the {budget:,}-token "
+                "subtitle budget; the kept lines are spread over the whole video"
+            )
+        )
+    return subtitle_block(kept), len(kept), dropped
