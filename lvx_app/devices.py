@@ -70,16 +70,12 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-# blocks from this size up get their own mapping, unmapped when freed
-MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
 @functools.cache
 def _glibc():
-    """glibc, loaded once (None elsewhere), with its threshold for mapping a block apart fixed:
-    left to itself glibc raises it (up to 32 MB) each time a mapped block is freed, after which
-    tensors of every size come from the heap and leave holes there that no trim can return."""
+    """glibc, loaded once (None elsewhere). Its threshold for mapping a block apart is left to
+    glibc, which raises it to the size of each mapped block freed: fixed low, every tensor above it
+    (an answer's evidence shares, a prefill's attention tiles, sizes that grow with the frames)
+    would be mapped afresh and page-faulted in at each use instead of reusing the heap."""
     import ctypes
     import ctypes.util
 
@@ -87,11 +83,7 @@ def _glibc():
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    if not hasattr(libc, "malloc_trim"):
-        return None
-    if hasattr(libc, "mallopt"):
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    return libc
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def release_free_memory() -> None:
