@@ -340,6 +340,35 @@ def test_a_tensor_made_again_in_a_serving_process_costs_no_new_page_faults():
     assert int(out.stdout.split()[-1]) < 256, out.stdout + out.stderr
 
 
+_GIVEN_BACK = """
+import torch
+from lvx_app.devices import release_free_memory, resident_bytes
+
+MiB = 2**20
+release_free_memory()  # the first time: given back
+held = [torch.ones(1 << 14) for _ in range(1536)]  # 96 MiB of 64 KiB tensors, from the heap
+del held
+before = resident_bytes()
+release_free_memory(kept=256 * MiB)  # under the bound: kept for the next command's temporaries
+kept = resident_bytes()
+release_free_memory(kept=32 * MiB)  # over it: given back
+print((before - kept) // MiB, (kept - resident_bytes()) // MiB)
+"""
+
+
+def test_freed_memory_goes_back_once_it_passes_the_bound():
+    """Between commands a serving process keeps what it freed up to a bound, for the next
+    command's temporaries, and gives it back past it: resident memory cannot creep beyond it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _GIVEN_BACK], capture_output=True, text=True, check=True
+    )
+    kept_back, given_back = map(int, out.stdout.split())
+    assert kept_back < 8 and given_back > 64, out.stdout + out.stderr
+
+
 def _cycle_garbage(work) -> list:
     """What `work()` leaves in reference cycles: objects only the cycle collector frees, whose
     full pass a busy server runs rarely (until then each answer's tensors stay resident)."""
