@@ -87,7 +87,9 @@ def summary(runs: list[dict], labels: tuple[str, str], frames: list[int]) -> lis
     for n in frames:
         for figure, higher_is_faster in FIGURES.items():
             a, b = (
-                statistics.median(r[figure] for r in runs if r["video_frames"] == n and r["commit"] == c)
+                statistics.median(
+                    r[figure] for r in runs if r["video_frames"] == n and r["commit"] == c
+                )
                 for c in labels
             )
             ratio = b / a if higher_is_faster else a / b
