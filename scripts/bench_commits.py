@@ -13,8 +13,8 @@ Repetition r runs A then B at every frame count, the next B then A, so a change 
 load falls on both; a run's load average is kept beside its figures.
 
 The ratio is B's speed over A's (tokens/s B / A; seconds, CPU seconds and page faults A / B): above
-1, B is faster. Beside the wall clock each run gives the CPU seconds and minor page faults of its
-two answers, steadier than the wall on a shared machine.
+1, B is faster. Beside the wall clock each run gives the CPU seconds and minor page faults per
+answer, steadier than the wall on a shared machine.
 
     python scripts/bench_commits.py 0c26e35 HEAD --frames 600 1800 --repeats 5 \\
         --out runs/bench_commits.json
@@ -45,8 +45,8 @@ FIGURES = {
     "ttft_s": False,
     "decode_tok_s": True,
     "follow_up_ttft_s": False,
-    "answers_cpu_s": False,
-    "answers_page_faults": False,
+    "answer_cpu_s": False,
+    "answer_page_faults": False,
 }
 
 
@@ -70,7 +70,7 @@ def run_once(tree: Path, checkpoint: Path, video: Path, args) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "links"), str(tree)])
     command = [sys.executable, "-P", str(WORKER), "--checkpoint", str(checkpoint),
                "--video", str(video), "--threads", str(args.threads),
-               "--new-tokens", str(args.new_tokens)]  # fmt: skip
+               "--new-tokens", str(args.new_tokens), "--asks", str(args.asks)]  # fmt: skip
     load = os.getloadavg()[0]
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each commit per frames")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--asks", type=int, default=3, help="questions per run (medians)")
     parser.add_argument("--out", type=Path, help="write every run and the summary as JSON here")
     args = parser.parse_args(argv)
     if args.repeats < 1:
