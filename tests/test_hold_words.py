@@ -317,10 +317,10 @@ import resource, torch
 from lvx_app.devices import release_free_memory
 
 release_free_memory()  # as a serving process does before every command
-for _ in range(5):  # 1 MiB, made and freed: the heap settles
+for _ in range(10):  # 1 MiB, made and freed: the heap settles
     torch.ones(1 << 18).sum()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):  # the same tensor again, as every decoded token and every answer makes theirs
+for _ in range(40):  # the same tensor again, as every decoded token and every answer makes theirs
     torch.ones(1 << 18).sum()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -330,14 +330,15 @@ def test_a_tensor_made_again_in_a_serving_process_costs_no_new_page_faults():
     """A serving process gives freed memory back between commands, but within one a tensor freed
     and made again reuses its pages: mapped afresh each time (glibc's mapping threshold fixed
     below its size), every answer's temporaries (evidence shares, attention tiles: sizes that grow
-    with the frames) would be page-faulted in again, 256 faults per MiB."""
+    with the frames) would be page-faulted in again, 256 faults per MiB: 40 remakes, over 10,000
+    faults. Reused, a few heap extensions at most."""
     import subprocess
     import sys
 
     out = subprocess.run(
         [sys.executable, "-c", _REMADE], capture_output=True, text=True, check=True
     )
-    assert int(out.stdout.split()[-1]) < 256, out.stdout + out.stderr
+    assert int(out.stdout.split()[-1]) < 40 * 256 // 4, out.stdout + out.stderr
 
 
 _GIVEN_BACK = """
