@@ -7,9 +7,12 @@ of three copies.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import resource
+from pathlib import Path
 
 import torch
 
@@ -70,34 +73,50 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-# blocks from this size up get their own mapping, unmapped when freed
-MMAP_THRESHOLD_BYTES = 128 * 1024
+# Resident memory a process may gain after it gave freed memory back before it gives it back again:
+# below it, freed pages serve the next command's temporaries (a question's attention tiles, an
+# answer's evidence shares) without being page-faulted in again, a cost that grows with the frames.
+KEPT_BYTES = 256 * 2**20
 
 
 @functools.cache
 def _glibc():
-    """glibc, loaded once (None elsewhere), with its threshold for mapping a block apart fixed:
-    left to itself glibc raises it (up to 32 MB) each time a mapped block is freed, after which
-    tensors of every size come from the heap and leave holes there that no trim can return."""
-    import ctypes
-    import ctypes.util
-
+    """glibc, loaded once (None elsewhere). Its threshold for mapping a block apart is left to
+    glibc, which raises it to the size of each mapped block freed: fixed low, every tensor above it
+    would be mapped afresh and page-faulted in at each use instead of reusing the heap."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    if not hasattr(libc, "malloc_trim"):
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux; None elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
         return None
-    if hasattr(libc, "mallopt"):
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    return libc
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def release_free_memory() -> None:
-    """Give the memory freed since the last command back to the system (glibc's `malloc_trim`;
-    nothing elsewhere). Without it glibc keeps freed pages of its many arenas in the process, and
-    a server's resident memory creeps up request after request instead of settling."""
+class _GivenBack:
+    """Resident bytes right after this process last gave freed memory back (None: not yet)."""
+
+    resident: int | None = None
+
+
+def release_free_memory(kept: int = KEPT_BYTES) -> None:
+    """Give the memory freed since the last give-back to the system (glibc's `malloc_trim`; nothing
+    elsewhere) the first time, then once the process holds more than `kept` bytes over what it
+    held right after the last time.
+    Without it glibc keeps freed pages of its many arenas in the process, and a server's resident
+    memory creeps up request after request instead of settling."""
     libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    if libc is None:
+        return
+    now, last = resident_bytes(), _GivenBack.resident
+    if now is not None and last is not None and now <= last + kept:
+        return
+    libc.malloc_trim(0)
+    _GivenBack.resident = resident_bytes()

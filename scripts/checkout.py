@@ -37,11 +37,12 @@ def with_path(env: dict[str, str], folder: Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def link_folder(folder: Path) -> Path:
-    """`folder` holding one link per import name to the checkout's package folder."""
+def link_folder(folder: Path, root: Path = ROOT) -> Path:
+    """`folder` holding one link per import name to the package folder of the checkout at `root`
+    (default: this one)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, source in PACKAGES.items():
-        (folder / name).symlink_to(ROOT / source, target_is_directory=True)
+        (folder / name).symlink_to(root / source, target_is_directory=True)
     return folder
 
 
