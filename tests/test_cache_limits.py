@@ -5,24 +5,15 @@ entries used least recently removed first, never those the load used."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import warnings
 from dataclasses import replace
 
-import pytest
-from test_prefix_cache import _key, _saved
+from test_prefix_cache import _key, _saved, video  # noqa: F401 - the fixture
 
 from lvx_app.cache import CacheFolder, CacheWarning, PrefixCache
 from lvx_app.cache.prompts import PROMPTS_PER_FEATURES
-
-
-@pytest.fixture
-def video(tmp_path):
-    path = tmp_path / "movie.mp4"
-    path.write_bytes(os.urandom(3000))
-    return path
 
 
 def test_saved_prompts_of_one_video_are_capped_the_least_recently_used_going_first(tmp_path, video):
