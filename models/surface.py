@@ -398,6 +398,9 @@ class Family:
     parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
         counted on the meta device (nothing allocated)
     hub_files: the files of a hub repo the family reads (glob patterns, `snapshot_download`'s)
+    marker_files: the files at the top of a checkpoint folder or hub repo that mark the family's
+        checkpoints when they have no config.json naming a `model_type` (all of them present);
+        empty: its checkpoints always have one
     save_weights(model, base, dtype) -> every key of a checkpoint in the published layout made from
         a finetuned `model` (adapters merged) and `base`, the checkpoint it was trained from; None:
         the family's models cannot be finetuned yet (its models then need not be `Finetunable`)
@@ -418,6 +421,7 @@ class Family:
     config_type: type  # the class of its `config`
     hub_files: tuple[str, ...]
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
+    marker_files: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
