@@ -115,7 +115,7 @@ def answer_shares(
         q_vis = torch.stack([r[1].to(q.device) for r in rows])
         k, _ = visual.kv[layer]
         parts.append((q, q_vis, k[0], k_frame))
-    shares = frame_shares(parts, visual.num_frames, distributed=world > 1)
+    shares = frame_shares(parts, visual.num_frames, distributed=world > 1, window=visual.window)
     recorder.seconds += time.perf_counter() - t0
     return shares
 

@@ -20,7 +20,7 @@ import torch
 
 from lvx_app.cache import PrefixCache, PrefixKey, SavedPrefix, VisualKVCache, VisualKVKey
 from lvx_app.cache.fingerprints import fingerprint_memo
-from lvx_app.config import ModelConfig, VideoConfig
+from lvx_app.config import MEDIA_ATTENTION, ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
@@ -221,6 +221,7 @@ class VideoContext:
         kv_choice = self._kv_choice(video.kv_mode, n_frames)
         kv_mode = kv_choice.mode
         visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, path)
+        visual = replace(visual, window=MEDIA_ATTENTION[video.media_attention])
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
         conversation.clear()
@@ -367,6 +368,7 @@ class VideoContext:
                 prompt_ids=prefix_ids,
                 device=self.info.device.type,
                 owner=request.opening.owner,
+                media_attention=request.video.media_attention,
             )
         rank0 = self.info.rank == 0
         device = self.info.device
