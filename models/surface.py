@@ -82,6 +82,11 @@ class ModelConfig(Protocol):
         """0-based indices of the layers that attend to the frames."""
 
     @property
+    def cross_attention_heads(self) -> int:
+        """Query heads of a cross layer's attention to the frames (its own geometry: it need not be
+        the text layers' `num_attention_heads`)."""
+
+    @property
     def cross_kv_heads(self) -> int:
         """K/V heads of a cross layer's visual K/V (its own geometry: it need not be the text
         layers' `num_key_value_heads`)."""
@@ -111,6 +116,11 @@ class ModelConfig(Protocol):
     def vision_output_size(self) -> int:
         """Width of a visual token the projector takes (wider than the tower where it
         concatenates layers' outputs)."""
+
+    @property
+    def visual_feature_size(self) -> int:
+        """Width of a visual feature E, what the projector (or resampler) hands the cross layers
+        to make their K/V from."""
 
     @property
     def visual_kv_chunk_bytes(self) -> int:

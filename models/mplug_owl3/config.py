@@ -265,6 +265,16 @@ class Owl3Config:
         return self.hyper_layer_indices
 
     @property
+    def visual_feature_size(self) -> int:
+        """Width of E: the projector maps a visual token to the language model's width."""
+        return self.hidden_size
+
+    @property
+    def cross_attention_heads(self) -> int:
+        """Query heads of a hyper layer's visual attention (the text layer's `q_proj`)."""
+        return self.num_attention_heads
+
+    @property
     def cross_kv_heads(self) -> int:
         """K/V heads of a hyper layer's visual K/V (`v_kv_proj`: the text layer's K/V heads)."""
         return self.num_key_value_heads
