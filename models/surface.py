@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Proto
 
 import torch
 
+from .safetensors_folder import safetensors_files
+
 # Where a loaded video goes in a user message: every family's processor reads it there.
 VIDEO = "<|video|>"
 
@@ -408,6 +410,9 @@ class Family:
     parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
         counted on the meta device (nothing allocated)
     hub_files: the files of a hub repo the family reads (glob patterns, `snapshot_download`'s)
+    weight_files(folder) -> {key: the file holding it} of every tensor the family loads from a
+        local checkpoint folder, read from headers (safetensors) or memory-mapped (PyTorch files,
+        `torch_files`); the fit check sizes the weights by it, `encoder_identity` may hash by it
     marker_files: the files at the top of a checkpoint folder or hub repo that mark the family's
         checkpoints when they have no config.json naming a `model_type` (all of them present);
         empty: its checkpoints always have one
@@ -432,6 +437,7 @@ class Family:
     hub_files: tuple[str, ...]
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
     marker_files: tuple[str, ...] = ()
+    weight_files: Callable[[Path], dict[str, Path]] = safetensors_files
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
