@@ -18,6 +18,7 @@ from pathlib import Path
 from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint, top_files
 from .pixels import resize_uint8, square_prep
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
+from .torch_files import weight_shapes
 from .steps import (
     AttentionHooks,
     ForwardStep,
@@ -70,6 +71,7 @@ __all__ = [
     "square_prep",
     "tensor_shapes",
     "valid_text",
+    "weight_shapes",
 ]
 
 

@@ -55,18 +55,12 @@ def _keys_of(f: Path) -> list[str]:
 
 
 def tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    """key -> shape, each file's header opened once (a PyTorch weight file's tensors memory-mapped:
-    `torch_files`)."""
-    from .torch_files import is_torch_file, torch_shapes
-
+    """key -> shape, each file's header opened once."""
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         by_file.setdefault(f, []).append(k)
     out: dict[str, tuple[int, ...]] = {}
     for f, keys in by_file.items():
-        if is_torch_file(f):
-            out.update(torch_shapes(f, keys))
-            continue
         try:
             with safe_open(str(f), framework="pt") as h:
                 present = set(h.keys())

@@ -413,6 +413,8 @@ class Family:
     weight_files(folder) -> {key: the file holding it} of every tensor the family loads from a
         local checkpoint folder, read from headers (safetensors) or memory-mapped (PyTorch files,
         `torch_files`); the fit check sizes the weights by it, `encoder_identity` may hash by it
+    published: the published checkpoints' configs (`config_type`, sizes only) by release name, the
+        first the one a plan, a benchmark or the GPU acceptance uses when none is named
     marker_files: the files at the top of a checkpoint folder or hub repo that mark the family's
         checkpoints when they have no config.json naming a `model_type` (all of them present);
         empty: its checkpoints always have one
@@ -437,6 +439,7 @@ class Family:
     hub_files: tuple[str, ...]
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
     marker_files: tuple[str, ...] = ()
+    published: Mapping[str, Any] = field(default_factory=dict)
     weight_files: Callable[[Path], dict[str, Path]] = safetensors_files
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -1,9 +1,8 @@
 """PyTorch weight files (`torch.save`'s zip: `.pt`, `.bin`, `.pth`) read as tensors only, with
 `torch.load(weights_only=True)`, so no pickle a file carries ever runs, and memory-mapped, so only
 the tensors used are read. A family whose published checkpoint ships such files lists their keys
-with `torch_file_keys` in its `Family.weight_files`; the fit check's shapes and the features'
-fingerprint then read them as they read safetensors (`safetensors_folder.tensor_shapes`,
-`fingerprint`)."""
+with `torch_file_keys` in its `Family.weight_files`; the fit check's shapes (`weight_shapes`) and
+the features' fingerprint (`fingerprint`) then read them beside safetensors files."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-from .safetensors_folder import CheckpointError
+from .safetensors_folder import CheckpointError, tensor_shapes
 
 SUFFIXES = (".pt", ".bin", ".pth")
 
@@ -51,7 +50,20 @@ def torch_file_keys(files: Iterable[Path]) -> dict[str, Path]:
     return out
 
 
-def torch_shapes(f: Path, keys: Iterable[str]) -> dict[str, tuple[int, ...]]:
+def weight_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """key -> shape over safetensors and PyTorch weight files alike (`Family.weight_files`' map),
+    no weights read."""
+    torch_keys = {k: f for k, f in files.items() if is_torch_file(f)}
+    out = tensor_shapes({k: f for k, f in files.items() if k not in torch_keys})
+    by_file: dict[Path, list[str]] = {}
+    for k, f in torch_keys.items():
+        by_file.setdefault(f, []).append(k)
+    for f, keys in by_file.items():
+        out.update(_torch_shapes(f, keys))
+    return out
+
+
+def _torch_shapes(f: Path, keys: Iterable[str]) -> dict[str, tuple[int, ...]]:
     tensors = torch_tensors(f)
     missing = [k for k in keys if k not in tensors]
     if missing:

@@ -22,7 +22,7 @@ from lvx_app.devices import default_dtype, resolve_dtype
 from lvx_app.engine.memory_plan import weight_bytes
 from lvx_app.engine.records import EngineError
 from lvx_app.parallel.world import World
-from lvx_models.api import family_of, tensor_shapes
+from lvx_models.api import family_of, weight_shapes
 
 GiB = 2**30
 RANK_BYTES = 330 * 2**20  # one rank without its weights: its process, decoder and helpers
@@ -73,7 +73,7 @@ def weight_elements(model_path: str) -> int:
         return 0
     try:
         files = family_of(folder).weight_files(folder)
-        return sum(math.prod(shape) for shape in tensor_shapes(files).values())
+        return sum(math.prod(shape) for shape in weight_shapes(files).values())
     except Exception:  # noqa: BLE001 - the load says what is wrong with a broken checkpoint
         return 0
 
