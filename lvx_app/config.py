@@ -139,8 +139,8 @@ class ModelConfig:
     path: str = option(
         DEFAULT_MODEL,
         "--model",
-        "Local checkpoint directory or Hugging Face hub id, of any supported family (mPLUG-Owl3,"
-        " Llama-3.2-Vision): its config.json says which.",
+        "Local checkpoint directory or Hugging Face hub id, of any family `lvx info` lists: its "
+        "config.json, or the files its family is known by, says which.",
         metavar="DIR|HUB_ID",
     )
     revision: str | None = option(

@@ -421,6 +421,10 @@ class Family:
     save_weights(model, base, dtype) -> every key of a checkpoint in the published layout made from
         a finetuned `model` (adapters merged) and `base`, the checkpoint it was trained from; None:
         the family's models cannot be finetuned yet (its models then need not be `Finetunable`)
+    finetuned_file: the file of a finetuned checkpoint folder `save_weights`' keys go to
+        (`.safetensors`: a safetensors file, else the tensors `torch.save`d)
+    finetuned_replaces: the files of the source checkpoint (glob patterns) that file replaces; a
+        finetuned folder holds every other file of the source, copied
     """
 
     name: str
@@ -441,6 +445,8 @@ class Family:
     marker_files: tuple[str, ...] = ()
     published: Mapping[str, Any] = field(default_factory=dict)
     weight_files: Callable[[Path], dict[str, Path]] = safetensors_files
+    finetuned_file: str = "model.safetensors"
+    finetuned_replaces: tuple[str, ...] = ("*.safetensors", "model.safetensors.index.json")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property

@@ -80,3 +80,31 @@ def test_a_pt_file_holding_anything_but_tensors_is_one_line(tmp_path, capsys):
     torch.save({"w": 1}, tmp_path / "int.pt")
     with pytest.raises(CheckpointError, match="not a flat dict of tensors"):
         torch_tensors(tmp_path / "int.pt")
+
+
+def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """A family whose finetuned weights go to `checkpoint.pt` (tensors only, `torch.save`) gets
+    them there, and every other file of its source checkpoint copied, safetensors too."""
+    import filecmp
+    from pathlib import Path
+
+    from lvx_app.train import out_folder
+
+    base = Path(tiny_checkpoints["g2"])
+    family = replace(
+        FAMILIES["mplug_owl3"],
+        finetuned_file="checkpoint.pt",
+        finetuned_replaces=("checkpoint.pt",),
+    )
+    monkeypatch.setattr(out_folder, "family_of", lambda path, revision=None: family)
+    model = family.load(base, dtype=torch.float32).model
+    out = out_folder.save_checkpoint(tmp_path / "out", model, base, {"step": 1})
+    saved = torch_tensors(out / "checkpoint.pt")
+    assert set(saved) == set(family.save_weights(model, base, None))
+    for f in base.iterdir():
+        assert filecmp.cmp(f, out / f.name, shallow=False), f.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(p.name for p in base.iterdir()), "checkpoint.pt", out_folder.STATE_FILE]
+    )
