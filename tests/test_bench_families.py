@@ -1,0 +1,39 @@
+"""`scripts/bench_families.py` reads the families from the registry: a family registered later
+(a stub titled OpenFlamingo, at tiny sizes) appears in its table with the paper's numbers for it,
+with no edit of the script."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import lvx_models.api as api
+from lvx_models.api import FAMILIES
+from lvx_models.mplug_owl3.tiny import tiny_config
+from scripts import bench_families
+
+
+def test_a_registered_family_appears_with_the_papers_numbers(tmp_path, monkeypatch):
+    stub = replace(
+        FAMILIES["mplug_owl3"], name="stub", title="OpenFlamingo", published={"tiny": tiny_config("g2")}
+    )
+    monkeypatch.setitem(api.FAMILIES, "stub", stub)
+    out = tmp_path / "families.json"
+    argv = ["--families", "stub", "--frames", "2", "--iters", "1", "--warmup", "0"]
+    bench_families.main([*argv, "--minutes", "1", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["family"] == "OpenFlamingo" and row["release"] == "tiny"
+    assert row["paper: end to end"] == "1.16–1.92×" and row["paper: CA speed-up"] == "1.47–2.14×"
+    cfg = tiny_config("g2")
+    assert row["prompt positions"] == cfg.prompt_header_tokens + 60 * cfg.prompt_positions_per_frame
+    assert 0 < row["cross share, prefill"] < 1 and 0 < row["cross share, decoded token"] < 1
+    assert row["max abs diff"] < 1e-5 and row["speed-up over Ring"] > 0
+
+
+def test_every_family_with_published_sizes_is_listed_and_shares_follow_the_keys():
+    names = [f.name for f in FAMILIES.values() if f.published]
+    assert names and set(names) <= set(FAMILIES)
+    cfg = next(iter(FAMILIES["mplug_owl3"].published.values()))
+    short, long = bench_families.cross_shares(cfg, 60), bench_families.cross_shares(cfg, 3600)
+    assert short[0] < long[0] and short[1] < long[1]  # more frames: more of the work on them
+    assert bench_families.paper_speedups(FAMILIES["mllama"]) == ("–", "–")
