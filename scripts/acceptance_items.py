@@ -8,7 +8,8 @@ first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-gra
 build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
 and backward at 7B shapes. Second (`--second`, 7 minutes a call, each item fitting in that, going
 on with `--after`): the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on
-one build, the CUDA-marked tests, Llama-3.2-Vision's kernels and memory plan at 11B shapes,
+one build, the CUDA-marked tests, Llama-3.2-Vision's kernels and memory plan at 11B shapes, the
+kernels at every registered family's published cross-layer shapes (`Family.published`),
 finetuning, the demo and ingest (they decode video: decord and
 PyAV), and on 2+ GPUs NCCL, the group's static decode step against its eager loop (teacher-forced,
 compared as the first command compares one GPU's) and the ring/gather crossover. `--rehearse` gives
@@ -154,6 +155,13 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
             _py("scripts/check_mllama_11b.py", *device, *(["--small"] if rehearse else []),
                 "--out", str(out / "decode_compile.json"), "--out-key", "mllama_11b"),
             180, writes=("decode_compile.json",), key="mllama_11b",
+        ),
+        Item(
+            "every family's published cross-layer shapes: kernels vs float64, planned memory",
+            _py("scripts/check_family_shapes.py", *device,
+                *(["--frames", "2", "--rows", "16"] if rehearse else []),
+                "--out", str(out / "decode_compile.json"), "--out-key", "family_shapes"),
+            120, writes=("decode_compile.json",), key="family_shapes",
         ),
         Item(
             "bench_finetune",

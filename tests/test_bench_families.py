@@ -37,3 +37,25 @@ def test_every_family_with_published_sizes_is_listed_and_shares_follow_the_keys(
     short, long = bench_families.cross_shares(cfg, 60), bench_families.cross_shares(cfg, 3600)
     assert short[0] < long[0] and short[1] < long[1]  # more frames: more of the work on them
     assert bench_families.paper_speedups(FAMILIES["mllama"]) == ("–", "–")
+
+
+def test_the_gpu_acceptance_checks_every_registered_familys_published_shapes(
+    tmp_path, monkeypatch
+):
+    """`scripts/check_family_shapes.py` (a second-command item of the GPU acceptance) takes the
+    shapes from `Family.published`: a family registered later is checked, under both masks."""
+    from scripts import check_family_shapes
+
+    cfg = tiny_config("g2")
+    stub = replace(FAMILIES["mplug_owl3"], name="stub", title="Stub", published={"tiny": cfg})
+    monkeypatch.setattr(check_family_shapes, "FAMILIES", {"stub": stub})
+    out = tmp_path / "shapes.json"
+    argv = ["--device", "cpu", "--frames", "2", "--rows", "8", "--out", str(out)]
+    assert check_family_shapes.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["call"] for r in rows] == [
+        "every key visible", "media mask", "latest frame", "decoded token",
+    ]  # fmt: skip
+    heads = f"{cfg.cross_attention_heads}/{cfg.cross_kv_heads} x {cfg.cross_head_dim}"
+    assert all(r["ok"] and r["releases"] == "tiny" and r["heads"] == heads for r in rows)
+    assert rows[0]["keys"] == 2 * cfg.visual_tokens_per_frame
