@@ -5,7 +5,8 @@ Layout everywhere is (batch, seq, heads, head_dim), like flash-attn. K/V may hav
 (GQA, Hq % Hkv == 0). `lse` is (batch, heads, seq), natural log, float32 (float64 for float64
 inputs). A query that sees no key (fully masked, or Sk == 0) gets out = 0 and lse = -inf, so it
 merges as a no-op. The masks (`causal`, the media mask `q_vis` / `k_frame`, narrowed to the latest
-`window` frames when one is given) and how hidden work is skipped are in `masks`; the kernels and how one is picked per call in `backends`.
+`window` frames when one is given) and how hidden work is skipped are in `masks`; the kernels and
+how one is picked per call in `backends`.
 
 GQA: the query heads of each K/V head are packed into rows (`gqa`), so every kernel runs on the
 unrepeated K/V. Gradients: `attn_bwd` returns (dq, dk, dv) in the dtypes of q, k, v; dk/dv have Hkv

@@ -4,10 +4,11 @@ A model family is one folder (`mplug_owl3/`, `mllama/`) that exports one `Family
 once in `FAMILIES`; a record names its loader and modeling code without importing them, so listing
 the families imports none of their models. The app finds a checkpoint's family from its config.json,
 or from the files that mark a family's checkpoints without one (`family_of`), and reaches the model
-only through the record and the objects it returns, written down as Protocols in `surface`: the model (`VideoModel`), its config (`ModelConfig`, the sizes the
-memory plan reads), its processor (`Processor`) and the prompts it makes (`Prompt`). What a forward
-hands the attention (`AttentionHooks`, `VisualInputs`, `VisualStep`) and the text cache every
-family keeps are shared (`steps`).
+only through the record and the objects it returns, written down as Protocols in `surface`: the
+model (`VideoModel`), its config (`ModelConfig`, the sizes the memory plan reads), its processor
+(`Processor`) and the prompts it makes (`Prompt`). What a forward hands the attention
+(`AttentionHooks`, `VisualInputs`, `VisualStep`) and the text cache every family keeps are shared
+(`steps`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint, top_files
 from .pixels import resize_uint8, square_prep
 from .safetensors_folder import CheckpointError, safetensors_files, tensor_shapes
-from .torch_files import weight_shapes
 from .steps import (
     AttentionHooks,
     ForwardStep,
@@ -39,6 +39,7 @@ from .surface import (
     Prompt,
     VideoModel,
 )
+from .torch_files import weight_shapes
 from .valid_text import valid_text
 
 __all__ = [

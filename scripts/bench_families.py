@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wall {time.perf_counter() - t0:.0f} s; load average {load_before[0]:.1f} before, "
           f"{load['after'][0]:.1f} after")  # fmt: skip
     if args.out:
-        write_json(args.out, {"command": command_line(), "machine": machine(), "load": load,
-                              "args": vars(args) | {"out": str(args.out)}, "rows": rows})  # fmt: skip
+        run = {"command": command_line(), "machine": machine(), "load": load}
+        write_json(args.out, run | {"args": vars(args) | {"out": str(args.out)}, "rows": rows})
 
 
 if __name__ == "__main__":

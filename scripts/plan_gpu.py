@@ -31,8 +31,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.engine.memory_plan import band_tiles, live_band_masks
-from lvx_models.api import ModelConfig
 from lvx_models.api import FAMILIES as REGISTRY
+from lvx_models.api import ModelConfig
 from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
@@ -51,7 +51,9 @@ GPU_BYTES = 78 * 2**30
 MINUTES = [10, 30, 60, 180]
 GPU_COUNTS = [1, 2, 4, 8]  # the largest-video-per-GPU-count table
 # family -> (its releases, the one planned when none is named), every registered family's
-FAMILIES = {f.name: (f.published, next(iter(f.published))) for f in REGISTRY.values() if f.published}
+FAMILIES = {
+    f.name: (f.published, next(iter(f.published))) for f in REGISTRY.values() if f.published
+}
 RELEASES: dict[str, ModelConfig] = {n: c for f, _ in FAMILIES.values() for n, c in f.items()}
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15

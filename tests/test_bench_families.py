@@ -14,9 +14,8 @@ from scripts import bench_families
 
 
 def test_a_registered_family_appears_with_the_papers_numbers(tmp_path, monkeypatch):
-    stub = replace(
-        FAMILIES["mplug_owl3"], name="stub", title="OpenFlamingo", published={"tiny": tiny_config("g2")}
-    )
+    tiny = {"tiny": tiny_config("g2")}
+    stub = replace(FAMILIES["mplug_owl3"], name="stub", title="OpenFlamingo", published=tiny)
     monkeypatch.setitem(api.FAMILIES, "stub", stub)
     out = tmp_path / "families.json"
     argv = ["--families", "stub", "--frames", "2", "--iters", "1", "--warmup", "0"]
@@ -39,9 +38,7 @@ def test_every_family_with_published_sizes_is_listed_and_shares_follow_the_keys(
     assert bench_families.paper_speedups(FAMILIES["mllama"]) == ("–", "–")
 
 
-def test_the_gpu_acceptance_checks_every_registered_familys_published_shapes(
-    tmp_path, monkeypatch
-):
+def test_the_gpu_acceptance_checks_every_registered_familys_published_shapes(tmp_path, monkeypatch):
     """`scripts/check_family_shapes.py` (a second-command item of the GPU acceptance) takes the
     shapes from `Family.published`: a family registered later is checked, under both masks."""
     from scripts import check_family_shapes

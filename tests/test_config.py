@@ -131,6 +131,7 @@ def test_the_memory_a_rank_may_use_is_stated_or_measured(monkeypatch):
     import torch
 
     from lvx_app.cli.main import app
+
     ingest = importlib.import_module("lvx_app.video.ingest")  # the package names a function so
 
     cpu = torch.device("cpu")

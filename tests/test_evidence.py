@@ -88,12 +88,18 @@ def test_frame_shares_under_a_window_fall_only_on_the_frames_it_lets_a_query_see
     layers = _layers(4, frames=6, tokens=7)
     for window in (1, 2):
         for order in (None, torch.randperm(30, generator=torch.Generator().manual_seed(2))):
-            mixed = layers if order is None else [(q, v, k[order], f[order]) for q, v, k, f in layers]
+            mixed = layers
+            if order is not None:
+                mixed = [(q, v, k[order], f[order]) for q, v, k, f in layers]
             got = frame_shares(mixed, 6, window=window)
             want = reference_shares(layers, 6, window)
             assert (got - want).abs().max() < 1e-6 and abs(float(got.sum()) - 1) < 1e-9
-            windows = {f for _, q_vis, _, _ in layers for v in q_vis.tolist()
-                       for f in range(max(0, v - window), v)}
+            windows = {
+                f
+                for _, q_vis, _, _ in layers
+                for v in q_vis.tolist()
+                for f in range(max(0, v - window), v)
+            }
             assert all(share == 0 for f, share in enumerate(got.tolist()) if f not in windows)
 
 

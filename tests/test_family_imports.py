@@ -106,7 +106,7 @@ def defines_modules(source: str) -> list[str]:
 
 
 def test_the_walk_sees_a_module_class():
-    source = "import torch.nn as nn\nclass Perceiver(nn.Module):\n    pass\nclass Config:\n    x = 1\n"
+    source = "import torch.nn as nn\nclass Perceiver(nn.Module): ...\nclass Config:\n    x = 1\n"
     assert defines_modules(source) == ["Perceiver"]
     assert defines_modules("from torch.nn import Module\nclass Tower(Module): ...\n") == ["Tower"]
 

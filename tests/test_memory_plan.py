@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from lvx_app.engine.memory_plan import band_tiles
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.tiny import tiny_config
-from lvx_app.engine.memory_plan import band_tiles
 from scripts import plan_gpu
 from scripts.memory_plan import (
     GB,

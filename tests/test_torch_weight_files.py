@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import lvx_models.api as api
-from lvx_app.runtime import fit
 from lvx_app.parallel.world import World
+from lvx_app.runtime import fit
 from lvx_models.api import FAMILIES, CheckpointError
 from lvx_models.fingerprint import encoder_identity
 from lvx_models.torch_files import torch_file_keys, torch_tensors

@@ -229,9 +229,7 @@ class TrainAttention(ShardedHooks):
         (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
         return self.sharded_feed(positions, sizes, device)
 
-    def ring(
-        self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None, window=None
-    ):
+    def ring(self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None, window=None):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);
         a training feed holds no host copies of the other ranks' masks (`every` is None)."""
         spec = _Spec(
