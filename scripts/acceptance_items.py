@@ -130,6 +130,18 @@ def _group_decode(torchrun: list[str], out: Path, rehearse: bool, gloo: str) -> 
     )  # fmt: skip
 
 
+def _family_shapes(out: Path, device: list[str], rehearse: bool) -> Item:
+    """The kernels at every registered family's published cross-layer shapes (read from the
+    registry, so a family registered later is checked too)."""
+    small = ["--frames", "2", "--rows", "16"] if rehearse else []
+    return Item(
+        "every family's published cross-layer shapes: kernels vs float64, planned memory",
+        _py("scripts/check_family_shapes.py", *device, *small, "--out",
+            str(out / "decode_compile.json"), "--out-key", "family_shapes"),
+        120, writes=("decode_compile.json",), key="family_shapes",
+    )  # fmt: skip
+
+
 def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
     """The second command's items: what the first leaves out; each fits `BUDGET_S`, so a run
     that its budget stopped goes on with `--after` in the next call."""
@@ -156,13 +168,7 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
                 "--out", str(out / "decode_compile.json"), "--out-key", "mllama_11b"),
             180, writes=("decode_compile.json",), key="mllama_11b",
         ),
-        Item(
-            "every family's published cross-layer shapes: kernels vs float64, planned memory",
-            _py("scripts/check_family_shapes.py", *device,
-                *(["--frames", "2", "--rows", "16"] if rehearse else []),
-                "--out", str(out / "decode_compile.json"), "--out-key", "family_shapes"),
-            120, writes=("decode_compile.json",), key="family_shapes",
-        ),
+        _family_shapes(out, device, rehearse),
         Item(
             "bench_finetune",
             _py("scripts/bench_finetune.py", *device, *finetune, "--out",
