@@ -30,8 +30,8 @@ import torch
 from lvx_app.attention import attn_fwd
 from lvx_app.engine.memory_plan import Workload, memory_plan
 from lvx_models.api import FAMILIES
-from scripts.check_kernels import AUTO, Call, guarded_check
-from scripts.harness import Rows, command_line, machine
+from scripts.check_kernels import AUTO, Call, add_check_options, check_rows, guarded_check
+from scripts.harness import Rows
 from scripts.reference64 import PEAK, forward64
 from scripts.xattn_problem import DTYPES
 
@@ -109,16 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    p.add_argument("--frames", type=int, default=16, help="frames of each release's keys")
-    p.add_argument("--rows", type=int, default=256, help="query rows")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32")
-    p.add_argument("--out", type=Path, help="write the rows as JSON here, each as it is checked")
-    p.add_argument("--out-key", help="write them under this key of the JSON file (kept beside)")
+    add_check_options(p, 16, "frames of each release's keys")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda needs a CUDA GPU (--device cpu checks the CPU kernels)")
-    rows = Rows(args.out, key=args.out_key, command=command_line(), machine=machine(args.device))
+    rows = check_rows(p, args)
     ok = check(args, rows)
     rows.save(ok=ok)
     print("every family's shapes are within tolerance" if ok else "some calls FAILED (above)")

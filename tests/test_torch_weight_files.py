@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_family_detection import stub  # noqa: F401 - the stub family, a fixture
 
 import lvx_models.api as api
 from lvx_app.parallel.world import World
@@ -22,15 +23,9 @@ def _pt_files(folder):
 
 
 @pytest.fixture
-def stub(monkeypatch):
-    family = replace(
-        next(iter(FAMILIES.values())),
-        name="stub",
-        title="Stub",
-        model_types=(),
-        marker_files=("checkpoint.pt",),
-        weight_files=_pt_files,
-    )
+def pt_stub(stub, monkeypatch):  # noqa: F811
+    """`test_family_detection`'s stub family, reading its weights from `checkpoint.pt`."""
+    family = replace(stub, weight_files=_pt_files)
     monkeypatch.setitem(api.FAMILIES, "stub", family)
     return family
 
@@ -47,13 +42,13 @@ def _write(folder, scale: float = 1.0):
     return folder
 
 
-def test_the_fit_check_counts_a_pt_checkpoints_weights(tmp_path, stub):
+def test_the_fit_check_counts_a_pt_checkpoints_weights(tmp_path, pt_stub):
     folder = _write(tmp_path / "ckpt")
     needs = fit.group_needs(str(folder), "float32", World(2, 0))
     assert needs.weight_bytes == (32 + 8 + 1) * 4
 
 
-def test_the_fingerprint_reads_pt_weights_and_follows_them(tmp_path, stub):
+def test_the_fingerprint_reads_pt_weights_and_follows_them(tmp_path, pt_stub):
     prefixes = ("perceiver.",)
     ident = lambda f: encoder_identity(prefixes, str(f), None, weight_files=_pt_files)[1]  # noqa: E731
     a, b = _write(tmp_path / "a"), _write(tmp_path / "b")
