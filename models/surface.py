@@ -403,7 +403,7 @@ class Family:
     load(path, *, dtype, device, revision, fuse) -> (model, config, processor)
     inspect(path, revision) -> a record with `.path` and `.config` (headers read, no weights)
     describe(info) -> the rows `lvx info` shows for it
-    read_config(folder) -> the config of a checkpoint folder (config.json only)
+    read_config(folder) -> the config of a checkpoint folder (its config files, no weights)
     write_tiny(directory, generation) -> a random-weight checkpoint in the published layout
     checkpoint_identity(path, revision) -> identity of every file (stats only)
     encoder_identity(path, revision, memo) -> (resolved path, fingerprint of the vision weights)
