@@ -40,7 +40,7 @@ def _grads(
     train: str,
     recompute: bool,
     checkpoint_lm: bool,
-    layout: str,
+    layout: str = "contiguous",
     media: str = "every-frame-before",
 ):
     """(summed CE of this rank, {param: grad}) for one fixed sample; frames and tokens dealt by
@@ -74,15 +74,9 @@ def _feature_width(tr: Trainer) -> int:
         return tr.model.vision_features(torch.zeros(1, 3, size, size)).shape[-1]
 
 
-def _all_variants(
-    rank: int,
-    world: int,
-    checkpoint: str,
-    train: str,
-    layout: str = "contiguous",
-    media: str = "every-frame-before",
-):
-    return [_grads(rank, world, checkpoint, train, r, c, layout, media) for r, c in VARIANTS]
+def _all_variants(rank: int, world: int, checkpoint: str, train: str, *options: str):
+    """Every variant's `_grads`; `options`: the layout, then `--media-attention`."""
+    return [_grads(rank, world, checkpoint, train, r, c, *options) for r, c in VARIANTS]
 
 
 def _assert_same(got, ref, what: str):
