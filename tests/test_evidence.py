@@ -381,6 +381,19 @@ def test_lvx_chat_prints_the_moments_under_each_answer(tiny_checkpoints, short_v
     assert "seen at" not in quiet and "no evidence yet" in quiet
 
 
+@pytest.mark.slow
+def test_lvx_chat_under_latest_frame_sees_one_moment_on_two_ranks(tiny_checkpoints, short_video):
+    """`lvx chat --media-attention latest-frame` over 2 CPU ranks: the answer's `seen at` names one
+    moment holding all of its attention (the last frame), and /evidence lists that one alone."""
+    out = _chat(tiny_checkpoints["g2"], short_video, "--ranks", "2", "--media-attention",
+                "latest-frame")  # fmt: skip
+    seen = out.split("lvx › ", 1)[1].splitlines()[1]
+    assert seen.startswith("seen at ") and seen.endswith("(100%)") and "," not in seen, out
+    listed = [line for line in out.splitlines() if line.rstrip().endswith("%")]
+    moment = seen.removeprefix("seen at ").split(" ")[0]
+    assert len(listed) == 1 and listed[0].split() == [moment, "100.0%"], out
+
+
 def test_the_api_returns_lvx_evidence_only_when_asked(api_here):  # noqa: F811
     """Plain OpenAI output unless the body says `"lvx_evidence": true`; then the moments come in
     the response and in the final stream chunk."""
