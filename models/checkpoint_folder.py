@@ -79,6 +79,8 @@ def top_files(path_or_id: str | os.PathLike, revision: str | None = None) -> fro
     p = Path(path_or_id).expanduser()
     if p.exists() or _offline():
         folder = resolve_checkpoint(path_or_id, revision, CONFIG_ONLY)
+        if not folder.is_dir():  # a cached snapshot of none of the files asked for
+            return frozenset()
         return frozenset(f.name for f in folder.iterdir() if f.is_file())
     from huggingface_hub import list_repo_files
 
