@@ -190,9 +190,9 @@ def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
     calls = []
     inner = rc.lv_xattn_forward
 
-    def counting(*a):
+    def counting(*a, **kw):
         calls.append(1)
-        return inner(*a)
+        return inner(*a, **kw)
 
     def pack(t):
         if t.data_ptr() != e.data_ptr() and s_kv in t.shape:

@@ -88,7 +88,7 @@ def _attend(
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame, spec.window)
     out, lse, sizes, _sent = lv_xattn_forward(
-        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes, None, spec.window
+        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes, window=spec.window
     )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
@@ -129,7 +129,8 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, spec: _Spec, sizes):
         dout = torch.zeros_like(out)
     dq, dk, dv, _sent = lv_xattn_backward(
         *(dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group),
-        *(True, sizes, spec.window),
+        *(True, sizes),
+        window=spec.window,
     )
     return dq, dk, dv
 
