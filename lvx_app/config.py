@@ -32,6 +32,10 @@ from lvx_kernels.backend_names import ATTN_BACKENDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 KV_MODES = ("auto", "cache", "recompute")
+# --media-attention: the frames a text token attends to, as the window of latest frames the kernels
+# take (`VisualInputs.window`): every frame placed before it (a question after the video sees all
+# of it), or only the latest (OpenFlamingo's published `only_attend_immediate_media`)
+MEDIA_ATTENTION: dict[str, int | None] = {"every-frame-before": None, "latest-frame": 1}
 SCHEDULES = ("auto", "ring", "gather")
 SAVE_VISUAL_KV = ("auto", "always", "never")
 TRAIN_MODES = ("hyper", "all", "lora")
@@ -135,8 +139,8 @@ class ModelConfig:
     path: str = option(
         DEFAULT_MODEL,
         "--model",
-        "Local checkpoint directory or Hugging Face hub id, of any supported family (mPLUG-Owl3,"
-        " Llama-3.2-Vision): its config.json says which.",
+        "Local checkpoint directory or Hugging Face hub id, of any family `lvx info` lists: its "
+        "config.json, or the files its family is known by, says which.",
         metavar="DIR|HUB_ID",
     )
     revision: str | None = option(
@@ -262,6 +266,15 @@ class VideoConfig:
         key=True,
         metavar="auto|cache|recompute",
     )
+    media_attention: str = option(
+        "every-frame-before",
+        "--media-attention",
+        "The frames a text token attends to: every-frame-before (every frame placed before it, so "
+        "a question after the video sees all of it) or latest-frame (only the latest frame before "
+        "it, OpenFlamingo's published masking: a question then sees the last frame alone).",
+        key=True,
+        metavar="every-frame-before|latest-frame",
+    )
     cache: bool = option(
         True, "--cache/--no-cache", "Read and write the cache of frame features and saved prompts."
     )
@@ -313,6 +326,7 @@ class VideoConfig:
             f"--subtitle-tokens must be 0 (no subtitles) or more (got {self.subtitle_tokens!r})",
         )
         _choice(self.kv_mode, KV_MODES, "--kv-mode")
+        _choice(self.media_attention, tuple(MEDIA_ATTENTION), "--media-attention")
         _require(isinstance(self.cache, bool), "--cache is true or false")
         _require(
             self.cache_dir is None or isinstance(self.cache_dir, (str, os.PathLike)),

@@ -4,8 +4,9 @@
 Layout everywhere is (batch, seq, heads, head_dim), like flash-attn. K/V may have fewer heads than Q
 (GQA, Hq % Hkv == 0). `lse` is (batch, heads, seq), natural log, float32 (float64 for float64
 inputs). A query that sees no key (fully masked, or Sk == 0) gets out = 0 and lse = -inf, so it
-merges as a no-op. The masks (`causal`, the media mask `q_vis` / `k_frame`) and how hidden work is
-skipped are in `masks`; the kernels and how one is picked per call in `backends`.
+merges as a no-op. The masks (`causal`, the media mask `q_vis` / `k_frame`, narrowed to the latest
+`window` frames when one is given) and how hidden work is skipped are in `masks`; the kernels and
+how one is picked per call in `backends`.
 
 GQA: the query heads of each K/V head are packed into rows (`gqa`), so every kernel runs on the
 unrepeated K/V. Gradients: `attn_bwd` returns (dq, dk, dv) in the dtypes of q, k, v; dk/dv have Hkv
@@ -59,6 +60,7 @@ def check_inputs(
     v: Tensor,
     q_vis: MaskIndex | None = None,
     k_frame: MaskIndex | None = None,
+    window: int | None = None,
 ) -> None:
     """Raise a one-line ValueError for shapes the kernels (and the rings) cannot take."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -73,6 +75,8 @@ def check_inputs(
         )
     if (q_vis is None) != (k_frame is None):
         raise ValueError("q_vis and k_frame go together (media mask): pass both or neither")
+    if window is not None and (q_vis is None or isinstance(window, bool) or window < 1):
+        raise ValueError(f"a window ({window!r}) is a media mask's: 1 frame or more, with q_vis")
     if q_vis is not None:
         q_vis, k_frame = device_tensor(q_vis), device_tensor(k_frame)
         if tuple(q_vis.shape) != tuple(q.shape[:2]) or tuple(k_frame.shape) != tuple(k.shape[:2]):
@@ -97,19 +101,22 @@ def attn_fwd(
     q_vis: MaskIndex | None = None,
     k_frame: MaskIndex | None = None,
     backend: str | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q against (k, v): returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32).
 
-    No autograd (see `attention`); fully hidden or empty blocks never reach a kernel."""
-    check_inputs(q, k, v, q_vis, k_frame)
+    No autograd (see `attention`); fully hidden or empty blocks never reach a kernel. `window`:
+    each query sees only the latest `window` of the frames its q_vis lets it see."""
+    check_inputs(q, k, v, q_vis, k_frame, window)
     b, sq, hq, d = q.shape
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
-    if sq == 1 and k.shape[1] and (q_vis is None or sees_every_key(q_vis, k_frame)):
+    if sq == 1 and k.shape[1] and (q_vis is None or sees_every_key(q_vis, k_frame, window)):
         return _one_token_fwd(q, k, v, scale, backend, g)
     qp = pack_rows(q, g)
+    vis = pack_vis(q_vis, g)
     # planned as they run
-    lone, plans = lone_plan(tile_plans(qp, k, causal, pack_vis(q_vis, g), k_frame, group=g))
+    lone, plans = lone_plan(tile_plans(qp, k, causal, vis, k_frame, group=g, window=window))
     if lone is not None and lone.q0 == 0 and lone.q1 == sq * g:
         o, l_ = _run_fwd(lone, qp, k, v, scale, backend, g)
         return unpack_rows(o, g).contiguous(), unpack_lse(l_, g).contiguous()
@@ -223,6 +230,7 @@ def attn_bwd(
     dlse: Tensor | None = None,
     backend: str | None = None,
     kv_aug: tuple[Tensor, Tensor] | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     # long: one backward per kernel tile, kept beside attn_fwd's tiling for reading
     """Gradients of attention given the (possibly globally merged) out and lse.
@@ -231,10 +239,10 @@ def attn_bwd(
     backward): the result is then this block's exact share of dq and the exact
     dk, dv. `dlse` (B,Hq,Sq) is the gradient w.r.t. lse (optional). Rows with
     lse = -inf get zero gradients. `kv_aug`: `augment_kv(k, v)`, reused when
-    dlse is given (optional). Returns (dq, dk, dv) in q's, k's, v's dtypes;
-    dk, dv have Hkv heads.
+    dlse is given (optional). `window`: as `attn_fwd`'s. Returns (dq, dk, dv)
+    in q's, k's, v's dtypes; dk, dv have Hkv heads.
     """
-    check_inputs(q, k, v, q_vis, k_frame)
+    check_inputs(q, k, v, q_vis, k_frame, window)
     d = q.shape[-1]
     g = q.shape[2] // k.shape[2]
     scale = _resolve_scale(scale, q)
@@ -261,7 +269,8 @@ def attn_bwd(
         return kernel_bwd(be, *args, scale, p.mask, p.causal, aug)
 
     # planned as they run
-    lone, plans = lone_plan(tile_plans(qp, k, causal, pack_vis(q_vis, g), k_frame, group=g))
+    vis = pack_vis(q_vis, g)
+    lone, plans = lone_plan(tile_plans(qp, k, causal, vis, k_frame, group=g, window=window))
     if lone is not None and (lone.q0, lone.q1, lone.k0, lone.k1) == (0, rows_all, 0, sk):
         gq, gk, gv = one(lone)  # the whole block in one call: no scatter, no accumulators
         return unpack_rows(gq, g).to(q.dtype), gk.to(k.dtype), gv.to(v.dtype)
@@ -294,19 +303,27 @@ def _folded_bwd(be: str, args: tuple, aug, scale: float, g: int) -> tuple[Tensor
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend):
+    def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend, window):
         out, lse = attn_fwd(
-            q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend
+            q,
+            k,
+            v,
+            scale=scale,
+            causal=causal,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            backend=backend,
+            window=window,
         )
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, causal, q_vis, k_frame, backend)
+        ctx.args = (scale, causal, q_vis, k_frame, backend, window)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, q_vis, k_frame, backend = ctx.args
+        scale, causal, q_vis, k_frame, backend, window = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = attn_bwd(
@@ -322,8 +339,9 @@ class _Attention(torch.autograd.Function):
             k_frame=k_frame,
             dlse=dlse,
             backend=backend,
+            window=window,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(
@@ -336,9 +354,10 @@ def attention(
     q_vis: MaskIndex | None = None,
     k_frame: MaskIndex | None = None,
     backend: str | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Single-device attention, differentiable through both outputs: returns (out, lse).
 
     The default for models/: the backward uses the matching kernel's backward with the saved (out,
     lse), and the lse gradient (G2 layers merge through it) is exact."""
-    return _Attention.apply(q, k, v, scale, causal, q_vis, k_frame, backend)
+    return _Attention.apply(q, k, v, scale, causal, q_vis, k_frame, backend, window)

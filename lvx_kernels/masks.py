@@ -2,7 +2,11 @@
 
 - `causal=True` is bottom-right aligned like flash-attn: query i sees key j iff j <= i + (Sk - Sq).
 - Media mask: `q_vis` (B, Sq) int = how many frames query t may see; `k_frame` (B, Sk) int = frame
-  index of key s; visible iff k_frame < q_vis.
+  index of key s; visible iff k_frame < q_vis. With a `window` of w frames, only the latest w of
+  them: visible iff q_vis - w <= k_frame < q_vis (w = 1: the latest frame before the query, as
+  OpenFlamingo's `only_attend_immediate_media`); its tiles are cut where the keys a row sees
+  change at either end (`_window_tiles`), each tile run as the keys all its rows see, unmasked,
+  and masked bands on either side.
 - Both may be combined. Work that is fully hidden is skipped: each query tile is trimmed to the
   first..last query that sees something and the first..last key that some query sees, so hidden
   tiles never reach a kernel.
@@ -99,12 +103,14 @@ def _host_values(t: MaskIndex) -> torch.Tensor:
     return device_tensor(t).to(torch.long).cpu()
 
 
-def sees_every_key(q_vis: MaskIndex, k_frame: MaskIndex) -> bool:
+def sees_every_key(q_vis: MaskIndex, k_frame: MaskIndex, window: int | None = None) -> bool:
     """Whether what the host knows alone says every row sees every key (no device read)."""
     if not (isinstance(q_vis, Indices) and isinstance(k_frame, Indices)):
         return False
     known = q_vis.low is not None and k_frame.high is not None
-    return known and q_vis.low > k_frame.high
+    if not (known and q_vis.low > k_frame.high):
+        return False
+    return window is None or (k_frame.low is not None and q_vis.high - window <= k_frame.low)
 
 
 @dataclass
@@ -301,12 +307,14 @@ def tile_plans(
     k_frame,
     group: int = 1,
     min_tokens: int | None = None,
+    window: int | None = None,
 ) -> Iterator[TilePlan]:
     """The plans of every query tile of (q, k) that sees at least one key, in row order.
 
     q: (B, rows, H, D) with `group` packed rows per token (see `gqa`); q_vis: (B, rows), packed
     with them (`pack_vis`, what the host knows too). `min_tokens`: the tiles of another device than
-    q's (`min_tile`; a plan counted on the meta device)."""
+    q's (`min_tile`; a plan counted on the meta device). `window`: each row sees only the latest
+    `window` frames of its q_vis (media mask only)."""
     rows, sk = q.shape[1], k.shape[1]
     if not rows or not sk:
         return
@@ -314,7 +322,7 @@ def tile_plans(
     if q_vis is None:
         yield from (_plan_causal(0, rows, coff, group) if causal else [_whole(rows, sk)])
         return
-    if not causal and sees_every_key(q_vis, k_frame):
+    if not causal and sees_every_key(q_vis, k_frame, window):
         yield _whole(rows, sk)  # a question, a decoded token: decided without a device read
         return
     qv_c, kf_c = _host_values(q_vis), _host_values(k_frame)
@@ -324,15 +332,84 @@ def tile_plans(
         for t0, t1 in _tiles(rows, group):
             yield from _plan_media_causal(t0, t1, sk, coff, group, q_vis, k_frame, q.device)
         return
-    if int(qv_c.amin()) > int(kf_c.amax()):
+    above = window is None or int(qv_c.amax()) - window <= int(kf_c.amin())
+    if int(qv_c.amin()) > int(kf_c.amax()) and above:
         yield _whole(rows, sk)  # every row sees every key
         return
     shortest, ordered = min_tokens or min_tile(q.device), _ordered(kf_c)
+    if window is not None:
+        yield from _window_plans(group, window, q_vis, k_frame, qv_c, kf_c, shortest)
+        return
     for t0, t1, first in _media_tiles(rows, group, qv_c, kf_c, shortest):
         if first is not None:
             yield from _square(t0, t1, first, group)
         else:
             yield from _plan_media(t0, t1, q_vis, k_frame, qv_c, kf_c, ordered)
+
+
+def _key_ranges(group: int, lo_c, qv_c, kf_c) -> tuple[list[int], ...]:
+    """Per token, the keys it sees when it sees frames [lo, q_vis): (first, end) of the widest
+    range over the batch rows, (first, end) of the range every batch row's token sees (for keys in
+    any order, the range from its smallest to its largest seen key, and nothing every row sees)."""
+    if not _ordered(kf_c):
+        keys = kf_c.unsqueeze(1)
+        seen = (keys >= lo_c[:, ::group, None]) & (keys < qv_c[:, ::group, None])
+        index = torch.arange(kf_c.shape[1])
+        first = torch.where(seen, index, kf_c.shape[1]).amin(2).amin(0)
+        end = torch.maximum(first, torch.where(seen, index + 1, 0).amax(2).amax(0))
+        return first.tolist(), end.tolist(), end.tolist(), end.tolist()
+    kf_c = kf_c.contiguous()
+    firsts = torch.searchsorted(kf_c, lo_c[:, ::group].contiguous())
+    ends = torch.maximum(firsts, torch.searchsorted(kf_c, qv_c[:, ::group].contiguous()))
+    wide = firsts.amin(0).tolist(), ends.amax(0).tolist()
+    return *wide, firsts.amax(0).tolist(), ends.amin(0).tolist()
+
+
+def _window_tiles(first: list[int], end: list[int], shortest: int) -> list[tuple[int, int]]:
+    """[t0, t1) tokens of each tile of a windowed media mask: cut after `shortest` tokens where the
+    keys a token sees change at either end, after Q_TILE where they differ from the tile's first
+    token's (a tile whose tokens all see the same keys runs on)."""
+    tiles, t0, tokens = [], 0, len(first)
+    while t0 < tokens:
+        t1 = t0 + 1
+        while t1 < tokens:
+            now, before = (first[t1], end[t1]), (first[t1 - 1], end[t1 - 1])
+            long = t1 - t0
+            if (now != before and long >= shortest) or (
+                long >= Q_TILE and now != (first[t0], end[t0])
+            ):
+                break
+            t1 += 1
+        tiles.append((t0, t1))
+        t0 = t1
+    return tiles
+
+
+def _window_plans(
+    group: int, window: int, q_vis, k_frame, qv_c, kf_c, shortest: int
+) -> Iterator[TilePlan]:
+    """The plans of a media mask with a window (row r sees the keys of frames [q_vis - window,
+    q_vis)): per tile, the keys every row of it sees unmasked and a masked band on either side of
+    them; decided on the host, the masks built on the device."""
+    first, end, core_first, core_end = _key_ranges(group, qv_c - window, qv_c, kf_c)
+    for t0, t1 in _window_tiles(first, end, shortest):
+        seeing = [t for t in range(t0, t1) if first[t] < end[t]]
+        if not seeing:
+            continue
+        span = range(seeing[0], seeing[-1] + 1)
+        k0, k1 = min(first[t] for t in seeing), max(end[t] for t in seeing)
+        a, b = max(core_first[t] for t in span), min(core_end[t] for t in span)
+        a, b = (a, b) if a < b else (k1, k1)
+        r0, r1 = span[0] * group, span[-1] * group + group
+        if a < b:
+            yield TilePlan(r0, r1, a, b, None, False, None)
+        for kb, ke in ((k0, a), (b, k1)):
+            if kb >= ke:
+                continue
+            keys = k_frame[:, kb:ke].unsqueeze(1)
+            vis = (keys >= q_vis[:, r0:r1, None] - window) & (keys < q_vis[:, r0:r1, None])
+            blind = any(max(core_first[t], kb) >= min(core_end[t], ke) for t in span)
+            yield TilePlan(r0, r1, kb, ke, vis, False, ~vis.any(2) if blind else None)
 
 
 def _whole(rows: int, sk: int) -> TilePlan:

@@ -70,3 +70,26 @@ def resolve_checkpoint(
             f"{s}: no such local directory, and downloading it from the Hugging Face hub failed "
             f"({type(e).__name__}: {why}); check the id and the network, or pass a local directory"
         ) from None
+
+
+def top_files(path_or_id: str | os.PathLike, revision: str | None = None) -> frozenset[str]:
+    """The names of the files at the top of a checkpoint: a local folder's, a hub repo's as the hub
+    lists them (`list_repo_files`), or with HF_HUB_OFFLINE set those of its snapshot in the local
+    Hugging Face cache (what was downloaded of it)."""
+    p = Path(path_or_id).expanduser()
+    if p.exists() or _offline():
+        folder = resolve_checkpoint(path_or_id, revision, CONFIG_ONLY)
+        if not folder.is_dir():  # a cached snapshot of none of the files asked for
+            return frozenset()
+        return frozenset(f.name for f in folder.iterdir() if f.is_file())
+    from huggingface_hub import list_repo_files
+
+    try:
+        names = list_repo_files(str(path_or_id), revision=revision)
+    except Exception as e:  # noqa: BLE001 - every hub failure becomes one actionable line
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"{path_or_id}: listing its files on the Hugging Face hub failed "
+            f"({type(e).__name__}: {why}); check the id and the network, or pass a local directory"
+        ) from None
+    return frozenset(n for n in names if "/" not in n)

@@ -4,7 +4,8 @@ projector, named by their key prefixes), for the feature cache.
 A checkpoint's path or hub id says nothing about its weights: a finetune written over the same
 folder, or another checkpoint at the same relative path, must not reuse the old features. The
 fingerprint is a hash of the raw bytes (with names, dtypes and shapes) of every tensor under the
-family's vision prefixes, read straight from the safetensors files. Hashing a 7B checkpoint's
+family's vision prefixes, read straight from the safetensors files (or the PyTorch weight files a
+family's `weight_files` names, `torch_files`). Hashing a 7B checkpoint's
 tower reads ~0.8 GB, so each file's digest can be remembered in a memo (a dict the caller keeps,
 e.g. in its cache folder) keyed by the file's identity (path, device, inode, size, mtime and ctime:
 a rewrite changes ctime even when mtime is set back), and a later start only stats the files.
@@ -16,11 +17,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint
 from .safetensors_folder import CheckpointError, safetensors_files
+from .torch_files import is_torch_file, torch_digest
 
 _READ = 16 << 20
+WeightFiles = Callable[[Path], dict[str, Path]]  # a checkpoint folder -> {key: file holding it}
 
 
 def _identity(f: Path) -> str:
@@ -29,9 +33,12 @@ def _identity(f: Path) -> str:
 
 
 def _tensor_digest(f: Path, keys: list[str]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of `keys` in the safetensors file `f`, in key
-    order."""
+    """sha256 over (name, dtype, shape, bytes) of `keys` in the safetensors (or PyTorch weight)
+    file `f`, in key order."""
     h = hashlib.sha256()
+    if is_torch_file(f):
+        torch_digest(f, keys, h.update)
+        return h.hexdigest()
     with open(f, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(n))
@@ -57,11 +64,12 @@ def encoder_fingerprint(
     prefixes: tuple[str, ...],
     memo: dict[str, str] | None = None,
     hub_files: tuple[str, ...] = CONFIG_ONLY,
+    weight_files: WeightFiles = safetensors_files,
 ) -> str:
     """A 32-hex-digit hash of the vision tower and projector weights; equal weights give equal
     fingerprints. `memo`: the files' digests already known, by file identity; the ones computed
-    here are added to it."""
-    files = safetensors_files(resolve_checkpoint(path_or_id, revision, hub_files))
+    here are added to it. `weight_files`: the family's (`Family.weight_files`)."""
+    files = weight_files(resolve_checkpoint(path_or_id, revision, hub_files))
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         if k.startswith(prefixes):
@@ -76,7 +84,7 @@ def encoder_fingerprint(
                 table[ident] = _tensor_digest(f, by_file[f])
             except (OSError, ValueError, KeyError) as exc:
                 raise CheckpointError(
-                    f"{f} is not a readable safetensors file ({type(exc).__name__}: {exc})"
+                    f"{f} is not a readable weight file ({type(exc).__name__}: {exc})"
                 ) from None
         h.update(table[ident].encode())
     return h.hexdigest()[:32]
@@ -89,13 +97,16 @@ def encoder_identity(
     memo: dict[str, str] | None = None,
     *,
     hub_files: tuple[str, ...] = CONFIG_ONLY,
+    weight_files: WeightFiles = safetensors_files,
 ) -> tuple[str, str]:
     """(resolved checkpoint path, fingerprint of its vision tower + projector weights) for the
     feature cache's key; compute it before loading the weights, so features are never filed under
     weights newer than the model's. `memo` as for `encoder_fingerprint` (raises CheckpointError for
-    an unreadable checkpoint). `hub_files`: what a hub id's family reads."""
+    an unreadable checkpoint). `hub_files`: what a hub id's family reads; `weight_files`: which
+    file holds each of its keys (`Family.weight_files`)."""
     path = str(resolve_checkpoint(model, revision, hub_files).resolve())
-    return path, encoder_fingerprint(path, prefixes=prefixes, memo=memo)
+    fingerprint = encoder_fingerprint(path, prefixes=prefixes, memo=memo, weight_files=weight_files)
+    return path, fingerprint
 
 
 def checkpoint_identity(

@@ -32,7 +32,8 @@ class ForwardStep(Protocol):
 # called as text(q, k, v, step, layer) -> (out, lse): causal self-attention over the text cache
 TextAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 # called as visual(q, step, layer) -> (out, lse): attention to the layer's visual K/V
-# (`step.visual.kv[layer]`) under the media mask (`step.visual.q_vis`, `step.visual.k_frame`)
+# (`step.visual.kv[layer]`) under the media mask (`step.visual.q_vis`, `step.visual.k_frame`,
+# `step.visual.window`)
 VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -44,10 +45,10 @@ def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, l
 
 def default_visual_attn(q: torch.Tensor, step, layer: int):
     """Local masked cross-attention to the layer's visual keys: query t sees key s iff k_frame[s] <
-    q_vis[t]."""
+    q_vis[t] (and q_vis[t] - window <= k_frame[s] with a window)."""
     vis = step.visual
     k, v = vis.kv[layer]
-    return attention(q, k, v, q_vis=vis.q_vis, k_frame=vis.k_frame)
+    return attention(q, k, v, q_vis=vis.q_vis, k_frame=vis.k_frame, window=vis.window)
 
 
 @dataclass
@@ -194,11 +195,14 @@ class VisualInputs:
     media_starts: (N_total,) int64, placeholder start token index of EVERY frame of the request (all
                   ranks'), sorted; it defines which frames each token sees (`Indices` when the host
                   knows them: a forward's q_vis is then known there too).
+    window:       how many of the latest frames it may see a token sees (None: every one; 1: the
+                  latest frame before it). The app's choice (`--media-attention`), never a family's.
     """
 
     kv: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
     k_frame: MaskIndex
     media_starts: MaskIndex
+    window: int | None = None
 
     @property
     def num_frames(self) -> int:
@@ -215,6 +219,7 @@ class VisualStep:
     q_vis: MaskIndex
     # every rank's q_vis on the host (rank order) in a sharded forward, when the host knows them
     q_vis_every: tuple[torch.Tensor, ...] | None = None
+    window: int | None = None  # `VisualInputs.window`
 
 
 # which frames each row sees, from the rows' positions and every frame's start: (1, L) -> (1, L)
@@ -290,4 +295,5 @@ def bind_visual(
     starts = visual.media_starts
     q_vis = visible(positions, device_tensor(starts))
     q_vis = known_q_vis(q_vis, given, start, starts, visible, sees_own_start)
-    return VisualStep(visual.kv, visual.k_frame, q_vis, every_rank_q_vis(feed, starts, visible))
+    every = every_rank_q_vis(feed, starts, visible)
+    return VisualStep(visual.kv, visual.k_frame, q_vis, every, visual.window)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Proto
 
 import torch
 
+from .safetensors_folder import safetensors_files
+
 # Where a loaded video goes in a user message: every family's processor reads it there.
 VIDEO = "<|video|>"
 
@@ -82,6 +84,11 @@ class ModelConfig(Protocol):
         """0-based indices of the layers that attend to the frames."""
 
     @property
+    def cross_attention_heads(self) -> int:
+        """Query heads of a cross layer's attention to the frames (its own geometry: it need not be
+        the text layers' `num_attention_heads`)."""
+
+    @property
     def cross_kv_heads(self) -> int:
         """K/V heads of a cross layer's visual K/V (its own geometry: it need not be the text
         layers' `num_key_value_heads`)."""
@@ -111,6 +118,11 @@ class ModelConfig(Protocol):
     def vision_output_size(self) -> int:
         """Width of a visual token the projector takes (wider than the tower where it
         concatenates layers' outputs)."""
+
+    @property
+    def visual_feature_size(self) -> int:
+        """Width of a visual feature E, what the projector (or resampler) hands the cross layers
+        to make their K/V from."""
 
     @property
     def visual_kv_chunk_bytes(self) -> int:
@@ -391,16 +403,28 @@ class Family:
     load(path, *, dtype, device, revision, fuse) -> (model, config, processor)
     inspect(path, revision) -> a record with `.path` and `.config` (headers read, no weights)
     describe(info) -> the rows `lvx info` shows for it
-    read_config(folder) -> the config of a checkpoint folder (config.json only)
+    read_config(folder) -> the config of a checkpoint folder (its config files, no weights)
     write_tiny(directory, generation) -> a random-weight checkpoint in the published layout
     checkpoint_identity(path, revision) -> identity of every file (stats only)
     encoder_identity(path, revision, memo) -> (resolved path, fingerprint of the vision weights)
     parameter_counts(config) -> {vision, projector, language, embedding}: parameters by part,
         counted on the meta device (nothing allocated)
     hub_files: the files of a hub repo the family reads (glob patterns, `snapshot_download`'s)
+    weight_files(folder) -> {key: the file holding it} of every tensor the family loads from a
+        local checkpoint folder, read from headers (safetensors) or memory-mapped (PyTorch files,
+        `torch_files`); the fit check sizes the weights by it, `encoder_identity` may hash by it
+    published: the published checkpoints' configs (`config_type`, sizes only) by release name, the
+        first the one a plan, a benchmark or the GPU acceptance uses when none is named
+    marker_files: the files at the top of a checkpoint folder or hub repo that mark the family's
+        checkpoints when they have no config.json naming a `model_type` (all of them present);
+        empty: its checkpoints always have one
     save_weights(model, base, dtype) -> every key of a checkpoint in the published layout made from
         a finetuned `model` (adapters merged) and `base`, the checkpoint it was trained from; None:
         the family's models cannot be finetuned yet (its models then need not be `Finetunable`)
+    finetuned_file: the file of a finetuned checkpoint folder `save_weights`' keys go to
+        (`.safetensors`: a safetensors file, else the tensors `torch.save`d)
+    finetuned_replaces: the files of the source checkpoint (glob patterns) that file replaces; a
+        finetuned folder holds every other file of the source, copied
     """
 
     name: str
@@ -418,6 +442,11 @@ class Family:
     config_type: type  # the class of its `config`
     hub_files: tuple[str, ...]
     save_weights: Optional[Callable[..., dict[str, Any]]] = None
+    marker_files: tuple[str, ...] = ()
+    published: Mapping[str, Any] = field(default_factory=dict)
+    weight_files: Callable[[Path], dict[str, Path]] = safetensors_files
+    finetuned_file: str = "model.safetensors"
+    finetuned_replaces: tuple[str, ...] = ("*.safetensors", "model.safetensors.index.json")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property

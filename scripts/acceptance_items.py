@@ -8,7 +8,8 @@ first token, the kv mode `auto` chose and the memory it saw); eager and CUDA-gra
 build, teacher-forced and compared at every step, with tokens/s of both; LV-XAttn's block forward
 and backward at 7B shapes. Second (`--second`, 7 minutes a call, each item fitting in that, going
 on with `--after`): the 10-minute chat, the compiled decode (and with CUDA graphs) beside eager on
-one build, the CUDA-marked tests, Llama-3.2-Vision's kernels and memory plan at 11B shapes,
+one build, the CUDA-marked tests, Llama-3.2-Vision's kernels and memory plan at 11B shapes, the
+kernels at every registered family's published cross-layer shapes (`Family.published`),
 finetuning, the demo and ingest (they decode video: decord and
 PyAV), and on 2+ GPUs NCCL, the group's static decode step against its eager loop (teacher-forced,
 compared as the first command compares one GPU's) and the ring/gather crossover. `--rehearse` gives
@@ -129,6 +130,18 @@ def _group_decode(torchrun: list[str], out: Path, rehearse: bool, gloo: str) -> 
     )  # fmt: skip
 
 
+def _family_shapes(out: Path, device: list[str], rehearse: bool) -> Item:
+    """The kernels at every registered family's published cross-layer shapes (read from the
+    registry, so a family registered later is checked too)."""
+    small = ["--frames", "2", "--rows", "16"] if rehearse else []
+    return Item(
+        "every family's published cross-layer shapes: kernels vs float64, planned memory",
+        _py("scripts/check_family_shapes.py", *device, *small, "--out",
+            str(out / "decode_compile.json"), "--out-key", "family_shapes"),
+        120, writes=("decode_compile.json",), key="family_shapes",
+    )  # fmt: skip
+
+
 def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) -> list[Item]:
     """The second command's items: what the first leaves out; each fits `BUDGET_S`, so a run
     that its budget stopped goes on with `--after` in the next call."""
@@ -155,6 +168,7 @@ def second_items(out: Path, scratch: Path, gpus: int, rehearse: bool = False) ->
                 "--out", str(out / "decode_compile.json"), "--out-key", "mllama_11b"),
             180, writes=("decode_compile.json",), key="mllama_11b",
         ),
+        _family_shapes(out, device, rehearse),
         Item(
             "bench_finetune",
             _py("scripts/bench_finetune.py", *device, *finetune, "--out",

@@ -91,7 +91,8 @@ def _problem(rank: int, world: int, cfg: dict) -> dict:
     b, hq, hkv, d = cfg["batch"], cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"]
     q_full = torch.randn(b, s_q, hq, d).to(dtype)
     dout_full = torch.randn(b, s_q, hq, d).to(dtype)
-    q_vis, k_frame_full = media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"])
+    prompt = {k: cfg[k] for k in ("per", "header") if k in cfg}  # a family's placeholders
+    q_vis, k_frame_full = media_mask(s_q, s_kv, cfg["frames"], cfg["keys_per_frame"], **prompt)
     q_vis, k_frame_full = q_vis.expand(b, -1), k_frame_full.expand(b, -1)
     if not cfg["mask"]:
         q_vis = k_frame_full = None

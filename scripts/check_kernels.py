@@ -275,22 +275,33 @@ def _probe(args, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, device=args.device, dtype=dtype)
 
 
+def add_check_options(p: argparse.ArgumentParser, frames: int, frames_help: str) -> None:
+    """The options every kernel check takes: the device, the problem's frames and query rows, the
+    dtype, where its rows go."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--frames", type=int, default=frames, help=frames_help)
+    p.add_argument("--rows", type=int, default=256, help="query rows")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here, each as it is checked")
+    p.add_argument("--out-key", help="write them under this key of the JSON file (kept beside)")
+
+
+def check_rows(p: argparse.ArgumentParser, args: argparse.Namespace) -> Rows:
+    """Where a kernel check's rows go (its device refused in one line when it has none)."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda needs a CUDA GPU (--device cpu checks the CPU kernels)")
+    return Rows(args.out, key=args.out_key, command=command_line(), machine=machine(args.device))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    p.add_argument("--frames", type=int, default=48, help="frames of 729 keys (48: 34,992 keys)")
-    p.add_argument("--rows", type=int, default=256, help="query rows")
+    add_check_options(p, 48, "frames of 729 keys (48: 34,992 keys)")
     p.add_argument("--prefix", type=int, default=4096, help="cached text tokens before the rows")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32")
     p.add_argument("--backends", nargs="+", help="default: every backend of the device")
-    p.add_argument("--out", type=Path, help="write the rows as JSON here, each as it is checked")
-    p.add_argument("--out-key", help="write them under this key of the JSON file (kept beside)")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda needs a CUDA GPU (--device cpu checks the CPU kernels)")
-    rows = Rows(args.out, key=args.out_key, command=command_line(), machine=machine(args.device))
+    rows = check_rows(p, args)
     ok = check(args, rows)
     reported = [f"{r['backend']} {r['call']}: {r['why']}" for r in rows.rows
                 if not r.get("ok", True) and not r.get("counts", True)]  # fmt: skip

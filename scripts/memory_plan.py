@@ -144,6 +144,9 @@ def time_plan(
         len(cfg.cross_layer_indices),
     )
     kv_cols = 2 * cfg.num_key_value_heads * d
+    # a cross layer's own geometry: its query width and its visual K/V columns
+    xq = cfg.cross_attention_heads * cfg.cross_head_dim
+    x_cols = 2 * cfg.cross_kv_heads * cfg.cross_head_dim
     s_kv, prompt, q = work.frames * t, work.prompt_tokens, work.question_tokens
     # every non-embedding parameter is one multiply-add per token
     lm_matmul = counts.language - counts.embedding
@@ -154,14 +157,14 @@ def time_plan(
         + 4 * tower * tower * cfg.vision_hidden_size * cfg.vision_layers
     )
     # v_kv_proj over every visual token, all hyper layers
-    make_kv = 2 * s_kv * cfg.hidden_size * kv_cols * n_hyper
+    make_kv = 2 * s_kv * cfg.visual_feature_size * x_cols * n_hyper
 
     def prefill(rows: int, before: int) -> tuple[float, float]:
         """(matmul, attention) FLOPs of `rows` new tokens after `before` cached ones."""
         text = 4 * hq * d * layers * (rows * before + rows * rows / 2)
         # the video prompt's rows see a growing prefix of frames
         seen = s_kv * rows if before else s_kv * rows / 2
-        return 2 * lm_matmul * rows, text + 4 * hq * d * n_hyper * seen
+        return 2 * lm_matmul * rows, text + 4 * xq * n_hyper * seen
 
     recompute = make_kv if work.kv_mode == "recompute" else 0
     if masked_share is None:
@@ -169,15 +172,15 @@ def time_plan(
     p_mm, p_at = prefill(prompt, 0)
     # the video prompt's visual attention in masked tiles (the frames' band) runs on the
     # memory-efficient kernel; all else on flash (text: causal squares and whole blocks)
-    p_masked = 4 * hq * d * n_hyper * s_kv * prompt / 2 * masked_share
+    p_masked = 4 * xq * n_hyper * s_kv * prompt / 2 * masked_share
     q_mm, q_at = prefill(q, prompt)
     # a decode step: every rank runs the same one-token step on its replicated weights and its share
     # of the keys
     decode_bytes = (
-        lm_matmul * b + (n_hyper * s_kv * kv_cols * b + layers * (prompt + q) * kv_cols * b) / n
+        lm_matmul * b + (n_hyper * s_kv * x_cols * b + layers * (prompt + q) * kv_cols * b) / n
     )
     if work.kv_mode == "recompute":
-        decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
+        decode_bytes += s_kv * cfg.visual_feature_size * b * n_hyper / n  # E once per hyper layer
     # (matmul, attention, of it on the memory-efficient kernel, bytes read) FLOPs and bytes
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0, 0.0),
@@ -192,7 +195,7 @@ def time_plan(
         "question prefill (TTFT)": ((q_mm + recompute) / n, q_at / n, 0.0, lm_matmul * b),
         "decode step": (
             2 * lm_matmul + recompute / n,
-            4 * hq * d * (n_hyper * s_kv + layers * (prompt + q)) / n,
+            4 * (xq * n_hyper * s_kv + hq * d * layers * (prompt + q)) / n,
             0.0,
             decode_bytes,
         ),
@@ -245,10 +248,16 @@ def plan_rows(
 # --------------------------------------------------------------------------------------------------
 
 
-def _planned(cfg: ModelConfig, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: int) -> list:
+def _planned(
+    cfg: ModelConfig, q_vis: torch.Tensor, k_frame: torch.Tensor, tile: int, cross: bool = False
+) -> list:
     """`masks.tile_plans` of one query block (its tokens' q_vis) against one key shard (its
-    k_frame), on meta tensors with host copies: what a GPU kernel call of this shape would run."""
+    k_frame), on meta tensors with host copies: what a GPU kernel call of this shape would run;
+    `cross`: in a cross layer's head geometry, else the text layers'."""
     g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
+    if cross:
+        h, d = cfg.cross_kv_heads, cfg.cross_head_dim
+        g = cfg.cross_attention_heads // h
     q = torch.empty(1, q_vis.numel() * g, h, d, device="meta")
     k = torch.empty(1, k_frame.numel(), h, d, device="meta")
 
@@ -309,14 +318,14 @@ def kernel_calls(
     text = visual = (0, 0)
     for block, seen, own, _ in rounds:
         text = tuple(map(sum, zip(text, _tally(_planned(cfg, block + 1, own, tile)))))
-        visual = tuple(map(sum, zip(visual, _tally(_planned(cfg, seen, k_frame, tile)))))
+        visual = tuple(map(sum, zip(visual, _tally(_planned(cfg, seen, k_frame, tile, True)))))
     tokens = work.prompt_tokens
     # a decoded token: causal text attention over the whole cache, and every frame visible
     g, h, d = cfg.num_kv_groups, cfg.num_key_value_heads, cfg.head_dim
     one = torch.empty(1, g, h, d, device="meta")
     cache = torch.empty(1, tokens + work.question_tokens + 1, h, d, device="meta")
     decode_text = len(list(tile_plans(one, cache, True, None, None, g)))
-    decode_visual = len(_planned(cfg, torch.tensor([work.frames]), k_frame, tile))
+    decode_visual = len(_planned(cfg, torch.tensor([work.frames]), k_frame, tile, True))
     return KernelCalls(*text, *visual, decode_text, decode_visual)
 
 
@@ -329,7 +338,7 @@ def planned_masked_share(
     tile, rounds = _ring_rounds(config, work, rank, layout)
     area = masked = 0
     for _, seen, _, k_frame in rounds:
-        for p in _planned(config, seen, k_frame, tile):
+        for p in _planned(config, seen, k_frame, tile, True):
             cells = (p.q1 - p.q0) * (p.k1 - p.k0)
             area += cells
             masked += cells if p.mask is not None else 0

@@ -31,9 +31,8 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.engine.memory_plan import band_tiles, live_band_masks
+from lvx_models.api import FAMILIES as REGISTRY
 from lvx_models.api import ModelConfig
-from lvx_models.mllama.published import RELEASES as MLLAMA_RELEASES
-from lvx_models.mplug_owl3.published import RELEASES as OWL3_RELEASES
 from scripts.harness import dumps, markdown, show, write_json
 from scripts.memory_plan import (
     GB,
@@ -51,12 +50,11 @@ from scripts.random_model import small_config
 GPU_BYTES = 78 * 2**30
 MINUTES = [10, 30, 60, 180]
 GPU_COUNTS = [1, 2, 4, 8]  # the largest-video-per-GPU-count table
-# family -> (its releases, the one planned when none is named)
+# family -> (its releases, the one planned when none is named), every registered family's
 FAMILIES = {
-    "mplug_owl3": (OWL3_RELEASES, "mPLUG-Owl3-7B-241101"),
-    "mllama": (MLLAMA_RELEASES, "Llama-3.2-11B-Vision"),
+    f.name: (f.published, next(iter(f.published))) for f in REGISTRY.values() if f.published
 }
-RELEASES: dict[str, ModelConfig] = {**OWL3_RELEASES, **MLLAMA_RELEASES}
+RELEASES: dict[str, ModelConfig] = {n: c for f, _ in FAMILIES.values() for n, c in f.items()}
 RSS_CASES = [(64, "cache"), (64, "recompute")]  # (frames, kv mode) measured by --check-rss
 RSS_TOLERANCE = 0.15
 # visual_kv's chunk in the RSS check: 8 of the 64 frames at small shapes. CPU RSS counts a buffer's
@@ -304,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
         "--family",
         choices=list(FAMILIES),
         default="mplug_owl3",
-        help="plan its default release (mPLUG-Owl3-7B-241101, Llama-3.2-11B-Vision)",
+        help="plan its default release ("
+        + ", ".join(default for _, default in FAMILIES.values())
+        + ")",
     )
     parser.add_argument(
         "--model", choices=list(RELEASES), help="the released checkpoint to plan for"

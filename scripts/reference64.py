@@ -23,16 +23,20 @@ def _scores(q: Tensor, k: Tensor, scale: float, visible: Tensor | None) -> Tenso
     return s if visible is None else s.masked_fill(~visible[:, None], float("-inf"))
 
 
-def _visible(q_vis: Tensor | None, k_frame: Tensor | None, rows: Tensor, keys: slice):
-    """(B, rows, keys) bool: whether a row's visible frames hold a key's frame (None: all)."""
+def _visible(q_vis: Tensor | None, k_frame: Tensor | None, rows: Tensor, keys: slice, window=None):
+    """(B, rows, keys) bool: whether a row's visible frames hold a key's frame (None: all); with a
+    `window`, only its latest `window` frames."""
     if q_vis is None:
         return None
-    return k_frame[:, keys].long()[:, None, :] < q_vis[:, rows].long()[:, :, None]
+    frame, seen = k_frame[:, keys].long()[:, None, :], q_vis[:, rows].long()[:, :, None]
+    return (frame < seen) & (frame >= seen - window) if window is not None else frame < seen
 
 
-def forward64(q, k, v, scale: float, q_vis=None, k_frame=None, rows: Tensor | None = None):
+def forward64(
+    q, k, v, scale: float, q_vis=None, k_frame=None, rows: Tensor | None = None, window=None
+):
     """(out (B, R, Hq, D), lse (B, Hq, R)) in float64 for the query rows `rows` (default: all),
-    online over chunks of keys."""
+    online over chunks of keys (`window`: the media mask's, as the kernels take it)."""
     rows = torch.arange(q.shape[1], device=q.device) if rows is None else rows
     qr = q[:, rows]
     g = q.shape[2] // k.shape[2]
@@ -41,7 +45,7 @@ def forward64(q, k, v, scale: float, q_vis=None, k_frame=None, rows: Tensor | No
     acc = torch.zeros(b, hq, r, d, dtype=torch.float64, device=q.device)
     for k0 in range(0, k.shape[1], CHUNK_KEYS):
         keys = slice(k0, min(k0 + CHUNK_KEYS, k.shape[1]))
-        s = _scores(qr, k[:, keys], scale, _visible(q_vis, k_frame, rows, keys))
+        s = _scores(qr, k[:, keys], scale, _visible(q_vis, k_frame, rows, keys, window))
         new = torch.logaddexp(lse, torch.logsumexp(s, -1))
         seen = torch.isfinite(new)
         old = torch.where(seen, torch.exp(lse - torch.where(seen, new, 0)), 0)

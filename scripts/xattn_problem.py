@@ -20,13 +20,19 @@ def shapes(frames: int, keys_per_frame: int, ratio: float) -> tuple[int, int]:
     return max(1, round(s_kv / ratio)), s_kv
 
 
-def media_mask(s_q: int, s_kv: int, frames: int, keys_per_frame: int):
-    """mPLUG-Owl3 (G1) mask: frame j's placeholder starts at token 5j; token t sees frame j iff
-    5j < t. Returns (q_vis (1, S_q), k_frame (1, S_kv)), int32."""
-    t = torch.arange(s_q)
-    q_vis = torch.div(
-        t + TOKENS_PER_PLACEHOLDER - 1, TOKENS_PER_PLACEHOLDER, rounding_mode="floor"
-    ).clamp(max=frames)
+def media_mask(
+    s_q: int,
+    s_kv: int,
+    frames: int,
+    keys_per_frame: int,
+    per: int = TOKENS_PER_PLACEHOLDER,
+    header: int = 0,
+):
+    """The media mask of a prompt whose frame j's placeholder starts at token header + per·j (by
+    default mPLUG-Owl3's G1: 5j); token t sees frame j iff that start < t. Returns (q_vis (1, S_q),
+    k_frame (1, S_kv)), int32."""
+    t = torch.arange(s_q) - header
+    q_vis = torch.div(t + per - 1, per, rounding_mode="floor").clamp(min=0, max=frames)
     k_frame = torch.arange(s_kv) // keys_per_frame
     return q_vis.unsqueeze(0).to(torch.int32), k_frame.unsqueeze(0).to(torch.int32)
 

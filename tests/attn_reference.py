@@ -13,9 +13,10 @@ import torch
 
 
 def visibility(
-    sq: int, sk: int, *, causal=False, q_vis=None, k_frame=None, batch=1, device=None
+    sq: int, sk: int, *, causal=False, q_vis=None, k_frame=None, batch=1, device=None, window=None
 ) -> torch.Tensor:
-    """(B, Sq, Sk) bool: True where query t may see key s."""
+    """(B, Sq, Sk) bool: True where query t may see key s (`window`: only the latest `window`
+    frames of the q_vis it may see)."""
     vis = torch.ones(batch, sq, sk, dtype=torch.bool, device=device)
     if causal:  # bottom-right aligned, like flash-attn
         i = torch.arange(sq, device=device)[:, None]
@@ -23,10 +24,14 @@ def visibility(
         vis = vis & (j <= i + (sk - sq))
     if q_vis is not None:
         vis = vis & (k_frame.long()[:, None, :] < q_vis.long()[:, :, None])
+        if window is not None:
+            vis = vis & (k_frame.long()[:, None, :] >= q_vis.long()[:, :, None] - window)
     return vis
 
 
-def reference_attention(q, k, v, *, scale=None, causal=False, q_vis=None, k_frame=None):
+def reference_attention(
+    q, k, v, *, scale=None, causal=False, q_vis=None, k_frame=None, window=None
+):
     """float64 (out (B,Sq,Hq,D), lse (B,Hq,Sq)) with autograd to q, k, v."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -38,9 +43,9 @@ def reference_attention(q, k, v, *, scale=None, causal=False, q_vis=None, k_fram
         v.double().repeat_interleave(g, 2),
     )
     s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
-    vis = visibility(sq, sk, causal=causal, q_vis=q_vis, k_frame=k_frame, batch=b, device=q.device)[
-        :, None
-    ]
+    vis = visibility(
+        sq, sk, causal=causal, q_vis=q_vis, k_frame=k_frame, batch=b, device=q.device, window=window
+    )[:, None]
     alive = vis.any(-1, keepdim=True)  # (B,1,Sq,1)
     s = s.masked_fill(~vis, float("-inf"))
     s_safe = torch.where(alive, s, torch.zeros_like(s))

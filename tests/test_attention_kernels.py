@@ -607,3 +607,84 @@ def test_a_media_mask_that_hides_nothing_is_one_unmasked_call(backend, monkeypat
         backend=backend,
     )
     assert any(masked for _, _, masked in calls), "one row that misses a frame keeps the mask"
+
+
+def _window_case(b, sq, sk, frames, seed, unsorted=False):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, _, _ = _inputs(b, sq, sk, 8, 2, 8, dtype=torch.float64, seed=seed)
+    k_frame = torch.randint(0, frames, (b, sk), generator=g)
+    k_frame = k_frame if unsorted else torch.sort(k_frame, 1).values
+    q_vis = torch.sort(torch.randint(0, frames + 2, (b, sq), generator=g), 1).values
+    q_vis[:, 1:2] = 0  # a row that sees nothing (none for one token)
+    return q, k, v, q_vis, k_frame
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("window", [1, 2, 5])
+@pytest.mark.parametrize("unsorted", [False, True])
+@pytest.mark.parametrize("tile", [2, 256])
+def test_a_window_of_frames_is_exact_forward_and_backward(
+    backend, window, unsorted, tile, monkeypatch
+):
+    """Each query sees only the latest `window` frames of those before it (window 1: the latest,
+    OpenFlamingo's published masking): float64 against the dense reference, GQA 4:1, short
+    tiles, keys in frame order or not, rows that see nothing."""
+    monkeypatch.setattr(masks, "Q_TILE", tile)
+    for seed, (b, sq, sk, frames) in enumerate([(2, 13, 29, 6), (1, 40, 24, 8), (1, 1, 9, 3)]):
+        q, k, v, q_vis, k_frame = _window_case(b, sq, sk, frames, seed, unsorted)
+        kw = dict(q_vis=q_vis, k_frame=k_frame, window=window)
+        ro, rl, w, u, grads = _reference(q, k, v, **kw)
+        out, lse = attn_fwd(q, k, v, backend=backend, **kw)
+        _close("out", out, ro, 1e-12)
+        _check_lse(lse, rl, 1e-12)
+        got = attn_bwd(w, q, k, v, out, lse, dlse=u, backend=backend, **kw)
+        for name, a, want in zip(("dq", "dk", "dv"), got, grads):
+            _close(name, a, want, 1e-12)
+
+
+def test_a_window_with_host_known_indices_and_a_decoded_token(monkeypatch):
+    """A decoded token sees every frame (host-known q_vis): under a window it sees only the latest,
+    so a shard without that frame gives an empty result (out 0, lse -inf), and one holding it the
+    latest frame's attention alone."""
+    q, k, v, _, _ = _inputs(1, 1, 12, 8, 2, 8, dtype=torch.float64)
+    k_frame = (torch.arange(12) // 4).view(1, 12)  # frames 0, 1, 2
+    q_vis = masks.Indices(torch.tensor([[3]]), 3, 3, torch.tensor([[3]]))
+    k_idx = masks.Indices.of_host(k_frame, "cpu")
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_idx, window=1)
+    ro, rl = reference_attention(q, k[:, 8:], v[:, 8:])
+    _close("out", out, ro, 1e-12)
+    _check_lse(lse, rl, 1e-12)
+    early = masks.Indices.of_host(k_frame[:, :8], "cpu")
+    out, lse = attn_fwd(q, k[:, :8], v[:, :8], q_vis=q_vis, k_frame=early, window=1)
+    assert (out == 0).all() and (lse == NEG_INF).all()
+    out, lse = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_idx, window=3)  # every frame: no mask
+    _close("out", out, reference_attention(q, k, v)[0], 1e-12)
+
+
+def test_latest_frame_tiles_are_unmasked_frame_blocks(monkeypatch):
+    """Window 1 over frames in order, tiles cut at every change: each run of tokens after one
+    placeholder sees one frame's keys, so the tiles are unmasked blocks of one frame's keys, no
+    band; with the CPU's shortest tile one masked band spans them."""
+    calls = _kernel_calls("math", monkeypatch)
+    monkeypatch.setattr(masks, "Q_TILE", 256)
+    monkeypatch.setattr(masks, "MIN_TILE", 1)
+    q, k, v, _, _ = _inputs(1, 12, 12, 8, 2, 8)
+    k_frame = (torch.arange(12) // 4).view(1, 12)
+    q_vis = torch.tensor([[0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3]])
+    out, _ = attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, window=1, backend="math")
+    ro, _ = reference_attention(q, k, v, q_vis=q_vis, k_frame=k_frame, window=1)
+    _close("out", out, ro, 1e-5)
+    assert calls == [(16, 4, False), (16, 4, False), (12, 4, False)], calls
+    monkeypatch.setattr(masks, "MIN_TILE", 32)
+    calls.clear()
+    attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, window=1, backend="math")
+    assert calls == [(44, 12, True)], calls
+
+
+def test_a_window_is_a_media_masks_and_at_least_one_frame():
+    q, k, v, q_vis, k_frame = _inputs(1, 3, 4, 8, 2, 8, media=True)
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="1 frame or more"):
+            attn_fwd(q, k, v, q_vis=q_vis, k_frame=k_frame, window=bad)
+    with pytest.raises(ValueError, match="with q_vis"):
+        attn_fwd(q, k, v, window=1)

@@ -69,6 +69,10 @@ def test_flat_options_find_their_section_and_a_wrong_one_lists_the_valid_names()
         ({"timeout_s": 0}, "--timeout must be a number of seconds above 0"),
         ({"layout": "diagonal"}, "unknown --layout 'diagonal'; use one of contiguous"),
         ({"kv_mode": "both"}, "unknown --kv-mode 'both'; use one of auto, cache, recompute"),
+        (
+            {"media_attention": "latest"},
+            "unknown --media-attention 'latest'; use one of every-frame-before, latest-frame",
+        ),
         ({"dtype": "int8"}, "unknown --dtype 'int8'"),
         ({"gpus": -1}, "--gpus must be 0 (CPU) or a positive number of GPUs"),
         ({"gpus": "0"}, "--gpus takes a whole number, not '0'"),
@@ -127,6 +131,7 @@ def test_the_memory_a_rank_may_use_is_stated_or_measured(monkeypatch):
     import torch
 
     from lvx_app.cli.main import app
+
     ingest = importlib.import_module("lvx_app.video.ingest")  # the package names a function so
 
     cpu = torch.device("cpu")

@@ -23,14 +23,17 @@ from scripts.gloo_ranks import run_ranks
 HQ, HKV, D, P = 4, 2, 8, 5  # heads, K/V heads, head dim, keys per frame
 
 
-def reference_shares(layers, num_frames: int) -> torch.Tensor:
+def reference_shares(layers, num_frames: int, window: int | None = None) -> torch.Tensor:
     """The same softmax in float64 in one process, the K/V heads repeated per query head: each
-    frame's summed probability, averaged over the (query, head, layer) rows that see a frame."""
+    frame's summed probability, averaged over the (query, head, layer) rows that see a frame
+    (`window`: only the latest `window` frames of those a row may see)."""
     total, rows = torch.zeros(num_frames, dtype=torch.float64), 0
     for q, q_vis, k, k_frame in layers:
         q, k = q.double(), k.double().repeat_interleave(HQ // k.shape[1], dim=1)
         scores = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
         hidden = k_frame.view(1, 1, -1) >= q_vis.view(-1, 1, 1)
+        if window is not None:
+            hidden |= k_frame.view(1, 1, -1) < q_vis.view(-1, 1, 1) - window
         scores = scores.masked_fill(hidden, -math.inf)
         seen = q_vis > 0
         prob = torch.softmax(scores[seen], dim=-1)  # (T', H, S)
@@ -76,6 +79,28 @@ def test_frame_lse_matches_float64_in_chunks(monkeypatch):
         assert torch.equal(torch.isinf(got[..., f]), torch.isinf(want))
         fin = torch.isfinite(want)
         assert (got[..., f].double()[fin] - want[fin]).abs().max() < 1e-5
+
+
+def test_frame_shares_under_a_window_fall_only_on_the_frames_it_lets_a_query_see(monkeypatch):
+    """Window 1 or 2 (`--media-attention latest-frame` is 1), keys in frame order or not, frames in
+    chunks: exact against the float64 softmax, and no share on a frame no query's window holds."""
+    monkeypatch.setattr(attention_evidence, "SCORE_CHUNK_ELEMENTS", 7 * 3 * HQ)
+    layers = _layers(4, frames=6, tokens=7)
+    for window in (1, 2):
+        for order in (None, torch.randperm(30, generator=torch.Generator().manual_seed(2))):
+            mixed = layers
+            if order is not None:
+                mixed = [(q, v, k[order], f[order]) for q, v, k, f in layers]
+            got = frame_shares(mixed, 6, window=window)
+            want = reference_shares(layers, 6, window)
+            assert (got - want).abs().max() < 1e-6 and abs(float(got.sum()) - 1) < 1e-9
+            windows = {
+                f
+                for _, q_vis, _, _ in layers
+                for v in q_vis.tolist()
+                for f in range(max(0, v - window), v)
+            }
+            assert all(share == 0 for f, share in enumerate(got.tolist()) if f not in windows)
 
 
 def _distributed_shares(rank: int, world: int):
@@ -356,6 +381,19 @@ def test_lvx_chat_prints_the_moments_under_each_answer(tiny_checkpoints, short_v
     assert "seen at" not in quiet and "no evidence yet" in quiet
 
 
+@pytest.mark.slow
+def test_lvx_chat_under_latest_frame_sees_one_moment_on_two_ranks(tiny_checkpoints, short_video):
+    """`lvx chat --media-attention latest-frame` over 2 CPU ranks: the answer's `seen at` names one
+    moment holding all of its attention (the last frame), and /evidence lists that one alone."""
+    out = _chat(tiny_checkpoints["g2"], short_video, "--ranks", "2", "--media-attention",
+                "latest-frame")  # fmt: skip
+    seen = out.split("lvx › ", 1)[1].splitlines()[1]
+    assert seen.startswith("seen at ") and seen.endswith("(100%)") and "," not in seen, out
+    listed = [line for line in out.splitlines() if line.rstrip().endswith("%")]
+    moment = seen.removeprefix("seen at ").split(" ")[0]
+    assert len(listed) == 1 and listed[0].split() == [moment, "100.0%"], out
+
+
 def test_the_api_returns_lvx_evidence_only_when_asked(api_here):  # noqa: F811
     """Plain OpenAI output unless the body says `"lvx_evidence": true`; then the moments come in
     the response and in the final stream chunk."""
@@ -398,3 +436,32 @@ def test_the_page_shows_moments_as_thumbnails_that_seek(short_video, tmp_path):
     plain = evidence_markdown(found[:1], str(tmp_path / "gone.mp4"), SEEK_PREFIX)
     assert plain == f"seen at: [0:03–0:05 (50%)]({SEEK_PREFIX}3.00)"
     assert evidence_markdown(None, short_video, SEEK_PREFIX) == ""
+
+
+def _latest_frame_answer(rank: int, world: int, checkpoint: str, video: str):
+    """One answer under `--media-attention latest-frame` on a zigzag group: its shares, moments and
+    the sampled frames' times (rank 0)."""
+    from lvx_app.engine.records import VideoRequest
+
+    session, config = _session(checkpoint, layout="zigzag", media_attention="latest-frame")
+    summary = session.load_video(VideoRequest.of(video, config.video))
+    "".join(session.ask(QUESTION, config.generation))
+    last = session.last_answer
+    found = dict(shares=session.turns.last_shares, evidence=last.evidence, tokens=last.tokens)
+    return dict(found, times=summary.timestamps) if rank == 0 else None
+
+
+def test_latest_frame_evidence_shows_only_the_last_frame(tiny_checkpoints, short_video):
+    """A question after the video under `latest-frame` sees the last frame alone: its answer's
+    shares are all on it, its `seen at` names its time only, the same on 1 and 2 ranks."""
+    answers = [
+        run_ranks(_latest_frame_answer, world, tiny_checkpoints["g2"], short_video)[0]
+        for world in (1, 2)
+    ]
+    for answer in answers:
+        *early, last = answer["shares"]
+        assert early and all(s == 0 for s in early) and abs(last - 1) < 1e-9, answer["shares"]
+        t = answer["times"][-1]
+        assert answer["evidence"] == [Moment(t, t, pytest.approx(1.0))]
+        assert seen_line(answer["evidence"]).startswith("seen at ")
+    assert answers[0]["tokens"] == answers[1]["tokens"]

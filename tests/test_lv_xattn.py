@@ -2,7 +2,8 @@
 
 All cases of one world size run in ONE spawned group (start-up dominates). Each rank holds an uneven
 slice of the queries and of the K/V (one rank with no queries, one with no keys), GQA 8/2, media
-masks with rows that see nothing, and a loss through both out and lse. The bytes each rank sends are
+masks with rows that see nothing, narrowed to the latest frames (a window) too, and a loss through
+both out and lse. The bytes each rank sends are
 checked exactly against the Q/O/lse(/dO/dQ) sizes: K/V never travel.
 """
 
@@ -29,12 +30,15 @@ def _cuts(total, world, zero=None):
 
 
 CASES = [
-    # name, dtype, media, with_lse, q zero rank, k zero rank, unsorted frames, tile, scale
-    ("gqa_fp32", torch.float32, False, True, 0, -1, False, None, None),
-    ("media_fp32", torch.float32, True, True, -1, 0, False, None, 0.37),
-    ("media_tiles_unsorted", torch.float32, True, True, 1, 1, True, 2, None),
-    ("media_bf16", torch.bfloat16, True, True, 0, -1, False, None, None),
-    ("out_only", torch.float32, True, False, -1, 0, False, None, None),
+    # name, dtype, media, with_lse, q zero rank, k zero rank, unsorted frames, tile, scale, window
+    ("gqa_fp32", torch.float32, False, True, 0, -1, False, None, None, None),
+    ("media_fp32", torch.float32, True, True, -1, 0, False, None, 0.37, None),
+    ("media_tiles_unsorted", torch.float32, True, True, 1, 1, True, 2, None, None),
+    ("media_bf16", torch.bfloat16, True, True, 0, -1, False, None, None, None),
+    ("out_only", torch.float32, True, False, -1, 0, False, None, None, None),
+    # the latest frame only (OpenFlamingo's published masking), and the latest two
+    ("latest_frame_fp32", torch.float32, True, True, -1, 0, False, None, None, 1),
+    ("window2_tiles_unsorted", torch.float32, True, True, 1, 1, True, 2, None, 2),
 ]
 
 
@@ -58,7 +62,8 @@ def _case_data(seed, dtype, media, unsorted):
 
 def _lv_cases(rank, world):
     results = []
-    for i, (name, dtype, media, with_lse, qz, kz, unsorted, tile, scale) in enumerate(CASES):
+    for i, case in enumerate(CASES):
+        name, dtype, media, with_lse, qz, kz, unsorted, tile, scale, window = case
         masks.Q_TILE = tile or 256
         q, k, v, w, u, q_vis, k_frame = _case_data(i, dtype, media, unsorted)
         qc = _cuts(SQ, world, None if qz < 0 else qz % world)
@@ -67,7 +72,9 @@ def _lv_cases(rank, world):
 
         # reference on the full problem (float64, autograd)
         rq, rk, rv = (t.double().requires_grad_() for t in (q, k, v))
-        ro, rl = reference_attention(rq, rk, rv, scale=scale, q_vis=q_vis, k_frame=k_frame)
+        ro, rl = reference_attention(
+            rq, rk, rv, scale=scale, q_vis=q_vis, k_frame=k_frame, window=window
+        )
         fin = torch.isfinite(rl)
         loss = (ro * w).sum()
         if with_lse:
@@ -78,7 +85,7 @@ def _lv_cases(rank, world):
         stats: dict = {}
         kw = dict(scale=scale, stats=stats)
         if media:
-            kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks])
+            kw.update(q_vis=q_vis[:, qs], k_frame=k_frame[:, ks], window=window)
             if name != "media_fp32":  # every rank's q_vis on the host, as the engine passes them
                 kw.update(q_vis_every=[q_vis[:, qc[r] : qc[r + 1]] for r in range(world)])
         if with_lse:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from lvx_app.engine.memory_plan import band_tiles
 from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.mplug_owl3.modeling import Owl3Model
 from lvx_models.mplug_owl3.tiny import tiny_config
@@ -261,3 +262,30 @@ def test_visual_kv_is_sized_by_the_cross_layers_own_heads() -> None:
     assert plan.resident["text K/V"] == same.resident["text K/V"]
     assert plan.resident["text K/V"] % (cfg.text_kv_layers * 2 * 4 * 128 * 2) == 0
     assert plan.stages["visual K/V"] > same.stages["visual K/V"]
+
+
+class _OwnCrossGeometry(_CrossHeads):
+    """mPLUG-Owl3 7B's sizes with cross layers as OpenFlamingo's: 8 query heads on 8 K/V heads of
+    64, made from visual features 1,024 wide (the text layers keep 28 query / 4 K/V heads of 128,
+    width 3,584)."""
+
+    cross_attention_heads, cross_kv_heads, cross_head_dim = 8, 8, 64
+    visual_feature_size = 1024
+
+
+def test_the_cross_layers_queries_and_features_are_sized_by_their_own_geometry() -> None:
+    from lvx_models.surface import ModelConfig, protocol_gaps
+
+    base = Owl3Config()
+    cfg = _OwnCrossGeometry(base)
+    assert not protocol_gaps(cfg, ModelConfig)
+    counts = param_counts(base)
+    work = Workload(minutes=10, kv_mode="recompute")
+    plan, same = memory_plan(cfg, work, counts), memory_plan(base, work, counts)
+    assert plan.resident["features E"] == work.frames * 729 * 1024 * 2
+    assert same.resident["features E"] == work.frames * 729 * 3584 * 2
+    # a token packs one row per query head of a K/V head: 1 here, 7 in the 7B's own layers
+    ours, its = band_tiles(cfg, 2000, 40 * 729), band_tiles(base, 2000, 40 * 729)
+    assert [k for _, k in ours] == [k for _, k in its]
+    assert [7 * r for r, _ in ours] == [r for r, _ in its]
+    assert plan.stages["video prefill"] < same.stages["video prefill"]

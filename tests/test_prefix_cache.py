@@ -20,6 +20,7 @@ from cache_damage import (
 from typer.testing import CliRunner
 
 from lvx_app.cache import CacheWarning, FeatureKey, PrefixCache, PrefixKey, SavedPrefix
+from lvx_app.cache.store import stable_hash
 from lvx_app.cli.cache import cache_app
 from lvx_app.config import Config, GenerationConfig
 from lvx_app.engine.records import VideoRequest
@@ -214,6 +215,7 @@ def test_every_key_component_invalidates(tmp_path, video):
         "feature_entry": "other",
         "file_id": "other",
         "format_version": 0,
+        "media_attention": "latest-frame",
     }
     assert set(changed) == {f.name for f in dataclasses.fields(PrefixKey)}, (
         "a new key field needs a case here"
@@ -361,3 +363,17 @@ def test_the_video_line_says_the_prompt_was_read_back():
     assert "loaded from cache" in describe_video(summary)
     summary.prompt_from_cache = True
     assert "loaded from cache with its saved prompt in 0.4 s" in describe_video(summary)
+
+
+def test_the_media_attention_names_a_prompt_other_than_the_default_and_keeps_its_id(tmp_path):
+    """A prompt prefilled under `--media-attention latest-frame` is another entry; one under the
+    default keeps the id it had before the option existed (its key without the field)."""
+    video = tmp_path / "v.mp4"
+    video.write_bytes(b"frames")
+    key = _key(video)
+    latest = dataclasses.replace(key, media_attention="latest-frame")
+    assert key.media_attention is None and latest.entry_id() != key.entry_id()
+    fields = {f: v for f, v in dataclasses.asdict(key).items() if f != "media_attention"}
+    for name in ("world_size", "feature_entry"):
+        fields.pop(name)
+    assert key.entry_id() == stable_hash(fields)

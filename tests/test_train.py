@@ -40,15 +40,13 @@ def _grads(
     train: str,
     recompute: bool,
     checkpoint_lm: bool,
-    layout: str,
+    layout: str = "contiguous",
+    media: str = "every-frame-before",
 ):
     """(summed CE of this rank, {param: grad}) for one fixed sample; frames and tokens dealt by
-    `layout`."""
-    tr = Trainer(
-        _cfg(
-            checkpoint, train=train, recompute=recompute, checkpoint_lm=checkpoint_lm, layout=layout
-        )
-    )
+    `layout`; `media`: `--media-attention`."""
+    options = dict(recompute=recompute, checkpoint_lm=checkpoint_lm, layout=layout)
+    tr = Trainer(_cfg(checkpoint, train=train, media_attention=media, **options))
     with torch.no_grad():  # non-zero LoRA B so every adapter weight gets a gradient
         for i, (n, p) in enumerate(tr.params):
             if "lora_B" in n:
@@ -76,8 +74,9 @@ def _feature_width(tr: Trainer) -> int:
         return tr.model.vision_features(torch.zeros(1, 3, size, size)).shape[-1]
 
 
-def _all_variants(rank: int, world: int, checkpoint: str, train: str, layout: str = "contiguous"):
-    return [_grads(rank, world, checkpoint, train, r, c, layout) for r, c in VARIANTS]
+def _all_variants(rank: int, world: int, checkpoint: str, train: str, *options: str):
+    """Every variant's `_grads`; `options`: the layout, then `--media-attention`."""
+    return [_grads(rank, world, checkpoint, train, r, c, *options) for r, c in VARIANTS]
 
 
 def _assert_same(got, ref, what: str):
@@ -128,6 +127,21 @@ def test_sharded_gradients_equal_single_process(tiny_checkpoints, generation, tr
             )
 
 
+def test_latest_frame_training_on_ranks_equals_one_process(tiny_checkpoints):
+    """`--media-attention latest-frame` in finetuning: each variant (K/V saved, recomputed,
+    checkpointed) on 2 zigzag ranks gives one process's gradients, and they differ from the
+    default mask's (the window is applied)."""
+    ckpt = tiny_checkpoints["g2"]
+    single = _all_variants(0, 1, ckpt, "hyper", "contiguous", "latest-frame")
+    default = _grads(0, 1, ckpt, "hyper", False, False, "contiguous")
+    assert any(not np.allclose(default[1][n], single[0][1][n]) for n in default[1])
+    per_rank = run_ranks(_all_variants, 2, ckpt, "hyper", "zigzag", "latest-frame")
+    for v, (rec, lm) in enumerate(VARIANTS):
+        ce = sum(r[v][0] for r in per_rank)
+        for r in range(2):
+            _assert_same((ce, per_rank[r][v][1]), single[0], f"latest, recompute={rec} lm={lm}")
+
+
 def test_lora_on_gate_proj_is_written_back_in_the_240728_layout(tiny_checkpoints, tmp_path):
     """LoRA wraps the Linear inside gate_proj; the saved checkpoint has it merged under the official
     key `gate_proj.0.weight`, is read back as the same generation, and holds the trained weight."""
@@ -176,9 +190,9 @@ def _saved_and_forwards(checkpoint: str, recompute: bool, checkpoint_lm: bool):
     calls = []
     inner = rc.lv_xattn_forward
 
-    def counting(*a):
+    def counting(*a, **kw):
         calls.append(1)
-        return inner(*a)
+        return inner(*a, **kw)
 
     def pack(t):
         if t.data_ptr() != e.data_ptr() and s_kv in t.shape:

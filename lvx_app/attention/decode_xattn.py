@@ -72,12 +72,14 @@ def decode_xattn(
     stats: dict | None = None,
     carry: Carry | None = None,
     buffers: CombineBuffers | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32), identical on every rank.
 
     `stats`: a dict to which the bytes this rank sends are added ("fwd_bytes"). `carry`: exchanged
-    in this call's collective unless it already was. `buffers`: the session's (default: fresh)."""
-    out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame)
+    in this call's collective unless it already was. `buffers`: the session's (default: fresh).
+    `window`: the media mask's (`attn_fwd`)."""
+    out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame, window=window)
     n = get_world_size(group)
     ride = carry is not None and carry.received is None
     if n == 1:

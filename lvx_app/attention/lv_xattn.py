@@ -4,7 +4,8 @@ Each of n ranks holds its own visual K/V shard (any length, may be empty; it
 never leaves the rank) and its own slice of the text queries (any length, may
 be empty; the lengths are exchanged with one tiny all_gather per forward,
 reused by the backward, or passed in as `q_sizes`). All ranks must agree on
-batch, query heads, head_dim, dtype, scale and whether a media mask is used.
+batch, query heads, head_dim, dtype, scale, whether a media mask is used and its `window` (each
+query sees only the latest `window` frames of its q_vis; it travels as the q_vis it is read from).
 Query block j starts on rank j and walks the ring r -> r+1:
 
 forward, round t on rank r (it holds block j = r - t, `held_len` = S_j rows):
@@ -129,6 +130,7 @@ def lv_xattn_forward(
     group: dist.ProcessGroup | None,
     q_sizes: list[int] | None,
     q_vis_every: Sequence[Tensor] | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor, list[int], int]:
     # long: the ring's rounds in one place, in the four steps the module docstring names
     """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block
@@ -155,7 +157,7 @@ def lv_xattn_forward(
             q_ring.post([(held_q, next_q), (wire_vis, next_q_vis)])
         if held_len:  # 2. partial result against the local shard (overlaps the transfers)
             partial_out, partial_lse = attn_fwd(
-                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame
+                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame, window=window
             )
         if (
             t > 0
@@ -227,6 +229,7 @@ def lv_xattn_backward(
     group: dist.ProcessGroup | None,
     with_lse: bool,
     sizes: list[int],
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     # long: the backward ring's rounds in one place, in the same four steps
     """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and
@@ -266,6 +269,7 @@ def lv_xattn_backward(
                 k_frame=k_frame,
                 dlse=held_lses[1] if with_lse else None,
                 kv_aug=kv_aug,
+                window=window,
             )
             dk += partial_dk
             dv += partial_dv
@@ -294,36 +298,36 @@ def lv_xattn_backward(
 
 class _LVXAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, every):
+    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, sizes, stats, every, window):
         out, lse, sizes, sent = lv_xattn_forward(
-            q, k, v, scale, q_vis, k_frame, group, q_sizes, every
+            q, k, v, scale, q_vis, k_frame, group, sizes, every, window
         )
         count_bytes(stats, "fwd_bytes", sent)
         ctx.stats = stats
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, q_vis, k_frame, group, with_lse, sizes)
+        ctx.args = (scale, q_vis, k_frame, group, with_lse, sizes, window)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, q_vis, k_frame, group, with_lse, sizes = ctx.args
+        scale, q_vis, k_frame, group, with_lse, sizes, window = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, sent = lv_xattn_backward(
-            dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes
+            dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes, window
         )
         count_bytes(ctx.stats, "bwd_bytes", sent)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def _lv_xattn(
-    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None
+    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None, window=None
 ) -> tuple[Tensor, Tensor]:
-    check_inputs(q, k, v, q_vis, k_frame)
+    check_inputs(q, k, v, q_vis, k_frame, window)
     return _LVXAttn.apply(
-        q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, q_vis_every
+        q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, q_vis_every, window
     )
 
 
@@ -339,6 +343,7 @@ def lv_xattn_with_lse(
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
     q_vis_every: Sequence[Tensor] | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse
     (B,Hq,Sq) float32).
@@ -351,11 +356,13 @@ def lv_xattn_with_lse(
     `stats`: a dict to which the bytes this rank sends are added (fwd_bytes, bwd_bytes).
     `q_vis_every`: every rank's q_vis (B, Sq_r) on the host, in group-rank order, if the caller
     knows them: each round then plans the query block it holds from its sender's host copy (no
-    device read per round).
+    device read per round). `window`: each query sees only the latest `window` frames of its q_vis.
     Differentiable through both outputs (the backward always carries dlse around the ring, zeros
     where the loss does not use lse).
     """
-    return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every)
+    return _lv_xattn(
+        q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every, window
+    )
 
 
 def lv_xattn(
@@ -370,6 +377,9 @@ def lv_xattn(
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
     q_vis_every: Sequence[Tensor] | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """LV-XAttn, output only (the backward ring carries no dlse); see `lv_xattn_with_lse`."""
-    return _lv_xattn(q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every)[0]
+    return _lv_xattn(
+        q, k, v, False, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every, window
+    )[0]

@@ -1,7 +1,7 @@
 """The encoder weights' fingerprints remembered in the cache folder (`encoder-fingerprints.json`).
 
-The model computes a fingerprint of its vision tower and projector weights from each safetensors
-file's digest (`lvx_models.mplug_owl3.fingerprint`); hashing a 7B checkpoint's tower reads ~0.8 GB,
+The model computes a fingerprint of its vision tower and projector weights from each weight
+file's digest (`lvx_models.fingerprint`); hashing a 7B checkpoint's tower reads ~0.8 GB,
 so the digests are kept here, keyed by each file's identity, and a later start only stats the
 files. The memo is written as every cache file is: atomically. A folder that cannot be written or
 is full only costs a re-hash next time, said by the cache entries that cannot be saved there either

@@ -22,15 +22,16 @@ import hashlib
 import os
 import re
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from lvx_app.cache.faults import CacheWarning, CorruptEntry
 from lvx_app.cache.features import FeatureKey
 from lvx_app.cache.files import delete_files, lvx_files
-from lvx_app.cache.store import Entry, Store, stable_hash
+from lvx_app.cache.store import Entry, Store, key_fields, stable_hash
 
 PREFIX_VERSION = 2  # 2: one file for all ranks (1 had one identical file per rank)
 PROMPTS_PER_FEATURES = 8  # saved prompts kept per feature entry, the least recently used go first
@@ -50,6 +51,9 @@ class PrefixKey:
     feature_entry: str  # the feature entry of this world size (its layout of frames included)
     file_id: str
     format_version: int = PREFIX_VERSION
+    # the frames a text token attends to (`--media-attention`), None for every frame before it
+    media_attention: str | None = None
+    added_later: ClassVar[tuple[str, ...]] = ("media_attention",)  # see `key_fields`
 
     @classmethod
     def make(
@@ -61,6 +65,7 @@ class PrefixKey:
         prompt_ids: torch.Tensor,
         device: str,
         owner: str = "",
+        media_attention: str = "every-frame-before",
     ) -> "PrefixKey":
         """`owner`: the client whose words the prompt holds ("" for none): a prompt saved for one
         client is never read back for another, whose load would then be quicker for a right guess
@@ -77,10 +82,11 @@ class PrefixKey:
             feature_key.world_size,
             feature_key.entry_id(),
             feature_key.file_id,
+            media_attention=None if media_attention == "every-frame-before" else media_attention,
         )
 
     def entry_id(self) -> str:
-        d = asdict(self)
+        d = key_fields(self)
         for name in ("world_size", "feature_entry"):
             d.pop(name)
         return stable_hash(d)

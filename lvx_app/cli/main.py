@@ -95,8 +95,7 @@ def demo(
         None,
         "--model-family",
         help="Which model family's tiny checkpoint to write and run, by its name or id in any "
-        "case: mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
-        "Default: mPLUG-Owl3.",
+        "case, one of the families `lvx info` lists. Default: mPLUG-Owl3.",
         metavar="NAME",
     ),
     generation: Optional[str] = typer.Option(

@@ -115,7 +115,7 @@ def answer_shares(
         q_vis = torch.stack([r[1].to(q.device) for r in rows])
         k, _ = visual.kv[layer]
         parts.append((q, q_vis, k[0], k_frame))
-    shares = frame_shares(parts, visual.num_frames, distributed=world > 1)
+    shares = frame_shares(parts, visual.num_frames, distributed=world > 1, window=visual.window)
     recorder.seconds += time.perf_counter() - t0
     return shares
 
@@ -130,7 +130,7 @@ def _first_rows(recorder: EvidenceRecorder, visual, layers: Sequence[int], summe
     config = recorder.config
     k = visual.kv[layers[0]][0]
     dtype = torch.promote_types(k.dtype, torch.float32)
-    heads, dim = config.num_attention_heads, config.head_dim
+    heads, dim = config.cross_attention_heads, config.cross_head_dim
     rows = torch.zeros(len(layers), heads * dim + 1, dtype=torch.float64, device=k.device)
     if held is not None:
         rows[:, :-1] = torch.stack([held[layer][0].reshape(-1) for layer in layers])

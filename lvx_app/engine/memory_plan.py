@@ -98,7 +98,7 @@ def weight_bytes(parameters: int, dtype_bytes: int) -> int:
 
 def features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
     """The visual features E of `frames` frames (what `--kv-mode recompute` keeps)."""
-    return frames * cfg.visual_tokens_per_frame * cfg.hidden_size * dtype_bytes
+    return frames * cfg.visual_tokens_per_frame * cfg.visual_feature_size * dtype_bytes
 
 
 def visual_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
@@ -206,7 +206,7 @@ def _visual_kv_transient(
 ) -> int:
     """Peak extra bytes, besides the K/V buffers, while one hyper layer's K/V are made from `tokens`
     visual tokens (`visual_kv`: one chunk of frames, `chunk_bytes` of float32 work, at a time)."""
-    h, kd = cfg.hidden_size, cfg.cross_kv_heads * cfg.cross_head_dim
+    h, kd = cfg.visual_feature_size, cfg.cross_kv_heads * cfg.cross_head_dim
     kvw = 2 * kd  # a visual token's K and V values
     p, chunk_bytes = cfg.visual_tokens_per_frame, chunk_bytes or cfg.visual_kv_chunk_bytes
     chunk = min(tokens, max(1, chunk_bytes // (p * h * 8)) * p)
@@ -227,6 +227,11 @@ def _text_buffer(prompt: int, question: int, answer: int) -> tuple[int, int]:
     while prompt + question + answer > cap:  # a decoded token one past the buffer
         before, cap = cap, kv_capacity(cap + 1)
     return cap, before
+
+
+def _cross_groups(cfg: ModelConfig) -> int:
+    """Query heads of a cross layer per visual K/V head: the rows a token packs into."""
+    return cfg.cross_attention_heads // cfg.cross_kv_heads
 
 
 def band_tiles(
@@ -252,7 +257,7 @@ def band_tiles(
         seeing = t1 - max(t0, header)  # the header's tokens see no frame
         band = min(keys, (q_vis(t1 - 1) - q_vis(t0)) * p)
         if seeing > 0 and band > 0:
-            tiles.append((seeing * cfg.num_kv_groups, band))
+            tiles.append((seeing * _cross_groups(cfg), band))
         t0 = t1
     return tiles
 
@@ -270,7 +275,7 @@ def visual_masked_share(config: ModelConfig, work: Workload) -> float:
     frames, rows = work.frames, work.for_model(config).prompt_tokens
     tiles = band_tiles(config, rows, frames * p, min_tile(work.device))
     seen = frames * (rows - h) - per * frames * (frames - 1) // 2  # (token, frame seen) pairs
-    total = config.num_kv_groups * p * seen
+    total = _cross_groups(config) * p * seen
     return sum(r * k for r, k in tiles) / total if total else 0.0
 
 
@@ -291,7 +296,7 @@ def _attention_transient(
     split, merges the parts into float32 accumulators. Tiles are planned as they run, so at most two
     bool band masks live together (a tile's and the next one's); the running band adds its additive
     bias and negated mask."""
-    q_bytes = rows * cfg.num_attention_heads * cfg.head_dim
+    q_bytes = rows * cfg.cross_attention_heads * cfg.cross_head_dim
     if not masked:
         return 2 * q_bytes * b  # the packed copy and the output
     tiles = band_tiles(cfg, rows, keys, tile)
@@ -320,7 +325,7 @@ def _vision_transient(cfg: ModelConfig, batch: int, b: int) -> int:
     pixels = batch * cfg.frame_channels * cfg.frame_size**2 * b
     kept = cfg.vision_output_size - cfg.vision_hidden_size
     width = 4 * cfg.vision_hidden_size + 2 * cfg.vision_intermediate_size + kept
-    return pixels + batch * max(tower * width, t * (kept + 2 * cfg.hidden_size)) * b
+    return pixels + batch * max(tower * width, t * (kept + 2 * cfg.visual_feature_size)) * b
 
 
 def memory_plan(

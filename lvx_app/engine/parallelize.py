@@ -87,8 +87,8 @@ class ShardedHooks:
         vis = step.visual
         k, v = vis.kv[layer]
         if step.feed.replicated:
-            return self.combine(q, k, v, vis.q_vis, vis.k_frame, step.feed)
-        return self.ring(q, k, v, vis.q_vis, vis.k_frame, step, layer, vis.q_vis_every)
+            return self.combine(q, k, v, vis.q_vis, vis.k_frame, step.feed, vis.window)
+        return self.ring(q, k, v, vis.q_vis, vis.k_frame, step, layer, vis.q_vis_every, vis.window)
 
     def ring(
         self,
@@ -100,9 +100,11 @@ class ShardedHooks:
         step: ForwardStep,
         layer: int,
         every=None,
+        window: int | None = None,
     ):
         """This rank's share of a sharded forward's queries against its keys (text or visual), as
-        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known."""
+        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known;
+        `window`: the visual mask's."""
         return lv_xattn_with_lse(
             q,
             k,
@@ -113,6 +115,7 @@ class ShardedHooks:
             q_sizes=step.feed.sizes,
             stats=self.stats,
             q_vis_every=every,
+            window=window,
         )
 
     def combine(
@@ -123,6 +126,7 @@ class ShardedHooks:
         q_vis: MaskIndex,
         k_frame: MaskIndex,
         feed: Feed,
+        window: int | None = None,
     ):
         """Queries every rank holds alike against this rank's visual keys, the partials combined
         in one collective (the feed's carry rides on it)."""
@@ -136,6 +140,7 @@ class ShardedHooks:
             stats=self.stats,
             carry=feed.carry,
             buffers=self.buffers,
+            window=window,
         )
 
 

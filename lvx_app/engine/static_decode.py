@@ -297,7 +297,9 @@ def _decode_visual(visual, q_vis: torch.Tensor) -> VisualStep | None:
         return None
     frames = visual.num_frames
     q_vis.fill_(frames)
-    return VisualStep(visual.kv, visual.k_frame, Indices(q_vis, frames, frames))
+    return VisualStep(
+        visual.kv, visual.k_frame, Indices(q_vis, frames, frames), window=visual.window
+    )
 
 
 def _on_side_stream(fn: Callable[[], None]) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from lvx_app.cache import PrefixCache, PrefixKey, SavedPrefix, VisualKVCache, VisualKVKey
 from lvx_app.cache.fingerprints import fingerprint_memo
-from lvx_app.config import ModelConfig, VideoConfig
+from lvx_app.config import MEDIA_ATTENTION, ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
@@ -220,7 +220,7 @@ class VideoContext:
         prefix_ids = prompt.input_ids[: self._prefix_len(prompt, n_frames, block)]
         kv_choice = self._kv_choice(video.kv_mode, n_frames)
         kv_mode = kv_choice.mode
-        visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, path)
+        visual, choice = self._open_visual_kv(caches, shard, starts, kv_mode, request)
         self.loaded = None  # from here on a failure leaves no video loaded
         conversation = self.conversation
         conversation.clear()
@@ -263,17 +263,22 @@ class VideoContext:
         context = int(self.model.config.max_position_embeddings)
         return video_prompt(self.processor, context, request, cues, plan, self.info.rank)
 
-    def _open_visual_kv(self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, path):
-        """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them; running
-        out of GPU memory there is the session's one line."""
+    def _open_visual_kv(
+        self, caches: LoadCaches, shard: VisualShard, starts, kv_mode: str, request: VideoRequest
+    ):
+        """The video's visual K/V (made, or read back) as `VisualKVOpener.open` gives them, with the
+        frames a token attends to (`--media-attention`); running out of GPU memory there is the
+        session's one line."""
         try:
-            return caches.visual_kv.open(
+            visual, choice = caches.visual_kv.open(
                 shard,
                 starts,
                 self._visual_kv_key(shard, starts, caches.names),
                 resident=kv_mode == "cache",
-                video=path,
+                video=request.path,
             )
+            window = MEDIA_ATTENTION[request.video.media_attention]
+            return replace(visual, window=window), choice
         except torch.cuda.OutOfMemoryError as exc:
             message = oom_message(self.info.rank, self.info.device, "making the visual K/V")
             raise RuntimeError(message) from exc
@@ -367,6 +372,7 @@ class VideoContext:
                 prompt_ids=prefix_ids,
                 device=self.info.device.type,
                 owner=request.opening.owner,
+                media_attention=request.video.media_attention,
             )
         rank0 = self.info.rank == 0
         device = self.info.device

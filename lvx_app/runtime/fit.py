@@ -22,7 +22,7 @@ from lvx_app.devices import default_dtype, resolve_dtype
 from lvx_app.engine.memory_plan import weight_bytes
 from lvx_app.engine.records import EngineError
 from lvx_app.parallel.world import World
-from lvx_models.api import safetensors_files, tensor_shapes
+from lvx_models.api import family_of, weight_shapes
 
 GiB = 2**30
 RANK_BYTES = 330 * 2**20  # one rank without its weights: its process, decoder and helpers
@@ -65,13 +65,15 @@ def _cgroup_room() -> int | None:
 
 
 def weight_elements(model_path: str) -> int:
-    """The checkpoint's parameters (read from its safetensors headers); 0 for a hub id that is
-    not downloaded yet (then only the ranks themselves are counted)."""
+    """The checkpoint's parameters (the shapes of the files its family loads, `weight_files`:
+    headers, no weights read); 0 for a hub id that is not downloaded yet (then only the ranks
+    themselves are counted)."""
     folder = Path(model_path).expanduser()
     if not folder.is_dir():
         return 0
     try:
-        return sum(math.prod(shape) for shape in tensor_shapes(safetensors_files(folder)).values())
+        files = family_of(folder).weight_files(folder)
+        return sum(math.prod(shape) for shape in weight_shapes(files).values())
     except Exception:  # noqa: BLE001 - the load says what is wrong with a broken checkpoint
         return 0
 

@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lvx_app.cache.fingerprints import fingerprint_memo
-from lvx_app.config import Config, TrainConfig
+from lvx_app.config import MEDIA_ATTENTION, Config, TrainConfig
 from lvx_app.devices import peak_memory_bytes, resolve_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import rank_tokens
@@ -309,6 +309,7 @@ class Trainer:
             e = self.model.project(features) if self.projector_trains else features
             # one copy of E; the hooks make each layer's K/V from it (and again in backward)
             visual = self.model.prepare_visual(e, tok.media_starts, frame_ids, precompute=False)
+            visual = replace(visual, window=MEDIA_ATTENTION[self.run.video.media_attention])
             logits = self.ddp(ids, pos, visual=visual, feed=feed, hooks=self.hooks)
         ce = F.cross_entropy(
             logits[0].to(torch.promote_types(logits.dtype, torch.float32)),

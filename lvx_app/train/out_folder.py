@@ -2,12 +2,14 @@
 resume state.
 
 OUT holds
-- `model.safetensors`: every official key (reference mplug_owl3.md §3), LoRA adapters merged into
-  their base weights; the vision keys the model never uses are copied from the source checkpoint, so
-  OUT is a complete official checkpoint, not a partial one (the family writes them:
+- the family's weights file (`Family.finetuned_file`: `model.safetensors` for the Hugging Face
+  families): every key of its published layout (reference mplug_owl3.md §3), LoRA adapters merged
+  into their base weights; the vision keys the model never uses are copied from the source
+  checkpoint, so OUT is a complete published checkpoint, not a partial one (the family writes them:
   `Family.save_weights`);
-- every non-weight file of the source checkpoint (config.json, tokenizer files, generation config,
-  processor code), copied as they are;
+- every other file of the source checkpoint (config.json, tokenizer files, generation config,
+  processor code, weight files the family's file does not replace: `Family.finetuned_replaces`),
+  copied as they are;
 - `train_state.pt`: step, the trainable tensors exactly as trained (LoRA adapters unmerged),
   optimizer, scheduler, RNG states, the base model path and the loss history. Resuming loads the
   *base* model again and puts these tensors back, so merged weights are never trained twice. Every
@@ -17,6 +19,7 @@ OUT holds
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import random
 import shutil
@@ -30,7 +33,6 @@ from safetensors.torch import save_file
 from lvx_models.api import CheckpointError, Family, checkpoint_folder, family_of
 
 STATE_FILE = "train_state.pt"
-WEIGHTS_FILE = "model.safetensors"
 PARTIAL = ".partial-"  # in the name of a file being written, until it is moved onto its own
 
 
@@ -80,21 +82,26 @@ def save_checkpoint(
     """Write OUT (see the module docstring). `base` is the checkpoint training started from; `dtype`
     of the saved weights defaults to the base checkpoint's. Call on one rank only."""
     out = Path(out)
-    weights = family_to_finetune(base).save_weights(model, base, dtype)
+    family = family_to_finetune(base)
+    weights = family.save_weights(model, base, dtype)
     source = checkpoint_folder(base)
+    mine = family.finetuned_file
+
+    def replaced(name: str) -> bool:
+        return name == mine or any(fnmatch.fnmatch(name, p) for p in family.finetuned_replaces)
+
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() != source.resolve():
         for f in source.iterdir():
-            if (
-                f.is_file()
-                and not f.name.endswith(".safetensors")
-                and f.name not in ("model.safetensors.index.json", STATE_FILE)
-            ):
+            if f.is_file() and not replaced(f.name) and f.name != STATE_FILE:
                 _atomic(out / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
-    for old in out.glob("model-*-of-*.safetensors"):
-        old.unlink()
-    (out / "model.safetensors.index.json").unlink(missing_ok=True)
-    _atomic(out / WEIGHTS_FILE, lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    for old in out.iterdir():
+        if old.is_file() and replaced(old.name) and old.name != mine and PARTIAL not in old.name:
+            old.unlink()
+    if mine.endswith(".safetensors"):
+        _atomic(out / mine, lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))
+    else:
+        _atomic(out / mine, lambda tmp: torch.save(weights, tmp))
     _atomic(out / STATE_FILE, lambda tmp: torch.save(state, tmp))
     return out
 

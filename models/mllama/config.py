@@ -141,6 +141,16 @@ class MllamaConfig:
         return sorted(self.text.cross_attention_layers)
 
     @property
+    def visual_feature_size(self) -> int:
+        """Width of E: `multi_modal_projector` maps a visual token to the text width."""
+        return self.text.hidden_size
+
+    @property
+    def cross_attention_heads(self) -> int:
+        """Query heads of a cross layer (its `q_proj`, as built from the text config)."""
+        return self.text.num_attention_heads
+
+    @property
     def cross_kv_heads(self) -> int:
         """K/V heads of a cross layer's visual K/V (its `k_proj`, as built from the text config)."""
         return self.text.num_key_value_heads

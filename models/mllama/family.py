@@ -15,6 +15,7 @@ from ..safetensors_folder import CheckpointError, safetensors_files
 from ..surface import Deferred, Family, Generation, Loaded
 from .checkpoint import HUB_FILES, check_layout, resolve_folder
 from .config import GENERATION, MllamaConfig
+from .published import RELEASES
 
 NAME = "mllama"
 GENERATION_NOTE = "Llama-3.2-Vision 11B and 90B (base and Instruct)"
@@ -119,4 +120,5 @@ FAMILY = Family(
     config_type=MllamaConfig,
     hub_files=HUB_FILES,
     save_weights=Deferred(f"{__package__}.saving", "save_weights"),
+    published=RELEASES,
 )

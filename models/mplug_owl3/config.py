@@ -264,31 +264,26 @@ class Owl3Config:
         """0-based indices of the layers that attend to the frames (the hyper layers)."""
         return self.hyper_layer_indices
 
+    # the width of E (the projector maps a visual token to the language model's width), the query
+    # heads of a hyper layer's visual attention (the text layer's `q_proj`)
+    visual_feature_size = property(lambda self: self.hidden_size)
+    cross_attention_heads = property(lambda self: self.num_attention_heads)
+
     @property
     def cross_kv_heads(self) -> int:
         """K/V heads of a hyper layer's visual K/V (`v_kv_proj`: the text layer's K/V heads)."""
         return self.num_key_value_heads
 
-    @property
-    def cross_head_dim(self) -> int:
-        return self.head_dim
+    cross_head_dim = property(lambda self: self.head_dim)
 
     @property
     def frame_size(self) -> int:
         """Side of the square image the vision tower takes, in pixels."""
         return self.vision.image_size
 
-    @property
-    def frame_channels(self) -> int:
-        return self.vision.num_channels
-
-    @property
-    def vision_hidden_size(self) -> int:
-        return self.vision.hidden_size
-
-    @property
-    def vision_intermediate_size(self) -> int:
-        return self.vision.intermediate_size
+    frame_channels = property(lambda self: self.vision.num_channels)
+    vision_hidden_size = property(lambda self: self.vision.hidden_size)
+    vision_intermediate_size = property(lambda self: self.vision.intermediate_size)
 
     @property
     def vision_layers(self) -> int:

@@ -11,7 +11,7 @@ from ..parameter_counts import count_by_part
 from ..surface import Deferred, Family, Generation
 from .checkpoint import HUB_FILES, PROJECTOR, VISION
 from .config import FORM_NOTES, FORMS, NEWEST, Owl3Config
-from .published import recognize
+from .published import RELEASES, recognize
 
 NAME = "mplug_owl3"
 VISION_PREFIXES = (VISION, PROJECTOR)  # the weights that decide the visual features
@@ -78,4 +78,5 @@ FAMILY = Family(
     config_type=Owl3Config,
     hub_files=HUB_FILES,
     save_weights=Deferred(f"{__package__}.saving", "save_weights"),
+    published={"mPLUG-Owl3-7B-241101": RELEASES["mPLUG-Owl3-7B-241101"], **RELEASES},
 )

@@ -1,0 +1,105 @@
+"""A family whose checkpoints are PyTorch weight files (`checkpoint.pt`, no config.json) is sized by
+the fit check and fingerprinted for the feature cache through its `Family.weight_files`, as a
+safetensors family is; such files are read as tensors only (never a pickle's code)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_family_detection import stub  # noqa: F401 - the stub family, a fixture
+
+import lvx_models.api as api
+from lvx_app.parallel.world import World
+from lvx_app.runtime import fit
+from lvx_models.api import FAMILIES, CheckpointError
+from lvx_models.fingerprint import encoder_identity
+from lvx_models.torch_files import torch_file_keys, torch_tensors
+
+
+def _pt_files(folder):
+    return torch_file_keys([folder / "checkpoint.pt"])
+
+
+@pytest.fixture
+def pt_stub(stub, monkeypatch):  # noqa: F811
+    """`test_family_detection`'s stub family, reading its weights from `checkpoint.pt`."""
+    family = replace(stub, weight_files=_pt_files)
+    monkeypatch.setitem(api.FAMILIES, "stub", family)
+    return family
+
+
+def _write(folder, scale: float = 1.0):
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    weights = {
+        "perceiver.latents": torch.randn(4, 8, generator=g) * scale,
+        "perceiver.norm.weight": torch.ones(8, dtype=torch.bfloat16),
+        "lang_encoder.gated_cross_attn_layers.0.attn_gate": torch.zeros(1),
+    }
+    torch.save(weights, folder / "checkpoint.pt")
+    return folder
+
+
+def test_the_fit_check_counts_a_pt_checkpoints_weights(tmp_path, pt_stub):
+    folder = _write(tmp_path / "ckpt")
+    needs = fit.group_needs(str(folder), "float32", World(2, 0))
+    assert needs.weight_bytes == (32 + 8 + 1) * 4
+
+
+def test_the_fingerprint_reads_pt_weights_and_follows_them(tmp_path, pt_stub):
+    prefixes = ("perceiver.",)
+    ident = lambda f: encoder_identity(prefixes, str(f), None, weight_files=_pt_files)[1]  # noqa: E731
+    a, b = _write(tmp_path / "a"), _write(tmp_path / "b")
+    assert ident(a) == ident(b)
+    assert ident(_write(tmp_path / "c", scale=2.0)) != ident(a)
+    # a weight outside the prefixes changes nothing
+    weights = torch_tensors(b / "checkpoint.pt")
+    weights = {k: v.clone() for k, v in weights.items()}
+    weights["lang_encoder.gated_cross_attn_layers.0.attn_gate"] += 1
+    torch.save(weights, b / "checkpoint.pt")
+    assert ident(b) == ident(a)
+
+
+class _Code:
+    def __reduce__(self):
+        return (print, ("a pickle's code ran",))
+
+
+def test_a_pt_file_holding_anything_but_tensors_is_one_line(tmp_path, capsys):
+    torch.save({"w": torch.ones(1), "x": _Code()}, tmp_path / "code.pt")
+    with pytest.raises(CheckpointError, match="not a PyTorch weight file of tensors only") as e:
+        torch_tensors(tmp_path / "code.pt")
+    assert "\n" not in str(e.value) and "ran" not in capsys.readouterr().out
+    torch.save({"w": 1}, tmp_path / "int.pt")
+    with pytest.raises(CheckpointError, match="not a flat dict of tensors"):
+        torch_tensors(tmp_path / "int.pt")
+
+
+def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """A family whose finetuned weights go to `checkpoint.pt` (tensors only, `torch.save`) gets
+    them there, and every other file of its source checkpoint copied, safetensors too."""
+    import filecmp
+    from pathlib import Path
+
+    from lvx_app.train import out_folder
+
+    base = Path(tiny_checkpoints["g2"])
+    family = replace(
+        FAMILIES["mplug_owl3"],
+        finetuned_file="checkpoint.pt",
+        finetuned_replaces=("checkpoint.pt",),
+    )
+    monkeypatch.setattr(out_folder, "family_of", lambda path, revision=None: family)
+    model = family.load(base, dtype=torch.float32).model
+    out = out_folder.save_checkpoint(tmp_path / "out", model, base, {"step": 1})
+    saved = torch_tensors(out / "checkpoint.pt")
+    assert set(saved) == set(family.save_weights(model, base, None))
+    for f in base.iterdir():
+        assert filecmp.cmp(f, out / f.name, shallow=False), f.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(p.name for p in base.iterdir()), "checkpoint.pt", out_folder.STATE_FILE]
+    )
