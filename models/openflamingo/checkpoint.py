@@ -1,0 +1,269 @@
+"""Where an OpenFlamingo checkpoint's files are and how its tensors are read.
+
+A published OpenFlamingo is three downloads (open_flamingo's README): the release's hub repository
+holds only `checkpoint.pt` (a state dict of what open_flamingo trained: the perceiver, the gated
+cross-attention layers and the text model's input embeddings resized to the tokenizer with its
+added tokens), and the factory builds the rest from the vision and text models it names:
+
+| release | `checkpoint.pt` repo | vision (open_clip `ViT-L-14`, `openai`) | text model |
+| 3B | openflamingo/OpenFlamingo-3B-vitl-mpt1b | timm/vit_large_patch14_clip_224.openai | anas-awadalla/mpt-1b-redpajama-200b |
+| 9B | openflamingo/OpenFlamingo-9B-vitl-mpt7b | timm/vit_large_patch14_clip_224.openai | anas-awadalla/mpt-7b |
+
+lvx reads a folder (or a hub id) holding any of the three repositories' files side by side, their
+names as published (they never collide):
+- `checkpoint.pt` (required: it marks the folder as OpenFlamingo);
+- `open_clip_config.json` + `open_clip_model.safetensors` (the vision repo's, as open_clip 3
+  fetches them);
+- the text model's `config.json`, weights (`pytorch_model*.bin` as published, or
+  `model*.safetensors`) and tokenizer files (`tokenizer.json`, `tokenizer_config.json`,
+  `special_tokens_map.json`, `generation_config.json`).
+A part whose files the folder lacks comes from its published hub repository (the release is told
+by the width of `checkpoint.pt`'s embeddings), from the Hugging Face cache when offline. A folder
+lvx finetuning wrote holds every tensor of the model in one `model.safetensors` (or its shards),
+under the model's own names, which then replaces the three weight files.
+
+Tensors are read safely: `torch.load(..., weights_only=True)` for the `.pt`/`.bin` pickles (plain
+tensors and containers only, never arbitrary objects), `safetensors` where published."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
+from ..safetensors_folder import CheckpointError, safetensors_files
+
+FLAMINGO_FILE = "checkpoint.pt"
+CLIP_CONFIG = "open_clip_config.json"
+CLIP_WEIGHTS = "open_clip_model.safetensors"
+VISION_HUB_FILES = (CLIP_CONFIG, CLIP_WEIGHTS)
+TEXT_HUB_FILES = (
+    *COMMON_HUB_FILES,
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "special_tokens_map.json",
+)
+# the files of a hub repo OpenFlamingo reads (its `Family.hub_files`): a release's repo matches
+# only `checkpoint.pt`; a repo holding all three parts side by side matches them all
+HUB_FILES = (FLAMINGO_FILE, *VISION_HUB_FILES, *TEXT_HUB_FILES)
+LVX_PREFIXES = ("vision_encoder.", "perceiver.", "lang_encoder.")  # the model's own names
+
+
+@dataclass(frozen=True)
+class Release:
+    """A published OpenFlamingo and the repositories its parts come from."""
+
+    name: str
+    repo: str
+    vision_repo: str
+    text_repo: str
+    width: int  # the text model's width (`checkpoint.pt`'s embeddings tell the release by it)
+    note: str
+
+
+RELEASES = (
+    Release(
+        "3B",
+        "openflamingo/OpenFlamingo-3B-vitl-mpt1b",
+        "timm/vit_large_patch14_clip_224.openai",
+        "anas-awadalla/mpt-1b-redpajama-200b",
+        2048,
+        "OpenFlamingo-3B-vitl-mpt1b: CLIP ViT-L/14, MPT-1B, a cross layer before every block",
+    ),
+    Release(
+        "9B",
+        "openflamingo/OpenFlamingo-9B-vitl-mpt7b",
+        "timm/vit_large_patch14_clip_224.openai",
+        "anas-awadalla/mpt-7b",
+        4096,
+        "OpenFlamingo-9B-vitl-mpt7b: CLIP ViT-L/14, MPT-7B, a cross layer before every 4th block",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The local folders of a checkpoint's three parts (one folder when they lie together)."""
+
+    flamingo: Path  # holds checkpoint.pt (and, when lvx finetuning wrote it, model.safetensors)
+    vision: Path
+    text: Path
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys((self.flamingo, self.vision, self.text)))
+
+
+def _has_text(folder: Path) -> bool:
+    return (folder / "config.json").exists() and (folder / "tokenizer.json").exists()
+
+
+def _has_vision(folder: Path) -> bool:
+    return (folder / CLIP_CONFIG).exists() and (folder / CLIP_WEIGHTS).exists()
+
+
+def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) -> Parts:
+    """The three parts' folders of a checkpoint folder or hub id (see the module docstring)."""
+    folder = resolve_checkpoint(path_or_id, revision, HUB_FILES)
+    if not (folder / FLAMINGO_FILE).exists():
+        raise CheckpointError(
+            f"{folder} holds no {FLAMINGO_FILE}: not an OpenFlamingo checkpoint (download it from "
+            f"{RELEASES[0].repo} or {RELEASES[1].repo})"
+        )
+    vision = folder if _has_vision(folder) else None
+    text = folder if _has_text(folder) else None
+    if vision is None or text is None:
+        release = release_of(folder / FLAMINGO_FILE)
+        if vision is None:
+            vision = resolve_checkpoint(release.vision_repo, None, VISION_HUB_FILES)
+        if text is None:
+            text = resolve_checkpoint(release.text_repo, None, TEXT_HUB_FILES)
+    return Parts(folder, vision, text)
+
+
+# ---- reading tensors ------------------------------------------------------------------------------
+def load_pickled_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a `.pt`/`.bin` state dict, loaded with `weights_only=True` (memory-mapped
+    where the file allows it); a file holding anything else is one CheckpointError line."""
+    try:
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unsafe or broken pickle is one line
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"{path} is not a state dict of tensors lvx can read safely ({type(exc).__name__}: "
+            f"{why})"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("model_state_dict"), dict):
+        data = data["model_state_dict"]  # open_flamingo's training checkpoint
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
+    ):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    return dict(data)
+
+
+def _safetensors_state(files: dict[str, Path], keep=lambda key: True) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(set(files.values())):
+        with safe_open(str(path), "pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys() if keep(k)})
+    return out
+
+
+def release_of(flamingo_file: Path) -> Release:
+    """The published release whose text model `checkpoint.pt`'s embeddings are as wide as."""
+    wte = flamingo_keys(load_pickled_tensors(flamingo_file)).get("lang_encoder.transformer.wte.weight")
+    width = int(wte.shape[1]) if wte is not None and wte.ndim == 2 else None
+    for release in RELEASES:
+        if release.width == width:
+            return release
+    raise CheckpointError(
+        f"{flamingo_file} matches no published OpenFlamingo (text width {width}): put its text "
+        "model's files (config.json, weights, tokenizer) and the vision files beside it"
+    )
+
+
+_BLOCK = re.compile(r"lang_encoder\.transformer\.blocks\.(\d+)\.(gated_cross_attn_layer|decoder_layer)\.")
+_OLD_BLOCK = re.compile(r"lang_encoder\.old_decoder_blocks\.(\d+)\.")
+
+
+def flamingo_key(key: str) -> str:
+    """A key of open_flamingo's `Flamingo.state_dict()` under the model's names: a gated layer
+    saved inside its `FlamingoLayer` (`...blocks.{i}.gated_cross_attn_layer.*`, the released
+    files' form) is `lang_encoder.gated_cross_attn_layers.{i}.*`, a wrapped decoder block
+    (`...blocks.{i}.decoder_layer.*`, `old_decoder_blocks.{i}.*`) is `...transformer.blocks.{i}.*`;
+    DDP's `module.` prefix is dropped."""
+    key = key.removeprefix("module.")
+    m = _BLOCK.match(key)
+    if m:
+        i, part = m.groups()
+        head = (
+            f"lang_encoder.gated_cross_attn_layers.{i}."
+            if part == "gated_cross_attn_layer"
+            else f"lang_encoder.transformer.blocks.{i}."
+        )
+        return head + key[m.end() :]
+    m = _OLD_BLOCK.match(key)
+    if m:
+        return f"lang_encoder.transformer.blocks.{m.group(1)}." + key[m.end() :]
+    return key
+
+
+def flamingo_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {flamingo_key(k): v for k, v in state.items()}
+
+
+def vision_state(folder: Path) -> dict[str, torch.Tensor]:
+    """open_clip's `visual.*` tensors as `vision_encoder.*` (the text tower is not read)."""
+    path = folder / CLIP_WEIGHTS
+    try:
+        state = _safetensors_state({"": path}, lambda k: k.startswith("visual."))
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path} is not a readable safetensors file ({type(exc).__name__})")
+    if not state:
+        raise CheckpointError(f"{path} holds no visual.* tensors: not an open_clip CLIP model")
+    return {"vision_encoder." + k.removeprefix("visual."): v for k, v in state.items()}
+
+
+def text_weight_files(folder: Path) -> list[Path]:
+    """The text model's weight files: safetensors where present, else the published `.bin`s."""
+    if (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists():
+        return sorted(set(safetensors_files(folder).values()))
+    index = folder / "pytorch_model.bin.index.json"
+    if index.exists():
+        try:
+            names = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            raise CheckpointError(f"{index} is not a weights index: {exc}") from None
+        return sorted(folder / n for n in names)
+    if (folder / "pytorch_model.bin").exists():
+        return [folder / "pytorch_model.bin"]
+    raise CheckpointError(
+        f"{folder} holds no text model weights (pytorch_model.bin, its shards, or "
+        "model.safetensors)"
+    )
+
+
+def text_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The MPT model's tensors (`transformer.*`, and `lm_head.*` where untied) as
+    `lang_encoder.*`."""
+    state: dict[str, torch.Tensor] = {}
+    for path in text_weight_files(folder):
+        if path.suffix == ".safetensors":
+            state.update(_safetensors_state({"": path}))
+        else:
+            state.update(load_pickled_tensors(path))
+    return {"lang_encoder." + k: v for k, v in state.items()}
+
+
+def lvx_weights(folder: Path) -> dict[str, Path] | None:
+    """key -> file of a folder lvx finetuning wrote (every tensor in `model*.safetensors` under
+    the model's own names), or None for the published layout."""
+    if not (
+        (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists()
+    ):
+        return None
+    files = safetensors_files(folder)
+    return files if files and all(k.startswith(LVX_PREFIXES) for k in files) else None
+
+
+def published_state(parts: Parts) -> dict[str, torch.Tensor]:
+    """Every tensor of the model under its own names: lvx's own weights where finetuning wrote
+    them, else the text model, the vision tower, then `checkpoint.pt` over them (its embeddings
+    replace the text model's, resized to the tokenizer)."""
+    own = lvx_weights(parts.flamingo)
+    if own is not None:
+        return _safetensors_state(own)
+    state = text_state(parts.text)
+    state.update(vision_state(parts.vision))
+    state.update(flamingo_keys(load_pickled_tensors(parts.flamingo / FLAMINGO_FILE)))
+    return state
