@@ -38,6 +38,7 @@ from safetensors import safe_open
 
 from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
 from ..safetensors_folder import CheckpointError, safetensors_files
+from .modeling import MOSAIC_GPT_NAMES
 
 FLAMINGO_FILE = "checkpoint.pt"
 CLIP_CONFIG = "open_clip_config.json"
@@ -172,34 +173,39 @@ def release_of(flamingo_file: Path) -> Release:
     )
 
 
-_BLOCK = re.compile(r"lang_encoder\.transformer\.blocks\.(\d+)\.(gated_cross_attn_layer|decoder_layer)\.")
+_CROSS = re.compile(r"lang_encoder\.gated_cross_attn_layers\.(\d+)\.")
 _OLD_BLOCK = re.compile(r"lang_encoder\.old_decoder_blocks\.(\d+)\.")
 
 
 def flamingo_key(key: str) -> str:
-    """A key of open_flamingo's `Flamingo.state_dict()` under the model's names: a gated layer
-    saved inside its `FlamingoLayer` (`...blocks.{i}.gated_cross_attn_layer.*`, the released
-    files' form) is `lang_encoder.gated_cross_attn_layers.{i}.*`, a wrapped decoder block
-    (`...blocks.{i}.decoder_layer.*`, `old_decoder_blocks.{i}.*`) is `...transformer.blocks.{i}.*`;
-    DDP's `module.` prefix is dropped."""
+    """A key of open_flamingo's `Flamingo.state_dict()` under its first name, the model's (the
+    released files' form, `...blocks.{i}.gated_cross_attn_layer.*`): the same tensors listed again
+    under `lang_encoder.gated_cross_attn_layers.{i}.*` or `old_decoder_blocks.{i}.*` are read as
+    `...transformer.blocks.{i}.gated_cross_attn_layer.*` / `.decoder_layer.*`; DDP's `module.`
+    prefix is dropped."""
     key = key.removeprefix("module.")
-    m = _BLOCK.match(key)
-    if m:
-        i, part = m.groups()
-        head = (
-            f"lang_encoder.gated_cross_attn_layers.{i}."
-            if part == "gated_cross_attn_layer"
-            else f"lang_encoder.transformer.blocks.{i}."
-        )
-        return head + key[m.end() :]
-    m = _OLD_BLOCK.match(key)
-    if m:
-        return f"lang_encoder.transformer.blocks.{m.group(1)}." + key[m.end() :]
+    for pattern, part in ((_CROSS, "gated_cross_attn_layer"), (_OLD_BLOCK, "decoder_layer")):
+        m = pattern.match(key)
+        if m:
+            return f"lang_encoder.transformer.blocks.{m.group(1)}.{part}." + key[m.end() :]
     return key
 
 
 def flamingo_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {flamingo_key(k): v for k, v in state.items()}
+
+
+def mpt_key(key: str) -> str:
+    """A key of the MPT model's published weights under the model's names: `transformer.blocks.
+    {i}.X` is block i's `decoder_layer.X`, `mosaic_gpt`'s part names (MPT-1B's) as MPT's."""
+    head, _, rest = key.partition(".")
+    if head == "transformer":
+        for old, new in MOSAIC_GPT_NAMES.items():
+            rest = rest.replace(old, new, 1)
+        if rest.startswith("blocks."):
+            i, _, part = rest.removeprefix("blocks.").partition(".")
+            rest = f"blocks.{i}.decoder_layer.{part}"
+    return f"lang_encoder.{head}.{rest}" if rest else f"lang_encoder.{head}"
 
 
 def vision_state(folder: Path) -> dict[str, torch.Tensor]:
@@ -234,15 +240,15 @@ def text_weight_files(folder: Path) -> list[Path]:
 
 
 def text_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The MPT model's tensors (`transformer.*`, and `lm_head.*` where untied) as
-    `lang_encoder.*`."""
+    """The MPT model's tensors (`transformer.*`, and `lm_head.*` where untied) under the model's
+    names (`mpt_key`)."""
     state: dict[str, torch.Tensor] = {}
     for path in text_weight_files(folder):
         if path.suffix == ".safetensors":
             state.update(_safetensors_state({"": path}))
         else:
             state.update(load_pickled_tensors(path))
-    return {"lang_encoder." + k: v for k, v in state.items()}
+    return {mpt_key(k): v for k, v in state.items()}
 
 
 def lvx_weights(folder: Path) -> dict[str, Path] | None:
