@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from lvx_kernels.alibi import alibi_bwd, alibi_fwd
 from lvx_kernels.backends import (
     AUG_COLS,
     augments_head_dim,
@@ -97,14 +98,18 @@ def attn_fwd(
     q_vis: MaskIndex | None = None,
     k_frame: MaskIndex | None = None,
     backend: str | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q against (k, v): returns (out (B,Sq,Hq,D) in q's dtype, lse (B,Hq,Sq) float32).
 
-    No autograd (see `attention`); fully hidden or empty blocks never reach a kernel."""
+    No autograd (see `attention`); fully hidden or empty blocks never reach a kernel. `alibi`:
+    (Hq,) slopes of an ALiBi bias at the positions the mask is made of (`alibi`: the dense path)."""
     check_inputs(q, k, v, q_vis, k_frame)
     b, sq, hq, d = q.shape
     g = hq // k.shape[2]
     scale = _resolve_scale(scale, q)
+    if alibi is not None:
+        return alibi_fwd(q, k, v, alibi, scale, causal, q_vis, k_frame)
     if sq == 1 and k.shape[1] and (q_vis is None or sees_every_key(q_vis, k_frame)):
         return _one_token_fwd(q, k, v, scale, backend, g)
     qp = pack_rows(q, g)
@@ -131,6 +136,7 @@ def attn_fwd_upto(
     *,
     scale: float | None = None,
     backend: str | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One decoded token's attention against the first `used` keys of (k, v), `used` a (B,) int32
     tensor on their device; (out, lse) as `attn_fwd`. Nothing is planned or read on the host and no
@@ -150,6 +156,8 @@ def attn_fwd_upto(
     if q.shape[1] != 1:
         raise ValueError(f"attn_fwd_upto takes one query token, got {q.shape[1]}")
     scale = _resolve_scale(scale, q)
+    if alibi is not None:  # the query at position used - 1 (the dense path, masked on the device)
+        return alibi_fwd(q, k, v, alibi, scale, used=used)
     d = q.shape[-1]
     if choose_backend(backend, q, False, d) in ("flash", "flash_attn"):
         if bounds_keys(q, d):
@@ -223,6 +231,7 @@ def attn_bwd(
     dlse: Tensor | None = None,
     backend: str | None = None,
     kv_aug: tuple[Tensor, Tensor] | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     # long: one backward per kernel tile, kept beside attn_fwd's tiling for reading
     """Gradients of attention given the (possibly globally merged) out and lse.
@@ -238,6 +247,8 @@ def attn_bwd(
     d = q.shape[-1]
     g = q.shape[2] // k.shape[2]
     scale = _resolve_scale(scale, q)
+    if alibi is not None:
+        return alibi_bwd(dout, q, k, v, out, lse, alibi, scale, causal, q_vis, k_frame, dlse)
     qp, dop, outp, lsep = pack_rows(q, g), pack_rows(dout, g), pack_rows(out, g), pack_lse(lse, g)
     dlp = None if dlse is None else pack_lse(dlse, g)
     rows_all, sk = qp.shape[1], k.shape[1]
@@ -294,19 +305,20 @@ def _folded_bwd(be: str, args: tuple, aug, scale: float, g: int) -> tuple[Tensor
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend):
+    def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend, alibi):
         out, lse = attn_fwd(
-            q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend
+            q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend,
+            alibi=alibi,
         )
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, causal, q_vis, k_frame, backend)
+        ctx.args = (scale, causal, q_vis, k_frame, backend, alibi)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, causal, q_vis, k_frame, backend = ctx.args
+        scale, causal, q_vis, k_frame, backend, alibi = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = attn_bwd(
@@ -322,8 +334,9 @@ class _Attention(torch.autograd.Function):
             k_frame=k_frame,
             dlse=dlse,
             backend=backend,
+            alibi=alibi,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(
@@ -336,9 +349,10 @@ def attention(
     q_vis: MaskIndex | None = None,
     k_frame: MaskIndex | None = None,
     backend: str | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Single-device attention, differentiable through both outputs: returns (out, lse).
 
     The default for models/: the backward uses the matching kernel's backward with the saved (out,
     lse), and the lse gradient (G2 layers merge through it) is exact."""
-    return _Attention.apply(q, k, v, scale, causal, q_vis, k_frame, backend)
+    return _Attention.apply(q, k, v, scale, causal, q_vis, k_frame, backend, alibi)

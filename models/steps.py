@@ -38,8 +38,8 @@ VisualAttn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 def default_text_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, layer: int):
     """Local text self-attention: lvx_kernels.kernels.attention, causal bottom-right
-    aligned."""
-    return attention(q, k, v, causal=True)
+    aligned, with the step's ALiBi slopes where its family has them (`step.alibi`)."""
+    return attention(q, k, v, causal=True, alibi=getattr(step, "alibi", None))
 
 
 def default_visual_attn(q: torch.Tensor, step, layer: int):

@@ -129,6 +129,7 @@ def lv_xattn_forward(
     group: dist.ProcessGroup | None,
     q_sizes: list[int] | None,
     q_vis_every: Sequence[Tensor] | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, list[int], int]:
     # long: the ring's rounds in one place, in the four steps the module docstring names
     """The forward ring without autograd: (out in q's dtype, lse float32, every rank's query-block
@@ -136,7 +137,7 @@ def lv_xattn_forward(
 
     Inputs as `lv_xattn_with_lse` (checked by the caller); pass the returned sizes to
     `lv_xattn_backward`. `q_vis_every`: every rank's q_vis on the host (rank order), so no round
-    reads a received q_vis from the device."""
+    reads a received q_vis from the device. `alibi`: ALiBi slopes (`kernels.attn_fwd`)."""
     n = get_world_size(group)
     b, sq, hq, d = q.shape
     q_ring, out_ring = RingComm(group, q.device), RingComm(group, q.device)
@@ -155,7 +156,7 @@ def lv_xattn_forward(
             q_ring.post([(held_q, next_q), (wire_vis, next_q_vis)])
         if held_len:  # 2. partial result against the local shard (overlaps the transfers)
             partial_out, partial_lse = attn_fwd(
-                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame
+                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame, alibi=alibi
             )
         if (
             t > 0
@@ -227,6 +228,7 @@ def lv_xattn_backward(
     group: dist.ProcessGroup | None,
     with_lse: bool,
     sizes: list[int],
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     # long: the backward ring's rounds in one place, in the same four steps
     """The backward ring without autograd: (dq, dk, dv, bytes sent), given the final (out, lse) and
@@ -266,6 +268,7 @@ def lv_xattn_backward(
                 k_frame=k_frame,
                 dlse=held_lses[1] if with_lse else None,
                 kv_aug=kv_aug,
+                alibi=alibi,
             )
             dk += partial_dk
             dv += partial_dv
@@ -294,36 +297,38 @@ def lv_xattn_backward(
 
 class _LVXAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, every):
+    def forward(
+        ctx, q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, every, alibi
+    ):
         out, lse, sizes, sent = lv_xattn_forward(
-            q, k, v, scale, q_vis, k_frame, group, q_sizes, every
+            q, k, v, scale, q_vis, k_frame, group, q_sizes, every, alibi
         )
         count_bytes(stats, "fwd_bytes", sent)
         ctx.stats = stats
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, q_vis, k_frame, group, with_lse, sizes)
+        ctx.args = (scale, q_vis, k_frame, group, with_lse, sizes, alibi)
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        scale, q_vis, k_frame, group, with_lse, sizes = ctx.args
+        scale, q_vis, k_frame, group, with_lse, sizes, alibi = ctx.args
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, sent = lv_xattn_backward(
-            dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes
+            dout, dlse, q, k, v, out, lse, scale, q_vis, k_frame, group, with_lse, sizes, alibi
         )
         count_bytes(ctx.stats, "bwd_bytes", sent)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def _lv_xattn(
-    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None
+    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None, alibi=None
 ) -> tuple[Tensor, Tensor]:
     check_inputs(q, k, v, q_vis, k_frame)
     return _LVXAttn.apply(
-        q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, q_vis_every
+        q, k, v, scale, q_vis, k_frame, group, with_lse, q_sizes, stats, q_vis_every, alibi
     )
 
 
@@ -339,6 +344,7 @@ def lv_xattn_with_lse(
     q_sizes: list[int] | None = None,
     stats: dict | None = None,
     q_vis_every: Sequence[Tensor] | None = None,
+    alibi: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """LV-XAttn over the ranks of `group`; returns this rank's (out (B,Sq,Hq,D) q dtype, lse
     (B,Hq,Sq) float32).
@@ -352,10 +358,14 @@ def lv_xattn_with_lse(
     `q_vis_every`: every rank's q_vis (B, Sq_r) on the host, in group-rank order, if the caller
     knows them: each round then plans the query block it holds from its sender's host copy (no
     device read per round).
+    `alibi`: (Hq,) ALiBi slopes, the bias at the positions q_vis - 1 and k_frame (a sharded text
+    attention's causality as media mask).
     Differentiable through both outputs (the backward always carries dlse around the ring, zeros
     where the loss does not use lse).
     """
-    return _lv_xattn(q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every)
+    return _lv_xattn(
+        q, k, v, True, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every, alibi
+    )
 
 
 def lv_xattn(

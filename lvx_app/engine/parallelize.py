@@ -77,11 +77,14 @@ class ShardedHooks:
         if feed.replicated:
             # the whole cache is here, in position order (as `replicate` leaves it): plain causal
             # attention, as in one process; no collective, no mask
-            return attn_fwd(q, k, v, causal=True)
+            return attn_fwd(q, k, v, causal=True, alibi=getattr(step, "alibi", None))
         first = 0 if self.rank == 0 else k.shape[1] - q.shape[1]  # this forward's own keys
         kept = k[:, first:], v[:, first:]
         every = None if feed.positions is None else [p + 1 for p in feed.positions]
-        return self.ring(q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer, every)
+        alibi = getattr(step, "alibi", None)
+        return self.ring(
+            q, *kept, feed.text_q_vis, feed.text_k_frame, step, layer, every, alibi=alibi
+        )
 
     def visual(self, q: torch.Tensor, step: ForwardStep, layer: int):
         vis = step.visual
@@ -100,9 +103,11 @@ class ShardedHooks:
         step: ForwardStep,
         layer: int,
         every=None,
+        alibi: torch.Tensor | None = None,
     ):
         """This rank's share of a sharded forward's queries against its keys (text or visual), as
-        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known."""
+        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known; `alibi`:
+        the ALiBi slopes of a text attention whose family has them (`step.alibi`)."""
         return lv_xattn_with_lse(
             q,
             k,
@@ -113,6 +118,7 @@ class ShardedHooks:
             q_sizes=step.feed.sizes,
             stats=self.stats,
             q_vis_every=every,
+            alibi=alibi,
         )
 
     def combine(

@@ -181,7 +181,7 @@ class StaticDecode:
         self.visual = None
 
     def _text(self, q, k, v, step, layer: int):
-        return attn_fwd_upto(q, k, v, self.used)
+        return attn_fwd_upto(q, k, v, self.used, alibi=getattr(step, "alibi", None))
 
     @torch.inference_mode()
     def step(self) -> None:

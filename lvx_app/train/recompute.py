@@ -88,7 +88,7 @@ def _attend(
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame)
     out, lse, sizes, _sent = lv_xattn_forward(
-        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes
+        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes, alibi=spec.alibi
     )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
@@ -107,6 +107,7 @@ class _Spec:
     params: list[nn.Parameter] = field(default_factory=list)
     q_sizes: Optional[list[int]] = None  # every rank's query rows (exchanged once per step)
     phases: Phases = field(default_factory=list)  # the hooks' checkpointing phases (`_attend`)
+    alibi: Optional[torch.Tensor] = None  # ALiBi slopes of a text attention that has them
 
 
 def _autocast_state() -> list[tuple[str, torch.dtype]]:
@@ -127,7 +128,8 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, spec: _Spec, sizes):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, _sent = lv_xattn_backward(
-        dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group, True, sizes
+        dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group, True, sizes,
+        alibi=spec.alibi,
     )
     return dq, dk, dv
 
@@ -227,7 +229,9 @@ class TrainAttention(ShardedHooks):
         (sizes,) = exchange_sizes(positions.shape[-1], group=self.group, device=device)
         return self.sharded_feed(positions, sizes, device)
 
-    def ring(self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None):
+    def ring(
+        self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None, alibi=None
+    ):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);
         a training feed holds no host copies of the other ranks' masks (`every` is None)."""
         spec = _Spec(
@@ -236,6 +240,7 @@ class TrainAttention(ShardedHooks):
             group=self.group,
             q_sizes=step.feed.sizes,
             phases=self.phases,
+            alibi=alibi,
         )
         return _SavedKVAttn.apply(spec, q, k, v)
 

@@ -42,7 +42,9 @@ class _KVMoving(ShardedAttention):
         q_vis, k_frame = device_tensor(q_vis), device_tensor(k_frame)
         return self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
 
-    def ring(self, q, k, v, q_vis, k_frame, step, layer, every=None):
+    def ring(self, q, k, v, q_vis, k_frame, step, layer, every=None, alibi=None):
+        if alibi is not None:
+            raise ValueError(f"{type(self).__name__} has no ALiBi: run a family without it")
         return self._moving(q, k, v, q_vis, k_frame)  # K/V move: no query block to plan
 
     def combine(self, q, k, v, q_vis, k_frame, feed):
