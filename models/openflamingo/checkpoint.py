@@ -38,7 +38,6 @@ from safetensors import safe_open
 
 from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
 from ..safetensors_folder import CheckpointError, safetensors_files
-from .modeling import MOSAIC_GPT_NAMES
 
 FLAMINGO_FILE = "checkpoint.pt"
 CLIP_CONFIG = "open_clip_config.json"
@@ -198,6 +197,8 @@ def flamingo_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def mpt_key(key: str) -> str:
     """A key of the MPT model's published weights under the model's names: `transformer.blocks.
     {i}.X` is block i's `decoder_layer.X`, `mosaic_gpt`'s part names (MPT-1B's) as MPT's."""
+    from .modeling import MOSAIC_GPT_NAMES  # the module tree's names (imported when weights load)
+
     head, _, rest = key.partition(".")
     if head == "transformer":
         for old, new in MOSAIC_GPT_NAMES.items():
