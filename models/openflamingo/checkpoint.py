@@ -105,7 +105,9 @@ def _has_text(folder: Path) -> bool:
 
 
 def _has_vision(folder: Path) -> bool:
-    return (folder / CLIP_CONFIG).exists() and (folder / CLIP_WEIGHTS).exists()
+    """open_clip's config and its weights (or lvx's own weights, which hold the tower)."""
+    weights = (folder / CLIP_WEIGHTS).exists() or lvx_weights(folder) is not None
+    return (folder / CLIP_CONFIG).exists() and weights
 
 
 def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) -> Parts:
@@ -161,7 +163,8 @@ def _safetensors_state(files: dict[str, Path], keep=lambda key: True) -> dict[st
 
 def release_of(flamingo_file: Path) -> Release:
     """The published release whose text model `checkpoint.pt`'s embeddings are as wide as."""
-    wte = flamingo_keys(load_pickled_tensors(flamingo_file)).get("lang_encoder.transformer.wte.weight")
+    state = flamingo_keys(load_pickled_tensors(flamingo_file))
+    wte = state.get("lang_encoder.transformer.wte.weight")
     width = int(wte.shape[1]) if wte is not None and wte.ndim == 2 else None
     for release in RELEASES:
         if release.width == width:

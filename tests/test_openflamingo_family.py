@@ -1,0 +1,376 @@
+"""OpenFlamingo behind the family surface: its published three-part layout read safely, the
+factory's added tokens, the published prompt format, the CLIP `openai` frame preparation, the
+parts fetched by hub id where a folder lacks them, and every front door on the tiny checkpoint
+(`lvx.open` and `lvx chat` over 2 CPU ranks with evidence, `lvx demo --model-family
+openflamingo`, a finetuning run that resumes exactly after kill -9)."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from engine_configs import engine_config
+from PIL import Image
+from typer.testing import CliRunner
+from videos import make_video
+
+import lvx_app as lvx
+from lvx_app.cli.main import app
+from lvx_models.api import FAMILIES, VIDEO, CheckpointError, family_of
+from lvx_models.openflamingo import checkpoint as layout
+from lvx_models.openflamingo.frames import OPENAI_MEAN, OPENAI_STD, resize_crop_uint8
+from lvx_models.openflamingo.processor import FlamingoProcessor
+from lvx_models.openflamingo.tiny import write_tiny_checkpoint
+from lvx_models.openflamingo.tokenizer import FlamingoTokenizer
+from scripts.gloo_ranks import run_ranks
+
+FAMILY = FAMILIES["openflamingo"]
+QUESTION = "What happens in this video?"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return str(FAMILY.write_tiny(tmp_path_factory.mktemp("openflamingo") / "tiny", "v2"))
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory) -> str:
+    """6 s at 4 fps: 6 frames at 1 fps."""
+    folder = tmp_path_factory.mktemp("videos")
+    return str(make_video(folder / "clip.mp4", num_frames=24, fps=4, width=64, height=48))
+
+
+# ---- the published layout -------------------------------------------------------------------------
+def test_checkpoint_pt_holds_what_open_flamingo_saves(checkpoint):
+    """A plain state dict, loadable with weights_only: the perceiver, each block's gated cross
+    layer under its `FlamingoLayer` name, and the embeddings resized to the tokenizer with the
+    three tokens the factory adds; nothing of the vision tower or the MPT blocks."""
+    state = torch.load(Path(checkpoint) / "checkpoint.pt", weights_only=True)
+    assert isinstance(state, OrderedDict)
+    blocks = {int(m.group(1)) for k in state if (m := re.match(r".*blocks\.(\d+)\.gated", k))}
+    assert blocks == {0, 1, 2, 3}
+    assert all(
+        k.startswith("perceiver.")
+        or ".gated_cross_attn_layer." in k
+        or k == "lang_encoder.transformer.wte.weight"
+        for k in state
+    )
+    assert "perceiver.latents" in state and state["perceiver.latents"].shape[0] == 64
+    tok = FlamingoTokenizer.from_pretrained(checkpoint)
+    assert state["lang_encoder.transformer.wte.weight"].shape[0] == len(tok)
+    text = torch.load(Path(checkpoint) / "pytorch_model.bin", weights_only=True)
+    assert "transformer.blocks.0.ln_1.weight" in text  # MPT-1B's own (mosaic_gpt) names
+    assert text["transformer.wte.weight"].shape[0] > len(tok)  # padded, as MPT's 50,432 rows
+
+
+class _Payload:
+    """A pickle that would run code when loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_an_arbitrary_pickle_is_refused_and_never_runs(checkpoint, tmp_path):
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    for f in Path(checkpoint).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    marker = tmp_path / "ran"
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    torch.save({**state, "perceiver.latents": _Payload(marker)}, folder / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="not a state dict of tensors lvx can read safely"):
+        FAMILY.load(folder)
+    assert not marker.exists()
+    with open(folder / "checkpoint.pt", "wb") as f:
+        pickle.dump({"a": 1}, f)
+    with pytest.raises(CheckpointError):
+        FAMILY.inspect(folder)
+
+
+def test_the_factory_adds_its_tokens_after_the_vocabulary(checkpoint, tmp_path):
+    """`<|endofchunk|>`, `<image>`, then `<PAD>` (the tokenizer names no pad token), as
+    open_flamingo's factory adds them; a tokenizer that names its pad token gets no `<PAD>`."""
+    tok = FlamingoTokenizer.from_pretrained(checkpoint)
+    n = tok.tok.get_vocab_size(with_added_tokens=True) - 3
+    assert (tok.eoc_id, tok.image_id, tok.pad_id) == (n, n + 1, n + 2)
+    assert tok.stop_ids == (tok.eoc_id, 0)  # then GPT-NeoX's <|endoftext|>
+    assert tok.encode("<image>Question:") [0] == tok.image_id
+    assert tok.image_id not in tok.encode_text("<image>")  # typed by a user: plain text
+    named = tmp_path / "named"
+    named.mkdir()
+    for f in ("tokenizer.json", "special_tokens_map.json"):
+        (named / f).write_bytes((Path(checkpoint) / f).read_bytes())
+    (named / "tokenizer_config.json").write_text('{"pad_token": "<|padding|>"}')
+    padded = FlamingoTokenizer.from_pretrained(named)
+    assert len(padded) == len(tok) - 1 and padded.pad_id == 1
+
+
+def test_the_prompt_is_the_published_vqa_format(checkpoint):
+    proc = FAMILY.load(checkpoint).processor
+    chat = proc.build_chat_prompt([{"role": "user", "content": f"{VIDEO}\n{QUESTION}"}], videos=[3])
+    assert chat.text == f"<image><image><image>Question:{QUESTION} Short answer:"
+    assert chat.media_starts == [0, 1, 2] and chat.placeholder_len == 1
+    assert proc.decode(chat.input_ids, skip_special_tokens=False) == chat.text
+    messages = [
+        {"role": "user", "content": f"{VIDEO}\nWhat?"},
+        {"role": "assistant", "content": "a dog"},
+        {"role": "user", "content": "And then?"},
+        {"role": "assistant", "content": "it runs"},
+    ]
+    prompt, spans = proc.training_prompt(messages, videos=[2])
+    assert prompt.text == (
+        "<image><image>Question:What? Short answer:a dog<|endofchunk|>"
+        "Question:And then? Short answer:it runs<|endofchunk|>"
+    )
+    said = [proc.decode(prompt.input_ids[a:b], skip_special_tokens=False) for a, b in spans]
+    assert said == ["a dog<|endofchunk|>", "it runs<|endofchunk|>"]
+    first = proc.build_chat_prompt(messages[:1], videos=[2]).input_ids
+    follow = proc.build_followup("And then?", offset=0).input_ids
+    answer = proc.encode_text("a dog") + [proc.stop_ids[0]]
+    whole = torch.cat([first, torch.tensor(answer), follow, torch.tensor(proc.encode_text("it runs"))])
+    assert torch.equal(whole, prompt.input_ids[: whole.numel()])
+
+
+def test_a_subtitled_prompt_is_a_prefix_of_its_question(checkpoint):
+    """The engine prefills the video prompt before the question (all but its closing
+    `<|endofchunk|>`): the question's prompt must start with those ids."""
+    proc = FAMILY.load(checkpoint).processor
+    opening = [{"role": "user", "content": f"{VIDEO}\n[0:01] a red square\n"}]
+    loaded = proc.build_chat_prompt(opening, videos=[4], add_generation_prompt=False)
+    assert loaded.input_ids[-1] == proc.stop_ids[0]
+    asked = [{"role": "user", "content": opening[0]["content"] + QUESTION}]
+    full = proc.build_chat_prompt(asked, videos=[4]).input_ids
+    assert torch.equal(full[: loaded.input_ids.numel() - 1], loaded.input_ids[:-1])
+
+
+def test_frames_are_prepared_as_open_clips_openai_transform():
+    """Shorter side to S (bicubic), center crop, /255, openai mean/std: within 2 grey levels of
+    PIL's `Resize(S)` + `CenterCrop(S)` (torchvision's arithmetic) on a landscape and a portrait
+    frame."""
+    rng = np.random.default_rng(0)
+    for h, w in ((48, 80), (90, 50)):
+        frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        ours = resize_crop_uint8(frame[None], 28)[0].permute(1, 2, 0).numpy().astype(int)
+        short = 28
+        new = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)
+        pil = Image.fromarray(frame).resize((new[1], new[0]), Image.BICUBIC)
+        top, left = int(round((new[0] - 28) / 2.0)), int(round((new[1] - 28) / 2.0))
+        want = np.asarray(pil.crop((left, top, left + 28, top + 28))).astype(int)
+        assert np.abs(ours - want).max() <= 2
+    proc = FlamingoProcessor(None, 28)
+    x = proc.frame_prep.pixel_values(torch.full((1, 40, 40, 3), 255, dtype=torch.uint8))
+    want = [(1 - m) / s for m, s in zip(OPENAI_MEAN, OPENAI_STD)]
+    assert torch.allclose(x[0, :, 0, 0], torch.tensor(want), atol=1e-6)
+
+
+def test_both_release_forms_load_and_name_their_parts(tmp_path):
+    """The 3B form (MPT-1B's `mosaic_gpt` names, QK LayerNorm, a cross layer before every block)
+    and the 9B form (MPT-7B's `mpt` names, one before every 4th) read into the same module tree;
+    `lvx info` names the family and the layers."""
+    from lvx_app.cli.info import checkpoint_rows
+
+    for form, layers in (("3B", [0, 1, 2, 3]), ("9B", [3, 7])):
+        folder = write_tiny_checkpoint(tmp_path / form, form=form)
+        assert family_of(folder) is FAMILY
+        model, config, _ = FAMILY.load(folder)
+        assert config.cross_layer_indices == layers and config.text.qk_ln == (form == "3B")
+        rows = checkpoint_rows(str(folder))
+        assert rows["family"] == "OpenFlamingo (openflamingo)"
+        assert rows["cross-attention layers (0-based)"] == ", ".join(map(str, layers))
+    assert layout.mpt_key("transformer.blocks.3.mlp.mlp_up.weight") == (
+        "lang_encoder.transformer.blocks.3.decoder_layer.ffn.up_proj.weight"
+    )
+    for old in ("module.lang_encoder.gated_cross_attn_layers.7.ff_gate",):
+        assert layout.flamingo_key(old) == "lang_encoder.transformer.blocks.7.gated_cross_attn_layer.ff_gate"
+
+
+def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(checkpoint, tmp_path, monkeypatch):
+    """A folder with only the release's `checkpoint.pt` (as `openflamingo/OpenFlamingo-3B-vitl-
+    mpt1b` holds it) takes the vision and text files from the repos the release names, fetching
+    only the files lvx reads; an MPT folder without `checkpoint.pt` is one line."""
+    import huggingface_hub
+
+    lone = tmp_path / "release"
+    lone.mkdir()
+    torch.save({"lang_encoder.transformer.wte.weight": torch.zeros(4, 2048)}, lone / "checkpoint.pt")
+    asked = []
+
+    def snapshot(repo, revision=None, allow_patterns=None, local_files_only=False):
+        asked.append((repo, tuple(allow_patterns)))
+        return checkpoint
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    parts = layout.resolve_parts(lone)
+    assert parts.flamingo == lone and parts.vision == parts.text == Path(checkpoint)
+    assert asked == [
+        ("timm/vit_large_patch14_clip_224.openai", layout.VISION_HUB_FILES),
+        ("anas-awadalla/mpt-1b-redpajama-200b", layout.TEXT_HUB_FILES),
+    ]
+    torch.save({"lang_encoder.transformer.wte.weight": torch.zeros(4, 64)}, lone / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="matches no published OpenFlamingo"):
+        layout.resolve_parts(lone)
+    text_only = tmp_path / "mpt"
+    text_only.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        (text_only / f).write_bytes((Path(checkpoint) / f).read_bytes())
+    with pytest.raises(CheckpointError, match="holds no checkpoint.pt"):
+        family_of(text_only).load(text_only)
+
+
+def test_saved_weights_load_with_the_finetuned_logits(checkpoint, tmp_path):
+    """LoRA adapters (made non-zero) merged: the folder finetuning writes (every tensor in
+    model.safetensors beside the base's other files) loads, alone, to the trained logits."""
+    from test_train import _cfg
+
+    from lvx_app.train.loop import Trainer
+    from lvx_app.train.out_folder import save_checkpoint
+
+    tr = Trainer(_cfg(checkpoint, train="lora", dtype="float64"))
+    with torch.no_grad():
+        for i, (n, p) in enumerate(tr.params):
+            if "lora_B" in n:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(i))
+    out = save_checkpoint(tmp_path / "out", tr.model, checkpoint, {"step": 0}, torch.float64)
+    assert family_of(out) is FAMILY
+    model, _, proc = FAMILY.load(out, dtype=torch.float64)
+    base, _, _ = FAMILY.load(checkpoint, dtype=torch.float64)
+
+    def logits(m):
+        prompt = proc.build_chat_prompt([{"role": "user", "content": VIDEO + "what?"}], videos=[2])
+        e = torch.randn(2, 64, 32, generator=torch.Generator().manual_seed(3), dtype=m.dtype)
+        with torch.no_grad():
+            return m(prompt.input_ids[None], visual=m.prepare_visual(e, torch.tensor([0, 1])))
+
+    want = logits(tr.model)
+    torch.testing.assert_close(logits(model), want, rtol=1e-10, atol=1e-10)
+    assert (logits(base) - want).abs().max() > 1e-3
+    assert FAMILY.encoder_identity(str(out), None)[1] != FAMILY.encoder_identity(checkpoint, None)[1]
+
+
+# ---- every front door on the tiny checkpoint ----------------------------------------------------
+def _answers(rank: int, world: int, checkpoint: str, video: str):
+    """Every rank answers one question (SPMD); rank 0 returns its tokens, shares and moments."""
+    from lvx_app.engine.records import VideoRequest
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import init_distributed
+
+    config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4, layout="striped")
+    session = RankSession(config, init_distributed(cuda=False))
+    session.load_video(VideoRequest.of(video, config.video))
+    "".join(session.ask(QUESTION, config.generation))
+    last = session.last_answer
+    out = dict(tokens=list(last.tokens), new_tokens=last.new_tokens, evidence=last.evidence)
+    return {**out, "shares": session.turns.last_shares} if rank == 0 else None
+
+
+def _reference_shares(checkpoint: str, video: str, answer: dict) -> torch.Tensor:
+    """The same answer fed in one process, its queries recorded, their softmax in float64."""
+    from lvx_app.engine.evidence import EvidenceRecorder
+    from lvx_app.engine.records import VideoRequest
+    from lvx_app.engine.session import RankSession
+    from lvx_app.parallel.group import DistInfo
+
+    config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4)
+    session = RankSession(config, DistInfo(0, 1, 0, torch.device("cpu"), None))
+    session.load_video(VideoRequest.of(video, config.video))
+    turns, conversation = session.turns, session.conversation
+    turns.show_video(True)
+    ids = turns.question_ids(QUESTION)
+    start = conversation.position + ids.numel() - 1
+    recorder = EvidenceRecorder(conversation.hooks, session.model.config, start)
+    conversation.prefill(ids, whole=True, hooks=recorder.hooks)
+    fed = answer["tokens"][: answer["new_tokens"] - 1]
+    if fed:
+        conversation.prefill(torch.tensor(fed), whole=True, hooks=recorder.hooks)
+    visual = conversation.visual
+    k_frame = visual.k_frame.tensor[0] if hasattr(visual.k_frame, "tensor") else visual.k_frame[0]
+    total, rows = torch.zeros(visual.num_frames, dtype=torch.float64), 0
+    for layer in session.model.config.cross_layer_indices:
+        q = torch.stack([recorder.rows[p][layer][0] for p in sorted(recorder.rows)]).double()
+        q_vis = torch.stack([recorder.rows[p][layer][1] for p in sorted(recorder.rows)])
+        k = visual.kv[layer][0][0].double()
+        scores = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(k_frame.view(1, 1, -1) >= q_vis.view(-1, 1, 1), -math.inf)
+        prob = torch.softmax(scores[q_vis > 0], dim=-1)
+        per_frame = torch.zeros(*prob.shape[:2], visual.num_frames, dtype=torch.float64)
+        total += per_frame.index_add_(2, k_frame, prob).sum(dim=(0, 1))
+        rows += int((q_vis > 0).sum()) * q.shape[1]
+    assert len(recorder.rows) == answer["new_tokens"]
+    return total / rows
+
+
+@pytest.mark.slow
+def test_two_ranks_answer_with_the_evidence_one_process_computes(checkpoint, video):
+    """Over 2 gloo ranks (striped frames), the answer's per-frame shares of the cross layers'
+    attention equal a float64 softmax of the same queries in one process."""
+    answer = run_ranks(_answers, 2, checkpoint, video)[0]
+    assert answer["new_tokens"] >= 1 and answer["evidence"]
+    want = _reference_shares(checkpoint, video, answer)
+    got = torch.tensor(answer["shares"], dtype=torch.float64)
+    assert got.numel() == 6 and (got - want).abs().max() < 1e-6, (got, want)
+
+
+@pytest.mark.slow
+def test_open_over_two_ranks_answers_with_evidence(checkpoint, video):
+    options = dict(gpus=0, ranks=2, cache=False, decode_workers=1, subtitles="none")
+    with lvx.open(checkpoint, max_new_tokens=4, **options) as engine:
+        assert engine.load_video(video, fps=1).frames == 6
+        answer = "".join(engine.ask(QUESTION))
+        last = engine.last_answer
+        assert answer and 1 <= last.new_tokens <= 4
+        assert last.evidence and all(0 <= m.start <= m.end <= 6 for m in last.evidence)
+        assert "".join(engine.ask("and then?")) and engine.last_answer.evidence
+
+
+@pytest.mark.slow
+def test_lvx_chat_over_two_ranks_prints_where_it_looked(checkpoint, video):
+    from test_evidence import _chat
+
+    out = _chat(checkpoint, video, "--ranks", "2")
+    answer_and_after = out.split("lvx › ", 1)[1].splitlines()
+    assert answer_and_after[1].startswith("seen at 0:0") and "%)" in answer_and_after[1], out
+
+
+@pytest.mark.slow
+def test_demo_on_the_tiny_openflamingo_answers_with_its_moments(tmp_path):
+    argv = ["demo", "--model-family", "openflamingo", "--ranks", "2", "--workdir", str(tmp_path)]
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    said = result.output
+    assert result.exit_code == 0, said
+    assert "tiny random-weight OpenFlamingo (v2)" in said
+    assert len(re.findall(r"^seen at \d+:\d\d.* \(\d+%\)", said, re.MULTILINE)) == 2, said
+    assert family_of(tmp_path / "tiny-openflamingo-v2") is FAMILY
+
+
+@pytest.mark.slow
+def test_finetune_killed_with_sigkill_resumes_exactly(checkpoint, short_video, tmp_path):
+    """Two CPU ranks: a run killed (kill -9, launcher and ranks) after saving a step and resumed
+    ends with the uninterrupted run's trainable weights and loss history, bit for bit."""
+    from test_mllama_train import STEPS, _args, _finetune, _killed_after_a_save
+
+    from lvx_app.train.out_folder import STATE_FILE
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    _finetune(_args(tmp_path, short_video, checkpoint, full, "--save-every", "0"))
+    args = _args(tmp_path, short_video, checkpoint, part, "--save-every", "1")
+    killed_at = _killed_after_a_save(args, part, tmp_path)
+    _finetune([*args, "--resume"])
+    want = torch.load(full / STATE_FILE, weights_only=False)
+    got = torch.load(part / STATE_FILE, weights_only=False)
+    assert got["step"] == want["step"] == STEPS and killed_at < STEPS
+    assert [h["loss"] for h in got["history"]] == [h["loss"] for h in want["history"]]
+    assert set(got["trainable"]) == set(want["trainable"])
+    for n, t in want["trainable"].items():
+        assert torch.equal(got["trainable"][n], t), n
+    assert family_of(part) is FAMILY and FAMILY.load(part).config.cross_layer_indices
+    assert os.path.exists(part / "model.safetensors")
