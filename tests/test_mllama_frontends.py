@@ -55,9 +55,14 @@ def test_a_family_is_named_by_its_title_or_id_in_any_case(tiny_checkpoints, chec
     for name in ("Llama-3.2-Vision", "llama-3.2-vision", "mllama", "MLLAMA"):
         assert family_named(name) is FAMILIES["mllama"], name
     listed = collect_info()["model families"]
-    assert listed == "mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama)"
+    assert listed == (
+        "mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama), OpenFlamingo (openflamingo)"
+    )
     help_text = " ".join(CliRunner().invoke(app, ["demo", "--help"]).output.split())
-    assert "mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama)" in help_text
+    assert (
+        "mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama) or OpenFlamingo (openflamingo)"
+        in help_text
+    )
     assert "Default: mPLUG-Owl3." in help_text  # a name --model-family takes
     owl = checkpoint_rows(tiny_checkpoints["g2"])
     assert owl["family"] == "mPLUG-Owl3 (mplug_owl3)"

@@ -47,7 +47,7 @@ def video(tmp_path_factory) -> str:
     return str(make_video(folder / "clip.mp4", num_frames=24, fps=4, width=64, height=48))
 
 
-# ---- the published layout -------------------------------------------------------------------------
+# ---- the published layout ------------------------------------------------------------------------
 def test_checkpoint_pt_holds_what_open_flamingo_saves(checkpoint):
     """A plain state dict, loadable with weights_only: the perceiver, each block's gated cross
     layer under its `FlamingoLayer` name, and the embeddings resized to the tokenizer with the
@@ -68,6 +68,8 @@ def test_checkpoint_pt_holds_what_open_flamingo_saves(checkpoint):
     text = torch.load(Path(checkpoint) / "pytorch_model.bin", weights_only=True)
     assert "transformer.blocks.0.ln_1.weight" in text  # MPT-1B's own (mosaic_gpt) names
     assert text["transformer.wte.weight"].shape[0] > len(tok)  # padded, as MPT's 50,432 rows
+    model, _, _ = FAMILY.load(checkpoint)  # the files hold every tensor the model loads
+    assert len(layout.weight_files(Path(checkpoint))) == len(model.flamingo.state_dict())
 
 
 class _Payload:
@@ -104,7 +106,7 @@ def test_the_factory_adds_its_tokens_after_the_vocabulary(checkpoint, tmp_path):
     n = tok.tok.get_vocab_size(with_added_tokens=True) - 3
     assert (tok.eoc_id, tok.image_id, tok.pad_id) == (n, n + 1, n + 2)
     assert tok.stop_ids == (tok.eoc_id, 0)  # then GPT-NeoX's <|endoftext|>
-    assert tok.encode("<image>Question:") [0] == tok.image_id
+    assert tok.encode("<image>Question:")[0] == tok.image_id
     assert tok.image_id not in tok.encode_text("<image>")  # typed by a user: plain text
     named = tmp_path / "named"
     named.mkdir()
@@ -137,7 +139,8 @@ def test_the_prompt_is_the_published_vqa_format(checkpoint):
     first = proc.build_chat_prompt(messages[:1], videos=[2]).input_ids
     follow = proc.build_followup("And then?", offset=0).input_ids
     answer = proc.encode_text("a dog") + [proc.stop_ids[0]]
-    whole = torch.cat([first, torch.tensor(answer), follow, torch.tensor(proc.encode_text("it runs"))])
+    answered = torch.tensor(proc.encode_text("it runs"))
+    whole = torch.cat([first, torch.tensor(answer), follow, answered])
     assert torch.equal(whole, prompt.input_ids[: whole.numel()])
 
 
@@ -190,11 +193,14 @@ def test_both_release_forms_load_and_name_their_parts(tmp_path):
     assert layout.mpt_key("transformer.blocks.3.mlp.mlp_up.weight") == (
         "lang_encoder.transformer.blocks.3.decoder_layer.ffn.up_proj.weight"
     )
-    for old in ("module.lang_encoder.gated_cross_attn_layers.7.ff_gate",):
-        assert layout.flamingo_key(old) == "lang_encoder.transformer.blocks.7.gated_cross_attn_layer.ff_gate"
+    old = "module.lang_encoder.gated_cross_attn_layers.7.ff_gate"  # open_flamingo 1's, under DDP
+    want = "lang_encoder.transformer.blocks.7.gated_cross_attn_layer.ff_gate"
+    assert layout.flamingo_key(old) == want
 
 
-def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(checkpoint, tmp_path, monkeypatch):
+def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(
+    checkpoint, tmp_path, monkeypatch
+):
     """A folder with only the release's `checkpoint.pt` (as `openflamingo/OpenFlamingo-3B-vitl-
     mpt1b` holds it) takes the vision and text files from the repos the release names, fetching
     only the files lvx reads; an MPT folder without `checkpoint.pt` is one line."""
@@ -202,7 +208,8 @@ def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(checkpoint, tm
 
     lone = tmp_path / "release"
     lone.mkdir()
-    torch.save({"lang_encoder.transformer.wte.weight": torch.zeros(4, 2048)}, lone / "checkpoint.pt")
+    wte = "lang_encoder.transformer.wte.weight"
+    torch.save({wte: torch.zeros(4, 2048)}, lone / "checkpoint.pt")
     asked = []
 
     def snapshot(repo, revision=None, allow_patterns=None, local_files_only=False):
@@ -216,7 +223,7 @@ def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(checkpoint, tm
         ("timm/vit_large_patch14_clip_224.openai", layout.VISION_HUB_FILES),
         ("anas-awadalla/mpt-1b-redpajama-200b", layout.TEXT_HUB_FILES),
     ]
-    torch.save({"lang_encoder.transformer.wte.weight": torch.zeros(4, 64)}, lone / "checkpoint.pt")
+    torch.save({wte: torch.zeros(4, 64)}, lone / "checkpoint.pt")
     with pytest.raises(CheckpointError, match="matches no published OpenFlamingo"):
         layout.resolve_parts(lone)
     text_only = tmp_path / "mpt"
@@ -254,7 +261,26 @@ def test_saved_weights_load_with_the_finetuned_logits(checkpoint, tmp_path):
     want = logits(tr.model)
     torch.testing.assert_close(logits(model), want, rtol=1e-10, atol=1e-10)
     assert (logits(base) - want).abs().max() > 1e-3
-    assert FAMILY.encoder_identity(str(out), None)[1] != FAMILY.encoder_identity(checkpoint, None)[1]
+
+
+def test_the_features_fingerprint_follows_the_tower_and_perceiver_only(checkpoint, tmp_path):
+    """The feature cache's key changes with the perceiver's weights, not with a cross layer's;
+    a memo of the files' digests gives the same key."""
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for f in Path(checkpoint).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    memo: dict[str, str] = {}
+    path, base = FAMILY.encoder_identity(str(folder), None, memo)
+    assert path == str(folder.resolve()) and memo
+    assert FAMILY.encoder_identity(str(folder), None, memo)[1] == base
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    state["lang_encoder.transformer.blocks.0.gated_cross_attn_layer.ff_gate"] += 1
+    torch.save(state, folder / "checkpoint.pt")
+    assert FAMILY.encoder_identity(str(folder), None, memo)[1] == base
+    state["perceiver.latents"][0, 0] += 1
+    torch.save(state, folder / "checkpoint.pt")
+    assert FAMILY.encoder_identity(str(folder), None, memo)[1] != base
 
 
 # ---- every front door on the tiny checkpoint ----------------------------------------------------

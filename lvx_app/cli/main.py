@@ -95,8 +95,8 @@ def demo(
         None,
         "--model-family",
         help="Which model family's tiny checkpoint to write and run, by its name or id in any "
-        "case: mPLUG-Owl3 (mplug_owl3) or Llama-3.2-Vision (mllama), as `lvx info` lists them. "
-        "Default: mPLUG-Owl3.",
+        "case: mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama) or OpenFlamingo (openflamingo), "
+        "as `lvx info` lists them. Default: mPLUG-Owl3.",
         metavar="NAME",
     ),
     generation: Optional[str] = typer.Option(

@@ -5,9 +5,9 @@ holds only `checkpoint.pt` (a state dict of what open_flamingo trained: the perc
 cross-attention layers and the text model's input embeddings resized to the tokenizer with its
 added tokens), and the factory builds the rest from the vision and text models it names:
 
-| release | `checkpoint.pt` repo | vision (open_clip `ViT-L-14`, `openai`) | text model |
-| 3B | openflamingo/OpenFlamingo-3B-vitl-mpt1b | timm/vit_large_patch14_clip_224.openai | anas-awadalla/mpt-1b-redpajama-200b |
-| 9B | openflamingo/OpenFlamingo-9B-vitl-mpt7b | timm/vit_large_patch14_clip_224.openai | anas-awadalla/mpt-7b |
+- 3B: `openflamingo/OpenFlamingo-3B-vitl-mpt1b`, text `anas-awadalla/mpt-1b-redpajama-200b`;
+- 9B: `openflamingo/OpenFlamingo-9B-vitl-mpt7b`, text `anas-awadalla/mpt-7b`;
+- both: vision open_clip's `ViT-L-14` `openai` weights, `timm/vit_large_patch14_clip_224.openai`.
 
 lvx reads a folder (or a hub id) holding any of the three repositories' files side by side, their
 names as published (they never collide):
@@ -129,7 +129,7 @@ def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) ->
     return Parts(folder, vision, text)
 
 
-# ---- reading tensors ------------------------------------------------------------------------------
+# ---- reading tensors -----------------------------------------------------------------------------
 def load_pickled_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a `.pt`/`.bin` state dict, loaded with `weights_only=True` (memory-mapped
     where the file allows it); a file holding anything else is one CheckpointError line."""
@@ -224,9 +224,13 @@ def vision_state(folder: Path) -> dict[str, torch.Tensor]:
     return {"vision_encoder." + k.removeprefix("visual."): v for k, v in state.items()}
 
 
+def _has_safetensors(folder: Path) -> bool:
+    return any((folder / f).exists() for f in ("model.safetensors", "model.safetensors.index.json"))
+
+
 def text_weight_files(folder: Path) -> list[Path]:
     """The text model's weight files: safetensors where present, else the published `.bin`s."""
-    if (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists():
+    if _has_safetensors(folder):
         return sorted(set(safetensors_files(folder).values()))
     index = folder / "pytorch_model.bin.index.json"
     if index.exists():
@@ -258,9 +262,7 @@ def text_state(folder: Path) -> dict[str, torch.Tensor]:
 def lvx_weights(folder: Path) -> dict[str, Path] | None:
     """key -> file of a folder lvx finetuning wrote (every tensor in `model*.safetensors` under
     the model's own names), or None for the published layout."""
-    if not (
-        (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists()
-    ):
+    if not _has_safetensors(folder):
         return None
     files = safetensors_files(folder)
     return files if files and all(k.startswith(LVX_PREFIXES) for k in files) else None
@@ -277,3 +279,25 @@ def published_state(parts: Parts) -> dict[str, torch.Tensor]:
     state.update(vision_state(parts.vision))
     state.update(flamingo_keys(load_pickled_tensors(parts.flamingo / FLAMINGO_FILE)))
     return state
+
+
+def _file_keys(path: Path, keep=lambda key: True) -> dict[str, Path]:
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), "pt") as f:
+            return {k: path for k in f.keys() if keep(k)}
+    return {k: path for k in load_pickled_tensors(path) if keep(k)}
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """{key: the file holding it} of every tensor the model loads, under each file's own names
+    (headers read, pickles memory-mapped): lvx's own weights, or `checkpoint.pt`, the tower's
+    `visual.*` and the text model's tensors but its embeddings (`checkpoint.pt`'s replace them)."""
+    parts = resolve_parts(folder)
+    own = lvx_weights(parts.flamingo)
+    if own is not None:
+        return own
+    files = _file_keys(parts.vision / CLIP_WEIGHTS, lambda k: k.startswith("visual."))
+    for path in text_weight_files(parts.text):
+        files.update(_file_keys(path, lambda k: k != "transformer.wte.weight"))
+    files.update(_file_keys(parts.flamingo / FLAMINGO_FILE))
+    return files

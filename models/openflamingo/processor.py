@@ -49,7 +49,7 @@ class FlamingoProcessor:
 
     @property
     def frame_prep(self) -> FramePrep:
-        """open_clip's `openai` preprocessing: shorter side resized, center crop, openai mean/std."""
+        """open_clip's `openai` preprocessing: shorter side resized, center crop, its mean/std."""
         return FramePrep(self.image_size, resize_crop_uint8, normalize_openai)
 
     @property

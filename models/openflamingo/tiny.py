@@ -152,7 +152,9 @@ def write_tiny_checkpoint(
     cfg = tiny_config(tokenizer, form)
     weights = random_weights(cfg, seed)
     trained = ("perceiver.", "lang_encoder.transformer.wte.")
-    flamingo = OrderedDict((k, v) for k, v in weights.items() if k.startswith(trained) or CROSS in k)
+    flamingo = OrderedDict(
+        (k, v) for k, v in weights.items() if k.startswith(trained) or CROSS in k
+    )
     torch.save(flamingo, d / FLAMINGO_FILE)
     visual = {"visual." + k.removeprefix("vision_encoder."): v for k, v in weights.items()
               if k.startswith("vision_encoder.")}  # fmt: skip
