@@ -6,8 +6,6 @@ openflamingo`, a finetuning run that resumes exactly after kill -9)."""
 
 from __future__ import annotations
 
-import math
-import os
 import pickle
 import re
 from collections import OrderedDict
@@ -33,6 +31,7 @@ from scripts.gloo_ranks import run_ranks
 
 FAMILY = FAMILIES["openflamingo"]
 QUESTION = "What happens in this video?"
+EVIDENCE_QUESTION = "what happens in the video?"  # test_evidence's one-process reference asks it
 
 
 @pytest.fixture(scope="module")
@@ -293,55 +292,21 @@ def _answers(rank: int, world: int, checkpoint: str, video: str):
     config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4, layout="striped")
     session = RankSession(config, init_distributed(cuda=False))
     session.load_video(VideoRequest.of(video, config.video))
-    "".join(session.ask(QUESTION, config.generation))
+    "".join(session.ask(EVIDENCE_QUESTION, config.generation))
     last = session.last_answer
     out = dict(tokens=list(last.tokens), new_tokens=last.new_tokens, evidence=last.evidence)
     return {**out, "shares": session.turns.last_shares} if rank == 0 else None
-
-
-def _reference_shares(checkpoint: str, video: str, answer: dict) -> torch.Tensor:
-    """The same answer fed in one process, its queries recorded, their softmax in float64."""
-    from lvx_app.engine.evidence import EvidenceRecorder
-    from lvx_app.engine.records import VideoRequest
-    from lvx_app.engine.session import RankSession
-    from lvx_app.parallel.group import DistInfo
-
-    config = engine_config(checkpoint, None, dtype="float32", max_new_tokens=4)
-    session = RankSession(config, DistInfo(0, 1, 0, torch.device("cpu"), None))
-    session.load_video(VideoRequest.of(video, config.video))
-    turns, conversation = session.turns, session.conversation
-    turns.show_video(True)
-    ids = turns.question_ids(QUESTION)
-    start = conversation.position + ids.numel() - 1
-    recorder = EvidenceRecorder(conversation.hooks, session.model.config, start)
-    conversation.prefill(ids, whole=True, hooks=recorder.hooks)
-    fed = answer["tokens"][: answer["new_tokens"] - 1]
-    if fed:
-        conversation.prefill(torch.tensor(fed), whole=True, hooks=recorder.hooks)
-    visual = conversation.visual
-    k_frame = visual.k_frame.tensor[0] if hasattr(visual.k_frame, "tensor") else visual.k_frame[0]
-    total, rows = torch.zeros(visual.num_frames, dtype=torch.float64), 0
-    for layer in session.model.config.cross_layer_indices:
-        q = torch.stack([recorder.rows[p][layer][0] for p in sorted(recorder.rows)]).double()
-        q_vis = torch.stack([recorder.rows[p][layer][1] for p in sorted(recorder.rows)])
-        k = visual.kv[layer][0][0].double()
-        scores = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(k_frame.view(1, 1, -1) >= q_vis.view(-1, 1, 1), -math.inf)
-        prob = torch.softmax(scores[q_vis > 0], dim=-1)
-        per_frame = torch.zeros(*prob.shape[:2], visual.num_frames, dtype=torch.float64)
-        total += per_frame.index_add_(2, k_frame, prob).sum(dim=(0, 1))
-        rows += int((q_vis > 0).sum()) * q.shape[1]
-    assert len(recorder.rows) == answer["new_tokens"]
-    return total / rows
 
 
 @pytest.mark.slow
 def test_two_ranks_answer_with_the_evidence_one_process_computes(checkpoint, video):
     """Over 2 gloo ranks (striped frames), the answer's per-frame shares of the cross layers'
     attention equal a float64 softmax of the same queries in one process."""
+    from test_evidence import _one_process_reference
+
     answer = run_ranks(_answers, 2, checkpoint, video)[0]
     assert answer["new_tokens"] >= 1 and answer["evidence"]
-    want = _reference_shares(checkpoint, video, answer)
+    want = _one_process_reference(checkpoint, video, answer)
     got = torch.tensor(answer["shares"], dtype=torch.float64)
     assert got.numel() == 6 and (got - want).abs().max() < 1e-6, (got, want)
 
@@ -360,7 +325,7 @@ def test_open_over_two_ranks_answers_with_evidence(checkpoint, video):
 
 @pytest.mark.slow
 def test_lvx_chat_over_two_ranks_prints_where_it_looked(checkpoint, video):
-    from test_evidence import _chat
+    from test_evidence import _chat  # the chat test of the other families
 
     out = _chat(checkpoint, video, "--ranks", "2")
     answer_and_after = out.split("lvx › ", 1)[1].splitlines()
@@ -381,22 +346,16 @@ def test_demo_on_the_tiny_openflamingo_answers_with_its_moments(tmp_path):
 @pytest.mark.slow
 def test_finetune_killed_with_sigkill_resumes_exactly(checkpoint, short_video, tmp_path):
     """Two CPU ranks: a run killed (kill -9, launcher and ranks) after saving a step and resumed
-    ends with the uninterrupted run's trainable weights and loss history, bit for bit."""
-    from test_mllama_train import STEPS, _args, _finetune, _killed_after_a_save
+    ends with the uninterrupted run's trainable weights and loss history, bit for bit; the folder
+    it leaves loads as an OpenFlamingo checkpoint, the adapters merged."""
+    from test_mllama_train import assert_resumes_exactly
 
-    from lvx_app.train.out_folder import STATE_FILE
-
-    full, part = tmp_path / "full", tmp_path / "part"
-    _finetune(_args(tmp_path, short_video, checkpoint, full, "--save-every", "0"))
-    args = _args(tmp_path, short_video, checkpoint, part, "--save-every", "1")
-    killed_at = _killed_after_a_save(args, part, tmp_path)
-    _finetune([*args, "--resume"])
-    want = torch.load(full / STATE_FILE, weights_only=False)
-    got = torch.load(part / STATE_FILE, weights_only=False)
-    assert got["step"] == want["step"] == STEPS and killed_at < STEPS
-    assert [h["loss"] for h in got["history"]] == [h["loss"] for h in want["history"]]
-    assert set(got["trainable"]) == set(want["trainable"])
-    for n, t in want["trainable"].items():
-        assert torch.equal(got["trainable"][n], t), n
-    assert family_of(part) is FAMILY and FAMILY.load(part).config.cross_layer_indices
-    assert os.path.exists(part / "model.safetensors")
+    part, got = assert_resumes_exactly(checkpoint, short_video, tmp_path)
+    model, _, _ = FAMILY.load(part)
+    base, _, _ = FAMILY.load(checkpoint)
+    key = "flamingo.lang_encoder.transformer.blocks.1.decoder_layer.attn.Wqkv"
+    a, b = got["trainable"][f"{key}.lora_A"], got["trainable"][f"{key}.lora_B"]
+    w = base.state_dict()[f"{key}.weight"]
+    merged = w + (8 / 4) * (b.float() @ a.float())  # alpha 2R, stored float32 as the base
+    torch.testing.assert_close(model.state_dict()[f"{key}.weight"], merged, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(model.state_dict()[f"{key}.weight"], w)
