@@ -213,15 +213,17 @@ def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(
 
     def snapshot(repo, revision=None, allow_patterns=None, local_files_only=False):
         asked.append((repo, tuple(allow_patterns)))
-        return checkpoint
+        return str(lone) if repo.startswith("openflamingo/") else checkpoint
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
-    parts = layout.resolve_parts(lone)
+    parts = layout.resolve_parts("openflamingo/OpenFlamingo-3B-vitl-mpt1b")
     assert parts.flamingo == lone and parts.vision == parts.text == Path(checkpoint)
     assert asked == [
+        ("openflamingo/OpenFlamingo-3B-vitl-mpt1b", layout.HUB_FILES),
         ("timm/vit_large_patch14_clip_224.openai", layout.VISION_HUB_FILES),
         ("anas-awadalla/mpt-1b-redpajama-200b", layout.TEXT_HUB_FILES),
     ]
+    assert layout.resolve_parts(lone) == parts  # a local folder holding only checkpoint.pt
     torch.save({wte: torch.zeros(4, 64)}, lone / "checkpoint.pt")
     with pytest.raises(CheckpointError, match="matches no published OpenFlamingo"):
         layout.resolve_parts(lone)
