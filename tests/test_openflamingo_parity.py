@@ -223,6 +223,7 @@ def _sharded_run(rank: int, world: int, seed: int):
     """This rank's share of the prompt and the frames in a sharded prefill, then replicated
     decoding, through the engine's sharded attention (float64)."""
     from lvx_app.engine.parallelize import ShardedAttention
+    from lvx_app.parallel.collectives import allgather_seq
 
     cfg = tiny_config()
     model = ours_from(reference_flamingo(cfg, seed), cfg, torch.float64)
@@ -238,9 +239,7 @@ def _sharded_run(rank: int, world: int, seed: int):
         ids = torch.tensor([PROMPT])[:, every[rank][0]]
         logits = model(ids, every[rank], cache=cache, visual=visual, feed=feed, hooks=hooks)
         hooks.replicate(cache, 0, every[rank], sizes)
-        gathered = [torch.empty(1, n, logits.shape[-1], dtype=logits.dtype) for n in sizes]
-        torch.distributed.all_gather(gathered, logits.contiguous())
-        prefill.logits = torch.cat(gathered, dim=1).numpy()
+        prefill.logits = allgather_seq(logits.contiguous(), sizes, None)[0].numpy()
         return torch.from_numpy(prefill.logits)
 
     tokens = greedy(model, visual, hooks, prefill)
@@ -261,3 +260,28 @@ def test_ranks_match_one_process_in_float64(world):
     for rank, (logits, tokens) in enumerate(run_ranks(_sharded_run, world, 0)):
         np.testing.assert_allclose(logits, want.numpy(), rtol=1e-10, atol=1e-10)
         assert tokens == want_tokens, f"rank {rank}"
+
+
+def test_alibi_attention_and_its_gradients_are_the_dense_formula():
+    """The kernels' ALiBi (causal, bottom-right: a second block of rows after cached keys) against
+    softmax(q k^T / sqrt(d) + slope * (j - i)) and its autograd, float64."""
+    from lvx_kernels.kernels import attention
+    from lvx_models.openflamingo.mpt import alibi_slopes
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, n, 4, 8, generator=g, dtype=torch.float64) for n in (5, 9, 9))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    slopes = alibi_slopes(4, 8)
+    out, lse = attention(q, k, v, causal=True, alibi=slopes)
+    i = torch.arange(5)[:, None] + 4
+    j = torch.arange(9)[None, :]
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / 8**0.5 + slopes.double().view(1, 4, 1, 1) * (j - i)
+    s = s.masked_fill(j > i, float("-inf"))
+    want = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(lse, s.logsumexp(-1))
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * w).sum() + lse.sum(), (q, k, v))
+    expected = torch.autograd.grad((want * w).sum() + s.logsumexp(-1).sum(), (q, k, v))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
