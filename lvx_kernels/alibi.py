@@ -84,7 +84,8 @@ def alibi_fwd(
     vv = (v.repeat_interleave(g, dim=2) if g > 1 else v).to(ct)
     outs, lses = [], []
     for r in _blocks(q, k):
-        s = _scores(q[:, r], k, slopes, scale, qpos[:, r], kpos, None if seen is None else seen[:, r])
+        rows_seen = None if seen is None else seen[:, r]
+        s = _scores(q[:, r], k, slopes, scale, qpos[:, r], kpos, rows_seen)
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0)[..., None])
         outs.append(torch.einsum("bhqk,bkhd->bqhd", p, vv))
@@ -115,7 +116,8 @@ def alibi_bwd(
     dq = torch.zeros(q.shape, dtype=ct, device=q.device)
     dk, dv = torch.zeros(kk.shape, dtype=ct, device=k.device), torch.zeros_like(vv)
     for r in _blocks(q, k):
-        s = _scores(q[:, r], k, slopes, scale, qpos[:, r], kpos, None if seen is None else seen[:, r])
+        rows_seen = None if seen is None else seen[:, r]
+        s = _scores(q[:, r], k, slopes, scale, qpos[:, r], kpos, rows_seen)
         l_ = lse[:, :, r].to(ct)
         dead = ~(l_ > float("-inf"))
         p = torch.exp(s - l_.masked_fill(dead, 0)[..., None]).masked_fill(dead[..., None], 0)

@@ -34,9 +34,13 @@ NEW_TOKENS = 5
 
 def tiny_config(every: int = 2) -> OpenFlamingoConfig:
     return OpenFlamingoConfig(
-        vision=VisionConfig(image_size=28, patch_size=14, width=32, layers=2, heads=4, output_dim=16),
+        vision=VisionConfig(
+            image_size=28, patch_size=14, width=32, layers=2, heads=4, output_dim=16
+        ),
         perceiver=PerceiverConfig(),  # open_flamingo's `Flamingo` builds its defaults
-        text=MptConfig(d_model=32, n_heads=4, n_layers=4, vocab_size=100, max_seq_len=64, qk_ln=False),
+        text=MptConfig(
+            d_model=32, n_heads=4, n_layers=4, vocab_size=100, max_seq_len=64, qk_ln=False
+        ),
         cross_attn_every_n_layers=every,
         media_token_id=MEDIA,
         eoc_token_id=EOC,

@@ -106,8 +106,8 @@ class ShardedHooks:
         alibi: torch.Tensor | None = None,
     ):
         """This rank's share of a sharded forward's queries against its keys (text or visual), as
-        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known; `alibi`:
-        the ALiBi slopes of a text attention whose family has them (`step.alibi`)."""
+        one LV-XAttn ring over the group; `every`: every rank's q_vis on the host, if known;
+        `alibi`: the ALiBi slopes of a text attention whose family has them (`step.alibi`)."""
         return lv_xattn_with_lse(
             q,
             k,

@@ -128,8 +128,8 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, spec: _Spec, sizes):
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, _sent = lv_xattn_backward(
-        dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group, True, sizes,
-        alibi=spec.alibi,
+        dout, dlse, q, k, v, out, lse, spec.scale, spec.q_vis, spec.k_frame, spec.group, True,
+        sizes, alibi=spec.alibi,
     )
     return dq, dk, dv
 
