@@ -177,7 +177,7 @@ def floor_hooks(conversation: Conversation) -> AttentionHooks:
     backend = second_backend(conversation.info.device)
 
     def text(q, k, v, step, layer):
-        return attention(q, k, v, causal=True, backend=backend)
+        return attention(q, k, v, causal=True, backend=backend, alibi=getattr(step, "alibi", None))
 
     return AttentionHooks(text=text, visual=conversation.hooks.visual)
 

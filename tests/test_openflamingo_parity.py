@@ -292,3 +292,21 @@ def test_alibi_attention_and_its_gradients_are_the_dense_formula():
     expected = torch.autograd.grad((want * w).sum() + s.logsumexp(-1).sum(), (q, k, v))
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+def test_alibi_decoding_on_a_fixed_buffer_is_the_causal_one():
+    """A decoded token against the first `used` keys of a longer buffer (the captured decode step)
+    gets the bias of the causal call on those keys alone."""
+    from lvx_kernels.kernels import attn_fwd, attn_fwd_upto
+    from lvx_models.openflamingo.mpt import alibi_slopes
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 1, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 12, 4, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    slopes = alibi_slopes(4, 8)
+    got = attn_fwd_upto(q, k, v, torch.tensor([7], dtype=torch.int32), alibi=slopes)
+    want = attn_fwd(q, k[:, :7], v[:, :7], causal=True, alibi=slopes)
+    plain = attn_fwd(q, k[:, :7], v[:, :7], causal=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(got[0], plain[0])
