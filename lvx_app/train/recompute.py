@@ -88,7 +88,7 @@ def _attend(
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame)
     out, lse, sizes, _sent = lv_xattn_forward(
-        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes, alibi=spec.alibi
+        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes, None, spec.alibi
     )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
