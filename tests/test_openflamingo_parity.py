@@ -228,45 +228,58 @@ def test_the_text_model_is_transformers_mpt():
 
 def _sharded_run(rank: int, world: int, seed: int):
     """This rank's share of the prompt and the frames in a sharded prefill, then replicated
-    decoding, through the engine's sharded attention (float64)."""
+    decoding, through the engine's sharded attention: {dtype: (every row's logits, tokens)} in
+    float32 and float64."""
     from lvx_app.engine.parallelize import ShardedAttention
     from lvx_app.parallel.collectives import allgather_seq
 
     cfg = tiny_config()
-    model = ours_from(reference_flamingo(cfg, seed), cfg, torch.float64)
+    reference = reference_flamingo(cfg, seed)
     hooks = ShardedAttention(None, rank, world)
     every = [p.view(1, -1) for p in torch.tensor_split(torch.arange(len(PROMPT)), world)]
-    mine = torch.tensor_split(torch.arange(FRAMES), world)[rank]
-    e = model.encode_images(_pixels().to(torch.float64)[mine])
-    visual = model.prepare_visual(e, _media_starts(), frame_ids=mine)
     sizes = [p.numel() for p in every]
+    mine = torch.tensor_split(torch.arange(FRAMES), world)[rank]
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        model = ours_from(reference, cfg, dtype)
+        e = model.encode_images(_pixels().to(dtype)[mine])
+        visual = model.prepare_visual(e, _media_starts(), frame_ids=mine)
 
-    def prefill(cache):
-        feed = hooks.sharded_feed(every[rank], sizes, torch.device("cpu"), every=every)
-        ids = torch.tensor([PROMPT])[:, every[rank][0]]
-        logits = model(ids, every[rank], cache=cache, visual=visual, feed=feed, hooks=hooks)
-        hooks.replicate(cache, 0, every[rank], sizes)
-        prefill.logits = allgather_seq(logits.contiguous(), sizes, None)[0].numpy()
-        return torch.from_numpy(prefill.logits)
+        def prefill(cache):
+            feed = hooks.sharded_feed(every[rank], sizes, torch.device("cpu"), every=every)
+            ids = torch.tensor([PROMPT])[:, every[rank][0]]
+            logits = model(ids, every[rank], cache=cache, visual=visual, feed=feed, hooks=hooks)
+            hooks.replicate(cache, 0, every[rank], sizes)
+            prefill.logits = allgather_seq(logits.contiguous(), sizes, None)[0].numpy()
+            return torch.from_numpy(prefill.logits)
 
-    tokens = greedy(model, visual, hooks, prefill)
-    return prefill.logits, tokens
+        tokens = greedy(model, visual, hooks, prefill)
+        results[str(dtype)] = prefill.logits, tokens
+    return results
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_ranks_match_one_process_in_float64(world):
+def test_ranks_match_open_flamingo_and_one_process_in_float64(world):
+    """Over the ranks, float32 is open_flamingo's (1e-5, the same tokens) and float64 is one
+    process's."""
     cfg = tiny_config()
-    model = ours_from(reference_flamingo(cfg, 0), cfg, torch.float64)
+    reference = reference_flamingo(cfg, 0)
+    want32 = _reference_logits(reference, torch.tensor([PROMPT]), _pixels())
+    tokens32 = _reference_greedy(reference, _pixels())
+    model = ours_from(reference, cfg, torch.float64)
     visual = model.prepare_visual(
         model.encode_images(_pixels().to(torch.float64)), _media_starts()
     )
     with torch.no_grad():
-        want = model(torch.tensor([PROMPT]), cache=model.new_cache(), visual=visual)
-    want_tokens = greedy(model, visual)
-    for rank, (logits, tokens) in enumerate(run_ranks(_sharded_run, world, 0)):
-        np.testing.assert_allclose(logits, want.numpy(), rtol=1e-10, atol=1e-10)
-        assert tokens == want_tokens, f"rank {rank}"
+        want64 = model(torch.tensor([PROMPT]), cache=model.new_cache(), visual=visual)
+    tokens64 = greedy(model, visual)
+    for rank, got in enumerate(run_ranks(_sharded_run, world, 0)):
+        logits, tokens = got[str(torch.float32)]
+        assert np.abs(logits - want32.numpy()).max() < 1e-5 and tokens == tokens32, rank
+        logits, tokens = got[str(torch.float64)]
+        np.testing.assert_allclose(logits, want64.numpy(), rtol=1e-10, atol=1e-10)
+        assert tokens == tokens64, f"rank {rank}"
 
 
 def test_alibi_attention_and_its_gradients_are_the_dense_formula():
