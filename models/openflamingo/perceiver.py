@@ -1,7 +1,8 @@
 """open_flamingo's `PerceiverResampler` (`perceiver.*` keys): `latents` (64 x width) attend to one
 media's patch tokens and themselves in `depth` layers of attention and feed-forward, and a final
 LayerNorm. `frame_embs` (per frame of a media) and `media_time_embs` (per media) exist only when
-their maximum counts are configured (the released models have neither).
+their maximum counts are configured (the released models have neither; lvx runs `frame_embs`
+and refuses `media_time_embs`, which would tie a frame's tokens to its place in the prompt).
 
 lvx gives every video frame its own media of one frame, as OpenFlamingo runs an image (and as the
 LV-XAttn paper runs video): the perceiver resamples each frame alone into 64 visual tokens.
@@ -55,8 +56,6 @@ class PerceiverResampler(nn.Module):
         self.latents = nn.Parameter(torch.zeros(cfg.num_latents, dim))
         if cfg.max_num_frames:
             self.frame_embs = nn.Parameter(torch.zeros(cfg.max_num_frames, dim))
-        if cfg.max_num_media:
-            self.media_time_embs = nn.Parameter(torch.zeros(cfg.max_num_media, 1, dim))
         self.layers = nn.ModuleList(
             nn.ModuleList(
                 [
@@ -73,8 +72,6 @@ class PerceiverResampler(nn.Module):
         dim)."""
         if hasattr(self, "frame_embs"):
             x = x + self.frame_embs[0]
-        if hasattr(self, "media_time_embs"):
-            x = x + self.media_time_embs[0]
         latents = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)
         for attn, ff in self.layers:
             latents = attn(x, latents) + latents
