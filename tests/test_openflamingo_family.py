@@ -361,3 +361,84 @@ def test_finetune_killed_with_sigkill_resumes_exactly(checkpoint, short_video, t
     merged = w + (8 / 4) * (b.float() @ a.float())  # alpha 2R, stored float32 as the base
     torch.testing.assert_close(model.state_dict()[f"{key}.weight"], merged, rtol=1e-6, atol=1e-7)
     assert not torch.equal(model.state_dict()[f"{key}.weight"], w)
+
+
+def _open_flamingo_save(reference) -> dict:
+    """What open_flamingo's training saves of `reference` (the published `checkpoint.pt`): the
+    factory's freezing (all but the perceiver, the cross layers and the input embeddings), then
+    its `filter_state_dict_to_trainable`, imported with a stand-in for `wandb`."""
+    import sys
+    import types
+
+    from test_openflamingo_parity import _bare_packages
+
+    reference.requires_grad_(False)
+    reference.perceiver.requires_grad_(True)
+    reference.lang_encoder.gated_cross_attn_layers.requires_grad_(True)
+    reference.lang_encoder.get_input_embeddings().requires_grad_(True)
+    with _bare_packages("open_flamingo"):
+        sys.modules["wandb"] = types.ModuleType("wandb")
+        try:
+            from open_flamingo.train.train_utils import filter_state_dict_to_trainable
+
+            return filter_state_dict_to_trainable(reference, reference.state_dict())
+        finally:
+            sys.modules.pop("wandb")
+
+
+def test_what_open_flamingo_saves_loads_to_its_logits(tmp_path, monkeypatch):
+    """A folder of the three parts as a user downloads them, made from open_flamingo's own
+    `Flamingo` (`checkpoint.pt` as its training saves it, open_clip's `visual.*`, MPT's own
+    weights with their padded embeddings and `mpt` config.json, a GPT-NeoX-style tokenizer):
+    the tiny checkpoint's `checkpoint.pt` has the same keys, and lvx loads the folder to the
+    reference's logits."""
+    import json
+
+    import test_openflamingo_parity as parity
+    from safetensors.torch import save_file
+
+    from lvx_models.openflamingo import tiny
+    from lvx_models.openflamingo.config import MptConfig, OpenFlamingoConfig, VisionConfig
+    from lvx_models.openflamingo.tiny_tokenizer import write_tiny_tokenizer
+
+    write_tiny_tokenizer(tmp_path)
+    tok = FlamingoTokenizer.from_pretrained(tmp_path)
+    cfg = OpenFlamingoConfig(
+        vision=VisionConfig(image_size=28, patch_size=14, width=32, layers=2, heads=4),
+        text=MptConfig(d_model=32, n_heads=4, n_layers=4, vocab_size=len(tok), qk_ln=False),
+        cross_attn_every_n_layers=2,
+        media_token_id=tok.image_id,
+        eoc_token_id=tok.eoc_id,
+    )
+    monkeypatch.setattr(parity, "MEDIA", tok.image_id)
+    monkeypatch.setattr(parity, "EOC", tok.eoc_id)
+    reference = parity.reference_flamingo(cfg)
+    saved = _open_flamingo_save(reference)
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    tiny_keys = torch.load(write_tiny_checkpoint(tmp_path / "tiny", form="9B") / "checkpoint.pt")
+    shape = {re.sub(r"\.\d+\.", ".N.", k) for k in saved}
+    # transformers' MPT lists its tied head, trainable with the embeddings; MPT's own code has none
+    shape.remove("lang_encoder.lm_head.weight")
+    assert shape == {re.sub(r"\.\d+\.", ".N.", k) for k in tiny_keys}
+    visual = {"visual." + k: v for k, v in reference.vision_encoder.state_dict().items()}
+    save_file(visual, str(tmp_path / "open_clip_model.safetensors"))
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(tiny._clip_config(cfg.vision)))
+    lm = reference.lang_encoder.state_dict()
+    mpt = {
+        re.sub(r"^old_decoder_blocks\.", "transformer.blocks.", k): v
+        for k, v in lm.items()
+        if k.startswith(("old_decoder_blocks.", "transformer.norm_f."))
+    }
+    mpt["transformer.wte.weight"] = torch.randn(len(tok) + 11, 32)  # MPT's own, padded
+    torch.save(mpt, tmp_path / "pytorch_model.bin")
+    config = tiny._mpt_config(cfg.text, "9B", len(tok) + 11)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, _, proc = FAMILY.load(tmp_path)
+    ids = [tok.image_id, 5, 6, tok.image_id, 7, 8, tok.eoc_id, tok.image_id, 9, 10]
+    pixels = torch.randn(3, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    want = parity._reference_logits(reference, torch.tensor([ids]), pixels)
+    starts = torch.tensor([i for i, t in enumerate(ids) if t == tok.image_id])
+    visual = model.prepare_visual(model.encode_images(pixels), starts)
+    with torch.no_grad():
+        got = model(torch.tensor([ids]), cache=model.new_cache(), visual=visual)
+    assert want.abs().max() > 0.1 and (got - want).abs().max() < 1e-5

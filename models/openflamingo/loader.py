@@ -71,6 +71,8 @@ def load_openflamingo(
     tokenizer = FlamingoTokenizer.from_pretrained(parts.text)
     cfg = read_config(parts, tokenizer)
     state = published_state(parts)
+    if cfg.text.tie_word_embeddings:  # a tied head listed under its own name (transformers' MPT)
+        state.pop("lang_encoder.lm_head.weight", None)
     check_layout(state, cfg, parts.flamingo)
     with torch.device("meta"):
         model = OpenFlamingoModel(cfg)
