@@ -233,6 +233,50 @@ def test_a_lone_checkpoint_pt_fetches_its_release_parts_by_hub_id(
         (text_only / f).write_bytes((Path(checkpoint) / f).read_bytes())
     with pytest.raises(CheckpointError, match="holds no checkpoint.pt"):
         family_of(text_only).load(text_only)
+    torch.save({wte: torch.zeros(4, 2048)}, lone / "checkpoint.pt")
+    pickled, empty = tmp_path / "vision-without-safetensors", tmp_path / "nothing-asked-for"
+    pickled.mkdir()
+    empty.mkdir()
+    (pickled / "open_clip_pytorch_model.bin").touch()
+    asked.clear()
+
+    def resolve(repo, revision, files):  # the vision repo as timm's holds it: no safetensors
+        asked.append((repo, tuple(files)))
+        if not str(repo).startswith("timm/"):
+            return lone
+        return pickled if "open_clip_pytorch_model.bin" in files else empty
+
+    monkeypatch.setattr(layout, "resolve_checkpoint", resolve)
+    assert layout.resolve_parts(lone).vision == pickled
+    vision = "timm/vit_large_patch14_clip_224.openai"
+    assert asked[1:3] == [
+        (vision, layout.VISION_HUB_FILES),  # safetensors, where the repo has them
+        (vision, ("open_clip_config.json", "open_clip_pytorch_model.bin")),  # else its .bin
+    ]
+
+
+def test_clip_weights_as_a_pytorch_file_load_the_same_tower(checkpoint, tmp_path):
+    """A vision repo without safetensors: `open_clip_pytorch_model.bin` (read with weights_only)
+    gives the same tower; without `open_clip_config.json` the sizes are open_clip's ViT-L-14 with
+    QuickGELU, the `openai` tower every release names."""
+    from safetensors.torch import load_file
+
+    from lvx_models.openflamingo.config import VisionConfig
+    from lvx_models.openflamingo.folder_config import vision_config
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for f in Path(checkpoint).iterdir():
+        if f.name != "open_clip_model.safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    clip = load_file(str(Path(checkpoint) / "open_clip_model.safetensors"))
+    torch.save(clip, folder / "open_clip_pytorch_model.bin")
+    frames = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(0))
+    want = FAMILY.load(checkpoint).model.encode_images(frames)
+    torch.testing.assert_close(FAMILY.load(folder).model.encode_images(frames), want)
+    (folder / "open_clip_config.json").unlink()
+    assert vision_config(folder) == VisionConfig(image_size=224, patch_size=14, width=1024,
+                                                 layers=24, heads=16, quick_gelu=True)  # fmt: skip
 
 
 def test_saved_weights_load_with_the_finetuned_logits(checkpoint, tmp_path):

@@ -12,8 +12,9 @@ added tokens), and the factory builds the rest from the vision and text models i
 lvx reads a folder (or a hub id) holding any of the three repositories' files side by side, their
 names as published (they never collide):
 - `checkpoint.pt` (required: it marks the folder as OpenFlamingo);
-- `open_clip_config.json` + `open_clip_model.safetensors` (the vision repo's, as open_clip 3
-  fetches them);
+- `open_clip_model.safetensors` (or `open_clip_pytorch_model.bin`), the vision repo's weights as
+  open_clip 3 fetches them, and `open_clip_config.json` where it has one (else the sizes are
+  open_clip's `ViT-L-14`, the tower every release names);
 - the text model's `config.json`, weights (`pytorch_model*.bin` as published, or
   `model*.safetensors`) and tokenizer files (`tokenizer.json`, `tokenizer_config.json`,
   `special_tokens_map.json`, `generation_config.json`).
@@ -42,6 +43,7 @@ from ..safetensors_folder import CheckpointError, safetensors_files
 FLAMINGO_FILE = "checkpoint.pt"
 CLIP_CONFIG = "open_clip_config.json"
 CLIP_WEIGHTS = "open_clip_model.safetensors"
+CLIP_PICKLE = "open_clip_pytorch_model.bin"  # what open_clip 3 fetches where no safetensors are
 VISION_HUB_FILES = (CLIP_CONFIG, CLIP_WEIGHTS)
 TEXT_HUB_FILES = (
     *COMMON_HUB_FILES,
@@ -51,7 +53,7 @@ TEXT_HUB_FILES = (
 )
 # the files of a hub repo OpenFlamingo reads (its `Family.hub_files`): a release's repo matches
 # only `checkpoint.pt`; a repo holding all three parts side by side matches them all
-HUB_FILES = (FLAMINGO_FILE, *VISION_HUB_FILES, *TEXT_HUB_FILES)
+HUB_FILES = (FLAMINGO_FILE, *VISION_HUB_FILES, CLIP_PICKLE, *TEXT_HUB_FILES)
 LVX_PREFIXES = ("vision_encoder.", "perceiver.", "lang_encoder.")  # the model's own names
 
 
@@ -104,10 +106,23 @@ def _has_text(folder: Path) -> bool:
     return (folder / "config.json").exists() and (folder / "tokenizer.json").exists()
 
 
+def clip_weights(folder: Path) -> Path | None:
+    """The CLIP model's weights in `folder`, as open_clip 3 reads them: safetensors first."""
+    return next((folder / f for f in (CLIP_WEIGHTS, CLIP_PICKLE) if (folder / f).exists()), None)
+
+
 def _has_vision(folder: Path) -> bool:
-    """open_clip's config and its weights (or lvx's own weights, which hold the tower)."""
-    weights = (folder / CLIP_WEIGHTS).exists() or lvx_weights(folder) is not None
-    return (folder / CLIP_CONFIG).exists() and weights
+    """The CLIP weights (or lvx's own weights, which hold the tower)."""
+    return clip_weights(folder) is not None or lvx_weights(folder) is not None
+
+
+def _vision_repo(repo: str) -> Path:
+    """The vision repo's files, its safetensors where it has them, else its PyTorch weights
+    (never both downloaded)."""
+    folder = resolve_checkpoint(repo, None, VISION_HUB_FILES)
+    if clip_weights(folder) is None:
+        folder = resolve_checkpoint(repo, None, (CLIP_CONFIG, CLIP_PICKLE))
+    return folder
 
 
 def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) -> Parts:
@@ -123,7 +138,7 @@ def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) ->
     if vision is None or text is None:
         release = release_of(folder / FLAMINGO_FILE)
         if vision is None:
-            vision = resolve_checkpoint(release.vision_repo, None, VISION_HUB_FILES)
+            vision = _vision_repo(release.vision_repo)
         if text is None:
             text = resolve_checkpoint(release.text_repo, None, TEXT_HUB_FILES)
     return Parts(folder, vision, text)
@@ -214,11 +229,10 @@ def mpt_key(key: str) -> str:
 
 def vision_state(folder: Path) -> dict[str, torch.Tensor]:
     """open_clip's `visual.*` tensors as `vision_encoder.*` (the text tower is not read)."""
-    path = folder / CLIP_WEIGHTS
-    try:
-        state = _safetensors_state({"": path}, lambda k: k.startswith("visual."))
-    except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"{path} is not a readable safetensors file ({type(exc).__name__})")
+    path = clip_weights(folder)
+    if path is None:
+        raise CheckpointError(f"{folder} holds no {CLIP_WEIGHTS} or {CLIP_PICKLE}")
+    state = {k: v for k, v in _file_tensors(path).items() if k.startswith("visual.")}
     if not state:
         raise CheckpointError(f"{path} holds no visual.* tensors: not an open_clip CLIP model")
     return {"vision_encoder." + k.removeprefix("visual."): v for k, v in state.items()}
@@ -247,15 +261,24 @@ def text_weight_files(folder: Path) -> list[Path]:
     )
 
 
+def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one weights file, safetensors or a PyTorch pickle (`weights_only`)."""
+    if path.suffix != ".safetensors":
+        return load_pickled_tensors(path)
+    try:
+        return _safetensors_state({"": path})
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({type(exc).__name__})"
+        ) from None
+
+
 def text_state(folder: Path) -> dict[str, torch.Tensor]:
     """The MPT model's tensors (`transformer.*`, and `lm_head.*` where untied) under the model's
     names (`mpt_key`)."""
     state: dict[str, torch.Tensor] = {}
     for path in text_weight_files(folder):
-        if path.suffix == ".safetensors":
-            state.update(_safetensors_state({"": path}))
-        else:
-            state.update(load_pickled_tensors(path))
+        state.update(_file_tensors(path))
     return {mpt_key(k): v for k, v in state.items()}
 
 
@@ -296,7 +319,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
     own = lvx_weights(parts.flamingo)
     if own is not None:
         return own
-    files = _file_keys(parts.vision / CLIP_WEIGHTS, lambda k: k.startswith("visual."))
+    files = _file_keys(clip_weights(parts.vision), lambda k: k.startswith("visual."))
     for path in text_weight_files(parts.text):
         files.update(_file_keys(path, lambda k: k != "transformer.wte.weight"))
     files.update(_file_keys(parts.flamingo / FLAMINGO_FILE))

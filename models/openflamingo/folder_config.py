@@ -34,7 +34,11 @@ TEXT_TYPES = ("mosaic_gpt", "mpt")
 
 
 def vision_config(folder: Path) -> VisionConfig:
+    """From `open_clip_config.json`, or open_clip's `ViT-L-14` with QuickGELU (the `openai`
+    weights every release names) where the vision repo has none."""
     path = folder / CLIP_CONFIG
+    if not path.exists():
+        return VisionConfig()
     model = read_json_object(path, "open_clip's model config").get("model_cfg")
     if not isinstance(model, dict) or not isinstance(model.get("vision_cfg"), dict):
         raise CheckpointError(f"{path} has no model_cfg.vision_cfg: not an open_clip config")
