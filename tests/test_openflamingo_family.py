@@ -486,3 +486,26 @@ def test_what_open_flamingo_saves_loads_to_its_logits(tmp_path, monkeypatch):
     with torch.no_grad():
         got = model(torch.tensor([ids]), cache=model.new_cache(), visual=visual)
     assert want.abs().max() > 0.1 and (got - want).abs().max() < 1e-5
+
+
+@pytest.mark.slow
+def test_the_openai_api_and_the_page_answer_about_a_video(checkpoint, video, tmp_path):
+    """The OpenAI-compatible API and the browser page, as for the other families."""
+    from test_mllama_frontends import test_the_openai_api_and_the_page_answer_about_a_video as run
+
+    run(checkpoint, video, tmp_path)
+
+
+def test_a_second_load_reads_the_features_and_the_prompt_back(checkpoint, video, tmp_path):
+    """The caches keep OpenFlamingo's features (keyed by the tower and perceiver weights) and its
+    prefilled prompt: a second engine reads both back and gives the same answer."""
+    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1,
+                   subtitles="none", max_new_tokens=4)  # fmt: skip
+    said = []
+    for _ in range(2):
+        with lvx.open(checkpoint, **options) as engine:
+            summary = engine.load_video(video, fps=1)
+            said.append((summary, "".join(engine.ask(QUESTION))))
+    (first, answer), (again, repeated) = said
+    assert not first.from_cache and again.from_cache and again.prompt_from_cache
+    assert answer == repeated
