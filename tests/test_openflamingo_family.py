@@ -509,3 +509,25 @@ def test_a_second_load_reads_the_features_and_the_prompt_back(checkpoint, video,
     (first, answer), (again, repeated) = said
     assert not first.from_cache and again.from_cache and again.prompt_from_cache
     assert answer == repeated
+
+
+@pytest.mark.slow
+def test_eval_answers_every_question_with_evidence_over_two_ranks(
+    checkpoint, tmp_path, monkeypatch
+):
+    """`lvx eval videomme` on the tiny checkpoint over 2 CPU ranks: every answerable question is
+    answered, each with where it looked."""
+    from test_eval_end_to_end import _records
+    from videomme_fixtures import make_mini_videomme
+
+    monkeypatch.setenv("LVX_CACHE_DIR", str(tmp_path / "cache"))
+    mini = make_mini_videomme(tmp_path / "videomme")
+    out = tmp_path / "results.jsonl"
+    args = ["eval", "videomme", "--data", str(mini.root), "--model", checkpoint, "--gpus", "0",
+            "--ranks", "2", "--out", str(out), "--max-new-tokens", "4"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    answerable = [r for r in mini.rows if r["videoID"] not in mini.missing]
+    assert sorted(r["question_id"] for r in records) == sorted(r["question_id"] for r in answerable)
+    assert all(r["evidence"] for r in records)
