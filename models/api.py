@@ -79,8 +79,9 @@ __all__ = [
 def _families() -> dict[str, Family]:
     from .mllama.family import FAMILY as MLLAMA
     from .mplug_owl3.family import FAMILY as MPLUG_OWL3
+    from .openflamingo.family import FAMILY as OPENFLAMINGO
 
-    return {f.name: f for f in (MPLUG_OWL3, MLLAMA)}  # the registry: one line a family
+    return {f.name: f for f in (MPLUG_OWL3, MLLAMA, OPENFLAMINGO)}  # the registry
 
 
 FAMILIES: dict[str, Family] = _families()

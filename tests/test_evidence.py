@@ -29,7 +29,7 @@ def reference_shares(layers, num_frames: int, window: int | None = None) -> torc
     (`window`: only the latest `window` frames of those a row may see)."""
     total, rows = torch.zeros(num_frames, dtype=torch.float64), 0
     for q, q_vis, k, k_frame in layers:
-        q, k = q.double(), k.double().repeat_interleave(HQ // k.shape[1], dim=1)
+        q, k = q.double(), k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         scores = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
         hidden = k_frame.view(1, 1, -1) >= q_vis.view(-1, 1, 1)
         if window is not None:
@@ -232,7 +232,7 @@ def _one_process_reference(checkpoint: str, video: str, answer: dict) -> torch.T
     visual = conversation.visual
     k_frame = visual.k_frame.tensor[0] if hasattr(visual.k_frame, "tensor") else visual.k_frame[0]
     layers = []
-    for layer in session.model.config.hyper_layer_indices:
+    for layer in session.model.config.cross_layer_indices:
         rows = [recorder.rows[p][layer] for p in sorted(recorder.rows)]
         q = torch.stack([r[0] for r in rows])
         q_vis = torch.stack([r[1] for r in rows])

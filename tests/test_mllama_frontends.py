@@ -57,6 +57,7 @@ def test_a_family_is_named_by_its_title_or_id_in_any_case(tiny_checkpoints, chec
     listed = collect_info()["model families"]
     assert listed == ", ".join(f"{f.title} ({f.name})" for f in FAMILIES.values())
     assert listed.startswith("mPLUG-Owl3 (mplug_owl3), Llama-3.2-Vision (mllama)")
+    assert "OpenFlamingo (openflamingo)" in listed
     help_text = " ".join(CliRunner().invoke(app, ["demo", "--help"]).output.split())
     assert "one of the families `lvx info` lists" in help_text
     assert "Default: mPLUG-Owl3." in help_text  # a name --model-family takes

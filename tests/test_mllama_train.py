@@ -182,6 +182,22 @@ def test_finetune_killed_with_sigkill_resumes_exactly(checkpoint, short_video, t
     """Two CPU ranks: a run killed (kill -9, launcher and ranks) after saving a step and resumed
     with --resume ends with the uninterrupted run's trainable weights and loss history, bit for
     bit; the folder it leaves is a published checkpoint with the adapters merged."""
+    part, got = assert_resumes_exactly(checkpoint, short_video, tmp_path)
+
+    # the folder is a published checkpoint holding the trained weights, adapters merged
+    model, _, _ = family_of(part).load(part, dtype=torch.float32)
+    base, _, _ = family_of(checkpoint).load(checkpoint, dtype=torch.float32)
+    key = "mllama.language_model.model.layers.1.cross_attn.k_proj"
+    a, b = got["trainable"][f"{key}.lora_A"], got["trainable"][f"{key}.lora_B"]
+    w = base.state_dict()[f"{key}.weight"]
+    merged = (w + (8 / 4) * (b.float() @ a.float())).to(torch.bfloat16)  # alpha 2R, stored bf16
+    torch.testing.assert_close(model.state_dict()[f"{key}.weight"], merged.float(), rtol=0, atol=0)
+    assert not torch.equal(model.state_dict()[f"{key}.weight"], w)
+
+
+def assert_resumes_exactly(checkpoint: str, short_video: str, tmp_path: Path) -> tuple[Path, dict]:
+    """A finetuning run of `checkpoint` killed after a save and resumed equals the uninterrupted
+    run (every family's resume test); returns the resumed run's folder and state."""
     full, part = tmp_path / "full", tmp_path / "part"
     _finetune(_args(tmp_path, short_video, checkpoint, full, "--save-every", "0"))
     args = _args(tmp_path, short_video, checkpoint, part, "--save-every", "1")
@@ -197,13 +213,4 @@ def test_finetune_killed_with_sigkill_resumes_exactly(checkpoint, short_video, t
     assert set(got["trainable"]) == set(want["trainable"])
     for n, t in want["trainable"].items():
         assert torch.equal(got["trainable"][n], t), n
-
-    # the folder is a published checkpoint holding the trained weights, adapters merged
-    model, _, _ = family_of(part).load(part, dtype=torch.float32)
-    base, _, _ = family_of(checkpoint).load(checkpoint, dtype=torch.float32)
-    key = "mllama.language_model.model.layers.1.cross_attn.k_proj"
-    a, b = got["trainable"][f"{key}.lora_A"], got["trainable"][f"{key}.lora_B"]
-    w = base.state_dict()[f"{key}.weight"]
-    merged = (w + (8 / 4) * (b.float() @ a.float())).to(torch.bfloat16)  # alpha 2R, stored bf16
-    torch.testing.assert_close(model.state_dict()[f"{key}.weight"], merged.float(), rtol=0, atol=0)
-    assert not torch.equal(model.state_dict()[f"{key}.weight"], w)
+    return part, got

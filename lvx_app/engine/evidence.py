@@ -84,10 +84,23 @@ class EvidenceRecorder:
 def _positions(q: torch.Tensor, step, layer: int) -> list[int]:
     """The global position of each of the forward's query rows on this rank."""
     feed = step.feed
-    if feed.replicated:  # the tokens follow the cache, whose layer now holds them too
-        end = step.cache.layers[layer].length
-        return list(range(end - q.shape[1], end))
+    if feed.replicated:  # the tokens follow what the cache held before this forward
+        start = _held_before(step.cache, layer, q.shape[1])
+        return list(range(start, start + q.shape[1]))
     return (feed.text_q_vis.values.view(-1) - 1).tolist()
+
+
+def _held_before(cache, layer: int, rows: int) -> int:
+    """The cache's length before the forward now running: every layer takes its `rows` once, in
+    order, and a layer that attends to the frames may do so after its own text update (mPLUG-Owl3,
+    Llama-3.2-Vision) or before it (OpenFlamingo's cross layer runs before its block). Mid-forward
+    the layers not yet run are the shortest; with every layer alike, the forward is before the
+    first layer's update, or past the last one's."""
+    lengths = [l.length for l in cache.layers]
+    low = min(lengths)
+    if low < max(lengths) or layer < len(lengths) - 1:
+        return low
+    return low - rows
 
 
 def answer_shares(

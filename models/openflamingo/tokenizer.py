@@ -1,0 +1,113 @@
+"""OpenFlamingo's tokenizer: the text model's published `tokenizer.json` (MPT's, the GPT-NeoX
+byte-level BPE) with the tokens open_flamingo's factory adds to it, read with `tokenizers`.
+
+The factory calls `add_special_tokens({"additional_special_tokens": ["<|endofchunk|>",
+"<image>"]})` and, when the tokenizer names no pad token (MPT's names none), adds `<PAD>` as its
+pad token; each added token takes the next id after the vocabulary (50277, 50278, 50279 for
+GPT-NeoX's 50,277 tokens), and the language model's input embeddings are resized to that many
+rows, which the published `checkpoint.pt` holds. Nothing is added around the text (no BOS), as
+the factory's tokenizer adds none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import AddedToken, Tokenizer
+
+from ..safetensors_folder import CheckpointError
+from ..valid_text import valid_text
+
+IMAGE = "<image>"
+END_OF_CHUNK = "<|endofchunk|>"
+PAD = "<PAD>"
+ADDED = (END_OF_CHUNK, IMAGE)  # in the factory's order
+EOS = "<|endoftext|>"  # GPT-NeoX's end of text (MPT's eos token)
+SETTINGS = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def named_pad(directory: Path) -> str | None:
+    """The pad token the folder's tokenizer settings name, if any (as transformers reads them)."""
+    for name in SETTINGS:
+        try:
+            pad = json.loads((directory / name).read_text()).get("pad_token")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pad, dict):
+            pad = pad.get("content")
+        if isinstance(pad, str) and pad:
+            return pad
+    return None
+
+
+def with_flamingo_tokens(tok: Tokenizer, pad: str | None) -> Tokenizer:
+    """`tok` with `<|endofchunk|>`, `<image>` and (without a pad token) `<PAD>` added as the
+    factory adds them (a token it already holds keeps its id)."""
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ADDED])
+    if pad is None:
+        tok.add_special_tokens([AddedToken(PAD, special=True, normalized=False)])
+    return tok
+
+
+class FlamingoTokenizer:
+    """Text <-> ids. Special tokens written in template text are single ids; text a user wrote
+    (`encode_text`) is plain text, a special token typed in it included."""
+
+    def __init__(self, tokenizer: Tokenizer, pad: str | None = None):
+        self.tok = tokenizer
+        self.image_id = self._id(IMAGE)
+        self.eoc_id = self._id(END_OF_CHUNK)
+        self.eos_id = self.tok.token_to_id(EOS)
+        self.pad_id = self._id(pad or PAD)
+        self._text_tok = Tokenizer.from_str(tokenizer.to_str())  # special tokens split as text
+        self._text_tok.encode_special_tokens = True
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "FlamingoTokenizer":
+        """The text model folder's tokenizer with the factory's tokens added."""
+        d = Path(directory)
+        try:
+            tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as exc:  # noqa: BLE001 - a missing or broken file is one line
+            why = (str(exc).splitlines() or [""])[0][:160]
+            raise CheckpointError(
+                f"{d / 'tokenizer.json'} cannot be read ({why}): copy it from the text model's "
+                "repository"
+            ) from None
+        pad = named_pad(d)
+        return cls(with_flamingo_tokens(tok, pad), pad)
+
+    def __len__(self) -> int:
+        """Ids the tokenizer can produce: the rows of the model's input embeddings."""
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def _id(self, token: str) -> int:
+        i = self.tok.token_to_id(token)
+        if i is None:
+            raise CheckpointError(f"the tokenizer has no {token} token")
+        return i
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """`<|endofchunk|>` (open_flamingo's `generate` stops there), then the end of text."""
+        return (self.eoc_id,) if self.eos_id is None else (self.eoc_id, self.eos_id)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(valid_text(text), add_special_tokens=False).ids if text else []
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as plain text: a special token written in it is split like any other text."""
+        if not text:
+            return []
+        return self._text_tok.encode(valid_text(text), add_special_tokens=False).ids
+
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token stands for (byte-level BPE: a character a byte; an added
+        token stands for its own text)."""
+        added = {t.content for t in self.tok.get_added_tokens_decoder().values()}
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        return max(len(t.encode()) if t in added else len(t) for t in vocab)
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
