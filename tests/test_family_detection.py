@@ -1,7 +1,7 @@
 """Which family a checkpoint is (`family_of`): its config.json's `model_type`, else the family
 whose marker files are all at the top of the folder or hub repo (the hub's listing, or offline the
 local Hugging Face cache), else one line naming what each family expects. A stub family marked by
-`checkpoint.pt` (a published layout without config.json) is registered for the tests."""
+`stub_weights.pt` (a published layout without config.json) is registered for the tests."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ TYPED = [(f.name, t) for f in FAMILIES.values() for t in f.model_types[:1]]
 
 @pytest.fixture
 def stub(monkeypatch):
-    """A registered family whose checkpoints hold `checkpoint.pt` and no config.json."""
+    """A registered family whose checkpoints hold `stub_weights.pt` and no config.json."""
     family = replace(
         next(iter(FAMILIES.values())),
         name="stub",
         title="Stub",
         model_types=(),
-        marker_files=("checkpoint.pt",),
+        marker_files=("stub_weights.pt",),
     )
     monkeypatch.setitem(api.FAMILIES, "stub", family)
     return family
@@ -43,13 +43,13 @@ def _folder(root: Path, *files: str, config: object = None) -> Path:
 
 @pytest.mark.parametrize("name, model_type", TYPED)
 def test_config_json_model_type_names_the_family(tmp_path, stub, name, model_type):
-    folder = _folder(tmp_path, "checkpoint.pt", config={"model_type": model_type})
+    folder = _folder(tmp_path, "stub_weights.pt", config={"model_type": model_type})
     assert family_of(folder) is FAMILIES[name]  # the config decides, whatever files lie beside
 
 
-def test_a_folder_holding_only_checkpoint_pt_is_the_family_it_marks(tmp_path, stub):
-    assert family_of(_folder(tmp_path, "checkpoint.pt")) is stub
-    assert family_of(_folder(tmp_path / "more", "checkpoint.pt", "README.md")) is stub
+def test_a_folder_holding_only_stub_weights_pt_is_the_family_it_marks(tmp_path, stub):
+    assert family_of(_folder(tmp_path, "stub_weights.pt")) is stub
+    assert family_of(_folder(tmp_path / "more", "stub_weights.pt", "README.md")) is stub
 
 
 def test_a_folder_that_matches_no_family_names_what_each_expects(tmp_path, stub):
@@ -58,29 +58,29 @@ def test_a_folder_that_matches_no_family_names_what_each_expects(tmp_path, stub)
             family_of(folder)
         message = str(e.value)
         assert "\n" not in message and "no config.json" in message
-        assert "Stub (checkpoint.pt)" in message
+        assert "Stub (stub_weights.pt)" in message
         for f in FAMILIES.values():
             assert f.title in message and all(t in message for t in f.model_types)
 
 
-def test_without_the_stub_a_lone_checkpoint_pt_is_refused_not_sent_to_the_default(tmp_path):
+def test_without_the_stub_a_lone_stub_weights_pt_is_refused_not_sent_to_the_default(tmp_path):
     unmarked = {n: replace(f, marker_files=()) for n, f in FAMILIES.items()}
     with pytest.MonkeyPatch.context() as m:
         m.setattr(api, "FAMILIES", unmarked)
         with pytest.raises(CheckpointError, match="no config.json and no family's files"):
-            family_of(_folder(tmp_path, "checkpoint.pt"))
+            family_of(_folder(tmp_path, "stub_weights.pt"))
 
 
 def test_a_folder_marked_by_two_families_is_refused(tmp_path, stub, monkeypatch):
     monkeypatch.setitem(api.FAMILIES, "stub2", replace(stub, name="stub2", title="Stub Two"))
     with pytest.raises(CheckpointError, match="several families .Stub, Stub Two."):
-        family_of(_folder(tmp_path, "checkpoint.pt"))
+        family_of(_folder(tmp_path, "stub_weights.pt"))
 
 
 def test_an_unknown_model_type_is_refused_naming_the_families(tmp_path, stub):
     with pytest.raises(CheckpointError, match="model_type 'llava' is none lvx runs") as e:
         family_of(_folder(tmp_path, config={"model_type": "llava"}))
-    assert "Stub (checkpoint.pt)" in str(e.value)
+    assert "Stub (stub_weights.pt)" in str(e.value)
 
 
 def test_an_unreadable_config_without_markers_goes_to_the_default_loader(tmp_path):
@@ -110,7 +110,7 @@ def _hub(monkeypatch, tmp_path, listing=None, cached=()):
 
 def test_a_hub_repo_without_config_is_found_by_its_listing(tmp_path, stub, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    _hub(monkeypatch, tmp_path, ["README.md", "checkpoint.pt", "sub/config.json"])
+    _hub(monkeypatch, tmp_path, ["README.md", "stub_weights.pt", "sub/config.json"])
     assert family_of("someone/flamingo-3b") is stub
 
 
@@ -123,7 +123,7 @@ def test_a_hub_listing_that_fails_is_one_line(tmp_path, stub, monkeypatch):
 
 def test_offline_the_local_cache_is_listed(tmp_path, stub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _hub(monkeypatch, tmp_path, listing=None, cached=("checkpoint.pt",))
+    _hub(monkeypatch, tmp_path, listing=None, cached=("stub_weights.pt",))
     assert family_of("someone/flamingo-3b") is stub
 
 

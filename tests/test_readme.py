@@ -177,12 +177,19 @@ def _setup_lines() -> tuple[str, str]:
 TEST_COMMAND = "python -m pytest -q -n 2 --dist loadfile"
 
 
+# the OpenFlamingo reference for the parity tests, without its pins (torch 2.0.1)
+REFERENCE_PACKAGES = (
+    "pip install --no-deps open-flamingo==2.0.1 open_clip_torch==3.3.0 einops-exts==0.0.4"
+)
+
+
 def test_the_demo_line_sets_up_as_the_line_ci_runs() -> None:
     """CI runs the second line word for word (tests/test_house.py); the first is the same set-up
     without the test extras, then `lvx demo` (which the demo's own tests run)."""
     demo, tests = _setup_lines()
     assert tests.endswith(f" && {TEST_COMMAND}") and demo.endswith(" && lvx demo")
     without_tests = tests.replace(" chromium chromium-driver", "").replace('".[test]"', ".")
+    without_tests = without_tests.replace(f" && {REFERENCE_PACKAGES}", "")
     assert demo == without_tests.removesuffix(TEST_COMMAND) + "lvx demo"
 
 

@@ -1,4 +1,4 @@
-"""A family whose checkpoints are PyTorch weight files (`checkpoint.pt`, no config.json) is sized by
+"""A family whose checkpoints are PyTorch weight files (`stub_weights.pt`, no config.json) is sized by
 the fit check and fingerprinted for the feature cache through its `Family.weight_files`, as a
 safetensors family is; such files are read as tensors only (never a pickle's code)."""
 
@@ -19,12 +19,12 @@ from lvx_models.torch_files import torch_file_keys, torch_tensors
 
 
 def _pt_files(folder):
-    return torch_file_keys([folder / "checkpoint.pt"])
+    return torch_file_keys([folder / "stub_weights.pt"])
 
 
 @pytest.fixture
 def pt_stub(stub, monkeypatch):  # noqa: F811
-    """`test_family_detection`'s stub family, reading its weights from `checkpoint.pt`."""
+    """`test_family_detection`'s stub family, reading its weights from `stub_weights.pt`."""
     family = replace(stub, weight_files=_pt_files)
     monkeypatch.setitem(api.FAMILIES, "stub", family)
     return family
@@ -38,7 +38,7 @@ def _write(folder, scale: float = 1.0):
         "perceiver.norm.weight": torch.ones(8, dtype=torch.bfloat16),
         "lang_encoder.gated_cross_attn_layers.0.attn_gate": torch.zeros(1),
     }
-    torch.save(weights, folder / "checkpoint.pt")
+    torch.save(weights, folder / "stub_weights.pt")
     return folder
 
 
@@ -55,10 +55,10 @@ def test_the_fingerprint_reads_pt_weights_and_follows_them(tmp_path, pt_stub):
     assert ident(a) == ident(b)
     assert ident(_write(tmp_path / "c", scale=2.0)) != ident(a)
     # a weight outside the prefixes changes nothing
-    weights = torch_tensors(b / "checkpoint.pt")
+    weights = torch_tensors(b / "stub_weights.pt")
     weights = {k: v.clone() for k, v in weights.items()}
     weights["lang_encoder.gated_cross_attn_layers.0.attn_gate"] += 1
-    torch.save(weights, b / "checkpoint.pt")
+    torch.save(weights, b / "stub_weights.pt")
     assert ident(b) == ident(a)
 
 
@@ -80,7 +80,7 @@ def test_a_pt_file_holding_anything_but_tensors_is_one_line(tmp_path, capsys):
 def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
     tiny_checkpoints, tmp_path, monkeypatch
 ):
-    """A family whose finetuned weights go to `checkpoint.pt` (tensors only, `torch.save`) gets
+    """A family whose finetuned weights go to `stub_weights.pt` (tensors only, `torch.save`) gets
     them there, and every other file of its source checkpoint copied, safetensors too."""
     import filecmp
     from pathlib import Path
@@ -90,16 +90,16 @@ def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
     base = Path(tiny_checkpoints["g2"])
     family = replace(
         FAMILIES["mplug_owl3"],
-        finetuned_file="checkpoint.pt",
-        finetuned_replaces=("checkpoint.pt",),
+        finetuned_file="stub_weights.pt",
+        finetuned_replaces=("stub_weights.pt",),
     )
     monkeypatch.setattr(out_folder, "family_of", lambda path, revision=None: family)
     model = family.load(base, dtype=torch.float32).model
     out = out_folder.save_checkpoint(tmp_path / "out", model, base, {"step": 1})
-    saved = torch_tensors(out / "checkpoint.pt")
+    saved = torch_tensors(out / "stub_weights.pt")
     assert set(saved) == set(family.save_weights(model, base, None))
     for f in base.iterdir():
         assert filecmp.cmp(f, out / f.name, shallow=False), f.name
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [*(p.name for p in base.iterdir()), "checkpoint.pt", out_folder.STATE_FILE]
+        [*(p.name for p in base.iterdir()), "stub_weights.pt", out_folder.STATE_FILE]
     )
