@@ -21,6 +21,7 @@ from .safetensors_folder import CheckpointError, safetensors_files, tensor_shape
 from .steps import (
     AttentionHooks,
     ForwardStep,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_folder",
     "ForwardStep",
+    "FrameFeatures",
     "Family",
     "Finetunable",
     "FramePrep",

@@ -148,9 +148,11 @@ def time_plan(
     # every non-embedding parameter is one multiply-add per token
     lm_matmul = counts.language - counts.embedding
     tower = cfg.vision_tokens_per_frame  # what the tower runs a frame as (empty tiles included)
+    # the header features (every tile of a Llama-3.2-Vision frame) go through the projector too
+    hdr, header = cfg.header_visual_tokens_per_frame, work.header_tokens
     vision_frame = (
         2 * counts.vision * tower
-        + 2 * counts.projector * t
+        + 2 * counts.projector * max(t, hdr)
         + 4 * tower * tower * cfg.vision_hidden_size * cfg.vision_layers
     )
     # v_kv_proj over every visual token, all hyper layers
@@ -179,9 +181,19 @@ def time_plan(
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
     # (matmul, attention, of it on the memory-efficient kernel, bytes read) FLOPs and bytes
+    # the rows before the first frame: K/V of every frame's header features in every hyper
+    # layer, those rows' attention to them, their layers on every rank
+    s_hdr = work.frames * hdr
+    header_prefill = (
+        (2 * s_hdr * cfg.hidden_size * kv_cols * n_hyper) / n + 2 * lm_matmul * header,
+        4 * hq * d * (n_hyper * s_hdr / n + layers * header * header / 2),
+        0.0,
+        lm_matmul * b + s_hdr * cfg.hidden_size * b * n_hyper / n,
+    )
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0, 0.0),
+        **({"header prefill": header_prefill} if hdr else {}),
         "video-prompt prefill": (
             (p_mm + recompute) / n,
             p_at / n,

@@ -138,36 +138,12 @@ def test_frame_features_are_the_published_towers(published):
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
 
 
-def _real_tiles_for_masked_out_rows(prepare):
-    """transformers' cross-attention mask, except that a masked-out row (the chat header before
-    the first image) attends to the real tiles' keys only: transformers opens such a row to every
-    key, the empty tiles' included, while lvx keeps no K/V of an empty tile (Meta's reference
-    zeroes these rows' attention instead). The row's MLP output is still dropped; every other row
-    and every step is transformers' own."""
-
-    def prepared(mask, num_vision_tokens, dtype):
-        bias, masked_out = prepare(mask, num_vision_tokens, dtype)
-        real = mask.any(dim=1, keepdim=True).expand_as(mask).to(mask.dtype)
-        opened = prepare(real, num_vision_tokens, dtype)[0]
-        return torch.where(masked_out.bool(), bias, opened), masked_out
-
-    return prepared
-
-
 @pytest.fixture(scope="module")
 def reference_tokens(published):
-    """transformers' greedy answer to the video question (its header rows see the real tiles)."""
-    from transformers.models.mllama import modeling_mllama
-
+    """transformers' greedy answer to the video question, as published."""
     d, _, theirs = published
     hf = transformers.MllamaForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
-    mp, name = pytest.MonkeyPatch(), "_prepare_cross_attention_mask"
-    patched = _real_tiles_for_masked_out_rows(getattr(modeling_mllama, name))
-    mp.setattr(modeling_mllama, name, patched)
-    try:
-        out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
-    finally:
-        mp.undo()
+    out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
     return out[0, theirs["input_ids"].shape[1] :].tolist()
 
 

@@ -30,7 +30,12 @@ term is the size of a tensor the code as it stands allocates, named after where 
   each cross layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
   band masks;
 - vision tower: `encode_images` runs 16 frames at a time, each as the tower's
-  `vision_tokens_per_frame` tokens (empty tiles and padding included).
+  `vision_tokens_per_frame` tokens (empty tiles and padding included);
+- header features: a family whose rows before the first frame attend to more than the frames'
+  K/V (`header_visual_tokens_per_frame`: Llama-3.2-Vision's every tile, the empty ones included)
+  keeps those features of this rank's frames from the encode (`ShardEncoder`) until those rows are
+  prefilled (`VideoContext._prefill_header`: one cross layer's K/V of them at a time), then drops
+  them.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -99,6 +104,12 @@ def weight_bytes(parameters: int, dtype_bytes: int) -> int:
 def features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
     """The visual features E of `frames` frames (what `--kv-mode recompute` keeps)."""
     return frames * cfg.visual_tokens_per_frame * cfg.hidden_size * dtype_bytes
+
+
+def header_features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
+    """The header features of `frames` frames, held from their encode until the rows before the
+    first frame are prefilled (0 for a family whose header rows see only the frames' K/V)."""
+    return frames * cfg.header_visual_tokens_per_frame * cfg.hidden_size * dtype_bytes
 
 
 def visual_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
@@ -352,17 +363,22 @@ def memory_plan(
     asked = _text_buffer(whole, work.question_tokens, 0)
     answered = _text_buffer(whole, work.question_tokens, work.answer_tokens)
     resident["text K/V"] = text_kv(answered[0])
-    base = resident["weights"]
+    base, header = resident["weights"], header_features_bytes(cfg, frames, b)
     stages = {
-        "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
+        "encode": base + e + header + _vision_transient(cfg, work.vision_batch, b),
         # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing
         # else is (recompute)
         "visual K/V": base
         + e
+        + header
         + ((n_hyper - 1) * kv_layer if work.kv_mode == "cache" else 0)
         + kv_transient,
     }
     kept = sum(resident.values()) - resident["text K/V"]
+    if header:  # one cross layer's K/V of the header features at a time
+        keys = frames * cfg.header_visual_tokens_per_frame
+        made = visual_kv_bytes(cfg, keys, b) + _visual_kv_transient(cfg, keys, b)
+        stages["header prefill"] = kept + header + made + text_kv(kv_capacity(work.header_tokens))
     # the last rows see every frame of this rank's shard
     visible = work.frames * cfg.visual_tokens_per_frame // work.ranks
     local = text_kv(kv_capacity(prompt))

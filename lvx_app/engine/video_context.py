@@ -43,8 +43,9 @@ from lvx_app.video.ingest import Encoder, IngestTuning, VisualShard, ingest, ran
 from lvx_models.api import family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
-# 2: every rank holds (and saves) the whole replicated text cache
-PROMPT_FORMAT = 2
+# 2: every rank holds (and saves) the whole replicated text cache; 3: the rows before the first
+# frame attend to the header features
+PROMPT_FORMAT = 3
 
 
 def oom_message(rank: int, device: torch.device, stage: str) -> str:
@@ -283,7 +284,7 @@ class VideoContext:
             progress("frames", p.done, p.total)
 
         encoder = Encoder(
-            self.model.encode_images,
+            self.model.encode_frames,
             image_size=self.processor.image_size,
             model_id=names.model_key or self.model_config.path,
             revision=self.model_config.revision or "",
@@ -358,30 +359,74 @@ class VideoContext:
         """Read back the prompt K/V an earlier run saved, when every rank has them and its features
         came from the cache (they were made from those features); else prefill the prompt and save
         it. True when read back."""
-        key, prefixes = None, caches.prefixes
-        if prefixes is not None and shard.cache_key is not None:
-            key = PrefixKey.make(
-                shard.cache_key,
-                checkpoint=caches.names.checkpoint,
-                prompt_format=PROMPT_FORMAT,
-                prompt_ids=prefix_ids,
-                device=self.info.device.type,
-                owner=request.opening.owner,
-            )
+        key, prefixes = self._prefix_key(caches, shard, request, prefix_ids), caches.prefixes
         rank0 = self.info.rank == 0
         device = self.info.device
-        saved = prefixes.load(key, device, owner=rank0) if key is not None else None
-        conversation = self.conversation
-        if all_min(int(saved is not None and shard.from_cache), device):
-            conversation.restore(saved.layers, saved.key_positions, prefix_ids.tolist())
+        if self._read_back(caches, key, shard, prefix_ids):
             return True
+        header = int(starts[0]) if self.model.config.header_visual_tokens_per_frame else 0
         try:
-            conversation.prefill(prefix_ids, media_starts=starts, tail_from=tail_from)
+            if header:
+                self._prefill_header(caches, shard, request, prefix_ids[:header], starts)
+            self.conversation.prefill(
+                prefix_ids[header:], media_starts=starts - header, tail_from=tail_from - header
+            )
         except torch.cuda.OutOfMemoryError as exc:
             raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
         if key is not None and rank0:  # every rank holds the same whole cache: one file for all
             self._save_prefix(prefixes, key, request.path)
         return False
+
+    def _prefix_key(self, caches: LoadCaches, shard: VisualShard, request, ids) -> PrefixKey | None:
+        """Where the text K/V of the prompt `ids` are saved (None: the caches are off)."""
+        if caches.prefixes is None or shard.cache_key is None:
+            return None
+        return PrefixKey.make(
+            shard.cache_key,
+            checkpoint=caches.names.checkpoint,
+            prompt_format=PROMPT_FORMAT,
+            prompt_ids=ids,
+            device=self.info.device.type,
+            owner=request.opening.owner,
+        )
+
+    def _read_back(self, caches: LoadCaches, key, shard: VisualShard, ids) -> bool:
+        """Restore the saved text K/V of the prompt `ids` when every rank has them and its
+        features came from the cache."""
+        device = self.info.device
+        saved = caches.prefixes.load(key, device, owner=self.info.rank == 0) if key else None
+        if not all_min(int(saved is not None and shard.from_cache), device):
+            return False
+        self.conversation.restore(saved.layers, saved.key_positions, ids.tolist())
+        return True
+
+    def _prefill_header(
+        self, caches: LoadCaches, shard: VisualShard, request, ids, starts: torch.Tensor
+    ) -> None:
+        """The rows before the first frame (the chat header), fed whole on every rank, each cross
+        layer attending to every frame's header features (`encode_frames`: Llama-3.2-Vision's
+        real and empty tiles, merged over the ranks as any query block) instead of the resident
+        K/V; the header features are then dropped. Read back when saved from these features;
+        with features read from the cache and no saved header, the frames are encoded again."""
+        conversation, key = self.conversation, self._prefix_key(caches, shard, request, ids)
+        if self._read_back(caches, key, shard, ids):
+            return
+        keys = shard.header_features if shard.num_frames else shard.features
+        if not all_min(int(keys is not None), self.info.device):
+            video = replace(request.video, cache=False)
+            again = self._ingest(request.path, video, caches.names, None, lambda plan: None)
+            keys = again.header_features if again.num_frames else again.features
+        shard.header_features, shown = None, conversation.visual
+        conversation.show_video(
+            self.model.prepare_visual(keys, starts, shard.positions, precompute=False)
+        )
+        del keys
+        try:
+            conversation.prefill(ids, whole=True)
+        finally:
+            conversation.show_video(shown)
+        if key is not None and self.info.rank == 0:
+            self._save_prefix(caches.prefixes, key, request.path)
 
     def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:
         conversation = self.conversation

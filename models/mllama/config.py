@@ -155,6 +155,13 @@ class MllamaConfig:
         return self.vision.num_patches
 
     @property
+    def header_visual_tokens_per_frame(self) -> int:
+        """Visual keys of a frame the rows before the first frame attend to: every tile's, the
+        empty ones' included (transformers opens those rows to every key), held while they
+        prefill."""
+        return self.vision.max_num_tiles * self.vision.num_patches
+
+    @property
     def vision_tokens_per_frame(self) -> int:
         """Tokens the vision tower runs for one frame (its cost; it keeps
         `visual_tokens_per_frame`)."""

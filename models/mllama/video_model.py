@@ -26,6 +26,7 @@ from lvx_kernels.masks import Indices, device_tensor
 
 from ..steps import (
     AttentionHooks,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -79,6 +80,24 @@ class MllamaVideoModel(Finetuning, nn.Module):
         if not outs:
             return w.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
         return torch.cat(outs)
+
+    @torch.no_grad()
+    def encode_frames(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> FrameFeatures:
+        """Frames (N, 3, S, S) -> E of their own tile (N, P, H) and the header features: every
+        tile's (N, max_num_tiles * P, H), the frame's own first, for the rows before the first
+        frame, which the published model opens to every tile (`prefill_header`)."""
+        tiles = self.config.vision.max_num_tiles
+        outs = [
+            self.project(self.tile_features(chunk, keep=tiles))
+            for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH)
+        ]
+        if not outs:
+            e = self.encode_images(pixel_values)
+            return FrameFeatures(e, e.new_empty((0, tiles * e.shape[1], e.shape[2])))
+        every = torch.cat(outs)  # (N, tiles, P, H)
+        return FrameFeatures(every[:, 0], every.flatten(1, 2))
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions=None):
         """K/V of cross layer `layer_idx` for the frames in e_local (N, P, H): each (1, N*P, Hkv,

@@ -260,6 +260,11 @@ class Owl3Config:
     vision_tokens_per_frame = visual_tokens_per_frame
 
     @property
+    def header_visual_tokens_per_frame(self) -> int:
+        """None beyond a frame's own keys (`visual_tokens_per_frame`)."""
+        return 0
+
+    @property
     def cross_layer_indices(self) -> list[int]:
         """0-based indices of the layers that attend to the frames (the hyper layers)."""
         return self.hyper_layer_indices
