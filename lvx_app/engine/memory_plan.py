@@ -33,9 +33,10 @@ term is the size of a tensor the code as it stands allocates, named after where 
   `vision_tokens_per_frame` tokens (empty tiles and padding included);
 - header features: a family whose rows before the first frame attend to more than the frames'
   K/V (`header_visual_tokens_per_frame`: Llama-3.2-Vision's every tile, the empty ones included)
-  keeps those features of this rank's frames from the encode (`ShardEncoder`) until those rows are
-  prefilled (`VideoContext._prefill_header`: one cross layer's K/V of them at a time), then drops
-  them.
+  keeps those features of this rank's frames in host memory (`host`; on a CPU device they count
+  in the stages) from the encode (`ShardEncoder`) until those rows are prefilled
+  (`HeaderAttention`: one chunk of frames' K/V of one cross layer at a time on the device), then
+  drops them.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from lvx_app.engine.header_prefill import header_chunk_frames
 from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
 from lvx_models.api import ModelConfig, family_for_config, kv_capacity
 
@@ -197,6 +199,8 @@ class MemoryPlan:
     resident: dict[str, int]
     # stage -> peak bytes during it (resident included)
     stages: dict[str, int] = field(default_factory=dict)
+    # what the host holds for a while beside a GPU (the header features), by name
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -363,7 +367,8 @@ def memory_plan(
     asked = _text_buffer(whole, work.question_tokens, 0)
     answered = _text_buffer(whole, work.question_tokens, work.answer_tokens)
     resident["text K/V"] = text_kv(answered[0])
-    base, header = resident["weights"], header_features_bytes(cfg, frames, b)
+    base, host = resident["weights"], {"header features": header_features_bytes(cfg, frames, b)}
+    header = host["header features"] if work.device == "cpu" else 0
     stages = {
         "encode": base + e + header + _vision_transient(cfg, work.vision_batch, b),
         # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing
@@ -375,8 +380,8 @@ def memory_plan(
         + kv_transient,
     }
     kept = sum(resident.values()) - resident["text K/V"]
-    if header:  # one cross layer's K/V of the header features at a time
-        keys = frames * cfg.header_visual_tokens_per_frame
+    if host["header features"]:  # one chunk of frames' K/V of one cross layer at a time
+        keys = min(frames, header_chunk_frames(cfg)) * cfg.header_visual_tokens_per_frame
         made = visual_kv_bytes(cfg, keys, b) + _visual_kv_transient(cfg, keys, b)
         stages["header prefill"] = kept + header + made + text_kv(kv_capacity(work.header_tokens))
     # the last rows see every frame of this rank's shard
@@ -404,4 +409,4 @@ def memory_plan(
     stages["decode"] = sum(resident.values()) + max(
         _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make
     )
-    return MemoryPlan(resident=resident, stages=stages)
+    return MemoryPlan(resident=resident, stages=stages, host=host)

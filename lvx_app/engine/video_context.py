@@ -23,6 +23,7 @@ from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.header_prefill import HeaderAttention
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.records import (
@@ -404,10 +405,10 @@ class VideoContext:
         self, caches: LoadCaches, shard: VisualShard, request, ids, starts: torch.Tensor
     ) -> None:
         """The rows before the first frame (the chat header), fed whole on every rank, each cross
-        layer attending to every frame's header features (`encode_frames`: Llama-3.2-Vision's
-        real and empty tiles, merged over the ranks as any query block) instead of the resident
-        K/V; the header features are then dropped. Read back when saved from these features;
-        with features read from the cache and no saved header, the frames are encoded again."""
+        layer attending to every frame's header features (`HeaderAttention`: Llama-3.2-Vision's
+        real and empty tiles) instead of the resident K/V; the header features are then dropped.
+        Read back when saved from these features; with features read from the cache and no saved
+        header, the frames are encoded again."""
         conversation, key = self.conversation, self._prefix_key(caches, shard, request, ids)
         if self._read_back(caches, key, shard, ids):
             return
@@ -416,15 +417,11 @@ class VideoContext:
             video = replace(request.video, cache=False)
             again = self._ingest(request.path, video, caches.names, None, lambda plan: None)
             keys = again.header_features if again.num_frames else again.features
-        shard.header_features, shown = None, conversation.visual
-        conversation.show_video(
-            self.model.prepare_visual(keys, starts, shard.positions, precompute=False)
-        )
+        shard.header_features = None
+        group = conversation.attn.group if conversation.attn is not None else None
+        header = HeaderAttention(self.model, keys, self.info.device, group)
         del keys
-        try:
-            conversation.prefill(ids, whole=True)
-        finally:
-            conversation.show_video(shown)
+        conversation.prefill(ids, whole=True, hooks=replace(conversation.hooks, visual=header))
         if key is not None and self.info.rank == 0:
             self._save_prefix(caches.prefixes, key, request.path)
 

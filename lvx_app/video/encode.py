@@ -3,9 +3,9 @@
 The encoder is any callable `encode_fn(pixel_values) -> features`: pixel values (n, 3, S, S) on the
 rank's device in the features' dtype (bf16 on GPU), features (n, T, H) — for mPLUG-Owl3 the SigLIP
 tower plus projector, T = 729 — or a `FrameFeatures` (a family's `encode_frames`), whose header
-features are collected beside E until the prompt's first rows are prefilled. Chunks may arrive in
-any order; each is written at its offset. Only one chunk of pixels lives on the device at a time,
-so memory is E_local (and the header features) plus one encoder batch.
+features are collected in host memory until the prompt's first rows are prefilled. Chunks may
+arrive in any order; each is written at its offset. Only one chunk of pixels lives on the device at
+a time, so device memory is E_local plus one encoder batch.
 
 Pixels are prepared by the model family's own `FramePrep` (`lvx_models.api`; mPLUG-Owl3's
 bicubic square when none is given): chunks already resized by the decode workers (uint8 (n, 3, S,
@@ -35,9 +35,11 @@ def feature_shape(
 def frame_numel(
     encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype
 ) -> int:
-    """Values `ShardEncoder` keeps per frame: E's and its header features'."""
+    """Values `ShardEncoder` keeps per frame on `device`: E's, and its header features' when the
+    device is the host that holds them."""
     out = _black_frame(encode_fn, image_size, device, dtype)
-    return sum(t[0].numel() for t in out if t is not None)
+    held = out if device.type == "cpu" else out[:1]
+    return sum(t[0].numel() for t in held if t is not None)
 
 
 def _black_frame(encode_fn: EncodeFn, image_size: int, device, dtype) -> FrameFeatures:
@@ -106,19 +108,22 @@ class ShardEncoder:
                         "encode_fn must return (n, T, H) features, got "
                         f"{tuple(out.features.shape)}"
                     )
-                self.features = self._write(self.features, offset + i, out.features)
-                if out.header_features is not None:
-                    at = offset + i
-                    self.header_features = self._write(self.header_features, at, out.header_features)
+                at = offset + i
+                self.features = self._write(self.features, at, out.features, self.device)
+                if out.header_features is not None:  # the host holds them (one copy per batch)
+                    self.header_features = self._write(
+                        self.header_features, at, out.header_features, torch.device("cpu")
+                    )
         self.encoded += n
         return n
 
-    def _write(self, into: torch.Tensor | None, at: int, out: torch.Tensor) -> torch.Tensor:
-        """`out` written at row `at` of `into` (made for every frame at the first write)."""
+    def _write(
+        self, into: torch.Tensor | None, at: int, out: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
+        """`out` written at row `at` of `into` (made on `device` for every frame at the first
+        write)."""
         if into is None:
-            into = torch.empty(
-                (self.num_frames, *out.shape[1:]), dtype=self.dtype, device=self.device
-            )
+            into = torch.empty((self.num_frames, *out.shape[1:]), dtype=self.dtype, device=device)
         into[at : at + out.shape[0]] = out.to(self.dtype)
         return into
 

@@ -52,7 +52,8 @@ class MllamaVisionConfig:
     @property
     def num_patches(self) -> int:
         """Visual tokens of one video frame: lvx gives a frame one tile (the empty tiles beside it
-        in the tower give no visual tokens)."""
+        in the tower give no resident visual tokens; only the rows before the first frame attend
+        to them, `header_visual_tokens_per_frame`)."""
         return self.patches_per_tile
 
     @property

@@ -4,12 +4,14 @@ handed), over the weights of one `MllamaModel`.
 
 A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), which the vision
 tower runs beside `max_num_tiles - 1` empty tiles as the published processor pads a one-tile image;
-only the frame's own tile becomes visual keys. Every row sees a prefix of the frames: the row at
-frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a decoded
-token sees them all. Rows before the first `<|image|>` are masked out as published: they attend to
-every frame (q_vis = the number of frames) and their cross layer's MLP output is dropped; the model
-knows them from the positions, not from the hooks. (transformers also opens these rows to the
-empty tiles' keys, which lvx does not keep; Meta's reference zeroes their attention instead.) A
+only the frame's own tile becomes resident visual keys. Every row sees a prefix of the frames: the
+row at frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a
+decoded token sees them all. Rows before the first `<|image|>` are masked out as transformers
+computes them: they attend to every tile of every frame, the empty tiles' included, and their
+cross layer's MLP output is dropped (Meta's reference zeroes their attention as well). The engine
+prefills those rows on their own, over the header features `encode_frames` gives (every tile's),
+before the rest of the prompt; here they attend to every frame (q_vis = the number of frames) of
+the visual inputs they are handed, and the model knows them from the positions, not the hooks. A
 cross layer has no self-attention: its place in the text cache keeps count of the tokens with
 zero-width K/V, so every layer's count is the conversation's length.
 """

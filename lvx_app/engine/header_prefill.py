@@ -1,0 +1,49 @@
+"""The rows of a video prompt before its first frame, for a family that opens them to more keys
+than the frames' resident K/V (`ModelConfig.header_visual_tokens_per_frame`).
+
+Llama-3.2-Vision's chat header sees no image; transformers then opens its cross-attention to every
+key of every image, the empty tiles' included, and drops only the layer's MLP output for it (Meta's
+reference zeroes the attention output too; lvx follows transformers, which users compare with).
+lvx keeps only a frame's own tile as visual K/V, so these rows are prefilled on their own, fed
+whole on every rank, with this visual attention: each cross layer's K/V of the rank's header
+features (every tile of its frames, `encode_frames`), made a few frames at a time from wherever
+the features are held (the host), the partials merged over the chunks, then over the ranks in one
+collective (`combine_partials`, as a decoded token's). Nothing of it stays: the features are
+dropped once the header's text K/V are in the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lvx_app.attention.decode_xattn import combine_partials
+from lvx_kernels.kernels import attn_fwd
+from lvx_kernels.merge import acc_dtype, merge_
+from lvx_models.api import ModelConfig
+
+
+def header_chunk_frames(cfg: ModelConfig) -> int:
+    """Frames whose header K/V one step makes: the config's float32 work of a chunk."""
+    per_frame = cfg.header_visual_tokens_per_frame * cfg.hidden_size * 8
+    return max(1, cfg.visual_kv_chunk_bytes // max(1, per_frame))
+
+
+class HeaderAttention:
+    """The visual attention hook of the header rows (every one sees every key): this rank's
+    `features` (N, T', H), on any device, against each cross layer's queries, over `group`."""
+
+    def __init__(self, model, features: torch.Tensor, device: torch.device, group=None) -> None:
+        self.model, self.features, self.device, self.group = model, features, device, group
+        self.chunk = header_chunk_frames(model.config)
+
+    @torch.no_grad()
+    def __call__(self, q: torch.Tensor, step, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b, rows, heads, _ = q.shape
+        ct = acc_dtype(q)
+        out = q.new_zeros(q.shape, dtype=ct)
+        lse = torch.full((b, heads, rows), float("-inf"), dtype=ct, device=q.device)
+        for chunk in self.features.split(self.chunk):
+            k, v = self.model.visual_kv(layer, chunk.to(self.device))
+            merge_(out, lse, *attn_fwd(q, k, v))
+        out, lse = combine_partials(out, lse, group=self.group)
+        return out.to(q.dtype), lse
