@@ -184,9 +184,9 @@ class LazyVisualKV(Mapping):
 
 class FrameFeatures(NamedTuple):
     """What a family's `encode_frames` gives for frames: their visual features E (N, T, H), of
-    which the resident visual K/V are made, and the features the rows before the first frame
-    attend to (N, T', H) when those are more than E (None: E itself). Llama-3.2-Vision opens those
-    rows to every tile of every frame, its empty tiles' included: held only while they prefill."""
+    which the resident visual K/V are made, and the header features (N, T', H) the rows before the
+    first frame attend to besides E (None: none). Llama-3.2-Vision opens those rows to every tile
+    of every frame, so its header features are the empty tiles': held only while they prefill."""
 
     features: torch.Tensor
     header_features: Optional[torch.Tensor] = None

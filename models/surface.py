@@ -76,7 +76,7 @@ class ModelConfig(Protocol):
     @property
     def header_visual_tokens_per_frame(self) -> int:
         """Visual keys of a frame the rows before the first frame attend to when those are more
-        than its own (`encode_frames`' header features); 0: its own keys only."""
+        than its own: its own and those of `encode_frames`' header features; 0: its own only."""
 
     @property
     def vision_tokens_per_frame(self) -> int:
@@ -249,9 +249,9 @@ class VideoModel(Protocol):
         ...
 
     def encode_frames(self, pixel_values: torch.Tensor, batch_size: Optional[int] = None) -> Any:
-        """Video frames (N, C, S, S) -> `FrameFeatures`: E, and the features the rows before the
-        first frame attend to when the config's `header_visual_tokens_per_frame` says there are
-        more."""
+        """Video frames (N, C, S, S) -> `FrameFeatures`: E, and the header features the rows
+        before the first frame attend to besides E when the config's
+        `header_visual_tokens_per_frame` says there are more keys."""
         ...
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: Any) -> Any:

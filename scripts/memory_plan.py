@@ -44,6 +44,9 @@ class Rates:
     flash_flops: float = 350e12
     efficient_flops: float = 175e12
     hbm_bytes: float = 3e12
+    # copies from pageable host memory to the GPU (the header features), unmeasured: about 40%
+    # of PCIe Gen5 x16's 64 GB/s
+    host_bytes: float = 25e9
 
 
 def largest_minutes(
@@ -181,15 +184,18 @@ def time_plan(
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.hidden_size * b * n_hyper / n  # E read once per hyper layer
     # (matmul, attention, of it on the memory-efficient kernel, bytes read) FLOPs and bytes
-    # the rows before the first frame: K/V of every frame's header features in every hyper
-    # layer, those rows' attention to them, their layers on every rank
-    s_hdr = work.frames * hdr
+    # the rows before the first frame: K/V of every frame's header features (the keys beyond its
+    # own) in every hyper layer, those rows' attention to all of a frame's keys, their layers on
+    # every rank; the header features are read from the host once per hyper layer
+    s_hdr, s_extra = work.frames * hdr, work.frames * max(0, hdr - t)
     header_prefill = (
-        (2 * s_hdr * cfg.hidden_size * kv_cols * n_hyper) / n + 2 * lm_matmul * header,
+        (2 * s_extra * cfg.hidden_size * kv_cols * n_hyper + recompute) / n
+        + 2 * lm_matmul * header,
         4 * hq * d * (n_hyper * s_hdr / n + layers * header * header / 2),
         0.0,
-        lm_matmul * b + s_hdr * cfg.hidden_size * b * n_hyper / n,
+        lm_matmul * b,
     )
+    host_read = s_extra * cfg.hidden_size * b * n_hyper / n
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0, 0.0),
@@ -224,6 +230,9 @@ def time_plan(
             "hbm_gb": by / GB,
             "seconds": seconds,
         }
+        if name == "header prefill":  # the header features come from the host
+            out[name]["host_gb"] = host_read / GB
+            out[name]["seconds"] += host_read / rates.host_bytes
     out["tokens/s"] = 1.0 / out["decode step"]["seconds"]
     return out
 

@@ -167,6 +167,55 @@ def test_open_answers_a_video_as_transformers_does(published, reference_tokens, 
         assert engine.last_answer.tokens == reference_tokens
 
 
+@pytest.mark.slow
+def test_a_cached_video_answers_as_a_fresh_one(
+    published, reference_tokens, tmp_path, monkeypatch
+):
+    """With the caches on: a reopened video (features and prompt read back) answers as
+    transformers does; a prompt that differs after the frames reads the saved header back, and one
+    whose header differs (text before the video) encodes the frames again for it; each answers as
+    the same load without the caches."""
+    import lvx_app as lvx
+    from lvx_app.engine.records import VideoOpening
+    from lvx_app.engine.video_context import VideoContext
+    from lvx_app.subtitles import Cue
+
+    d, frames, _ = published
+    video = _lossless_video(tmp_path / "frames.mp4", frames)
+    options = dict(gpus=0, ranks=1, decode_workers=1, subtitles="none")
+    cues = dict(subtitles=[Cue(0.0, 1.5, "a dog runs")])
+    before = dict(opening=VideoOpening(before="Watch this."))
+    encodes = []  # each ingest's cache option: off for the frames encoded again
+    ingest = VideoContext._ingest
+
+    def noted(self, path, video, *rest):
+        encodes.append(video.cache)
+        return ingest(self, path, video, *rest)
+
+    monkeypatch.setattr(VideoContext, "_ingest", noted)
+
+    with lvx.open(
+        str(d), dtype="float32", max_new_tokens=NEW_TOKENS, cache=True,
+        cache_dir=str(tmp_path / "cache"), **options,
+    ) as engine:  # fmt: skip
+        got = []
+        for load in ({}, {}, cues, before):
+            summary = engine.load_video(video, fps=1, **load)
+            "".join(engine.ask(VIDEO_QUESTION))
+            got.append((summary.from_cache, summary.prompt_from_cache, engine.last_answer.tokens))
+    with lvx.open(str(d), dtype="float32", max_new_tokens=NEW_TOKENS, cache=False, **options) as e:
+        fresh = []
+        for load in (cues, before):
+            e.load_video(video, fps=1, **load)
+            "".join(e.ask(VIDEO_QUESTION))
+            fresh.append(e.last_answer.tokens)
+    assert got[0] == (False, False, reference_tokens)
+    assert got[1] == (True, True, reference_tokens)
+    assert got[2] == (True, False, fresh[0])
+    assert got[3] == (True, False, fresh[1])
+    assert encodes == [True] * 4 + [False] + [False] * 2  # the new header's frames again
+
+
 GRADS = (
     "multi_modal_projector.weight",
     "language_model.model.layers.1.cross_attn.k_proj.weight",

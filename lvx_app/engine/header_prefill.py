@@ -5,10 +5,10 @@ Llama-3.2-Vision's chat header sees no image; transformers then opens its cross-
 key of every image, the empty tiles' included, and drops only the layer's MLP output for it (Meta's
 reference zeroes the attention output too; lvx follows transformers, which users compare with).
 lvx keeps only a frame's own tile as visual K/V, so these rows are prefilled on their own, fed
-whole on every rank, with this visual attention: each cross layer's K/V of the rank's header
-features (every tile of its frames, `encode_frames`), made a few frames at a time from wherever
-the features are held (the host), the partials merged over the chunks, then over the ranks in one
-collective (`combine_partials`, as a decoded token's). Nothing of it stays: the features are
+whole on every rank, with this visual attention: each cross layer's resident K/V of the rank's
+frames, then the K/V of their header features (the empty tiles, `encode_frames`), made a few frames
+at a time from the host that holds them, the partials merged, then merged over the ranks in one
+collective (`combine_partials`, as a decoded token's). Nothing of it stays: the header features are
 dropped once the header's text K/V are in the cache.
 """
 
@@ -24,24 +24,24 @@ from lvx_models.api import ModelConfig
 
 def header_chunk_frames(cfg: ModelConfig) -> int:
     """Frames whose header K/V one step makes: the config's float32 work of a chunk."""
-    per_frame = cfg.header_visual_tokens_per_frame * cfg.hidden_size * 8
-    return max(1, cfg.visual_kv_chunk_bytes // max(1, per_frame))
+    extra = cfg.header_visual_tokens_per_frame - cfg.visual_tokens_per_frame
+    return max(1, cfg.visual_kv_chunk_bytes // max(1, extra * cfg.hidden_size * 8))
 
 
 class HeaderAttention:
-    """The visual attention hook of the header rows (every one sees every key): this rank's
-    `features` (N, T', H), on any device, against each cross layer's queries, over `group`."""
+    """The visual attention hook of the header rows (every one sees every key): the layer's
+    K/V of this rank's frames (`kv`, the visual inputs' mapping), and of their `header_features`
+    (N, T', H), on any device, over `group`."""
 
-    def __init__(self, model, features: torch.Tensor, device: torch.device, group=None) -> None:
-        self.model, self.features, self.device, self.group = model, features, device, group
+    def __init__(self, model, kv, header_features: torch.Tensor, device, group=None) -> None:
+        self.model, self.kv, self.features = model, kv, header_features
+        self.device, self.group = device, group
         self.chunk = header_chunk_frames(model.config)
 
     @torch.no_grad()
     def __call__(self, q: torch.Tensor, step, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        b, rows, heads, _ = q.shape
-        ct = acc_dtype(q)
-        out = q.new_zeros(q.shape, dtype=ct)
-        lse = torch.full((b, heads, rows), float("-inf"), dtype=ct, device=q.device)
+        out, lse = attn_fwd(q, *self.kv[layer])
+        out = out.to(acc_dtype(q))
         for chunk in self.features.split(self.chunk):
             k, v = self.model.visual_kv(layer, chunk.to(self.device))
             merge_(out, lse, *attn_fwd(q, k, v))

@@ -35,8 +35,8 @@ term is the size of a tensor the code as it stands allocates, named after where 
   K/V (`header_visual_tokens_per_frame`: Llama-3.2-Vision's every tile, the empty ones included)
   keeps those features of this rank's frames in host memory (`host`; on a CPU device they count
   in the stages) from the encode (`ShardEncoder`) until those rows are prefilled
-  (`HeaderAttention`: one chunk of frames' K/V of one cross layer at a time on the device), then
-  drops them.
+  (`HeaderAttention`: the frames' K/V, then one chunk of frames' header K/V of one cross layer at
+  a time on the device), then drops them.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -109,9 +109,11 @@ def features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
 
 
 def header_features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
-    """The header features of `frames` frames, held from their encode until the rows before the
-    first frame are prefilled (0 for a family whose header rows see only the frames' K/V)."""
-    return frames * cfg.header_visual_tokens_per_frame * cfg.hidden_size * dtype_bytes
+    """The header features of `frames` frames (the keys the rows before the first frame see
+    beyond the frames' own), held from their encode until those rows are prefilled (0 for a
+    family whose header rows see only the frames' K/V)."""
+    extra = max(0, cfg.header_visual_tokens_per_frame - cfg.visual_tokens_per_frame)
+    return frames * extra * cfg.hidden_size * dtype_bytes
 
 
 def visual_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
@@ -381,9 +383,13 @@ def memory_plan(
     }
     kept = sum(resident.values()) - resident["text K/V"]
     if host["header features"]:  # one chunk of frames' K/V of one cross layer at a time
-        keys = min(frames, header_chunk_frames(cfg)) * cfg.header_visual_tokens_per_frame
+        extra = cfg.header_visual_tokens_per_frame - cfg.visual_tokens_per_frame
+        keys = min(frames, header_chunk_frames(cfg)) * extra
         made = visual_kv_bytes(cfg, keys, b) + _visual_kv_transient(cfg, keys, b)
-        stages["header prefill"] = kept + header + made + text_kv(kv_capacity(work.header_tokens))
+        # beside the frames' K/V of the layer (made now with --kv-mode recompute)
+        stages["header prefill"] = (
+            kept + header + kv_make + made + text_kv(kv_capacity(work.header_tokens))
+        )
     # the last rows see every frame of this rank's shard
     visible = work.frames * cfg.visual_tokens_per_frame // work.ranks
     local = text_kv(kv_capacity(prompt))

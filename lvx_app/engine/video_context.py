@@ -405,21 +405,22 @@ class VideoContext:
         self, caches: LoadCaches, shard: VisualShard, request, ids, starts: torch.Tensor
     ) -> None:
         """The rows before the first frame (the chat header), fed whole on every rank, each cross
-        layer attending to every frame's header features (`HeaderAttention`: Llama-3.2-Vision's
-        real and empty tiles) instead of the resident K/V; the header features are then dropped.
+        layer attending to the frames' K/V and their header features (`HeaderAttention`:
+        Llama-3.2-Vision's empty tiles); the header features are then dropped.
         Read back when saved from these features; with features read from the cache and no saved
         header, the frames are encoded again."""
         conversation, key = self.conversation, self._prefix_key(caches, shard, request, ids)
         if self._read_back(caches, key, shard, ids):
             return
-        keys = shard.header_features if shard.num_frames else shard.features
+        keys = shard.header_features
         if not all_min(int(keys is not None), self.info.device):
             video = replace(request.video, cache=False)
             again = self._ingest(request.path, video, caches.names, None, lambda plan: None)
-            keys = again.header_features if again.num_frames else again.features
+            keys = again.header_features
         shard.header_features = None
         group = conversation.attn.group if conversation.attn is not None else None
-        header = HeaderAttention(self.model, keys, self.info.device, group)
+        kv = conversation.visual.kv
+        header = HeaderAttention(self.model, kv, keys, self.info.device, group)
         del keys
         conversation.prefill(ids, whole=True, hooks=replace(conversation.hooks, visual=header))
         if key is not None and self.info.rank == 0:

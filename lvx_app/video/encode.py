@@ -25,13 +25,6 @@ from lvx_models.api import FrameFeatures, FramePrep, square_prep
 EncodeFn = Callable[[torch.Tensor], torch.Tensor | FrameFeatures]
 
 
-def feature_shape(
-    encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype
-) -> tuple[int, ...]:
-    """(T, H) of the encoder's features, from one black frame."""
-    return tuple(_black_frame(encode_fn, image_size, device, dtype).features.shape[1:])
-
-
 def frame_numel(
     encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype
 ) -> int:
@@ -128,11 +121,12 @@ class ShardEncoder:
         return into
 
     def result(self) -> torch.Tensor:
-        if self.features is None:  # an empty shard: ask the encoder for its output shape
-            shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
-            self.features = torch.empty(
-                (self.num_frames, *shape), dtype=self.dtype, device=self.device
-            )
+        if self.features is None:  # an empty shard: ask the encoder for its output shapes
+            out = _black_frame(self.encode_fn, self.image_size, self.device, self.dtype)
+            self.features = self._write(None, 0, out.features[:0], self.device)
+            if out.header_features is not None:
+                cpu = torch.device("cpu")
+                self.header_features = self._write(None, 0, out.header_features[:0], cpu)
         if self.encoded != self.num_frames:
             raise RuntimeError(f"only {self.encoded} of {self.num_frames} frames were encoded")
         return self.features

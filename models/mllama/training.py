@@ -115,7 +115,7 @@ class Finetuning:
         frame runs as the published processor hands the tower a one-tile image: followed by
         empty tiles up to `max_num_tiles`, which its tokens attend to; only its own tile's
         features are kept."""
-        return self.tile_features(pixel_values, keep=1)[:, 0]
+        return self.tile_features(pixel_values, keep=1)[:, 0].contiguous()
 
     def tile_features(self, pixel_values: torch.Tensor, keep: int) -> torch.Tensor:
         """The first `keep` tiles' tower features (N, keep, P, vision_output_dim) of frames run

@@ -87,19 +87,20 @@ class MllamaVideoModel(Finetuning, nn.Module):
     def encode_frames(
         self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
     ) -> FrameFeatures:
-        """Frames (N, 3, S, S) -> E of their own tile (N, P, H) and the header features: every
-        tile's (N, max_num_tiles * P, H), the frame's own first, for the rows before the first
-        frame, which the published model opens to every tile (`prefill_header`)."""
+        """Frames (N, 3, S, S) -> E of their own tile (N, P, H), as `encode_images` gives it, and
+        the header features: their empty tiles' ((N, (max_num_tiles - 1) * P, H)), which the rows
+        before the first frame attend to besides E (the published model opens them to every
+        tile)."""
         tiles = self.config.vision.max_num_tiles
-        outs = [
-            self.project(self.tile_features(chunk, keep=tiles))
-            for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH)
-        ]
-        if not outs:
+        own, empty = [], []
+        for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH):
+            every = self.tile_features(chunk, keep=tiles)
+            own.append(self.project(every[:, 0].contiguous()))
+            empty.append(self.project(every[:, 1:]).flatten(1, 2))
+        if not own:
             e = self.encode_images(pixel_values)
-            return FrameFeatures(e, e.new_empty((0, tiles * e.shape[1], e.shape[2])))
-        every = torch.cat(outs)  # (N, tiles, P, H)
-        return FrameFeatures(every[:, 0], every.flatten(1, 2))
+            return FrameFeatures(e, e.new_empty((0, (tiles - 1) * e.shape[1], e.shape[2])))
+        return FrameFeatures(torch.cat(own), torch.cat(empty))
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions=None):
         """K/V of cross layer `layer_idx` for the frames in e_local (N, P, H): each (1, N*P, Hkv,
