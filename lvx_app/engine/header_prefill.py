@@ -14,6 +14,8 @@ dropped once the header's text K/V are in the cache.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from lvx_app.attention.decode_xattn import combine_partials
@@ -47,3 +49,17 @@ class HeaderAttention:
             merge_(out, lse, *attn_fwd(q, k, v))
         out, lse = combine_partials(out, lse, group=self.group)
         return out.to(q.dtype), lse
+
+
+def prefill_header(conversation, model, header_features: torch.Tensor, ids: torch.Tensor) -> None:
+    """Feed the header's `ids` whole on every rank of the conversation (a `Conversation`), its
+    cross layers attending through `HeaderAttention` to the video it shows and `header_features`."""
+    attn = conversation.attn
+    header = HeaderAttention(
+        model,
+        conversation.visual.kv,
+        header_features,
+        conversation.info.device,
+        attn.group if attn is not None else None,
+    )
+    conversation.prefill(ids, whole=True, hooks=replace(conversation.hooks, visual=header))

@@ -23,7 +23,7 @@ from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
-from lvx_app.engine.header_prefill import HeaderAttention
+from lvx_app.engine.header_prefill import prefill_header
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.records import (
@@ -357,76 +357,82 @@ class VideoContext:
         starts: torch.Tensor,
         tail_from: int,
     ) -> bool:
-        """Read back the prompt K/V an earlier run saved, when every rank has them and its features
-        came from the cache (they were made from those features); else prefill the prompt and save
-        it. True when read back."""
-        key, prefixes = self._prefix_key(caches, shard, request, prefix_ids), caches.prefixes
-        rank0 = self.info.rank == 0
-        device = self.info.device
-        if self._read_back(caches, key, shard, prefix_ids):
+        """Read back the prompt K/V an earlier run saved (`SavedPrompts`); else prefill the
+        prompt (its header on its own when the family's header sees more keys) and save it. True
+        when read back."""
+        saved = SavedPrompts(caches, shard, request, self.conversation)
+        key = saved.key(prefix_ids)
+        if saved.read_back(key, prefix_ids):
             return True
         header = int(starts[0]) if self.model.config.header_visual_tokens_per_frame else 0
         try:
             if header:
-                self._prefill_header(caches, shard, request, prefix_ids[:header], starts)
+                self._prefill_header(saved, prefix_ids[:header])
             self.conversation.prefill(
                 prefix_ids[header:], media_starts=starts - header, tail_from=tail_from - header
             )
         except torch.cuda.OutOfMemoryError as exc:
-            raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
-        if key is not None and rank0:  # every rank holds the same whole cache: one file for all
-            self._save_prefix(prefixes, key, request.path)
+            where = "reading the prompt"
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, where)) from exc
+        saved.save(key)
         return False
 
-    def _prefix_key(self, caches: LoadCaches, shard: VisualShard, request, ids) -> PrefixKey | None:
+    def _prefill_header(self, saved: "SavedPrompts", ids: torch.Tensor) -> None:
+        """The rows before the first frame (`prefill_header`: they attend to the frames' K/V and
+        the header features the encode held, then dropped). Read back when saved from these
+        features; with features read from the cache and no saved header, the frames are encoded
+        again for it."""
+        key, shard, request = saved.key(ids), saved.shard, saved.request
+        if saved.read_back(key, ids):
+            return
+        features = shard.header_features
+        if not all_min(int(features is not None), self.info.device):
+            video, names = replace(request.video, cache=False), saved.caches.names
+            features = self._ingest(request.path, video, names, None, lambda plan: None)
+            features = features.header_features
+        shard.header_features = None
+        prefill_header(self.conversation, self.model, features, ids)
+        saved.save(key)
+
+
+@dataclass(frozen=True)
+class SavedPrompts:
+    """The saved text K/V of one load's prompts (the video prompt, its header alone), named by
+    the load's features and the prompt's ids; read back only when every rank has them and the
+    features came from the cache (they were made from those features)."""
+
+    caches: LoadCaches
+    shard: VisualShard
+    request: VideoRequest
+    conversation: Conversation
+
+    def key(self, ids: torch.Tensor) -> PrefixKey | None:
         """Where the text K/V of the prompt `ids` are saved (None: the caches are off)."""
-        if caches.prefixes is None or shard.cache_key is None:
+        if self.caches.prefixes is None or self.shard.cache_key is None:
             return None
         return PrefixKey.make(
-            shard.cache_key,
-            checkpoint=caches.names.checkpoint,
+            self.shard.cache_key,
+            checkpoint=self.caches.names.checkpoint,
             prompt_format=PROMPT_FORMAT,
             prompt_ids=ids,
-            device=self.info.device.type,
-            owner=request.opening.owner,
+            device=self.conversation.info.device.type,
+            owner=self.request.opening.owner,
         )
 
-    def _read_back(self, caches: LoadCaches, key, shard: VisualShard, ids) -> bool:
-        """Restore the saved text K/V of the prompt `ids` when every rank has them and its
-        features came from the cache."""
-        device = self.info.device
-        saved = caches.prefixes.load(key, device, owner=self.info.rank == 0) if key else None
-        if not all_min(int(saved is not None and shard.from_cache), device):
+    def read_back(self, key: PrefixKey | None, ids: torch.Tensor) -> bool:
+        """Restore the saved text K/V of the prompt `ids` into the conversation when they can be."""
+        info = self.conversation.info
+        saved = self.caches.prefixes.load(key, info.device, owner=info.rank == 0) if key else None
+        if not all_min(int(saved is not None and self.shard.from_cache), info.device):
             return False
         self.conversation.restore(saved.layers, saved.key_positions, ids.tolist())
         return True
 
-    def _prefill_header(
-        self, caches: LoadCaches, shard: VisualShard, request, ids, starts: torch.Tensor
-    ) -> None:
-        """The rows before the first frame (the chat header), fed whole on every rank, each cross
-        layer attending to the frames' K/V and their header features (`HeaderAttention`:
-        Llama-3.2-Vision's empty tiles); the header features are then dropped.
-        Read back when saved from these features; with features read from the cache and no saved
-        header, the frames are encoded again."""
-        conversation, key = self.conversation, self._prefix_key(caches, shard, request, ids)
-        if self._read_back(caches, key, shard, ids):
-            return
-        keys = shard.header_features
-        if not all_min(int(keys is not None), self.info.device):
-            video = replace(request.video, cache=False)
-            again = self._ingest(request.path, video, caches.names, None, lambda plan: None)
-            keys = again.header_features
-        shard.header_features = None
-        group = conversation.attn.group if conversation.attn is not None else None
-        kv = conversation.visual.kv
-        header = HeaderAttention(self.model, kv, keys, self.info.device, group)
-        del keys
-        conversation.prefill(ids, whole=True, hooks=replace(conversation.hooks, visual=header))
-        if key is not None and self.info.rank == 0:
-            self._save_prefix(caches.prefixes, key, request.path)
-
-    def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:
+    def save(self, key: PrefixKey | None) -> None:
+        """Save the conversation's text K/V under `key` (rank 0: every rank holds the same whole
+        cache, one file for all; a failed write warns, once)."""
         conversation = self.conversation
+        if key is None or conversation.info.rank != 0:
+            return
         saved = SavedPrefix(conversation.cache.layer_kv(), conversation.key_positions())
-        prefixes.save(key, saved, video=Path(path).resolve())  # a failed write warns, once
+        self.caches.prefixes.save(key, saved, video=Path(self.request.path).resolve())
