@@ -216,6 +216,36 @@ def test_a_cached_video_answers_as_a_fresh_one(
     assert encodes == [True] * 4 + [False] + [False] * 2  # the new header's frames again
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_text_chat_between_does_not_change_the_answer(
+    published, reference_tokens, tmp_path, ranks
+):
+    """A chat without the video shares the prompt's first tokens, not their K/V: the same question
+    as a chat with the video after it and asked after a reset (the prompt fed again, the header's
+    K/V the load made put back) get transformers' answer, and the text chat its own."""
+    import lvx_app as lvx
+    from lvx_models.api import VIDEO
+
+    d, frames, _ = published
+    video = _lossless_video(tmp_path / "frames.mp4", frames)
+    options = dict(gpus=0, ranks=ranks, cache=False, decode_workers=1, subtitles="none")
+    text_only = [{"role": "user", "content": "hello"}]
+    with_video = [{"role": "user", "content": VIDEO + VIDEO_QUESTION}]
+    with lvx.open(str(d), dtype="float32", max_new_tokens=NEW_TOKENS, **options) as engine:
+        engine.load_video(video, fps=1)
+        engine.reset(keep_prompt=False)  # the text chat's header is fed first, without the video
+        got = []
+        for turns in (text_only, with_video, text_only):
+            "".join(engine.chat(turns))
+            got.append(engine.last_answer.tokens)
+        engine.reset()
+        "".join(engine.ask(VIDEO_QUESTION))
+        got.append(engine.last_answer.tokens)
+    assert got[1] == got[3] == reference_tokens
+    assert got[0] == got[2]  # nor does the text chat read the header's K/V made with the video
+
+
 GRADS = (
     "multi_modal_projector.weight",
     "language_model.model.layers.1.cross_attn.k_proj.weight",

@@ -146,6 +146,9 @@ class LoadedVideo:
     timings: dict[str, float]
     request: VideoRequest | None = None  # how it was asked for (its opening: what comes before it)
     visual: Any = None  # the conversation's visual inputs while it holds the video
+    # the text K/V of the prompt's rows before the first frame, when they attended to what only
+    # the load had (`header_visual_tokens_per_frame`): put back when the prompt is fed again
+    header_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     kv_choice: KvChoice | None = None  # how kv_mode was decided, with its figures
 
     @property
@@ -257,6 +260,10 @@ class VideoContext:
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
         self.loaded.request, self.loaded.visual = request, visual
+        if n_frames and self.model.config.header_visual_tokens_per_frame:
+            h = int(starts[0])
+            kv = conversation.cache.layer_kv()
+            self.loaded.header_kv = [(k[:, :h].clone(), v[:, :h].clone()) for k, v in kv]
         self.loaded.kv_choice = kv_choice
         return summary
 
