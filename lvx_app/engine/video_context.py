@@ -260,12 +260,16 @@ class VideoContext:
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
         self.loaded.request, self.loaded.visual = request, visual
-        if n_frames and self.model.config.header_visual_tokens_per_frame:
-            h = int(starts[0])
-            kv = conversation.cache.layer_kv()
-            self.loaded.header_kv = [(k[:, :h].clone(), v[:, :h].clone()) for k, v in kv]
-        self.loaded.kv_choice = kv_choice
+        self.loaded.kv_choice, self.loaded.header_kv = kv_choice, self._header_kv(starts)
         return summary
+
+    def _header_kv(self, starts: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The prefilled prompt's text K/V of its rows before the first frame, when the family's
+        header attends to more than the frames' K/V (`LoadedVideo.header_kv`)."""
+        if not (starts.numel() and self.model.config.header_visual_tokens_per_frame):
+            return None
+        h = int(starts[0])
+        return [(k[:, :h].clone(), v[:, :h].clone()) for k, v in self.conversation.cache.layer_kv()]
 
     def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
         """The video's prompt for `plan` with its subtitle lines placed (`video_prompt`)."""
