@@ -22,6 +22,7 @@ from .safetensors_folder import CheckpointError, safetensors_files, tensor_shape
 from .steps import (
     AttentionHooks,
     ForwardStep,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -51,6 +52,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_folder",
     "ForwardStep",
+    "FrameFeatures",
     "Family",
     "Finetunable",
     "FramePrep",

@@ -11,7 +11,7 @@ attention call returns (out, lse) in the layout q (B, L, heads, D), k/v (B, S, k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol
 
 import torch
 
@@ -181,6 +181,16 @@ class LazyVisualKV(Mapping):
 
     def __len__(self) -> int:
         return len(self.layers)
+
+
+class FrameFeatures(NamedTuple):
+    """What a family's `encode_frames` gives for frames: their visual features E (N, T, H), of
+    which the resident visual K/V are made, and the header features (N, T', H) the rows before the
+    first frame attend to besides E (None: none). Llama-3.2-Vision opens those rows to every tile
+    of every frame, so its header features are the empty tiles': held only while they prefill."""
+
+    features: torch.Tensor
+    header_features: Optional[torch.Tensor] = None
 
 
 @dataclass

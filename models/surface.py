@@ -76,6 +76,11 @@ class ModelConfig(Protocol):
         """Visual keys one frame adds to every cross layer."""
 
     @property
+    def header_visual_tokens_per_frame(self) -> int:
+        """Visual keys of a frame the rows before the first frame attend to when those are more
+        than its own: its own and those of `encode_frames`' header features; 0: its own only."""
+
+    @property
     def vision_tokens_per_frame(self) -> int:
         """Tokens the vision tower runs for one frame (padding included): its cost per frame."""
 
@@ -253,6 +258,12 @@ class VideoModel(Protocol):
 
     def encode_images(self, pixel_values: torch.Tensor, batch_size: Optional[int] = None) -> Any:
         """Pixel values (N, C, S, S) -> visual features E (N, visual tokens, hidden)."""
+        ...
+
+    def encode_frames(self, pixel_values: torch.Tensor, batch_size: Optional[int] = None) -> Any:
+        """Video frames (N, C, S, S) -> `FrameFeatures`: E, and the header features the rows
+        before the first frame attend to besides E when the config's
+        `header_visual_tokens_per_frame` says there are more keys."""
         ...
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions: Any) -> Any:

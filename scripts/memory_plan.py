@@ -44,6 +44,9 @@ class Rates:
     flash_flops: float = 350e12
     efficient_flops: float = 175e12
     hbm_bytes: float = 3e12
+    # copies from pageable host memory to the GPU (the header features), unmeasured: about 40%
+    # of PCIe Gen5 x16's 64 GB/s
+    host_bytes: float = 25e9
 
 
 def largest_minutes(
@@ -151,9 +154,11 @@ def time_plan(
     # every non-embedding parameter is one multiply-add per token
     lm_matmul = counts.language - counts.embedding
     tower = cfg.vision_tokens_per_frame  # what the tower runs a frame as (empty tiles included)
+    # the header features (every tile of a Llama-3.2-Vision frame) go through the projector too
+    hdr, header = cfg.header_visual_tokens_per_frame, work.header_tokens
     vision_frame = (
         2 * counts.vision * tower
-        + 2 * counts.projector * t
+        + 2 * counts.projector * max(t, hdr)
         + 4 * tower * tower * cfg.vision_hidden_size * cfg.vision_layers
     )
     # v_kv_proj over every visual token, all hyper layers
@@ -182,9 +187,22 @@ def time_plan(
     if work.kv_mode == "recompute":
         decode_bytes += s_kv * cfg.visual_feature_size * b * n_hyper / n  # E once per hyper layer
     # (matmul, attention, of it on the memory-efficient kernel, bytes read) FLOPs and bytes
+    # the rows before the first frame: K/V of every frame's header features (the keys beyond its
+    # own) in every hyper layer, those rows' attention to all of a frame's keys, their layers on
+    # every rank; the header features are read from the host once per hyper layer
+    s_hdr, s_extra = work.frames * hdr, work.frames * max(0, hdr - t)
+    header_prefill = (
+        (2 * s_extra * cfg.hidden_size * kv_cols * n_hyper + recompute) / n
+        + 2 * lm_matmul * header,
+        4 * hq * d * (n_hyper * s_hdr / n + layers * header * header / 2),
+        0.0,
+        lm_matmul * b,
+    )
+    host_read = s_extra * cfg.hidden_size * b * n_hyper / n
     stages = {
         "ingest (vision tower + projector)": (vision_frame * work.frames / n, 0.0, 0.0, 0.0),
         "visual K/V": ((make_kv if work.kv_mode == "cache" else 0) / n, 0.0, 0.0, 0.0),
+        **({"header prefill": header_prefill} if hdr else {}),
         "video-prompt prefill": (
             (p_mm + recompute) / n,
             p_at / n,
@@ -215,6 +233,9 @@ def time_plan(
             "hbm_gb": by / GB,
             "seconds": seconds,
         }
+        if name == "header prefill":  # the header features come from the host
+            out[name]["host_gb"] = host_read / GB
+            out[name]["seconds"] += host_read / rates.host_bytes
     out["tokens/s"] = 1.0 / out["decode step"]["seconds"]
     return out
 

@@ -12,8 +12,8 @@ import torch
 from engine_configs import engine_config
 from videos import make_video
 
-from lvx_models.api import VIDEO, family_of
-from lvx_models.mllama.cross import CrossVisibility, local_cross_attn
+from lvx_app.engine.header_prefill import HeaderAttention
+from lvx_models.api import VIDEO, AttentionHooks, family_of
 from lvx_models.mllama.tiny import write_tiny_checkpoint
 from scripts.gloo_ranks import run_ranks
 
@@ -25,34 +25,34 @@ def checkpoint(tmp_path_factory) -> str:
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("mllama")))
 
 
-def real_tiles_only(q, k, v, vis: CrossVisibility, layer: int):
-    """The cross-attention with the rows before the first frame opened to the real tiles' keys
-    only (the engine keeps no K/V of an empty tile), their MLP output still dropped."""
-    sees = vis.sees.clone()
-    sees[vis.masked_out] = vis.sees[~vis.masked_out].any(dim=0)
-    return local_cross_attn(q, k, v, replace(vis, sees=sees), layer)
-
-
 def test_surface_equals_the_parity_forward(checkpoint):
     """Frames prepared as the app prepares them, encoded (with the published empty tiles), their
-    K/V made per cross layer and the prompt fed in two forwards on the text cache give
-    `MllamaModel`'s logits (float64) on the processor's padded frames."""
+    K/V made per cross layer and the prompt fed as the engine feeds it give `MllamaModel`'s
+    logits (float64) on the processor's padded frames: the rows before the frames attend to every
+    tile's keys (`HeaderAttention`: the resident K/V, then the empty tiles' one frame at a time,
+    merged), the rest to the resident K/V."""
     model, _, processor = family_of(checkpoint).load(checkpoint, dtype=torch.float64)
     frames = np.random.default_rng(1).integers(0, 256, (3, 30, 50, 3), dtype=np.uint8)
     ref = processor.video(list(frames), QUESTION)
     with torch.no_grad():
-        want = model.mllama(ref.input_ids, cross_attn=real_tiles_only, **ref.model_inputs())
+        want = model.mllama(ref.input_ids, **ref.model_inputs())
     prompt = processor.build_chat_prompt(
         [{"role": "user", "content": VIDEO + QUESTION}], videos=[len(frames)]
     )
     assert prompt.input_ids.tolist() == ref.input_ids[0].tolist()
     pixels = processor.frame_prep.pixel_values(frames)
     assert torch.equal(pixels, ref.pixel_values[0, :, 0])
-    visual = model.prepare_visual(model.encode_images(pixels), torch.tensor(prompt.media_starts))
-    cache, ids = model.new_cache(), prompt.input_ids[None]
+    encoded = model.encode_frames(pixels)
+    assert torch.equal(encoded.features, model.encode_images(pixels))
+    assert encoded.header_features.shape[1] == 3 * encoded.features.shape[1]  # the empty tiles
+    visual = model.prepare_visual(encoded.features, torch.tensor(prompt.media_starts))
+    header = HeaderAttention(model, visual.kv, encoded.header_features, torch.device("cpu"))
+    header.chunk = 1
+    cache, ids, first = model.new_cache(), prompt.input_ids[None], prompt.media_starts[0]
     with torch.no_grad():  # the rows before the frames, then the rest
-        got = torch.cat([model(ids[:, :5], cache=cache, visual=visual),
-                         model(ids[:, 5:], cache=cache, visual=visual)], dim=1)  # fmt: skip
+        got = torch.cat([model(ids[:, :first], cache=cache, visual=visual,
+                               hooks=AttentionHooks(visual=header)),
+                         model(ids[:, first:], cache=cache, visual=visual)], dim=1)  # fmt: skip
     assert cache.length == ids.shape[1]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 

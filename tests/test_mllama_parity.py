@@ -138,36 +138,12 @@ def test_frame_features_are_the_published_towers(published):
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
 
 
-def _real_tiles_for_masked_out_rows(prepare):
-    """transformers' cross-attention mask, except that a masked-out row (the chat header before
-    the first image) attends to the real tiles' keys only: transformers opens such a row to every
-    key, the empty tiles' included, while lvx keeps no K/V of an empty tile (Meta's reference
-    zeroes these rows' attention instead). The row's MLP output is still dropped; every other row
-    and every step is transformers' own."""
-
-    def prepared(mask, num_vision_tokens, dtype):
-        bias, masked_out = prepare(mask, num_vision_tokens, dtype)
-        real = mask.any(dim=1, keepdim=True).expand_as(mask).to(mask.dtype)
-        opened = prepare(real, num_vision_tokens, dtype)[0]
-        return torch.where(masked_out.bool(), bias, opened), masked_out
-
-    return prepared
-
-
 @pytest.fixture(scope="module")
 def reference_tokens(published):
-    """transformers' greedy answer to the video question (its header rows see the real tiles)."""
-    from transformers.models.mllama import modeling_mllama
-
+    """transformers' greedy answer to the video question, as published."""
     d, _, theirs = published
     hf = transformers.MllamaForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval()
-    mp, name = pytest.MonkeyPatch(), "_prepare_cross_attention_mask"
-    patched = _real_tiles_for_masked_out_rows(getattr(modeling_mllama, name))
-    mp.setattr(modeling_mllama, name, patched)
-    try:
-        out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
-    finally:
-        mp.undo()
+    out = hf.generate(**theirs, max_new_tokens=NEW_TOKENS, do_sample=False)
     return out[0, theirs["input_ids"].shape[1] :].tolist()
 
 
@@ -189,6 +165,85 @@ def test_open_answers_a_video_as_transformers_does(published, reference_tokens, 
         assert engine.load_video(video, fps=1).frames == len(frames)
         "".join(engine.ask(VIDEO_QUESTION))
         assert engine.last_answer.tokens == reference_tokens
+
+
+@pytest.mark.slow
+def test_a_cached_video_answers_as_a_fresh_one(
+    published, reference_tokens, tmp_path, monkeypatch
+):
+    """With the caches on: a reopened video (features and prompt read back) answers as
+    transformers does; a prompt that differs after the frames reads the saved header back, and one
+    whose header differs (text before the video) encodes the frames again for it; each answers as
+    the same load without the caches."""
+    import lvx_app as lvx
+    from lvx_app.engine.records import VideoOpening
+    from lvx_app.engine.video_context import VideoContext
+    from lvx_app.subtitles import Cue
+
+    d, frames, _ = published
+    video = _lossless_video(tmp_path / "frames.mp4", frames)
+    options = dict(gpus=0, ranks=1, decode_workers=1, subtitles="none")
+    cues = dict(subtitles=[Cue(0.0, 1.5, "a dog runs")])
+    before = dict(opening=VideoOpening(before="Watch this."))
+    encodes = []  # each ingest's cache option: off for the frames encoded again
+    ingest = VideoContext._ingest
+
+    def noted(self, path, video, *rest):
+        encodes.append(video.cache)
+        return ingest(self, path, video, *rest)
+
+    monkeypatch.setattr(VideoContext, "_ingest", noted)
+
+    with lvx.open(
+        str(d), dtype="float32", max_new_tokens=NEW_TOKENS, cache=True,
+        cache_dir=str(tmp_path / "cache"), **options,
+    ) as engine:  # fmt: skip
+        got = []
+        for load in ({}, {}, cues, before):
+            summary = engine.load_video(video, fps=1, **load)
+            "".join(engine.ask(VIDEO_QUESTION))
+            got.append((summary.from_cache, summary.prompt_from_cache, engine.last_answer.tokens))
+    with lvx.open(str(d), dtype="float32", max_new_tokens=NEW_TOKENS, cache=False, **options) as e:
+        fresh = []
+        for load in (cues, before):
+            e.load_video(video, fps=1, **load)
+            "".join(e.ask(VIDEO_QUESTION))
+            fresh.append(e.last_answer.tokens)
+    assert got[0] == (False, False, reference_tokens)
+    assert got[1] == (True, True, reference_tokens)
+    assert got[2] == (True, False, fresh[0])
+    assert got[3] == (True, False, fresh[1])
+    assert encodes == [True] * 4 + [False] + [False] * 2  # the new header's frames again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_text_chat_between_does_not_change_the_answer(
+    published, reference_tokens, tmp_path, ranks
+):
+    """A chat without the video shares the prompt's first tokens, not their K/V: the same question
+    as a chat with the video after it and asked after a reset (the prompt fed again, the header's
+    K/V the load made put back) get transformers' answer, and the text chat its own."""
+    import lvx_app as lvx
+    from lvx_models.api import VIDEO
+
+    d, frames, _ = published
+    video = _lossless_video(tmp_path / "frames.mp4", frames)
+    options = dict(gpus=0, ranks=ranks, cache=False, decode_workers=1, subtitles="none")
+    text_only = [{"role": "user", "content": "hello"}]
+    with_video = [{"role": "user", "content": VIDEO + VIDEO_QUESTION}]
+    with lvx.open(str(d), dtype="float32", max_new_tokens=NEW_TOKENS, **options) as engine:
+        engine.load_video(video, fps=1)
+        engine.reset(keep_prompt=False)  # the text chat's header is fed first, without the video
+        got = []
+        for turns in (text_only, with_video, text_only):
+            "".join(engine.chat(turns))
+            got.append(engine.last_answer.tokens)
+        engine.reset()
+        "".join(engine.ask(VIDEO_QUESTION))
+        got.append(engine.last_answer.tokens)
+    assert got[1] == got[3] == reference_tokens
+    assert got[0] == got[2]  # nor does the text chat read the header's K/V made with the video
 
 
 GRADS = (

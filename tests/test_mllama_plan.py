@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lvx_app.engine.limits import PrefillShape, prefill_bytes
 from lvx_app.engine.memory_plan import Workload, memory_plan, param_counts
 from lvx_models.mllama.config import MllamaConfig
 from lvx_models.mllama.processor import MllamaProcessor
 from lvx_models.mllama.tiny import write_tiny_checkpoint
+from lvx_models.mplug_owl3.config import Owl3Config
 from lvx_models.surface import VIDEO
 from scripts import check_mllama_11b
-from scripts.memory_plan import largest_video, positions_minutes
+from scripts.memory_plan import largest_video, positions_minutes, time_plan
 
 
 def test_the_plan_reads_the_11b_from_its_config() -> None:
@@ -81,6 +84,23 @@ def test_memory_not_positions_limits_the_11b_on_8_gpus() -> None:
         assert (memory_plan(cfg, work).peak <= budget) == fits
         row = largest_video(cfg, Workload(minutes=1, ranks=8, kv_mode=mode), budget)
         assert row["set by"] == "memory" and (row["largest min"] >= 180) == fits
+
+
+def test_the_header_features_are_planned_where_they_are_held() -> None:
+    """The empty tiles' features the chat header attends to: beside a GPU on the host until the
+    header is prefilled, a chunk of frames' K/V at a time on the device; on a CPU in the stages."""
+    cfg = MllamaConfig()
+    gpu = memory_plan(cfg, Workload(minutes=60, ranks=8))
+    empty = 450 * 3 * 1601 * 4096 * 2  # 450 frames a rank, 3 empty tiles each, bf16
+    assert gpu.host == {"header features": empty}
+    kept = gpu.resident["weights"] + gpu.resident["visual K/V"]
+    assert 0 < gpu.stages["header prefill"] - kept < 1e9  # a chunk of frames' K/V and its work
+    cpu = memory_plan(cfg, Workload(minutes=60, ranks=8, device="cpu"))
+    assert cpu.stages["encode"] - gpu.stages["encode"] == empty
+    hours = time_plan(cfg, Workload(minutes=60, ranks=8))
+    assert hours["header prefill"]["host_gb"] == pytest.approx(8 * empty / 1e9)
+    owl3 = memory_plan(Owl3Config(), Workload(minutes=60, ranks=8))
+    assert owl3.host == {"header features": 0} and "header prefill" not in owl3.stages
 
 
 def test_the_11b_acceptance_check_rehearses_on_cpu(tmp_path) -> None:

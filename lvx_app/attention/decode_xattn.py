@@ -80,6 +80,21 @@ def decode_xattn(
     in this call's collective unless it already was. `buffers`: the session's (default: fresh).
     `window`: the media mask's (`attn_fwd`)."""
     out, lse = attn_fwd(q, k, v, scale=scale, q_vis=q_vis, k_frame=k_frame, window=window)
+    return combine_partials(out, lse, group=group, stats=stats, carry=carry, buffers=buffers)
+
+
+@torch.no_grad()
+def combine_partials(
+    out: Tensor,
+    lse: Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    stats: dict | None = None,
+    carry: Carry | None = None,
+    buffers: CombineBuffers | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Every rank's partial (out, lse) of the same queries against its own keys, merged: (out in
+    out's dtype, lse float32), identical on every rank (`decode_xattn`'s collective and merge)."""
     n = get_world_size(group)
     ride = carry is not None and carry.received is None
     if n == 1:
@@ -91,7 +106,7 @@ def decode_xattn(
     n_out, n_lse = out.numel(), lse.numel()
     extra = carry.count if ride else 0
     send, every = (buffers or CombineBuffers()).get(
-        n_out + n_lse + extra, n, acc_dtype(q), out.device
+        n_out + n_lse + extra, n, acc_dtype(out), out.device
     )
     send[:n_out].view(out.shape).copy_(out)
     send[n_out : n_out + n_lse].view(lse.shape).copy_(lse)
@@ -104,4 +119,4 @@ def decode_xattn(
     outs = every[:, :n_out].view(n, *out.shape)
     lses = every[:, n_out : n_out + n_lse].view(n, *lse.shape)
     merged_out, merged_lse = merge_many(outs, lses)
-    return merged_out.to(q.dtype), merged_lse
+    return merged_out.to(out.dtype), merged_lse

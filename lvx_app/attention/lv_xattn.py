@@ -261,19 +261,12 @@ def lv_xattn_backward(
         if held_len:  # 2. this shard's share of dQ_j, and its dK, dV
             held_q, held_dout, held_out = held_qdo
             partial_dq, partial_dk, partial_dv = attn_bwd(
-                held_dout,
-                held_q,
-                k,
-                v,
-                held_out,
-                held_lses[0],
+                *(held_dout, held_q, k, v, held_out, held_lses[0]),
                 scale=scale,
                 q_vis=held_q_vis,
                 k_frame=k_frame,
                 dlse=held_lses[1] if with_lse else None,
-                kv_aug=kv_aug,
-                alibi=alibi,
-                window=window,
+                kv_aug=kv_aug, alibi=alibi, window=window,
             )
             dk += partial_dk
             dv += partial_dv

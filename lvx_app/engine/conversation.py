@@ -70,6 +70,7 @@ class Conversation:
         self.cache = self.model.new_cache()
         self._pending: list[int] = []
         self.fed: list[int] = []  # the id of every token in the cache, in order
+        self._fed_visual = None  # the visual inputs shown when the cache's first token was fed
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens (every rank holds the whole cache: local = global)."""
@@ -89,11 +90,13 @@ class Conversation:
         for i, (k, v) in enumerate(layers):
             self.cache.update(i, k, v)
         self.fed = [int(t) for t in ids]
+        self._fed_visual = self._visual
 
     def held_prefix(self, ids: Sequence[int]) -> int:
         """How many of `ids`, from the first, the cache already holds (0 when the tokens it holds
-        are not known)."""
-        if len(self.fed) != self.position:
+        are not known, or were fed with another video shown: a family's rows before the first
+        frame attend to it)."""
+        if len(self.fed) != self.position or self._fed_visual is not self._visual:
             return 0
         held = 0
         for mine, theirs in zip(self.fed, ids):
@@ -118,6 +121,8 @@ class Conversation:
         `hooks` (None: the conversation's); the last token's logits (1, 1, V). A forward that fails
         leaves the cache as it was."""
         start = self.cache.length
+        if not start:
+            self._fed_visual = self._visual
         try:
             with torch.inference_mode():
                 return self.model(

@@ -30,7 +30,13 @@ term is the size of a tensor the code as it stands allocates, named after where 
   each cross layer, `attn_fwd`'s packed query copy, float32 accumulators and two media-mask tiles'
   band masks;
 - vision tower: `encode_images` runs 16 frames at a time, each as the tower's
-  `vision_tokens_per_frame` tokens (empty tiles and padding included).
+  `vision_tokens_per_frame` tokens (empty tiles and padding included);
+- header features: a family whose rows before the first frame attend to more than the frames'
+  K/V (`header_visual_tokens_per_frame`: Llama-3.2-Vision's every tile, the empty ones included)
+  keeps those features of this rank's frames in host memory (`host`; on a CPU device they count
+  in the stages) from the encode (`ShardEncoder`) until those rows are prefilled
+  (`HeaderAttention`: the frames' K/V, then one chunk of frames' header K/V of one cross layer at
+  a time on the device), then drops them.
 
 With several ranks every video-sized term but the text K/V is split evenly (frames, prompt rows,
 visible keys per ring round) and the weights are not; only the one-rank formula is checked against a
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from lvx_app.engine.header_prefill import header_chunk_frames
 from lvx_kernels.masks import MIN_TILE_CUDA, Q_TILE, min_tile
 from lvx_models.api import ModelConfig, family_for_config, kv_capacity
 
@@ -99,6 +106,14 @@ def weight_bytes(parameters: int, dtype_bytes: int) -> int:
 def features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
     """The visual features E of `frames` frames (what `--kv-mode recompute` keeps)."""
     return frames * cfg.visual_tokens_per_frame * cfg.visual_feature_size * dtype_bytes
+
+
+def header_features_bytes(cfg: ModelConfig, frames: int, dtype_bytes: int) -> int:
+    """The header features of `frames` frames (the keys the rows before the first frame see
+    beyond the frames' own), held from their encode until those rows are prefilled (0 for a
+    family whose header rows see only the frames' K/V)."""
+    extra = max(0, cfg.header_visual_tokens_per_frame - cfg.visual_tokens_per_frame)
+    return frames * extra * cfg.hidden_size * dtype_bytes
 
 
 def visual_kv_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> int:
@@ -186,6 +201,8 @@ class MemoryPlan:
     resident: dict[str, int]
     # stage -> peak bytes during it (resident included)
     stages: dict[str, int] = field(default_factory=dict)
+    # what the host holds for a while beside a GPU (the header features), by name
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -357,17 +374,27 @@ def memory_plan(
     asked = _text_buffer(whole, work.question_tokens, 0)
     answered = _text_buffer(whole, work.question_tokens, work.answer_tokens)
     resident["text K/V"] = text_kv(answered[0])
-    base = resident["weights"]
+    base, host = resident["weights"], {"header features": header_features_bytes(cfg, frames, b)}
+    header = host["header features"] if work.device == "cpu" else 0
     stages = {
-        "encode": base + e + _vision_transient(cfg, work.vision_batch, b),
+        "encode": base + e + header + _vision_transient(cfg, work.vision_batch, b),
         # the last hyper layer's K/V are made while the others' are kept (cache) or while nothing
         # else is (recompute)
         "visual K/V": base
         + e
+        + header
         + ((n_hyper - 1) * kv_layer if work.kv_mode == "cache" else 0)
         + kv_transient,
     }
     kept = sum(resident.values()) - resident["text K/V"]
+    if host["header features"]:  # one chunk of frames' K/V of one cross layer at a time
+        extra = cfg.header_visual_tokens_per_frame - cfg.visual_tokens_per_frame
+        keys = min(frames, header_chunk_frames(cfg)) * extra
+        made = visual_kv_bytes(cfg, keys, b) + _visual_kv_transient(cfg, keys, b)
+        # beside the frames' K/V of the layer (made now with --kv-mode recompute)
+        stages["header prefill"] = (
+            kept + header + kv_make + made + text_kv(kv_capacity(work.header_tokens))
+        )
     # the last rows see every frame of this rank's shard
     visible = work.frames * cfg.visual_tokens_per_frame // work.ranks
     local = text_kv(kv_capacity(prompt))
@@ -393,4 +420,4 @@ def memory_plan(
     stages["decode"] = sum(resident.values()) + max(
         _layer_transient(cfg, 1, visible, b, masked=False) + kv_in_use, kv_make
     )
-    return MemoryPlan(resident=resident, stages=stages)
+    return MemoryPlan(resident=resident, stages=stages, host=host)

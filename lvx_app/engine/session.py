@@ -132,7 +132,7 @@ class RankSession:
         answers = self.turns.answers
         ids, with_video = conversation_ids(self.processor, turns, self.video.loaded, answers)
         self.turns.show_video(with_video)
-        keep = min(self.conversation.held_prefix(ids.tolist()), int(ids.numel()) - 1)
+        keep = min(self.turns.keep(ids), int(ids.numel()) - 1)
         self.conversation.truncate(keep)
         yield from self.turns.answer(ids[keep:], generation, should_stop)
 

@@ -158,10 +158,26 @@ class Turns:
 
     def hold(self, ids: torch.Tensor) -> None:
         """Make the cache hold exactly `ids`: keep the longest prefix it holds, prefill the rest."""
-        keep = self.conversation.held_prefix(ids.tolist())
-        self.conversation.truncate(keep)
+        keep = self.keep(ids)
         if keep < ids.numel():
             self.conversation.prefill(ids[keep:], whole=self.whole(int(ids.numel()) - keep))
+
+    def keep(self, ids: torch.Tensor) -> int:
+        """Keep the longest prefix of `ids` the cache holds and return its length; where it is
+        shorter than the loaded video prompt's header and `ids` start with it (the video shown),
+        the header's text K/V the load made are put back first (its rows attended to what only
+        the load had: Llama-3.2-Vision's empty tiles)."""
+        conversation, loaded = self.conversation, self.video.loaded
+        keep = conversation.held_prefix(ids.tolist())
+        conversation.truncate(keep)
+        if loaded is None or loaded.header_kv is None or conversation.visual is not loaded.visual:
+            return keep
+        h = loaded.header_kv[0][0].shape[1]
+        if keep < h and torch.equal(ids[:h], loaded.prefix_ids[:h]):
+            conversation.truncate(0)
+            conversation.restore(loaded.header_kv, torch.arange(h), ids[:h].tolist())
+            keep = h
+        return keep
 
     def question_ids(self, question: str) -> torch.Tensor:
         """The ids to feed for `question`: the rest of the video prompt's first turn, or a

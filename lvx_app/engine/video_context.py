@@ -23,6 +23,7 @@ from lvx_app.cache.fingerprints import fingerprint_memo
 from lvx_app.config import MEDIA_ATTENTION, ModelConfig, VideoConfig
 from lvx_app.devices import memory_report
 from lvx_app.engine.conversation import Conversation
+from lvx_app.engine.header_prefill import prefill_header
 from lvx_app.engine.kv_choice import KvChoice, choose_kv_mode
 from lvx_app.engine.memory_plan import ParamCounts, param_counts
 from lvx_app.engine.records import (
@@ -43,8 +44,9 @@ from lvx_app.video.ingest import Encoder, IngestTuning, VisualShard, ingest, ran
 from lvx_models.api import family_of
 
 # bump when the video prompt's prefill changes (positions, sharding) while its token ids do not;
-# 2: every rank holds (and saves) the whole replicated text cache
-PROMPT_FORMAT = 2
+# 2: every rank holds (and saves) the whole replicated text cache; 3: the rows before the first
+# frame attend to the header features
+PROMPT_FORMAT = 3
 
 
 def oom_message(rank: int, device: torch.device, stage: str) -> str:
@@ -144,6 +146,9 @@ class LoadedVideo:
     timings: dict[str, float]
     request: VideoRequest | None = None  # how it was asked for (its opening: what comes before it)
     visual: Any = None  # the conversation's visual inputs while it holds the video
+    # the text K/V of the prompt's rows before the first frame, when they attended to what only
+    # the load had (`header_visual_tokens_per_frame`): put back when the prompt is fed again
+    header_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     kv_choice: KvChoice | None = None  # how kv_mode was decided, with its figures
 
     @property
@@ -255,8 +260,16 @@ class VideoContext:
             summary, block, prefix_ids, kv_mode, shard.num_frames, choice, features, timings
         )
         self.loaded.request, self.loaded.visual = request, visual
-        self.loaded.kv_choice = kv_choice
+        self.loaded.kv_choice, self.loaded.header_kv = kv_choice, self._header_kv(starts)
         return summary
+
+    def _header_kv(self, starts: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The prefilled prompt's text K/V of its rows before the first frame, when the family's
+        header attends to more than the frames' K/V (`LoadedVideo.header_kv`)."""
+        if not (starts.numel() and self.model.config.header_visual_tokens_per_frame):
+            return None
+        h = int(starts[0])
+        return [(k[:, :h].clone(), v[:, :h].clone()) for k, v in self.conversation.cache.layer_kv()]
 
     def _prompt(self, request: VideoRequest, cues: Sequence[Cue], plan) -> VideoPrompt:
         """The video's prompt for `plan` with its subtitle lines placed (`video_prompt`)."""
@@ -288,7 +301,7 @@ class VideoContext:
             progress("frames", p.done, p.total)
 
         encoder = Encoder(
-            self.model.encode_images,
+            self.model.encode_frames,
             image_size=self.processor.image_size,
             model_id=names.model_key or self.model_config.path,
             revision=self.model_config.revision or "",
@@ -360,36 +373,83 @@ class VideoContext:
         starts: torch.Tensor,
         tail_from: int,
     ) -> bool:
-        """Read back the prompt K/V an earlier run saved, when every rank has them and its features
-        came from the cache (they were made from those features); else prefill the prompt and save
-        it. True when read back."""
-        key, prefixes = None, caches.prefixes
-        if prefixes is not None and shard.cache_key is not None:
-            key = PrefixKey.make(
-                shard.cache_key,
-                checkpoint=caches.names.checkpoint,
-                prompt_format=PROMPT_FORMAT,
-                prompt_ids=prefix_ids,
-                device=self.info.device.type,
-                owner=request.opening.owner,
-                media_attention=request.video.media_attention,
-            )
-        rank0 = self.info.rank == 0
-        device = self.info.device
-        saved = prefixes.load(key, device, owner=rank0) if key is not None else None
-        conversation = self.conversation
-        if all_min(int(saved is not None and shard.from_cache), device):
-            conversation.restore(saved.layers, saved.key_positions, prefix_ids.tolist())
+        """Read back the prompt K/V an earlier run saved (`SavedPrompts`); else prefill the
+        prompt (its header on its own when the family's header sees more keys) and save it. True
+        when read back."""
+        saved = SavedPrompts(caches, shard, request, self.conversation)
+        key = saved.key(prefix_ids)
+        if saved.read_back(key, prefix_ids):
             return True
+        header = int(starts[0]) if self.model.config.header_visual_tokens_per_frame else 0
         try:
-            conversation.prefill(prefix_ids, media_starts=starts, tail_from=tail_from)
+            if header:
+                self._prefill_header(saved, prefix_ids[:header])
+            self.conversation.prefill(
+                prefix_ids[header:], media_starts=starts - header, tail_from=tail_from - header
+            )
         except torch.cuda.OutOfMemoryError as exc:
-            raise RuntimeError(oom_message(self.info.rank, device, "reading the prompt")) from exc
-        if key is not None and rank0:  # every rank holds the same whole cache: one file for all
-            self._save_prefix(prefixes, key, request.path)
+            where = "reading the prompt"
+            raise RuntimeError(oom_message(self.info.rank, self.info.device, where)) from exc
+        saved.save(key)
         return False
 
-    def _save_prefix(self, prefixes: PrefixCache, key: PrefixKey, path: str) -> None:
+    def _prefill_header(self, saved: "SavedPrompts", ids: torch.Tensor) -> None:
+        """The rows before the first frame (`prefill_header`: they attend to the frames' K/V and
+        the header features the encode held, then dropped). Read back when saved from these
+        features; with features read from the cache and no saved header, the frames are encoded
+        again for it."""
+        key, shard, request = saved.key(ids), saved.shard, saved.request
+        if saved.read_back(key, ids):
+            return
+        features = shard.header_features
+        if not all_min(int(features is not None), self.info.device):
+            video, names = replace(request.video, cache=False), saved.caches.names
+            features = self._ingest(request.path, video, names, None, lambda plan: None)
+            features = features.header_features
+        shard.header_features = None
+        prefill_header(self.conversation, self.model, features, ids)
+        saved.save(key)
+
+
+@dataclass(frozen=True)
+class SavedPrompts:
+    """The saved text K/V of one load's prompts (the video prompt, its header alone), named by
+    the load's features and the prompt's ids; read back only when every rank has them and the
+    features came from the cache (they were made from those features)."""
+
+    caches: LoadCaches
+    shard: VisualShard
+    request: VideoRequest
+    conversation: Conversation
+
+    def key(self, ids: torch.Tensor) -> PrefixKey | None:
+        """Where the text K/V of the prompt `ids` are saved (None: the caches are off)."""
+        if self.caches.prefixes is None or self.shard.cache_key is None:
+            return None
+        return PrefixKey.make(
+            self.shard.cache_key,
+            checkpoint=self.caches.names.checkpoint,
+            prompt_format=PROMPT_FORMAT,
+            prompt_ids=ids,
+            device=self.conversation.info.device.type,
+            owner=self.request.opening.owner,
+            media_attention=self.request.video.media_attention,
+        )
+
+    def read_back(self, key: PrefixKey | None, ids: torch.Tensor) -> bool:
+        """Restore the saved text K/V of the prompt `ids` into the conversation when they can be."""
+        info = self.conversation.info
+        saved = self.caches.prefixes.load(key, info.device, owner=info.rank == 0) if key else None
+        if not all_min(int(saved is not None and self.shard.from_cache), info.device):
+            return False
+        self.conversation.restore(saved.layers, saved.key_positions, ids.tolist())
+        return True
+
+    def save(self, key: PrefixKey | None) -> None:
+        """Save the conversation's text K/V under `key` (rank 0: every rank holds the same whole
+        cache, one file for all; a failed write warns, once)."""
         conversation = self.conversation
+        if key is None or conversation.info.rank != 0:
+            return
         saved = SavedPrefix(conversation.cache.layer_kv(), conversation.key_positions())
-        prefixes.save(key, saved, video=Path(path).resolve())  # a failed write warns, once
+        self.caches.prefixes.save(key, saved, video=Path(self.request.path).resolve())

@@ -2,8 +2,10 @@
 
 The encoder is any callable `encode_fn(pixel_values) -> features`: pixel values (n, 3, S, S) on the
 rank's device in the features' dtype (bf16 on GPU), features (n, T, H) — for mPLUG-Owl3 the SigLIP
-tower plus projector, T = 729. Chunks may arrive in any order; each is written at its offset. Only
-one chunk of pixels lives on the device at a time, so memory is E_local plus one encoder batch.
+tower plus projector, T = 729 — or a `FrameFeatures` (a family's `encode_frames`), whose header
+features are collected in host memory until the prompt's first rows are prefilled. Chunks may
+arrive in any order; each is written at its offset. Only one chunk of pixels lives on the device at
+a time, so device memory is E_local plus one encoder batch.
 
 Pixels are prepared by the model family's own `FramePrep` (`lvx_models.api`; mPLUG-Owl3's
 bicubic square when none is given): chunks already resized by the decode workers (uint8 (n, 3, S,
@@ -18,23 +20,30 @@ import numpy as np
 import torch
 
 from lvx_app.devices import default_dtype
-from lvx_models.api import FramePrep, square_prep
+from lvx_models.api import FrameFeatures, FramePrep, square_prep
 
-EncodeFn = Callable[[torch.Tensor], torch.Tensor]
+EncodeFn = Callable[[torch.Tensor], torch.Tensor | FrameFeatures]
 
 
-def feature_shape(
+def frame_numel(
     encode_fn: EncodeFn, image_size: int, device: torch.device, dtype: torch.dtype
-) -> tuple[int, ...]:
-    """(T, H) of the encoder's output, from one black frame."""
+) -> int:
+    """Values `ShardEncoder` keeps per frame on `device`: E's, and its header features' when the
+    device is the host that holds them."""
+    out = _black_frame(encode_fn, image_size, device, dtype)
+    held = out if device.type == "cpu" else out[:1]
+    return sum(t[0].numel() for t in held if t is not None)
+
+
+def _black_frame(encode_fn: EncodeFn, image_size: int, device, dtype) -> FrameFeatures:
     with torch.no_grad():
         out = encode_fn(torch.zeros(1, 3, image_size, image_size, device=device, dtype=dtype))
-    return tuple(out.shape[1:])
+    return out if isinstance(out, FrameFeatures) else FrameFeatures(out)
 
 
 class ShardEncoder:
     """Collects one rank's features. `add(offset, frames)` encodes a chunk; `result()` returns
-    E_local."""
+    E_local, `header_features` the header features (None when the encoder gives none)."""
 
     def __init__(
         self,
@@ -55,6 +64,7 @@ class ShardEncoder:
         self.dtype = dtype or default_dtype(self.device)
         self.batch_size = batch_size
         self.features: torch.Tensor | None = None
+        self.header_features: torch.Tensor | None = None
         self.encoded = 0
 
     def _pixels(self, frames: np.ndarray | torch.Tensor, resized: bool) -> torch.Tensor:
@@ -85,24 +95,38 @@ class ShardEncoder:
         ):  # not inference_mode: finetuning uses these features as inputs to autograd
             for i in range(0, n, step):
                 out = self.encode_fn(pv[i : i + step])
-                if out.ndim != 3 or out.shape[0] != pv[i : i + step].shape[0]:
+                out = out if isinstance(out, FrameFeatures) else FrameFeatures(out)
+                if out.features.ndim != 3 or out.features.shape[0] != pv[i : i + step].shape[0]:
                     raise ValueError(
-                        f"encode_fn must return (n, T, H) features, got {tuple(out.shape)}"
+                        "encode_fn must return (n, T, H) features, got "
+                        f"{tuple(out.features.shape)}"
                     )
-                if self.features is None:
-                    self.features = torch.empty(
-                        (self.num_frames, *out.shape[1:]), dtype=self.dtype, device=self.device
+                at = offset + i
+                self.features = self._write(self.features, at, out.features, self.device)
+                if out.header_features is not None:  # the host holds them (one copy per batch)
+                    self.header_features = self._write(
+                        self.header_features, at, out.header_features, torch.device("cpu")
                     )
-                self.features[offset + i : offset + i + out.shape[0]] = out.to(self.dtype)
         self.encoded += n
         return n
 
+    def _write(
+        self, into: torch.Tensor | None, at: int, out: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
+        """`out` written at row `at` of `into` (made on `device` for every frame at the first
+        write)."""
+        if into is None:
+            into = torch.empty((self.num_frames, *out.shape[1:]), dtype=self.dtype, device=device)
+        into[at : at + out.shape[0]] = out.to(self.dtype)
+        return into
+
     def result(self) -> torch.Tensor:
-        if self.features is None:  # an empty shard: ask the encoder for its output shape
-            shape = feature_shape(self.encode_fn, self.image_size, self.device, self.dtype)
-            self.features = torch.empty(
-                (self.num_frames, *shape), dtype=self.dtype, device=self.device
-            )
+        if self.features is None:  # an empty shard: ask the encoder for its output shapes
+            out = _black_frame(self.encode_fn, self.image_size, self.device, self.dtype)
+            self.features = self._write(None, 0, out.features[:0], self.device)
+            if out.header_features is not None:
+                cpu = torch.device("cpu")
+                self.header_features = self._write(None, 0, out.header_features[:0], cpu)
         if self.encoded != self.num_frames:
             raise RuntimeError(f"only {self.encoded} of {self.num_frames} frames were encoded")
         return self.features

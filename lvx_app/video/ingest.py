@@ -40,7 +40,7 @@ from lvx_app.devices import default_dtype
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.layout import check_layout
 from lvx_app.video.decode import DEFAULT_CHUNK_FRAMES, DecodePool, check_video_path
-from lvx_app.video.encode import EncodeFn, ShardEncoder, feature_shape
+from lvx_app.video.encode import EncodeFn, ShardEncoder, frame_numel
 from lvx_app.video.errors import RemoteRankError, VideoError, VideoWarning
 from lvx_app.video.plan import PLAN_VERSION, SamplingPlan, check_memory, format_timestamp
 from lvx_app.wire import Failure
@@ -65,6 +65,9 @@ class VisualShard:
     layout: str = (
         "contiguous"  # how the plan's frames are dealt to the ranks (lvx_app/parallel/layout.py)
     )
+    # the encoder's header features of the frames when it gives any and they were encoded (not
+    # read from the cache): held only until the prompt's first rows are prefilled
+    header_features: torch.Tensor | None = None
 
     @property
     def num_frames(self) -> int:
@@ -350,8 +353,8 @@ class _RankIngest:
         budget = tuning.memory_budget_bytes
         budget = auto_memory_budget(self.device) if budget == "auto" else budget
         if budget is not None:
-            shape = feature_shape(self.encoder.fn, size, self.device, self.dtype)
-            per_frame = torch.Size(shape).numel() * self.dtype.itemsize
+            numel = frame_numel(self.encoder.fn, size, self.device, self.dtype)
+            per_frame = numel * self.dtype.itemsize
             check_memory(len(plan), plan.fps, self.world, per_frame, int(budget))
         self.chunks = plan.shard(self.rank, self.world, self.layout).chunks(tuning.chunk_frames)
 
@@ -438,6 +441,7 @@ class _RankIngest:
             shard.start,
             self.key,
             self.layout,
+            encoder.header_features if encoder is not None else None,
         )
 
     def _save(

@@ -52,7 +52,8 @@ class MllamaVisionConfig:
     @property
     def num_patches(self) -> int:
         """Visual tokens of one video frame: lvx gives a frame one tile (the empty tiles beside it
-        in the tower give no visual tokens)."""
+        in the tower give no resident visual tokens; only the rows before the first frame attend
+        to them, `header_visual_tokens_per_frame`)."""
         return self.patches_per_tile
 
     @property
@@ -163,6 +164,13 @@ class MllamaConfig:
     def visual_tokens_per_frame(self) -> int:
         """Visual keys one frame adds to every cross layer: one tile a frame."""
         return self.vision.num_patches
+
+    @property
+    def header_visual_tokens_per_frame(self) -> int:
+        """Visual keys of a frame the rows before the first frame attend to: every tile's, the
+        empty ones' included (transformers opens those rows to every key), held while they
+        prefill."""
+        return self.vision.max_num_tiles * self.vision.num_patches
 
     @property
     def vision_tokens_per_frame(self) -> int:

@@ -3,8 +3,9 @@
 The processor gives a mask per text token x image x tile (`cross_attention_mask`): a token sees the
 real tiles of the images whose `<|image|>` span covers it (consecutive `<|image|>`s share one span,
 which is what a video's frames are). A row that sees no tile at all (the text before the first
-image) is a "masked-out" row: as in the published implementation, its attention is left unmasked
-(it attends to every visual key, empty tiles included) and the layer drops its MLP output instead.
+image) is a "masked-out" row: as transformers computes it, its attention is left unmasked (it
+attends to every visual key, empty tiles included) and the layer drops its MLP output (Meta's
+reference zeroes its attention output too; lvx follows transformers, what users compare with).
 
 Visual keys are laid out image-major, then tile, then patch: unit u = image * tiles + tile holds
 `tokens_per_unit` keys. The attention runs through lvx's kernels with GQA folded: when every row's

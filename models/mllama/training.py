@@ -115,6 +115,11 @@ class Finetuning:
         frame runs as the published processor hands the tower a one-tile image: followed by
         empty tiles up to `max_num_tiles`, which its tokens attend to; only its own tile's
         features are kept."""
+        return self.tile_features(pixel_values, keep=1)[:, 0].contiguous()
+
+    def tile_features(self, pixel_values: torch.Tensor, keep: int) -> torch.Tensor:
+        """The first `keep` tiles' tower features (N, keep, P, vision_output_dim) of frames run
+        as one-tile images padded with the published empty tiles (`vision_features`)."""
         n, dev = pixel_values.shape[0], self.vision_device
         tiles = self.mllama.vision_model.cfg.max_num_tiles
         ar_ids = torch.ones(n, dtype=torch.int64, device=dev)  # a (1, 1) tile grid: id 1
@@ -123,7 +128,7 @@ class Finetuning:
         shape = (n, tiles, *pixel_values.shape[1:])
         pixels = torch.zeros(shape, dtype=self.vision_dtype, device=dev)
         pixels[:, 0] = pixel_values
-        return self.mllama.vision_model(pixels, ar_ids, ar_mask, keep=1)[:, 0]
+        return self.mllama.vision_model(pixels, ar_ids, ar_mask, keep=keep)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """The projector: tower features (N, P, vision_output_dim) -> E (N, P, H), with grad."""

@@ -4,12 +4,14 @@ handed), over the weights of one `MllamaModel`.
 
 A video is its frames as consecutive `<|image|>`s, one tile each (`frame_prep`), which the vision
 tower runs beside `max_num_tiles - 1` empty tiles as the published processor pads a one-tile image;
-only the frame's own tile becomes visual keys. Every row sees a prefix of the frames: the row at
-frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a decoded
-token sees them all. Rows before the first `<|image|>` are masked out as published: they attend to
-every frame (q_vis = the number of frames) and their cross layer's MLP output is dropped; the model
-knows them from the positions, not from the hooks. (transformers also opens these rows to the
-empty tiles' keys, which lvx does not keep; Meta's reference zeroes their attention instead.) A
+only the frame's own tile becomes resident visual keys. Every row sees a prefix of the frames: the
+row at frame j's `<|image|>` and every later row see frames 0..j (q_vis = #{starts <= t}); a
+decoded token sees them all. Rows before the first `<|image|>` are masked out as transformers
+computes them: they attend to every tile of every frame, the empty tiles' included, and their
+cross layer's MLP output is dropped (Meta's reference zeroes their attention as well). The engine
+prefills those rows on their own, over the header features `encode_frames` gives (every tile's),
+before the rest of the prompt; here they attend to every frame (q_vis = the number of frames) of
+the visual inputs they are handed, and the model knows them from the positions, not the hooks. A
 cross layer has no self-attention: its place in the text cache keeps count of the tokens with
 zero-width K/V, so every layer's count is the conversation's length.
 """
@@ -26,6 +28,7 @@ from lvx_kernels.masks import Indices, device_tensor
 
 from ..steps import (
     AttentionHooks,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -79,6 +82,25 @@ class MllamaVideoModel(Finetuning, nn.Module):
         if not outs:
             return w.new_empty((0, self.config.vision.num_patches, self.config.hidden_size))
         return torch.cat(outs)
+
+    @torch.no_grad()
+    def encode_frames(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> FrameFeatures:
+        """Frames (N, 3, S, S) -> E of their own tile (N, P, H), as `encode_images` gives it, and
+        the header features: their empty tiles' ((N, (max_num_tiles - 1) * P, H)), which the rows
+        before the first frame attend to besides E (the published model opens them to every
+        tile)."""
+        tiles = self.config.vision.max_num_tiles
+        own, empty = [], []
+        for chunk in pixel_values.split(batch_size or FRAMES_PER_BATCH):
+            every = self.tile_features(chunk, keep=tiles)
+            own.append(self.project(every[:, 0].contiguous()))
+            empty.append(self.project(every[:, 1:]).flatten(1, 2))
+        if not own:
+            e = self.encode_images(pixel_values)
+            return FrameFeatures(e, e.new_empty((0, (tiles - 1) * e.shape[1], e.shape[2])))
+        return FrameFeatures(torch.cat(own), torch.cat(empty))
 
     def visual_kv(self, layer_idx: int, e_local: torch.Tensor, frame_positions=None):
         """K/V of cross layer `layer_idx` for the frames in e_local (N, P, H): each (1, N*P, Hkv,

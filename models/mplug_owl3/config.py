@@ -256,8 +256,9 @@ class Owl3Config:
         """Visual keys one frame adds to every cross layer (729 for the released checkpoints)."""
         return self.vision.num_patches
 
-    # the tower runs for one frame exactly the tokens it keeps
+    # the tower runs for one frame exactly the tokens it keeps; the header sees the frames' keys
     vision_tokens_per_frame = visual_tokens_per_frame
+    header_visual_tokens_per_frame = 0
 
     @property
     def cross_layer_indices(self) -> list[int]:

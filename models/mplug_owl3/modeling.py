@@ -31,6 +31,7 @@ from lvx_kernels.feed import REPLICATED, Feed
 
 from ..steps import (
     AttentionHooks,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -62,6 +63,12 @@ class Owl3Model(Finetuning, nn.Module):
 
     # ---- visual side
     # ----------------------------------------------------------------------------------------------
+    def encode_frames(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> FrameFeatures:
+        """Video frames -> E (`encode_images`); the rows before the first frame see no more."""
+        return FrameFeatures(self.encode_images(pixel_values, batch_size))
+
     @torch.no_grad()
     def encode_images(
         self, pixel_values: torch.Tensor, batch_size: Optional[int] = None

@@ -185,6 +185,9 @@ class OpenFlamingoConfig:
     def vision_tokens_per_frame(self) -> int:
         return self.vision.tokens
 
+    # a video prompt opens with its first `<image>`: no header row attends to the frames
+    header_visual_tokens_per_frame = 0
+
     @property
     def frame_size(self) -> int:
         return self.vision.image_size

@@ -22,6 +22,7 @@ from lvx_kernels.feed import REPLICATED, Feed
 
 from ..steps import (
     AttentionHooks,
+    FrameFeatures,
     LazyVisualKV,
     TextKVCache,
     VisualInputs,
@@ -58,6 +59,12 @@ class OpenFlamingoVideoModel(nn.Module):
 
     # ---- visual side -----------------------------------------------------------------------------
     @torch.no_grad()
+    def encode_frames(
+        self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
+    ) -> FrameFeatures:
+        """Video frames -> E (`encode_images`); no row before the first frame sees a frame."""
+        return FrameFeatures(self.encode_images(pixel_values, batch_size))
+
     def encode_images(
         self, pixel_values: torch.Tensor, batch_size: Optional[int] = None
     ) -> torch.Tensor:
