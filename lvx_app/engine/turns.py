@@ -29,6 +29,7 @@ from lvx_app.engine.limits import (
     too_long,
 )
 from lvx_app.engine.parallelize import ShardedAttention
+from lvx_app.engine.question_lines import lines_for
 from lvx_app.engine.records import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.video_context import VideoContext, oom_message
 from lvx_app.engine.video_prompt import video_messages
@@ -54,6 +55,7 @@ class Turns:
         self.answers = Answers()  # the latest answers' tokens, by their text
         self.last_answer: AnswerStats | None = None
         self.last_shares: list[float] | None = None  # rank 0: the last answer's share per frame
+        self.question_lines = 0  # transcript lines placed with the next answer's question
 
     def answer(
         self, ids: torch.Tensor, generation: GenerationConfig, should_stop: Callable[[], bool]
@@ -70,6 +72,7 @@ class Turns:
         generation = replace(generation, max_new_tokens=bound)
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
+        stats.transcript_lines, self.question_lines = self.question_lines, 0
         whole = self.whole(n)
         recorder = self._recorder(generation, conversation.position + n - 1)
         hooks = None if recorder is None else recorder.hooks  # this answer's forwards call them
@@ -164,13 +167,15 @@ class Turns:
             self.conversation.prefill(ids[keep:], whole=self.whole(int(ids.numel()) - keep))
 
     def question_ids(self, question: str) -> torch.Tensor:
-        """The ids to feed for `question`: the rest of the video prompt's first turn, or a
-        follow-up after the last answer (its unfed tokens first)."""
+        """The ids to feed for `question` (with the transcript lines it is about, `question_lines`):
+        the rest of the video prompt's first turn, or a follow-up after the last answer (its unfed
+        tokens first)."""
         loaded, conversation = self.video.loaded, self.conversation
         if loaded is None:
             raise EngineError("no video is loaded; load one first")
         if not question.strip():
             raise EngineError("the question is empty")
+        question, self.question_lines = lines_for(loaded, self.processor, question)
         prefix = loaded.prefix_ids
         if (
             conversation.position == prefix.numel()

@@ -2,7 +2,8 @@
 tokenized prompt made from a sampling plan before any frame is decoded, with its subtitle lines
 placed. A speech transcript goes in whole when it fits (each line at its time, the frames' times
 beside them), so every word the video says is within the model's reach; otherwise, as for a
-subtitle file, the lines at the sampled frames within `--subtitle-tokens` (the Video-MME way)."""
+subtitle file, the lines at the sampled frames within `--subtitle-tokens` (the Video-MME way), and
+each question carries the other lines that share its words (`question_lines`)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def video_prompt(
             EngineWarning(
                 f"{placed} of {len(cues)} transcript lines placed (those at the sampled "
                 f"frames): the whole transcript does not fit the {budget:,}-token subtitle "
-                "budget or the model's positions; raise --subtitle-tokens or --fps"
+                "budget or the model's positions; each question carries the other lines that "
+                "share its words (raise --subtitle-tokens, or lower --fps, to place them all)"
             )
         )
     return VideoPrompt(block, placed, dropped, prompt)
