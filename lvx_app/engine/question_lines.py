@@ -6,7 +6,7 @@ is too long to go in whole; what is said between the frames is then out of the m
 "what did they say about the budget" could not be answered. So each question carries, before its
 text, the transcript lines that share its words and are not in the video prompt: those sharing the
 most (rarer words counting more) first, among equals those nearest a sampled frame, within
-`QUESTION_LINE_TOKENS` (and `--subtitle-tokens`), listed in time order, each after its time. The
+`QUESTION_LINE_TOKENS` and the positions the model has left, in time order, each after its time. The
 lines are a pure function of the question and the loaded transcript, so a conversation sent again
 whole (the API) makes the same tokens and keeps its cached prefix. Eval (`--subtitle-tokens 0`) and
 subtitle files place none: their prompts stay as Video-MME's protocol has them.
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from lvx_app.subtitles import SUBTITLE_HEADER, Cue
 
 QUESTION_LINE_TOKENS = 512  # most tokens of transcript lines one question carries
+TEMPLATE_TOKENS = 16  # the chat template's tokens around a question (role headers, ends)
 QUESTION_HEADER = (
     "Lines of the video's transcript that share words with the question (each after the time it "
     "is said):"
@@ -111,24 +112,23 @@ def with_lines(question: str, block: str) -> str:
     return f"{block}\n{question.lstrip()}" if block else question
 
 
-def lines_for(loaded, processor, question: str) -> tuple[str, int]:
+def lines_for(loaded, processor, question: str, room: int) -> tuple[str, int]:
     """(`question` with its transcript lines before it, how many) for the `loaded` video
-    (`video_context.LoadedVideo`): none when there is no transcript, it went in whole, or the
-    load asked for no subtitle lines (`--subtitle-tokens 0`, as eval does)."""
+    (`video_context.LoadedVideo`), within `QUESTION_LINE_TOKENS` and the `room` of positions the
+    question may take: none when there is no transcript, it went in whole, or the load asked for
+    no subtitle lines (`--subtitle-tokens 0`, as eval does)."""
     if loaded is None or loaded.request is None:
         return question, 0
-    summary, asked = loaded.summary, loaded.request.video.subtitle_tokens
+    summary = loaded.summary
     cues = summary.transcript
-    if not cues or asked <= 0 or summary.subtitle_lines >= len(cues):
+    if not cues or loaded.request.video.subtitle_tokens <= 0:
         return question, 0
-    block, n = question_block(
-        cues,
-        question,
-        summary.timestamps,
-        placed_lines(loaded.subtitle_block),
-        min(QUESTION_LINE_TOKENS, asked),
-        lambda text: len(processor.encode_text(text)),
-    )
+    if summary.subtitle_lines >= len(cues):
+        return question, 0
+    count = lambda text: len(processor.encode_text(text))  # noqa: E731
+    budget = min(QUESTION_LINE_TOKENS, room - count(question) - TEMPLATE_TOKENS)
+    placed = placed_lines(loaded.subtitle_block)
+    block, n = question_block(cues, question, summary.timestamps, placed, budget, count)
     return with_lines(question, block), n
 
 

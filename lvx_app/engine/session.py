@@ -131,8 +131,9 @@ class RankSession:
         `<|video|>`). The cache keeps the longest prefix of its tokens it holds; only the rest is
         prefilled."""
         answers, loaded = self.turns.answers, self.video.loaded
+        room = self.turns.room_after_video()  # the same for every message: a resent one matches
         turns, self.turns.question_lines = lined_turns(
-            turns, lambda text: lines_for(loaded, self.processor, text), VIDEO
+            turns, lambda text: lines_for(loaded, self.processor, text, room), VIDEO
         )
         ids, with_video = conversation_ids(self.processor, turns, loaded, answers)
         self.turns.show_video(with_video)

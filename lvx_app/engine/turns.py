@@ -22,6 +22,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.evidence import EvidenceRecorder, answer_moments, answer_shares
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.limits import (
+    TURN_ROOM,
     PrefillShape,
     answer_tokens,
     conversation_full,
@@ -175,12 +176,16 @@ class Turns:
             raise EngineError("no video is loaded; load one first")
         if not question.strip():
             raise EngineError("the question is empty")
-        question, self.question_lines = lines_for(loaded, self.processor, question)
         prefix = loaded.prefix_ids
-        if (
+        first = (
             conversation.position == prefix.numel()
             or conversation.held_prefix(prefix.tolist()) < prefix.numel()
-        ):  # the first turn after load or reset (or after a chat without the video)
+        )  # the first turn after load or reset (or after a chat without the video)
+        held = prefix.numel() if first else conversation.position + len(conversation.pending)
+        question, self.question_lines = lines_for(
+            loaded, self.processor, question, self.room_after(held)
+        )
+        if first:
             self.hold(prefix)
             full = self.processor.build_chat_prompt(
                 video_messages(loaded.opening, loaded.subtitle_block, question),
@@ -192,6 +197,15 @@ class Turns:
         offset = conversation.position + len(conversation.pending)
         follow = self.processor.build_followup(question, offset=offset).input_ids
         return torch.cat([torch.tensor(conversation.pending, dtype=torch.int64), follow])
+
+    def room_after(self, held: int) -> int:
+        """The positions a question may take after `held` tokens, leaving room for an answer."""
+        return int(self.video.model.config.max_position_embeddings) - held - TURN_ROOM
+
+    def room_after_video(self) -> int:
+        """`room_after` the loaded video's prompt (0 without one)."""
+        loaded = self.video.loaded
+        return 0 if loaded is None else self.room_after(int(loaded.prefix_ids.numel()))
 
     def check_length(self, n: int) -> None:
         """Refuse a question too long to prefill, on every rank alike: the ranks agree on the
