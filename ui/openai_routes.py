@@ -102,7 +102,6 @@ class Answer:
         self.lease, self.pieces, self.stops, self.report = lease, pieces, stops, report
         self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
-        self.frames: int | None = None  # the frames of the video the answer is about
         self.about = ""  # the video's name (or "frames"), for the log line
         self.evidence_asked = False
         self.video: VideoSummary | None = None  # the loaded video the request named (None: none)
@@ -145,6 +144,11 @@ class Answer:
         finally:
             self.lease.close()
             self.done()
+
+    @property
+    def frames(self) -> int | None:
+        """The frames of the video the answer is about (None: no video named)."""
+        return self.video.frames if self.video is not None else None
 
     def extension(self) -> dict[str, Any]:
         """`lvx_subtitles` (where the video's subtitles came from, how many lines were placed)
@@ -459,7 +463,6 @@ class OpenAIApi:
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.video = loaded if request is not None else None
-        answer.frames = loaded.frames if answer.video is not None else None
         answer.about = video_name(ask, request)
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
