@@ -79,7 +79,8 @@ def test_the_api_answer_says_where_its_subtitles_came_from(
         pytest.skip("espeak-ng is not installed")
     folder = tmp_path / "videos"
     folder.mkdir()
-    clip = write_audio(folder / "talk.mp4", place(10.0, (0.3, said[0]), (4.0, said[1])), short_video)
+    track = place(10.0, (0.3, said[0]), (4.0, said[1]))
+    clip = write_audio(folder / "talk.mp4", track, short_video)
     shutil.copy(clip, folder / "filed.mp4")
     (folder / "filed.srt").write_text("1\n00:00:00,000 --> 00:00:09,500\nbeside the clip\n")
     whisper = str(models.get_model_path())

@@ -34,6 +34,8 @@ def test_every_transcript_line_reaches_the_prompt_when_it_fits(
         summary = engine.load_video(str(video), subtitles="speech", fps=0.05)
         assert summary.frames == 1 and len(summary.transcript) >= 2, summary
         assert summary.subtitle_lines == len(summary.transcript)  # every line, not the one frame's
+        block = engine.session.video.loaded.subtitle_block
+        assert all(f"] {cue.text}" in block for cue in summary.transcript), block
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             tight = engine.load_video(
