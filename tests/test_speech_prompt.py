@@ -6,6 +6,7 @@ how many."""
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
@@ -115,3 +116,50 @@ def test_a_question_reaches_its_transcript_lines_past_the_budget(
         "".join(engine.ask("Who played so late?", max_new_tokens=1))
         fed = session.processor.tokenizer.decode(session.conversation.fed)
         assert band[0].text not in fed and engine.last_answer.transcript_lines == 0
+
+
+class _Words:
+    """A processor whose tokens are words: the prompt is the messages' words and a token a
+    frame."""
+
+    def encode_text(self, text: str) -> list[str]:
+        return text.split()
+
+    def build_chat_prompt(self, messages, videos, add_generation_prompt=False):
+        import torch
+
+        words = sum(len(m["content"].split()) for m in messages) + videos[0]
+        return SimpleNamespace(input_ids=torch.zeros(words), placeholder_len=1, media_starts=[])
+
+
+class _Plan(list):
+    @property
+    def timestamps(self) -> list[float]:
+        return list(self)
+
+
+def test_past_the_budget_the_lines_nearest_the_frames_are_placed_at_their_times():
+    """Eleven lines, three frames (0, 50, 100 s), a budget for five timed lines: those at the
+    frames and the two nearest them (40 and 90 s: 8 s from a frame; 10 and 60 s are 10 s away),
+    in time order, and the user told."""
+    from lvx_app.config import VideoConfig
+    from lvx_app.engine.question_lines import placed_lines
+    from lvx_app.engine.records import VideoRequest
+    from lvx_app.engine.video_prompt import video_prompt
+    from lvx_app.subtitles import Cue, timed_block
+
+    cues = [Cue(float(t), t + 2.0, f"Line said at {t} seconds.") for t in range(0, 101, 10)]
+    frames = _Plan([0.0, 50.0, 100.0])
+    expected = [c for c in cues if c.start in (0, 40, 50, 90, 100)]
+    budget = len(timed_block(expected, frames).split())
+    request = VideoRequest("v.mp4", VideoConfig(subtitle_tokens=budget), speech=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = video_prompt(_Words(), 10_000, request, cues, frames, rank=0)
+    assert got.block == timed_block(expected, frames) and (got.placed, got.dropped) == (5, 0)
+    assert placed_lines(got.block) == {c.text for c in expected}
+    told = [str(w.message) for w in caught]
+    assert told and told[0].startswith("5 of 11 transcript lines placed (those nearest the")
+    files = VideoRequest("v.mp4", VideoConfig(subtitle_tokens=budget), cues=tuple(cues))
+    plain = video_prompt(_Words(), 10_000, files, cues, frames, rank=0)  # a file: Video-MME's
+    assert plain.placed == 3 and "[0:" not in plain.block

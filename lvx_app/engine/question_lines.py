@@ -28,6 +28,7 @@ QUESTION_HEADER = (
     "is said):"
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
+_TIME = re.compile(r"^\[\d+(?::\d{2}){1,2}\] ")  # a timed line's "[12:34] "
 _COMMON = frozenset(
     "the a an and or but of to in on at by for with from as is are was were be been being it its "
     "this that these those there here what which who whom whose when where why how do does did "
@@ -59,11 +60,11 @@ def ranked_lines(
     for cue, words in zip(cues, said):
         score = sum(weight[w] for w in asked & words)
         if score and cue.text not in placed:
-            scored.append((-score, _to_frame(cue, frames), cue.start, cue))
+            scored.append((-score, to_frame(cue, frames), cue.start, cue))
     return [cue for *_, cue in sorted(scored, key=lambda s: s[:3])]
 
 
-def _to_frame(cue: Cue, frames: list[float]) -> float:
+def to_frame(cue: Cue, frames: list[float]) -> float:
     """Seconds from `cue` to the nearest sampled frame (0 when one falls within it)."""
     if not frames:
         return math.inf
@@ -102,9 +103,12 @@ def question_block(
 
 
 def placed_lines(block: str) -> set[str]:
-    """The lines a video prompt's subtitle block holds (its header left out)."""
+    """The lines a video prompt's subtitle block holds (its header and the lines' times left
+    out)."""
     lines = block.split("\n")
-    return set(lines[1:]) if lines and lines[0].startswith(SUBTITLE_HEADER) else set()
+    if not lines[0].startswith(SUBTITLE_HEADER):
+        return set()
+    return {_TIME.sub("", line, count=1) for line in lines[1:]}
 
 
 def with_lines(question: str, block: str) -> str:
