@@ -1,8 +1,8 @@
 """The transcript lines a question is about, placed with it when the whole transcript did not fit
 the video prompt.
 
-The video prompt holds the lines at the sampled frames (the Video-MME way) when a speech transcript
-is too long to go in whole; what is said between the frames is then out of the model's reach, and
+The video prompt holds the lines nearest the sampled frames when a speech transcript is too long to
+go in whole (`video_prompt`); what is said far from the frames is then out of the model's reach, and
 "what did they say about the budget" could not be answered. So each question carries, before its
 text, the transcript lines that share its words and are not in the video prompt: those sharing the
 most (rarer words counting more) first, among equals those nearest a sampled frame, within
