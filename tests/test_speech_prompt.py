@@ -139,7 +139,9 @@ class _Plan(list):
 def test_past_the_budget_the_lines_nearest_the_frames_are_placed_at_their_times():
     """Eleven lines, three frames (0, 50, 100 s), a budget for five timed lines: those at the
     frames and the two nearest them (40 and 90 s: 8 s from a frame; 10 and 60 s are 10 s away),
-    in time order, and the user told."""
+    in time order, and the user told. A budget too small for the frames' lines with their times
+    places the frames' lines untimed (the Video-MME block, spread over the video when fewer fit),
+    as it places a subtitle file's."""
     from lvx_app.config import VideoConfig
     from lvx_app.engine.question_lines import placed_lines
     from lvx_app.engine.records import VideoRequest
@@ -158,6 +160,11 @@ def test_past_the_budget_the_lines_nearest_the_frames_are_placed_at_their_times(
     assert placed_lines(got.block) == {c.text for c in expected}
     told = [str(w.message) for w in caught]
     assert told and told[0].startswith("5 of 11 transcript lines placed (those nearest the")
+    at_frames = [c for c in cues if c.start in (0, 50, 100)]
+    small = len(timed_block(at_frames, frames).split()) - 1  # not all the frames' lines, timed
+    request = VideoRequest("v.mp4", VideoConfig(subtitle_tokens=small), speech=True)
+    spread = video_prompt(_Words(), 10_000, request, cues, frames, rank=0)
+    assert spread.placed == 3 and "[0:" not in spread.block  # untimed, as Video-MME's
     files = VideoRequest("v.mp4", VideoConfig(subtitle_tokens=budget), cues=tuple(cues))
     plain = video_prompt(_Words(), 10_000, files, cues, frames, rank=0)  # a file: Video-MME's
     assert plain.placed == 3 and "[0:" not in plain.block

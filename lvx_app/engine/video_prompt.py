@@ -1,11 +1,11 @@
 """The video's first user turn: the video, then the subtitle block, then the question; and the
 tokenized prompt made from a sampling plan before any frame is decoded, with its subtitle lines
 placed. A speech transcript goes in whole when it fits (each line at its time, the frames' times
-beside them), so every word the video says is within the model's reach; otherwise the most lines
-nearest the sampled frames that fit `--subtitle-tokens` and the positions (those at a frame first),
+beside them), so every word the video says is within the model's reach; otherwise the lines at
+the sampled frames and the most others nearest them that fit `--subtitle-tokens` and the positions,
 each at its time, and each question carries the other lines that share its words
-(`question_lines`). Subtitles from a file, and a budget too small for one timed line, place the
-lines at the sampled frames (the Video-MME way)."""
+(`question_lines`). Subtitles from a file, and a budget too small for the lines at the frames, place
+the lines at the sampled frames that fit, spread over the video (the Video-MME way)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,10 @@ def _warn_placed(placed: int, lines: int, budget: int, where: str) -> None:
 
 def _transcript(processor, context: int, request: VideoRequest, cues, timestamps):
     """The prompt with a speech transcript's lines, each at its time: every line when they fit
-    the subtitle budget and leave room for a question within the model's positions, else the
-    most lines nearest the sampled frames that do (those at a frame first); None when not even
-    one does, or the cues are no transcript."""
+    the subtitle budget and leave room for a question within the model's positions, else every
+    line at a sampled frame and the most of the others nearest the frames that do; None when
+    the lines at the frames alone do not fit (`_frame_lines` then spreads what fits over the
+    video), or the cues are no transcript."""
     budget = request.video.subtitle_tokens
     if not request.speech or not budget:
         return None
@@ -103,8 +104,13 @@ def _transcript(processor, context: int, request: VideoRequest, cues, timestamps
     if whole is not None:
         return whole
     frames = sorted(timestamps)
-    nearest = sorted(cues, key=lambda c: (to_frame(c, frames), c.start))
-    best, lo, hi = None, 1, len(cues) - 1  # the most lines nearest the frames that fit
+    distance = {id(c): to_frame(c, frames) for c in cues}
+    nearest = sorted(cues, key=lambda c: (distance[id(c)], c.start))
+    at_frames = sum(distance[id(c)] == 0 for c in cues)
+    best = placed(nearest[:at_frames]) if at_frames else None
+    if best is None:  # not even the lines at the frames: those spread over the video, untimed
+        return None
+    lo, hi = at_frames + 1, len(cues) - 1  # the most lines nearest the frames that fit
     while lo <= hi:
         mid = (lo + hi) // 2
         got = placed(nearest[:mid])
