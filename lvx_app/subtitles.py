@@ -107,11 +107,16 @@ class SubtitleError(ValueError):
     do."""
 
 
+WordTime = tuple[float, float, str]  # (start s, end s, the word as said): a word of a transcript
+
+
 @dataclass(frozen=True)
 class Cue:
     start: float  # seconds
     end: float
     text: str  # markup stripped, inner line breaks joined with spaces
+    # each word's times, where the speech model placed them (a transcript's cues; () for a file's)
+    words: tuple[WordTime, ...] = ()
 
 
 @dataclass
@@ -372,18 +377,46 @@ def _frame_times(timestamps: Sequence[float], format_timestamp: Callable[[float]
     )
 
 
+def _stamp(t: float, comma: bool = True) -> str:
+    """SRT's `00:01:02,345` (WebVTT's `00:01:02.345` without `comma`), to the millisecond."""
+    s, ms = divmod(round(t * 1000), 1000)
+    return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}{',' if comma else '.'}{ms:03d}"
+
+
 def write_srt(path: str | os.PathLike, cues: Sequence) -> Path:
-    """An .srt file holding `cues` (Cue, or (start s, end s, text)), to the millisecond."""
-
-    def stamp(t: float) -> str:
-        s, ms = divmod(round(t * 1000), 1000)
-        return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d},{ms:03d}"
-
+    """An .srt file holding `cues` (Cue, or (start s, end s, text)), to the millisecond. SRT has
+    no place for word times: `write_vtt` keeps them."""
     rows = [(c.start, c.end, c.text) if isinstance(c, Cue) else c for c in cues]
-    blocks = (f"{i}\n{stamp(a)} --> {stamp(b)}\n{text}\n" for i, (a, b, text) in enumerate(rows, 1))
+    blocks = (
+        f"{i}\n{_stamp(a)} --> {_stamp(b)}\n{text}\n" for i, (a, b, text) in enumerate(rows, 1)
+    )
     path = Path(path)
     path.write_text("\n".join(blocks), encoding="utf-8")
     return path
+
+
+def write_vtt(path: str | os.PathLike, cues: Sequence[Cue]) -> Path:
+    """A WebVTT file holding `cues`, each word after the first at its start as a cue timestamp
+    (`The <00:00:02.420>bridge`: the karaoke timing players highlight word by word, and any
+    WebVTT reader, ours too, takes as plain text). A cue without word times is its text alone."""
+    blocks = ["WEBVTT\n"]
+    for cue in cues:
+        blocks.append(f"{_stamp(cue.start, False)} --> {_stamp(cue.end, False)}\n{_timed(cue)}\n")
+    path = Path(path)
+    path.write_text("\n".join(blocks), encoding="utf-8")
+    return path
+
+
+def _timed(cue: Cue) -> str:
+    """The cue's text with a timestamp before each word but the first (kept within the cue, as
+    WebVTT asks); its plain text when it holds no word times."""
+    if not cue.words:
+        return cue.text
+    said = [cue.words[0][2].strip()]
+    for start, _, word in cue.words[1:]:
+        at = min(max(start, cue.start), cue.end)
+        said.append(f"<{_stamp(at, False)}>{word.strip()}")
+    return " ".join(said)
 
 
 def fit_lines(lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]) -> list[str]:

@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from lvx_ui.openai_request import (
 )
 from lvx_ui.request_body import read_body
 from lvx_ui.request_memory import MemoryLimits, RequestMemory, Reservation
+from lvx_ui.subtitle_fields import evidence_field, subtitles_field
 
 log = logging.getLogger("lvx.api")
 LEFT = "the client went away"  # why an answer stopped early
@@ -101,9 +102,9 @@ class Answer:
         self.lease, self.pieces, self.stops, self.report = lease, pieces, stops, report
         self.done = done  # after the lease is given back: the request's upload may go
         self.closed, self.why, self.stats = False, "", AnswerStats()
-        self.frames: int | None = None  # the frames of the video the answer is about
         self.about = ""  # the video's name (or "frames"), for the log line
         self.evidence_asked = False
+        self.video: VideoSummary | None = None  # the loaded video the request named (None: none)
         self.loaded_now = 0  # prompt tokens this request's own load prefilled
         self.pieces_out = 0  # pieces the engine gave (an answer stopped early may have no stats)
         self._texts = self._cut()
@@ -144,11 +145,22 @@ class Answer:
             self.lease.close()
             self.done()
 
+    @property
+    def frames(self) -> int | None:
+        """The frames of the video the answer is about (None: no video named)."""
+        return self.video.frames if self.video is not None else None
+
     def extension(self) -> dict[str, Any]:
-        """`lvx_evidence` (each moment's start, end and share) when the request asked for it."""
-        if not self.evidence_asked:
-            return {}
-        return {"lvx_evidence": [asdict(m) for m in self.stats.evidence or []]}
+        """`lvx_subtitles` (where the video's subtitles came from, how many lines were placed)
+        when the request named a video; `lvx_evidence` (each moment's start, end and share, and
+        what the transcript says there) when the request asked for it."""
+        out: dict[str, Any] = {}
+        if self.video is not None:
+            out["lvx_subtitles"] = subtitles_field(self.video, self.stats)
+        if self.evidence_asked:
+            transcript = self.video.transcript if self.video is not None else []
+            out["lvx_evidence"] = evidence_field(self.stats.evidence or [], transcript)
+        return out
 
     @property
     def finish_reason(self) -> str:
@@ -450,7 +462,7 @@ class OpenAIApi:
 
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
-        answer.frames = loaded.frames if request is not None and loaded is not None else None
+        answer.video = loaded if request is not None else None
         answer.about = video_name(ask, request)
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:

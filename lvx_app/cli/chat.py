@@ -55,7 +55,9 @@ HELP = """commands:
   /stats   memory per rank, prompt and text tokens, timings
   /evidence  every moment of the video the last answer looked at, with its share
   /transcript  what is said in the video, with times (its speech transcribed)
-  /transcript save FILE.srt  the transcript as subtitles you can keep
+  /transcript words  the same, each line followed by its words' start times
+  /transcript save FILE.srt  the transcript as subtitles you can keep (FILE.vtt: with each
+             word's time, as WebVTT karaoke timestamps)
   /quit    leave (Ctrl-D works too)
 Ctrl-C stops the answer being written."""
 
@@ -129,8 +131,9 @@ def print_evidence(answer: AnswerStats | None, console: Console) -> None:
         console.print(f"{label(moment):>20}  {moment.share:6.1%}", highlight=False, markup=False)
 
 
-def print_transcript(summary: VideoSummary | None, console: Console) -> None:
-    """`/transcript`: the video's speech as transcribed, one line per cue with its times."""
+def print_transcript(summary: VideoSummary | None, console: Console, words: bool = False) -> None:
+    """`/transcript`: the video's speech as transcribed, one line per cue with its times; with
+    `words` (`/transcript words`) each cue's words follow, each after its start time."""
     cues = getattr(summary, "transcript", None)
     if not cues:
         console.print(no_transcript_line(summary), highlight=False, markup=False)
@@ -138,25 +141,45 @@ def print_transcript(summary: VideoSummary | None, console: Console) -> None:
     for cue in cues:
         times = f"{format_timestamp(cue.start)}-{format_timestamp(cue.end)}"
         console.print(f"{times:>17}  {printable(cue.text)}", highlight=False, markup=False)
+        if words and cue.words:
+            said = "  ".join(f"{word_time(s)} {printable(w)}" for s, _, w in cue.words)
+            console.print(f"{'':>17}  {said}", highlight=False, markup=False)
+    if words and not any(cue.words for cue in cues):
+        console.print(NO_WORD_TIMES, highlight=False, markup=False)
+
+
+NO_WORD_TIMES = (
+    "no word times: this transcript was read back from a cache entry saved without them; remove "
+    "it (`lvx cache ls` shows its id, `lvx cache rm ID`) and load the video again"
+)
+
+
+def word_time(seconds: float) -> str:
+    """A word's start to the hundredth of a second: "0:02.42", "12:31.05", "1:02:03.10"."""
+    whole, hundredths = divmod(round(max(0.0, seconds) * 100), 100)
+    return f"{format_timestamp(whole)}.{hundredths:02d}"
 
 
 def save_transcript(summary: VideoSummary | None, name: str, console: Console) -> None:
-    """`/transcript save FILE`: the transcript written as an SRT file."""
-    from lvx_app.subtitles import write_srt
+    """`/transcript save FILE`: the transcript written as an SRT file, or as WebVTT with each
+    word's time when FILE ends in .vtt."""
+    from lvx_app.subtitles import write_srt, write_vtt
 
     cues = getattr(summary, "transcript", None)
     if not cues:
         console.print(no_transcript_line(summary), highlight=False, markup=False)
         return
     if not name:
-        console.print("name the file: /transcript save talk.srt", markup=False)
+        console.print("name the file: /transcript save talk.srt (or talk.vtt)", markup=False)
         return
+    vtt = name.lower().endswith(".vtt")
     try:
-        path = write_srt(Path(name).expanduser(), cues)
+        path = (write_vtt if vtt else write_srt)(Path(name).expanduser(), cues)
     except OSError as exc:
         console.print(f"could not write {name}: {exc.strerror or exc}", markup=False)
         return
-    console.print(f"saved {len(cues)} cue(s) to {path}", highlight=False, markup=False)
+    timed = " with their words' times" if vtt and any(c.words for c in cues) else ""
+    console.print(f"saved {len(cues)} cue(s){timed} to {path}", highlight=False, markup=False)
 
 
 def no_transcript_line(summary: VideoSummary | None) -> str:
@@ -230,8 +253,8 @@ def _command(engine: Engine, console: Console, line: str) -> None:
         print_stats(engine, console)
     elif line == "/evidence":
         print_evidence(engine.last_answer, console)
-    elif line == "/transcript":
-        print_transcript(engine.loaded, console)
+    elif line in ("/transcript", "/transcript words"):
+        print_transcript(engine.loaded, console, words=line.endswith("words"))
     elif line.startswith("/transcript save"):
         save_transcript(engine.loaded, line.removeprefix("/transcript save").strip(), console)
     elif line.startswith("/"):

@@ -208,6 +208,9 @@ class AnswerStats:
     tokens: list[int] = field(default_factory=list, repr=False)
     # where in the video the answer looked, largest share first (None: not asked for, or not known)
     evidence: list[Moment] | None = None
+    # transcript lines placed with the question (those sharing its words that the video prompt
+    # lacked: lvx_app/engine/question_lines.py)
+    transcript_lines: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -227,9 +230,12 @@ class AnswerStats:
             ended = " · hit the end of the model's context (reset to go on)"
         elif self.truncated:
             ended = " · hit --max-new-tokens"
+        n, lines = self.transcript_lines, ""
+        if n:
+            lines = f" · {n} transcript line{'s' * (n > 1)} matching the question placed"
         return (
             f"TTFT {self.ttft_s:.2f} s · {self.tokens_per_s:.1f} tok/s · "
-            f"{self.new_tokens} tokens{ended}"
+            f"{self.new_tokens} tokens{ended}{lines}"
         )
 
     def __str__(self) -> str:

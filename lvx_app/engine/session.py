@@ -23,6 +23,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.generator import Generator, never_stop
 from lvx_app.engine.limits import MAX_QUESTION_CHARS, question_char_limit
 from lvx_app.engine.parallelize import ShardedAttention, parallelize
+from lvx_app.engine.question_lines import lined_turns, lines_for
 from lvx_app.engine.records import AnswerStats, EngineError, ProgressFn, VideoRequest, VideoSummary
 from lvx_app.engine.resident_visual_kv import kv_nbytes
 from lvx_app.engine.static_decode import decode_step
@@ -30,7 +31,7 @@ from lvx_app.engine.turns import Turns
 from lvx_app.engine.video_context import VideoContext, WeightNames
 from lvx_app.parallel.collectives import nbytes
 from lvx_app.parallel.group import DistInfo
-from lvx_models.api import CheckpointError, family_of
+from lvx_models.api import VIDEO, CheckpointError, family_of
 
 # (this rank's group info, the config) -> the attention every forward of the session calls
 Parallelize = Callable[..., ShardedAttention]
@@ -129,8 +130,12 @@ class RankSession:
         messages: role and content of each; the first user message may hold the loaded video as
         `<|video|>`). The cache keeps the longest prefix of its tokens it holds; only the rest is
         prefilled."""
-        answers = self.turns.answers
-        ids, with_video = conversation_ids(self.processor, turns, self.video.loaded, answers)
+        answers, loaded = self.turns.answers, self.video.loaded
+        room = self.turns.room_after_video()  # the same for every message: a resent one matches
+        turns, self.turns.question_lines = lined_turns(
+            turns, lambda text: lines_for(loaded, self.processor, text, room), VIDEO
+        )
+        ids, with_video = conversation_ids(self.processor, turns, loaded, answers)
         self.turns.show_video(with_video)
         keep = min(self.turns.keep(ids), int(ids.numel()) - 1)
         self.conversation.truncate(keep)

@@ -22,6 +22,7 @@ from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.evidence import EvidenceRecorder, answer_moments, answer_shares
 from lvx_app.engine.generator import Generator, LoopOutcome
 from lvx_app.engine.limits import (
+    TURN_ROOM,
     PrefillShape,
     answer_tokens,
     conversation_full,
@@ -29,6 +30,7 @@ from lvx_app.engine.limits import (
     too_long,
 )
 from lvx_app.engine.parallelize import ShardedAttention
+from lvx_app.engine.question_lines import lines_for
 from lvx_app.engine.records import AnswerStats, EngineError, QuestionTooLong
 from lvx_app.engine.video_context import VideoContext, oom_message
 from lvx_app.engine.video_prompt import video_messages
@@ -54,6 +56,7 @@ class Turns:
         self.answers = Answers()  # the latest answers' tokens, by their text
         self.last_answer: AnswerStats | None = None
         self.last_shares: list[float] | None = None  # rank 0: the last answer's share per frame
+        self.question_lines = 0  # transcript lines placed with the next answer's question
 
     def answer(
         self, ids: torch.Tensor, generation: GenerationConfig, should_stop: Callable[[], bool]
@@ -70,6 +73,7 @@ class Turns:
         generation = replace(generation, max_new_tokens=bound)
         t0 = time.perf_counter()
         stats = AnswerStats(prompt_tokens=conversation.position + n, prefill_tokens=n)
+        stats.transcript_lines, self.question_lines = self.question_lines, 0
         whole = self.whole(n)
         recorder = self._recorder(generation, conversation.position + n - 1)
         hooks = None if recorder is None else recorder.hooks  # this answer's forwards call them
@@ -180,18 +184,24 @@ class Turns:
         return keep
 
     def question_ids(self, question: str) -> torch.Tensor:
-        """The ids to feed for `question`: the rest of the video prompt's first turn, or a
-        follow-up after the last answer (its unfed tokens first)."""
+        """The ids to feed for `question` (with the transcript lines it is about, `question_lines`):
+        the rest of the video prompt's first turn, or a follow-up after the last answer (its unfed
+        tokens first)."""
         loaded, conversation = self.video.loaded, self.conversation
         if loaded is None:
             raise EngineError("no video is loaded; load one first")
         if not question.strip():
             raise EngineError("the question is empty")
         prefix = loaded.prefix_ids
-        if (
+        first = (
             conversation.position == prefix.numel()
             or conversation.held_prefix(prefix.tolist()) < prefix.numel()
-        ):  # the first turn after load or reset (or after a chat without the video)
+        )  # the first turn after load or reset (or after a chat without the video)
+        held = prefix.numel() if first else conversation.position + len(conversation.pending)
+        question, self.question_lines = lines_for(
+            loaded, self.processor, question, self.room_after(held)
+        )
+        if first:
             self.hold(prefix)
             full = self.processor.build_chat_prompt(
                 video_messages(loaded.opening, loaded.subtitle_block, question),
@@ -203,6 +213,15 @@ class Turns:
         offset = conversation.position + len(conversation.pending)
         follow = self.processor.build_followup(question, offset=offset).input_ids
         return torch.cat([torch.tensor(conversation.pending, dtype=torch.int64), follow])
+
+    def room_after(self, held: int) -> int:
+        """The positions a question may take after `held` tokens, leaving room for an answer."""
+        return int(self.video.model.config.max_position_embeddings) - held - TURN_ROOM
+
+    def room_after_video(self) -> int:
+        """`room_after` the loaded video's prompt (0 without one)."""
+        loaded = self.video.loaded
+        return 0 if loaded is None else self.room_after(int(loaded.prefix_ids.numel()))
 
     def check_length(self, n: int) -> None:
         """Refuse a question too long to prefill, on every rank alike: the ranks agree on the

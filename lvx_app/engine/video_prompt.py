@@ -1,8 +1,11 @@
 """The video's first user turn: the video, then the subtitle block, then the question; and the
 tokenized prompt made from a sampling plan before any frame is decoded, with its subtitle lines
 placed. A speech transcript goes in whole when it fits (each line at its time, the frames' times
-beside them), so every word the video says is within the model's reach; otherwise, as for a
-subtitle file, the lines at the sampled frames within `--subtitle-tokens` (the Video-MME way)."""
+beside them), so every word the video says is within the model's reach; otherwise the lines at
+the sampled frames and the most others nearest them that fit `--subtitle-tokens` and the positions,
+each at its time, and each question carries the other lines that share its words
+(`question_lines`). Subtitles from a file, and a budget too small for the lines at the frames, place
+the lines at the sampled frames that fit, spread over the video (the Video-MME way)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from lvx_app.engine.limits import TURN_ROOM, check_video_prompt
+from lvx_app.engine.question_lines import to_frame
 from lvx_app.engine.records import EngineWarning, VideoOpening, VideoRequest
 from lvx_app.subtitles import Cue, fit_lines, select_lines, subtitle_block, timed_block
 from lvx_models.api import VIDEO
@@ -47,41 +51,74 @@ def video_prompt(
     `context` positions is refused here. Rank 0 warns of lines left out."""
     n_frames = len(plan)
     budget = request.video.subtitle_tokens
-    whole = _whole_transcript(processor, context, request, cues, plan.timestamps) if cues else None
-    if whole is not None:
-        return whole
+    timed = _transcript(processor, context, request, cues, plan.timestamps) if cues else None
+    if timed is not None:
+        if timed.placed < len(cues) and rank == 0:
+            _warn_placed(timed.placed, len(cues), budget, "nearest")
+        return timed
     block, placed, dropped = _frame_lines(processor, cues, plan.timestamps, budget, rank)
     prompt = processor.build_chat_prompt(
         video_messages(request.opening, block), videos=[n_frames], add_generation_prompt=False
     )
     check_video_prompt(context, int(prompt.input_ids.numel()), n_frames, prompt.placeholder_len)
     if request.speech and budget and rank == 0:
-        warnings.warn(
-            EngineWarning(
-                f"{placed} of {len(cues)} transcript lines placed (those at the sampled "
-                f"frames): the whole transcript does not fit the {budget:,}-token subtitle "
-                "budget or the model's positions; raise --subtitle-tokens or --fps"
-            )
-        )
+        _warn_placed(placed, len(cues), budget, "at")
     return VideoPrompt(block, placed, dropped, prompt)
 
 
-def _whole_transcript(processor, context: int, request: VideoRequest, cues, timestamps):
-    """The prompt with every line of a speech transcript, at its time, when it fits the subtitle
-    budget and leaves room for a question within the model's positions; else None."""
+def _warn_placed(placed: int, lines: int, budget: int, where: str) -> None:
+    warnings.warn(
+        EngineWarning(
+            f"{placed} of {lines} transcript lines placed (those {where} the sampled frames): "
+            f"the whole transcript does not fit the {budget:,}-token subtitle budget or the "
+            "model's positions; each question carries the other lines that share its words "
+            "(raise --subtitle-tokens, or lower --fps, to place them all)"
+        )
+    )
+
+
+def _transcript(processor, context: int, request: VideoRequest, cues, timestamps):
+    """The prompt with a speech transcript's lines, each at its time: every line when they fit
+    the subtitle budget and leave room for a question within the model's positions, else every
+    line at a sampled frame and the most of the others nearest the frames that do; None when
+    the lines at the frames alone do not fit (`_frame_lines` then spreads what fits over the
+    video), or the cues are no transcript."""
     budget = request.video.subtitle_tokens
     if not request.speech or not budget:
         return None
-    block = timed_block(cues, timestamps)
-    if len(processor.encode_text(block)) > budget:
+
+    def placed(chosen: Sequence[Cue]) -> VideoPrompt | None:
+        block = timed_block(sorted(chosen, key=lambda c: (c.start, c.end)), timestamps)
+        if len(processor.encode_text(block)) > budget:
+            return None
+        messages = video_messages(request.opening, block)
+        prompt = processor.build_chat_prompt(
+            messages, videos=[len(timestamps)], add_generation_prompt=False
+        )
+        if int(prompt.input_ids.numel()) + TURN_ROOM > context:
+            return None
+        at_frames = set(select_lines(cues, timestamps)) - {c.text for c in chosen}
+        return VideoPrompt(block, len(chosen), len(at_frames), prompt)
+
+    whole = placed(cues)
+    if whole is not None:
+        return whole
+    frames = sorted(timestamps)
+    distance = {id(c): to_frame(c, frames) for c in cues}
+    nearest = sorted(cues, key=lambda c: (distance[id(c)], c.start))
+    at_frames = sum(distance[id(c)] == 0 for c in cues)
+    best = placed(nearest[:at_frames]) if at_frames else None
+    if best is None:  # not even the lines at the frames: those spread over the video, untimed
         return None
-    messages = video_messages(request.opening, block)
-    prompt = processor.build_chat_prompt(
-        messages, videos=[len(timestamps)], add_generation_prompt=False
-    )
-    if int(prompt.input_ids.numel()) + TURN_ROOM > context:
-        return None
-    return VideoPrompt(block, len(cues), 0, prompt)
+    lo, hi = at_frames + 1, len(cues) - 1  # the most lines nearest the frames that fit
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = placed(nearest[:mid])
+        if got is not None:
+            best, lo = got, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def _frame_lines(

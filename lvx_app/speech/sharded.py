@@ -6,7 +6,7 @@ cues (text, never audio) are gathered at the end. The cache is read first and wr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +20,7 @@ from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import all_min
 from lvx_app.speech import model as speech_model
 from lvx_app.speech import join, transcribe
+from lvx_app.speech.cue_words import with_words
 from lvx_app.speech.audio import AudioDecodeError, SpeechError, speech_span
 from lvx_app.speech.pieces import CUT_VERSION, Cut, find_cut, my_lines, pieces
 from lvx_app.subtitles import Cue
@@ -79,7 +80,7 @@ def _transcribed(path: str, duration: float, video: VideoConfig, device, progres
         return _transcript([Cue(*c) for c in saved], source, name, from_cache=True)
     cues, notes, partial = _made(path, duration, found, language or None, device, sync, progress)
     if store is not None and get_rank() == 0 and not partial:  # a partial one is made again
-        store.save(key, [(c.start, c.end, c.text) for c in cues], video=Path(path).resolve())
+        store.save(key, [astuple(c) for c in cues], video=Path(path).resolve())
     made = _transcript(cues, source, name)
     made.notes[:0] = notes
     return made
@@ -120,7 +121,7 @@ def _made(path, duration, found, language, device, sync, progress):
         every = [None] * world
         dist.all_gather_object(every, part)
     words = join.join([pw for p in every for pw in p.heard])
-    made = [Cue(*c) for c in join.cues(words)]
+    made = with_words(join.cues(words), words)
     partial = any(p.skipped for p in every)
     return made, _notes(Path(path).name, every, len(words), found.name) + part.said, partial
 
