@@ -250,6 +250,18 @@ def local_frames(
     return starts, ids_host, k_frame
 
 
+def frames_kv(
+    make_kv: Callable[[int, torch.Tensor], Any], e_local: torch.Tensor, layers, precompute: bool
+) -> Mapping[int, Any]:
+    """Every cross layer's K/V of the frames E a process holds, for a family's `prepare_visual`:
+    made now without autograd (`precompute`: inference), or when a layer runs, from E
+    (`LazyVisualKV`: finetuning with recompute). `make_kv(layer, e)` -> (k, v)."""
+    if not precompute:
+        return LazyVisualKV(make_kv, e_local, layers)
+    with torch.no_grad():
+        return {l: make_kv(l, e_local) for l in layers}
+
+
 def known_q_vis(
     q_vis: torch.Tensor,
     positions: Optional[torch.Tensor],

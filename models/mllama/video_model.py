@@ -29,11 +29,11 @@ from lvx_kernels.masks import Indices, device_tensor
 from ..steps import (
     AttentionHooks,
     FrameFeatures,
-    LazyVisualKV,
     TextKVCache,
     VisualInputs,
     VisualStep,
     bind_visual,
+    frames_kv,
     local_frames,
 )
 from .config import MllamaConfig
@@ -128,12 +128,7 @@ class MllamaVideoModel(Finetuning, nn.Module):
         every cross layer's K/V now (precompute), or made from E when a layer runs."""
         n, p, _ = e_local.shape
         starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
-        layers = self.config.cross_layer_indices
-        if precompute:
-            with torch.no_grad():
-                kv = {l: self.visual_kv(l, e_local) for l in layers}
-        else:
-            kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e), e_local, layers)
+        kv = frames_kv(self.visual_kv, e_local, self.config.cross_layer_indices, precompute)
         return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
 
     # ---- language side ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ its tokens (`feed=`), which the hooks get with every call; `decode_step` is the 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import torch
@@ -32,11 +33,11 @@ from lvx_kernels.feed import REPLICATED, Feed
 from ..steps import (
     AttentionHooks,
     FrameFeatures,
-    LazyVisualKV,
     TextKVCache,
     VisualInputs,
     VisualStep,
     bind_visual,
+    frames_kv,
     local_frames,
 )
 from .config import Owl3Config
@@ -143,12 +144,8 @@ class Owl3Model(Finetuning, nn.Module):
         starts, ids_host, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
         frame_ids = ids_host.to(e_local.device)
         positions = self.frame_rope_positions(starts.tensor)[frame_ids]
-        layers = self.config.hyper_layer_indices
-        if precompute:
-            with torch.no_grad():
-                kv = {l: self.visual_kv(l, e_local, positions) for l in layers}
-        else:
-            kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e, positions), e_local, layers)
+        make_kv = partial(self.visual_kv, frame_positions=positions)
+        kv = frames_kv(make_kv, e_local, self.config.hyper_layer_indices, precompute)
         return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
 
     def _sees_at_start(self) -> bool:

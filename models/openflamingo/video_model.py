@@ -23,11 +23,11 @@ from lvx_kernels.feed import REPLICATED, Feed
 from ..steps import (
     AttentionHooks,
     FrameFeatures,
-    LazyVisualKV,
     TextKVCache,
     VisualInputs,
     VisualStep,
     bind_visual,
+    frames_kv,
     local_frames,
 )
 from .config import OpenFlamingoConfig
@@ -98,12 +98,7 @@ class OpenFlamingoVideoModel(nn.Module):
         K/V now (precompute), or made from E when a layer runs."""
         n, p, _ = e_local.shape
         starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
-        layers = self.config.cross_layer_indices
-        if precompute:
-            with torch.no_grad():
-                kv = {l: self.visual_kv(l, e_local) for l in layers}
-        else:
-            kv = LazyVisualKV(lambda l, e: self.visual_kv(l, e), e_local, layers)
+        kv = frames_kv(self.visual_kv, e_local, self.config.cross_layer_indices, precompute)
         return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
 
     # ---- language side ---------------------------------------------------------------------------
