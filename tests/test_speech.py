@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from speech_clips import voice
+from speech_clips import stand_in_decode, voice
 
 from lvx_app.cache import CacheFolder, CacheWarning
 from lvx_app.config import VideoConfig
 from lvx_app.engine.records import EngineError, VideoRequest
-from lvx_app.speech import choice, pieces, transcribe
+from lvx_app.speech import choice, decode, pieces, transcribe
 from lvx_app.speech import model as speech_model
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio
 from lvx_app.speech.sharded import transcribe_video
@@ -90,7 +90,7 @@ class _Words:
         return [SimpleNamespace(words=heard, temperature=0.0)], info
 
 
-def test_a_word_in_the_overlap_is_kept_once(talk):
+def test_a_word_in_the_overlap_is_kept_once(talk, monkeypatch):
     """A cut inside speech: both pieces hear the overlap; a word across the cut, and one the second
     piece places a little earlier than the first did, are each kept once, in one sentence."""
     from lvx_app.speech import join
@@ -101,6 +101,7 @@ def test_a_word_in_the_overlap_is_kept_once(talk):
     spans = [p.audio_span(TALK_S) for p in both]
     assert spans == [(0.0, cut + pieces.OVERLAP_S), (cut - pieces.OVERLAP_S, TALK_S)]
     model = _Words(words, [lo for lo, _ in spans])
+    monkeypatch.setattr(decode, "decode", stand_in_decode)
     heard = [
         (p, transcribe.transcribe_piece(lambda: model, talk, p, TALK_S, None).words) for p in both
     ]

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from speech_clips import voice
+from speech_clips import stand_in_decode, voice
 
 from lvx_app.config import VideoConfig
 from lvx_app.speech import model as speech_model
-from lvx_app.speech import pieces, transcribe
+from lvx_app.speech import decode, pieces, transcribe
 from lvx_app.speech.audio import SAMPLE_RATE
 from lvx_app.speech.sharded import transcribe_video
 from lvx_app.speech.tracks import place, write_audio
@@ -66,6 +66,7 @@ def _heard(tmp_path, monkeypatch, bursts, said) -> str:
     monkeypatch.setattr(transcribe, "read_audio", read_audio)
     model = _EdgeModel(said, stretches)
     monkeypatch.setattr(speech_model, "load_model", lambda *_: model)
+    monkeypatch.setattr(decode, "decode", stand_in_decode)
     video = VideoConfig(subtitles="speech", speech_model=str(tmp_path / "model"), cache=False)
     got = transcribe_video(str(path), video, torch.device("cpu"))
     assert all(a.end <= b.start for a, b in zip(got.cues, got.cues[1:]))
