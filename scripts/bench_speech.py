@@ -62,10 +62,10 @@ FRENCH = (
     "pourraient encore atteindre le marché le vendredi. Le maire a promis une réponse avant l'été."
 )
 GERMAN = (
-    "Der Rat traf sich an einem kalten Morgen, um über die neue Brücke zu sprechen. Die "
-    "Ingenieure zeigten Zeichnungen von Stahlbögen über dem Fluss. Ein Bauer fragte, ob die "
-    "Lastwagen den Markt am Freitag noch erreichen könnten. Der Bürgermeister versprach eine "
-    "Antwort vor dem Sommer."
+    "Der Rat traf sich an einem kalten Morgen, um über die neue Brücke zu sprechen. "
+    "Die Ingenieure zeigten Zeichnungen von Stahlbögen über dem Fluss. "
+    "Ein Bauer fragte, ob die Lastwagen den Markt am Freitag noch erreichen könnten. "
+    "Der Bürgermeister versprach eine Antwort vor dem Sommer."
 )
 PAUSES_S = (0.05, 0.3, 1.0, 2.0, 5.0, 10.0)
 

@@ -4,11 +4,10 @@ decoded in batches with beam 5 and word timestamps. The batched pipeline has no 
 fallback, so each chunk is judged as faster-whisper's fallback judges a window: a likely silence
 (no-speech probability over 0.6 with an average log-probability under -1) is dropped, a loop
 (compression ratio over 2.4) or a weak decode (log-probability under -1) is decoded again by
-faster-whisper's sequential path on that chunk alone, with its seeded fallback, and what that gives
-is kept only where it passes the same rules (faster-whisper would keep its best try: speech the
-model cannot follow, such as another language through an English-only model, would come back as
-invented text). Chunks are made from the piece alone, so a piece's words are the same on any number
-of ranks."""
+faster-whisper's sequential path on that chunk alone, with its seeded fallback (its best try kept,
+as faster-whisper keeps it); the seconds of such chunks are counted, so speech the model cannot
+follow (another language through an English-only model) can be told. Chunks are made from the
+piece alone, so a piece's words are the same on any number of ranks."""
 
 from __future__ import annotations
 
@@ -28,11 +27,13 @@ NO_SPEECH, LOG_PROB, COMPRESSION = 0.6, -1.0, 2.4  # faster-whisper's thresholds
 @dataclass
 class Decoded:
     """What a stretch of audio gave: its segments (words at times within the stretch), the
-    seconds of speech in it, and whether a chunk was decoded again at a sampling temperature."""
+    seconds of speech in it and of those in chunks that failed the rules at temperature 0, and
+    whether a chunk was decoded again at a sampling temperature."""
 
     segments: list = field(default_factory=list)
     speech_s: float = 0.0
     sampled: bool = False
+    doubtful_s: float = 0.0
 
 
 def decode(model, audio: np.ndarray, language: str | None) -> Decoded:
@@ -63,12 +64,13 @@ def decode(model, audio: np.ndarray, language: str | None) -> Decoded:
     for segment in batched:
         per_chunk[_chunk_of(segment.seek / model.frames_per_second, meta)].append(segment)
     kept = []
-    for chunk, offset, segments in zip(chunks, (m["offset"] for m in meta), per_chunk):
+    for chunk, m, segments in zip(chunks, meta, per_chunk):
         verdict = judge(segments)
+        if verdict != "keep":
+            got.doubtful_s += m["duration"]
         if verdict == "again":
-            segments = _one_by_one(model, chunk, offset, language)
+            segments = _one_by_one(model, chunk, m["offset"], language)
             got.sampled |= any(s.temperature > 0 for s in segments)
-            segments = [s for s in segments if judge([s]) == "keep"]
         if verdict != "silence":
             kept += segments
     restored = restore_speech_timestamps(kept, spans, SAMPLE_RATE)

@@ -34,6 +34,7 @@ class Heard:
     words: list[Word] = field(default_factory=list)
     bad: list[float] = field(default_factory=list)
     speech_s: float = 0.0
+    doubtful_s: float = 0.0  # seconds of speech in chunks that failed the rules at temperature 0
     sampled: bool = False  # a window fell back to sampling: the model's random stream moved on
 
 
@@ -71,6 +72,7 @@ def transcribe_piece(
     ctranslate2.set_random_seed(SEED)
     decoded = decoding.decode(model_of(), got.audio, language)
     heard.speech_s, heard.sampled = decoded.speech_s, decoded.sampled
+    heard.doubtful_s = decoded.doubtful_s
     for segment in decoded.segments:
         heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
     return heard
