@@ -1,7 +1,8 @@
 """Speech transcribed into subtitle cues (lvx_app/speech): the same cues on 1 and 2 ranks, the words
 of an overlap kept once, the transcript cached and reopened without the model running, listed and
 removed with its video, a full disk a warning; no audio track, silence and undecodable audio each a
-note; without the extra one line. A real Whisper (tiny.en, shipped by a package) hears a sentence
+note; without the extra one line; a chunk of the batched decode judged by faster-whisper's rules. A
+real Whisper (tiny.en, shipped by a package) hears a sentence
 espeak-ng speaks, at its time."""
 
 from __future__ import annotations
@@ -381,3 +382,19 @@ def test_the_install_hint_fits_how_lvx_was_installed(monkeypatch, tmp_path):
     monkeypatch.undo()
     here = choice.install_hint()
     assert here.startswith('pip install -e "') and here.endswith('[speech]"')
+
+
+def test_a_chunk_is_judged_by_faster_whispers_rules():
+    """A chunk of the batched decode: kept, dropped as silence, or decoded again with the fallback,
+    by faster-whisper's thresholds (compression ratio 2.4, log-probability -1, no-speech 0.6)."""
+    judge = decode.judge
+
+    def chunk(text, log_prob, no_speech):
+        return [SimpleNamespace(text=text, avg_logprob=log_prob, no_speech_prob=no_speech)]
+
+    assert judge(chunk(" The committee met on a cold morning.", -0.3, 0.1)) == "keep"
+    assert judge(chunk(" I'm sure that" * 20, -0.2, 0.1)) == "again"  # a loop
+    assert judge(chunk(" Words.", -1.5, 0.2)) == "again"  # a weak decode
+    assert judge(chunk(" Thank you.", -1.5, 0.9)) == "silence"
+    assert judge(chunk(" Fine.", -0.5, 0.9)) == "keep"  # confident, whatever the no-speech odds
+    assert judge([]) == "keep"
