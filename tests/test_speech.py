@@ -2,8 +2,7 @@
 of an overlap kept once, the transcript cached and reopened without the model running, listed and
 removed with its video, a full disk a warning; no audio track, silence and undecodable audio each a
 note; without the extra one line; a chunk of the batched decode judged by faster-whisper's rules. A
-real Whisper (tiny.en, shipped by a package) hears a sentence
-espeak-ng speaks, at its time."""
+real Whisper (tiny.en, shipped by a package) hears a sentence espeak-ng speaks, at its time."""
 
 from __future__ import annotations
 
