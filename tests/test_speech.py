@@ -297,7 +297,9 @@ def test_a_three_hour_talk_is_heard_at_its_times(tiny_whisper, tmp_path):
     )
     shown = []
     got = transcribe_video(path, _video(tiny_whisper), CPU, lambda *p: shown.append(p[1:]))
-    assert got.notes == [] and shown[-1] == (10800, 10800) and len(shown) == 180
+    # the random-weight model fails faster-whisper's rules everywhere: it is told it hears little
+    assert [n for n in got.notes if "hears English only" not in n] == []
+    assert shown[-1] == (10800, 10800) and len(shown) == 180
     assert {min(starts, key=lambda t: abs(t - c.start)) for c in got.cues} == set(starts)
     assert all(any(t - 1 <= c.start <= t + 4 for t in starts) for c in got.cues)
 

@@ -59,7 +59,9 @@ def decode(model, audio: np.ndarray, language: str | None) -> Decoded:
         np.concatenate(chunks), language=language, batch_size=BATCH, word_timestamps=True,
         clip_timestamps=clips, vad_filter=False,
     )  # fmt: skip
-    got = Decoded(speech_s=sum(m["duration"] for m in meta))
+    inside = (len(pad), len(pad) + round(length_s * SAMPLE_RATE))  # the padding is no speech
+    heard = sum(max(0, min(e, inside[1]) - max(b, inside[0])) for b, e in _bounds(spans))
+    got = Decoded(speech_s=heard / SAMPLE_RATE)
     per_chunk: list[list] = [[] for _ in chunks]
     for segment in batched:
         per_chunk[_chunk_of(segment.seek / model.frames_per_second, meta)].append(segment)
@@ -76,6 +78,10 @@ def decode(model, audio: np.ndarray, language: str | None) -> Decoded:
     restored = restore_speech_timestamps(kept, spans, SAMPLE_RATE)
     got.segments = [_unpadded(segment, length_s) for segment in restored]
     return got
+
+
+def _bounds(spans: list[dict]) -> list[tuple[int, int]]:
+    return [(span["start"], span["end"]) for span in spans]
 
 
 def _unpadded(segment, length_s: float):
