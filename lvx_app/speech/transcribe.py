@@ -1,12 +1,12 @@
-"""One piece of audio through faster-whisper with its own defaults (beam 5, the temperature
-fallback that drops repetition loops by compression ratio and weak decodes by log-probability, the
-no-speech filter), voice-activity filtered, with word timestamps. Sampling at a fallback
-temperature starts from a fixed seed (CTranslate2 seeds a decoding thread's generator once, when it
-first samples, so a model that sampled is loaded afresh for the next piece:
-`sharded._LazyModel`), and no piece is conditioned on another, so a piece's words
-depend on that piece alone (the same on any number of ranks, and the same when transcribed
-again). A fast energy gate runs before the model: silent audio never loads it, and the voice
-activity detector inside faster-whisper keeps noise and music from its decoder."""
+"""One piece of audio through faster-whisper: its batched pipeline on the piece's speech, each
+chunk judged by faster-whisper's loop and silence rules and decoded again with its temperature
+fallback where they say so (`decode`), with word timestamps. Sampling at a fallback temperature
+starts from a fixed seed (CTranslate2 seeds a decoding thread's generator once, when it first
+samples, so a model that sampled is loaded afresh for the next piece: `sharded._LazyModel`), and no
+piece is conditioned on another, so a piece's words depend on that piece alone (the same on any
+number of ranks, and the same when transcribed again). A fast energy gate runs before the model:
+silent audio never loads it, and the voice activity detector keeps noise and music from its
+decoder."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lvx_app.speech import decode as decoding
 from lvx_app.speech.audio import SAMPLE_RATE, read_audio
 from lvx_app.speech.onnx_import import import_onnxruntime_privately
 from lvx_app.speech.pieces import MIN_GAP_S, Piece
@@ -33,6 +34,7 @@ class Heard:
     words: list[Word] = field(default_factory=list)
     bad: list[float] = field(default_factory=list)
     speech_s: float = 0.0
+    doubtful_s: float = 0.0  # seconds of speech in chunks that failed the rules at temperature 0
     sampled: bool = False  # a window fell back to sampling: the model's random stream moved on
 
 
@@ -68,17 +70,11 @@ def transcribe_piece(
     import ctranslate2
 
     ctranslate2.set_random_seed(SEED)
-    segments, info = model_of().transcribe(
-        got.audio,
-        language=language,
-        vad_filter=True,
-        word_timestamps=True,
-        condition_on_previous_text=False,
-    )
-    heard.speech_s = float(info.duration_after_vad)
-    for segment in segments:
+    decoded = decoding.decode(model_of(), got.audio, language)
+    heard.speech_s, heard.sampled = decoded.speech_s, decoded.sampled
+    heard.doubtful_s = decoded.doubtful_s
+    for segment in decoded.segments:
         heard.words += [(got.lo + w.start, got.lo + w.end, w.word) for w in segment.words or ()]
-        heard.sampled |= segment.temperature > 0
     return heard
 
 
