@@ -97,7 +97,9 @@ def _cases(rank: int, world: int, cfg: dict, dev, dtype) -> dict:
 
 def _step(feed, k, v, k_frame, q_vis, q_vis_every) -> SimpleNamespace:
     """What a hyper layer's forward hands its hooks (the model's StepContext and VisualStep)."""
-    visual = SimpleNamespace(kv={0: (k, v)}, k_frame=k_frame, q_vis=q_vis, q_vis_every=q_vis_every)
+    visual = SimpleNamespace(
+        kv={0: (k, v)}, k_frame=k_frame, q_vis=q_vis, q_vis_every=q_vis_every, window=None
+    )
     return SimpleNamespace(feed=feed, visual=visual)
 
 

@@ -79,6 +79,8 @@ HONOURED = {
     # tests/test_speech.py shows a transcript keyed on both)
     "speech_model": ("base", lambda e, s, t: _rank_video(e).speech_model == "base"),
     "speech_language": ("de", lambda e, s, t: _rank_video(e).speech_language == "de"),
+    # the frames a token attends to: the latest one only (a window of one on the visual inputs)
+    "media_attention": ("latest-frame", lambda e, s, t: e.session.video.loaded.visual.window == 1),
 }
 
 

@@ -33,6 +33,14 @@ from lvx_kernels.masks import device_tensor
 from scripts.baselines import allgather_xattn_with_lse, ring_xattn_with_lse
 
 
+def _refuse(hooks, alibi, window) -> None:
+    """The baselines run every frame before a token, without ALiBi: anything else is one line."""
+    if alibi is not None:
+        raise ValueError(f"{type(hooks).__name__} has no ALiBi: run a family without it")
+    if window is not None:
+        raise ValueError(f"{type(hooks).__name__} sees every frame before a token: no window")
+
+
 class _KVMoving(ShardedAttention):
     """A baseline: one K/V-moving function for sharded and replicated queries alike."""
 
@@ -42,12 +50,12 @@ class _KVMoving(ShardedAttention):
         q_vis, k_frame = device_tensor(q_vis), device_tensor(k_frame)
         return self.fn(q, k, v, group=self.group, q_vis=q_vis, k_frame=k_frame, stats=self.stats)
 
-    def ring(self, q, k, v, q_vis, k_frame, step, layer, every=None, alibi=None):
-        if alibi is not None:
-            raise ValueError(f"{type(self).__name__} has no ALiBi: run a family without it")
+    def ring(self, q, k, v, q_vis, k_frame, step, layer, every=None, alibi=None, window=None):
+        _refuse(self, alibi, window)
         return self._moving(q, k, v, q_vis, k_frame)  # K/V move: no query block to plan
 
-    def combine(self, q, k, v, q_vis, k_frame, feed):
+    def combine(self, q, k, v, q_vis, k_frame, feed, window=None):
+        _refuse(self, None, window)
         out = self._moving(q, k, v, q_vis, k_frame)
         rider = feed.carry
         if rider is not None and rider.received is None:
