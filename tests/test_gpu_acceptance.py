@@ -851,6 +851,7 @@ def test_the_rehearsal_of_the_second_command(tmp_path: Path) -> None:
         "nccl lv_xattn + decode_xattn (gloo)", "ring/gather crossover calibrated (gloo)",
         "group decode: static step vs eager, teacher-forced (gloo)",
         "Llama-3.2-Vision at 11B shapes: kernels vs float64, memory vs the plan",
+        "every family's published cross-layer shapes: kernels vs float64, planned memory",
     }  # fmt: skip
     reasons = {r["name"]: r["reason"] for r in report["results"]}
     assert reasons["cuda tests"].startswith(f"ran no test ({CUDA_TESTS} skipped")
