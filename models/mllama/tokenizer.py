@@ -4,11 +4,10 @@ tokens after the BPE vocabulary, `<|image|>` right after them), read with `token
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import Tokenizer
 
-from ..valid_text import valid_text
+from ..bpe_text import BpeText
 
 IMAGE = "<|image|>"
 BOS = "<|begin_of_text|>"
@@ -39,18 +38,16 @@ def special_tokens() -> list[str]:
     return out + [IMAGE]
 
 
-class MllamaTokenizer:
+class MllamaTokenizer(BpeText):
     """Text <-> ids. Special tokens written in the text are single ids (as the published
     tokenizer's added tokens are); nothing is added around the text (the chat template writes the
     `<|begin_of_text|>`)."""
 
     def __init__(self, tokenizer: Tokenizer):
-        self.tok = tokenizer
+        super().__init__(tokenizer)
         self.image_id = self._id(IMAGE)
         self.bos_id = self._id(BOS)
         self.eot_id = self._id(EOT)
-        self._text_tok = Tokenizer.from_str(tokenizer.to_str())  # special tokens split as text
-        self._text_tok.encode_special_tokens = True
         self.stop_ids = frozenset(
             self._id(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
         )
@@ -66,22 +63,3 @@ class MllamaTokenizer:
                 f"the tokenizer has no {token} token: not a Llama-3.2-Vision tokenizer"
             )
         return i
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(valid_text(text), add_special_tokens=False).ids if text else []
-
-    def encode_text(self, text: str) -> list[int]:
-        """`text` as plain text: a special token written in it is split like any other text."""
-        if not text:
-            return []
-        return self._text_tok.encode(valid_text(text), add_special_tokens=False).ids
-
-    def longest_token_bytes(self) -> int:
-        """The most UTF-8 bytes one token stands for (byte-level BPE: a character a byte; an added
-        token stands for its own text)."""
-        added = {t.content for t in self.tok.get_added_tokens_decoder().values()}
-        vocab = self.tok.get_vocab(with_added_tokens=True)
-        return max(len(t.encode()) if t in added else len(t) for t in vocab)
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

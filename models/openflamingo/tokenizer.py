@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import AddedToken, Tokenizer
 
+from ..bpe_text import BpeText
 from ..safetensors_folder import CheckpointError
-from ..valid_text import valid_text
 
 IMAGE = "<image>"
 END_OF_CHUNK = "<|endofchunk|>"
@@ -50,18 +49,16 @@ def with_flamingo_tokens(tok: Tokenizer, pad: str | None) -> Tokenizer:
     return tok
 
 
-class FlamingoTokenizer:
+class FlamingoTokenizer(BpeText):
     """Text <-> ids. Special tokens written in template text are single ids; text a user wrote
     (`encode_text`) is plain text, a special token typed in it included."""
 
     def __init__(self, tokenizer: Tokenizer, pad: str | None = None):
-        self.tok = tokenizer
+        super().__init__(tokenizer)
         self.image_id = self._id(IMAGE)
         self.eoc_id = self._id(END_OF_CHUNK)
         self.eos_id = self.tok.token_to_id(EOS)
         self.pad_id = self._id(pad or PAD)
-        self._text_tok = Tokenizer.from_str(tokenizer.to_str())  # special tokens split as text
-        self._text_tok.encode_special_tokens = True
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "FlamingoTokenizer":
@@ -92,22 +89,3 @@ class FlamingoTokenizer:
     def stop_ids(self) -> tuple[int, ...]:
         """`<|endofchunk|>` (open_flamingo's `generate` stops there), then the end of text."""
         return (self.eoc_id,) if self.eos_id is None else (self.eoc_id, self.eos_id)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(valid_text(text), add_special_tokens=False).ids if text else []
-
-    def encode_text(self, text: str) -> list[int]:
-        """`text` as plain text: a special token written in it is split like any other text."""
-        if not text:
-            return []
-        return self._text_tok.encode(valid_text(text), add_special_tokens=False).ids
-
-    def longest_token_bytes(self) -> int:
-        """The most UTF-8 bytes one token stands for (byte-level BPE: a character a byte; an added
-        token stands for its own text)."""
-        added = {t.content for t in self.tok.get_added_tokens_decoder().values()}
-        vocab = self.tok.get_vocab(with_added_tokens=True)
-        return max(len(t.encode()) if t in added else len(t) for t in vocab)
-
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
