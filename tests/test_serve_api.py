@@ -460,6 +460,26 @@ def test_a_video_url_that_is_no_path_is_a_400_line(tmp_path):
     assert refused.value.status == 400 and refused.value.param == "video_url"
 
 
+def test_a_video_sent_as_data_is_saved_as_sent_across_decoding_pieces(tmp_path, monkeypatch):
+    """A data: URL's video is decoded a piece at a time; the file holds the bytes sent, whatever
+    the pieces' size, and padding before the end or a character past ASCII is a 400 line."""
+    from pathlib import Path
+
+    import lvx_ui.openai_request as openai_request
+    from lvx_ui.openai_request import ApiError, VideoFiles
+
+    monkeypatch.setattr(openai_request, "BASE64_PIECE", 8)
+    files = VideoFiles([], 10.0, tmp_path / "uploads")
+    for size in (0, 1, 5, 6, 7, 12, 31):
+        raw = os.urandom(size)
+        saved = files.video("data:video/mp4;base64," + base64.b64encode(raw).decode())
+        assert Path(saved).read_bytes() == raw, size
+    for bad_url in ("data:video/mp4;base64,AA==AAAA", "data:video/mp4;base64,AAAA\u00e9AAA"):
+        with pytest.raises(ApiError, match="not valid base64") as refused:
+            files.video(bad_url.encode().decode("unicode_escape"))
+        assert refused.value.status == 400
+
+
 def test_allow_paths_judges_a_path_as_given_and_as_resolved(tmp_path):
     """A link inside an allowed folder (a Hugging Face cache's snapshot files are links into its
     blobs) is allowed as given; an allowed folder reached through a link is allowed once resolved;

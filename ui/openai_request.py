@@ -60,6 +60,7 @@ MAX_STOPS, MAX_STOP_CHARS = 16, 256  # each stop string is looked for after ever
 FRAME_KEYS = {"num_frames": "num_frames", "fps": "fps"}  # vLLM's names: the video options
 EVERY_FRAME = 2**31 - 1  # vLLM's num_frames -1: more frames than any video has, so all of them
 FRAME_VIDEOS = ("data:video/jpeg;base64", "data:video/png;base64")  # vLLM's frames as a video
+BASE64_PIECE = 2**22  # characters of base64 decoded at a time (a multiple of 4)
 VIDEO_TYPE = re.compile(r"data:video/([a-z0-9][a-z0-9.+-]{0,31});base64")  # mp4, x-matroska, ...
 
 
@@ -220,12 +221,34 @@ def _url(video_url: Any, where: str, kind: str = "video_url") -> str:
 
 def sent_as_frames(url: Media) -> bool:
     """Whether a video comes as its frames (image URLs, or vLLM's data:video/jpeg form)."""
-    return not isinstance(url, str) or url.partition(",")[0].lower() in FRAME_VIDEOS
+    return not isinstance(url, str) or url_head(url).lower() in FRAME_VIDEOS
+
+
+def url_head(url: str) -> str:
+    """What comes before a data: URL's first comma (the whole URL without one), the rest never
+    copied."""
+    end = url.find(",")
+    return url if end < 0 else url[:end]
+
+
+def base64_after(text: str, start: int) -> bytearray:
+    """The bytes the base64 `text[start:]` spells, decoded a piece at a time so the text (a
+    video's data URL: most of a request's memory) is never copied whole; ValueError when it is no
+    strict base64 (padding only at its end)."""
+    out = bytearray()
+    for at in range(start, len(text), BASE64_PIECE):
+        piece = text[at : at + BASE64_PIECE]
+        if "=" in piece and at + BASE64_PIECE < len(text):
+            raise ValueError("padding before the end")
+        out += base64.b64decode(piece, validate=True)
+    return out
 
 
 def valid_text(text: str, where: str) -> str:
     """`text`, when it is Unicode the tokenizer can take: JSON's escapes can spell a lone
     surrogate (`\\ud800`), which is no character at all."""
+    if text.isascii():  # a data: URL's base64 is never copied to be checked
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -456,10 +479,8 @@ class VideoFiles:
         held = held or Reservation(None)
         if not isinstance(url, str):
             return self._frames([self._image(u, held) for u in url], fps, held)
-        head, _, data = url.partition(",")
-        if head.lower() in FRAME_VIDEOS:
-            frames = [self._b64(f, "video_url") for f in data.split(",")]
-            del data
+        if sent_as_frames(url):
+            frames = [self._b64(f, "video_url") for f in url.split(",")[1:]]
             return self._frames(frames, fps, held)
         if url.startswith("data:"):
             return self._save(url)
@@ -558,7 +579,7 @@ class VideoFiles:
     def _save(self, url: str) -> str:
         """Save the video a data: URL carries; it stays on disk while a request holds it
         (`release`)."""
-        head = url[: url.find(",")] if "," in url else url  # the bulk is never copied out
+        head = url_head(url)
         kind = VIDEO_TYPE.fullmatch(head.lower())
         if kind is None:
             raise bad(
@@ -571,7 +592,7 @@ class VideoFiles:
         if (len(url) - start) * 3 / 4 > limit:
             self.too_large((len(url) - start) * 3 / 4)
         try:
-            raw = base64.b64decode(memoryview(url.encode("ascii"))[start:], validate=True)
+            raw = base64_after(url, start)
         except (binascii.Error, ValueError):  # a character that is no base64 (ASCII or not)
             raise bad("the video's data URL is not valid base64", "video_url") from None
         suffix = "." + kind.group(1).removeprefix("x-")

@@ -432,7 +432,8 @@ class OpenAIApi:
             )
         ask = req.video
         request = self._request(ask, client, reserved) if ask is not None else None
-        req.video = None  # a data: URL is the body's bulk: its file is made, the text goes
+        about = video_name(ask, request)
+        req.video = ask = None  # a data: URL is the body's bulk: its file is made, the text goes
         reserved.keep(4 * sum(len(t["content"]) for t in req.turns))
         release = (lambda: self.files.release(request.path)) if request else (lambda: None)
         try:
@@ -463,7 +464,7 @@ class OpenAIApi:
         answer = Answer(lease, pieces, StopStrings(req.stop), self.report, done)
         loaded = self.service.loaded
         answer.video = loaded if request is not None else None
-        answer.about = video_name(ask, request)
+        answer.about = about
         answer.evidence_asked = req.evidence
         if loaded is not None and loaded is not held and not loaded.prompt_from_cache:
             answer.loaded_now = loaded.prompt_tokens  # prefilled for this request: not reused
