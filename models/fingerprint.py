@@ -77,17 +77,23 @@ def encoder_fingerprint(
     table = {} if memo is None else memo
     h = hashlib.sha256()
     for f in sorted(by_file):
-        names = hashlib.sha256(" ".join(sorted(by_file[f])).encode()).hexdigest()[:16]
-        ident = f"{_identity(f)}:{names}"
-        if ident not in table:
-            try:
-                table[ident] = _tensor_digest(f, by_file[f])
-            except (OSError, ValueError, KeyError) as exc:
-                raise CheckpointError(
-                    f"{f} is not a readable weight file ({type(exc).__name__}: {exc})"
-                ) from None
-        h.update(table[ident].encode())
+        h.update(file_digest(f, by_file[f], table).encode())
     return h.hexdigest()[:32]
+
+
+def file_digest(f: Path, keys: list[str], memo: dict[str, str]) -> str:
+    """The sha256 of `keys` of one weight file (safetensors or PyTorch), remembered in `memo` by
+    the file's identity and the keys."""
+    names = hashlib.sha256(" ".join(sorted(keys)).encode()).hexdigest()[:16]
+    ident = f"{_identity(f)}:{names}"
+    if ident not in memo:
+        try:
+            memo[ident] = _tensor_digest(f, keys)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"{f} is not a readable weight file ({type(exc).__name__}: {exc})"
+            ) from None
+    return memo[ident]
 
 
 def encoder_identity(

@@ -15,6 +15,7 @@ import torch
 from .safetensors_folder import CheckpointError, tensor_shapes
 
 SUFFIXES = (".pt", ".bin", ".pth")
+TRAINING_STATE = "model_state_dict"  # a training checkpoint's weights (open_flamingo's)
 
 
 def is_torch_file(f: Path) -> bool:
@@ -22,8 +23,9 @@ def is_torch_file(f: Path) -> bool:
 
 
 def torch_tensors(f: Path) -> dict[str, torch.Tensor]:
-    """The flat {key: tensor} a weight file holds, on the CPU (memory-mapped where the file's format
-    allows); anything else is a one-line CheckpointError."""
+    """The flat {key: tensor} a weight file holds (a training checkpoint's `model_state_dict`), on
+    the CPU (memory-mapped where the file's format allows); anything else is a one-line
+    CheckpointError."""
     try:
         try:
             obj = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
@@ -34,9 +36,13 @@ def torch_tensors(f: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{f} is not a PyTorch weight file of tensors only ({type(e).__name__}: {why})"
         ) from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if isinstance(obj, dict) and isinstance(obj.get(TRAINING_STATE), dict):
+        obj = obj[TRAINING_STATE]
+    if not isinstance(obj, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    ):
         raise CheckpointError(f"{f} holds {type(obj).__name__}, not a flat dict of tensors")
-    return obj
+    return dict(obj)
 
 
 def torch_file_keys(files: Iterable[Path]) -> dict[str, Path]:

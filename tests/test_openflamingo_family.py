@@ -89,7 +89,7 @@ def test_an_arbitrary_pickle_is_refused_and_never_runs(checkpoint, tmp_path):
     marker = tmp_path / "ran"
     state = torch.load(folder / "checkpoint.pt", weights_only=True)
     torch.save({**state, "perceiver.latents": _Payload(marker)}, folder / "checkpoint.pt")
-    with pytest.raises(CheckpointError, match="not a state dict of tensors lvx can read safely"):
+    with pytest.raises(CheckpointError, match="not a PyTorch weight file of tensors only"):
         FAMILY.load(folder)
     assert not marker.exists()
     with open(folder / "checkpoint.pt", "wb") as f:

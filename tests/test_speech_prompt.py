@@ -16,7 +16,7 @@ pytest.importorskip("faster_whisper")
 SENTENCES = ("The bridge is open.", "Rain fell all day.", "The band played late.")
 
 
-def _talking(tiny_checkpoints, short_video, tmp_path):
+def _talking(tiny_checkpoints, short_video, tmp_path, ranks: int = 1):
     """(the 10 s video with the three sentences spoken, an engine on one CPU rank whose speech
     model is a real Whisper tiny.en)."""
     import lvx_app as lvx
@@ -27,7 +27,7 @@ def _talking(tiny_checkpoints, short_video, tmp_path):
         pytest.skip("espeak-ng is not installed")
     said = place(10.0, *zip((0.3, 3.5, 6.7), said))
     video = write_audio(tmp_path / "talking.mp4", said, short_video)
-    options = dict(gpus=0, ranks=1, cache_dir=str(tmp_path / "cache"), decode_workers=1)
+    options = dict(gpus=0, ranks=ranks, cache_dir=str(tmp_path / "cache"), decode_workers=1)
     whisper = str(models.get_model_path())
     return video, lvx.open(tiny_checkpoints["g2"], speech_model=whisper, **options)
 
@@ -114,6 +114,24 @@ def test_a_question_reaches_its_transcript_lines_past_the_budget(
         "".join(engine.ask("Who played so late?", max_new_tokens=1))
         fed = session.processor.tokenizer.decode(session.conversation.fed)
         assert band[0].text not in fed and engine.last_answer.transcript_lines == 0
+
+
+@pytest.mark.slow
+def test_the_questions_lines_are_placed_alike_on_two_ranks(tiny_checkpoints, short_video, tmp_path):
+    """The lines a question carries are chosen from the transcript every rank gathered: on two
+    ranks the same line is placed and the greedy answer is the one a single rank gives."""
+    answers = []
+    for ranks in (1, 2):
+        (tmp_path / str(ranks)).mkdir()
+        video, engine = _talking(tiny_checkpoints, short_video, tmp_path / str(ranks), ranks)
+        with engine:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                engine.load_video(str(video), subtitles="speech", fps=0.05, subtitle_tokens=40)
+            answers.append("".join(engine.ask("Who played so late?", max_new_tokens=6)))
+            assert engine.last_answer.transcript_lines == 1, ranks
+            assert "1 transcript line matching the question placed" in engine.last_answer.footer
+    assert answers[0] == answers[1], answers
 
 
 class _Words:

@@ -77,6 +77,16 @@ def test_a_pt_file_holding_anything_but_tensors_is_one_line(tmp_path, capsys):
         torch_tensors(tmp_path / "int.pt")
 
 
+def test_a_training_checkpoint_is_read_as_the_weights_it_keeps(tmp_path):
+    """open_flamingo's training checkpoint keeps its weights under `model_state_dict` beside the
+    step; those tensors are what it holds. A key that is no name is refused."""
+    torch.save({"model_state_dict": {"w": torch.ones(2)}, "epoch": 3}, tmp_path / "train.pt")
+    assert list(torch_tensors(tmp_path / "train.pt")) == ["w"]
+    torch.save({0: torch.ones(2)}, tmp_path / "numbered.pt")
+    with pytest.raises(CheckpointError, match="not a flat dict of tensors"):
+        torch_tensors(tmp_path / "numbered.pt")
+
+
 def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
     tiny_checkpoints, tmp_path, monkeypatch
 ):

@@ -14,7 +14,6 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
-
 UNFINISHED = "ASGI callable returned without completing response."  # uvicorn's words
 
 

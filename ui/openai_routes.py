@@ -426,10 +426,8 @@ class OpenAIApi:
         holds in `reserved` only what it keeps (its turns), not what its body took."""
         longest = req.generation.get("max_new_tokens", 0)
         if self.context and longest > self.context:
-            raise bad(
-                f"max_tokens must be at most {self.context}, the model's context (its positions)",
-                "max_tokens",
-            )
+            why = f"max_tokens must be at most {self.context}, the model's context (its positions)"
+            raise bad(why, "max_tokens")
         ask = req.video
         request = self._request(ask, client, reserved) if ask is not None else None
         about = video_name(ask, request)

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+
 from ..config_checks import checked_config
 
 Generation = Literal["g1", "g2"]

@@ -39,6 +39,7 @@ from safetensors import safe_open
 
 from ..checkpoint_folder import COMMON_HUB_FILES, resolve_checkpoint
 from ..safetensors_folder import CheckpointError, safetensors_files
+from ..torch_files import torch_tensors
 
 FLAMINGO_FILE = "checkpoint.pt"
 CLIP_CONFIG = "open_clip_config.json"
@@ -145,29 +146,6 @@ def resolve_parts(path_or_id: str | os.PathLike, revision: str | None = None) ->
 
 
 # ---- reading tensors -----------------------------------------------------------------------------
-def load_pickled_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a `.pt`/`.bin` state dict, loaded with `weights_only=True` (memory-mapped
-    where the file allows it); a file holding anything else is one CheckpointError line."""
-    try:
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - an unsafe or broken pickle is one line
-        why = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(
-            f"{path} is not a state dict of tensors lvx can read safely ({type(exc).__name__}: "
-            f"{why})"
-        ) from None
-    if isinstance(data, dict) and isinstance(data.get("model_state_dict"), dict):
-        data = data["model_state_dict"]  # open_flamingo's training checkpoint
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
-    ):
-        raise CheckpointError(f"{path} does not hold a state dict of tensors")
-    return dict(data)
-
-
 def _safetensors_state(files: dict[str, Path], keep=lambda key: True) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for path in sorted(set(files.values())):
@@ -178,7 +156,7 @@ def _safetensors_state(files: dict[str, Path], keep=lambda key: True) -> dict[st
 
 def release_of(flamingo_file: Path) -> Release:
     """The published release whose text model `checkpoint.pt`'s embeddings are as wide as."""
-    state = flamingo_keys(load_pickled_tensors(flamingo_file))
+    state = flamingo_keys(torch_tensors(flamingo_file))
     wte = state.get("lang_encoder.transformer.wte.weight")
     width = int(wte.shape[1]) if wte is not None and wte.ndim == 2 else None
     for release in RELEASES:
@@ -264,7 +242,7 @@ def text_weight_files(folder: Path) -> list[Path]:
 def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of one weights file, safetensors or a PyTorch pickle (`weights_only`)."""
     if path.suffix != ".safetensors":
-        return load_pickled_tensors(path)
+        return torch_tensors(path)
     try:
         return _safetensors_state({"": path})
     except Exception as exc:  # noqa: BLE001
@@ -300,7 +278,7 @@ def published_state(parts: Parts) -> dict[str, torch.Tensor]:
         return _safetensors_state(own)
     state = text_state(parts.text)
     state.update(vision_state(parts.vision))
-    state.update(flamingo_keys(load_pickled_tensors(parts.flamingo / FLAMINGO_FILE)))
+    state.update(flamingo_keys(torch_tensors(parts.flamingo / FLAMINGO_FILE)))
     return state
 
 
@@ -308,7 +286,7 @@ def _file_keys(path: Path, keep=lambda key: True) -> dict[str, Path]:
     if path.suffix == ".safetensors":
         with safe_open(str(path), "pt") as f:
             return {k: path for k in f.keys() if keep(k)}
-    return {k: path for k in load_pickled_tensors(path) if keep(k)}
+    return {k: path for k in torch_tensors(path) if keep(k)}
 
 
 def weight_files(folder: Path) -> dict[str, Path]:

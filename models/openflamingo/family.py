@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..fingerprint import _identity, _tensor_digest, checkpoint_identity, encoder_fingerprint
+from ..fingerprint import checkpoint_identity, encoder_fingerprint, file_digest
 from ..parameter_counts import count_by_part
 from ..surface import Deferred, Family, Generation, Loaded
+from ..torch_files import torch_tensors
 from .checkpoint import (
     FLAMINGO_FILE,
     HUB_FILES,
     RELEASES,
     clip_weights,
-    load_pickled_tensors,
     lvx_weights,
     resolve_parts,
     weight_files,
@@ -80,31 +80,16 @@ def describe(info) -> dict[str, str]:
     }
 
 
-def _pickle_digest(path: Path, prefix: str, memo: dict[str, str]) -> str:
-    """sha256 of a PyTorch file's tensors under `prefix` (name, dtype, shape, bytes), memoized by
-    the file's identity."""
-    ident = f"{_identity(path)}:{prefix}"
-    if ident not in memo:
-        h = hashlib.sha256()
-        state = load_pickled_tensors(path)
-        for k in sorted(k for k in state if k.removeprefix("module.").startswith(prefix)):
-            t = state[k].contiguous()
-            h.update(f"{k}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        memo[ident] = h.hexdigest()
-    return memo[ident]
-
-
-def _clip_digest(path: Path, memo: dict[str, str]) -> str:
-    """The digest of the CLIP tower's `visual.*` tensors, safetensors or PyTorch file."""
-    if path.suffix != ".safetensors":
-        return _pickle_digest(path, "visual.", memo)
-    ident = f"{_identity(path)}:visual"
-    if ident not in memo:
+def _part_digest(path: Path, prefix: str, memo: dict[str, str]) -> str:
+    """The digest of a weight file's tensors under `prefix` (a PyTorch file's keys may start with
+    `module.`), safetensors or PyTorch file."""
+    if path.suffix == ".safetensors":
         with safe_open(str(path), "pt") as f:
-            keys = [k for k in f.keys() if k.startswith("visual.")]
-        memo[ident] = _tensor_digest(path, keys)
-    return memo[ident]
+            keys = list(f.keys())
+    else:
+        keys = list(torch_tensors(path))
+    wanted = [k for k in keys if k.removeprefix("module.").startswith(prefix)]
+    return file_digest(path, wanted, memo)
 
 
 def frame_encoder_identity(
@@ -117,8 +102,8 @@ def frame_encoder_identity(
     if lvx_weights(parts.flamingo) is not None:
         weights = encoder_fingerprint(parts.flamingo, prefixes=VISION_PREFIXES, memo=memo)
     else:
-        weights = _clip_digest(clip_weights(parts.vision), memo)
-        weights += _pickle_digest(parts.flamingo / FLAMINGO_FILE, "perceiver.", memo)
+        weights = _part_digest(clip_weights(parts.vision), "visual.", memo)
+        weights += _part_digest(parts.flamingo / FLAMINGO_FILE, "perceiver.", memo)
     key = f"{weights}:{TOWER_INPUT}".encode()
     return str(parts.flamingo.resolve()), hashlib.sha256(key).hexdigest()[:32]
 

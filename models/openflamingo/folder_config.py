@@ -17,14 +17,8 @@ from safetensors import safe_open
 
 from ..config_checks import check_fields, read_json_object
 from ..safetensors_folder import CheckpointError, tensor_shapes
-from .checkpoint import (
-    CLIP_CONFIG,
-    FLAMINGO_FILE,
-    Parts,
-    flamingo_keys,
-    load_pickled_tensors,
-    lvx_weights,
-)
+from ..torch_files import torch_tensors
+from .checkpoint import CLIP_CONFIG, FLAMINGO_FILE, Parts, flamingo_keys, lvx_weights
 from .config import MptConfig, OpenFlamingoConfig, VisionConfig
 from .tokenizer import FlamingoTokenizer
 
@@ -96,7 +90,7 @@ def flamingo_shapes(parts: Parts) -> dict[str, tuple[int, ...]]:
     own = lvx_weights(parts.flamingo)
     if own is not None:
         return tensor_shapes(own)
-    state = flamingo_keys(load_pickled_tensors(parts.flamingo / FLAMINGO_FILE))
+    state = flamingo_keys(torch_tensors(parts.flamingo / FLAMINGO_FILE))
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
@@ -143,7 +137,7 @@ def dtype_of(parts: Parts) -> torch.dtype:
     """The dtype the trained part is stored in (its embeddings')."""
     own = lvx_weights(parts.flamingo)
     if own is None:
-        return flamingo_keys(load_pickled_tensors(parts.flamingo / FLAMINGO_FILE))[WTE].dtype
+        return flamingo_keys(torch_tensors(parts.flamingo / FLAMINGO_FILE))[WTE].dtype
     with safe_open(str(own[WTE]), "pt") as f:
         name = f.get_slice(WTE).get_dtype()
     if name not in DTYPES:
