@@ -14,6 +14,17 @@ from lvx_models.mplug_owl3.tiny import write_tiny_checkpoint
 pytest_plugins = ["lost_workers"]  # a crashed test process stops the run and shows what never ran
 
 
+def pytest_configure(config) -> None:
+    """Each of the suite's processes (`-n 2`: one a core) computes on one thread: two processes of
+    two threads each on two cores wait on each other's spinning threads."""
+    import os
+
+    import torch
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")

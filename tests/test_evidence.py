@@ -136,7 +136,7 @@ def _distributed_shares(rank: int, world: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 4])  # 4: uneven shards
 def test_shares_are_exact_and_find_the_planted_frame_on_every_rank_count(world):
     for row in run_ranks(_distributed_shares, world)[0]:
         assert row["err"] < 1e-6, row
@@ -242,7 +242,7 @@ def _one_process_reference(checkpoint: str, video: str, answer: dict) -> torch.T
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 4])  # 4: uneven shards
 def test_engine_shares_equal_a_float64_softmax_for_every_generation(
     world, tiny_checkpoints, short_video
 ):
@@ -295,7 +295,7 @@ def _planted_answers(rank: int, world: int, checkpoints: dict, videos: dict):
 
 
 @pytest.mark.parametrize(
-    "world", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+    "world", [1, pytest.param(4, marks=pytest.mark.slow)]  # 4: uneven shards of the 6 frames
 )
 def test_the_engine_finds_the_planted_frame_for_every_generation(world, planted):
     """Weights whose visual keys match the queries on red frames only, a video red for one
