@@ -133,16 +133,16 @@ root => [...root.querySelectorAll('th, td')].map(cell => {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width,height", [(1280, 900), (390, 844)])
 def test_the_page_at_desktop_and_phone_widths(
-    tiny_checkpoints, tiny_whisper, talking_video, tmp_path, width, height
+    tiny_checkpoints, tiny_whisper, talking_video, tmp_path
 ):
-    """A video picked from the allowed folders loads on 2 ranks; each rank's figures keep every
-    word whole (one line a cell), the load's notes stay after an answer, and the transcript's top
-    is in the first screen, above the chat when the columns stack."""
+    """At a desktop's and a phone's width, a video picked from the allowed folders loads on 2
+    ranks; each rank's figures keep every word whole (one line a cell), the load's notes stay
+    after an answer, and the transcript's top is in the first screen, above the chat when the
+    columns stack."""
     import shutil
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     folder = tmp_path / "videos"
     folder.mkdir()
@@ -158,38 +158,48 @@ def test_the_page_at_desktop_and_phone_widths(
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page(viewport={"width": width, "height": height})
-                page.goto(url, timeout=TIMEOUT_MS)
-                path_box = page.locator("#lvx-path textarea, #lvx-path input").first
-                assert path_box.get_attribute("placeholder") == f"e.g. {folder / 'movie.mp4'}"
-                page.locator("#lvx-pick input").click()
-                page.get_by_role("option", name=str(talk)).click()
-                expect(path_box).to_have_value(str(talk), timeout=TIMEOUT_MS)
-                page.locator("#lvx-load").click()
-                status = page.locator("#lvx-status")
-                expect(status).to_contain_text("frames at", timeout=TIMEOUT_MS)
-                expect(status.locator("table td").first).to_be_visible()
-                transcript = page.locator("#lvx-transcript")
-                expect(transcript).to_contain_text("Transcript", timeout=TIMEOUT_MS)
-
-                question = page.locator("#lvx-question textarea")
-                question.fill(QUESTIONS[0])
-                question.press("Enter")
-                chat = page.locator("#lvx-chat")
-                expect(chat).to_contain_text("tok/s", timeout=TIMEOUT_MS)
-                expect(status).to_contain_text("kv mode", timeout=TIMEOUT_MS)  # the load's notes
-                cells = status.locator("table").evaluate(ONE_LINE_CELLS)
-                assert len(cells) >= 3 * 2, cells  # a header and a row per rank
-                broken = [(text, lines, w) for text, lines, w in cells if text and lines != 1]
-                assert not broken, f"cells broken over lines: {broken}"
-
-                page.evaluate("window.scrollTo(0, 0)")
-                top = transcript.bounding_box()["y"]
-                assert top < height, f"the transcript starts at {top} px, below the first screen"
-                if width < 600:  # the columns stack: the transcript comes before the chat
-                    assert top < chat.bounding_box()["y"]
-                page.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
+                for width, height in ((1280, 900), (390, 844)):
+                    page = browser.new_page(viewport={"width": width, "height": height})
+                    _load_ask_and_measure(page, url, folder, talk, height)
+                    page.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
+                    page.close()
             finally:
                 browser.close()
     finally:
         stop_server(proc, log)
+
+
+def _load_ask_and_measure(page, url: str, folder, talk, height: int) -> None:
+    """Pick and load `talk`, ask a question, and check the page's cells and where the transcript
+    starts, at the page's width."""
+    from playwright.sync_api import expect
+
+    page.goto(url, timeout=TIMEOUT_MS)
+    path_box = page.locator("#lvx-path textarea, #lvx-path input").first
+    assert path_box.get_attribute("placeholder") == f"e.g. {folder / 'movie.mp4'}"
+    page.locator("#lvx-pick input").click()
+    page.get_by_role("option", name=str(talk)).click()
+    expect(path_box).to_have_value(str(talk), timeout=TIMEOUT_MS)
+    page.locator("#lvx-load").click()
+    status = page.locator("#lvx-status")
+    expect(status).to_contain_text("frames at", timeout=TIMEOUT_MS)
+    expect(status.locator("table td").first).to_be_visible()
+    transcript = page.locator("#lvx-transcript")
+    expect(transcript).to_contain_text("Transcript", timeout=TIMEOUT_MS)
+
+    question = page.locator("#lvx-question textarea")
+    question.fill(QUESTIONS[0])
+    question.press("Enter")
+    chat = page.locator("#lvx-chat")
+    expect(chat).to_contain_text("tok/s", timeout=TIMEOUT_MS)
+    expect(status).to_contain_text("kv mode", timeout=TIMEOUT_MS)  # the load's notes
+    cells = status.locator("table").evaluate(ONE_LINE_CELLS)
+    assert len(cells) >= 3 * 2, cells  # a header and a row per rank
+    broken = [(text, lines, w) for text, lines, w in cells if text and lines != 1]
+    assert not broken, f"cells broken over lines: {broken}"
+
+    page.evaluate("window.scrollTo(0, 0)")
+    top = transcript.bounding_box()["y"]
+    assert top < height, f"the transcript starts at {top} px, below the first screen"
+    if page.viewport_size["width"] < 600:  # the columns stack: the transcript comes before the chat
+        assert top < chat.bounding_box()["y"]
