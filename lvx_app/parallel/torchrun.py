@@ -50,7 +50,7 @@ def local_group(
     of this machine under this launcher; CPU ranks share the cores (OMP_NUM_THREADS, unless set)."""
     command = [
         *(sys.executable, "-m", "lvx_app.parallel.torchrun", "--standalone"),
-        *(f"--nproc-per-node={world.ranks}", "--monitor-interval=0.1", *entry),
+        *(f"--nproc-per-node={world.ranks}", "--monitor-interval=0.5", *entry),
     ]
     env = dict(env)
     if not world.cuda:
