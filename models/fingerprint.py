@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from .checkpoint_folder import CONFIG_ONLY, resolve_checkpoint
-from .safetensors_folder import CheckpointError, safetensors_files
-from .torch_files import is_torch_file, torch_digest
+from .safetensors_folder import CheckpointError, keys_of, safetensors_files
+from .torch_files import is_torch_file, torch_digest, torch_tensors
 
 _READ = 16 << 20
 WeightFiles = Callable[[Path], dict[str, Path]]  # a checkpoint folder -> {key: file holding it}
@@ -55,6 +55,18 @@ def _tensor_digest(f: Path, keys: list[str]) -> str:
                 h.update(block)
                 begin += len(block)
     return h.hexdigest()
+
+
+def prefix_digest(f: Path, prefix: str, memo: dict[str, str]) -> str:
+    """The digest of one weight file's tensors under `prefix` (a PyTorch file's `module.` put
+    aside), remembered in `memo` by the file's identity and the prefix, so a later start only stats
+    the file."""
+    ident = f"{_identity(f)}:{prefix}"
+    if ident not in memo:
+        names = list(torch_tensors(f)) if is_torch_file(f) else keys_of(f)
+        keys = [k for k in names if k.removeprefix("module.").startswith(prefix)]
+        memo[ident] = file_digest(f, keys, memo)
+    return memo[ident]
 
 
 def encoder_fingerprint(

@@ -32,7 +32,7 @@ def safetensors_files(d: Path) -> dict[str, Path]:
         return files
     single = d / "model.safetensors"
     if single.exists():
-        return {k: single for k in _keys_of(single)}
+        return {k: single for k in keys_of(single)}
     if any(d.glob("*.bin")) or any(d.glob("*.pt")):
         raise CheckpointError(
             f"{d} holds PyTorch .bin/.pt weights; only safetensors checkpoints are supported "
@@ -43,7 +43,8 @@ def safetensors_files(d: Path) -> dict[str, Path]:
     )
 
 
-def _keys_of(f: Path) -> list[str]:
+def keys_of(f: Path) -> list[str]:
+    """The tensor names of one safetensors file, read from its header."""
     try:
         with safe_open(str(f), framework="pt") as h:
             return list(h.keys())

@@ -262,6 +262,33 @@ def frames_kv(
         return {l: make_kv(l, e_local) for l in layers}
 
 
+def frames_visual(
+    make_kv: Callable[[int, torch.Tensor], Any],
+    e_local: torch.Tensor,
+    layers,
+    media_starts,
+    frame_ids,
+    precompute: bool,
+) -> VisualInputs:
+    """The `VisualInputs` of the frames E (n, p, d) a process holds, each frame one media whose
+    cross layers read its p keys (`local_frames`, `frames_kv`): a family's `prepare_visual`."""
+    n, p, _ = e_local.shape
+    starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
+    kv = frames_kv(make_kv, e_local, layers, precompute)
+    return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
+
+
+def forward_positions(
+    input_ids: torch.Tensor, positions: Optional[torch.Tensor], cache
+) -> tuple[torch.Tensor, int]:
+    """(the positions (1, L) of a forward's tokens on their device, where the cache ends): those
+    given, else the ones that continue the cache."""
+    start = cache.length if cache is not None else 0
+    if positions is None:
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+    return positions.to(input_ids.device).view(1, -1), start
+
+
 def known_q_vis(
     q_vis: torch.Tensor,
     positions: Optional[torch.Tensor],

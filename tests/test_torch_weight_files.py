@@ -113,3 +113,26 @@ def test_a_finetuned_checkpoint_goes_to_the_familys_own_weights_file(
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [*(p.name for p in base.iterdir()), "stub_weights.pt", out_folder.STATE_FILE]
     )
+
+
+def test_a_remembered_prefix_digest_reads_no_weights_again(tmp_path, monkeypatch):
+    """A weight file's digest under a prefix is remembered by the file's identity: a later start
+    with the memo reads no tensor; another prefix or a rewritten file is read again."""
+    import lvx_models.fingerprint as fingerprint
+    import lvx_models.torch_files as torch_files
+
+    f = tmp_path / "checkpoint.pt"
+    torch.save({"module.perceiver.w": torch.ones(2), "lm.w": torch.zeros(1)}, f)
+    memo: dict[str, str] = {}
+    first = fingerprint.prefix_digest(f, "perceiver.", memo)
+    assert first != fingerprint.prefix_digest(f, "lm.", memo)
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    monkeypatch.setattr(fingerprint, "torch_tensors", unread)
+    monkeypatch.setattr(torch_files, "torch_tensors", unread)
+    assert fingerprint.prefix_digest(f, "perceiver.", memo) == first
+    monkeypatch.undo()
+    torch.save({"module.perceiver.w": torch.full((2,), 2.0), "lm.w": torch.zeros(1)}, f)
+    assert fingerprint.prefix_digest(f, "perceiver.", memo) != first

@@ -33,8 +33,8 @@ from ..steps import (
     VisualInputs,
     VisualStep,
     bind_visual,
-    frames_kv,
-    local_frames,
+    forward_positions,
+    frames_visual,
 )
 from .config import MllamaConfig
 from .modeling import MllamaModel
@@ -126,10 +126,8 @@ class MllamaVideoModel(Finetuning, nn.Module):
     ) -> VisualInputs:
         """The visual inputs of a request for the frames this process holds (as mPLUG-Owl3's):
         every cross layer's K/V now (precompute), or made from E when a layer runs."""
-        n, p, _ = e_local.shape
-        starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
-        kv = frames_kv(self.visual_kv, e_local, self.config.cross_layer_indices, precompute)
-        return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
+        layers = self.config.cross_layer_indices
+        return frames_visual(self.visual_kv, e_local, layers, media_starts, frame_ids, precompute)
 
     # ---- language side ---------------------------------------------------------------------------
     def fuse_projections(self) -> None:
@@ -154,10 +152,7 @@ class MllamaVideoModel(Finetuning, nn.Module):
         are skipped (a text-only forward, as published)."""
         lm = self.mllama.language_model
         given = positions
-        start = cache.length if cache is not None else 0
-        if positions is None:
-            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
-        positions = positions.to(input_ids.device).view(1, -1)
+        positions, start = forward_positions(input_ids, positions, cache)
         cos, sin = lm.model.rope_tables(positions, self.dtype)
         step = MllamaStep(cos, sin, hooks or self.hooks, cache, feed=feed)
         batch, sees = input_ids.shape[0], True  # a row at a frame's <|image|> sees that frame

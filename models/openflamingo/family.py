@@ -6,12 +6,10 @@ import hashlib
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from ..fingerprint import checkpoint_identity, encoder_fingerprint, file_digest
+from ..fingerprint import checkpoint_identity, encoder_fingerprint, prefix_digest
 from ..parameter_counts import count_by_part
 from ..surface import Deferred, Family, Generation, Loaded
-from ..torch_files import torch_tensors
 from .checkpoint import (
     FLAMINGO_FILE,
     HUB_FILES,
@@ -80,18 +78,6 @@ def describe(info) -> dict[str, str]:
     }
 
 
-def _part_digest(path: Path, prefix: str, memo: dict[str, str]) -> str:
-    """The digest of a weight file's tensors under `prefix` (a PyTorch file's keys may start with
-    `module.`), safetensors or PyTorch file."""
-    if path.suffix == ".safetensors":
-        with safe_open(str(path), "pt") as f:
-            keys = list(f.keys())
-    else:
-        keys = list(torch_tensors(path))
-    wanted = [k for k in keys if k.removeprefix("module.").startswith(prefix)]
-    return file_digest(path, wanted, memo)
-
-
 def frame_encoder_identity(
     model: str, revision: str | None, memo: dict[str, str] | None = None
 ) -> tuple[str, str]:
@@ -102,8 +88,8 @@ def frame_encoder_identity(
     if lvx_weights(parts.flamingo) is not None:
         weights = encoder_fingerprint(parts.flamingo, prefixes=VISION_PREFIXES, memo=memo)
     else:
-        weights = _part_digest(clip_weights(parts.vision), "visual.", memo)
-        weights += _part_digest(parts.flamingo / FLAMINGO_FILE, "perceiver.", memo)
+        weights = prefix_digest(clip_weights(parts.vision), "visual.", memo)
+        weights += prefix_digest(parts.flamingo / FLAMINGO_FILE, "perceiver.", memo)
     key = f"{weights}:{TOWER_INPUT}".encode()
     return str(parts.flamingo.resolve()), hashlib.sha256(key).hexdigest()[:32]
 

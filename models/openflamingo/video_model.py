@@ -27,8 +27,8 @@ from ..steps import (
     VisualInputs,
     VisualStep,
     bind_visual,
-    frames_kv,
-    local_frames,
+    forward_positions,
+    frames_visual,
 )
 from .config import OpenFlamingoConfig
 from .modeling import OpenFlamingoModel
@@ -96,10 +96,8 @@ class OpenFlamingoVideoModel(nn.Module):
     ) -> VisualInputs:
         """The visual inputs of a request for the frames this process holds: every cross layer's
         K/V now (precompute), or made from E when a layer runs."""
-        n, p, _ = e_local.shape
-        starts, _, k_frame = local_frames(n, p, media_starts, frame_ids, e_local.device)
-        kv = frames_kv(self.visual_kv, e_local, self.config.cross_layer_indices, precompute)
-        return VisualInputs(kv=kv, k_frame=k_frame, media_starts=starts)
+        layers = self.config.cross_layer_indices
+        return frames_visual(self.visual_kv, e_local, layers, media_starts, frame_ids, precompute)
 
     # ---- language side ---------------------------------------------------------------------------
     def fuse_projections(self) -> None:
@@ -123,10 +121,7 @@ class OpenFlamingoVideoModel(nn.Module):
         attention to `visual` through the hooks; without visual inputs the cross layers'
         attention adds nothing and their feed-forward still runs, as for rows before any frame."""
         given = positions
-        start = cache.length if cache is not None else 0
-        if positions is None:
-            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
-        positions = positions.to(input_ids.device).view(1, -1)
+        positions, start = forward_positions(input_ids, positions, cache)
         step = self._step(hooks or self.hooks, cache, feed)
         step.visual = bind_visual(
             visual, input_ids.shape[0], positions, given, start, feed, visible_frames, True
