@@ -7,12 +7,15 @@ is killed after `timeout_s`.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
+import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 _CTX = None
@@ -26,10 +29,54 @@ def _context():
     return _CTX
 
 
-def free_port() -> int:
+PORTS_DEALT = Path(tempfile.gettempdir()) / f"lvx-ports-dealt-{os.getuid()}"
+LOWEST_DEALT_PORT = 15000
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to `bind(0)` and outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port for a server a test starts a moment later, which no other process of this machine is
+    handed meanwhile. A port the kernel picked (`bind(0)`) can be picked again for someone else
+    before our server binds it; so ports are dealt in turn from below the kernel's ephemeral range
+    (where no `bind(0)`, gloo pair or outgoing connection lands), through a counter every process
+    shares under a file lock, skipping ports in use."""
+    floor = _ephemeral_floor()
+    if floor <= LOWEST_DEALT_PORT + 1000:  # a machine with no room below its ephemeral range
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    span = floor - LOWEST_DEALT_PORT
+    with open(PORTS_DEALT, "a+") as counter:
+        fcntl.flock(counter, fcntl.LOCK_EX)  # released when the file closes
+        counter.seek(0)
+        text = counter.read().strip()
+        dealt = int(text) if text.isdigit() else os.getpid()
+        for step in range(1, span + 1):
+            port = LOWEST_DEALT_PORT + (dealt + step) % span
+            if _bindable(port):
+                break
+        else:
+            raise RuntimeError(f"no free port in {LOWEST_DEALT_PORT}..{floor - 1}")
+        counter.seek(0)
+        counter.truncate()
+        counter.write(str(dealt + step))
+    return port
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:

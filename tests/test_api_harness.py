@@ -11,7 +11,6 @@ import contextlib
 import io
 import os
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,14 +23,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from lvx_app.video.synthetic import frame_image, read_index  # noqa: E402
+from scripts.gloo_ranks import free_port  # noqa: E402
 
 N_FRAMES = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 pytestmark = pytest.mark.slow  # every test here talks to one server
@@ -42,7 +36,7 @@ def serving(app) -> Iterator[str]:
     """`app` under uvicorn on a free loopback port, in a thread, for the block; yields its URL."""
     import uvicorn
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,5 +1,10 @@
 """The ring P2P helper and the gloo rank spawner."""
 
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from timing import scaled
@@ -7,7 +12,10 @@ from timing import scaled
 from lvx_app.parallel import RingComm, get_rank, get_world_size
 from lvx_app.parallel.torchrun import local_group
 from lvx_app.parallel.world import World
+from scripts import gloo_ranks
 from scripts.gloo_ranks import RankFailed, run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ring_pass(rank: int, world: int, n: int):
@@ -219,3 +227,31 @@ def test_the_flight_recorder_stays_as_the_user_sized_it(given):
     env = dict(given)
     flight_recorder_off_unless_asked(env)
     assert env == (given or {"TORCH_FR_BUFFER_SIZE": "0"})
+
+
+_DEAL_TEN = "from scripts.gloo_ranks import free_port; print(*[free_port() for _ in range(10)])"
+
+
+def test_ports_dealt_at_once_to_several_processes_all_differ_and_lie_below_the_ephemeral_range(
+    tmp_path, monkeypatch
+):
+    """Servers a test starts on dealt ports cannot find their port taken by another test's server,
+    by a gloo pair or by the kernel's own choice for `bind(0)`."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # a counter of this test's own
+    dealers = [
+        subprocess.Popen([sys.executable, "-c", _DEAL_TEN], cwd=ROOT, stdout=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    ports = [int(p) for dealer in dealers for p in dealer.communicate()[0].split()]
+    assert len(ports) == 40 and len(set(ports)) == 40, ports
+    floor = gloo_ranks._ephemeral_floor()
+    assert all(gloo_ranks.LOWEST_DEALT_PORT <= p < floor for p in ports), (ports, floor)
+
+
+def test_a_port_in_use_is_not_dealt(tmp_path, monkeypatch):
+    monkeypatch.setattr(gloo_ranks, "PORTS_DEALT", tmp_path / "dealt")
+    first = gloo_ranks.free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first + 1))
+        second = gloo_ranks.free_port()
+    assert second == first + 2

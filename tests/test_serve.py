@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,15 +28,10 @@ from test_engine import PARAMS, QUESTIONS, _reference  # noqa: E402
 from lvx_app.engine.describe import printable  # noqa: E402
 from lvx_app.video.synthetic import make_video  # noqa: E402
 from lvx_ui.app import link_timestamps, message_text  # noqa: E402
+from scripts.gloo_ranks import free_port  # noqa: E402
 
 LVX = [sys.executable, "-m", "lvx_app.cli"]
 MAX_UPLOAD_MB = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(
