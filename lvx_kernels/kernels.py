@@ -320,8 +320,16 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, q_vis, k_frame, backend, alibi, window):
         out, lse = attn_fwd(
-            q, k, v, scale=scale, causal=causal, q_vis=q_vis, k_frame=k_frame, backend=backend,
-            alibi=alibi, window=window,
+            q,
+            k,
+            v,
+            scale=scale,
+            causal=causal,
+            q_vis=q_vis,
+            k_frame=k_frame,
+            backend=backend,
+            alibi=alibi,
+            window=window,
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (scale, causal, q_vis, k_frame, backend, alibi, window)

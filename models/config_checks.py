@@ -35,8 +35,15 @@ SIZES = frozenset(
 )
 # real numbers that must be finite and above 0
 POSITIVE = frozenset(
-    {"rms_norm_eps", "layer_norm_eps", "norm_eps", "rope_theta", "factor", "low_freq_factor",
-     "high_freq_factor"}
+    {
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "norm_eps",
+        "rope_theta",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+    }
 )
 LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -82,9 +89,7 @@ def check_fields(data: dict[str, Any], path: Path, where: str = "") -> None:
         elif value is None:
             continue
         elif name in SIZES and not (_whole(value) and value > 0):
-            raise CheckpointError(
-                f"{path}: {field} is {value!r}; expected an int above 0"
-            )
+            raise CheckpointError(f"{path}: {field} is {value!r}; expected an int above 0")
         elif name in POSITIVE and not (_real(value) and math.isfinite(value) and value > 0):
             raise CheckpointError(
                 f"{path}: {field} is {value!r}; expected a float, finite and above 0"
@@ -98,9 +103,7 @@ def _check_rope(rope: dict[str, Any], path: Path, field: str) -> None:
     if missing:
         raise CheckpointError(f"{path}: {field} of rope_type llama3 has no {', '.join(missing)}")
     if rope["high_freq_factor"] <= rope["low_freq_factor"]:
-        raise CheckpointError(
-            f"{path}: {field}.high_freq_factor must be above its low_freq_factor"
-        )
+        raise CheckpointError(f"{path}: {field}.high_freq_factor must be above its low_freq_factor")
 
 
 def _whole(value: Any) -> bool:

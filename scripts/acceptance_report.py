@@ -1,8 +1,9 @@
 """The acceptance run's report: one row per item (pending, running, passed, partial with what it
-skipped, failed with one line, skipped with the reason; pytest's counts, every attention-kernel fallback, the files it wrote), the
-machine, and the measured-versus-planned table, which exists from the start with the plan's figures
-and fills in as each item's file appears. `acceptance.json` (strict JSON) and `acceptance.md` are
-replaced atomically after every change, so a run killed at any point leaves a valid report.
+skipped, failed with one line, skipped with the reason; pytest's counts, every attention-kernel
+fallback, the files it wrote), the machine, and the measured-versus-planned table, which exists
+from the start with the plan's figures and fills in as each item's file appears. `acceptance.json`
+(strict JSON) and `acceptance.md` are replaced atomically after every change, so a run killed at any
+point leaves a valid report.
 
 An item passes only if it ran everything it names: a pytest item whose tests were all skipped is
 "skipped", and so is a benchmark whose JSON says every case it was asked for was skipped; one that
@@ -248,7 +249,8 @@ def _compared(mode: str, c: dict) -> str:
         checks = (f"; first layer's output within {c['first_layer']['max']:.2e} (bound "
                   f"{c['first_layer']['bound']:.2e}), its K/V bit-equal at "
                   f"{c['steps'] - c['kv_steps_differing']} of {c['steps']} steps, positions and "
-                  f"keys seen equal at {c['steps'] - c['bookkeeping_steps_differing']}")  # fmt: skip
+                  f"keys seen equal at "
+                  f"{c['steps'] - c['bookkeeping_steps_differing']}")  # fmt: skip
     why = f": {c['why']}" if c.get("why") else ""
     return (
         f"Decoding: {mode} and eager {state} on the same tokens: logits differ by at most "

@@ -280,8 +280,10 @@ def bench(args, rows: Rows) -> None:
     prefix, generators = conversation.position, {}
 
     def save(row: dict) -> None:
-        rows.save(fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}),
-                  graph_breaks=sorted({b for r in rows.rows for b in r.get("graph_breaks", [])}))
+        rows.save(
+            fallbacks=sorted({f for r in rows.rows for f in r.get("fallbacks", [])}),
+            graph_breaks=sorted({b for r in rows.rows for b in r.get("graph_breaks", [])}),
+        )
 
     for name in runnable:
         row = rows.add({"mode": name})
@@ -292,8 +294,8 @@ def bench(args, rows: Rows) -> None:
         print({k: v for k, v in row.items() if k != "answer"}, flush=True)
     comparison = compare_modes(conversation, prefix, rows.rows, dtype)
     rows.save(comparison=comparison)
-    rows.save(fallbacks=sorted(set(rows.extra["fallbacks"])
-                               | {f for c in comparison.values() for f in c["fallbacks"]}))  # fmt: skip
+    compared = {f for c in comparison.values() for f in c["fallbacks"]}
+    rows.save(fallbacks=sorted(set(rows.extra["fallbacks"]) | compared))
     for name, c in comparison.items():
         print(f"{name} vs eager, teacher-forced over {c['steps']} steps: logits differ by at most "
               f"{c['max_relative_logits_difference']:.2e} of their RMS (noise floor "

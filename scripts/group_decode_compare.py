@@ -35,10 +35,10 @@ if not __package__:  # `python3 scripts/NAME.py`: this checkout's packages, inst
     import scripts  # noqa: F401
 
 from lvx_app.config import ModelConfig
+from lvx_app.defaults import CHECK_TIMEOUT_S
 from lvx_app.engine.conversation import Conversation
 from lvx_app.engine.parallelize import ShardedAttention
 from lvx_app.engine.static_decode import DecodeStep, decode_step
-from lvx_app.defaults import CHECK_TIMEOUT_S
 from lvx_app.parallel.group import DistInfo, destroy_distributed, init_distributed
 from lvx_app.parallel.layout import owned
 from lvx_kernels.backends import kernel_tally

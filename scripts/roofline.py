@@ -25,7 +25,7 @@ def copy_bandwidth(device: torch.device) -> float:
     size = COPY_BYTES.get(device.type, COPY_BYTES["cpu"])
     src = torch.ones(size, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), 5, 1, device)
+    seconds = median_seconds(lambda: dst.copy_(src), 5, 1, device)  # noqa: F821 - freed below
     del src, dst
     return 2 * size / seconds
 

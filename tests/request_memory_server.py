@@ -4,7 +4,6 @@ FOLDER REQUEST_MB ALL_MB` prints its port, then serves until killed."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from lvx_app.runtime.service import EngineService
 from lvx_ui.openai_request import VideoFiles
 from lvx_ui.openai_routes import OpenAIApi
 from lvx_ui.request_memory import MemoryLimits
+from scripts.gloo_ranks import free_port
 
 
 class Answers(StandIn):
@@ -41,9 +41,7 @@ def main(folder: str, request_mb: str, all_mb: str) -> None:
     files = VideoFiles([], limits.upload_mb, Path(folder) / "uploads")
     app = FastAPI()
     OpenAIApi(service, config, files, report=lambda line: print(line, flush=True)).mount(app)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     print(port, flush=True)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 

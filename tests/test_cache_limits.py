@@ -16,7 +16,10 @@ from lvx_app.cache import CacheFolder, CacheWarning, PrefixCache
 from lvx_app.cache.prompts import PROMPTS_PER_FEATURES
 
 
-def test_saved_prompts_of_one_video_are_capped_the_least_recently_used_going_first(tmp_path, video):
+def test_saved_prompts_of_one_video_are_capped_the_least_recently_used_going_first(
+    tmp_path,
+    video,  # noqa: F811 - the fixture
+):
     store = PrefixCache(tmp_path)
     keys = [_key(video, prompt_hash=f"client {i}") for i in range(PROMPTS_PER_FEATURES + 4)]
     for i, key in enumerate(keys):
@@ -33,7 +36,10 @@ def test_saved_prompts_of_one_video_are_capped_the_least_recently_used_going_fir
     assert gone == {k.entry_id() for k in keys[1:5]}, "the least recently used went first"
 
 
-def test_a_folder_over_its_limit_loses_the_entries_used_least_recently(tmp_path, video):
+def test_a_folder_over_its_limit_loses_the_entries_used_least_recently(
+    tmp_path,
+    video,  # noqa: F811 - the fixture
+):
     store = PrefixCache(tmp_path)
     keys = [_key(video, prompt_hash=f"prompt {i}") for i in range(4)]
     for key in keys:

@@ -115,7 +115,10 @@ def _reference(checkpoint: str, video: str, subtitles: list | None = None) -> li
 # sharded, its text K/V replicated after)
 SHARDED_RUNS = {
     "g2": (
-        (1, "cache", "auto"), (2, "cache", "auto"), (3, "recompute", "auto"), (3, "cache", "ring")
+        (1, "cache", "auto"),
+        (2, "cache", "auto"),
+        (3, "recompute", "auto"),
+        (3, "cache", "ring"),
     ),
     "g1": ((2, "cache", "auto"), (3, "recompute", "auto")),
     "g1-gateproj": ((2, "cache", "auto"), (3, "cache", "ring")),

@@ -295,7 +295,8 @@ def _planted_answers(rank: int, world: int, checkpoints: dict, videos: dict):
 
 
 @pytest.mark.parametrize(
-    "world", [1, pytest.param(4, marks=pytest.mark.slow)]  # 4: uneven shards of the 6 frames
+    "world",
+    [1, pytest.param(4, marks=pytest.mark.slow)],  # 4: uneven shards of the 6 frames
 )
 def test_the_engine_finds_the_planted_frame_for_every_generation(world, planted):
     """Weights whose visual keys match the queries on red frames only, a video red for one

@@ -828,8 +828,9 @@ def test_the_rehearsal_of_the_first_command_writes_every_file_as_its_item_ends(t
         "noise floor" in static and "K/V bit-equal at 7 of 7 steps" in static
     ), static
     compared = decode["comparison"]["static step (uncaptured)"]
-    assert compared["ok"] and compared["bound"] >= decode_compare.NOISE_FACTOR * (
-        compared["noise_floor"]
+    assert (
+        compared["ok"]
+        and compared["bound"] >= decode_compare.NOISE_FACTOR * (compared["noise_floor"])
     )
     assert decode["roofline"]["eager"]["share"] > 0
     measured = {r["figure"] for r in report["comparison"] if r["measured"] is not None}
@@ -1156,7 +1157,8 @@ def test_the_ops_fit_the_gpu_images_torch_as_recorded_and_a_changed_schema_fails
     name = "_flash_attention_forward"
     schemas[name] = schemas[name].replace("Tensor? seqused_k=None", "Tensor? seqused_kv=None")
     name = "_scaled_dot_product_efficient_attention"
-    schemas[name] = schemas[name].replace("*, float? scale=None", "*, int window, float? scale=None")
+    windowed = "*, int window, float? scale=None"
+    schemas[name] = schemas[name].replace("*, float? scale=None", windowed)
     name = "_scaled_dot_product_flash_attention_for_cpu"
     schemas[name] = schemas[name].replace(", Tensor logsumexp)", ")")
     del schemas["_scaled_dot_product_cudnn_attention"]

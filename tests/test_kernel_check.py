@@ -327,7 +327,8 @@ def test_a_bounded_decode_without_its_kernel_is_a_fallback(tmp_path, monkeypatch
         monkeypatch.setattr(module, "bounds_keys", lambda q, d: False)
     monkeypatch.setattr(check_kernels, "available_backends", lambda device: ["efficient"])
     ok, written = _check(tmp_path, dtype="bfloat16", frames=2)
-    row = next(r for r in written["rows"] if (r["backend"], r["call"]) == ("auto", "bounded decode"))
+    want_row = ("auto", "bounded decode")
+    row = next(r for r in written["rows"] if (r["backend"], r["call"]) == want_row)
     want = "fwd flash_varlen -> masked: this torch's flash op takes no seqused_k"
     assert not ok and row["fallbacks"] == [want] and row["ran"] == ["efficient"], row
     assert all(r["ok"] for r in written["rows"] if r is not row and "ok" in r)

@@ -4,8 +4,6 @@ gloo ranks answers with the tokens of one process and says where in the video it
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch

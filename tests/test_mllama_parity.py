@@ -168,9 +168,7 @@ def test_open_answers_a_video_as_transformers_does(published, reference_tokens, 
 
 
 @pytest.mark.slow
-def test_a_cached_video_answers_as_a_fresh_one(
-    published, reference_tokens, tmp_path, monkeypatch
-):
+def test_a_cached_video_answers_as_a_fresh_one(published, reference_tokens, tmp_path, monkeypatch):
     """With the caches on: a reopened video (features and prompt read back) answers as
     transformers does; a prompt that differs after the frames reads the saved header back, and one
     whose header differs (text before the video) encodes the frames again for it; each answers as

@@ -21,8 +21,12 @@ import numpy as np
 import pytest
 import torch
 
-from lvx_models.openflamingo.config import MptConfig, OpenFlamingoConfig, PerceiverConfig
-from lvx_models.openflamingo.config import VisionConfig
+from lvx_models.openflamingo.config import (
+    MptConfig,
+    OpenFlamingoConfig,
+    PerceiverConfig,
+    VisionConfig,
+)
 from lvx_models.openflamingo.modeling import OpenFlamingoModel
 from lvx_models.openflamingo.video_model import OpenFlamingoVideoModel
 from scripts.gloo_ranks import run_ranks
@@ -57,8 +61,11 @@ def _bare_packages(*names: str):
     `sys.modules` afterwards."""
     misc = types.ModuleType("torchvision.ops.misc")
     misc.FrozenBatchNorm2d = type("FrozenBatchNorm2d", (torch.nn.Module,), {})
-    fakes = {"torchvision": types.ModuleType("torchvision"),
-             "torchvision.ops": types.ModuleType("torchvision.ops"), "torchvision.ops.misc": misc}
+    fakes = {
+        "torchvision": types.ModuleType("torchvision"),
+        "torchvision.ops": types.ModuleType("torchvision.ops"),
+        "torchvision.ops.misc": misc,
+    }
     for name in names:
         package = types.ModuleType(name)
         package.__path__ = list(importlib.util.find_spec(name).submodule_search_locations)
@@ -98,20 +105,38 @@ def reference_flamingo(cfg: OpenFlamingoConfig, seed: int = 0):
     torch.manual_seed(seed)
     v = cfg.vision
     visual = VisionTransformer(
-        image_size=v.image_size, patch_size=v.patch_size, width=v.width, layers=v.layers,
-        heads=v.heads, mlp_ratio=v.mlp_ratio, output_dim=v.output_dim, act_layer=QuickGELU,
+        image_size=v.image_size,
+        patch_size=v.patch_size,
+        width=v.width,
+        layers=v.layers,
+        heads=v.heads,
+        mlp_ratio=v.mlp_ratio,
+        output_dim=v.output_dim,
+        act_layer=QuickGELU,
         output_tokens=True,
     )
     t = cfg.text
     attn = {"alibi": True, "alibi_bias_max": t.alibi_bias_max, "attn_impl": "torch"}
-    lm = MptForCausalLM(HFMptConfig(
-        d_model=t.d_model, n_heads=t.n_heads, n_layers=t.n_layers, expansion_ratio=4,
-        max_seq_len=t.max_seq_len, vocab_size=t.vocab_size, no_bias=True, attn_config=attn,
-    ))
+    lm = MptForCausalLM(
+        HFMptConfig(
+            d_model=t.d_model,
+            n_heads=t.n_heads,
+            n_layers=t.n_layers,
+            expansion_ratio=4,
+            max_seq_len=t.max_seq_len,
+            vocab_size=t.vocab_size,
+            no_bias=True,
+            attn_config=attn,
+        )
+    )
     extend_instance(lm, FlamingoLMMixin)
     lm.set_decoder_layers_attr_name("transformer.blocks")
     model = Flamingo(
-        types.SimpleNamespace(visual=visual), lm, EOC, MEDIA, vis_dim=v.width,
+        types.SimpleNamespace(visual=visual),
+        lm,
+        EOC,
+        MEDIA,
+        vis_dim=v.width,
         cross_attn_every_n_layers=cfg.cross_attn_every_n_layers,
     )
     for layer in model.lang_encoder.gated_cross_attn_layers:
@@ -127,7 +152,8 @@ def ours_from(reference, cfg: OpenFlamingoConfig, dtype=torch.float32) -> OpenFl
     """lvx's model with the reference's weights, loaded by name (strict)."""
     skip = ("lang_encoder.old_decoder_blocks.", "lang_encoder.gated_cross_attn_layers.")
     state = {
-        k: v for k, v in reference.state_dict().items()
+        k: v
+        for k, v in reference.state_dict().items()
         if not k.startswith(skip) and k != "lang_encoder.lm_head.weight"
     }
     model = OpenFlamingoModel(cfg)
@@ -169,8 +195,10 @@ def greedy(model: OpenFlamingoVideoModel, visual, hooks=None, prefill=None) -> l
     """Prefill the prompt on a text cache, then one token at a time."""
     cache = model.new_cache()
     with torch.no_grad():
-        logits = prefill(cache) if prefill else model(
-            torch.tensor([PROMPT]), cache=cache, visual=visual, hooks=hooks
+        logits = (
+            prefill(cache)
+            if prefill
+            else model(torch.tensor([PROMPT]), cache=cache, visual=visual, hooks=hooks)
         )
         tokens = []
         for _ in range(NEW_TOKENS):
@@ -268,9 +296,7 @@ def test_ranks_match_open_flamingo_and_one_process_in_float64(world):
     want32 = _reference_logits(reference, torch.tensor([PROMPT]), _pixels())
     tokens32 = _reference_greedy(reference, _pixels())
     model = ours_from(reference, cfg, torch.float64)
-    visual = model.prepare_visual(
-        model.encode_images(_pixels().to(torch.float64)), _media_starts()
-    )
+    visual = model.prepare_visual(model.encode_images(_pixels().to(torch.float64)), _media_starts())
     with torch.no_grad():
         want64 = model(torch.tensor([PROMPT]), cache=model.new_cache(), visual=visual)
     tokens64 = greedy(model, visual)

@@ -40,7 +40,12 @@ def _memory(pid: int) -> dict[str, int]:
 
 class Server:
     def __init__(self, folder: Path, request_mb: int, all_mb: int) -> None:
-        env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "request_memory_server.py"), str(folder)]
             + [str(request_mb), str(all_mb)],

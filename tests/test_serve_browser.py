@@ -134,7 +134,10 @@ root => [...root.querySelectorAll('th, td')].map(cell => {
 
 @pytest.mark.slow
 def test_the_page_at_desktop_and_phone_widths(
-    tiny_checkpoints, tiny_whisper, talking_video, tmp_path
+    tiny_checkpoints,
+    tiny_whisper,  # noqa: F811 - the fixture
+    talking_video,  # noqa: F811 - the fixture
+    tmp_path,
 ):
     """At a desktop's and a phone's width, a video picked from the allowed folders loads on 2
     ranks; each rank's figures keep every word whole (one line a cell), the load's notes stay

@@ -56,9 +56,7 @@ def test_the_subtitles_field_names_the_source_as_the_chat_does():
 
 
 @pytest.mark.slow
-def test_the_api_answer_says_where_its_subtitles_came_from(
-    tiny_checkpoints, short_video, tmp_path
-):
+def test_the_api_answer_says_where_its_subtitles_came_from(tiny_checkpoints, short_video, tmp_path):
     """A file beside the video, then its speech transcribed (a real Whisper tiny.en on sentences
     espeak-ng speaks), then the same read back from the cache: each answer names its source, in
     the whole answer and in the stream's last chunk; the evidence carries the words' times."""

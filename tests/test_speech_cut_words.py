@@ -14,8 +14,8 @@ import torch
 from speech_clips import stand_in_decode, voice
 
 from lvx_app.config import VideoConfig
-from lvx_app.speech import model as speech_model
 from lvx_app.speech import decode, pieces, transcribe
+from lvx_app.speech import model as speech_model
 from lvx_app.speech.audio import SAMPLE_RATE
 from lvx_app.speech.sharded import transcribe_video
 from lvx_app.speech.tracks import place, write_audio

@@ -46,9 +46,7 @@ def test_every_transcript_line_reaches_the_prompt_when_it_fits(
         assert all(f"] {cue.text}" in block for cue in summary.transcript), block
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            tight = engine.load_video(
-                str(video), subtitles="speech", fps=0.05, subtitle_tokens=40
-            )
+            tight = engine.load_video(str(video), subtitles="speech", fps=0.05, subtitle_tokens=40)
         assert tight.subtitle_lines < len(tight.transcript)
         told = [str(w.message) for w in caught if "transcript lines placed" in str(w.message)]
         assert told and told[0].startswith(f"{tight.subtitle_lines} of {len(tight.transcript)}")
@@ -77,9 +75,7 @@ def test_past_the_budget_the_questions_lines_are_placed_first():
     two = [Cue(20.0, 21.0, "The budget rose."), Cue(40.0, 41.0, "The budget fell.")]
     assert ranked_lines(two, "budget", frames, set()) == two[::-1]  # 40 s is nearer a frame
     words = lambda text: len(text.split())  # noqa: E731 - a token per word
-    block, n = question_block(
-        cues, "What about the harbour budget?", frames, placed, 35, words
-    )
+    block, n = question_block(cues, "What about the harbour budget?", frames, placed, 35, words)
     assert n == 2 and block.split("\n") == [
         QUESTION_HEADER, "[0:10] The harbour budget grew this year.",
         "[0:50] The budget for boats was cut.",

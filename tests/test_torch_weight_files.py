@@ -1,5 +1,5 @@
-"""A family whose checkpoints are PyTorch weight files (`stub_weights.pt`, no config.json) is sized by
-the fit check and fingerprinted for the feature cache through its `Family.weight_files`, as a
+"""A family whose checkpoints are PyTorch weight files (`stub_weights.pt`, no config.json) is sized
+by the fit check and fingerprinted for the feature cache through its `Family.weight_files`, as a
 safetensors family is; such files are read as tensors only (never a pickle's code)."""
 
 from __future__ import annotations

@@ -45,9 +45,7 @@ class BoundedStreamingResponse(StreamingResponse):
     """`StreamingResponse` whose every send must finish within `send_timeout` seconds; past it,
     `stalled()` is called and the body's generator is closed (its `finally` runs)."""
 
-    def __init__(
-        self, *args, send_timeout: float, stalled: Callable[[], None], **kwargs
-    ) -> None:
+    def __init__(self, *args, send_timeout: float, stalled: Callable[[], None], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.send_timeout, self.stalled = send_timeout, stalled
 

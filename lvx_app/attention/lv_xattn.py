@@ -158,7 +158,13 @@ def lv_xattn_forward(
             q_ring.post([(held_q, next_q), (wire_vis, next_q_vis)])
         if held_len:  # 2. partial result against the local shard (overlaps the transfers)
             partial_out, partial_lse = attn_fwd(
-                held_q, k, v, scale=scale, q_vis=held_q_vis, k_frame=k_frame, alibi=alibi,
+                held_q,
+                k,
+                v,
+                scale=scale,
+                q_vis=held_q_vis,
+                k_frame=k_frame,
+                alibi=alibi,
                 window=window,
             )
         if (
@@ -266,7 +272,9 @@ def lv_xattn_backward(
                 q_vis=held_q_vis,
                 k_frame=k_frame,
                 dlse=held_lses[1] if with_lse else None,
-                kv_aug=kv_aug, alibi=alibi, window=window,
+                kv_aug=kv_aug,
+                alibi=alibi,
+                window=window,
             )
             dk += partial_dk
             dv += partial_dv
@@ -323,7 +331,18 @@ class _LVXAttn(torch.autograd.Function):
 
 
 def _lv_xattn(
-    q, k, v, with_lse, group, scale, q_vis, k_frame, q_sizes, stats, q_vis_every=None, alibi=None,
+    q,
+    k,
+    v,
+    with_lse,
+    group,
+    scale,
+    q_vis,
+    k_frame,
+    q_sizes,
+    stats,
+    q_vis_every=None,
+    alibi=None,
     window=None,
 ) -> tuple[Tensor, Tensor]:
     check_inputs(q, k, v, q_vis, k_frame, window)

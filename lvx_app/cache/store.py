@@ -267,7 +267,6 @@ class Store:
             entry.shards += 1
         return entry
 
-
     @staticmethod
     def _row_id(folder: Path, files: list[Path]) -> str:
         """The id of a row that shares its folder with others (a prompt saved for 1 rank and for

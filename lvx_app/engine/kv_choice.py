@@ -6,8 +6,9 @@ unused (its caching allocator hands that out before asking the device), plus wha
 replaced holds (it is freed before the new one's K/V are made). The plan's peak is compared with it
 as growth: the plan's peak less what the plan says is already there when the choice is made (the
 weights and this video's features), plus the headroom a GPU needs beyond the plan's tensors (the
-allocator's reserve over them, the libraries' workspaces and a margin: `memory_plan.headroom`). Every figure of the choice travels with it (`as_dict`), so
-`/stats`, the API, `lvx info` and the acceptance report show why a mode was chosen.
+allocator's reserve over them, the libraries' workspaces and a margin: `memory_plan.headroom`).
+Every figure of the choice travels with it (`as_dict`), so `/stats`, the API, `lvx info` and the
+acceptance report show why a mode was chosen.
 """
 
 from __future__ import annotations

@@ -91,8 +91,9 @@ class ShardedHooks:
         k, v = vis.kv[layer]
         if step.feed.replicated:
             return self.combine(q, k, v, vis.q_vis, vis.k_frame, step.feed, vis.window)
-        window = vis.window
-        return self.ring(q, k, v, vis.q_vis, vis.k_frame, step, layer, vis.q_vis_every, window=window)
+        return self.ring(
+            q, k, v, vis.q_vis, vis.k_frame, step, layer, vis.q_vis_every, window=vis.window
+        )
 
     def ring(
         self,

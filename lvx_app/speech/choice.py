@@ -11,6 +11,7 @@ from pathlib import Path
 from lvx_app.speech.audio import SpeechError, audio_duration
 from lvx_app.subtitles import SubtitleTrack
 
+
 def install_hint() -> str:
     """The command that brings faster-whisper in, as lvx was installed: from a source checkout
     (its pyproject.toml beside the package) the editable extra from that folder, else the

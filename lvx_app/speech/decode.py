@@ -93,7 +93,7 @@ def _unpadded(segment, length_s: float):
 
 
 def judge(segments: list) -> str:
-    """"keep", "silence" or "again" for one chunk's segments, by faster-whisper's rules."""
+    """ "keep", "silence" or "again" for one chunk's segments, by faster-whisper's rules."""
     if not segments:
         return "keep"
     from faster_whisper.transcribe import get_compression_ratio

@@ -30,9 +30,7 @@ def join(heard: list[tuple[Piece, list[Word]]]) -> list[Word]:
             words = [w for w in words if w[0] < piece.end + MARGIN_S]
         if piece.overlap_before:
             held = [w for w in out if w[1] > piece.start - MARGIN_S - SAME_S]
-            words = [
-                w for w in words if w[1] > piece.start - MARGIN_S and not _heard(w, held)
-            ]
+            words = [w for w in words if w[1] > piece.start - MARGIN_S and not _heard(w, held)]
         out += sorted(words)
     return out
 

@@ -18,10 +18,10 @@ from lvx_app.cache.transcripts import TranscriptCache, TranscriptKey
 from lvx_app.config import VideoConfig
 from lvx_app.parallel import get_rank, get_world_size
 from lvx_app.parallel.collectives import all_min
-from lvx_app.speech import model as speech_model
 from lvx_app.speech import join, transcribe
-from lvx_app.speech.cue_words import with_words
+from lvx_app.speech import model as speech_model
 from lvx_app.speech.audio import AudioDecodeError, SpeechError, speech_span
+from lvx_app.speech.cue_words import with_words
 from lvx_app.speech.pieces import CUT_VERSION, Cut, find_cut, my_lines, pieces
 from lvx_app.subtitles import Cue
 from lvx_app.video.ingest import Agreement

@@ -88,8 +88,16 @@ def _attend(
     k, v = make_kv()
     check_inputs(q, k, v, spec.q_vis, spec.k_frame, spec.window)
     out, lse, sizes, _sent = lv_xattn_forward(
-        q, k, v, spec.scale, spec.q_vis, spec.k_frame, spec.group, spec.q_sizes,
-        alibi=spec.alibi, window=spec.window,
+        q,
+        k,
+        v,
+        spec.scale,
+        spec.q_vis,
+        spec.k_frame,
+        spec.group,
+        spec.q_sizes,
+        alibi=spec.alibi,
+        window=spec.window,
     )
     if phase is not None:
         phase[0].items.append((out.detach(), lse.detach(), sizes))
@@ -234,7 +242,16 @@ class TrainAttention(ShardedHooks):
         return self.sharded_feed(positions, sizes, device)
 
     def ring(
-        self, q, k, v, q_vis, k_frame, step: ForwardStep, layer: int, every=None, alibi=None,
+        self,
+        q,
+        k,
+        v,
+        q_vis,
+        k_frame,
+        step: ForwardStep,
+        layer: int,
+        every=None,
+        alibi=None,
         window=None,
     ):
         """LV-XAttn that saves its K/V (text attention, and the visual one without recompute);

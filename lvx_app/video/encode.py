@@ -98,8 +98,7 @@ class ShardEncoder:
                 out = out if isinstance(out, FrameFeatures) else FrameFeatures(out)
                 if out.features.ndim != 3 or out.features.shape[0] != pv[i : i + step].shape[0]:
                     raise ValueError(
-                        "encode_fn must return (n, T, H) features, got "
-                        f"{tuple(out.features.shape)}"
+                        f"encode_fn must return (n, T, H) features, got {tuple(out.features.shape)}"
                     )
                 at = offset + i
                 self.features = self._write(self.features, at, out.features, self.device)

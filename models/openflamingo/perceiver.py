@@ -58,10 +58,7 @@ class PerceiverResampler(nn.Module):
             self.frame_embs = nn.Parameter(torch.zeros(cfg.max_num_frames, dim))
         self.layers = nn.ModuleList(
             nn.ModuleList(
-                [
-                    PerceiverAttention(dim, cfg.dim_head, cfg.heads),
-                    feed_forward(dim, cfg.ff_mult),
-                ]
+                [PerceiverAttention(dim, cfg.dim_head, cfg.heads), feed_forward(dim, cfg.ff_mult)]
             )
             for _ in range(cfg.depth)
         )
