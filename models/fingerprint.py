@@ -37,7 +37,7 @@ def _tensor_digest(f: Path, keys: list[str]) -> str:
     file `f`, in key order."""
     h = hashlib.sha256()
     if is_torch_file(f):
-        torch_digest(f, keys, h.update)
+        torch_digest(torch_tensors(f), keys, h.update)
         return h.hexdigest()
     with open(f, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
@@ -62,10 +62,15 @@ def prefix_digest(f: Path, prefix: str, memo: dict[str, str]) -> str:
     aside), remembered in `memo` by the file's identity and the prefix, so a later start only stats
     the file."""
     ident = f"{_identity(f)}:{prefix}"
-    if ident not in memo:
-        names = list(torch_tensors(f)) if is_torch_file(f) else keys_of(f)
-        keys = [k for k in names if k.removeprefix("module.").startswith(prefix)]
-        memo[ident] = file_digest(f, keys, memo)
+    if ident in memo:
+        return memo[ident]
+    chosen = lambda k: k.removeprefix("module.").startswith(prefix)  # noqa: E731
+    if is_torch_file(f):  # one load lists the keys and reads their tensors
+        tensors, h = torch_tensors(f), hashlib.sha256()
+        torch_digest(tensors, list(filter(chosen, tensors)), h.update)
+        memo[ident] = h.hexdigest()
+    else:
+        memo[ident] = file_digest(f, list(filter(chosen, keys_of(f))), memo)
     return memo[ident]
 
 

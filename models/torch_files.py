@@ -77,11 +77,11 @@ def _torch_shapes(f: Path, keys: Iterable[str]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(tensors[k].shape) for k in keys}
 
 
-def torch_digest(f: Path, keys: list[str], update) -> None:
-    """Feed (name, dtype, shape, bytes) of `keys` of the weight file `f`, in key order, to
-    `update` (a hash's), as `fingerprint` does for a safetensors file."""
-    tensors = torch_tensors(f)
+def torch_digest(tensors: dict[str, torch.Tensor], keys: list[str], update) -> None:
+    """Feed (name, dtype, shape, bytes) of `keys` of a weight file's `tensors` (`torch_tensors`),
+    in key order, to `update` (a hash's), as `fingerprint` does for a safetensors file. The bytes
+    are handed over in place, not copied."""
     for k in sorted(keys):
         t = tensors[k]
         update(json.dumps([k, str(t.dtype).removeprefix("torch."), list(t.shape)]).encode())
-        update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        update(t.detach().contiguous().view(-1).view(torch.uint8).numpy())

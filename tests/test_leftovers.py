@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 from engine_configs import engine_config
-from test_serve import LVX, free_port
+from test_serve import LVX
 from timing import scaled
 
 from lvx_app.engine.records import EngineError
 from lvx_app.parallel.failures import RUN_DIR_ENV, pid_file
 from lvx_app.parallel.run_dirs import PREFIX as RUN_PREFIX
 from lvx_app.runtime.open import open_engine
+from scripts.gloo_ranks import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -136,3 +136,19 @@ def test_a_remembered_prefix_digest_reads_no_weights_again(tmp_path, monkeypatch
     monkeypatch.undo()
     torch.save({"module.perceiver.w": torch.full((2,), 2.0), "lm.w": torch.zeros(1)}, f)
     assert fingerprint.prefix_digest(f, "perceiver.", memo) != first
+
+
+def test_a_first_prefix_digest_loads_its_pytorch_file_once(tmp_path, monkeypatch):
+    """The keys under the prefix and their bytes come from one load of the file."""
+    import lvx_models.fingerprint as fingerprint
+    import lvx_models.torch_files as torch_files
+
+    f = tmp_path / "checkpoint.pt"
+    torch.save({"module.perceiver.w": torch.ones(2), "lm.w": torch.zeros(1)}, f)
+    loads = []
+    real = torch_files.torch_tensors
+    for module in (fingerprint, torch_files):
+        monkeypatch.setattr(module, "torch_tensors", lambda path: loads.append(path) or real(path))
+    digest = fingerprint.prefix_digest(f, "perceiver.", {})
+    assert loads == [f]
+    assert digest == fingerprint.file_digest(f, ["module.perceiver.w"], {})  # the same digest

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,17 +232,15 @@ def url_head(url: str) -> str:
     return url if end < 0 else url[:end]
 
 
-def base64_after(text: str, start: int) -> bytearray:
-    """The bytes the base64 `text[start:]` spells, decoded a piece at a time so the text (a
-    video's data URL: most of a request's memory) is never copied whole; ValueError when it is no
-    strict base64 (padding only at its end)."""
-    out = bytearray()
+def base64_pieces(text: str, start: int) -> Iterator[bytes]:
+    """The bytes the base64 `text[start:]` spells, a piece at a time, so neither the text (a
+    video's data URL: most of a request's memory) nor what it spells is ever held whole;
+    ValueError when it is no strict base64 (padding only at its end)."""
     for at in range(start, len(text), BASE64_PIECE):
         piece = text[at : at + BASE64_PIECE]
         if "=" in piece and at + BASE64_PIECE < len(text):
             raise ValueError("padding before the end")
-        out += base64.b64decode(piece, validate=True)
-    return out
+        yield base64.b64decode(piece, validate=True)
 
 
 def valid_text(text: str, where: str) -> str:
@@ -591,21 +590,28 @@ class VideoFiles:
         start = len(head) + 1
         if (len(url) - start) * 3 / 4 > limit:
             self.too_large((len(url) - start) * 3 / 4)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        part = self.folder / f".{uuid.uuid4().hex}.part"
+        digest = hashlib.sha256()
         try:
-            raw = base64_after(url, start)
+            with open(part, "wb") as out:
+                for piece in base64_pieces(url, start):  # written as decoded, never held whole
+                    digest.update(piece)
+                    out.write(piece)
         except (binascii.Error, ValueError):  # a character that is no base64 (ASCII or not)
+            part.unlink(missing_ok=True)
             raise bad("the video's data URL is not valid base64", "video_url") from None
-        suffix = "." + kind.group(1).removeprefix("x-")
-        path = self.folder / (hashlib.sha256(raw).hexdigest()[:32] + suffix)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        path = self.folder / (digest.hexdigest()[:32] + "." + kind.group(1).removeprefix("x-"))
         with self._lock:
             self._held[path] += 1
             if path.exists():
+                part.unlink(missing_ok=True)
                 used(path)  # the most recently asked about is kept longest
                 return str(path)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        part = self.folder / f".{uuid.uuid4().hex}.part"
         try:
-            part.write_bytes(raw)
             used(part)
             os.replace(part, path)
         except BaseException:

@@ -93,7 +93,7 @@ def _unpadded(segment, length_s: float):
 
 
 def judge(segments: list) -> str:
-    """ "keep", "silence" or "again" for one chunk's segments, by faster-whisper's rules."""
+    """One chunk's segments judged by faster-whisper's rules: "keep", "silence" or "again"."""
     if not segments:
         return "keep"
     from faster_whisper.transcribe import get_compression_ratio
